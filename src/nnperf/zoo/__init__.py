@@ -1,0 +1,64 @@
+"""Built-in models, written out in the project so nnperf needs no torchvision or transformers.
+
+Each entry builds a ready-to-trace ``Workload`` (model, example inputs, training loss) with
+ordinary torch calls, so the caller can build it under a ``FakeTensorMode`` and allocate
+nothing, or for real to measure a small configuration.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+from nnperf.errors import ModelLoadError
+
+from . import alexnet, alexnet_caffe, bert, gpt2, llama, mlp, mnist, mobilenet, resnet, vgg, vit
+from ._spec import ModelSpec
+
+__all__ = ["MODELS", "ModelSpec", "get_model", "list_models"]
+
+_ORDER: list[ModelSpec] = [
+    mlp.SPEC,
+    mnist.SPEC,
+    alexnet.SPEC,
+    alexnet_caffe.SPEC,
+    vgg.SPEC,
+    resnet.RESNET18,
+    resnet.RESNET50,
+    mobilenet.SPEC,
+    vit.SPEC,
+    bert.SPEC,
+    *gpt2.SPECS,
+    llama.SPEC,
+]
+
+MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in _ORDER}
+
+
+def _key(name: str) -> str:
+    """Users type resnet-50, mobilenet-v2 or VIT_B_16; compare names case- and dash-blind."""
+    return name.strip().lower().replace("_", "-")
+
+
+_BY_KEY: dict[str, ModelSpec] = {_key(name): spec for name, spec in MODELS.items()}
+
+
+def get_model(name: str) -> ModelSpec:
+    """The spec named ``name`` (case-insensitive, '_' and '-' interchangeable).
+
+    An unknown name raises ``ModelLoadError`` suggesting the closest known names, because
+    the usual cause is a typo (``resnet-5``, ``gpt2-mdium``).
+    """
+    spec = _BY_KEY.get(_key(name))
+    if spec is not None:
+        return spec
+    close = difflib.get_close_matches(_key(name), list(_BY_KEY), n=3, cutoff=0.5)
+    if close:
+        hint = "did you mean " + ", ".join(_BY_KEY[k].name for k in close) + "?"
+    else:
+        hint = "known models: " + ", ".join(MODELS)
+    raise ModelLoadError(f"unknown model {name!r}; {hint}")
+
+
+def list_models() -> list[ModelSpec]:
+    """All built-in models, smallest families first (the order a listing should show)."""
+    return list(_ORDER)

@@ -1,0 +1,103 @@
+"""Validation of the arguments every ``build()`` shares: batch, sequence length, overrides.
+
+Model builders are called with user input (often strings from a command line), so every
+mistake becomes a ``ModelLoadError`` that names the model and what is allowed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nnperf.errors import ModelLoadError
+
+
+def resolve_batch_seq(
+    model: str, batch: int | None, seq_len: int | None, default_batch: int, default_seq: int | None
+) -> tuple[int, int | None]:
+    """Fill in defaults and reject sizes below one; non-token models refuse a sequence length."""
+    batch = default_batch if batch is None else _as_int(model, "batch", batch)
+    if batch < 1:
+        raise ModelLoadError(f"{model}: batch must be at least 1, got {batch}")
+    if default_seq is None:
+        if seq_len is not None:
+            raise ModelLoadError(f"{model}: takes no sequence length (got seq_len={seq_len})")
+        return batch, None
+    seq = default_seq if seq_len is None else _as_int(model, "seq_len", seq_len)
+    if seq < 1:
+        raise ModelLoadError(f"{model}: seq_len must be at least 1, got {seq}")
+    return batch, seq
+
+
+def resolve_options(
+    model: str, overrides: dict[str, Any], defaults: dict[str, Any]
+) -> dict[str, Any]:
+    """Merge overrides into defaults, converting strings to the default's type.
+
+    Unknown keys are an error rather than silently ignored: a misspelt ``n_layers`` would
+    otherwise give a full-size model and a very wrong prediction.
+    """
+    unknown = sorted(set(overrides) - set(defaults))
+    if unknown:
+        valid = ", ".join(sorted(defaults)) or "none"
+        raise ModelLoadError(
+            f"{model}: unknown option {', '.join(repr(k) for k in unknown)}; valid options: {valid}"
+        )
+    config = dict(defaults)
+    for key, value in overrides.items():
+        default = defaults[key]
+        if isinstance(default, bool):
+            config[key] = _as_bool(model, key, value)
+        elif isinstance(default, int):
+            config[key] = _as_int(model, key, value)
+        elif isinstance(default, float):
+            config[key] = _as_float(model, key, value)
+        else:
+            config[key] = value
+    return config
+
+
+def require_positive(model: str, config: dict[str, Any], *keys: str) -> None:
+    """Reject zero or negative sizes, which would otherwise fail deep inside ``nn.Module``."""
+    for key in keys:
+        if config[key] < 1:
+            raise ModelLoadError(f"{model}: {key} must be at least 1, got {config[key]}")
+
+
+def require_divisible(model: str, config: dict[str, Any], num: str, den: str) -> None:
+    """Attention splits ``num`` evenly into ``den`` parts; say so before torch does, obscurely."""
+    if config[num] % config[den]:
+        raise ModelLoadError(
+            f"{model}: {num}={config[num]} must be divisible by {den}={config[den]}"
+        )
+
+
+def _as_int(model: str, key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str | float):
+        raise ModelLoadError(f"{model}: {key} must be an integer, got {value!r}")
+    try:
+        number = int(value) if not isinstance(value, float) else value
+    except ValueError:
+        raise ModelLoadError(f"{model}: {key} must be an integer, got {value!r}") from None
+    if isinstance(number, float):
+        if not number.is_integer():
+            raise ModelLoadError(f"{model}: {key} must be an integer, got {value!r}")
+        number = int(number)
+    return number
+
+
+def _as_float(model: str, key: str, value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ModelLoadError(f"{model}: {key} must be a number, got {value!r}") from None
+
+
+def _as_bool(model: str, key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in {"1", "true", "yes", "on"}:
+        return True
+    if text in {"0", "false", "no", "off"}:
+        return False
+    raise ModelLoadError(f"{model}: {key} must be true or false, got {value!r}")

@@ -1,0 +1,159 @@
+"""GPT-2 (small, medium, large, xl) in Hugging Face's module layout.
+
+``nn.Linear`` stands in for HF's ``Conv1D`` (same parameters, transposed storage) and the
+language-model head is tied to ``wte``, so parameter counts match the published models.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nnperf.errors import ModelLoadError
+from nnperf.workload import Workload
+
+from ._attention import attention, merge_heads, split_heads
+from ._losses import TokenCrossEntropy, random_tokens
+from ._options import require_divisible, require_positive, resolve_batch_seq, resolve_options
+from ._spec import ModelSpec
+from ._workloads import token_workload
+
+OPTIONS = {
+    "n_layer": "number of transformer blocks",
+    "n_embd": "hidden size",
+    "n_head": "attention heads",
+    "vocab": "vocabulary size",
+    "n_positions": "learned positions (the longest allowed seq_len)",
+}
+SIZES = {  # name: (n_layer, n_embd, n_head, published parameter count)
+    "gpt2": (12, 768, 12, "124M"),
+    "gpt2-medium": (24, 1024, 16, "355M"),
+    "gpt2-large": (36, 1280, 20, "774M"),
+    "gpt2-xl": (48, 1600, 25, "1.56B"),
+}
+DROPOUT = 0.1
+
+
+class CausalSelfAttention(nn.Module):
+    """Packed q/k/v projection (``c_attn``), causal SDPA, output projection (``c_proj``)."""
+
+    def __init__(self, dim: int, n_head: int) -> None:
+        super().__init__()
+        self.n_head = n_head
+        self.c_attn = nn.Linear(dim, 3 * dim)
+        self.c_proj = nn.Linear(dim, dim)
+        self.resid_dropout = nn.Dropout(DROPOUT)
+
+    def forward(self, x: Tensor) -> Tensor:
+        q, k, v = (split_heads(t, self.n_head) for t in self.c_attn(x).chunk(3, dim=-1))
+        p = DROPOUT if self.training else 0.0
+        y = merge_heads(attention(q, k, v, causal=True, dropout_p=p))
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    """4x expansion with tanh-approximated GELU, as in the original GPT-2 code."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(dim, 4 * dim)
+        self.c_proj = nn.Linear(4 * dim, dim)
+        self.dropout = nn.Dropout(DROPOUT)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block."""
+
+    def __init__(self, dim: int, n_head: int) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(dim, eps=1e-5)
+        self.attn = CausalSelfAttention(dim, n_head)
+        self.ln_2 = nn.LayerNorm(dim, eps=1e-5)
+        self.mlp = MLP(dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT2(nn.Module):
+    """Token + learned position embeddings, blocks ``h.N``, ``ln_f``, tied ``lm_head``."""
+
+    def __init__(self, c: dict[str, Any]) -> None:
+        super().__init__()
+        dim = c["n_embd"]
+        self.wte = nn.Embedding(c["vocab"], dim)
+        self.wpe = nn.Embedding(c["n_positions"], dim)
+        self.drop = nn.Dropout(DROPOUT)
+        self.h = nn.ModuleList(Block(dim, c["n_head"]) for _ in range(c["n_layer"]))
+        self.ln_f = nn.LayerNorm(dim, eps=1e-5)
+        self.lm_head = nn.Linear(dim, c["vocab"], bias=False)
+        self.lm_head.weight = self.wte.weight
+        self._init_weights(c["n_layer"])
+
+    def _init_weights(self, n_layer: int) -> None:
+        """GPT-2's N(0, 0.02) init, residual projections scaled by 1/sqrt(2*n_layer).
+
+        Matters only for real runs: a sensible init keeps the loss and gradients finite.
+        """
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * n_layer))
+            elif p.dim() == 2:
+                nn.init.normal_(p, std=0.02)
+
+    def forward(self, idx: Tensor) -> Tensor:
+        positions = torch.arange(idx.shape[1], device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(positions))
+        for block in self.h:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+def _builder(name: str, n_layer: int, n_embd: int, n_head: int):
+    defaults: dict[str, Any] = {
+        "n_layer": n_layer,
+        "n_embd": n_embd,
+        "n_head": n_head,
+        "vocab": 50257,
+        "n_positions": 1024,
+    }
+
+    def build(batch: int | None = None, seq_len: int | None = None, **overrides: Any) -> Workload:
+        batch, seq = resolve_batch_seq(name, batch, seq_len, 8, 1024)
+        c = resolve_options(name, overrides, defaults)
+        require_positive(name, c, *defaults)
+        require_divisible(name, c, "n_embd", "n_head")
+        assert seq is not None
+        if seq > c["n_positions"]:
+            raise ModelLoadError(f"{name}: seq_len {seq} exceeds n_positions {c['n_positions']}")
+        model = GPT2(c)
+        tokens = random_tokens(batch, seq, c["vocab"])
+        loss = TokenCrossEntropy(random_tokens(batch, seq, c["vocab"]))
+        return token_workload(name, model, tokens, loss, c)
+
+    build.__doc__ = f"{name}: token ids (batch, seq), next-token cross entropy over the vocab."
+    return build
+
+
+SPECS = [
+    ModelSpec(
+        name=name,
+        summary=f"GPT-2 {'small' if name == 'gpt2' else name[5:]} ({size} params, {n_layer} layers,"
+        f" d={n_embd}), 1024 tokens",
+        family="decoder",
+        default_batch=8,
+        default_seq=1024,
+        input_desc="1024 tokens, vocab 50257",
+        options=OPTIONS,
+        build=_builder(name, n_layer, n_embd, n_head),
+    )
+    for name, (n_layer, n_embd, n_head, size) in SIZES.items()
+]

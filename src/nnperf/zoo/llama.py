@@ -1,0 +1,170 @@
+"""LLaMA-7B in Meta's reference layout (``tok_embeddings``, ``layers.N.attention.wq``, ...).
+
+Rotary tables are computed in ``forward`` from ``torch.arange`` so the model has no buffers
+tied to a maximum length and traces cleanly on fake tensors. ``n_kv_heads`` below
+``n_heads`` gives grouped-query attention (LLaMA-2 70B style).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nnperf.errors import ModelLoadError
+from nnperf.workload import Workload
+
+from ._attention import attention, merge_heads, split_heads
+from ._losses import TokenCrossEntropy, random_tokens
+from ._options import require_divisible, require_positive, resolve_batch_seq, resolve_options
+from ._spec import ModelSpec
+from ._workloads import token_workload
+
+DEFAULTS: dict[str, Any] = {
+    "n_layer": 32,
+    "dim": 4096,
+    "n_heads": 32,
+    "n_kv_heads": 32,
+    "ffn_hidden": 11008,
+    "vocab": 32000,
+}
+OPTIONS = {
+    "n_layer": "number of transformer blocks",
+    "dim": "hidden size",
+    "n_heads": "query heads",
+    "n_kv_heads": "key/value heads (fewer than n_heads = grouped-query attention)",
+    "ffn_hidden": "SwiGLU hidden size",
+    "vocab": "vocabulary size",
+}
+NORM_EPS = 1e-6
+ROPE_THETA = 10000.0
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, computed in float32 as the reference code does."""
+
+    def __init__(self, dim: int, eps: float = NORM_EPS) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return xf.type_as(x) * self.weight
+
+
+def rotary_tables(seq: int, head_dim: int, like: Tensor) -> tuple[Tensor, Tensor]:
+    """cos/sin of shape (seq, head_dim), built from arange so no state depends on length."""
+    inv_freq = 1.0 / ROPE_THETA ** (
+        torch.arange(0, head_dim, 2, device=like.device, dtype=torch.float32) / head_dim
+    )
+    angles = torch.outer(torch.arange(seq, device=like.device, dtype=torch.float32), inv_freq)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos().to(like.dtype), angles.sin().to(like.dtype)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate (B, H, T, D) by position, half-split convention (same cost as interleaved)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class Attention(nn.Module):
+    """Bias-free q/k/v/o projections, rotary q/k, causal SDPA (GQA when n_kv_heads < n_heads)."""
+
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
+        self.head_dim = dim // n_heads
+        self.wq = nn.Linear(dim, n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(n_heads * self.head_dim, dim, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        q = split_heads(self.wq(x), self.n_heads)
+        k = split_heads(self.wk(x), self.n_kv_heads)
+        v = split_heads(self.wv(x), self.n_kv_heads)
+        cos, sin = rotary_tables(x.shape[1], self.head_dim, q)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        return self.wo(merge_heads(attention(q, k, v, causal=True)))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, c: dict[str, Any]) -> None:
+        super().__init__()
+        self.attention = Attention(c["dim"], c["n_heads"], c["n_kv_heads"])
+        self.feed_forward = FeedForward(c["dim"], c["ffn_hidden"])
+        self.attention_norm = RMSNorm(c["dim"])
+        self.ffn_norm = RMSNorm(c["dim"])
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attention(self.attention_norm(x))
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Llama(nn.Module):
+    """Embedding, blocks, final RMSNorm, untied ``output`` projection to the vocabulary."""
+
+    def __init__(self, c: dict[str, Any]) -> None:
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(c["vocab"], c["dim"])
+        self.layers = nn.ModuleList(TransformerBlock(c) for _ in range(c["n_layer"]))
+        self.norm = RMSNorm(c["dim"])
+        self.output = nn.Linear(c["dim"], c["vocab"], bias=False)
+        for p in self.parameters():  # LLaMA-style small init keeps real runs' loss finite
+            if p.dim() == 2:
+                nn.init.normal_(p, std=0.02)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        x = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return self.output(self.norm(x))
+
+
+def build(batch: int | None = None, seq_len: int | None = None, **overrides: Any) -> Workload:
+    """Token ids (batch, seq); next-token cross entropy over the vocabulary."""
+    batch, seq = resolve_batch_seq("llama-7b", batch, seq_len, SPEC.default_batch, 4096)
+    assert seq is not None
+    user_set_kv = "n_kv_heads" in overrides
+    c = resolve_options("llama-7b", overrides, DEFAULTS)
+    if not user_set_kv:
+        c["n_kv_heads"] = c["n_heads"]  # plain multi-head attention unless asked otherwise
+    require_positive("llama-7b", c, *DEFAULTS)
+    require_divisible("llama-7b", c, "dim", "n_heads")
+    require_divisible("llama-7b", c, "n_heads", "n_kv_heads")
+    if (c["dim"] // c["n_heads"]) % 2:
+        raise ModelLoadError("llama-7b: dim / n_heads must be even for rotary embeddings")
+    model = Llama(c)
+    tokens = random_tokens(batch, seq, c["vocab"])
+    loss = TokenCrossEntropy(random_tokens(batch, seq, c["vocab"]))
+    return token_workload("llama-7b", model, tokens, loss, c)
+
+
+SPEC = ModelSpec(
+    name="llama-7b",
+    summary="LLaMA-7B decoder (RMSNorm, SwiGLU, RoPE, untied head), 4096 tokens",
+    family="decoder",
+    default_batch=1,
+    default_seq=4096,
+    input_desc="4096 tokens, vocab 32000",
+    options=OPTIONS,
+    build=build,
+)
