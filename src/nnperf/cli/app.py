@@ -1,0 +1,41 @@
+"""The click group and the one place where user errors become a message and an exit code."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from nnperf.errors import NnperfError
+
+# Sub-command modules; each defines its command(s) on ``cli`` when imported.
+COMMAND_MODULES = [
+    "analyze",
+    "models",
+]
+
+
+class _Group(click.Group):
+    """Turns every NnperfError into one line on stderr and the documented exit code."""
+
+    def invoke(self, ctx: click.Context):  # type: ignore[override]
+        try:
+            return super().invoke(ctx)
+        except NnperfError as err:
+            click.secho(f"nnperf: error: {err}", fg="red", err=True)
+            sys.exit(err.exit_code)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="nnperf")
+def cli() -> None:
+    """Predict and measure how fast and how big a PyTorch network is on a GPU."""
+
+
+for _name in COMMAND_MODULES:
+    importlib.import_module(f"nnperf.cli.{_name}")
+
+
+def main() -> None:
+    cli()

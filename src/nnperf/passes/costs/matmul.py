@@ -1,0 +1,154 @@
+"""Matrix products and convolutions, each expressed as the GEMM(s) a GPU library runs.
+
+Shapes follow the row-major output convention: M = output rows (tokens, or N*P*Q pixels for
+an implicit-GEMM convolution), N = output columns (features / output channels), K = the
+reduction. FLOPs = 2 * M * N * K * batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nnperf.passes.costs.registry import CONV, GEMM, OpCost, numel, register, tensors
+from nnperf.trace.events import OpEvent, TensorMeta
+
+
+@dataclass(frozen=True, slots=True)
+class GemmShape:
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+    role: str | None = None  # set where the op itself knows (convolution backward)
+
+    @property
+    def macs(self) -> int:
+        return self.m * self.n * self.k * self.batch
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.macs
+
+
+def gemm_shapes(event: OpEvent) -> list[GemmShape]:
+    """The GEMMs an op performs; empty for ops that are not matrix products."""
+    fn = _SHAPES.get(event.name)
+    return fn(event) if fn is not None else []
+
+
+def _mm(event: OpEvent) -> list[GemmShape]:
+    a, b = _last_two(event)
+    return [GemmShape(a.shape[0], b.shape[1], a.shape[1])]
+
+
+def _bmm(event: OpEvent) -> list[GemmShape]:
+    a, b = _last_two(event)
+    return [GemmShape(a.shape[1], b.shape[2], a.shape[2], a.shape[0])]
+
+
+def _mv(event: OpEvent) -> list[GemmShape]:
+    a, _ = _last_two(event)
+    return [GemmShape(a.shape[0], 1, a.shape[1])]
+
+
+def _dot(event: OpEvent) -> list[GemmShape]:
+    a = tensors(event.args)[0]
+    return [GemmShape(1, 1, a.shape[0])]
+
+
+def _addbmm(event: OpEvent) -> list[GemmShape]:
+    a, b = _last_two(event)
+    return [GemmShape(a.shape[1], b.shape[2], a.shape[2], a.shape[0])]
+
+
+def _last_two(event: OpEvent) -> tuple[TensorMeta, TensorMeta]:
+    """The two matrix operands: for addmm-style ops the first tensor is the added term."""
+    ts = tensors(event.args)
+    return ts[-2], ts[-1]
+
+
+# -- convolution ----------------------------------------------------------------------------
+def _conv_params(event: OpEvent):
+    a = event.args
+    x, w = a[0], a[1]
+    transposed = bool(a[6]) if len(a) > 6 else False
+    groups = int(a[8]) if len(a) > 8 else 1
+    return x, w, transposed, groups
+
+
+def _conv_forward_shape(x: TensorMeta, w: TensorMeta, out_spatial, transposed: bool, groups: int):
+    """Implicit GEMM of a convolution: M = N*P*Q, N = Cout/g, K = Cin/g*R*S, batch = groups.
+
+    A transposed convolution is the data-gradient of an ordinary one: it runs as the GEMM
+    M = N*H*W (its input pixels), N = Cout/g*R*S, K = Cin/g, then scatters (col2im).
+    """
+    n = x.shape[0]
+    kernel = numel(w.shape[2:])
+    if not transposed:
+        cout, cin_g = w.shape[0], w.shape[1]
+        return GemmShape(n * numel(out_spatial), cout // groups, cin_g * kernel, groups)
+    cin, cout_g = w.shape[0], w.shape[1]
+    return GemmShape(n * numel(x.shape[2:]), cout_g * kernel, cin // groups, groups)
+
+
+def _convolution(event: OpEvent) -> list[GemmShape]:
+    x, w, transposed, groups = _conv_params(event)
+    out = event.outputs[0]
+    return [_conv_forward_shape(x, w, out.shape[2:], transposed, groups)]
+
+
+def _convolution_backward(event: OpEvent) -> list[GemmShape]:
+    """grad_input and grad_weight of a convolution, each with the forward's MAC count.
+
+    With the forward as (M=NPQ, N=Cout/g, K=Cin/g*RS): data gradient = (NPQ, Cin/g*RS, Cout/g)
+    followed by col2im; weight gradient = (Cout/g, Cin/g*RS, NPQ). Transposed convolutions
+    swap the two spatial sides, which the forward shape already accounts for.
+    """
+    a = event.args
+    grad_out, x, w = a[0], a[1], a[2]
+    transposed, groups = bool(a[6]), int(a[8])
+    mask = a[9] if len(a) > 9 else (True, True, True)
+    fwd = _conv_forward_shape(x, w, grad_out.shape[2:], transposed, groups)
+    shapes = []
+    if mask[0]:
+        shapes.append(GemmShape(fwd.m, fwd.k, fwd.n, groups, role="grad_input"))
+    if mask[1]:
+        shapes.append(GemmShape(fwd.n, fwd.k, fwd.m, groups, role="grad_weight"))
+    return shapes
+
+
+_SHAPES = {
+    "aten.mm": _mm,
+    "aten.addmm": _mm,
+    "aten._addmm_activation": _mm,
+    "aten.bmm": _bmm,
+    "aten.baddbmm": _bmm,
+    "aten.addbmm": _addbmm,
+    "aten.mv": _mv,
+    "aten.addmv": _mv,
+    "aten.dot": _dot,
+    "aten.vdot": _dot,
+    "aten.convolution": _convolution,
+    "aten._convolution": _convolution,
+    "aten.convolution_backward": _convolution_backward,
+}
+
+
+_PRODUCTS = [name for name in _SHAPES if "convolution" not in name]
+
+
+@register(*_PRODUCTS)
+def _product_cost(event: OpEvent) -> OpCost:
+    """FLOPs are 2 per MAC; an addmm-style epilogue (bias, beta*C) is fused and not counted,
+    as in ``torch.utils.flop_counter``."""
+    macs = sum(g.macs for g in gemm_shapes(event))
+    return OpCost(GEMM, flops=2 * macs, macs=macs, reads=tensors(event.args), writes=event.outputs)
+
+
+@register("aten.convolution", "aten._convolution", "aten.convolution_backward")
+def _convolution_cost(event: OpEvent) -> OpCost:
+    """Implicit-GEMM MACs; the bias add (forward) and bias gradient are not counted as FLOPs."""
+    macs = sum(g.macs for g in gemm_shapes(event))
+    return OpCost(
+        CONV, flops=2 * macs, macs=macs, reads=tensors(event.args[:3]), writes=event.outputs
+    )

@@ -1,0 +1,128 @@
+"""Scaled-dot-product attention as one op, the way a GPU runs it.
+
+On CPU, meta or fake tensors PyTorch either decomposes ``F.scaled_dot_product_attention``
+into matmuls and a softmax (a different cost and memory profile from flash attention) or
+picks a CPU-only kernel. The tracer therefore routes every SDPA call through
+``nnperf::attention`` and its backward ``nnperf::attention_backward``: one forward and one
+backward record with every argument the cost formulas need (causal, mask, GQA, scale).
+Real implementations exist too, so tracing on small real tensors gives correct values.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+
+def _expand_kv(q: Tensor, kv: Tensor, enable_gqa: bool) -> Tensor:
+    if enable_gqa and kv.dim() >= 3 and kv.shape[-3] != q.shape[-3]:
+        return kv.repeat_interleave(q.shape[-3] // kv.shape[-3], dim=-3)
+    return kv
+
+
+def _scores(q, k, attn_mask, is_causal, scale, enable_gqa):
+    k = _expand_kv(q, k, enable_gqa)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = (q.float() @ k.float().transpose(-2, -1)) * scale
+    if is_causal:
+        L, S = q.shape[-2], k.shape[-2]
+        keep = torch.ones(L, S, dtype=torch.bool, device=q.device).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            s = s.masked_fill(~attn_mask, float("-inf"))
+        else:
+            s = s + attn_mask.float()
+    return s
+
+
+@torch.library.custom_op("nnperf::attention", mutates_args=())
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    attn_mask: Tensor | None,
+    dropout_p: float,
+    is_causal: bool,
+    scale: float | None,
+    enable_gqa: bool,
+) -> tuple[Tensor, Tensor]:
+    """Fused attention forward: returns the output and the row log-sum-exp (as flash does)."""
+    s = _scores(q, k, attn_mask, is_causal, scale, enable_gqa)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse.unsqueeze(-1))
+    out = p @ _expand_kv(q, v, enable_gqa).float()
+    return out.to(q.dtype), lse
+
+
+@attention.register_fake
+def _attention_fake(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+    lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
+    return out, lse
+
+
+@torch.library.custom_op("nnperf::attention_backward", mutates_args=())
+def attention_backward(
+    grad_out: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    attn_mask: Tensor | None,
+    dropout_p: float,
+    is_causal: bool,
+    scale: float | None,
+    enable_gqa: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Fused attention backward (recomputes the probabilities, as flash attention does)."""
+    with torch.enable_grad():
+        qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+        s = _scores(qq, kk, attn_mask, is_causal, scale, enable_gqa)
+        o = torch.softmax(s, dim=-1) @ _expand_kv(qq, vv, enable_gqa).float()
+        dq, dk, dv = torch.autograd.grad(o, (qq, kk, vv), grad_out.float())
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+@attention_backward.register_fake
+def _attention_backward_fake(grad_out, q, k, v, out, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, attn_mask)
+    ctx.params = (dropout_p, is_causal, scale, enable_gqa)
+    ctx.set_materialize_grads(False)  # no zeros for the unused log-sum-exp gradient
+
+
+def _backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse, attn_mask = ctx.saved_tensors
+    dq, dk, dv = torch.ops.nnperf.attention_backward(
+        grad_out, q, k, v, out, lse, attn_mask, *ctx.params
+    )
+    return dq, dk, dv, None, None, None, None, None
+
+
+attention.register_autograd(_backward, setup_context=_setup_context)
+
+
+def fused_sdpa(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Tensor:
+    """Drop-in for ``F.scaled_dot_product_attention`` that traces as one fused op."""
+    out, _ = torch.ops.nnperf.attention(
+        query, key, value, attn_mask, float(dropout_p), bool(is_causal), scale, bool(enable_gqa)
+    )
+    return out

@@ -1,0 +1,216 @@
+"""Capture one inference forward or one whole training step of a workload as a Trace.
+
+Everything runs under ``FakeTensorMode``: weights, activations and gradients have shapes
+and dtypes but no memory, so a 7B-parameter model traces on a laptop. ``real=True`` runs
+the same recording on real CPU tensors, the way forward for models whose control flow
+depends on data (``nonzero``, ``.item()``, expert routing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+    UnsupportedOperatorException,
+)
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+from nnperf.errors import TraceError, UsageError
+from nnperf.trace.events import (
+    KIND_BUFFER,
+    KIND_GRAD,
+    KIND_INPUT,
+    KIND_OPT_STATE,
+    KIND_PARAM,
+    Trace,
+)
+from nnperf.trace.recorder import GraphLabeler, ModuleStack, OpRecorder
+from nnperf.workload import Workload, default_loss
+
+OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "none")
+OPTIMIZER_IMPLS = ("foreach", "single", "fused")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+_DATA_DEPENDENT = (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    GuardOnDataDependentSymNode,
+    UnsupportedOperatorException,
+)
+
+
+@dataclass(frozen=True)
+class TraceOptions:
+    """How the step is run. Defaults mirror a plain PyTorch training loop on a GPU."""
+
+    train: bool = True
+    optimizer: str = "adamw"
+    optimizer_impl: str = "foreach"  # PyTorch's default for CUDA tensors
+    dtype: str | None = None  # cast the model and floating inputs (pure low precision)
+    amp: str | None = None  # autocast dtype (mixed precision)
+    real: bool = False  # run on real CPU tensors instead of fake ones
+
+    def validate(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise UsageError(f"unknown optimizer '{self.optimizer}'; valid: {', '.join(OPTIMIZERS)}")
+        if self.optimizer_impl not in OPTIMIZER_IMPLS:
+            raise UsageError(
+                f"unknown optimizer implementation '{self.optimizer_impl}'; "
+                f"valid: {', '.join(OPTIMIZER_IMPLS)}"
+            )
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise UsageError(f"unknown dtype '{self.dtype}'; valid: {', '.join(DTYPES)}")
+        if self.amp is not None and self.amp not in AMP_DTYPES:
+            raise UsageError(f"unknown autocast dtype '{self.amp}'; valid: {', '.join(AMP_DTYPES)}")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def trace_workload(build: Callable[[], Workload], options: TraceOptions) -> tuple[Trace, Workload]:
+    """Build the workload inside the tracing context and record one step of it."""
+    options.validate()
+    fake = contextlib.nullcontext() if options.real else FakeTensorMode()
+    with fake:
+        workload = build()
+        workload = _cast(workload, options.dtype)
+        model = workload.model
+        model.train(options.train)
+        optimizer = _make_optimizer(model, options) if options.train else None
+        if optimizer is not None:
+            _initialize_state(model, optimizer)
+        return _record(workload, optimizer, options), workload
+
+
+def _record(workload: Workload, optimizer: Any, options: TraceOptions) -> Trace:
+    model = workload.model
+    names: dict[int, str] = {}
+    for name, mod in model.named_modules(remove_duplicate=False):
+        names.setdefault(id(mod), name)
+    kinds = _known_storage_kinds(workload)
+    modules = ModuleStack(names)
+    recorder = OpRecorder(modules, kinds)
+    amp = (
+        torch.autocast("cpu", dtype=AMP_DTYPES[options.amp])
+        if options.amp
+        else contextlib.nullcontext()
+    )
+    grad = contextlib.nullcontext() if options.train else torch.no_grad()
+    try:
+        with modules, GraphLabeler(modules), recorder, grad:
+            with amp:
+                output = model(*workload.inputs)
+                if options.train:
+                    modules.push("(loss)")
+                    loss = (workload.loss_fn or default_loss)(output)
+                    modules.pop()
+            if options.train:
+                recorder.phase = "backward"
+                loss.backward()
+                del loss, output  # a training loop drops them before the optimizer step
+                if optimizer is not None:
+                    recorder.phase = "optimizer"
+                    optimizer.step()
+    except _DATA_DEPENDENT as err:
+        raise _data_dependent_error(err, recorder, modules) from None
+    _classify_late_storages(recorder, model, optimizer)
+    recorder.active = False
+    module_types = {names[id(m)]: type(m).__name__ for m in model.modules()}
+    module_params = {
+        names[id(m)]: sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()
+    }
+    param_storages = {
+        recorder.storage_id(p, None): n for n, p in model.named_parameters()
+    }
+    return Trace(
+        events=recorder.events,
+        storages=recorder.storages,
+        module_types=module_types,
+        module_params=module_params,
+        param_storages=param_storages,
+        mode="train" if options.train else "inference",
+        config={"options": options.to_json()},
+    )
+
+
+def _known_storage_kinds(workload: Workload) -> dict[int, tuple[str, str | None]]:
+    kinds: dict[int, tuple[str, str | None]] = {}
+    for n, p in workload.model.named_parameters():
+        kinds[id(p.untyped_storage())] = (KIND_PARAM, n)
+    for n, b in workload.model.named_buffers():
+        kinds[id(b.untyped_storage())] = (KIND_BUFFER, n)
+    from torch.utils._pytree import tree_flatten
+
+    for t in tree_flatten(workload.inputs)[0]:
+        if isinstance(t, torch.Tensor):
+            kinds.setdefault(id(t.untyped_storage()), (KIND_INPUT, None))
+    return kinds
+
+
+def _classify_late_storages(recorder: OpRecorder, model: torch.nn.Module, optimizer: Any) -> None:
+    """Gradients and optimizer state are only recognizable once the step has run."""
+    for p in model.parameters():
+        if p.grad is not None:
+            recorder.storages[recorder.storage_id(p.grad, None)].kind = KIND_GRAD
+    if optimizer is not None:
+        for state in optimizer.state.values():
+            for v in state.values():
+                if isinstance(v, torch.Tensor):
+                    recorder.storages[recorder.storage_id(v, None)].kind = KIND_OPT_STATE
+
+
+def _cast(workload: Workload, dtype: str | None) -> Workload:
+    if dtype is None:
+        return workload
+    target = DTYPES[dtype]
+    workload.model.to(target)
+    workload.inputs = tuple(
+        t.to(target) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+        for t in workload.inputs
+    )
+    return workload
+
+
+def _make_optimizer(model: torch.nn.Module, options: TraceOptions):
+    params = [p for p in model.parameters() if p.requires_grad]
+    if options.optimizer == "none" or not params:
+        return None
+    impl = {"foreach": {"foreach": True}, "single": {"foreach": False}, "fused": {"fused": True}}[
+        options.optimizer_impl
+    ]
+    if options.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=1e-3, **impl)
+    if options.optimizer == "adam":
+        return torch.optim.Adam(params, lr=1e-3, **impl)
+    momentum = 0.9 if options.optimizer == "sgd-momentum" else 0.0
+    return torch.optim.SGD(params, lr=1e-2, momentum=momentum, **impl)
+
+
+def _initialize_state(model: torch.nn.Module, optimizer: Any) -> None:
+    """Run one unrecorded step so the traced step is the steady state (state already exists)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    for p in params:
+        p.grad = None
+
+
+def _data_dependent_error(err: Exception, recorder: OpRecorder, modules: ModuleStack) -> TraceError:
+    op = recorder.current_func
+    op_text = op._schema.name if op is not None else "an operation"
+    where = recorder.module_path() or "(top level)"
+    return TraceError(
+        f"the model's control flow or output shapes depend on tensor values: {op_text} in "
+        f"module '{where}' cannot run on fake tensors ({type(err).__name__}). "
+        "Ways forward: rerun with --real to trace on small real CPU tensors (the model must fit "
+        "in host memory), or make the shape explicit in the model (e.g. a fixed expert capacity "
+        "instead of data-dependent routing)."
+    )

@@ -1,0 +1,135 @@
+"""The trace: one record per aten op of a forward pass or a whole training step.
+
+Every later pass (counting, GEMM lowering, time prediction, memory) reads only these
+records, so they carry everything those passes need: shapes, dtypes, strides, the
+phase and module that issued the op, and storage identities for tensor lifetimes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+PHASES = ("forward", "backward", "optimizer")
+
+# What a storage holds; decides how memory is broken down and which bytes are "weights".
+KIND_PARAM = "parameter"
+KIND_BUFFER = "buffer"
+KIND_INPUT = "input"
+KIND_GRAD = "gradient"
+KIND_OPT_STATE = "optimizer_state"
+KIND_ACTIVATION = "activation"
+
+
+@dataclass(frozen=True, slots=True)
+class TensorMeta:
+    """A tensor as an op saw it. ``storage`` identifies the memory it lives in."""
+
+    storage: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    stride: tuple[int, ...]
+    storage_offset: int = 0
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the elements this view covers (what a kernel touching it must move)."""
+        return self.numel * self.dtype.itemsize
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "storage": self.storage,
+            "shape": list(self.shape),
+            "dtype": dtype_name(self.dtype),
+            "stride": list(self.stride),
+        }
+
+
+@dataclass(slots=True)
+class OpEvent:
+    """One aten op. ``args``/``kwargs`` are the op's arguments with tensors replaced by TensorMeta."""
+
+    index: int
+    func: Any  # torch._ops.OpOverload; kept so passes can look formulas up by identity
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    inputs: list[TensorMeta]
+    outputs: list[TensorMeta]
+    phase: str
+    module: str
+    free: bool = False  # a view, alias or metadata op: no kernel, no memory traffic
+    allocates: list[int] = field(default_factory=list)  # storages created by this op
+    releases: list[int] = field(default_factory=list)  # storages that died right after it
+
+    @property
+    def name(self) -> str:
+        """Short op name, e.g. ``aten.mm`` (overload dropped)."""
+        return op_name(self.func)
+
+
+@dataclass(slots=True)
+class StorageInfo:
+    nbytes: int
+    kind: str
+    created_by: int | None  # event index, or None when it existed before the trace began
+    released_after: int | None = None  # event index after which it was freed; None: still alive
+    name: str | None = None  # parameter / buffer name where known
+
+
+@dataclass
+class Trace:
+    """Every op of one step plus what the passes need to interpret it."""
+
+    events: list[OpEvent]
+    storages: dict[int, StorageInfo]
+    module_types: dict[str, str]  # module path -> class name
+    module_params: dict[str, int]  # module path -> parameters owned directly (not children)
+    param_storages: dict[int, str]  # storage -> parameter name
+    mode: str  # "train" | "inference"
+    config: dict[str, Any]
+
+    def by_phase(self, phase: str) -> list[OpEvent]:
+        return [e for e in self.events if e.phase == phase]
+
+
+def op_name(func: Any) -> str:
+    schema = getattr(func, "_schema", None)
+    if schema is not None:
+        return schema.name.replace("::", ".")  # "aten::add" -> "aten.add"
+    return str(func)
+
+
+_DTYPE_NAMES = {
+    torch.float32: "fp32",
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.float64: "fp64",
+    torch.int64: "int64",
+    torch.int32: "int32",
+    torch.int16: "int16",
+    torch.int8: "int8",
+    torch.uint8: "uint8",
+    torch.bool: "bool",
+    torch.complex64: "complex64",
+}
+for _name in ("float8_e4m3fn", "float8_e5m2"):
+    if hasattr(torch, _name):
+        _DTYPE_NAMES[getattr(torch, _name)] = "fp8"
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """Short dtype names as users write them (fp32, bf16, ...)."""
+    return _DTYPE_NAMES.get(dtype, str(dtype).replace("torch.", ""))

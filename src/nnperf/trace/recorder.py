@@ -1,0 +1,193 @@
+"""Records aten ops with their module, phase and storage lifetimes.
+
+Three small mechanisms cooperate:
+- ``ModuleStack`` follows module entry/exit with global forward hooks (forward attribution);
+- ``GraphLabeler`` (a TorchFunctionMode) stamps each new autograd node with the module that
+  created it, so backward ops can be attributed through ``_current_autograd_node``; it also
+  routes ``scaled_dot_product_attention`` to the fused ``nnperf::attention`` op;
+- ``OpRecorder`` (a TorchDispatchMode) writes one ``OpEvent`` per aten op and watches storages
+  with ``weakref.finalize`` so the memory pass knows exactly when autograd frees them.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+from nnperf.trace.attention import fused_sdpa
+from nnperf.trace.events import KIND_ACTIVATION, OpEvent, StorageInfo, TensorMeta
+
+_LABEL_KEY = "nnperf.module"
+_SKIPPED_NAMESPACES = {"prim", "profiler"}
+_SDPA = {F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}
+
+
+class ModuleStack:
+    """The module path currently executing, from global forward pre/post hooks."""
+
+    def __init__(self, names: dict[int, str]):
+        self._names = names
+        self.stack: list[str] = [""]
+        self._handles: list[Any] = []
+
+    def current(self) -> str:
+        return self.stack[-1]
+
+    def push(self, path: str) -> None:
+        self.stack.append(path)
+
+    def pop(self) -> None:
+        self.stack.pop()
+
+    def _pre(self, module, args):
+        name = self._names.get(id(module))
+        if name is None:  # a module outside the model, e.g. a loss module
+            parent = self.current()
+            name = f"{parent}.{type(module).__name__}" if parent else type(module).__name__
+        self.stack.append(name)
+
+    def _post(self, module, args, output):
+        if len(self.stack) > 1:
+            self.stack.pop()
+
+    def __enter__(self) -> ModuleStack:
+        hooks = torch.nn.modules.module
+        self._handles = [
+            hooks.register_module_forward_pre_hook(self._pre),
+            hooks.register_module_forward_hook(self._post),
+        ]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self._handles:
+            h.remove()
+
+
+class GraphLabeler(TorchFunctionMode):
+    """Stamps new autograd nodes with the creating module; swaps SDPA for the fused op."""
+
+    def __init__(self, modules: ModuleStack):
+        super().__init__()
+        self._modules = modules
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = fused_sdpa(*args, **kwargs) if func in _SDPA else func(*args, **kwargs)
+        if torch.is_grad_enabled():
+            self._label(out)
+        return out
+
+    def _label(self, out: Any) -> None:
+        path = self._modules.current()
+        flat, _ = tree_flatten(out)
+        pending = [t.grad_fn for t in flat if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        while pending:
+            node = pending.pop()
+            meta = node.metadata
+            if _LABEL_KEY in meta:
+                continue
+            meta[_LABEL_KEY] = path
+            pending.extend(nxt for nxt, _ in node.next_functions if nxt is not None)
+
+
+class OpRecorder(TorchDispatchMode):
+    """Writes one OpEvent per aten op; tracks storages from creation to release."""
+
+    def __init__(self, modules: ModuleStack, storage_kinds: dict[int, tuple[str, str | None]]):
+        super().__init__()
+        self._modules = modules
+        self._known_kinds = storage_kinds  # id(storage object) -> (kind, name) for params etc.
+        self.events: list[OpEvent] = []
+        self.storages: dict[int, StorageInfo] = {}
+        self._sid_of: dict[int, int] = {}  # id(storage object) -> storage id, while alive
+        self.phase = "forward"
+        self.active = True
+        self.current_func: Any = None
+
+    # -- storages -------------------------------------------------------------------------
+    def storage_id(self, t: torch.Tensor, creating_event: int | None) -> int:
+        st = t.untyped_storage()
+        key = id(st)
+        sid = self._sid_of.get(key)
+        if sid is None:
+            sid = len(self.storages)
+            self._sid_of[key] = sid
+            kind, name = self._known_kinds.get(key, (KIND_ACTIVATION, None))
+            self.storages[sid] = StorageInfo(
+                nbytes=st.nbytes(), kind=kind, created_by=creating_event, name=name
+            )
+            weakref.finalize(st, self._released, key, sid)
+        return sid
+
+    def _released(self, key: int, sid: int) -> None:
+        self._sid_of.pop(key, None)
+        if not self.active:
+            return
+        info = self.storages[sid]
+        last = len(self.events) - 1
+        info.released_after = last
+        if last >= 0:
+            self.events[last].releases.append(sid)
+
+    def meta(self, t: torch.Tensor, creating_event: int | None) -> TensorMeta:
+        return TensorMeta(
+            storage=self.storage_id(t, creating_event),
+            shape=tuple(int(s) for s in t.shape),
+            dtype=t.dtype,
+            stride=tuple(int(s) for s in t.stride()),
+            storage_offset=int(t.storage_offset()),
+        )
+
+    # -- ops ------------------------------------------------------------------------------
+    def module_path(self) -> str:
+        if self.phase == "backward":
+            node = torch._C._current_autograd_node()
+            if node is not None:
+                return node.metadata.get(_LABEL_KEY, "")
+        if self.phase == "optimizer":
+            return "(optimizer)"
+        return self._modules.current()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.namespace in _SKIPPED_NAMESPACES:
+            return func(*args, **kwargs)
+        self.current_func = func
+        index = len(self.events)
+        to_meta_in = lambda x: self.meta(x, None) if isinstance(x, torch.Tensor) else x  # noqa: E731
+        meta_args = tree_map(to_meta_in, args)
+        meta_kwargs = tree_map(to_meta_in, kwargs)
+        first_new = len(self.storages)
+        out = func(*args, **kwargs)
+        flat_out = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        outputs = [self.meta(t, index) for t in flat_out]
+        allocates = [m.storage for m in outputs if m.storage >= first_new]
+        inputs = [x for x in tree_flatten((meta_args, meta_kwargs))[0] if isinstance(x, TensorMeta)]
+        free = not allocates and not func._schema.is_mutable and (
+            bool(outputs) or func._schema.name in _METADATA_OPS
+        )
+        self.events.append(
+            OpEvent(
+                index=index,
+                func=func,
+                args=meta_args,
+                kwargs=meta_kwargs,
+                inputs=inputs,
+                outputs=outputs,
+                phase=self.phase,
+                module=self.module_path(),
+                free=free,
+                allocates=list(dict.fromkeys(allocates)),
+            )
+        )
+        self.current_func = None
+        return out
+
+
+_METADATA_OPS = {"aten::sym_size", "aten::sym_stride", "aten::sym_numel", "aten::is_same_size"}
