@@ -35,15 +35,16 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in _ORDER}
 
 
 def _key(name: str) -> str:
-    """Users type resnet-50, mobilenet-v2 or VIT_B_16; compare names case- and dash-blind."""
-    return name.strip().lower().replace("_", "-")
+    """Users type resnet-50, mobilenet-v2 or VIT_B_16: ignore case, '-', '_' and spaces."""
+    return "".join(ch for ch in name.lower() if ch not in "-_ \t")
 
 
 _BY_KEY: dict[str, ModelSpec] = {_key(name): spec for name, spec in MODELS.items()}
+assert len(_BY_KEY) == len(MODELS), "two zoo names differ only in case or separators"
 
 
 def get_model(name: str) -> ModelSpec:
-    """The spec named ``name`` (case-insensitive, '_' and '-' interchangeable).
+    """The spec named ``name``, ignoring case and '-'/'_' (``resnet-50`` is ``resnet50``).
 
     An unknown name raises ``ModelLoadError`` suggesting the closest known names, because
     the usual cause is a typo (``resnet-5``, ``gpt2-mdium``).
