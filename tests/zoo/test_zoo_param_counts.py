@@ -1,0 +1,84 @@
+"""Full-size zoo models against published parameter counts, built on fake tensors.
+
+The expected numbers are the figures published for the reference implementations
+(torchvision, Hugging Face, Meta); they are kept literal so a regression cannot move both
+the model and the expectation at once.
+"""
+
+from __future__ import annotations
+
+import pytest
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from nnperf.zoo import get_model, list_models
+
+PUBLISHED = {
+    "alexnet": 61_100_840,
+    "alexnet-caffe": 60_965_224,
+    "vgg16": 138_357_544,
+    "resnet18": 11_689_512,
+    "resnet50": 25_557_032,
+    "mobilenet_v2": 3_504_872,
+    "vit_b_16": 86_567_656,
+    "gpt2": 124_439_808,
+    "gpt2-medium": 354_823_168,
+    "gpt2-large": 774_030_080,
+    "gpt2-xl": 1_557_611_200,
+    "llama-7b": 6_738_415_616,
+}
+
+
+def count(module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_published_parameter_count(name: str) -> None:
+    with FakeTensorMode():
+        workload = get_model(name).build(1)
+    assert count(workload.model) == PUBLISHED[name]
+
+
+def test_bert_base_model_and_pretraining_heads() -> None:
+    with FakeTensorMode():
+        model = get_model("bert-base").build(1).model
+    assert count(model.bert) == 109_482_240  # encoder + pooler, the published BERT-base
+    # Heads: MLM transform dense (768*768 + 768) and LayerNorm (2*768), decoder bias (30522,
+    # the decoder weight is tied to the word embeddings) and NSP (768*2 + 2).
+    heads = 768 * 768 + 768 + 2 * 768 + 30522 + 768 * 2 + 2
+    assert count(model) == 109_482_240 + heads == 110_106_428
+    assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
+
+
+def test_gpt2_lm_head_is_tied() -> None:
+    with FakeTensorMode():
+        model = get_model("gpt2").build(1, 8).model
+    assert model.lm_head.weight is model.wte.weight
+
+
+def test_mlp_and_mnist_counts_from_layer_shapes() -> None:
+    with FakeTensorMode():
+        mlp = get_model("mlp").build(1).model
+        mnist = get_model("mnist-cnn").build(1).model
+    assert count(mlp) == (784 * 1024 + 1024) + (1024 * 1024 + 1024) + (1024 * 10 + 10)
+    conv = (1 * 32 * 9 + 32) + (32 * 64 * 9 + 64)
+    assert count(mnist) == conv + (9216 * 128 + 128) + (128 * 10 + 10)
+
+
+@pytest.mark.parametrize("spec", list_models(), ids=lambda s: s.name)
+def test_full_size_default_step_on_fake_tensors(spec) -> None:
+    """Default batch and sequence, forward + loss + backward, with no real memory.
+
+    Proves the forward has no data-dependent operations at the sizes users will trace.
+    """
+    with FakeTensorMode():
+        w = spec.build(spec.default_batch)
+        loss = w.loss_fn(w.model(*w.inputs))
+        assert loss.dim() == 0
+        loss.backward()
+    assert w.samples == spec.default_batch
+    if spec.default_seq is None:
+        assert w.tokens is None
+    else:
+        assert w.tokens == spec.default_batch * spec.default_seq
+        assert tuple(w.inputs[0].shape) == (spec.default_batch, spec.default_seq)
