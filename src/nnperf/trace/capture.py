@@ -77,16 +77,56 @@ class TraceOptions:
 def trace_workload(build: Callable[[], Workload], options: TraceOptions) -> tuple[Trace, Workload]:
     """Build the workload inside the tracing context and record one step of it."""
     options.validate()
-    fake = contextlib.nullcontext() if options.real else FakeTensorMode()
-    with fake:
+    fake_mode = None if options.real else FakeTensorMode()
+    with fake_mode if fake_mode is not None else contextlib.nullcontext():
         workload = build()
-        workload = _cast(workload, options.dtype)
-        model = workload.model
-        model.train(options.train)
-        optimizer = _make_optimizer(model, options) if options.train else None
-        if optimizer is not None:
-            _initialize_state(model, optimizer)
-        return _record(workload, optimizer, options), workload
+        restore = _swap_in_fakes(workload, fake_mode) if fake_mode is not None else None
+        try:
+            workload = _cast(workload, options.dtype)
+            model = workload.model
+            model.train(options.train)
+            optimizer = _make_optimizer(model, options) if options.train else None
+            if optimizer is not None:
+                _initialize_state(model, optimizer)
+            return _record(workload, optimizer, options), workload
+        finally:
+            if restore is not None:
+                restore()
+
+
+def _swap_in_fakes(workload: Workload, fake_mode: FakeTensorMode) -> Callable[[], None]:
+    """Replace real parameters, buffers and inputs (a model the user already built) by fakes.
+
+    The user's module is modified in place for the duration of the trace and restored after,
+    so tracing a real model neither copies its weights nor touches their values.
+    """
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    originals: list[tuple[dict, str, Any]] = []
+    for module in workload.model.modules():
+        for table in (module._parameters, module._buffers):
+            for name, value in table.items():
+                if value is None or isinstance(value, FakeTensor):
+                    continue
+                fake = fake_mode.from_tensor(value)
+                if isinstance(value, torch.nn.Parameter):
+                    fake = torch.nn.Parameter(fake, requires_grad=value.requires_grad)
+                originals.append((table, name, value))
+                table[name] = fake
+    real_inputs = workload.inputs
+    workload.inputs = tuple(
+        fake_mode.from_tensor(t)
+        if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor)
+        else t
+        for t in workload.inputs
+    )
+
+    def restore() -> None:
+        for table, name, value in originals:
+            table[name] = value
+        workload.inputs = real_inputs
+
+    return restore
 
 
 def _record(workload: Workload, optimizer: Any, options: TraceOptions) -> Trace:
@@ -135,6 +175,8 @@ def _record(workload: Workload, optimizer: Any, options: TraceOptions) -> Trace:
         module_types=module_types,
         module_params=module_params,
         param_storages=param_storages,
+        param_shapes={n: tuple(p.shape) for n, p in model.named_parameters()},
+        module_output_bytes=dict(modules.output_bytes),
         mode="train" if options.train else "inference",
         config={"options": options.to_json()},
     )

@@ -34,6 +34,7 @@ class ModuleStack:
     def __init__(self, names: dict[int, str]):
         self._names = names
         self.stack: list[str] = [""]
+        self.output_bytes: dict[str, int] = {}  # module path -> bytes of its forward outputs
         self._handles: list[Any] = []
 
     def current(self) -> str:
@@ -54,7 +55,13 @@ class ModuleStack:
 
     def _post(self, module, args, output):
         if len(self.stack) > 1:
-            self.stack.pop()
+            name = self.stack.pop()
+            produced = sum(
+                t.numel() * t.element_size()
+                for t in tree_flatten(output)[0]
+                if isinstance(t, torch.Tensor)
+            )
+            self.output_bytes[name] = self.output_bytes.get(name, 0) + produced
 
     def __enter__(self) -> ModuleStack:
         hooks = torch.nn.modules.module

@@ -106,8 +106,9 @@ def _convolution_backward(event: OpEvent) -> list[GemmShape]:
     """
     a = event.args
     grad_out, x, w = a[0], a[1], a[2]
-    transposed, groups = bool(a[6]), int(a[8])
-    mask = a[9] if len(a) > 9 else (True, True, True)
+    # (grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
+    #  output_padding, groups, output_mask)
+    transposed, groups, mask = bool(a[7]), int(a[9]), a[10]
     fwd = _conv_forward_shape(x, w, grad_out.shape[2:], transposed, groups)
     shapes = []
     if mask[0]:

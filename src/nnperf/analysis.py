@@ -1,0 +1,191 @@
+"""``nnperf.analyze``: trace a workload once and run the counting passes over it.
+
+The ``Analysis`` object is what every later command extends (prediction, memory,
+measurement); its JSON form is the contract documented in the README.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import torch
+from torch import nn
+
+from nnperf.loading import InputSpec, resolve
+from nnperf.passes import rollup
+from nnperf.passes.count import OpCount, count_ops
+from nnperf.passes.gemms import Gemm, lower_gemms
+from nnperf.trace.capture import TraceOptions, trace_workload
+from nnperf.trace.events import Trace, dtype_name
+from nnperf.workload import Workload
+
+SCHEMA_VERSION = "nnperf.analysis/1"
+
+
+@dataclass
+class Analysis:
+    """A traced step and its counts. Tables are computed on demand from the op counts."""
+
+    model: str
+    options: TraceOptions
+    trace: Trace
+    workload: Workload
+    ops: list[OpCount]
+    gemms: list[Gemm]
+    extra: dict[str, Any] = field(default_factory=dict)  # sections added by later passes
+
+    # -- tables -------------------------------------------------------------------------------
+    def modules(self, depth: int | None = None) -> list[rollup.ModuleRow]:
+        return rollup.by_module(self.trace, self.ops, depth)
+
+    def op_table(self) -> dict[str, rollup.Tally]:
+        return rollup.by_op(self.ops)
+
+    def phases(self) -> dict[str, rollup.Tally]:
+        return rollup.by_phase(self.ops)
+
+    @cached_property
+    def coverage(self) -> dict[str, Any]:
+        return rollup.coverage(self.ops)
+
+    @cached_property
+    def totals(self) -> dict[str, Any]:
+        total = rollup.Tally()
+        for op in self.ops:
+            total.add(op)
+        params = sum(_numel(s) for s in self.trace.param_shapes.values())  # shared counted once
+        param_bytes = sum(self.trace.storages[s].nbytes for s in self.trace.param_storages)
+        return {
+            "params": params,
+            "param_bytes": param_bytes,
+            **total.to_json(),
+            "bytes_forward": total.bytes_by_phase.get("forward", 0.0),
+            "bytes_backward": total.bytes_by_phase.get("backward", 0.0),
+            "bytes_optimizer": total.bytes_by_phase.get("optimizer", 0.0),
+            "ops": len(self.ops),
+            "gemms": len(self.gemms),
+        }
+
+    @property
+    def config(self) -> dict[str, Any]:
+        shapes = [
+            {"shape": list(t.shape), "dtype": dtype_name(t.dtype)}
+            for t in self.workload.inputs
+            if isinstance(t, torch.Tensor)
+        ]
+        return {
+            "batch": self.workload.samples,
+            "tokens": self.workload.tokens,
+            "mode": self.trace.mode,
+            "dtype": self.options.dtype or _param_dtype(self.workload.model),
+            "amp": self.options.amp,
+            "optimizer": self.options.optimizer if self.options.train else None,
+            "optimizer_impl": self.options.optimizer_impl if self.options.train else None,
+            "inputs": shapes,
+            **self.workload.info,
+        }
+
+    # -- exports ------------------------------------------------------------------------------
+    def to_json(self, depth: int | None = None) -> dict[str, Any]:
+        doc = {
+            "schema": SCHEMA_VERSION,
+            "model": self.model,
+            "config": self.config,
+            "totals": self.totals,
+            "modules": [r.to_json() for r in self.modules(depth)],
+            "ops": [{"op": name, **t.to_json(), "count": t.count} for name, t in self.op_table().items()],
+            "gemms": [g.to_json() for g in self.gemms],
+            "coverage": self.coverage,
+        }
+        doc.update(self.extra)
+        return doc
+
+    def to_csv(self, by: str = "module", depth: int | None = None) -> str:
+        buf = io.StringIO()
+        if by == "gemm":
+            rows = [g.to_json() for g in self.gemms]
+        elif by == "op":
+            rows = [{"op": n, "count": t.count, **t.to_json()} for n, t in self.op_table().items()]
+        else:
+            rows = [r.to_json() for r in self.modules(depth)]
+        if rows:
+            writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        return buf.getvalue()
+
+    def __repr__(self) -> str:
+        t = self.totals
+        return (
+            f"Analysis({self.model!r}, mode={self.trace.mode}, params={t['params']:,}, "
+            f"flops={t['flops']:.4g}, bytes={t['bytes']:.4g}, "
+            f"coverage={self.coverage['op_share']:.1%} of ops)"
+        )
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _param_dtype(model: nn.Module) -> str:
+    p = next(model.parameters(), None)
+    return dtype_name(p.dtype) if p is not None else "fp32"
+
+
+def analyze(
+    model: str | nn.Module,
+    inputs: Sequence[Any] | torch.Tensor | None = None,
+    *,
+    train: bool = True,
+    optimizer: str = "adamw",
+    optimizer_impl: str = "foreach",
+    dtype: str | None = None,
+    amp: str | None = None,
+    batch: int | None = None,
+    seq_len: int | None = None,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    input_spec: InputSpec | None = None,
+    real: bool = False,
+    **overrides: Any,
+) -> Analysis:
+    """Trace one step of ``model`` on fake tensors and count it.
+
+    ``model`` is a zoo name (``"resnet50"``), ``"file.py:factory"``, ``"pkg.mod:factory"``
+    or an ``nn.Module`` (its weights are swapped for fakes during the trace, then restored).
+    """
+    if isinstance(inputs, torch.Tensor):
+        inputs = (inputs,)
+    name, build = resolve(
+        model,
+        batch=batch,
+        seq_len=seq_len,
+        inputs=inputs,
+        input_spec=input_spec,
+        loss_fn=loss_fn,
+        overrides=overrides,
+    )
+    options = TraceOptions(
+        train=train,
+        optimizer=optimizer,
+        optimizer_impl=optimizer_impl,
+        dtype=dtype,
+        amp=amp,
+        real=real,
+    )
+    trace, workload = trace_workload(build, options)
+    return Analysis(
+        model=name,
+        options=options,
+        trace=trace,
+        workload=workload,
+        ops=count_ops(trace),
+        gemms=lower_gemms(trace),
+    )

@@ -1,0 +1,35 @@
+"""``nnperf analyze``: count one step (FLOPs, bytes, parameters, activations) per module."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from nnperf.cli.app import cli
+from nnperf.cli.workload_options import analysis_from, pop_workload, workload_options
+
+
+@cli.command()
+@workload_options
+@click.option("--by", type=click.Choice(["module", "op", "gemm"]), default="module", show_default=True)
+@click.option("--depth", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Module tree depth shown (0: the whole model only).")
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON document instead of tables.")
+@click.option("--csv", "as_csv", is_flag=True, help="Print the --by table as CSV.")
+def analyze(**kwargs) -> None:
+    """Trace MODEL on fake tensors and count FLOPs, bytes and parameters.
+
+    MODEL is a built-in name (see `nnperf models`), path/to/file.py:factory or
+    package.module:factory.
+    """
+    opts = pop_workload(kwargs)
+    result = analysis_from(opts)
+    if kwargs["as_json"]:
+        click.echo(json.dumps(result.to_json(depth=kwargs["depth"]), indent=2))
+    elif kwargs["as_csv"]:
+        click.echo(result.to_csv(by=kwargs["by"], depth=kwargs["depth"]), nl=False)
+    else:
+        from nnperf.report.analysis_tables import print_analysis
+
+        print_analysis(result, by=kwargs["by"], depth=kwargs["depth"])

@@ -1,0 +1,118 @@
+"""Counting pass: FLOPs, MACs and bytes per op, split into input, weight and output bytes.
+
+Weight bytes are reads of parameters and of their casts (under autocast a bf16 copy of a
+weight is still weight traffic), so the "bandwidth needed for weights" figure stays right
+in mixed precision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import nnperf.passes.costs  # noqa: F401  (registers every formula)
+from nnperf.passes.costs.registry import OpCost, lookup
+from nnperf.trace.events import KIND_PARAM, OpEvent, TensorMeta, Trace
+
+_WEIGHT_PRESERVING = {"aten._to_copy", "aten.clone", "aten.copy", "aten.contiguous", "aten.t"}
+
+
+@dataclass(slots=True)
+class OpCount:
+    """One op of the trace with its cost; ``covered`` is False when no formula exists."""
+
+    index: int
+    op: str
+    module: str
+    phase: str
+    category: str
+    flops: float
+    macs: float
+    bytes_in: float
+    bytes_weights: float
+    bytes_out: float
+    covered: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def bytes(self) -> float:
+        return self.bytes_in + self.bytes_weights + self.bytes_out
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.bytes if self.bytes else 0.0
+
+
+def weight_storages(trace: Trace) -> set[int]:
+    """Parameter storages plus copies/casts made from them."""
+    weights = {sid for sid, info in trace.storages.items() if info.kind == KIND_PARAM}
+    for ev in trace.events:
+        if ev.name in _WEIGHT_PRESERVING and ev.inputs and ev.outputs:
+            if all(t.storage in weights for t in ev.inputs[:1]):
+                weights.update(t.storage for t in ev.outputs)
+    return weights
+
+
+def count_ops(trace: Trace) -> list[OpCount]:
+    """Apply the formula registry to every op that does work (views and aliases are free)."""
+    weights = weight_storages(trace)
+    counts: list[OpCount] = []
+    for ev in trace.events:
+        if ev.free:
+            continue
+        formula = lookup(ev)
+        if formula is None:
+            counts.append(_uncovered(ev))
+            continue
+        counts.append(_covered(ev, formula(ev), weights))
+    return counts
+
+
+def _distinct(metas) -> list[TensorMeta]:
+    seen, out = set(), []
+    for m in metas:
+        key = (m.storage, m.storage_offset, m.shape, m.stride)
+        if key not in seen:
+            seen.add(key)
+            out.append(m)
+    return out
+
+
+def _covered(ev: OpEvent, cost: OpCost, weights: set[int]) -> OpCount:
+    reads = _distinct(cost.reads)
+    bytes_w = sum(m.nbytes for m in reads if m.storage in weights)
+    bytes_in = sum(m.nbytes for m in reads if m.storage not in weights) + cost.extra_read_bytes
+    bytes_out = sum(m.nbytes for m in _distinct(cost.writes)) + cost.extra_write_bytes
+    return OpCount(
+        index=ev.index,
+        op=ev.name,
+        module=ev.module,
+        phase=ev.phase,
+        category=cost.category,
+        flops=float(cost.flops),
+        macs=float(cost.macs),
+        bytes_in=float(bytes_in),
+        bytes_weights=float(bytes_w),
+        bytes_out=float(bytes_out),
+        covered=True,
+        info=dict(cost.info),
+    )
+
+
+def _uncovered(ev: OpEvent) -> OpCount:
+    """No formula: zero FLOPs is unknown, not zero, so the bytes it touches are still shown."""
+    touched_in = sum(m.nbytes for m in _distinct(ev.inputs))
+    touched_out = sum(m.nbytes for m in _distinct(ev.outputs))
+    return OpCount(
+        index=ev.index,
+        op=ev.name,
+        module=ev.module,
+        phase=ev.phase,
+        category="uncovered",
+        flops=0.0,
+        macs=0.0,
+        bytes_in=float(touched_in),
+        bytes_weights=0.0,
+        bytes_out=float(touched_out),
+        covered=False,
+    )

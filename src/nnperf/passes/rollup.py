@@ -1,0 +1,171 @@
+"""Roll per-op counts up the module tree, by op name, and into step totals and coverage."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from nnperf.passes.count import OpCount
+from nnperf.trace.events import PHASES, Trace
+
+
+@dataclass
+class Tally:
+    """Sums of an op group; FLOPs are also kept per phase for forward/backward columns."""
+
+    count: int = 0
+    flops: float = 0.0
+    macs: float = 0.0
+    bytes_in: float = 0.0
+    bytes_weights: float = 0.0
+    bytes_out: float = 0.0
+    flops_by_phase: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    bytes_by_phase: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+
+    def add(self, op: OpCount) -> None:
+        self.count += 1
+        self.flops += op.flops
+        self.macs += op.macs
+        self.bytes_in += op.bytes_in
+        self.bytes_weights += op.bytes_weights
+        self.bytes_out += op.bytes_out
+        self.flops_by_phase[op.phase] = self.flops_by_phase.get(op.phase, 0.0) + op.flops
+        self.bytes_by_phase[op.phase] = self.bytes_by_phase.get(op.phase, 0.0) + op.bytes
+
+    @property
+    def bytes(self) -> float:
+        return self.bytes_in + self.bytes_weights + self.bytes_out
+
+    @property
+    def intensity(self) -> float:
+        """FLOPs per byte moved at minimum (arithmetic intensity)."""
+        return self.flops / self.bytes if self.bytes else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "flops": self.flops,
+            "macs": self.macs,
+            "bytes": self.bytes,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "bytes_weights": self.bytes_weights,
+            "flops_forward": self.flops_by_phase.get("forward", 0.0),
+            "flops_backward": self.flops_by_phase.get("backward", 0.0),
+            "flops_optimizer": self.flops_by_phase.get("optimizer", 0.0),
+        }
+
+
+@dataclass
+class ModuleRow:
+    name: str
+    type: str
+    depth: int
+    params: int
+    param_bytes: int
+    output_bytes: int
+    tally: Tally
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "type": self.type,
+            "depth": self.depth,
+            "params": self.params,
+            "param_bytes": self.param_bytes,
+            "output_bytes": self.output_bytes,
+            **self.tally.to_json(),
+            "intensity": self.tally.intensity,
+        }
+
+
+def depth_of(path: str) -> int:
+    return 0 if path == "" else path.count(".") + 1
+
+
+def ancestors(path: str) -> list[str]:
+    """The path and all its ancestors up to the root ''."""
+    if path == "":
+        return [""]
+    parts = path.split(".")
+    return ["", *(".".join(parts[: i + 1]) for i in range(len(parts)))]
+
+
+def by_module(trace: Trace, ops: list[OpCount], max_depth: int | None = None) -> list[ModuleRow]:
+    """Inclusive totals per module (a module counts everything its children do), tree order."""
+    tallies: dict[str, Tally] = defaultdict(Tally)
+    for op in ops:
+        for a in ancestors(op.module):
+            tallies[a].add(op)
+    params, param_bytes = _params_by_module(trace)
+    names = list(trace.module_types)  # named_modules order (tree order)
+    names += sorted(n for n in tallies if n not in trace.module_types)  # (loss), (optimizer)
+    rows = []
+    for name in names:
+        if max_depth is not None and depth_of(name) > max_depth:
+            continue
+        rows.append(
+            ModuleRow(
+                name=name,
+                type=trace.module_types.get(name, name.strip("()") or "-"),
+                depth=depth_of(name),
+                params=params.get(name, 0),
+                param_bytes=param_bytes.get(name, 0),
+                output_bytes=trace.module_output_bytes.get(name, 0),
+                tally=tallies.get(name, Tally()),
+            )
+        )
+    return rows
+
+
+def _params_by_module(trace: Trace) -> tuple[dict[str, int], dict[str, int]]:
+    params: dict[str, int] = defaultdict(int)
+    nbytes: dict[str, int] = defaultdict(int)
+    for sid, pname in trace.param_storages.items():
+        owner = pname.rsplit(".", 1)[0] if "." in pname else ""
+        numel = 1
+        for s in trace.param_shapes[pname]:
+            numel *= s
+        for a in ancestors(owner):
+            params[a] += numel
+            nbytes[a] += trace.storages[sid].nbytes
+    return params, nbytes
+
+
+def by_op(ops: list[OpCount]) -> dict[str, Tally]:
+    tallies: dict[str, Tally] = defaultdict(Tally)
+    for op in ops:
+        tallies[op.op].add(op)
+    return dict(sorted(tallies.items(), key=lambda kv: -kv[1].flops - kv[1].bytes * 1e-9))
+
+
+def by_phase(ops: list[OpCount]) -> dict[str, Tally]:
+    tallies = {p: Tally() for p in PHASES}
+    for op in ops:
+        tallies[op.phase].add(op)
+    return tallies
+
+
+def coverage(ops: list[OpCount]) -> dict[str, Any]:
+    """How much of the step has a cost formula, by op count and by bytes touched."""
+    uncovered: dict[str, list[float]] = {}
+    covered_bytes = total_bytes = 0.0
+    for op in ops:
+        total_bytes += op.bytes
+        if op.covered:
+            covered_bytes += op.bytes
+        else:
+            entry = uncovered.setdefault(op.op, [0, 0.0])
+            entry[0] += 1
+            entry[1] += op.bytes
+    n_uncovered = sum(int(v[0]) for v in uncovered.values())
+    return {
+        "ops": len(ops),
+        "modeled": len(ops) - n_uncovered,
+        "op_share": (len(ops) - n_uncovered) / len(ops) if ops else 1.0,
+        "byte_share": covered_bytes / total_bytes if total_bytes else 1.0,
+        "uncovered": [
+            {"op": name, "count": int(c), "bytes": b}
+            for name, (c, b) in sorted(uncovered.items(), key=lambda kv: -kv[1][1])
+        ],
+    }
