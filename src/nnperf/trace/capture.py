@@ -212,7 +212,15 @@ def _cast(workload: Workload, dtype: str | None) -> Workload:
     if dtype is None:
         return workload
     target = DTYPES[dtype]
-    workload.model.to(target)
+    # Module.to() swaps tensor subclasses in place (swap_tensors), which fake tensors refuse
+    # while the fake mode holds weak references to them; rebinding each tensor avoids that.
+    for module in workload.model.modules():
+        for name, p in module._parameters.items():
+            if p is not None and p.is_floating_point():
+                module._parameters[name] = torch.nn.Parameter(p.detach().to(target), p.requires_grad)
+        for name, b in module._buffers.items():
+            if b is not None and b.is_floating_point():
+                module._buffers[name] = b.to(target)
     workload.inputs = tuple(
         t.to(target) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
         for t in workload.inputs
