@@ -214,10 +214,14 @@ def _cast(workload: Workload, dtype: str | None) -> Workload:
     target = DTYPES[dtype]
     # Module.to() swaps tensor subclasses in place (swap_tensors), which fake tensors refuse
     # while the fake mode holds weak references to them; rebinding each tensor avoids that.
+    # A memo keeps tied weights (e.g. GPT-2's lm_head and wte) tied.
+    cast: dict[int, torch.nn.Parameter] = {}
     for module in workload.model.modules():
         for name, p in module._parameters.items():
             if p is not None and p.is_floating_point():
-                module._parameters[name] = torch.nn.Parameter(p.detach().to(target), p.requires_grad)
+                if id(p) not in cast:
+                    cast[id(p)] = torch.nn.Parameter(p.detach().to(target), p.requires_grad)
+                module._parameters[name] = cast[id(p)]
         for name, b in module._buffers.items():
             if b is not None and b.is_floating_point():
                 module._buffers[name] = b.to(target)
