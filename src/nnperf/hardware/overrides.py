@@ -23,7 +23,9 @@ def parse_set_values(values: list[str] | tuple[str, ...]) -> dict[str, str]:
     for item in values:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise UsageError(f"--set {item!r} is not KEY=VALUE (e.g. --set memory_bandwidth_gbs=2000)")
+            raise UsageError(
+                f"--set {item!r} is not KEY=VALUE (e.g. --set memory_bandwidth_gbs=2000)"
+            )
         out[key.strip()] = value.strip()
     return out
 

@@ -60,11 +60,10 @@ TABLES = ("host_link", "peak_tflops", "sources")
 
 
 def valid_keys() -> list[str]:
-    """Every dotted key a GPU file (and ``--set``) accepts, in file order."""
-    keys = list(SCALAR_FIELDS)
+    """Every dotted key ``--set`` accepts, in file order (``sources`` is not settable)."""
+    keys = [k for k in SCALAR_FIELDS if k != "id"]
     keys += [f"host_link.{k}" for k in HOST_LINK_FIELDS]
     keys += [f"peak_tflops.{unit}.{d}" for unit in UNITS for d in RATE_KEYS]
-    keys += [f"sources.<name>"]
     return keys
 
 
@@ -140,8 +139,9 @@ def validate(raw: dict[str, Any], origin: str) -> dict[str, Any]:
         out["host_link"] = _fields(origin, link, HOST_LINK_FIELDS, "host_link.")
     peaks = raw.get("peak_tflops", {})
     if not isinstance(peaks, dict) or set(peaks) - set(UNITS):
-        raise _bad(origin, "peak_tflops", "tables [peak_tflops.tensor] and [peak_tflops.cuda]",
-                   peaks)
+        raise _bad(
+            origin, "peak_tflops", "tables [peak_tflops.tensor] and [peak_tflops.cuda]", peaks
+        )
     out["tensor_tflops"] = _rates(origin, peaks.get("tensor"), "tensor")
     out["cuda_tflops"] = _rates(origin, peaks.get("cuda"), "cuda")
     if "fp32" not in out["cuda_tflops"]:

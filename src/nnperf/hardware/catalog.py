@@ -1,0 +1,276 @@
+"""The GPU catalog: one TOML file per GPU in ``hardware/gpus/``, each value with its source.
+
+A ``GPU`` answers the questions the time models ask (peak FLOP/s of the unit a dtype runs on,
+bytes/s of memory, ridge point), and refuses clearly when a GPU has no unit for a dtype rather
+than silently inventing a rate. All peaks are dense (never the 2:4-sparse datasheet figure).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nnperf.errors import UsageError
+from nnperf.hardware import names, schema
+from nnperf.hardware import overrides as _overrides
+from nnperf.hardware.dtypes import normalize_dtype
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+GPU_DIR = Path(__file__).parent / "gpus"
+
+#: When a GPU has no unit for a dtype and the caller allows a fallback, the next dtype to try
+#: (what the libraries do: TF32 off on pre-Ampere means fp32, bf16 on Volta is computed in fp32).
+FALLBACK: dict[str, str] = {
+    "tf32": "fp32",
+    "bf16": "fp32",
+    "fp16": "fp32",
+    "fp8": "bf16",
+    "int8": "fp16",
+}
+
+
+@dataclass(frozen=True)
+class HostLink:
+    """How the GPU talks to the host: PCIe (gen, lanes) or a coherent NVLink-C2C link."""
+
+    kind: str
+    gbs_per_direction: float
+    gen: int | None = None
+    lanes: int | None = None
+
+    def describe(self) -> str:
+        if self.kind == "pcie" and self.gen:
+            return (
+                f"PCIe {self.gen}.0 x{self.lanes or 16}, {self.gbs_per_direction:g} GB/s each way"
+            )
+        return f"{self.kind}, {self.gbs_per_direction:g} GB/s each way"
+
+
+@dataclass(frozen=True)
+class PeakRate:
+    """A peak rate plus where it came from, so a fallback is reported, never silent."""
+
+    flops: float
+    unit: str  # "tensor" | "cuda"
+    dtype: str  # the rate actually used, e.g. "tf32" for an fp32 GEMM with TF32 on
+    requested: str
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One GPU as one PyTorch device sees it (multi-die boards are described per die)."""
+
+    id: str
+    name: str
+    vendor: str
+    architecture: str
+    sm_count: int
+    boost_clock_mhz: float
+    memory_gib: float
+    memory_type: str
+    memory_bandwidth_gbs: float
+    tensor_tflops: Mapping[str, float] = field(default_factory=dict, hash=False)
+    cuda_tflops: Mapping[str, float] = field(default_factory=dict, hash=False)
+    aliases: tuple[str, ...] = ()
+    compute_capability: str | None = None
+    tensor_clock_mhz: float | None = None
+    l2_mb: float | None = None
+    host_link: HostLink | None = None
+    gpu_link_gbs: float | None = None
+    tdp_w: float | None = None
+    price_usd_per_hour: float | None = None
+    price_date: str | None = None
+    confidence: str = "datasheet"
+    unverified: tuple[str, ...] = ()
+    notes: str = ""
+    sources: Mapping[str, str] = field(default_factory=dict, hash=False)
+    origin: str = ""
+    overrides: tuple[str, ...] = ()
+
+    # ---- derived quantities -------------------------------------------------------------
+    @property
+    def memory_bandwidth(self) -> float:
+        """Datasheet memory bandwidth in bytes/s."""
+        return self.memory_bandwidth_gbs * 1e9
+
+    @property
+    def memory_bytes(self) -> float:
+        """Capacity in bytes; GPU memory sizes are binary (an '80 GB' HBM part holds 80 GiB)."""
+        return self.memory_gib * 2**30
+
+    @property
+    def memory_gb(self) -> float:
+        return self.memory_bytes / 1e9
+
+    @property
+    def short_name(self) -> str:
+        return self.id.upper()
+
+    def supported_dtypes(self) -> list[str]:
+        """The compute dtypes this GPU has units for, in the catalog's order."""
+        have = set(self.tensor_tflops) | set(self.cuda_tflops)
+        return [d for d in schema.COMPUTE_DTYPES if d in have]
+
+    # ---- peak rates ---------------------------------------------------------------------
+    def peak(self, dtype: str, *, tensor_cores: bool = True, fallback: bool = False) -> PeakRate:
+        """The peak of ``dtype``: tensor/matrix units when present (and allowed), else CUDA cores.
+
+        Without ``fallback`` a dtype with no unit raises a UsageError naming the valid dtypes;
+        with it, the rate of the dtype the libraries would use instead is returned and the
+        substitution is described in ``note``.
+        """
+        requested = normalize_dtype(dtype)
+        d = requested
+        while True:
+            if tensor_cores and d in self.tensor_tflops:
+                rate = PeakRate(self.tensor_tflops[d] * 1e12, "tensor", d, requested)
+                break
+            if d in self.cuda_tflops:
+                rate = PeakRate(self.cuda_tflops[d] * 1e12, "cuda", d, requested)
+                break
+            if not fallback or d not in FALLBACK:
+                units = "tensor-core or CUDA-core" if tensor_cores else "CUDA-core"
+                valid = self.supported_dtypes() if tensor_cores else list(self.cuda_tflops)
+                raise UsageError(
+                    f"{self.short_name} has no {units} {requested} units; "
+                    f"valid dtypes: {', '.join(valid)}"
+                )
+            d = FALLBACK[d]
+        if d != requested:
+            note = (
+                f"{self.short_name} has no {requested} units; using its {rate.unit}-core "
+                f"{d} rate instead"
+            )
+            rate = PeakRate(rate.flops, rate.unit, d, requested, note)
+        return rate
+
+    def peak_flops(self, dtype: str, *, tensor_cores: bool = True, fallback: bool = False) -> float:
+        """Peak FLOP/s (OP/s for int8) of ``dtype``; see ``peak`` for the rules."""
+        return self.peak(dtype, tensor_cores=tensor_cores, fallback=fallback).flops
+
+    def matmul_peak(self, dtype: str, *, tf32: bool = False, fallback: bool = False) -> PeakRate:
+        """The unit and peak a matrix product of ``dtype`` runs at, as cuBLAS/rocBLAS pick it.
+
+        fp32 uses TF32 tensor cores only when ``tf32`` is on and the GPU has them (Ampere+);
+        otherwise fp32 matrix units where they exist (AMD CDNA), else CUDA cores.
+        """
+        d = normalize_dtype(dtype)
+        if d == "fp32" and tf32 and "tf32" in self.tensor_tflops:
+            return self.peak("tf32")
+        return self.peak(d, fallback=fallback)
+
+    def math_unit(self, dtype: str, tf32: bool = False) -> str:
+        """'tensor' or 'cuda': where a matrix product of ``dtype`` runs."""
+        return self.matmul_peak(dtype, tf32=tf32).unit
+
+    def ridge_point(self, dtype: str, *, tf32: bool = False) -> float:
+        """FLOP per byte above which a kernel is compute-bound (datasheet peak / bandwidth)."""
+        return self.matmul_peak(dtype, tf32=tf32).flops / self.memory_bandwidth
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready view (used by ``nnperf gpus NAME --json``)."""
+        out: dict[str, Any] = {}
+        for key in self.__dataclass_fields__:
+            value = getattr(self, key)
+            if isinstance(value, HostLink):
+                value = {k: v for k, v in vars(value).items() if v is not None}
+            elif isinstance(value, Mapping):
+                value = dict(value)
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[key] = value
+        out["memory_gb"] = self.memory_gb
+        return out
+
+
+# ---- loading ----------------------------------------------------------------------------
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise UsageError(f"GPU file {str(path)!r} does not exist") from None
+    except tomllib.TOMLDecodeError as err:
+        raise UsageError(f"GPU file {str(path)!r} is not valid TOML: {err}") from None
+
+
+def _build(raw: dict[str, Any], gpu_id: str, origin: str, applied: tuple[str, ...] = ()) -> GPU:
+    kwargs = schema.validate(raw, origin)
+    kwargs.pop("id", None)
+    link = kwargs.pop("host_link", None)
+    return GPU(
+        id=gpu_id,
+        host_link=HostLink(**link) if link else None,
+        origin=origin,
+        overrides=applied,
+        **kwargs,
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def _builtin_raw() -> dict[str, tuple[dict[str, Any], str]]:
+    """id -> (raw table, origin for messages) for every built-in GPU file."""
+    out = {}
+    for path in sorted(GPU_DIR.glob("*.toml")):
+        out[path.stem] = (_read_toml(path), schema.origin_of(path))
+    return out
+
+
+def list_gpus() -> list[GPU]:
+    """Every built-in GPU, in file-name order."""
+    return [_build(raw, gid, where) for gid, (raw, where) in _builtin_raw().items()]
+
+
+def load_gpu(
+    name: str | None,
+    *,
+    gpu_file: str | Path | None = None,
+    overrides: dict[str, str] | None = None,
+) -> GPU:
+    """Find a GPU by any common spelling, optionally adding a user file and what-if overrides.
+
+    ``gpu_file`` adds one GPU (same schema as the built-in files); with ``name`` empty the
+    file's GPU is returned. ``overrides`` maps dotted schema keys to values (``--set``).
+    """
+    candidates = dict(_builtin_raw())
+    user_id = None
+    if gpu_file is not None:
+        path = Path(gpu_file)
+        raw = _read_toml(path)
+        user_id = str(raw.get("id") or path.stem)
+        _build(raw, user_id, schema.origin_of(path))  # validate the file as written
+        candidates[user_id] = (raw, schema.origin_of(path))
+    if not name:
+        if user_id is None:
+            raise UsageError("no GPU given; pass a GPU name (see 'nnperf gpus') or --gpu-file")
+        gpu_id = user_id
+    elif user_id is not None and names.normalize(name) in {
+        names.normalize(s)
+        for s in [
+            user_id,
+            candidates[user_id][0].get("name", ""),
+            *candidates[user_id][0].get("aliases", []),
+        ]
+    }:
+        gpu_id = user_id  # the user's file wins over a built-in entry of the same name
+    else:
+        index = {
+            gid: [raw.get("name", ""), *raw.get("aliases", [])]
+            for gid, (raw, _) in candidates.items()
+        }
+        gpu_id = names.resolve(name, index)
+    raw, where = candidates[gpu_id]
+    if overrides:
+        raw = _overrides.apply_overrides(raw, overrides)
+        applied = tuple(f"{k}={v}" for k, v in overrides.items())
+        return _build(raw, gpu_id, where, applied)
+    return _build(raw, gpu_id, where)

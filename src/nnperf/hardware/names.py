@@ -1,0 +1,46 @@
+"""Forgiving GPU name resolution: 'h100', 'H100-SXM' and 'NVIDIA H100 80GB HBM3' all work.
+
+Names are compared after lower-casing, dropping every non-alphanumeric character and the vendor
+words PyTorch puts in device names (NVIDIA, Tesla, GeForce, AMD, Instinct). An exact match on
+an id, name or alias wins; otherwise a unique prefix match; otherwise the user gets the list of
+candidates (ambiguous prefix) or of the closest names (unknown).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+
+from nnperf.errors import UsageError
+
+_VENDOR_WORDS = re.compile(r"\b(nvidia|tesla|geforce|amd|instinct)\b")
+
+
+def normalize(name: str) -> str:
+    """The comparison key of a GPU name."""
+    return re.sub(r"[^a-z0-9]", "", _VENDOR_WORDS.sub("", name.lower()))
+
+
+def resolve(query: str, index: dict[str, list[str]]) -> str:
+    """Return the id that ``query`` names. ``index`` maps an id to all its spellings."""
+    keys: dict[str, set[str]] = {}
+    for gpu_id, spellings in index.items():
+        for spelling in [gpu_id, *spellings]:
+            keys.setdefault(normalize(spelling), set()).add(gpu_id)
+    q = normalize(query)
+    if not q:
+        raise UsageError(f"empty GPU name {query!r}; run 'nnperf gpus' for the list")
+    exact = keys.get(q, set())
+    if len(exact) == 1:
+        return next(iter(exact))
+    prefixed = exact or {i for k, ids in keys.items() if k.startswith(q) for i in ids}
+    if len(prefixed) == 1:
+        return next(iter(prefixed))
+    if prefixed:
+        raise UsageError(
+            f"GPU name {query!r} is ambiguous; candidates: {', '.join(sorted(prefixed))}"
+        )
+    close = difflib.get_close_matches(q, list(keys), n=8, cutoff=0.5)
+    ids = list(dict.fromkeys(i for k in close for i in sorted(keys[k])))[:5]
+    hint = f"closest: {', '.join(ids)}" if ids else f"known: {', '.join(sorted(index))}"
+    raise UsageError(f"unknown GPU {query!r}; {hint} (run 'nnperf gpus' for the list)")

@@ -1,0 +1,265 @@
+"""Efficiency constants of the time models, as data: generic defaults or a measured profile.
+
+Every constant a time model uses lives in a ``DeviceProfile`` so that calibration can replace
+it without code changes. Defaults come from ``default_profile.toml`` (each number commented
+with its origin), optionally refined per architecture.
+
+Profile file format (TOML; ``save_profile`` writes it, ``load_profile`` reads it)::
+
+    gpu = "h200-sxm"                 # optional: which GPU it was measured on
+    note = "measured 2025-06-01 ..." # optional free text
+    gemm_peak_fraction = 0.79        # any scalar field of DeviceProfile
+    bandwidth_fraction = 0.9
+    kernel_overhead_s = 3e-06
+    ...
+    # measured curves, interpolated log-linearly (linear in log x), clamped at the ends:
+    bandwidth_curve = [[4096, 1.1e9], [1048576, 1.2e12], [1073741824, 4.3e12]]  # bytes, B/s
+    [gemm_efficiency]                # dtype -> [[flops, fraction of the unit's peak], ...]
+    bf16 = [[1e9, 0.2], [1e12, 0.78]]
+    [tile_relative_efficiency]       # "TmxTn" -> relative efficiency (also the candidate set)
+    "256x128" = 1.0
+    [ctas_per_sm]                    # "TmxTn" -> CTAs resident per SM (default 1)
+    [alignment_penalty]              # "16B" / "128B" -> efficiency factor
+
+A field left out keeps its generic default. ``bandwidth_curve`` replaces
+``bandwidth_fraction``/``bandwidth_half_bytes``; a ``gemm_efficiency`` curve for a dtype
+replaces ``gemm_peak_fraction`` (or ``cuda_core_fraction``) for that dtype: it should hold the
+fraction reached by aligned, wave-friendly GEMMs of that size, since tile and wave quantization
+are still modelled on top.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nnperf.errors import UsageError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+if TYPE_CHECKING:
+    from nnperf.hardware.catalog import GPU
+
+DEFAULTS_FILE = Path(__file__).parent / "default_profile.toml"
+Curve = tuple[tuple[float, float], ...]
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """How close to its datasheet a GPU gets, and what every kernel and op costs on top.
+
+    See ``default_profile.toml`` for the meaning and origin of each default value.
+    """
+
+    gemm_peak_fraction: float = 0.8
+    cuda_core_fraction: float = 0.9
+    bandwidth_fraction: float = 0.88
+    bandwidth_half_bytes: float = 2 * 2**20
+    kernel_overhead_s: float = 3e-6
+    host_dispatch_s: float = 1e-5
+    host_dispatch_backward_s: float = 1.5e-5
+    host_dispatch_optimizer_s: float = 5e-6
+    split_k_max: int = 16
+    split_k_min_k: int = 256
+    tile_relative_efficiency: Mapping[str, float] = field(default_factory=dict, hash=False)
+    ctas_per_sm: Mapping[str, int] = field(default_factory=dict, hash=False)
+    alignment_penalty: Mapping[str, float] = field(default_factory=dict, hash=False)
+    bandwidth_curve: Curve | None = None
+    gemm_efficiency: Mapping[str, Curve] = field(default_factory=dict, hash=False)
+    gpu: str | None = None
+    note: str = ""
+
+    # ---- what the models ask -----------------------------------------------------------
+    def tiles(self) -> list[tuple[int, int]]:
+        """Candidate CTA tiles (Tm, Tn), most efficient first."""
+        items = sorted(self.tile_relative_efficiency.items(), key=lambda kv: -kv[1])
+        return [_parse_tile(name) for name, _ in items]
+
+    def tile_efficiency(self, tile: tuple[int, int]) -> float:
+        return self.tile_relative_efficiency.get(_tile_name(tile), 1.0)
+
+    def tile_ctas_per_sm(self, tile: tuple[int, int]) -> int:
+        return int(self.ctas_per_sm.get(_tile_name(tile), 1))
+
+    def math_fraction(self, unit: str, dtype: str, flops: float) -> float:
+        """Achievable fraction of the unit's peak: measured curve if any, else the constant."""
+        curve = self.gemm_efficiency.get(dtype)
+        if curve:
+            return min(1.0, interpolate(curve, flops))
+        return self.gemm_peak_fraction if unit == "tensor" else self.cuda_core_fraction
+
+    def achievable_bandwidth(self, peak_bytes_per_s: float, nbytes: float) -> float:
+        """Bytes/s a kernel moving ``nbytes`` reaches (small transfers reach less)."""
+        if self.bandwidth_curve:
+            return min(peak_bytes_per_s, interpolate(self.bandwidth_curve, nbytes))
+        big = peak_bytes_per_s * self.bandwidth_fraction
+        return big * nbytes / (nbytes + self.bandwidth_half_bytes)
+
+    def memory_time(self, peak_bytes_per_s: float, nbytes: float) -> float:
+        """Seconds to move ``nbytes`` through DRAM (0 for nothing)."""
+        if nbytes <= 0:
+            return 0.0
+        return nbytes / self.achievable_bandwidth(peak_bytes_per_s, nbytes)
+
+    def replace(self, **changes: Any) -> DeviceProfile:
+        return dataclasses.replace(self, **changes)
+
+
+def interpolate(curve: Sequence[tuple[float, float]], x: float) -> float:
+    """Linear in log(x) between measured points; clamped to the first/last value outside."""
+    points = sorted(curve)
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in itertools.pairwise(points):
+        if x <= x1:
+            t = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+            return y0 + t * (y1 - y0)
+    return points[-1][1]
+
+
+def _tile_name(tile: tuple[int, int]) -> str:
+    return f"{tile[0]}x{tile[1]}"
+
+
+def _parse_tile(name: str) -> tuple[int, int]:
+    try:
+        tm, tn = (int(v) for v in name.lower().split("x"))
+    except ValueError:
+        raise UsageError(f"bad tile name {name!r}; expected 'TmxTn' such as '128x256'") from None
+    return tm, tn
+
+
+# ---- reading and writing --------------------------------------------------------------
+_SCALARS = {
+    f.name: f.type
+    for f in dataclasses.fields(DeviceProfile)
+    if f.name
+    not in {
+        "tile_relative_efficiency",
+        "ctas_per_sm",
+        "alignment_penalty",
+        "bandwidth_curve",
+        "gemm_efficiency",
+    }
+}
+_TABLES = ("tile_relative_efficiency", "ctas_per_sm", "alignment_penalty")
+
+
+def _curve(where: str, value: Any) -> Curve:
+    ok = (
+        isinstance(value, list)
+        and value
+        and all(
+            isinstance(p, list)
+            and len(p) == 2
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in p)
+            for p in value
+        )
+    )
+    if not ok:
+        raise UsageError(f"{where}: expected a list of [x, y] pairs of positive numbers")
+    return tuple((float(a), float(b)) for a, b in value)
+
+
+def _apply(base: dict[str, Any], table: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """Merge a raw TOML table onto profile keyword arguments, checking every value."""
+    out = dict(base)
+    for key, value in table.items():
+        here = f"{where}: field '{key}'"
+        if key in _SCALARS and key not in ("gpu", "note"):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise UsageError(f"{here} is {value!r}; expected a positive number")
+            out[key] = int(value) if key.startswith("split_k") else float(value)
+        elif key in ("gpu", "note"):
+            out[key] = str(value)
+        elif key in _TABLES:
+            if not isinstance(value, dict):
+                raise UsageError(f"{here} must be a table")
+            for name, v in value.items():
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+                    raise UsageError(f"{here}.{name} is {v!r}; expected a positive number")
+                if key != "alignment_penalty":
+                    _parse_tile(name)
+            merged = dict(out.get(key, {}))
+            merged.update(value)
+            out[key] = merged
+        elif key == "bandwidth_curve":
+            out[key] = _curve(here, value)
+        elif key == "gemm_efficiency":
+            if not isinstance(value, dict):
+                raise UsageError(f"{here} must be a table of dtype = [[flops, fraction], ...]")
+            out[key] = {d: _curve(f"{here}.{d}", c) for d, c in value.items()}
+        else:
+            valid = [*_SCALARS, *_TABLES, "bandwidth_curve", "gemm_efficiency"]
+            raise UsageError(f"{where}: unknown field '{key}'; valid fields: {', '.join(valid)}")
+    return out
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise UsageError(f"profile file {str(path)!r} does not exist") from None
+    except tomllib.TOMLDecodeError as err:
+        raise UsageError(f"profile file {str(path)!r} is not valid TOML: {err}") from None
+
+
+def default_profile(gpu: GPU | None = None) -> DeviceProfile:
+    """Generic constants, refined by the ``[architecture.<name>]`` table for ``gpu``'s family."""
+    raw = _read(DEFAULTS_FILE)
+    kwargs = _apply({}, raw.get("default", {}), str(DEFAULTS_FILE))
+    if gpu is not None:
+        arch = raw.get("architecture", {}).get(gpu.architecture.lower())
+        if arch:
+            kwargs = _apply(kwargs, arch, f"{DEFAULTS_FILE} [architecture.{gpu.architecture}]")
+        kwargs["gpu"] = gpu.id
+    return DeviceProfile(**kwargs)
+
+
+def load_profile(path: str | Path, gpu: GPU | None = None) -> DeviceProfile:
+    """Read a profile file; fields it leaves out keep the generic default (for ``gpu``)."""
+    base = dataclasses.asdict(default_profile(gpu))
+    kwargs = _apply(
+        {k: v for k, v in base.items()}, _read(Path(path)), f"profile file {str(path)!r}"
+    )
+    return DeviceProfile(**kwargs)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} to TOML")
+
+
+def save_profile(profile: DeviceProfile, path: str | Path) -> None:
+    """Write a profile in the format ``load_profile`` reads (see the module docstring)."""
+    lines = ["# nnperf device profile (read by nnperf.hardware.profile.load_profile)"]
+    for name in _SCALARS:
+        value = getattr(profile, name)
+        if value is not None and value != "":
+            lines.append(f"{name} = {_toml_value(value)}")
+    if profile.bandwidth_curve:
+        lines.append(f"bandwidth_curve = {_toml_value(profile.bandwidth_curve)}")
+    tables = {t: getattr(profile, t) for t in _TABLES} | {
+        "gemm_efficiency": profile.gemm_efficiency
+    }
+    for table, values in tables.items():
+        lines += ["", f"[{table}]"]
+        lines += [f"{_toml_value(k)} = {_toml_value(v)}" for k, v in values.items()]
+    Path(path).write_text("\n".join(lines) + "\n")
