@@ -13,6 +13,8 @@ from nnperf.errors import NnperfError
 COMMAND_MODULES = [
     "analyze",
     "models",
+    "gpus",
+    "gemm",
 ]
 
 

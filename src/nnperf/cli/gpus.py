@@ -1,0 +1,101 @@
+"""``nnperf gpus [NAME]``: the GPU catalog, or one entry in full with its sources."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from rich.table import Table
+
+from nnperf.cli.app import cli
+from nnperf.hardware import GPU, list_gpus, load_gpu
+from nnperf.report.console import make_console
+
+
+def _tf(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+def _half(gpu: GPU) -> str:
+    """The 16-bit tensor rate: bf16 when the GPU has it, else fp16 (labelled)."""
+    if "bf16" in gpu.tensor_tflops:
+        return _tf(gpu.tensor_tflops["bf16"])
+    if "fp16" in gpu.tensor_tflops:
+        return f"{gpu.tensor_tflops['fp16']:g} (fp16)"
+    return "-"
+
+
+def _catalog_table(gpus: list[GPU]) -> Table:
+    t = Table(title="GPU catalog (dense peak TFLOP/s; fp32 on CUDA cores, the rest on tensor "
+                    "cores)", title_justify="left")
+    for col in ("ID", "Name", "Arch", "SMs", "FP32", "TF32", "BF16/FP16", "FP8", "Memory",
+                "GB/s", "L2 MB", "$/h"):
+        t.add_column(col, justify="left" if col in ("ID", "Name", "Arch") else "right")
+    for g in gpus:
+        t.add_row(
+            g.id + (" (?)" if g.confidence != "datasheet" else ""), g.name, g.architecture,
+            str(g.sm_count), _tf(g.cuda_tflops.get("fp32")), _tf(g.tensor_tflops.get("tf32")),
+            _half(g), _tf(g.tensor_tflops.get("fp8")), f"{g.memory_gib:g} GiB {g.memory_type}",
+            f"{g.memory_bandwidth_gbs:g}", _tf(g.l2_mb),
+            "-" if g.price_usd_per_hour is None else f"{g.price_usd_per_hour:.2f}",
+        )
+    return t
+
+
+def _detail_table(g: GPU) -> Table:
+    t = Table(title=f"{g.name} ({g.id})", title_justify="left", show_header=False)
+    t.add_column("field", style="bold")
+    t.add_column("value")
+    rows = [
+        ("aliases", ", ".join(g.aliases)),
+        ("vendor / architecture", f"{g.vendor} {g.architecture}"),
+        ("compute capability", g.compute_capability or "-"),
+        ("SMs (CUs on AMD)", str(g.sm_count)),
+        ("boost clock", f"{g.boost_clock_mhz:g} MHz"),
+        ("tensor peaks quoted at", f"{_tf(g.tensor_clock_mhz)} MHz"),
+    ]
+    for unit, rates in (("tensor", g.tensor_tflops), ("cuda", g.cuda_tflops)):
+        for dtype, value in rates.items():
+            label = "TOPS" if dtype == "int8" else "TFLOP/s"
+            rows.append((f"peak {unit} {dtype}", f"{value:g} {label} (dense)"))
+    rows += [
+        ("memory", f"{g.memory_gib:g} GiB {g.memory_type} ({g.memory_gb:.1f} GB)"),
+        ("memory bandwidth", f"{g.memory_bandwidth_gbs:g} GB/s"),
+        ("L2", f"{_tf(g.l2_mb)} MB"),
+        ("host link", g.host_link.describe() if g.host_link else "-"),
+        ("GPU link (total)", f"{_tf(g.gpu_link_gbs)} GB/s"),
+        ("TDP", f"{_tf(g.tdp_w)} W"),
+        ("price", "-" if g.price_usd_per_hour is None
+         else f"{g.price_usd_per_hour:.2f} USD/h (on-demand, {g.price_date or 'undated'})"),
+        ("confidence", g.confidence + (f"; not re-checked: {', '.join(g.unverified)}"
+                                       if g.unverified else "")),
+        ("notes", g.notes or "-"),
+    ]
+    if g.overrides:
+        rows.append(("what-if overrides", ", ".join(g.overrides)))
+    rows += [(f"source: {k}", v) for k, v in g.sources.items()]
+    rows.append(("file", g.origin))
+    for row in rows:
+        t.add_row(*row)
+    return t
+
+
+@cli.command()
+@click.argument("name", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def gpus(name: str | None, as_json: bool) -> None:
+    """List the GPU catalog, or show NAME in full with its sources."""
+    if name:
+        gpu = load_gpu(name)
+        if as_json:
+            click.echo(json.dumps(gpu.to_dict(), indent=2))
+        else:
+            make_console().print(_detail_table(gpu))
+        return
+    catalog = list_gpus()
+    if as_json:
+        click.echo(json.dumps([g.to_dict() for g in catalog], indent=2))
+        return
+    make_console().print(_catalog_table(catalog))
+    click.echo("(?) = values not all re-checked against a primary source. "
+               "Details and sources: nnperf gpus NAME")

@@ -1,0 +1,158 @@
+"""The GPU catalog: values checked against independent arithmetic, names, errors, user files."""
+
+from __future__ import annotations
+
+import pytest
+
+from nnperf.errors import UsageError
+from nnperf.hardware import list_gpus, load_gpu
+from nnperf.hardware.names import normalize
+
+REQUIRED_IDS = {
+    "k80", "p100-sxm2", "v100-sxm2", "v100-pcie", "t4", "a10", "a100-40gb-sxm", "a100-80gb-sxm",
+    "a100-40gb-pcie", "a100-80gb-pcie", "l4", "l40s", "rtx-3090", "rtx-4090", "h100-sxm",
+    "h100-pcie", "h200-sxm", "b200", "mi250x", "mi300x",
+}
+
+# Dense fp16 tensor FLOP per clock per SM from the architecture whitepapers (reference/gpus.md):
+# tensor peak = SMs x FLOP/clk/SM x clock. A 2:4-sparse figure would come out 2x too high.
+FP16_FLOP_PER_CLK_PER_SM = {
+    "v100-sxm2": 1024, "v100-pcie": 1024, "t4": 1024, "a10": 1024, "l4": 1024,
+    "a100-40gb-sxm": 2048, "a100-80gb-sxm": 2048, "a100-40gb-pcie": 2048,
+    "a100-80gb-pcie": 2048, "h100-sxm": 4096, "h100-pcie": 4096, "h200-sxm": 4096,
+    "l40s": 1024, "mi300x": 2048,
+}
+
+
+def test_catalog_has_every_required_gpu_with_sources():
+    gpus = {g.id: g for g in list_gpus()}
+    assert set(gpus) >= REQUIRED_IDS
+    for g in gpus.values():
+        assert g.sources, g.id
+        assert any("https://" in s for s in g.sources.values()), g.id
+        assert g.confidence in {"datasheet", "unverified"}
+
+
+@pytest.mark.parametrize("gpu_id,per_clk", sorted(FP16_FLOP_PER_CLK_PER_SM.items()))
+def test_tensor_peaks_are_dense(gpu_id, per_clk):
+    g = load_gpu(gpu_id)
+    expected = g.sm_count * per_clk * g.tensor_clock_mhz * 1e6
+    assert g.peak_flops("fp16") == pytest.approx(expected, rel=0.02)
+
+
+def test_h100_sxm_headline_numbers():
+    g = load_gpu("h100")
+    assert g.peak_flops("bf16") == pytest.approx(132 * 4096 * 1.83e9, rel=1e-3)  # 989.4 T
+    assert g.memory_bandwidth == 3350e9
+    assert g.ridge_point("bf16") == pytest.approx(989.4e12 / 3350e9)
+    assert g.peak_flops("fp32") == 67e12
+
+
+def test_known_traps_from_the_reference():
+    assert load_gpu("l4").sm_count == 58
+    assert load_gpu("a10").memory_gib == 24
+    assert load_gpu("h100").memory_bandwidth_gbs == 3350
+
+
+@pytest.mark.parametrize(
+    "query,gpu_id",
+    [
+        ("h100", "h100-sxm"), ("H100-SXM", "h100-sxm"), ("NVIDIA H100 80GB HBM3", "h100-sxm"),
+        ("h200", "h200-sxm"), ("a100", "a100-80gb-sxm"), ("NVIDIA A100-SXM4-40GB", "a100-40gb-sxm"),
+        ("Tesla V100-SXM2-16GB", "v100-sxm2"), ("rtx4090", "rtx-4090"), ("MI300X", "mi300x"),
+        ("  nvidia l4 ", "l4"), ("A100 80GB PCIe", "a100-80gb-pcie"),
+    ],
+)
+def test_name_resolution(query, gpu_id):
+    assert load_gpu(query).id == gpu_id
+
+
+def test_every_spelling_names_one_gpu():
+    owner: dict[str, str] = {}
+    for g in list_gpus():
+        for spelling in {normalize(s) for s in (g.id, g.name, *g.aliases)}:
+            assert owner.setdefault(spelling, g.id) == g.id, spelling
+
+
+def test_ambiguous_and_unknown_names_list_candidates():
+    with pytest.raises(UsageError, match=r"ambiguous.*a100-40gb-pcie.*a100-80gb-pcie"):
+        load_gpu("a100 pcie")
+    with pytest.raises(UsageError, match=r"unknown GPU 'h1000'.*closest:.*h100"):
+        load_gpu("h1000")
+
+
+def test_missing_dtype_units_raise_or_fall_back_visibly():
+    v100 = load_gpu("v100")
+    with pytest.raises(UsageError, match=r"no .*bf16 units; valid dtypes: fp64, fp32, fp16"):
+        v100.peak_flops("bf16")
+    rate = v100.peak("bf16", fallback=True)
+    assert rate.flops == 15.7e12 and rate.unit == "cuda" and "bf16" in rate.note
+    with pytest.raises(UsageError, match="unknown dtype"):
+        v100.peak_flops("fp12")
+
+
+def test_math_unit_by_dtype_and_architecture():
+    assert load_gpu("v100").math_unit("fp32") == "cuda"
+    assert load_gpu("v100").math_unit("fp32", tf32=True) == "cuda"  # no TF32 before Ampere
+    assert load_gpu("v100").math_unit("fp16") == "tensor"
+    assert load_gpu("a100").math_unit("fp32") == "cuda"
+    assert load_gpu("a100").math_unit("fp32", tf32=True) == "tensor"
+    assert load_gpu("a100").matmul_peak("fp32", tf32=True).flops == 156e12
+    assert load_gpu("mi300x").math_unit("fp32") == "tensor"  # fp32 matrix cores
+    assert load_gpu("p100").math_unit("fp16") == "cuda"
+
+
+def test_geforce_fp16_is_the_fp32_accumulate_rate():
+    g = load_gpu("rtx 4090")
+    assert g.peak_flops("fp16") == pytest.approx(330.3e12 / 2, rel=1e-3)
+    assert g.tensor_tflops["fp16_acc16"] == pytest.approx(330.3)
+
+
+GOOD = """
+name = "Lab GPU"
+aliases = ["labby"]
+vendor = "NVIDIA"
+architecture = "Hopper"
+compute_capability = "9.0"
+sm_count = 100
+boost_clock_mhz = 1800
+memory_gib = 64
+memory_type = "HBM3"
+memory_bandwidth_gbs = 3000
+[peak_tflops.tensor]
+bf16 = 700
+[peak_tflops.cuda]
+fp32 = 50
+"""
+
+
+def test_user_gpu_file(tmp_path):
+    path = tmp_path / "lab.toml"
+    path.write_text(GOOD)
+    g = load_gpu(None, gpu_file=path)
+    assert g.id == "lab" and g.peak_flops("bf16") == 700e12
+    assert load_gpu("labby", gpu_file=path).id == "lab"
+    assert load_gpu("h100", gpu_file=path).id == "h100-sxm"
+
+
+@pytest.mark.parametrize(
+    "edit,field",
+    [
+        (lambda s: s.replace("sm_count = 100\n", ""), "sm_count"),
+        (lambda s: s.replace("memory_bandwidth_gbs = 3000", "memory_bandwidth_gbs = -1"),
+         "memory_bandwidth_gbs"),
+        (lambda s: s.replace("fp32 = 50", "fp32 = 0"), "peak_tflops.cuda.fp32"),
+        (lambda s: s.replace("bf16 = 700", "bf17 = 700"), "peak_tflops.tensor.bf17"),
+    ],
+)
+def test_bad_user_gpu_file_names_file_and_field(tmp_path, edit, field):
+    path = tmp_path / "bad.toml"
+    path.write_text(edit(GOOD))
+    with pytest.raises(UsageError) as err:
+        load_gpu(None, gpu_file=path)
+    assert "bad.toml" in str(err.value) and field in str(err.value)
+
+
+def test_missing_gpu_file(tmp_path):
+    with pytest.raises(UsageError, match="does not exist"):
+        load_gpu(None, gpu_file=tmp_path / "nope.toml")
