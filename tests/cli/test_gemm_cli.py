@@ -35,8 +35,9 @@ def test_json_values():
 
 
 def test_sweep_shows_the_wave_boundary():
-    result = run("gemm", "1", "1", "1", "--sweep", "mnk:2048:2304:128", "--json",
-                 "--set", "sm_count=132")
+    result = run(
+        "gemm", "1", "1", "1", "--sweep", "mnk:2048:2304:128", "--json", "--set", "sm_count=132"
+    )
     rows = json.loads(result.output)
     assert [r["m"] for r in rows] == [2048, 2176, 2304]
     # 2048 -> 128 CTAs of 256x128: one wave; 2176 crosses into a second wave: throughput drops.
@@ -46,18 +47,29 @@ def test_sweep_shows_the_wave_boundary():
 
 
 def test_set_and_gpu_file(tmp_path):
-    result = run("gemm", "8192", "8192", "8192", "--dtype", "fp32", "--set", "peak_tflops.fp32=120",
-                 "--json")
+    result = run(
+        "gemm", "8192", "8192", "8192", "--dtype", "fp32", "--set", "peak_tflops.fp32=120", "--json"
+    )
     assert json.loads(result.output)["peak_flops"] == 120e12
     path = tmp_path / "mine.toml"
     path.write_text(
         'name = "Mine"\nvendor = "NVIDIA"\narchitecture = "Hopper"\ncompute_capability = "9.0"\n'
         'sm_count = 100\nboost_clock_mhz = 1500\nmemory_gib = 40\nmemory_type = "HBM3"\n'
-        'memory_bandwidth_gbs = 2000\n[peak_tflops.tensor]\nbf16 = 500\n[peak_tflops.cuda]\n'
+        "memory_bandwidth_gbs = 2000\n[peak_tflops.tensor]\nbf16 = 500\n[peak_tflops.cuda]\n"
         "fp32 = 40\n"
     )
     e = json.loads(run("gemm", "4096", "4096", "4096", "--gpu-file", str(path), "--json").output)
     assert e["gpu"] == "mine" and e["peak_flops"] == 500e12
+
+
+def test_measured_profile_file(tmp_path):
+    from nnperf.hardware import default_profile, load_gpu, save_profile
+
+    path = tmp_path / "profile.toml"
+    save_profile(default_profile(load_gpu("h100")).replace(gemm_peak_fraction=0.5), path)
+    result = run("gemm", "4096", "4096", "4096", "--profile", str(path), "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["math_fraction"] == 0.5
 
 
 @pytest.mark.parametrize(
@@ -66,7 +78,10 @@ def test_set_and_gpu_file(tmp_path):
         (["0", "64", "64"], "M=0"),
         (["64", "64", "64", "--dtype", "fp4"], "unknown dtype 'fp4'"),
         (["64", "64", "64", "--gpu", "nope"], "unknown GPU 'nope'"),
-        (["64", "64", "64", "--gpu", "v100", "--dtype", "bf16"], "no tensor-core or CUDA-core bf16"),
+        (
+            ["64", "64", "64", "--gpu", "v100", "--dtype", "bf16"],
+            "V100-SXM2 has no bf16 units; valid dtypes: fp64, fp32, fp16",
+        ),
         (["64", "64", "64", "--sweep", "q:1:8:1"], "--sweep"),
         (["64", "64", "64", "--sweep", "k:8:1:1"], "--sweep"),
         (["64", "64", "64", "--set", "sm_count=0"], "sm_count"),

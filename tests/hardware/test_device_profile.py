@@ -29,7 +29,7 @@ def test_architecture_refinement():
 def test_interpolation_is_linear_in_log_x():
     curve = [(1e3, 1.0), (1e5, 3.0)]
     assert interpolate(curve, 1e4) == pytest.approx(2.0)  # halfway in log10
-    assert interpolate(curve, 10 ** 3.5) == pytest.approx(1.5)
+    assert interpolate(curve, 10**3.5) == pytest.approx(1.5)
     assert interpolate(curve, 1.0) == 1.0 and interpolate(curve, 1e9) == 3.0
 
 
@@ -45,8 +45,10 @@ def test_bandwidth_size_dependence_and_curve_override():
 def test_save_and_load_round_trip(tmp_path):
     gpu = load_gpu("h200")
     p = default_profile(gpu).replace(
-        gemm_peak_fraction=0.77, bandwidth_curve=((4096.0, 1e9), (2.0**30, 4.3e12)),
-        gemm_efficiency={"bf16": ((1e9, 0.3), (1e12, 0.78))}, note='measured "today"',
+        gemm_peak_fraction=0.77,
+        bandwidth_curve=((4096.0, 1e9), (2.0**30, 4.3e12)),
+        gemm_efficiency={"bf16": ((1e9, 0.3), (1e12, 0.78))},
+        note='measured "today"',
     )
     path = tmp_path / "h200.toml"
     save_profile(p, path)
@@ -58,7 +60,9 @@ def test_partial_profile_keeps_defaults_and_bad_fields_fail(tmp_path):
     path = tmp_path / "p.toml"
     path.write_text("kernel_overhead_s = 4e-6\n")
     p = load_profile(path)
-    assert p.kernel_overhead_s == 4e-6 and p.gemm_peak_fraction == default_profile().gemm_peak_fraction
+    assert (
+        p.kernel_overhead_s == 4e-6 and p.gemm_peak_fraction == default_profile().gemm_peak_fraction
+    )
     path.write_text("gemm_peak_fraction = -1\n")
     with pytest.raises(UsageError, match=r"p.toml.*gemm_peak_fraction"):
         load_profile(path)

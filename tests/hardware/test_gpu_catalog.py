@@ -9,18 +9,45 @@ from nnperf.hardware import list_gpus, load_gpu
 from nnperf.hardware.names import normalize
 
 REQUIRED_IDS = {
-    "k80", "p100-sxm2", "v100-sxm2", "v100-pcie", "t4", "a10", "a100-40gb-sxm", "a100-80gb-sxm",
-    "a100-40gb-pcie", "a100-80gb-pcie", "l4", "l40s", "rtx-3090", "rtx-4090", "h100-sxm",
-    "h100-pcie", "h200-sxm", "b200", "mi250x", "mi300x",
+    "k80",
+    "p100-sxm2",
+    "v100-sxm2",
+    "v100-pcie",
+    "t4",
+    "a10",
+    "a100-40gb-sxm",
+    "a100-80gb-sxm",
+    "a100-40gb-pcie",
+    "a100-80gb-pcie",
+    "l4",
+    "l40s",
+    "rtx-3090",
+    "rtx-4090",
+    "h100-sxm",
+    "h100-pcie",
+    "h200-sxm",
+    "b200",
+    "mi250x",
+    "mi300x",
 }
 
 # Dense fp16 tensor FLOP per clock per SM from the architecture whitepapers (reference/gpus.md):
 # tensor peak = SMs x FLOP/clk/SM x clock. A 2:4-sparse figure would come out 2x too high.
 FP16_FLOP_PER_CLK_PER_SM = {
-    "v100-sxm2": 1024, "v100-pcie": 1024, "t4": 1024, "a10": 1024, "l4": 1024,
-    "a100-40gb-sxm": 2048, "a100-80gb-sxm": 2048, "a100-40gb-pcie": 2048,
-    "a100-80gb-pcie": 2048, "h100-sxm": 4096, "h100-pcie": 4096, "h200-sxm": 4096,
-    "l40s": 1024, "mi300x": 2048,
+    "v100-sxm2": 1024,
+    "v100-pcie": 1024,
+    "t4": 1024,
+    "a10": 1024,
+    "l4": 1024,
+    "a100-40gb-sxm": 2048,
+    "a100-80gb-sxm": 2048,
+    "a100-40gb-pcie": 2048,
+    "a100-80gb-pcie": 2048,
+    "h100-sxm": 4096,
+    "h100-pcie": 4096,
+    "h200-sxm": 4096,
+    "l40s": 1024,
+    "mi300x": 2048,
 }
 
 
@@ -57,10 +84,17 @@ def test_known_traps_from_the_reference():
 @pytest.mark.parametrize(
     "query,gpu_id",
     [
-        ("h100", "h100-sxm"), ("H100-SXM", "h100-sxm"), ("NVIDIA H100 80GB HBM3", "h100-sxm"),
-        ("h200", "h200-sxm"), ("a100", "a100-80gb-sxm"), ("NVIDIA A100-SXM4-40GB", "a100-40gb-sxm"),
-        ("Tesla V100-SXM2-16GB", "v100-sxm2"), ("rtx4090", "rtx-4090"), ("MI300X", "mi300x"),
-        ("  nvidia l4 ", "l4"), ("A100 80GB PCIe", "a100-80gb-pcie"),
+        ("h100", "h100-sxm"),
+        ("H100-SXM", "h100-sxm"),
+        ("NVIDIA H100 80GB HBM3", "h100-sxm"),
+        ("h200", "h200-sxm"),
+        ("a100", "a100-80gb-sxm"),
+        ("NVIDIA A100-SXM4-40GB", "a100-40gb-sxm"),
+        ("Tesla V100-SXM2-16GB", "v100-sxm2"),
+        ("rtx4090", "rtx-4090"),
+        ("MI300X", "mi300x"),
+        ("  nvidia l4 ", "l4"),
+        ("A100 80GB PCIe", "a100-80gb-pcie"),
     ],
 )
 def test_name_resolution(query, gpu_id):
@@ -139,8 +173,10 @@ def test_user_gpu_file(tmp_path):
     "edit,field",
     [
         (lambda s: s.replace("sm_count = 100\n", ""), "sm_count"),
-        (lambda s: s.replace("memory_bandwidth_gbs = 3000", "memory_bandwidth_gbs = -1"),
-         "memory_bandwidth_gbs"),
+        (
+            lambda s: s.replace("memory_bandwidth_gbs = 3000", "memory_bandwidth_gbs = -1"),
+            "memory_bandwidth_gbs",
+        ),
         (lambda s: s.replace("fp32 = 50", "fp32 = 0"), "peak_tflops.cuda.fp32"),
         (lambda s: s.replace("bf16 = 700", "bf17 = 700"), "peak_tflops.tensor.bf17"),
     ],

@@ -21,8 +21,12 @@ def test_one_set_makes_fp32_compute_run_at_120_tflops():
 def test_scalar_dotted_and_unit_keys():
     g = load_gpu(
         "h100",
-        overrides={"memory_bandwidth_gbs": "2000", "sm_count": "100",
-                   "peak_tflops.tensor.bf16": "500", "host_link.gbs_per_direction": "32"},
+        overrides={
+            "memory_bandwidth_gbs": "2000",
+            "sm_count": "100",
+            "peak_tflops.tensor.bf16": "500",
+            "host_link.gbs_per_direction": "32",
+        },
     )
     assert g.memory_bandwidth == 2000e9 and g.sm_count == 100
     assert g.peak_flops("bf16") == 500e12

@@ -53,7 +53,9 @@ def test_wave_quantization_saw_tooth_on_h100():
         e = estimate_gemm(s, s, s, dtype="bf16", gpu=H100, profile=profile)
         assert e.split_k == 1 and e.waves == expected_waves(s)
         tflops[s] = e.achieved_flops / 1e12
-    crossings = [s for prev, s in itertools.pairwise(sizes) if expected_waves(s) > expected_waves(prev)]
+    crossings = [
+        s for prev, s in itertools.pairwise(sizes) if expected_waves(s) > expected_waves(prev)
+    ]
     assert 2176 in crossings and len(crossings) >= 10  # 9*17 = 153 tiles > 132 SMs
     for s in crossings:
         assert tflops[s] < tflops[s - 128], f"no drop when {s} crosses a wave boundary"
@@ -77,8 +79,9 @@ def test_saw_tooth_with_all_candidate_tiles():
         (H100, (100, 200, 4096), 1, "64x64", 100 * 200 / (128 * 256), 2 * 4, 1),
     ],
 )
-def test_tile_and_wave_efficiency_match_the_guide(gpu, shape, batch, tile, exp_tile_eff,
-                                                  exp_ctas, exp_waves):
+def test_tile_and_wave_efficiency_match_the_guide(
+    gpu, shape, batch, tile, exp_tile_eff, exp_ctas, exp_waves
+):
     profile = only_tile(gpu, tile, split_k_max=1)
     e = estimate_gemm(*shape, batch=batch, dtype="bf16", gpu=gpu, profile=profile)
     assert e.tile_efficiency == pytest.approx(exp_tile_eff)
@@ -105,12 +108,14 @@ def test_fp32_on_a100_with_and_without_tf32():
     p = default_profile(A100)
     tf32 = estimate_gemm(8192, 8192, 8192, dtype="fp32", gpu=A100, tf32=True)
     assert tf32.math_unit == "tensor" and tf32.peak_flops == 156e12
-    assert tf32.achieved_flops == pytest.approx(156e12 * p.gemm_peak_fraction * 2048 / 2052,
-                                                rel=0.01)
+    assert tf32.achieved_flops == pytest.approx(
+        156e12 * p.gemm_peak_fraction * 2048 / 2052, rel=0.01
+    )
     plain = estimate_gemm(8192, 8192, 8192, dtype="fp32", gpu=A100)
     assert plain.math_unit == "cuda" and plain.peak_flops == 19.5e12
-    assert plain.achieved_flops == pytest.approx(19.5e12 * p.cuda_core_fraction * 2048 / 2052,
-                                                 rel=0.01)
+    assert plain.achieved_flops == pytest.approx(
+        19.5e12 * p.cuda_core_fraction * 2048 / 2052, rel=0.01
+    )
 
 
 def test_gemv_is_memory_bound_and_respects_the_roofline():
@@ -125,9 +130,14 @@ def test_gemv_is_memory_bound_and_respects_the_roofline():
 
 @pytest.mark.parametrize(
     "shape,dtype,gpu",
-    [((4096, 4096, 4096), "bf16", H100), ((1, 4096, 4096), "bf16", H100),
-     ((128, 128, 65536), "bf16", H100), ((8192, 8192, 8192), "fp32", V100),
-     ((33, 77, 5), "fp16", A100), ((4096, 4096, 4096), "int8", H100)],
+    [
+        ((4096, 4096, 4096), "bf16", H100),
+        ((1, 4096, 4096), "bf16", H100),
+        ((128, 128, 65536), "bf16", H100),
+        ((8192, 8192, 8192), "fp32", V100),
+        ((33, 77, 5), "fp16", A100),
+        ((4096, 4096, 4096), "int8", H100),
+    ],
 )
 def test_never_faster_than_the_roofline(shape, dtype, gpu):
     e = estimate_gemm(*shape, dtype=dtype, gpu=gpu)
@@ -140,8 +150,14 @@ def test_never_faster_than_the_roofline(shape, dtype, gpu):
 def test_split_k_for_small_output_and_long_k():
     # 128x128 output: at most 4 CTAs (64x64 tiles) for 132 SMs; K=65536 can be split.
     e = estimate_gemm(128, 128, 65536, dtype="bf16", gpu=H100)
-    no_split = estimate_gemm(128, 128, 65536, dtype="bf16", gpu=H100,
-                             profile=default_profile(H100).replace(split_k_max=1))
+    no_split = estimate_gemm(
+        128,
+        128,
+        65536,
+        dtype="bf16",
+        gpu=H100,
+        profile=default_profile(H100).replace(split_k_max=1),
+    )
     assert e.split_k > 1 and e.ctas <= 132 and e.reduction_s > 0
     assert e.time_s < no_split.time_s
 

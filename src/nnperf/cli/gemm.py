@@ -47,7 +47,8 @@ def _explain(e: GemmEstimate, gpu: GPU) -> Table:
     t = Table(
         title=f"GEMM M={e.m} N={e.n} K={e.k} batch={e.batch} {e.dtype} on {gpu.name} "
         f"({gpu.id}{what_if})",
-        title_justify="left", show_header=False,
+        title_justify="left",
+        show_header=False,
     )
     t.add_column("what", style="bold")
     t.add_column("value")
@@ -56,27 +57,53 @@ def _explain(e: GemmEstimate, gpu: GPU) -> Table:
     rows = [
         ("work", f"{si(e.flops, 'FLOP')} (FLOP = 2 x MAC: {si(e.flops / 2, 'MAC')})"),
         ("minimum bytes", f"{si(e.min_bytes, 'B')} (each operand read once, output written once)"),
-        ("arithmetic intensity", f"{e.intensity:.1f} FLOP/B vs ridge point {e.ridge:.1f} FLOP/B "
-         f"-> {'above: compute-bound' if e.intensity >= e.ridge else 'below: memory-bound'} "
-         "on the roofline"),
-        ("math unit", f"{unit}, {e.rate_dtype} peak {si(e.peak_flops, 'FLOP/s')}; achievable "
-         f"fraction {e.math_fraction:.2f}"),
-        ("CTA tile", f"{tm}x{tn} (relative efficiency {e.tile_relative_efficiency:.2f})"
-         + (f", split-K {e.split_k}" if e.split_k > 1 else "")),
-        ("CTAs / waves", f"{e.ctas} CTAs on {gpu.sm_count} SMs -> {e.waves} wave"
-         + ("s" if e.waves > 1 else "")),
-        ("tile efficiency", f"{_pct(e.tile_efficiency)} = M*N / (ceil(M/{tm})*{tm} * "
-         f"ceil(N/{tn})*{tn})"),
+        (
+            "arithmetic intensity",
+            f"{e.intensity:.1f} FLOP/B vs ridge point {e.ridge:.1f} FLOP/B "
+            f"-> {'above: compute-bound' if e.intensity >= e.ridge else 'below: memory-bound'} "
+            "on the roofline",
+        ),
+        (
+            "math unit",
+            f"{unit}, {e.rate_dtype} peak {si(e.peak_flops, 'FLOP/s')}; achievable "
+            f"fraction {e.math_fraction:.2f}",
+        ),
+        (
+            "CTA tile",
+            f"{tm}x{tn} (relative efficiency {e.tile_relative_efficiency:.2f})"
+            + (f", split-K {e.split_k}" if e.split_k > 1 else ""),
+        ),
+        (
+            "CTAs / waves",
+            f"{e.ctas} CTAs on {gpu.sm_count} SMs -> {e.waves} wave" + ("s" if e.waves > 1 else ""),
+        ),
+        (
+            "tile efficiency",
+            f"{_pct(e.tile_efficiency)} = M*N / (ceil(M/{tm})*{tm} * ceil(N/{tn})*{tn})",
+        ),
         ("wave efficiency", f"{_pct(e.wave_efficiency)} = CTAs / (waves * SMs)"),
-        ("alignment", ("aligned: " if e.aligned else "MISALIGNED: ") + e.alignment_note
-         + (f" (efficiency x{e.alignment_factor:g})" if e.alignment_factor != 1 else "")),
-        ("roofline", f"compute {seconds(e.compute_s)} (FLOP / peak), memory "
-         f"{seconds(e.memory_s)} (bytes / datasheet bandwidth)"),
-        ("model", f"compute {seconds(e.model_compute_s)}, memory {seconds(e.model_memory_s)}"
-         + (f", split-K reduction {seconds(e.reduction_s)}" if e.reduction_s else "")
-         + f", kernel overhead {seconds(e.overhead_s)} -> {e.bound}-bound"),
-        ("predicted", f"{seconds(e.time_s)} = {si(e.achieved_flops, 'FLOP/s')} "
-         f"({_pct(e.achieved_flops / e.peak_flops)} of {e.rate_dtype} peak)"),
+        (
+            "alignment",
+            ("aligned: " if e.aligned else "MISALIGNED: ")
+            + e.alignment_note
+            + (f" (efficiency x{e.alignment_factor:g})" if e.alignment_factor != 1 else ""),
+        ),
+        (
+            "roofline",
+            f"compute {seconds(e.compute_s)} (FLOP / peak), memory "
+            f"{seconds(e.memory_s)} (bytes / datasheet bandwidth)",
+        ),
+        (
+            "model",
+            f"compute {seconds(e.model_compute_s)}, memory {seconds(e.model_memory_s)}"
+            + (f", split-K reduction {seconds(e.reduction_s)}" if e.reduction_s else "")
+            + f", kernel overhead {seconds(e.overhead_s)} -> {e.bound}-bound",
+        ),
+        (
+            "predicted",
+            f"{seconds(e.time_s)} = {si(e.achieved_flops, 'FLOP/s')} "
+            f"({_pct(e.achieved_flops / e.peak_flops)} of {e.rate_dtype} peak)",
+        ),
     ]
     if e.note:
         rows.append(("note", e.note))
@@ -87,19 +114,45 @@ def _explain(e: GemmEstimate, gpu: GPU) -> Table:
 
 def _sweep_table(estimates: list[GemmEstimate], dims: str, gpu: GPU) -> Table:
     e0 = estimates[0]
-    t = Table(title=f"GEMM sweep over {'='.join(dims.upper())} ({e0.dtype} on {gpu.id}, "
-                    f"{gpu.sm_count} SMs; TFLOP/s counts FLOP = 2 x MAC; v = drop)",
-              title_justify="left")
-    for col in ("M", "N", "K", "tile", "CTAs", "waves", "tile eff", "wave eff", "split-K",
-                "aligned", "bound", "time", "TFLOP/s", ""):
+    t = Table(
+        title=f"GEMM sweep over {'='.join(dims.upper())} ({e0.dtype} on {gpu.id}, "
+        f"{gpu.sm_count} SMs; TFLOP/s counts FLOP = 2 x MAC; v = drop)",
+        title_justify="left",
+    )
+    for col in (
+        "M",
+        "N",
+        "K",
+        "tile",
+        "CTAs",
+        "waves",
+        "tile eff",
+        "wave eff",
+        "split-K",
+        "aligned",
+        "bound",
+        "time",
+        "TFLOP/s",
+        "",
+    ):
         t.add_column(col, justify="right")
     prev = None
     for e in estimates:
         tflops = e.achieved_flops / 1e12
         t.add_row(
-            str(e.m), str(e.n), str(e.k), f"{e.tile[0]}x{e.tile[1]}", str(e.ctas), str(e.waves),
-            _pct(e.tile_efficiency), _pct(e.wave_efficiency), str(e.split_k),
-            "yes" if e.aligned else "NO", e.bound, seconds(e.time_s), f"{tflops:.1f}",
+            str(e.m),
+            str(e.n),
+            str(e.k),
+            f"{e.tile[0]}x{e.tile[1]}",
+            str(e.ctas),
+            str(e.waves),
+            _pct(e.tile_efficiency),
+            _pct(e.wave_efficiency),
+            str(e.split_k),
+            "yes" if e.aligned else "NO",
+            e.bound,
+            seconds(e.time_s),
+            f"{tflops:.1f}",
             "v" if prev is not None and tflops < prev else "",
         )
         prev = tflops
@@ -110,17 +163,42 @@ def _sweep_table(estimates: list[GemmEstimate], dims: str, gpu: GPU) -> Table:
 @click.argument("m", type=int)
 @click.argument("n", type=int)
 @click.argument("k", type=int)
-@click.option("--batch", "-b", type=int, default=1, show_default=True,
-              help="Number of independent GEMMs (batched matmul).")
-@click.option("--dtype", "-d", default="bf16", show_default=True,
-              help="fp64, fp32, tf32, fp16, bf16, fp8 or int8.")
+@click.option(
+    "--batch",
+    "-b",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Number of independent GEMMs (batched matmul).",
+)
+@click.option(
+    "--dtype",
+    "-d",
+    default="bf16",
+    show_default=True,
+    help="fp64, fp32, tf32, fp16, bf16, fp8 or int8.",
+)
 @click.option("--tf32", is_flag=True, help="Let fp32 use TF32 tensor cores (Ampere and later).")
-@click.option("--sweep", metavar="DIMS:START:STOP:STEP",
-              help="Vary m, n and/or k (e.g. k:1024:8192:128, mnk:512:8192:128), one row each.")
+@click.option(
+    "--sweep",
+    metavar="DIMS:START:STOP:STEP",
+    help="Vary m, n and/or k (e.g. k:1024:8192:128, mnk:512:8192:128), one row each; "
+    "swept dimensions replace the M N K given.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @gpu_options
-def gemm(m: int, n: int, k: int, batch: int, dtype: str, tf32: bool, sweep: str | None,
-         as_json: bool, gpu: GPU, profile: DeviceProfile) -> None:
+def gemm(
+    m: int,
+    n: int,
+    k: int,
+    batch: int,
+    dtype: str,
+    tf32: bool,
+    sweep: str | None,
+    as_json: bool,
+    gpu: GPU,
+    profile: DeviceProfile,
+) -> None:
     """Predict one GEMM C[M,N] = A[M,K] @ B[K,N]: tiles, waves, alignment, roofline, time."""
     if sweep:
         dims, sizes = parse_sweep(sweep)
@@ -130,8 +208,10 @@ def gemm(m: int, n: int, k: int, batch: int, dtype: str, tf32: bool, sweep: str 
             shapes.append((shape["m"], shape["n"], shape["k"]))
     else:
         dims, shapes = "", [(m, n, k)]
-    estimates = [estimate_gemm(*s, batch=batch, dtype=dtype, gpu=gpu, profile=profile, tf32=tf32)
-                 for s in shapes]
+    estimates = [
+        estimate_gemm(*s, batch=batch, dtype=dtype, gpu=gpu, profile=profile, tf32=tf32)
+        for s in shapes
+    ]
     if as_json:
         payload = [e.to_dict() for e in estimates]
         click.echo(json.dumps(payload if sweep else payload[0], indent=2))

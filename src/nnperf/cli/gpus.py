@@ -26,17 +26,38 @@ def _half(gpu: GPU) -> str:
 
 
 def _catalog_table(gpus: list[GPU]) -> Table:
-    t = Table(title="GPU catalog (dense peak TFLOP/s; fp32 on CUDA cores, the rest on tensor "
-                    "cores)", title_justify="left")
-    for col in ("ID", "Name", "Arch", "SMs", "FP32", "TF32", "BF16/FP16", "FP8", "Memory",
-                "GB/s", "L2 MB", "$/h"):
+    t = Table(
+        title="GPU catalog (dense peak TFLOP/s; fp32 on CUDA cores, the rest on tensor cores)",
+        title_justify="left",
+    )
+    for col in (
+        "ID",
+        "Name",
+        "Arch",
+        "SMs",
+        "FP32",
+        "TF32",
+        "BF16/FP16",
+        "FP8",
+        "Memory",
+        "GB/s",
+        "L2 MB",
+        "$/h",
+    ):
         t.add_column(col, justify="left" if col in ("ID", "Name", "Arch") else "right")
     for g in gpus:
         t.add_row(
-            g.id + (" (?)" if g.confidence != "datasheet" else ""), g.name, g.architecture,
-            str(g.sm_count), _tf(g.cuda_tflops.get("fp32")), _tf(g.tensor_tflops.get("tf32")),
-            _half(g), _tf(g.tensor_tflops.get("fp8")), f"{g.memory_gib:g} GiB {g.memory_type}",
-            f"{g.memory_bandwidth_gbs:g}", _tf(g.l2_mb),
+            g.id + (" (?)" if g.confidence != "datasheet" else ""),
+            g.name,
+            g.architecture,
+            str(g.sm_count),
+            _tf(g.cuda_tflops.get("fp32")),
+            _tf(g.tensor_tflops.get("tf32")),
+            _half(g),
+            _tf(g.tensor_tflops.get("fp8")),
+            f"{g.memory_gib:g} GiB {g.memory_type}",
+            f"{g.memory_bandwidth_gbs:g}",
+            _tf(g.l2_mb),
             "-" if g.price_usd_per_hour is None else f"{g.price_usd_per_hour:.2f}",
         )
     return t
@@ -65,10 +86,16 @@ def _detail_table(g: GPU) -> Table:
         ("host link", g.host_link.describe() if g.host_link else "-"),
         ("GPU link (total)", f"{_tf(g.gpu_link_gbs)} GB/s"),
         ("TDP", f"{_tf(g.tdp_w)} W"),
-        ("price", "-" if g.price_usd_per_hour is None
-         else f"{g.price_usd_per_hour:.2f} USD/h (on-demand, {g.price_date or 'undated'})"),
-        ("confidence", g.confidence + (f"; not re-checked: {', '.join(g.unverified)}"
-                                       if g.unverified else "")),
+        (
+            "price",
+            "-"
+            if g.price_usd_per_hour is None
+            else f"{g.price_usd_per_hour:.2f} USD/h (on-demand, {g.price_date or 'undated'})",
+        ),
+        (
+            "confidence",
+            g.confidence + (f"; not re-checked: {', '.join(g.unverified)}" if g.unverified else ""),
+        ),
         ("notes", g.notes or "-"),
     ]
     if g.overrides:
@@ -97,5 +124,7 @@ def gpus(name: str | None, as_json: bool) -> None:
         click.echo(json.dumps([g.to_dict() for g in catalog], indent=2))
         return
     make_console().print(_catalog_table(catalog))
-    click.echo("(?) = values not all re-checked against a primary source. "
-               "Details and sources: nnperf gpus NAME")
+    click.echo(
+        "(?) = values not all re-checked against a primary source. "
+        "Details and sources: nnperf gpus NAME"
+    )

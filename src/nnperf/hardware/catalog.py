@@ -138,10 +138,10 @@ class GPU:
                 rate = PeakRate(self.cuda_tflops[d] * 1e12, "cuda", d, requested)
                 break
             if not fallback or d not in FALLBACK:
-                units = "tensor-core or CUDA-core" if tensor_cores else "CUDA-core"
+                units = "" if tensor_cores else "CUDA-core "
                 valid = self.supported_dtypes() if tensor_cores else list(self.cuda_tflops)
                 raise UsageError(
-                    f"{self.short_name} has no {units} {requested} units; "
+                    f"{self.short_name} has no {units}{requested} units; "
                     f"valid dtypes: {', '.join(valid)}"
                 )
             d = FALLBACK[d]

@@ -132,7 +132,13 @@ def _prefers_128_bytes(gpu: GPU) -> bool:
 
 
 def _candidates(
-    m: int, n: int, k: int, batch: int, flops: float, rate_flops: float, gpu: GPU,
+    m: int,
+    n: int,
+    k: int,
+    batch: int,
+    flops: float,
+    rate_flops: float,
+    gpu: GPU,
     profile: DeviceProfile,
 ) -> list[_Candidate]:
     """Every tile (and split-K factor when one wave is not filled) with its compute time."""
@@ -145,7 +151,8 @@ def _candidates(
         splits = [1]
         if tiles * batch < slots:
             splits += [
-                s for s in range(2, profile.split_k_max + 1)
+                s
+                for s in range(2, profile.split_k_max + 1)
                 if math.ceil(k / s) >= profile.split_k_min_k
             ]
         for s in splits:
@@ -160,9 +167,7 @@ def _candidates(
                     profile.memory_time(gpu.memory_bandwidth, partial_bytes)
                     + profile.kernel_overhead_s
                 )
-            out.append(
-                _Candidate(tile, s, ctas, waves, tile_eff, wave_eff, compute_s, reduction_s)
-            )
+            out.append(_Candidate(tile, s, ctas, waves, tile_eff, wave_eff, compute_s, reduction_s))
     return out
 
 
@@ -201,14 +206,15 @@ def estimate_gemm(
     else:
         rate = gpu.matmul_peak(requested, tf32=tf32, fallback=fallback)
         store = requested
-    out = normalize_dtype(out_dtype, allow_output_only=True) if out_dtype else (
-        "int32" if store == "int8" else store
+    out = (
+        normalize_dtype(out_dtype, allow_output_only=True)
+        if out_dtype
+        else ("int32" if store == "int8" else store)
     )
     flops = 2.0 * m * n * k * batch
     min_bytes = float(batch * (DTYPE_BYTES[store] * (m * k + k * n) + DTYPE_BYTES[out] * m * n))
     aligned, align_factor, align_note = _alignment(
-        {"M": m, "N": n, "K": k}, rate.dtype if rate.dtype != "tf32" else "tf32", rate.unit,
-        gpu, profile,
+        {"M": m, "N": n, "K": k}, rate.dtype, rate.unit, gpu, profile
     )
     fraction = profile.math_fraction(rate.unit, rate.dtype, flops)
     usable = rate.flops * fraction * align_factor
@@ -220,19 +226,37 @@ def estimate_gemm(
     overhead_s = profile.kernel_overhead_s
     time_s = max(best.compute_s, model_memory_s) + best.reduction_s + overhead_s
     return GemmEstimate(
-        m=m, n=n, k=k, batch=batch, dtype=requested, gpu=gpu.id,
-        flops=flops, min_bytes=min_bytes, intensity=flops / min_bytes,
+        m=m,
+        n=n,
+        k=k,
+        batch=batch,
+        dtype=requested,
+        gpu=gpu.id,
+        flops=flops,
+        min_bytes=min_bytes,
+        intensity=flops / min_bytes,
         ridge=rate.flops / gpu.memory_bandwidth,
-        math_unit=rate.unit, rate_dtype=rate.dtype, peak_flops=rate.flops,
+        math_unit=rate.unit,
+        rate_dtype=rate.dtype,
+        peak_flops=rate.flops,
         math_fraction=fraction,
-        tile=best.tile, tile_relative_efficiency=profile.tile_efficiency(best.tile),
-        ctas=best.ctas, waves=best.waves,
-        tile_efficiency=best.tile_efficiency, wave_efficiency=best.wave_efficiency,
+        tile=best.tile,
+        tile_relative_efficiency=profile.tile_efficiency(best.tile),
+        ctas=best.ctas,
+        waves=best.waves,
+        tile_efficiency=best.tile_efficiency,
+        wave_efficiency=best.wave_efficiency,
         split_k=best.split_k,
-        aligned=aligned, alignment_factor=align_factor, alignment_note=align_note,
-        compute_s=flops / rate.flops, memory_s=min_bytes / gpu.memory_bandwidth,
-        model_compute_s=best.compute_s, model_memory_s=model_memory_s,
-        reduction_s=best.reduction_s, overhead_s=overhead_s, time_s=time_s,
+        aligned=aligned,
+        alignment_factor=align_factor,
+        alignment_note=align_note,
+        compute_s=flops / rate.flops,
+        memory_s=min_bytes / gpu.memory_bandwidth,
+        model_compute_s=best.compute_s,
+        model_memory_s=model_memory_s,
+        reduction_s=best.reduction_s,
+        overhead_s=overhead_s,
+        time_s=time_s,
         bound="compute" if best.compute_s >= model_memory_s else "memory",
         note=rate.note,
     )
