@@ -13,6 +13,7 @@ from nnperf.errors import NnperfError
 COMMAND_MODULES = [
     "analyze",
     "models",
+    "predict",
     "gpus",
     "gemm",
 ]

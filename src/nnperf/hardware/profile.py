@@ -70,6 +70,11 @@ class DeviceProfile:
     host_dispatch_optimizer_s: float = 5e-6
     split_k_max: int = 16
     split_k_min_k: int = 256
+    attention_forward_fraction: float = 0.5
+    attention_backward_fraction: float = 0.4
+    conv_relative_efficiency: float = 0.85
+    host_view_s: float = 2e-6
+    foreach_tensors_per_kernel: float = 48.0
     tile_relative_efficiency: Mapping[str, float] = field(default_factory=dict, hash=False)
     ctas_per_sm: Mapping[str, int] = field(default_factory=dict, hash=False)
     alignment_penalty: Mapping[str, float] = field(default_factory=dict, hash=False)

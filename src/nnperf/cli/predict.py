@@ -1,0 +1,34 @@
+"""``nnperf predict``: predicted time of one step on a GPU, per module and op, and why."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from nnperf.cli.app import cli
+from nnperf.cli.gpu_options import gpu_options
+from nnperf.cli.workload_options import analysis_from, pop_workload, workload_options
+
+
+@cli.command()
+@workload_options
+@gpu_options
+@click.option("--tf32/--no-tf32", default=False, show_default=True,
+              help="Let fp32 matmuls use TF32 tensor cores (torch.backends.cuda.matmul.allow_tf32).")
+@click.option("--by", type=click.Choice(["module", "op"]), default="module", show_default=True)
+@click.option("--depth", type=click.IntRange(min=0), default=2, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON document (analysis + timing).")
+def predict(gpu, profile, tf32, by, depth, as_json, **kwargs) -> None:
+    """Predict how long one step of MODEL takes on a GPU, and what bounds each layer."""
+    from nnperf.passes.timing import TimingOptions
+    from nnperf.prediction import predict_analysis
+
+    analysis = analysis_from(pop_workload(kwargs))
+    result = predict_analysis(analysis, gpu, profile, TimingOptions(tf32_matmul=tf32))
+    if as_json:
+        click.echo(json.dumps(result.to_json(depth=depth), indent=2))
+        return
+    from nnperf.report.prediction_tables import print_prediction
+
+    print_prediction(result, by=by, depth=depth)

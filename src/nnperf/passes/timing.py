@@ -1,0 +1,238 @@
+"""Time prediction: each op's kernel time on a GPU, then the eager host/device timeline.
+
+Kernel time by category:
+- GEMM and convolution: the tile/wave/alignment model of ``gemm_model`` per lowered GEMM
+  (convolutions through their implicit GEMM, scaled by the profile's cuDNN efficiency);
+- fused attention: executed FLOPs (flash backward recomputes Q@K^T) at the profile's
+  attention fraction of the tensor peak, bounded by its bytes at achievable bandwidth;
+- everything else: bytes at the size-dependent achievable bandwidth (or FLOPs at the CUDA
+  core rate if larger), plus the per-kernel overhead; foreach ops launch one kernel per
+  ``foreach_tensors_per_kernel`` tensors.
+
+The step: eager PyTorch issues kernels from one host thread. The host pays a dispatch cost
+per op (views too); a kernel starts when it has been issued and the previous kernel ended;
+``.item()`` makes the host wait for the device. The step ends when both are done, so small
+models and small batches come out host-bound, as they are in reality.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from nnperf.hardware import GPU, DeviceProfile
+from nnperf.passes.costs import registry as cat
+from nnperf.passes.costs.matmul import gemm_shapes
+from nnperf.passes.count import OpCount
+from nnperf.passes.gemm_model import GemmEstimate, estimate_gemm
+from nnperf.trace.events import KIND_OPT_STATE, OpEvent, Trace, dtype_name
+
+_MEMORY_BOUND = {cat.ELEMENTWISE, cat.REDUCTION, cat.NORM, cat.MEMORY, cat.OPTIMIZER, "uncovered"}
+
+
+@dataclass(frozen=True)
+class TimingOptions:
+    """Library switches that change which units run fp32 math (PyTorch's defaults)."""
+
+    tf32_matmul: bool = False  # torch.backends.cuda.matmul.allow_tf32
+    tf32_conv: bool = True  # torch.backends.cudnn.allow_tf32
+
+
+@dataclass(slots=True)
+class OpTime:
+    index: int
+    op: str
+    module: str
+    phase: str
+    category: str
+    kernels: int
+    kernel_s: float  # predicted device time of the op's kernel(s)
+    compute_s: float  # FLOPs / peak of the unit it runs on (roofline)
+    memory_s: float  # bytes / datasheet bandwidth (roofline)
+    peak_flops: float
+    host_s: float  # host dispatch cost
+    start_s: float = 0.0
+    end_s: float = 0.0
+    idle_before_s: float = 0.0  # device idle waiting for the host to issue this op
+    bound: str = "none"  # what limits it in the step: compute | memory | launch | host | none
+    kernel_bound: str = "none"  # what limits its kernel alone: compute | memory | launch
+    gemms: list[GemmEstimate] = field(default_factory=list)
+
+    @property
+    def wall_s(self) -> float:
+        """Share of the device timeline: its kernels plus the idle gap it waited behind."""
+        return self.kernel_s + self.idle_before_s
+
+
+@dataclass
+class StepTime:
+    ops: list[OpTime]
+    step_s: float
+    host_s: float
+    device_busy_s: float
+    bound: str
+
+    @property
+    def device_idle_s(self) -> float:
+        return self.step_s - self.device_busy_s
+
+
+class KernelModel:
+    """Per-op kernel times on one GPU with one profile (GEMM estimates are cached)."""
+
+    def __init__(self, gpu: GPU, profile: DeviceProfile, options: TimingOptions | None = None):
+        self.gpu = gpu
+        self.profile = profile
+        self.options = options or TimingOptions()
+        self._gemm_cache: dict[tuple, GemmEstimate] = {}
+        self._vector_peak = gpu.peak_flops("fp32", tensor_cores=False, fallback=True)
+
+    def gemm(self, m: int, n: int, k: int, batch: int, dtype: str, tf32: bool) -> GemmEstimate:
+        key = (m, n, k, batch, dtype, tf32)
+        est = self._gemm_cache.get(key)
+        if est is None:
+            est = estimate_gemm(m, n, k, batch=batch, dtype=dtype, gpu=self.gpu, profile=self.profile, tf32=tf32)
+            self._gemm_cache[key] = est
+        return est
+
+    def time_op(self, event: OpEvent, count: OpCount, host_s: float) -> OpTime:
+        category = count.category
+        base = dict(
+            index=count.index, op=count.op, module=count.module, phase=count.phase,
+            category=category, host_s=host_s,
+        )
+        if category in (cat.GEMM, cat.CONV):
+            return self._matrix(event, count, base)
+        if category == cat.ATTENTION:
+            return self._attention(event, count, base)
+        if category in (cat.ALLOC, cat.HOST):
+            return OpTime(kernels=0, kernel_s=0.0, compute_s=0.0, memory_s=0.0, peak_flops=0.0, **base)
+        return self._streaming(count, base)
+
+    def _matrix(self, event: OpEvent, count: OpCount, base: dict[str, Any]) -> OpTime:
+        dtype = dtype_name(event.inputs[-1].dtype if event.inputs else event.outputs[0].dtype)
+        is_conv = count.category == cat.CONV
+        tf32 = self.options.tf32_conv if is_conv else self.options.tf32_matmul
+        ests = [self.gemm(g.m, g.n, g.k, g.batch, dtype, tf32) for g in gemm_shapes(event)]
+        scale = 1.0 / self.profile.conv_relative_efficiency if is_conv else 1.0
+        kernel = sum(e.time_s for e in ests) * scale
+        compute = sum(e.compute_s for e in ests)
+        memory = sum(e.memory_s for e in ests)
+        model_compute = sum(e.model_compute_s for e in ests) * scale
+        model_memory = sum(e.model_memory_s for e in ests)
+        overhead = sum(e.overhead_s for e in ests)
+        bound = _bound(model_compute, model_memory, overhead)
+        return OpTime(
+            kernels=len(ests), kernel_s=kernel, compute_s=compute, memory_s=memory,
+            peak_flops=ests[0].peak_flops if ests else 0.0, bound=bound, gemms=ests, **base,
+        )
+
+    def _attention(self, event: OpEvent, count: OpCount, base: dict[str, Any]) -> OpTime:
+        dtype = dtype_name(event.inputs[1].dtype if count.phase == "backward" else event.inputs[0].dtype)
+        peak = self.gpu.matmul_peak(dtype, tf32=self.options.tf32_matmul).flops
+        backward = count.op.endswith("_backward")
+        fraction = (
+            self.profile.attention_backward_fraction if backward else self.profile.attention_forward_fraction
+        )
+        executed = count.flops + count.info.get("recompute_flops", 0.0)
+        model_compute = executed / (peak * fraction)
+        model_memory = self.profile.memory_time(self.gpu.memory_bandwidth, count.bytes)
+        overhead = self.profile.kernel_overhead_s
+        return OpTime(
+            kernels=1,
+            kernel_s=max(model_compute, model_memory) + overhead,
+            compute_s=count.flops / peak,
+            memory_s=count.bytes / self.gpu.memory_bandwidth,
+            peak_flops=peak,
+            bound=_bound(model_compute, model_memory, overhead),
+            **base,
+        )
+
+    def _streaming(self, count: OpCount, base: dict[str, Any]) -> OpTime:
+        tensors = int(count.info.get("tensors", 1))
+        kernels = max(1, math.ceil(tensors / self.profile.foreach_tensors_per_kernel))
+        per_kernel_bytes = count.bytes / kernels
+        model_memory = kernels * self.profile.memory_time(self.gpu.memory_bandwidth, per_kernel_bytes)
+        model_compute = count.flops / (self._vector_peak * self.profile.cuda_core_fraction)
+        overhead = kernels * self.profile.kernel_overhead_s
+        return OpTime(
+            kernels=kernels,
+            kernel_s=max(model_compute, model_memory) + overhead,
+            compute_s=count.flops / self._vector_peak,
+            memory_s=count.bytes / self.gpu.memory_bandwidth,
+            peak_flops=self._vector_peak,
+            bound=_bound(model_compute, model_memory, overhead),
+            **base,
+        )
+
+
+def _bound(compute: float, memory: float, overhead: float) -> str:
+    if overhead >= max(compute, memory):
+        return "launch"
+    return "compute" if compute >= memory else "memory"
+
+
+def _host_cost(event: OpEvent, profile: DeviceProfile) -> float:
+    if event.free:
+        return profile.host_view_s
+    if event.phase == "backward":
+        return profile.host_dispatch_backward_s
+    if event.phase == "optimizer":
+        return profile.host_dispatch_optimizer_s
+    return profile.host_dispatch_s
+
+
+def _syncs(event: OpEvent, trace: Trace) -> bool:
+    """``.item()`` waits for the device, except on the optimizer's step counters, which a
+    GPU run keeps on the host (PyTorch's non-capturable Adam/AdamW)."""
+    if event.name != "aten._local_scalar_dense":
+        return False
+    src = event.inputs[0] if event.inputs else None
+    on_host = src is not None and not src.shape and (
+        event.phase == "optimizer" or trace.storages[src.storage].kind == KIND_OPT_STATE
+    )
+    return not on_host
+
+
+def simulate_step(
+    trace: Trace, counts: list[OpCount], gpu: GPU, profile: DeviceProfile, options: TimingOptions | None = None
+) -> StepTime:
+    """Play the eager timeline: host issues ops in order, the device runs them in order."""
+    model = KernelModel(gpu, profile, options)
+    by_index = {c.index: c for c in counts}
+    host = device = busy = 0.0
+    ops: list[OpTime] = []
+    for event in trace.events:
+        cost = _host_cost(event, profile)
+        count = by_index.get(event.index)
+        if count is None:  # a view: host time only
+            host += cost
+            continue
+        t = model.time_op(event, count, cost)
+        host += cost + max(0, t.kernels - 1) * profile.kernel_overhead_s
+        if t.kernels:
+            t.start_s = max(host, device)
+            t.idle_before_s = max(0.0, host - device)
+            t.end_s = t.start_s + t.kernel_s
+            device = t.end_s
+            busy += t.kernel_s
+            t.kernel_bound = t.bound
+            if t.idle_before_s > 0:
+                t.bound = "host"
+        else:
+            t.start_s = t.end_s = host
+        if _syncs(event, trace):
+            host = max(host, device)
+        ops.append(t)
+    step = max(host, device)
+    idle = step - busy
+    if idle > busy:
+        bound = "host"
+    else:
+        kernel_by_bound: dict[str, float] = {}
+        for t in ops:
+            kernel_by_bound[t.kernel_bound] = kernel_by_bound.get(t.kernel_bound, 0.0) + t.kernel_s
+        kernel_by_bound.pop("none", None)
+        bound = max(kernel_by_bound, key=kernel_by_bound.get) if kernel_by_bound else "host"
+    return StepTime(ops=ops, step_s=step, host_s=host, device_busy_s=busy, bound=bound)

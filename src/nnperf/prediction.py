@@ -1,0 +1,198 @@
+"""``nnperf.predict``: an Analysis plus predicted time on one GPU, per op, module and step."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from nnperf.analysis import Analysis, analyze
+from nnperf.hardware import GPU, DeviceProfile, default_profile, load_gpu
+from nnperf.passes.costs import registry as cat
+from nnperf.passes.rollup import ancestors, depth_of
+from nnperf.passes.timing import OpTime, StepTime, TimingOptions, simulate_step
+
+SCHEMA_VERSION = "nnperf.prediction/1"
+
+
+@dataclass
+class TimeTally:
+    """Predicted time of a group of ops; FLOPs and bytes for rates and required bandwidth."""
+
+    time_s: float = 0.0  # share of the step: kernels plus device idle waiting on the host
+    kernel_s: float = 0.0
+    idle_s: float = 0.0
+    compute_s: float = 0.0
+    memory_s: float = 0.0
+    flops: float = 0.0
+    bytes_in: float = 0.0
+    bytes_out: float = 0.0
+    bytes_weights: float = 0.0
+    by_bound: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    peak_flops: float = 0.0  # of the unit doing most of the FLOPs
+
+    def add(self, t: OpTime, flops: float, b_in: float, b_out: float, b_w: float) -> None:
+        self.time_s += t.wall_s
+        self.kernel_s += t.kernel_s
+        self.idle_s += t.idle_before_s
+        self.compute_s += t.compute_s
+        self.memory_s += t.memory_s
+        self.flops += flops
+        self.bytes_in += b_in
+        self.bytes_out += b_out
+        self.bytes_weights += b_w
+        self.by_bound[t.kernel_bound] += t.kernel_s
+        self.by_bound["host"] += t.idle_before_s
+        if flops and t.peak_flops and (self.peak_flops == 0 or t.category in (cat.GEMM, cat.CONV, cat.ATTENTION)):
+            self.peak_flops = max(self.peak_flops, t.peak_flops) if self.peak_flops else t.peak_flops
+
+    @property
+    def bound(self) -> str:
+        items = {k: v for k, v in self.by_bound.items() if k != "none" and v > 0}
+        return max(items, key=items.get) if items else "none"
+
+    @property
+    def achieved_flops(self) -> float:
+        return self.flops / self.kernel_s if self.kernel_s else 0.0
+
+    @property
+    def fraction_of_peak(self) -> float:
+        return self.achieved_flops / self.peak_flops if self.peak_flops else 0.0
+
+    def required_bw(self) -> dict[str, float] | None:
+        """Bytes/s each stream needs to keep the math units busy (None: no arithmetic)."""
+        if not self.compute_s:
+            return None
+        return {
+            "in": self.bytes_in / self.compute_s,
+            "out": self.bytes_out / self.compute_s,
+            "weights": self.bytes_weights / self.compute_s,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "time_s": self.time_s,
+            "kernel_s": self.kernel_s,
+            "idle_s": self.idle_s,
+            "compute_s": self.compute_s,
+            "memory_s": self.memory_s,
+            "bound": self.bound,
+            "achieved_flops": self.achieved_flops,
+            "fraction_of_peak": self.fraction_of_peak,
+            "required_bw": self.required_bw(),
+        }
+
+
+@dataclass
+class Prediction:
+    analysis: Analysis
+    gpu: GPU
+    profile: DeviceProfile
+    timing: TimingOptions
+    step: StepTime
+
+    def _counts(self):
+        return {c.index: c for c in self.analysis.ops}
+
+    def by_module(self, depth: int | None = None) -> dict[str, TimeTally]:
+        counts = self._counts()
+        out: dict[str, TimeTally] = defaultdict(TimeTally)
+        for t in self.step.ops:
+            c = counts[t.index]
+            for a in ancestors(t.module):
+                if depth is None or depth_of(a) <= depth:
+                    out[a].add(t, c.flops, c.bytes_in, c.bytes_out, c.bytes_weights)
+        return dict(out)
+
+    def by_op(self) -> dict[str, TimeTally]:
+        counts = self._counts()
+        out: dict[str, TimeTally] = defaultdict(TimeTally)
+        for t in self.step.ops:
+            c = counts[t.index]
+            out[t.op].add(t, c.flops, c.bytes_in, c.bytes_out, c.bytes_weights)
+        return dict(sorted(out.items(), key=lambda kv: -kv[1].time_s))
+
+    @property
+    def matmul_dtype(self) -> str:
+        """The dtype carrying most GEMM FLOPs: the peak MFU is measured against."""
+        flops: dict[str, float] = defaultdict(float)
+        for g in self.analysis.gemms:
+            flops[g.dtype] += g.flops
+        return max(flops, key=flops.get) if flops else "fp32"
+
+    @property
+    def totals(self) -> dict[str, Any]:
+        wl = self.analysis.workload
+        step = self.step.step_s
+        dtype = self.matmul_dtype
+        peak = self.gpu.matmul_peak(dtype, tf32=self.timing.tf32_matmul, fallback=True).flops
+        model_flops = self.analysis.totals["flops"]
+        per_s = (wl.tokens or wl.samples) / step if step else 0.0
+        return {
+            "step_time_s": step,
+            "throughput": per_s,
+            "throughput_unit": "tokens/s" if wl.tokens else "samples/s",
+            "samples_per_s": wl.samples / step if step else 0.0,
+            "mfu": model_flops / step / peak if step and peak else 0.0,
+            "mfu_peak_flops": peak,
+            "mfu_dtype": dtype,
+            "bound": self.step.bound,
+            "host_s": self.step.host_s,
+            "device_busy_s": self.step.device_busy_s,
+            "device_idle_s": self.step.device_idle_s,
+            "kernels": sum(t.kernels for t in self.step.ops),
+        }
+
+    def to_json(self, depth: int | None = None) -> dict[str, Any]:
+        doc = self.analysis.to_json(depth=depth)
+        doc["schema"] = SCHEMA_VERSION
+        doc["gpu"] = self.gpu.to_dict()
+        doc["timing_options"] = {"tf32_matmul": self.timing.tf32_matmul, "tf32_conv": self.timing.tf32_conv}
+        mods = self.by_module(depth)
+        for row in doc["modules"]:
+            row.update(mods.get(row["name"], TimeTally()).to_json())
+        ops = self.by_op()
+        for row in doc["ops"]:
+            row.update(ops.get(row["op"], TimeTally()).to_json())
+        doc["totals"].update(self.totals)
+        return doc
+
+    def __repr__(self) -> str:
+        t = self.totals
+        return (
+            f"Prediction({self.analysis.model!r} on {self.gpu.name}: step {t['step_time_s'] * 1e3:.3f} ms, "
+            f"{t['throughput']:.4g} {t['throughput_unit']}, MFU {t['mfu']:.1%}, {t['bound']}-bound)"
+        )
+
+
+def predict_analysis(
+    analysis: Analysis,
+    gpu: GPU,
+    profile: DeviceProfile | None = None,
+    timing: TimingOptions | None = None,
+) -> Prediction:
+    profile = profile or default_profile(gpu)
+    timing = timing or TimingOptions()
+    step = simulate_step(analysis.trace, analysis.ops, gpu, profile, timing)
+    return Prediction(analysis=analysis, gpu=gpu, profile=profile, timing=timing, step=step)
+
+
+def predict(
+    model: str | nn.Module | Analysis,
+    gpu: str | GPU = "h100",
+    *,
+    profile: DeviceProfile | None = None,
+    tf32: bool = False,
+    gpu_overrides: dict[str, str] | None = None,
+    **analyze_kwargs: Any,
+) -> Prediction:
+    """Predict one step of ``model`` on ``gpu`` (a catalog name or a GPU object).
+
+    ``analyze_kwargs`` are those of ``nnperf.analyze`` (inputs, train, dtype, amp, batch, ...).
+    """
+    if isinstance(gpu, str):
+        gpu = load_gpu(gpu, overrides=gpu_overrides)
+    analysis = model if isinstance(model, Analysis) else analyze(model, **analyze_kwargs)
+    return predict_analysis(analysis, gpu, profile, TimingOptions(tf32_matmul=tf32))
