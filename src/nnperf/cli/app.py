@@ -14,6 +14,7 @@ COMMAND_MODULES = [
     "analyze",
     "models",
     "predict",
+    "compare",
     "gpus",
     "gemm",
 ]

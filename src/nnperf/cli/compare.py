@@ -1,0 +1,87 @@
+"""``nnperf compare``: one step on several GPUs side by side, with cost per million samples."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from nnperf.cli.app import cli
+from nnperf.cli.workload_options import analysis_from, pop_workload, workload_options
+from nnperf.errors import UsageError
+from nnperf.report.console import make_console
+from nnperf.report.units import seconds, si
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+def load_prices(path: str | None) -> dict[str, float]:
+    """A user price table: ``h100-sxm = 2.99`` (USD per GPU-hour), overriding catalog defaults."""
+    if path is None:
+        return {}
+    try:
+        raw = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise UsageError(f"price file '{path}' does not exist") from None
+    except tomllib.TOMLDecodeError as err:
+        raise UsageError(f"price file '{path}' is not valid TOML: {err}") from None
+    prices = {}
+    for key, value in raw.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise UsageError(f"price file '{path}': '{key}' must be a positive USD/hour number")
+        prices[key] = float(value)
+    return prices
+
+
+@cli.command()
+@workload_options
+@click.option("--gpus", required=True, help="Comma-separated GPU names, e.g. v100,a100,h100,h200.")
+@click.option("--prices", "prices_file", type=click.Path(dir_okay=False),
+              help="TOML of USD per GPU-hour by GPU name, overriding the catalog's dated defaults.")
+@click.option("--tf32/--no-tf32", default=False, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def compare(gpus, prices_file, tf32, as_json, **kwargs) -> None:
+    """Predict the same step of MODEL on several GPUs: time, throughput, bound and cost."""
+    from nnperf.hardware import load_gpu
+    from nnperf.passes.timing import TimingOptions
+    from nnperf.prediction import predict_analysis
+
+    names = [g.strip() for g in gpus.split(",") if g.strip()]
+    if not names:
+        raise UsageError("--gpus needs at least one GPU name, e.g. --gpus a100,h100")
+    resolved = [load_gpu(n) for n in names]  # all names checked before the (slow) trace
+    prices = load_prices(prices_file)
+    analysis = analysis_from(pop_workload(kwargs))
+    rows = []
+    for name, gpu in zip(names, resolved, strict=True):
+        p = predict_analysis(analysis, gpu, timing=TimingOptions(tf32_matmul=tf32))
+        tot = p.totals
+        price = prices.get(name, prices.get(gpu.id, gpu.price_usd_per_hour))
+        samples_per_s = tot["samples_per_s"]
+        cost = price / 3600 / samples_per_s * 1e6 if price and samples_per_s else None
+        rows.append({
+            "gpu": gpu.name, "id": gpu.id, "step_time_s": tot["step_time_s"], "throughput": tot["throughput"],
+            "throughput_unit": tot["throughput_unit"], "bound": tot["bound"], "mfu": tot["mfu"],
+            "usd_per_hour": price, "price_date": None if name in prices else gpu.price_date,
+            "usd_per_million_samples": cost,
+        })
+    if as_json:
+        click.echo(json.dumps({"schema": "nnperf.compare/1", "model": analysis.model,
+                               "config": analysis.config, "gpus": rows}, indent=2))
+        return
+    t = Table(title=f"{analysis.model} ({analysis.trace.mode}, batch {analysis.workload.samples}) across GPUs",
+              title_justify="left")
+    for col in ("GPU", "Step time", "Throughput", "Bound", "MFU", "USD/h (date)", "USD per 1M samples"):
+        t.add_column(col, justify="left" if col in ("GPU", "Bound") else "right")
+    for r in rows:
+        price = f"{r['usd_per_hour']:.2f} ({r['price_date'] or 'yours'})" if r["usd_per_hour"] else "-"
+        t.add_row(r["gpu"], seconds(r["step_time_s"]), f"{si(r['throughput'])} {r['throughput_unit']}",
+                  r["bound"], f"{r['mfu']:.1%}", price,
+                  f"{r['usd_per_million_samples']:.3g}" if r["usd_per_million_samples"] else "-")
+    make_console().print(t)
