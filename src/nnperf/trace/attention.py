@@ -22,10 +22,15 @@ def _expand_kv(q: Tensor, kv: Tensor, enable_gqa: bool) -> Tensor:
     return kv
 
 
+def _acc(t: Tensor) -> Tensor:
+    """Accumulate in fp32 at least (low precision inputs), fp64 for fp64 inputs."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 def _scores(q, k, attn_mask, is_causal, scale, enable_gqa):
     k = _expand_kv(q, k, enable_gqa)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    s = (q.float() @ k.float().transpose(-2, -1)) * scale
+    s = (_acc(q) @ _acc(k).transpose(-2, -1)) * scale
     if is_causal:
         L, S = q.shape[-2], k.shape[-2]
         keep = torch.ones(L, S, dtype=torch.bool, device=q.device).tril()
@@ -34,7 +39,7 @@ def _scores(q, k, attn_mask, is_causal, scale, enable_gqa):
         if attn_mask.dtype == torch.bool:
             s = s.masked_fill(~attn_mask, float("-inf"))
         else:
-            s = s + attn_mask.float()
+            s = s + _acc(attn_mask)
     return s
 
 
@@ -51,9 +56,9 @@ def attention(
 ) -> tuple[Tensor, Tensor]:
     """Fused attention forward: returns the output and the row log-sum-exp (as flash does)."""
     s = _scores(q, k, attn_mask, is_causal, scale, enable_gqa)
-    lse = torch.logsumexp(s, dim=-1)
+    lse = torch.logsumexp(s, dim=-1).float()  # fp32, as the fake implementation says
     p = torch.exp(s - lse.unsqueeze(-1))
-    out = p @ _expand_kv(q, v, enable_gqa).float()
+    out = p @ _acc(_expand_kv(q, v, enable_gqa))
     return out.to(q.dtype), lse
 
 
@@ -78,13 +83,35 @@ def attention_backward(
     scale: float | None,
     enable_gqa: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Fused attention backward (recomputes the probabilities, as flash attention does)."""
-    with torch.enable_grad():
-        qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
-        s = _scores(qq, kk, attn_mask, is_causal, scale, enable_gqa)
-        o = torch.softmax(s, dim=-1) @ _expand_kv(qq, vv, enable_gqa).float()
-        dq, dk, dv = torch.autograd.grad(o, (qq, kk, vv), grad_out.float())
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    """Fused attention backward (recomputes the probabilities, as flash attention does).
+
+    The gradients are written out rather than taken with autograd: a custom op's
+    implementation runs below the autograd dispatch key, where no graph is recorded.
+    """
+    kx = _acc(_expand_kv(q, k, enable_gqa))
+    vx = _acc(_expand_kv(q, v, enable_gqa))
+    p = torch.softmax(_scores(q, k, attn_mask, is_causal, scale, enable_gqa), dim=-1)
+    do = _acc(grad_out)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    dv = p.transpose(-2, -1) @ do
+    dp = do @ vx.transpose(-2, -1)
+    ds = p * (dp - (dp * p).sum(dim=-1, keepdim=True))  # softmax backward
+    dq = (ds @ kx) * scale
+    dk = (ds.transpose(-2, -1) @ _acc(q)) * scale
+    # gradients in the layout of their inputs, as flash kernels (and the fake impl) give them
+    return (
+        torch.empty_like(q).copy_(dq),
+        torch.empty_like(k).copy_(_reduce_kv(dk, k)),
+        torch.empty_like(v).copy_(_reduce_kv(dv, v)),
+    )
+
+
+def _reduce_kv(grad: Tensor, kv: Tensor) -> Tensor:
+    """Sum the gradient of KV heads that grouped-query attention repeated."""
+    if grad.shape[-3] == kv.shape[-3]:
+        return grad
+    groups = grad.shape[-3] // kv.shape[-3]
+    return grad.unflatten(-3, (kv.shape[-3], groups)).sum(dim=-3)
 
 
 @attention_backward.register_fake

@@ -1,0 +1,137 @@
+"""Attention is traced as one fused op forward and one backward, with costs by hand, and the
+fused op's real implementation agrees with ``F.scaled_dot_product_attention``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nnperf.analysis import analyze
+from nnperf.trace.attention import fused_sdpa
+
+B, H, S, D = 2, 4, 16, 8
+
+
+class Attend(nn.Module):
+    """A projection (so there is a parameter and a backward) then one SDPA call."""
+
+    def __init__(self, causal=False, mask=None, gqa=False):
+        super().__init__()
+        self.proj = nn.Linear(D, D)
+        self.causal, self.gqa = causal, gqa
+        self.register_buffer("mask", mask)
+
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(
+            self.proj(q), k, v, attn_mask=self.mask, is_causal=self.causal, enable_gqa=self.gqa
+        )
+
+
+def _attention_ops(model, kv_heads=H):
+    inputs = (torch.randn(B, H, S, D), torch.randn(B, kv_heads, S, D), torch.randn(B, kv_heads, S, D))
+    a = analyze(model, inputs=inputs, optimizer="sgd")
+    ops = [o for o in a.ops if o.category == "attention"]
+    return a, ops
+
+
+def test_sdpa_is_one_fused_op_forward_and_one_backward():
+    a, ops = _attention_ops(Attend())
+    assert [(o.op, o.phase) for o in ops] == [
+        ("nnperf.attention", "forward"),
+        ("nnperf.attention_backward", "backward"),
+    ]
+    # nothing of the decomposed (math) attention is left: no bmm and no softmax anywhere
+    names = {e.name for e in a.trace.events}
+    assert not names & {"aten.bmm", "aten._softmax", "aten._scaled_dot_product_flash_attention_for_cpu"}
+    fwd, bwd = ops
+    full_macs = B * H * S * S * (D + D)  # Q@K^T and P@V
+    assert fwd.flops == 2 * full_macs
+    assert bwd.flops == 2 * fwd.flops  # dV, dP, dQ, dK
+    # forward reads q, k, v and writes the output and the fp32 row log-sum-exp
+    assert fwd.bytes_in == 3 * B * H * S * D * 4
+    assert fwd.bytes_out == B * H * S * D * 4 + B * H * S * 4
+
+
+def test_causal_counts_kept_pairs_only():
+    _, (full, _) = _attention_ops(Attend())
+    _, (causal, causal_bwd) = _attention_ops(Attend(causal=True))
+    kept = S * (S + 1) // 2  # top-left causal: row i keeps i + 1 keys
+    assert causal.flops == 2 * B * H * kept * (D + D)
+    assert causal_bwd.flops == 2 * causal.flops
+    assert causal.flops / full.flops == pytest.approx(kept / (S * S))  # about half
+
+
+def test_explicit_mask_is_read_but_does_not_change_flops():
+    _, (plain, plain_bwd) = _attention_ops(Attend())
+    mask = torch.ones(S, S, dtype=torch.bool).tril()
+    _, (masked, masked_bwd) = _attention_ops(Attend(mask=mask))
+    assert masked.flops == plain.flops
+    assert masked_bwd.flops == plain_bwd.flops
+    assert masked.bytes_in - plain.bytes_in == S * S  # one byte per bool
+    assert masked_bwd.bytes_in - plain_bwd.bytes_in == S * S
+
+
+def test_gqa_counts_query_head_work_and_reads_fewer_kv_bytes():
+    _, (mha, _) = _attention_ops(Attend())
+    _, (gqa, gqa_bwd) = _attention_ops(Attend(gqa=True), kv_heads=H // 2)
+    assert gqa.flops == 2 * B * H * S * S * (D + D)  # all H query heads do the work
+    assert gqa_bwd.flops == 2 * gqa.flops
+    assert mha.bytes_in - gqa.bytes_in == 2 * B * (H // 2) * S * D * 4  # k and v: half the heads
+    # dk and dv have the KV heads' shape
+    assert gqa_bwd.bytes_out == (B * H * S * D + 2 * B * (H // 2) * S * D) * 4
+
+
+def test_llama_gqa_attention_flops_by_hand():
+    batch, seq, layers, heads, dim = 1, 32, 2, 4, 32
+    a = analyze("llama-7b", batch=batch, seq_len=seq, optimizer="sgd", n_layer=layers, dim=dim,
+                n_heads=heads, n_kv_heads=1, ffn_hidden=64, vocab=64)
+    fwd = [o for o in a.ops if o.op == "nnperf.attention"]
+    bwd = [o for o in a.ops if o.op == "nnperf.attention_backward"]
+    assert len(fwd) == len(bwd) == layers
+    head_dim = dim // heads
+    per_layer = 2 * batch * heads * (seq * (seq + 1) // 2) * 2 * head_dim
+    assert sum(o.flops for o in fwd) == layers * per_layer
+    assert sum(o.flops for o in bwd) == 2 * layers * per_layer
+
+
+# -- the fused op's real implementation ----------------------------------------------------
+CASES = {
+    "plain": dict(),
+    "causal": dict(is_causal=True),
+    "causal-rect": dict(is_causal=True, q_len=5, kv_len=9),  # top-left alignment
+    "causal-rect-long-q": dict(is_causal=True, q_len=9, kv_len=5),
+    "bool-mask": dict(mask="bool"),
+    "float-mask": dict(mask="float"),
+    "gqa": dict(enable_gqa=True, kv_heads=2),
+    "gqa-causal-scale": dict(enable_gqa=True, kv_heads=1, is_causal=True, scale=0.3),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_fused_sdpa_matches_pytorch_forward_and_gradients(case):
+    c = dict(CASES[case])
+    q_len, kv_len, kv_heads = c.pop("q_len", 7), c.pop("kv_len", 7), c.pop("kv_heads", 4)
+    mask_kind = c.pop("mask", None)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, q_len, 8, generator=g, dtype=torch.float64)
+    k = torch.randn(2, kv_heads, kv_len, 8, generator=g, dtype=torch.float64)
+    v = torch.randn(2, kv_heads, kv_len, 6, generator=g, dtype=torch.float64)
+    if mask_kind == "bool":
+        c["attn_mask"] = torch.rand(q_len, kv_len, generator=g) > 0.3
+        c["attn_mask"][:, 0] = True  # no fully masked row (NaN in both)
+    elif mask_kind == "float":
+        c["attn_mask"] = torch.randn(2, 1, q_len, kv_len, generator=g, dtype=torch.float64)
+    results = []
+    for fn in (F.scaled_dot_product_attention, fused_sdpa):
+        qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+        out = fn(qq, kk, vv, **c)
+        grad_out = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape)
+        out.backward(grad_out)
+        results.append((out, qq.grad, kk.grad, vv.grad))
+        if fn is fused_sdpa:  # gradients come back in their inputs' layout, as from flash
+            assert (qq.grad.stride(), kk.grad.stride()) == (qq.stride(), kk.stride())
+    for expected, got, what in zip(results[0], results[1], ("out", "dq", "dk", "dv"), strict=True):
+        assert got.shape == expected.shape, what
+        torch.testing.assert_close(got, expected, msg=what)
