@@ -115,13 +115,22 @@ class KernelModel:
         is_conv = count.category == cat.CONV
         tf32 = self.options.tf32_conv if is_conv else self.options.tf32_matmul
         ests = [self.gemm(g.m, g.n, g.k, g.batch, dtype, tf32) for g in gemm_shapes(event)]
-        scale = 1.0 / self.profile.conv_relative_efficiency if is_conv else 1.0
-        kernel = sum(e.time_s for e in ests) * scale
         compute = sum(e.compute_s for e in ests)
-        memory = sum(e.memory_s for e in ests)
-        model_compute = sum(e.model_compute_s for e in ests) * scale
-        model_memory = sum(e.model_memory_s for e in ests)
         overhead = sum(e.overhead_s for e in ests)
+        if is_conv:
+            # Implicit GEMM gathers its A operand from the input tensor: traffic is the real
+            # tensors (count.bytes), not the im2col matrix the GEMM shape implies.
+            scale = 1.0 / self.profile.conv_relative_efficiency
+            model_compute = sum(e.model_compute_s for e in ests) * scale
+            memory = count.bytes / self.gpu.memory_bandwidth
+            model_memory = self.profile.memory_time(self.gpu.memory_bandwidth, count.bytes)
+            reduction = sum(e.reduction_s for e in ests)
+            kernel = max(model_compute, model_memory) + reduction + overhead
+        else:
+            memory = sum(e.memory_s for e in ests)
+            model_compute = sum(e.model_compute_s for e in ests)
+            model_memory = sum(e.model_memory_s for e in ests)
+            kernel = sum(e.time_s for e in ests)
         bound = _bound(model_compute, model_memory, overhead)
         return OpTime(
             kernels=len(ests), kernel_s=kernel, compute_s=compute, memory_s=memory,
@@ -226,8 +235,7 @@ def simulate_step(
             host = max(host, device)
         ops.append(t)
     step = max(host, device)
-    idle = step - busy
-    if idle > busy:
+    if host >= busy:  # the host cannot issue work as fast as the device finishes it
         bound = "host"
     else:
         kernel_by_bound: dict[str, float] = {}
