@@ -73,11 +73,7 @@ class Analysis:
 
     @property
     def config(self) -> dict[str, Any]:
-        shapes = [
-            {"shape": list(t.shape), "dtype": dtype_name(t.dtype)}
-            for t in self.workload.inputs
-            if isinstance(t, torch.Tensor)
-        ]
+        shapes = self.trace.config.get("inputs", [])  # as traced, after a --dtype cast
         return {
             "batch": self.workload.samples,
             "tokens": self.workload.tokens,

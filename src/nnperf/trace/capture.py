@@ -30,6 +30,7 @@ from nnperf.trace.events import (
     KIND_OPT_STATE,
     KIND_PARAM,
     Trace,
+    dtype_name,
 )
 from nnperf.trace.recorder import GraphLabeler, ModuleStack, OpRecorder
 from nnperf.workload import Workload, default_loss
@@ -56,6 +57,9 @@ class TraceOptions:
     dtype: str | None = None  # cast the model and floating inputs (pure low precision)
     amp: str | None = None  # autocast dtype (mixed precision)
     real: bool = False  # run on real CPU tensors instead of fake ones
+    # Gradients already allocated when the step starts: gradient accumulation from the second
+    # micro-batch on, or zero_grad(set_to_none=False). Memory differs (forward runs with grads).
+    grads_persist: bool = False
 
     def validate(self) -> None:
         if self.optimizer not in OPTIMIZERS:
@@ -77,10 +81,11 @@ class TraceOptions:
 def trace_workload(build: Callable[[], Workload], options: TraceOptions) -> tuple[Trace, Workload]:
     """Build the workload inside the tracing context and record one step of it."""
     options.validate()
-    fake_mode = None if options.real else FakeTensorMode()
+    # Non-fake tensors a user model keeps as plain attributes (not buffers) become fakes on use.
+    fake_mode = None if options.real else FakeTensorMode(allow_non_fake_inputs=True)
     with fake_mode if fake_mode is not None else contextlib.nullcontext():
         workload = build()
-        restore = _swap_in_fakes(workload, fake_mode) if fake_mode is not None else None
+        restore = _swap_in_private_copies(workload, fake_mode)
         try:
             workload = _cast(workload, options.dtype)
             model = workload.model
@@ -88,42 +93,56 @@ def trace_workload(build: Callable[[], Workload], options: TraceOptions) -> tupl
             optimizer = _make_optimizer(model, options) if options.train else None
             if optimizer is not None:
                 _initialize_state(model, optimizer)
+            if options.train and options.grads_persist:
+                _allocate_grads(model)
             return _record(workload, optimizer, options), workload
         finally:
-            if restore is not None:
-                restore()
+            restore()
 
 
-def _swap_in_fakes(workload: Workload, fake_mode: FakeTensorMode) -> Callable[[], None]:
-    """Replace real parameters, buffers and inputs (a model the user already built) by fakes.
+def _swap_in_private_copies(
+    workload: Workload, fake_mode: FakeTensorMode | None
+) -> Callable[[], None]:
+    """Replace the parameters, buffers and inputs of a model the user already built by fakes
+    (or, with ``real``, by copies) and remember each module's train/eval flag.
 
     The user's module is modified in place for the duration of the trace and restored after,
-    so tracing a real model neither copies its weights nor touches their values.
+    so tracing a real model neither copies its weights (fake mode) nor changes their values,
+    gradients, running statistics or train/eval mode (the traced step runs an optimizer).
     """
     from torch._subclasses.fake_tensor import FakeTensor
 
+    def private(t: torch.Tensor) -> torch.Tensor:
+        if fake_mode is None:
+            return t.detach().clone()
+        return fake_mode.from_tensor(t)
+
     originals: list[tuple[dict, str, Any]] = []
+    flags = [(m, m.training) for m in workload.model.modules()]
     for module in workload.model.modules():
         for table in (module._parameters, module._buffers):
             for name, value in table.items():
                 if value is None or isinstance(value, FakeTensor):
                     continue
-                fake = fake_mode.from_tensor(value)
+                copy = private(value)
                 if isinstance(value, torch.nn.Parameter):
-                    fake = torch.nn.Parameter(fake, requires_grad=value.requires_grad)
+                    copy = torch.nn.Parameter(copy, requires_grad=value.requires_grad)
                 originals.append((table, name, value))
-                table[name] = fake
+                table[name] = copy
     real_inputs = workload.inputs
-    workload.inputs = tuple(
-        fake_mode.from_tensor(t)
-        if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor)
-        else t
-        for t in workload.inputs
-    )
+    if fake_mode is not None:
+        workload.inputs = tuple(
+            fake_mode.from_tensor(t)
+            if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor)
+            else t
+            for t in workload.inputs
+        )
 
     def restore() -> None:
         for table, name, value in originals:
             table[name] = value
+        for module, training in flags:
+            module.training = training
         workload.inputs = real_inputs
 
     return restore
@@ -178,8 +197,17 @@ def _record(workload: Workload, optimizer: Any, options: TraceOptions) -> Trace:
         param_shapes={n: tuple(p.shape) for n, p in model.named_parameters()},
         module_output_bytes=dict(modules.output_bytes),
         mode="train" if options.train else "inference",
-        config={"options": options.to_json()},
+        config={"options": options.to_json(), "inputs": _input_descriptions(workload.inputs)},
     )
+
+
+def _input_descriptions(inputs: tuple[Any, ...]) -> list[dict[str, Any]]:
+    """Shapes and dtypes of the tensors the model was called with (after any --dtype cast)."""
+    return [
+        {"shape": list(t.shape), "dtype": dtype_name(t.dtype)}
+        for t in inputs
+        if isinstance(t, torch.Tensor)
+    ]
 
 
 def _known_storage_kinds(workload: Workload) -> dict[int, tuple[str, str | None]]:
@@ -255,6 +283,13 @@ def _initialize_state(model: torch.nn.Module, optimizer: Any) -> None:
     optimizer.step()
     for p in params:
         p.grad = None
+
+
+def _allocate_grads(model: torch.nn.Module) -> None:
+    """Give every trainable parameter a zero gradient, so backward accumulates into it."""
+    for p in model.parameters():
+        if p.requires_grad:
+            p.grad = torch.zeros_like(p)
 
 
 def _data_dependent_error(err: Exception, recorder: OpRecorder, modules: ModuleStack) -> TraceError:
