@@ -1,0 +1,161 @@
+"""Trace a workload the way the memory questions need: with checkpointing and accumulation.
+
+``nnperf.analyze`` traces the plain step; memory what-ifs change the step itself
+(activation checkpointing recomputes blocks in backward, gradient accumulation starts the
+step with gradients allocated), so they are traced rather than adjusted after the fact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from nnperf.errors import UsageError
+from nnperf.loading import InputSpec, resolve
+from nnperf.trace.attention import fused_sdpa
+from nnperf.trace.capture import TraceOptions, trace_workload
+from nnperf.trace.events import Trace
+from nnperf.workload import Workload
+
+_SDPA = {F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}
+
+
+@dataclass(frozen=True)
+class MemoryOptions:
+    """One configuration of the step whose memory is asked for."""
+
+    train: bool = True
+    optimizer: str = "adamw"
+    optimizer_impl: str = "foreach"
+    dtype: str | None = None
+    amp: str | None = None
+    grad_accum: int = 1  # micro-batches per optimizer step
+    set_to_none: bool = True  # zero_grad(set_to_none=...)
+    checkpoint: bool = False  # activation checkpointing of every repeated block
+    real: bool = False
+
+    def validate(self) -> None:
+        if self.grad_accum < 1:
+            raise UsageError(f"invalid --grad-accum {self.grad_accum}: must be 1 or more")
+
+    @property
+    def grads_persist(self) -> bool:
+        """Whether the steady-state step starts with gradients allocated."""
+        return self.train and (self.grad_accum > 1 or not self.set_to_none)
+
+    def trace_options(self) -> TraceOptions:
+        return TraceOptions(
+            train=self.train, optimizer=self.optimizer, optimizer_impl=self.optimizer_impl,
+            dtype=self.dtype, amp=self.amp, real=self.real, grads_persist=self.grads_persist,
+        )
+
+    def with_(self, **changes: Any) -> MemoryOptions:
+        return replace(self, **changes)
+
+    def describe(self) -> str:
+        parts = ["training" if self.train else "inference"]
+        if self.train:
+            parts.append(f"{self.optimizer} ({self.optimizer_impl})")
+        if self.dtype:
+            parts.append(self.dtype)
+        if self.amp:
+            parts.append(f"amp {self.amp}")
+        if self.checkpoint:
+            parts.append("activation checkpointing")
+        if self.grad_accum > 1:
+            parts.append(f"grad accumulation x{self.grad_accum}")
+        if not self.set_to_none:
+            parts.append("zero_grad(set_to_none=False)")
+        return ", ".join(parts)
+
+
+def checkpoint_blocks(model: nn.Module) -> list[str]:
+    """The repeated blocks worth checkpointing: children of a ModuleList/Sequential that share
+    their class with a sibling and have submodules (transformer layers, residual blocks).
+
+    Leaf layers (a VGG's convs) are not blocks: checkpointing them saves nothing.
+    """
+    blocks: list[str] = []
+
+    def visit(prefix: str, module: nn.Module) -> None:
+        children = list(module.named_children())
+        if isinstance(module, (nn.ModuleList, nn.Sequential)):
+            classes = Counter(type(c) for _, c in children)
+            chosen = [n for n, c in children if classes[type(c)] > 1 and any(True for _ in c.children())]
+            if chosen:
+                blocks.extend(f"{prefix}{n}" for n in chosen)
+                for n, c in children:
+                    if n not in chosen:
+                        visit(f"{prefix}{n}.", c)
+                return
+        for n, c in children:
+            visit(f"{prefix}{n}.", c)
+
+    visit("", model)
+    return blocks
+
+
+class _RouteAttention(TorchFunctionMode):
+    """Recomputation runs on the autograd thread, outside the tracer's function mode; route
+    SDPA to the fused op there too, so the recomputed forward matches the original one."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        return fused_sdpa(*args, **kwargs) if func in _SDPA else func(*args, **kwargs)
+
+
+def apply_checkpointing(workload: Workload) -> list[str]:
+    """Wrap each block's forward in non-reentrant ``torch.utils.checkpoint``; returns the blocks."""
+    from torch.utils.checkpoint import checkpoint
+
+    blocks = checkpoint_blocks(workload.model)
+    modules = dict(workload.model.named_modules())
+    for name in blocks:
+        module = modules[name]
+        module.forward = functools.partial(  # type: ignore[method-assign]
+            checkpoint, module.forward, use_reentrant=False,
+            context_fn=lambda: (contextlib.nullcontext(), _RouteAttention()),
+        )
+    return blocks
+
+
+def trace_memory(
+    model: str | nn.Module,
+    options: MemoryOptions,
+    *,
+    batch: int | None = None,
+    seq_len: int | None = None,
+    inputs: Sequence[Any] | None = None,
+    input_spec: InputSpec | None = None,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> tuple[str, Trace, Workload]:
+    """Resolve ``model`` and trace one step of it under ``options``."""
+    options.validate()
+    name, build = resolve(model, batch=batch, seq_len=seq_len, inputs=inputs,
+                          input_spec=input_spec, loss_fn=loss_fn, overrides=overrides or {})
+    blocks: list[str] = []
+
+    def build_with_checkpoints() -> Workload:
+        workload = build()
+        blocks.extend(apply_checkpointing(workload))
+        return workload
+
+    trace, workload = trace_workload(build_with_checkpoints if options.checkpoint else build,
+                                     options.trace_options())
+    trace.config["memory_options"] = {
+        "grad_accum": options.grad_accum,
+        "set_to_none": options.set_to_none,
+        "checkpoint": options.checkpoint,
+        "checkpointed_blocks": len(blocks),
+    }
+    return name, trace, workload
