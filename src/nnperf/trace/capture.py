@@ -60,9 +60,6 @@ class TraceOptions:
     # Gradients already allocated when the step starts: gradient accumulation from the second
     # micro-batch on, or zero_grad(set_to_none=False). Memory differs (forward runs with grads).
     grads_persist: bool = False
-    # Gradients already allocated when the step starts: gradient accumulation from the second
-    # micro-batch on, or zero_grad(set_to_none=False). Memory differs (forward runs with grads).
-    grads_persist: bool = False
 
     def validate(self) -> None:
         if self.optimizer not in OPTIMIZERS:
@@ -96,8 +93,6 @@ def trace_workload(build: Callable[[], Workload], options: TraceOptions) -> tupl
             optimizer = _make_optimizer(model, options) if options.train else None
             if optimizer is not None:
                 _initialize_state(model, optimizer)
-            if options.train and options.grads_persist:
-                _allocate_grads(model)
             if options.train and options.grads_persist:
                 _allocate_grads(model)
             return _record(workload, optimizer, options), workload
@@ -288,13 +283,6 @@ def _initialize_state(model: torch.nn.Module, optimizer: Any) -> None:
     optimizer.step()
     for p in params:
         p.grad = None
-
-
-def _allocate_grads(model: torch.nn.Module) -> None:
-    """Give every trainable parameter a zero gradient, so backward accumulates into it."""
-    for p in model.parameters():
-        if p.requires_grad:
-            p.grad = torch.zeros_like(p)
 
 
 def _allocate_grads(model: torch.nn.Module) -> None:
