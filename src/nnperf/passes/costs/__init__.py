@@ -2,7 +2,22 @@
 
 from __future__ import annotations
 
-from nnperf.passes.costs import attention, matmul  # noqa: F401  (registration side effects)
+from nnperf.passes.costs import (  # noqa: F401  (registration side effects)
+    attention,
+    elementwise,
+    embedding,
+    factories,
+    host,
+    indexing,
+    losses,
+    matmul,
+    memory,
+    norms,
+    optimizer,
+    pooling,
+    reductions,
+    softmax,
+)
 from nnperf.passes.costs.registry import OpCost, lookup, registered_names
 
 __all__ = ["OpCost", "lookup", "registered_names"]

@@ -1,0 +1,81 @@
+"""Loss functions that run as their own kernels (cross entropy runs as log-softmax + NLL).
+
+NLL forward gathers one log-probability per target, so it reads the targets and only those
+elements of the input (plus the class weights they select); backward writes a full, mostly
+zero grad_input with one value per target. Regression and binary losses are elementwise
+maps followed by a reduction; FLOPs per element are listed in ``LOSS_FLOPS`` (forward) and
+``LOSS_BACKWARD_FLOPS``, each counting the formula's arithmetic plus the reduction's add.
+"""
+
+from __future__ import annotations
+
+from nnperf.passes.costs.common import bind, distinct, footprint, read_args, touched
+from nnperf.passes.costs.registry import REDUCTION, OpCost, register
+from nnperf.trace.events import OpEvent
+
+LOSS_FLOPS: dict[str, int] = {
+    "mse_loss": 3,  # (x - y)^2, summed
+    "l1_loss": 3,  # |x - y|, summed
+    "smooth_l1_loss": 6,  # d = |x - y|; d < beta ? 0.5 d^2 / beta : d - 0.5 beta; summed
+    "huber_loss": 6,
+    "binary_cross_entropy": 9,  # -(t log x + (1 - t) log(1 - x)), logs clamped; summed
+    "binary_cross_entropy_with_logits": 10,  # (1 - t) x + log1p(exp(-|x|)) + max(-x, 0)
+    "soft_margin_loss": 5,  # log1p(exp(-y x)), summed
+}
+LOSS_BACKWARD_FLOPS: dict[str, int] = {
+    "mse_loss_backward": 3,  # 2 (x - y) g / N
+    "l1_loss_backward": 3,
+    "smooth_l1_loss_backward": 5,
+    "huber_loss_backward": 5,
+    "binary_cross_entropy_backward": 6,  # g (x - t) / max(x (1 - x), eps)
+    "soft_margin_loss_backward": 6,
+}
+
+
+@register("aten.nll_loss_forward", "aten.nll_loss2d_forward")
+def _nll_forward(event: OpEvent) -> OpCost:
+    """Per target: gather, (weight multiply), negate and sum."""
+    args = bind(event)
+    x, target, weight = args["self"], args["target"], args.get("weight")
+    n = target.numel
+    reads = [target, touched(x, n)] + ([touched(weight, n)] if weight is not None else [])
+    return OpCost(
+        REDUCTION,
+        flops=float(n * (3 if weight is not None else 2)),
+        reads=reads,
+        writes=distinct(event.outputs),
+    )
+
+
+@register("aten.nll_loss_backward", "aten.nll_loss2d_backward")
+def _nll_backward(event: OpEvent) -> OpCost:
+    """A zero-filled grad_input with -g * w / total_weight at each target: 2 FLOPs per target."""
+    args = bind(event)
+    grad, target, weight = args["grad_output"], args["target"], args.get("weight")
+    n = target.numel
+    reads = [grad, target, args["total_weight"]] + (
+        [touched(weight, n)] if weight is not None else []
+    )
+    return OpCost(REDUCTION, flops=float(2 * n), reads=distinct(reads), writes=[event.outputs[0]])
+
+
+def _elementwise_loss(event: OpEvent, per_element: int) -> OpCost:
+    x = bind(event)["self"]
+    return OpCost(
+        REDUCTION,
+        flops=float(per_element * footprint(x).numel),
+        reads=read_args(event),
+        writes=distinct(event.outputs),
+    )
+
+
+def _forward(event: OpEvent) -> OpCost:
+    return _elementwise_loss(event, LOSS_FLOPS[event.name.removeprefix("aten.")])
+
+
+def _backward(event: OpEvent) -> OpCost:
+    return _elementwise_loss(event, LOSS_BACKWARD_FLOPS[event.name.removeprefix("aten.")])
+
+
+register(*(f"aten.{name}" for name in LOSS_FLOPS))(_forward)
+register(*(f"aten.{name}" for name in LOSS_BACKWARD_FLOPS))(_backward)
