@@ -47,9 +47,8 @@ def weight_storages(trace: Trace) -> set[int]:
     """Parameter storages plus copies/casts made from them."""
     weights = {sid for sid, info in trace.storages.items() if info.kind == KIND_PARAM}
     for ev in trace.events:
-        if ev.name in _WEIGHT_PRESERVING and ev.inputs and ev.outputs:
-            if all(t.storage in weights for t in ev.inputs[:1]):
-                weights.update(t.storage for t in ev.outputs)
+        if ev.name in _WEIGHT_PRESERVING and ev.inputs and ev.outputs and ev.inputs[0].storage in weights:
+            weights.update(t.storage for t in ev.outputs)
     return weights
 
 
@@ -62,7 +61,7 @@ def count_ops(trace: Trace) -> list[OpCount]:
             continue
         formula = lookup(ev)
         if formula is None:
-            counts.append(_uncovered(ev))
+            counts.append(_uncovered(ev, weights))
             continue
         counts.append(_covered(ev, formula(ev), weights))
     return counts
@@ -99,9 +98,12 @@ def _covered(ev: OpEvent, cost: OpCost, weights: set[int]) -> OpCount:
     )
 
 
-def _uncovered(ev: OpEvent) -> OpCount:
-    """No formula: zero FLOPs is unknown, not zero, so the bytes it touches are still shown."""
-    touched_in = sum(m.nbytes for m in _distinct(ev.inputs))
+def _uncovered(ev: OpEvent, weights: set[int]) -> OpCount:
+    """No formula: zero FLOPs is unknown, not zero, so the bytes it touches are still shown
+    (split like a covered op's: reads of parameters and their casts are weight bytes)."""
+    reads = _distinct(ev.inputs)
+    bytes_w = sum(m.nbytes for m in reads if m.storage in weights)
+    touched_in = sum(m.nbytes for m in reads if m.storage not in weights)
     touched_out = sum(m.nbytes for m in _distinct(ev.outputs))
     return OpCount(
         index=ev.index,
@@ -112,7 +114,7 @@ def _uncovered(ev: OpEvent) -> OpCount:
         flops=0.0,
         macs=0.0,
         bytes_in=float(touched_in),
-        bytes_weights=0.0,
+        bytes_weights=float(bytes_w),
         bytes_out=float(touched_out),
         covered=False,
     )
