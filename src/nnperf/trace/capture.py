@@ -118,15 +118,19 @@ def _swap_in_private_copies(
         return fake_mode.from_tensor(t)
 
     originals: list[tuple[dict, str, Any]] = []
+    copies: dict[int, torch.Tensor] = {}
     flags = [(m, m.training) for m in workload.model.modules()]
     for module in workload.model.modules():
         for table in (module._parameters, module._buffers):
             for name, value in table.items():
                 if value is None or isinstance(value, FakeTensor):
                     continue
-                copy = private(value)
-                if isinstance(value, torch.nn.Parameter):
-                    copy = torch.nn.Parameter(copy, requires_grad=value.requires_grad)
+                copy = copies.get(id(value))
+                if copy is None:  # a tied weight stays tied: one copy for all its owners
+                    copy = private(value)
+                    if isinstance(value, torch.nn.Parameter):
+                        copy = torch.nn.Parameter(copy, requires_grad=value.requires_grad)
+                    copies[id(value)] = copy
                 originals.append((table, name, value))
                 table[name] = copy
     real_inputs = workload.inputs
