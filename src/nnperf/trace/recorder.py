@@ -85,7 +85,12 @@ class GraphLabeler(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        out = fused_sdpa(*args, **kwargs) if func in _SDPA else func(*args, **kwargs)
+        if func in _SDPA:
+            out = fused_sdpa(*args, **kwargs)
+        elif func is F.dropout:
+            out = _native_dropout(func, args, kwargs)
+        else:
+            out = func(*args, **kwargs)
         if torch.is_grad_enabled():
             self._label(out)
         return out
@@ -101,6 +106,17 @@ class GraphLabeler(TorchFunctionMode):
                 continue
             meta[_LABEL_KEY] = path
             pending.extend(nxt for nxt, _ in node.next_functions if nxt is not None)
+
+
+def _native_dropout(func, args, kwargs):
+    """Training dropout as the one fused kernel CUDA runs (``native_dropout``); on CPU
+    PyTorch would decompose it into bernoulli_, div_ and mul, a different cost."""
+    names = ("input", "p", "training", "inplace")
+    bound = dict(zip(names, args, strict=False)) | kwargs
+    x, p, training = bound["input"], bound.get("p", 0.5), bound.get("training", True)
+    if not training or p == 0.0 or not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        return func(*args, **kwargs)
+    return torch.ops.aten.native_dropout(x, float(p), True)[0]
 
 
 class OpRecorder(TorchDispatchMode):
