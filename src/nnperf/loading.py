@@ -57,8 +57,8 @@ class InputSpec:
 
 def parse_shape(text: str) -> tuple[int, ...]:
     """``8,3,224,224`` or ``8x3x224x224`` -> (8, 3, 224, 224); every size must be >= 1."""
-    parts = [p for p in text.replace("x", ",").split(",") if p.strip()]
-    try:
+    parts = [p.strip() for p in text.strip().replace("x", ",").split(",")]
+    try:  # an empty part is an error too: "8,x" is not the shape (8,)
         shape = tuple(int(p) for p in parts)
     except ValueError:
         raise UsageError(f"invalid shape '{text}': expected integers such as 8,3,224,224") from None
