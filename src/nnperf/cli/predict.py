@@ -19,13 +19,21 @@ from nnperf.cli.workload_options import analysis_from, pop_workload, workload_op
 @click.option("--by", type=click.Choice(["module", "op"]), default="module", show_default=True)
 @click.option("--depth", type=click.IntRange(min=0), default=2, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON document (analysis + timing).")
-def predict(gpu, profile, tf32, by, depth, as_json, **kwargs) -> None:
+@click.option("--trace-out", type=click.Path(dir_okay=False),
+              help="Write the predicted timeline (host dispatch and device kernels) as a Chrome "
+              "trace for Perfetto.")
+def predict(gpu, profile, tf32, by, depth, as_json, trace_out, **kwargs) -> None:
     """Predict how long one step of MODEL takes on a GPU, and what bounds each layer."""
     from nnperf.passes.timing import TimingOptions
     from nnperf.prediction import predict_analysis
 
     analysis = analysis_from(pop_workload(kwargs))
     result = predict_analysis(analysis, gpu, profile, TimingOptions(tf32_matmul=tf32))
+    if trace_out:
+        from nnperf.report.chrome_trace import write_chrome_trace
+
+        write_chrome_trace(result, trace_out)
+        click.echo(f"wrote {trace_out}", err=True)  # stderr: keeps --json output parseable
     if as_json:
         click.echo(json.dumps(result.to_json(depth=depth), indent=2))
         return
