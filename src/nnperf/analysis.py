@@ -115,6 +115,12 @@ class Analysis:
             writer.writerows(rows)
         return buf.getvalue()
 
+    def _repr_html_(self) -> str:
+        """Notebook display: the per-module table as HTML (names escaped)."""
+        from nnperf.report.html import analysis_html
+
+        return analysis_html(self)
+
     def __repr__(self) -> str:
         t = self.totals
         return (

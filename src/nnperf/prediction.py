@@ -159,6 +159,12 @@ class Prediction:
         doc["totals"].update(self.totals)
         return doc
 
+    def _repr_html_(self) -> str:
+        """Notebook display: summary, roofline chart and per-layer table (no script needed)."""
+        from nnperf.report.html import prediction_html
+
+        return prediction_html(self)
+
     def __repr__(self) -> str:
         t = self.totals
         return (

@@ -17,6 +17,7 @@ COMMAND_MODULES = [
     "compare",
     "gpus",
     "gemm",
+    "report",
 ]
 
 

@@ -1,0 +1,64 @@
+"""``nnperf report``: a self-contained HTML report, and static roofline images for slides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from nnperf.cli.app import cli
+from nnperf.cli.gpu_options import gpu_options
+from nnperf.cli.workload_options import analysis_from, pop_workload, workload_options
+from nnperf.errors import UsageError
+
+
+@cli.command()
+@workload_options
+@gpu_options
+@click.option("--gpus", help="Comma-separated GPU names for a side-by-side report, e.g. a100,h100.")
+@click.option("--output", "-o", type=click.Path(dir_okay=False), help="Write the HTML report here.")
+@click.option("--measured", type=click.Path(dir_okay=False),
+              help="Overlay a measured run (the JSON of 'nnperf measure --json').")
+@click.option("--png", type=click.Path(dir_okay=False), help="Also write the roofline as a PNG image.")
+@click.option("--svg", type=click.Path(dir_okay=False), help="Also write the roofline as an SVG image.")
+@click.option("--depth", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Module depth of the roofline points and layer bars (one point per layer).")
+@click.option("--points", type=click.Choice(["layer", "op"]), default="layer", show_default=True,
+              help="Roofline points per layer (module at --depth) or per aten op.")
+@click.option("--memory/--no-memory", default=True, show_default=True,
+              help="Run the memory model for the memory fit and timeline.")
+@click.option("--tf32/--no-tf32", default=False, show_default=True,
+              help="Let fp32 matmuls use TF32 tensor cores.")
+def report(gpu, profile, gpus, output, measured, png, svg, depth, points, memory, tf32, **kwargs) -> None:
+    """Write an HTML report of MODEL on a GPU (or several with --gpus) that opens offline."""
+    from nnperf.hardware import default_profile, load_gpu
+    from nnperf.passes.timing import TimingOptions
+    from nnperf.prediction import predict_analysis
+    from nnperf.report.html import AUTO, build_compare_report, build_report, load_measured
+
+    if not (output or png or svg):
+        raise UsageError("nothing to write: give -o report.html, --png FILE or --svg FILE")
+    targets = [(gpu, profile)]
+    if gpus:
+        names = [g.strip() for g in gpus.split(",") if g.strip()]
+        if not names:
+            raise UsageError("--gpus needs at least one GPU name, e.g. --gpus a100,h100")
+        targets = [(g, default_profile(g)) for g in (load_gpu(n) for n in names)]  # check before tracing
+    overlay = load_measured(measured) if measured else None
+    analysis = analysis_from(pop_workload(kwargs))
+    timing = TimingOptions(tf32_matmul=tf32)
+    predictions = [predict_analysis(analysis, g, p, timing) for g, p in targets]
+    mem = AUTO if memory else None
+    if output:
+        if len(predictions) > 1:
+            page = build_compare_report(predictions, memory=mem, measured=overlay, depth=depth, by=points)
+        else:
+            page = build_report(predictions[0], memory=mem, measured=overlay, depth=depth, by=points)
+        Path(output).write_text(page, encoding="utf-8")
+        click.echo(f"wrote {output} ({len(page.encode()) / 1024:.0f} KiB)")
+    for path, fmt in ((png, "png"), (svg, "svg")):
+        if path:
+            from nnperf.report.roofline import save_roofline
+
+            save_roofline(predictions[0], path, by=points, depth=depth, fmt=fmt)
+            click.echo(f"wrote {path}")

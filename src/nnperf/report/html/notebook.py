@@ -1,0 +1,54 @@
+"""HTML for notebook output cells (``_repr_html_`` of Analysis and Prediction).
+
+No script: notebook front ends often do not run scripts in outputs (untrusted notebooks,
+GitHub's viewer), so a fragment is plain HTML tables plus the inline SVG roofline, whose
+points keep their native tooltips. Styles are scoped under ``.nnperf`` and inlined once per
+output so a saved notebook still renders.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nnperf.report.html.page import asset, layers_section, summary_section
+from nnperf.report.html.svg import esc
+from nnperf.report.units import binary, si
+
+
+def _wrap(title: str, body: str) -> str:
+    return f'<div class="nnperf"><style>{asset("report.css")}</style><h3>{esc(title)}</h3>{body}</div>'
+
+
+def prediction_html(prediction: Any, depth: int = 2) -> str:
+    """Summary cards, the roofline and the per-layer table of one prediction."""
+    from nnperf.report.html.page import Run, roofline_section
+
+    run = Run(prediction, depth=depth, by="layer", memory=None,
+              memory_note="call nnperf.report.html.build_report for the memory timeline")
+    body = summary_section(run) + roofline_section(run, 0) + layers_section([run])
+    return _wrap(f"{prediction.analysis.model} on {prediction.gpu.name} (predicted)", body)
+
+
+def analysis_html(analysis: Any, depth: int = 2) -> str:
+    """Per-module counts of an analysis (no GPU yet, so no roofline): FLOPs, bytes, intensity."""
+    rows = []
+    for row in analysis.modules(depth):
+        name = row.name or f"({type(analysis.workload.model).__name__})"
+        t = row.tally
+        indent = "&nbsp;&nbsp;" * max(row.depth - 1, 0)
+        rows.append(
+            f'<tr><td class="l name" title="{esc(name)}">{indent}{esc(name)}</td><td class="l">{esc(row.type)}</td>'
+            f"<td>{row.params:,}</td><td>{esc(si(t.flops_by_phase.get('forward', 0.0)))}</td>"
+            f"<td>{esc(si(t.flops_by_phase.get('backward', 0.0)))}</td><td>{esc(binary(t.bytes))}</td>"
+            f"<td>{t.intensity:.1f}</td></tr>"
+        )
+    tot, cov = analysis.totals, analysis.coverage
+    head = "".join(f"<th>{c}</th>" for c in ("Params", "FLOP fwd", "FLOP bwd", "Bytes moved", "FLOP/B"))
+    body = (
+        f'<p class="sub">{esc(analysis.trace.mode)}: {tot["params"]:,} parameters, '
+        f"{esc(si(tot['flops'], 'FLOP'))} (FLOP = 2 x MAC), {esc(binary(tot['bytes']))} moved; "
+        f"cost formulas for {cov['op_share']:.1%} of ops. Use nnperf.predict for time and the roofline.</p>"
+        f'<div class="scroll"><table><thead><tr><th class="l">Module</th><th class="l">Type</th>{head}</tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table></div>"
+    )
+    return _wrap(f"{analysis.model}: per module", body)
