@@ -20,6 +20,8 @@ Profile file format (TOML; ``save_profile`` writes it, ``load_profile`` reads it
     "256x128" = 1.0
     [ctas_per_sm]                    # "TmxTn" -> CTAs resident per SM (default 1)
     [alignment_penalty]              # "16B" / "128B" -> efficiency factor
+    [measured]                       # optional, ignored by the models: calibration's headline
+                                     # figures (written by `nnperf calibrate`)
 
 A field left out keeps its generic default. ``bandwidth_curve`` replaces
 ``bandwidth_fraction``/``bandwidth_half_bytes``; a ``gemm_efficiency`` curve for a dtype
@@ -199,6 +201,8 @@ def _apply(base: dict[str, Any], table: Mapping[str, Any], where: str) -> dict[s
             out[key] = merged
         elif key == "bandwidth_curve":
             out[key] = _curve(here, value)
+        elif key == "measured":
+            continue  # headline figures written by `nnperf calibrate`, for display only
         elif key == "gemm_efficiency":
             if not isinstance(value, dict):
                 raise UsageError(f"{here} must be a table of dtype = [[flops, fraction], ...]")
