@@ -18,6 +18,9 @@ COMMAND_MODULES = [
     "gpus",
     "gemm",
     "report",
+    "measure",
+    "calibrate",
+    "bench",
 ]
 
 

@@ -1,0 +1,191 @@
+"""Which device to measure on, and how to time work on it without fooling ourselves.
+
+Rules every timing in ``nnperf.measure`` follows:
+
+* warm-up runs first (lazy initialisation, allocator growth, cuBLAS heuristics, CPU caches);
+* on CUDA the clock is a pair of CUDA events around the work, read after a synchronize, so
+  the figure is device time between the two points and not the host's enqueue time;
+* on the CPU the clock is ``time.perf_counter``;
+* every figure is the median of several repeats (see ``stats.Spread``);
+* inputs are random, never zeros (zero operands can take fast paths and flatter a kernel).
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from nnperf.errors import ResourceError, UsageError
+
+DEVICES = ("cpu", "cuda")
+
+
+def resolve_device(name: str | None) -> torch.device:
+    """``"cpu"``, ``"cuda"`` or ``"cuda:N"`` as a torch device; None means CUDA if present.
+
+    An unknown string is a usage error; CUDA asked for on a machine without it is a resource
+    error (exit code 5), so scripts can tell "you typed it wrong" from "not on this machine".
+    """
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    text = name.strip().lower()
+    kind, _, index = text.partition(":")
+    if kind not in DEVICES or (index and (kind != "cuda" or not index.isdigit())):
+        raise UsageError(f"unknown device {name!r}; valid: cpu, cuda, cuda:N")
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise ResourceError(
+                "--device cuda was asked for but no CUDA GPU is available on this machine "
+                "(torch.cuda.is_available() is False); use --device cpu"
+            )
+        if index and int(index) >= torch.cuda.device_count():
+            raise ResourceError(
+                f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+            )
+        return torch.device(text)
+    return torch.device("cpu")
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_repeats(
+    fn: Callable[[], object],
+    device: torch.device,
+    *,
+    warmup: int = 3,
+    repeats: int = 10,
+    sync_each: bool = True,
+) -> list[float]:
+    """Seconds per call of ``fn`` for each of ``repeats`` calls, after ``warmup`` calls.
+
+    CUDA: events recorded around each call after a synchronize, so each figure covers the
+    call's whole device timeline starting from an idle device (host launch latency included,
+    as in a training loop step). CPU: ``perf_counter`` around each call.
+    """
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    times: list[float] = []
+    if device.type == "cuda":
+        pairs = []
+        for _ in range(repeats):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            if sync_each:
+                torch.cuda.synchronize(device)
+            start.record()
+            fn()
+            end.record()
+            pairs.append((start, end))
+        torch.cuda.synchronize(device)
+        times = [s.elapsed_time(e) / 1e3 for s, e in pairs]  # elapsed_time is in ms
+    else:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def time_batched(
+    fn: Callable[[], object],
+    device: torch.device,
+    *,
+    warmup: int = 2,
+    repeats: int = 5,
+    min_time_s: float = 2e-3,
+) -> list[float]:
+    """Seconds per call for fast work: each repeat runs ``fn`` enough times to last
+    ``min_time_s`` (clock resolution and event overhead then disappear in the average)."""
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    synchronize(device)
+    once = max(time.perf_counter() - t0, 1e-7)
+    inner = max(1, min(10_000, int(min_time_s / once)))
+
+    def many() -> None:
+        for _ in range(inner):
+            fn()
+
+    return [t / inner for t in time_repeats(many, device, warmup=0, repeats=repeats)]
+
+
+# ---- memory ---------------------------------------------------------------------------------
+_STATUS = Path("/proc/self/status")
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+
+
+def _status_kib(field: str) -> int | None:
+    try:
+        for line in _STATUS.read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def rss_bytes() -> int | None:
+    """Resident set size of this process now (Linux /proc), or None elsewhere."""
+    kib = _status_kib("VmRSS")
+    return None if kib is None else kib * 1024
+
+
+def reset_rss_peak() -> bool:
+    """Reset the kernel's peak-RSS mark (VmHWM) so a later peak covers only what follows.
+    Writing 5 to /proc/self/clear_refs does that on Linux >= 4.0; False where unsupported."""
+    try:
+        _CLEAR_REFS.write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def rss_peak_bytes() -> int | None:
+    kib = _status_kib("VmHWM")
+    return None if kib is None else kib * 1024
+
+
+def is_oom(err: BaseException) -> bool:
+    """True for CUDA (or CPU allocator) out-of-memory errors, whatever class raised them."""
+    oom_cls = getattr(torch.cuda, "OutOfMemoryError", None)
+    if oom_cls is not None and isinstance(err, oom_cls):
+        return True
+    return isinstance(err, RuntimeError) and "out of memory" in str(err).lower()
+
+
+def free_memory(device: torch.device) -> None:
+    """Drop what a failed run left behind so the process stays usable after an OOM."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return cpu_name()
+
+
+def cpu_name() -> str:
+    """The CPU model from /proc/cpuinfo (Linux), else platform.processor()."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine() or "CPU"

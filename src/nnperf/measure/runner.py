@@ -1,0 +1,354 @@
+"""``nnperf.measure``: time a real step on a device and put it beside nnperf's prediction.
+
+What is measured, and how:
+
+* step time: ``steps`` steps after ``warmup`` steps, each timed alone (CUDA events after a
+  synchronize on GPU, ``perf_counter`` on CPU); the median and spread are reported;
+* peak memory: ``torch.cuda.max_memory_allocated`` on GPU (the same quantity nnperf's memory
+  model predicts as ``peak_allocated``); on the CPU the growth of the process's resident set
+  (peak RSS during warm-up and timed steps minus RSS before the model was built: weights,
+  gradients, optimizer state, activations, plus the allocator's and Python's own overhead),
+  labelled as such, or "not available" where /proc is missing;
+* time per op and module: one extra step under the PyTorch profiler (after a profiler warm-up
+  step), aligned with the trace's ops (see ``align``); the share of measured op time that
+  could be attributed is reported.
+"""
+
+from __future__ import annotations
+
+import datetime
+import platform
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from nnperf.analysis import Analysis, analyze
+from nnperf.errors import ResourceError
+from nnperf.loading import InputSpec, resolve
+from nnperf.measure.align import Alignment, align, flatten_profile
+from nnperf.measure.device import (
+    device_name,
+    free_memory,
+    is_oom,
+    reset_rss_peak,
+    rss_bytes,
+    rss_peak_bytes,
+    synchronize,
+    time_repeats,
+)
+from nnperf.measure.stats import Spread, percentile, relative_error
+from nnperf.measure.step import build_step
+from nnperf.passes.rollup import ancestors, depth_of
+from nnperf.trace.capture import TraceOptions
+
+SCHEMA_VERSION = "nnperf.measurement/1"
+
+
+@dataclass
+class Measurement:
+    """A measured step: times, peak memory and the per-op attribution."""
+
+    model: str
+    device: str
+    device_name: str
+    mode: str
+    batch: int
+    step_times_s: list[float]
+    peak_memory_bytes: int | None
+    memory_method: str
+    alignment: Alignment | None = None
+    profiled_step_s: float | None = None
+    environment: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def step(self) -> Spread:
+        return Spread.of(self.step_times_s)
+
+    @property
+    def op_times(self) -> dict[int, float]:
+        """Trace event index -> measured seconds (profiled step)."""
+        return self.alignment.by_event if self.alignment else {}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA_VERSION,
+            "model": self.model,
+            "device": self.device,
+            "device_name": self.device_name,
+            "mode": self.mode,
+            "batch": self.batch,
+            "step_time_s": self.step.to_json(),
+            "step_times_s": self.step_times_s,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "memory_method": self.memory_method,
+            "profiled_step_s": self.profiled_step_s,
+            "attribution": self.alignment.to_json() if self.alignment else None,
+            "attributed_share_of_step": self.attributed_share_of_step,
+            "environment": self.environment,
+        }
+
+    @property
+    def attributed_share_of_step(self) -> float | None:
+        """Matched op time over the profiled step's wall time (on GPU: device time)."""
+        if not self.alignment or not self.profiled_step_s:
+            return None
+        return min(1.0, self.alignment.matched_s / self.profiled_step_s)
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    """What a measurement must carry to be comparable later: versions, device, date."""
+    env: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "host": platform.node(),
+        "cpu": device_name(torch.device("cpu")),
+        "cpu_threads": torch.get_num_threads(),
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        env.update(
+            gpu=torch.cuda.get_device_name(device),
+            cuda=torch.version.cuda,
+            driver=_driver_version(),
+            gpu_memory_bytes=props.total_memory,
+            sm_count=props.multi_processor_count,
+            cudnn=torch.backends.cudnn.version(),
+        )
+    return env
+
+
+def _driver_version() -> str | None:
+    """The NVIDIA driver version via NVML when present (torch ships pynvml optional)."""
+    try:
+        import pynvml  # type: ignore[import-not-found]
+
+        pynvml.nvmlInit()
+        version = pynvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    except Exception:
+        try:
+            import subprocess
+
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=10, check=False,
+            )
+            return out.stdout.strip().splitlines()[0] if out.stdout.strip() else None
+        except Exception:
+            return None
+
+
+def predicted_peak_memory(analysis: Analysis) -> int | None:
+    """nnperf's predicted peak allocated bytes, when the memory model is available."""
+    try:
+        from nnperf.passes.memory.model import predict_memory
+
+        return int(predict_memory(analysis.trace, model=analysis.model).peak_allocated)
+    except Exception:  # the memory model is optional here; a prediction is not required
+        return None
+
+
+def measure(
+    model: Any,
+    *,
+    device: torch.device,
+    steps: int = 10,
+    warmup: int = 3,
+    train: bool = True,
+    optimizer: str = "adamw",
+    optimizer_impl: str = "foreach",
+    dtype: str | None = None,
+    amp: str | None = None,
+    batch: int | None = None,
+    seq_len: int | None = None,
+    input_spec: InputSpec | None = None,
+    tf32: bool = False,
+    profile_ops: bool = True,
+    analysis: Analysis | None = None,
+    trace_out: str | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> tuple[Measurement, Analysis]:
+    """Measure one step of ``model`` on ``device``; returns the measurement and its trace.
+
+    Raises ``ResourceError`` ("does not fit at batch N") on out-of-memory, after freeing what
+    the failed run held so the caller can try a smaller batch in the same process.
+    """
+    options = TraceOptions(train=train, optimizer=optimizer, optimizer_impl=optimizer_impl, dtype=dtype, amp=amp)
+    if analysis is None:
+        analysis = analyze(
+            model, train=train, optimizer=optimizer, optimizer_impl=optimizer_impl, dtype=dtype, amp=amp,
+            batch=batch, seq_len=seq_len, input_spec=input_spec, **(overrides or {}),
+        )
+    name, build = resolve(model, batch=batch, seq_len=seq_len, input_spec=input_spec, overrides=overrides)
+    previous_tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    rss_before = rss_bytes() if device.type == "cpu" else None
+    step = None
+    try:
+        if device.type == "cuda":
+            free_memory(device)
+        step = build_step(build, options, device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+            memory_method = "torch.cuda.max_memory_allocated"
+        else:
+            memory_method = "cpu-rss-growth" if rss_before is not None and reset_rss_peak() else "not-available"
+        times = time_repeats(step.run, device, warmup=warmup, repeats=steps)
+        synchronize(device)
+        if device.type == "cuda":
+            peak: int | None = int(torch.cuda.max_memory_allocated(device))
+        else:
+            hwm = rss_peak_bytes()
+            peak = hwm - rss_before if memory_method == "cpu-rss-growth" and hwm and rss_before else None
+        alignment, profiled = (None, None)
+        if profile_ops:
+            alignment, profiled = _profile_step(step.run, device, analysis, trace_out)
+    except Exception as err:
+        if not is_oom(err):
+            raise
+        step = None
+        measured_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+        free_memory(device)
+        predicted = predicted_peak_memory(analysis)
+        from nnperf.report.units import binary
+
+        capacity = (
+            torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+        )
+        raise ResourceError(
+            f"{name} does not fit at batch {analysis.workload.samples} on {device_name(device)}: "
+            f"out of memory (measured peak before failing: "
+            f"{binary(measured_peak) if measured_peak is not None else 'n/a'}; predicted peak: "
+            f"{binary(predicted) if predicted is not None else 'n/a'}; device memory: "
+            f"{binary(capacity) if capacity else 'n/a'}). Try a smaller --batch."
+        ) from None
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous_tf32
+    measurement = Measurement(
+        model=name,
+        device=str(device),
+        device_name=device_name(device),
+        mode="train" if train else "inference",
+        batch=analysis.workload.samples,
+        step_times_s=times,
+        peak_memory_bytes=peak,
+        memory_method=memory_method,
+        alignment=alignment,
+        profiled_step_s=profiled,
+        environment=environment(device),
+    )
+    del step
+    free_memory(device)
+    return measurement, analysis
+
+
+def _profile_step(
+    run: Any, device: torch.device, analysis: Analysis, trace_out: str | None, repeats: int = 3
+) -> tuple[Alignment, float]:
+    """Profile ``repeats`` single steps (each after a profiled warm-up step), align each with
+    the trace, and keep the per-op median: one profiled step alone is at the mercy of a
+    stall (another process, a page fault) landing inside it."""
+    runs = [_profile_once(run, device, analysis, trace_out if i == repeats - 1 else None) for i in range(repeats)]
+    merged = Alignment(profiled_ops=runs[-1][0].profiled_ops, trace_ops=runs[-1][0].trace_ops)
+    for index in {i for a, _ in runs for i in a.by_event}:
+        merged.by_event[index] = percentile([a.by_event.get(index, 0.0) for a, _ in runs], 50)
+    merged.matched_s = sum(merged.by_event.values())
+    merged.unmatched_s = percentile([a.unmatched_s for a, _ in runs], 50)
+    merged.matched_ops = runs[-1][0].matched_ops
+    merged.profiler_only = runs[-1][0].profiler_only
+    merged.trace_only = runs[-1][0].trace_only
+    return merged, percentile([w for _, w in runs], 50)
+
+
+def _profile_once(run: Any, device: torch.device, analysis: Analysis, trace_out: str | None) -> tuple[Alignment, float]:
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    wall = 0.0
+    with profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=1, repeat=1)) as prof:
+        for i in range(2):
+            synchronize(device)
+            t0 = time.perf_counter()
+            run()
+            synchronize(device)
+            if i == 1:
+                wall = time.perf_counter() - t0
+            prof.step()
+    if trace_out:
+        prof.export_chrome_trace(trace_out)
+    events = prof.events()
+    roots = [e for e in events if e.cpu_parent is None]
+    trace_ops = [(e.index, e.name) for e in analysis.trace.events if not e.free]
+    known = {name for _, name in trace_ops}
+    profiled = flatten_profile(roots, known, device_time=device.type == "cuda")
+    result = align(trace_ops, profiled)
+    if device.type == "cuda":
+        # kernels only: compare with the device time of the step, never less than the ops' sum
+        busy = sum(p.time_s for p in profiled)
+        return result, max(wall, busy)
+    return result, wall
+
+
+# ---- measured beside predicted ------------------------------------------------------------
+def measured_by_module(m: Measurement, analysis: Analysis, depth: int | None) -> dict[str, float]:
+    out: dict[str, float] = defaultdict(float)
+    modules = {e.index: e.module for e in analysis.trace.events}
+    for index, seconds in m.op_times.items():
+        for a in ancestors(modules[index]):
+            if depth is None or depth_of(a) <= depth:
+                out[a] += seconds
+    return dict(out)
+
+
+def measured_by_op(m: Measurement, analysis: Analysis) -> dict[str, float]:
+    out: dict[str, float] = defaultdict(float)
+    names = {e.index: e.name for e in analysis.trace.events}
+    for index, seconds in m.op_times.items():
+        out[names[index]] += seconds
+    return dict(out)
+
+
+def compared_field(device: str) -> str:
+    """Which predicted time a measured op/module time is compared with.
+
+    On a GPU the profiler gives each op's kernel (device) time, so it is compared with the
+    predicted ``kernel_s``; on the CPU an op's time is its whole cost (dispatch and math run on
+    the same thread), compared with the predicted ``time_s``.
+    """
+    return "kernel_s" if device.startswith("cuda") else "time_s"
+
+
+def combined_json(m: Measurement, analysis: Analysis, prediction: Any | None, depth: int | None) -> dict[str, Any]:
+    """``predict --json``'s document with measured values beside the predicted ones.
+
+    Without a prediction the analysis document carries the measured values alone.
+    """
+    doc = prediction.to_json(depth=depth) if prediction is not None else analysis.to_json(depth=depth)
+    key = compared_field(m.device)
+    mods = measured_by_module(m, analysis, depth)
+    for row in doc["modules"]:
+        row["measured_time_s"] = mods.get(row["name"], 0.0) if m.alignment else None
+        row["error"] = relative_error(row.get(key), row["measured_time_s"]) if prediction is not None else None
+    ops = measured_by_op(m, analysis)
+    for row in doc["ops"]:
+        row["measured_time_s"] = ops.get(row["op"], 0.0) if m.alignment else None
+        row["error"] = relative_error(row.get(key), row["measured_time_s"]) if prediction is not None else None
+    step = m.step
+    totals = doc["totals"]
+    totals["measured_step_time_s"] = step.median
+    totals["measured_step_time_spread"] = step.to_json()
+    totals["measured_peak_memory_bytes"] = m.peak_memory_bytes
+    totals["measured_memory_method"] = m.memory_method
+    totals["predicted_peak_memory_bytes"] = predicted_peak_memory(analysis)
+    totals["step_time_error"] = relative_error(totals.get("step_time_s"), step.median) if prediction else None
+    totals["measured_samples_per_s"] = m.batch / step.median if step.median else None
+    doc["measurement"] = m.to_json()
+    doc["measurement"]["module_time_compared_with"] = key
+    doc["prediction_available"] = prediction is not None
+    return doc

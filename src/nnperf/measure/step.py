@@ -1,0 +1,117 @@
+"""One real step of a workload on a device: the same step the trace records, for real.
+
+The builder comes from ``nnperf.loading.resolve`` (the trace calls the same builder inside
+fake mode); here it is called outside fake mode, so weights and inputs are real random
+tensors, then moved to the device. The step mirrors ``trace.capture._record``: forward (under
+autocast with ``--amp``), the loss, backward, the optimizer step, and ``zero_grad`` (set to
+None, as the traced step starts without gradients).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from nnperf.errors import UsageError
+from nnperf.trace.capture import AMP_DTYPES, DTYPES, TraceOptions
+from nnperf.workload import Workload, default_loss
+
+
+@dataclass
+class RealStep:
+    """A built workload on a device and a callable that runs one step of it."""
+
+    workload: Workload
+    device: torch.device
+    options: TraceOptions
+    optimizer: torch.optim.Optimizer | None
+    run: Callable[[], None]
+
+
+def _to_device(value: Any, device: torch.device, dtype: torch.dtype | None) -> Any:
+    if isinstance(value, torch.Tensor):
+        if dtype is not None and value.is_floating_point():
+            return value.to(device=device, dtype=dtype)
+        return value.to(device)
+    if isinstance(value, tuple):
+        return tuple(_to_device(v, device, dtype) for v in value)
+    if isinstance(value, list):
+        return [_to_device(v, device, dtype) for v in value]
+    if isinstance(value, dict):
+        return {k: _to_device(v, device, dtype) for k, v in value.items()}
+    return value
+
+
+def make_optimizer(model: nn.Module, options: TraceOptions) -> torch.optim.Optimizer | None:
+    """The optimizer the trace uses (same kinds, implementations and hyper-parameters)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if options.optimizer == "none" or not params:
+        return None
+    impl = {"foreach": {"foreach": True}, "single": {"foreach": False}, "fused": {"fused": True}}[
+        options.optimizer_impl
+    ]
+    if options.optimizer in ("adamw", "adam"):
+        cls = torch.optim.AdamW if options.optimizer == "adamw" else torch.optim.Adam
+        return cls(params, lr=1e-3, **impl)
+    momentum = 0.9 if options.optimizer == "sgd-momentum" else 0.0
+    return torch.optim.SGD(params, lr=1e-2, momentum=momentum, **impl)
+
+
+def build_step(build: Callable[[], Workload], options: TraceOptions, device: torch.device) -> RealStep:
+    """Build the workload for real on ``device`` and return its step function."""
+    options.validate()
+    workload = build()
+    dtype = DTYPES[options.dtype] if options.dtype else None
+    model = workload.model.to(device)
+    if dtype is not None:
+        model = model.to(dtype)
+    workload.model = model
+    workload.inputs = _to_device(tuple(workload.inputs), device, dtype)
+    model.train(options.train)
+    optimizer = make_optimizer(model, options) if options.train else None
+    loss_fn = workload.loss_fn or default_loss
+    amp_dtype = AMP_DTYPES.get(options.amp) if options.amp else None
+    if options.amp and amp_dtype is None:
+        raise UsageError(f"unknown autocast dtype {options.amp!r}")
+    # Loss functions built by the zoo may hold target tensors created on the CPU.
+    if isinstance(loss_fn, nn.Module):
+        loss_fn.to(device)
+    _move_closure_tensors(loss_fn, device)
+
+    def autocast() -> contextlib.AbstractContextManager[Any]:
+        if amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device.type, dtype=amp_dtype)
+
+    if options.train:
+
+        def run() -> None:
+            with autocast():
+                loss = loss_fn(model(*workload.inputs))
+            loss.backward()
+            del loss
+            if optimizer is not None:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            else:
+                model.zero_grad(set_to_none=True)
+    else:
+
+        def run() -> None:
+            with torch.no_grad(), autocast():
+                model(*workload.inputs)
+
+    return RealStep(workload=workload, device=device, options=options, optimizer=optimizer, run=run)
+
+
+def _move_closure_tensors(fn: Any, device: torch.device) -> None:
+    """Move tensors a loss object keeps as attributes (targets, class weights) to ``device``."""
+    for name, value in list(getattr(fn, "__dict__", {}).items()):
+        if isinstance(value, torch.Tensor) and value.device != device:
+            with contextlib.suppress(AttributeError, TypeError):
+                setattr(fn, name, value.to(device))

@@ -1,0 +1,181 @@
+"""The validation harness's library side: configurations, records and the error table.
+
+``validation/run.py`` measures configurations on a real device and writes one JSON record per
+run; ``validation/compare.py`` recomputes nnperf's predictions for the same configurations and
+prints the error table. ``error_table`` is importable so a CI test can recompute the table
+from committed records without a GPU.
+
+Error convention: absolute percentage error, |predicted - measured| / measured * 100. The
+percentiles are linear-interpolated (``stats.percentile``, numpy's default method).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nnperf.measure.stats import percentile
+
+RECORD_SCHEMA = "nnperf.validation.record/1"
+
+
+@dataclass(frozen=True)
+class Config:
+    """One validation run: a zoo model, a mode, a precision and a batch size."""
+
+    model: str
+    train: bool
+    precision: str  # "fp32" | "tf32" | "bf16" (autocast)
+    batch: int
+    seq: int | None = None
+
+    @property
+    def name(self) -> str:
+        mode = "train" if self.train else "infer"
+        seq = f"-s{self.seq}" if self.seq else ""
+        return f"{self.model}-{mode}-{self.precision}-b{self.batch}{seq}"
+
+    def analyze_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``nnperf.analyze``/``measure`` for this configuration."""
+        return {"train": self.train, "batch": self.batch, "seq_len": self.seq,
+                "amp": "bf16" if self.precision == "bf16" else None}
+
+    @property
+    def tf32(self) -> bool:
+        return self.precision == "tf32"
+
+
+#: Two batch sizes per zoo model, sized for one 80 GB-class GPU (training the large decoders
+#: at these sizes may not fit smaller GPUs: the harness records "does not fit" and goes on).
+BATCHES: dict[str, tuple[int, ...]] = {
+    "mlp": (64, 1024),
+    "mnist-cnn": (64, 512),
+    "alexnet": (64, 128),
+    "alexnet-caffe": (64, 128),
+    "vgg16": (16, 64),
+    "resnet18": (32, 128),
+    "resnet50": (32, 64),
+    "mobilenet_v2": (32, 128),
+    "vit_b_16": (16, 64),
+    "bert-base": (8, 32),
+    "gpt2": (4, 8),
+    "gpt2-medium": (2, 8),
+    "gpt2-large": (1, 4),
+    "gpt2-xl": (1, 2),
+    "llama-7b": (1, 2),
+}
+PRECISIONS = ("fp32", "tf32", "bf16")
+
+
+def default_configs() -> list[Config]:
+    """Every zoo model x {train, inference} x {fp32, tf32, bf16} x two batch sizes."""
+    return [
+        Config(model, train, precision, batch)
+        for model, batches in BATCHES.items()
+        for train, precision, batch in itertools.product((True, False), PRECISIONS, batches)
+    ]
+
+
+def select(configs: Iterable[Config], only: Sequence[str] = ()) -> list[Config]:
+    """Configurations whose name contains any of ``only`` (all when ``only`` is empty)."""
+    return [c for c in configs if not only or any(o in c.name for o in only)]
+
+
+def family_of(model: str) -> str:
+    try:
+        from nnperf.zoo import get_model
+
+        return get_model(model).family
+    except Exception:
+        return "other"
+
+
+def load_records(folder: str | Path) -> list[dict[str, Any]]:
+    """Every record JSON under ``folder`` (sorted by file name)."""
+    out = []
+    for path in sorted(Path(folder).glob("**/*.json")):
+        doc = json.loads(path.read_text())
+        if doc.get("schema") == RECORD_SCHEMA:
+            doc["_file"] = str(path)
+            out.append(doc)
+    return out
+
+
+def absolute_percentage_error(predicted: float, measured: float) -> float:
+    return abs(predicted - measured) / measured * 100.0
+
+
+def error_table(records: Iterable[dict[str, Any]], key: str = "predicted_step_time_s") -> dict[str, dict[str, Any]]:
+    """Median, 90th percentile and worst absolute percentage error of ``key`` against the
+    measured median step time, per model family and ``"overall"``.
+
+    A record needs ``measured_step_time_s`` (a number, or a dict with ``median``), ``key`` and
+    ``family`` (or ``model``, whose zoo family is looked up). Records lacking either time
+    (e.g. "does not fit") are counted as ``skipped``.
+    """
+    errors: dict[str, list[tuple[float, str]]] = defaultdict(list)
+    skipped: dict[str, int] = defaultdict(int)
+    for r in records:
+        family = r.get("family") or family_of(r.get("model", ""))
+        measured = r.get("measured_step_time_s")
+        if isinstance(measured, dict):
+            measured = measured.get("median")
+        predicted = r.get(key)
+        if not measured or predicted is None:
+            skipped[family] += 1
+            skipped["overall"] += 1
+            continue
+        err = absolute_percentage_error(predicted, measured)
+        label = r.get("config") or r.get("model", "?")
+        errors[family].append((err, str(label)))
+        errors["overall"].append((err, str(label)))
+    table = {}
+    for group in sorted(set(errors) | set(skipped), key=lambda g: (g == "overall", g)):
+        values = [e for e, _ in errors.get(group, [])]
+        worst = max(errors[group]) if values else None
+        table[group] = {
+            "n": len(values),
+            "skipped": skipped.get(group, 0),
+            "median_ape": percentile(values, 50) if values else None,
+            "p90_ape": percentile(values, 90) if values else None,
+            "worst_ape": worst[0] if worst else None,
+            "worst_config": worst[1] if worst else None,
+        }
+    return table
+
+
+def runtime_estimator_s(config: Config, device: str = "cuda") -> float | None:
+    """PyTorch's own operator-level cost model (``RuntimeEstimator``, roofline mode) for the
+    same step, in seconds; None where it cannot run (it needs a CUDA device: it reads the
+    device's peak FLOP/s and bandwidth, and runs under FakeTensorMode on cuda tensors)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.runtime_estimator import RuntimeEstimator
+
+    from nnperf.loading import resolve
+    from nnperf.measure.step import build_step
+    from nnperf.trace.capture import TraceOptions
+
+    kw = config.analyze_kwargs()
+    _, build = resolve(config.model, batch=config.batch, seq_len=config.seq)
+    options = TraceOptions(train=config.train, amp=kw["amp"])
+    estimator = RuntimeEstimator()
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = config.tf32
+    try:
+        with FakeTensorMode():
+            step = build_step(build, options, torch.device(device))
+            step.run()  # one step outside the estimate creates the optimizer state
+            with estimator("operator-level-cost-model"):
+                step.run()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+    return estimator.total_runtime / 1e3  # total_runtime is in milliseconds

@@ -1,0 +1,101 @@
+"""Measuring real steps on the CPU: timing, attribution, JSON beside a prediction, OOM."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from nnperf.errors import ResourceError
+from nnperf.hardware import default_profile, load_gpu
+from nnperf.loading import InputSpec
+from nnperf.measure.runner import combined_json, measure, measured_by_module
+from nnperf.passes.timing import TimingOptions
+from nnperf.prediction import predict_analysis
+
+CPU = torch.device("cpu")
+SLEEP_S = 0.02
+
+
+class Sleepy(nn.Module):
+    """A linear layer whose forward also sleeps: the step time has a known floor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(SLEEP_S)
+        return self.lin(x)
+
+
+def test_step_time_of_a_known_sleep_and_attribution():
+    m, _ = measure(Sleepy(), device=CPU, steps=3, warmup=1, train=False,
+                          input_spec=InputSpec(shapes=((4, 8),)))
+    assert m.step.n == 3
+    assert SLEEP_S <= m.step.median < SLEEP_S + 0.2
+    # the sleep is no aten op: almost all op time is attributed, but only a sliver of the step
+    assert m.alignment.trace_only == {}
+    assert m.alignment.attributed_share > 0.5
+    assert m.attributed_share_of_step < 0.5
+    assert m.mode == "inference" and m.batch == 4
+
+
+@pytest.fixture(scope="module")
+def mlp_train():
+    return measure("mlp", device=CPU, steps=3, warmup=1, batch=8, overrides={"widths": "32,64,10"})
+
+
+def test_training_step_modules_and_memory(mlp_train):
+    m, analysis = mlp_train
+    non_free = [e for e in analysis.trace.events if not e.free]
+    assert m.alignment.matched_ops == len(non_free)  # every traced op found in the profile
+    mods = measured_by_module(m, analysis, depth=1)
+    assert {"", "0", "2", "(loss)", "(optimizer)"} <= set(mods)
+    parts = sum(v for k, v in mods.items() if k)
+    assert mods[""] == pytest.approx(m.alignment.matched_s)  # every op is under the root
+    assert parts <= mods[""] * (1 + 1e-9)
+    assert m.memory_method in ("cpu-rss-growth", "not-available")
+    if m.memory_method == "cpu-rss-growth":
+        assert m.peak_memory_bytes is not None and m.peak_memory_bytes >= 0
+
+
+def test_json_has_measured_values_beside_predicted(mlp_train):
+    m, analysis = mlp_train
+    gpu = load_gpu("h100")
+    p = predict_analysis(analysis, gpu, default_profile(gpu), TimingOptions())
+    doc = combined_json(m, analysis, p, depth=1)
+    tot = doc["totals"]
+    assert tot["measured_step_time_s"] == m.step.median
+    assert tot["step_time_error"] == pytest.approx((tot["step_time_s"] - m.step.median) / m.step.median)
+    assert tot["measured_step_time_spread"]["n"] == 3
+    root = next(r for r in doc["modules"] if r["name"] == "")
+    assert root["error"] == pytest.approx((root["time_s"] - root["measured_time_s"]) / root["measured_time_s"])
+    assert sum(r["measured_time_s"] for r in doc["ops"]) == pytest.approx(m.alignment.matched_s)
+    assert doc["prediction_available"] is True and doc["measurement"]["module_time_compared_with"] == "time_s"
+
+
+def test_out_of_memory_is_reported_and_the_process_stays_usable(monkeypatch):
+    import nnperf.measure.runner as runner
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 80.00 GiB")
+
+    monkeypatch.setattr(runner, "time_repeats", boom)
+    kwargs = dict(device=CPU, steps=2, warmup=0, batch=8, train=False, profile_ops=False,
+                  overrides={"widths": "16,8"})
+    with pytest.raises(ResourceError, match="does not fit at batch 8"):
+        measure("mlp", **kwargs)
+    monkeypatch.undo()
+    m, _ = measure("mlp", **kwargs)  # same process, works again
+    assert m.step.n == 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_measurement_reports_allocated_peak():
+    m, analysis = measure("mlp", device=torch.device("cuda"), steps=3, warmup=2, batch=64)
+    params = sum(p.numel() * 4 for p in analysis.workload.model.parameters())
+    assert m.memory_method == "torch.cuda.max_memory_allocated"
+    assert m.peak_memory_bytes >= 4 * params  # weights, grads and two AdamW moments
