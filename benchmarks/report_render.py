@@ -43,7 +43,7 @@ def main() -> int:
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "report"))
     try:
-        import conftest  # the tests' CDP driver: one browser harness, not two
+        import report_helpers as conftest  # the tests' CDP driver: one browser harness, not two
     except ImportError as err:
         print(f"browser render  : skipped ({err})")
         return 0

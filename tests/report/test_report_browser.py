@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from conftest import ARTIFACTS, Page
+from report_helpers import ARTIFACTS, Page
 from torch import nn
 
 from nnperf.prediction import predict

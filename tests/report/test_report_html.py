@@ -8,7 +8,7 @@ import re
 
 import pytest
 import torch
-from conftest import tiny_mlp
+from report_helpers import tiny_mlp
 
 from nnperf.prediction import predict
 from nnperf.report.html import build_compare_report, build_report, measured_from_json
