@@ -21,6 +21,8 @@ COMMAND_MODULES = [
     "measure",
     "calibrate",
     "bench",
+    "memory",
+    "fit",
 ]
 
 

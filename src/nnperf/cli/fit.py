@@ -1,0 +1,50 @@
+"""``nnperf fit MODEL --gpu NAME``: the largest batch that fits, with memory what-ifs."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from nnperf.cli.app import cli
+from nnperf.cli.gpu_options import gpu_options
+from nnperf.cli.memory import memory_options_from, memory_step_options, trace_kwargs_from
+from nnperf.cli.workload_options import pop_workload, workload_options
+from nnperf.errors import ResourceError
+from nnperf.hardware import GPU, DeviceProfile
+
+
+@cli.command()
+@workload_options
+@memory_step_options
+@gpu_options
+@click.option("--no-what-ifs", is_flag=True, help="Search only the configuration as given.")
+@click.option("--max-batch", type=click.IntRange(min=1), default=1 << 20, show_default=True,
+              help="Stop searching at this batch.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def fit(gpu: GPU, profile: DeviceProfile, **kwargs: Any) -> None:
+    """The largest batch of MODEL whose step fits in the GPU's memory (--batch is ignored),
+    and how mixed precision, activation checkpointing and a stateless optimizer change it.
+    """
+    from nnperf.passes.fit import fit as run_fit
+    from nnperf.passes.fit import not_fitting_message
+
+    opts = pop_workload(kwargs)
+    options = memory_options_from(opts, kwargs)
+    results = run_fit(opts["model"], gpu, options, include_what_ifs=not kwargs["no_what_ifs"],
+                      context_mib=kwargs["context_mib"], max_batch=kwargs["max_batch"],
+                      **trace_kwargs_from(opts))
+    name = results[0].at_one.model
+    if kwargs["as_json"]:
+        click.echo(json.dumps({"model": name, "gpu": gpu.id, "capacity": int(gpu.memory_bytes),
+                               "results": [r.to_json() for r in results]}, indent=2))
+    else:
+        from nnperf.report.console import make_console
+        from nnperf.report.memory_tables import fit_table
+
+        make_console().print(fit_table(name, gpu.name, gpu.memory_bytes, results))
+        click.echo("Fits = predicted device total (allocator segments + CUDA context + cuDNN "
+                   "workspace estimate) <= GPU memory. Details: nnperf memory MODEL --batch N")
+    if results[0].largest is None:
+        raise ResourceError(not_fitting_message(name, results, gpu))

@@ -1,0 +1,121 @@
+"""``nnperf memory MODEL``: peak device memory of a step, its breakdown and its timeline."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from nnperf.cli.app import cli
+from nnperf.cli.gpu_options import gpu_options
+from nnperf.cli.workload_options import parse_model_opts, pop_workload, workload_options
+from nnperf.errors import UsageError
+from nnperf.hardware import GPU, DeviceProfile
+from nnperf.loading import InputSpec, parse_shape
+from nnperf.passes.memory.tracing import MemoryOptions
+
+
+def memory_options_from(opts: dict[str, Any], extra: dict[str, Any]) -> MemoryOptions:
+    return MemoryOptions(
+        train=opts["train"], optimizer=opts["optimizer"], optimizer_impl=opts["optimizer_impl"],
+        dtype=opts["dtype"], amp=opts["amp"], real=opts["real"],
+        grad_accum=extra.get("grad_accum", 1), set_to_none=extra.get("set_to_none", True),
+        checkpoint=extra.get("checkpoint", False),
+    )
+
+
+def trace_kwargs_from(opts: dict[str, Any]) -> dict[str, Any]:
+    """The model-side arguments of ``trace_memory`` (inputs, sequence, overrides)."""
+    tokens = None
+    if opts["tokens"]:
+        tokens = parse_shape(opts["tokens"])
+        if len(tokens) != 2:
+            raise UsageError(f"invalid --tokens '{opts['tokens']}': expected B,T such as 8,1024")
+    spec = InputSpec(shapes=tuple(parse_shape(s) for s in opts["input_shape"]),
+                     dtype=opts["input_dtype"], tokens=tokens, vocab=opts["vocab"])
+    return {"seq_len": opts["seq"], "input_spec": spec,
+            "overrides": parse_model_opts(opts["model_opt"])}
+
+
+def memory_step_options(fn):
+    """--grad-accum, --set-to-none/--no-set-to-none, --checkpoint (shared with ``fit``)."""
+    for option in reversed([
+        click.option("--grad-accum", type=click.IntRange(min=1), default=1, show_default=True,
+                     help="Micro-batches per optimizer step (--batch is the micro-batch)."),
+        click.option("--set-to-none/--no-set-to-none", default=True, show_default=True,
+                     help="zero_grad(set_to_none=...): with --no-set-to-none gradients stay "
+                          "allocated through forward."),
+        click.option("--checkpoint", is_flag=True,
+                     help="Activation checkpointing of every repeated block (layers, residual blocks)."),
+        click.option("--context-mib", type=click.FloatRange(min=0),
+                     help="Measured CUDA context size (MiB) instead of the per-architecture estimate."),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+@cli.command()
+@workload_options
+@memory_step_options
+@gpu_options
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the analysis JSON with a 'memory' section instead of tables.")
+@click.option("--timeline-points", type=click.IntRange(min=0), default=2000, show_default=True,
+              help="Down-sample the JSON timeline to at most this many points (0: every event).")
+@click.option("--rows", type=click.IntRange(min=1), default=24, show_default=True,
+              help="Rows of the printed timeline.")
+@click.option("--validate", "validate_file", type=click.Path(exists=True, dir_okay=False),
+              help="JSON of measured peaks (see validation/README) to print next to the prediction.")
+def memory(gpu: GPU, profile: DeviceProfile, **kwargs: Any) -> None:
+    """Peak device memory of one step of MODEL: parameters, gradients, optimizer state,
+    activations kept for backward (per module), temporaries and workspaces, and the
+    timeline of allocated memory over the step.
+    """
+    from nnperf.passes.memory import predict_memory
+    from nnperf.passes.memory.tracing import trace_memory
+
+    opts = pop_workload(kwargs)
+    options = memory_options_from(opts, kwargs)
+    name, trace, workload = trace_memory(opts["model"], options, batch=opts["batch"],
+                                         **trace_kwargs_from(opts))
+    report = predict_memory(trace, model=name, architecture=gpu.architecture,
+                            context_mib=kwargs["context_mib"],
+                            max_points=kwargs["timeline_points"] or len(trace.events) + 1)
+    report.config = {"batch": workload.samples, "gpu": gpu.id, "options": options.describe(),
+                     "micro_batches": options.grad_accum}
+    if kwargs["as_json"]:
+        from nnperf.analysis import Analysis
+        from nnperf.passes.count import count_ops
+        from nnperf.passes.gemms import lower_gemms
+
+        analysis = Analysis(model=name, options=options.trace_options(), trace=trace,
+                            workload=workload, ops=count_ops(trace), gemms=lower_gemms(trace))
+        analysis.extra["memory"] = {**report.to_json(), "gpu": gpu.id,
+                                    "gpu_memory": int(gpu.memory_bytes)}
+        click.echo(json.dumps(analysis.to_json(), indent=2, default=str))
+        return
+    from nnperf.report.memory_tables import print_memory
+
+    click.echo(f"{name}: {options.describe()}, batch {workload.samples}"
+               + (f" per micro-batch x{options.grad_accum}" if options.grad_accum > 1 else ""))
+    print_memory(report, capacity=gpu.memory_bytes, gpu_name=gpu.name, timeline_rows=kwargs["rows"])
+    if kwargs["validate_file"]:
+        _print_validation(report, kwargs["validate_file"])
+
+
+def _print_validation(report: Any, path: str) -> None:
+    """Predicted vs measured for the entries of ``path`` that match this model and batch."""
+    from nnperf.passes.memory import compare, load_measurements
+    from nnperf.report.console import make_console
+    from nnperf.report.memory_tables import comparison_table
+
+    matches = [m for m in load_measurements(path)
+               if m.model == report.model and m.config.get("batch") == report.config.get("batch")]
+    if not matches:
+        click.echo(f"no measurement in {path} for {report.model} at batch "
+                   f"{report.config.get('batch')}")
+        return
+    for m in matches:
+        title = f"Predicted vs measured ({m.config.get('device', m.config.get('gpu', '?'))})"
+        make_console().print(comparison_table(compare(report, m), title))
