@@ -66,7 +66,7 @@ def memory_step_options(fn):
 @click.option("--rows", type=click.IntRange(min=1), default=24, show_default=True,
               help="Rows of the printed timeline.")
 @click.option("--validate", "validate_file", type=click.Path(exists=True, dir_okay=False),
-              help="JSON of measured peaks (see validation/README) to print next to the prediction.")
+              help="JSON of measured peaks (fields: model, config.batch, peak_allocated, peak_reserved, device_total in bytes) to print next to the prediction.")
 def memory(gpu: GPU, profile: DeviceProfile, **kwargs: Any) -> None:
     """Peak device memory of one step of MODEL: parameters, gradients, optimizer state,
     activations kept for backward (per module), temporaries and workspaces, and the

@@ -1,0 +1,43 @@
+"""``nnperf memory`` and ``nnperf fit`` from the command line."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from nnperf.cli.app import cli
+
+
+def test_memory_json_extends_the_analysis_document():
+    res = CliRunner().invoke(cli, ["memory", "mlp", "--batch", "4", "--json",
+                                   "--timeline-points", "50"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert "totals" in doc and "ops" in doc  # the analysis document is still there
+    mem = doc["memory"]
+    for key in ("peak_allocated", "peak_reserved_estimate", "device_total_estimate",
+                "breakdown", "saved_activations", "timeline"):
+        assert key in mem
+    assert 0 < len(mem["timeline"]) <= 50
+    assert set(mem["timeline"][0]) >= {"index", "phase", "module", "allocated"}
+    assert mem["peak_allocated"] <= mem["peak_reserved_estimate"] < mem["device_total_estimate"]
+
+
+def test_memory_tables_print():
+    res = CliRunner().invoke(cli, ["memory", "mlp", "--batch", "4", "--gpu", "a100-40gb"])
+    assert res.exit_code == 0, res.output
+    assert "peak allocated" in res.output and "device total" in res.output
+
+
+def test_fit_unknown_gpu_is_a_usage_error():
+    res = CliRunner().invoke(cli, ["fit", "mlp", "--gpu", "no-such-gpu"])
+    assert res.exit_code == 2
+    assert "no-such-gpu" in res.output
+
+
+def test_fit_too_small_gpu_says_what_batch_1_needs():
+    res = CliRunner().invoke(cli, ["fit", "gpt2", "-O", "n_layer=1", "--gpu", "a100-40gb",
+                                   "--set", "memory_gib=0.25", "--no-what-ifs"])
+    assert res.exit_code == 5, res.output
+    assert "at batch 1" in res.output and "does not fit" in res.output
