@@ -53,5 +53,5 @@ def _flatten(obj: Any) -> list[torch.Tensor]:
     if isinstance(obj, Sequence) and not isinstance(obj, str):
         return [t for v in obj for t in _flatten(v)]
     if hasattr(obj, "__dict__") and hasattr(obj, "keys"):  # ModelOutput-like mappings
-        return [t for k in obj.keys() for t in _flatten(obj[k])]
+        return [t for k in obj.keys() for t in _flatten(obj[k])]  # noqa: SIM118 (not a dict)
     return []
