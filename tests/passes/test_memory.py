@@ -7,7 +7,13 @@ import torch
 from torch import nn
 
 from nnperf.analysis import analyze
-from nnperf.passes.memory import CachingAllocator, predict_memory, round_size, segment_size
+from nnperf.passes.memory import (
+    CachingAllocator,
+    MemoryReport,
+    predict_memory,
+    round_size,
+    segment_size,
+)
 from nnperf.passes.memory.tracing import MemoryOptions, checkpoint_blocks, trace_memory
 
 MiB = 2**20
@@ -150,3 +156,18 @@ def test_checkpointing_keeps_only_block_inputs():
     assert sum(plain.saved_activations.values()) == 4 * act + 4
     # checkpointed: block 1's input, the output, the loss (block 0's input is the batch)
     assert sum(ckpt.saved_activations.values()) == 2 * act + 4
+
+
+def test_measured_peaks_compare_with_the_prediction(tmp_path):
+    from nnperf.passes.memory import compare, load_measurements
+
+    path = tmp_path / "measured.json"
+    path.write_text('[{"model": "toy", "config": {"batch": 8}, "peak_allocated": 1000,'
+                    ' "peak_reserved": 2000}]')
+    [measured] = load_measurements(path)
+    predicted = MemoryReport(source="predicted", model="toy", peak_allocated=1050,
+                             peak_reserved=1900, device_total=3000)
+    rows = {c.quantity: c for c in compare(predicted, measured)}
+    assert rows["peak_allocated"].error == 0.05  # (1050 - 1000) / 1000
+    assert rows["peak_reserved"].error == -0.05
+    assert rows["device_total"].error is None  # not measured

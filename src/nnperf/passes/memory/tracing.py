@@ -15,18 +15,15 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from nnperf.errors import UsageError
 from nnperf.loading import InputSpec, resolve
-from nnperf.trace.attention import fused_sdpa
 from nnperf.trace.capture import TraceOptions, trace_workload
 from nnperf.trace.events import Trace
+from nnperf.trace.recorder import GraphLabeler, ModuleStack
 from nnperf.workload import Workload
-
-_SDPA = {F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}
 
 
 @dataclass(frozen=True)
@@ -104,13 +101,11 @@ def checkpoint_blocks(model: nn.Module) -> list[str]:
     return blocks
 
 
-class _RouteAttention(TorchFunctionMode):
-    """Recomputation runs on the autograd thread, outside the tracer's function mode; route
-    SDPA to the fused op there too, so the recomputed forward matches the original one."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        return fused_sdpa(*args, **kwargs) if func in _SDPA else func(*args, **kwargs)
+def _recompute_context() -> tuple[contextlib.AbstractContextManager, TorchFunctionMode]:
+    """Recomputation runs on the autograd thread, outside the tracer's function mode; apply the
+    tracer's substitutions there too (fused attention, native dropout), so the recomputed
+    forward matches the original one op for op."""
+    return contextlib.nullcontext(), GraphLabeler(ModuleStack({}))
 
 
 def apply_checkpointing(workload: Workload) -> list[str]:
@@ -123,7 +118,7 @@ def apply_checkpointing(workload: Workload) -> list[str]:
         module = modules[name]
         module.forward = functools.partial(  # type: ignore[method-assign]
             checkpoint, module.forward, use_reentrant=False,
-            context_fn=lambda: (contextlib.nullcontext(), _RouteAttention()),
+            context_fn=_recompute_context,
         )
     return blocks
 
