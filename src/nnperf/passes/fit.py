@@ -211,6 +211,8 @@ def not_fitting_message(model: str, results: list[FitResult], gpu: GPU) -> str:
     if fitting:
         best = max(fitting, key=lambda r: r.largest or 0)
         msg += f"; try {best.label}, which fits batch {best.largest}"
+    elif len(results) == 1:
+        msg += "; the what-ifs (mixed precision, checkpointing, SGD) were not searched"
     else:
         msg += (
             "; none of the what-ifs (mixed precision, activation checkpointing, SGD) fit either: "
