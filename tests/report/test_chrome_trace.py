@@ -1,4 +1,4 @@
-"""The predicted Chrome trace: two tracks, and a host replay that agrees with the simulation."""
+"""The predicted Chrome trace: two tracks, and host slices that agree with the simulation."""
 
 from __future__ import annotations
 
@@ -10,13 +10,12 @@ from nnperf.report.chrome_trace import (
     DEVICE_PID,
     HOST_PID,
     chrome_trace,
-    host_timeline,
     write_chrome_trace,
 )
 
 
 def test_kernels_start_at_issue_or_after_previous_kernel(mlp_prediction):
-    issued = {h.index: h.end_s for h in host_timeline(mlp_prediction)}
+    issued = {h.index: h.end_s for h in mlp_prediction.step.host_slices}
     prev_end = 0.0
     for t in mlp_prediction.step.ops:
         if not t.kernels:

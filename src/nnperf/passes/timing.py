@@ -65,6 +65,19 @@ class OpTime:
         return self.kernel_s + self.idle_before_s
 
 
+@dataclass(frozen=True, slots=True)
+class HostSlice:
+    """One event's dispatch on the host thread (seconds from the start of the step)."""
+
+    index: int
+    name: str
+    module: str
+    phase: str
+    start_s: float
+    end_s: float
+    launches: bool  # issues kernels (False: a view, metadata or host-only op)
+
+
 @dataclass
 class StepTime:
     ops: list[OpTime]
@@ -72,6 +85,7 @@ class StepTime:
     host_s: float
     device_busy_s: float
     bound: str
+    host_slices: list[HostSlice] = field(default_factory=list)  # every event, views included
 
     @property
     def device_idle_s(self) -> float:
@@ -212,14 +226,20 @@ def simulate_step(
     by_index = {c.index: c for c in counts}
     host = device = busy = 0.0
     ops: list[OpTime] = []
+    slices: list[HostSlice] = []
     for event in trace.events:
         cost = _host_cost(event, profile)
         count = by_index.get(event.index)
+        issued = host
         if count is None:  # a view: host time only
             host += cost
+            slices.append(HostSlice(event.index, event.name, event.module, event.phase, issued, host, False))
             continue
         t = model.time_op(event, count, cost)
         host += cost + max(0, t.kernels - 1) * profile.kernel_overhead_s
+        slices.append(
+            HostSlice(event.index, event.name, event.module, event.phase, issued, host, t.kernels > 0)
+        )
         if t.kernels:
             t.start_s = max(host, device)
             t.idle_before_s = max(0.0, host - device)
@@ -243,4 +263,4 @@ def simulate_step(
             kernel_by_bound[t.kernel_bound] = kernel_by_bound.get(t.kernel_bound, 0.0) + t.kernel_s
         kernel_by_bound.pop("none", None)
         bound = max(kernel_by_bound, key=kernel_by_bound.get) if kernel_by_bound else "host"
-    return StepTime(ops=ops, step_s=step, host_s=host, device_busy_s=busy, bound=bound)
+    return StepTime(ops=ops, step_s=step, host_s=host, device_busy_s=busy, bound=bound, host_slices=slices)

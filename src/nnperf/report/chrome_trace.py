@@ -6,59 +6,20 @@ each dispatch to its kernel, so host-bound gaps are visible as arrows pointing i
 Loading it next to the measured trace ``nnperf measure --trace-out`` writes lets a reader
 compare the two timelines in one tool.
 
-The host issue times are not stored on ``OpTime`` (only the device side is), so they are
-replayed here from the same per-event host costs the timing pass uses; a test checks that
-every kernel starts exactly at max(its issue time, the previous kernel's end), i.e. that the
-replay agrees with the simulation.
+The host slices are the ones the timing pass recorded while simulating the step, so the two
+tracks cannot disagree with the predicted step time.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nnperf.passes import timing
 from nnperf.prediction import Prediction
 
 HOST_PID, DEVICE_PID = 1, 2
 HOST_TID, DEVICE_TID = 1, 7  # 7: the default CUDA stream id in PyTorch's own traces
-
-
-@dataclass(frozen=True)
-class HostSlice:
-    """One event's dispatch on the host thread (seconds from the start of the step)."""
-
-    index: int
-    name: str
-    module: str
-    phase: str
-    start_s: float
-    end_s: float
-    launches: bool  # issues kernels (False: a view, metadata or host-only op)
-
-
-def host_timeline(prediction: Prediction) -> list[HostSlice]:
-    """Replay the host side of ``simulate_step``: cumulative dispatch costs, waits at syncs."""
-    trace = prediction.analysis.trace
-    profile = prediction.profile
-    times = {t.index: t for t in prediction.step.ops}
-    host = 0.0
-    out: list[HostSlice] = []
-    for event in trace.events:
-        cost = timing._host_cost(event, profile)
-        t = times.get(event.index)
-        start = host
-        if t is None:
-            host += cost
-        else:
-            host += cost + max(0, t.kernels - 1) * profile.kernel_overhead_s
-        launches = t is not None and t.kernels > 0
-        out.append(HostSlice(event.index, event.name, event.module, event.phase, start, host, launches))
-        if t is not None and timing._syncs(event, trace):
-            host = max(host, t.end_s)
-    return out
 
 
 def _us(seconds: float) -> float:
@@ -75,7 +36,7 @@ def chrome_trace(prediction: Prediction) -> dict[str, Any]:
         {"ph": "M", "name": "process_name", "pid": DEVICE_PID, "args": {"name": f"{gpu} (predicted)"}},
         {"ph": "M", "name": "thread_name", "pid": DEVICE_PID, "tid": DEVICE_TID, "args": {"name": "stream 7"}},
     ]
-    for h in host_timeline(prediction):
+    for h in prediction.step.host_slices:
         events.append({
             "ph": "X", "cat": "host", "name": h.name, "pid": HOST_PID, "tid": HOST_TID,
             "ts": _us(h.start_s), "dur": _us(h.end_s - h.start_s),
