@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -58,7 +59,8 @@ class Analysis:
         total = rollup.Tally()
         for op in self.ops:
             total.add(op)
-        params = sum(_numel(s) for s in self.trace.param_shapes.values())  # shared counted once
+        shapes = self.trace.param_shapes
+        params = sum(math.prod(shapes[n]) for n in self.trace.param_storages.values())  # tied once
         param_bytes = sum(self.trace.storages[s].nbytes for s in self.trace.param_storages)
         return {
             "params": params,
@@ -128,13 +130,6 @@ class Analysis:
             f"flops={t['flops']:.4g}, bytes={t['bytes']:.4g}, "
             f"coverage={self.coverage['op_share']:.1%} of ops)"
         )
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def _param_dtype(model: nn.Module) -> str:

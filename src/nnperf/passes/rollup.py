@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -123,9 +124,7 @@ def _params_by_module(trace: Trace) -> tuple[dict[str, int], dict[str, int]]:
     nbytes: dict[str, int] = defaultdict(int)
     for sid, pname in trace.param_storages.items():
         owner = pname.rsplit(".", 1)[0] if "." in pname else ""
-        numel = 1
-        for s in trace.param_shapes[pname]:
-            numel *= s
+        numel = math.prod(trace.param_shapes[pname])
         for a in ancestors(owner):
             params[a] += numel
             nbytes[a] += trace.storages[sid].nbytes

@@ -198,7 +198,10 @@ def _record(workload: Workload, optimizer: Any, options: TraceOptions) -> Trace:
         module_types=module_types,
         module_params=module_params,
         param_storages=param_storages,
-        param_shapes={n: tuple(p.shape) for n, p in model.named_parameters()},
+        # every name of a tied parameter, so each owning module knows its weight shapes
+        param_shapes={
+            n: tuple(p.shape) for n, p in model.named_parameters(remove_duplicate=False)
+        },
         module_output_bytes=dict(modules.output_bytes),
         mode="train" if options.train else "inference",
         config={"options": options.to_json(), "inputs": _input_descriptions(workload.inputs)},

@@ -98,7 +98,7 @@ class Trace:
     module_types: dict[str, str]  # module path -> class name
     module_params: dict[str, int]  # module path -> parameters owned directly (not children)
     param_storages: dict[int, str]  # storage -> parameter name
-    param_shapes: dict[str, tuple[int, ...]]  # parameter name -> shape
+    param_shapes: dict[str, tuple[int, ...]]  # every parameter name (tied ones too) -> shape
     module_output_bytes: dict[str, int]  # module path -> bytes its forward returned
     mode: str  # "train" | "inference"
     config: dict[str, Any]
