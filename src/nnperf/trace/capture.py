@@ -32,6 +32,7 @@ from nnperf.trace.events import (
     Trace,
     dtype_name,
 )
+from nnperf.trace.grad_scaler import GRAD_SCALER_MODULE, TracedGradScaler
 from nnperf.trace.recorder import GraphLabeler, ModuleStack, OpRecorder
 from nnperf.workload import Workload, default_loss
 
@@ -60,6 +61,19 @@ class TraceOptions:
     # Gradients already allocated when the step starts: gradient accumulation from the second
     # micro-batch on, or zero_grad(set_to_none=False). Memory differs (forward runs with grads).
     grads_persist: bool = False
+    # torch.amp.GradScaler (scale, unscale_, the found-inf host sync, update). None: the
+    # default of a real loop, on for --amp fp16 training (fp16 gradients underflow without
+    # it); bf16 has fp32's range and nobody scales it. False: fp16 training without a scaler.
+    grad_scaler: bool | None = None
+
+    def uses_grad_scaler(self) -> bool:
+        """Whether the traced step runs a GradScaler (``grad_scaler`` resolved)."""
+        if self.grad_scaler is not None:
+            return self.grad_scaler
+        # Pure fp16 weights have fp16 gradients, which GradScaler refuses to unscale.
+        return (
+            self.train and self.amp == "fp16" and self.dtype != "fp16" and self.optimizer != "none"
+        )
 
     def validate(self) -> None:
         if self.optimizer not in OPTIMIZERS:
@@ -73,6 +87,14 @@ class TraceOptions:
             raise UsageError(f"unknown dtype '{self.dtype}'; valid: {', '.join(DTYPES)}")
         if self.amp is not None and self.amp not in AMP_DTYPES:
             raise UsageError(f"unknown autocast dtype '{self.amp}'; valid: {', '.join(AMP_DTYPES)}")
+        if self.grad_scaler:
+            if not self.train or self.optimizer == "none":
+                raise UsageError("a gradient scaler needs a training step with an optimizer")
+            if self.dtype == "fp16":
+                raise UsageError(
+                    "a gradient scaler cannot unscale fp16 gradients (--dtype fp16); "
+                    "use --amp fp16 with fp32 weights"
+                )
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,11 +113,14 @@ def trace_workload(build: Callable[[], Workload], options: TraceOptions) -> tupl
             model = workload.model
             model.train(options.train)
             optimizer = _make_optimizer(model, options) if options.train else None
+            scaler = (
+                TracedGradScaler() if optimizer is not None and options.uses_grad_scaler() else None
+            )
             if optimizer is not None:
-                _initialize_state(model, optimizer)
+                _initialize_state(model, optimizer, scaler)
             if options.train and options.grads_persist:
                 _allocate_grads(model)
-            return _record(workload, optimizer, options), workload
+            return _record(workload, optimizer, scaler, options), workload
         finally:
             restore()
 
@@ -152,14 +177,23 @@ def _swap_in_private_copies(
     return restore
 
 
-def _record(workload: Workload, optimizer: Any, options: TraceOptions) -> Trace:
+def _record(
+    workload: Workload, optimizer: Any, scaler: TracedGradScaler | None, options: TraceOptions
+) -> Trace:
     model = workload.model
     names: dict[int, str] = {}
     for name, mod in model.named_modules(remove_duplicate=False):
         names.setdefault(id(mod), name)
     kinds = _known_storage_kinds(workload)
+    if scaler is not None:
+        # Persistent 0-dim device tensors, like a model's buffers (the memory pass keeps them
+        # on the device for the whole step).
+        for name, t in scaler.state_tensors().items():
+            kinds[id(t.untyped_storage())] = (KIND_BUFFER, f"{GRAD_SCALER_MODULE}.{name}")
     modules = ModuleStack(names)
     recorder = OpRecorder(modules, kinds)
+    if scaler is not None:
+        recorder.answer = scaler.finite.answer
     amp = (
         torch.autocast("cpu", dtype=AMP_DTYPES[options.amp])
         if options.amp
@@ -175,10 +209,16 @@ def _record(workload: Workload, optimizer: Any, options: TraceOptions) -> Trace:
                     loss = (workload.loss_fn or default_loss)(output)
                     modules.pop()
             if options.train:
+                if scaler is not None:
+                    modules.push(GRAD_SCALER_MODULE)
+                    loss = scaler.scale(loss)
+                    modules.pop()
                 recorder.phase = "backward"
                 loss.backward()
                 del loss, output  # a training loop drops them before the optimizer step
-                if optimizer is not None:
+                if optimizer is not None and scaler is not None:
+                    _scaled_optimizer_step(scaler, optimizer, recorder, modules)
+                elif optimizer is not None:
                     recorder.phase = "optimizer"
                     optimizer.step()
     except _DATA_DEPENDENT as err:
@@ -204,8 +244,28 @@ def _record(workload: Workload, optimizer: Any, options: TraceOptions) -> Trace:
         },
         module_output_bytes=dict(modules.output_bytes),
         mode="train" if options.train else "inference",
-        config={"options": options.to_json(), "inputs": _input_descriptions(workload.inputs)},
+        config={
+            "options": options.to_json(),
+            "inputs": _input_descriptions(workload.inputs),
+            "grad_scaler": scaler is not None,
+        },
     )
+
+
+def _scaled_optimizer_step(
+    scaler: TracedGradScaler, optimizer: Any, recorder: OpRecorder, modules: ModuleStack
+) -> None:
+    """``scaler.step(optimizer); scaler.update()``: the scaler's work before the optimizer
+    step stays in the backward phase, the optimizer's own ops are ``(optimizer)`` ones and
+    ``update`` is an optimizer-phase op of the scaler (see ``trace.grad_scaler``)."""
+
+    def optimizer_starts() -> None:
+        modules.pop()
+        recorder.phase = "optimizer"
+
+    modules.push(GRAD_SCALER_MODULE)
+    scaler.step(optimizer, optimizer_starts, lambda: modules.push(GRAD_SCALER_MODULE))
+    modules.pop()
 
 
 def _input_descriptions(inputs: tuple[Any, ...]) -> list[dict[str, Any]]:
@@ -282,12 +342,17 @@ def _make_optimizer(model: torch.nn.Module, options: TraceOptions):
     return torch.optim.SGD(params, lr=1e-2, momentum=momentum, **impl)
 
 
-def _initialize_state(model: torch.nn.Module, optimizer: Any) -> None:
-    """Run one unrecorded step so the traced step is the steady state (state already exists)."""
+def _initialize_state(model: torch.nn.Module, optimizer: Any, scaler: TracedGradScaler | None) -> None:
+    """Run one unrecorded step so the traced step is the steady state (state already exists,
+    and a GradScaler's scale and growth tracker too)."""
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         p.grad = torch.zeros_like(p)
-    optimizer.step()
+    if scaler is None:
+        optimizer.step()
+    else:
+        with scaler.finite:
+            scaler.warm_up(optimizer, like=params[0])
     for p in params:
         p.grad = None
 

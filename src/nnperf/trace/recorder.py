@@ -12,6 +12,7 @@ Three small mechanisms cooperate:
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -132,6 +133,9 @@ class OpRecorder(TorchDispatchMode):
         self.phase = "forward"
         self.active = True
         self.current_func: Any = None
+        # Decides ops the fake device cannot run (the GradScaler's found-inf ``.item()``):
+        # returns the op's value, or None to run it. The op is recorded either way.
+        self.answer: Callable[[Any], Any] | None = None
 
     # -- storages -------------------------------------------------------------------------
     def storage_id(self, t: torch.Tensor, creating_event: int | None) -> int:
@@ -174,7 +178,8 @@ class OpRecorder(TorchDispatchMode):
             if node is not None:
                 return node.metadata.get(_LABEL_KEY, "")
         if self.phase == "optimizer":
-            return "(optimizer)"
+            # a pseudo-module pushed around optimizer-phase work (the GradScaler's update)
+            return self._modules.current() or "(optimizer)"
         return self._modules.current()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -187,7 +192,9 @@ class OpRecorder(TorchDispatchMode):
         meta_args = tree_map(to_meta_in, args)
         meta_kwargs = tree_map(to_meta_in, kwargs)
         first_new = len(self.storages)
-        out = func(*args, **kwargs)
+        out = self.answer(func) if self.answer is not None else None
+        if out is None:
+            out = func(*args, **kwargs)
         flat_out = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         outputs = [self.meta(t, index) for t in flat_out]
         allocates = [m.storage for m in outputs if m.storage >= first_new]

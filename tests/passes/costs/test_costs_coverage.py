@@ -22,6 +22,9 @@ MODELS = {
 OPTIONS = {
     "adamw-foreach": TraceOptions(train=True, optimizer="adamw", optimizer_impl="foreach"),
     "amp-bf16": TraceOptions(train=True, optimizer="adamw", optimizer_impl="foreach", amp="bf16"),
+    # with torch.amp.GradScaler: unscale, the found-inf sync, scale update
+    "amp-fp16": TraceOptions(train=True, optimizer="adamw", optimizer_impl="foreach", amp="fp16"),
+    "amp-fp16-fused": TraceOptions(train=True, optimizer="adamw", optimizer_impl="fused", amp="fp16"),
 }
 
 

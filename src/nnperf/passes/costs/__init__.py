@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from nnperf.passes.costs import (  # noqa: F401  (registration side effects)
+    amp,
     attention,
     elementwise,
     embedding,

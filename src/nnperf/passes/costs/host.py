@@ -4,8 +4,9 @@
 copy that waits for every queued kernel: a synchronization (``info["sync"]``) the time model
 must charge. The exception is the optimizers' ``step`` counters, which non-fused PyTorch
 optimizers keep on the host (0-dim tensors read in the optimizer phase): reading them costs
-no sync. (A 0-dim device tensor read there, e.g. a GradScaler's ``found_inf``, would be
-misjudged as host-side; nnperf's traces do not use a GradScaler.)
+no sync. A GradScaler's ``found_inf`` read (``scaler.step`` with a non-fused optimizer) is
+a real sync: the tracer records it before the optimizer phase, in the backward phase, so
+this rule (and the timing pass's) charges it (see ``nnperf.trace.grad_scaler``).
 
 ``lift_fresh`` wraps a tensor literal (``torch.tensor(1.0)``) built on the host.
 """
