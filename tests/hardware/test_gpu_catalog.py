@@ -48,6 +48,14 @@ FP16_FLOP_PER_CLK_PER_SM = {
     "h200-sxm": 4096,
     "l40s": 1024,
     "mi300x": 2048,
+    # GeForce parts: fp16 with fp32 accumulate (what PyTorch uses) runs at half rate
+    # (GA102 / Ada whitepapers: RTX 3090 71 of 142, RTX 4090 165.2 of 330.3 TFLOP/s).
+    "rtx-3090": 512,
+    "rtx-4090": 512,
+    # Blackwell doubles Hopper's per-SM rate: 2.25 PFLOP/s dense on 148 SMs.
+    "b200": 8192,
+    # CDNA2: 383 TFLOP/s per board = 220 CUs x 1024 FLOP/clk x 1.7 GHz.
+    "mi250x": 1024,
 }
 
 
@@ -73,6 +81,77 @@ def test_h100_sxm_headline_numbers():
     assert g.memory_bandwidth == 3350e9
     assert g.ridge_point("bf16") == pytest.approx(989.4e12 / 3350e9)
     assert g.peak_flops("fp32") == 67e12
+
+
+# Dense = the datasheet's "with sparsity" figure / 2 (TFLOP/s, or TOPS for int8).
+SPARSE_DATASHEET_FIGURES = [
+    ("h100-sxm", "bf16", 1979),  # H100 datasheet, SXM column
+    ("h100-pcie", "fp16", 1513),  # H100 datasheet, PCIe column
+    ("h200-sxm", "fp8", 3958),  # H200 datasheet
+    ("b200", "bf16", 4500),  # Blackwell datasheet, HGX B200 column: 4.5 PFLOPS*
+    ("b200", "fp8", 9000),  # 9 PFLOPS*
+    ("a100-80gb-sxm", "tf32", 312),  # A100 datasheet
+    ("a10", "bf16", 250),  # A10 datasheet
+    ("l4", "fp8", 485),  # L4 datasheet
+    ("l40s", "fp8", 1466),  # L40S datasheet
+    ("mi300x", "fp16", 2614.9),  # MI300X data sheet, "with structured sparsity"
+]
+
+
+@pytest.mark.parametrize("gpu_id,dtype,sparse_tflops", SPARSE_DATASHEET_FIGURES)
+def test_tensor_peaks_are_half_the_sparse_datasheet_figure(gpu_id, dtype, sparse_tflops):
+    assert load_gpu(gpu_id).tensor_tflops[dtype] == pytest.approx(sparse_tflops / 2, rel=2e-3)
+
+
+# Total memory as the driver reports it (PyTorch total_memory, MiB) in public logs and, for the
+# H200, on this workplace's machine (nvidia-smi 143771 MiB). GPU memory sizes are binary: the
+# nominal "141 GB" of an H200 is about 141 GiB, and the driver reserves a little of it.
+DRIVER_TOTAL_MIB = {
+    "h100-sxm": 81090,
+    "h100-pcie": 81008,
+    "h200-sxm": 143156,
+    "b200": 182631,
+    "a100-80gb-pcie": 81049,
+    "v100-sxm2": 16160,
+    "rtx-4090": 24563,
+}
+
+
+@pytest.mark.parametrize("gpu_id,reported_mib", sorted(DRIVER_TOTAL_MIB.items()))
+def test_memory_gib_is_the_nominal_size_in_binary_units(gpu_id, reported_mib):
+    nominal_mib = load_gpu(gpu_id).memory_gib * 1024
+    assert 0.97 * nominal_mib <= reported_mib <= nominal_mib
+
+
+def test_h200_memory_is_not_decimal_gigabytes():
+    g = load_gpu("h200")
+    assert g.memory_gib == 141
+    # Read as 141e9 bytes it would be 134,466 MiB, less than the 143,771 MiB nvidia-smi shows.
+    assert 141e9 / 2**20 < 143771 <= g.memory_bytes / 2**20
+
+
+def test_blackwell_and_h200_headline_numbers():
+    b = load_gpu("b200")
+    assert b.peak_flops("bf16") == pytest.approx(36e15 / 8 / 2)  # HGX B200: 36 PFLOPS* for 8 GPUs
+    assert b.memory_bandwidth == 7.7e12  # Blackwell datasheet, HGX B200 column
+    assert b.memory_gib == 180 and b.sm_count == 148
+    assert b.peak_flops("fp32", tensor_cores=False) == 75e12
+    h = load_gpu("h200")
+    assert h.memory_bandwidth == 4.8e12
+    assert h.peak_flops("bf16") == load_gpu("h100").peak_flops("bf16")  # same GH100 die
+    assert h.l2_mb == 60
+
+
+def test_multi_die_boards_are_described_per_die():
+    mi = load_gpu("mi250x")  # board: 220 CUs, 383 TFLOP/s fp16, 128 GB, 3276.8 GB/s
+    assert mi.sm_count * 2 == 220
+    assert mi.tensor_tflops["fp16"] * 2 == pytest.approx(383)
+    assert mi.memory_gib * 2 == 128
+    assert mi.memory_bandwidth_gbs * 2 == pytest.approx(3276.8)
+    k80 = load_gpu("k80")  # board: 2 x 13 SMs, 8.73 TFLOP/s fp32, 24 GB, 480 GB/s
+    assert k80.sm_count * 2 == 26
+    assert k80.cuda_tflops["fp32"] * 2 == pytest.approx(8.73, abs=0.02)
+    assert k80.memory_gib * 2 == 24 and k80.memory_bandwidth_gbs * 2 == 480
 
 
 def test_known_traps_from_the_reference():
