@@ -23,6 +23,7 @@ from torch._subclasses.fake_tensor import (
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from nnperf.errors import TraceError, UsageError
+from nnperf.trace.accumulation import AccumulationWatch, fold_inplace_accumulations
 from nnperf.trace.events import (
     KIND_BUFFER,
     KIND_GRAD,
@@ -191,7 +192,8 @@ def _record(
         for name, t in scaler.state_tensors().items():
             kinds[id(t.untyped_storage())] = (KIND_BUFFER, f"{GRAD_SCALER_MODULE}.{name}")
     modules = ModuleStack(names)
-    recorder = OpRecorder(modules, kinds)
+    accumulation = AccumulationWatch()
+    recorder = OpRecorder(modules, kinds, accumulation)
     if scaler is not None:
         recorder.answer = scaler.finite.answer
     amp = (
@@ -214,7 +216,9 @@ def _record(
                     loss = scaler.scale(loss)
                     modules.pop()
                 recorder.phase = "backward"
+                accumulation.watch_graph([loss])
                 loss.backward()
+                accumulation.reset()
                 del loss, output  # a training loop drops them before the optimizer step
                 if optimizer is not None and scaler is not None:
                     _scaled_optimizer_step(scaler, optimizer, recorder, modules)
@@ -232,7 +236,7 @@ def _record(
     param_storages = {
         recorder.storage_id(p, None): n for n, p in model.named_parameters()
     }
-    return Trace(
+    trace = Trace(
         events=recorder.events,
         storages=recorder.storages,
         module_types=module_types,
@@ -250,6 +254,8 @@ def _record(
             "grad_scaler": scaler is not None,
         },
     )
+    fold_inplace_accumulations(trace, recorder.engine_sums)
+    return trace
 
 
 def _scaled_optimizer_step(

@@ -21,6 +21,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from nnperf.trace.accumulation import AccumulationWatch
 from nnperf.trace.attention import fused_sdpa
 from nnperf.trace.events import KIND_ACTIVATION, OpEvent, StorageInfo, TensorMeta
 
@@ -123,9 +124,16 @@ def _native_dropout(func, args, kwargs):
 class OpRecorder(TorchDispatchMode):
     """Writes one OpEvent per aten op; tracks storages from creation to release."""
 
-    def __init__(self, modules: ModuleStack, storage_kinds: dict[int, tuple[str, str | None]]):
+    def __init__(
+        self,
+        modules: ModuleStack,
+        storage_kinds: dict[int, tuple[str, str | None]],
+        accumulation: AccumulationWatch | None = None,
+    ):
         super().__init__()
         self._modules = modules
+        self._accumulation = accumulation
+        self.engine_sums: set[int] = set()  # events where autograd adds gradients (in place for real)
         self._known_kinds = storage_kinds  # id(storage object) -> (kind, name) for params etc.
         self.events: list[OpEvent] = []
         self.storages: dict[int, StorageInfo] = {}
@@ -216,6 +224,9 @@ class OpRecorder(TorchDispatchMode):
                 allocates=list(dict.fromkeys(allocates)),
             )
         )
+        acc = self._accumulation
+        if acc is not None and self.phase == "backward" and acc.may_sum_in_place(func, args):
+            self.engine_sums.add(index)
         self.current_func = None
         return out
 
