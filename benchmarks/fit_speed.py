@@ -12,6 +12,7 @@ import time
 from nnperf.hardware import load_gpu
 from nnperf.passes.fit import fit
 from nnperf.passes.memory.tracing import MemoryOptions
+from nnperf.request import ModelRequest
 
 
 def main() -> None:
@@ -24,7 +25,7 @@ def main() -> None:
     print(f"{'model':<12} {'what-if':<40} {'largest':>10} {'traces':>6} {'seconds':>8}")
     for name in args.models:
         start = time.perf_counter()
-        for r in fit(name, gpu, MemoryOptions(), include_what_ifs=not args.no_what_ifs):
+        for r in fit(ModelRequest(name), gpu, MemoryOptions(), include_what_ifs=not args.no_what_ifs):
             largest = "none" if r.largest is None else (">=" if r.capped else "") + str(r.largest)
             print(f"{name:<12} {r.label:<40} {largest:>10} {len(r.probes):>6} {r.seconds:>8.1f}")
         print(f"{name:<12} {'(all what-ifs)':<40} {'':>10} {'':>6} {time.perf_counter() - start:>8.1f}")

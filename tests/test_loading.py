@@ -9,7 +9,7 @@ import pytest
 
 from nnperf.analysis import analyze
 from nnperf.errors import ModelLoadError, UsageError
-from nnperf.loading import InputSpec, parse_shape
+from nnperf.request import InputSpec, parse_shape
 
 FACTORIES = '''
 import torch

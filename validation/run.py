@@ -35,13 +35,13 @@ def run_one(config: Config, device: Any, steps: int, warmup: int, gpu_name: str 
     from nnperf.passes.timing import TimingOptions
     from nnperf.prediction import predict_analysis
 
-    kw = config.analyze_kwargs()
     record: dict[str, Any] = {
         "schema": RECORD_SCHEMA, "config": config.name, "model": config.model, "family": family_of(config.model),
         "train": config.train, "precision": config.precision, "batch": config.batch, "seq": config.seq,
     }
     try:
-        m, analysis = measure(config.model, device=device, steps=steps, warmup=warmup, tf32=config.tf32, **kw)
+        m, analysis = measure(config.request(), config.trace_options(), device=device, steps=steps,
+                              warmup=warmup, tf32=config.tf32)
     except ResourceError as err:
         record.update(error=str(err), fits=False)
         return record

@@ -9,7 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -17,13 +17,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from nnperf.loading import InputSpec, resolve
+from nnperf.loading import resolve
 from nnperf.passes import rollup
 from nnperf.passes.count import OpCount, count_ops
 from nnperf.passes.gemms import Gemm, lower_gemms
+from nnperf.request import InputSpec, ModelRequest
 from nnperf.trace.capture import TraceOptions, trace_workload
 from nnperf.trace.events import Trace, dtype_name
-from nnperf.workload import Workload
+from nnperf.workload import LossFn, Workload
 
 SCHEMA_VERSION = "nnperf.analysis/1"
 
@@ -39,6 +40,13 @@ class Analysis:
     ops: list[OpCount]
     gemms: list[Gemm]
     extra: dict[str, Any] = field(default_factory=dict)  # sections added by later passes
+
+    @classmethod
+    def from_trace(cls, model: str, options: TraceOptions, trace: Trace, workload: Workload) -> Analysis:
+        """Run the counting passes over a traced step: the one ``analyze`` traced, or a variant
+        the memory command traced itself (checkpointing, gradient accumulation)."""
+        return cls(model=model, options=options, trace=trace, workload=workload,
+                   ops=count_ops(trace), gemms=lower_gemms(trace))
 
     # -- tables -------------------------------------------------------------------------------
     def modules(self, depth: int | None = None) -> list[rollup.ModuleRow]:
@@ -148,7 +156,7 @@ def analyze(
     amp: str | None = None,
     batch: int | None = None,
     seq_len: int | None = None,
-    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    loss_fn: LossFn | None = None,
     input_spec: InputSpec | None = None,
     real: bool = False,
     **overrides: Any,
@@ -157,32 +165,27 @@ def analyze(
 
     ``model`` is a zoo name (``"resnet50"``), ``"file.py:factory"``, ``"pkg.mod:factory"``
     or an ``nn.Module`` (its weights are swapped for fakes during the trace, then restored).
+    The keywords are spelled out for notebook use; they make a ``ModelRequest`` (what to
+    build) and ``TraceOptions`` (how to run the step) for ``analyze_request``.
     """
-    if isinstance(inputs, torch.Tensor):
-        inputs = (inputs,)
-    name, build = resolve(
+    request = ModelRequest(
         model,
         batch=batch,
         seq_len=seq_len,
         inputs=inputs,
-        input_spec=input_spec,
+        input_spec=input_spec or InputSpec(),
         loss_fn=loss_fn,
         overrides=overrides,
     )
     options = TraceOptions(
-        train=train,
-        optimizer=optimizer,
-        optimizer_impl=optimizer_impl,
-        dtype=dtype,
-        amp=amp,
+        train=train, optimizer=optimizer, optimizer_impl=optimizer_impl, dtype=dtype, amp=amp,
         real=real,
     )
+    return analyze_request(request, options)
+
+
+def analyze_request(request: ModelRequest, options: TraceOptions) -> Analysis:
+    """Build the requested workload inside the tracing context, trace one step and count it."""
+    name, build = resolve(request)
     trace, workload = trace_workload(build, options)
-    return Analysis(
-        model=name,
-        options=options,
-        trace=trace,
-        workload=workload,
-        ops=count_ops(trace),
-        gemms=lower_gemms(trace),
-    )
+    return Analysis.from_trace(name, options, trace, workload)

@@ -10,10 +10,11 @@ from torch import nn
 
 from nnperf.errors import ResourceError
 from nnperf.hardware import default_profile, load_gpu
-from nnperf.loading import InputSpec
 from nnperf.measure.runner import combined_json, measure, measured_by_module
 from nnperf.passes.timing import TimingOptions
 from nnperf.prediction import predict_analysis
+from nnperf.request import InputSpec, ModelRequest
+from nnperf.trace.capture import TraceOptions
 
 CPU = torch.device("cpu")
 SLEEP_S = 0.02
@@ -32,8 +33,8 @@ class Sleepy(nn.Module):
 
 
 def test_step_time_of_a_known_sleep_and_attribution():
-    m, _ = measure(Sleepy(), device=CPU, steps=3, warmup=1, train=False,
-                          input_spec=InputSpec(shapes=((4, 8),)))
+    m, _ = measure(ModelRequest(Sleepy(), input_spec=InputSpec(shapes=((4, 8),))),
+                   TraceOptions(train=False), device=CPU, steps=3, warmup=1)
     assert m.step.n == 3
     assert SLEEP_S <= m.step.median < SLEEP_S + 0.2
     # the sleep is no aten op: almost all op time is attributed, but only a sliver of the step
@@ -45,7 +46,8 @@ def test_step_time_of_a_known_sleep_and_attribution():
 
 @pytest.fixture(scope="module")
 def mlp_train():
-    return measure("mlp", device=CPU, steps=3, warmup=1, batch=8, overrides={"widths": "32,64,10"})
+    return measure(ModelRequest("mlp", batch=8, overrides={"widths": "32,64,10"}), device=CPU,
+                   steps=3, warmup=1)
 
 
 def test_training_step_modules_and_memory(mlp_train):
@@ -84,18 +86,19 @@ def test_out_of_memory_is_reported_and_the_process_stays_usable(monkeypatch):
         raise RuntimeError("CUDA out of memory. Tried to allocate 80.00 GiB")
 
     monkeypatch.setattr(runner, "time_repeats", boom)
-    kwargs = dict(device=CPU, steps=2, warmup=0, batch=8, train=False, profile_ops=False,
-                  overrides={"widths": "16,8"})
+    request = ModelRequest("mlp", batch=8, overrides={"widths": "16,8"})
+    kwargs = dict(device=CPU, steps=2, warmup=0, profile_ops=False)
     with pytest.raises(ResourceError, match="does not fit at batch 8"):
-        measure("mlp", **kwargs)
+        measure(request, TraceOptions(train=False), **kwargs)
     monkeypatch.undo()
-    m, _ = measure("mlp", **kwargs)  # same process, works again
+    m, _ = measure(request, TraceOptions(train=False), **kwargs)  # same process, works again
     assert m.step.n == 2
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_measurement_reports_allocated_peak():
-    m, analysis = measure("mlp", device=torch.device("cuda"), steps=3, warmup=2, batch=64)
+    m, analysis = measure(ModelRequest("mlp", batch=64), device=torch.device("cuda"), steps=3,
+                          warmup=2)
     params = sum(p.numel() * 4 for p in analysis.workload.model.parameters())
     assert m.memory_method == "torch.cuda.max_memory_allocated"
     assert m.peak_memory_bytes >= 4 * params  # weights, grads and two AdamW moments

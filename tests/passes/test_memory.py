@@ -15,6 +15,7 @@ from nnperf.passes.memory import (
     segment_size,
 )
 from nnperf.passes.memory.tracing import MemoryOptions, checkpoint_blocks, trace_memory
+from nnperf.request import ModelRequest
 
 MiB = 2**20
 
@@ -124,8 +125,9 @@ def test_peak_breakdown_adds_up_and_reserved_covers_allocated():
 
 
 def test_grad_accumulation_runs_forward_with_gradients_allocated():
-    base = trace_memory(_mlp(), MemoryOptions(), inputs=(torch.randn(2, 8),))[1]
-    accum = trace_memory(_mlp(), MemoryOptions(grad_accum=4), inputs=(torch.randn(2, 8),))[1]
+    base = trace_memory(ModelRequest(_mlp(), inputs=(torch.randn(2, 8),)), MemoryOptions())[1]
+    accum = trace_memory(ModelRequest(_mlp(), inputs=(torch.randn(2, 8),)),
+                         MemoryOptions(grad_accum=4))[1]
     first_base = predict_memory(base).timeline[0].allocated
     first_accum = predict_memory(accum).timeline[0].allocated
     # four gradients of 512, 64, 256 and 16 bytes: one 512-byte block each
@@ -149,8 +151,10 @@ def test_checkpointing_keeps_only_block_inputs():
     b = 16
     assert checkpoint_blocks(_Blocks()) == ["blocks.0", "blocks.1"]
     x = (torch.randn(b, 8),)
-    plain = predict_memory(trace_memory(_Blocks(), MemoryOptions(), inputs=x)[1])
-    ckpt = predict_memory(trace_memory(_Blocks(), MemoryOptions(checkpoint=True), inputs=x)[1])
+    plain = predict_memory(trace_memory(ModelRequest(_Blocks(), inputs=x), MemoryOptions())[1])
+    ckpt = predict_memory(
+        trace_memory(ModelRequest(_Blocks(), inputs=x), MemoryOptions(checkpoint=True))[1]
+    )
     act = b * 8 * 4  # one B x 8 fp32 activation
     # plain: two ReLU outputs, block 0's output (block 1's input), the model output, the loss
     assert sum(plain.saved_activations.values()) == 4 * act + 4

@@ -6,8 +6,9 @@ import json
 
 import click
 
+from nnperf.analysis import analyze_request
 from nnperf.cli.app import cli
-from nnperf.cli.workload_options import analysis_from, pop_workload, workload_options
+from nnperf.cli.workload_options import pop_workload, workload_options
 
 
 @cli.command()
@@ -23,8 +24,7 @@ def analyze(**kwargs) -> None:
     MODEL is a built-in name (see `nnperf models`), path/to/file.py:factory or
     package.module:factory.
     """
-    opts = pop_workload(kwargs)
-    result = analysis_from(opts)
+    result = analyze_request(*pop_workload(kwargs))
     if kwargs["as_json"]:
         click.echo(json.dumps(result.to_json(depth=kwargs["depth"]), indent=2))
     elif kwargs["as_csv"]:

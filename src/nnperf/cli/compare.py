@@ -9,8 +9,9 @@ from pathlib import Path
 import click
 from rich.table import Table
 
+from nnperf.analysis import analyze_request
 from nnperf.cli.app import cli
-from nnperf.cli.workload_options import analysis_from, pop_workload, workload_options
+from nnperf.cli.workload_options import pop_workload, workload_options
 from nnperf.errors import UsageError
 from nnperf.report.console import make_console
 from nnperf.report.units import seconds, si
@@ -57,7 +58,7 @@ def compare(gpus, prices_file, tf32, as_json, **kwargs) -> None:
         raise UsageError("--gpus needs at least one GPU name, e.g. --gpus a100,h100")
     resolved = [load_gpu(n) for n in names]  # all names checked before the (slow) trace
     prices = load_prices(prices_file)
-    analysis = analysis_from(pop_workload(kwargs))
+    analysis = analyze_request(*pop_workload(kwargs))
     rows = []
     for name, gpu in zip(names, resolved, strict=True):
         p = predict_analysis(analysis, gpu, timing=TimingOptions(tf32_matmul=tf32))

@@ -9,7 +9,7 @@ import click
 
 from nnperf.cli.app import cli
 from nnperf.cli.gpu_options import gpu_options
-from nnperf.cli.memory import memory_options_from, memory_step_options, trace_kwargs_from
+from nnperf.cli.memory import memory_options_from, memory_step_options
 from nnperf.cli.workload_options import pop_workload, workload_options
 from nnperf.errors import ResourceError
 from nnperf.hardware import GPU, DeviceProfile
@@ -30,11 +30,11 @@ def fit(gpu: GPU, profile: DeviceProfile, **kwargs: Any) -> None:
     from nnperf.passes.fit import fit as run_fit
     from nnperf.passes.fit import not_fitting_message
 
-    opts = pop_workload(kwargs)
-    options = memory_options_from(opts, kwargs)
-    results = run_fit(opts["model"], gpu, options, include_what_ifs=not kwargs["no_what_ifs"],
-                      context_mib=kwargs["context_mib"], max_batch=kwargs["max_batch"],
-                      **trace_kwargs_from(opts))
+    kwargs["batch"] = None  # the search chooses the batch: --batch is ignored, even a bad one
+    request, trace_options = pop_workload(kwargs)
+    options = memory_options_from(trace_options, kwargs)
+    results = run_fit(request, gpu, options, include_what_ifs=not kwargs["no_what_ifs"],
+                      context_mib=kwargs["context_mib"], max_batch=kwargs["max_batch"])
     name = results[0].at_one.model
     if kwargs["as_json"]:
         click.echo(json.dumps({"model": name, "gpu": gpu.id, "capacity": int(gpu.memory_bytes),

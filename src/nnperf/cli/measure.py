@@ -7,24 +7,8 @@ import json
 import click
 
 from nnperf.cli.app import cli
-from nnperf.cli.workload_options import (
-    analysis_from,
-    parse_model_opts,
-    pop_workload,
-    workload_options,
-)
+from nnperf.cli.workload_options import pop_workload, workload_options
 from nnperf.errors import UsageError
-
-
-def _input_spec(opts: dict):
-    """The same input spec ``analysis_from`` builds, for the real (measured) build."""
-    from nnperf.loading import InputSpec, parse_shape
-
-    tokens = parse_shape(opts["tokens"]) if opts["tokens"] else None
-    return InputSpec(
-        shapes=tuple(parse_shape(s) for s in opts["input_shape"]),
-        dtype=opts["input_dtype"], tokens=tokens, vocab=opts["vocab"],  # type: ignore[arg-type]
-    )
 
 
 def prediction_target(device, gpu: str | None, gpu_file: str | None, set_values, profile_file):
@@ -85,15 +69,10 @@ def measure(device_name, steps, warmup, gpu, gpu_file, set_values, profile_file,
     if trace_out and not ops:
         raise UsageError("--trace-out needs the profiled step; drop --no-ops")
     target, note = prediction_target(device, gpu, gpu_file, set_values, profile_file)
-    opts = pop_workload(kwargs)
-    analysis = analysis_from(opts)
-    measurement, analysis = run_measure(
-        opts["model"], device=device, steps=steps, warmup=warmup, train=opts["train"],
-        optimizer=opts["optimizer"], optimizer_impl=opts["optimizer_impl"], dtype=opts["dtype"],
-        amp=opts["amp"], batch=opts["batch"], seq_len=opts["seq"], input_spec=_input_spec(opts),
-        tf32=tf32, profile_ops=ops, analysis=analysis, trace_out=trace_out,
-        overrides=parse_model_opts(opts["model_opt"]),
-    )
+    request, options = pop_workload(kwargs)
+    measurement, analysis = run_measure(request, options, device=device, steps=steps,
+                                        warmup=warmup, tf32=tf32, profile_ops=ops,
+                                        trace_out=trace_out)
     prediction = None
     if target is not None:
         from nnperf.passes.timing import TimingOptions

@@ -9,33 +9,19 @@ import click
 
 from nnperf.cli.app import cli
 from nnperf.cli.gpu_options import gpu_options
-from nnperf.cli.workload_options import parse_model_opts, pop_workload, workload_options
-from nnperf.errors import UsageError
+from nnperf.cli.workload_options import pop_workload, workload_options
 from nnperf.hardware import GPU, DeviceProfile
-from nnperf.loading import InputSpec, parse_shape
 from nnperf.passes.memory.tracing import MemoryOptions
+from nnperf.trace.capture import TraceOptions
 
 
-def memory_options_from(opts: dict[str, Any], extra: dict[str, Any]) -> MemoryOptions:
+def memory_options_from(trace: TraceOptions, kwargs: dict[str, Any]) -> MemoryOptions:
+    """``trace`` with the training-loop settings of --grad-accum, --set-to-none, --checkpoint."""
     return MemoryOptions(
-        train=opts["train"], optimizer=opts["optimizer"], optimizer_impl=opts["optimizer_impl"],
-        dtype=opts["dtype"], amp=opts["amp"], real=opts["real"],
-        grad_accum=extra.get("grad_accum", 1), set_to_none=extra.get("set_to_none", True),
-        checkpoint=extra.get("checkpoint", False),
+        train=trace.train, optimizer=trace.optimizer, optimizer_impl=trace.optimizer_impl,
+        dtype=trace.dtype, amp=trace.amp, real=trace.real, grad_accum=kwargs["grad_accum"],
+        set_to_none=kwargs["set_to_none"], checkpoint=kwargs["checkpoint"],
     )
-
-
-def trace_kwargs_from(opts: dict[str, Any]) -> dict[str, Any]:
-    """The model-side arguments of ``trace_memory`` (inputs, sequence, overrides)."""
-    tokens = None
-    if opts["tokens"]:
-        tokens = parse_shape(opts["tokens"])
-        if len(tokens) != 2:
-            raise UsageError(f"invalid --tokens '{opts['tokens']}': expected B,T such as 8,1024")
-    spec = InputSpec(shapes=tuple(parse_shape(s) for s in opts["input_shape"]),
-                     dtype=opts["input_dtype"], tokens=tokens, vocab=opts["vocab"])
-    return {"seq_len": opts["seq"], "input_spec": spec,
-            "overrides": parse_model_opts(opts["model_opt"])}
 
 
 def memory_step_options(fn):
@@ -75,10 +61,9 @@ def memory(gpu: GPU, profile: DeviceProfile, **kwargs: Any) -> None:
     from nnperf.passes.memory import predict_memory
     from nnperf.passes.memory.tracing import trace_memory
 
-    opts = pop_workload(kwargs)
-    options = memory_options_from(opts, kwargs)
-    name, trace, workload = trace_memory(opts["model"], options, batch=opts["batch"],
-                                         **trace_kwargs_from(opts))
+    request, trace_options = pop_workload(kwargs)
+    options = memory_options_from(trace_options, kwargs)
+    name, trace, workload = trace_memory(request, options)
     report = predict_memory(trace, model=name, architecture=gpu.architecture,
                             context_mib=kwargs["context_mib"],
                             max_points=kwargs["timeline_points"] or len(trace.events) + 1)
@@ -86,11 +71,8 @@ def memory(gpu: GPU, profile: DeviceProfile, **kwargs: Any) -> None:
                      "micro_batches": options.grad_accum}
     if kwargs["as_json"]:
         from nnperf.analysis import Analysis
-        from nnperf.passes.count import count_ops
-        from nnperf.passes.gemms import lower_gemms
 
-        analysis = Analysis(model=name, options=options.trace_options(), trace=trace,
-                            workload=workload, ops=count_ops(trace), gemms=lower_gemms(trace))
+        analysis = Analysis.from_trace(name, options.trace_options(), trace, workload)
         analysis.extra["memory"] = {**report.to_json(), "gpu": gpu.id,
                                     "gpu_memory": int(gpu.memory_bytes)}
         click.echo(json.dumps(analysis.to_json(), indent=2, default=str))

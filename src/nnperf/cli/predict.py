@@ -6,9 +6,10 @@ import json
 
 import click
 
+from nnperf.analysis import analyze_request
 from nnperf.cli.app import cli
 from nnperf.cli.gpu_options import gpu_options
-from nnperf.cli.workload_options import analysis_from, pop_workload, workload_options
+from nnperf.cli.workload_options import pop_workload, workload_options
 
 
 @cli.command()
@@ -27,7 +28,7 @@ def predict(gpu, profile, tf32, by, depth, as_json, trace_out, **kwargs) -> None
     from nnperf.passes.timing import TimingOptions
     from nnperf.prediction import predict_analysis
 
-    analysis = analysis_from(pop_workload(kwargs))
+    analysis = analyze_request(*pop_workload(kwargs))
     result = predict_analysis(analysis, gpu, profile, TimingOptions(tf32_matmul=tf32))
     if trace_out:
         from nnperf.report.chrome_trace import write_chrome_trace

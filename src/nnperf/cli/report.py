@@ -6,9 +6,10 @@ from pathlib import Path
 
 import click
 
+from nnperf.analysis import analyze_request
 from nnperf.cli.app import cli
 from nnperf.cli.gpu_options import gpu_options
-from nnperf.cli.workload_options import analysis_from, pop_workload, workload_options
+from nnperf.cli.workload_options import pop_workload, workload_options
 from nnperf.errors import UsageError
 
 
@@ -45,7 +46,7 @@ def report(gpu, profile, gpus, output, measured, png, svg, depth, points, memory
             raise UsageError("--gpus needs at least one GPU name, e.g. --gpus a100,h100")
         targets = [(g, default_profile(g)) for g in (load_gpu(n) for n in names)]  # check before tracing
     overlay = load_measured(measured) if measured else None
-    analysis = analysis_from(pop_workload(kwargs))
+    analysis = analyze_request(*pop_workload(kwargs))
     timing = TimingOptions(tf32_matmul=tf32)
     predictions = [predict_analysis(analysis, g, p, timing) for g, p in targets]
     mem = AUTO if memory else None

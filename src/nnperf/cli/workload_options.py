@@ -8,10 +8,9 @@ from typing import Any
 
 import click
 
-from nnperf.analysis import Analysis, analyze
 from nnperf.errors import UsageError
-from nnperf.loading import INPUT_DTYPES, InputSpec, parse_shape
-from nnperf.trace.capture import AMP_DTYPES, DTYPES, OPTIMIZER_IMPLS, OPTIMIZERS
+from nnperf.request import INPUT_DTYPES, InputSpec, ModelRequest, parse_shape
+from nnperf.trace.capture import AMP_DTYPES, DTYPES, OPTIMIZER_IMPLS, OPTIMIZERS, TraceOptions
 
 _WORKLOAD_KEYS = (
     "model", "batch", "seq", "train", "dtype", "amp", "optimizer", "optimizer_impl",
@@ -54,37 +53,43 @@ def workload_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def pop_workload(kwargs: dict[str, Any]) -> dict[str, Any]:
-    return {k: kwargs.pop(k) for k in _WORKLOAD_KEYS}
-
-
-def analysis_from(opts: dict[str, Any]) -> Analysis:
-    """Run ``nnperf.analyze`` from the parsed workload options."""
-    tokens = None
-    if opts["tokens"]:
-        tokens = parse_shape(opts["tokens"])
-        if len(tokens) != 2:
-            raise UsageError(f"invalid --tokens '{opts['tokens']}': expected B,T such as 8,1024")
-    if opts["vocab"] is not None and opts["vocab"] < 1:
-        raise UsageError(f"invalid --vocab {opts['vocab']}: must be a positive integer")
-    spec = InputSpec(
-        shapes=tuple(parse_shape(s) for s in opts["input_shape"]),
-        dtype=opts["input_dtype"],
-        tokens=tokens,
-        vocab=opts["vocab"],
-    )
-    return analyze(
+def pop_workload(kwargs: dict[str, Any]) -> tuple[ModelRequest, TraceOptions]:
+    """Take the workload options out of a command's arguments: what to build and how to run
+    its step, parsed and checked the same way for every command."""
+    opts = {k: kwargs.pop(k) for k in _WORKLOAD_KEYS}
+    request = ModelRequest(
         opts["model"],
+        batch=opts["batch"],
+        seq_len=opts["seq"],
+        input_spec=_input_spec(opts),
+        overrides=parse_model_opts(opts["model_opt"]),
+    )
+    options = TraceOptions(
         train=opts["train"],
         optimizer=opts["optimizer"],
         optimizer_impl=opts["optimizer_impl"],
         dtype=opts["dtype"],
         amp=opts["amp"],
-        batch=opts["batch"],
-        seq_len=opts["seq"],
-        input_spec=spec,
         real=opts["real"],
-        **parse_model_opts(opts["model_opt"]),
+    )
+    return request, options
+
+
+def _input_spec(opts: dict[str, Any]) -> InputSpec:
+    """A bare model's inputs from --input-shape/--input-dtype or --tokens/--vocab."""
+    tokens = None
+    if opts["tokens"]:
+        shape = parse_shape(opts["tokens"])
+        if len(shape) != 2:
+            raise UsageError(f"invalid --tokens '{opts['tokens']}': expected B,T such as 8,1024")
+        tokens = (shape[0], shape[1])
+    if opts["vocab"] is not None and opts["vocab"] < 1:
+        raise UsageError(f"invalid --vocab {opts['vocab']}: must be a positive integer")
+    return InputSpec(
+        shapes=tuple(parse_shape(s) for s in opts["input_shape"]),
+        dtype=opts["input_dtype"],
+        tokens=tokens,
+        vocab=opts["vocab"],
     )
 
 

@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 
-from nnperf.analysis import Analysis, analyze
+from nnperf.analysis import Analysis, analyze_request
 from nnperf.errors import ResourceError
-from nnperf.loading import InputSpec, resolve
+from nnperf.loading import resolve
 from nnperf.measure.align import Alignment, align, flatten_profile
 from nnperf.measure.device import (
     device_name,
@@ -42,6 +42,7 @@ from nnperf.measure.device import (
 from nnperf.measure.stats import Spread, percentile, relative_error
 from nnperf.measure.step import build_step
 from nnperf.passes.rollup import ancestors, depth_of
+from nnperf.request import ModelRequest
 from nnperf.trace.capture import TraceOptions
 
 SCHEMA_VERSION = "nnperf.measurement/1"
@@ -153,37 +154,27 @@ def predicted_peak_memory(analysis: Analysis) -> int | None:
 
 
 def measure(
-    model: Any,
+    request: ModelRequest,
+    options: TraceOptions | None = None,
     *,
     device: torch.device,
     steps: int = 10,
     warmup: int = 3,
-    train: bool = True,
-    optimizer: str = "adamw",
-    optimizer_impl: str = "foreach",
-    dtype: str | None = None,
-    amp: str | None = None,
-    batch: int | None = None,
-    seq_len: int | None = None,
-    input_spec: InputSpec | None = None,
     tf32: bool = False,
     profile_ops: bool = True,
     analysis: Analysis | None = None,
     trace_out: str | None = None,
-    overrides: dict[str, Any] | None = None,
 ) -> tuple[Measurement, Analysis]:
-    """Measure one step of ``model`` on ``device``; returns the measurement and its trace.
+    """Measure one step of the requested workload on ``device``; returns the measurement and
+    its trace (``analysis`` when given, traced with the same request and options).
 
     Raises ``ResourceError`` ("does not fit at batch N") on out-of-memory, after freeing what
     the failed run held so the caller can try a smaller batch in the same process.
     """
-    options = TraceOptions(train=train, optimizer=optimizer, optimizer_impl=optimizer_impl, dtype=dtype, amp=amp)
+    options = options or TraceOptions()
     if analysis is None:
-        analysis = analyze(
-            model, train=train, optimizer=optimizer, optimizer_impl=optimizer_impl, dtype=dtype, amp=amp,
-            batch=batch, seq_len=seq_len, input_spec=input_spec, **(overrides or {}),
-        )
-    name, build = resolve(model, batch=batch, seq_len=seq_len, input_spec=input_spec, overrides=overrides)
+        analysis = analyze_request(request, options)
+    name, build = resolve(request)
     previous_tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = tf32
     rss_before = rss_bytes() if device.type == "cpu" else None
@@ -232,7 +223,7 @@ def measure(
         model=name,
         device=str(device),
         device_name=device_name(device),
-        mode="train" if train else "inference",
+        mode="train" if options.train else "inference",
         batch=analysis.workload.samples,
         step_times_s=times,
         peak_memory_bytes=peak,

@@ -17,9 +17,13 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nnperf.measure.stats import percentile
+
+if TYPE_CHECKING:  # imported where used: the error table needs no torch
+    from nnperf.request import ModelRequest
+    from nnperf.trace.capture import TraceOptions
 
 RECORD_SCHEMA = "nnperf.validation.record/1"
 
@@ -44,6 +48,19 @@ class Config:
         """Keyword arguments of ``nnperf.analyze``/``measure`` for this configuration."""
         return {"train": self.train, "batch": self.batch, "seq_len": self.seq,
                 "amp": "bf16" if self.precision == "bf16" else None}
+
+    def request(self) -> ModelRequest:
+        """The workload this configuration builds: the zoo model at its batch and sequence."""
+        from nnperf.request import ModelRequest
+
+        return ModelRequest(self.model, batch=self.batch, seq_len=self.seq)
+
+    def trace_options(self) -> TraceOptions:
+        """How its step runs: training or inference, with bf16 autocast for "bf16"."""
+        from nnperf.trace.capture import TraceOptions
+
+        kw = self.analyze_kwargs()
+        return TraceOptions(train=kw["train"], amp=kw["amp"])
 
     @property
     def tf32(self) -> bool:
@@ -162,11 +179,9 @@ def runtime_estimator_s(config: Config, device: str = "cuda") -> float | None:
 
     from nnperf.loading import resolve
     from nnperf.measure.step import build_step
-    from nnperf.trace.capture import TraceOptions
 
-    kw = config.analyze_kwargs()
-    _, build = resolve(config.model, batch=config.batch, seq_len=config.seq)
-    options = TraceOptions(train=config.train, amp=kw["amp"])
+    _, build = resolve(config.request())
+    options = config.trace_options()
     estimator = RuntimeEstimator()
     previous = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = config.tf32

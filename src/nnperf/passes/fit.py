@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nnperf.hardware import GPU
+from nnperf.loading import resolve
 from nnperf.passes.memory import CATEGORY_LABELS, MemoryReport, predict_memory
 from nnperf.passes.memory.tracing import MemoryOptions, checkpoint_blocks, trace_memory
 from nnperf.report.units import binary
+from nnperf.request import ModelRequest
 
 #: Never search beyond this batch: a model this small fits "any batch" for practical purposes.
 MAX_BATCH = 1 << 20
@@ -147,23 +149,21 @@ def what_ifs(options: MemoryOptions, gpu: GPU | None, blocks: bool) -> list[tupl
 
 
 def fit(
-    model: Any,
+    request: ModelRequest,
     gpu: GPU,
     options: MemoryOptions,
     *,
     include_what_ifs: bool = True,
     context_mib: float | None = None,
     max_batch: int = MAX_BATCH,
-    **trace_kwargs: Any,
 ) -> list[FitResult]:
-    """Largest batch on ``gpu`` for ``options`` and (optionally) each what-if."""
+    """Largest batch on ``gpu`` for ``options`` and (optionally) each what-if; the search sets
+    the request's batch (any batch it carries is ignored)."""
     capacity = int(gpu.memory_bytes)
-    name_holder: dict[str, str] = {}
 
     def measurer(opts: MemoryOptions) -> Callable[[int], MemoryReport]:
         def measure(batch: int) -> MemoryReport:
-            name, trace, _ = trace_memory(model, opts, batch=batch, **trace_kwargs)
-            name_holder["name"] = name
+            name, trace, _ = trace_memory(replace(request, batch=batch), opts)
             return predict_memory(trace, model=name, architecture=gpu.architecture,
                                   context_mib=context_mib, max_points=0)
         return measure
@@ -172,7 +172,7 @@ def fit(
                          max_batch=max_batch)
     if not include_what_ifs:
         return [base]
-    has_blocks = _has_blocks(model, trace_kwargs) if options.train else False
+    has_blocks = _has_blocks(request) if options.train else False
     results = [base]
     for label, opts in what_ifs(options, gpu, has_blocks)[1:]:
         results.append(largest_batch(measurer(opts), capacity, label=label, options=opts,
@@ -180,13 +180,11 @@ def fit(
     return results
 
 
-def _has_blocks(model: Any, trace_kwargs: dict[str, Any]) -> bool:
+def _has_blocks(request: ModelRequest) -> bool:
+    """Whether the model has repeated blocks to checkpoint (built at batch 1 on fakes)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from nnperf.loading import resolve
-
-    kwargs = {k: trace_kwargs.get(k) for k in ("seq_len", "inputs", "input_spec", "loss_fn")}
-    _, build = resolve(model, batch=1, overrides=trace_kwargs.get("overrides") or {}, **kwargs)
+    _, build = resolve(replace(request, batch=1))
     with FakeTensorMode(allow_non_fake_inputs=True):
         return bool(checkpoint_blocks(build().model))
 

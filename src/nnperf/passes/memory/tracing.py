@@ -10,16 +10,15 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections import Counter
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from nnperf.errors import UsageError
-from nnperf.loading import InputSpec, resolve
+from nnperf.loading import resolve
+from nnperf.request import ModelRequest
 from nnperf.trace.capture import TraceOptions, trace_workload
 from nnperf.trace.events import Trace
 from nnperf.trace.recorder import GraphLabeler, ModuleStack
@@ -123,21 +122,10 @@ def apply_checkpointing(workload: Workload) -> list[str]:
     return blocks
 
 
-def trace_memory(
-    model: str | nn.Module,
-    options: MemoryOptions,
-    *,
-    batch: int | None = None,
-    seq_len: int | None = None,
-    inputs: Sequence[Any] | None = None,
-    input_spec: InputSpec | None = None,
-    loss_fn: Callable[[Any], torch.Tensor] | None = None,
-    overrides: dict[str, Any] | None = None,
-) -> tuple[str, Trace, Workload]:
-    """Resolve ``model`` and trace one step of it under ``options``."""
+def trace_memory(request: ModelRequest, options: MemoryOptions) -> tuple[str, Trace, Workload]:
+    """Resolve the requested workload and trace one step of it under ``options``."""
     options.validate()
-    name, build = resolve(model, batch=batch, seq_len=seq_len, inputs=inputs,
-                          input_spec=input_spec, loss_fn=loss_fn, overrides=overrides or {})
+    name, build = resolve(request)
     blocks: list[str] = []
 
     def build_with_checkpoints() -> Workload:
