@@ -7,6 +7,7 @@ import math
 from nnperf.passes.fit import largest_batch, not_fitting_message, what_ifs
 from nnperf.passes.memory import MemoryReport
 from nnperf.passes.memory.tracing import MemoryOptions
+from nnperf.trace.capture import TraceOptions
 
 
 def _measure(fn):
@@ -49,7 +50,7 @@ def test_what_ifs_offer_the_memory_levers():
     assert any("checkpointing" in s for s in labels)
     assert any("sgd" in s for s in labels)
     assert labels[-1] == "all of the above"
-    assert [s for s, _ in what_ifs(MemoryOptions(train=False), None, blocks=True)] == [
+    assert [s for s, _ in what_ifs(MemoryOptions(TraceOptions(train=False)), None, blocks=True)] == [
         "as given", "mixed precision (--amp bf16)"]
 
 

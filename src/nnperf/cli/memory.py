@@ -17,11 +17,8 @@ from nnperf.trace.capture import TraceOptions
 
 def memory_options_from(trace: TraceOptions, kwargs: dict[str, Any]) -> MemoryOptions:
     """``trace`` with the training-loop settings of --grad-accum, --set-to-none, --checkpoint."""
-    return MemoryOptions(
-        train=trace.train, optimizer=trace.optimizer, optimizer_impl=trace.optimizer_impl,
-        dtype=trace.dtype, amp=trace.amp, real=trace.real, grad_accum=kwargs["grad_accum"],
-        set_to_none=kwargs["set_to_none"], checkpoint=kwargs["checkpoint"],
-    )
+    return MemoryOptions(trace, grad_accum=kwargs["grad_accum"], set_to_none=kwargs["set_to_none"],
+                         checkpoint=kwargs["checkpoint"])
 
 
 def memory_step_options(fn):

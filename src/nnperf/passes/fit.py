@@ -133,14 +133,15 @@ def what_ifs(options: MemoryOptions, gpu: GPU | None, blocks: bool) -> list[tupl
     """The configuration as given plus the memory levers that apply to it."""
     out = [("as given", options)]
     changes: dict[str, Any] = {}
-    if options.amp is None and options.dtype is None:
+    step = options.trace
+    if step.amp is None and step.dtype is None:
         amp = "bf16" if gpu is None or "bf16" in gpu.supported_dtypes() else "fp16"
         out.append((f"mixed precision (--amp {amp})", options.with_(amp=amp)))
         changes["amp"] = amp
-    if options.train and blocks and not options.checkpoint:
+    if step.train and blocks and not options.checkpoint:
         out.append(("activation checkpointing per block", options.with_(checkpoint=True)))
         changes["checkpoint"] = True
-    if options.train and options.optimizer not in ("sgd", "none"):
+    if step.train and step.optimizer not in ("sgd", "none"):
         out.append(("--optimizer sgd (no state)", options.with_(optimizer="sgd")))
         changes["optimizer"] = "sgd"
     if len(changes) >= 2:
@@ -172,7 +173,7 @@ def fit(
                          max_batch=max_batch)
     if not include_what_ifs:
         return [base]
-    has_blocks = _has_blocks(request) if options.train else False
+    has_blocks = _has_blocks(request) if options.trace.train else False
     results = [base]
     for label, opts in what_ifs(options, gpu, has_blocks)[1:]:
         results.append(largest_batch(measurer(opts), capacity, label=label, options=opts,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from torch import nn
@@ -27,17 +27,13 @@ from nnperf.workload import Workload
 
 @dataclass(frozen=True)
 class MemoryOptions:
-    """One configuration of the step whose memory is asked for."""
+    """One configuration of the step whose memory is asked for: how the step is traced, plus
+    the training-loop settings that change what is alive during it."""
 
-    train: bool = True
-    optimizer: str = "adamw"
-    optimizer_impl: str = "foreach"
-    dtype: str | None = None
-    amp: str | None = None
+    trace: TraceOptions = field(default_factory=TraceOptions)
     grad_accum: int = 1  # micro-batches per optimizer step
     set_to_none: bool = True  # zero_grad(set_to_none=...)
     checkpoint: bool = False  # activation checkpointing of every repeated block
-    real: bool = False
 
     def validate(self) -> None:
         if self.grad_accum < 1:
@@ -46,25 +42,28 @@ class MemoryOptions:
     @property
     def grads_persist(self) -> bool:
         """Whether the steady-state step starts with gradients allocated."""
-        return self.train and (self.grad_accum > 1 or not self.set_to_none)
+        return self.trace.train and (self.grad_accum > 1 or not self.set_to_none)
 
     def trace_options(self) -> TraceOptions:
-        return TraceOptions(
-            train=self.train, optimizer=self.optimizer, optimizer_impl=self.optimizer_impl,
-            dtype=self.dtype, amp=self.amp, real=self.real, grads_persist=self.grads_persist,
-        )
+        """``trace`` with ``grads_persist`` decided by the accumulation and zero_grad settings."""
+        return replace(self.trace, grads_persist=self.grads_persist)
 
     def with_(self, **changes: Any) -> MemoryOptions:
-        return replace(self, **changes)
+        """A what-if: ``changes`` to this configuration's own fields or to its trace options."""
+        own = {f.name for f in fields(self)}
+        trace = {k: v for k, v in changes.items() if k not in own}
+        mine = {k: v for k, v in changes.items() if k in own}
+        return replace(self, trace=replace(self.trace, **trace), **mine)
 
     def describe(self) -> str:
-        parts = ["training" if self.train else "inference"]
-        if self.train:
-            parts.append(f"{self.optimizer} ({self.optimizer_impl})")
-        if self.dtype:
-            parts.append(self.dtype)
-        if self.amp:
-            parts.append(f"amp {self.amp}")
+        step = self.trace
+        parts = ["training" if step.train else "inference"]
+        if step.train:
+            parts.append(f"{step.optimizer} ({step.optimizer_impl})")
+        if step.dtype:
+            parts.append(step.dtype)
+        if step.amp:
+            parts.append(f"amp {step.amp}")
         if self.checkpoint:
             parts.append("activation checkpointing")
         if self.grad_accum > 1:
