@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import textwrap
+from dataclasses import replace
 
 import pytest
 
 from nnperf.analysis import analyze
 from nnperf.errors import ModelLoadError, UsageError
-from nnperf.request import InputSpec, parse_shape
+from nnperf.loading import resolve
+from nnperf.request import InputSpec, ModelRequest, parse_shape
 
 FACTORIES = '''
 import torch
@@ -136,6 +138,21 @@ def test_parse_shape_accepts_x_and_commas():
 def test_invalid_batch(batch):
     with pytest.raises(UsageError):
         analyze("mlp", batch=batch)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"batch": 0}, "invalid batch 0"), ({"seq_len": -2}, "invalid sequence length -2")])
+def test_a_request_is_checked_when_made(kwargs, message):
+    with pytest.raises(UsageError, match=message):
+        ModelRequest("mlp", **kwargs)
+
+
+def test_one_request_builds_the_same_workload_at_another_batch():
+    request = ModelRequest("mlp", batch=2, overrides={"widths": "8,4"})
+    _, build = resolve(replace(request, batch=5))
+    workload = build()
+    assert workload.samples == 5 and request.batch == 2
+    assert [m.out_features for m in workload.model.modules() if hasattr(m, "out_features")] == [4]
 
 
 def test_unknown_model_suggests_close_names():

@@ -41,3 +41,17 @@ def test_fit_too_small_gpu_says_what_batch_1_needs():
                                    "--set", "memory_gib=0.25", "--no-what-ifs"])
     assert res.exit_code == 5, res.output
     assert "at batch 1" in res.output and "does not fit" in res.output
+
+
+def test_memory_checks_the_workload_options_like_analyze():
+    res = CliRunner().invoke(cli, ["memory", "mlp", "--batch", "0"])
+    assert res.exit_code == 2 and "invalid batch 0" in res.output
+    res = CliRunner().invoke(cli, ["memory", "x.py:f", "--tokens", "2,7", "--vocab", "0"])
+    assert res.exit_code == 2 and "invalid --vocab 0" in res.output
+
+
+def test_fit_ignores_batch():
+    res = CliRunner().invoke(cli, ["fit", "mlp", "--batch", "0", "--gpu", "a100-40gb",
+                                   "--no-what-ifs", "--max-batch", "16", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["results"][0]["largest_batch"] == 16

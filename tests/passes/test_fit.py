@@ -54,6 +54,15 @@ def test_what_ifs_offer_the_memory_levers():
         "as given", "mixed precision (--amp bf16)"]
 
 
+def test_what_ifs_change_the_trace_options_and_the_loop_settings():
+    given = MemoryOptions(TraceOptions(optimizer_impl="fused"), grad_accum=2)
+    combined = dict(what_ifs(given, None, blocks=True))["all of the above"]
+    assert combined.trace == TraceOptions(optimizer="sgd", optimizer_impl="fused", amp="bf16")
+    assert (combined.checkpoint, combined.grad_accum) == (True, 2)
+    assert combined.trace_options().grads_persist  # accumulation: grads alive through forward
+    assert not MemoryOptions(TraceOptions(train=False), grad_accum=2).trace_options().grads_persist
+
+
 def test_not_fitting_message_says_what_batch_1_needs():
     class Gpu:
         name = "Toy GPU"
