@@ -121,41 +121,6 @@ def time_batched(
 
 
 # ---- memory ---------------------------------------------------------------------------------
-_STATUS = Path("/proc/self/status")
-_CLEAR_REFS = Path("/proc/self/clear_refs")
-
-
-def _status_kib(field: str) -> int | None:
-    try:
-        for line in _STATUS.read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def rss_bytes() -> int | None:
-    """Resident set size of this process now (Linux /proc), or None elsewhere."""
-    kib = _status_kib("VmRSS")
-    return None if kib is None else kib * 1024
-
-
-def reset_rss_peak() -> bool:
-    """Reset the kernel's peak-RSS mark (VmHWM) so a later peak covers only what follows.
-    Writing 5 to /proc/self/clear_refs does that on Linux >= 4.0; False where unsupported."""
-    try:
-        _CLEAR_REFS.write_text("5")
-    except OSError:
-        return False
-    return True
-
-
-def rss_peak_bytes() -> int | None:
-    kib = _status_kib("VmHWM")
-    return None if kib is None else kib * 1024
-
-
 def is_oom(err: BaseException) -> bool:
     """True for CUDA (or CPU allocator) out-of-memory errors, whatever class raised them."""
     oom_cls = getattr(torch.cuda, "OutOfMemoryError", None)

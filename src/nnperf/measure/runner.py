@@ -5,10 +5,9 @@ What is measured, and how:
 * step time: ``steps`` steps after ``warmup`` steps, each timed alone (CUDA events after a
   synchronize on GPU, ``perf_counter`` on CPU); the median and spread are reported;
 * peak memory: ``torch.cuda.max_memory_allocated`` on GPU (the same quantity nnperf's memory
-  model predicts as ``peak_allocated``); on the CPU the growth of the process's resident set
-  (peak RSS during warm-up and timed steps minus RSS before the model was built: weights,
-  gradients, optimizer state, activations, plus the allocator's and Python's own overhead),
-  labelled as such, or "not available" where /proc is missing;
+  model predicts as ``peak_allocated``); on the CPU the peak of tensor memory during one more
+  step, from the CPU allocator's own allocation reports (``host_memory``), which the memory
+  model predicts exactly as ``passes.memory.host`` (no caching allocator on the CPU);
 * time per op and module: one extra step under the PyTorch profiler (after a profiler warm-up
   step), aligned with the trace's ops (see ``align``); the share of measured op time that
   could be attributed is reported.
@@ -28,14 +27,12 @@ import torch
 from nnperf.analysis import Analysis, analyze_request
 from nnperf.errors import ResourceError
 from nnperf.loading import resolve
+from nnperf.measure import host_memory
 from nnperf.measure.align import Alignment, align, flatten_profile
 from nnperf.measure.device import (
     device_name,
     free_memory,
     is_oom,
-    reset_rss_peak,
-    rss_bytes,
-    rss_peak_bytes,
     synchronize,
     time_repeats,
 )
@@ -143,14 +140,15 @@ def _driver_version() -> str | None:
             return None
 
 
-def predicted_peak_memory(analysis: Analysis) -> int | None:
-    """nnperf's predicted peak allocated bytes, when the memory model is available."""
-    try:
-        from nnperf.passes.memory.model import predict_memory
+def predicted_peak_memory(analysis: Analysis, device: str = "cuda") -> int:
+    """nnperf's predicted peak of what ``measure`` measures on ``device``: allocated bytes
+    of the CUDA caching allocator on a GPU, bytes of live tensors on the CPU."""
+    from nnperf.passes.memory.host import predict_host_memory
+    from nnperf.passes.memory.model import predict_memory
 
-        return int(predict_memory(analysis.trace, model=analysis.model).peak_allocated)
-    except Exception:  # the memory model is optional here; a prediction is not required
-        return None
+    if device.startswith("cpu"):
+        return int(predict_host_memory(analysis.trace, model=analysis.model).peak_allocated)
+    return int(predict_memory(analysis.trace, model=analysis.model).peak_allocated)
 
 
 def measure(
@@ -177,7 +175,6 @@ def measure(
     name, build = resolve(request)
     previous_tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = tf32
-    rss_before = rss_bytes() if device.type == "cpu" else None
     step = None
     try:
         if device.type == "cuda":
@@ -185,16 +182,14 @@ def measure(
         step = build_step(build, options, device)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-            memory_method = "torch.cuda.max_memory_allocated"
-        else:
-            memory_method = "cpu-rss-growth" if rss_before is not None and reset_rss_peak() else "not-available"
         times = time_repeats(step.run, device, warmup=warmup, repeats=steps)
         synchronize(device)
         if device.type == "cuda":
+            memory_method = "torch.cuda.max_memory_allocated"
             peak: int | None = int(torch.cuda.max_memory_allocated(device))
         else:
-            hwm = rss_peak_bytes()
-            peak = hwm - rss_before if memory_method == "cpu-rss-growth" and hwm and rss_before else None
+            memory_method = host_memory.METHOD
+            peak = host_memory.peak_tensor_bytes(step.run, step.state_tensors)
         alignment, profiled = (None, None)
         if profile_ops:
             alignment, profiled = _profile_step(step.run, device, analysis, trace_out)
@@ -204,7 +199,7 @@ def measure(
         step = None
         measured_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
         free_memory(device)
-        predicted = predicted_peak_memory(analysis)
+        predicted = predicted_peak_memory(analysis, device.type)
         from nnperf.report.units import binary
 
         capacity = (
@@ -336,7 +331,8 @@ def combined_json(m: Measurement, analysis: Analysis, prediction: Any | None, de
     totals["measured_step_time_spread"] = step.to_json()
     totals["measured_peak_memory_bytes"] = m.peak_memory_bytes
     totals["measured_memory_method"] = m.memory_method
-    totals["predicted_peak_memory_bytes"] = predicted_peak_memory(analysis)
+    totals["predicted_peak_memory_bytes"] = predicted_peak_memory(analysis, m.device)
+    totals["peak_memory_error"] = relative_error(totals["predicted_peak_memory_bytes"], m.peak_memory_bytes)
     totals["step_time_error"] = relative_error(totals.get("step_time_s"), step.median) if prediction else None
     totals["measured_samples_per_s"] = m.batch / step.median if step.median else None
     doc["measurement"] = m.to_json()

@@ -3,8 +3,8 @@
 The builder comes from ``nnperf.loading.resolve`` (the trace calls the same builder inside
 fake mode); here it is called outside fake mode, so weights and inputs are real random
 tensors, then moved to the device. The step mirrors ``trace.capture._record``: forward (under
-autocast with ``--amp``), the loss, backward, the optimizer step, and ``zero_grad`` (set to
-None, as the traced step starts without gradients).
+autocast with ``--amp``), the loss, backward (through a GradScaler for fp16 autocast), the
+optimizer step, and ``zero_grad`` (set to None, as the traced step starts without gradients).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_flatten
 
 from nnperf.errors import UsageError
 from nnperf.trace.capture import AMP_DTYPES, DTYPES, TraceOptions
@@ -31,6 +32,23 @@ class RealStep:
     options: TraceOptions
     optimizer: torch.optim.Optimizer | None
     run: Callable[[], None]
+    scaler: torch.amp.GradScaler | None = None
+
+    def state_tensors(self) -> list[Any]:
+        """Every tensor the loop keeps between steps: weights and their gradients, buffers,
+        optimizer and scaler state, the batch, and tensors the loss holds (targets)."""
+        model = self.workload.model
+        tensors: list[Any] = []
+        for p in model.parameters():
+            tensors += [p, p.grad]
+        tensors += list(model.buffers())
+        if self.optimizer is not None:
+            for state in self.optimizer.state.values():
+                tensors += tree_flatten(state)[0]
+        if self.scaler is not None:
+            tensors += [self.scaler._scale, self.scaler._growth_tracker]
+        tensors += tree_flatten(self.workload.inputs)[0]
+        return tensors + _held_tensors(self.workload.loss_fn)
 
 
 def _to_device(value: Any, device: torch.device, dtype: torch.dtype | None) -> Any:
@@ -88,15 +106,27 @@ def build_step(build: Callable[[], Workload], options: TraceOptions, device: tor
             return contextlib.nullcontext()
         return torch.autocast(device.type, dtype=amp_dtype)
 
+    # fp16 autocast training runs a GradScaler, as the traced step does (trace.grad_scaler)
+    scaler = torch.amp.GradScaler(device.type) if options.uses_grad_scaler() else None
+
     if options.train:
 
         def run() -> None:
             with autocast():
-                loss = loss_fn(model(*workload.inputs))
+                output = model(*workload.inputs)
+                loss = loss_fn(output)
+            if scaler is not None:
+                loss = scaler.scale(loss)
+            # the output stays referenced through backward, as in the traced step and in the
+            # usual loop (``logits = model(x); loss = ...; loss.backward()``)
             loss.backward()
-            del loss
-            if optimizer is not None:
+            del loss, output
+            if optimizer is not None and scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            elif optimizer is not None:
                 optimizer.step()
+            if optimizer is not None:
                 optimizer.zero_grad(set_to_none=True)
             else:
                 model.zero_grad(set_to_none=True)
@@ -106,7 +136,19 @@ def build_step(build: Callable[[], Workload], options: TraceOptions, device: tor
             with torch.no_grad(), autocast():
                 model(*workload.inputs)
 
-    return RealStep(workload=workload, device=device, options=options, optimizer=optimizer, run=run)
+    return RealStep(workload=workload, device=device, options=options, optimizer=optimizer, run=run,
+                    scaler=scaler)
+
+
+def _held_tensors(fn: Any) -> list[Any]:
+    """Tensors a loss object keeps as attributes, buffers or closure variables."""
+    if fn is None:
+        return []
+    held = list(vars(fn).values()) if hasattr(fn, "__dict__") else []
+    if isinstance(fn, nn.Module):
+        held += [*fn.buffers(), *fn.parameters()]
+    held += [cell.cell_contents for cell in getattr(fn, "__closure__", None) or ()]
+    return [t for t in held if isinstance(t, torch.Tensor)]
 
 
 def _move_closure_tensors(fn: Any, device: torch.device) -> None:

@@ -50,7 +50,10 @@ def print_measurement(doc: dict[str, Any], *, console: Console | None = None) ->
     method = tot["measured_memory_method"]
     summary.add_row(f"measured peak memory ({method})", binary(mem) if mem is not None else "not available")
     pred_mem = tot.get("predicted_peak_memory_bytes")
-    summary.add_row("predicted peak memory (allocated)", binary(pred_mem) if pred_mem else "-")
+    what = "live tensors" if m["device"].startswith("cpu") else "allocated"
+    summary.add_row(f"predicted peak memory ({what})", binary(pred_mem) if pred_mem else "-")
+    mem_err = tot.get("peak_memory_error")
+    summary.add_row("memory error (predicted vs measured)", "-" if mem_err is None else f"{mem_err:+.1%}")
     att = m.get("attribution")
     if att:
         summary.add_row("op time attributed to traced ops", f"{att['attributed_share_of_op_time']:.1%}")
