@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from nnperf.errors import ResourceError
+from nnperf.errors import ResourceError, UsageError
 from nnperf.hardware import default_profile, load_gpu
 from nnperf.measure.runner import combined_json, measure, measured_by_module
 from nnperf.passes.timing import TimingOptions
@@ -103,3 +103,11 @@ def test_cuda_measurement_reports_allocated_peak():
     params = sum(p.numel() * 4 for p in analysis.workload.model.parameters())
     assert m.memory_method == "torch.cuda.max_memory_allocated"
     assert m.peak_memory_bytes >= 4 * params  # weights, grads and two AdamW moments
+
+
+def test_a_precision_without_a_device_kernel_is_a_usage_error_not_a_traceback():
+    # PyTorch 2.x has no CPU bf16 kernel for avg_pool3d, which local_response_norm uses
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.LocalResponseNorm(2))
+    request = ModelRequest(model, inputs=(torch.randn(1, 3, 8, 8),))
+    with pytest.raises(UsageError, match=r"cannot run on .* in --dtype bf16: .*avg_pool3d"):
+        measure(request, TraceOptions(dtype="bf16", train=False), device=CPU, steps=1, warmup=0)

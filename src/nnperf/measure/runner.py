@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from nnperf.analysis import Analysis, analyze_request
-from nnperf.errors import ResourceError
+from nnperf.errors import ResourceError, UsageError
 from nnperf.loading import resolve
 from nnperf.measure import host_memory
 from nnperf.measure.align import Alignment, align, flatten_profile
@@ -193,6 +193,14 @@ def measure(
         alignment, profiled = (None, None)
         if profile_ops:
             alignment, profiled = _profile_step(step.run, device, analysis, trace_out)
+    except NotImplementedError as err:  # PyTorch has no kernel for this dtype on this device
+        step = None
+        free_memory(device)
+        precision = f"--amp {options.amp}" if options.amp else f"--dtype {options.dtype or 'fp32'}"
+        raise UsageError(
+            f"{name} cannot run on {device_name(device)} in {precision}: "
+            f"{str(err).splitlines()[0]}. Try another precision or device."
+        ) from None
     except Exception as err:
         if not is_oom(err):
             raise
