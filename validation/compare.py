@@ -4,8 +4,9 @@
 
 By default each record's configuration is predicted again with the current code (so the
 table tracks the model as it changes); ``--recorded`` uses the predictions stored in the
-records instead. Errors are absolute percentage errors of the step time: median, 90th
-percentile and worst, per model family and overall (``nnperf.measure.validation.error_table``).
+records instead. Errors are absolute percentage errors of the step time and of the peak
+memory: median, 90th percentile and worst, per model family and overall
+(``nnperf.measure.validation.error_table``).
 """
 
 from __future__ import annotations
@@ -18,12 +19,22 @@ from typing import Any
 from nnperf.measure.validation import Config, error_table, load_records
 
 
-def repredict(record: dict[str, Any], gpu_name: str) -> float | None:
-    from nnperf.prediction import predict
+def repredict(record: dict[str, Any], gpu_name: str | None) -> None:
+    """Predict the record's configuration again with the current code: the step time on
+    ``gpu_name`` (when given) and the peak memory of what the record measured."""
+    from nnperf.analysis import analyze_request
+    from nnperf.hardware import load_gpu
+    from nnperf.measure.runner import predicted_peak_memory
+    from nnperf.passes.timing import TimingOptions
+    from nnperf.prediction import predict_analysis
 
     cfg = Config(record["model"], record["train"], record["precision"], record["batch"], record.get("seq"))
-    kw = cfg.analyze_kwargs()
-    return predict(cfg.model, gpu_name, tf32=cfg.tf32, **kw).step.step_s
+    analysis = analyze_request(cfg.request(), cfg.trace_options())
+    device = record.get("device", "cuda")
+    record["predicted_peak_memory_bytes"] = predicted_peak_memory(analysis, device)
+    if gpu_name:
+        p = predict_analysis(analysis, load_gpu(gpu_name), timing=TimingOptions(tf32_matmul=cfg.tf32))
+        record["predicted_step_time_s"] = p.step.step_s
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,16 +47,18 @@ def main(argv: list[str] | None = None) -> int:
     records = [r for r in load_records(args.folder) if r.get("fits", True) and "measured_step_time_s" in r]
     if not args.recorded:
         for r in records:
-            gpu = args.gpu or r.get("gpu")
-            r["predicted_step_time_s"] = repredict(r, gpu) if gpu else None
-    tables = {"nnperf": error_table(records)}
+            r["predicted_step_time_s"] = None
+            repredict(r, args.gpu or r.get("gpu"))
+    tables = {"nnperf: step time": error_table(records)}
     if any(r.get("runtime_estimator_step_time_s") for r in records):
-        tables["torch RuntimeEstimator"] = error_table(records, key="runtime_estimator_step_time_s")
+        tables["torch RuntimeEstimator: step time"] = error_table(records, key="runtime_estimator_step_time_s")
+    tables["nnperf: peak memory"] = error_table(
+        records, key="predicted_peak_memory_bytes", measured_key="measured_peak_memory_bytes")
     if args.json:
         print(json.dumps(tables, indent=2))
         return 0
     for name, table in tables.items():
-        print(f"\n{name}: absolute percentage error of the step time ({len(records)} records)")
+        print(f"\n{name}: absolute percentage error ({len(records)} records)")
         print(f"{'family':<20}{'n':>4}{'median':>10}{'p90':>10}{'worst':>10}  worst config")
         for family, row in table.items():
             def pct(v: float | None) -> str:

@@ -5,7 +5,7 @@
 
 Each record holds the device (GPU name, driver, CUDA and torch versions), the date, the
 measured step time (median and spread), per-module measured times, peak memory, nnperf's
-prediction for the same configuration and, where a GPU is present, PyTorch's own
+prediction (step time and peak memory) for the same configuration and, where a GPU is present, PyTorch's own
 RuntimeEstimator prediction. A configuration that does not fit is recorded as such.
 """
 
@@ -31,7 +31,7 @@ from nnperf.measure.validation import (
 
 def run_one(config: Config, device: Any, steps: int, warmup: int, gpu_name: str | None) -> dict[str, Any]:
     from nnperf.hardware import load_gpu
-    from nnperf.measure.runner import measure, measured_by_module
+    from nnperf.measure.runner import measure, measured_by_module, predicted_peak_memory
     from nnperf.passes.timing import TimingOptions
     from nnperf.prediction import predict_analysis
 
@@ -48,10 +48,12 @@ def run_one(config: Config, device: Any, steps: int, warmup: int, gpu_name: str 
     record.update(
         fits=True,
         environment=m.environment,
+        device=m.device,
         device_name=m.device_name,
         measured_step_time_s=m.step.to_json(),
         measured_peak_memory_bytes=m.peak_memory_bytes,
         memory_method=m.memory_method,
+        predicted_peak_memory_bytes=predicted_peak_memory(analysis, str(device)),
         measured_modules_s=measured_by_module(m, analysis, depth=2),
         attributed_share_of_step=m.attributed_share_of_step,
     )

@@ -50,6 +50,18 @@ def test_error_table_by_family_and_overall():
     assert list(table)[-1] == "overall"
 
 
+def test_error_table_of_peak_memory():
+    # |110-100|/100 = 10%, |95-100|/100 = 5%; the step-time fields are ignored
+    records = [
+        {"config": "a", "family": "cnn", "measured_peak_memory_bytes": 100, "predicted_peak_memory_bytes": 110,
+         "measured_step_time_s": 1.0, "predicted_step_time_s": 9.0},
+        {"config": "b", "family": "cnn", "measured_peak_memory_bytes": 100, "predicted_peak_memory_bytes": 95},
+    ]
+    row = error_table(records, key="predicted_peak_memory_bytes", measured_key="measured_peak_memory_bytes")["cnn"]
+    assert row["n"] == 2 and row["median_ape"] == pytest.approx(7.5)
+    assert row["worst_ape"] == pytest.approx(10.0) and row["worst_config"] == "a"
+
+
 def test_configs_cover_every_zoo_model_mode_precision_and_two_batches():
     from nnperf.zoo import list_models
 

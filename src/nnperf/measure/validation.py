@@ -127,19 +127,24 @@ def absolute_percentage_error(predicted: float, measured: float) -> float:
     return abs(predicted - measured) / measured * 100.0
 
 
-def error_table(records: Iterable[dict[str, Any]], key: str = "predicted_step_time_s") -> dict[str, dict[str, Any]]:
-    """Median, 90th percentile and worst absolute percentage error of ``key`` against the
-    measured median step time, per model family and ``"overall"``.
+def error_table(
+    records: Iterable[dict[str, Any]],
+    key: str = "predicted_step_time_s",
+    measured_key: str = "measured_step_time_s",
+) -> dict[str, dict[str, Any]]:
+    """Median, 90th percentile and worst absolute percentage error of ``key`` against
+    ``measured_key``, per model family and ``"overall"``: step times by default, peak memory
+    with ``key="predicted_peak_memory_bytes", measured_key="measured_peak_memory_bytes"``.
 
-    A record needs ``measured_step_time_s`` (a number, or a dict with ``median``), ``key`` and
-    ``family`` (or ``model``, whose zoo family is looked up). Records lacking either time
+    A record needs ``measured_key`` (a number, or a dict with ``median``), ``key`` and
+    ``family`` (or ``model``, whose zoo family is looked up). Records lacking either value
     (e.g. "does not fit") are counted as ``skipped``.
     """
     errors: dict[str, list[tuple[float, str]]] = defaultdict(list)
     skipped: dict[str, int] = defaultdict(int)
     for r in records:
         family = r.get("family") or family_of(r.get("model", ""))
-        measured = r.get("measured_step_time_s")
+        measured = r.get(measured_key)
         if isinstance(measured, dict):
             measured = measured.get("median")
         predicted = r.get(key)
