@@ -142,3 +142,16 @@ def test_data_dependent_model_exits_4_with_the_real_hint(tmp_path):
     assert "--real" in out and "aten::index" in out and "Traceback" not in out
     result, out = run(f"{tmp_path}/dd.py:f", "--real", "--json")
     assert result.exit_code == 0, out
+
+
+@pytest.mark.parametrize(("flags", "scaler_ops"), [
+    (["--amp", "fp16"], True),                        # default: fp16 autocast training scales
+    (["--amp", "fp16", "--no-grad-scaler"], False),
+    (["--amp", "bf16"], False),                       # nobody scales bf16
+])
+def test_grad_scaler_flag(flags, scaler_ops):
+    result, _ = run(*MLP, "--by", "op", "--json", *flags)
+    assert result.exit_code == 0, result.output
+    ops = {row["op"] for row in json.loads(result.stdout)["ops"]}
+    assert ("aten._amp_foreach_non_finite_check_and_unscale_" in ops) is scaler_ops
+    assert ("aten._amp_update_scale_" in ops) is scaler_ops

@@ -13,7 +13,7 @@ from nnperf.request import INPUT_DTYPES, InputSpec, ModelRequest, parse_shape
 from nnperf.trace.capture import AMP_DTYPES, DTYPES, OPTIMIZER_IMPLS, OPTIMIZERS, TraceOptions
 
 _WORKLOAD_KEYS = (
-    "model", "batch", "seq", "train", "dtype", "amp", "optimizer", "optimizer_impl",
+    "model", "batch", "seq", "train", "dtype", "amp", "grad_scaler", "optimizer", "optimizer_impl",
     "input_shape", "input_dtype", "tokens", "vocab", "real", "model_opt",
 )
 
@@ -30,6 +30,8 @@ def workload_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="Cast the model and floating inputs to this dtype."),
         click.option("--amp", type=click.Choice(list(AMP_DTYPES)),
                      help="Mixed precision: autocast to this dtype."),
+        click.option("--grad-scaler/--no-grad-scaler", default=None,
+                     help="Run torch.amp.GradScaler in the training step (default: with --amp fp16 only)."),
         click.option("--optimizer", type=click.Choice(list(OPTIMIZERS)), default="adamw", show_default=True),
         click.option("--optimizer-impl", type=click.Choice(list(OPTIMIZER_IMPLS)), default="foreach",
                      show_default=True, help="PyTorch optimizer implementation."),
@@ -70,6 +72,7 @@ def pop_workload(kwargs: dict[str, Any]) -> tuple[ModelRequest, TraceOptions]:
         optimizer_impl=opts["optimizer_impl"],
         dtype=opts["dtype"],
         amp=opts["amp"],
+        grad_scaler=opts["grad_scaler"],
         real=opts["real"],
     )
     return request, options
