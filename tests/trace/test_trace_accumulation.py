@@ -13,6 +13,7 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 from nnperf.analysis import analyze
+from nnperf.trace.events import KIND_GRAD
 
 
 class TiedLM(nn.Module):
@@ -94,5 +95,6 @@ def test_in_place_sum_allocates_nothing_and_keeps_the_first_gradient_alive():
     assert e.inputs[0].storage not in e.releases
     weight_bytes = 64 * 16 * 4
     assert a.trace.storages[e.inputs[0].storage].nbytes == weight_bytes
-    # it becomes the weight's gradient: alive to the end of the step
+    # it becomes the weight's gradient: alive to the end of the step, and labeled a gradient
     assert a.trace.storages[e.inputs[0].storage].released_after is None
+    assert a.trace.storages[e.inputs[0].storage].kind == KIND_GRAD

@@ -109,7 +109,9 @@ def fold_inplace_accumulations(trace: Trace, engine_sums: set[int]) -> int:
         e.allocates.remove(new_sid)
         e.releases.remove(old.storage)
         kept, dropped = trace.storages[old.storage], trace.storages.pop(new_sid)
-        kept.released_after = dropped.released_after
+        # the sum is what lives on (a parameter's gradient, say): it keeps its kind and name
+        kept.released_after, kept.kind = dropped.released_after, dropped.kind
+        kept.name = dropped.name or kept.name
         renamed[new_sid] = old.storage
         folded += 1
     return folded
