@@ -111,3 +111,17 @@ def test_a_precision_without_a_device_kernel_is_a_usage_error_not_a_traceback():
     request = ModelRequest(model, inputs=(torch.randn(1, 3, 8, 8),))
     with pytest.raises(UsageError, match=r"cannot run on .* in --dtype bf16: .*avg_pool3d"):
         measure(request, TraceOptions(dtype="bf16", train=False), device=CPU, steps=1, warmup=0)
+
+
+def test_ops_the_device_runs_differently_are_not_matched_rather_than_zero():
+    # the trace models CUDA's fused native_dropout; the CPU runs bernoulli_ and mul instead
+    model = nn.Sequential(nn.Linear(16, 32), nn.Dropout(0.5), nn.Linear(32, 4))
+    request = ModelRequest(model, inputs=(torch.randn(8, 16),))
+    m, analysis = measure(request, TraceOptions(optimizer="sgd"), device=CPU, steps=1, warmup=1)
+    doc = combined_json(m, analysis, None, depth=1)
+    rows = {r["name"]: r for r in doc["modules"]}
+    assert rows["1"]["measured_time_s"] is None  # the dropout module: nothing matched
+    assert rows["0"]["measured_time_s"] > 0 and rows["2"]["measured_time_s"] > 0
+    ops = {r["op"]: r for r in doc["ops"]}
+    assert ops["aten.native_dropout"]["measured_time_s"] is None
+    assert "aten.native_dropout" in doc["measurement"]["attribution"]["trace_only"]

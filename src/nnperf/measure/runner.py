@@ -326,12 +326,14 @@ def combined_json(m: Measurement, analysis: Analysis, prediction: Any | None, de
     doc = prediction.to_json(depth=depth) if prediction is not None else analysis.to_json(depth=depth)
     key = compared_field(m.device)
     mods = measured_by_module(m, analysis, depth)
+    # A module or op none of whose traced ops was found in the profile is "not matched"
+    # (None), never 0: on the CPU, say, dropout runs as bernoulli_ and mul, not native_dropout.
     for row in doc["modules"]:
-        row["measured_time_s"] = mods.get(row["name"], 0.0) if m.alignment else None
+        row["measured_time_s"] = mods.get(row["name"]) if m.alignment else None
         row["error"] = relative_error(row.get(key), row["measured_time_s"]) if prediction is not None else None
     ops = measured_by_op(m, analysis)
     for row in doc["ops"]:
-        row["measured_time_s"] = ops.get(row["op"], 0.0) if m.alignment else None
+        row["measured_time_s"] = ops.get(row["op"]) if m.alignment else None
         row["error"] = relative_error(row.get(key), row["measured_time_s"]) if prediction is not None else None
     step = m.step
     totals = doc["totals"]

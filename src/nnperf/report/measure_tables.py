@@ -33,8 +33,11 @@ def print_measurement(doc: dict[str, Any], *, console: Console | None = None) ->
         t.add_column(col, justify="right")
     for row in doc["modules"]:
         name = "  " * max(row["depth"] - 1, 0) + (row["name"] or "(model)")
-        t.add_row(name, _t(row.get("measured_time_s")), _t(row.get(key)) if has_pred else "-", _err(row.get("error")))
+        measured = row.get("measured_time_s")
+        shown = "not matched" if measured is None and m.get("attribution") else _t(measured)
+        t.add_row(name, shown, _t(row.get(key)) if has_pred else "-", _err(row.get("error")))
     console.print(t)
+    _print_unmatched(m.get("attribution"), console)
     tot = doc["totals"]
     s = tot["measured_step_time_spread"]
     summary = Table(title="Step", title_justify="left", show_header=False)
@@ -63,6 +66,22 @@ def print_measurement(doc: dict[str, Any], *, console: Console | None = None) ->
     console.print(summary)
     if not has_pred:
         console.print(f"[yellow]{doc.get('prediction_note', 'No prediction for this device.')}[/yellow]")
+
+
+def _print_unmatched(attribution: dict[str, Any] | None, console: Console) -> None:
+    """Say which traced ops found no profiled op and which profiled ops are not in the trace
+    (the device ran other kernels: on the CPU dropout is bernoulli_ and mul, attention with
+    dropout the math path), rather than leave their time at zero."""
+    if not attribution:
+        return
+    trace_only = attribution.get("trace_only") or {}
+    profiler_only = attribution.get("profiler_only") or {}
+    if trace_only:
+        names = ", ".join(f"{op} x{n}" for op, n in list(trace_only.items())[:6])
+        console.print(f"[yellow]Traced ops not found in the profile (not matched): {names}[/yellow]")
+    if profiler_only:
+        names = ", ".join(f"{op} {seconds(t)}" for op, t in list(profiler_only.items())[:6])
+        console.print(f"[yellow]Profiled ops not in the trace (their time is unattributed): {names}[/yellow]")
 
 
 def print_calibration(cal: Any, measured: dict[str, Any], paths: list[str], *, console: Console | None = None) -> None:

@@ -20,14 +20,19 @@ def binary(nbytes: float, digits: int = 3) -> str:
     """Memory sizes in KiB/MiB/GiB, as PyTorch reports them."""
     for scale, unit in _BINARY:
         if abs(nbytes) >= scale:
-            return f"{nbytes / scale:.{digits}g} {unit}"
+            return f"{_significant(nbytes / scale, digits)} {unit}"
     return f"{nbytes:.0f} B"
+
+
+def _significant(value: float, digits: int) -> str:
+    """``digits`` significant digits, but never exponent notation (1020 MiB, not 1.02e+03)."""
+    return f"{value:.{digits}g}" if abs(value) < 10**digits else f"{value:.0f}"
 
 
 def seconds(value: float) -> str:
     """Durations from nanoseconds to seconds, always with a unit."""
     if value >= 1:
-        return f"{value:.3g} s"
+        return f"{_significant(value, 3)} s"
     if value >= 1e-3:
         return f"{value * 1e3:.3g} ms"
     if value >= 1e-6:
