@@ -55,3 +55,11 @@ def test_fit_ignores_batch():
                                    "--no-what-ifs", "--max-batch", "16", "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["results"][0]["largest_batch"] == 16
+
+
+def test_validate_refuses_a_file_without_measured_memory(tmp_path):
+    bogus = tmp_path / "analysis.json"
+    bogus.write_text('{"schema": "nnperf.analysis/1", "model": "mlp", "totals": {}}')
+    res = CliRunner().invoke(cli, ["memory", "mlp", "--batch", "4", "--validate", str(bogus)])
+    assert res.exit_code == 2
+    assert "holds no measured peak memory" in res.output

@@ -36,6 +36,7 @@ def report(gpu, profile, gpus, output, measured, png, svg, depth, points, memory
     from nnperf.passes.timing import TimingOptions
     from nnperf.prediction import predict_analysis
     from nnperf.report.html import AUTO, build_compare_report, build_report, load_measured
+    from nnperf.report.html.measured import check_comparable
 
     if not (output or png or svg):
         raise UsageError("nothing to write: give -o report.html, --png FILE or --svg FILE")
@@ -49,6 +50,8 @@ def report(gpu, profile, gpus, output, measured, png, svg, depth, points, memory
     analysis = analyze_request(*pop_workload(kwargs))
     timing = TimingOptions(tf32_matmul=tf32)
     predictions = [predict_analysis(analysis, g, p, timing) for g, p in targets]
+    if overlay is not None:
+        check_comparable(overlay, [p.gpu for p in predictions])
     mem = AUTO if memory else None
     if output:
         if len(predictions) > 1:

@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nnperf.errors import UsageError
+
 SCHEMA = "nnperf.memory/1"
 
 #: Breakdown categories, in the order tables print them. Every byte of the replayed trace
@@ -141,4 +143,11 @@ def load_measurements(path: str | Path) -> list[MemoryReport]:
     """
     doc = json.loads(Path(path).read_text())
     entries = doc if isinstance(doc, list) else doc.get("measurements", [doc])
-    return [MemoryReport.from_json({"source": "measured", **e}) for e in entries]
+    reports = [MemoryReport.from_json({"source": "measured", **e}) for e in entries if isinstance(e, dict)]
+    if not reports or all(r.peak_allocated is None and r.peak_reserved is None and r.device_total is None
+                          for r in reports):
+        raise UsageError(
+            f"{path} holds no measured peak memory: expected entries with 'model', 'config' "
+            "and any of 'peak_allocated', 'peak_reserved', 'device_total' (bytes)"
+        )
+    return reports

@@ -30,6 +30,7 @@ class Measured:
 
     source: str
     gpu: str | None = None
+    device: str | None = None  # "cuda", "cuda:0", "cpu" when the file says
     step_time_s: float | None = None
     module_time_s: dict[str, float] = field(default_factory=dict)
     peak_allocated: float | None = None
@@ -80,15 +81,47 @@ def measured_from_json(doc: dict[str, Any], source: str = "measurement") -> Meas
     for p in mem.get("timeline", []) or []:
         if isinstance(p, dict) and _number(p.get("allocated")) is not None and _number(p.get("index")) is not None:
             timeline.append((int(p["index"]), float(p["allocated"])))
-    return Measured(
+    measured = Measured(
         source=source,
         gpu=str(gpu) if gpu else None,
+        device=str(measurement["device"]) if measurement.get("device") else None,
         step_time_s=step,
         module_time_s=modules,
         peak_allocated=_number(mem.get("peak_allocated", doc.get("peak_allocated"))),
         peak_reserved=_number(mem.get("peak_reserved", doc.get("peak_reserved"))),
         memory_timeline=timeline,
     )
+    if step is None and not modules and measured.peak_allocated is None:
+        raise UsageError(
+            f"{source} holds no measured values (no measured step time, module times or peak "
+            "memory): give the JSON of 'nnperf measure --json'"
+        )
+    return measured
+
+
+def check_comparable(measured: Measured, gpus: list[Any]) -> None:
+    """A measurement overlays a prediction only for the same kind of device: a CPU run, or a
+    run on a GPU none of the predicted ones is, beside GPU predictions would print errors
+    that mean nothing."""
+    names = ", ".join(g.name for g in gpus)
+    if measured.device and measured.device.startswith("cpu"):
+        raise UsageError(
+            f"{measured.source} was measured on the CPU ({measured.gpu or 'cpu'}), the report "
+            f"predicts {names}: overlay a measurement from that GPU"
+        )
+    if measured.gpu:
+        from nnperf.errors import NnperfError
+        from nnperf.hardware import load_gpu
+
+        try:
+            measured_id = load_gpu(measured.gpu).id
+        except NnperfError:  # a GPU the catalog does not know: nothing to check it against
+            return
+        if all(g.id != measured_id for g in gpus):
+            raise UsageError(
+                f"{measured.source} was measured on {measured.gpu}, the report predicts {names}: "
+                "predict that GPU (--gpu) or overlay a measurement from a predicted one"
+            )
 
 
 def load_measured(path: str | Path) -> Measured:
