@@ -69,6 +69,12 @@ def calibrate(device_name, quick, output, device_file, gpu, as_json) -> None:
         sys.exit(130)
     write_outputs(cal, target, outputs)
     paths = [str(p) for p in outputs.paths()]
+    noisy = cal.noisy()
+    if noisy:
+        worst = ", ".join(f"{what} ({ratio:.1f}x)" for what, ratio in noisy[:3])
+        click.secho(f"warning: {len(noisy)} measurements varied more than 2x between repeats (worst: {worst}); "
+                    "something else was using the device, so the profile may be off: rerun on an idle "
+                    "machine", fg="yellow", err=True)
     if as_json:
         click.echo(json.dumps({**cal.to_json(), "written": paths}, indent=2))
         return

@@ -117,6 +117,10 @@ def plan_for(device: torch.device, quick: bool = False) -> Plan:
     )
 
 
+#: Repeats of one measurement spread wider than this (p90 / p10) mark it as disturbed.
+NOISE_RATIO = 2.0
+
+
 @dataclass
 class Calibration:
     """Raw measurements (seconds are medians; every spread is kept) and their summaries."""
@@ -135,7 +139,8 @@ class Calibration:
     complete: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema": SCHEMA_VERSION, **dataclasses.asdict(self)}
+        noisy = [{"what": what, "p90_over_p10": r} for what, r in self.noisy()]
+        return {"schema": SCHEMA_VERSION, **dataclasses.asdict(self), "noisy": noisy}
 
     # ---- summaries ------------------------------------------------------------------------
     def best_gemm_flops(self, dtype: str) -> float | None:
@@ -145,6 +150,21 @@ class Calibration:
     def copy_bandwidth(self) -> float | None:
         rates = [b["bytes_per_s"] for b in self.bandwidth if b["kind"] == "copy"]
         return max(rates) if rates else None
+
+    def noisy(self, ratio: float = NOISE_RATIO) -> list[tuple[str, float]]:
+        """Measurements whose repeats varied by more than ``ratio`` (p90 / p10), worst first:
+        another process competing for the device, whose numbers a profile should not trust."""
+        out = []
+        groups = {"gemm": self.gemm, "conv": self.conv, "bandwidth": self.bandwidth, "transfer": self.transfer}
+        for group, rows in groups.items():
+            for row in rows:
+                spread = row.get("spread") or {}
+                low, high = spread.get("p10"), spread.get("p90")
+                if low and high and high / low > ratio:
+                    what = " ".join(str(row[k]) for k in ("kind", "dtype", "n", "m", "k", "bytes_moved", "bytes")
+                                    if k in row)
+                    out.append((f"{group} {what}", high / low))
+        return sorted(out, key=lambda item: -item[1])
 
     def gemm_curve(self, dtype: str) -> list[tuple[float, float]]:
         """(FLOPs, achieved FLOP/s) of the aligned square GEMMs of ``dtype``."""
