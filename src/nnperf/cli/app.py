@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import click
@@ -48,4 +49,8 @@ for _name in COMMAND_MODULES:
 
 
 def main() -> None:
+    # The profiler's C++ side (Kineto) prints "USDT ... profiler_start/stop" lines to stderr
+    # each time measure/calibrate profile a step; read when the profiler starts. A user's own
+    # setting wins.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     cli()
