@@ -271,3 +271,18 @@ def test_bad_user_gpu_file_names_file_and_field(tmp_path, edit, field):
 def test_missing_gpu_file(tmp_path):
     with pytest.raises(UsageError, match="does not exist"):
         load_gpu(None, gpu_file=tmp_path / "nope.toml")
+
+
+@pytest.mark.parametrize("gpu_id,reported_mib", sorted(DRIVER_TOTAL_MIB.items()))
+def test_usable_memory_is_what_cuda_reports(gpu_id, reported_mib):
+    assert load_gpu(gpu_id).usable_memory_bytes == reported_mib * 2**20
+
+
+def test_usable_memory_without_a_reading_keeps_the_largest_reserve_seen():
+    from nnperf.hardware.catalog import DRIVER_RESERVE
+
+    largest = max(1 - mib / (load_gpu(g).memory_gib * 1024) for g, mib in DRIVER_TOTAL_MIB.items())
+    assert largest <= DRIVER_RESERVE < largest + 0.005  # conservative, but only just
+    a100 = load_gpu("a100-40gb")
+    assert a100.cuda_total_mib is None
+    assert a100.usable_memory_bytes == pytest.approx(40 * 2**30 * (1 - DRIVER_RESERVE))

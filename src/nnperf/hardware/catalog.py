@@ -65,6 +65,11 @@ class PeakRate:
     note: str = ""
 
 
+#: Share of the nominal memory the driver keeps when no reading says how much (see
+#: ``GPU.usable_memory_bytes``): V100 SXM2, the largest share among the GPUs read, kept 1.4%.
+DRIVER_RESERVE = 0.015
+
+
 @dataclass(frozen=True)
 class GPU:
     """One GPU as one PyTorch device sees it (multi-die boards are described per die)."""
@@ -84,6 +89,7 @@ class GPU:
     compute_capability: str | None = None
     tensor_clock_mhz: float | None = None
     l2_mb: float | None = None
+    cuda_total_mib: float | None = None
     host_link: HostLink | None = None
     gpu_link_gbs: float | None = None
     tdp_w: float | None = None
@@ -106,6 +112,19 @@ class GPU:
     def memory_bytes(self) -> float:
         """Capacity in bytes; GPU memory sizes are binary (an '80 GB' HBM part holds 80 GiB)."""
         return self.memory_gib * 2**30
+
+    @property
+    def usable_memory_bytes(self) -> float:
+        """What a process can fill: the memory CUDA reports (``torch.cuda.get_device_properties
+        (0).total_memory``), which the CUDA context and the caching allocator's segments share.
+
+        The driver keeps 0.05-1.4% of the nominal size for itself (measured: H100 SXM 81090
+        of 81920 MiB, H200 143156 of 144384, V100 16160 of 16384); where the catalog has no
+        reading, ``DRIVER_RESERVE`` of the nominal size, the largest share seen, is assumed.
+        """
+        if self.cuda_total_mib:
+            return self.cuda_total_mib * 2**20
+        return self.memory_bytes * (1 - DRIVER_RESERVE)
 
     @property
     def memory_gb(self) -> float:

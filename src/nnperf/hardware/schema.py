@@ -6,7 +6,7 @@ what-if overrides (``--set``), which are applied to the raw TOML table before va
 A GPU file is a TOML table with these keys (see any file in ``hardware/gpus/`` for an example)::
 
     name, aliases, vendor, architecture, compute_capability, confidence, unverified, notes,
-    sm_count, boost_clock_mhz, tensor_clock_mhz, memory_gib, memory_type,
+    sm_count, boost_clock_mhz, tensor_clock_mhz, memory_gib, cuda_total_mib, memory_type,
     memory_bandwidth_gbs, l2_mb, gpu_link_gbs, tdp_w, price_usd_per_hour, price_date,
     [host_link] kind, gen, lanes, gbs_per_direction
     [peak_tflops.tensor] / [peak_tflops.cuda]  <dtype> = dense TFLOP/s (TOPS for int8)
@@ -42,6 +42,7 @@ SCALAR_FIELDS: dict[str, tuple[str, bool, str]] = {
     "boost_clock_mhz": ("float", True, "a positive clock in MHz"),
     "tensor_clock_mhz": ("float", False, "the positive clock (MHz) tensor peaks are quoted at"),
     "memory_gib": ("float", True, "a positive capacity in GiB"),
+    "cuda_total_mib": ("float", False, "the memory CUDA reports (torch total_memory) in MiB"),
     "memory_type": ("str", True, "e.g. 'HBM3'"),
     "memory_bandwidth_gbs": ("float", True, "a positive bandwidth in GB/s (1e9 bytes/s)"),
     "l2_mb": ("float", False, "a positive L2 size in MB"),
