@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-import pytest
+import inspect
 
+import pytest
+import torch
+from torch import nn
+
+import nnperf
 from nnperf.analysis import analyze
 from nnperf.hardware import load_gpu
+from nnperf.passes.memory import predict_memory
 from nnperf.prediction import predict_analysis
 
 
@@ -66,7 +72,11 @@ def test_throughput_and_mfu_follow_from_step_time():
     t = p.totals
     assert t["throughput_unit"] == "tokens/s"
     assert t["throughput"] == pytest.approx(2 * 64 / t["step_time_s"])
-    assert t["mfu"] == pytest.approx(a.totals["flops"] / t["step_time_s"] / 989.4e12, rel=1e-3)
+    # MFU counts the model's FLOPs (forward and backward), not the optimizer's update
+    model_flops = sum(c.flops for c in a.ops if c.phase in ("forward", "backward"))
+    assert model_flops < a.totals["flops"]  # AdamW does FLOPs of its own
+    assert t["mfu_flops"] == pytest.approx(model_flops)
+    assert t["mfu"] == pytest.approx(model_flops / t["step_time_s"] / 989.4e12, rel=1e-3)
 
 
 def test_json_extends_the_analysis(alexnet_caffe):
@@ -79,3 +89,99 @@ def test_json_extends_the_analysis(alexnet_caffe):
         assert key in conv1
     assert set(conv1["required_bw"]) == {"in", "out", "weights"}
     assert all("time_s" in op and "bound" in op for op in doc["ops"])
+
+
+def test_mfu_of_one_linear_layer_by_hand():
+    """Linear(64 -> 32, no bias) on 16 rows with SGD: forward 2*16*64*32 FLOPs and the
+    weight gradient as many (the input needs no gradient); the loss adds 16*32 FLOPs."""
+    a = analyze(nn.Linear(64, 32, bias=False), inputs=torch.randn(16, 64), optimizer="sgd")
+    p = predict_analysis(a, load_gpu("h100"))
+    gemms = 2 * (2 * 16 * 64 * 32)
+    loss = a.totals["flops_forward"] - 2 * 16 * 64 * 32
+    assert 0 <= loss <= 2 * 16 * 32  # a sum or mean over the 16x32 output
+    assert p.totals["mfu_flops"] == pytest.approx(gemms + loss)
+    assert a.totals["flops_optimizer"] > 0  # SGD's update is not in it
+    assert p.totals["mfu_peak_flops"] == pytest.approx(67e12)  # fp32 without TF32: CUDA cores
+    assert p.totals["mfu"] == pytest.approx((gemms + loss) / p.totals["step_time_s"] / 67e12)
+
+
+class ReluNet(nn.Module):
+    """A root whose own forward calls an op outside any child (as mnist's F.relu)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(64, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.fc(x))
+
+
+def test_the_roots_own_ops_have_a_row():
+    a = analyze(ReluNet(), inputs=torch.randn(16, 64))
+    rows = {r.name: r for r in a.modules(1)}
+    own = rows["(own ops)"]
+    assert (own.type, own.depth) == ("ReluNet", 1)
+    # relu on the 16x32 output: reads and writes 16*32 fp32 values; 1 FLOP per element in
+    # forward (relu) and backward (threshold_backward)
+    assert own.tally.bytes_by_phase["forward"] == 2 * 16 * 32 * 4
+    assert own.tally.flops == 2 * 16 * 32
+    depth1 = [r for r in a.modules(1) if r.depth == 1]
+    assert sum(r.tally.flops for r in depth1) == pytest.approx(rows[""].tally.flops)
+
+
+def test_depth_one_rows_add_up_to_the_step():
+    p = predict_analysis(analyze("mnist-cnn", batch=2), load_gpu("h100"))
+    tallies = p.by_module(1)
+    depth1 = [t for name, t in tallies.items() if name]
+    assert "(own ops)" in tallies and tallies["(own ops)"].time_s > 0
+    assert sum(t.time_s for t in depth1) == pytest.approx(tallies[""].time_s)
+    assert sum(t.time_s for t in depth1) == pytest.approx(sum(t.wall_s for t in p.step.ops))
+
+
+def test_bound_is_the_largest_of_the_columns_that_decide_it():
+    """A compute-bound row never shows a larger modeled memory time, and the other way
+    round, for single ops and for groups (the tables print these two terms)."""
+    p = predict_analysis(analyze("resnet18", batch=64, amp="bf16"), load_gpu("h100"))
+    groups = list(p.by_module().items()) + list(p.by_op().items())
+    checked = 0
+    for name, t in groups:
+        if name == "":
+            continue
+        if t.bound == "compute":
+            assert t.model_compute_s >= max(t.model_memory_s, t.overhead_s, t.idle_s), name
+        elif t.bound == "memory":
+            assert t.model_memory_s >= max(t.model_compute_s, t.overhead_s, t.idle_s), name
+        checked += t.bound in ("compute", "memory")
+    assert checked > 10
+    conv1 = p.by_module()["conv1"]  # forward, data and weight gradient convolutions
+    assert conv1.model_compute_s >= conv1.compute_s  # never faster than the peak
+
+
+def test_the_whole_model_row_carries_the_steps_bound():
+    """alexnet at batch 1: the host issues slower than the device runs (the summary says
+    host), though the fc layers' kernels are the largest single share."""
+    p = predict_analysis(analyze("alexnet-caffe", batch=1, train=False), load_gpu("h100"))
+    assert p.step.host_s >= p.step.device_busy_s
+    assert p.totals["bound"] == "host"
+    assert p.by_module(0)[""].bound == "host"
+
+
+def test_memory_fit_uses_the_memory_model():
+    a = analyze("mlp", batch=8)
+    small = load_gpu("h100", overrides={"memory_gib": "0.25"})
+    p = predict_analysis(a, small)
+    total = predict_memory(a.trace, architecture=small.architecture).device_total
+    t = p.totals
+    assert t["device_total_bytes"] == total
+    assert t["gpu_memory_bytes"] == 2**28  # 0.25 GiB
+    assert t["fits_in_memory"] is False  # a CUDA context alone is hundreds of MiB
+    assert predict_analysis(a, load_gpu("h100")).totals["fits_in_memory"] is True
+
+
+def test_top_level_functions_have_real_signatures():
+    assert "gpu" in inspect.signature(nnperf.predict).parameters
+    assert "amp" in inspect.signature(nnperf.analyze).parameters
+    assert nnperf.predict.__doc__ and "Predict one step" in nnperf.predict.__doc__
+    names = dir(nnperf)
+    assert {"analyze", "predict", "__version__"} <= set(names)
+    assert "Any" not in names and "annotations" not in names

@@ -1,28 +1,31 @@
 """nnperf: how fast and how big a PyTorch network will be on a GPU, and why.
 
 ``analyze`` traces one step and counts it; ``predict`` adds time on a GPU. Both are imported
-lazily so ``import nnperf`` stays cheap for the CLI.
+on first use (PEP 562 ``__getattr__``) so ``import nnperf`` stays cheap for the CLI, and what
+that returns is the real function, so ``help(nnperf.predict)`` and tab completion show its
+signature and documentation.
 """
-
-from __future__ import annotations
-
-from typing import Any
 
 __version__ = "0.1.0"
 __all__ = ["analyze", "predict"]
 
-
-def analyze(*args: Any, **kwargs: Any):
-    from nnperf.analysis import analyze as _analyze
-
-    return _analyze(*args, **kwargs)
+#: Public name -> the module that defines it.
+_LAZY = {"analyze": "nnperf.analysis", "predict": "nnperf.prediction"}
 
 
-def predict(*args: Any, **kwargs: Any):
-    from nnperf.prediction import predict as _predict
+def __getattr__(name: str) -> object:
+    """Import ``analyze`` or ``predict`` on first access and keep it as a module attribute."""
+    if name not in _LAZY:
+        raise AttributeError(f"module 'nnperf' has no attribute {name!r}")
+    import importlib
 
-    return _predict(*args, **kwargs)
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
 
 
-analyze.__doc__ = "Trace one step of a model on fake tensors and count it (see nnperf.analysis.analyze)."
-predict.__doc__ = "Predict one step of a model on a GPU (see nnperf.prediction.predict)."
+def __dir__() -> list[str]:
+    """The public names (what tab completion offers): the lazy functions, the version and
+    the submodules imported so far, not the helpers of this module."""
+    public = {n for n in globals() if not n.startswith("_")}
+    return sorted(public | {*__all__, "__version__"})

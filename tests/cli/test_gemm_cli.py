@@ -92,3 +92,19 @@ def test_bad_input_is_a_usage_error(args, message):
     result = run("gemm", *args)
     assert result.exit_code == 2, result.output
     assert message in result.output
+
+
+def test_integer_gemms_count_operations_not_flops():
+    """A100 int8 dense tensor peak: 624 TOPS (datasheet); a 1x1x1 GEMM is 2 operations."""
+    out = run("gemm", "1", "1", "1", "--dtype", "int8", "--gpu", "a100").output
+    assert "int8 peak 624 TOPS" in out
+    assert "2 ops (op = 2 x MAC: 1 MAC)" in out
+    assert "FLOP" not in out
+    sweep = run("gemm", "1", "1", "1", "--dtype", "int8", "--gpu", "a100", "--sweep", "mnk:1024:1152:128").output
+    assert "TOPS" in sweep and "TFLOP/s" not in sweep
+
+
+def test_sizes_are_binary():
+    """4096^3 bf16: A, B and C are 4096*4096*2 bytes each, 3 * 32 MiB = 96 MiB."""
+    out = run("gemm", "4096", "4096", "4096", "--dtype", "bf16", "--gpu", "h100").output
+    assert "96 MiB (each operand read once" in out

@@ -38,3 +38,17 @@ def test_unknown_gpu_is_a_usage_error():
     result = run("gpus", "h1000")
     assert result.exit_code == 2
     assert "unknown GPU 'h1000'" in result.output
+
+
+def test_footer_explains_the_marker_only_when_a_row_carries_it():
+    from dataclasses import replace
+
+    from nnperf.cli.gpus import _footer
+    from nnperf.hardware import list_gpus, load_gpu
+
+    out = run("gpus").output
+    marked = any(g.confidence != "datasheet" for g in list_gpus())
+    assert ("(?)" in out) == marked
+    h100 = load_gpu("h100")
+    assert "(?)" not in _footer([h100]) and "nnperf gpus NAME" in _footer([h100])
+    assert "(?) = values not all re-checked" in _footer([h100, replace(h100, confidence="unverified")])

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 
+import pytest
 from click.testing import CliRunner
 
 from nnperf.cli.app import cli
@@ -56,3 +58,103 @@ def test_compare_puts_gpus_side_by_side(tmp_path):
 def test_compare_rejects_bad_gpu_before_tracing():
     r = run("compare", "mlp", "--gpus", "a100,nosuchgpu")
     assert r.exit_code == 2 and "nosuchgpu" in r.output
+
+
+def _gib(n: float) -> int:
+    return int(n * 2**30)
+
+
+def test_predict_says_when_the_step_does_not_fit():
+    """0.25 GiB cannot even hold a CUDA context: the summary and the JSON say so."""
+    r = run("predict", "mlp", "--batch", "8", "--gpu", "h100", "--set", "memory_gib=0.25")
+    assert r.exit_code == 0, r.output
+    line = next(ln for ln in r.output.splitlines() if "peak memory (predicted)" in ln)
+    assert "of 256 MiB: DOES NOT FIT" in line
+    doc = json.loads(run("predict", "mlp", "--batch", "8", "--gpu", "h100", "--set", "memory_gib=0.25",
+                         "--json").output)
+    tot = doc["totals"]
+    assert tot["gpu_memory_bytes"] == _gib(0.25)
+    assert tot["device_total_bytes"] > _gib(0.25) and tot["fits_in_memory"] is False
+    fits = json.loads(run("predict", "mlp", "--batch", "8", "--gpu", "h100", "--json").output)["totals"]
+    assert fits["fits_in_memory"] is True and fits["gpu_memory_bytes"] == _gib(80)
+
+
+def test_compare_marks_gpus_the_step_does_not_fit_and_gives_them_no_cost():
+    """A million-sample MLP batch: the memory model's device total (the same as
+    'nnperf memory' prints) is above a T4's 16 GiB and below an H100's 80 GiB."""
+    args = ["compare", "mlp", "--batch", "1000000", "--gpus", "t4,h100"]
+    rows = json.loads(run(*args, "--json").output)["gpus"]
+    t4, h100 = rows
+    out = run("memory", "mlp", "--batch", "1000000", "--gpu", "t4", "--json").output
+    memory, _ = json.JSONDecoder().raw_decode(out)  # the document, before the does-not-fit line
+    assert t4["device_total_bytes"] == memory["memory"]["device_total"]
+    assert t4["gpu_memory_bytes"] == _gib(16) < t4["device_total_bytes"] < _gib(80)
+    assert t4["fits_in_memory"] is False and t4["usd_per_million_samples"] is None
+    assert h100["fits_in_memory"] is True and h100["usd_per_million_samples"] > 0
+    table = run(*args).output
+    t4_line = next(ln for ln in table.splitlines() if "T4" in ln)
+    assert "of 16 GiB" in t4_line and "DOES NOT FIT" in t4_line and "n/a: does not fit" in t4_line
+    h100_line = next(ln for ln in table.splitlines() if "H100" in ln)
+    assert "of 80 GiB" in h100_line and "fits" in h100_line and "does not fit" not in h100_line
+
+
+def test_root_own_ops_row_and_depth_one_rows_add_up():
+    """mnist's Net calls F.relu, max_pool2d and log_softmax itself: a row of their own."""
+    doc = json.loads(run("predict", "mnist-cnn", "--batch", "2", "--depth", "1", "--json").output)
+    rows = {m["name"]: m for m in doc["modules"]}
+    own = rows["(own ops)"]
+    assert own["type"] == "Net" and own["depth"] == 1 and own["time_s"] > 0
+    depth1 = [m["time_s"] for m in doc["modules"] if m["depth"] == 1]
+    assert sum(depth1) == pytest.approx(rows[""]["time_s"])
+    table = run("predict", "mnist-cnn", "--batch", "2", "--depth", "1").output
+    assert "(Net) own ops" in table and "\n(Net) " in "\n" + table.replace("(Net) own", "")
+
+
+def test_bound_label_agrees_with_the_modeled_columns():
+    """resnet's conv1 is labeled compute-bound: its modeled compute time (printed) is above
+    its modeled memory time, not below it as the ideal peak-based terms were."""
+    doc = json.loads(run("predict", "resnet18", "--batch", "64", "--gpu", "h100", "--amp", "bf16",
+                         "--depth", "1", "--json").output)
+    for m in doc["modules"] + doc["ops"]:
+        name = m.get("name", m.get("op"))
+        if m["bound"] == "compute":
+            assert m["compute_model_s"] >= m["memory_model_s"], name
+        elif m["bound"] == "memory":
+            assert m["memory_model_s"] >= m["compute_model_s"], name
+    root = next(m for m in doc["modules"] if m["name"] == "")
+    assert root["bound"] == doc["totals"]["bound"]
+
+
+def test_predict_respects_columns_when_piped():
+    """COLUMNS=100: every line fits in 100 characters and a module's row is one line."""
+    r = CliRunner().invoke(cli, ["predict", "mnist-cnn", "--batch", "2"], env={"COLUMNS": "100"})
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert max(len(ln) for ln in lines) <= 100
+    fc1 = [ln for ln in lines if ln.lstrip().startswith("fc1 ")]
+    assert len(fc1) == 1 and "host" in fc1[0] and "µs" in fc1[0]
+    assert "…" not in r.output  # nothing squeezed into an ellipsis
+
+
+def test_tiny_rows_print_no_bandwidth_to_stay_compute_bound():
+    """The scalar loss is launch- or host-bound: no 'needed bandwidth' of hundreds of TB/s."""
+    out = run("predict", "resnet18", "--batch", "64", "--gpu", "h100", "--amp", "bf16", "--depth", "1").output
+    loss = next(ln for ln in out.splitlines() if ln.startswith("(loss)"))
+    assert re.search(r"%\s+(launch|host)\s", loss) and loss.rstrip().endswith(" -")
+    conv1 = next(ln for ln in out.splitlines() if ln.startswith("conv1 "))
+    assert conv1.rstrip().endswith("G") or "T/" in conv1  # a compute-bound layer keeps its figure
+
+
+def test_throughput_has_one_format():
+    tokens = run("predict", "gpt2", "--batch", "2", "--seq", "64", "-O", "n_layer=1", "--gpu", "h100").output
+    samples = run("predict", "mlp", "--batch", "64", "--gpu", "h100").output
+    tok = next(ln for ln in tokens.splitlines() if "throughput" in ln)
+    smp = next(ln for ln in samples.splitlines() if "throughput" in ln)
+    assert re.search(r"\d+(\.\d+)? k tokens/s", tok) and "e+" not in tok
+    assert re.search(r"\d+(\.\d+)? (k )?samples/s", smp) and "," not in smp
+
+
+def test_mfu_label_names_the_flops_it_counts():
+    out = run("predict", "mlp", "--batch", "64", "--gpu", "h100").output
+    assert "MFU (forward+backward FLOPs / fp32 peak 67 TFLOP/s)" in out
+    assert "model FLOPs" not in out

@@ -107,3 +107,39 @@ def test_measure_json_reads_measured_not_predicted_fields():
     assert m.module_time_s == {"h.0": 0.125}
     assert m.peak_allocated == 2**30
     assert m.gpu == "NVIDIA H100 80GB HBM3"
+
+
+@pytest.fixture(scope="module")
+def mnist_prediction():
+    """mnist's Net calls F.relu, max_pool2d and log_softmax in its own forward."""
+    return predict("mnist-cnn", "h100", batch=2)
+
+
+def test_root_label_means_the_same_as_in_predict(mnist_prediction):
+    """'(Net)' is the whole step in predict; in the report too. The root's own ops are
+    '(Net) own ops' in both, with the same time."""
+    layers = {p.label: p for p in roofline_points(mnist_prediction, depth=1)}
+    assert "(Net)" not in layers
+    own = layers["(Net) own ops"]
+    tallies = mnist_prediction.by_module(1)
+    assert own.key == "(own ops)" and own.type == "Net"
+    assert own.time_s == pytest.approx(tallies["(own ops)"].time_s)
+    whole = roofline_points(mnist_prediction, depth=0)
+    assert [p.label for p in whole] == ["(Net)"]
+    assert whole[0].time_s == pytest.approx(tallies[""].time_s)
+    page = build_report(mnist_prediction, memory=None, depth=1)
+    assert "(Net) own ops" in page
+
+
+def test_summary_cards_throughput_once_and_mfu_basis(mlp_prediction):
+    page = build_report(mlp_prediction, memory=None)
+    cards = page[page.index('<div class="cards">'):page.index("</section>")]
+    assert cards.count("samples/s") == 1 and "e+0" not in cards  # not '28.7 k ... 2.87e+04 ...'
+    assert "forward+backward FLOPs" in cards and "model FLOPs" not in cards
+
+
+def test_memory_breakdown_uses_the_memory_commands_labels(mlp_prediction):
+    page = build_report(mlp_prediction)
+    section = page[page.index('id="memory"'):page.index('id="gemms"')]
+    assert "optimizer state" in section and "optimizer_state" not in section
+    assert "input batch" in section and ">inputs<" not in section

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.table import Table
@@ -14,7 +15,8 @@ from nnperf.cli.app import cli
 from nnperf.cli.workload_options import pop_workload, workload_options
 from nnperf.errors import UsageError
 from nnperf.report.console import make_console
-from nnperf.report.units import seconds, si
+from nnperf.report.memory_fit import verdict
+from nnperf.report.units import binary, rate, seconds
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -59,30 +61,57 @@ def compare(gpus, prices_file, tf32, as_json, **kwargs) -> None:
     resolved = [load_gpu(n) for n in names]  # all names checked before the (slow) trace
     prices = load_prices(prices_file)
     analysis = analyze_request(*pop_workload(kwargs))
+    memory: dict[str | None, Any] = {}  # one memory replay per architecture, not per GPU
     rows = []
     for name, gpu in zip(names, resolved, strict=True):
-        p = predict_analysis(analysis, gpu, timing=TimingOptions(tf32_matmul=tf32))
-        tot = p.totals
-        price = prices.get(name, prices.get(gpu.id, gpu.price_usd_per_hour))
-        samples_per_s = tot["samples_per_s"]
-        cost = price / 3600 / samples_per_s * 1e6 if price and samples_per_s else None
-        rows.append({
-            "gpu": gpu.name, "id": gpu.id, "step_time_s": tot["step_time_s"], "throughput": tot["throughput"],
-            "throughput_unit": tot["throughput_unit"], "bound": tot["bound"], "mfu": tot["mfu"],
-            "usd_per_hour": price, "price_date": None if name in prices else gpu.price_date,
-            "usd_per_million_samples": cost,
-        })
+        p = predict_analysis(analysis, gpu, timing=TimingOptions(tf32_matmul=tf32),
+                             memory=memory.get(gpu.architecture))
+        memory[gpu.architecture] = p.memory
+        rows.append(_row(name, gpu, p.totals, prices))
     if as_json:
         click.echo(json.dumps({"schema": "nnperf.compare/1", "model": analysis.model,
                                "config": analysis.config, "gpus": rows}, indent=2))
         return
+    make_console().print(_table(analysis, rows))
+
+
+def _row(name: str, gpu: Any, tot: dict[str, Any], prices: dict[str, float]) -> dict[str, Any]:
+    """One GPU's line. A step that does not fit in the GPU's memory has no cost: it cannot
+    run there as configured, so its price per sample would be a number for nothing."""
+    price = prices.get(name, prices.get(gpu.id, gpu.price_usd_per_hour))
+    samples_per_s = tot["samples_per_s"]
+    fits = tot["fits_in_memory"]
+    cost = price / 3600 / samples_per_s * 1e6 if price and samples_per_s and fits else None
+    return {
+        "gpu": gpu.name, "id": gpu.id, "step_time_s": tot["step_time_s"], "throughput": tot["throughput"],
+        "throughput_unit": tot["throughput_unit"], "bound": tot["bound"], "mfu": tot["mfu"],
+        "device_total_bytes": tot["device_total_bytes"], "gpu_memory_bytes": tot["gpu_memory_bytes"],
+        "fits_in_memory": fits,
+        "usd_per_hour": price, "price_date": None if name in prices else gpu.price_date,
+        "usd_per_million_samples": cost,
+    }
+
+
+def _cost(r: dict[str, Any]) -> str:
+    if not r["fits_in_memory"]:
+        return "n/a: does not fit"
+    return f"{r['usd_per_million_samples']:.3g}" if r["usd_per_million_samples"] else "-"
+
+
+def _table(analysis: Any, rows: list[dict[str, Any]]) -> Table:
     t = Table(title=f"{analysis.model} ({analysis.trace.mode}, batch {analysis.workload.samples}) across GPUs",
-              title_justify="left")
-    for col in ("GPU", "Step time", "Throughput", "Bound", "MFU", "USD/h (date)", "USD per 1M samples"):
-        t.add_column(col, justify="left" if col in ("GPU", "Bound") else "right")
+              title_justify="left",
+              caption="Memory: the memory model's device total (segments, CUDA context, workspaces) "
+                      "of GPU memory. Time and throughput assume the step runs.",
+              caption_justify="left")
+    for col in ("GPU", "Step time", "Throughput", "Bound", "MFU", "Memory", "Fits", "USD/h (date)",
+                "USD per 1M samples"):
+        t.add_column(col, justify="left" if col in ("GPU", "Bound", "Fits") else "right")
     for r in rows:
         price = f"{r['usd_per_hour']:.2f} ({r['price_date'] or 'yours'})" if r["usd_per_hour"] else "-"
-        t.add_row(r["gpu"], seconds(r["step_time_s"]), f"{si(r['throughput'])} {r['throughput_unit']}",
-                  r["bound"], f"{r['mfu']:.1%}", price,
-                  f"{r['usd_per_million_samples']:.3g}" if r["usd_per_million_samples"] else "-")
-    make_console().print(t)
+        style = None if r["fits_in_memory"] else "red"
+        t.add_row(r["gpu"], seconds(r["step_time_s"]), rate(r["throughput"], r["throughput_unit"]),
+                  r["bound"], f"{r['mfu']:.1%}",
+                  f"{binary(r['device_total_bytes'])} of {binary(r['gpu_memory_bytes'])}",
+                  verdict(r["fits_in_memory"]), price, _cost(r), style=style)
+    return t

@@ -13,7 +13,7 @@ from nnperf.errors import UsageError
 from nnperf.hardware import GPU, DeviceProfile
 from nnperf.passes.gemm_model import GemmEstimate, estimate_gemm
 from nnperf.report.console import make_console
-from nnperf.report.units import seconds, si
+from nnperf.report.units import binary, seconds, si
 
 #: A sweep longer than this is almost certainly a typo in STEP.
 MAX_SWEEP_ROWS = 5000
@@ -53,19 +53,20 @@ def _explain(e: GemmEstimate, gpu: GPU) -> Table:
     t.add_column("what", style="bold")
     t.add_column("value")
     unit = "tensor cores" if e.math_unit == "tensor" else "CUDA cores"
+    op = "op" if _integer(e.dtype) else "FLOP"
     tm, tn = e.tile
     rows = [
-        ("work", f"{si(e.flops, 'FLOP')} (FLOP = 2 x MAC: {si(e.flops / 2, 'MAC')})"),
-        ("minimum bytes", f"{si(e.min_bytes, 'B')} (each operand read once, output written once)"),
+        ("work", f"{_work(e.flops, e.dtype)} ({op} = 2 x MAC: {si(e.flops / 2, 'MAC')})"),
+        ("minimum bytes", f"{binary(e.min_bytes)} (each operand read once, output written once)"),
         (
             "arithmetic intensity",
-            f"{e.intensity:.1f} FLOP/B vs ridge point {e.ridge:.1f} FLOP/B "
+            f"{e.intensity:.1f} {op}/B vs ridge point {e.ridge:.1f} {op}/B "
             f"-> {'above: compute-bound' if e.intensity >= e.ridge else 'below: memory-bound'} "
             "on the roofline",
         ),
         (
             "math unit",
-            f"{unit}, {e.rate_dtype} peak {si(e.peak_flops, 'FLOP/s')}; achievable "
+            f"{unit}, {e.rate_dtype} peak {_rate(e.peak_flops, e.dtype)}; achievable "
             f"fraction {e.math_fraction:.2f}",
         ),
         (
@@ -90,7 +91,7 @@ def _explain(e: GemmEstimate, gpu: GPU) -> Table:
         ),
         (
             "roofline",
-            f"compute {seconds(e.compute_s)} (FLOP / peak), memory "
+            f"compute {seconds(e.compute_s)} ({op} / peak), memory "
             f"{seconds(e.memory_s)} (bytes / datasheet bandwidth)",
         ),
         (
@@ -101,7 +102,7 @@ def _explain(e: GemmEstimate, gpu: GPU) -> Table:
         ),
         (
             "predicted",
-            f"{seconds(e.time_s)} = {si(e.achieved_flops, 'FLOP/s')} "
+            f"{seconds(e.time_s)} = {_rate(e.achieved_flops, e.dtype)} "
             f"({_pct(e.achieved_flops / e.peak_flops)} of {e.rate_dtype} peak)",
         ),
     ]
@@ -114,9 +115,10 @@ def _explain(e: GemmEstimate, gpu: GPU) -> Table:
 
 def _sweep_table(estimates: list[GemmEstimate], dims: str, gpu: GPU) -> Table:
     e0 = estimates[0]
+    rate_col, op = ("TOPS", "op") if _integer(e0.dtype) else ("TFLOP/s", "FLOP")
     t = Table(
         title=f"GEMM sweep over {'='.join(dims.upper())} ({e0.dtype} on {gpu.id}, "
-        f"{gpu.sm_count} SMs; TFLOP/s counts FLOP = 2 x MAC; v = drop)",
+        f"{gpu.sm_count} SMs; {rate_col} counts {op} = 2 x MAC; v = drop)",
         title_justify="left",
     )
     for col in (
@@ -132,7 +134,7 @@ def _sweep_table(estimates: list[GemmEstimate], dims: str, gpu: GPU) -> Table:
         "aligned",
         "bound",
         "time",
-        "TFLOP/s",
+        rate_col,
         "",
     ):
         t.add_column(col, justify="right")

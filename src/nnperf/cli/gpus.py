@@ -25,6 +25,14 @@ def _half(gpu: GPU) -> str:
     return "-"
 
 
+#: Marks a catalog row whose values are not all checked against a primary source.
+UNVERIFIED_MARK = " (?)"
+
+
+def _unverified(gpu: GPU) -> bool:
+    return gpu.confidence != "datasheet"
+
+
 def _catalog_table(gpus: list[GPU]) -> Table:
     t = Table(
         title="GPU catalog (dense peak TFLOP/s; fp32 on CUDA cores, the rest on tensor cores)",
@@ -47,7 +55,7 @@ def _catalog_table(gpus: list[GPU]) -> Table:
         t.add_column(col, justify="left" if col in ("ID", "Name", "Arch") else "right")
     for g in gpus:
         t.add_row(
-            g.id + (" (?)" if g.confidence != "datasheet" else ""),
+            g.id + (UNVERIFIED_MARK if _unverified(g) else ""),
             g.name,
             g.architecture,
             str(g.sm_count),
@@ -124,7 +132,12 @@ def gpus(name: str | None, as_json: bool) -> None:
         click.echo(json.dumps([g.to_dict() for g in catalog], indent=2))
         return
     make_console().print(_catalog_table(catalog))
-    click.echo(
-        "(?) = values not all re-checked against a primary source. "
-        "Details and sources: nnperf gpus NAME"
-    )
+    click.echo(_footer(catalog))
+
+
+def _footer(catalog: list[GPU]) -> str:
+    """Where the details are, and what "(?)" means only when a row carries it: a legend for a
+    marker that appears nowhere sends the reader looking for it."""
+    legend = (f"{UNVERIFIED_MARK.strip()} = values not all re-checked against a primary source. "
+              if any(_unverified(g) for g in catalog) else "")
+    return f"{legend}Details and sources: nnperf gpus NAME"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,27 +81,53 @@ class ModuleRow:
         }
 
 
+#: The group of ops the root module calls in its own ``forward`` (``F.relu``, ``x.view``,
+#: ``log_softmax``), outside any child module. It sits at depth 1 beside the children,
+#: ``(loss)`` and ``(optimizer)`` so that the depth-1 rows add up to the step; without it
+#: those ops would only be visible inside the inclusive root row.
+ROOT_OWN_OPS = "(own ops)"
+
+
 def depth_of(path: str) -> int:
     return 0 if path == "" else path.count(".") + 1
 
 
 def ancestors(path: str) -> list[str]:
-    """The path and all its ancestors up to the root ''."""
+    """The groups an op of module ``path`` is counted in: the path and all its ancestors up
+    to the root ''; an op of the root itself also in ``ROOT_OWN_OPS``, so the groups of
+    each depth partition the step."""
     if path == "":
-        return [""]
+        return ["", ROOT_OWN_OPS]
     parts = path.split(".")
     return ["", *(".".join(parts[: i + 1]) for i in range(len(parts)))]
 
 
+def module_order(module_types: dict[str, str], names: Iterable[str]) -> list[str]:
+    """``names`` in display order: the model's modules in tree order (``named_modules``),
+    then the root's own ops, then the groups outside the model ((loss), (optimizer))."""
+    wanted = set(names)
+    order = [n for n in module_types if n in wanted]
+    if ROOT_OWN_OPS in wanted:
+        order.append(ROOT_OWN_OPS)
+    return order + sorted(wanted - set(order))
+
+
+def module_type(module_types: dict[str, str], name: str) -> str:
+    """The class of a module row; the root's own ops carry the root's class."""
+    if name == ROOT_OWN_OPS:
+        return module_types.get("", "-")
+    return module_types.get(name, name.strip("()") or "-")
+
+
 def by_module(trace: Trace, ops: list[OpCount], max_depth: int | None = None) -> list[ModuleRow]:
-    """Inclusive totals per module (a module counts everything its children do), tree order."""
+    """Inclusive totals per module (a module counts everything its children do), tree order,
+    with the root's own ops as a row of their own (``ROOT_OWN_OPS``)."""
     tallies: dict[str, Tally] = defaultdict(Tally)
     for op in ops:
         for a in ancestors(op.module):
             tallies[a].add(op)
     params, param_bytes = _params_by_module(trace)
-    names = list(trace.module_types)  # named_modules order (tree order)
-    names += sorted(n for n in tallies if n not in trace.module_types)  # (loss), (optimizer)
+    names = module_order(trace.module_types, [*trace.module_types, *tallies])
     rows = []
     for name in names:
         if max_depth is not None and depth_of(name) > max_depth:
@@ -108,7 +135,7 @@ def by_module(trace: Trace, ops: list[OpCount], max_depth: int | None = None) ->
         rows.append(
             ModuleRow(
                 name=name,
-                type=trace.module_types.get(name, name.strip("()") or "-"),
+                type=module_type(trace.module_types, name),
                 depth=depth_of(name),
                 params=params.get(name, 0),
                 param_bytes=param_bytes.get(name, 0),

@@ -52,6 +52,12 @@ class OpTime:
     memory_s: float  # bytes / datasheet bandwidth (roofline)
     peak_flops: float
     host_s: float  # host dispatch cost
+    # The kernel model's terms, with the profile's efficiencies (tile and wave quantization,
+    # achievable bandwidth): the larger of the two, unless the launch overhead exceeds both,
+    # is what ``bound`` names, so tables show these beside it rather than the ideal terms.
+    model_compute_s: float = 0.0
+    model_memory_s: float = 0.0
+    overhead_s: float = 0.0  # per-kernel launch overhead, the third term ``bound`` weighs
     start_s: float = 0.0
     end_s: float = 0.0
     idle_before_s: float = 0.0  # device idle waiting for the host to issue this op
@@ -148,7 +154,8 @@ class KernelModel:
         bound = _bound(model_compute, model_memory, overhead)
         return OpTime(
             kernels=len(ests), kernel_s=kernel, compute_s=compute, memory_s=memory,
-            peak_flops=ests[0].peak_flops if ests else 0.0, bound=bound, gemms=ests, **base,
+            peak_flops=ests[0].peak_flops if ests else 0.0, bound=bound, gemms=ests,
+            model_compute_s=model_compute, model_memory_s=model_memory, overhead_s=overhead, **base,
         )
 
     def _attention(self, event: OpEvent, count: OpCount, base: dict[str, Any]) -> OpTime:
@@ -169,6 +176,9 @@ class KernelModel:
             memory_s=count.bytes / self.gpu.memory_bandwidth,
             peak_flops=peak,
             bound=_bound(model_compute, model_memory, overhead),
+            model_compute_s=model_compute,
+            model_memory_s=model_memory,
+            overhead_s=overhead,
             **base,
         )
 
@@ -186,6 +196,9 @@ class KernelModel:
             memory_s=count.bytes / self.gpu.memory_bandwidth,
             peak_flops=self._vector_peak,
             bound=_bound(model_compute, model_memory, overhead),
+            model_compute_s=model_compute,
+            model_memory_s=model_memory,
+            overhead_s=overhead,
             **base,
         )
 

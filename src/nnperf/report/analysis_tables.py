@@ -7,26 +7,31 @@ from rich.table import Table
 
 from nnperf.analysis import Analysis
 from nnperf.report.console import make_console
+from nnperf.report.labels import indented
 from nnperf.report.units import binary, count, si
 
 
 def module_table(a: Analysis, depth: int | None) -> Table:
+    """Per module: FLOPs per phase and in total (the total column is where the optimizer's
+    FLOPs, which are neither forward nor backward, show on the (optimizer) row)."""
     t = Table(title=f"{a.model} — per module ({a.trace.mode}); FLOP = 2 x MAC", title_justify="left")
     for col in ("Module", "Type"):
         t.add_column(col, no_wrap=True)
-    for col in ("Params", "Param mem", "Output mem", "FLOP fwd", "FLOP bwd", "Bytes moved", "FLOP/B"):
+    for col in ("Params", "Param mem", "Output mem", "FLOP fwd", "FLOP bwd", "FLOP total", "Bytes moved",
+                "FLOP/B"):
         t.add_column(col, justify="right")
+    root = a.trace.module_types.get("", type(a.workload.model).__name__)
     for row in a.modules(depth):
-        name = row.name or f"({type(a.workload.model).__name__})"
         tally = row.tally
         t.add_row(
-            "  " * max(row.depth - 1, 0) + name,
+            indented(row.name, row.depth, root),
             row.type,
             count(row.params),
             binary(row.param_bytes),
             binary(row.output_bytes),
             si(tally.flops_by_phase.get("forward", 0.0)),
             si(tally.flops_by_phase.get("backward", 0.0)),
+            si(tally.flops),
             binary(tally.bytes),
             f"{tally.intensity:.1f}",
         )

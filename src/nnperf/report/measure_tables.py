@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from nnperf.report.console import make_console
+from nnperf.report.labels import indented
 from nnperf.report.units import binary, seconds, si
 
 
@@ -31,8 +32,9 @@ def print_measurement(doc: dict[str, Any], *, console: Console | None = None) ->
     t.add_column("Module", no_wrap=True)
     for col in ("Measured", f"Predicted ({key})", "Error"):
         t.add_column(col, justify="right")
+    root = next((row["type"] for row in doc["modules"] if row["name"] == ""), "model")
     for row in doc["modules"]:
-        name = "  " * max(row["depth"] - 1, 0) + (row["name"] or "(model)")
+        name = indented(row["name"], row["depth"], root)  # "(Net)" as predict and analyze say
         measured = row.get("measured_time_s")
         shown = "not matched" if measured is None and m.get("attribution") else _t(measured)
         t.add_row(name, shown, _t(row.get(key)) if has_pred else "-", _err(row.get("error")))

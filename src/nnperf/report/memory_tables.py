@@ -8,6 +8,7 @@ from rich.table import Table
 from nnperf.passes.memory import CATEGORY_LABELS, MemoryReport
 from nnperf.passes.memory.report import Comparison
 from nnperf.report.console import make_console
+from nnperf.report.memory_fit import MemoryFit
 from nnperf.report.units import binary
 
 
@@ -27,9 +28,8 @@ def summary_table(r: MemoryReport, capacity: float | None = None, gpu_name: str 
     t.add_row("device total (estimate)", binary(r.device_total or 0),
               "what nvidia-smi would show for the process", style="bold")
     if capacity:
-        share = (r.device_total or 0) / capacity
-        verdict = "fits" if share <= 1 else "DOES NOT FIT"
-        t.add_row(f"{gpu_name} memory", binary(capacity), f"{share:.0%} used: {verdict}")
+        fit = MemoryFit(int(r.device_total or 0), int(capacity))
+        t.add_row(f"{gpu_name} memory", binary(capacity), f"{fit.share:.0%} used: {fit.verdict}")
     return t
 
 

@@ -1,58 +1,106 @@
-"""Terminal tables for a Prediction: where the time goes and what bounds it."""
+"""Terminal tables for a Prediction: where the time goes and what bounds it.
+
+The Compute and Memory columns are the kernel model's terms, with the profile's
+efficiencies (tile and wave quantization, achievable bandwidth): the same numbers that decide
+the Bound column, so a row never reads "compute" beside a larger memory time. The ideal
+roofline terms (FLOPs / peak, bytes / datasheet bandwidth) stay in ``--json`` as
+``compute_s`` and ``memory_s``. Headers are short so a row fits a 100-column terminal.
+"""
 
 from __future__ import annotations
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from nnperf.prediction import Prediction
+from nnperf.prediction import Prediction, TimeTally
 from nnperf.report.console import make_console
-from nnperf.report.units import si
+from nnperf.report.labels import indented
+from nnperf.report.units import binary, rate, seconds, si
+
+#: Bounds under which the bandwidth a row would need to run at peak FLOP/s says something:
+#: a launch- or host-bound row (a scalar loss, a tiny layer) is limited by neither, and its
+#: "needed bandwidth" (hundreds of TB/s for a few bytes in a few picoseconds) is noise.
+_BW_BOUNDS = ("compute", "memory")
+
+MODULE_CAPTION = (
+    "Time: kernels + device idle waiting on the host. Compute, Memory: modeled kernel times "
+    "(achievable rates, not peaks). Bound: the largest of Compute, Memory, launch overhead "
+    "and host wait (the whole model: the step's bound). FLOP/s, %peak: achieved. BW need: B/s "
+    "of inputs/outputs/weights to run at peak FLOP/s (compute- and memory-bound rows)."
+)
+OP_CAPTION = (
+    "Compute, Memory: modeled kernel times (achievable rates, not peaks). Bound: the largest "
+    "of Compute, Memory, launch overhead and host wait."
+)
 
 
-def _bw(value: float | None) -> str:
-    return si(value, "B/s") if value else "-"
+def _compact(value: float) -> str:
+    """'5.89T': a rate without its unit (the header names it) to keep the column narrow."""
+    return si(value).replace(" ", "")
+
+
+def _bw_need(tally: TimeTally) -> str:
+    req = tally.required_bw()
+    if not req or tally.bound not in _BW_BOUNDS:
+        return "-"
+    return "/".join(_compact(req[k]) if req[k] else "0" for k in ("in", "out", "weights"))
+
+
+def _table(title: str, first: str, caption: str) -> Table:
+    t = Table(title=title, title_justify="left", caption=caption, caption_justify="left",
+              box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0))
+    t.add_column(first, no_wrap=True)
+    for col in ("Time", "%step", "Bound", "FLOP/s", "%peak", "Compute", "Memory"):
+        t.add_column(col, justify="right", no_wrap=True)
+    return t
+
+
+def _cells(tally: TimeTally, step: float) -> list[str]:
+    return [
+        seconds(tally.time_s),
+        f"{tally.time_s / step:.1%}" if step else "-",
+        tally.bound,
+        _compact(tally.achieved_flops),
+        f"{tally.fraction_of_peak:.0%}",
+        seconds(tally.model_compute_s),
+        seconds(tally.model_memory_s),
+    ]
 
 
 def module_time_table(p: Prediction, depth: int | None) -> Table:
     step = p.step.step_s
-    t = Table(title=f"{p.analysis.model} on {p.gpu.name} — predicted time per module", title_justify="left")
-    t.add_column("Module", no_wrap=True)
-    for col in ("Time", "% step", "Bound", "Achieved FLOP/s", "% peak", "Compute (FLOP/peak)",
-                "Memory (B/BW)", "BW to stay compute-bound: in / out / weights"):
-        t.add_column(col, justify="right")
+    t = _table(f"{p.analysis.model} on {p.gpu.name} — predicted time per module", "Module",
+               MODULE_CAPTION)
+    t.add_column("BW need in/out/w", justify="right", no_wrap=True)
     tallies = p.by_module(depth)
+    root = p.analysis.trace.module_types.get("", type(p.analysis.workload.model).__name__)
     for row in p.analysis.modules(depth):
         tally = tallies.get(row.name)
         if tally is None:
             continue
-        req = tally.required_bw()
-        need = " / ".join(_bw(req[k]) for k in ("in", "out", "weights")) if req else "-"
-        t.add_row(
-            "  " * max(row.depth - 1, 0) + (row.name or f"({type(p.analysis.workload.model).__name__})"),
-            _time(tally.time_s),
-            f"{tally.time_s / step:.1%}" if step else "-",
-            tally.bound,
-            si(tally.achieved_flops, "FLOP/s"),
-            f"{tally.fraction_of_peak:.0%}",
-            _time(tally.compute_s),
-            _time(tally.memory_s),
-            need,
-        )
+        t.add_row(indented(row.name, row.depth, root), *_cells(tally, step), _bw_need(tally))
     return t
 
 
 def op_time_table(p: Prediction, limit: int = 25) -> Table:
     step = p.step.step_s
-    t = Table(title=f"{p.analysis.model} on {p.gpu.name} — predicted time per op (top {limit})", title_justify="left")
-    t.add_column("Op", no_wrap=True)
-    for col in ("Time", "% step", "Bound", "Achieved FLOP/s", "% peak", "Compute", "Memory"):
-        t.add_column(col, justify="right")
+    t = _table(f"{p.analysis.model} on {p.gpu.name} — predicted time per op (top {limit})", "Op",
+               OP_CAPTION)
     for name, tally in list(p.by_op().items())[:limit]:
-        t.add_row(name, _time(tally.time_s), f"{tally.time_s / step:.1%}" if step else "-", tally.bound,
-                  si(tally.achieved_flops, "FLOP/s"), f"{tally.fraction_of_peak:.0%}",
-                  _time(tally.compute_s), _time(tally.memory_s))
+        t.add_row(name, *_cells(tally, step))
     return t
+
+
+def mfu_label(totals: dict) -> str:
+    """What MFU divides: forward+backward FLOPs (not the optimizer's) by the matmul peak."""
+    return f"MFU (forward+backward FLOPs / {totals['mfu_dtype']} peak {si(totals['mfu_peak_flops'], 'FLOP/s')})"
+
+
+def memory_line(p: Prediction) -> str:
+    """'145 GiB of 40 GiB: DOES NOT FIT' (the memory model's device total vs the GPU)."""
+    fit = p.memory_fit
+    return f"{binary(fit.device_total)} of {binary(fit.capacity)}: {fit.verdict}"
 
 
 def summary_table(p: Prediction) -> Table:
@@ -60,28 +108,27 @@ def summary_table(p: Prediction) -> Table:
     t = Table(title="Step", title_justify="left", show_header=False)
     t.add_column("what")
     t.add_column("value", justify="right")
-    t.add_row("step time", _time(tot["step_time_s"]))
-    t.add_row("throughput", f"{tot['throughput']:,.4g} {tot['throughput_unit']}")
+    t.add_row("step time", seconds(tot["step_time_s"]))
+    t.add_row("throughput", rate(tot["throughput"], tot["throughput_unit"]))
     t.add_row("bound", tot["bound"])
-    t.add_row(f"MFU (model FLOPs / {tot['mfu_dtype']} peak {si(tot['mfu_peak_flops'], 'FLOP/s')})", f"{tot['mfu']:.1%}")
-    t.add_row("host issue time (eager dispatch)", _time(tot["host_s"]))
-    t.add_row("device busy / idle", f"{_time(tot['device_busy_s'])} / {_time(tot['device_idle_s'])}")
+    t.add_row(mfu_label(tot), f"{tot['mfu']:.1%}")
+    fit = p.memory_fit
+    t.add_row("peak memory (predicted)", memory_line(p), style=None if fit.fits else "bold red")
+    t.add_row("host issue time (eager dispatch)", seconds(tot["host_s"]))
+    t.add_row("device busy / idle", f"{seconds(tot['device_busy_s'])} / {seconds(tot['device_idle_s'])}")
     t.add_row("kernels", f"{tot['kernels']:,}")
     cov = p.analysis.coverage
     t.add_row("ops with a cost formula", f"{cov['op_share']:.1%} of ops, {cov['byte_share']:.1%} of bytes")
     return t
 
 
-def _time(seconds: float) -> str:
-    from nnperf.report.units import seconds as fmt
-
-    return fmt(seconds)
-
-
 def print_prediction(p: Prediction, *, by: str = "module", depth: int | None = 2, console: Console | None = None) -> None:
     console = console or make_console()
     console.print(module_time_table(p, depth) if by == "module" else op_time_table(p))
     console.print(summary_table(p))
+    if not p.memory_fit.fits:
+        console.print(f"[bold red]The step does not fit in the {p.gpu.name}'s memory: the times above "
+                      "assume it did (see nnperf fit / nnperf memory).[/bold red]")
     uncovered = p.analysis.coverage["uncovered"]
     if uncovered:
         names = ", ".join(f"{u['op']} x{u['count']}" for u in uncovered[:8])

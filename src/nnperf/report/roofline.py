@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from nnperf.errors import UsageError
+from nnperf.passes.rollup import ROOT_OWN_OPS, module_order, module_type
 from nnperf.prediction import Prediction, TimeTally
+from nnperf.report.labels import module_label
 
 #: How points are grouped: by module cut at a depth ("layer") or by aten op name ("op").
 GROUPINGS = ("layer", "op")
@@ -30,8 +32,8 @@ GROUPINGS = ("layer", "op")
 class RooflinePoint:
     """One group of ops: what it costs and where it sits on the roofline."""
 
-    key: str  # module path cut at the depth ('' = ops the root module runs itself) or op name
-    label: str  # what a reader sees ('' becomes '(ModelClass)')
+    key: str  # module path cut at the depth (ROOT_OWN_OPS: the root's own ops) or op name
+    label: str  # what a reader sees, as in the terminal tables ('(Net) own ops')
     type: str  # module class, or the op's category
     ops: int
     kernels: int
@@ -130,9 +132,15 @@ def roofs(prediction: Prediction) -> Roofs:
 
 
 def cut(module: str, depth: int) -> str:
-    """A module path cut to at most ``depth`` components (the group a layer's op falls in)."""
-    if depth <= 0 or not module:
+    """A module path cut to at most ``depth`` components (the group a layer's op falls in).
+
+    Depth 0 is one group, '' (the whole step, as the root row of ``predict``); below it an op
+    the root module calls itself falls in ``ROOT_OWN_OPS``, the group ``predict`` and
+    ``--json`` show under the same name, never in '', which always means the whole step."""
+    if depth <= 0:
         return ""
+    if not module:
+        return ROOT_OWN_OPS
     return ".".join(module.split(".")[:depth])
 
 
@@ -155,18 +163,17 @@ def roofline_points(prediction: Prediction, *, by: str = "layer", depth: int = 2
         kernels[key] += t.kernels
         category.setdefault(key, t.category)
     types = analysis.trace.module_types
-    root_label = f"({type(analysis.workload.model).__name__})"
+    root = types.get("", type(analysis.workload.model).__name__)
     if by == "layer":
-        order = {name: i for i, name in enumerate(types)}
-        keys = sorted(tallies, key=lambda k: (order.get(k, len(order)), k))
+        keys = module_order(types, tallies)
     else:
         keys = sorted(tallies, key=lambda k: -tallies[k].time_s)
     points = []
     for key in keys:
         tally = tallies[key]
         if by == "layer":
-            label = key or root_label
-            kind = types.get(key, key.strip("()") or "-")
+            label = module_label(key, root)
+            kind = module_type(types, key)
         else:
             label, kind = key, category[key]
         points.append(

@@ -10,8 +10,9 @@ def si(value: float, unit: str = "", digits: int = 3) -> str:
     """1.23e9 -> '1.23 G' + unit. Used for FLOPs, MACs, FLOP/s, B/s and counts."""
     if value == 0:
         return f"0 {unit}".strip()
+    shown = _rounded(value, digits)  # the prefix after rounding: 999,999 is '1 M', not '1e+03 k'
     for scale, prefix in _DECIMAL:
-        if abs(value) >= scale:
+        if abs(shown) >= scale:
             return f"{value / scale:.{digits}g} {prefix}{unit}"
     return f"{value:.{digits}g} {unit}".strip()
 
@@ -29,13 +30,29 @@ def _significant(value: float, digits: int) -> str:
     return f"{value:.{digits}g}" if abs(value) < 10**digits else f"{value:.0f}"
 
 
+def _rounded(value: float, digits: int) -> float:
+    """``value`` at ``digits`` significant digits, so the unit is chosen after rounding."""
+    return float(f"{value:.{digits}g}")
+
+
+def rate(value: float, unit: str) -> str:
+    """A throughput: '4.67 k samples/s', '37.6 k tokens/s' (one format everywhere)."""
+    return f"{si(value)} {unit}"
+
+
 def seconds(value: float) -> str:
-    """Durations from nanoseconds to seconds, always with a unit."""
-    if value >= 1:
+    """Durations from nanoseconds to seconds, always with a unit. Below a nanosecond (a
+    scalar op's ideal compute time) digits would be noise: '<1 ns'."""
+    if value == 0:
+        return "0 s"
+    if 0 < value < 1e-9:
+        return "<1 ns"
+    shown = _rounded(value, 3)  # the unit after rounding: 0.9996 ms is '1 ms', not '1e+03 µs'
+    if shown >= 1:
         return f"{_significant(value, 3)} s"
-    if value >= 1e-3:
+    if shown >= 1e-3:
         return f"{value * 1e3:.3g} ms"
-    if value >= 1e-6:
+    if shown >= 1e-6:
         return f"{value * 1e6:.3g} µs"
     return f"{value * 1e9:.3g} ns"
 

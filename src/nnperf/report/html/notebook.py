@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from nnperf.report.html.page import asset, layers_section, summary_section
+from nnperf.report.html.page import asset, layers_section, memory_for, summary_section
 from nnperf.report.html.svg import esc
+from nnperf.report.labels import module_label
 from nnperf.report.units import binary, si
 
 
@@ -23,8 +24,8 @@ def prediction_html(prediction: Any, depth: int = 2) -> str:
     """Summary cards, the roofline and the per-layer table of one prediction."""
     from nnperf.report.html.page import Run, roofline_section
 
-    run = Run(prediction, depth=depth, by="layer", memory=None,
-              memory_note="call nnperf.report.html.build_report for the memory timeline")
+    memory, note = memory_for(prediction)  # computed once per prediction, for the fit card
+    run = Run(prediction, depth=depth, by="layer", memory=memory, memory_note=note)
     body = summary_section(run) + roofline_section(run, 0) + layers_section([run])
     return _wrap(f"{prediction.analysis.model} on {prediction.gpu.name} (predicted)", body)
 
@@ -32,18 +33,20 @@ def prediction_html(prediction: Any, depth: int = 2) -> str:
 def analysis_html(analysis: Any, depth: int = 2) -> str:
     """Per-module counts of an analysis (no GPU yet, so no roofline): FLOPs, bytes, intensity."""
     rows = []
+    root = analysis.trace.module_types.get("", type(analysis.workload.model).__name__)
     for row in analysis.modules(depth):
-        name = row.name or f"({type(analysis.workload.model).__name__})"
+        name = module_label(row.name, root)
         t = row.tally
         indent = "&nbsp;&nbsp;" * max(row.depth - 1, 0)
         rows.append(
             f'<tr><td class="l name" title="{esc(name)}">{indent}{esc(name)}</td><td class="l">{esc(row.type)}</td>'
             f"<td>{row.params:,}</td><td>{esc(si(t.flops_by_phase.get('forward', 0.0)))}</td>"
-            f"<td>{esc(si(t.flops_by_phase.get('backward', 0.0)))}</td><td>{esc(binary(t.bytes))}</td>"
+            f"<td>{esc(si(t.flops_by_phase.get('backward', 0.0)))}</td><td>{esc(si(t.flops))}</td>"
+            f"<td>{esc(binary(t.bytes))}</td>"
             f"<td>{t.intensity:.1f}</td></tr>"
         )
     tot, cov = analysis.totals, analysis.coverage
-    head = "".join(f"<th>{c}</th>" for c in ("Params", "FLOP fwd", "FLOP bwd", "Bytes moved", "FLOP/B"))
+    head = "".join(f"<th>{c}</th>" for c in ("Params", "FLOP fwd", "FLOP bwd", "FLOP total", "Bytes moved", "FLOP/B"))
     body = (
         f'<p class="sub">{esc(analysis.trace.mode)}: {tot["params"]:,} parameters, '
         f"{esc(si(tot['flops'], 'FLOP'))} (FLOP = 2 x MAC), {esc(binary(tot['bytes']))} moved; "

@@ -20,11 +20,15 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
+from nnperf.passes.rollup import ROOT_OWN_OPS
 from nnperf.prediction import Prediction
 from nnperf.report.html.measured import Measured
 from nnperf.report.html.svg import esc, memory_svg, roofline_svg
+from nnperf.report.labels import module_label
+from nnperf.report.memory_fit import capacity, fits
+from nnperf.report.prediction_tables import mfu_label
 from nnperf.report.roofline import BOUND_COLORS, RooflinePoint, cut, roofline_points, roofs
-from nnperf.report.units import binary, seconds, si
+from nnperf.report.units import binary, rate, seconds, si
 
 #: Pass as ``memory`` to have the report run the memory model itself (when it is installed).
 AUTO = "auto"
@@ -45,20 +49,12 @@ def json_island(doc: Any) -> str:
 
 
 def memory_for(prediction: Prediction) -> tuple[Any | None, str]:
-    """Run the memory model if this install has it: (MemoryReport or None, why not)."""
+    """The prediction's memory report (computed once, shared with its totals and the fit
+    verdict): (MemoryReport or None, why not)."""
     try:
-        from nnperf.passes.memory import predict_memory
-    except ImportError:
-        return None, "the memory model (nnperf.passes.memory) is not installed"
-    try:
-        report = predict_memory(
-            prediction.analysis.trace,
-            model=prediction.analysis.model,
-            architecture=prediction.gpu.architecture,
-        )
+        return prediction.memory, ""
     except Exception as err:  # a report should still come out if one pass fails
         return None, f"the memory model failed: {type(err).__name__}: {err}"
-    return report, ""
 
 
 @dataclass
@@ -111,16 +107,16 @@ def _card(key: str, value: str, more: str = "", cls: str = "") -> str:
 
 def memory_fit(run: Run) -> tuple[str, str, str]:
     """(verdict, detail, css class) for the summary: predicted device memory vs capacity."""
-    cap = run.prediction.gpu.memory_bytes
+    cap = capacity(run.prediction.gpu)
     peak = run.peak_memory()
     if peak is None:
         return "not available", esc(run.memory_note or "no memory prediction"), "na"
     share = peak / cap
-    verdict = "fits" if share <= 1 else "does not fit"
+    fitting = fits(peak, cap)
     return (
-        f"{verdict} ({share:.0%})",
+        f"{'fits' if fitting else 'does not fit'} ({share:.0%})",
         f"{esc(binary(peak))} of {esc(binary(cap))}",
-        "ok" if share <= 1 else "bad",
+        "ok" if fitting else "bad",
     )
 
 
@@ -135,10 +131,8 @@ def summary_section(run: Run) -> str:
     fit, fit_more, fit_cls = memory_fit(run)
     cards = [
         _card("step time (predicted)", esc(seconds(tot["step_time_s"])), step_more),
-        _card("throughput", esc(f"{si(tot['throughput'])} {tot['throughput_unit']}"),
-              esc(f"{tot['samples_per_s']:,.4g} samples/s")),
-        _card("MFU", esc(f"{tot['mfu']:.1%}"),
-              esc(f"model FLOPs / {tot['mfu_dtype']} peak {si(tot['mfu_peak_flops'], 'FLOP/s')}")),
+        _card("throughput", esc(rate(tot["throughput"], tot["throughput_unit"])), _samples_line(tot)),
+        _card("MFU", esc(f"{tot['mfu']:.1%}"), esc(mfu_label(tot).removeprefix("MFU ").strip("()"))),
         _card("bound", esc(tot["bound"]),
               esc(f"host {seconds(tot['host_s'])}, device busy {seconds(tot['device_busy_s'])}")),
         _card("memory fit", esc(fit), fit_more, fit_cls),
@@ -146,6 +140,14 @@ def summary_section(run: Run) -> str:
               esc(f"cost formulas for {cov['op_share']:.1%} of ops, {cov['byte_share']:.1%} of bytes")),
     ]
     return f'<div class="cards">{"".join(cards)}</div>'
+
+
+def _samples_line(tot: dict[str, Any]) -> str:
+    """Samples/s under a token throughput; nothing under a sample throughput (it would repeat
+    the card's own figure)."""
+    if tot["throughput_unit"] == "samples/s":
+        return ""
+    return esc(rate(tot["samples_per_s"], "samples/s"))
 
 
 def _legend() -> str:
@@ -245,25 +247,38 @@ def memory_section(runs: list[Run]) -> str:
         return f'<p class="na">Memory timeline: not available ({esc(run.memory_note)}).</p>'
     timeline = [(p.index, p.phase, float(p.allocated)) for p in mem.timeline]
     measured = run.measured.memory_timeline if run.measured else []
-    capacity = min(r.prediction.gpu.memory_bytes for r in runs)
+    smallest = min(capacity(r.prediction.gpu) for r in runs)
     facts = [f"predicted peak allocated {binary(mem.peak_allocated or 0)}",
              f"reserved {binary(mem.peak_reserved or 0)}",
              f"device total {binary(mem.device_total or 0)}"]
     if mem.peak_phase:
-        facts.append(f"peak in {mem.peak_phase} at {mem.peak_module or '(root)'}")
+        facts.append(f"peak in {mem.peak_phase} at {_module(run.prediction, mem.peak_module or '')}")
     if run.measured and run.measured.peak_allocated:
         facts.append(f"measured peak allocated {binary(run.measured.peak_allocated)}")
     breakdown = "".join(
-        f"<tr><td class=\"l\">{esc(k)}</td><td data-v=\"{v}\">{esc(binary(v))}</td></tr>"
+        f"<tr><td class=\"l\">{esc(category_label(k))}</td><td data-v=\"{v}\">{esc(binary(v))}</td></tr>"
         for k, v in sorted(mem.breakdown.items(), key=lambda kv: -kv[1]) if v
     )
     return (f'<p class="sub">{esc("; ".join(facts))}. Orange line: measured (when given).</p>'
-            + memory_svg(timeline, capacity=capacity, measured=measured, events=mem.timeline_events or None)
+            + memory_svg(timeline, capacity=smallest, measured=measured, events=mem.timeline_events or None)
             + '<div class="legend"><span><i style="background:#4c78a8"></i>forward</span>'
               '<span><i style="background:#e45756"></i>backward</span>'
               '<span><i style="background:#54a24b"></i>optimizer</span></div>'
             + ("<h3>At the peak</h3><table class=\"sortable\"><thead><tr><th class=\"l\">What</th><th>Bytes</th>"
                f"</tr></thead><tbody>{breakdown}</tbody></table>" if breakdown else ""))
+
+
+def category_label(key: str) -> str:
+    """A breakdown key as the memory command's tables print it ('optimizer state')."""
+    from nnperf.passes.memory import CATEGORY_LABELS
+
+    return CATEGORY_LABELS.get(key, key.replace("_", " "))
+
+
+def _module(prediction: Prediction, module: str) -> str:
+    """An op's module path as the tables show it: the root's own ops as '(GPT2) own ops'."""
+    root = prediction.analysis.trace.module_types.get("", "model")
+    return module_label(module or ROOT_OWN_OPS, root)
 
 
 def gemm_rows(prediction: Prediction) -> list[dict[str, Any]]:
@@ -296,7 +311,7 @@ def gemm_section(run: Run) -> str:
     body = []
     for r in rows:
         g, e = r["gemm"], r["est"]
-        mods = ", ".join(m or "(root)" for m in r["modules"]) + (" ..." if r["count"] > len(r["modules"]) else "")
+        mods = ", ".join(_module(run.prediction, m) for m in r["modules"]) + (" ..." if r["count"] > len(r["modules"]) else "")
         align = '<span class="ok">yes</span>' if e.aligned else f'<span class="warn" title="{esc(e.alignment_note)}">no: {esc(e.alignment_note)}</span>'
         frac = e.achieved_flops / e.peak_flops if e.peak_flops else 0.0
         body.append(
@@ -347,7 +362,7 @@ def compare_section(runs: list[Run]) -> str:
         body.append(
             f'<tr><td class="l">{esc(run.gpu_name)}</td><td data-v="{tot["step_time_s"]!r}">{esc(seconds(tot["step_time_s"]))}</td>'
             f"<td>{esc(seconds(m)) if m else '-'}</td>"
-            f'<td data-v="{tot["throughput"]!r}">{esc(si(tot["throughput"]))} {esc(tot["throughput_unit"])}</td>'
+            f'<td data-v="{tot["throughput"]!r}">{esc(rate(tot["throughput"], tot["throughput_unit"]))}</td>'
             f'<td data-v="{tot["mfu"]!r}">{tot["mfu"]:.1%}</td><td class="l">{esc(tot["bound"])}</td>'
             f'<td class="l {cls}">{esc(fit)}</td><td>{f"{price:.2f}" if price else "-"}</td></tr>'
         )
