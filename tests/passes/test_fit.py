@@ -1,21 +1,38 @@
-"""The largest-batch search: exact on synthetic peaks, honest when nothing fits."""
+"""The largest-batch search: what brute force over traces returns, in few traces; exact on
+synthetic peaks; honest when nothing fits."""
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Callable
 
-from nnperf.passes.fit import largest_batch, not_fitting_message, what_ifs
-from nnperf.passes.memory import MemoryReport
-from nnperf.passes.memory.tracing import MemoryOptions
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nnperf.passes.fit import (
+    FitResult,
+    Sample,
+    largest_batch,
+    not_fitting_message,
+    trace_measure,
+    what_ifs,
+)
+from nnperf.passes.fit_replay import BatchModel
+from nnperf.passes.memory import MemoryReport, predict_memory
+from nnperf.passes.memory.model import allocation_program
+from nnperf.passes.memory.tracing import MemoryOptions, trace_memory
+from nnperf.request import ModelRequest
 from nnperf.trace.capture import TraceOptions
 
 
 def _measure(fn):
-    def measure(batch: int) -> MemoryReport:
+    def measure(batch: int) -> Sample:
         total = fn(batch)
-        return MemoryReport(source="predicted", model="toy", peak_allocated=total,
-                            peak_reserved=total, device_total=total,
-                            breakdown={"parameters": 100, "saved_activations": total - 100})
+        return Sample(MemoryReport(source="predicted", model="toy", peak_allocated=total,
+                                   peak_reserved=total, device_total=total,
+                                   breakdown={"parameters": 100, "saved_activations": total - 100}))
     return measure
 
 
@@ -72,3 +89,100 @@ def test_not_fitting_message_says_what_batch_1_needs():
     msg = not_fitting_message("toy", [r], Gpu())  # type: ignore[arg-type]
     assert "needs 3 GiB at batch 1" in msg
     assert "has 1 GiB" in msg
+
+
+# -- the search over real traces --------------------------------------------------------------
+
+class _Block(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.fc = nn.Linear(d, 2 * d)
+        self.out = nn.Linear(2 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.out(F.gelu(self.fc(x)))
+
+
+class _Net(nn.Module):
+    """Blocks over (batch, 64 tokens, 256): activations of 64 KiB per sample and block cross
+    the allocator's pool and segment sizes at small batches, so the peak is not monotone."""
+
+    def __init__(self, special_batch_1: bool = False):
+        super().__init__()
+        self.blocks = nn.Sequential(*[_Block(256) for _ in range(3)])
+        self.special_batch_1 = special_batch_1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.special_batch_1 and x.shape[0] == 1:
+            x = x * 1.0  # one more op at batch 1: not the same step as at other batches
+        return self.blocks(x)
+
+
+def _traced(options: MemoryOptions, special_batch_1: bool = False) -> Callable[[int], Sample]:
+    """Trace _Net at a batch (once per batch: a test searches many capacities)."""
+    cache: dict[int, Sample] = {}
+
+    def measure(batch: int) -> Sample:
+        if batch not in cache:
+            request = ModelRequest(_Net(special_batch_1), inputs=(torch.randn(batch, 64, 256),))
+            cache[batch] = trace_measure(request, options, architecture="ampere")(batch)
+        return cache[batch]
+
+    return measure
+
+
+def _capacities(totals: dict[int, int]) -> list[int]:
+    """Every capacity at which the answer changes: each total, one byte below it, and beyond."""
+    values = sorted(set(totals.values()))
+    return [values[0] - 1, *[c for v in values for c in (v - 1, v)], values[-1] + 1]
+
+
+def _check_against_brute_force(measure: Callable[[int], Sample], n: int) -> list[FitResult]:
+    totals = {b: measure(b).total for b in range(1, n + 1)}
+    results = []
+    for capacity in _capacities(totals):
+        expected = max((b for b, t in totals.items() if t <= capacity), default=None)
+        r = largest_batch(measure, capacity, max_batch=n)
+        assert r.largest == expected, (capacity, [p.batch for p in r.probes])
+        assert r.capped == (expected == n)
+        assert r.at_largest is (measure(expected).report if expected else None)
+        assert r.at_one is measure(1).report
+        results.append(r)
+    return results
+
+
+def test_fast_search_returns_what_brute_force_over_traces_returns():
+    measure = _traced(MemoryOptions(checkpoint=True))
+    n = 24
+    results = _check_against_brute_force(measure, n)
+    # meaningful: somewhere a batch fits above one that does not (peaks are not monotone)
+    totals = [measure(b).total for b in range(1, n + 1)]
+    assert any(later < earlier for earlier, later in itertools.pairwise(totals))
+    # and few traces: batch 1, the first guess, the answer and the batch after it
+    assert max(len(r.probes) for r in results if r.largest and not r.capped) <= 5
+    assert sum(len(r.probes) for r in results) / len(results) <= 4
+
+
+def test_a_step_that_changes_with_the_batch_is_still_searched_exactly():
+    # batch 1 runs one more op: it cannot be interpolated with the others
+    measure = _traced(MemoryOptions(), special_batch_1=True)
+    assert not measure(1).footprint.matches(measure(2).footprint)
+    assert measure(2).footprint.matches(measure(3).footprint)
+    _check_against_brute_force(measure, 20)
+
+
+def test_replaying_interpolated_traces_gives_the_traced_totals():
+    measure = _traced(MemoryOptions())
+    model = BatchModel.between(measure(2).footprint, measure(9).footprint)
+    for batch in (3, 5, 16, 23):
+        assert model.total(batch) == measure(batch).total
+        assert model.lower_bound(batch) <= measure(batch).total
+
+
+def test_allocation_program_peaks_are_the_replay_peaks():
+    request = ModelRequest(_Net(), inputs=(torch.randn(3, 64, 256),))
+    _, trace, _ = trace_memory(request, MemoryOptions(checkpoint=True))
+    program = allocation_program(trace)
+    report = predict_memory(trace, program=program)
+    assert program.peaks() == (report.peak_allocated, report.peak_reserved)
+    assert report.to_json() == predict_memory(trace).to_json()

@@ -1,10 +1,20 @@
 """The largest batch that fits on a GPU, for a configuration and its memory what-ifs.
 
-Peak memory grows almost linearly with the batch (activations scale with it, model states
-do not), so the search needs few traces: trace batch 1 and 2, propose the batch where the
-line meets the GPU's capacity, trace it, and step with the secant through the bracketing
-points until the largest fitting batch and the smallest failing one are adjacent. Every
-answer is a verified trace, never an extrapolation.
+A trace of a large model costs seconds, so the search spends as few as it can and lets
+allocator replays (milliseconds) do the rest (``passes.fit_replay``):
+
+1. trace batch 1 (reported as "at batch 1"; if it does not fit, nothing does);
+2. guess the answer from that one trace (activations scaled by the batch, model states
+   not) and trace the guess;
+3. interpolate the allocator requests between two traced batches of the same step and
+   replay them to find the largest batch that fits, replaying every batch between the
+   answer and a monotone bound above it (peaks are not monotone in the batch);
+4. trace that batch and the next one: the answer stands only when the traces agree (it
+   fits, the next one does not). When they do not, the traces become the new
+   interpolation points; when no two traces interpolate (a step whose structure changes
+   with the batch), a secant/bisection search over traces finds the boundary.
+
+Every answer is a verified trace, never an extrapolation. Typically 3 or 4 traces.
 
 "Fits" means the predicted device total (allocator segments + CUDA context + cuDNN
 workspace estimate) is at most the GPU's memory; see ``passes.memory.model``.
@@ -18,19 +28,26 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nnperf.hardware import GPU
-from nnperf.loading import resolve
+from nnperf.passes.fit_replay import BatchModel, Footprint
 from nnperf.passes.memory import CATEGORY_LABELS, MemoryReport, predict_memory
+from nnperf.passes.memory.model import allocation_program, convolution_operand_bytes
 from nnperf.passes.memory.tracing import MemoryOptions, checkpoint_blocks, trace_memory
 from nnperf.report.units import binary
 from nnperf.request import ModelRequest
 
 #: Never search beyond this batch: a model this small fits "any batch" for practical purposes.
 MAX_BATCH = 1 << 20
-#: The second batch traced: far enough from 1 that allocator rounding does not hide the slope.
+#: The second batch traced when no footprint guides the guess: far enough from 1 that
+#: allocator rounding does not hide the slope.
 FIRST_STEP = 8
 #: After this many probes in a row that move the fitting batch by one, bisect (a step-shaped
 #: peak near the boundary stalls the secant, which then moves by one batch per trace).
 SECANT_PROBES = 2
+#: Traces spent on interpolation before falling back to the secant search over traces.
+INTERPOLATION_ROUNDS = 8
+#: Replay time a search may always spend ruling out the batches above its answer (it may
+#: spend two traces' worth when traces are slower).
+SCAN_BUDGET_S = 2.0
 
 
 @dataclass
@@ -39,6 +56,22 @@ class Probe:
     device_total: int
     peak_allocated: int
     fits: bool
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One traced batch: its report and, for a real trace, what interpolation needs."""
+
+    report: MemoryReport
+    footprint: Footprint | None = None
+
+    @property
+    def total(self) -> int:
+        return int(self.report.device_total or 0)
+
+
+#: Traces the step at a batch.
+Measure = Callable[[int], Sample]
 
 
 @dataclass
@@ -54,6 +87,8 @@ class FitResult:
     at_one: MemoryReport
     probes: list[Probe] = field(default_factory=list)
     seconds: float = 0.0
+    replays: int = 0  # allocator replays of interpolated traces (milliseconds each)
+    replay_seconds: float = 0.0  # the time they took (part of ``seconds``)
 
     def to_json(self) -> dict[str, Any]:
         rep = self.at_largest
@@ -73,7 +108,7 @@ class FitResult:
 
 
 def largest_batch(
-    measure: Callable[[int], MemoryReport],
+    measure: Measure,
     capacity: int,
     *,
     label: str = "as given",
@@ -82,51 +117,184 @@ def largest_batch(
 ) -> FitResult:
     """Search the largest batch whose predicted device total is at most ``capacity``."""
     start = time.perf_counter()
-    reports: dict[int, MemoryReport] = {}
-    probes: list[Probe] = []
+    search = _Search(measure, capacity, max_batch)
+    largest: int | None = None
+    if search.fits(1):
+        largest = 1 if max_batch <= 1 else search.run()
+    samples = search.samples
+    return FitResult(label, options or MemoryOptions(), capacity, largest,
+                     largest is not None and largest >= max_batch,
+                     samples[largest].report if largest else None, samples[1].report,
+                     search.probes, time.perf_counter() - start, *search.replay_cost())
 
-    def total(b: int) -> int:
-        if b not in reports:
-            r = measure(b)
-            reports[b] = r
-            probes.append(Probe(b, int(r.device_total or 0), int(r.peak_allocated or 0),
-                                int(r.device_total or 0) <= capacity))
-        return int(reports[b].device_total or 0)
 
-    def done(largest: int | None, capped: bool = False) -> FitResult:
-        return FitResult(label, options or MemoryOptions(), capacity, largest, capped,
-                         reports.get(largest) if largest else None, reports[1], probes,
-                         time.perf_counter() - start)
+class _Search:
+    """The traced batches of one search and the decisions taken on them."""
 
-    if total(1) > capacity:
-        return done(None)
-    if max_batch <= 1:
-        return done(1, capped=True)
-    lo, hi = 1, None  # lo fits; hi (when known) does not
-    cand = min(FIRST_STEP, max_batch)
-    creeping = 0  # consecutive probes that could only move the bound by one batch
-    for _ in range(64):
-        if total(cand) <= capacity:
-            lo = cand
-            if lo >= max_batch:
-                return done(lo, capped=True)
-        else:
-            hi = cand
-        if hi is not None and hi - lo <= 1:
-            break
-        if hi is None:  # extrapolate along the chord from batch 1 (the widest, least noisy)
-            slope = (total(lo) - total(1)) / (lo - 1)
-            # no growth measured yet (allocator rounding hides it): double
-            cand = lo * 2 if slope <= 0 else lo + int((capacity - total(lo)) // slope)
-            cand = max(lo + 1, min(cand, max_batch))
-        else:  # interpolate between the bracketing batches
-            slope = (total(hi) - total(lo)) / (hi - lo)
-            cand = lo + int((capacity - total(lo)) // slope) if slope > 0 else (lo + hi) // 2
-            cand = max(lo + 1, min(cand, hi - 1))
-            if cand == lo + 1 and creeping >= SECANT_PROBES:
-                cand = (lo + hi) // 2  # peaks move in steps near the boundary: bisect
-        creeping = creeping + 1 if cand == lo + 1 else 0
-    return done(lo)
+    def __init__(self, measure: Measure, capacity: int, max_batch: int):
+        self._measure = measure
+        self.capacity = capacity
+        self.max_batch = max_batch
+        self.samples: dict[int, Sample] = {}
+        self.probes: list[Probe] = []
+        self._model: BatchModel | None = None
+        self._answer = 0  # the current model's largest fitting batch
+        self._checked: set[int] = set()  # traced batches the current model reproduces
+        self._spent: list[BatchModel] = []  # models no longer current (for their cost)
+        self._trace_seconds = 0.0
+
+    def replay_cost(self) -> tuple[int, float]:
+        """Allocator replays run by this search and the seconds they took."""
+        models = [*self._spent, *([self._model] if self._model else [])]
+        return sum(m.replays for m in models), sum(m.seconds for m in models)
+
+    # -- traces -----------------------------------------------------------------------------
+    def trace(self, batch: int) -> Sample:
+        if batch not in self.samples:
+            start = time.perf_counter()
+            s = self._measure(batch)
+            self._trace_seconds += time.perf_counter() - start
+            self.samples[batch] = s
+            self.probes.append(Probe(batch, s.total, int(s.report.peak_allocated or 0),
+                                     s.total <= self.capacity))
+        return self.samples[batch]
+
+    def fits(self, batch: int) -> bool:
+        return self.trace(batch).total <= self.capacity
+
+    # -- the search -------------------------------------------------------------------------
+    def run(self) -> int:
+        """The answer, given that batch 1 fits and the range goes beyond it."""
+        one = self.samples[1].footprint
+        if one is None:  # reports only (no allocator requests): search over traces
+            self.fits(min(FIRST_STEP, self.max_batch))
+            return self.bracket()
+        self.fits(self.first_guess(one))
+        for _ in range(INTERPOLATION_ROUNDS):
+            answer = self.propose()
+            if answer is None:  # no two traces of the same structure yet: trace a neighbour
+                batch = self.neighbour()
+            else:
+                batch = next((b for b in (answer, answer + 1)
+                              if b <= self.max_batch and b not in self.samples), None)
+                if batch is None:
+                    return answer if self.verified(answer) else self.bracket()
+            if batch is None:
+                break
+            self.fits(batch)
+        return self.bracket()
+
+    def first_guess(self, one: Footprint) -> int:
+        """Where to trace second: the answer if activations scaled with the batch."""
+        model = BatchModel.scaled(one)
+        guess = model.boundary(self.capacity, self.max_batch)
+        self._spent.append(model)
+        return max(2, min(guess, self.max_batch))
+
+    def propose(self) -> int | None:
+        """The largest fitting batch by interpolation between two traces of the same step
+        (None: no such pair). A model that reproduces every trace taken since is kept."""
+        if self._model is not None and self._reproduces_traces():
+            return self._answer
+        if self._model is not None:
+            self._spent.append(self._model)
+            self._model = None
+        pair = self._pair()
+        if pair is None:
+            return None
+        model = BatchModel.between(*pair)
+        if not model.monotone:  # no monotone bound to rule out the batches above
+            self._spent.append(model)
+            return None
+        self._model, self._checked = model, {pair[0].batch, pair[1].batch}
+        self._answer = max(1, model.largest(self.capacity, self.max_batch,
+                                            budget_s=self._scan_budget()))
+        return self._answer
+
+    def _scan_budget(self) -> float:
+        """Replay time worth spending on one search for the largest batch: a couple of
+        traces' worth (beyond that a search over traces would be cheaper)."""
+        return max(SCAN_BUDGET_S, 2 * self._trace_seconds / max(len(self.probes), 1))
+
+    def _reproduces_traces(self) -> bool:
+        """Whether the current model gives every traced total exactly. A trace of another
+        structure (a step that changes with the batch) below the answer is no evidence
+        against it: the model claims nothing there."""
+        assert self._model is not None
+        template = self._model.template
+        for batch, s in self.samples.items():
+            if batch in self._checked:
+                continue
+            fp = s.footprint
+            same = fp is not None and fp.matches(template)
+            if not same and fp is not None and batch < self._answer:
+                continue
+            if not same or self._model.total(batch) != s.total:
+                return False
+            self._checked.add(batch)
+        return True
+
+    def _pair(self) -> tuple[Footprint, Footprint] | None:
+        """The two traces of the same structure nearest the latest one (widest on ties)."""
+        target = self.probes[-1].batch
+        traced = [s.footprint for s in self.samples.values() if s.footprint is not None]
+        best: tuple[int, int] | None = None
+        choice = None
+        for i, a in enumerate(traced):
+            for c in traced[i + 1:]:
+                if not a.matches(c):
+                    continue
+                key = (abs(a.batch - target) + abs(c.batch - target), -abs(a.batch - c.batch))
+                if best is None or key < best:
+                    best, choice = key, (a, c)
+        return choice
+
+    def neighbour(self) -> int | None:
+        """A batch next to the latest trace, on the side where the answer lies."""
+        last = self.probes[-1]
+        order = (last.batch + 1, last.batch - 1) if last.fits else (last.batch - 1, last.batch + 1)
+        return next((b for b in order if 1 <= b <= self.max_batch and b not in self.samples),
+                    None)
+
+    def verified(self, answer: int) -> bool:
+        """The traces agree with ``answer``: it fits, the next batch does not (or is beyond
+        the range) and no traced batch above it fits."""
+        return self.fits(answer) and not any(
+            b > answer and self.fits(b) for b in self.samples
+        ) and (answer >= self.max_batch or answer + 1 in self.samples)
+
+    # -- the fallback: secant and bisection over traces ---------------------------------------
+    def bounds(self) -> tuple[int, int | None]:
+        """The largest traced batch that fits and the smallest traced one above it that does
+        not (None: none traced)."""
+        lo = max(b for b in self.samples if self.fits(b))
+        above = [b for b in self.samples if b > lo]
+        return lo, min(above) if above else None
+
+    def bracket(self) -> int:
+        """Secant steps (chord from batch 1 until a batch fails) and bisection when the secant
+        creeps, until the largest fitting and the smallest failing traced batch are adjacent."""
+        creeping = 0  # consecutive probes that could only move the bound by one batch
+        total = self.trace
+        for _ in range(64):
+            lo, hi = self.bounds()
+            if lo >= self.max_batch or (hi is not None and hi - lo <= 1):
+                return lo
+            if hi is None:  # extrapolate along the chord from batch 1 (the widest, least noisy)
+                slope = (total(lo).total - total(1).total) / (lo - 1) if lo > 1 else 0
+                # no growth measured yet (allocator rounding hides it): double
+                cand = lo * 2 if slope <= 0 else lo + int((self.capacity - total(lo).total) // slope)
+                cand = max(lo + 1, min(cand, self.max_batch))
+            else:  # interpolate between the bracketing batches
+                slope = (total(hi).total - total(lo).total) / (hi - lo)
+                cand = (lo + int((self.capacity - total(lo).total) // slope) if slope > 0
+                        else (lo + hi) // 2)
+                cand = max(lo + 1, min(cand, hi - 1))
+                if cand == lo + 1 and creeping >= SECANT_PROBES:
+                    cand = (lo + hi) // 2  # peaks move in steps near the boundary: bisect
+            creeping = creeping + 1 if cand == lo + 1 else 0
+            self.fits(cand)
+        return self.bounds()[0]
 
 
 def what_ifs(options: MemoryOptions, gpu: GPU | None, blocks: bool) -> list[tuple[str, MemoryOptions]]:
@@ -149,6 +317,31 @@ def what_ifs(options: MemoryOptions, gpu: GPU | None, blocks: bool) -> list[tupl
     return out
 
 
+def trace_measure(
+    request: ModelRequest,
+    options: MemoryOptions,
+    *,
+    architecture: str | None = None,
+    context_mib: float | None = None,
+    on_trace: Callable[[int, Any], None] | None = None,
+) -> Measure:
+    """Trace ``request`` at a batch under ``options`` and predict its memory: the report and
+    the footprint interpolation needs. ``on_trace(batch, workload)`` sees each built workload."""
+
+    def measure(batch: int) -> Sample:
+        name, trace, workload = trace_memory(replace(request, batch=batch), options)
+        if on_trace is not None:
+            on_trace(batch, workload)
+        program = allocation_program(trace, None, architecture)
+        report = predict_memory(trace, model=name, architecture=architecture,
+                                context_mib=context_mib, max_points=0, program=program)
+        conv = convolution_operand_bytes(trace)
+        fixed = int(report.device_total or 0) - int(report.peak_reserved or 0) - max(conv, default=0)
+        return Sample(report, Footprint.of(batch, program, conv, fixed))
+
+    return measure
+
+
 def fit(
     request: ModelRequest,
     gpu: GPU,
@@ -161,33 +354,26 @@ def fit(
     """Largest batch on ``gpu`` for ``options`` and (optionally) each what-if; the search sets
     the request's batch (any batch it carries is ignored)."""
     capacity = int(gpu.memory_bytes)
+    blocks: list[bool] = []
 
-    def measurer(opts: MemoryOptions) -> Callable[[int], MemoryReport]:
-        def measure(batch: int) -> MemoryReport:
-            name, trace, _ = trace_memory(replace(request, batch=batch), opts)
-            return predict_memory(trace, model=name, architecture=gpu.architecture,
-                                  context_mib=context_mib, max_points=0)
-        return measure
+    def note_blocks(batch: int, workload: Any) -> None:
+        """Whether the model has repeated blocks to checkpoint, from the first trace's model
+        (instead of building it once more)."""
+        if not blocks:
+            blocks.append(bool(checkpoint_blocks(workload.model)))
 
-    base = largest_batch(measurer(options), capacity, label="as given", options=options,
-                         max_batch=max_batch)
+    def search(label: str, opts: MemoryOptions, hook: Any = None) -> FitResult:
+        measure = trace_measure(request, opts, architecture=gpu.architecture,
+                                context_mib=context_mib, on_trace=hook)
+        return largest_batch(measure, capacity, label=label, options=opts, max_batch=max_batch)
+
+    results = [search("as given", options, note_blocks)]
     if not include_what_ifs:
-        return [base]
-    has_blocks = _has_blocks(request) if options.trace.train else False
-    results = [base]
+        return results
+    has_blocks = options.trace.train and bool(blocks and blocks[0])
     for label, opts in what_ifs(options, gpu, has_blocks)[1:]:
-        results.append(largest_batch(measurer(opts), capacity, label=label, options=opts,
-                                     max_batch=max_batch))
+        results.append(search(label, opts))
     return results
-
-
-def _has_blocks(request: ModelRequest) -> bool:
-    """Whether the model has repeated blocks to checkpoint (built at batch 1 on fakes)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    _, build = resolve(replace(request, batch=1))
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        return bool(checkpoint_blocks(build().model))
 
 
 def summarize(report: MemoryReport, top: int = 4) -> str:

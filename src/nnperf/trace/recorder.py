@@ -173,11 +173,28 @@ class OpRecorder(TorchDispatchMode):
     def meta(self, t: torch.Tensor, creating_event: int | None) -> TensorMeta:
         return TensorMeta(
             storage=self.storage_id(t, creating_event),
-            shape=tuple(int(s) for s in t.shape),
+            shape=tuple(map(int, t.shape)),
             dtype=t.dtype,
-            stride=tuple(int(s) for s in t.stride()),
+            stride=tuple(map(int, t.stride())),
             storage_offset=int(t.storage_offset()),
         )
+
+    def _metas_in(self, args: Any, kwargs: dict[str, Any]) -> tuple[Any, Any, list[TensorMeta]]:
+        """``args`` and ``kwargs`` with tensors replaced by TensorMeta, and those metas in
+        ``tree_flatten`` order: one pass over plain containers (what aten arguments are),
+        ``tree_map`` for anything else. A trace is tens of thousands of ops, so this path
+        is kept lean; both ways give the same result."""
+        found: list[TensorMeta] = []
+        to_meta = self.meta
+        try:
+            return (_map_plain(args, to_meta, found), _map_plain(kwargs, to_meta, found), found)
+        except _NotPlain:
+            to_meta_in = lambda x: to_meta(x, None) if isinstance(x, torch.Tensor) else x  # noqa: E731
+            meta_args = tree_map(to_meta_in, args)
+            meta_kwargs = tree_map(to_meta_in, kwargs)
+            inputs = [x for x in tree_flatten((meta_args, meta_kwargs))[0]
+                      if isinstance(x, TensorMeta)]
+            return meta_args, meta_kwargs, inputs
 
     # -- ops ------------------------------------------------------------------------------
     def module_path(self) -> str:
@@ -196,17 +213,13 @@ class OpRecorder(TorchDispatchMode):
             return func(*args, **kwargs)
         self.current_func = func
         index = len(self.events)
-        to_meta_in = lambda x: self.meta(x, None) if isinstance(x, torch.Tensor) else x  # noqa: E731
-        meta_args = tree_map(to_meta_in, args)
-        meta_kwargs = tree_map(to_meta_in, kwargs)
+        meta_args, meta_kwargs, inputs = self._metas_in(args, kwargs)
         first_new = len(self.storages)
         out = self.answer(func) if self.answer is not None else None
         if out is None:
             out = func(*args, **kwargs)
-        flat_out = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        outputs = [self.meta(t, index) for t in flat_out]
+        outputs = [self.meta(t, index) for t in _output_tensors(out)]
         allocates = [m.storage for m in outputs if m.storage >= first_new]
-        inputs = [x for x in tree_flatten((meta_args, meta_kwargs))[0] if isinstance(x, TensorMeta)]
         free = not allocates and not func._schema.is_mutable and (
             bool(outputs) or func._schema.name in _METADATA_OPS
         )
@@ -232,3 +245,41 @@ class OpRecorder(TorchDispatchMode):
 
 
 _METADATA_OPS = {"aten::sym_size", "aten::sym_stride", "aten::sym_numel", "aten::is_same_size"}
+#: Argument values that are leaves for ``tree_map`` (anything else unknown takes its path).
+_PLAIN_LEAVES = frozenset({
+    int, float, bool, complex, str, type(None),
+    torch.dtype, torch.device, torch.layout, torch.memory_format,
+})
+
+
+class _NotPlain(Exception):
+    """An argument the plain-container fast path does not handle (``torch.Size``, ...)."""
+
+
+def _map_plain(x: Any, fn: Callable[[torch.Tensor, None], TensorMeta], found: list[TensorMeta]) -> Any:
+    """``tree_map`` of ``fn`` over tensors in tuples, lists and dicts; appends each result to
+    ``found`` in ``tree_flatten`` order. Raises ``_NotPlain`` for any other container."""
+    if isinstance(x, torch.Tensor):
+        m = fn(x, None)
+        found.append(m)
+        return m
+    kind = type(x)
+    if kind in _PLAIN_LEAVES:
+        return x
+    if kind is tuple:
+        return tuple([_map_plain(v, fn, found) for v in x])
+    if kind is list:
+        return [_map_plain(v, fn, found) for v in x]
+    if kind is dict:
+        return {k: _map_plain(v, fn, found) for k, v in x.items()}
+    raise _NotPlain
+
+
+def _output_tensors(out: Any) -> list[torch.Tensor]:
+    """The tensors of an op's result in ``tree_flatten`` order (a tensor, or a tuple or list
+    of them in the common case)."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if type(out) in (tuple, list) and all(isinstance(t, torch.Tensor) for t in out):
+        return list(out)
+    return [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]

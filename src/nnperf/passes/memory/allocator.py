@@ -60,6 +60,7 @@ class _Block:
     free: bool = True
     prev: _Block | None = None
     next: _Block | None = None
+    requested: int = 0  # bytes asked for by the request the block serves (while live)
 
 
 class CachingAllocator:
@@ -67,13 +68,16 @@ class CachingAllocator:
 
     ``malloc(key, nbytes)`` and ``free(key)`` take a caller-chosen key (a storage id), so a
     trace can be replayed without real addresses.
+
+    Free blocks sit in one sorted list per pool as ``(size, addr, block)``: no two free
+    blocks share an address, so ordering never compares the blocks themselves, and a block
+    is found again by bisecting on ``(size, addr)``. (``passes.fit`` replays thousands of
+    requests per batch it rules out, so these paths are kept lean.)
     """
 
     def __init__(self) -> None:
-        self._free: dict[bool, list[tuple[int, int, int]]] = {True: [], False: []}  # (size, addr, id)
-        self._blocks: dict[int, _Block] = {}  # id(block) -> block, for free-list lookups
+        self._free: dict[bool, list[tuple[int, int, _Block]]] = {True: [], False: []}
         self._live: dict[object, _Block] = {}
-        self._requested_of: dict[object, int] = {}
         self._next_addr = 0
         self.segments = 0
         self.allocated = 0  # bytes of live blocks (what torch.cuda.memory_allocated reports)
@@ -85,14 +89,11 @@ class CachingAllocator:
     # -- free lists -------------------------------------------------------------------------
     def _push_free(self, b: _Block) -> None:
         b.free = True
-        self._blocks[id(b)] = b
-        bisect.insort(self._free[b.small], (b.size, b.addr, id(b)))
+        bisect.insort(self._free[b.small], (b.size, b.addr, b))
 
     def _pop_free(self, b: _Block) -> None:
         pool = self._free[b.small]
-        i = bisect.bisect_left(pool, (b.size, b.addr, id(b)))
-        del pool[i]
-        del self._blocks[id(b)]
+        del pool[bisect.bisect_left(pool, (b.size, b.addr))]
         b.free = False
 
     # -- requests ---------------------------------------------------------------------------
@@ -100,13 +101,13 @@ class CachingAllocator:
         """Serve a request; returns the block size charged to "allocated"."""
         if key in self._live:
             raise KeyError(f"allocation {key!r} is already live")
-        size = round_size(nbytes)
+        size = MIN_BLOCK if nbytes < MIN_BLOCK else MIN_BLOCK * ((nbytes + MIN_BLOCK - 1) // MIN_BLOCK)
         small = size <= SMALL_SIZE
         pool = self._free[small]
-        i = bisect.bisect_left(pool, (size, -1, -1))
+        i = bisect.bisect_left(pool, (size,))
         if i < len(pool):
-            block = self._blocks[pool[i][2]]
-            self._pop_free(block)
+            block = pool.pop(i)[2]
+            block.free = False
         else:
             seg = segment_size(size)
             block = _Block(addr=self._next_addr, size=seg, segment=self.segments, small=small,
@@ -114,7 +115,8 @@ class CachingAllocator:
             self._next_addr += seg
             self.segments += 1
             self.reserved += seg
-            self.peak_reserved = max(self.peak_reserved, self.reserved)
+            if self.reserved > self.peak_reserved:
+                self.peak_reserved = self.reserved
         remaining = block.size - size
         if (small and remaining >= MIN_BLOCK) or (not small and remaining > SMALL_SIZE):
             rest = _Block(addr=block.addr + size, size=remaining, segment=block.segment,
@@ -124,17 +126,18 @@ class CachingAllocator:
             block.next = rest
             block.size = size
             self._push_free(rest)
+        block.requested = nbytes
         self._live[key] = block
         self.allocated += block.size
         self.requested += nbytes
-        self.peak_allocated = max(self.peak_allocated, self.allocated)
-        self._requested_of[key] = nbytes
+        if self.allocated > self.peak_allocated:
+            self.peak_allocated = self.allocated
         return block.size
 
     def free(self, key: object) -> None:
         block = self._live.pop(key)
         self.allocated -= block.size
-        self.requested -= self._requested_of.pop(key)
+        self.requested -= block.requested
         for neighbour in (block.prev, block.next):
             if neighbour is not None and neighbour.free:
                 self._pop_free(neighbour)

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Any
 
-from nnperf.passes.memory import device
+from nnperf.passes.memory import device as device_terms
 from nnperf.passes.memory.allocator import CachingAllocator
 from nnperf.passes.memory.report import CATEGORIES, MemoryReport, TimelinePoint
 from nnperf.trace.events import (
@@ -102,53 +103,71 @@ def classify(trace: Trace, optimizer_impl: str | None = None) -> dict[int, Stora
     return roles
 
 
-def predict_memory(
-    trace: Trace,
-    *,
-    model: str = "model",
-    architecture: str | None = None,
-    context_mib: float | None = None,
-    max_points: int = MAX_TIMELINE_POINTS,
-) -> MemoryReport:
-    """Replay ``trace`` through the allocator simulation and report peaks and breakdown."""
+#: Allocation program op codes (see ``AllocationProgram``).
+TAKE, GIVE, MARK = 0, 1, 2
+
+
+@dataclass
+class AllocationProgram:
+    """The allocator requests replaying a trace makes, in order, with every condition of the
+    replay (is this storage on the device, is it already live) resolved once.
+
+    ``ops`` holds ``(TAKE, key, nbytes, category)`` and ``(GIVE, key, nbytes, category)``
+    requests and ``(MARK, event, recording, "")`` after each event's allocations (``event`` is
+    None for the state before the first step). The requests depend on the trace's order of
+    events and storage lifetimes but not on the sizes, so two traces of the same step at
+    different batches give the same program up to ``nbytes`` (what ``passes.fit`` uses to
+    interpolate between traced batches), and replaying only for peaks skips the bookkeeping.
+    """
+
+    ops: list[tuple[int, Any, int, str]]
+
+    def peaks(self) -> tuple[int, int]:
+        """(peak allocated, peak reserved) of a replay, without breakdown or timeline."""
+        alloc = CachingAllocator()
+        malloc, free = alloc.malloc, alloc.free
+        for code, key, nbytes, _ in self.ops:
+            if code == TAKE:
+                malloc(key, nbytes)
+            elif code == GIVE:
+                free(key)
+        return alloc.peak_allocated, alloc.peak_reserved
+
+
+def allocation_program(
+    trace: Trace, roles: dict[int, StorageRole] | None = None, architecture: str | None = None
+) -> AllocationProgram:
+    """The requests of a two-iteration replay of ``trace`` (see the module docstring)."""
+    roles = classify(trace) if roles is None else roles
     options = trace.config.get("options", {})
-    roles = classify(trace)
     storages = trace.storages
-    alloc = CachingAllocator()
-    live_by_cat: dict[str, int] = defaultdict(int)
-    best: dict[str, object] = {"allocated": -1}
-    timeline: list[tuple[int, str, str, int, int]] = []
-    recording = False
+    ops: list[tuple[int, Any, int, str]] = []
+    live: set[Any] = set()
 
-    def take(key: object, nbytes: int, category: str) -> None:
-        alloc.malloc(key, nbytes)
-        live_by_cat[category] += nbytes
+    def take(key: Any, nbytes: int, category: str) -> None:
+        ops.append((TAKE, key, nbytes, category))
+        live.add(key)
 
-    def give(key: object, category: str, nbytes: int) -> None:
-        if key in alloc:
-            alloc.free(key)
-            live_by_cat[category] -= nbytes
+    def give(key: Any, nbytes: int, category: str) -> None:
+        if key in live:
+            ops.append((GIVE, key, nbytes, category))
+            live.discard(key)
 
-    def note_peak(event_index: int | None, phase: str | None, module: str | None) -> None:
-        if alloc.allocated > best["allocated"]:
-            best.update(allocated=alloc.allocated, requested=alloc.requested, event=event_index,
-                        phase=phase, module=module, breakdown=dict(live_by_cat))
-
-    device_sids = [s for s, r in roles.items() if r.on_device]
+    device = {s: r for s, r in roles.items() if r.on_device}
     # The model and the batch are on the device before the first step; optimizer state is
     # created inside the first optimizer step (replayed lazily below).
-    lazy_state = [s for s in device_sids
-                  if storages[s].created_by is None and roles[s].category == "optimizer_state"]
-    for sid in device_sids:
+    lazy_state = [s for s, r in device.items()
+                  if storages[s].created_by is None and r.category == "optimizer_state"]
+    for sid, role in device.items():
         info = storages[sid]
-        if info.created_by is None and roles[sid].category != "optimizer_state":
-            take(sid, info.nbytes, roles[sid].category)
-    note_peak(None, None, None)
+        if info.created_by is None and role.category != "optimizer_state":
+            take(sid, info.nbytes, role.category)
+    ops.append((MARK, None, False, ""))
 
-    ws_size = device.cublas_workspace_bytes(architecture)
-    persistent = {s for s in device_sids if roles[s].category in _PERSISTENT}
+    ws_size = device_terms.cublas_workspace_bytes(architecture)
+    persistent = {s for s, r in device.items() if r.category in _PERSISTENT}
     if options.get("grads_persist"):
-        persistent |= {s for s in device_sids if roles[s].category == "gradients"}
+        persistent |= {s for s, r in device.items() if r.category == "gradients"}
     for iteration in (1, 2):
         recording = iteration == 2
         state_pending = iteration == 1 and bool(lazy_state)
@@ -157,27 +176,69 @@ def predict_memory(
                 for sid in lazy_state:
                     take(sid, storages[sid].nbytes, "optimizer_state")
                 state_pending = False
-            if e.name in device.CUBLAS_OPS:
-                thread = "backward" if e.phase == "backward" else "main"
-                key = ("cublas_workspace", thread)
-                if key not in alloc:
+            if e.name in device_terms.CUBLAS_OPS:
+                key = ("cublas_workspace", "backward" if e.phase == "backward" else "main")
+                if key not in live:
                     take(key, ws_size, "workspaces")
             for sid in e.allocates:
-                if sid in roles and roles[sid].on_device and sid not in alloc:
-                    take(sid, storages[sid].nbytes, roles[sid].category)
-            note_peak(e.index, e.phase, e.module)
-            if recording:
-                timeline.append((e.index, e.phase, e.module, alloc.allocated, alloc.reserved))
-            for sid in e.releases:
-                if sid in roles and roles[sid].on_device:
-                    give(sid, roles[sid].category, storages[sid].nbytes)
+                role = device.get(sid)
+                if role is not None and sid not in live:
+                    take(sid, storages[sid].nbytes, role.category)
+            ops.append((MARK, e, recording, ""))
+            # Frees of one event commute (the allocator merges free neighbours whatever the
+            # order); sorting them makes the program independent of the order in which
+            # Python happened to finalize the storages.
+            for sid in sorted(e.releases):
+                role = device.get(sid)
+                if role is not None:
+                    give(sid, storages[sid].nbytes, role.category)
         if state_pending:  # a trace with state but no optimizer events: keep it allocated
             for sid in lazy_state:
                 take(sid, storages[sid].nbytes, "optimizer_state")
         # end of the step: the loop drops outputs and loss; zero_grad(set_to_none) drops grads
-        for sid in device_sids:
+        for sid, role in device.items():
             if sid not in persistent:
-                give(sid, roles[sid].category, storages[sid].nbytes)
+                give(sid, storages[sid].nbytes, role.category)
+    return AllocationProgram(ops)
+
+
+def predict_memory(
+    trace: Trace,
+    *,
+    model: str = "model",
+    architecture: str | None = None,
+    context_mib: float | None = None,
+    max_points: int = MAX_TIMELINE_POINTS,
+    program: AllocationProgram | None = None,
+) -> MemoryReport:
+    """Replay ``trace`` through the allocator simulation and report peaks and breakdown.
+
+    ``program``: the trace's ``allocation_program`` for ``architecture`` when the caller has
+    already built it (``passes.fit`` keeps it to interpolate between batches).
+    """
+    roles = classify(trace)
+    if program is None:
+        program = allocation_program(trace, roles, architecture)
+    alloc = CachingAllocator()
+    live_by_cat: dict[str, int] = defaultdict(int)
+    best: dict[str, object] = {"allocated": -1}
+    timeline: list[tuple[int, str, str, int, int]] = []
+    for code, key, nbytes, category in program.ops:
+        if code == TAKE:
+            alloc.malloc(key, nbytes)
+            live_by_cat[category] += nbytes
+        elif code == GIVE:
+            alloc.free(key)
+            live_by_cat[category] -= nbytes
+        else:
+            e = key
+            if alloc.allocated > best["allocated"]:
+                best.update(allocated=alloc.allocated, requested=alloc.requested,
+                            event=None if e is None else e.index,
+                            phase=None if e is None else e.phase,
+                            module=None if e is None else e.module, breakdown=dict(live_by_cat))
+            if nbytes:  # recording
+                timeline.append((e.index, e.phase, e.module, alloc.allocated, alloc.reserved))
 
     report = MemoryReport(source="predicted", model=model)
     report.peak_allocated = alloc.peak_allocated
@@ -191,7 +252,7 @@ def predict_memory(
     report.breakdown["allocator_rounding"] = alloc.peak_allocated - sum(breakdown.values())
     report.saved_activations = saved_activations_by_module(trace, roles)
     report.model_states = model_states(trace, roles)
-    terms = {"CUDA context (estimate per architecture)": device.context_bytes(architecture, context_mib)}
+    terms = {"CUDA context (estimate per architecture)": device_terms.context_bytes(architecture, context_mib)}
     cudnn = cudnn_workspace_estimate(trace)
     if cudnn:
         terms["cuDNN workspace (estimate: largest convolution operand)"] = cudnn
@@ -232,12 +293,14 @@ def cudnn_workspace_estimate(trace: Trace) -> int:
     it through the caching allocator for the duration of the call. The figure is labeled an
     estimate until calibrated against measurements.
     """
-    biggest = 0
-    for e in trace.events:
-        if e.name in device.CONV_OPS:
-            for m in (*e.inputs, *e.outputs):
-                biggest = max(biggest, m.nbytes)
-    return biggest
+    return max(convolution_operand_bytes(trace), default=0)
+
+
+def convolution_operand_bytes(trace: Trace) -> list[int]:
+    """Bytes of every operand of every convolution, in trace order (the candidates for
+    ``cudnn_workspace_estimate``; ``passes.fit`` interpolates them between batches)."""
+    return [m.nbytes for e in trace.events if e.name in device_terms.CONV_OPS
+            for m in (*e.inputs, *e.outputs)]
 
 
 def downsample(
