@@ -42,6 +42,24 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
+def _integer(dtype: str) -> bool:
+    """Integer math is counted in operations (TOPS), as the datasheets quote it, not FLOPs."""
+    return dtype.startswith(("int", "uint"))
+
+
+def _work(value: float, dtype: str) -> str:
+    """'2 kFLOP' for floating point, '2 k ops' for integer math (op = 2 x MAC likewise)."""
+    return f"{si(value)} ops" if _integer(dtype) else si(value, "FLOP")
+
+
+def _rate(value: float, dtype: str) -> str:
+    """'989 TFLOP/s' for floating point; integer math in TOPS as datasheets quote it
+    ('1,979 TOPS', not '1.98 POPS'), smaller rates with their own prefix ('539 kOPS')."""
+    if not _integer(dtype):
+        return si(value, "FLOP/s")
+    return f"{value / 1e12:,.0f} TOPS" if value >= 1e15 else si(value, "OPS")
+
+
 def _explain(e: GemmEstimate, gpu: GPU) -> Table:
     what_if = f"; what-if {', '.join(gpu.overrides)}" if gpu.overrides else ""
     t = Table(
