@@ -173,7 +173,8 @@ def test_memory_fit_uses_the_memory_model():
     total = predict_memory(a.trace, architecture=small.architecture).device_total
     t = p.totals
     assert t["device_total_bytes"] == total
-    assert t["gpu_memory_bytes"] == 2**28  # 0.25 GiB
+    # 0.25 GiB resized by --set: no reading of such a card, so the driver's 1.5% is kept back
+    assert t["gpu_memory_bytes"] == int(2**28 * (1 - 0.015))
     assert t["fits_in_memory"] is False  # a CUDA context alone is hundreds of MiB
     assert predict_analysis(a, load_gpu("h100")).totals["fits_in_memory"] is True
 

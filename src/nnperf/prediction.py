@@ -13,9 +13,9 @@ from nnperf.errors import UsageError
 from nnperf.hardware import GPU, DeviceProfile, default_profile, load_gpu
 from nnperf.passes.costs import registry as cat
 from nnperf.passes.memory import MemoryReport, predict_memory
+from nnperf.passes.memory.capacity import MemoryFit
 from nnperf.passes.rollup import ancestors, depth_of
 from nnperf.passes.timing import OpTime, StepTime, TimingOptions, simulate_step
-from nnperf.report.memory_fit import MemoryFit
 
 SCHEMA_VERSION = "nnperf.prediction/1"
 

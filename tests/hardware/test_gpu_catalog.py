@@ -286,3 +286,10 @@ def test_usable_memory_without_a_reading_keeps_the_largest_reserve_seen():
     a100 = load_gpu("a100-40gb")
     assert a100.cuda_total_mib is None
     assert a100.usable_memory_bytes == pytest.approx(40 * 2**30 * (1 - DRIVER_RESERVE))
+
+
+def test_a_resized_what_if_does_not_keep_the_real_cards_reading():
+    from nnperf.hardware.catalog import DRIVER_RESERVE
+
+    resized = load_gpu("h100", overrides={"memory_gib": "40"})
+    assert resized.usable_memory_bytes == pytest.approx(40 * 2**30 * (1 - DRIVER_RESERVE))

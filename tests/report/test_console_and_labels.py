@@ -6,11 +6,11 @@ import torch
 from torch import nn
 
 from nnperf.hardware import load_gpu
+from nnperf.passes.memory.capacity import MemoryFit, fits
 from nnperf.prediction import predict
 from nnperf.report import console
 from nnperf.report.labels import indented, module_label
 from nnperf.report.measure_tables import print_measurement
-from nnperf.report.memory_fit import MemoryFit, fits
 from nnperf.report.prediction_tables import module_time_table
 
 

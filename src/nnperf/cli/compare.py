@@ -14,8 +14,8 @@ from nnperf.analysis import analyze_request
 from nnperf.cli.app import cli
 from nnperf.cli.workload_options import pop_workload, workload_options
 from nnperf.errors import UsageError
+from nnperf.passes.memory.capacity import verdict
 from nnperf.report.console import make_console
-from nnperf.report.memory_fit import verdict
 from nnperf.report.units import binary, rate, seconds
 
 if sys.version_info >= (3, 11):

@@ -122,7 +122,10 @@ class GPU:
         of 81920 MiB, H200 143156 of 144384, V100 16160 of 16384); where the catalog has no
         reading, ``DRIVER_RESERVE`` of the nominal size, the largest share seen, is assumed.
         """
-        if self.cuda_total_mib:
+        # a what-if on the size (--set memory_gib=...) makes the reading of the real card moot
+        resized = any(o.split("=")[0].strip() == "memory_gib" for o in self.overrides) and not any(
+            o.split("=")[0].strip() == "cuda_total_mib" for o in self.overrides)
+        if self.cuda_total_mib and not resized:
             return self.cuda_total_mib * 2**20
         return self.memory_bytes * (1 - DRIVER_RESERVE)
 

@@ -6,9 +6,9 @@ from rich.console import Console
 from rich.table import Table
 
 from nnperf.passes.memory import CATEGORY_LABELS, MemoryReport
+from nnperf.passes.memory.capacity import MemoryFit
 from nnperf.passes.memory.report import Comparison
 from nnperf.report.console import make_console
-from nnperf.report.memory_fit import MemoryFit
 from nnperf.report.units import binary
 
 

@@ -1,7 +1,7 @@
 """Does a step fit in a GPU's memory: the one decision every command prints.
 
-``nnperf memory``, ``predict``, ``compare`` and the HTML report all answer it from the memory
-model's device total, with the rule ``nnperf fit`` searches with (``passes.fit``): the
+``nnperf memory``, ``fit``, ``predict``, ``compare`` and the HTML report all answer it from
+the memory model's device total with this rule: the
 allocator's segments, the CUDA context and the workspaces are resident at the same time, so
 the whole total has to be at most the GPU's memory. Keeping the rule in one function keeps
 a report from calling "fits" what ``fit`` says does not.
@@ -19,10 +19,10 @@ def fits(device_total: float, capacity: float) -> bool:
 
 
 def capacity(gpu: Any) -> int:
-    """The bytes a step is checked against on ``gpu``: its nominal memory, as ``nnperf fit``
-    and ``nnperf memory`` use it (``GPU.memory_bytes``). One place, so the commands move
-    together if the rule changes (e.g. to the memory CUDA reports, ``usable_memory_bytes``)."""
-    return int(gpu.memory_bytes)
+    """The bytes a step is checked against on ``gpu``: the memory CUDA reports to a process
+    (``GPU.usable_memory_bytes``: the nominal size less what the driver keeps), not the
+    datasheet's size, which no process gets: 80 GiB H100s report 79.2 GiB."""
+    return int(gpu.usable_memory_bytes)
 
 
 def verdict(fitting: bool) -> str:

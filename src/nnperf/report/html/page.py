@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
+from nnperf.passes.memory.capacity import capacity, fits
 from nnperf.passes.rollup import ROOT_OWN_OPS
 from nnperf.prediction import Prediction
 from nnperf.report.html.measured import Measured
 from nnperf.report.html.svg import esc, memory_svg, roofline_svg
 from nnperf.report.labels import module_label
-from nnperf.report.memory_fit import capacity, fits
 from nnperf.report.prediction_tables import mfu_label
 from nnperf.report.roofline import BOUND_COLORS, RooflinePoint, cut, roofline_points, roofs
 from nnperf.report.units import binary, rate, seconds, si
