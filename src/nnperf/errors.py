@@ -1,9 +1,11 @@
 """Errors that reach the user as one clear line instead of a traceback.
 
 Exit codes (documented in the README):
-  2  usage error: a bad option value (batch, shape, dtype, GPU name, ...)
+  2  usage error: a bad option value (batch, shape, dtype, GPU name, a built-in model's
+     -O option or sequence length, ...)
   3  the model could not be loaded (unknown name, missing file, factory raised)
-  4  the model cannot be traced on fake tensors (data-dependent shapes)
+  4  the model cannot be traced on fake tensors (data-dependent shapes), or it fails on
+     the inputs it was given (a shape mismatch)
   5  the configuration does not fit (memory) or the device is unavailable
 """
 
@@ -22,6 +24,17 @@ class UsageError(NnperfError):
 
 class ModelLoadError(NnperfError):
     exit_code = 3
+
+
+class ModelOptionError(UsageError, ModelLoadError):
+    """A bad setting of a built-in model (``-O n_layer=abc``, an unknown ``-O`` key, ``--seq``
+    on a model without one or above its positions): a usage error, exit 2.
+
+    Also a ``ModelLoadError`` so that Python callers that caught these as load failures
+    before they became usage errors still catch them.
+    """
+
+    exit_code = 2
 
 
 class TraceError(NnperfError):

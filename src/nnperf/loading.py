@@ -28,10 +28,19 @@ def resolve(request: ModelRequest) -> tuple[str, Callable[[], Workload]]:
     target = request.target
     if isinstance(target, nn.Module):
         name = type(target).__name__
+        _refuse_zoo_settings(request, f"'{name}' is a model object")
         return name, lambda: _workload_from(target, name, request, request.inputs, request.loss_fn)
     if ":" in target:
+        _refuse_zoo_settings(request, f"'{target}' is a factory", seq=False)
         factory = _load_factory(target)
-        return target, lambda: _call_factory(factory, request)
+        params = _parameters(factory)
+        if request.seq_len is not None and not params & set(SEQ_PARAMETERS):
+            raise UsageError(
+                f"--seq {request.seq_len} is not used: factory '{target}' takes no "
+                f"{' or '.join(SEQ_PARAMETERS)} parameter; give the sequence length in its "
+                "inputs (--tokens B,T or --input-shape) or add a seq_len parameter to the factory"
+            )
+        return target, lambda: _call_factory(factory, request, params)
     from nnperf.zoo import get_model
 
     spec = get_model(target)
@@ -82,11 +91,42 @@ def _load_factory(target: str) -> Callable[..., Any]:
     return factory
 
 
-def _call_factory(factory: Callable[..., Any], request: ModelRequest) -> Workload:
+def _refuse_zoo_settings(request: ModelRequest, what: str, seq: bool = True) -> None:
+    """Settings that only size a built-in model would be silently dropped for ``what``
+    (a factory or a model object): say so instead. ``seq``: check the sequence length too
+    (a factory may take one, which the caller checks against its signature)."""
+    if request.overrides:
+        given = " ".join(f"-O {k}={v}" for k, v in request.overrides.items())
+        raise UsageError(
+            f"{given} is not used: model options (-O KEY=VALUE) configure built-in models only, "
+            f"and {what}; set them where the model is built"
+        )
+    if seq and request.seq_len is not None:
+        raise UsageError(
+            f"--seq {request.seq_len} is not used: {what}; give the sequence length in its "
+            "inputs (inputs=, --tokens B,T or --input-shape)"
+        )
+
+
+#: Parameter names through which a factory receives --seq (the first one it has).
+SEQ_PARAMETERS = ("seq_len", "seq")
+
+
+def _parameters(factory: Callable[..., Any]) -> set[str]:
+    """The named parameters of a factory (none known for callables without a signature)."""
+    try:
+        return set(inspect.signature(factory).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+def _call_factory(factory: Callable[..., Any], request: ModelRequest, params: set[str]) -> Workload:
     target = str(request.target)
-    kwargs = {}
-    if request.batch is not None and "batch" in inspect.signature(factory).parameters:
+    kwargs: dict[str, Any] = {}
+    if request.batch is not None and "batch" in params:
         kwargs["batch"] = request.batch
+    if request.seq_len is not None:
+        kwargs[next(p for p in SEQ_PARAMETERS if p in params)] = request.seq_len
     try:
         produced = factory(**kwargs)
     except Exception as err:
@@ -107,9 +147,12 @@ def _call_factory(factory: Callable[..., Any], request: ModelRequest) -> Workloa
     if not isinstance(model, nn.Module):
         raise ModelLoadError(f"factory '{target}' returned {type(model).__name__}, not a torch.nn.Module")
     inputs = request.inputs
-    if given_inputs is not None and inputs is None and not request.input_spec.given:
+    from_factory = given_inputs is not None and inputs is None and not request.input_spec.given
+    if from_factory:
         inputs = given_inputs
-    return _workload_from(model, target, request, inputs, request.loss_fn or given_loss)
+    # the factory's own inputs were sized by --batch when it takes a batch parameter
+    return _workload_from(model, target, request, inputs, request.loss_fn or given_loss,
+                          from_factory=from_factory, sized_by_batch=from_factory and "batch" in kwargs)
 
 
 def _workload_from(
@@ -118,9 +161,18 @@ def _workload_from(
     request: ModelRequest,
     inputs: Sequence[Any] | torch.Tensor | None,
     loss_fn: LossFn | None,
+    *,
+    from_factory: bool = False,
+    sized_by_batch: bool = False,
 ) -> Workload:
-    """A bare model's workload: the given inputs (or those of the request's input spec)."""
+    """A bare model's workload: the given inputs (or those of the request's input spec).
+
+    The batch is the first dimension of the first input, so a ``batch`` in the request that
+    is not that number would be ignored: an error instead, unless the factory that made the
+    inputs took ``batch`` (``sized_by_batch``: it is the factory's business then).
+    """
     spec = request.input_spec
+    from_spec = inputs is None
     if inputs is None:
         if not spec.given:
             raise UsageError(
@@ -135,5 +187,29 @@ def _workload_from(
     inputs = tuple(inputs)
     first = next((t for t in inputs if isinstance(t, torch.Tensor) and t.dim() > 0), None)
     samples = int(first.shape[0]) if first is not None else (request.batch or 1)
+    if request.batch is not None and samples != request.batch and not sized_by_batch:
+        raise UsageError(_batch_conflict(request, name, samples, from_spec, from_factory))
     tokens = samples * int(first.shape[1]) if spec.tokens is not None and first is not None else None
     return Workload(model=model, inputs=inputs, loss_fn=loss_fn, samples=samples, tokens=tokens, name=name)
+
+
+def _batch_conflict(
+    request: ModelRequest, name: str, samples: int, from_spec: bool, from_factory: bool
+) -> str:
+    """The message for a batch that the inputs contradict, naming both."""
+    spec = request.input_spec
+    batch = request.batch
+    if from_spec and spec.tokens is not None:
+        b, t = spec.tokens
+        return (f"--batch {batch} contradicts --tokens {b},{t}: B={b} is the batch; "
+                "drop --batch or change --tokens")
+    if from_spec:
+        shape = ",".join(str(s) for s in spec.shapes[0])
+        return (f"--batch {batch} contradicts --input-shape {shape}: its first dimension, "
+                f"{samples}, is the batch; drop --batch or change the shape")
+    if from_factory:
+        return (f"--batch {batch} contradicts the inputs factory '{name}' returns (batch "
+                f"{samples}), and the factory takes no batch parameter to resize them; drop "
+                "--batch or give the factory a batch parameter")
+    return (f"batch={batch} contradicts the inputs given (their first dimension, the batch, "
+            f"is {samples}); drop batch or change the inputs")

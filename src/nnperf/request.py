@@ -73,10 +73,14 @@ class ModelRequest:
 
     ``target`` is a zoo name (``"resnet50"``), ``"file.py:factory"``, ``"pkg.mod:factory"`` or
     an ``nn.Module``. ``batch`` and ``seq_len`` size a zoo model (and a factory that takes
-    ``batch``); ``overrides`` are a zoo model's config (``n_layer=2``). A module, or a factory
-    that returns a bare model, gets ``inputs`` (positional arguments of its forward) or inputs
-    built from ``input_spec``. ``loss_fn`` maps the output to the loss a training step
-    backpropagates (default: the sum of the floating outputs).
+    ``batch``, ``seq_len`` or ``seq``); ``overrides`` are a zoo model's config (``n_layer=2``).
+    A module, or a factory that returns a bare model, gets ``inputs`` (positional arguments
+    of its forward) or inputs built from ``input_spec``. ``loss_fn`` maps the output to the
+    loss a training step backpropagates (default: the sum of the floating outputs).
+
+    A setting that would not reach the model is refused when the workload is resolved
+    (``nnperf.loading``), never dropped: ``overrides`` or ``seq_len`` for a target that cannot
+    take them, a ``batch`` the inputs' first dimension contradicts.
     """
 
     target: str | nn.Module

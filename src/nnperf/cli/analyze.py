@@ -9,6 +9,7 @@ import click
 from nnperf.analysis import analyze_request
 from nnperf.cli.app import cli
 from nnperf.cli.workload_options import pop_workload, workload_options
+from nnperf.errors import UsageError
 
 
 @cli.command()
@@ -24,6 +25,8 @@ def analyze(**kwargs) -> None:
     MODEL is a built-in name (see `nnperf models`), path/to/file.py:factory or
     package.module:factory.
     """
+    if kwargs["as_json"] and kwargs["as_csv"]:
+        raise UsageError("--json and --csv are two output formats: choose one")
     result = analyze_request(*pop_workload(kwargs))
     if kwargs["as_json"]:
         click.echo(json.dumps(result.to_json(depth=kwargs["depth"]), indent=2))

@@ -7,6 +7,7 @@ import sys
 import click
 
 from nnperf.cli.app import cli
+from nnperf.cli.paths import check_output, write_output
 
 
 @cli.command()
@@ -48,6 +49,11 @@ def calibrate(device_name, quick, output, device_file, gpu, as_json) -> None:
     elif gpu:
         click.echo("note: --gpu is ignored for a CPU calibration", err=True)
     outputs = Outputs.for_profile(output or f"nnperf-profile-{device.type}.toml", device_file, cpu=not cuda)
+    # checked before the minutes of measuring, written (folders created) after them
+    for path, option in ((outputs.profile, "--output"), (outputs.raw, "--output (its raw JSON)"),
+                         (outputs.device, "--device-file")):
+        if path is not None:
+            check_output(path, option)
     plan = plan_for(device, quick=quick)
     cal = new_calibration(device, quick)
     bars = Progress(TextColumn("{task.description:<10}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -67,7 +73,7 @@ def calibrate(device_name, quick, output, device_file, gpu, as_json) -> None:
         click.secho("nnperf: calibration interrupted; nothing was written (a partial calibration is never "
                     "saved as a profile)", fg="red", err=True)
         sys.exit(130)
-    write_outputs(cal, target, outputs)
+    write_output(outputs.profile, "--output", lambda _: write_outputs(cal, target, outputs))
     paths = [str(p) for p in outputs.paths()]
     noisy = cal.noisy()
     if noisy:

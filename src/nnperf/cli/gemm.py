@@ -32,10 +32,15 @@ def parse_sweep(spec: str) -> tuple[str, list[int]]:
         raise UsageError(bad) from None
     if start <= 0 or step <= 0 or stop < start:
         raise UsageError(bad)
-    sizes = list(range(start, stop + 1, step))
-    if len(sizes) > MAX_SWEEP_ROWS:
-        raise UsageError(f"--sweep {spec!r} gives {len(sizes)} sizes; at most {MAX_SWEEP_ROWS}")
-    return dims, sizes
+    # Counted before any list is made: k:1024:1000000000:1 would otherwise build (and then
+    # estimate) a billion rows before the cap below was ever checked.
+    count = (stop - start) // step + 1
+    if count > MAX_SWEEP_ROWS:
+        raise UsageError(
+            f"--sweep {spec!r} gives {count:,} sizes; at most {MAX_SWEEP_ROWS:,}: "
+            "use a larger STEP or a narrower START:STOP"
+        )
+    return dims, list(range(start, stop + 1, step))
 
 
 def _pct(x: float) -> str:

@@ -7,6 +7,7 @@ import json
 import click
 
 from nnperf.cli.app import cli
+from nnperf.cli.paths import prepare_output
 from nnperf.cli.workload_options import pop_workload, workload_options
 from nnperf.errors import UsageError
 
@@ -70,6 +71,8 @@ def measure(device_name, steps, warmup, gpu, gpu_file, set_values, profile_file,
         raise UsageError("--trace-out needs the profiled step; drop --no-ops")
     target, note = prediction_target(device, gpu, gpu_file, set_values, profile_file)
     request, options = pop_workload(kwargs)
+    if trace_out:  # the profiler writes it after the steps: check and make its folder first
+        trace_out = str(prepare_output(trace_out, "--trace-out"))
     measurement, analysis = run_measure(request, options, device=device, steps=steps,
                                         warmup=warmup, tf32=tf32, profile_ops=ops,
                                         trace_out=trace_out)

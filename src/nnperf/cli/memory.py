@@ -10,6 +10,7 @@ import click
 from nnperf.cli.app import cli
 from nnperf.cli.gpu_options import gpu_options
 from nnperf.cli.workload_options import pop_workload, workload_options
+from nnperf.errors import ResourceError
 from nnperf.hardware import GPU, DeviceProfile
 from nnperf.passes.memory.tracing import MemoryOptions
 from nnperf.trace.capture import TraceOptions
@@ -73,14 +74,30 @@ def memory(gpu: GPU, profile: DeviceProfile, **kwargs: Any) -> None:
         analysis.extra["memory"] = {**report.to_json(), "gpu": gpu.id,
                                     "gpu_memory": int(gpu.memory_bytes)}
         click.echo(json.dumps(analysis.to_json(), indent=2, default=str))
-        return
-    from nnperf.report.memory_tables import print_memory
+    else:
+        from nnperf.report.memory_tables import print_memory
 
-    click.echo(f"{name}: {options.describe()}, batch {workload.samples}"
-               + (f" per micro-batch x{options.grad_accum}" if options.grad_accum > 1 else ""))
-    print_memory(report, capacity=gpu.memory_bytes, gpu_name=gpu.name, timeline_rows=kwargs["rows"])
-    if kwargs["validate_file"]:
-        _print_validation(report, kwargs["validate_file"])
+        click.echo(f"{name}: {options.describe()}, batch {workload.samples}"
+                   + (f" per micro-batch x{options.grad_accum}" if options.grad_accum > 1 else ""))
+        print_memory(report, capacity=gpu.memory_bytes, gpu_name=gpu.name,
+                     timeline_rows=kwargs["rows"])
+        if kwargs["validate_file"]:
+            _print_validation(report, kwargs["validate_file"])
+    # Like ``fit``: the answer is printed in full, and the exit code says it does not fit (5).
+    if (report.device_total or 0) > gpu.memory_bytes:
+        raise ResourceError(_not_fitting(name, options, workload.samples, report, gpu))
+
+
+def _not_fitting(name: str, options: MemoryOptions, batch: int, report: Any, gpu: GPU) -> str:
+    """What the step needs, what the GPU has, and where to look for a batch that fits."""
+    from nnperf.report.units import binary
+
+    return (
+        f"{name} ({options.describe()}) DOES NOT FIT at batch {batch}: it needs "
+        f"{binary(report.device_total or 0)} (device total estimate), the {gpu.name} has "
+        f"{binary(gpu.memory_bytes)}; try a smaller --batch, or 'nnperf fit {name} --gpu "
+        f"{gpu.id}' for the largest batch that fits"
+    )
 
 
 def _print_validation(report: Any, path: str) -> None:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 from nnperf.analysis import analyze_request
 from nnperf.cli.app import cli
 from nnperf.cli.gpu_options import gpu_options
+from nnperf.cli.paths import check_output, write_output
 from nnperf.cli.workload_options import pop_workload, workload_options
 from nnperf.errors import UsageError
 
@@ -40,6 +39,9 @@ def report(gpu, profile, gpus, output, measured, png, svg, depth, points, memory
 
     if not (output or png or svg):
         raise UsageError("nothing to write: give -o report.html, --png FILE or --svg FILE")
+    # every output checked before the trace, so a bad path fails in a second, not after it
+    outputs = {option: check_output(path, option)
+               for option, path in (("--output", output), ("--png", png), ("--svg", svg)) if path}
     targets = [(gpu, profile)]
     if gpus:
         names = [g.strip() for g in gpus.split(",") if g.strip()]
@@ -58,11 +60,12 @@ def report(gpu, profile, gpus, output, measured, png, svg, depth, points, memory
             page = build_compare_report(predictions, memory=mem, measured=overlay, depth=depth, by=points)
         else:
             page = build_report(predictions[0], memory=mem, measured=overlay, depth=depth, by=points)
-        Path(output).write_text(page, encoding="utf-8")
+        write_output(outputs["--output"], "--output", lambda p: p.write_text(page, encoding="utf-8"))
         click.echo(f"wrote {output} ({len(page.encode()) / 1024:.0f} KiB)")
-    for path, fmt in ((png, "png"), (svg, "svg")):
+    for option, path, fmt in (("--png", png, "png"), ("--svg", svg, "svg")):
         if path:
             from nnperf.report.roofline import save_roofline
 
-            save_roofline(predictions[0], path, by=points, depth=depth, fmt=fmt)
+            write_output(outputs[option], option, lambda p, fmt=fmt: save_roofline(
+                predictions[0], p, by=points, depth=depth, fmt=fmt))
             click.echo(f"wrote {path}")

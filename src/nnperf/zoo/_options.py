@@ -1,14 +1,15 @@
 """Validation of the arguments every ``build()`` shares: batch, sequence length, overrides.
 
 Model builders are called with user input (often strings from a command line), so every
-mistake becomes a ``ModelLoadError`` that names the model and what is allowed.
+mistake becomes a ``ModelOptionError`` (a usage error, exit 2) that names the model and what
+is allowed.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from nnperf.errors import ModelLoadError
+from nnperf.errors import ModelOptionError
 
 
 def resolve_batch_seq(
@@ -17,14 +18,14 @@ def resolve_batch_seq(
     """Fill in defaults and reject sizes below one; non-token models refuse a sequence length."""
     batch = default_batch if batch is None else _as_int(model, "batch", batch)
     if batch < 1:
-        raise ModelLoadError(f"{model}: batch must be at least 1, got {batch}")
+        raise ModelOptionError(f"{model}: batch must be at least 1, got {batch}")
     if default_seq is None:
         if seq_len is not None:
-            raise ModelLoadError(f"{model}: takes no sequence length (got seq_len={seq_len})")
+            raise ModelOptionError(f"{model}: takes no sequence length (got seq_len={seq_len})")
         return batch, None
     seq = default_seq if seq_len is None else _as_int(model, "seq_len", seq_len)
     if seq < 1:
-        raise ModelLoadError(f"{model}: seq_len must be at least 1, got {seq}")
+        raise ModelOptionError(f"{model}: seq_len must be at least 1, got {seq}")
     return batch, seq
 
 
@@ -39,7 +40,7 @@ def resolve_options(
     unknown = sorted(set(overrides) - set(defaults))
     if unknown:
         valid = ", ".join(sorted(defaults)) or "none"
-        raise ModelLoadError(
+        raise ModelOptionError(
             f"{model}: unknown option {', '.join(repr(k) for k in unknown)}; valid options: {valid}"
         )
     config = dict(defaults)
@@ -60,27 +61,27 @@ def require_positive(model: str, config: dict[str, Any], *keys: str) -> None:
     """Reject zero or negative sizes, which would otherwise fail deep inside ``nn.Module``."""
     for key in keys:
         if config[key] < 1:
-            raise ModelLoadError(f"{model}: {key} must be at least 1, got {config[key]}")
+            raise ModelOptionError(f"{model}: {key} must be at least 1, got {config[key]}")
 
 
 def require_divisible(model: str, config: dict[str, Any], num: str, den: str) -> None:
     """Attention splits ``num`` evenly into ``den`` parts; say so before torch does, obscurely."""
     if config[num] % config[den]:
-        raise ModelLoadError(
+        raise ModelOptionError(
             f"{model}: {num}={config[num]} must be divisible by {den}={config[den]}"
         )
 
 
 def _as_int(model: str, key: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int | str | float):
-        raise ModelLoadError(f"{model}: {key} must be an integer, got {value!r}")
+        raise ModelOptionError(f"{model}: {key} must be an integer, got {value!r}")
     try:
         number = int(value) if not isinstance(value, float) else value
     except ValueError:
-        raise ModelLoadError(f"{model}: {key} must be an integer, got {value!r}") from None
+        raise ModelOptionError(f"{model}: {key} must be an integer, got {value!r}") from None
     if isinstance(number, float):
         if not number.is_integer():
-            raise ModelLoadError(f"{model}: {key} must be an integer, got {value!r}")
+            raise ModelOptionError(f"{model}: {key} must be an integer, got {value!r}")
         number = int(number)
     return number
 
@@ -89,7 +90,7 @@ def _as_float(model: str, key: str, value: Any) -> float:
     try:
         return float(value)
     except (TypeError, ValueError):
-        raise ModelLoadError(f"{model}: {key} must be a number, got {value!r}") from None
+        raise ModelOptionError(f"{model}: {key} must be a number, got {value!r}") from None
 
 
 def _as_bool(model: str, key: str, value: Any) -> bool:
@@ -100,4 +101,4 @@ def _as_bool(model: str, key: str, value: Any) -> bool:
         return True
     if text in {"0", "false", "no", "off"}:
         return False
-    raise ModelLoadError(f"{model}: {key} must be true or false, got {value!r}")
+    raise ModelOptionError(f"{model}: {key} must be true or false, got {value!r}")

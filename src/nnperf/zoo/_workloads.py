@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nnperf.errors import ModelLoadError
+from nnperf.errors import ModelOptionError
 from nnperf.workload import LossFn, Workload
 
 from ._losses import CrossEntropy, random_classes
@@ -49,4 +49,4 @@ def token_workload(
 def require_image_size(name: str, image_size: int, minimum: int) -> None:
     """Small images shrink to nothing inside the network; fail early with the smallest size."""
     if image_size < minimum:
-        raise ModelLoadError(f"{name}: image_size must be at least {minimum}, got {image_size}")
+        raise ModelOptionError(f"{name}: image_size must be at least {minimum}, got {image_size}")

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nnperf.errors import ModelLoadError
+from nnperf.errors import ModelOptionError
 from nnperf.workload import Workload
 
 from ._attention import attention, merge_heads, split_heads
@@ -208,7 +208,7 @@ def build(batch: int | None = None, seq_len: int | None = None, **overrides: Any
     require_divisible("bert-base", c, "n_embd", "n_head")
     assert seq is not None
     if seq > c["max_positions"]:
-        raise ModelLoadError(f"bert-base: seq_len {seq} exceeds max_positions {c['max_positions']}")
+        raise ModelOptionError(f"bert-base: seq_len {seq} exceeds max_positions {c['max_positions']}")
     model = BertForPreTraining(c)
     tokens = random_tokens(batch, seq, c["vocab"])
     loss = PretrainingLoss(random_tokens(batch, seq, c["vocab"]), random_classes(batch, 2))

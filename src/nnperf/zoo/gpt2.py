@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nnperf.errors import ModelLoadError
+from nnperf.errors import ModelOptionError
 from nnperf.workload import Workload
 
 from ._attention import attention, merge_heads, split_heads
@@ -133,7 +133,7 @@ def _builder(name: str, n_layer: int, n_embd: int, n_head: int):
         require_divisible(name, c, "n_embd", "n_head")
         assert seq is not None
         if seq > c["n_positions"]:
-            raise ModelLoadError(f"{name}: seq_len {seq} exceeds n_positions {c['n_positions']}")
+            raise ModelOptionError(f"{name}: seq_len {seq} exceeds n_positions {c['n_positions']}")
         model = GPT2(c)
         tokens = random_tokens(batch, seq, c["vocab"])
         loss = TokenCrossEntropy(random_tokens(batch, seq, c["vocab"]))

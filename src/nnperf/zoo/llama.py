@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nnperf.errors import ModelLoadError
+from nnperf.errors import ModelOptionError
 from nnperf.workload import Workload
 
 from ._attention import attention, merge_heads, split_heads
@@ -151,7 +151,7 @@ def build(batch: int | None = None, seq_len: int | None = None, **overrides: Any
     require_divisible("llama-7b", c, "dim", "n_heads")
     require_divisible("llama-7b", c, "n_heads", "n_kv_heads")
     if (c["dim"] // c["n_heads"]) % 2:
-        raise ModelLoadError("llama-7b: dim / n_heads must be even for rotary embeddings")
+        raise ModelOptionError("llama-7b: dim / n_heads must be even for rotary embeddings")
     model = Llama(c)
     tokens = random_tokens(batch, seq, c["vocab"])
     loss = TokenCrossEntropy(random_tokens(batch, seq, c["vocab"]))

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nnperf.errors import ModelLoadError
+from nnperf.errors import ModelOptionError
 from nnperf.workload import Workload
 
 from ._losses import CrossEntropy, random_classes
@@ -37,11 +37,11 @@ def parse_widths(value: Any) -> list[int]:
     try:
         widths = [int(str(w).strip()) for w in items if str(w).strip()]
     except ValueError:
-        raise ModelLoadError(
+        raise ModelOptionError(
             f"mlp: widths must be integers like '784,1024,10', got {value!r}"
         ) from None
     if len(widths) < 2 or min(widths) < 1:
-        raise ModelLoadError(f"mlp: widths needs at least two positive sizes, got {value!r}")
+        raise ModelOptionError(f"mlp: widths needs at least two positive sizes, got {value!r}")
     return widths
 
 

@@ -1,0 +1,120 @@
+"""Every output option behaves the same: missing parent directories are created; a path
+that cannot be written is one line and exit 2, found before the command does its work."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from nnperf.cli.app import cli
+from nnperf.cli.paths import write_output
+from nnperf.errors import UsageError
+
+MODEL = ["mlp", "--batch", "4", "-O", "widths=8,16,4"]
+
+
+def invoke(*args: str):
+    result = CliRunner().invoke(cli, list(args))
+    return result, result.output
+
+
+def _one_line(out: str) -> str:
+    assert "Traceback" not in out, out
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert len(lines) == 1, out
+    return lines[0]
+
+
+def test_report_creates_missing_directories(tmp_path):
+    html, png, svg = (tmp_path / "a" / "b" / "r.html", tmp_path / "p" / "r.png",
+                      tmp_path / "s" / "t" / "r.svg")
+    result, out = invoke("report", *MODEL, "--gpu", "h100", "-o", str(html), "--png", str(png),
+                         "--svg", str(svg))
+    assert result.exit_code == 0, out
+    assert html.read_text().startswith("<!DOCTYPE html>")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert svg.read_text().lstrip().startswith("<?xml")
+
+
+@pytest.mark.parametrize("option", ["-o", "--png", "--svg"])
+def test_report_path_below_a_file_is_a_usage_error(tmp_path, option):
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("not a folder")
+    target = blocker / "r.out"
+    result, out = invoke("report", *MODEL, option, str(target))
+    assert result.exit_code == 2, out
+    line = _one_line(out)
+    assert str(target) in line and "is a file, not a directory" in line
+
+
+def test_report_to_a_directory_is_a_usage_error(tmp_path):
+    result, out = invoke("report", *MODEL, "-o", str(tmp_path))
+    assert result.exit_code == 2, out
+    assert "Traceback" not in out and "directory" in out
+
+
+def test_measure_trace_out_creates_missing_directories(tmp_path):
+    path = tmp_path / "new" / "dir" / "t.json"
+    result, out = invoke("measure", *MODEL, "--device", "cpu", "--steps", "1", "--warmup", "0",
+                         "--json", "--trace-out", str(path))
+    assert result.exit_code == 0, out
+    assert "traceEvents" in json.loads(path.read_text())
+
+
+def test_measure_trace_out_below_a_file_fails_before_measuring(tmp_path):
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("")
+    result, out = invoke("measure", *MODEL, "--device", "cpu", "--trace-out",
+                         str(blocker / "t.json"))
+    assert result.exit_code == 2, out
+    assert "--trace-out" in _one_line(out)
+
+
+@pytest.mark.parametrize("option", ["-o", "--device-file"])
+def test_calibrate_checks_its_outputs_before_measuring(tmp_path, option):
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("")
+    args = ["calibrate", "--device", "cpu", "--quick"]
+    if option == "-o":
+        args += ["-o", str(blocker / "p.toml")]
+    else:
+        args += ["-o", str(tmp_path / "p.toml"), "--device-file", str(blocker / "d.toml")]
+    result, out = invoke(*args)
+    assert result.exit_code == 2, out
+    assert "is a file, not a directory" in _one_line(out)
+
+
+@pytest.mark.xfail(strict=True, reason="cli/predict.py (owned elsewhere) does not use "
+                   "nnperf.cli.paths yet: FileNotFoundError, exit 1")
+def test_predict_trace_out_creates_missing_directories(tmp_path):
+    path = tmp_path / "new" / "t.json"
+    result, out = invoke("predict", *MODEL, "--gpu", "h100", "--trace-out", str(path))
+    assert result.exit_code == 0, out
+    assert path.is_file()
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0,
+                    reason="root may write anywhere")
+def test_a_folder_without_write_permission_is_a_usage_error(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        result, out = invoke("report", *MODEL, "-o", str(locked / "sub" / "r.html"))
+    finally:
+        locked.chmod(0o755)
+    assert result.exit_code == 2, out
+    assert "no permission to write" in _one_line(out)
+
+
+def test_a_failed_write_is_a_usage_error_naming_the_option(tmp_path):
+    def disk_full(path):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    with pytest.raises(UsageError, match=r"cannot write --output '.*r\.html': no space left"):
+        write_output(tmp_path / "new" / "r.html", "--output", disk_full)
+    assert (tmp_path / "new").is_dir()  # the parents were made before writing
