@@ -12,6 +12,7 @@ from nnperf.cli.gpu_options import gpu_options
 from nnperf.cli.workload_options import pop_workload, workload_options
 from nnperf.errors import ResourceError
 from nnperf.hardware import GPU, DeviceProfile
+from nnperf.passes.memory.capacity import MemoryFit
 from nnperf.passes.memory.tracing import MemoryOptions
 from nnperf.trace.capture import TraceOptions
 
@@ -67,6 +68,8 @@ def memory(gpu: GPU, profile: DeviceProfile, **kwargs: Any) -> None:
                             max_points=kwargs["timeline_points"] or len(trace.events) + 1)
     report.config = {"batch": workload.samples, "gpu": gpu.id, "options": options.describe(),
                      "micro_batches": options.grad_accum}
+    # one rule for the printed verdict and the exit code: the one ``fit`` searches with
+    fit = MemoryFit.on(report.device_total or 0, gpu)
     if kwargs["as_json"]:
         from nnperf.analysis import Analysis
 
@@ -79,23 +82,23 @@ def memory(gpu: GPU, profile: DeviceProfile, **kwargs: Any) -> None:
 
         click.echo(f"{name}: {options.describe()}, batch {workload.samples}"
                    + (f" per micro-batch x{options.grad_accum}" if options.grad_accum > 1 else ""))
-        print_memory(report, capacity=gpu.memory_bytes, gpu_name=gpu.name,
+        print_memory(report, capacity=fit.capacity, gpu_name=gpu.name,
                      timeline_rows=kwargs["rows"])
         if kwargs["validate_file"]:
             _print_validation(report, kwargs["validate_file"])
     # Like ``fit``: the answer is printed in full, and the exit code says it does not fit (5).
-    if (report.device_total or 0) > gpu.memory_bytes:
-        raise ResourceError(_not_fitting(name, options, workload.samples, report, gpu))
+    if not fit.fits:
+        raise ResourceError(_not_fitting(name, options, workload.samples, fit, gpu))
 
 
-def _not_fitting(name: str, options: MemoryOptions, batch: int, report: Any, gpu: GPU) -> str:
+def _not_fitting(name: str, options: MemoryOptions, batch: int, fit: MemoryFit, gpu: GPU) -> str:
     """What the step needs, what the GPU has, and where to look for a batch that fits."""
     from nnperf.report.units import binary
 
     return (
         f"{name} ({options.describe()}) DOES NOT FIT at batch {batch}: it needs "
-        f"{binary(report.device_total or 0)} (device total estimate), the {gpu.name} has "
-        f"{binary(gpu.memory_bytes)}; try a smaller --batch, or 'nnperf fit {name} --gpu "
+        f"{binary(fit.device_total)} (device total estimate), the {gpu.name} has "
+        f"{binary(fit.capacity)}; try a smaller --batch, or 'nnperf fit {name} --gpu "
         f"{gpu.id}' for the largest batch that fits"
     )
 
