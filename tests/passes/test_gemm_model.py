@@ -177,3 +177,20 @@ def test_bad_input():
     with pytest.raises(UsageError, match=r"no .*bf16 units"):
         estimate_gemm(64, 64, 64, dtype="bf16", gpu=V100)
     assert "no bf16 units" in estimate_gemm(64, 64, 64, dtype="bf16", gpu=V100, fallback=True).note
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize(("m", "n"), [(1, 4096), (4096, 1)])
+def test_matrix_vector_product_is_a_memory_bound_gemv(dtype, m, n):
+    # A batch-1 linear layer: cuBLAS runs a GEMV kernel, one pass over the 4096x4096 weight.
+    # Hand count: bytes = weight + vector in + vector out; time >= bytes / datasheet bandwidth.
+    gpu = load_gpu("h100")
+    size = 2 if dtype == "bf16" else 4
+    weight_bytes = 4096 * 4096 * size
+    e = estimate_gemm(m, n, 4096, dtype=dtype, gpu=gpu)
+    assert e.tile == (0, 0) and e.to_dict()["tile"] == "GEMV" and e.math_unit == "cuda"
+    assert e.bound == "memory"
+    floor = (weight_bytes + 2 * 4096 * size) / gpu.memory_bandwidth
+    assert floor <= e.time_s <= 2 * floor + 10e-6  # within the achievable bandwidth and overhead
+    # a tensor-core tile for one row would pad it to 64: the GEMV is the faster choice
+    assert e.model_compute_s < e.model_memory_s

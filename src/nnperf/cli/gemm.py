@@ -11,7 +11,7 @@ from nnperf.cli.app import cli
 from nnperf.cli.gpu_options import gpu_options
 from nnperf.errors import UsageError
 from nnperf.hardware import GPU, DeviceProfile
-from nnperf.passes.gemm_model import GemmEstimate, estimate_gemm
+from nnperf.passes.gemm_model import GEMV_TILE, GemmEstimate, estimate_gemm, tile_text
 from nnperf.report.console import make_console
 from nnperf.report.units import binary, seconds, si
 
@@ -41,6 +41,21 @@ def parse_sweep(spec: str) -> tuple[str, list[int]]:
             "use a larger STEP or a narrower START:STOP"
         )
     return dims, list(range(start, stop + 1, step))
+
+
+def _tiling_rows(e: GemmEstimate, sm_count: int) -> list[tuple[str, str]]:
+    """Tile and wave quantization rows; a GEMV kernel has neither, and says so."""
+    if e.tile == GEMV_TILE:
+        return [("CTA tile", "none: a matrix-vector product runs as a GEMV kernel, one pass over "
+                 "the matrix, no output tiles to pad or waves to fill")]
+    tm, tn = e.tile
+    return [
+        ("CTA tile", f"{tm}x{tn} (relative efficiency {e.tile_relative_efficiency:.2f})"
+         + (f", split-K {e.split_k}" if e.split_k > 1 else "")),
+        ("CTAs / waves", f"{e.ctas} CTAs on {sm_count} SMs -> {e.waves} wave" + ("s" if e.waves > 1 else "")),
+        ("tile efficiency", f"{_pct(e.tile_efficiency)} = M*N / (ceil(M/{tm})*{tm} * ceil(N/{tn})*{tn})"),
+        ("wave efficiency", f"{_pct(e.wave_efficiency)} = CTAs / (waves * SMs)"),
+    ]
 
 
 def _pct(x: float) -> str:
@@ -77,7 +92,6 @@ def _explain(e: GemmEstimate, gpu: GPU) -> Table:
     t.add_column("value")
     unit = "tensor cores" if e.math_unit == "tensor" else "CUDA cores"
     op = "op" if _integer(e.dtype) else "FLOP"
-    tm, tn = e.tile
     rows = [
         ("work", f"{_work(e.flops, e.dtype)} ({op} = 2 x MAC: {si(e.flops / 2, 'MAC')})"),
         ("minimum bytes", f"{binary(e.min_bytes)} (each operand read once, output written once)"),
@@ -92,20 +106,7 @@ def _explain(e: GemmEstimate, gpu: GPU) -> Table:
             f"{unit}, {e.rate_dtype} peak {_rate(e.peak_flops, e.dtype)}; achievable "
             f"fraction {e.math_fraction:.2f}",
         ),
-        (
-            "CTA tile",
-            f"{tm}x{tn} (relative efficiency {e.tile_relative_efficiency:.2f})"
-            + (f", split-K {e.split_k}" if e.split_k > 1 else ""),
-        ),
-        (
-            "CTAs / waves",
-            f"{e.ctas} CTAs on {gpu.sm_count} SMs -> {e.waves} wave" + ("s" if e.waves > 1 else ""),
-        ),
-        (
-            "tile efficiency",
-            f"{_pct(e.tile_efficiency)} = M*N / (ceil(M/{tm})*{tm} * ceil(N/{tn})*{tn})",
-        ),
-        ("wave efficiency", f"{_pct(e.wave_efficiency)} = CTAs / (waves * SMs)"),
+        *_tiling_rows(e, gpu.sm_count),
         (
             "alignment",
             ("aligned: " if e.aligned else "MISALIGNED: ")
@@ -168,7 +169,7 @@ def _sweep_table(estimates: list[GemmEstimate], dims: str, gpu: GPU) -> Table:
             str(e.m),
             str(e.n),
             str(e.k),
-            f"{e.tile[0]}x{e.tile[1]}",
+            tile_text(e.tile),
             str(e.ctas),
             str(e.waves),
             _pct(e.tile_efficiency),

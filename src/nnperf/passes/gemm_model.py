@@ -67,7 +67,7 @@ class GemmEstimate:
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        out["tile"] = f"{self.tile[0]}x{self.tile[1]}"
+        out["tile"] = tile_text(self.tile)
         out["achieved_flops"] = self.achieved_flops
         return out
 
@@ -171,6 +171,29 @@ def _candidates(
     return out
 
 
+#: The tile ``GemmEstimate.tile`` reports for a GEMV kernel, which has no output tiles.
+GEMV_TILE = (0, 0)
+
+
+def tile_text(tile: tuple[int, int]) -> str:
+    """How tables name a tile: "128x256", or "GEMV" for the matrix-vector kernel."""
+    return "GEMV" if tile == GEMV_TILE else f"{tile[0]}x{tile[1]}"
+
+
+def _gemv_candidate(
+    m: int, n: int, batch: int, flops: float, dtype: str, gpu: GPU, profile: DeviceProfile
+) -> _Candidate | None:
+    """A matrix-vector product (M or N is 1) as cuBLAS runs it: a GEMV kernel on CUDA cores
+    (``gemv2T_kernel`` in profiles of batch-1 linear layers), one pass over the matrix with no
+    output tiles to pad; tensor-core tiles would waste 15/16 or more of their rows on it.
+    None for other shapes, or a dtype the CUDA cores do not compute."""
+    if min(m, n) != 1 or dtype not in gpu.cuda_tflops:
+        return None
+    rate = gpu.cuda_tflops[dtype] * 1e12 * profile.cuda_core_fraction
+    # no CTA tiles and no waves to quantize: reported as 0 CTAs in 0 waves
+    return _Candidate(GEMV_TILE, 1, 0, 0, 1.0, 1.0, flops / rate, 0.0)
+
+
 def _check_sizes(**sizes: int) -> None:
     for name, value in sizes.items():
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -219,10 +242,15 @@ def estimate_gemm(
     fraction = profile.math_fraction(rate.unit, rate.dtype, flops)
     usable = rate.flops * fraction * align_factor
     model_memory_s = profile.memory_time(gpu.memory_bandwidth, min_bytes)
-    best = min(
-        _candidates(m, n, k, batch, flops, usable, gpu, profile),
-        key=lambda c: max(c.compute_s, model_memory_s) + c.reduction_s,
-    )
+    candidates = _candidates(m, n, k, batch, flops, usable, gpu, profile)
+    gemv = _gemv_candidate(m, n, batch, flops, store, gpu, profile)
+    if gemv is not None:
+        candidates.append(gemv)
+    best = min(candidates, key=lambda c: max(c.compute_s, model_memory_s) + c.reduction_s)
+    if best is gemv:  # the GEMV kernel runs on CUDA cores: report that unit and its peak
+        rate = gpu.peak(store, tensor_cores=False)
+        fraction, aligned, align_factor = profile.cuda_core_fraction, True, 1.0
+        align_note = "matrix-vector product: a GEMV kernel on CUDA cores, no tensor-core alignment rule"
     overhead_s = profile.kernel_overhead_s
     time_s = max(best.compute_s, model_memory_s) + best.reduction_s + overhead_s
     return GemmEstimate(

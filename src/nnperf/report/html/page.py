@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
+from nnperf.passes.gemm_model import tile_text
 from nnperf.passes.memory.capacity import capacity, fits
 from nnperf.passes.rollup import ROOT_OWN_OPS
 from nnperf.prediction import Prediction
@@ -321,7 +322,7 @@ def gemm_section(run: Run) -> str:
             f'<td data-v="{g.k}">{g.k:,}</td><td data-v="{g.batch}">{g.batch:,}</td><td class="l">{esc(g.dtype)}</td>'
             f'<td data-v="{r["count"]}">{r["count"]}</td><td data-v="{r["time_s"]!r}">{esc(seconds(r["time_s"]))}</td>'
             f'<td data-v="{e.time_s!r}">{esc(seconds(e.time_s))}</td>'
-            f'<td class="l">{e.tile[0]}x{e.tile[1]}{f" split-K {e.split_k}" if e.split_k > 1 else ""}</td>'
+            f'<td class="l">{tile_text(e.tile)}{f" split-K {e.split_k}" if e.split_k > 1 else ""}</td>'
             f'<td data-v="{e.ctas}">{e.ctas:,}</td><td data-v="{e.waves}">{e.waves:,}</td>'
             f'<td data-v="{e.tile_efficiency!r}">{e.tile_efficiency:.0%}</td>'
             f'<td data-v="{e.wave_efficiency!r}">{e.wave_efficiency:.0%}</td>'
