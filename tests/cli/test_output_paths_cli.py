@@ -88,8 +88,6 @@ def test_calibrate_checks_its_outputs_before_measuring(tmp_path, option):
     assert "is a file, not a directory" in _one_line(out)
 
 
-@pytest.mark.xfail(strict=True, reason="cli/predict.py (owned elsewhere) does not use "
-                   "nnperf.cli.paths yet: FileNotFoundError, exit 1")
 def test_predict_trace_out_creates_missing_directories(tmp_path):
     path = tmp_path / "new" / "t.json"
     result, out = invoke("predict", *MODEL, "--gpu", "h100", "--trace-out", str(path))

@@ -9,6 +9,7 @@ import click
 from nnperf.analysis import analyze_request
 from nnperf.cli.app import cli
 from nnperf.cli.gpu_options import gpu_options
+from nnperf.cli.paths import check_output, write_output
 from nnperf.cli.workload_options import pop_workload, workload_options
 
 
@@ -28,12 +29,14 @@ def predict(gpu, profile, tf32, by, depth, as_json, trace_out, **kwargs) -> None
     from nnperf.passes.timing import TimingOptions
     from nnperf.prediction import predict_analysis
 
+    if trace_out:
+        trace_out = check_output(trace_out, "--trace-out")  # before the work, not after it
     analysis = analyze_request(*pop_workload(kwargs))
     result = predict_analysis(analysis, gpu, profile, TimingOptions(tf32_matmul=tf32))
     if trace_out:
         from nnperf.report.chrome_trace import write_chrome_trace
 
-        write_chrome_trace(result, trace_out)
+        write_output(trace_out, "--trace-out", lambda p: write_chrome_trace(result, p))
         click.echo(f"wrote {trace_out}", err=True)  # stderr: keeps --json output parseable
     if as_json:
         click.echo(json.dumps(result.to_json(depth=depth), indent=2))
