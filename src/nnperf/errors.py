@@ -26,13 +26,10 @@ class ModelLoadError(NnperfError):
     exit_code = 3
 
 
-class ModelOptionError(UsageError, ModelLoadError):
+class ModelOptionError(UsageError):
     """A bad setting of a built-in model (``-O n_layer=abc``, an unknown ``-O`` key, ``--seq``
-    on a model without one or above its positions): a usage error, exit 2.
-
-    Also a ``ModelLoadError`` so that Python callers that caught these as load failures
-    before they became usage errors still catch them.
-    """
+    on a model without one or above its positions): a usage error, exit 2, not a model that
+    could not be loaded."""
 
     exit_code = 2
 

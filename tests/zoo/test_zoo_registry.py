@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from nnperf.errors import ModelLoadError
+from nnperf.errors import ModelLoadError, UsageError
 from nnperf.zoo import MODELS, ModelSpec, get_model, list_models
 
 EXPECTED_BATCH = {
@@ -57,7 +57,7 @@ def test_hopeless_name_lists_all_models() -> None:
 
 @pytest.mark.parametrize("spec", list_models(), ids=lambda s: s.name)
 def test_unknown_override_names_key_and_valid_ones(spec: ModelSpec) -> None:
-    with pytest.raises(ModelLoadError) as err:
+    with pytest.raises(UsageError) as err:
         spec.build(1, bogus_key=3)
     message = str(err.value)
     assert "bogus_key" in message and spec.name in message
@@ -65,24 +65,24 @@ def test_unknown_override_names_key_and_valid_ones(spec: ModelSpec) -> None:
 
 
 def test_misspelt_option() -> None:
-    with pytest.raises(ModelLoadError, match=r"'n_layers'.*n_layer"):
+    with pytest.raises(UsageError, match=r"'n_layers'.*n_layer"):
         get_model("gpt2").build(1, 8, n_layers=2)
 
 
 @pytest.mark.parametrize("spec", list_models(), ids=lambda s: s.name)
 def test_bad_batch_and_seq(spec: ModelSpec) -> None:
-    with pytest.raises(ModelLoadError, match="batch"):
+    with pytest.raises(UsageError, match="batch"):
         spec.build(0)
-    with pytest.raises(ModelLoadError, match=r"seq_len|sequence"):
+    with pytest.raises(UsageError, match=r"seq_len|sequence"):
         spec.build(1, 0)
 
 
 def test_sequence_length_limits_and_defaults() -> None:
-    with pytest.raises(ModelLoadError, match="n_positions"):
+    with pytest.raises(UsageError, match="n_positions"):
         get_model("gpt2").build(1, 2048)
-    with pytest.raises(ModelLoadError, match="max_positions"):
+    with pytest.raises(UsageError, match="max_positions"):
         get_model("bert-base").build(1, 513)
-    with pytest.raises(ModelLoadError, match="no sequence length"):
+    with pytest.raises(UsageError, match="no sequence length"):
         get_model("resnet50").build(1, 128)
     with FakeTensorMode():
         w = get_model("gpt2").build(None, n_layer=1)
@@ -96,22 +96,22 @@ def test_string_overrides_are_converted() -> None:
         w = get_model("llama-7b").build(2, 16, n_layer="2", dim="64", n_heads="4", vocab="99")
     assert len(w.model.layers) == 2 and w.model.output.out_features == 99
     assert w.info["config"]["n_kv_heads"] == 4
-    with pytest.raises(ModelLoadError, match="n_layer must be an integer"):
+    with pytest.raises(UsageError, match="n_layer must be an integer"):
         get_model("gpt2").build(1, 8, n_layer="two")
 
 
 def test_invalid_shapes() -> None:
-    with pytest.raises(ModelLoadError, match="n_heads"):
+    with pytest.raises(UsageError, match="n_heads"):
         get_model("llama-7b").build(1, 8, n_heads=32, n_kv_heads=5)
-    with pytest.raises(ModelLoadError, match="n_head"):
+    with pytest.raises(UsageError, match="n_head"):
         get_model("gpt2").build(1, 8, n_embd=100, n_head=3)
-    with pytest.raises(ModelLoadError, match="patch_size"):
+    with pytest.raises(UsageError, match="patch_size"):
         get_model("vit_b_16").build(1, image_size=100)
-    with pytest.raises(ModelLoadError, match="image_size"):
+    with pytest.raises(UsageError, match="image_size"):
         get_model("resnet18").build(1, image_size=8)
-    with pytest.raises(ModelLoadError, match="widths"):
+    with pytest.raises(UsageError, match="widths"):
         get_model("mlp").build(1, widths="784,abc")
-    with pytest.raises(ModelLoadError, match="widths"):
+    with pytest.raises(UsageError, match="widths"):
         get_model("mlp").build(1, widths=[10])
 
 
