@@ -8,8 +8,10 @@ model costs seconds, so the targets are stated in traces, the one cost that does
 on the machine, plus the time the replays add:
 
 - at most 4 traces per search (batch 1, the first guess, the answer, the batch after it;
-  3 when the guess is the answer or the batch after it);
-- allocator replays at most a quarter of the search's time;
+  3 when the guess is the answer or the batch after it; one more where batch 1 runs another
+  step than larger batches, so that it cannot be interpolated with them: ViT's class token,
+  whose expand is a no-op at batch 1, has another backward);
+- allocator replays at most a quarter of the search's time (or half a second);
 - the same answer as the search over traces alone, except where that search stopped at a
   boundary below the largest fitting batch (peaks are not monotone in the batch): then the
   new answer is larger and a trace verifies it.
@@ -37,6 +39,7 @@ from nnperf.request import ModelRequest
 #: Targets (see the module docstring).
 MAX_TRACES = 4
 MAX_REPLAY_SHARE = 0.25
+MIN_REPLAY_SECONDS = 0.5  # below this the share does not matter (a small model's fast traces)
 
 DEFAULT_CASES = [("mlp", "a100-40gb", None), ("resnet50", "a100-40gb", None),
                  ("gpt2", "a100-40gb", None), ("llama-7b", "h200", 2048)]
@@ -85,10 +88,11 @@ def print_case(name: str, gpu: GPU, after: Run, before: Run | None) -> list[str]
         traces = f"{len(b.probes)} -> {len(r.probes)}" if b else str(len(r.probes))
         secs = f"{b.seconds:6.1f} -> {r.seconds:5.1f}" if b else f"{r.seconds:5.1f}"
         answer = largest(r) if not b or largest(b) == largest(r) else f"{largest(b)} -> {largest(r)}"
+        answer += "" if r.exhaustive else "*"
         share = r.replay_seconds / r.seconds if r.seconds else 0.0
-        if len(r.probes) > MAX_TRACES:
+        if len(r.probes) > MAX_TRACES + (r.interpolated is not None and 1 not in r.interpolated):
             missed.append(f"{name} / {r.label}: {len(r.probes)} traces")
-        if share > MAX_REPLAY_SHARE:
+        if share > MAX_REPLAY_SHARE and r.replay_seconds > MIN_REPLAY_SECONDS:
             missed.append(f"{name} / {r.label}: replays {share:.0%} of the time")
         if b and b.largest is not None and (r.largest or 0) < b.largest:
             missed.append(f"{name} / {r.label}: answer {largest(r)} below {largest(b)}")
@@ -115,7 +119,8 @@ def main() -> None:
     args = parser.parse_args()
     cases = ([(m, args.gpu or "a100-40gb", args.seq) for m in args.models] if args.models
              else [(m, args.gpu or g, args.seq or s) for m, g, s in DEFAULT_CASES])
-    print(f"targets: traces <= {MAX_TRACES} per search, replay share <= {MAX_REPLAY_SHARE:.0%}, "
+    print(f"targets: traces <= {MAX_TRACES} per search, replay share <= {MAX_REPLAY_SHARE:.0%} "
+          f"(or <= {MIN_REPLAY_SECONDS} s), "
           "largest as before or larger (before -> after)")
     print(f"{'model':<12} {'what-if':<36} {'largest':>12} {'traces':>7} {'repl.':>5} "
           f"{'share':>6} {'seconds':>15}")
@@ -129,6 +134,8 @@ def main() -> None:
         before = None if args.no_before else run_fit(request, gpu, not args.no_what_ifs, False)
         missed += print_case(name + (f"@{seq}" if seq else ""), gpu, after, before)
         sys.stdout.flush()
+    print("* a verified boundary (it fits, the next batch does not); the batches above it were "
+          "not all ruled out (replay budget)")
     print("all targets met" if not missed else "targets missed: " + "; ".join(missed))
 
 

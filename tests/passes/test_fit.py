@@ -3,6 +3,7 @@ synthetic peaks; honest when nothing fits."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable
@@ -118,8 +119,9 @@ class _Net(nn.Module):
         return self.blocks(x)
 
 
+@functools.cache
 def _traced(options: MemoryOptions, special_batch_1: bool = False) -> Callable[[int], Sample]:
-    """Trace _Net at a batch (once per batch: a test searches many capacities)."""
+    """Trace _Net at a batch (once per batch and configuration: tests search many capacities)."""
     cache: dict[int, Sample] = {}
 
     def measure(batch: int) -> Sample:
@@ -147,6 +149,7 @@ def _check_against_brute_force(measure: Callable[[int], Sample], n: int) -> list
         assert r.capped == (expected == n)
         assert r.at_largest is (measure(expected).report if expected else None)
         assert r.at_one is measure(1).report
+        assert r.exhaustive  # every batch above the answer ruled out, not only the next
         results.append(r)
     return results
 
@@ -177,6 +180,19 @@ def test_replaying_interpolated_traces_gives_the_traced_totals():
     for batch in (3, 5, 16, 23):
         assert model.total(batch) == measure(batch).total
         assert model.lower_bound(batch) <= measure(batch).total
+
+
+def test_a_scan_over_budget_settles_for_a_boundary_the_same_way_every_time():
+    measure = _traced(MemoryOptions(checkpoint=True))
+    model = BatchModel.between(measure(2).footprint, measure(9).footprint)
+    capacity = measure(10).total
+    exact, exhaustive = model.largest(capacity, 1000)
+    limit = model.limit(capacity, 1000)  # no batch above it fits (a monotone bound)
+    assert exhaustive and exact == max(b for b in range(1, limit + 1) if measure(b).total <= capacity)
+    cut = [model.largest(capacity, 1000, max_requests=0) for _ in range(2)]
+    assert cut[0] == cut[1] and not cut[0][1]  # a budget in requests, not seconds
+    boundary = cut[0][0]
+    assert model.fits(boundary, capacity) and boundary <= exact
 
 
 def test_allocation_program_peaks_are_the_replay_peaks():

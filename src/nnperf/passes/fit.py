@@ -7,14 +7,18 @@ allocator replays (milliseconds) do the rest (``passes.fit_replay``):
 2. guess the answer from that one trace (activations scaled by the batch, model states
    not) and trace the guess;
 3. interpolate the allocator requests between two traced batches of the same step and
-   replay them to find the largest batch that fits, replaying every batch between the
-   answer and a monotone bound above it (peaks are not monotone in the batch);
-4. trace that batch and the next one: the answer stands only when the traces agree (it
-   fits, the next one does not). When they do not, the traces become the new
-   interpolation points; when no two traces interpolate (a step whose structure changes
-   with the batch), a secant/bisection search over traces finds the boundary.
+   replay them: bisection to a boundary, then every batch above it up to a bound that is
+   monotone (peaks are not monotone in the batch: a larger batch can fragment the cache
+   less), which gives the largest batch that fits;
+4. trace that batch and the next one: the answer stands only when the traces agree with
+   the replays (it fits, the next one does not). When they do not, the traces become the
+   new interpolation points; when a step changes with the batch so that no two traces
+   interpolate, or too often, the secant/bisection search over traces finds the boundary.
 
-Every answer is a verified trace, never an extrapolation. Typically 3 or 4 traces.
+Every answer is a verified trace, never an extrapolation: typically 3 or 4 traces (batch
+1, the guess, the answer, the batch after it). ``FitResult.exhaustive`` says whether every
+batch above the answer was ruled out too (the replays' budget suffices except for huge
+batches of small models), or only the next one, as a search over traces does.
 
 "Fits" means the predicted device total (allocator segments + CUDA context + cuDNN
 workspace estimate) is at most the GPU's memory; see ``passes.memory.model``.
@@ -45,9 +49,10 @@ FIRST_STEP = 8
 SECANT_PROBES = 2
 #: Traces spent on interpolation before falling back to the secant search over traces.
 INTERPOLATION_ROUNDS = 8
-#: Replay time a search may always spend ruling out the batches above its answer (it may
-#: spend two traces' worth when traces are slower).
-SCAN_BUDGET_S = 2.0
+#: Replayed allocator requests a search may spend ruling out the batches above its answer,
+#: per op of the trace: about two traces' worth (a trace costs about as much per op as a
+#: replay per 1000 requests). Beyond it the search settles for a verified boundary.
+SCAN_REQUESTS_PER_EVENT = 2000
 
 
 @dataclass
@@ -89,6 +94,11 @@ class FitResult:
     seconds: float = 0.0
     replays: int = 0  # allocator replays of interpolated traces (milliseconds each)
     replay_seconds: float = 0.0  # the time they took (part of ``seconds``)
+    #: Every batch above the answer ruled out (by replays and a monotone bound), not only
+    #: the next one (by a trace): the answer is then the largest batch that fits.
+    exhaustive: bool = True
+    #: The traced batches the answer was interpolated between (None: a search over traces).
+    interpolated: tuple[int, int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         rep = self.at_largest
@@ -125,7 +135,8 @@ def largest_batch(
     return FitResult(label, options or MemoryOptions(), capacity, largest,
                      largest is not None and largest >= max_batch,
                      samples[largest].report if largest else None, samples[1].report,
-                     search.probes, time.perf_counter() - start, *search.replay_cost())
+                     search.probes, time.perf_counter() - start, *search.replay_cost(),
+                     exhaustive=search.exhaustive, interpolated=search.pair)
 
 
 class _Search:
@@ -141,7 +152,8 @@ class _Search:
         self._answer = 0  # the current model's largest fitting batch
         self._checked: set[int] = set()  # traced batches the current model reproduces
         self._spent: list[BatchModel] = []  # models no longer current (for their cost)
-        self._trace_seconds = 0.0
+        self.exhaustive = True  # every batch above the answer ruled out, not only the next
+        self.pair: tuple[int, int] | None = None  # the batches the answer's model came from
 
     def replay_cost(self) -> tuple[int, float]:
         """Allocator replays run by this search and the seconds they took."""
@@ -151,9 +163,7 @@ class _Search:
     # -- traces -----------------------------------------------------------------------------
     def trace(self, batch: int) -> Sample:
         if batch not in self.samples:
-            start = time.perf_counter()
             s = self._measure(batch)
-            self._trace_seconds += time.perf_counter() - start
             self.samples[batch] = s
             self.probes.append(Probe(batch, s.total, int(s.report.peak_allocated or 0),
                                      s.total <= self.capacity))
@@ -169,27 +179,42 @@ class _Search:
         if one is None:  # reports only (no allocator requests): search over traces
             self.fits(min(FIRST_STEP, self.max_batch))
             return self.bracket()
-        self.fits(self.first_guess(one))
+        self.fits(self.guess(one))
         for _ in range(INTERPOLATION_ROUNDS):
             answer = self.propose()
-            if answer is None:  # no two traces of the same structure yet: trace a neighbour
-                batch = self.neighbour()
+            if answer is None:  # no two traces of the same structure yet: guess again
+                batch = self.another_guess()
             else:
                 batch = next((b for b in (answer, answer + 1)
                               if b <= self.max_batch and b not in self.samples), None)
-                if batch is None:
-                    return answer if self.verified(answer) else self.bracket()
+                if batch is None:  # both traced: the answer stands or the search falls back
+                    if self.verified(answer):
+                        assert self._model is not None
+                        self.pair = (self._model.b0, self._model.b0 + self._model.span)
+                        return answer
+                    return self.bracket()
             if batch is None:
                 break
             self.fits(batch)
         return self.bracket()
 
-    def first_guess(self, one: Footprint) -> int:
-        """Where to trace second: the answer if activations scaled with the batch."""
-        model = BatchModel.scaled(one)
+    def guess(self, traced: Footprint) -> int:
+        """Where to trace next: the answer if the activations of ``traced`` scaled with the
+        batch and nothing else did."""
+        model = BatchModel.scaled(traced)
         guess = model.boundary(self.capacity, self.max_batch)
         self._spent.append(model)
         return max(2, min(guess, self.max_batch))
+
+    def another_guess(self) -> int | None:
+        """With no two traces of the same structure (the step differs at batch 1, say): the
+        guess from the latest trace (larger, so closer to linear), or a batch next to it."""
+        latest = self.samples[self.probes[-1].batch].footprint
+        if latest is not None:
+            batch = self.guess(latest)
+            if batch not in self.samples:
+                return batch
+        return self.neighbour()
 
     def propose(self) -> int | None:
         """The largest fitting batch by interpolation between two traces of the same step
@@ -207,14 +232,10 @@ class _Search:
             self._spent.append(model)
             return None
         self._model, self._checked = model, {pair[0].batch, pair[1].batch}
-        self._answer = max(1, model.largest(self.capacity, self.max_batch,
-                                            budget_s=self._scan_budget()))
+        budget = SCAN_REQUESTS_PER_EVENT * model.template.events
+        answer, self.exhaustive = model.largest(self.capacity, self.max_batch, budget)
+        self._answer = max(1, answer)
         return self._answer
-
-    def _scan_budget(self) -> float:
-        """Replay time worth spending on one search for the largest batch: a couple of
-        traces' worth (beyond that a search over traces would be cheaper)."""
-        return max(SCAN_BUDGET_S, 2 * self._trace_seconds / max(len(self.probes), 1))
 
     def _reproduces_traces(self) -> bool:
         """Whether the current model gives every traced total exactly. A trace of another
@@ -278,6 +299,7 @@ class _Search:
         total = self.trace
         for _ in range(64):
             lo, hi = self.bounds()
+            self.exhaustive = lo >= self.max_batch  # a boundary: batches above hi not ruled out
             if lo >= self.max_batch or (hi is not None and hi - lo <= 1):
                 return lo
             if hi is None:  # extrapolate along the chord from batch 1 (the widest, least noisy)

@@ -43,10 +43,12 @@ class Footprint:
     scaling: np.ndarray  # bool per request: of a category that grows with the batch
     conv: np.ndarray  # int64 bytes of every convolution operand
     fixed: int  # device terms besides the cuDNN estimate
+    events: int  # ops in the trace (what a trace costs; a replay costs its requests)
 
     @classmethod
     def of(cls, batch: int, program: AllocationProgram, conv: list[int], fixed: int) -> Footprint:
         ops = [op for op in program.ops if op[0] != MARK]  # requests only
+        marks = len(program.ops) - len(ops)  # one before the step, one per event and iteration
         return cls(
             batch=batch,
             takes=tuple(op[0] == TAKE for op in ops),
@@ -55,6 +57,7 @@ class Footprint:
             scaling=np.array([op[3] in SCALING for op in ops], dtype=bool),
             conv=np.array(conv, dtype=np.int64),
             fixed=int(fixed),
+            events=(marks - 1) // 2,
         )
 
     def matches(self, other: Footprint) -> bool:
@@ -80,6 +83,7 @@ class BatchModel:
         self.conv_base, self.conv_delta = conv_base, conv_delta
         self._signs = np.where(np.array(template.takes, dtype=bool), 1, -1).astype(np.int64)
         self.replays = 0  # allocator replays run so far (what the search costs besides traces)
+        self.requests = 0  # the allocator requests they replayed
         self.seconds = 0.0  # and the time they took
 
     @classmethod
@@ -127,6 +131,7 @@ class BatchModel:
             return self._replay(batch, capacity)
         finally:
             self.replays += 1
+            self.requests += len(self.template.keys)
             self.seconds += time.perf_counter() - start
 
     def _replay(self, batch: int, capacity: int | None) -> int | None:
@@ -163,21 +168,31 @@ class BatchModel:
                 hi = mid
         return lo
 
-    def largest(self, capacity: int, max_batch: int, budget_s: float | None = None) -> int:
-        """The largest batch in [1, max_batch] that fits (0: none), replaying every batch
-        from the monotone limit down: exact, also where the peak is not monotone.
+    def largest(self, capacity: int, max_batch: int,
+                max_requests: int | None = None) -> tuple[int, bool]:
+        """The largest batch in [1, max_batch] that fits (0: none) and whether every batch
+        above it was ruled out: a boundary by bisection, then a replay of every batch above
+        it up to the monotone limit (exact, also where the peak is not monotone).
 
-        A model whose limit lies far above its answer (a huge batch on a small model) could
-        need more replays than they are worth: after ``budget_s`` seconds the rest of the
-        range is bisected instead, which finds a batch that fits with the next one failing.
+        A model whose limit lies far above its answer (a huge batch of a small model, the
+        cache fragmented by a third) can need more replays than they are worth: past
+        ``max_requests`` replayed requests the scan stops with the largest fitting batch it
+        found, which the bisection and the scan up from it make the likeliest one. The budget
+        counts requests, not seconds, so the answer does not depend on the machine's speed.
         """
-        start = time.perf_counter()
-        for batch in range(self.limit(capacity, max_batch), 0, -1):
+        limit = self.limit(capacity, max_batch)
+        if limit == 0:
+            return 0, True
+        best = self.boundary(capacity, limit)
+        if not self.fits(best, capacity):
+            best = 0
+        start = self.requests
+        for batch in range(best + 1, limit + 1):
+            if max_requests is not None and self.requests - start > max_requests:
+                return best, False
             if self.fits(batch, capacity):
-                return batch
-            if budget_s is not None and time.perf_counter() - start > budget_s:
-                return self.boundary(capacity, batch - 1) if batch > 1 else 0
-        return 0
+                best = batch
+        return best, True
 
     def boundary(self, capacity: int, max_batch: int) -> int:
         """A batch that fits with the next one not fitting, by bisection under the limit
