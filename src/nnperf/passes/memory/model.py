@@ -121,6 +121,7 @@ class AllocationProgram:
     """
 
     ops: list[tuple[int, Any, int, str]]
+    roles: dict[int, StorageRole]  # the classification the program was built from
 
     def peaks(self) -> tuple[int, int]:
         """(peak allocated, peak reserved) of a replay, without breakdown or timeline."""
@@ -168,15 +169,16 @@ def allocation_program(
     persistent = {s for s, r in device.items() if r.category in _PERSISTENT}
     if options.get("grads_persist"):
         persistent |= {s for s, r in device.items() if r.category == "gradients"}
+    cublas = [e.name in device_terms.CUBLAS_OPS for e in trace.events]
     for iteration in (1, 2):
         recording = iteration == 2
         state_pending = iteration == 1 and bool(lazy_state)
-        for e in trace.events:
+        for e, uses_cublas in zip(trace.events, cublas, strict=True):
             if state_pending and e.phase == "optimizer":
                 for sid in lazy_state:
                     take(sid, storages[sid].nbytes, "optimizer_state")
                 state_pending = False
-            if e.name in device_terms.CUBLAS_OPS:
+            if uses_cublas:
                 key = ("cublas_workspace", "backward" if e.phase == "backward" else "main")
                 if key not in live:
                     take(key, ws_size, "workspaces")
@@ -199,7 +201,7 @@ def allocation_program(
         for sid, role in device.items():
             if sid not in persistent:
                 give(sid, storages[sid].nbytes, role.category)
-    return AllocationProgram(ops)
+    return AllocationProgram(ops, roles)
 
 
 def predict_memory(
@@ -216,9 +218,9 @@ def predict_memory(
     ``program``: the trace's ``allocation_program`` for ``architecture`` when the caller has
     already built it (``passes.fit`` keeps it to interpolate between batches).
     """
-    roles = classify(trace)
     if program is None:
-        program = allocation_program(trace, roles, architecture)
+        program = allocation_program(trace, None, architecture)
+    roles = program.roles
     alloc = CachingAllocator()
     live_by_cat: dict[str, int] = defaultdict(int)
     best: dict[str, object] = {"allocated": -1}
