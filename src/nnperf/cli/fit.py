@@ -13,6 +13,7 @@ from nnperf.cli.memory import memory_options_from, memory_step_options
 from nnperf.cli.workload_options import pop_workload, workload_options
 from nnperf.errors import ResourceError
 from nnperf.hardware import GPU, DeviceProfile
+from nnperf.passes.memory.capacity import capacity
 
 
 @cli.command()
@@ -37,13 +38,13 @@ def fit(gpu: GPU, profile: DeviceProfile, **kwargs: Any) -> None:
                       context_mib=kwargs["context_mib"], max_batch=kwargs["max_batch"])
     name = results[0].at_one.model
     if kwargs["as_json"]:
-        click.echo(json.dumps({"model": name, "gpu": gpu.id, "capacity": int(gpu.memory_bytes),
+        click.echo(json.dumps({"model": name, "gpu": gpu.id, "capacity": capacity(gpu),
                                "results": [r.to_json() for r in results]}, indent=2))
     else:
         from nnperf.report.console import make_console
         from nnperf.report.memory_tables import fit_table
 
-        make_console().print(fit_table(name, gpu.name, gpu.memory_bytes, results))
+        make_console().print(fit_table(name, gpu.name, capacity(gpu), results))
         click.echo("Fits = predicted device total (allocator segments + CUDA context + cuDNN "
                    "workspace estimate) <= GPU memory. Details: nnperf memory MODEL --batch N")
     if results[0].largest is None:

@@ -75,7 +75,7 @@ def memory(gpu: GPU, profile: DeviceProfile, **kwargs: Any) -> None:
 
         analysis = Analysis.from_trace(name, options.trace_options(), trace, workload)
         analysis.extra["memory"] = {**report.to_json(), "gpu": gpu.id,
-                                    "gpu_memory": int(gpu.memory_bytes)}
+                                    "gpu_memory": fit.capacity}
         click.echo(json.dumps(analysis.to_json(), indent=2, default=str))
     else:
         from nnperf.report.memory_tables import print_memory

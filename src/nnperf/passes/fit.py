@@ -34,6 +34,7 @@ from typing import Any
 from nnperf.hardware import GPU
 from nnperf.passes.fit_replay import BatchModel, Footprint
 from nnperf.passes.memory import CATEGORY_LABELS, MemoryReport, predict_memory
+from nnperf.passes.memory.capacity import capacity as usable_capacity
 from nnperf.passes.memory.model import allocation_program, convolution_operand_bytes
 from nnperf.passes.memory.tracing import MemoryOptions, checkpoint_blocks, trace_memory
 from nnperf.report.units import binary
@@ -375,7 +376,7 @@ def fit(
 ) -> list[FitResult]:
     """Largest batch on ``gpu`` for ``options`` and (optionally) each what-if; the search sets
     the request's batch (any batch it carries is ignored)."""
-    capacity = int(gpu.memory_bytes)
+    capacity = usable_capacity(gpu)  # the rule every command prints (passes/memory/capacity)
     blocks: list[bool] = []
 
     def note_blocks(batch: int, workload: Any) -> None:
@@ -412,7 +413,7 @@ def not_fitting_message(model: str, results: list[FitResult], gpu: GPU) -> str:
     what = base.options.describe()
     msg = (
         f"{model} ({what}) needs {binary(rep.device_total or 0)} at batch 1 "
-        f"({summarize(rep)}); the {gpu.name} has {binary(gpu.memory_bytes)}"
+        f"({summarize(rep)}); the {gpu.name} has {binary(usable_capacity(gpu))} usable"
     )
     fitting = [r for r in results[1:] if r.largest]
     if fitting:
