@@ -63,3 +63,11 @@ def test_validate_refuses_a_file_without_measured_memory(tmp_path):
     res = CliRunner().invoke(cli, ["memory", "mlp", "--batch", "4", "--validate", str(bogus)])
     assert res.exit_code == 2
     assert "holds no measured peak memory" in res.output
+
+
+def test_fit_refuses_inputs_of_a_fixed_batch(tmp_path):
+    model = tmp_path / "m.py"
+    model.write_text("from torch import nn\ndef net():\n    return nn.Linear(64, 8)\n")
+    res = CliRunner().invoke(cli, ["fit", f"{model}:net", "--input-shape", "8,64", "--gpu", "h100"])
+    assert res.exit_code == 2
+    assert "fit searches over the batch size, but --input-shape 8,64 fixes it" in res.output

@@ -11,7 +11,7 @@ from nnperf.cli.app import cli
 from nnperf.cli.gpu_options import gpu_options
 from nnperf.cli.memory import memory_options_from, memory_step_options
 from nnperf.cli.workload_options import pop_workload, workload_options
-from nnperf.errors import ResourceError
+from nnperf.errors import ResourceError, UsageError
 from nnperf.hardware import GPU, DeviceProfile
 from nnperf.passes.memory.capacity import capacity
 
@@ -33,6 +33,13 @@ def fit(gpu: GPU, profile: DeviceProfile, **kwargs: Any) -> None:
 
     kwargs["batch"] = None  # the search chooses the batch: --batch is ignored, even a bad one
     request, trace_options = pop_workload(kwargs)
+    if request.input_spec.given:
+        fixed = ", ".join(f"--input-shape {','.join(map(str, s))}" for s in request.input_spec.shapes) or \
+            f"--tokens {','.join(map(str, request.input_spec.tokens or ()))}"
+        raise UsageError(
+            f"fit searches over the batch size, but {fixed} fixes it: check that batch with "
+            "'nnperf memory', or give a factory that takes a batch argument"
+        )
     options = memory_options_from(trace_options, kwargs)
     results = run_fit(request, gpu, options, include_what_ifs=not kwargs["no_what_ifs"],
                       context_mib=kwargs["context_mib"], max_batch=kwargs["max_batch"])
