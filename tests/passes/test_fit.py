@@ -85,11 +85,12 @@ def test_not_fitting_message_says_what_batch_1_needs():
     class Gpu:
         name = "Toy GPU"
         memory_bytes = 2**30
+        usable_memory_bytes = 2**30
 
     r = largest_batch(_measure(lambda b: 3 * 2**30 + b), 2**30, options=MemoryOptions())
     msg = not_fitting_message("toy", [r], Gpu())  # type: ignore[arg-type]
     assert "needs 3 GiB at batch 1" in msg
-    assert "has 1 GiB" in msg
+    assert "has 1 GiB usable" in msg
 
 
 # -- the search over real traces --------------------------------------------------------------
