@@ -8,6 +8,7 @@ import itertools
 import math
 from collections.abc import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -20,7 +21,7 @@ from nnperf.passes.fit import (
     trace_measure,
     what_ifs,
 )
-from nnperf.passes.fit_replay import BatchModel
+from nnperf.passes.fit_replay import BatchModel, Footprint
 from nnperf.passes.memory import MemoryReport, predict_memory
 from nnperf.passes.memory.model import allocation_program
 from nnperf.passes.memory.tracing import MemoryOptions, trace_memory
@@ -194,6 +195,17 @@ def test_a_scan_over_budget_settles_for_a_boundary_the_same_way_every_time():
     assert cut[0] == cut[1] and not cut[0][1]  # a budget in requests, not seconds
     boundary = cut[0][0]
     assert model.fits(boundary, capacity) and boundary <= exact
+
+
+def test_the_requested_bytes_bound_does_not_overflow():
+    def footprint(batch: int, each: int) -> Footprint:
+        sizes = np.array([each, each, each, each], dtype=np.int64)
+        return Footprint(batch, (True, True, False, False), (1, 2, 1, 2), sizes,
+                         np.ones(4, dtype=bool), np.zeros(0, dtype=np.int64), 0, 2)
+
+    model = BatchModel.between(footprint(1, 2**42), footprint(2, 2**43))
+    assert model.lower_bound(2**20) == 2**63  # two live requests of 2**62: beyond int64
+    assert model.lower_bound(3) == 2 * 3 * 2**42
 
 
 def test_allocation_program_peaks_are_the_replay_peaks():

@@ -11,12 +11,13 @@ milliseconds, a trace of a 7B model seconds).
 ``passes.fit`` uses it to propose the largest batch and to rule out the batches above it; the
 answer and the batch after it are still traced. Peak memory is not monotone in the batch
 (a slightly larger batch can fragment the cache less), so "the largest batch that fits" is
-found by replaying every batch between the answer and a bound that is monotone: the peak of
-the bytes requested, which no allocator can go below.
+found by bisection to a boundary and then by replaying every batch above it up to a bound
+that is monotone: the peak of the bytes requested, which no allocator can go below.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 
@@ -108,6 +109,7 @@ class BatchModel:
         return bool((self.delta >= 0).all() and (self.conv_delta >= 0).all())
 
     def sizes(self, batch: int) -> np.ndarray:
+        """Bytes of every request at ``batch`` (int64: a request is far below 2**63 bytes)."""
         return np.maximum(self.base + self.delta * (batch - self.b0) // self.span, 0)
 
     def _extra(self, batch: int) -> int:
@@ -120,8 +122,16 @@ class BatchModel:
     def lower_bound(self, batch: int) -> int:
         """Peak bytes requested plus the outside terms: at most the device total whatever the
         allocator does (blocks are at least the requests, segments at least the blocks)."""
-        live = np.cumsum(self.sizes(batch) * self._signs)
-        return (int(live.max()) if len(live) else 0) + self._extra(batch)
+        sizes = self.sizes(batch)
+        if not len(sizes):
+            return self._extra(batch)
+        if int(sizes.max()) * len(sizes) < 1 << 62:  # the running sum fits in int64
+            peak = int(np.cumsum(sizes * self._signs).max())
+        else:  # a huge batch of a huge model: Python integers do not overflow
+            peak = max(itertools.accumulate(
+                n if take else -n for take, n in zip(self.template.takes, sizes.tolist(),
+                                                    strict=True)))
+        return peak + self._extra(batch)
 
     def total(self, batch: int, capacity: int | None = None) -> int | None:
         """The device total at ``batch`` by replay; None as soon as it exceeds ``capacity``
