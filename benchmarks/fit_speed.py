@@ -17,9 +17,11 @@ on the machine, plus the time the replays add:
   new answer is larger and a trace verifies it.
 
 "before" is the search over traces alone (secant and bisection on device totals: what fit
-did before interpolation), run here on the same machine with the same tracer, after "after"
-(so the fake-tensor cache favours "before"); "after" is ``passes.fit`` as it is. Timings
-on a shared machine move by 20-30% from run to run; the trace counts do not. Default cases: mlp, resnet50 and gpt2 on an A100 40GB and llama-7b
+did before interpolation), one search after the other, run here on the same machine with
+the same tracer, after "after" (so the fake-tensor cache favours "before"); "after" is
+``passes.fit`` as it is: the searches in one process per core (``--workers``), so a row's
+seconds are that search's own, in its process, and the case's total is the wall time.
+Timings on a shared machine move by 20-30% from run to run; the trace counts do not. Default cases: mlp, resnet50 and gpt2 on an A100 40GB and llama-7b
 at 2048 tokens on an H200 (the slow one: ~90 s for all what-ifs before).
 """
 
@@ -53,7 +55,8 @@ class Run:
     seconds: float
 
 
-def run_fit(request: ModelRequest, gpu: GPU, what_ifs: bool, interpolate: bool) -> Run:
+def run_fit(request: ModelRequest, gpu: GPU, what_ifs: bool, interpolate: bool,
+            workers: int | None) -> Run:
     """``passes.fit.fit``; without ``interpolate`` the samples carry no footprint, so the
     search falls back to secant and bisection over traces (the search before replays)."""
     original = fit_pass.trace_measure
@@ -65,7 +68,8 @@ def run_fit(request: ModelRequest, gpu: GPU, what_ifs: bool, interpolate: bool) 
     fit_pass.trace_measure = original if interpolate else reports_only
     try:
         start = time.perf_counter()
-        results = fit_pass.fit(request, gpu, MemoryOptions(), include_what_ifs=what_ifs)
+        results = fit_pass.fit(request, gpu, MemoryOptions(), include_what_ifs=what_ifs,
+                               workers=workers)
         return Run(results, time.perf_counter() - start)
     finally:
         fit_pass.trace_measure = original
@@ -116,6 +120,8 @@ def main() -> None:
     parser.add_argument("--no-what-ifs", action="store_true")
     parser.add_argument("--no-before", action="store_true",
                         help="skip the search over traces alone (halves the run time)")
+    parser.add_argument("--workers", type=int,
+                        help="processes for the searches after (default: one per core)")
     args = parser.parse_args()
     cases = ([(m, args.gpu or "a100-40gb", args.seq) for m in args.models] if args.models
              else [(m, args.gpu or g, args.seq or s) for m, g, s in DEFAULT_CASES])
@@ -130,8 +136,9 @@ def main() -> None:
         request = replace(ModelRequest(name), seq_len=seq)
         warm_up(request)
         # after first: what the searches trace twice is then cached for "before", not for it
-        after = run_fit(request, gpu, not args.no_what_ifs, True)
-        before = None if args.no_before else run_fit(request, gpu, not args.no_what_ifs, False)
+        after = run_fit(request, gpu, not args.no_what_ifs, True, args.workers)
+        before = (None if args.no_before
+                  else run_fit(request, gpu, not args.no_what_ifs, False, workers=1))
         missed += print_case(name + (f"@{seq}" if seq else ""), gpu, after, before)
         sys.stdout.flush()
     print("* a verified boundary (it fits, the next batch does not); the batches above it were "

@@ -6,21 +6,27 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import sys
 from collections.abc import Callable
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nnperf.errors import UsageError
+from nnperf.hardware import load_gpu
 from nnperf.passes.fit import (
     FitResult,
     Sample,
+    fit,
     largest_batch,
     not_fitting_message,
     trace_measure,
     what_ifs,
 )
+from nnperf.passes.fit_parallel import run_searches, search_workers
 from nnperf.passes.fit_replay import BatchModel, Footprint
 from nnperf.passes.memory import MemoryReport, predict_memory
 from nnperf.passes.memory.model import allocation_program
@@ -215,3 +221,58 @@ def test_allocation_program_peaks_are_the_replay_peaks():
     report = predict_memory(trace, program=program)
     assert program.peaks() == (report.peak_allocated, report.peak_reserved)
     assert report.to_json() == predict_memory(trace).to_json()
+
+
+# -- searches in processes --------------------------------------------------------------------
+
+def test_searches_in_processes_give_what_searches_here_give():
+    request = ModelRequest("gpt2", seq_len=64, overrides={"n_layer": 2, "n_embd": 64, "n_head": 2,
+                                                          "vocab": 512, "n_positions": 64})
+    gpu = load_gpu("a100-40gb", overrides={"memory_gib": "1"})
+
+    options = MemoryOptions(TraceOptions(optimizer="sgd", amp="bf16"))
+
+    def results(workers: int) -> list[dict]:
+        found = fit(request, gpu, options, workers=workers)
+        return [{k: v for k, v in r.to_json().items() if k != "seconds"} for r in found]
+
+    here = results(1)
+    assert [r["what_if"] for r in here] == ["as given", "activation checkpointing per block"]
+    assert results(2) == here
+
+
+def _jobs(*labels: str) -> list[tuple[str, MemoryOptions]]:
+    return [(label, MemoryOptions(checkpoint=label == "c")) for label in labels]
+
+
+def test_run_searches_keeps_the_order_and_raises_a_searchs_own_error():
+    assert run_searches(lambda label, _: label, _jobs("a", "b", "c"), 2) == ["a", "b", "c"]
+
+    def failing(label: str, _: MemoryOptions) -> str:
+        if label == "b":
+            raise UsageError("bad b")
+        return label
+
+    with pytest.raises(UsageError, match="bad b"):
+        run_searches(failing, _jobs("a", "b", "c"), 2)
+
+    class Local(Exception):  # a local class: its instances cannot travel back from a worker
+        pass
+
+    def failing_locally(label: str, _: MemoryOptions) -> str:
+        if label == "b":
+            raise Local("b failed")
+        return label
+
+    with pytest.raises(Local, match="b failed"):
+        run_searches(failing_locally, _jobs("a", "b"), 2)
+
+
+def test_search_workers_fork_only_where_it_is_safe(monkeypatch):
+    monkeypatch.delenv("NNPERF_FIT_WORKERS", raising=False)
+    assert search_workers(MemoryOptions(), 1) == 1
+    assert search_workers(MemoryOptions(TraceOptions(real=True)), 5) == 1
+    monkeypatch.setenv("NNPERF_FIT_WORKERS", "1")
+    assert search_workers(MemoryOptions(), 5) == 1
+    monkeypatch.setenv("NNPERF_FIT_WORKERS", "3")
+    assert search_workers(MemoryOptions(), 5) == (3 if sys.platform == "linux" else 1)

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nnperf.hardware import GPU
+from nnperf.loading import resolve
+from nnperf.passes.fit_parallel import run_searches, search_workers
 from nnperf.passes.fit_replay import BatchModel, Footprint
 from nnperf.passes.memory import CATEGORY_LABELS, MemoryReport, predict_memory
 from nnperf.passes.memory.capacity import capacity as usable_capacity
@@ -346,15 +348,12 @@ def trace_measure(
     *,
     architecture: str | None = None,
     context_mib: float | None = None,
-    on_trace: Callable[[int, Any], None] | None = None,
 ) -> Measure:
     """Trace ``request`` at a batch under ``options`` and predict its memory: the report and
-    the footprint interpolation needs. ``on_trace(batch, workload)`` sees each built workload."""
+    the footprint interpolation needs."""
 
     def measure(batch: int) -> Sample:
-        name, trace, workload = trace_memory(replace(request, batch=batch), options)
-        if on_trace is not None:
-            on_trace(batch, workload)
+        name, trace, _ = trace_memory(replace(request, batch=batch), options)
         program = allocation_program(trace, None, architecture)
         report = predict_memory(trace, model=name, architecture=architecture,
                                 context_mib=context_mib, max_points=0, program=program)
@@ -373,30 +372,36 @@ def fit(
     include_what_ifs: bool = True,
     context_mib: float | None = None,
     max_batch: int = MAX_BATCH,
+    workers: int | None = None,
 ) -> list[FitResult]:
     """Largest batch on ``gpu`` for ``options`` and (optionally) each what-if; the search sets
-    the request's batch (any batch it carries is ignored)."""
+    the request's batch (any batch it carries is ignored).
+
+    The searches are independent, so they run in ``workers`` processes (None: one per CPU
+    core, see ``search_workers``); each result is what a search in this process gives.
+    """
     capacity = usable_capacity(gpu)  # the rule every command prints (passes/memory/capacity)
-    blocks: list[bool] = []
+    jobs = [("as given", options)]
+    if include_what_ifs:
+        jobs = what_ifs(options, gpu, options.trace.train and _has_blocks(request))
 
-    def note_blocks(batch: int, workload: Any) -> None:
-        """Whether the model has repeated blocks to checkpoint, from the first trace's model
-        (instead of building it once more)."""
-        if not blocks:
-            blocks.append(bool(checkpoint_blocks(workload.model)))
-
-    def search(label: str, opts: MemoryOptions, hook: Any = None) -> FitResult:
+    def search(label: str, opts: MemoryOptions) -> FitResult:
         measure = trace_measure(request, opts, architecture=gpu.architecture,
-                                context_mib=context_mib, on_trace=hook)
+                                context_mib=context_mib)
         return largest_batch(measure, capacity, label=label, options=opts, max_batch=max_batch)
 
-    results = [search("as given", options, note_blocks)]
-    if not include_what_ifs:
-        return results
-    has_blocks = options.trace.train and bool(blocks and blocks[0])
-    for label, opts in what_ifs(options, gpu, has_blocks)[1:]:
-        results.append(search(label, opts))
-    return results
+    if workers is None:
+        workers = search_workers(options, len(jobs))
+    return run_searches(search, jobs, workers)
+
+
+def _has_blocks(request: ModelRequest) -> bool:
+    """Whether the model has repeated blocks to checkpoint (built at batch 1 on fakes)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    _, build = resolve(replace(request, batch=1))
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        return bool(checkpoint_blocks(build().model))
 
 
 def summarize(report: MemoryReport, top: int = 4) -> str:
