@@ -8,7 +8,6 @@ than silently inventing a rate. All peaks are dense (never the 2:4-sparse datash
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,11 +17,6 @@ from nnperf.errors import UsageError
 from nnperf.hardware import names, schema
 from nnperf.hardware import overrides as _overrides
 from nnperf.hardware.dtypes import normalize_dtype
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 GPU_DIR = Path(__file__).parent / "gpus"
 
@@ -215,16 +209,6 @@ class GPU:
 
 
 # ---- loading ----------------------------------------------------------------------------
-def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
-    except FileNotFoundError:
-        raise UsageError(f"GPU file {str(path)!r} does not exist") from None
-    except tomllib.TOMLDecodeError as err:
-        raise UsageError(f"GPU file {str(path)!r} is not valid TOML: {err}") from None
-
-
 def _build(raw: dict[str, Any], gpu_id: str, origin: str, applied: tuple[str, ...] = ()) -> GPU:
     kwargs = schema.validate(raw, origin)
     kwargs.pop("id", None)
@@ -243,7 +227,7 @@ def _builtin_raw() -> dict[str, tuple[dict[str, Any], str]]:
     """id -> (raw table, origin for messages) for every built-in GPU file."""
     out = {}
     for path in sorted(GPU_DIR.glob("*.toml")):
-        out[path.stem] = (_read_toml(path), schema.origin_of(path))
+        out[path.stem] = (schema.read_toml(path, "GPU file"), schema.origin_of(path))
     return out
 
 
@@ -267,7 +251,7 @@ def load_gpu(
     user_id = None
     if gpu_file is not None:
         path = Path(gpu_file)
-        raw = _read_toml(path)
+        raw = schema.read_toml(path, "GPU file")
         user_id = str(raw.get("id") or path.stem)
         _build(raw, user_id, schema.origin_of(path))  # validate the file as written
         candidates[user_id] = (raw, schema.origin_of(path))

@@ -35,18 +35,13 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nnperf.errors import UsageError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from nnperf.hardware import schema
 
 if TYPE_CHECKING:
     from nnperf.hardware.catalog import GPU
@@ -213,19 +208,9 @@ def _apply(base: dict[str, Any], table: Mapping[str, Any], where: str) -> dict[s
     return out
 
 
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
-    except FileNotFoundError:
-        raise UsageError(f"profile file {str(path)!r} does not exist") from None
-    except tomllib.TOMLDecodeError as err:
-        raise UsageError(f"profile file {str(path)!r} is not valid TOML: {err}") from None
-
-
 def default_profile(gpu: GPU | None = None) -> DeviceProfile:
     """Generic constants, refined by the ``[architecture.<name>]`` table for ``gpu``'s family."""
-    raw = _read(DEFAULTS_FILE)
+    raw = schema.read_toml(DEFAULTS_FILE, "profile file")
     kwargs = _apply({}, raw.get("default", {}), str(DEFAULTS_FILE))
     if gpu is not None:
         arch = raw.get("architecture", {}).get(gpu.architecture.lower())
@@ -239,7 +224,7 @@ def load_profile(path: str | Path, gpu: GPU | None = None) -> DeviceProfile:
     """Read a profile file; fields it leaves out keep the generic default (for ``gpu``)."""
     base = dataclasses.asdict(default_profile(gpu))
     kwargs = _apply(
-        {k: v for k, v in base.items()}, _read(Path(path)), f"profile file {str(path)!r}"
+        {k: v for k, v in base.items()}, schema.read_toml(Path(path), "profile file"), f"profile file {str(path)!r}"
     )
     return DeviceProfile(**kwargs)
 

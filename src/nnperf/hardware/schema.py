@@ -15,11 +15,17 @@ A GPU file is a TOML table with these keys (see any file in ``hardware/gpus/`` f
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 from nnperf.errors import UsageError
 from nnperf.hardware.dtypes import COMPUTE_DTYPES
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 #: Rates that exist only as extra information: the fp16-accumulate rate GeForce cards quote as
 #: their headline (PyTorch accumulates fp16 GEMMs in fp32, which is what ``fp16`` holds).
@@ -58,6 +64,17 @@ HOST_LINK_FIELDS: dict[str, tuple[str, bool, str]] = {
     "gbs_per_direction": ("float", True, "GB/s in each direction"),
 }
 TABLES = ("host_link", "peak_tflops", "sources")
+
+
+def read_toml(path: Path, what: str) -> dict[str, Any]:
+    """A TOML file's table; a missing or malformed file is a usage error naming ``what``."""
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise UsageError(f"{what} {str(path)!r} does not exist") from None
+    except tomllib.TOMLDecodeError as err:
+        raise UsageError(f"{what} {str(path)!r} is not valid TOML: {err}") from None
 
 
 def valid_keys() -> list[str]:

@@ -17,8 +17,24 @@ from nnperf.trace.events import KIND_PARAM, OpEvent, TensorMeta, Trace
 _WEIGHT_PRESERVING = {"aten._to_copy", "aten.clone", "aten.copy", "aten.contiguous", "aten.t"}
 
 
+class BytesMoved:
+    """For counts that split the bytes they move at minimum three ways (``bytes_in``,
+    ``bytes_weights``, ``bytes_out``) and carry ``flops``: one op, or a group of ops."""
+
+    __slots__ = ()
+
+    @property
+    def bytes(self) -> float:
+        return self.bytes_in + self.bytes_weights + self.bytes_out  # type: ignore[attr-defined]
+
+    @property
+    def intensity(self) -> float:
+        """FLOPs per byte moved at minimum (arithmetic intensity)."""
+        return self.flops / self.bytes if self.bytes else 0.0  # type: ignore[attr-defined]
+
+
 @dataclass(slots=True)
-class OpCount:
+class OpCount(BytesMoved):
     """One op of the trace with its cost; ``covered`` is False when no formula exists."""
 
     index: int
@@ -33,14 +49,6 @@ class OpCount:
     bytes_out: float
     covered: bool
     info: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def bytes(self) -> float:
-        return self.bytes_in + self.bytes_weights + self.bytes_out
-
-    @property
-    def intensity(self) -> float:
-        return self.flops / self.bytes if self.bytes else 0.0
 
 
 def weight_storages(trace: Trace) -> set[int]:

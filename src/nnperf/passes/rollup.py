@@ -8,12 +8,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nnperf.passes.count import OpCount
+from nnperf.passes.count import BytesMoved, OpCount
 from nnperf.trace.events import PHASES, Trace
 
 
 @dataclass
-class Tally:
+class Tally(BytesMoved):
     """Sums of an op group; FLOPs are also kept per phase for forward/backward columns."""
 
     count: int = 0
@@ -34,15 +34,6 @@ class Tally:
         self.bytes_out += op.bytes_out
         self.flops_by_phase[op.phase] = self.flops_by_phase.get(op.phase, 0.0) + op.flops
         self.bytes_by_phase[op.phase] = self.bytes_by_phase.get(op.phase, 0.0) + op.bytes
-
-    @property
-    def bytes(self) -> float:
-        return self.bytes_in + self.bytes_weights + self.bytes_out
-
-    @property
-    def intensity(self) -> float:
-        """FLOPs per byte moved at minimum (arithmetic intensity)."""
-        return self.flops / self.bytes if self.bytes else 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {
