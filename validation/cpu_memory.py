@@ -93,8 +93,7 @@ def run_one(config: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from nnperf.errors import UsageError
-    from nnperf.measure.runner import measure
-    from nnperf.passes.memory.host import predict_host_memory
+    from nnperf.measure.runner import measure, predicted_peak_memory
 
     request, options = request_and_options(config)
     try:
@@ -102,7 +101,7 @@ def run_one(config: dict[str, Any]) -> dict[str, Any]:
                               profile_ops=False)
     except UsageError as err:  # no CPU kernel for this dtype (e.g. bf16 avg_pool3d in LRN)
         return {"config": config, "error": str(err)}
-    predicted = predict_host_memory(analysis.trace).peak_allocated
+    predicted = predicted_peak_memory(analysis, "cpu")
     return {"config": config, "measured_peak_bytes": m.peak_memory_bytes, "memory_method": m.memory_method,
             "predicted_peak_bytes_at_run": predicted}
 

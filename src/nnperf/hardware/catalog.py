@@ -116,10 +116,7 @@ class GPU:
         of 81920 MiB, H200 143156 of 144384, V100 16160 of 16384); where the catalog has no
         reading, ``DRIVER_RESERVE`` of the nominal size, the largest share seen, is assumed.
         """
-        # a what-if on the size (--set memory_gib=...) makes the reading of the real card moot
-        resized = any(o.split("=")[0].strip() == "memory_gib" for o in self.overrides) and not any(
-            o.split("=")[0].strip() == "cuda_total_mib" for o in self.overrides)
-        if self.cuda_total_mib and not resized:
+        if self.cuda_total_mib:
             return self.cuda_total_mib * 2**20
         return self.memory_bytes * (1 - DRIVER_RESERVE)
 
@@ -277,6 +274,9 @@ def load_gpu(
     raw, where = candidates[gpu_id]
     if overrides:
         raw = _overrides.apply_overrides(raw, overrides)
+        if "memory_gib" in overrides and "cuda_total_mib" not in overrides:
+            # a what-if on the size makes the reading of the real card moot
+            raw = {k: v for k, v in raw.items() if k != "cuda_total_mib"}
         applied = tuple(f"{k}={v}" for k, v in overrides.items())
         return _build(raw, gpu_id, where, applied)
     return _build(raw, gpu_id, where)

@@ -20,6 +20,7 @@ from torch.utils._pytree import tree_flatten
 
 from nnperf.errors import UsageError
 from nnperf.trace.capture import AMP_DTYPES, DTYPES, TraceOptions
+from nnperf.trace.grad_scaler import scaler_state_tensors
 from nnperf.workload import Workload, default_loss
 
 
@@ -46,7 +47,7 @@ class RealStep:
             for state in self.optimizer.state.values():
                 tensors += tree_flatten(state)[0]
         if self.scaler is not None:
-            tensors += [self.scaler._scale, self.scaler._growth_tracker]
+            tensors += list(scaler_state_tensors(self.scaler).values())
         tensors += tree_flatten(self.workload.inputs)[0]
         return tensors + _held_tensors(self.workload.loss_fn)
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from nnperf.errors import UsageError
 from nnperf.hardware import DTYPE_BYTES, GPU, DeviceProfile, default_profile, normalize_dtype
+from nnperf.hardware.catalog import PeakRate
 
 
 @dataclass(frozen=True)
@@ -180,18 +181,15 @@ def tile_text(tile: tuple[int, int]) -> str:
     return "GEMV" if tile == GEMV_TILE else f"{tile[0]}x{tile[1]}"
 
 
-def _gemv_candidate(
-    m: int, n: int, batch: int, flops: float, dtype: str, gpu: GPU, profile: DeviceProfile
-) -> _Candidate | None:
+def _gemv_candidate(m: int, n: int, flops: float, cuda: PeakRate | None, profile: DeviceProfile) -> _Candidate | None:
     """A matrix-vector product (M or N is 1) as cuBLAS runs it: a GEMV kernel on CUDA cores
     (``gemv2T_kernel`` in profiles of batch-1 linear layers), one pass over the matrix with no
     output tiles to pad; tensor-core tiles would waste 15/16 or more of their rows on it.
-    None for other shapes, or a dtype the CUDA cores do not compute."""
-    if min(m, n) != 1 or dtype not in gpu.cuda_tflops:
+    None for other shapes, or a dtype the CUDA cores do not compute (``cuda`` None)."""
+    if min(m, n) != 1 or cuda is None:
         return None
-    rate = gpu.cuda_tflops[dtype] * 1e12 * profile.cuda_core_fraction
     # no CTA tiles and no waves to quantize: reported as 0 CTAs in 0 waves
-    return _Candidate(GEMV_TILE, 1, 0, 0, 1.0, 1.0, flops / rate, 0.0)
+    return _Candidate(GEMV_TILE, 1, 0, 0, 1.0, 1.0, flops / (cuda.flops * profile.cuda_core_fraction), 0.0)
 
 
 def _check_sizes(**sizes: int) -> None:
@@ -243,12 +241,13 @@ def estimate_gemm(
     usable = rate.flops * fraction * align_factor
     model_memory_s = profile.memory_time(gpu.memory_bandwidth, min_bytes)
     candidates = _candidates(m, n, k, batch, flops, usable, gpu, profile)
-    gemv = _gemv_candidate(m, n, batch, flops, store, gpu, profile)
+    cuda = gpu.peak(store, tensor_cores=False) if min(m, n) == 1 and store in gpu.cuda_tflops else None
+    gemv = _gemv_candidate(m, n, flops, cuda, profile)
     if gemv is not None:
         candidates.append(gemv)
     best = min(candidates, key=lambda c: max(c.compute_s, model_memory_s) + c.reduction_s)
-    if best is gemv:  # the GEMV kernel runs on CUDA cores: report that unit and its peak
-        rate = gpu.peak(store, tensor_cores=False)
+    if best is gemv and cuda is not None:  # the GEMV kernel runs on CUDA cores: report that unit
+        rate = cuda
         fraction, aligned, align_factor = profile.cuda_core_fraction, True, 1.0
         align_note = "matrix-vector product: a GEMV kernel on CUDA cores, no tensor-core alignment rule"
     overhead_s = profile.kernel_overhead_s

@@ -19,10 +19,11 @@ import dataclasses
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map
 
 from nnperf.trace.events import OpEvent, TensorMeta, Trace
 
-_ADD = torch.ops.aten.add.Tensor
+ADD = torch.ops.aten.add.Tensor
 _ADD_INPLACE = torch.ops.aten.add_.Tensor
 
 
@@ -56,7 +57,7 @@ class AccumulationWatch:
         is not a view: the engine never reuses a view's memory (a view shares its storage
         with its base), which decides, e.g., that a tied output projection's gradient
         (a transpose) is summed out of place and an autocast copy's in place."""
-        if func is not _ADD or self.finished is None or torch._C._current_autograd_node() is not self.finished:
+        if func is not ADD or self.finished is None or torch._C._current_autograd_node() is not self.finished:
             return False
         return isinstance(args[0], torch.Tensor) and not args[0]._is_view()
 
@@ -118,6 +119,10 @@ def fold_inplace_accumulations(trace: Trace, engine_sums: set[int]) -> int:
 
 
 def _rename_storages(e: OpEvent, renamed: dict[int, int]) -> None:
+    metas = (*e.inputs, *e.outputs)
+    if not any(m.storage in renamed for m in metas) and not renamed.keys() & {*e.releases, *e.allocates}:
+        return
+
     def rename(value: Any) -> Any:
         if isinstance(value, TensorMeta) and value.storage in renamed:
             return dataclasses.replace(value, storage=renamed[value.storage])
@@ -125,13 +130,7 @@ def _rename_storages(e: OpEvent, renamed: dict[int, int]) -> None:
 
     e.inputs = [rename(m) for m in e.inputs]
     e.outputs = [rename(m) for m in e.outputs]
-    e.args = tuple(_map(rename, a) for a in e.args)
-    e.kwargs = {k: _map(rename, v) for k, v in e.kwargs.items()}
+    e.args = tree_map(rename, e.args)
+    e.kwargs = tree_map(rename, e.kwargs)
     e.releases = [renamed.get(s, s) for s in e.releases]
     e.allocates = [renamed.get(s, s) for s in e.allocates]
-
-
-def _map(fn: Any, value: Any) -> Any:
-    if isinstance(value, (list, tuple)):
-        return type(value)(_map(fn, v) for v in value)
-    return fn(value)

@@ -21,9 +21,10 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from nnperf.trace.accumulation import AccumulationWatch
+from nnperf.trace.accumulation import ADD, AccumulationWatch
 from nnperf.trace.attention import fused_sdpa
 from nnperf.trace.events import KIND_ACTIVATION, OpEvent, StorageInfo, TensorMeta
+from nnperf.trace.grad_scaler import LOCAL_SCALAR_DENSE
 
 _LABEL_KEY = "nnperf.module"
 _SKIPPED_NAMESPACES = {"prim", "profiler"}
@@ -215,7 +216,7 @@ class OpRecorder(TorchDispatchMode):
         index = len(self.events)
         meta_args, meta_kwargs, inputs = self._metas_in(args, kwargs)
         first_new = len(self.storages)
-        out = self.answer(func) if self.answer is not None else None
+        out = self.answer(func) if self.answer is not None and func is LOCAL_SCALAR_DENSE else None
         if out is None:
             out = func(*args, **kwargs)
         outputs = [self.meta(t, index) for t in _output_tensors(out)]
@@ -238,7 +239,7 @@ class OpRecorder(TorchDispatchMode):
             )
         )
         acc = self._accumulation
-        if acc is not None and self.phase == "backward" and acc.may_sum_in_place(func, args):
+        if func is ADD and acc is not None and self.phase == "backward" and acc.may_sum_in_place(func, args):
             self.engine_sums.add(index)
         self.current_func = None
         return out

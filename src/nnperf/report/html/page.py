@@ -21,6 +21,7 @@ from importlib import resources
 from typing import Any
 
 from nnperf.passes.gemm_model import tile_text
+from nnperf.passes.memory import MemoryReport
 from nnperf.passes.memory.capacity import capacity, fits
 from nnperf.passes.rollup import ROOT_OWN_OPS
 from nnperf.prediction import Prediction
@@ -415,6 +416,8 @@ def _runs(predictions: list[Prediction], memory: Any, measured: Measured | None,
             mem, note = memory_for(p)
         else:
             mem, note = memory, ("" if memory is not None else "no memory prediction was given")
+            if isinstance(mem, MemoryReport) and p.memory_report is None:
+                p.memory_report = mem  # the totals' fit verdict then uses it, not a second replay
         # a measurement belongs to one GPU; overlay it only where it matches (or says nothing)
         m = measured if measured and (len(predictions) == 1 or _same_gpu(measured.gpu, p)) else None
         runs.append(Run(p, depth=depth, by=by, memory=mem, memory_note=note, measured=m))
