@@ -58,6 +58,11 @@ class Analysis:
     def phases(self) -> dict[str, rollup.Tally]:
         return rollup.by_phase(self.ops)
 
+    @property
+    def root_type(self) -> str:
+        """The model's class name, as tables label the whole model ("(ResNet)")."""
+        return self.trace.module_types.get("", type(self.workload.model).__name__)
+
     @cached_property
     def coverage(self) -> dict[str, Any]:
         return rollup.coverage(self.ops)

@@ -44,11 +44,6 @@ class Config:
         seq = f"-s{self.seq}" if self.seq else ""
         return f"{self.model}-{mode}-{self.precision}-b{self.batch}{seq}"
 
-    def analyze_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of ``nnperf.analyze``/``measure`` for this configuration."""
-        return {"train": self.train, "batch": self.batch, "seq_len": self.seq,
-                "amp": "bf16" if self.precision == "bf16" else None}
-
     def request(self) -> ModelRequest:
         """The workload this configuration builds: the zoo model at its batch and sequence."""
         from nnperf.request import ModelRequest
@@ -59,8 +54,7 @@ class Config:
         """How its step runs: training or inference, with bf16 autocast for "bf16"."""
         from nnperf.trace.capture import TraceOptions
 
-        kw = self.analyze_kwargs()
-        return TraceOptions(train=kw["train"], amp=kw["amp"])
+        return TraceOptions(train=self.train, amp="bf16" if self.precision == "bf16" else None)
 
     @property
     def tf32(self) -> bool:

@@ -35,9 +35,11 @@ from nnperf.hardware import GPU
 from nnperf.loading import resolve
 from nnperf.passes.fit_parallel import run_searches, search_workers
 from nnperf.passes.fit_replay import BatchModel, Footprint
-from nnperf.passes.memory import CATEGORY_LABELS, MemoryReport, predict_memory
+from nnperf.passes.memory import MemoryReport, predict_memory
 from nnperf.passes.memory.capacity import capacity as usable_capacity
+from nnperf.passes.memory.device import context_bytes
 from nnperf.passes.memory.model import allocation_program, convolution_operand_bytes
+from nnperf.passes.memory.report import category_label
 from nnperf.passes.memory.tracing import MemoryOptions, checkpoint_blocks, trace_memory
 from nnperf.report.units import binary
 from nnperf.request import ModelRequest
@@ -352,14 +354,14 @@ def trace_measure(
     """Trace ``request`` at a batch under ``options`` and predict its memory: the report and
     the footprint interpolation needs."""
 
+    context = context_bytes(architecture, context_mib)  # the same at every batch
+
     def measure(batch: int) -> Sample:
         name, trace, _ = trace_memory(replace(request, batch=batch), options)
         program = allocation_program(trace, None, architecture)
         report = predict_memory(trace, model=name, architecture=architecture,
                                 context_mib=context_mib, max_points=0, program=program)
-        conv = convolution_operand_bytes(trace)
-        fixed = int(report.device_total or 0) - int(report.peak_reserved or 0) - max(conv, default=0)
-        return Sample(report, Footprint.of(batch, program, conv, fixed))
+        return Sample(report, Footprint.of(batch, program, convolution_operand_bytes(trace), context))
 
     return measure
 
@@ -407,7 +409,7 @@ def _has_blocks(request: ModelRequest) -> bool:
 def summarize(report: MemoryReport, top: int = 4) -> str:
     """'parameters 25 GiB, gradients 25 GiB, ...' for the largest terms at the peak."""
     terms = sorted(((v, k) for k, v in report.breakdown.items() if v > 0), reverse=True)[:top]
-    parts = [f"{CATEGORY_LABELS.get(k, k.replace('_', ' '))} {binary(v)}" for v, k in terms]
+    parts = [f"{category_label(k)} {binary(v)}" for v, k in terms]
     return ", ".join(parts)
 
 

@@ -20,7 +20,7 @@ def module_table(a: Analysis, depth: int | None) -> Table:
     for col in ("Params", "Param mem", "Output mem", "FLOP fwd", "FLOP bwd", "FLOP total", "Bytes moved",
                 "FLOP/B"):
         t.add_column(col, justify="right")
-    root = a.trace.module_types.get("", type(a.workload.model).__name__)
+    root = a.root_type
     for row in a.modules(depth):
         tally = row.tally
         t.add_row(

@@ -5,9 +5,9 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from nnperf.passes.memory import CATEGORY_LABELS, MemoryReport
+from nnperf.passes.memory import MemoryReport
 from nnperf.passes.memory.capacity import MemoryFit
-from nnperf.passes.memory.report import Comparison
+from nnperf.passes.memory.report import Comparison, category_label
 from nnperf.report.console import make_console
 from nnperf.report.units import binary
 
@@ -45,7 +45,7 @@ def breakdown_table(r: MemoryReport) -> Table:
         state = r.model_states.get(key)
         if not nbytes and not state:
             continue
-        label = CATEGORY_LABELS.get(key, key.replace("_", " "))
+        label = category_label(key)
         t.add_row(label, binary(nbytes), f"{nbytes / total:.1%}",
                   binary(state) if state is not None else "")
     t.add_row("peak allocated", binary(r.peak_allocated or 0), "100%", "", style="bold")

@@ -74,7 +74,7 @@ def module_time_table(p: Prediction, depth: int | None) -> Table:
                MODULE_CAPTION)
     t.add_column("BW need in/out/w", justify="right", no_wrap=True)
     tallies = p.by_module(depth)
-    root = p.analysis.trace.module_types.get("", type(p.analysis.workload.model).__name__)
+    root = p.analysis.root_type
     for row in p.analysis.modules(depth):
         tally = tallies.get(row.name)
         if tally is None:

@@ -163,7 +163,7 @@ def roofline_points(prediction: Prediction, *, by: str = "layer", depth: int = 2
         kernels[key] += t.kernels
         category.setdefault(key, t.category)
     types = analysis.trace.module_types
-    root = types.get("", type(analysis.workload.model).__name__)
+    root = analysis.root_type
     if by == "layer":
         keys = module_order(types, tallies)
     else:

@@ -48,6 +48,11 @@ CATEGORY_LABELS = {
 }
 
 
+def category_label(key: str) -> str:
+    """A breakdown key as tables print it ('optimizer state'); unknown keys de-snaked."""
+    return CATEGORY_LABELS.get(key, key.replace("_", " "))
+
+
 @dataclass
 class TimelinePoint:
     """Allocated (and simulated reserved) bytes right after one event's outputs are allocated."""

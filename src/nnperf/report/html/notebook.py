@@ -33,7 +33,7 @@ def prediction_html(prediction: Any, depth: int = 2) -> str:
 def analysis_html(analysis: Any, depth: int = 2) -> str:
     """Per-module counts of an analysis (no GPU yet, so no roofline): FLOPs, bytes, intensity."""
     rows = []
-    root = analysis.trace.module_types.get("", type(analysis.workload.model).__name__)
+    root = analysis.root_type
     for row in analysis.modules(depth):
         name = module_label(row.name, root)
         t = row.tally

@@ -23,6 +23,7 @@ from typing import Any
 from nnperf.passes.gemm_model import tile_text
 from nnperf.passes.memory import MemoryReport
 from nnperf.passes.memory.capacity import capacity, fits
+from nnperf.passes.memory.report import category_label
 from nnperf.passes.rollup import ROOT_OWN_OPS
 from nnperf.prediction import Prediction
 from nnperf.report.html.measured import Measured
@@ -270,17 +271,9 @@ def memory_section(runs: list[Run]) -> str:
                f"</tr></thead><tbody>{breakdown}</tbody></table>" if breakdown else ""))
 
 
-def category_label(key: str) -> str:
-    """A breakdown key as the memory command's tables print it ('optimizer state')."""
-    from nnperf.passes.memory import CATEGORY_LABELS
-
-    return CATEGORY_LABELS.get(key, key.replace("_", " "))
-
-
 def _module(prediction: Prediction, module: str) -> str:
     """An op's module path as the tables show it: the root's own ops as '(GPT2) own ops'."""
-    root = prediction.analysis.trace.module_types.get("", "model")
-    return module_label(module or ROOT_OWN_OPS, root)
+    return module_label(module or ROOT_OWN_OPS, prediction.analysis.root_type)
 
 
 def gemm_rows(prediction: Prediction) -> list[dict[str, Any]]:
