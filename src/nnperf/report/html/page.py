@@ -22,7 +22,7 @@ from typing import Any
 
 from nnperf.passes.gemm_model import tile_text
 from nnperf.passes.memory import MemoryReport
-from nnperf.passes.memory.capacity import capacity, fits
+from nnperf.passes.memory.capacity import MemoryFit, capacity
 from nnperf.passes.memory.report import category_label
 from nnperf.passes.rollup import ROOT_OWN_OPS
 from nnperf.prediction import Prediction
@@ -110,16 +110,14 @@ def _card(key: str, value: str, more: str = "", cls: str = "") -> str:
 
 def memory_fit(run: Run) -> tuple[str, str, str]:
     """(verdict, detail, css class) for the summary: predicted device memory vs capacity."""
-    cap = capacity(run.prediction.gpu)
     peak = run.peak_memory()
     if peak is None:
         return "not available", esc(run.memory_note or "no memory prediction"), "na"
-    share = peak / cap
-    fitting = fits(peak, cap)
+    fit = MemoryFit.on(peak, run.prediction.gpu)
     return (
-        f"{'fits' if fitting else 'does not fit'} ({share:.0%})",
-        f"{esc(binary(peak))} of {esc(binary(cap))}",
-        "ok" if fitting else "bad",
+        f"{'fits' if fit.fits else 'does not fit'} ({fit.share:.0%})",
+        f"{esc(binary(peak))} of {esc(binary(fit.capacity))}",
+        "ok" if fit.fits else "bad",
     )
 
 
