@@ -19,7 +19,7 @@ on the machine, plus the time the replays add:
 "before" is the search over traces alone (secant and bisection on device totals: what fit
 did before interpolation), one search after the other, run here on the same machine with
 the same tracer, after "after" (so the fake-tensor cache favours "before"); "after" is
-``passes.fit`` as it is: the searches in one process per core (``--workers``), so a row's
+``search.fit`` as it is: the searches in one process per core (``--workers``), so a row's
 seconds are that search's own, in its process, and the case's total is the wall time.
 Timings on a shared machine move by 20-30% from run to run; the trace counts do not. Default cases: mlp, resnet50 and gpt2 on an A100 40GB and llama-7b
 at 2048 tokens on an H200 (the slow one: ~90 s for all what-ifs before).
@@ -33,10 +33,10 @@ import time
 from dataclasses import dataclass, replace
 
 from nnperf.hardware import GPU, load_gpu
-from nnperf.passes import fit as fit_pass
-from nnperf.passes.fit import FitResult, Sample
-from nnperf.passes.memory.tracing import MemoryOptions
 from nnperf.request import ModelRequest
+from nnperf.search import fit as fit_pass
+from nnperf.search.fit import FitResult, Sample
+from nnperf.search.memory_variants import MemoryOptions
 
 #: Targets (see the module docstring).
 MAX_TRACES = 4
@@ -57,7 +57,7 @@ class Run:
 
 def run_fit(request: ModelRequest, gpu: GPU, what_ifs: bool, interpolate: bool,
             workers: int | None) -> Run:
-    """``passes.fit.fit``; without ``interpolate`` the samples carry no footprint, so the
+    """``search.fit.fit``; without ``interpolate`` the samples carry no footprint, so the
     search falls back to secant and bisection over traces (the search before replays)."""
     original = fit_pass.trace_measure
 

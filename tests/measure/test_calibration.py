@@ -66,7 +66,7 @@ def test_outputs_load_and_hold_the_measurements(cal, tmp_path):
 
 
 def test_cpu_profile_predicts_a_gemm_near_its_measurement(cal, tmp_path):
-    from nnperf.passes.gemm_model import estimate_gemm
+    from nnperf.kernels.gemm import estimate_gemm
 
     out = Outputs.for_profile(tmp_path / "p.toml", None, cpu=True)
     write_outputs(cal, None, out)

@@ -14,8 +14,8 @@ from nnperf.passes.memory import (
     round_size,
     segment_size,
 )
-from nnperf.passes.memory.tracing import MemoryOptions, checkpoint_blocks, trace_memory
 from nnperf.request import ModelRequest
+from nnperf.search.memory_variants import MemoryOptions, checkpoint_blocks, trace_memory
 
 MiB = 2**20
 

@@ -28,8 +28,8 @@ def fit(gpu: GPU, profile: DeviceProfile, **kwargs: Any) -> None:
     """The largest batch of MODEL whose step fits in the GPU's memory (--batch is ignored),
     and how mixed precision, activation checkpointing and a stateless optimizer change it.
     """
-    from nnperf.passes.fit import fit as run_fit
-    from nnperf.passes.fit import not_fitting_message
+    from nnperf.search.fit import fit as run_fit
+    from nnperf.search.fit import not_fitting_message
 
     kwargs["batch"] = None  # the search chooses the batch: --batch is ignored, even a bad one
     request, trace_options = pop_workload(kwargs)

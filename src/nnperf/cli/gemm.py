@@ -11,7 +11,7 @@ from nnperf.cli.app import cli
 from nnperf.cli.gpu_options import gpu_options
 from nnperf.errors import UsageError
 from nnperf.hardware import GPU, DeviceProfile
-from nnperf.passes.gemm_model import GEMV_TILE, GemmEstimate, estimate_gemm, tile_text
+from nnperf.kernels.gemm import GEMV_TILE, GemmEstimate, estimate_gemm, tile_text
 from nnperf.report.console import make_console
 from nnperf.report.units import binary, seconds, si
 

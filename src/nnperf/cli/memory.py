@@ -13,7 +13,7 @@ from nnperf.cli.workload_options import pop_workload, workload_options
 from nnperf.errors import ResourceError
 from nnperf.hardware import GPU, DeviceProfile
 from nnperf.passes.memory.capacity import MemoryFit
-from nnperf.passes.memory.tracing import MemoryOptions
+from nnperf.search.memory_variants import MemoryOptions
 from nnperf.trace.capture import TraceOptions
 
 
@@ -58,7 +58,7 @@ def memory(gpu: GPU, profile: DeviceProfile, **kwargs: Any) -> None:
     timeline of allocated memory over the step.
     """
     from nnperf.passes.memory import predict_memory
-    from nnperf.passes.memory.tracing import trace_memory
+    from nnperf.search.memory_variants import trace_memory
 
     request, trace_options = pop_workload(kwargs)
     options = memory_options_from(trace_options, kwargs)

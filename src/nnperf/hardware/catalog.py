@@ -16,6 +16,7 @@ from typing import Any
 from nnperf.errors import UsageError
 from nnperf.hardware import names, schema
 from nnperf.hardware import overrides as _overrides
+from nnperf.hardware.architecture import Architecture, architecture
 from nnperf.hardware.dtypes import normalize_dtype
 
 GPU_DIR = Path(__file__).parent / "gpus"
@@ -101,6 +102,11 @@ class GPU:
     def memory_bandwidth(self) -> float:
         """Datasheet memory bandwidth in bytes/s."""
         return self.memory_bandwidth_gbs * 1e9
+
+    @property
+    def arch(self) -> Architecture:
+        """The architecture's facts (context size, workspaces, alignment preference)."""
+        return architecture(self.architecture, self.compute_capability)
 
     @property
     def memory_bytes(self) -> float:

@@ -8,9 +8,8 @@ n x n fp32 matrix products over a sweep of n:
 The crossover sizes are the smallest n of the sweep from which the GPU column stays faster
 than the CPU column for every larger n.
 
-Predictions: GPU-resident = ``estimate_gemm`` on the GPU; with copies = that plus three
-transfers, each ``TRANSFER_LATENCY_S + bytes / host_link bandwidth``, plus the host dispatch
-of the three copies and the product. CPU = ``estimate_gemm`` on a calibrated CPU description
+Predictions: ``kernels.transfer.predict_gpu`` (the GEMM model plus three copies over the
+host link and their host dispatch). CPU = ``estimate_gemm`` on a calibrated CPU description
 (``nnperf calibrate --device cpu``) when one is given, else measured only.
 """
 
@@ -24,16 +23,13 @@ import numpy as np
 import torch
 
 from nnperf.hardware import GPU, DeviceProfile, default_profile
+from nnperf.kernels.gemm import estimate_gemm
+from nnperf.kernels.transfer import FALLBACK_LINK_GBS, TRANSFER_LATENCY_S, predict_gpu
 from nnperf.measure.device import time_batched, time_repeats
 from nnperf.measure.stats import Spread
-from nnperf.passes.gemm_model import estimate_gemm
 
 DEFAULT_SIZES = (32, 64, 128, 200, 256, 512, 1024, 2048)
-#: Fixed cost of one cudaMemcpy of pageable memory (driver call, staging, PCIe round trip):
-#: ~10 us is typical of PCIe systems (NVIDIA's bandwidthTest small transfers). Assumption.
-TRANSFER_LATENCY_S = 10e-6
-#: Used when a GPU entry has no host link: PCIe 4.0 x16, ~25 GB/s achievable. Assumption.
-FALLBACK_LINK_GBS = 25.0
+
 
 
 @dataclass
@@ -49,21 +45,6 @@ class TransferRow:
 
     def to_json(self) -> dict[str, Any]:
         return dict(vars(self))
-
-
-def copy_time(nbytes: float, gpu: GPU, latency_s: float = TRANSFER_LATENCY_S) -> float:
-    """Predicted seconds of one host<->device copy of ``nbytes`` over the GPU's host link."""
-    gbs = gpu.host_link.gbs_per_direction if gpu.host_link else FALLBACK_LINK_GBS
-    return latency_s + nbytes / (gbs * 1e9)
-
-
-def predict_gpu(n: int, gpu: GPU, profile: DeviceProfile) -> tuple[float, float]:
-    """(resident, with copies) predicted seconds for one n x n fp32 product on ``gpu``."""
-    resident = estimate_gemm(n, n, n, dtype="fp32", gpu=gpu, profile=profile).time_s
-    nbytes = n * n * 4
-    copies = 3 * copy_time(nbytes, gpu)
-    host = 4 * profile.host_dispatch_s  # three copies and the product issued from the host
-    return resident + profile.host_dispatch_s, resident + copies + host
 
 
 def crossover(sizes: Sequence[int], cpu: Sequence[float | None], other: Sequence[float | None]) -> int | None:

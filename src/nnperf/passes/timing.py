@@ -1,7 +1,7 @@
 """Time prediction: each op's kernel time on a GPU, then the eager host/device timeline.
 
 Kernel time by category:
-- GEMM and convolution: the tile/wave/alignment model of ``gemm_model`` per lowered GEMM
+- GEMM and convolution: the tile/wave/alignment model of ``kernels.gemm`` per lowered GEMM
   (convolutions through their implicit GEMM, scaled by the profile's cuDNN efficiency);
 - fused attention: executed FLOPs (flash backward recomputes Q@K^T) at the profile's
   attention fraction of the tensor peak, bounded by its bytes at achievable bandwidth;
@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nnperf.hardware import GPU, DeviceProfile
+from nnperf.kernels.gemm import GemmEstimate, estimate_gemm
 from nnperf.passes.costs import registry as cat
 from nnperf.passes.costs.matmul import gemm_shapes
 from nnperf.passes.count import OpCount
-from nnperf.passes.gemm_model import GemmEstimate, estimate_gemm
 from nnperf.trace.events import KIND_OPT_STATE, OpEvent, Trace, dtype_name
 
 _MEMORY_BOUND = {cat.ELEMENTWISE, cat.REDUCTION, cat.NORM, cat.MEMORY, cat.OPTIMIZER, "uncovered"}

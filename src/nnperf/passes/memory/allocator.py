@@ -71,7 +71,7 @@ class CachingAllocator:
 
     Free blocks sit in one sorted list per pool as ``(size, addr, block)``: no two free
     blocks share an address, so ordering never compares the blocks themselves, and a block
-    is found again by bisecting on ``(size, addr)``. (``passes.fit`` replays thousands of
+    is found again by bisecting on ``(size, addr)``. (``search.fit`` replays thousands of
     requests per batch it rules out, so these paths are kept lean.)
     """
 

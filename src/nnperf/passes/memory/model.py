@@ -116,7 +116,7 @@ class AllocationProgram:
     requests and ``(MARK, event, recording, "")`` after each event's allocations (``event`` is
     None for the state before the first step). The requests depend on the trace's order of
     events and storage lifetimes but not on the sizes, so two traces of the same step at
-    different batches give the same program up to ``nbytes`` (what ``passes.fit`` uses to
+    different batches give the same program up to ``nbytes`` (what ``search.fit`` uses to
     interpolate between traced batches), and replaying only for peaks skips the bookkeeping.
     """
 
@@ -216,7 +216,7 @@ def predict_memory(
     """Replay ``trace`` through the allocator simulation and report peaks and breakdown.
 
     ``program``: the trace's ``allocation_program`` for ``architecture`` when the caller has
-    already built it (``passes.fit`` keeps it to interpolate between batches).
+    already built it (``search.fit`` keeps it to interpolate between batches).
     """
     if program is None:
         program = allocation_program(trace, None, architecture)
@@ -300,7 +300,7 @@ def cudnn_workspace_estimate(trace: Trace) -> int:
 
 def convolution_operand_bytes(trace: Trace) -> list[int]:
     """Bytes of every operand of every convolution, in trace order (the candidates for
-    ``cudnn_workspace_estimate``; ``passes.fit`` interpolates them between batches)."""
+    ``cudnn_workspace_estimate``; ``search.fit`` interpolates them between batches)."""
     return [m.nbytes for e in trace.events if e.name in device_terms.CONV_OPS
             for m in (*e.inputs, *e.outputs)]
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from nnperf.passes.gemm_model import tile_text
+from nnperf.kernels.gemm import tile_text
 from nnperf.passes.memory import MemoryReport
 from nnperf.passes.memory.capacity import MemoryFit, capacity
 from nnperf.passes.memory.report import category_label

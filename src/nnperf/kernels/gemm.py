@@ -112,7 +112,7 @@ def _alignment(
         verb = "is not a multiple" if len(bad) == 1 else "are not multiples"
         note = f"{', '.join(bad)} {verb} of {per16} {dtype} elements (16 bytes)"
         return False, profile.alignment_penalty.get("16B", 1.0), note
-    if _prefers_128_bytes(gpu):
+    if gpu.arch.prefers_128_byte_alignment:
         per128 = 128 // size
         loose = [f"{name}={v}" for name, v in dims.items() if v % per128]
         if loose:
@@ -123,13 +123,6 @@ def _alignment(
             )
             return True, profile.alignment_penalty.get("128B", 1.0), note
     return True, 1.0, f"M, N, K are multiples of 16 bytes ({per16} {dtype} elements)"
-
-
-def _prefers_128_bytes(gpu: GPU) -> bool:
-    """A100 and later NVIDIA GPUs run best with 128-byte multiples (background.md, guide)."""
-    cc = gpu.compute_capability or ""
-    major = cc.split(".")[0]
-    return gpu.vendor.upper() == "NVIDIA" and major.isdigit() and int(major) >= 8
 
 
 def _candidates(

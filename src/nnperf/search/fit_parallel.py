@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 from nnperf.errors import NnperfError
 
 if TYPE_CHECKING:
-    from nnperf.passes.fit import FitResult
-    from nnperf.passes.memory.tracing import MemoryOptions
+    from nnperf.search.fit import FitResult
+    from nnperf.search.memory_variants import MemoryOptions
 
 Job = tuple[str, "MemoryOptions"]
 Search = Callable[[str, "MemoryOptions"], "FitResult"]

@@ -1,7 +1,7 @@
 """The largest batch that fits on a GPU, for a configuration and its memory what-ifs.
 
 A trace of a large model costs seconds, so the search spends as few as it can and lets
-allocator replays (milliseconds) do the rest (``passes.fit_replay``):
+allocator replays (milliseconds) do the rest (``search.fit_replay``):
 
 1. trace batch 1 (reported as "at batch 1"; if it does not fit, nothing does);
 2. guess the answer from that one trace (activations scaled by the batch, model states
@@ -33,16 +33,16 @@ from typing import Any
 
 from nnperf.hardware import GPU
 from nnperf.loading import resolve
-from nnperf.passes.fit_parallel import run_searches, search_workers
-from nnperf.passes.fit_replay import BatchModel, Footprint
 from nnperf.passes.memory import MemoryReport, predict_memory
 from nnperf.passes.memory.capacity import capacity as usable_capacity
 from nnperf.passes.memory.device import context_bytes
 from nnperf.passes.memory.model import allocation_program, convolution_operand_bytes
 from nnperf.passes.memory.report import category_label
-from nnperf.passes.memory.tracing import MemoryOptions, checkpoint_blocks, trace_memory
 from nnperf.report.units import binary
 from nnperf.request import ModelRequest
+from nnperf.search.fit_parallel import run_searches, search_workers
+from nnperf.search.fit_replay import BatchModel, Footprint
+from nnperf.search.memory_variants import MemoryOptions, checkpoint_blocks, trace_memory
 
 #: Never search beyond this batch: a model this small fits "any batch" for practical purposes.
 MAX_BATCH = 1 << 20

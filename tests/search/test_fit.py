@@ -17,7 +17,10 @@ from torch import nn
 
 from nnperf.errors import UsageError
 from nnperf.hardware import load_gpu
-from nnperf.passes.fit import (
+from nnperf.passes.memory import MemoryReport, predict_memory
+from nnperf.passes.memory.model import allocation_program
+from nnperf.request import ModelRequest
+from nnperf.search.fit import (
     FitResult,
     Sample,
     fit,
@@ -26,12 +29,9 @@ from nnperf.passes.fit import (
     trace_measure,
     what_ifs,
 )
-from nnperf.passes.fit_parallel import run_searches, search_workers
-from nnperf.passes.fit_replay import BatchModel, Footprint
-from nnperf.passes.memory import MemoryReport, predict_memory
-from nnperf.passes.memory.model import allocation_program
-from nnperf.passes.memory.tracing import MemoryOptions, trace_memory
-from nnperf.request import ModelRequest
+from nnperf.search.fit_parallel import run_searches, search_workers
+from nnperf.search.fit_replay import BatchModel, Footprint
+from nnperf.search.memory_variants import MemoryOptions, trace_memory
 from nnperf.trace.capture import TraceOptions
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from nnperf.errors import UsageError
 from nnperf.hardware import default_profile, load_gpu
-from nnperf.passes.gemm_model import estimate_gemm, tile_quantization, wave_quantization
+from nnperf.kernels.gemm import estimate_gemm, tile_quantization, wave_quantization
 
 H100 = load_gpu("h100")  # 132 SMs, bf16 989.4 TFLOP/s dense, 3350 GB/s
 A100 = load_gpu("a100")  # 108 SMs, tf32 156, fp32 19.5 TFLOP/s, 2039 GB/s

@@ -8,7 +8,7 @@ replay of a real trace at that batch gives, the caching allocator's rounding, bl
 and segment growth included, for a small fraction of the cost of a trace (a replay is
 milliseconds, a trace of a 7B model seconds).
 
-``passes.fit`` uses it to propose the largest batch and to rule out the batches above it; the
+``search.fit`` uses it to propose the largest batch and to rule out the batches above it; the
 answer and the batch after it are still traced. Peak memory is not monotone in the batch
 (a slightly larger batch can fragment the cache less), so "the largest batch that fits" is
 found by bisection to a boundary and then by replaying every batch above it up to a bound
