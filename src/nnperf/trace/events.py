@@ -12,15 +12,17 @@ from typing import Any
 
 import torch
 
-PHASES = ("forward", "backward", "optimizer")
+from nnperf.vocab import Phase, StorageKind
 
-# What a storage holds; decides how memory is broken down and which bytes are "weights".
-KIND_PARAM = "parameter"
-KIND_BUFFER = "buffer"
-KIND_INPUT = "input"
-KIND_GRAD = "gradient"
-KIND_OPT_STATE = "optimizer_state"
-KIND_ACTIVATION = "activation"
+PHASES = tuple(Phase)
+
+# The names the trace's users import; aliases of the enum members (see ``nnperf.vocab``).
+KIND_PARAM = StorageKind.PARAMETER
+KIND_BUFFER = StorageKind.BUFFER
+KIND_INPUT = StorageKind.INPUT
+KIND_GRAD = StorageKind.GRADIENT
+KIND_OPT_STATE = StorageKind.OPTIMIZER_STATE
+KIND_ACTIVATION = StorageKind.ACTIVATION
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +70,7 @@ class OpEvent:
     kwargs: dict[str, Any]
     inputs: list[TensorMeta]
     outputs: list[TensorMeta]
-    phase: str
+    phase: str  # a ``Phase`` value
     module: str
     free: bool = False  # a view, alias or metadata op: no kernel, no memory traffic
     allocates: list[int] = field(default_factory=list)  # storages created by this op
@@ -83,7 +85,7 @@ class OpEvent:
 @dataclass(slots=True)
 class StorageInfo:
     nbytes: int
-    kind: str
+    kind: StorageKind
     created_by: int | None  # event index, or None when it existed before the trace began
     released_after: int | None = None  # event index after which it was freed; None: still alive
     name: str | None = None  # parameter / buffer name where known

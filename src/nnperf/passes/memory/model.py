@@ -20,26 +20,21 @@ from typing import Any
 from nnperf.passes.memory import device as device_terms
 from nnperf.passes.memory.allocator import CachingAllocator
 from nnperf.passes.memory.report import CATEGORIES, MemoryReport, TimelinePoint
-from nnperf.trace.events import (
-    KIND_BUFFER,
-    KIND_GRAD,
-    KIND_INPUT,
-    KIND_OPT_STATE,
-    KIND_PARAM,
-    Trace,
-)
+from nnperf.trace.events import Trace
+from nnperf.vocab import MemoryCategory as Mem
+from nnperf.vocab import Phase, StorageKind
 
 #: Timelines longer than this are down-sampled (keeping each bucket's maximum and the peak).
 MAX_TIMELINE_POINTS = 2000
 
 _KIND_CATEGORY = {
-    KIND_PARAM: "parameters",
-    KIND_BUFFER: "buffers",
-    KIND_INPUT: "inputs",
-    KIND_GRAD: "gradients",
-    KIND_OPT_STATE: "optimizer_state",
+    StorageKind.PARAMETER: Mem.PARAMETERS,
+    StorageKind.BUFFER: Mem.BUFFERS,
+    StorageKind.INPUT: Mem.INPUTS,
+    StorageKind.GRADIENT: Mem.GRADIENTS,
+    StorageKind.OPTIMIZER_STATE: Mem.OPTIMIZER_STATE,
 }
-_PERSISTENT = {"parameters", "buffers", "inputs", "optimizer_state"}
+_PERSISTENT = {Mem.PARAMETERS, Mem.BUFFERS, Mem.INPUTS, Mem.OPTIMIZER_STATE}
 _CAST_OPS = {"aten._to_copy", "aten.to", "aten._autocast_to_reduced_precision"}
 _HOST_SCALAR_OPS = {"aten.lift_fresh", "aten.lift_fresh_copy", "aten.scalar_tensor"}
 
@@ -49,7 +44,7 @@ class StorageRole:
     """Where a storage lives and which breakdown category it belongs to."""
 
     on_device: bool
-    category: str
+    category: Mem
     module: str
 
 
@@ -65,7 +60,7 @@ def classify(trace: Trace, optimizer_impl: str | None = None) -> dict[int, Stora
     for e in trace.events:
         for m in (*e.inputs, *e.outputs):
             ndim.setdefault(m.storage, len(m.shape))
-    last_forward = max((e.index for e in trace.events if e.phase == "forward"), default=-1)
+    last_forward = max((e.index for e in trace.events if e.phase == Phase.FORWARD), default=-1)
     params = set(trace.param_storages)
     roles: dict[int, StorageRole] = {}
     for sid, info in trace.storages.items():
@@ -74,30 +69,30 @@ def classify(trace: Trace, optimizer_impl: str | None = None) -> dict[int, Stora
         module = creator.module if creator is not None else ""
         if info.kind in _KIND_CATEGORY:
             cat = _KIND_CATEGORY[info.kind]
-            host = info.kind == KIND_OPT_STATE and scalar and impl != "fused"
+            host = info.kind == StorageKind.OPTIMIZER_STATE and scalar and impl != "fused"
             roles[sid] = StorageRole(not host, cat, module)
             continue
         # activations and other storages created during the step
         if creator is None:
-            roles[sid] = StorageRole(not scalar, "buffers", module)
+            roles[sid] = StorageRole(not scalar, Mem.BUFFERS, module)
             continue
-        if scalar and (creator.phase == "optimizer" or creator.name in _HOST_SCALAR_OPS):
-            roles[sid] = StorageRole(False, "optimizer_temporaries", module)
+        if scalar and (creator.phase == Phase.OPTIMIZER or creator.name in _HOST_SCALAR_OPS):
+            roles[sid] = StorageRole(False, Mem.OPTIMIZER_TEMPORARIES, module)
             continue
-        if creator.phase == "forward":
+        if creator.phase == Phase.FORWARD:
             from_param = creator.name in _CAST_OPS and any(m.storage in params for m in creator.inputs)
             if from_param:
-                cat = "amp_weight_casts"
+                cat = Mem.AMP_WEIGHT_CASTS
             elif trace.mode == "train" and (
                 info.released_after is None or info.released_after > last_forward
             ):
-                cat = "saved_activations"
+                cat = Mem.SAVED_ACTIVATIONS
             else:
-                cat = "forward_temporaries"
-        elif creator.phase == "backward":
-            cat = "backward_temporaries"
+                cat = Mem.FORWARD_TEMPORARIES
+        elif creator.phase == Phase.BACKWARD:
+            cat = Mem.BACKWARD_TEMPORARIES
         else:
-            cat = "optimizer_temporaries"
+            cat = Mem.OPTIMIZER_TEMPORARIES
         roles[sid] = StorageRole(True, cat, module)
     assert all(r.category in CATEGORIES for r in roles.values())
     return roles
@@ -158,30 +153,30 @@ def allocation_program(
     # The model and the batch are on the device before the first step; optimizer state is
     # created inside the first optimizer step (replayed lazily below).
     lazy_state = [s for s, r in device.items()
-                  if storages[s].created_by is None and r.category == "optimizer_state"]
+                  if storages[s].created_by is None and r.category == Mem.OPTIMIZER_STATE]
     for sid, role in device.items():
         info = storages[sid]
-        if info.created_by is None and role.category != "optimizer_state":
+        if info.created_by is None and role.category != Mem.OPTIMIZER_STATE:
             take(sid, info.nbytes, role.category)
     ops.append((MARK, None, False, ""))
 
     ws_size = device_terms.cublas_workspace_bytes(architecture)
     persistent = {s for s, r in device.items() if r.category in _PERSISTENT}
     if options.get("grads_persist"):
-        persistent |= {s for s, r in device.items() if r.category == "gradients"}
+        persistent |= {s for s, r in device.items() if r.category == Mem.GRADIENTS}
     cublas = [e.name in device_terms.CUBLAS_OPS for e in trace.events]
     for iteration in (1, 2):
         recording = iteration == 2
         state_pending = iteration == 1 and bool(lazy_state)
         for e, uses_cublas in zip(trace.events, cublas, strict=True):
-            if state_pending and e.phase == "optimizer":
+            if state_pending and e.phase == Phase.OPTIMIZER:
                 for sid in lazy_state:
-                    take(sid, storages[sid].nbytes, "optimizer_state")
+                    take(sid, storages[sid].nbytes, Mem.OPTIMIZER_STATE)
                 state_pending = False
             if uses_cublas:
-                key = ("cublas_workspace", "backward" if e.phase == "backward" else "main")
+                key = ("cublas_workspace", "backward" if e.phase == Phase.BACKWARD else "main")
                 if key not in live:
-                    take(key, ws_size, "workspaces")
+                    take(key, ws_size, Mem.WORKSPACES)
             for sid in e.allocates:
                 role = device.get(sid)
                 if role is not None and sid not in live:
@@ -196,7 +191,7 @@ def allocation_program(
                     give(sid, storages[sid].nbytes, role.category)
         if state_pending:  # a trace with state but no optimizer events: keep it allocated
             for sid in lazy_state:
-                take(sid, storages[sid].nbytes, "optimizer_state")
+                take(sid, storages[sid].nbytes, Mem.OPTIMIZER_STATE)
         # end of the step: the loop drops outputs and loss; zero_grad(set_to_none) drops grads
         for sid, role in device.items():
             if sid not in persistent:
@@ -274,14 +269,14 @@ def saved_activations_by_module(trace: Trace, roles: dict[int, StorageRole]) -> 
     """Bytes created in forward and still alive when backward starts, per creating module."""
     out: dict[str, int] = defaultdict(int)
     for sid, role in roles.items():
-        if role.on_device and role.category == "saved_activations":
+        if role.on_device and role.category == Mem.SAVED_ACTIVATIONS:
             out[role.module or "(top level)"] += trace.storages[sid].nbytes
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 def model_states(trace: Trace, roles: dict[int, StorageRole]) -> dict[str, int]:
     """Parameters, gradients and optimizer state on the device, independent of the peak."""
-    out = {"parameters": 0, "buffers": 0, "gradients": 0, "optimizer_state": 0}
+    out = dict.fromkeys((Mem.PARAMETERS, Mem.BUFFERS, Mem.GRADIENTS, Mem.OPTIMIZER_STATE), 0)
     for sid, role in roles.items():
         if role.on_device and role.category in out:
             out[role.category] += trace.storages[sid].nbytes

@@ -14,37 +14,27 @@ from pathlib import Path
 from typing import Any
 
 from nnperf.errors import UsageError
+from nnperf.vocab import MemoryCategory
 
 SCHEMA = "nnperf.memory/1"
 
-#: Breakdown categories, in the order tables print them. Every byte of the replayed trace
-#: falls in exactly one of them, so they add up to the requested bytes at the peak.
-CATEGORIES = (
-    "parameters",
-    "buffers",
-    "inputs",
-    "gradients",
-    "optimizer_state",
-    "amp_weight_casts",
-    "saved_activations",
-    "forward_temporaries",
-    "backward_temporaries",
-    "optimizer_temporaries",
-    "workspaces",
-)
+#: Breakdown categories (``MemoryCategory``), in the order tables print them. Every byte of
+#: the replayed trace falls in exactly one of them, so they add up to the requested bytes at
+#: the peak.
+CATEGORIES = tuple(MemoryCategory)
 
 CATEGORY_LABELS = {
-    "parameters": "parameters",
-    "buffers": "buffers (e.g. batch-norm statistics)",
-    "inputs": "input batch",
-    "gradients": "gradients",
-    "optimizer_state": "optimizer state",
-    "amp_weight_casts": "autocast weight copies",
-    "saved_activations": "activations kept for backward",
-    "forward_temporaries": "forward temporaries",
-    "backward_temporaries": "backward temporaries (activation gradients)",
-    "optimizer_temporaries": "optimizer temporaries (foreach outputs)",
-    "workspaces": "cuBLAS workspaces",
+    MemoryCategory.PARAMETERS: "parameters",
+    MemoryCategory.BUFFERS: "buffers (e.g. batch-norm statistics)",
+    MemoryCategory.INPUTS: "input batch",
+    MemoryCategory.GRADIENTS: "gradients",
+    MemoryCategory.OPTIMIZER_STATE: "optimizer state",
+    MemoryCategory.AMP_WEIGHT_CASTS: "autocast weight copies",
+    MemoryCategory.SAVED_ACTIVATIONS: "activations kept for backward",
+    MemoryCategory.FORWARD_TEMPORARIES: "forward temporaries",
+    MemoryCategory.BACKWARD_TEMPORARIES: "backward temporaries (activation gradients)",
+    MemoryCategory.OPTIMIZER_TEMPORARIES: "optimizer temporaries (foreach outputs)",
+    MemoryCategory.WORKSPACES: "cuBLAS workspaces",
 }
 
 
