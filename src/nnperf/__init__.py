@@ -1,16 +1,23 @@
 """nnperf: how fast and how big a PyTorch network will be on a GPU, and why.
 
-``analyze`` traces one step and counts it; ``predict`` adds time on a GPU. Both are imported
+``analyze`` traces one step and counts it; ``predict`` adds time on a GPU; ``register_cost``
+gives a user's own operator a cost formula (an ``OpCost`` of a ``Category``). All are imported
 on first use (PEP 562 ``__getattr__``) so ``import nnperf`` stays cheap for the CLI, and what
 that returns is the real function, so ``help(nnperf.predict)`` and tab completion show its
 signature and documentation.
 """
 
 __version__ = "0.1.0"
-__all__ = ["analyze", "predict"]
+__all__ = ["Category", "OpCost", "analyze", "predict", "register_cost"]
 
 #: Public name -> the module that defines it.
-_LAZY = {"analyze": "nnperf.analysis", "predict": "nnperf.prediction"}
+_LAZY = {
+    "analyze": "nnperf.analysis",
+    "predict": "nnperf.prediction",
+    "register_cost": "nnperf.passes.costs",  # a cost formula for a user's own operator
+    "OpCost": "nnperf.passes.costs",
+    "Category": "nnperf.passes.costs",
+}
 
 
 def __getattr__(name: str) -> object:

@@ -19,6 +19,8 @@ from nnperf.passes.costs import (  # noqa: F401  (registration side effects)
     reductions,
     softmax,
 )
+from nnperf.passes.costs.custom import register_cost
 from nnperf.passes.costs.registry import OpCost, lookup, registered_names
+from nnperf.vocab import Category
 
-__all__ = ["OpCost", "lookup", "registered_names"]
+__all__ = ["Category", "OpCost", "lookup", "register_cost", "registered_names"]

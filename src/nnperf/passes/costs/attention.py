@@ -10,6 +10,7 @@ Grouped-query attention: work scales with the query heads; K and V are read once
 
 from __future__ import annotations
 
+import nnperf.trace.attention  # noqa: F401  (defines the nnperf:: ops registered below)
 from nnperf.passes.costs.registry import ATTENTION, OpCost, numel, register, tensors
 from nnperf.trace.events import OpEvent, TensorMeta
 

@@ -115,7 +115,6 @@ def _scatter(event: OpEvent) -> OpCost:
     "aten.slice_backward",
     "aten.select_backward",
     "aten.diagonal_backward",
-    "aten.as_strided_backward",
 )
 def _view_backward(event: OpEvent) -> OpCost:
     grad = bind(event)["grad_output"]

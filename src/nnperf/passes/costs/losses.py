@@ -24,7 +24,6 @@ LOSS_FLOPS: dict[str, int] = {
 }
 LOSS_BACKWARD_FLOPS: dict[str, int] = {
     "mse_loss_backward": 3,  # 2 (x - y) g / N
-    "l1_loss_backward": 3,
     "smooth_l1_loss_backward": 5,
     "huber_loss_backward": 5,
     "binary_cross_entropy_backward": 6,  # g (x - t) / max(x (1 - x), eps)

@@ -63,7 +63,7 @@ def _layer_norm_backward(event: OpEvent) -> OpCost:
     )
 
 
-@register("aten._fused_rms_norm")
+@register("aten._fused_rms_norm", since="2.9")  # added in 2.8 or 2.9 (a later bound is safe)
 def _rms_norm(event: OpEvent) -> OpCost:
     args = bind(event)
     x, weight = args["input"], args.get("weight")
@@ -75,7 +75,7 @@ def _rms_norm(event: OpEvent) -> OpCost:
     )
 
 
-@register("aten._fused_rms_norm_backward")
+@register("aten._fused_rms_norm_backward", since="2.9")
 def _rms_norm_backward(event: OpEvent) -> OpCost:
     """x-hat 1, g*w 1, sum(g w x-hat) 2, grad_input 3; grad_weight: g*x-hat summed, 2."""
     args = bind(event)

@@ -15,25 +15,27 @@ from typing import Any
 import torch
 
 from nnperf.trace.events import OpEvent, TensorMeta
+from nnperf.vocab import Category
 
-# Categories decide how the time model treats an op.
-GEMM = "gemm"  # matmul-like: tensor cores, tile/wave quantization
-CONV = "conv"  # convolution (implicit GEMM)
-ATTENTION = "attention"  # fused flash attention
-ELEMENTWISE = "elementwise"  # memory-bound pointwise
-REDUCTION = "reduction"
-NORM = "norm"
-MEMORY = "memory"  # copies, casts, cat, index, fills
-OPTIMIZER = "optimizer"  # foreach / fused optimizer kernels
-ALLOC = "alloc"  # allocation only: no kernel
-HOST = "host"  # runs on the host (scalar bookkeeping, .item()): no device kernel
+# The names formula modules and the time model import; aliases of the enum members.
+GEMM = Category.GEMM
+CONV = Category.CONV
+ATTENTION = Category.ATTENTION
+ELEMENTWISE = Category.ELEMENTWISE
+REDUCTION = Category.REDUCTION
+NORM = Category.NORM
+MEMORY = Category.MEMORY
+OPTIMIZER = Category.OPTIMIZER
+ALLOC = Category.ALLOC
+HOST = Category.HOST
+UNCOVERED = Category.UNCOVERED
 
 
 @dataclass(frozen=True, slots=True)
 class OpCost:
     """What an op costs at minimum. ``reads``/``writes`` are counted once per distinct view."""
 
-    category: str
+    category: Category
     flops: float = 0.0
     macs: float = 0.0
     reads: Sequence[TensorMeta] = ()
@@ -45,13 +47,46 @@ class OpCost:
 
 Formula = Callable[[OpEvent], OpCost]
 _FORMULAS: dict[str, Formula] = {}
+#: Formulas users registered (``nnperf.register_cost``), by ``ns.op`` (every overload) or
+#: ``ns.op.overload``; consulted before the built-in table, so a user's formula wins.
+CUSTOM_FORMULAS: dict[str, Formula] = {}
 
 
-def register(*names: str) -> Callable[[Formula], Formula]:
-    """Register a formula for op names such as ``"aten.mm"`` (overloads share one formula)."""
+def resolve_op(name: str) -> Any:
+    """The operator (overload packet, or overload for ``ns.op.overload``) that a name such as
+    ``"aten.mm"``, ``"aten.add.Tensor"`` or ``"mylib::op"`` denotes in the running torch;
+    None if torch has no such operator."""
+    namespace, _, rest = name.replace("::", ".", 1).partition(".")
+    op, _, overload = rest.partition(".")
+    if not namespace or not op:
+        return None
+    try:
+        packet = getattr(getattr(torch.ops, namespace), op)
+        return getattr(packet, overload) if overload else packet
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def register(*names: str, since: str | None = None) -> Callable[[Formula], Formula]:
+    """Register a formula for op names such as ``"aten.mm"`` (overloads share one formula).
+
+    Every name must be an operator of the running torch: a formula under a name no trace can
+    contain would be dead, and a misspelt name would leave the op it meant uncovered, so a
+    missing name fails the import (a bug in nnperf's table, not something a user can fix).
+    ``since``: the torch version by which the ops exist; on an older torch, names it lacks
+    are skipped (those ops cannot appear in its traces) instead of failing.
+    """
+    older_torch = since is not None and torch.__version__ < since
+    present = [n for n in names if resolve_op(n) is not None]
+    missing = [n for n in names if n not in present]
+    if missing and not older_torch:
+        raise RuntimeError(
+            f"nnperf's cost registry names ops that torch {torch.__version__} does not have: "
+            f"{', '.join(missing)}"
+        )
 
     def wrap(fn: Formula) -> Formula:
-        for name in names:
+        for name in present:
             if name in _FORMULAS:
                 raise ValueError(f"a cost formula for {name} is already registered")
             _FORMULAS[name] = fn
@@ -61,7 +96,13 @@ def register(*names: str) -> Callable[[Formula], Formula]:
 
 
 def lookup(event: OpEvent) -> Formula | None:
-    """The formula for an event: by name first, then by the op's tags (pointwise, foreach)."""
+    """The formula for an event: a user's first, then by name, then by the op's tags
+    (pointwise, foreach)."""
+    if CUSTOM_FORMULAS:
+        fn = CUSTOM_FORMULAS.get(f"{event.name}.{getattr(event.func, '_overloadname', '')}")
+        fn = fn or CUSTOM_FORMULAS.get(event.name)
+        if fn is not None:
+            return fn
     fn = _FORMULAS.get(event.name)
     if fn is not None:
         return fn

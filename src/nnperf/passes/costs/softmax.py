@@ -31,7 +31,7 @@ def _softmax(event: OpEvent) -> OpCost:
     return _row_kernel(event, SOFTMAX_FLOPS)
 
 
-@register("aten._safe_softmax")
+@register("aten._safe_softmax", since="2.5")  # added in torch 2.5 (SDPA's math path)
 def _safe_softmax(event: OpEvent) -> OpCost:
     return _row_kernel(event, SAFE_SOFTMAX_FLOPS)
 
