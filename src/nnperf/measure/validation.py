@@ -11,6 +11,7 @@ percentiles are linear-interpolated (``stats.percentile``, numpy's default metho
 
 from __future__ import annotations
 
+import fnmatch
 import itertools
 import json
 from collections import defaultdict
@@ -37,18 +38,32 @@ class Config:
     precision: str  # "fp32" | "tf32" | "bf16" (autocast)
     batch: int
     seq: int | None = None
+    overrides: tuple[tuple[str, int], ...] = ()  # the built-in model's -O settings
+    tiny: bool = False  # a CPU-sized version (dry runs of the GPU plan)
 
     @property
     def name(self) -> str:
         mode = "train" if self.train else "infer"
         seq = f"-s{self.seq}" if self.seq else ""
-        return f"{self.model}-{mode}-{self.precision}-b{self.batch}{seq}"
+        return f"{self.model}-{mode}-{self.precision}-b{self.batch}{seq}{'-tiny' if self.tiny else ''}"
 
     def request(self) -> ModelRequest:
         """The workload this configuration builds: the zoo model at its batch and sequence."""
         from nnperf.request import ModelRequest
 
-        return ModelRequest(self.model, batch=self.batch, seq_len=self.seq)
+        return ModelRequest(self.model, batch=self.batch, seq_len=self.seq, overrides=dict(self.overrides))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"model": self.model, "train": self.train, "precision": self.precision,
+                "batch": self.batch, "seq": self.seq, "overrides": dict(self.overrides),
+                "tiny": self.tiny}
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Config:
+        """The configuration a record was measured with."""
+        return cls(record["model"], record["train"], record["precision"], record["batch"],
+                   record.get("seq"), tuple(sorted((record.get("overrides") or {}).items())),
+                   bool(record.get("tiny")))
 
     def trace_options(self) -> TraceOptions:
         """How its step runs: training or inference, with bf16 autocast for "bf16"."""
@@ -92,9 +107,18 @@ def default_configs() -> list[Config]:
     ]
 
 
+def matches(config: Config, pattern: str) -> bool:
+    """``pattern`` selects ``config``: the model's exact name (``gpt2`` is not
+    ``gpt2-medium``), a glob over configuration names (``*-train-bf16-*``), or a name prefix
+    that spells the whole model (``mlp-infer-bf16``)."""
+    if pattern == config.model or fnmatch.fnmatchcase(config.name, pattern):
+        return True
+    return config.name.startswith(pattern + "-") and (pattern + "-").startswith(config.model + "-")
+
+
 def select(configs: Iterable[Config], only: Sequence[str] = ()) -> list[Config]:
-    """Configurations whose name contains any of ``only`` (all when ``only`` is empty)."""
-    return [c for c in configs if not only or any(o in c.name for o in only)]
+    """The configurations any of ``only`` selects (all when empty), order kept."""
+    return [c for c in configs if not only or any(matches(c, p) for p in only)]
 
 
 def family_of(model: str) -> str:
@@ -106,14 +130,23 @@ def family_of(model: str) -> str:
         return "other"
 
 
-def load_records(folder: str | Path) -> list[dict[str, Any]]:
-    """Every record JSON under ``folder`` (sorted by file name)."""
+def load_records(path: str | Path) -> list[dict[str, Any]]:
+    """Every record in ``path``: a JSON-lines file the harness appends to, or a folder of
+    them (and of one-record ``.json`` files, the harness's earlier format). A torn last line
+    (a command killed mid-write) is skipped: every line before it is a whole record."""
+    path = Path(path)
+    files = [path] if path.is_file() else sorted([*path.glob("**/*.jsonl"), *path.glob("**/*.json")])
     out = []
-    for path in sorted(Path(folder).glob("**/*.json")):
-        doc = json.loads(path.read_text())
-        if doc.get("schema") == RECORD_SCHEMA:
-            doc["_file"] = str(path)
-            out.append(doc)
+    for file in files:
+        lines = file.read_text().splitlines() if file.suffix == ".jsonl" else [file.read_text()]
+        for line in lines:
+            try:
+                doc = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(doc, dict) and doc.get("schema") == RECORD_SCHEMA:
+                doc["_file"] = str(file)
+                out.append(doc)
     return out
 
 
@@ -193,3 +226,59 @@ def runtime_estimator_s(config: Config, device: str = "cuda") -> float | None:
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous
     return estimator.total_runtime / 1e3  # total_runtime is in milliseconds
+
+
+def repredict(record: dict[str, Any], gpu_name: str | None) -> None:
+    """Predict the record's configuration again with the current code: the step time on
+    ``gpu_name`` (when given) and the peak memory of what the record measured, so a table of
+    committed measurements follows the model as it changes."""
+    from nnperf.analysis import analyze_request
+    from nnperf.hardware import load_gpu
+    from nnperf.measure.runner import predicted_peak_memory
+    from nnperf.passes.timing import TimingOptions
+    from nnperf.prediction import predict_analysis
+
+    config = Config.from_record(record)
+    analysis = analyze_request(config.request(), config.trace_options())
+    record["predicted_peak_memory_bytes"] = predicted_peak_memory(analysis, record.get("device", "cuda"))
+    record["predicted_step_time_s"] = None
+    if gpu_name:
+        p = predict_analysis(analysis, load_gpu(gpu_name), timing=TimingOptions(tf32_matmul=config.tf32))
+        record["predicted_step_time_s"] = p.step.step_s
+
+
+#: How far (percentage points) a committed error table's median or p90 may grow before CI
+#: calls it a regression: re-tracing is deterministic, so any growth is a model change.
+REGRESSION_POINTS = 0.5
+
+
+def regressions(
+    tables: dict[str, dict[str, dict[str, Any]]],
+    baseline: dict[str, dict[str, dict[str, Any]]],
+    points: float = REGRESSION_POINTS,
+) -> list[str]:
+    """Where ``tables`` is worse than ``baseline`` (both: table name -> group -> row): a
+    median or p90 more than ``points`` higher, or fewer records compared."""
+    worse = []
+    for name, table in baseline.items():
+        for group, old in table.items():
+            new = tables.get(name, {}).get(group)
+            if new is None or new["n"] < old["n"]:
+                worse.append(f"{name} / {group}: {old['n']} records compared before, "
+                             f"{0 if new is None else new['n']} now")
+                continue
+            for stat in ("median_ape", "p90_ape"):
+                if old[stat] is not None and new[stat] is not None and new[stat] > old[stat] + points:
+                    worse.append(f"{name} / {group}: {stat} {old[stat]:.2f}% -> {new[stat]:.2f}%")
+    return worse
+
+
+def error_tables(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """The tables ``validation/compare.py`` prints: nnperf's step time, RuntimeEstimator's
+    where recorded, and nnperf's peak memory."""
+    tables = {"nnperf: step time": error_table(records)}
+    if any(r.get("runtime_estimator_step_time_s") for r in records):
+        tables["torch RuntimeEstimator: step time"] = error_table(records, key="runtime_estimator_step_time_s")
+    tables["nnperf: peak memory"] = error_table(
+        records, key="predicted_peak_memory_bytes", measured_key="measured_peak_memory_bytes")
+    return tables

@@ -1,0 +1,123 @@
+"""Which validation configurations a GPU session runs, in what order, and how long each takes.
+
+A lent GPU gives 30 minutes of device time in commands of at most 10, and results come back
+only as files. So the harness runs the most informative configurations first (every model
+family once before any second batch size or precision), skips what is predicted not to fit
+before paying for it, estimates each configuration's device time before spending it, and
+writes one JSON line per finished configuration so a command cut at its limit keeps its work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from nnperf.measure.validation import BATCHES, Config
+
+if TYPE_CHECKING:
+    from nnperf.hardware import GPU
+
+#: Models in the order a short session should see them: one of each family and the ones
+#: the published-measurement set also has, then the rest, the 7B model last (its build
+#: alone takes minutes of a session's time).
+MODEL_PRIORITY: tuple[str, ...] = (
+    "resnet50", "gpt2", "bert-base", "vit_b_16", "mobilenet_v2", "mlp", "resnet18", "mnist-cnn",
+    "vgg16", "alexnet", "gpt2-medium", "alexnet-caffe", "gpt2-large", "gpt2-xl", "llama-7b",
+)
+
+#: (train, precision, batch index) in the order they add most: the larger batch first (less
+#: host noise, the regime rented GPUs run in), bf16 autocast and training before the rest.
+ROUNDS: tuple[tuple[bool, str, int], ...] = (
+    (True, "bf16", 1), (False, "bf16", 1), (True, "tf32", 1), (True, "fp32", 1),
+    (False, "fp32", 1), (False, "tf32", 1), (True, "bf16", 0), (False, "bf16", 0),
+    (True, "fp32", 0), (True, "tf32", 0), (False, "fp32", 0), (False, "tf32", 0),
+)
+
+#: CPU-sized versions of every model for a dry run of the whole plan (``--tiny``): the
+#: sizes ``validation/cpu_memory.py`` measures in seconds.
+TINY: dict[str, tuple[tuple[int, int], int | None, dict[str, int]]] = {
+    "mlp": ((16, 64), None, {}),
+    "mnist-cnn": ((8, 32), None, {}),
+    "alexnet": ((2, 4), None, {"image_size": 96}),
+    "alexnet-caffe": ((1, 2), None, {}),
+    "vgg16": ((1, 2), None, {"image_size": 32}),
+    "resnet18": ((2, 4), None, {"image_size": 64}),
+    "resnet50": ((2, 4), None, {"image_size": 64}),
+    "mobilenet_v2": ((2, 4), None, {"image_size": 64}),
+    "vit_b_16": ((1, 2), None, {"n_layer": 1, "image_size": 64}),
+    "bert-base": ((1, 2), 64, {"n_layer": 1}),
+    "gpt2": ((1, 2), 64, {"n_layer": 1}),
+    "gpt2-medium": ((1, 2), 64, {"n_layer": 1}),
+    "gpt2-large": ((1, 2), 64, {"n_layer": 1}),
+    "gpt2-xl": ((1, 2), 64, {"n_layer": 1}),
+    "llama-7b": ((1, 2), 64, {"n_layer": 1, "dim": 512, "n_heads": 8, "ffn_hidden": 1376, "vocab": 4000}),
+}
+
+
+def ordered_configs(tiny: bool = False) -> list[Config]:
+    """Every configuration, most informative first (``tiny``: the CPU-sized versions)."""
+    out = []
+    for train, precision, which in ROUNDS:
+        for model in MODEL_PRIORITY:
+            if tiny:
+                batches, seq, overrides = TINY[model]
+                out.append(Config(model, train, precision, batches[which], seq,
+                                  overrides=tuple(sorted(overrides.items())), tiny=True))
+            else:
+                out.append(Config(model, train, precision, BATCHES[model][which]))
+    return out
+
+
+def shard(configs: Sequence[Config], spec: str | None) -> list[Config]:
+    """``"i/n"``: every n-th configuration from the i-th (1-based), so shards stay balanced
+    in kind; None: all."""
+    if not spec:
+        return list(configs)
+    try:
+        i, n = (int(v) for v in spec.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard {spec!r}: expected I/N with 1 <= I <= N, e.g. 1/3") from None
+    if not 1 <= i <= n:
+        raise ValueError(f"--shard {spec!r}: expected I/N with 1 <= I <= N, e.g. 1/3")
+    return list(configs[i - 1 :: n])
+
+
+#: Parameters a GPU initialises per second when the model is built on the device (random
+#: init kernels: bandwidth-bound, conservatively 2e9/s); the CPU builds ~6e7/s on one thread
+#: (gpu-readiness.md: 50-75M params/s).
+INIT_PARAMS_PER_S = {"cuda": 2e9, "cpu": 6e7}
+#: Fixed cost per configuration: trace, profiler set-up, allocator reset, RuntimeEstimator
+#: (a fake-tensor pass like the trace). Assumption, checked against the first run's times.
+FIXED_S = 6.0
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The predicted cost and outcome of one configuration before it runs."""
+
+    config: Config
+    params: int
+    predicted_step_s: float
+    fits: bool
+    seconds: float  # device-machine wall time: build + steps + fixed costs
+    analysis: Any = field(default=None, repr=False, compare=False)  # the trace, for the run
+
+
+def estimate(config: Config, gpu: GPU | None, device: str, steps: int, warmup: int) -> Estimate:
+    """Trace the configuration once (the harness traces it anyway) and price its run:
+    building the weights, ``warmup + steps`` timed steps, one profiled step, and RuntimeEstimator."""
+    from nnperf.analysis import analyze_request
+    from nnperf.passes.timing import TimingOptions
+    from nnperf.prediction import predict_analysis
+
+    analysis = analyze_request(config.request(), config.trace_options())
+    params = int(analysis.totals["params"])
+    step_s, fits = 0.0, True
+    if gpu is not None:
+        p = predict_analysis(analysis, gpu, timing=TimingOptions(tf32_matmul=config.tf32))
+        step_s, fits = p.step.step_s, p.memory_fit.fits
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    seconds = params / INIT_PARAMS_PER_S[kind] + (warmup + steps + 2) * step_s + FIXED_S
+    return Estimate(config, params, step_s, fits, seconds, analysis)
+

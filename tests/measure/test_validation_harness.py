@@ -1,0 +1,108 @@
+"""The GPU validation harness on the CPU: order, selection, shards, resume, budget, and the
+CI check that recomputes committed error tables (on a CPU-made fixture until GPU data exist)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from nnperf.measure.validation import (
+    Config,
+    default_configs,
+    error_tables,
+    load_records,
+    regressions,
+    repredict,
+    select,
+)
+from nnperf.measure.validation_plan import MODEL_PRIORITY, ordered_configs, shard
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURE = Path(__file__).parent / "data" / "validation-dry-run"
+
+
+def committed_folders() -> list[Path]:
+    """The CPU fixture and every GPU data folder that carries a baseline."""
+    return [FIXTURE, *(p.parent for p in sorted((ROOT / "validation" / "data").glob("*/baseline.json")))]
+
+
+@pytest.mark.parametrize("folder", committed_folders(), ids=lambda p: p.name)
+def test_committed_error_tables_do_not_regress(folder: Path):
+    records = [r for r in load_records(folder) if r.get("fits", True) and "measured_step_time_s" in r]
+    assert records
+    for r in records:
+        repredict(r, r.get("gpu"))
+    baseline = json.loads((folder / "baseline.json").read_text())
+    assert regressions(error_tables(records), baseline) == []
+
+
+def test_regressions_name_what_got_worse():
+    row = {"n": 4, "skipped": 0, "median_ape": 5.0, "p90_ape": 10.0, "worst_ape": 12.0, "worst_config": "x"}
+    base = {"t": {"overall": row}}
+    assert regressions({"t": {"overall": dict(row, median_ape=5.4)}}, base) == []
+    worse = regressions({"t": {"overall": dict(row, p90_ape=11.0)}}, base)
+    assert worse == ["t / overall: p90_ape 10.00% -> 11.00%"]
+    assert "4 records compared before, 3 now" in regressions({"t": {"overall": dict(row, n=3)}}, base)[0]
+
+
+def test_only_selects_a_model_exactly_or_by_glob_or_by_prefix():
+    configs = default_configs()
+    assert {c.model for c in select(configs, ["gpt2"])} == {"gpt2"}  # not gpt2-medium
+    assert {c.model for c in select(configs, ["gpt2*"])} >= {"gpt2", "gpt2-medium", "gpt2-xl"}
+    assert [c.name for c in select(configs, ["mlp-infer-bf16"])] == ["mlp-infer-bf16-b64", "mlp-infer-bf16-b1024"]
+    assert {c.precision for c in select(configs, ["*-train-bf16-*"])} == {"bf16"}
+
+
+def test_order_sees_every_model_once_before_any_repeat():
+    ordered = ordered_configs()
+    assert sorted(c.name for c in ordered) == sorted(c.name for c in default_configs())
+    first = ordered[: len(MODEL_PRIORITY)]
+    assert [c.model for c in first] == list(MODEL_PRIORITY)
+    assert all(c.train and c.precision == "bf16" for c in first)
+
+
+def test_shards_split_the_list_without_overlap():
+    configs = ordered_configs()
+    parts = [shard(configs, f"{i}/3") for i in (1, 2, 3)]
+    assert sorted(c.name for p in parts for c in p) == sorted(c.name for c in configs)
+    assert abs(len(parts[0]) - len(parts[2])) <= 1
+    for bad in ("0/3", "4/3", "x", "1/"):
+        with pytest.raises(ValueError, match="I/N"):
+            shard(configs, bad)
+
+
+def test_a_torn_last_line_is_skipped(tmp_path):
+    good = {"schema": "nnperf.validation.record/1", "config": "a"}
+    path = tmp_path / "records.jsonl"
+    path.write_text(json.dumps(good) + "\n" + json.dumps(dict(good, config="b")) + "\n" + '{"schema": "nnp')
+    assert [r["config"] for r in load_records(path)] == ["a", "b"]
+
+
+def test_tiny_config_round_trips_through_its_record():
+    config = next(c for c in ordered_configs(tiny=True) if c.model == "llama-7b")
+    assert config.name.endswith("-tiny") and dict(config.overrides)["n_layer"] == 1
+    assert Config.from_record(config.to_json()) == config
+
+
+def test_harness_appends_resumes_and_keeps_to_its_budget(tmp_path, capsys):
+    import sys
+
+    sys.path.insert(0, str(ROOT / "validation"))
+    try:
+        import run as harness
+    finally:
+        sys.path.remove(str(ROOT / "validation"))
+    out = tmp_path / "records.jsonl"
+    argv = ["--device", "cpu", "--tiny", "--only", "mlp-infer-fp32-b16-tiny", "--steps", "2",
+            "--warmup", "1", "--out", str(out)]
+    assert harness.main(argv) == 0
+    (record,) = load_records(out)
+    assert record["config"] == "mlp-infer-fp32-b16-tiny" and record["measured_peak_memory_bytes"] > 0
+    assert harness.main(argv) == 0  # resumed: nothing left to run
+    assert len(out.read_text().splitlines()) == 1
+    other = tmp_path / "other.jsonl"
+    assert harness.main([*argv[:-1], str(other), "--budget-s", "0.001", "--only", "mlp-train-fp32-b16-tiny"]) == 0
+    assert not other.exists() or not load_records(other)
+    assert "budget spent: 2 configurations left" in capsys.readouterr().out
