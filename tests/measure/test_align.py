@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import pytest
@@ -54,3 +55,60 @@ def test_align_is_robust_to_extra_and_missing_ops():
     assert a.matched_s == 10.0 and a.unmatched_s == 0.5
     assert a.attributed_share == pytest.approx(10.0 / 10.5)
     assert a.profiler_only == {"aten.view": 0.5} and a.trace_only == {"aten.sum": 1}
+
+
+def _lcs_length(a: list[str], b: list[str]) -> int:
+    """Textbook dynamic programme, O(len(a) * len(b)): the reference for the fast diff."""
+    prev = [0] * (len(b) + 1)
+    for x in a:
+        cur = [0]
+        for j, y in enumerate(b):
+            cur.append(prev[j] + 1 if x == y else max(prev[j + 1], cur[j]))
+        prev = cur
+    return prev[-1]
+
+
+def test_common_subsequence_is_a_longest_one():
+    import random
+
+    from nnperf.measure.align import common_subsequence
+
+    rng = random.Random(7)
+    for _ in range(300):
+        a = [rng.choice("abc") for _ in range(rng.randint(0, 25))]
+        b = [rng.choice("abc") for _ in range(rng.randint(0, 25))]
+        pairs = common_subsequence(a, b)
+        assert all(a[i] == b[j] for i, j in pairs)
+        assert all(p[0] < q[0] and p[1] < q[1] for p, q in itertools.pairwise(pairs))
+        assert len(pairs) == _lcs_length(a, b)
+
+
+def test_every_op_matches_despite_random_insertions():
+    import random
+
+    rng = random.Random(3)
+    names = [f"aten.op{rng.randint(0, 9)}" for _ in range(793)]
+    profiled = []
+    for name in names:
+        if rng.random() < 0.05:
+            profiled.append(ProfiledOp("aten.extra", 1.0))
+        profiled.append(ProfiledOp(name, 1.0))
+    a = align(list(enumerate(names)), profiled)
+    assert a.matched_ops == 793 and a.trace_only == {}
+
+
+def test_sdpa_kernels_are_the_traces_attention_ops():
+    roots = [_Ev("aten::scaled_dot_product_attention", 50, 0,
+                 [_Ev("aten::_scaled_dot_product_flash_attention", 45, 1, [], 40.0)], 40.0),
+             _Ev("autograd::engine::evaluate_function: ScaledDotProductFlashAttentionBackward0", 90, 5,
+                 [_Ev("aten::_scaled_dot_product_flash_attention_backward", 80, 6, [], 70.0)], 70.0)]
+    ops = flatten_profile(roots, {"nnperf.attention", "nnperf.attention_backward"}, device_time=True)
+    assert [(o.name, o.time_s) for o in ops] == [
+        ("nnperf.attention", pytest.approx(40e-6)), ("nnperf.attention_backward", pytest.approx(70e-6))]
+
+
+def test_kernels_launched_by_an_unknown_op_itself_are_kept():
+    # an op the trace lacks launched 30 us of kernels itself and 20 us through a known child
+    roots = [_Ev("aten::_fused_thing", 100, 0, [_Ev("aten::mm", 40, 1, [], 20.0)], 50.0)]
+    ops = flatten_profile(roots, {"aten.mm"}, device_time=True)
+    assert sorted((o.name, round(o.time_s * 1e6, 6)) for o in ops) == [("aten._fused_thing", 30.0), ("aten.mm", 20.0)]
