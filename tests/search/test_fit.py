@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import os
 import sys
 from collections.abc import Callable
 
@@ -20,6 +21,7 @@ from nnperf.hardware import load_gpu
 from nnperf.passes.memory import MemoryReport, predict_memory
 from nnperf.passes.memory.model import allocation_program
 from nnperf.request import ModelRequest
+from nnperf.search import fit_parallel
 from nnperf.search.fit import (
     FitResult,
     Sample,
@@ -225,20 +227,63 @@ def test_allocation_program_peaks_are_the_replay_peaks():
 
 # -- searches in processes --------------------------------------------------------------------
 
-def test_searches_in_processes_give_what_searches_here_give():
+def _tiny_gpt2_fit(workers: int) -> list[dict]:
     request = ModelRequest("gpt2", seq_len=64, overrides={"n_layer": 2, "n_embd": 64, "n_head": 2,
                                                           "vocab": 512, "n_positions": 64})
     gpu = load_gpu("a100-40gb", overrides={"memory_gib": "1"})
-
     options = MemoryOptions(TraceOptions(optimizer="sgd", amp="bf16"))
+    found = fit(request, gpu, options, workers=workers)
+    return [{k: v for k, v in r.to_json().items() if k != "seconds"} for r in found]
 
-    def results(workers: int) -> list[dict]:
-        found = fit(request, gpu, options, workers=workers)
-        return [{k: v for k, v in r.to_json().items() if k != "seconds"} for r in found]
 
-    here = results(1)
+def test_searches_in_processes_give_what_searches_here_give():
+    # the searches here run backwards first: on a CUDA build of PyTorch (even without a GPU)
+    # that starts autograd's device threads, after which a forked worker cannot run autograd
+    here = _tiny_gpt2_fit(1)
     assert [r["what_if"] for r in here] == ["as given", "activation checkpointing per block"]
-    assert results(2) == here
+    assert _tiny_gpt2_fit(2) == here
+
+
+def test_searches_in_fork_server_workers_give_what_searches_here_give(monkeypatch):
+    # the way taken after autograd's threads started (CUDA builds), taken here on any build
+    here = _tiny_gpt2_fit(1)
+    started: list[str] = []
+    real_context = fit_parallel._context
+    monkeypatch.setattr(fit_parallel, "start_method", lambda: "forkserver")
+    monkeypatch.setattr(fit_parallel, "_context",
+                        lambda method: started.append(method) or real_context(method))
+    assert _tiny_gpt2_fit(2) == here
+    # started early by fit (prepare), then the workers' context: no fork
+    assert started == ["forkserver", "forkserver"]
+
+
+def _child_can_run_a_backward() -> bool:
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            x = torch.ones(3, requires_grad=True)
+            (x * 2).sum().backward()
+            code = 0 if x.grad is not None and x.grad.tolist() == [2.0, 2.0, 2.0] else 2
+        except RuntimeError:
+            code = 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    assert code in (0, 1), f"the forked child failed otherwise (exit {code})"
+    return code == 0
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the searches fork on Linux only")
+def test_fork_is_safe_says_whether_a_forked_child_can_run_autograd():
+    # what the tracer does: a backward of fake tensors with a cast (on CUDA builds of PyTorch
+    # this starts autograd's per-device threads; on CPU builds it starts none)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        w = torch.ones(4, requires_grad=True)
+        (w.to(torch.bfloat16) * 2).sum().backward()
+    assert fit_parallel.fork_is_safe() == _child_can_run_a_backward()
+    assert fit_parallel.start_method() == ("fork" if fit_parallel.fork_is_safe() else "forkserver")
 
 
 def _jobs(*labels: str) -> list[tuple[str, MemoryOptions]]:
@@ -266,6 +311,9 @@ def test_run_searches_keeps_the_order_and_raises_a_searchs_own_error():
 
     with pytest.raises(Local, match="b failed"):
         run_searches(failing_locally, _jobs("a", "b"), 2)
+
+    # a search that cannot be pickled to fork-server workers runs here
+    assert run_searches(lambda label, _: label, _jobs("a", "b"), 2, method="forkserver") == ["a", "b"]
 
 
 def test_search_workers_fork_only_where_it_is_safe(monkeypatch):

@@ -26,6 +26,7 @@ workspace estimate) is at most the GPU's memory; see ``passes.memory.model``.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -40,7 +41,7 @@ from nnperf.passes.memory.model import allocation_program, convolution_operand_b
 from nnperf.passes.memory.report import category_label
 from nnperf.report.units import binary
 from nnperf.request import ModelRequest
-from nnperf.search.fit_parallel import run_searches, search_workers
+from nnperf.search.fit_parallel import prepare, run_searches, search_workers
 from nnperf.search.fit_replay import BatchModel, Footprint
 from nnperf.search.memory_variants import MemoryOptions, checkpoint_blocks, trace_memory
 
@@ -382,19 +383,24 @@ def fit(
     The searches are independent, so they run in ``workers`` processes (None: one per CPU
     core, see ``search_workers``); each result is what a search in this process gives.
     """
+    # a fork server, if the searches need one, starts while the what-ifs are worked out
+    prepare(workers if workers is not None else search_workers(options, 1 + include_what_ifs))
     capacity = usable_capacity(gpu)  # the rule every command prints (passes/memory/capacity)
     jobs = [("as given", options)]
     if include_what_ifs:
         jobs = what_ifs(options, gpu, options.trace.train and _has_blocks(request))
 
-    def search(label: str, opts: MemoryOptions) -> FitResult:
-        measure = trace_measure(request, opts, architecture=gpu.architecture,
-                                context_mib=context_mib)
-        return largest_batch(measure, capacity, label=label, options=opts, max_batch=max_batch)
-
     if workers is None:
         workers = search_workers(options, len(jobs))
+    search = functools.partial(_search, request, gpu, capacity, context_mib, max_batch)
     return run_searches(search, jobs, workers)
+
+
+def _search(request: ModelRequest, gpu: GPU, capacity: int, context_mib: float | None,
+            max_batch: int, label: str, opts: MemoryOptions) -> FitResult:
+    """One search of ``fit``: a module-level function so that it pickles to a worker."""
+    measure = trace_measure(request, opts, architecture=gpu.architecture, context_mib=context_mib)
+    return largest_batch(measure, capacity, label=label, options=opts, max_batch=max_batch)
 
 
 def _has_blocks(request: ModelRequest) -> bool:

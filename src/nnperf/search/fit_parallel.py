@@ -4,22 +4,37 @@ Why: each search is seconds of single-threaded Python (tracing on fake tensors, 
 the allocator) and the searches share nothing, so on N cores N of them run in the time of
 one (llama-7b at 2048 tokens: five searches, 45 s one after the other on two cores).
 
-Why fork: a forked worker starts with the parent's imports and with the request as given
-(a model object, a loss function: nothing to pickle, no torch import of several seconds per
-worker); only the results travel back. Where fork is not safe (not Linux; ``--real``, whose
-CPU kernels may have started thread pools that a fork does not carry) or there is one core,
-the searches run in this process, one after the other. Either way each result is the one
-the search gives on its own.
+How the workers start:
+
+- ``fork`` where it is safe: a forked worker starts with the parent's imports and with the
+  search as given (a model object, a loss function: nothing to pickle, no torch import of
+  seconds per worker); only the results travel back. This is the ``nnperf fit`` case.
+- ``forkserver`` once this process has run a backward that started autograd's device
+  threads (PyTorch builds with CUDA start them even on a machine without a GPU, on the
+  first backward of fake tensors): a child forked after that fails its first backward
+  ("Unable to handle autograd's threading in combination with fork-based
+  multiprocessing"). A notebook that analyzes, then fits, gets there. The fork server is a
+  fresh interpreter that imports torch and nnperf once (about two seconds, paid once per
+  process: it stays up for later fits) and forks clean workers; the search and its jobs
+  are pickled to them. A search that does not pickle (a model class defined in a
+  notebook cell, a lambda loss) runs here instead.
+- in this process, one search after the other, where neither applies (not Linux;
+  ``--real``, whose CPU kernels may have started thread pools a fork does not carry; one
+  core).
+
+Either way each result is the one the search gives on its own.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import pickle
 import sys
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from nnperf.errors import NnperfError
 
@@ -32,16 +47,20 @@ Search = Callable[[str, "MemoryOptions"], "FitResult"]
 
 #: Set to a number of processes to override the choice (1: no processes).
 WORKERS_ENV = "NNPERF_FIT_WORKERS"
+#: What the fork server imports before it forks workers: everything a search needs.
+FORKSERVER_PRELOAD = ["nnperf.search.fit"]
+#: The name PyTorch gives autograd's per-device worker threads (``Engine::thread_init``).
+_AUTOGRAD_THREAD = "pt_autograd_"
 
-# What forked workers run: set by ``run_searches`` just before the fork, read by ``_run``.
+# What a worker runs: inherited by a forked worker, installed by ``_install`` otherwise.
 _search: Search | None = None
 _jobs: list[Job] = []
 
 
 def search_workers(options: MemoryOptions, jobs: int) -> int:
     """How many processes to search ``jobs`` configurations in: one per core, at most one
-    per job, 1 where forking is not safe (see the module docstring) or ``NNPERF_FIT_WORKERS``
-    says so."""
+    per job, 1 where processes are not safe (see the module docstring) or
+    ``NNPERF_FIT_WORKERS`` says so."""
     if jobs <= 1 or options.trace.real or sys.platform != "linux":
         return 1
     env = os.environ.get(WORKERS_ENV, "").strip()
@@ -49,26 +68,86 @@ def search_workers(options: MemoryOptions, jobs: int) -> int:
     return max(1, min(cores, jobs))
 
 
-def run_searches(search: Search, jobs: list[Job], workers: int) -> list[FitResult]:
-    """``[search(*job) for job in jobs]``, in ``workers`` forked processes when above 1.
+def fork_is_safe() -> bool:
+    """Whether a child forked now can run autograd: no autograd device thread has started in
+    this process (PyTorch marks every child forked after they start as unable to run a
+    backward). Read from the threads' names, so nothing is forked to find out."""
+    tasks = Path("/proc/self/task")
+    if not tasks.is_dir():
+        return False
+    for task in tasks.iterdir():
+        try:
+            if (task / "comm").read_text().startswith(_AUTOGRAD_THREAD):
+                return False
+        except OSError:  # the thread ended while we looked
+            continue
+    return True
 
-    Checkpointing searches go first (their traces recompute every block, so they are the
-    slow ones); results come back in the jobs' order. A search that fails with an nnperf
-    error fails the fit with it, as it would here; any other failure in a worker (an error
-    that cannot travel back, a worker killed) reruns that search here, so the error, if it
-    is one, is the search's own.
+
+def start_method() -> str:
+    """``fork`` while it is safe, else ``forkserver`` (see the module docstring)."""
+    return "fork" if fork_is_safe() else "forkserver"
+
+
+def prepare(workers: int) -> None:
+    """Start the fork server early when the searches will need it, so that its imports run
+    while this process does its own set-up (a no-op otherwise, and when it already runs)."""
+    if workers > 1 and start_method() == "forkserver":
+        _context("forkserver")
+
+
+def run_searches(search: Search, jobs: list[Job], workers: int,
+                 method: str | None = None) -> list[FitResult]:
+    """``[search(*job) for job in jobs]``, in ``workers`` processes when above 1.
+
+    ``method`` is the start method (None: ``start_method()``). Checkpointing searches go
+    first (their traces recompute every block, so they are the slow ones); results come back
+    in the jobs' order. A search that fails with an nnperf error fails the fit with it, as it
+    would here; any other failure in a worker (an error that cannot travel back, a worker
+    killed) reruns that search here, so the error, if it is one, is the search's own.
     """
-    if workers <= 1 or len(jobs) <= 1:
+    method = method or start_method()
+    if workers <= 1 or len(jobs) <= 1 or (method != "fork" and not _pickles(search, jobs)):
         return [search(label, opts) for label, opts in jobs]
-    global _search, _jobs
-    _search, _jobs = search, list(jobs)
     order = sorted(range(len(jobs)), key=lambda i: not jobs[i][1].checkpoint)
+    global _search, _jobs
+    _search, _jobs = search, list(jobs)  # what forked workers inherit
     try:
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        with ProcessPoolExecutor(
+            workers, mp_context=_context(method),
+            # a forked worker has them already; any other gets them pickled, once per worker
+            initializer=None if method == "fork" else _install,
+            initargs=() if method == "fork" else (search, list(jobs)),
+        ) as pool:
             futures = {i: pool.submit(_run, i) for i in order}
             return [_result(futures, i, search, jobs[i]) for i in range(len(jobs))]
     finally:
         _search, _jobs = None, []
+
+
+def _context(method: str) -> Any:
+    context = multiprocessing.get_context(method)
+    if method == "forkserver":
+        # ignored once the server runs (a server someone else started: workers import more)
+        context.set_forkserver_preload(FORKSERVER_PRELOAD)
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+    return context
+
+
+def _pickles(search: Search, jobs: list[Job]) -> bool:
+    try:
+        pickle.dumps((search, jobs))
+    except Exception:  # pickle raises more than PicklingError (AttributeError, TypeError)
+        return False
+    return True
+
+
+def _install(search: Search, jobs: list[Job]) -> None:
+    """A worker's set-up where it did not inherit the search (any start method but fork)."""
+    global _search, _jobs
+    _search, _jobs = search, jobs
 
 
 def _result(futures: dict[int, Future], i: int, search: Search, job: Job) -> FitResult:
@@ -83,6 +162,6 @@ def _result(futures: dict[int, Future], i: int, search: Search, job: Job) -> Fit
 
 
 def _run(i: int) -> FitResult:
-    """A worker's job: the ``i``-th search (the fork inherited ``_search`` and ``_jobs``)."""
+    """A worker's job: the ``i``-th search."""
     assert _search is not None
     return _search(*_jobs[i])
