@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from nnperf.hardware import load_gpu, load_profile
-from nnperf.measure import calibration as calib
 from nnperf.measure.calibration import (
     Outputs,
     Plan,
@@ -16,6 +15,7 @@ from nnperf.measure.calibration import (
     run_calibration,
     write_outputs,
 )
+from nnperf.measure.calibration import benchmarks as calib_benchmarks
 
 CPU = torch.device("cpu")
 TINY = Plan(gemm_sizes=(32, 64), gemm_dtypes=("fp32",), skinny_m=8, conv_shapes=((2, 4, 8, 4, 3, 1),),
@@ -82,7 +82,7 @@ def test_incomplete_calibration_is_never_written(tmp_path, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(calib, "_convs", interrupted)
+    monkeypatch.setattr(calib_benchmarks, "_convs", interrupted)
     with pytest.raises(KeyboardInterrupt):
         run_calibration(CPU, TINY, result=partial)
     assert partial.gemm and not partial.complete

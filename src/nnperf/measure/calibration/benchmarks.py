@@ -1,0 +1,303 @@
+"""The microbenchmarks: each fills one part of a ``Calibration`` as it goes, so Ctrl-C leaves
+a partial record that is never written as a profile."""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from nnperf.measure.calibration.plan import CONV_MODES, Plan
+from nnperf.measure.calibration.record import Calibration
+from nnperf.measure.device import device_name, synchronize, time_batched, time_repeats
+from nnperf.measure.stats import Spread
+
+TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+Progress = Callable[[str, int], None]  # (benchmark group, items done in it) -> None
+
+
+def _rand(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Random operands: zeros can take fast paths and flatter a kernel."""
+    return torch.randn(shape, dtype=dtype, device=device)
+
+
+def _timed(fn: Callable[[], object], device: torch.device, repeats: int) -> Spread:
+    return Spread.of(time_batched(fn, device, repeats=repeats))
+
+
+def run_calibration(
+    device: torch.device,
+    plan: Plan,
+    progress: Progress | None = None,
+    *,
+    result: Calibration | None = None,
+) -> Calibration:
+    """Run every benchmark of ``plan``; ``result`` collects as it goes (partial on Ctrl-C)."""
+    progress = progress or (lambda group, n: None)
+    cal = result or new_calibration(device, quick=False)
+    _gemms(cal, device, plan, progress)
+    _batched_gemms(cal, device, plan, progress)
+    _convs(cal, device, plan, progress)
+    _conv_variants(cal, device, plan, progress)
+    _bandwidths(cal, device, plan, progress)
+    _overheads(cal, device, plan, progress)
+    _dispatch_by_kind(cal, device, plan, progress)
+    if device.type == "cuda":
+        _transfers(cal, device, plan, progress)
+    cal.complete = True
+    return cal
+
+
+def new_calibration(device: torch.device, quick: bool) -> Calibration:
+    return Calibration(
+        device=str(device),
+        device_name=device_name(device),
+        quick=quick,
+        date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        torch_version=torch.__version__,
+        threads=torch.get_num_threads(),
+    )
+
+
+def _gemm_row(cal_rows: list, dtype: str, kind: str, a: torch.Tensor, b: torch.Tensor,
+              device: torch.device, repeats: int) -> None:
+    batch = a.shape[0] if a.dim() == 3 else 1
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    fn = (lambda: torch.bmm(a, b)) if a.dim() == 3 else (lambda: torch.mm(a, b))
+    spread = _timed(fn, device, repeats)
+    flops = 2.0 * batch * m * n * k
+    row = {"dtype": dtype, "kind": kind, "m": m, "n": n, "k": k, "flops": flops,
+           "time_s": spread.median, "spread": spread.to_json(), "flops_per_s": flops / spread.median}
+    if a.dim() == 3:
+        row["batch"] = batch
+    cal_rows.append(row)
+
+
+def _gemms(cal: Calibration, device: torch.device, plan: Plan, progress: Progress) -> None:
+    done = 0
+    previous = torch.backends.cuda.matmul.allow_tf32
+    try:
+        for dtype in plan.gemm_dtypes:
+            torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+            tdt = TORCH_DTYPES[dtype]
+            shapes = [
+                (kind, mnk)
+                for n in plan.gemm_sizes
+                for kind, mnk in (("square", (n, n, n)), ("misaligned", (n + 1, n + 1, n + 1)),
+                                  ("skinny", (plan.skinny_m, n, n)))
+            ]
+            big = max(plan.gemm_sizes)
+            shapes += [("small_m", (m, big, big)) for m in plan.small_m]
+            for kind, (m, nn_, k) in shapes:
+                _gemm_row(cal.gemm, dtype, kind, _rand((m, k), tdt, device), _rand((k, nn_), tdt, device),
+                          device, plan.repeats)
+                done += 1
+                progress("gemm", done)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+def _batched_gemms(cal: Calibration, device: torch.device, plan: Plan, progress: Progress) -> None:
+    done = 0
+    previous = torch.backends.cuda.matmul.allow_tf32
+    try:
+        for dtype in plan.gemm_dtypes:
+            torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+            tdt = TORCH_DTYPES[dtype]
+            for batch, m, n, k in plan.batched_gemm:
+                _gemm_row(cal.batched_gemm, dtype, "batched", _rand((batch, m, k), tdt, device),
+                          _rand((batch, k, n), tdt, device), device, plan.repeats)
+                done += 1
+                progress("batched gemm", done)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+def _convs(cal: Calibration, device: torch.device, plan: Plan, progress: Progress) -> None:
+    tdt = TORCH_DTYPES[plan.conv_dtype]
+    for i, (b, cin, hw, cout, ks, stride) in enumerate(plan.conv_shapes, 1):
+        x = _rand((b, cin, hw, hw), tdt, device)
+        w = _rand((cout, cin, ks, ks), tdt, device)
+        pad = ks // 2
+        spread = _timed(lambda x=x, w=w, s=stride, p=pad: F.conv2d(x, w, stride=s, padding=p), device, plan.repeats)
+        out_hw = (hw + 2 * pad - ks) // stride + 1
+        flops = 2.0 * b * cout * out_hw * out_hw * cin * ks * ks
+        cal.conv.append({
+            "dtype": plan.conv_dtype, "batch": b, "in_channels": cin, "hw": hw, "out_channels": cout,
+            "kernel": ks, "stride": stride, "flops": flops, "time_s": spread.median,
+            "spread": spread.to_json(), "flops_per_s": flops / spread.median,
+        })
+        progress("conv", i)
+
+
+def _conv_variants(cal: Calibration, device: torch.device, plan: Plan, progress: Progress) -> None:
+    """Depthwise, grouped and dense convolutions per memory format, dtype and TF32 setting:
+    time and the bytes the real tensors hold (a depthwise convolution reads and writes its
+    activations once and does little arithmetic, so bandwidth is its natural unit)."""
+    done = 0
+    previous = torch.backends.cudnn.allow_tf32
+    try:
+        for b, cin, hw, cout, ks, stride, groups in plan.conv_variants:
+            for layout, dtype, tf32 in CONV_MODES:
+                if device.type != "cuda" and (dtype != "fp32" or not tf32):
+                    continue  # a CPU has no TF32, and bf16 convolutions are not its case
+                torch.backends.cudnn.allow_tf32 = tf32
+                fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+                tdt = TORCH_DTYPES[dtype]
+                x = _rand((b, cin, hw, hw), tdt, device).to(memory_format=fmt)
+                w = _rand((cout, cin // groups, ks, ks), tdt, device).to(memory_format=fmt)
+                pad = ks // 2
+                spread = _timed(lambda x=x, w=w, s=stride, p=pad, g=groups: F.conv2d(x, w, stride=s, padding=p, groups=g),
+                                device, plan.repeats)
+                out_hw = (hw + 2 * pad - ks) // stride + 1
+                flops = 2.0 * b * cout * out_hw * out_hw * (cin // groups) * ks * ks
+                nbytes = (x.numel() + w.numel() + b * cout * out_hw * out_hw) * x.element_size()
+                cal.conv_variants.append({
+                    "kind": "depthwise" if groups == cin == cout else ("grouped" if groups > 1 else "dense"),
+                    "dtype": dtype, "layout": layout, "tf32": tf32, "batch": b, "in_channels": cin, "hw": hw,
+                    "out_channels": cout, "kernel": ks, "stride": stride, "groups": groups, "flops": flops,
+                    "bytes": nbytes, "time_s": spread.median, "spread": spread.to_json(),
+                    "flops_per_s": flops / spread.median, "bytes_per_s": nbytes / spread.median,
+                })
+                done += 1
+                progress("conv", len(plan.conv_shapes) + done)
+    finally:
+        torch.backends.cudnn.allow_tf32 = previous
+
+
+def _bandwidths(cal: Calibration, device: torch.device, plan: Plan, progress: Progress) -> None:
+    done = 0
+    for size in plan.bandwidth_bytes:
+        n = size // 4
+        src = _rand((n,), torch.float32, device)
+        other = _rand((n,), torch.float32, device)
+        dst = torch.empty_like(src)
+        for kind, fn, moved in (
+            ("copy", lambda d=dst, s=src: d.copy_(s), 2 * n * 4),
+            ("elementwise", lambda d=dst, s=src, o=other: torch.add(s, o, out=d), 3 * n * 4),
+        ):
+            spread = _timed(fn, device, plan.repeats)
+            cal.bandwidth.append({
+                "kind": kind, "buffer_bytes": n * 4, "bytes_moved": moved, "time_s": spread.median,
+                "spread": spread.to_json(), "bytes_per_s": moved / spread.median,
+            })
+            done += 1
+            progress("bandwidth", done)
+        del src, other, dst
+
+
+def _overheads(cal: Calibration, device: torch.device, plan: Plan, progress: Progress) -> None:
+    x = _rand((1,), torch.float32, device)
+    y = torch.empty_like(x)
+    n = plan.tiny_ops
+
+    def loop() -> None:
+        for _ in range(n):
+            torch.add(x, 1.0, out=y)
+
+    # host side: enqueue cost per op (on a CPU, the whole cost of a tiny op)
+    for _ in range(2):
+        loop()
+    synchronize(device)
+    host = []
+    for _ in range(plan.repeats):
+        t0 = time.perf_counter()
+        loop()
+        host.append((time.perf_counter() - t0) / n)
+        synchronize(device)
+    cal.overhead["host_per_op_s"] = Spread.of(host).to_json()
+    progress("overhead", 1)
+    views = []
+    for _ in range(plan.repeats):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            x.view(-1)
+        views.append((time.perf_counter() - t0) / n)
+    cal.overhead["view_per_op_s"] = Spread.of(views).to_json()
+    progress("overhead", 2)
+    if device.type == "cuda":
+        cal.overhead["device_per_kernel_s"] = Spread.of(_device_per_kernel(loop, n, device, plan.repeats)).to_json()
+    progress("overhead", 3)
+
+
+def _dispatch_ops(device: torch.device) -> dict[str, Callable[[], object]]:
+    """One small op of each kind in ``DISPATCH_KINDS``, on ``device``."""
+    a, b = _rand((8, 8), torch.float32, device), _rand((8, 8), torch.float32, device)
+    weight, bias = _rand((8,), torch.float32, device), _rand((8,), torch.float32, device)
+    index = torch.arange(4, device=device)
+    return {
+        "add": lambda: torch.add(a, b),
+        "mm": lambda: torch.mm(a, b),
+        "sum": lambda: a.sum(dim=1),
+        "softmax": lambda: torch.softmax(a, dim=-1),
+        "layer_norm": lambda: F.layer_norm(a, (8,), weight, bias),
+        "cat": lambda: torch.cat([a, b]),
+        "index_select": lambda: a.index_select(0, index),
+        "mul_": lambda: b.mul_(1.0),
+    }
+
+
+def _dispatch_by_kind(cal: Calibration, device: torch.device, plan: Plan, progress: Progress) -> None:
+    """Host time per op of each kind (enqueue cost on a GPU; the whole op on a CPU)."""
+    ops = _dispatch_ops(device)
+    n = max(50, plan.tiny_ops // 4)
+    by_kind = {}
+    for i, kind in enumerate(plan.dispatch_kinds, 1):
+        fn = ops[kind]
+        for _ in range(n // 10):
+            fn()
+        synchronize(device)
+        samples = []
+        for _ in range(plan.repeats):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            samples.append((time.perf_counter() - t0) / n)
+            synchronize(device)
+        by_kind[kind] = Spread.of(samples).to_json()
+        progress("overhead", 3 + i)
+    if by_kind:
+        cal.overhead["host_per_op_by_kind_s"] = by_kind
+
+
+def _device_per_kernel(loop: Callable[[], None], n: int, device: torch.device, repeats: int) -> list[float]:
+    """Device time per back-to-back tiny kernel: the device is held busy by ``_sleep`` while
+    the host enqueues the whole loop, so the events between time only the kernels."""
+    out = []
+    for _ in range(repeats):
+        torch.cuda.synchronize(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(int(2e8))  # ~0.1 s at ~2 GHz: longer than enqueueing n tiny ops
+        start.record()
+        loop()
+        end.record()
+        torch.cuda.synchronize(device)
+        out.append(start.elapsed_time(end) / 1e3 / n)
+    return out
+
+
+def _transfers(cal: Calibration, device: torch.device, plan: Plan, progress: Progress) -> None:
+    done = 0
+    for size in plan.transfer_bytes:
+        dev = torch.randint(0, 255, (size,), dtype=torch.uint8, device=device)
+        for pinned in (False, True):
+            host = torch.randint(0, 255, (size,), dtype=torch.uint8)
+            if pinned:
+                host = host.pin_memory()
+            for direction, fn in (
+                ("h2d", lambda h=host, d=dev: d.copy_(h, non_blocking=True)),
+                ("d2h", lambda h=host, d=dev: h.copy_(d, non_blocking=True)),
+            ):
+                times = time_repeats(fn, device, warmup=2, repeats=plan.repeats)
+                spread = Spread.of(times)
+                cal.transfer.append({
+                    "direction": direction, "pinned": pinned, "bytes": size, "time_s": spread.median,
+                    "spread": spread.to_json(), "bytes_per_s": size / spread.median,
+                })
+                done += 1
+                progress("transfer", done)
+        del dev

@@ -1,0 +1,167 @@
+"""From measurements to a ``DeviceProfile`` (and, on a CPU, a device description in the GPU
+catalog schema, so the same time model can predict CPU steps)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+from nnperf.hardware import GPU, DeviceProfile, default_profile
+from nnperf.hardware.profile import interpolate
+from nnperf.measure.calibration.record import Calibration
+from nnperf.measure.device import cpu_name
+from nnperf.measure.stats import Spread
+
+#: Host dispatch is charged to the op itself on a CPU (see the package docstring): ~0 here.
+CPU_HOST_DISPATCH_S = 1e-9
+
+
+def peak_for_fraction(cal: Calibration, dtype: str, gpu: GPU | None) -> float | None:
+    """The peak a GEMM efficiency curve is a fraction of: the datasheet on a GPU (the model
+    multiplies the curve by the catalog peak), the best measured rate on a CPU."""
+    if gpu is not None:
+        try:
+            if dtype == "tf32":
+                return gpu.peak("tf32").flops
+            return gpu.matmul_peak(dtype).flops
+        except Exception:  # the GPU has no unit for this dtype: no curve for it
+            return None
+    return cal.best_gemm_flops(dtype)
+
+
+def build_profile(cal: Calibration, gpu: GPU | None) -> DeviceProfile:
+    """A ``DeviceProfile`` from measurements; ``gpu`` None means a CPU calibration."""
+    base = default_profile(gpu)
+    changes: dict[str, Any] = {}
+    curves = {}
+    for dtype in dict.fromkeys(g["dtype"] for g in cal.gemm):
+        peak = peak_for_fraction(cal, dtype, gpu)
+        if not peak:
+            continue
+        curves[dtype] = tuple((f, min(1.0, max(1e-4, r / peak))) for f, r in cal.gemm_curve(dtype))
+    if curves:
+        changes["gemm_efficiency"] = curves
+    copy = sorted((b["bytes_moved"], b["bytes_per_s"]) for b in cal.bandwidth if b["kind"] == "copy")
+    if copy:
+        changes["bandwidth_curve"] = tuple(copy)
+    host = cal.overhead.get("host_per_op_s", {}).get("median")
+    view = cal.overhead.get("view_per_op_s", {}).get("median")
+    if gpu is None:
+        if host:
+            changes["kernel_overhead_s"] = host
+        changes["host_dispatch_s"] = CPU_HOST_DISPATCH_S
+        changes["host_dispatch_backward_s"] = CPU_HOST_DISPATCH_S
+        changes["host_dispatch_optimizer_s"] = CPU_HOST_DISPATCH_S
+        if view:
+            changes["host_view_s"] = view
+        changes["tile_relative_efficiency"] = {**base.tile_relative_efficiency, "8x8": 1.0}
+    else:
+        device_kernel = cal.overhead.get("device_per_kernel_s", {}).get("median")
+        if device_kernel:
+            changes["kernel_overhead_s"] = device_kernel
+        if host:
+            # backward and optimizer ops keep the default ratios to a forward op (assumption)
+            changes["host_dispatch_s"] = host
+            changes["host_dispatch_backward_s"] = host * base.host_dispatch_backward_s / base.host_dispatch_s
+            changes["host_dispatch_optimizer_s"] = host * base.host_dispatch_optimizer_s / base.host_dispatch_s
+        if view:
+            changes["host_view_s"] = view
+    conv = conv_relative_efficiency(cal)
+    if conv:
+        changes["conv_relative_efficiency"] = conv
+    note = (
+        f"measured by nnperf calibrate{' --quick' if cal.quick else ''} on {cal.device_name} "
+        f"({cal.device}), {cal.date}, torch {cal.torch_version}"
+    )
+    return dataclasses.replace(base, gpu=gpu.id if gpu else "cpu", note=note, **changes)
+
+
+def conv_relative_efficiency(cal: Calibration) -> float | None:
+    """Median over conv shapes of conv FLOP/s over the GEMM FLOP/s at the same FLOPs."""
+    ratios = []
+    for c in cal.conv:
+        curve = cal.gemm_curve(c["dtype"])
+        if not curve:
+            continue
+        ratios.append(c["flops_per_s"] / interpolate(curve, c["flops"]))
+    if not ratios:
+        return None
+    return min(2.0, max(0.05, Spread.of(ratios).median))
+
+
+def measured_table(cal: Calibration) -> dict[str, Any]:
+    """Headline figures for the profile's ``[measured]`` table (shown beside the datasheet)."""
+    out: dict[str, Any] = {"device_name": cal.device_name, "date": cal.date, "torch": cal.torch_version,
+                           "quick": cal.quick}
+    for dtype in dict.fromkeys(g["dtype"] for g in cal.gemm):
+        out[f"gemm_best_tflops_{dtype}"] = (cal.best_gemm_flops(dtype) or 0.0) / 1e12
+    for kind in ("copy", "elementwise"):
+        rates = [b["bytes_per_s"] for b in cal.bandwidth if b["kind"] == kind]
+        if rates:
+            out[f"{kind}_bandwidth_gbs"] = max(rates) / 1e9
+    for key, spread in cal.overhead.items():
+        if key == "host_per_op_by_kind_s":
+            for kind, one in spread.items():
+                out[f"host_{kind}_us"] = one["median"] * 1e6
+        else:
+            out[key.replace("_s", "_us")] = spread["median"] * 1e6
+    for dtype in dict.fromkeys(g["dtype"] for g in cal.batched_gemm):
+        rates = [g["flops_per_s"] for g in cal.batched_gemm if g["dtype"] == dtype]
+        out[f"batched_gemm_best_tflops_{dtype}"] = max(rates) / 1e12
+    for kind in dict.fromkeys(c["kind"] for c in cal.conv_variants):
+        rates = [c["bytes_per_s"] for c in cal.conv_variants if c["kind"] == kind]
+        out[f"conv_{kind}_best_gbs"] = max(rates) / 1e9
+    for direction in ("h2d", "d2h"):
+        for pinned in (False, True):
+            rows = [t for t in cal.transfer if t["direction"] == direction and t["pinned"] == pinned]
+            if rows:
+                tag = f"{direction}_{'pinned' if pinned else 'pageable'}"
+                out[f"{tag}_gbs"] = max(r["bytes_per_s"] for r in rows) / 1e9
+                out[f"{tag}_latency_us"] = min(r["time_s"] for r in rows) * 1e6
+    return out
+
+
+def cpu_description(cal: Calibration) -> dict[str, Any]:
+    """A device description in the GPU catalog schema for this CPU (usable as --gpu-file)."""
+    peaks = {d: (cal.best_gemm_flops(d) or 0.0) / 1e12 for d in ("fp32", "bf16", "fp16")}
+    mem = _total_memory_bytes()
+    return {
+        "id": "cpu",
+        "name": f"CPU: {cpu_name()} ({cal.threads} threads)",
+        "aliases": ["cpu"],
+        "vendor": "CPU",
+        "architecture": "cpu",
+        "confidence": "measured",
+        "notes": (
+            f"Measured by nnperf calibrate{' --quick' if cal.quick else ''} on {cal.date}: peak rates are "
+            "the best GEMM rates measured, bandwidth the best copy bandwidth, sm_count the intra-op threads."
+        ),
+        "sm_count": max(1, cal.threads),
+        "boost_clock_mhz": _cpu_mhz(),
+        "memory_gib": mem / 2**30 if mem else 1.0,
+        "memory_type": "host DRAM",
+        "memory_bandwidth_gbs": (cal.copy_bandwidth() or 1e9) / 1e9,
+        "peak_tflops": {"cuda": {d: v for d, v in peaks.items() if v > 0}},
+        "sources": {"measurement": f"nnperf calibrate --device cpu, {cal.date}"},
+    }
+
+
+def _total_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _cpu_mhz() -> float:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("cpu MHz"):
+                value = float(line.split(":", 1)[1])
+                if value > 0:
+                    return value
+    except (OSError, ValueError):
+        pass
+    return 1000.0

@@ -1,0 +1,66 @@
+"""The raw measurements of one calibration run and the summaries the profile is built from."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = "nnperf.calibration/1"
+
+#: Repeats of one measurement spread wider than this (p90 / p10) mark it as disturbed.
+NOISE_RATIO = 2.0
+
+
+@dataclass
+class Calibration:
+    """Raw measurements (seconds are medians; every spread is kept) and their summaries."""
+
+    device: str
+    device_name: str
+    quick: bool
+    date: str
+    torch_version: str
+    threads: int
+    gemm: list[dict[str, Any]] = field(default_factory=list)
+    batched_gemm: list[dict[str, Any]] = field(default_factory=list)
+    conv: list[dict[str, Any]] = field(default_factory=list)
+    conv_variants: list[dict[str, Any]] = field(default_factory=list)
+    bandwidth: list[dict[str, Any]] = field(default_factory=list)
+    overhead: dict[str, Any] = field(default_factory=dict)
+    transfer: list[dict[str, Any]] = field(default_factory=list)
+    complete: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        noisy = [{"what": what, "p90_over_p10": r} for what, r in self.noisy()]
+        return {"schema": SCHEMA_VERSION, **dataclasses.asdict(self), "noisy": noisy}
+
+    # ---- summaries ------------------------------------------------------------------------
+    def best_gemm_flops(self, dtype: str) -> float | None:
+        rates = [g["flops_per_s"] for g in self.gemm if g["dtype"] == dtype]
+        return max(rates) if rates else None
+
+    def copy_bandwidth(self) -> float | None:
+        rates = [b["bytes_per_s"] for b in self.bandwidth if b["kind"] == "copy"]
+        return max(rates) if rates else None
+
+    def noisy(self, ratio: float = NOISE_RATIO) -> list[tuple[str, float]]:
+        """Measurements whose repeats varied by more than ``ratio`` (p90 / p10), worst first:
+        another process competing for the device, whose numbers a profile should not trust."""
+        out = []
+        groups = {"gemm": self.gemm, "batched gemm": self.batched_gemm, "conv": self.conv,
+                  "conv variant": self.conv_variants, "bandwidth": self.bandwidth, "transfer": self.transfer}
+        for group, rows in groups.items():
+            for row in rows:
+                spread = row.get("spread") or {}
+                low, high = spread.get("p10"), spread.get("p90")
+                if low and high and high / low > ratio:
+                    what = " ".join(str(row[k]) for k in ("kind", "dtype", "n", "m", "k", "bytes_moved", "bytes")
+                                    if k in row)
+                    out.append((f"{group} {what}", high / low))
+        return sorted(out, key=lambda item: -item[1])
+
+    def gemm_curve(self, dtype: str) -> list[tuple[float, float]]:
+        """(FLOPs, achieved FLOP/s) of the aligned square GEMMs of ``dtype``."""
+        pts = [(g["flops"], g["flops_per_s"]) for g in self.gemm if g["dtype"] == dtype and g["kind"] == "square"]
+        return sorted(pts)
