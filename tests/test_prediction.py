@@ -123,7 +123,7 @@ def test_the_roots_own_ops_have_a_row():
     assert (own.type, own.depth) == ("ReluNet", 1)
     # relu on the 16x32 output: reads and writes 16*32 fp32 values; 1 FLOP per element in
     # forward (relu) and backward (threshold_backward)
-    assert own.tally.bytes_by_phase["forward"] == 2 * 16 * 32 * 4
+    assert own.tally.bytes_forward == 2 * 16 * 32 * 4
     assert own.tally.flops == 2 * 16 * 32
     depth1 = [r for r in a.modules(1) if r.depth == 1]
     assert sum(r.tally.flops for r in depth1) == pytest.approx(rows[""].tally.flops)
@@ -186,3 +186,42 @@ def test_top_level_functions_have_real_signatures():
     names = dir(nnperf)
     assert {"analyze", "predict", "__version__"} <= set(names)
     assert "Any" not in names and "annotations" not in names
+
+
+def _conv_then_linear():
+    """fp32: a 3x3 convolution (cuDNN runs it on TF32 by default) and a linear layer (cuBLAS
+    keeps fp32 matmuls on CUDA cores by default)."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, bias=False), nn.Flatten(), nn.Linear(8 * 6 * 6, 10, bias=False))
+    return analyze(model, torch.randn(4, 3, 8, 8), train=False)
+
+
+def test_mfu_divides_by_the_peak_of_the_math_the_kernels_ran():
+    gpu = load_gpu("h100")
+    p = predict_analysis(_conv_then_linear(), gpu)
+    # implicit GEMM of the convolution: M = 4*6*6 outputs, N = 8 channels, K = 3*3*3
+    conv = 2 * (4 * 6 * 6) * 8 * (3 * 3 * 3)
+    linear = 2 * 4 * 10 * (8 * 6 * 6)
+    tf32, fp32 = 494.7e12, 67e12  # H100 SXM5 datasheet: TF32 tensor (dense), fp32 CUDA cores
+    peak = (conv + linear) / (conv / tf32 + linear / fp32)
+    t = p.totals
+    assert t["mfu_math"] == "tf32+fp32"  # most FLOPs first
+    assert t["mfu_peak_flops"] == pytest.approx(peak, rel=1e-12)
+    assert t["mfu"] == pytest.approx(t["mfu_flops"] / t["step_time_s"] / peak, rel=1e-12)
+    assert t["mfu_dtype"] == "fp32"  # the tensors' dtype; the math above is the rate
+
+
+def test_mfu_with_one_math_mode_is_that_modes_peak():
+    from nnperf.passes.timing import TimingOptions
+
+    p = predict_analysis(_conv_then_linear(), load_gpu("h100"), timing=TimingOptions(tf32_matmul=True))
+    assert p.totals["mfu_math"] == "tf32"
+    assert p.totals["mfu_peak_flops"] == 494.7e12
+
+
+def test_fp32_resnet50_mfu_is_against_tf32_and_below_one():
+    """The bug: convolutions timed at the TF32 rate, MFU divided by the fp32 peak (99.5%
+    on H100 at batch 64, with a memory-bound step)."""
+    p = predict_analysis(analyze("resnet50", batch=64), load_gpu("h100"))
+    t = p.totals
+    assert t["mfu_math"].startswith("tf32")
+    assert 0 < t["mfu"] < 0.5

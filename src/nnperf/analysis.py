@@ -20,7 +20,8 @@ from torch import nn
 from nnperf.loading import resolve
 from nnperf.passes import rollup
 from nnperf.passes.count import OpCount, count_ops
-from nnperf.passes.gemms import Gemm, lower_gemms
+from nnperf.passes.estimates import Estimates
+from nnperf.passes.gemms import Gemm, step_gemms
 from nnperf.request import InputSpec, ModelRequest
 from nnperf.trace.capture import TraceOptions, trace_workload
 from nnperf.trace.events import Trace, dtype_name
@@ -31,7 +32,10 @@ SCHEMA_VERSION = "nnperf.analysis/1"
 
 @dataclass
 class Analysis:
-    """A traced step and its counts. Tables are computed on demand from the op counts."""
+    """A traced step and its counts. Tables are computed on demand from the op counts.
+
+    ``gemms`` are the GEMMs the counting pass lowered each op to, flattened in trace order
+    (each is also on its ``OpCount``): lowered once, here, for every later pass."""
 
     model: str
     options: TraceOptions
@@ -45,17 +49,17 @@ class Analysis:
     def from_trace(cls, model: str, options: TraceOptions, trace: Trace, workload: Workload) -> Analysis:
         """Run the counting passes over a traced step: the one ``analyze`` traced, or a variant
         the memory command traced itself (checkpointing, gradient accumulation)."""
-        return cls(model=model, options=options, trace=trace, workload=workload,
-                   ops=count_ops(trace), gemms=lower_gemms(trace))
+        ops = count_ops(trace)
+        return cls(model=model, options=options, trace=trace, workload=workload, ops=ops, gemms=step_gemms(ops))
 
     # -- tables -------------------------------------------------------------------------------
     def modules(self, depth: int | None = None) -> list[rollup.ModuleRow]:
         return rollup.by_module(self.trace, self.ops, depth)
 
-    def op_table(self) -> dict[str, rollup.Tally]:
+    def op_table(self) -> dict[str, Estimates]:
         return rollup.by_op(self.ops)
 
-    def phases(self) -> dict[str, rollup.Tally]:
+    def phases(self) -> dict[str, Estimates]:
         return rollup.by_phase(self.ops)
 
     @property
@@ -69,19 +73,17 @@ class Analysis:
 
     @cached_property
     def totals(self) -> dict[str, Any]:
-        total = rollup.Tally()
-        for op in self.ops:
-            total.add(op)
+        total = Estimates.from_counts(self.ops)
         shapes = self.trace.param_shapes
         params = sum(math.prod(shapes[n]) for n in self.trace.param_storages.values())  # tied once
         param_bytes = sum(self.trace.storages[s].nbytes for s in self.trace.param_storages)
         return {
             "params": params,
             "param_bytes": param_bytes,
-            **total.to_json(),
-            "bytes_forward": total.bytes_by_phase.get("forward", 0.0),
-            "bytes_backward": total.bytes_by_phase.get("backward", 0.0),
-            "bytes_optimizer": total.bytes_by_phase.get("optimizer", 0.0),
+            **total.counts_json(),
+            "bytes_forward": total.bytes_forward,
+            "bytes_backward": total.bytes_backward,
+            "bytes_optimizer": total.bytes_optimizer,
             "ops": len(self.ops),
             "gemms": len(self.gemms),
         }
@@ -109,7 +111,7 @@ class Analysis:
             "config": self.config,
             "totals": self.totals,
             "modules": [r.to_json() for r in self.modules(depth)],
-            "ops": [{"op": name, **t.to_json(), "count": t.count} for name, t in self.op_table().items()],
+            "ops": [{"op": name, **t.counts_json(), "count": t.count} for name, t in self.op_table().items()],
             "gemms": [g.to_json() for g in self.gemms],
             "coverage": self.coverage,
         }
@@ -121,7 +123,7 @@ class Analysis:
         if by == "gemm":
             rows = [g.to_json() for g in self.gemms]
         elif by == "op":
-            rows = [{"op": n, "count": t.count, **t.to_json()} for n, t in self.op_table().items()]
+            rows = [{"op": n, "count": t.count, **t.counts_json()} for n, t in self.op_table().items()]
         else:
             rows = [r.to_json() for r in self.modules(depth)]
         if rows:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 from torch import nn
@@ -12,108 +13,30 @@ from nnperf.analysis import Analysis, analyze
 from nnperf.errors import UsageError
 from nnperf.hardware import GPU, DeviceProfile, default_profile, load_gpu
 from nnperf.passes.costs import registry as cat
+from nnperf.passes.estimates import Estimates
 from nnperf.passes.memory import MemoryReport, predict_memory
 from nnperf.passes.memory.capacity import MemoryFit
-from nnperf.passes.rollup import ancestors, depth_of
-from nnperf.passes.timing import OpTime, StepTime, TimingOptions, simulate_step
+from nnperf.passes.rollup import group_by_module, group_by_op
+from nnperf.passes.timing import StepTime, TimingOptions, simulate_step
 
 SCHEMA_VERSION = "nnperf.prediction/1"
 
 
-@dataclass
-class TimeTally:
-    """Predicted time of a group of ops; FLOPs and bytes for rates and required bandwidth."""
+@dataclass(frozen=True)
+class MfuPeak:
+    """The peak MFU divides by: that of the math the step's matrix kernels actually ran.
 
-    time_s: float = 0.0  # share of the step: kernels plus device idle waiting on the host
-    kernel_s: float = 0.0
-    idle_s: float = 0.0
-    compute_s: float = 0.0
-    memory_s: float = 0.0
-    # The kernel model's terms (with the profile's efficiencies), summed over the group's
-    # ops: with the launch overhead and the device's wait on the host they decide ``bound``.
-    model_compute_s: float = 0.0
-    model_memory_s: float = 0.0
-    overhead_s: float = 0.0
-    flops: float = 0.0
-    bytes_in: float = 0.0
-    bytes_out: float = 0.0
-    bytes_weights: float = 0.0
-    peak_flops: float = 0.0  # of the unit doing most of the FLOPs
-    # The whole step's bound (set on the root row): decided by the timeline (host issue time
-    # against device busy time), as the summary prints it, not by the largest share.
-    step_bound: str | None = None
+    Each GEMM and convolution is timed on one unit at one rate (fp32 on CUDA cores, TF32 or
+    bf16 on tensor cores, a GEMV on CUDA cores); attention at its dtype's tensor rate. The
+    peak is their FLOP-weighted harmonic mean, sum(FLOPs) / sum(FLOPs / peak of its unit):
+    the rate at which the step's matrix FLOPs would all run if every kernel reached the peak
+    of the unit it runs on. With one math mode it is that mode's peak; with fp32 GEMMs (CUDA
+    cores, TF32 off by default for matmuls) beside TF32 convolutions (on by default in cuDNN)
+    it is between the two, so an MFU of 100% is reachable and never exceeded. A step without
+    matrix FLOPs keeps the matrix peak of its main dtype."""
 
-    def add(self, t: OpTime, flops: float, b_in: float, b_out: float, b_w: float) -> None:
-        self.time_s += t.wall_s
-        self.kernel_s += t.kernel_s
-        self.idle_s += t.idle_before_s
-        self.compute_s += t.compute_s
-        self.memory_s += t.memory_s
-        self.model_compute_s += t.model_compute_s
-        self.model_memory_s += t.model_memory_s
-        self.overhead_s += t.overhead_s
-        self.flops += flops
-        self.bytes_in += b_in
-        self.bytes_out += b_out
-        self.bytes_weights += b_w
-        if flops and t.peak_flops and (self.peak_flops == 0 or t.category in (cat.GEMM, cat.CONV, cat.ATTENTION)):
-            self.peak_flops = max(self.peak_flops, t.peak_flops) if self.peak_flops else t.peak_flops
-
-    @property
-    def demands(self) -> dict[str, float]:
-        """Seconds the group would take if only one limit existed: its modeled compute, its
-        modeled memory traffic, its kernels' launch overhead, the device's wait on the host."""
-        return {
-            "launch": self.overhead_s,
-            "compute": self.model_compute_s,
-            "memory": self.model_memory_s,
-            "host": self.idle_s,
-        }
-
-    @property
-    def bound(self) -> str:
-        """The largest of ``demands``: for one op the kernel model's own verdict (launch when
-        the overhead is at least both terms, else the larger term) unless it waited longer on
-        the host; for a group, the limit whose removal would save the most, which is what the
-        Compute and Memory columns show, so the label never contradicts them. The root row
-        carries the step's bound instead (``step_bound``)."""
-        if self.step_bound is not None:
-            return self.step_bound
-        items = {k: v for k, v in self.demands.items() if v > 0}
-        return max(items, key=items.get) if items else "none"
-
-    @property
-    def achieved_flops(self) -> float:
-        return self.flops / self.kernel_s if self.kernel_s else 0.0
-
-    @property
-    def fraction_of_peak(self) -> float:
-        return self.achieved_flops / self.peak_flops if self.peak_flops else 0.0
-
-    def required_bw(self) -> dict[str, float] | None:
-        """Bytes/s each stream needs to keep the math units busy (None: no arithmetic)."""
-        if not self.compute_s:
-            return None
-        return {
-            "in": self.bytes_in / self.compute_s,
-            "out": self.bytes_out / self.compute_s,
-            "weights": self.bytes_weights / self.compute_s,
-        }
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "time_s": self.time_s,
-            "kernel_s": self.kernel_s,
-            "idle_s": self.idle_s,
-            "compute_s": self.compute_s,
-            "memory_s": self.memory_s,
-            "compute_model_s": self.model_compute_s,
-            "memory_model_s": self.model_memory_s,
-            "bound": self.bound,
-            "achieved_flops": self.achieved_flops,
-            "fraction_of_peak": self.fraction_of_peak,
-            "required_bw": self.required_bw(),
-        }
+    flops: float  # FLOP/s
+    math: str  # the modes, most FLOPs first: "tf32", "bf16", "tf32+fp32"
 
 
 @dataclass
@@ -142,43 +65,56 @@ class Prediction:
         not fit is a time nobody can run, so every output says which it is."""
         return MemoryFit.on(self.memory.device_total or 0, self.gpu)
 
-    def _counts(self):
-        return {c.index: c for c in self.analysis.ops}
-
-    def by_module(self, depth: int | None = None) -> dict[str, TimeTally]:
-        counts = self._counts()
-        out: dict[str, TimeTally] = defaultdict(TimeTally)
-        for t in self.step.ops:
-            c = counts[t.index]
-            for a in ancestors(t.module):
-                if depth is None or depth_of(a) <= depth:
-                    out[a].add(t, c.flops, c.bytes_in, c.bytes_out, c.bytes_weights)
+    def by_module(self, depth: int | None = None) -> dict[str, Estimates]:
+        """Each module group's timed ops summed; the root row carries the step's bound."""
+        out = {name: Estimates.from_times(ts) for name, ts in group_by_module(self.step.ops, depth).items()}
         if "" in out:
-            out[""].step_bound = self.step.bound
-        return dict(out)
+            out[""] = replace(out[""], step_bound=self.step.bound)
+        return out
 
-    def by_op(self) -> dict[str, TimeTally]:
-        counts = self._counts()
-        out: dict[str, TimeTally] = defaultdict(TimeTally)
-        for t in self.step.ops:
-            c = counts[t.index]
-            out[t.op].add(t, c.flops, c.bytes_in, c.bytes_out, c.bytes_weights)
+    def by_op(self) -> dict[str, Estimates]:
+        out = {name: Estimates.from_times(ts) for name, ts in group_by_op(self.step.ops).items()}
         return dict(sorted(out.items(), key=lambda kv: -kv[1].time_s))
 
     @property
     def matmul_dtype(self) -> str:
-        """The dtype carrying most GEMM FLOPs: the peak MFU is measured against."""
+        """The dtype carrying most GEMM FLOPs (the roofline's roofs are for it)."""
         flops: dict[str, float] = defaultdict(float)
         for g in self.analysis.gemms:
             flops[g.dtype] += g.flops
         return max(flops, key=flops.get) if flops else "fp32"
+
+    @cached_property
+    def mfu_peak(self) -> MfuPeak:
+        """See ``MfuPeak``: built from the rate each GEMM and attention op was timed at."""
+        flops: dict[tuple[str, float], float] = defaultdict(float)  # (mode, peak) -> FLOPs
+        for t in self.step.ops:
+            for g in t.gemms:
+                e = g.estimate
+                if g.gemm.flops and e.peak_flops:
+                    flops[(e.rate_dtype, e.peak_flops)] += g.gemm.flops
+            if t.category == cat.ATTENTION and t.count.flops and t.peak_flops:
+                flops[(t.math, t.peak_flops)] += t.count.flops
+        if not flops:
+            rate = self.gpu.matmul_peak(self.matmul_dtype, tf32=self.timing.tf32_matmul, fallback=True)
+            return MfuPeak(rate.flops, rate.dtype)
+        by_mode: dict[str, float] = defaultdict(float)
+        for (mode, _), f in flops.items():
+            by_mode[mode] += f
+        math = "+".join(sorted(by_mode, key=lambda m: -by_mode[m]))
+        if len(flops) == 1:
+            ((_, peak),) = flops
+            return MfuPeak(peak, math)
+        at_peak_s = sum(f / peak for (_, peak), f in flops.items())
+        return MfuPeak(sum(flops.values()) / at_peak_s, math)
 
     @property
     def totals(self) -> dict[str, Any]:
         wl = self.analysis.workload
         step = self.step.step_s
         dtype = self.matmul_dtype
-        peak = self.gpu.matmul_peak(dtype, tf32=self.timing.tf32_matmul, fallback=True).flops
+        mfu = self.mfu_peak
+        peak = mfu.flops
         model_flops = self.model_flops
         per_s = (wl.tokens or wl.samples) / step if step else 0.0
         return {
@@ -190,6 +126,7 @@ class Prediction:
             "mfu_flops": model_flops,
             "mfu_peak_flops": peak,
             "mfu_dtype": dtype,
+            "mfu_math": mfu.math,
             "bound": self.step.bound,
             "host_s": self.step.host_s,
             "device_busy_s": self.step.device_busy_s,
@@ -212,10 +149,10 @@ class Prediction:
         doc["timing_options"] = {"tf32_matmul": self.timing.tf32_matmul, "tf32_conv": self.timing.tf32_conv}
         mods = self.by_module(depth)
         for row in doc["modules"]:
-            row.update(mods.get(row["name"], TimeTally()).to_json())
+            row.update(mods.get(row["name"], Estimates()).time_json())
         ops = self.by_op()
         for row in doc["ops"]:
-            row.update(ops.get(row["op"], TimeTally()).to_json())
+            row.update(ops.get(row["op"], Estimates()).time_json())
         doc["totals"].update(self.totals)
         return doc
 

@@ -2,7 +2,9 @@
 
 Weight bytes are reads of parameters and of their casts (under autocast a bf16 copy of a
 weight is still weight traffic), so the "bandwidth needed for weights" figure stays right
-in mixed precision.
+in mixed precision. The same walk lowers each matrix product to its GEMMs
+(``passes.gemms``): one pass over the trace, one set of weight storages, and each
+``OpCount`` holds its GEMMs, so nothing later lowers them again or joins them by index.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any
 
 import nnperf.passes.costs  # noqa: F401  (registers every formula)
 from nnperf.passes.costs.registry import OpCost, lookup
+from nnperf.passes.gemms import Gemm, GemmLowering
 from nnperf.trace.events import KIND_PARAM, OpEvent, TensorMeta, Trace
 
 _WEIGHT_PRESERVING = {"aten._to_copy", "aten.clone", "aten.copy", "aten.contiguous", "aten.t"}
@@ -33,14 +36,14 @@ class BytesMoved:
         return self.flops / self.bytes if self.bytes else 0.0  # type: ignore[attr-defined]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class OpCount(BytesMoved):
-    """One op of the trace with its cost; ``covered`` is False when no formula exists."""
+    """One op of the trace with its cost; ``covered`` is False when no formula exists.
 
-    index: int
-    op: str
-    module: str
-    phase: str
+    It refers to its ``OpEvent`` (index, name, module, phase are the event's) rather than
+    copying them, and holds the GEMMs the op was lowered to."""
+
+    event: OpEvent = field(repr=False)
     category: str
     flops: float
     macs: float
@@ -49,6 +52,27 @@ class OpCount(BytesMoved):
     bytes_out: float
     covered: bool
     info: dict[str, Any] = field(default_factory=dict)
+    gemms: tuple[Gemm, ...] = ()
+
+    @property
+    def index(self) -> int:
+        return self.event.index
+
+    @property
+    def op(self) -> str:
+        return self.event.name
+
+    @property
+    def module(self) -> str:
+        return self.event.module
+
+    @property
+    def phase(self) -> str:
+        return self.event.phase
+
+    def __repr__(self) -> str:
+        return (f"OpCount({self.index}, {self.op!r}, module={self.module!r}, phase={self.phase!s}, "
+                f"category={self.category!s}, flops={self.flops:g}, bytes={self.bytes:g})")
 
 
 def weight_storages(trace: Trace) -> set[int]:
@@ -61,17 +85,18 @@ def weight_storages(trace: Trace) -> set[int]:
 
 
 def count_ops(trace: Trace) -> list[OpCount]:
-    """Apply the formula registry to every op that does work (views and aliases are free)."""
+    """Apply the formula registry to every op that does work (views and aliases are free),
+    and lower the matrix products among them to GEMMs."""
     weights = weight_storages(trace)
+    lower = GemmLowering(trace, weights)
     counts: list[OpCount] = []
     for ev in trace.events:
         if ev.free:
             continue
         formula = lookup(ev)
-        if formula is None:
-            counts.append(_uncovered(ev, weights))
-            continue
-        counts.append(_covered(ev, formula(ev), weights))
+        count = _uncovered(ev, weights) if formula is None else _covered(ev, formula(ev), weights)
+        count.gemms = lower(ev)
+        counts.append(count)
     return counts
 
 
@@ -91,10 +116,7 @@ def _covered(ev: OpEvent, cost: OpCost, weights: set[int]) -> OpCount:
     bytes_in = sum(m.nbytes for m in reads if m.storage not in weights) + cost.extra_read_bytes
     bytes_out = sum(m.nbytes for m in _distinct(cost.writes)) + cost.extra_write_bytes
     return OpCount(
-        index=ev.index,
-        op=ev.name,
-        module=ev.module,
-        phase=ev.phase,
+        event=ev,
         category=cost.category,
         flops=float(cost.flops),
         macs=float(cost.macs),
@@ -114,10 +136,7 @@ def _uncovered(ev: OpEvent, weights: set[int]) -> OpCount:
     touched_in = sum(m.nbytes for m in reads if m.storage not in weights)
     touched_out = sum(m.nbytes for m in _distinct(ev.outputs))
     return OpCount(
-        index=ev.index,
-        op=ev.name,
-        module=ev.module,
-        phase=ev.phase,
+        event=ev,
         category="uncovered",
         flops=0.0,
         macs=0.0,

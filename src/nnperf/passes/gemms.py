@@ -8,20 +8,18 @@ network has no ``grad_input`` because its input needs no gradient: an n-layer ML
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from nnperf.passes.costs.matmul import gemm_shapes
-from nnperf.passes.count import weight_storages
 from nnperf.trace.events import OpEvent, Trace, dtype_name
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Gemm:
-    index: int  # event index
-    op: str
-    module: str
-    phase: str
+    """One GEMM of an op; index, op name, module and phase are its event's."""
+
+    event: OpEvent = field(repr=False)
     role: str
     m: int
     n: int
@@ -30,39 +28,61 @@ class Gemm:
     dtype: str
 
     @property
+    def index(self) -> int:
+        return self.event.index
+
+    @property
+    def op(self) -> str:
+        return self.event.name
+
+    @property
+    def module(self) -> str:
+        return self.event.module
+
+    @property
+    def phase(self) -> str:
+        return self.event.phase
+
+    @property
     def flops(self) -> int:
         return 2 * self.m * self.n * self.k * self.batch
 
+    @property
+    def shape_key(self) -> tuple:
+        """What makes two GEMMs the same kernel: phase, role, sizes and dtype."""
+        return (self.phase, self.role, self.m, self.n, self.k, self.batch, self.dtype)
+
     def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["flops"] = self.flops
-        return d
+        return {
+            "index": self.index, "op": self.op, "module": self.module, "phase": self.phase,
+            "role": self.role, "m": self.m, "n": self.n, "k": self.k, "batch": self.batch,
+            "dtype": self.dtype, "flops": self.flops,
+        }
 
 
-def lower_gemms(trace: Trace) -> list[Gemm]:
-    weights = weight_storages(trace)
-    shapes_by_module = _weight_shapes_by_module(trace)
-    out: list[Gemm] = []
-    for ev in trace.events:
-        if ev.free:
-            continue
-        for shape in gemm_shapes(ev):
-            role = shape.role or _role(ev, weights, shapes_by_module.get(ev.module, set()))
-            out.append(
-                Gemm(
-                    index=ev.index,
-                    op=ev.name,
-                    module=ev.module,
-                    phase=ev.phase,
-                    role=role,
-                    m=shape.m,
-                    n=shape.n,
-                    k=shape.k,
-                    batch=shape.batch,
-                    dtype=dtype_name(_operand_dtype(ev)),
-                )
-            )
-    return out
+class GemmLowering:
+    """Lowers one op at a time, for the counting pass's walk over the trace (it knows which
+    storages are weights; the module's weight shapes tell a weight gradient)."""
+
+    def __init__(self, trace: Trace, weights: set[int]):
+        self.weights = weights
+        self.shapes_by_module = _weight_shapes_by_module(trace)
+
+    def __call__(self, ev: OpEvent) -> tuple[Gemm, ...]:
+        shapes = gemm_shapes(ev)
+        if not shapes:
+            return ()
+        dtype = dtype_name(operand_dtype(ev))
+        out = []
+        for shape in shapes:
+            role = shape.role or _role(ev, self.weights, self.shapes_by_module.get(ev.module, set()))
+            out.append(Gemm(event=ev, role=role, m=shape.m, n=shape.n, k=shape.k, batch=shape.batch, dtype=dtype))
+        return tuple(out)
+
+
+def step_gemms(ops: list) -> list[Gemm]:
+    """Every GEMM of the step in trace order: the GEMMs the counting pass attached to each op."""
+    return [g for op in ops for g in op.gemms]
 
 
 def _weight_shapes_by_module(trace: Trace) -> dict[str, set[tuple[int, ...]]]:
@@ -83,5 +103,7 @@ def _role(ev: OpEvent, weights: set[int], module_weight_shapes: set[tuple[int, .
     return "backward"
 
 
-def _operand_dtype(ev: OpEvent):
+def operand_dtype(ev: OpEvent):
+    """The dtype a matrix op computes in: its last operand's (the weight of a linear or
+    convolution, which autocast casts like the input)."""
     return ev.inputs[-1].dtype if ev.inputs else ev.outputs[0].dtype

@@ -1,52 +1,21 @@
-"""Roll per-op counts up the module tree, by op name, and into step totals and coverage."""
+"""Roll per-op counts up the module tree, by op name, and into step totals and coverage.
+
+Every group is an ``Estimates`` (the one additive cost record); the grouping helpers
+(``group_by_module``, ``group_by_op``) are shared with the prediction, which sums the same
+groups of timed ops.
+"""
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from nnperf.passes.count import BytesMoved, OpCount
+from nnperf.passes.count import OpCount
+from nnperf.passes.estimates import Estimates
 from nnperf.trace.events import PHASES, Trace
-
-
-@dataclass
-class Tally(BytesMoved):
-    """Sums of an op group; FLOPs are also kept per phase for forward/backward columns."""
-
-    count: int = 0
-    flops: float = 0.0
-    macs: float = 0.0
-    bytes_in: float = 0.0
-    bytes_weights: float = 0.0
-    bytes_out: float = 0.0
-    flops_by_phase: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
-    bytes_by_phase: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
-
-    def add(self, op: OpCount) -> None:
-        self.count += 1
-        self.flops += op.flops
-        self.macs += op.macs
-        self.bytes_in += op.bytes_in
-        self.bytes_weights += op.bytes_weights
-        self.bytes_out += op.bytes_out
-        self.flops_by_phase[op.phase] = self.flops_by_phase.get(op.phase, 0.0) + op.flops
-        self.bytes_by_phase[op.phase] = self.bytes_by_phase.get(op.phase, 0.0) + op.bytes
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "flops": self.flops,
-            "macs": self.macs,
-            "bytes": self.bytes,
-            "bytes_in": self.bytes_in,
-            "bytes_out": self.bytes_out,
-            "bytes_weights": self.bytes_weights,
-            "flops_forward": self.flops_by_phase.get("forward", 0.0),
-            "flops_backward": self.flops_by_phase.get("backward", 0.0),
-            "flops_optimizer": self.flops_by_phase.get("optimizer", 0.0),
-        }
 
 
 @dataclass
@@ -57,7 +26,7 @@ class ModuleRow:
     params: int
     param_bytes: int
     output_bytes: int
-    tally: Tally
+    tally: Estimates
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -67,7 +36,7 @@ class ModuleRow:
             "params": self.params,
             "param_bytes": self.param_bytes,
             "output_bytes": self.output_bytes,
-            **self.tally.to_json(),
+            **self.tally.counts_json(),
             "intensity": self.tally.intensity,
         }
 
@@ -110,13 +79,29 @@ def module_type(module_types: dict[str, str], name: str) -> str:
     return module_types.get(name, name.strip("()") or "-")
 
 
+def group_by_module(items: Iterable[Any], max_depth: int | None = None) -> dict[str, list[Any]]:
+    """Ops (or timed ops: anything with ``.module``) of each module group, inclusive, in
+    trace order; only groups down to ``max_depth``."""
+    groups: dict[str, list[Any]] = defaultdict(list)
+    for item in items:
+        for a in ancestors(item.module):
+            if max_depth is None or depth_of(a) <= max_depth:
+                groups[a].append(item)
+    return groups
+
+
+def group_by_op(items: Iterable[Any]) -> dict[str, list[Any]]:
+    """Ops (or timed ops) of each aten op name, in trace order."""
+    groups: dict[str, list[Any]] = defaultdict(list)
+    for item in items:
+        groups[item.op].append(item)
+    return groups
+
+
 def by_module(trace: Trace, ops: list[OpCount], max_depth: int | None = None) -> list[ModuleRow]:
     """Inclusive totals per module (a module counts everything its children do), tree order,
     with the root's own ops as a row of their own (``ROOT_OWN_OPS``)."""
-    tallies: dict[str, Tally] = defaultdict(Tally)
-    for op in ops:
-        for a in ancestors(op.module):
-            tallies[a].add(op)
+    tallies = {name: Estimates.from_counts(group) for name, group in group_by_module(ops, max_depth).items()}
     params, param_bytes = _params_by_module(trace)
     names = module_order(trace.module_types, [*trace.module_types, *tallies])
     rows = []
@@ -131,7 +116,7 @@ def by_module(trace: Trace, ops: list[OpCount], max_depth: int | None = None) ->
                 params=params.get(name, 0),
                 param_bytes=param_bytes.get(name, 0),
                 output_bytes=trace.module_output_bytes.get(name, 0),
-                tally=tallies.get(name, Tally()),
+                tally=tallies.get(name, Estimates()),
             )
         )
     return rows
@@ -149,18 +134,16 @@ def _params_by_module(trace: Trace) -> tuple[dict[str, int], dict[str, int]]:
     return params, nbytes
 
 
-def by_op(ops: list[OpCount]) -> dict[str, Tally]:
-    tallies: dict[str, Tally] = defaultdict(Tally)
-    for op in ops:
-        tallies[op.op].add(op)
+def by_op(ops: list[OpCount]) -> dict[str, Estimates]:
+    tallies = {name: Estimates.from_counts(group) for name, group in group_by_op(ops).items()}
     return dict(sorted(tallies.items(), key=lambda kv: -kv[1].flops - kv[1].bytes * 1e-9))
 
 
-def by_phase(ops: list[OpCount]) -> dict[str, Tally]:
-    tallies = {p: Tally() for p in PHASES}
+def by_phase(ops: list[OpCount]) -> dict[str, Estimates]:
+    groups: dict[str, list[OpCount]] = {p: [] for p in PHASES}
     for op in ops:
-        tallies[op.phase].add(op)
-    return tallies
+        groups[op.phase].append(op)
+    return {p: Estimates.from_counts(group) for p, group in groups.items()}
 
 
 def coverage(ops: list[OpCount]) -> dict[str, Any]:

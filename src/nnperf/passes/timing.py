@@ -13,6 +13,10 @@ The step: eager PyTorch issues kernels from one host thread. The host pays a dis
 per op (views too); a kernel starts when it has been issued and the previous kernel ended;
 ``.item()`` makes the host wait for the device. The step ends when both are done, so small
 models and small batches come out host-bound, as they are in reality.
+
+Results refer to what they time: an ``OpTime`` holds its ``OpCount`` (and through it the
+``OpEvent``), a ``GemmTime`` the lowered ``Gemm`` it estimates, so no later table re-joins
+them by event index.
 """
 
 from __future__ import annotations
@@ -24,8 +28,8 @@ from typing import Any
 from nnperf.hardware import GPU, DeviceProfile
 from nnperf.kernels.gemm import GemmEstimate, estimate_gemm
 from nnperf.passes.costs import registry as cat
-from nnperf.passes.costs.matmul import gemm_shapes
 from nnperf.passes.count import OpCount
+from nnperf.passes.gemms import Gemm, operand_dtype
 from nnperf.trace.events import KIND_OPT_STATE, OpEvent, Trace, dtype_name
 
 _MEMORY_BOUND = {cat.ELEMENTWISE, cat.REDUCTION, cat.NORM, cat.MEMORY, cat.OPTIMIZER, "uncovered"}
@@ -39,13 +43,21 @@ class TimingOptions:
     tf32_conv: bool = True  # torch.backends.cudnn.allow_tf32
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
+class GemmTime:
+    """One lowered GEMM with its estimate on this GPU (the estimate is shared by every GEMM
+    of the same shape: it is cached per shape)."""
+
+    gemm: Gemm
+    estimate: GemmEstimate
+
+
+@dataclass(slots=True, eq=False)
 class OpTime:
-    index: int
-    op: str
-    module: str
-    phase: str
-    category: str
+    """One op's predicted time; what it is (index, op, module, phase, category, FLOPs,
+    bytes) is its ``OpCount``'s."""
+
+    count: OpCount = field(repr=False)
     kernels: int
     kernel_s: float  # predicted device time of the op's kernel(s)
     compute_s: float  # FLOPs / peak of the unit it runs on (roofline)
@@ -63,12 +75,39 @@ class OpTime:
     idle_before_s: float = 0.0  # device idle waiting for the host to issue this op
     bound: str = "none"  # what limits it in the step: compute | memory | launch | host | none
     kernel_bound: str = "none"  # what limits its kernel alone: compute | memory | launch
-    gemms: list[GemmEstimate] = field(default_factory=list)
+    # The rate its arithmetic ran at, e.g. "tf32" for an fp32 convolution with TF32 on,
+    # "fp32" on CUDA cores; "" without FLOPs on a math unit (MFU's peak is built from it).
+    math: str = ""
+    gemms: list[GemmTime] = field(default_factory=list)
+
+    @property
+    def index(self) -> int:
+        return self.count.index
+
+    @property
+    def op(self) -> str:
+        return self.count.op
+
+    @property
+    def module(self) -> str:
+        return self.count.module
+
+    @property
+    def phase(self) -> str:
+        return self.count.phase
+
+    @property
+    def category(self) -> str:
+        return self.count.category
 
     @property
     def wall_s(self) -> float:
         """Share of the device timeline: its kernels plus the idle gap it waited behind."""
         return self.kernel_s + self.idle_before_s
+
+    def __repr__(self) -> str:
+        return (f"OpTime({self.index}, {self.op!r}, module={self.module!r}, kernel_s={self.kernel_s:.3g}, "
+                f"start_s={self.start_s:.6g}, bound={self.bound!s})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,25 +155,23 @@ class KernelModel:
             self._gemm_cache[key] = est
         return est
 
-    def time_op(self, event: OpEvent, count: OpCount, host_s: float) -> OpTime:
+    def time_op(self, count: OpCount, host_s: float) -> OpTime:
         category = count.category
-        base = dict(
-            index=count.index, op=count.op, module=count.module, phase=count.phase,
-            category=category, host_s=host_s,
-        )
+        base = dict(count=count, host_s=host_s)
         if category in (cat.GEMM, cat.CONV):
-            return self._matrix(event, count, base)
+            return self._matrix(count, base)
         if category == cat.ATTENTION:
-            return self._attention(event, count, base)
+            return self._attention(count, base)
         if category in (cat.ALLOC, cat.HOST):
             return OpTime(kernels=0, kernel_s=0.0, compute_s=0.0, memory_s=0.0, peak_flops=0.0, **base)
         return self._streaming(count, base)
 
-    def _matrix(self, event: OpEvent, count: OpCount, base: dict[str, Any]) -> OpTime:
-        dtype = dtype_name(event.inputs[-1].dtype if event.inputs else event.outputs[0].dtype)
+    def _matrix(self, count: OpCount, base: dict[str, Any]) -> OpTime:
+        dtype = dtype_name(operand_dtype(count.event))
         is_conv = count.category == cat.CONV
         tf32 = self.options.tf32_conv if is_conv else self.options.tf32_matmul
-        ests = [self.gemm(g.m, g.n, g.k, g.batch, dtype, tf32) for g in gemm_shapes(event)]
+        gemms = [GemmTime(g, self.gemm(g.m, g.n, g.k, g.batch, dtype, tf32)) for g in count.gemms]
+        ests = [g.estimate for g in gemms]
         compute = sum(e.compute_s for e in ests)
         overhead = sum(e.overhead_s for e in ests)
         if is_conv:
@@ -154,13 +191,16 @@ class KernelModel:
         bound = _bound(model_compute, model_memory, overhead)
         return OpTime(
             kernels=len(ests), kernel_s=kernel, compute_s=compute, memory_s=memory,
-            peak_flops=ests[0].peak_flops if ests else 0.0, bound=bound, gemms=ests,
+            peak_flops=ests[0].peak_flops if ests else 0.0, bound=bound, gemms=gemms,
+            math=ests[0].rate_dtype if ests else "",
             model_compute_s=model_compute, model_memory_s=model_memory, overhead_s=overhead, **base,
         )
 
-    def _attention(self, event: OpEvent, count: OpCount, base: dict[str, Any]) -> OpTime:
+    def _attention(self, count: OpCount, base: dict[str, Any]) -> OpTime:
+        event = count.event
         dtype = dtype_name(event.inputs[1].dtype if count.phase == "backward" else event.inputs[0].dtype)
-        peak = self.gpu.matmul_peak(dtype, tf32=self.options.tf32_matmul).flops
+        rate = self.gpu.matmul_peak(dtype, tf32=self.options.tf32_matmul)
+        peak = rate.flops
         backward = count.op.endswith("_backward")
         fraction = (
             self.profile.attention_backward_fraction if backward else self.profile.attention_forward_fraction
@@ -175,6 +215,7 @@ class KernelModel:
             compute_s=count.flops / peak,
             memory_s=count.bytes / self.gpu.memory_bandwidth,
             peak_flops=peak,
+            math=rate.dtype,
             bound=_bound(model_compute, model_memory, overhead),
             model_compute_s=model_compute,
             model_memory_s=model_memory,
@@ -236,19 +277,20 @@ def simulate_step(
 ) -> StepTime:
     """Play the eager timeline: host issues ops in order, the device runs them in order."""
     model = KernelModel(gpu, profile, options)
-    by_index = {c.index: c for c in counts}
+    pending = iter(counts)  # counts are the trace's non-free events, in trace order
+    count = next(pending, None)
     host = device = busy = 0.0
     ops: list[OpTime] = []
     slices: list[HostSlice] = []
     for event in trace.events:
         cost = _host_cost(event, profile)
-        count = by_index.get(event.index)
         issued = host
-        if count is None:  # a view: host time only
+        if count is None or count.event is not event:  # a view: host time only
             host += cost
             slices.append(HostSlice(event.index, event.name, event.module, event.phase, issued, host, False))
             continue
-        t = model.time_op(event, count, cost)
+        t = model.time_op(count, cost)
+        count = next(pending, None)
         host += cost + max(0, t.kernels - 1) * profile.kernel_overhead_s
         slices.append(
             HostSlice(event.index, event.name, event.module, event.phase, issued, host, t.kernels > 0)

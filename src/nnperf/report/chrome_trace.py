@@ -29,7 +29,6 @@ def _us(seconds: float) -> float:
 def chrome_trace(prediction: Prediction) -> dict[str, Any]:
     """The trace document: ``traceEvents`` with complete ('X') slices, flows and track names."""
     gpu = prediction.gpu.name
-    counts = {c.index: c for c in prediction.analysis.ops}
     events: list[dict[str, Any]] = [
         {"ph": "M", "name": "process_name", "pid": HOST_PID, "args": {"name": "host (predicted)"}},
         {"ph": "M", "name": "thread_name", "pid": HOST_PID, "tid": HOST_TID, "args": {"name": "dispatch"}},
@@ -48,7 +47,7 @@ def chrome_trace(prediction: Prediction) -> dict[str, Any]:
     for t in prediction.step.ops:
         if not t.kernels:
             continue
-        c = counts[t.index]
+        c = t.count
         events.append({
             "ph": "X", "cat": t.category, "name": t.op, "pid": DEVICE_PID, "tid": DEVICE_TID,
             "ts": _us(t.start_s), "dur": _us(t.kernel_s),

@@ -13,7 +13,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from nnperf.prediction import Prediction, TimeTally
+from nnperf.passes.estimates import Estimates
+from nnperf.prediction import Prediction
 from nnperf.report.console import make_console
 from nnperf.report.labels import indented
 from nnperf.report.units import binary, rate, seconds, si
@@ -40,7 +41,7 @@ def _compact(value: float) -> str:
     return si(value).replace(" ", "")
 
 
-def _bw_need(tally: TimeTally) -> str:
+def _bw_need(tally: Estimates) -> str:
     req = tally.required_bw()
     if not req or tally.bound not in _BW_BOUNDS:
         return "-"
@@ -56,7 +57,7 @@ def _table(title: str, first: str, caption: str) -> Table:
     return t
 
 
-def _cells(tally: TimeTally, step: float) -> list[str]:
+def _cells(tally: Estimates, step: float) -> list[str]:
     return [
         seconds(tally.time_s),
         f"{tally.time_s / step:.1%}" if step else "-",
@@ -93,8 +94,12 @@ def op_time_table(p: Prediction, limit: int = 25) -> Table:
 
 
 def mfu_label(totals: dict) -> str:
-    """What MFU divides: forward+backward FLOPs (not the optimizer's) by the matmul peak."""
-    return f"MFU (forward+backward FLOPs / {totals['mfu_dtype']} peak {si(totals['mfu_peak_flops'], 'FLOP/s')})"
+    """What MFU divides: forward+backward FLOPs (not the optimizer's) by the peak of the math
+    the matrix kernels ran (``mfu_math``: e.g. tf32 for fp32 convolutions under cuDNN's
+    default; several modes, e.g. tf32+fp32, give their FLOP-weighted peak)."""
+    math = totals["mfu_math"]
+    weighted = " FLOP-weighted" if "+" in math else ""
+    return f"MFU (forward+backward FLOPs / {math}{weighted} peak {si(totals['mfu_peak_flops'], 'FLOP/s')})"
 
 
 def memory_line(p: Prediction) -> str:

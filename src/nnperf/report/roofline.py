@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from nnperf.errors import UsageError
+from nnperf.passes.estimates import Estimates
 from nnperf.passes.rollup import ROOT_OWN_OPS, module_order, module_type
-from nnperf.prediction import Prediction, TimeTally
+from nnperf.passes.timing import OpTime
+from nnperf.prediction import Prediction
 from nnperf.report.labels import module_label
 
 #: How points are grouped: by module cut at a depth ("layer") or by aten op name ("op").
@@ -149,19 +151,11 @@ def roofline_points(prediction: Prediction, *, by: str = "layer", depth: int = 2
     if by not in GROUPINGS:
         raise UsageError(f"invalid grouping '{by}': expected one of {', '.join(GROUPINGS)}")
     analysis = prediction.analysis
-    counts = {c.index: c for c in analysis.ops}
     key_of: Callable[[Any], str] = (lambda t: cut(t.module, depth)) if by == "layer" else (lambda t: t.op)
-    tallies: dict[str, TimeTally] = defaultdict(TimeTally)
-    n_ops: dict[str, int] = defaultdict(int)
-    kernels: dict[str, int] = defaultdict(int)
-    category: dict[str, str] = {}
+    groups: dict[str, list[OpTime]] = defaultdict(list)
     for t in prediction.step.ops:
-        c = counts[t.index]
-        key = key_of(t)
-        tallies[key].add(t, c.flops, c.bytes_in, c.bytes_out, c.bytes_weights)
-        n_ops[key] += 1
-        kernels[key] += t.kernels
-        category.setdefault(key, t.category)
+        groups[key_of(t)].append(t)
+    tallies = {key: Estimates.from_times(ts) for key, ts in groups.items()}
     types = analysis.trace.module_types
     root = analysis.root_type
     if by == "layer":
@@ -175,14 +169,14 @@ def roofline_points(prediction: Prediction, *, by: str = "layer", depth: int = 2
             label = module_label(key, root)
             kind = module_type(types, key)
         else:
-            label, kind = key, category[key]
+            label, kind = key, groups[key][0].category
         points.append(
             RooflinePoint(
                 key=key,
                 label=label,
                 type=kind,
-                ops=n_ops[key],
-                kernels=kernels[key],
+                ops=tally.count,
+                kernels=tally.kernels,
                 flops=tally.flops,
                 bytes=tally.bytes_in + tally.bytes_out + tally.bytes_weights,
                 kernel_s=tally.kernel_s,

@@ -40,8 +40,8 @@ def analysis_html(analysis: Any, depth: int = 2) -> str:
         indent = "&nbsp;&nbsp;" * max(row.depth - 1, 0)
         rows.append(
             f'<tr><td class="l name" title="{esc(name)}">{indent}{esc(name)}</td><td class="l">{esc(row.type)}</td>'
-            f"<td>{row.params:,}</td><td>{esc(si(t.flops_by_phase.get('forward', 0.0)))}</td>"
-            f"<td>{esc(si(t.flops_by_phase.get('backward', 0.0)))}</td><td>{esc(si(t.flops))}</td>"
+            f"<td>{row.params:,}</td><td>{esc(si(t.flops_forward))}</td>"
+            f"<td>{esc(si(t.flops_backward))}</td><td>{esc(si(t.flops))}</td>"
             f"<td>{esc(binary(t.bytes))}</td>"
             f"<td>{t.intensity:.1f}</td></tr>"
         )

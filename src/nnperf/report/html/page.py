@@ -276,13 +276,11 @@ def _module(prediction: Prediction, module: str) -> str:
 
 def gemm_rows(prediction: Prediction) -> list[dict[str, Any]]:
     """GEMMs grouped by shape, phase and role (a 48-layer model repeats each shape 48 times)."""
-    by_index: dict[int, list[Any]] = defaultdict(list)
-    for g in prediction.analysis.gemms:
-        by_index[g.index].append(g)
     groups: dict[tuple, dict[str, Any]] = {}
     for t in prediction.step.ops:
-        for g, est in zip(by_index.get(t.index, []), t.gemms, strict=False):
-            key = (g.phase, g.role, g.m, g.n, g.k, g.batch, g.dtype)
+        for gt in t.gemms:
+            g, est = gt.gemm, gt.estimate
+            key = g.shape_key
             row = groups.get(key)
             if row is None:
                 row = groups[key] = {"gemm": g, "est": est, "count": 0, "time_s": 0.0, "modules": []}
