@@ -40,3 +40,13 @@ class TraceError(NnperfError):
 
 class ResourceError(NnperfError):
     exit_code = 5
+
+
+def shown(value: object, limit: int = 80) -> str:
+    """``value`` quoted for an error line, cut in the middle when long: a 5000-character file
+    name must still leave a message of one readable line."""
+    text = str(value)
+    if len(text) > limit:
+        keep = (limit - 5) // 2
+        text = f"{text[:keep]}[...]{text[-keep:]}"
+    return repr(text)

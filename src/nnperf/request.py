@@ -12,6 +12,7 @@ precision) is ``nnperf.trace.capture.TraceOptions``; turning a request into a bu
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nnperf.errors import UsageError
+from nnperf.errors import UsageError, shown
 from nnperf.workload import LossFn
 
 INPUT_DTYPES = {
@@ -55,15 +56,68 @@ class InputSpec:
         return bool(self.shapes) or self.tokens is not None
 
 
-def parse_shape(text: str) -> tuple[int, ...]:
-    """``8,3,224,224`` or ``8x3x224x224`` -> (8, 3, 224, 224); every size must be >= 1."""
+@dataclass(frozen=True)
+class IntLimit:
+    """The integers an input may be: ``low`` to ``high`` inclusive."""
+
+    low: int
+    high: int
+
+    def check(self, value: int, what: str) -> int:
+        """``value``, or a usage error naming ``what`` and the valid range."""
+        if isinstance(value, bool) or not isinstance(value, int) or not self.low <= value <= self.high:
+            text = str(value) if isinstance(value, int) and len(str(value)) <= 40 else shown(value)
+            raise UsageError(f"invalid {what} {text}: expected {self.describe()}")
+        return value
+
+    def describe(self) -> str:
+        return f"an integer from {self.low:,} to {self.high:,}"
+
+
+#: Largest batch, sequence length, input dimension or vocabulary: 2**31 - 1. Larger values
+#: are typos (no GPU holds 2**31 samples of anything), and beyond them the element counts
+#: of a step overflow the 64-bit sizes PyTorch computes with (2**31 samples x 2**31 positions
+#: x 2**31 features already does).
+INDEX_MAX = 2**31 - 1
+#: The most elements one input tensor may have: 2**48 (512 TiB of fp16), far beyond any
+#: device, well inside PyTorch's 64-bit sizes once a model multiplies it by its widths.
+MAX_INPUT_ELEMENTS = 2**48
+
+#: The valid range of every integer the CLI takes, in one place: the options' types
+#: (``nnperf.cli.limits``) and ``ModelRequest`` both check these.
+LIMITS: dict[str, IntLimit] = {
+    "batch": IntLimit(1, INDEX_MAX),
+    "seq": IntLimit(1, INDEX_MAX),
+    "dim": IntLimit(1, INDEX_MAX),  # one size of --input-shape / --tokens
+    "vocab": IntLimit(1, INDEX_MAX),
+    "max_batch": IntLimit(1, INDEX_MAX),
+    "grad_accum": IntLimit(1, 2**20),
+    "depth": IntLimit(0, 1000),  # module tree depth shown
+    "rows": IntLimit(1, 100_000),  # printed timeline rows
+    "timeline_points": IntLimit(0, 100_000_000),
+    "steps": IntLimit(1, 1_000_000),
+    "warmup": IntLimit(0, 1_000_000),
+    "repeats": IntLimit(1, 10_000),
+    "gemm_dim": IntLimit(1, INDEX_MAX),  # M, N, K of nnperf gemm
+    "gemm_batch": IntLimit(1, INDEX_MAX),
+    "transfer_n": IntLimit(1, 65_536),  # n of an n x n product nnperf bench runs for real
+}
+
+
+def parse_shape(text: str, what: str = "shape") -> tuple[int, ...]:
+    """``8,3,224,224`` or ``8x3x224x224`` -> (8, 3, 224, 224); every size 1..2**31-1 and at
+    most ``MAX_INPUT_ELEMENTS`` elements in all."""
     parts = [p.strip() for p in text.strip().replace("x", ",").split(",")]
     try:  # an empty part is an error too: "8,x" is not the shape (8,)
         shape = tuple(int(p) for p in parts)
     except ValueError:
-        raise UsageError(f"invalid shape '{text}': expected integers such as 8,3,224,224") from None
-    if not shape or any(s < 1 for s in shape):
-        raise UsageError(f"invalid shape '{text}': every size must be a positive integer")
+        raise UsageError(f"invalid {what} {shown(text)}: expected integers such as 8,3,224,224") from None
+    dim = LIMITS["dim"]
+    if not shape or any(not dim.low <= s <= dim.high for s in shape):
+        raise UsageError(f"invalid {what} {shown(text)}: every size must be {dim.describe()}")
+    if math.prod(shape) > MAX_INPUT_ELEMENTS:
+        raise UsageError(f"invalid {what} {shown(text)}: {math.prod(shape):,} elements; at most "
+                         f"2**48 = {MAX_INPUT_ELEMENTS:,}")
     return shape
 
 
@@ -92,7 +146,7 @@ class ModelRequest:
     overrides: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.batch is not None and self.batch < 1:
-            raise UsageError(f"invalid batch {self.batch}: must be a positive integer")
-        if self.seq_len is not None and self.seq_len < 1:
-            raise UsageError(f"invalid sequence length {self.seq_len}: must be a positive integer")
+        if self.batch is not None:
+            LIMITS["batch"].check(self.batch, "batch")
+        if self.seq_len is not None:
+            LIMITS["seq"].check(self.seq_len, "sequence length")

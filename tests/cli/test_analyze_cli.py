@@ -118,7 +118,7 @@ def test_invalid_input_shape_is_a_usage_error(tmp_path, shape):
     (tmp_path / "m.py").write_text("from torch import nn\ndef f():\n    return nn.Linear(3, 5)\n")
     result, out = run(f"{tmp_path}/m.py:f", "--input-shape", shape)
     assert result.exit_code == 2, out
-    assert "invalid shape" in out
+    assert "invalid --input-shape" in out
     assert "Traceback" not in out
 
 

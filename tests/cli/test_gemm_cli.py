@@ -75,7 +75,9 @@ def test_measured_profile_file(tmp_path):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["0", "64", "64"], "M=0"),
+        (["0", "64", "64"], "invalid M 0: expected an integer from 1 to 2,147,483,647"),
+        (["64", "64", "2147483648"], "invalid K 2147483648"),
+        (["64", "64", "64", "--batch", "0"], "invalid --batch 0"),
         (["64", "64", "64", "--dtype", "fp4"], "unknown dtype 'fp4'"),
         (["64", "64", "64", "--gpu", "nope"], "unknown GPU 'nope'"),
         (

@@ -45,16 +45,19 @@ def test_fit_too_small_gpu_says_what_batch_1_needs():
 
 def test_memory_checks_the_workload_options_like_analyze():
     res = CliRunner().invoke(cli, ["memory", "mlp", "--batch", "0"])
-    assert res.exit_code == 2 and "invalid batch 0" in res.output
+    assert res.exit_code == 2 and "invalid --batch 0" in res.output
     res = CliRunner().invoke(cli, ["memory", "x.py:f", "--tokens", "2,7", "--vocab", "0"])
     assert res.exit_code == 2 and "invalid --vocab 0" in res.output
 
 
-def test_fit_ignores_batch():
-    res = CliRunner().invoke(cli, ["fit", "mlp", "--batch", "0", "--gpu", "a100-40gb",
+def test_fit_does_not_use_a_valid_batch_and_refuses_an_invalid_one():
+    res = CliRunner().invoke(cli, ["fit", "mlp", "--batch", "3", "--gpu", "a100-40gb",
                                    "--no-what-ifs", "--max-batch", "16", "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["results"][0]["largest_batch"] == 16
+    res = CliRunner().invoke(cli, ["fit", "mlp", "--batch", "0", "--gpu", "a100-40gb"])
+    assert res.exit_code == 2
+    assert res.output == "nnperf: error: invalid --batch 0: expected an integer from 1 to 2,147,483,647\n"
 
 
 def test_validate_refuses_a_file_without_measured_memory(tmp_path):

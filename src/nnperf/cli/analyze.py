@@ -8,6 +8,7 @@ import click
 
 from nnperf.analysis import analyze_request
 from nnperf.cli.app import cli
+from nnperf.cli.limits import LimitedInt
 from nnperf.cli.workload_options import pop_workload, workload_options
 from nnperf.errors import UsageError
 
@@ -15,7 +16,7 @@ from nnperf.errors import UsageError
 @cli.command()
 @workload_options
 @click.option("--by", type=click.Choice(["module", "op", "gemm"]), default="module", show_default=True)
-@click.option("--depth", type=click.IntRange(min=0), default=2, show_default=True,
+@click.option("--depth", type=LimitedInt("depth"), default=2, show_default=True,
               help="Module tree depth shown (0: the whole model only).")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON document instead of tables.")
 @click.option("--csv", "as_csv", is_flag=True, help="Print the --by table as CSV.")

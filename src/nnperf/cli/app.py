@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
 
 import click
@@ -48,7 +49,24 @@ for _name in COMMAND_MODULES:
     importlib.import_module(f"nnperf.cli.{_name}")
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM unwinds like Ctrl-C (``finally`` blocks run: a half-written output's temporary
+    file is removed, the file it would replace left as it was) and exits 143. Processes
+    forked from this one (the parallel fit search) die of the signal as before."""
+    if os.getpid() != _MAIN_PID:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    sys.exit(128 + signum)
+
+
+_MAIN_PID = os.getpid()
+
+
 def main() -> None:
+    global _MAIN_PID
+    _MAIN_PID = os.getpid()
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     # The profiler's C++ side (Kineto) prints "USDT ... profiler_start/stop" lines to stderr
     # each time measure/calibrate profile a step; read when the profiler starts. A user's own
     # setting wins.

@@ -7,7 +7,7 @@ import sys
 import click
 
 from nnperf.cli.app import cli
-from nnperf.cli.paths import check_output, write_output
+from nnperf.cli.paths import check_output, os_errors_as_usage
 
 
 @cli.command()
@@ -28,7 +28,7 @@ def calibrate(device_name, quick, output, device_file, gpu, as_json) -> None:
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from nnperf.hardware import load_gpu
+    from nnperf.cli.gpu_options import resolve_gpu
     from nnperf.measure.calibration import (
         Outputs,
         measured_table,
@@ -45,8 +45,8 @@ def calibrate(device_name, quick, output, device_file, gpu, as_json) -> None:
     if cuda:
         import torch
 
-        target = load_gpu(gpu or torch.cuda.get_device_name(device))
-    elif gpu:
+        target = resolve_gpu(gpu if gpu is not None else torch.cuda.get_device_name(device))
+    elif gpu is not None:
         click.echo("note: --gpu is ignored for a CPU calibration", err=True)
     outputs = Outputs.for_profile(output or f"nnperf-profile-{device.type}.toml", device_file, cpu=not cuda)
     # checked before the minutes of measuring, written (folders created) after them
@@ -73,7 +73,8 @@ def calibrate(device_name, quick, output, device_file, gpu, as_json) -> None:
         click.secho("nnperf: calibration interrupted; nothing was written (a partial calibration is never "
                     "saved as a profile)", fg="red", err=True)
         sys.exit(130)
-    write_output(outputs.profile, "--output", lambda _: write_outputs(cal, target, outputs))
+    with os_errors_as_usage("--output", outputs.profile):  # atomic: temp files renamed together
+        write_outputs(cal, target, outputs)
     paths = [str(p) for p in outputs.paths()]
     noisy = cal.noisy()
     if noisy:

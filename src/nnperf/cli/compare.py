@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 import click
@@ -12,8 +11,11 @@ from rich.table import Table
 
 from nnperf.analysis import analyze_request
 from nnperf.cli.app import cli
+from nnperf.cli.gpu_options import GpuRequest, gpu_options
+from nnperf.cli.inputs import read_text
 from nnperf.cli.workload_options import pop_workload, workload_options
-from nnperf.errors import UsageError
+from nnperf.errors import UsageError, shown
+from nnperf.hardware.schema import GPU_RANGES
 from nnperf.passes.memory.capacity import verdict
 from nnperf.report.console import make_console
 from nnperf.report.units import binary, rate, seconds
@@ -29,45 +31,45 @@ def load_prices(path: str | None) -> dict[str, float]:
     if path is None:
         return {}
     try:
-        raw = tomllib.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise UsageError(f"price file '{path}' does not exist") from None
+        raw = tomllib.loads(read_text(path, "price file"))
     except tomllib.TOMLDecodeError as err:
-        raise UsageError(f"price file '{path}' is not valid TOML: {err}") from None
+        raise UsageError(f"price file {shown(path)} is not valid TOML: {err}") from None
+    valid = GPU_RANGES["price_usd_per_hour"]
     prices = {}
     for key, value in raw.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise UsageError(f"price file '{path}': '{key}' must be a positive USD/hour number")
+        if not valid.admits(value):
+            raise UsageError(f"price file {shown(path)}: {shown(key)} is {shown(value)}; expected "
+                             f"USD per GPU-hour, {valid.describe()}")
         prices[key] = float(value)
     return prices
 
 
 @cli.command()
 @workload_options
-@click.option("--gpus", required=True, help="Comma-separated GPU names, e.g. v100,a100,h100,h200.")
+@gpu_options(gpu=False, gpus=True, resolve=False)
 @click.option("--prices", "prices_file", type=click.Path(dir_okay=False),
               help="TOML of USD per GPU-hour by GPU name, overriding the catalog's dated defaults.")
 @click.option("--tf32/--no-tf32", default=False, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
-def compare(gpus, prices_file, tf32, as_json, **kwargs) -> None:
+def compare(gpu_request: GpuRequest, prices_file, tf32, as_json, **kwargs) -> None:
     """Predict the same step of MODEL on several GPUs: time, throughput, bound and cost."""
-    from nnperf.hardware import load_gpu
     from nnperf.passes.timing import TimingOptions
     from nnperf.prediction import predict_analysis
 
-    names = [g.strip() for g in gpus.split(",") if g.strip()]
-    if not names:
-        raise UsageError("--gpus needs at least one GPU name, e.g. --gpus a100,h100")
-    resolved = [load_gpu(n) for n in names]  # all names checked before the (slow) trace
+    if not gpu_request.given:
+        raise UsageError("compare needs the GPUs to compare: --gpus a100,h100 (see 'nnperf gpus')")
+    targets = gpu_request.resolve()  # every name, file and what-if checked before the slow trace
     prices = load_prices(prices_file)
     analysis = analyze_request(*pop_workload(kwargs))
     memory: dict[str | None, Any] = {}  # one memory replay per architecture, not per GPU
     rows = []
-    for name, gpu in zip(names, resolved, strict=True):
-        p = predict_analysis(analysis, gpu, timing=TimingOptions(tf32_matmul=tf32),
+    for target in targets:
+        gpu = target.gpu
+        # the memory model depends on the architecture and nothing else of the GPU
+        p = predict_analysis(analysis, gpu, target.profile, timing=TimingOptions(tf32_matmul=tf32),
                              memory=memory.get(gpu.architecture))
         memory[gpu.architecture] = p.memory
-        rows.append(_row(name, gpu, p.totals, prices))
+        rows.append(_row(target.asked or gpu.id, gpu, p.totals, prices))
     if as_json:
         click.echo(json.dumps({"schema": "nnperf.compare/1", "model": analysis.model,
                                "config": analysis.config, "gpus": rows}, indent=2))

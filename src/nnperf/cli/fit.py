@@ -9,29 +9,34 @@ import click
 
 from nnperf.cli.app import cli
 from nnperf.cli.gpu_options import gpu_options
+from nnperf.cli.limits import LimitedInt
 from nnperf.cli.memory import memory_options_from, memory_step_options
 from nnperf.cli.workload_options import pop_workload, workload_options
 from nnperf.errors import ResourceError, UsageError
-from nnperf.hardware import GPU, DeviceProfile
+from nnperf.hardware import GPU
 from nnperf.passes.memory.capacity import capacity
 
 
 @cli.command()
 @workload_options
 @memory_step_options
-@gpu_options
+@gpu_options(profile=False)
 @click.option("--no-what-ifs", is_flag=True, help="Search only the configuration as given.")
-@click.option("--max-batch", type=click.IntRange(min=1), default=1 << 20, show_default=True,
+@click.option("--max-batch", type=LimitedInt("max_batch"), default=1 << 20, show_default=True,
               help="Stop searching at this batch.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def fit(gpu: GPU, profile: DeviceProfile, **kwargs: Any) -> None:
-    """The largest batch of MODEL whose step fits in the GPU's memory (--batch is ignored),
-    and how mixed precision, activation checkpointing and a stateless optimizer change it.
+def fit(gpu: GPU, **kwargs: Any) -> None:
+    """The largest batch of MODEL whose step fits in the GPU's memory (the search chooses
+    the batch, up to --max-batch; --batch is not used), and how mixed precision, activation checkpointing and a
+    stateless optimizer change it.
     """
     from nnperf.search.fit import fit as run_fit
     from nnperf.search.fit import not_fitting_message
 
-    kwargs["batch"] = None  # the search chooses the batch: --batch is ignored, even a bad one
+    # The search chooses the batch. A --batch within its range (checked when parsed, so
+    # --batch 0 is refused) is accepted and not used: scripts pass the same workload options
+    # to memory, predict and fit, and the golden cases do too.
+    kwargs["batch"] = None
     request, trace_options = pop_workload(kwargs)
     if request.input_spec.given:
         fixed = ", ".join(f"--input-shape {','.join(map(str, s))}" for s in request.input_spec.shapes) or \

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from nnperf.cli.app import cli
 from nnperf.cli.gpu_options import gpu_options
+from nnperf.cli.limits import LimitedInt
 from nnperf.errors import UsageError
 from nnperf.hardware import GPU, DeviceProfile
 from nnperf.kernels.gemm import GEMV_TILE, GemmEstimate, estimate_gemm, tile_text
@@ -186,13 +187,13 @@ def _sweep_table(estimates: list[GemmEstimate], dims: str, gpu: GPU) -> Table:
 
 
 @cli.command()
-@click.argument("m", type=int)
-@click.argument("n", type=int)
-@click.argument("k", type=int)
+@click.argument("m", type=LimitedInt("gemm_dim"))
+@click.argument("n", type=LimitedInt("gemm_dim"))
+@click.argument("k", type=LimitedInt("gemm_dim"))
 @click.option(
     "--batch",
     "-b",
-    type=int,
+    type=LimitedInt("gemm_batch"),
     default=1,
     show_default=True,
     help="Number of independent GEMMs (batched matmul).",

@@ -8,6 +8,7 @@ import click
 from rich.table import Table
 
 from nnperf.cli.app import cli
+from nnperf.errors import UsageError
 from nnperf.hardware import GPU, list_gpus, load_gpu
 from nnperf.report.console import make_console
 
@@ -120,7 +121,10 @@ def _detail_table(g: GPU) -> Table:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def gpus(name: str | None, as_json: bool) -> None:
     """List the GPU catalog, or show NAME in full with its sources."""
-    if name:
+    if name is not None:
+        if not name.strip():
+            raise UsageError(f"GPU name {name!r} is empty; give a name such as h100, or none for "
+                             "the whole catalog")
         gpu = load_gpu(name)
         if as_json:
             click.echo(json.dumps(gpu.to_dict(), indent=2))

@@ -9,9 +9,10 @@ import click
 
 from nnperf.cli.app import cli
 from nnperf.cli.gpu_options import gpu_options
+from nnperf.cli.limits import CONTEXT_MIB, LimitedFloat, LimitedInt
 from nnperf.cli.workload_options import pop_workload, workload_options
 from nnperf.errors import ResourceError
-from nnperf.hardware import GPU, DeviceProfile
+from nnperf.hardware import GPU
 from nnperf.passes.memory.capacity import MemoryFit
 from nnperf.search.memory_variants import MemoryOptions
 from nnperf.trace.capture import TraceOptions
@@ -26,14 +27,14 @@ def memory_options_from(trace: TraceOptions, kwargs: dict[str, Any]) -> MemoryOp
 def memory_step_options(fn):
     """--grad-accum, --set-to-none/--no-set-to-none, --checkpoint (shared with ``fit``)."""
     for option in reversed([
-        click.option("--grad-accum", type=click.IntRange(min=1), default=1, show_default=True,
+        click.option("--grad-accum", type=LimitedInt("grad_accum"), default=1, show_default=True,
                      help="Micro-batches per optimizer step (--batch is the micro-batch)."),
         click.option("--set-to-none/--no-set-to-none", default=True, show_default=True,
                      help="zero_grad(set_to_none=...): with --no-set-to-none gradients stay "
                           "allocated through forward."),
         click.option("--checkpoint", is_flag=True,
                      help="Activation checkpointing of every repeated block (layers, residual blocks)."),
-        click.option("--context-mib", type=click.FloatRange(min=0),
+        click.option("--context-mib", type=LimitedFloat(CONTEXT_MIB),
                      help="Measured CUDA context size (MiB) instead of the per-architecture estimate."),
     ]):
         fn = option(fn)
@@ -43,16 +44,16 @@ def memory_step_options(fn):
 @cli.command()
 @workload_options
 @memory_step_options
-@gpu_options
+@gpu_options(profile=False)
 @click.option("--json", "as_json", is_flag=True,
               help="Print the analysis JSON with a 'memory' section instead of tables.")
-@click.option("--timeline-points", type=click.IntRange(min=0), default=2000, show_default=True,
+@click.option("--timeline-points", type=LimitedInt("timeline_points"), default=2000, show_default=True,
               help="Down-sample the JSON timeline to at most this many points (0: every event).")
-@click.option("--rows", type=click.IntRange(min=1), default=24, show_default=True,
+@click.option("--rows", type=LimitedInt("rows"), default=24, show_default=True,
               help="Rows of the printed timeline.")
 @click.option("--validate", "validate_file", type=click.Path(exists=True, dir_okay=False),
               help="JSON of measured peaks (fields: model, config.batch, peak_allocated, peak_reserved, device_total in bytes) to print next to the prediction.")
-def memory(gpu: GPU, profile: DeviceProfile, **kwargs: Any) -> None:
+def memory(gpu: GPU, **kwargs: Any) -> None:
     """Peak device memory of one step of MODEL: parameters, gradients, optimizer state,
     activations kept for backward (per module), temporaries and workspaces, and the
     timeline of allocated memory over the step.

@@ -1,6 +1,11 @@
 """Output files the commands write (reports, images, Chrome traces, profiles): one behaviour
 for all of them.
 
+Every file is written atomically: to a temporary name in the same folder, renamed into place
+(``os.replace``) only when complete, the temporary file removed on any failure. A run killed
+mid-write (Ctrl-C, SIGTERM: ``nnperf.cli.app.main`` turns it into an exit that unwinds) leaves
+the old file or the new one, never a torn or empty one in its place.
+
 A missing parent directory is created, as ``calibrate`` always did, so ``-o out/r.html``
 works in a fresh checkout. A path that still cannot be written (no permission, a directory
 where the file should go, a file where a directory should be) is a usage error naming the
@@ -11,12 +16,14 @@ parents and writes.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TypeVar
 
-from nnperf.errors import UsageError
+from nnperf.errors import UsageError, shown
 
 T = TypeVar("T")
 
@@ -46,26 +53,71 @@ def check_output(value: str | os.PathLike[str], option: str) -> Path:
 
 
 def write_output(path: str | os.PathLike[str], option: str, write: Callable[[Path], T]) -> T:
-    """Create the missing parent directories of ``path``, then ``write(path)``; an ``OSError``
-    from either (a race with ``check_output``, a full disk) becomes a usage error naming the
-    option and the path instead of a traceback."""
-    target = Path(path).expanduser()
+    """Create the missing parent directories of ``path``, then ``write(tmp)`` to a temporary
+    file beside it and rename that onto ``path`` (see the module docstring); an ``OSError``
+    (a race with ``check_output``, a full disk) becomes a usage error naming the option and
+    the path instead of a traceback. ``write`` gets the temporary path, which ends with the
+    same suffix as ``path`` (writers that choose a format by suffix still do)."""
+    with os_errors_as_usage(option, path), atomic_path(path) as tmp:
+        return write(tmp)
+
+
+@contextlib.contextmanager
+def os_errors_as_usage(option: str, path: str | os.PathLike[str]) -> Iterator[None]:
+    """An ``OSError`` in the block becomes a usage error naming ``option`` and ``path``: for a
+    writer that is atomic on its own (calibration writes several files, renamed together)."""
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        return write(target)
+        yield
     except OSError as err:
-        raise UsageError(f"cannot write {option} '{path}': {_reason(err)}") from None
+        raise UsageError(f"cannot write {option} {shown(os.fspath(path))}: {_reason(err)}") from None
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A temporary path in ``path``'s folder (parents created) that becomes ``path`` when the
+    block ends normally; on any exception, KeyboardInterrupt and SystemExit included, it is
+    removed and ``path`` is left as it was. A symbolic link is written through, not replaced.
+    The new file gets the old file's permissions, or the usual ones (0666 less the umask)."""
+    target = Path(path).expanduser()
+    if target.is_symlink():
+        target = target.resolve()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{target.name[:100]}.", suffix=f".partial{target.suffix}",
+                                dir=target.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        os.chmod(tmp, _mode_for(target))
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _mode_for(target: Path) -> int:
+    """The permissions the written file should have: those of the file it replaces, else
+    what ``open()`` would give a new file (mkstemp makes it 0600)."""
+    try:
+        return target.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def distinct_outputs(outputs: Mapping[str, Path]) -> None:
+    """Two output options naming one file would write it twice, the second over the first."""
+    seen: dict[Path, str] = {}
+    for option, path in outputs.items():
+        key = path.absolute()
+        if key in seen:
+            raise UsageError(f"{seen[key]} and {option} both name '{path}'; give each its own file")
+        seen[key] = option
 
 
 def _reason(err: OSError) -> str:
     """``Permission denied: '/x'`` -> ``permission denied ('/x')``: the OS's words, one line."""
     text = (err.strerror or str(err)).strip()
     text = text[:1].lower() + text[1:]
-    return f"{text} ('{err.filename}')" if err.filename else text
-
-
-def prepare_output(value: str | os.PathLike[str], option: str) -> Path:
-    """``check_output``, then create the missing parent directories: for an output that
-    another component opens itself later (the profiler's Chrome trace)."""
-    path = check_output(value, option)
-    return write_output(path, option, lambda p: p)
+    return f"{text} ({shown(err.filename)})" if err.filename else text

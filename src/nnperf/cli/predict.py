@@ -9,6 +9,7 @@ import click
 from nnperf.analysis import analyze_request
 from nnperf.cli.app import cli
 from nnperf.cli.gpu_options import gpu_options
+from nnperf.cli.limits import LimitedInt
 from nnperf.cli.paths import check_output, write_output
 from nnperf.cli.workload_options import pop_workload, workload_options
 
@@ -19,7 +20,7 @@ from nnperf.cli.workload_options import pop_workload, workload_options
 @click.option("--tf32/--no-tf32", default=False, show_default=True,
               help="Let fp32 matmuls use TF32 tensor cores (torch.backends.cuda.matmul.allow_tf32).")
 @click.option("--by", type=click.Choice(["module", "op"]), default="module", show_default=True)
-@click.option("--depth", type=click.IntRange(min=0), default=2, show_default=True)
+@click.option("--depth", type=LimitedInt("depth"), default=2, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON document (analysis + timing).")
 @click.option("--trace-out", type=click.Path(dir_okay=False),
               help="Write the predicted timeline (host dispatch and device kernels) as a Chrome "

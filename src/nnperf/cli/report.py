@@ -6,22 +6,23 @@ import click
 
 from nnperf.analysis import analyze_request
 from nnperf.cli.app import cli
-from nnperf.cli.gpu_options import gpu_options
-from nnperf.cli.paths import check_output, write_output
+from nnperf.cli.gpu_options import GpuTarget, gpu_options
+from nnperf.cli.inputs import read_text
+from nnperf.cli.limits import LimitedInt
+from nnperf.cli.paths import check_output, distinct_outputs, write_output
 from nnperf.cli.workload_options import pop_workload, workload_options
 from nnperf.errors import UsageError
 
 
 @cli.command()
 @workload_options
-@gpu_options
-@click.option("--gpus", help="Comma-separated GPU names for a side-by-side report, e.g. a100,h100.")
+@gpu_options(gpus=True)
 @click.option("--output", "-o", type=click.Path(dir_okay=False), help="Write the HTML report here.")
 @click.option("--measured", type=click.Path(dir_okay=False),
               help="Overlay a measured run (the JSON of 'nnperf measure --json').")
 @click.option("--png", type=click.Path(dir_okay=False), help="Also write the roofline as a PNG image.")
 @click.option("--svg", type=click.Path(dir_okay=False), help="Also write the roofline as an SVG image.")
-@click.option("--depth", type=click.IntRange(min=0), default=2, show_default=True,
+@click.option("--depth", type=LimitedInt("depth"), default=2, show_default=True,
               help="Module depth of the roofline points and layer bars (one point per layer).")
 @click.option("--points", type=click.Choice(["layer", "op"]), default="layer", show_default=True,
               help="Roofline points per layer (module at --depth) or per aten op.")
@@ -29,9 +30,9 @@ from nnperf.errors import UsageError
               help="Run the memory model for the memory fit and timeline.")
 @click.option("--tf32/--no-tf32", default=False, show_default=True,
               help="Let fp32 matmuls use TF32 tensor cores.")
-def report(gpu, profile, gpus, output, measured, png, svg, depth, points, memory, tf32, **kwargs) -> None:
+def report(targets: list[GpuTarget], output, measured, png, svg, depth, points, memory, tf32,
+           **kwargs) -> None:
     """Write an HTML report of MODEL on a GPU (or several with --gpus) that opens offline."""
-    from nnperf.hardware import default_profile, load_gpu
     from nnperf.passes.timing import TimingOptions
     from nnperf.prediction import predict_analysis
     from nnperf.report.html import AUTO, build_compare_report, build_report, load_measured
@@ -42,16 +43,13 @@ def report(gpu, profile, gpus, output, measured, png, svg, depth, points, memory
     # every output checked before the trace, so a bad path fails in a second, not after it
     outputs = {option: check_output(path, option)
                for option, path in (("--output", output), ("--png", png), ("--svg", svg)) if path}
-    targets = [(gpu, profile)]
-    if gpus:
-        names = [g.strip() for g in gpus.split(",") if g.strip()]
-        if not names:
-            raise UsageError("--gpus needs at least one GPU name, e.g. --gpus a100,h100")
-        targets = [(g, default_profile(g)) for g in (load_gpu(n) for n in names)]  # check before tracing
+    distinct_outputs(outputs)
+    if measured:
+        read_text(measured, "measurement file")  # a binary or unreadable file: one line
     overlay = load_measured(measured) if measured else None
     analysis = analyze_request(*pop_workload(kwargs))
     timing = TimingOptions(tf32_matmul=tf32)
-    predictions = [predict_analysis(analysis, g, p, timing) for g, p in targets]
+    predictions = [predict_analysis(analysis, t.gpu, t.profile, timing) for t in targets]
     if overlay is not None:
         check_comparable(overlay, [p.gpu for p in predictions])
     mem = AUTO if memory else None

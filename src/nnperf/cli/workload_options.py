@@ -8,7 +8,8 @@ from typing import Any
 
 import click
 
-from nnperf.errors import UsageError
+from nnperf.cli.limits import LimitedInt
+from nnperf.errors import UsageError, shown
 from nnperf.request import INPUT_DTYPES, InputSpec, ModelRequest, parse_shape
 from nnperf.trace.capture import AMP_DTYPES, DTYPES, OPTIMIZER_IMPLS, OPTIMIZERS, TraceOptions
 
@@ -22,8 +23,8 @@ def workload_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Adds MODEL and the options that say which step to trace."""
     options = [
         click.argument("model"),
-        click.option("--batch", "-b", type=int, help="Batch size (samples per step)."),
-        click.option("--seq", type=int, help="Sequence length for token models."),
+        click.option("--batch", "-b", type=LimitedInt("batch"), help="Batch size (samples per step)."),
+        click.option("--seq", type=LimitedInt("seq"), help="Sequence length for token models."),
         click.option("--train/--inference", default=True, show_default=True,
                      help="A whole training step, or one inference forward."),
         click.option("--dtype", type=click.Choice(list(DTYPES)),
@@ -37,9 +38,11 @@ def workload_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      show_default=True, help="PyTorch optimizer implementation."),
         click.option("--input-shape", multiple=True,
                      help="Input shape for a bare model, e.g. 8,3,224,224 (repeat for several inputs)."),
-        click.option("--input-dtype", type=click.Choice(list(INPUT_DTYPES)), default="fp32", show_default=True),
+        click.option("--input-dtype", type=click.Choice(list(INPUT_DTYPES)),
+                     help="Dtype of the --input-shape inputs (default fp32); built-in models and "
+                          "factories make their own inputs: cast those with --dtype."),
         click.option("--tokens", help="Token-id input B,T for a bare language model."),
-        click.option("--vocab", type=int, help="Vocabulary size for --tokens."),
+        click.option("--vocab", type=LimitedInt("vocab"), help="Vocabulary size for --tokens (default 32000)."),
         click.option("--real", is_flag=True,
                      help="Trace on real CPU tensors (for models whose shapes depend on data)."),
         click.option("--model-opt", "-O", multiple=True, metavar="KEY=VALUE",
@@ -79,18 +82,35 @@ def pop_workload(kwargs: dict[str, Any]) -> tuple[ModelRequest, TraceOptions]:
 
 
 def _input_spec(opts: dict[str, Any]) -> InputSpec:
-    """A bare model's inputs from --input-shape/--input-dtype or --tokens/--vocab."""
+    """A bare model's inputs from --input-shape/--input-dtype or --tokens/--vocab.
+
+    A setting that would not reach any input is refused, never dropped: --input-dtype types
+    only --input-shape inputs (a built-in model or a factory makes its own: a user who asks
+    for fp16 inputs there wants the model in fp16, which is --dtype), --vocab only --tokens.
+    """
     tokens = None
-    if opts["tokens"]:
-        shape = parse_shape(opts["tokens"])
+    if opts["tokens"] is not None:
+        shape = parse_shape(opts["tokens"], "--tokens")
         if len(shape) != 2:
-            raise UsageError(f"invalid --tokens '{opts['tokens']}': expected B,T such as 8,1024")
+            raise UsageError(f"invalid --tokens {shown(opts['tokens'])}: expected B,T such as 8,1024")
         tokens = (shape[0], shape[1])
-    if opts["vocab"] is not None and opts["vocab"] < 1:
-        raise UsageError(f"invalid --vocab {opts['vocab']}: must be a positive integer")
+        if opts["input_shape"]:
+            raise UsageError("--tokens and --input-shape both give the inputs: choose one")
+    if opts["vocab"] is not None and tokens is None:
+        raise UsageError(f"--vocab {opts['vocab']} is not used: it sizes the token ids of "
+                         "--tokens B,T; give --tokens too, or drop --vocab")
+    dtype = opts["input_dtype"]
+    if dtype is not None and not opts["input_shape"]:
+        raise UsageError(
+            f"--input-dtype {dtype} is not used: it types the inputs of --input-shape only "
+            + ("(token ids are int64)" if tokens else "(built-in models and factories make their "
+               "own inputs)")
+            + "; to run the model and its floating inputs in that dtype use --dtype, for "
+              "mixed precision --amp"
+        )
     return InputSpec(
-        shapes=tuple(parse_shape(s) for s in opts["input_shape"]),
-        dtype=opts["input_dtype"],
+        shapes=tuple(parse_shape(s, "--input-shape") for s in opts["input_shape"]),
+        dtype=dtype or "fp32",
         tokens=tokens,
         vocab=opts["vocab"],
     )

@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from nnperf.errors import UsageError
+from nnperf.errors import UsageError, shown
 from nnperf.hardware import schema
 
 
@@ -24,8 +24,11 @@ def parse_set_values(values: list[str] | tuple[str, ...]) -> dict[str, str]:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise UsageError(
-                f"--set {item!r} is not KEY=VALUE (e.g. --set memory_bandwidth_gbs=2000)"
+                f"--set {shown(item)} is not KEY=VALUE (e.g. --set memory_bandwidth_gbs=2000)"
             )
+        if key.strip() in out:
+            raise UsageError(f"--set {key.strip()} is given twice ({out[key.strip()]} and "
+                             f"{shown(value.strip())}); give each key once")
         out[key.strip()] = value.strip()
     return out
 
@@ -35,7 +38,7 @@ def _valid_keys_text() -> str:
 
 
 def _unknown(key: str) -> UsageError:
-    return UsageError(f"--set: unknown key {key!r}; valid keys: {_valid_keys_text()}")
+    return UsageError(f"--set: unknown key {shown(key)}; valid keys: {_valid_keys_text()}")
 
 
 def _convert(key: str, kind: str, text: str, expected: str) -> Any:
@@ -48,7 +51,13 @@ def _convert(key: str, kind: str, text: str, expected: str) -> Any:
         elif kind == "strlist":
             value = [v.strip() for v in text.split(",") if v.strip()]
     except ValueError:
-        raise UsageError(f"--set {key}={text!r}: expected {expected}") from None
+        valid = f", {schema.range_of(key).describe()}" if kind in ("int", "float") else ""
+        raise UsageError(f"--set {key}={shown(text)}: expected {expected}{valid}") from None
+    if kind in ("int", "float"):
+        valid = schema.range_of(key)
+        if not valid.admits(value):
+            raise UsageError(f"--set {key}={shown(text)}: expected {expected}, {valid.describe()}")
+        return value
     try:
         schema._check("--set", key, kind, value, expected)
     except UsageError:

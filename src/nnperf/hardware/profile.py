@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nnperf.errors import UsageError
+from nnperf.errors import UsageError, shown
 from nnperf.hardware import schema
 
 if TYPE_CHECKING:
@@ -133,10 +133,16 @@ def _tile_name(tile: tuple[int, int]) -> str:
 
 
 def _parse_tile(name: str) -> tuple[int, int]:
+    side = schema.PROFILE_RANGES["tile_side"]
     try:
         tm, tn = (int(v) for v in name.lower().split("x"))
     except ValueError:
-        raise UsageError(f"bad tile name {name!r}; expected 'TmxTn' such as '128x256'") from None
+        tm = tn = 0
+    if not (side.admits(tm) and side.admits(tn)):
+        raise UsageError(
+            f"bad tile name {shown(name)}; expected 'TmxTn' such as '128x256', each side "
+            f"{side.describe()}"
+        )
     return tm, tn
 
 
@@ -154,79 +160,122 @@ _SCALARS = {
     }
 }
 _TABLES = ("tile_relative_efficiency", "ctas_per_sm", "alignment_penalty")
+#: The alignment classes the GEMM model asks about (``kernels/gemm.py``).
+ALIGNMENT_CLASSES = ("16B", "128B")
+#: The sections of the shipped ``default_profile.toml``: generic values and per-architecture
+#: refinements. A copy of that file is a valid ``--profile`` too.
+_SECTIONS = ("default", "architecture")
 
 
-def _curve(where: str, value: Any) -> Curve:
-    ok = (
-        isinstance(value, list)
-        and value
-        and all(
-            isinstance(p, list)
-            and len(p) == 2
-            and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in p)
-            for p in value
-        )
-    )
-    if not ok:
-        raise UsageError(f"{where}: expected a list of [x, y] pairs of positive numbers")
-    return tuple((float(a), float(b)) for a, b in value)
+def _number(here: str, value: Any, valid: schema.Range) -> Any:
+    """``value`` if ``valid`` admits it, else a usage error naming the field and the range."""
+    if not valid.admits(value):
+        raise UsageError(f"{here} is {shown(value)}; expected {valid.describe()}")
+    return value
+
+
+def _curve(where: str, value: Any, x: str, y: str) -> Curve:
+    """A measured curve: [[x, y], ...] pairs, each number in its range."""
+    x_range, y_range = schema.PROFILE_RANGES[x], schema.PROFILE_RANGES[y]
+    pairs = value if isinstance(value, list) and value else None
+    if pairs is None or not all(isinstance(p, list) and len(p) == 2 for p in pairs):
+        raise UsageError(f"{where}: expected a non-empty list of [x, y] pairs of numbers")
+    for px, py in pairs:
+        _number(f"{where}: x", px, x_range)
+        _number(f"{where}: y", py, y_range)
+    return tuple((float(a), float(b)) for a, b in pairs)
 
 
 def _apply(base: dict[str, Any], table: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """Merge a raw TOML table onto profile keyword arguments, checking every value."""
+    """Merge a raw TOML table onto profile keyword arguments, checking every value against
+    its range in ``schema.PROFILE_RANGES``."""
     out = dict(base)
     for key, value in table.items():
         here = f"{where}: field '{key}'"
-        if key in _SCALARS and key not in ("gpu", "note"):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise UsageError(f"{here} is {value!r}; expected a positive number")
-            out[key] = int(value) if key.startswith("split_k") else float(value)
-        elif key in ("gpu", "note"):
-            out[key] = str(value)
+        if key in ("gpu", "note"):
+            if not isinstance(value, str):
+                raise UsageError(f"{here} is {shown(value)}; expected a string")
+            out[key] = value
+        elif key in _SCALARS:
+            out[key] = _number(here, value, schema.PROFILE_RANGES[key])
+            if not key.startswith("split_k"):
+                out[key] = float(value)
         elif key in _TABLES:
             if not isinstance(value, dict):
                 raise UsageError(f"{here} must be a table")
             for name, v in value.items():
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-                    raise UsageError(f"{here}.{name} is {v!r}; expected a positive number")
-                if key != "alignment_penalty":
+                if key == "alignment_penalty":
+                    if name not in ALIGNMENT_CLASSES:
+                        raise UsageError(f"{here}: unknown alignment class {shown(name)}; "
+                                         f"valid: {', '.join(ALIGNMENT_CLASSES)}")
+                else:
                     _parse_tile(name)
+                _number(f"{here}.{name}", v, schema.PROFILE_RANGES[key])
             merged = dict(out.get(key, {}))
             merged.update(value)
             out[key] = merged
         elif key == "bandwidth_curve":
-            out[key] = _curve(here, value)
+            out[key] = _curve(here, value, "bandwidth_curve.bytes", "bandwidth_curve.bytes_per_s")
         elif key == "measured":
             continue  # headline figures written by `nnperf calibrate`, for display only
         elif key == "gemm_efficiency":
             if not isinstance(value, dict):
                 raise UsageError(f"{here} must be a table of dtype = [[flops, fraction], ...]")
-            out[key] = {d: _curve(f"{here}.{d}", c) for d, c in value.items()}
+            unknown = sorted(set(value) - set(schema.COMPUTE_DTYPES))
+            if unknown:
+                raise UsageError(f"{here}: unknown dtype {shown(unknown[0])}; valid dtypes: "
+                                 f"{', '.join(schema.COMPUTE_DTYPES)}")
+            out[key] = {d: _curve(f"{here}.{d}", c, "gemm_efficiency.flops", "gemm_efficiency.fraction")
+                        for d, c in value.items()}
         else:
-            valid = [*_SCALARS, *_TABLES, "bandwidth_curve", "gemm_efficiency"]
-            raise UsageError(f"{where}: unknown field '{key}'; valid fields: {', '.join(valid)}")
+            valid = [*_SCALARS, *_TABLES, "bandwidth_curve", "gemm_efficiency", "measured"]
+            raise UsageError(f"{where}: unknown field {shown(key)}; valid fields: {', '.join(valid)} "
+                             "(or the [default] and [architecture.NAME] tables of default_profile.toml)")
     return out
+
+
+def _apply_sections(base: dict[str, Any], raw: Mapping[str, Any], where: str, gpu: GPU | None) -> dict[str, Any]:
+    """A file in the shipped defaults' layout: ``[default]``, then the ``[architecture.X]``
+    table of ``gpu``'s architecture, then any top-level field. Every architecture table is
+    checked, not only the one used, so a typo is found on any GPU."""
+    kwargs = dict(base)
+    default = raw.get("default", {})
+    if not isinstance(default, dict):
+        raise UsageError(f"{where}: [default] must be a table of profile fields")
+    kwargs = _apply(kwargs, default, f"{where} [default]")
+    archs = raw.get("architecture", {})
+    if not isinstance(archs, dict) or not all(isinstance(t, dict) for t in archs.values()):
+        raise UsageError(f"{where}: [architecture] must hold tables such as [architecture.hopper]")
+    chosen = kwargs
+    for name, table in archs.items():
+        applied = _apply(kwargs, table, f"{where} [architecture.{name}]")
+        if gpu is not None and name == gpu.architecture.lower():
+            chosen = applied
+    kwargs = chosen
+    rest = {k: v for k, v in raw.items() if k not in _SECTIONS}
+    return _apply(kwargs, rest, where)
 
 
 def default_profile(gpu: GPU | None = None) -> DeviceProfile:
     """Generic constants, refined by the ``[architecture.<name>]`` table for ``gpu``'s family."""
     raw = schema.read_toml(DEFAULTS_FILE, "profile file")
-    kwargs = _apply({}, raw.get("default", {}), str(DEFAULTS_FILE))
+    kwargs = _apply_sections({}, raw, str(DEFAULTS_FILE), gpu)
     if gpu is not None:
-        arch = raw.get("architecture", {}).get(gpu.architecture.lower())
-        if arch:
-            kwargs = _apply(kwargs, arch, f"{DEFAULTS_FILE} [architecture.{gpu.architecture}]")
         kwargs["gpu"] = gpu.id
     return DeviceProfile(**kwargs)
 
 
 def load_profile(path: str | Path, gpu: GPU | None = None) -> DeviceProfile:
-    """Read a profile file; fields it leaves out keep the generic default (for ``gpu``)."""
+    """Read a profile file; fields it leaves out keep the generic default (for ``gpu``).
+
+    A file in the layout of the shipped ``default_profile.toml`` (``[default]`` and
+    ``[architecture.NAME]`` tables) is read the way the defaults are."""
     base = dataclasses.asdict(default_profile(gpu))
-    kwargs = _apply(
-        {k: v for k, v in base.items()}, schema.read_toml(Path(path), "profile file"), f"profile file {str(path)!r}"
-    )
-    return DeviceProfile(**kwargs)
+    raw = schema.read_toml(Path(path), "profile file")
+    where = f"profile file {shown(path)}"
+    if any(k in raw for k in _SECTIONS):
+        return DeviceProfile(**_apply_sections(base, raw, where, gpu))
+    return DeviceProfile(**_apply(base, raw, where))
 
 
 def _toml_value(value: Any) -> str:

@@ -15,11 +15,13 @@ A GPU file is a TOML table with these keys (see any file in ``hardware/gpus/`` f
 
 from __future__ import annotations
 
+import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nnperf.errors import UsageError
+from nnperf.errors import UsageError, shown
 from nnperf.hardware.dtypes import COMPUTE_DTYPES
 
 if sys.version_info >= (3, 11):
@@ -66,15 +68,118 @@ HOST_LINK_FIELDS: dict[str, tuple[str, bool, str]] = {
 TABLES = ("host_link", "peak_tflops", "sources")
 
 
+@dataclass(frozen=True)
+class Range:
+    """The values a number may take: finite, in (low, high] (or [low, high] when
+    ``low_closed``), an integer when ``integer``. Every numeric field of a GPU file and of a
+    device profile has one, so ``--gpu-file``, ``--set`` and ``--profile`` refuse the same
+    values with the same words (nan, inf, 1e308, a fraction of 5 would each give a
+    prediction that means nothing)."""
+
+    low: float
+    high: float
+    integer: bool = False
+    low_closed: bool = False
+
+    def admits(self, value: Any) -> bool:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        if self.integer and not isinstance(value, int):
+            return False
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        above = value >= self.low if self.low_closed else value > self.low
+        return above and value <= self.high
+
+    def describe(self) -> str:
+        if self.integer:
+            return f"an integer from {_num(self.low)} to {_num(self.high)}"
+        return f"a finite number in {'[' if self.low_closed else '('}{_num(self.low)}, {_num(self.high)}]"
+
+
+def _num(x: float) -> str:
+    """1e6 -> '1,000,000', 3e-6 -> '3e-06': bounds as a reader types them."""
+    return f"{int(x):,}" if float(x).is_integer() and abs(x) < 1e16 else f"{x:g}"
+
+
+#: A fraction of a peak (or a relative efficiency of at most 1).
+FRACTION = Range(0, 1)
+#: Every peak rate in TFLOP/s (TOPS for int8): up to 1 EFLOP/s per device, 100x the largest
+#: dense rate of any catalog GPU (B200 fp8: 4,500).
+RATE = Range(0, 1e6)
+
+#: The valid range of every numeric GPU field (``peak_tflops`` covers every unit and dtype).
+GPU_RANGES: dict[str, Range] = {
+    "sm_count": Range(1, 100_000, integer=True, low_closed=True),
+    "boost_clock_mhz": Range(0, 100_000),
+    "tensor_clock_mhz": Range(0, 100_000),
+    "memory_gib": Range(0, 2**20),  # 1 PiB: a device description of a big host fits
+    "cuda_total_mib": Range(0, 2**30),
+    "memory_bandwidth_gbs": Range(0, 1e6),  # 1 PB/s; H200: 4,800
+    "l2_mb": Range(0, 1e5),
+    "gpu_link_gbs": Range(0, 1e5),
+    "tdp_w": Range(0, 1e5),
+    "price_usd_per_hour": Range(0, 1e4),
+    "host_link.gen": Range(1, 10, integer=True, low_closed=True),
+    "host_link.lanes": Range(1, 64, integer=True, low_closed=True),
+    "host_link.gbs_per_direction": Range(0, 1e5),
+    "peak_tflops": RATE,
+}
+
+
+#: The valid range of every number in a device profile (``--profile``, the shipped defaults).
+#: Per-kernel and per-op times up to 1 s (no kernel launch or dispatch costs that much);
+#: ``conv_relative_efficiency`` compares a convolution with a GEMM and may exceed 1 (the
+#: calibration clamps its measurement to 2).
+PROFILE_RANGES: dict[str, Range] = {
+    "gemm_peak_fraction": FRACTION,
+    "cuda_core_fraction": FRACTION,
+    "bandwidth_fraction": FRACTION,
+    "attention_forward_fraction": FRACTION,
+    "attention_backward_fraction": FRACTION,
+    "conv_relative_efficiency": Range(0, 2),
+    "bandwidth_half_bytes": Range(0, 2**50),
+    "kernel_overhead_s": Range(0, 1),
+    "host_dispatch_s": Range(0, 1),
+    "host_dispatch_backward_s": Range(0, 1),
+    "host_dispatch_optimizer_s": Range(0, 1),
+    "host_view_s": Range(0, 1),
+    "split_k_max": Range(1, 1024, integer=True, low_closed=True),
+    "split_k_min_k": Range(1, 2**31 - 1, integer=True, low_closed=True),
+    "foreach_tensors_per_kernel": Range(1, 1e6, low_closed=True),
+    "tile_relative_efficiency": FRACTION,  # per tile
+    "alignment_penalty": FRACTION,  # per alignment class
+    "ctas_per_sm": Range(1, 64, integer=True, low_closed=True),  # per tile
+    "tile_side": Range(1, 4096, integer=True, low_closed=True),  # Tm and Tn of a tile name
+    "bandwidth_curve.bytes": Range(0, 2**60),
+    "bandwidth_curve.bytes_per_s": Range(0, 1e15),  # 1 PB/s, as memory_bandwidth_gbs
+    "gemm_efficiency.flops": Range(0, 1e21),
+    "gemm_efficiency.fraction": FRACTION,
+}
+
+
+def range_of(field: str) -> Range:
+    """The range of a dotted GPU field (``peak_tflops.tensor.bf16`` -> the rate range)."""
+    return GPU_RANGES["peak_tflops" if field.startswith("peak_tflops.") else field]
+
+
 def read_toml(path: Path, what: str) -> dict[str, Any]:
-    """A TOML file's table; a missing or malformed file is a usage error naming ``what``."""
+    """A TOML file's table; a missing, unreadable, binary or malformed file is a usage error
+    naming ``what`` and the file."""
+    name = shown(path)
     try:
         with open(path, "rb") as fh:
             return tomllib.load(fh)
     except FileNotFoundError:
-        raise UsageError(f"{what} {str(path)!r} does not exist") from None
+        raise UsageError(f"{what} {name} does not exist") from None
+    except IsADirectoryError:
+        raise UsageError(f"{what} {name} is a directory; expected a TOML file") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{what} {name} is not a text file; expected UTF-8 TOML") from None
     except tomllib.TOMLDecodeError as err:
-        raise UsageError(f"{what} {str(path)!r} is not valid TOML: {err}") from None
+        raise UsageError(f"{what} {name} is not valid TOML: {err}") from None
+    except OSError as err:  # permission, a name too long, an I/O error
+        raise UsageError(f"{what} {name} cannot be read: {err.strerror or err}") from None
 
 
 def valid_keys() -> list[str]:
@@ -99,14 +204,10 @@ def _check(origin: str, field: str, kind: str, value: Any, expected: str) -> Any
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise _bad(origin, field, expected, value)
         return tuple(value)
-    if kind == "int":
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise _bad(origin, field, expected, value)
-        return value
-    # positive float
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise _bad(origin, field, expected, value)
-    return float(value)
+    valid = range_of(field)
+    if not valid.admits(value):
+        raise _bad(origin, field, f"{expected}, {valid.describe()}", value)
+    return value if kind == "int" else float(value)
 
 
 def _fields(origin: str, table: dict, spec: dict, prefix: str = "") -> dict[str, Any]:
