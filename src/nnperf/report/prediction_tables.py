@@ -17,6 +17,7 @@ from nnperf.passes.estimates import Estimates
 from nnperf.prediction import Prediction
 from nnperf.report.console import make_console
 from nnperf.report.labels import indented
+from nnperf.report.sections import mfu_label, module_times, op_times
 from nnperf.report.units import binary, rate, seconds, si
 
 #: Bounds under which the bandwidth a row would need to run at peak FLOP/s says something:
@@ -74,12 +75,8 @@ def module_time_table(p: Prediction, depth: int | None) -> Table:
     t = _table(f"{p.analysis.model} on {p.gpu.name} — predicted time per module", "Module",
                MODULE_CAPTION)
     t.add_column("BW need in/out/w", justify="right", no_wrap=True)
-    tallies = p.by_module(depth)
     root = p.analysis.root_type
-    for row in p.analysis.modules(depth):
-        tally = tallies.get(row.name)
-        if tally is None:
-            continue
+    for row, tally in module_times(p, depth):
         t.add_row(indented(row.name, row.depth, root), *_cells(tally, step), _bw_need(tally))
     return t
 
@@ -88,18 +85,9 @@ def op_time_table(p: Prediction, limit: int = 25) -> Table:
     step = p.step.step_s
     t = _table(f"{p.analysis.model} on {p.gpu.name} — predicted time per op (top {limit})", "Op",
                OP_CAPTION)
-    for name, tally in list(p.by_op().items())[:limit]:
+    for name, tally in op_times(p, limit):
         t.add_row(name, *_cells(tally, step))
     return t
-
-
-def mfu_label(totals: dict) -> str:
-    """What MFU divides: forward+backward FLOPs (not the optimizer's) by the peak of the math
-    the matrix kernels ran (``mfu_math``: e.g. tf32 for fp32 convolutions under cuDNN's
-    default; several modes, e.g. tf32+fp32, give their FLOP-weighted peak)."""
-    math = totals["mfu_math"]
-    weighted = " FLOP-weighted" if "+" in math else ""
-    return f"MFU (forward+backward FLOPs / {math}{weighted} peak {si(totals['mfu_peak_flops'], 'FLOP/s')})"
 
 
 def memory_line(p: Prediction) -> str:

@@ -30,6 +30,7 @@ class Measured:
 
     source: str
     gpu: str | None = None
+    gpu_id: str | None = None  # the catalog id of ``gpu``, resolved once when read (None: unknown)
     device: str | None = None  # "cuda", "cuda:0", "cpu" when the file says
     step_time_s: float | None = None
     module_time_s: dict[str, float] = field(default_factory=dict)
@@ -39,6 +40,25 @@ class Measured:
 
     def module_time(self, key: str) -> float | None:
         return self.module_time_s.get(key)
+
+    def matches(self, gpu: Any) -> bool:
+        """Whether this is a measurement of ``gpu`` (a resolved GPU): by catalog id, or by
+        name for a device the catalog does not know; a file naming no device matches."""
+        if self.gpu is None or self.gpu in (gpu.name, gpu.id):
+            return True
+        return self.gpu_id == gpu.id
+
+
+def catalog_id(name: str) -> str | None:
+    """The catalog id of a device name ('NVIDIA H100 80GB HBM3' -> 'h100-sxm'), or None for a
+    device the catalog does not know: the one GPU lookup of a measurement, done on reading."""
+    from nnperf.errors import NnperfError
+    from nnperf.hardware import load_gpu
+
+    try:
+        return load_gpu(name).id
+    except NnperfError:
+        return None
 
 
 def _number(value: Any) -> float | None:
@@ -84,6 +104,7 @@ def measured_from_json(doc: dict[str, Any], source: str = "measurement") -> Meas
     measured = Measured(
         source=source,
         gpu=str(gpu) if gpu else None,
+        gpu_id=catalog_id(str(gpu)) if gpu else None,
         device=str(measurement["device"]) if measurement.get("device") else None,
         step_time_s=step,
         module_time_s=modules,
@@ -109,19 +130,11 @@ def check_comparable(measured: Measured, gpus: list[Any]) -> None:
             f"{measured.source} was measured on the CPU ({measured.gpu or 'cpu'}), the report "
             f"predicts {names}: overlay a measurement from that GPU"
         )
-    if measured.gpu:
-        from nnperf.errors import NnperfError
-        from nnperf.hardware import load_gpu
-
-        try:
-            measured_id = load_gpu(measured.gpu).id
-        except NnperfError:  # a GPU the catalog does not know: nothing to check it against
-            return
-        if all(g.id != measured_id for g in gpus):
-            raise UsageError(
-                f"{measured.source} was measured on {measured.gpu}, the report predicts {names}: "
-                "predict that GPU (--gpu) or overlay a measurement from a predicted one"
-            )
+    if measured.gpu and measured.gpu_id is not None and not any(measured.matches(g) for g in gpus):
+        raise UsageError(
+            f"{measured.source} was measured on {measured.gpu}, the report predicts {names}: "
+            "predict that GPU (--gpu) or overlay a measurement from a predicted one"
+        )
 
 
 def load_measured(path: str | Path) -> Measured:

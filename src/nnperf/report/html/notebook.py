@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from nnperf.report.html.page import asset, layers_section, memory_for, summary_section
+from nnperf.report.html.page import asset
+from nnperf.report.html.sections_html import layers_section, roofline_section, summary_section
 from nnperf.report.html.svg import esc
 from nnperf.report.labels import module_label
+from nnperf.report.sections import Run, memory_for
 from nnperf.report.units import binary, si
 
 
@@ -22,8 +24,6 @@ def _wrap(title: str, body: str) -> str:
 
 def prediction_html(prediction: Any, depth: int = 2) -> str:
     """Summary cards, the roofline and the per-layer table of one prediction."""
-    from nnperf.report.html.page import Run, roofline_section
-
     memory, note = memory_for(prediction)  # computed once per prediction, for the fit card
     run = Run(prediction, depth=depth, by="layer", memory=memory, memory_note=note)
     body = summary_section(run) + roofline_section(run, 0) + layers_section([run])
