@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nnperf.errors import ModelLoadError, UsageError
+from nnperf.errors import ModelLoadError, UsageError, shown
 from nnperf.request import ModelRequest
 from nnperf.workload import LossFn, Workload
 
@@ -43,6 +43,9 @@ def resolve(request: ModelRequest) -> tuple[str, Callable[[], Workload]]:
         return target, lambda: _call_factory(factory, request, params)
     from nnperf.zoo import get_model
 
+    if len(target) > MAX_NAME:  # no model is called that: a pasted blob, not a typo to match
+        raise ModelLoadError(f"unknown model {shown(target)}: give a built-in name (nnperf models), "
+                             "PATH.py:FACTORY or package.module:FACTORY")
     spec = get_model(target)
     if request.inputs is not None or request.input_spec.given:
         raise UsageError(
@@ -61,12 +64,16 @@ def resolve(request: ModelRequest) -> tuple[str, Callable[[], Workload]]:
 
 def _load_factory(target: str) -> Callable[..., Any]:
     location, _, attr = target.rpartition(":")
-    if not attr:
-        raise ModelLoadError(f"'{target}': expected PATH.py:FACTORY or package.module:FACTORY")
+    if not attr or not location:
+        raise ModelLoadError(f"{shown(target)}: expected PATH.py:FACTORY or package.module:FACTORY")
     if location.endswith(".py") or "/" in location or "\\" in location:
         path = Path(location)
-        if not path.is_file():
-            raise ModelLoadError(f"model file '{location}' does not exist")
+        try:
+            found = path.is_file()
+        except OSError as err:  # a name too long for the file system, a folder not searchable
+            raise ModelLoadError(f"model file {shown(location)} cannot be read: {err.strerror or err}") from None
+        if not found:
+            raise ModelLoadError(f"model file {shown(location)} does not exist")
         mod_name = f"nnperf_user_{abs(hash(str(path.resolve())))}"
         spec = importlib.util.spec_from_file_location(mod_name, path)
         if spec is None or spec.loader is None:
@@ -76,19 +83,29 @@ def _load_factory(target: str) -> Callable[..., Any]:
         sys.path.insert(0, str(path.resolve().parent))
         try:
             spec.loader.exec_module(module)
-        except Exception as err:
-            raise ModelLoadError(f"importing '{location}' failed: {type(err).__name__}: {err}") from None
+        except (Exception, SystemExit) as err:  # sys.exit() at import is a failure, not our exit
+            raise ModelLoadError(f"importing {shown(location)} failed: {_raised(err)}") from None
         finally:
             sys.path.remove(str(path.resolve().parent))
     else:
         try:
             module = importlib.import_module(location)
-        except Exception as err:
-            raise ModelLoadError(f"importing module '{location}' failed: {type(err).__name__}: {err}") from None
+        except (Exception, SystemExit) as err:
+            raise ModelLoadError(f"importing module {shown(location)} failed: {_raised(err)}") from None
     factory = getattr(module, attr, None)
     if factory is None or not callable(factory):
-        raise ModelLoadError(f"'{location}' has no callable named '{attr}'")
+        raise ModelLoadError(f"{shown(location)} has no callable named {shown(attr)}")
     return factory
+
+
+def _raised(err: BaseException) -> str:
+    """'ValueError: bad width', 'SystemExit(7)': what user code raised, in one line."""
+    if isinstance(err, SystemExit):
+        return f"SystemExit({err.code!r})"
+    text = " ".join(str(err).split())
+    if len(text) > 300:  # e.g. "No module named '<5000 characters>'"
+        text = f"{text[:150]}[...]{text[-150:]}"
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 def _refuse_zoo_settings(request: ModelRequest, what: str, seq: bool = True) -> None:
@@ -107,6 +124,9 @@ def _refuse_zoo_settings(request: ModelRequest, what: str, seq: bool = True) -> 
             "inputs (inputs=, --tokens B,T or --input-shape)"
         )
 
+
+#: The longest built-in model name looked up (the zoo's are under 30 characters).
+MAX_NAME = 200
 
 #: Parameter names through which a factory receives --seq (the first one it has).
 SEQ_PARAMETERS = ("seq_len", "seq")
@@ -129,8 +149,8 @@ def _call_factory(factory: Callable[..., Any], request: ModelRequest, params: se
         kwargs[next(p for p in SEQ_PARAMETERS if p in params)] = request.seq_len
     try:
         produced = factory(**kwargs)
-    except Exception as err:
-        raise ModelLoadError(f"factory '{target}' raised {type(err).__name__}: {err}") from None
+    except (Exception, SystemExit) as err:  # its SystemExit(7) must not become nnperf's exit 7
+        raise ModelLoadError(f"factory {shown(target)} raised {_raised(err)}") from None
     if isinstance(produced, Workload):
         if request.loss_fn is not None:
             produced.loss_fn = request.loss_fn

@@ -180,7 +180,7 @@ def gpu_options(
             help="Comma-separated GPU names, e.g. v100,a100,h100 (a --gpu-file GPU by its id)."))
     options += [
         click.option(
-            "--gpu-file", "gpu_file", type=click.Path(dir_okay=False),
+            "--gpu-file", "gpu_file", type=click.Path(),  # read_toml's one-line errors
             help="A TOML file describing one more GPU (same schema as the catalog)."),
         click.option(
             "--set", "set_values", multiple=True, metavar="KEY=VALUE",
@@ -189,7 +189,7 @@ def gpu_options(
     ]
     if profile:
         options.append(click.option(
-            "--profile", "profile_file", type=click.Path(dir_okay=False),
+            "--profile", "profile_file", type=click.Path(),
             help="A device profile (efficiency constants) measured by 'nnperf calibrate', or a "
             "copy of the shipped default_profile.toml."))
     for option in reversed(options):

@@ -27,7 +27,7 @@ def parse_set_values(values: list[str] | tuple[str, ...]) -> dict[str, str]:
                 f"--set {shown(item)} is not KEY=VALUE (e.g. --set memory_bandwidth_gbs=2000)"
             )
         if key.strip() in out:
-            raise UsageError(f"--set {key.strip()} is given twice ({out[key.strip()]} and "
+            raise UsageError(f"--set {key.strip()} is given twice ({shown(out[key.strip()])} and "
                              f"{shown(value.strip())}); give each key once")
         out[key.strip()] = value.strip()
     return out
