@@ -40,7 +40,7 @@ from nnperf.measure.stats import Spread, percentile, relative_error
 from nnperf.measure.step import build_step
 from nnperf.passes.rollup import ancestors, depth_of
 from nnperf.request import ModelRequest
-from nnperf.trace.capture import TraceOptions
+from nnperf.trace.options import TraceOptions
 
 SCHEMA_VERSION = "nnperf.measurement/1"
 

@@ -2,9 +2,10 @@
 
 The builder comes from ``nnperf.loading.resolve`` (the trace calls the same builder inside
 fake mode); here it is called outside fake mode, so weights and inputs are real random
-tensors, then moved to the device. The step mirrors ``trace.capture._record``: forward (under
-autocast with ``--amp``), the loss, backward (through a GradScaler for fp16 autocast), the
-optimizer step, and ``zero_grad`` (set to None, as the traced step starts without gradients).
+tensors, then moved to the device. The step is ``trace.step.Step``, the one the trace records:
+forward (under autocast with ``--amp``), the loss, backward (through a GradScaler for fp16
+autocast), the optimizer step, and ``zero_grad`` (set to None, as the traced step starts
+without gradients; kept with ``grads_persist``).
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from nnperf.errors import UsageError
-from nnperf.trace.capture import AMP_DTYPES, DTYPES, TraceOptions
-from nnperf.trace.grad_scaler import scaler_state_tensors
+from nnperf.trace.grad_scaler import TracedGradScaler
+from nnperf.trace.options import DTYPES, TraceOptions
+from nnperf.trace.step import Step
 from nnperf.workload import Workload, default_loss
 
 
@@ -32,8 +33,8 @@ class RealStep:
     device: torch.device
     options: TraceOptions
     optimizer: torch.optim.Optimizer | None
-    run: Callable[[], None]
-    scaler: torch.amp.GradScaler | None = None
+    run: Callable[[], Any]
+    scaler: TracedGradScaler | None = None
 
     def state_tensors(self) -> list[Any]:
         """Every tensor the loop keeps between steps: weights and their gradients, buffers,
@@ -47,7 +48,7 @@ class RealStep:
             for state in self.optimizer.state.values():
                 tensors += tree_flatten(state)[0]
         if self.scaler is not None:
-            tensors += list(scaler_state_tensors(self.scaler).values())
+            tensors += list(self.scaler.state_tensors().values())
         tensors += tree_flatten(self.workload.inputs)[0]
         return tensors + _held_tensors(self.workload.loss_fn)
 
@@ -66,21 +67,6 @@ def _to_device(value: Any, device: torch.device, dtype: torch.dtype | None) -> A
     return value
 
 
-def make_optimizer(model: nn.Module, options: TraceOptions) -> torch.optim.Optimizer | None:
-    """The optimizer the trace uses (same kinds, implementations and hyper-parameters)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    if options.optimizer == "none" or not params:
-        return None
-    impl = {"foreach": {"foreach": True}, "single": {"foreach": False}, "fused": {"fused": True}}[
-        options.optimizer_impl
-    ]
-    if options.optimizer in ("adamw", "adam"):
-        cls = torch.optim.AdamW if options.optimizer == "adamw" else torch.optim.Adam
-        return cls(params, lr=1e-3, **impl)
-    momentum = 0.9 if options.optimizer == "sgd-momentum" else 0.0
-    return torch.optim.SGD(params, lr=1e-2, momentum=momentum, **impl)
-
-
 def build_step(build: Callable[[], Workload], options: TraceOptions, device: torch.device) -> RealStep:
     """Build the workload for real on ``device`` and return its step function."""
     options.validate()
@@ -91,54 +77,14 @@ def build_step(build: Callable[[], Workload], options: TraceOptions, device: tor
         model = model.to(dtype)
     workload.model = model
     workload.inputs = _to_device(tuple(workload.inputs), device, dtype)
-    model.train(options.train)
-    optimizer = make_optimizer(model, options) if options.train else None
     loss_fn = workload.loss_fn or default_loss
-    amp_dtype = AMP_DTYPES.get(options.amp) if options.amp else None
-    if options.amp and amp_dtype is None:
-        raise UsageError(f"unknown autocast dtype {options.amp!r}")
     # Loss functions built by the zoo may hold target tensors created on the CPU.
     if isinstance(loss_fn, nn.Module):
         loss_fn.to(device)
     _move_closure_tensors(loss_fn, device)
-
-    def autocast() -> contextlib.AbstractContextManager[Any]:
-        if amp_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device.type, dtype=amp_dtype)
-
-    # fp16 autocast training runs a GradScaler, as the traced step does (trace.grad_scaler)
-    scaler = torch.amp.GradScaler(device.type) if options.uses_grad_scaler() else None
-
-    if options.train:
-
-        def run() -> None:
-            with autocast():
-                output = model(*workload.inputs)
-                loss = loss_fn(output)
-            if scaler is not None:
-                loss = scaler.scale(loss)
-            # the output stays referenced through backward, as in the traced step and in the
-            # usual loop (``logits = model(x); loss = ...; loss.backward()``)
-            loss.backward()
-            del loss, output
-            if optimizer is not None and scaler is not None:
-                scaler.step(optimizer)
-                scaler.update()
-            elif optimizer is not None:
-                optimizer.step()
-            if optimizer is not None:
-                optimizer.zero_grad(set_to_none=True)
-            else:
-                model.zero_grad(set_to_none=True)
-    else:
-
-        def run() -> None:
-            with torch.no_grad(), autocast():
-                model(*workload.inputs)
-
-    return RealStep(workload=workload, device=device, options=options, optimizer=optimizer, run=run,
-                    scaler=scaler)
+    step = Step.of(model, workload.inputs, loss_fn, options, device_type=device.type)
+    return RealStep(workload=workload, device=device, options=options, optimizer=step.optimizer,
+                    run=step.run, scaler=step.scaler)
 
 
 def _held_tensors(fn: Any) -> list[Any]:

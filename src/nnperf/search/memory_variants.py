@@ -19,8 +19,9 @@ from torch.overrides import TorchFunctionMode
 from nnperf.errors import UsageError
 from nnperf.loading import resolve
 from nnperf.request import ModelRequest
-from nnperf.trace.capture import TraceOptions, trace_workload
+from nnperf.trace.capture import trace_workload
 from nnperf.trace.events import Trace
+from nnperf.trace.options import TraceOptions
 from nnperf.trace.recorder import GraphLabeler, ModuleStack
 from nnperf.workload import Workload
 

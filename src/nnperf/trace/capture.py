@@ -4,31 +4,30 @@ Everything runs under ``FakeTensorMode``: weights, activations and gradients hav
 and dtypes but no memory, so a 7B-parameter model traces on a laptop. ``real=True`` runs
 the same recording on real CPU tensors, the way forward for models whose control flow
 depends on data (``nonzero``, ``.item()``, expert routing).
+
+The step itself is ``trace.step.Step`` (the one ``measure`` runs for real); here it runs
+under the recorder, which ``_Watch`` tells where the loss, the scaler, the backward and the
+optimizer start. Why a failing step failed is ``trace.diagnosis``'s business.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
-import logging
-import sysconfig
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import nn
-from torch._subclasses.fake_tensor import (
-    DataDependentOutputException,
-    DynamicOutputShapeException,
-    FakeTensorMode,
-    UnsupportedOperatorException,
-)
-from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+from torch._subclasses.fake_tensor import FakeTensorMode
 
-from nnperf.errors import NnperfError, TraceError, UsageError
+from nnperf.errors import NnperfError
 from nnperf.trace.accumulation import AccumulationWatch, fold_inplace_accumulations
+from nnperf.trace.diagnosis import (
+    DATA_DEPENDENT,
+    data_dependent_error,
+    model_failed_error,
+    quiet_fake_tensor_log,
+    raised_by_nnperf,
+)
 from nnperf.trace.events import (
     KIND_BUFFER,
     KIND_GRAD,
@@ -39,95 +38,13 @@ from nnperf.trace.events import (
     dtype_name,
 )
 from nnperf.trace.grad_scaler import GRAD_SCALER_MODULE, TracedGradScaler
+from nnperf.trace.options import AMP_DTYPES, DTYPES, OPTIMIZER_IMPLS, OPTIMIZERS, TraceOptions
 from nnperf.trace.recorder import GraphLabeler, ModuleStack, OpRecorder
+from nnperf.trace.step import Step, StepWatch
 from nnperf.workload import Workload, default_loss
 
-OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "none")
-OPTIMIZER_IMPLS = ("foreach", "single", "fused")
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
-AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-_DATA_DEPENDENT = (
-    DataDependentOutputException,
-    DynamicOutputShapeException,
-    GuardOnDataDependentSymNode,
-    UnsupportedOperatorException,
-)
-#: Logs every failing meta kernel with a full traceback at ERROR level (~20 lines per
-#: failure, often repeated): noise on top of the one-line error nnperf reports instead.
-_FAKE_TENSOR_LOGGER = "torch._subclasses.fake_tensor"
-#: nnperf code that runs inside the model's step (dispatch and function modes, autograd
-#: hooks, the GradScaler stand-in, the memory pass's recomputation): an exception raised by
-#: these files themselves is a bug of nnperf, reported with its traceback, not a problem
-#: of the user's model. ``capture.py`` (it only calls the model) and ``attention.py`` (the
-#: model's own attention, re-implemented) are left out on purpose.
-def _spellings(*paths: Path) -> tuple[str, ...]:
-    """Each path as written and resolved: frames name files the way they were imported."""
-    return tuple(dict.fromkeys(s for p in paths for s in (str(p), str(p.resolve()))))
-
-
-_HERE = Path(__file__).parent
-_NNPERF_INTERNALS = _spellings(
-    _HERE / "recorder.py", _HERE / "accumulation.py", _HERE / "grad_scaler.py",
-    _HERE / "events.py", _HERE.parent / "passes",
-)
-#: Code a model's failure passes through on its way up and that says nothing about who
-#: caused it: PyTorch itself and the standard library.
-_PASS_THROUGH = (
-    *_spellings(Path(torch.__file__).parent, Path(sysconfig.get_paths()["stdlib"])),
-    "<frozen ",
-)
-
-
-@dataclass(frozen=True)
-class TraceOptions:
-    """How the step is run. Defaults mirror a plain PyTorch training loop on a GPU."""
-
-    train: bool = True
-    optimizer: str = "adamw"
-    optimizer_impl: str = "foreach"  # PyTorch's default for CUDA tensors
-    dtype: str | None = None  # cast the model and floating inputs (pure low precision)
-    amp: str | None = None  # autocast dtype (mixed precision)
-    real: bool = False  # run on real CPU tensors instead of fake ones
-    # Gradients already allocated when the step starts: gradient accumulation from the second
-    # micro-batch on, or zero_grad(set_to_none=False). Memory differs (forward runs with grads).
-    grads_persist: bool = False
-    # torch.amp.GradScaler (scale, unscale_, the found-inf host sync, update). None: the
-    # default of a real loop, on for --amp fp16 training (fp16 gradients underflow without
-    # it); bf16 has fp32's range and nobody scales it. False: fp16 training without a scaler.
-    grad_scaler: bool | None = None
-
-    def uses_grad_scaler(self) -> bool:
-        """Whether the traced step runs a GradScaler (``grad_scaler`` resolved)."""
-        if self.grad_scaler is not None:
-            return self.grad_scaler
-        # Pure fp16 weights have fp16 gradients, which GradScaler refuses to unscale.
-        return (
-            self.train and self.amp == "fp16" and self.dtype != "fp16" and self.optimizer != "none"
-        )
-
-    def validate(self) -> None:
-        if self.optimizer not in OPTIMIZERS:
-            raise UsageError(f"unknown optimizer '{self.optimizer}'; valid: {', '.join(OPTIMIZERS)}")
-        if self.optimizer_impl not in OPTIMIZER_IMPLS:
-            raise UsageError(
-                f"unknown optimizer implementation '{self.optimizer_impl}'; "
-                f"valid: {', '.join(OPTIMIZER_IMPLS)}"
-            )
-        if self.dtype is not None and self.dtype not in DTYPES:
-            raise UsageError(f"unknown dtype '{self.dtype}'; valid: {', '.join(DTYPES)}")
-        if self.amp is not None and self.amp not in AMP_DTYPES:
-            raise UsageError(f"unknown autocast dtype '{self.amp}'; valid: {', '.join(AMP_DTYPES)}")
-        if self.grad_scaler:
-            if not self.train or self.optimizer == "none":
-                raise UsageError("a gradient scaler needs a training step with an optimizer")
-            if self.dtype == "fp16":
-                raise UsageError(
-                    "a gradient scaler cannot unscale fp16 gradients (--dtype fp16); "
-                    "use --amp fp16 with fp32 weights"
-                )
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+#: The options' vocabulary, importable from here as before ``trace.options`` held it.
+__all__ = ["AMP_DTYPES", "DTYPES", "OPTIMIZERS", "OPTIMIZER_IMPLS", "TraceOptions", "trace_workload"]
 
 
 def trace_workload(build: Callable[[], Workload], options: TraceOptions) -> tuple[Trace, Workload]:
@@ -135,22 +52,19 @@ def trace_workload(build: Callable[[], Workload], options: TraceOptions) -> tupl
     options.validate()
     # Non-fake tensors a user model keeps as plain attributes (not buffers) become fakes on use.
     fake_mode = None if options.real else FakeTensorMode(allow_non_fake_inputs=True)
-    with _quiet_fake_tensor_log(), fake_mode if fake_mode is not None else contextlib.nullcontext():
+    with quiet_fake_tensor_log(), fake_mode if fake_mode is not None else contextlib.nullcontext():
         workload = build()
         restore = _swap_in_private_copies(workload, fake_mode)
         try:
             workload = _cast(workload, options.dtype)
-            model = workload.model
-            model.train(options.train)
-            optimizer = _make_optimizer(model, options) if options.train else None
-            scaler = (
-                TracedGradScaler() if optimizer is not None and options.uses_grad_scaler() else None
-            )
-            if optimizer is not None:
-                _initialize_state(model, optimizer, scaler)
+            # "cpu" is the fake device; the trace ends after the optimizer (no zero_grad)
+            step = Step.of(workload.model, workload.inputs, workload.loss_fn or default_loss,
+                           options, zero_grad=False)
+            if step.optimizer is not None:
+                _initialize_state(step.model, step.optimizer, step.scaler)
             if options.train and options.grads_persist:
-                _allocate_grads(model)
-            return _record(workload, optimizer, scaler, options), workload
+                _allocate_grads(step.model)
+            return _record(workload, step), workload
         finally:
             restore()
 
@@ -207,10 +121,44 @@ def _swap_in_private_copies(
     return restore
 
 
-def _record(
-    workload: Workload, optimizer: Any, scaler: TracedGradScaler | None, options: TraceOptions
-) -> Trace:
-    model = workload.model
+class _Watch(StepWatch):
+    """The recorder's side of the step: module and phase of each part, the engine's sums in
+    backward, and which part runs the user's code (for the message when it fails; nnperf's
+    own parts, the GradScaler and the optimizer nnperf chose, leave ``user_part`` None)."""
+
+    def __init__(self, recorder: OpRecorder, modules: ModuleStack, accumulation: AccumulationWatch):
+        self.recorder, self.modules, self.accumulation = recorder, modules, accumulation
+        self.user_part: str | None = "forward"
+
+    def loss_starts(self) -> None:
+        self.user_part = "loss"
+        self.modules.push("(loss)")
+
+    def loss_ends(self) -> None:
+        self.modules.pop()
+        self.user_part = None
+
+    def scaler_starts(self) -> None:
+        self.modules.push(GRAD_SCALER_MODULE)
+
+    def scaler_ends(self) -> None:
+        self.modules.pop()
+
+    def backward_starts(self, loss: torch.Tensor) -> None:
+        self.recorder.phase = "backward"
+        self.accumulation.watch_graph([loss])
+        self.user_part = "backward"
+
+    def backward_ends(self) -> None:
+        self.user_part = None
+        self.accumulation.reset()
+
+    def optimizer_starts(self) -> None:
+        self.recorder.phase = "optimizer"
+
+
+def _record(workload: Workload, step: Step) -> Trace:
+    model, options, scaler, optimizer = step.model, step.options, step.scaler, step.optimizer
     names: dict[int, str] = {}
     for name, mod in model.named_modules(remove_duplicate=False):
         names.setdefault(id(mod), name)
@@ -225,53 +173,24 @@ def _record(
     recorder = OpRecorder(modules, kinds, accumulation)
     if scaler is not None:
         recorder.answer = scaler.finite.answer
-    amp = (
-        torch.autocast("cpu", dtype=AMP_DTYPES[options.amp])
-        if options.amp
-        else contextlib.nullcontext()
-    )
-    grad = contextlib.nullcontext() if options.train else torch.no_grad()
-    # What the step is doing, for the message when the user's model fails: its forward, its
-    # loss or its backward run the user's code; nnperf's own steps (the GradScaler and the
-    # optimizer nnperf chose) leave ``user_part`` None.
-    user_part: str | None = "forward"
+    watch = _Watch(recorder, modules, accumulation)
     try:
-        with modules, GraphLabeler(modules), recorder, grad:
-            with amp:
-                output = model(*workload.inputs)
-                if options.train:
-                    user_part = "loss"
-                    modules.push("(loss)")
-                    loss = (workload.loss_fn or default_loss)(output)
-                    modules.pop()
-            user_part = None
-            if options.train:
-                if scaler is not None:
-                    modules.push(GRAD_SCALER_MODULE)
-                    loss = scaler.scale(loss)
-                    modules.pop()
-                recorder.phase = "backward"
-                accumulation.watch_graph([loss])
-                user_part = "backward"
-                loss.backward()
-                user_part = None
-                accumulation.reset()
-                del loss, output  # a training loop drops them before the optimizer step
-                if optimizer is not None and scaler is not None:
-                    _scaled_optimizer_step(scaler, optimizer, recorder, modules)
-                elif optimizer is not None:
-                    recorder.phase = "optimizer"
-                    optimizer.step()
-    except _DATA_DEPENDENT as err:
-        raise _data_dependent_error(err, recorder, modules) from None
+        with modules, GraphLabeler(modules), recorder:
+            # an inference output stays alive until the recording stops, as it always did
+            output = step.run(watch)
+            watch.user_part = None
+    except DATA_DEPENDENT as err:
+        raise data_dependent_error(err, recorder, modules) from None
     except NnperfError:
         raise
     except Exception as err:
-        if user_part is None or _raised_by_nnperf(err, recorder):
+        part = watch.user_part
+        if part is None or raised_by_nnperf(err, recorder):
             raise  # a bug of nnperf: keep the traceback
-        raise _model_failed_error(err, user_part, workload, recorder, modules, names, options) from None
+        raise model_failed_error(err, part, workload, recorder, modules, names, options) from None
     _classify_late_storages(recorder, model, optimizer)
     recorder.active = False
+    del output
     module_types = {names[id(m)]: type(m).__name__ for m in model.modules()}
     module_params = {
         names[id(m)]: sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()
@@ -299,22 +218,6 @@ def _record(
     )
     fold_inplace_accumulations(trace, recorder.engine_sums)
     return trace
-
-
-def _scaled_optimizer_step(
-    scaler: TracedGradScaler, optimizer: Any, recorder: OpRecorder, modules: ModuleStack
-) -> None:
-    """``scaler.step(optimizer); scaler.update()``: the scaler's work before the optimizer
-    step stays in the backward phase, the optimizer's own ops are ``(optimizer)`` ones and
-    ``update`` is an optimizer-phase op of the scaler (see ``trace.grad_scaler``)."""
-
-    def optimizer_starts() -> None:
-        modules.pop()
-        recorder.phase = "optimizer"
-
-    modules.push(GRAD_SCALER_MODULE)
-    scaler.step(optimizer, optimizer_starts, lambda: modules.push(GRAD_SCALER_MODULE))
-    modules.pop()
 
 
 def _input_descriptions(inputs: tuple[Any, ...]) -> list[dict[str, Any]]:
@@ -376,21 +279,6 @@ def _cast(workload: Workload, dtype: str | None) -> Workload:
     return workload
 
 
-def _make_optimizer(model: torch.nn.Module, options: TraceOptions):
-    params = [p for p in model.parameters() if p.requires_grad]
-    if options.optimizer == "none" or not params:
-        return None
-    impl = {"foreach": {"foreach": True}, "single": {"foreach": False}, "fused": {"fused": True}}[
-        options.optimizer_impl
-    ]
-    if options.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=1e-3, **impl)
-    if options.optimizer == "adam":
-        return torch.optim.Adam(params, lr=1e-3, **impl)
-    momentum = 0.9 if options.optimizer == "sgd-momentum" else 0.0
-    return torch.optim.SGD(params, lr=1e-2, momentum=momentum, **impl)
-
-
 def _initialize_state(model: torch.nn.Module, optimizer: Any, scaler: TracedGradScaler | None) -> None:
     """Run one unrecorded step so the traced step is the steady state (state already exists,
     and a GradScaler's scale and growth tracker too)."""
@@ -411,165 +299,3 @@ def _allocate_grads(model: torch.nn.Module) -> None:
     for p in model.parameters():
         if p.requires_grad:
             p.grad = torch.zeros_like(p)
-
-
-def _data_dependent_error(err: Exception, recorder: OpRecorder, modules: ModuleStack) -> TraceError:
-    op = recorder.current_func
-    op_text = op._schema.name if op is not None else "an operation"
-    where = recorder.module_path() or "(top level)"
-    return TraceError(
-        f"the model's control flow or output shapes depend on tensor values: {op_text} in "
-        f"module '{where}' cannot run on fake tensors ({type(err).__name__}). "
-        "Ways forward: rerun with --real to trace on small real CPU tensors (the model must fit "
-        "in host memory), or make the shape explicit in the model (e.g. a fixed expert capacity "
-        "instead of data-dependent routing)."
-    )
-
-
-@contextlib.contextmanager
-def _quiet_fake_tensor_log() -> Iterator[None]:
-    """Silence the fake-tensor logger while tracing, then restore its level.
-
-    FakeTensorMode logs every failing meta kernel at ERROR level with a full traceback
-    (about twenty lines per failure) before the exception propagates; nnperf reports that
-    failure as one line, so the log would only bury it.
-    """
-    logger = logging.getLogger(_FAKE_TENSOR_LOGGER)
-    previous = logger.level
-    logger.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logger.setLevel(previous)
-
-
-def _failure_site(err: BaseException, recorder: OpRecorder) -> tuple[str, Any]:
-    """Who raised ``err`` while the model's step ran: ``("op", func)`` when an aten op the
-    model called rejected its arguments (a shape or dtype mismatch), ``("nnperf", None)``
-    when nnperf's own tracing code raised it (a bug: keep the traceback), ``("model", None)``
-    when the model's Python code (or a library it calls) raised it.
-
-    Decided by the innermost frame of the traceback that is neither PyTorch nor the standard
-    library. The recorder's dispatch frame counts as the op's when the frame it called is
-    the op itself (``current_func``, left set by the failing op); the function mode's frame
-    counts as the model's (PyTorch rejected the arguments of a function the model called
-    before any aten op ran).
-    """
-    frames = []
-    tb = err.__traceback__
-    while tb is not None:
-        frames.append(tb.tb_frame)
-        tb = tb.tb_next
-    # PyTorch wraps a dispatch mode's method (no dynamo inside); its frame runs the original
-    dispatch = inspect.unwrap(type(recorder).__torch_dispatch__).__code__
-    for i in range(len(frames) - 1, -1, -1):
-        code = frames[i].f_code
-        if code is dispatch:
-            func = recorder.current_func
-            callee = frames[i + 1] if i + 1 < len(frames) else None
-            if func is not None and callee is not None and callee.f_locals.get("self") is func:
-                return "op", func
-            return "nnperf", None
-        if code is GraphLabeler.__torch_function__.__code__:
-            return "model", None
-        # nnperf first: installed under the interpreter's own lib folder, it is in "stdlib"
-        if code.co_filename.startswith(_NNPERF_INTERNALS):
-            return "nnperf", None
-        if code.co_filename.startswith(_PASS_THROUGH):
-            continue
-        return "model", None
-    return "model", None
-
-
-def _raised_by_nnperf(err: BaseException, recorder: OpRecorder) -> bool:
-    """Whether ``err`` is a bug of nnperf's tracing code rather than a failure of the model."""
-    return _failure_site(err, recorder)[0] == "nnperf"
-
-
-def _model_failed_error(
-    err: Exception,
-    part: str,
-    workload: Workload,
-    recorder: OpRecorder,
-    modules: ModuleStack,
-    names: dict[int, str],
-    options: TraceOptions,
-) -> TraceError:
-    """One line for a model that fails on the inputs it was given: the module and the aten op
-    that failed, PyTorch's reason, the inputs and what the failing module expects.
-
-    The module comes from the module stack: a forward that raises never runs the exit hook
-    that would pop it, so the innermost module still on the stack is where it failed.
-    """
-    model = workload.model
-    site, func = _failure_site(err, recorder)
-    reason = " ".join(str(err).split())
-    if site != "op" or not isinstance(err, RuntimeError):
-        reason = f"{type(err).__name__}: {reason}" if reason else type(err).__name__
-    module = None
-    if part == "forward":
-        path = modules.current()
-        by_name = {names[id(m)]: m for m in model.modules()}
-        module = by_name.get(path)
-        if path and module is not None:
-            where = f"in module '{path}' ({type(module).__name__})"
-        elif path:
-            where = f"in module '{path}'"
-        else:
-            where = f"in its forward ({type(model).__name__}.forward)"
-    elif part == "loss":
-        where = "in the loss function"
-    else:
-        where = "in the backward pass"
-    if func is not None:
-        where += f", op {getattr(func, 'overloadpacket', func)}"
-    given = ", ".join(
-        f"{dtype_name(t.dtype)}[{', '.join(str(int(s)) for s in t.shape)}]"
-        for t in workload.inputs
-        if isinstance(t, torch.Tensor)
-    ) or "no tensors"
-    hint = f"inputs given: {given}"
-    if part == "forward":
-        failing = module if module is not None else model
-        expects = _expects(failing)
-        if expects:
-            hint += f"; {type(failing).__name__} '{modules.current()}' expects {expects}"
-        else:
-            hint += f"; {_signature(failing)}"
-    if part == "loss":
-        action = "check the loss function (the default sums the model's floating outputs)"
-    elif type(model).__module__.startswith("nnperf.zoo"):
-        action = "check the built-in model's -O options"
-    else:
-        action = "check the inputs (--input-shape/--tokens, a factory's inputs or inputs=)"
-    if site == "model" and not options.real:
-        action += "; if the model needs real tensor values, rerun with --real"
-    return TraceError(
-        f"{type(model).__name__}: the model failed on the given inputs {where}: {reason} "
-        f"— {action} ({hint})"
-    )
-
-
-def _expects(module: nn.Module) -> str | None:
-    """What a common layer accepts, to put beside a mismatch it raised."""
-    if isinstance(module, nn.Linear):
-        return f"floating inputs whose last dimension is in_features={module.in_features}"
-    if isinstance(module, nn.modules.conv._ConvNd):
-        spatial = {1: "L", 2: "H, W", 3: "D, H, W"}.get(len(module.kernel_size), "...")
-        return f"floating (N, in_channels={module.in_channels}, {spatial}) inputs"
-    if isinstance(module, nn.Embedding):
-        return f"integer ids below num_embeddings={module.num_embeddings}"
-    if isinstance(module, nn.LayerNorm):
-        return f"inputs ending in normalized_shape={list(module.normalized_shape)}"
-    if isinstance(module, nn.modules.batchnorm._BatchNorm):
-        return f"inputs with num_features={module.num_features} channels in dimension 1"
-    return None
-
-
-def _signature(module: nn.Module) -> str:
-    """``Net.forward(x, y)``: which arguments a failing module's forward takes."""
-    try:
-        params = str(inspect.signature(module.forward))
-    except (TypeError, ValueError):
-        params = "(...)"
-    return f"{type(module).__name__}.forward{params}"

@@ -60,12 +60,13 @@ class AssumeFiniteGradients(TorchDispatchMode):
 
 
 class TracedGradScaler:
-    """A real ``torch.amp.GradScaler`` plus what tracing it on fake tensors needs."""
+    """A real ``torch.amp.GradScaler`` plus what tracing it on fake tensors needs (the
+    measured step runs the same object on real tensors: unused there, it changes nothing)."""
 
-    def __init__(self) -> None:
-        # The scale tensor's device comes from the loss (lazily, on the first scale());
-        # "cpu" also avoids the CUDA-availability check that would disable the scaler.
-        self.scaler = torch.amp.GradScaler("cpu")
+    def __init__(self, device_type: str = "cpu") -> None:
+        # The scale tensor's device comes from the loss (lazily, on the first scale()); the
+        # tracer's "cpu" also avoids the CUDA-availability check that would disable the scaler.
+        self.scaler = torch.amp.GradScaler(device_type)
         self.finite = AssumeFiniteGradients()
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:

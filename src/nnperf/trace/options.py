@@ -1,0 +1,73 @@
+"""How a step is run: training or inference, optimizer, precision, the loop's start state.
+
+One frozen value that the traced step (``trace.capture``) and the measured step
+(``measure.step``) both read through ``trace.step``, so a setting means the same thing in a
+prediction and in a measurement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from nnperf.errors import UsageError
+
+OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "none")
+OPTIMIZER_IMPLS = ("foreach", "single", "fused")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class TraceOptions:
+    """How the step is run. Defaults mirror a plain PyTorch training loop on a GPU."""
+
+    train: bool = True
+    optimizer: str = "adamw"
+    optimizer_impl: str = "foreach"  # PyTorch's default for CUDA tensors
+    dtype: str | None = None  # cast the model and floating inputs (pure low precision)
+    amp: str | None = None  # autocast dtype (mixed precision)
+    real: bool = False  # run on real CPU tensors instead of fake ones
+    # Gradients already allocated when the step starts: gradient accumulation from the second
+    # micro-batch on, or zero_grad(set_to_none=False). Memory differs (forward runs with grads).
+    grads_persist: bool = False
+    # torch.amp.GradScaler (scale, unscale_, the found-inf host sync, update). None: the
+    # default of a real loop, on for --amp fp16 training (fp16 gradients underflow without
+    # it); bf16 has fp32's range and nobody scales it. False: fp16 training without a scaler.
+    grad_scaler: bool | None = None
+
+    def uses_grad_scaler(self) -> bool:
+        """Whether the step runs a GradScaler (``grad_scaler`` resolved)."""
+        if self.grad_scaler is not None:
+            return self.grad_scaler
+        # Pure fp16 weights have fp16 gradients, which GradScaler refuses to unscale.
+        return (
+            self.train and self.amp == "fp16" and self.dtype != "fp16" and self.optimizer != "none"
+        )
+
+    def validate(self) -> None:
+        """Reject a value no step can run, with the valid ones (a usage error, exit 2)."""
+        if self.optimizer not in OPTIMIZERS:
+            raise UsageError(f"unknown optimizer '{self.optimizer}'; valid: {', '.join(OPTIMIZERS)}")
+        if self.optimizer_impl not in OPTIMIZER_IMPLS:
+            raise UsageError(
+                f"unknown optimizer implementation '{self.optimizer_impl}'; "
+                f"valid: {', '.join(OPTIMIZER_IMPLS)}"
+            )
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise UsageError(f"unknown dtype '{self.dtype}'; valid: {', '.join(DTYPES)}")
+        if self.amp is not None and self.amp not in AMP_DTYPES:
+            raise UsageError(f"unknown autocast dtype '{self.amp}'; valid: {', '.join(AMP_DTYPES)}")
+        if self.grad_scaler:
+            if not self.train or self.optimizer == "none":
+                raise UsageError("a gradient scaler needs a training step with an optimizer")
+            if self.dtype == "fp16":
+                raise UsageError(
+                    "a gradient scaler cannot unscale fp16 gradients (--dtype fp16); "
+                    "use --amp fp16 with fp32 weights"
+                )
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,148 @@
+"""One step of a workload, described once: what nnperf traces and what it measures.
+
+A training step is the loop every PyTorch user writes::
+
+    with autocast:                       # --amp
+        output = model(*inputs)
+        loss = loss_fn(output)
+    loss = scaler.scale(loss)            # fp16 autocast: a GradScaler
+    loss.backward()                      # the output stays referenced through backward
+    del loss, output                     # dropped before the optimizer step
+    scaler.step(optimizer); scaler.update()   # or optimizer.step()
+    optimizer.zero_grad(set_to_none=...)      # closes the step (the next one's start state)
+
+and an inference step is the forward under ``torch.no_grad()``. ``trace.capture`` runs
+``Step.run`` under the recorder on fake tensors, ``measure.step`` runs the same ``Step.run``
+on real tensors on a device, so the two cannot drift apart: the optimizer (``make_optimizer``),
+autocast, the scaler, the order of the parts and what is alive when are decided here only.
+
+The tracer needs to know where each part starts (to attribute ops to the loss, the scaler and
+the optimizer, and to switch the phase); ``StepWatch`` is told, and does nothing by default.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from nnperf.trace.grad_scaler import TracedGradScaler
+from nnperf.trace.options import AMP_DTYPES, TraceOptions
+
+#: The optimizers' hyper-parameters: they change no op or tensor, only values.
+_LEARNING_RATE = {"adamw": 1e-3, "adam": 1e-3, "sgd": 1e-2, "sgd-momentum": 1e-2}
+_IMPLEMENTATIONS: dict[str, dict[str, bool]] = {
+    "foreach": {"foreach": True}, "single": {"foreach": False}, "fused": {"fused": True},
+}
+
+
+def make_optimizer(model: nn.Module, options: TraceOptions) -> torch.optim.Optimizer | None:
+    """The optimizer of the step (None: ``--optimizer none``, or nothing to train)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if options.optimizer == "none" or not params:
+        return None
+    impl = _IMPLEMENTATIONS[options.optimizer_impl]
+    lr = _LEARNING_RATE[options.optimizer]
+    if options.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=lr, **impl)
+    if options.optimizer == "adam":
+        return torch.optim.Adam(params, lr=lr, **impl)
+    momentum = 0.9 if options.optimizer == "sgd-momentum" else 0.0
+    return torch.optim.SGD(params, lr=lr, momentum=momentum, **impl)
+
+
+class StepWatch:
+    """Told where each part of ``Step.run`` starts and ends; does nothing here.
+
+    The scaler's own work and the optimizer's alternate: with a scaler, ``scaler_starts``
+    comes before ``scale``, before its unscale and again before its ``update``, and
+    ``scaler_ends`` before ``optimizer_starts`` and after ``update``.
+    """
+
+    def loss_starts(self) -> None: ...
+    def loss_ends(self) -> None: ...
+    def scaler_starts(self) -> None: ...
+    def scaler_ends(self) -> None: ...
+    def backward_starts(self, loss: torch.Tensor) -> None: ...
+    def backward_ends(self) -> None: ...
+    def optimizer_starts(self) -> None: ...
+    def optimizer_ends(self) -> None: ...
+
+
+_QUIET = StepWatch()
+
+
+@dataclass
+class Step:
+    """A built workload's step: the model, its inputs and loss, and the loop's objects."""
+
+    model: nn.Module
+    inputs: tuple[Any, ...]
+    loss_fn: Callable[[Any], torch.Tensor]
+    options: TraceOptions
+    optimizer: torch.optim.Optimizer | None
+    scaler: TracedGradScaler | None
+    device_type: str = "cpu"  # autocast's device
+    #: Run ``zero_grad`` at the end (a measured loop). A trace stops after the optimizer:
+    #: the gradients it leaves are classified as such, and the step's start state (no
+    #: gradients, or gradients allocated with ``grads_persist``) is set up before it.
+    zero_grad: bool = True
+
+    @classmethod
+    def of(cls, model: nn.Module, inputs: tuple[Any, ...], loss_fn: Callable[[Any], torch.Tensor],
+           options: TraceOptions, device_type: str = "cpu", zero_grad: bool = True) -> Step:
+        """The step ``options`` describe for a model already cast and placed: its optimizer
+        and, for fp16 autocast training, its GradScaler."""
+        model.train(options.train)
+        optimizer = make_optimizer(model, options) if options.train else None
+        scaler = (TracedGradScaler(device_type)
+                  if optimizer is not None and options.uses_grad_scaler() else None)
+        return cls(model, inputs, loss_fn, options, optimizer, scaler, device_type, zero_grad)
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if not self.options.amp:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=AMP_DTYPES[self.options.amp])
+
+    def run(self, watch: StepWatch = _QUIET) -> Any:
+        """One step. Returns an inference step's output (None for training): the caller
+        decides when it is dropped (a trace keeps it past the end of the recording)."""
+        if not self.options.train:
+            with torch.no_grad(), self.autocast():
+                return self.model(*self.inputs)
+        with self.autocast():
+            output = self.model(*self.inputs)
+            watch.loss_starts()
+            loss = self.loss_fn(output)
+            watch.loss_ends()
+        scaler, optimizer = self.scaler, self.optimizer
+        if scaler is not None:
+            watch.scaler_starts()
+            loss = scaler.scale(loss)
+            watch.scaler_ends()
+        watch.backward_starts(loss)
+        loss.backward()
+        watch.backward_ends()
+        del loss, output  # a training loop drops them before the optimizer step
+        if optimizer is not None and scaler is not None:
+            watch.scaler_starts()
+            scaler.step(optimizer, lambda: _both(watch.scaler_ends, watch.optimizer_starts),
+                        lambda: _both(watch.optimizer_ends, watch.scaler_starts))
+            watch.scaler_ends()
+        elif optimizer is not None:
+            watch.optimizer_starts()
+            optimizer.step()
+            watch.optimizer_ends()
+        if self.zero_grad:  # with grads_persist the next step starts with gradients allocated
+            owner = optimizer if optimizer is not None else self.model
+            owner.zero_grad(set_to_none=not self.options.grads_persist)
+        return None
+
+
+def _both(first: Callable[[], None], second: Callable[[], None]) -> None:
+    first()
+    second()
