@@ -19,6 +19,10 @@ import time
 LLAMA = dict(model="llama-7b", batch=1, seq_len=4096, dtype="bf16", optimizer="adamw")
 RESNET = dict(model="resnet50", batch=256, optimizer="adamw")
 
+#: nnperf analyze over bare FlopCounterMode of the same step, timed in the same run (so
+#: the load of the machine cancels out): the cost of recording everything it records.
+MAX_RATIO = 1.5
+
 CASES = {
     # name: (description, target seconds or None, target peak RSS GiB or None)
     "llama-analyze": ("nnperf analyze llama-7b b1 s4096 bf16 AdamW step", 10.0, 2.0),
@@ -86,6 +90,7 @@ def main() -> int:
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
     print(f"{'case':<22} {'seconds':>8} {'target':>7} {'peak RSS':>9} {'target':>7}  description")
     missed = 0
+    seconds: dict[str, float] = {}
     for name in args.case or list(CASES):
         desc, t_target, m_target = CASES[name]
         proc = subprocess.run(
@@ -106,6 +111,14 @@ def main() -> int:
             f"{name:<22} {r['seconds']:>8.2f} {t_txt:>7} {r['peak_rss_gib']:>7.2f}G {m_txt:>7}  "
             f"{desc}{flag}"
         )
+        seconds[name] = r["seconds"]
+    for model in ("llama", "resnet50"):
+        ours, bare = seconds.get(f"{model}-analyze"), seconds.get(f"{model}-flopcounter")
+        if ours and bare:
+            ratio = ours / bare
+            missed += model == "llama" and ratio > MAX_RATIO
+            target = f"<={MAX_RATIO:g}x" if model == "llama" else "-"
+            print(f"{model + ' ratio':<22} {ratio:>7.2f}x {target:>7}  analyze / FlopCounterMode")
     return 1 if missed else 0
 
 

@@ -324,3 +324,20 @@ def test_search_workers_fork_only_where_it_is_safe(monkeypatch):
     assert search_workers(MemoryOptions(), 5) == 1
     monkeypatch.setenv("NNPERF_FIT_WORKERS", "3")
     assert search_workers(MemoryOptions(), 5) == (3 if sys.platform == "linux" else 1)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the searches fork on Linux only")
+def test_the_fork_servers_warm_up_leaves_its_children_able_to_run_autograd():
+    import subprocess
+
+    code = (
+        "import os, torch, nnperf.search.fit_server\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    x = torch.ones(2, requires_grad=True); (3 * x).sum().backward()\n"
+        "    os._exit(0 if x.grad.tolist() == [3.0, 3.0] else 2)\n"
+        "print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120)
+    assert out.stdout.split()[-1] == "0", out.stderr[-2000:]

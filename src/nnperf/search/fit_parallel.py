@@ -14,9 +14,10 @@ How the workers start:
   first backward of fake tensors): a child forked after that fails its first backward
   ("Unable to handle autograd's threading in combination with fork-based
   multiprocessing"). A notebook that analyzes, then fits, gets there. The fork server is a
-  fresh interpreter that imports torch and nnperf once (about two seconds, paid once per
-  process: it stays up for later fits) and forks clean workers; the search and its jobs
-  are pickled to them. A search that does not pickle (a model class defined in a
+  fresh interpreter that imports torch and nnperf and traces one inference step once (a few
+  seconds, paid once per process and overlapped with this process's own set-up: it stays
+  up for later fits) and forks clean, warm workers; the search and its jobs are pickled to
+  them. A search that does not pickle (a model class defined in a
   notebook cell, a lambda loss) runs here instead.
 - in this process, one search after the other, where neither applies (not Linux;
   ``--real``, whose CPU kernels may have started thread pools a fork does not carry; one
@@ -47,8 +48,9 @@ Search = Callable[[str, "MemoryOptions"], "FitResult"]
 
 #: Set to a number of processes to override the choice (1: no processes).
 WORKERS_ENV = "NNPERF_FIT_WORKERS"
-#: What the fork server imports before it forks workers: everything a search needs.
-FORKSERVER_PRELOAD = ["nnperf.search.fit"]
+#: What the fork server imports before it forks workers: everything a search needs, warmed
+#: up by one inference trace (see ``fit_server``).
+FORKSERVER_PRELOAD = ["nnperf.search.fit_server"]
 #: The name PyTorch gives autograd's per-device worker threads (``Engine::thread_init``).
 _AUTOGRAD_THREAD = "pt_autograd_"
 
