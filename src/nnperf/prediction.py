@@ -163,7 +163,7 @@ class Prediction:
         return prediction_html(self)
 
     def __repr__(self) -> str:
-        from nnperf.report.units import rate
+        from nnperf.units import rate
 
         t = self.totals
         return (

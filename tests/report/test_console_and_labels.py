@@ -91,7 +91,7 @@ def test_analyze_module_table_shows_the_optimizers_flops():
     text = _text(module_table(a, 1), width=250)
     assert "FLOP total" in text
     row = next(ln for ln in text.splitlines() if ln.lstrip("│ ").startswith("(optimizer)"))
-    from nnperf.report.units import si
+    from nnperf.units import si
 
     assert si(a.totals["flops_optimizer"]) in row and a.totals["flops_optimizer"] > 0
     assert "(ReluNet) own ops" in text

@@ -18,7 +18,7 @@ from nnperf.errors import UsageError, shown
 from nnperf.hardware.schema import GPU_RANGES
 from nnperf.passes.memory.capacity import verdict
 from nnperf.report.console import make_console
-from nnperf.report.units import binary, rate, seconds
+from nnperf.units import binary, rate, seconds
 
 if sys.version_info >= (3, 11):
     import tomllib

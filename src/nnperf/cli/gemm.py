@@ -14,7 +14,7 @@ from nnperf.errors import UsageError
 from nnperf.hardware import GPU, DeviceProfile
 from nnperf.kernels.gemm import GEMV_TILE, GemmEstimate, estimate_gemm, tile_text
 from nnperf.report.console import make_console
-from nnperf.report.units import binary, seconds, si
+from nnperf.units import binary, seconds, si
 
 #: A sweep longer than this is almost certainly a typo in STEP.
 MAX_SWEEP_ROWS = 5000

@@ -94,7 +94,7 @@ def memory(gpu: GPU, **kwargs: Any) -> None:
 
 def _not_fitting(name: str, options: MemoryOptions, batch: int, fit: MemoryFit, gpu: GPU) -> str:
     """What the step needs, what the GPU has, and where to look for a batch that fits."""
-    from nnperf.report.units import binary
+    from nnperf.units import binary
 
     return (
         f"{name} ({options.describe()}) DOES NOT FIT at batch {batch}: it needs "

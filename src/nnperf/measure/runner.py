@@ -208,7 +208,7 @@ def measure(
         measured_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
         free_memory(device)
         predicted = predicted_peak_memory(analysis, device.type)
-        from nnperf.report.units import binary
+        from nnperf.units import binary
 
         capacity = (
             torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None

@@ -8,7 +8,7 @@ from rich.table import Table
 from nnperf.analysis import Analysis
 from nnperf.report.console import make_console
 from nnperf.report.labels import indented
-from nnperf.report.units import binary, count, si
+from nnperf.units import binary, count, si
 
 
 def module_table(a: Analysis, depth: int | None) -> Table:

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from nnperf.report.console import make_console
 from nnperf.report.labels import indented
-from nnperf.report.units import binary, seconds, si
+from nnperf.units import binary, seconds, si
 
 
 def _t(value: float | None) -> str:

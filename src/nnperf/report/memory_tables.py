@@ -9,7 +9,7 @@ from nnperf.passes.memory import MemoryReport
 from nnperf.passes.memory.capacity import MemoryFit
 from nnperf.passes.memory.report import Comparison, category_label
 from nnperf.report.console import make_console
-from nnperf.report.units import binary
+from nnperf.units import binary
 
 
 def summary_table(r: MemoryReport, capacity: float | None = None, gpu_name: str = "") -> Table:

@@ -18,7 +18,7 @@ from nnperf.prediction import Prediction
 from nnperf.report.console import make_console
 from nnperf.report.labels import indented
 from nnperf.report.sections import mfu_label, module_times, op_times
-from nnperf.report.units import binary, rate, seconds, si
+from nnperf.units import binary, rate, seconds, si
 
 #: Bounds under which the bandwidth a row would need to run at peak FLOP/s says something:
 #: a launch- or host-bound row (a scalar loss, a tiny layer) is limited by neither, and its

@@ -19,7 +19,7 @@ from nnperf.passes.memory import MemoryReport
 from nnperf.passes.memory.capacity import MemoryFit
 from nnperf.prediction import Prediction
 from nnperf.report.roofline import RooflinePoint, Roofs, cut, roofline_points, roofs
-from nnperf.report.units import si
+from nnperf.units import si
 
 if TYPE_CHECKING:
     from nnperf.report.html.measured import Measured

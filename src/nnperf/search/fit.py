@@ -39,11 +39,11 @@ from nnperf.passes.memory.capacity import capacity as usable_capacity
 from nnperf.passes.memory.device import context_bytes
 from nnperf.passes.memory.model import allocation_program, convolution_operand_bytes
 from nnperf.passes.memory.report import category_label
-from nnperf.report.units import binary
 from nnperf.request import ModelRequest
 from nnperf.search.fit_parallel import prepare, run_searches, search_workers
 from nnperf.search.fit_replay import BatchModel, Footprint
 from nnperf.search.memory_variants import MemoryOptions, checkpoint_blocks, trace_memory
+from nnperf.units import binary
 
 #: Never search beyond this batch: a model this small fits "any batch" for practical purposes.
 MAX_BATCH = 1 << 20

@@ -15,7 +15,7 @@ from nnperf.report.html.sections_html import layers_section, roofline_section, s
 from nnperf.report.html.svg import esc
 from nnperf.report.labels import module_label
 from nnperf.report.sections import Run, memory_for
-from nnperf.report.units import binary, si
+from nnperf.units import binary, si
 
 
 def _wrap(title: str, body: str) -> str:

@@ -14,7 +14,7 @@ from nnperf.report.html.svg import esc, memory_svg, roofline_svg
 from nnperf.report.labels import module_label
 from nnperf.report.roofline import BOUND_COLORS
 from nnperf.report.sections import Run, mfu_label
-from nnperf.report.units import binary, rate, seconds, si
+from nnperf.units import binary, rate, seconds, si
 
 
 def _card(key: str, value: str, more: str = "", cls: str = "") -> str:

@@ -14,7 +14,7 @@ import math
 from collections.abc import Sequence
 
 from nnperf.report.roofline import BOUND_COLORS, RooflinePoint, Roofs, axis_limits
-from nnperf.report.units import binary, seconds, si
+from nnperf.units import binary, seconds, si
 
 W, H = 640, 420
 ML, MR, MT, MB = 64, 16, 16, 44  # margins: left, right, top, bottom

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nnperf.report.units import binary, rate, seconds, si
+from nnperf.units import binary, rate, seconds, si
 
 
 def test_binary_sizes():
