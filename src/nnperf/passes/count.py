@@ -15,7 +15,7 @@ from typing import Any
 import nnperf.passes.costs  # noqa: F401  (registers every formula)
 from nnperf.passes.costs.registry import OpCost, lookup
 from nnperf.passes.gemms import Gemm, GemmLowering
-from nnperf.trace.events import KIND_PARAM, OpEvent, TensorMeta, Trace
+from nnperf.trace.events import KIND_PARAM, OfEvent, OpEvent, TensorMeta, Trace
 
 _WEIGHT_PRESERVING = {"aten._to_copy", "aten.clone", "aten.copy", "aten.contiguous", "aten.t"}
 
@@ -37,7 +37,7 @@ class BytesMoved:
 
 
 @dataclass(slots=True, eq=False)
-class OpCount(BytesMoved):
+class OpCount(OfEvent, BytesMoved):
     """One op of the trace with its cost; ``covered`` is False when no formula exists.
 
     It refers to its ``OpEvent`` (index, name, module, phase are the event's) rather than
@@ -53,22 +53,6 @@ class OpCount(BytesMoved):
     covered: bool
     info: dict[str, Any] = field(default_factory=dict)
     gemms: tuple[Gemm, ...] = ()
-
-    @property
-    def index(self) -> int:
-        return self.event.index
-
-    @property
-    def op(self) -> str:
-        return self.event.name
-
-    @property
-    def module(self) -> str:
-        return self.event.module
-
-    @property
-    def phase(self) -> str:
-        return self.event.phase
 
     def __repr__(self) -> str:
         return (f"OpCount({self.index}, {self.op!r}, module={self.module!r}, phase={self.phase!s}, "

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nnperf.passes.costs.matmul import gemm_shapes
-from nnperf.trace.events import OpEvent, Trace, dtype_name
+from nnperf.trace.events import OfEvent, OpEvent, Trace, dtype_name
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class Gemm:
+class Gemm(OfEvent):
     """One GEMM of an op; index, op name, module and phase are its event's."""
 
     event: OpEvent = field(repr=False)
@@ -26,22 +26,6 @@ class Gemm:
     k: int
     batch: int
     dtype: str
-
-    @property
-    def index(self) -> int:
-        return self.event.index
-
-    @property
-    def op(self) -> str:
-        return self.event.name
-
-    @property
-    def module(self) -> str:
-        return self.event.module
-
-    @property
-    def phase(self) -> str:
-        return self.event.phase
 
     @property
     def flops(self) -> int:

@@ -82,6 +82,29 @@ class OpEvent:
         return op_name(self.func)
 
 
+class OfEvent:
+    """For results about one event (its count, its GEMMs): the event's index, op name, module
+    and phase are read through the ``event`` they refer to, never copied."""
+
+    __slots__ = ()
+
+    @property
+    def index(self) -> int:
+        return self.event.index  # type: ignore[attr-defined]
+
+    @property
+    def op(self) -> str:
+        return self.event.name  # type: ignore[attr-defined]
+
+    @property
+    def module(self) -> str:
+        return self.event.module  # type: ignore[attr-defined]
+
+    @property
+    def phase(self) -> str:
+        return self.event.phase  # type: ignore[attr-defined]
+
+
 @dataclass(slots=True)
 class StorageInfo:
     nbytes: int

@@ -3,9 +3,10 @@ a partial record that is never written as a profile."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -39,8 +40,7 @@ def run_calibration(
     """Run every benchmark of ``plan``; ``result`` collects as it goes (partial on Ctrl-C)."""
     progress = progress or (lambda group, n: None)
     cal = result or new_calibration(device, quick=False)
-    _gemms(cal, device, plan, progress)
-    _batched_gemms(cal, device, plan, progress)
+    _matmuls(cal, device, plan, progress)
     _convs(cal, device, plan, progress)
     _conv_variants(cal, device, plan, progress)
     _bandwidths(cal, device, plan, progress)
@@ -77,44 +77,41 @@ def _gemm_row(cal_rows: list, dtype: str, kind: str, a: torch.Tensor, b: torch.T
     cal_rows.append(row)
 
 
-def _gemms(cal: Calibration, device: torch.device, plan: Plan, progress: Progress) -> None:
-    done = 0
-    previous = torch.backends.cuda.matmul.allow_tf32
+def _matmul_shapes(plan: Plan) -> Iterator[tuple[str, str, tuple[int, ...], tuple[int, ...]]]:
+    """(progress group, kind, A shape, B shape) of every matrix product the plan measures."""
+    big = max(plan.gemm_sizes)
+    for n in plan.gemm_sizes:
+        yield "gemm", "square", (n, n), (n, n)
+        yield "gemm", "misaligned", (n + 1, n + 1), (n + 1, n + 1)
+        yield "gemm", "skinny", (plan.skinny_m, n), (n, n)
+    for m in plan.small_m:
+        yield "gemm", "small_m", (m, big), (big, big)
+    for batch, m, n, k in plan.batched_gemm:
+        yield "batched gemm", "batched", (batch, m, k), (batch, k, n)
+
+
+@contextlib.contextmanager
+def _tf32_restored() -> Iterator[None]:
+    """Benchmarks switch TF32 per measurement; the user's settings come back afterwards."""
+    previous = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
+
+
+def _matmuls(cal: Calibration, device: torch.device, plan: Plan, progress: Progress) -> None:
+    done = {"gemm": 0, "batched gemm": 0}
+    with _tf32_restored():
         for dtype in plan.gemm_dtypes:
             torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
             tdt = TORCH_DTYPES[dtype]
-            shapes = [
-                (kind, mnk)
-                for n in plan.gemm_sizes
-                for kind, mnk in (("square", (n, n, n)), ("misaligned", (n + 1, n + 1, n + 1)),
-                                  ("skinny", (plan.skinny_m, n, n)))
-            ]
-            big = max(plan.gemm_sizes)
-            shapes += [("small_m", (m, big, big)) for m in plan.small_m]
-            for kind, (m, nn_, k) in shapes:
-                _gemm_row(cal.gemm, dtype, kind, _rand((m, k), tdt, device), _rand((k, nn_), tdt, device),
+            for group, kind, a_shape, b_shape in _matmul_shapes(plan):
+                rows = cal.gemm if group == "gemm" else cal.batched_gemm
+                _gemm_row(rows, dtype, kind, _rand(a_shape, tdt, device), _rand(b_shape, tdt, device),
                           device, plan.repeats)
-                done += 1
-                progress("gemm", done)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = previous
-
-
-def _batched_gemms(cal: Calibration, device: torch.device, plan: Plan, progress: Progress) -> None:
-    done = 0
-    previous = torch.backends.cuda.matmul.allow_tf32
-    try:
-        for dtype in plan.gemm_dtypes:
-            torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
-            tdt = TORCH_DTYPES[dtype]
-            for batch, m, n, k in plan.batched_gemm:
-                _gemm_row(cal.batched_gemm, dtype, "batched", _rand((batch, m, k), tdt, device),
-                          _rand((batch, k, n), tdt, device), device, plan.repeats)
-                done += 1
-                progress("batched gemm", done)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = previous
+                done[group] += 1
+                progress(group, done[group])
 
 
 def _convs(cal: Calibration, device: torch.device, plan: Plan, progress: Progress) -> None:
@@ -139,8 +136,7 @@ def _conv_variants(cal: Calibration, device: torch.device, plan: Plan, progress:
     time and the bytes the real tensors hold (a depthwise convolution reads and writes its
     activations once and does little arithmetic, so bandwidth is its natural unit)."""
     done = 0
-    previous = torch.backends.cudnn.allow_tf32
-    try:
+    with _tf32_restored():
         for b, cin, hw, cout, ks, stride, groups in plan.conv_variants:
             for layout, dtype, tf32 in CONV_MODES:
                 if device.type != "cuda" and (dtype != "fp32" or not tf32):
@@ -165,8 +161,6 @@ def _conv_variants(cal: Calibration, device: torch.device, plan: Plan, progress:
                 })
                 done += 1
                 progress("conv", len(plan.conv_shapes) + done)
-    finally:
-        torch.backends.cudnn.allow_tf32 = previous
 
 
 def _bandwidths(cal: Calibration, device: torch.device, plan: Plan, progress: Progress) -> None:
