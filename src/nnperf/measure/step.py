@@ -21,6 +21,7 @@ from torch.utils._pytree import tree_flatten
 
 from nnperf.trace.grad_scaler import TracedGradScaler
 from nnperf.trace.options import DTYPES, TraceOptions
+from nnperf.trace.rebind import rebind_tensors
 from nnperf.trace.step import Step
 from nnperf.workload import Workload, default_loss
 
@@ -68,13 +69,17 @@ def _to_device(value: Any, device: torch.device, dtype: torch.dtype | None) -> A
 
 
 def build_step(build: Callable[[], Workload], options: TraceOptions, device: torch.device) -> RealStep:
-    """Build the workload for real on ``device`` and return its step function."""
+    """Build the workload for real on ``device`` and return its step function.
+
+    The builder runs with ``device`` as the default device, so weights are initialised there
+    (random init of a 7B model on one CPU thread takes minutes; on a GPU, a second); what it
+    still creates elsewhere is moved. Tensors are rebound rather than moved with
+    ``Module.to``, which also works under a fake mode (PyTorch's RuntimeEstimator)."""
     options.validate()
-    workload = build()
+    with torch.device(device):
+        workload = build()
     dtype = DTYPES[options.dtype] if options.dtype else None
-    model = workload.model.to(device)
-    if dtype is not None:
-        model = model.to(dtype)
+    model = rebind_tensors(workload.model, device=device, dtype=dtype)
     workload.model = model
     workload.inputs = _to_device(tuple(workload.inputs), device, dtype)
     loss_fn = workload.loss_fn or default_loss

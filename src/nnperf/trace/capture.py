@@ -39,6 +39,7 @@ from nnperf.trace.events import (
 )
 from nnperf.trace.grad_scaler import GRAD_SCALER_MODULE, TracedGradScaler
 from nnperf.trace.options import AMP_DTYPES, DTYPES, OPTIMIZER_IMPLS, OPTIMIZERS, TraceOptions
+from nnperf.trace.rebind import rebind_tensors
 from nnperf.trace.recorder import GraphLabeler, ModuleStack, OpRecorder
 from nnperf.trace.step import Step, StepWatch
 from nnperf.workload import Workload, default_loss
@@ -259,19 +260,7 @@ def _cast(workload: Workload, dtype: str | None) -> Workload:
     if dtype is None:
         return workload
     target = DTYPES[dtype]
-    # Module.to() swaps tensor subclasses in place (swap_tensors), which fake tensors refuse
-    # while the fake mode holds weak references to them; rebinding each tensor avoids that.
-    # A memo keeps tied weights (e.g. GPT-2's lm_head and wte) tied.
-    cast: dict[int, torch.nn.Parameter] = {}
-    for module in workload.model.modules():
-        for name, p in module._parameters.items():
-            if p is not None and p.is_floating_point():
-                if id(p) not in cast:
-                    cast[id(p)] = torch.nn.Parameter(p.detach().to(target), p.requires_grad)
-                module._parameters[name] = cast[id(p)]
-        for name, b in module._buffers.items():
-            if b is not None and b.is_floating_point():
-                module._buffers[name] = b.to(target)
+    rebind_tensors(workload.model, dtype=target)
     workload.inputs = tuple(
         t.to(target) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
         for t in workload.inputs
