@@ -59,3 +59,16 @@ def test_a_bad_zoo_setting_is_a_usage_error_in_python_too():
 def test_an_unknown_model_still_exits_3():
     res = CliRunner().invoke(cli, ["analyze", "resnet-5O"])
     assert res.exit_code == 3, res.output
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["predict", "mlp", "--bogus"], "No such option '--bogus'"),
+    (["predictt", "mlp"], "No such command 'predictt'"),
+    (["predict"], "Missing argument 'MODEL'"),
+    (["predict", "mlp", "--amp", "fp8"], "'fp8' is not one of"),
+])
+def test_clicks_own_usage_errors_are_one_line(args, words):
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0] and "--help" in lines[0], result.output

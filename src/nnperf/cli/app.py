@@ -29,7 +29,9 @@ COMMAND_MODULES = [
 
 
 class _Group(click.Group):
-    """Turns every NnperfError into one line on stderr and the documented exit code."""
+    """Turns every user error into one line on stderr and the documented exit code: nnperf's
+    own (``NnperfError``) and click's (an unknown option or command, a missing argument, a
+    value outside its choices), which click would print as a usage block."""
 
     def invoke(self, ctx: click.Context):  # type: ignore[override]
         try:
@@ -37,6 +39,26 @@ class _Group(click.Group):
         except NnperfError as err:
             click.secho(f"nnperf: error: {err}", fg="red", err=True)
             sys.exit(err.exit_code)
+
+    def main(self, *args, standalone_mode: bool = True, **kwargs):  # type: ignore[override]
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            result = super().main(*args, standalone_mode=False, **kwargs)
+        except click.exceptions.NoArgsIsHelpError as err:
+            click.echo(err.ctx.get_help() if err.ctx else "", err=True)
+            sys.exit(err.exit_code)
+        except click.UsageError as err:
+            where = err.ctx.command_path if err.ctx else "nnperf"
+            click.secho(f"{where}: error: {err.format_message()} (see '{where} --help')", fg="red", err=True)
+            sys.exit(err.exit_code)
+        except click.ClickException as err:
+            click.secho(f"nnperf: error: {err.format_message()}", fg="red", err=True)
+            sys.exit(err.exit_code)
+        except click.Abort:
+            click.secho("nnperf: aborted", fg="red", err=True)
+            sys.exit(130)
+        sys.exit(result if isinstance(result, int) else 0)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
