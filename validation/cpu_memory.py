@@ -80,7 +80,7 @@ def configurations() -> list[dict[str, Any]]:
 def request_and_options(config: dict[str, Any]) -> tuple[Any, Any]:
     """The ``ModelRequest`` and ``TraceOptions`` a record's config stands for."""
     from nnperf.request import ModelRequest
-    from nnperf.trace.capture import TraceOptions
+    from nnperf.trace.options import TraceOptions
 
     request = ModelRequest(config["model"], batch=config["batch"], seq_len=config["seq"],
                            overrides=dict(config["overrides"]))

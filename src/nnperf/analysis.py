@@ -23,8 +23,9 @@ from nnperf.passes.count import OpCount, count_ops
 from nnperf.passes.estimates import Estimates
 from nnperf.passes.gemms import Gemm, step_gemms
 from nnperf.request import InputSpec, ModelRequest
-from nnperf.trace.capture import TraceOptions, trace_workload
+from nnperf.trace.capture import trace_workload
 from nnperf.trace.events import Trace, dtype_name
+from nnperf.trace.options import TraceOptions
 from nnperf.workload import LossFn, Workload
 
 SCHEMA_VERSION = "nnperf.analysis/1"

@@ -14,7 +14,7 @@ from nnperf.measure.runner import combined_json, measure, measured_by_module
 from nnperf.passes.timing import TimingOptions
 from nnperf.prediction import predict_analysis
 from nnperf.request import InputSpec, ModelRequest
-from nnperf.trace.capture import TraceOptions
+from nnperf.trace.options import TraceOptions
 
 CPU = torch.device("cpu")
 SLEEP_S = 0.02

@@ -12,7 +12,7 @@ from nnperf.measure.host_memory import peak_tensor_bytes
 from nnperf.measure.step import build_step
 from nnperf.passes.memory.host import predict_host_memory
 from nnperf.request import ModelRequest
-from nnperf.trace.capture import TraceOptions
+from nnperf.trace.options import TraceOptions
 
 B, D_IN, D_HID, D_OUT = 8, 784, 1024, 10
 F32 = 4

@@ -34,7 +34,7 @@ from nnperf.search.fit import (
 from nnperf.search.fit_parallel import run_searches, search_workers
 from nnperf.search.fit_replay import BatchModel, Footprint
 from nnperf.search.memory_variants import MemoryOptions, trace_memory
-from nnperf.trace.capture import TraceOptions
+from nnperf.trace.options import TraceOptions
 
 
 def _measure(fn):

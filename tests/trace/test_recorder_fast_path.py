@@ -9,8 +9,9 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
 from nnperf.trace import recorder
-from nnperf.trace.capture import TraceOptions, trace_workload
+from nnperf.trace.capture import trace_workload
 from nnperf.trace.events import Trace
+from nnperf.trace.options import TraceOptions
 from nnperf.workload import Workload
 
 

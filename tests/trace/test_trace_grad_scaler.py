@@ -16,9 +16,10 @@ from nnperf.hardware import default_profile, load_gpu
 from nnperf.passes.count import count_ops
 from nnperf.passes.memory.model import classify, predict_memory
 from nnperf.passes.timing import simulate_step
-from nnperf.trace.capture import TraceOptions, trace_workload
+from nnperf.trace.capture import trace_workload
 from nnperf.trace.events import KIND_BUFFER
 from nnperf.trace.grad_scaler import GRAD_SCALER_MODULE
+from nnperf.trace.options import TraceOptions
 from nnperf.workload import Workload
 
 B, D_IN, D_HID, D_OUT = 4, 8, 16, 4

@@ -10,7 +10,8 @@ from torch import nn
 from nnperf.errors import TraceError
 from nnperf.request import ModelRequest
 from nnperf.trace import recorder
-from nnperf.trace.capture import TraceOptions, trace_workload
+from nnperf.trace.capture import trace_workload
+from nnperf.trace.options import TraceOptions
 
 
 def _trace(model: nn.Module, x: torch.Tensor, **options) -> None:

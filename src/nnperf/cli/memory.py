@@ -15,7 +15,7 @@ from nnperf.errors import ResourceError
 from nnperf.hardware import GPU
 from nnperf.passes.memory.capacity import MemoryFit
 from nnperf.search.memory_variants import MemoryOptions
-from nnperf.trace.capture import TraceOptions
+from nnperf.trace.options import TraceOptions
 
 
 def memory_options_from(trace: TraceOptions, kwargs: dict[str, Any]) -> MemoryOptions:

@@ -11,7 +11,7 @@ import click
 from nnperf.cli.limits import LimitedInt
 from nnperf.errors import UsageError, shown
 from nnperf.request import INPUT_DTYPES, InputSpec, ModelRequest, parse_shape
-from nnperf.trace.capture import AMP_DTYPES, DTYPES, OPTIMIZER_IMPLS, OPTIMIZERS, TraceOptions
+from nnperf.trace.options import AMP_DTYPES, DTYPES, OPTIMIZER_IMPLS, OPTIMIZERS, TraceOptions
 
 _WORKLOAD_KEYS = (
     "model", "batch", "seq", "train", "dtype", "amp", "grad_scaler", "optimizer", "optimizer_impl",

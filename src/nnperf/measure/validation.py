@@ -24,7 +24,7 @@ from nnperf.measure.stats import percentile
 
 if TYPE_CHECKING:  # imported where used: the error table needs no torch
     from nnperf.request import ModelRequest
-    from nnperf.trace.capture import TraceOptions
+    from nnperf.trace.options import TraceOptions
 
 RECORD_SCHEMA = "nnperf.validation.record/1"
 
@@ -67,7 +67,7 @@ class Config:
 
     def trace_options(self) -> TraceOptions:
         """How its step runs: training or inference, with bf16 autocast for "bf16"."""
-        from nnperf.trace.capture import TraceOptions
+        from nnperf.trace.options import TraceOptions
 
         return TraceOptions(train=self.train, amp="bf16" if self.precision == "bf16" else None)
 

@@ -38,14 +38,11 @@ from nnperf.trace.events import (
     dtype_name,
 )
 from nnperf.trace.grad_scaler import GRAD_SCALER_MODULE, TracedGradScaler
-from nnperf.trace.options import AMP_DTYPES, DTYPES, OPTIMIZER_IMPLS, OPTIMIZERS, TraceOptions
+from nnperf.trace.options import DTYPES, TraceOptions
 from nnperf.trace.rebind import rebind_tensors
 from nnperf.trace.recorder import GraphLabeler, ModuleStack, OpRecorder
 from nnperf.trace.step import Step, StepWatch
 from nnperf.workload import Workload, default_loss
-
-#: The options' vocabulary, importable from here as before ``trace.options`` held it.
-__all__ = ["AMP_DTYPES", "DTYPES", "OPTIMIZERS", "OPTIMIZER_IMPLS", "TraceOptions", "trace_workload"]
 
 
 def trace_workload(build: Callable[[], Workload], options: TraceOptions) -> tuple[Trace, Workload]:

@@ -9,8 +9,9 @@ from torch import nn
 
 from nnperf.passes.costs import lookup
 from nnperf.passes.costs.registry import HOST, OPTIMIZER
-from nnperf.trace.capture import TraceOptions, trace_workload
+from nnperf.trace.capture import trace_workload
 from nnperf.trace.grad_scaler import GRAD_SCALER_MODULE
+from nnperf.trace.options import TraceOptions
 from nnperf.workload import Workload
 
 IN, OUT, B = 8, 4, 2

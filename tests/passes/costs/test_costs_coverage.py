@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from nnperf.passes.costs import lookup
-from nnperf.trace.capture import TraceOptions, trace_workload
+from nnperf.trace.capture import trace_workload
+from nnperf.trace.options import TraceOptions
 from nnperf.zoo import get_model
 
 MODELS = {

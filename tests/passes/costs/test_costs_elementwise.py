@@ -8,7 +8,8 @@ from torch import nn
 from nnperf.passes.costs import lookup
 from nnperf.passes.costs.elementwise import ELEMENT_FLOPS
 from nnperf.passes.costs.registry import ELEMENTWISE, HOST
-from nnperf.trace.capture import TraceOptions, trace_workload
+from nnperf.trace.capture import trace_workload
+from nnperf.trace.options import TraceOptions
 from nnperf.workload import Workload
 
 B, T, D = 2, 3, 8

@@ -6,8 +6,9 @@ import torch
 from torch import nn
 
 from nnperf.passes.costs import lookup
-from nnperf.trace.capture import TraceOptions, trace_workload
+from nnperf.trace.capture import trace_workload
 from nnperf.trace.events import OpEvent, TensorMeta
+from nnperf.trace.options import TraceOptions
 from nnperf.workload import Workload
 
 B, T, D, V = 2, 5, 8, 11

@@ -8,7 +8,8 @@ from torch import nn
 from nnperf.passes.costs import lookup
 from nnperf.passes.costs.optimizer import foreach_launches
 from nnperf.passes.costs.registry import ALLOC, HOST, MEMORY, OPTIMIZER
-from nnperf.trace.capture import TraceOptions, trace_workload
+from nnperf.trace.capture import trace_workload
+from nnperf.trace.options import TraceOptions
 from nnperf.workload import Workload
 
 IN, OUT, B = 8, 4, 2
