@@ -11,6 +11,8 @@ Exit codes (documented in the README):
 
 from __future__ import annotations
 
+import os
+
 
 class NnperfError(Exception):
     """A mistake in what the user asked for; the CLI prints the message and exits."""
@@ -50,3 +52,21 @@ def shown(value: object, limit: int = 80) -> str:
         keep = (limit - 5) // 2
         text = f"{text[:keep]}[...]{text[-keep:]}"
     return repr(text)
+
+
+def read_user_text(path: str | os.PathLike[str], what: str, expected: str = "a file") -> str:
+    """The UTF-8 text of a file the user named (a GPU file, a profile, a price table, a
+    measurement): missing, a directory, binary or unreadable is one ``UsageError`` naming
+    ``what`` and the file, and ``expected`` says what would be valid."""
+    name = shown(os.fspath(path))
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    except FileNotFoundError:
+        raise UsageError(f"{what} {name} does not exist") from None
+    except IsADirectoryError:
+        raise UsageError(f"{what} {name} is a directory; expected {expected}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{what} {name} is not a text file; expected UTF-8 text ({expected})") from None
+    except OSError as err:  # permission, a name too long, an I/O error
+        raise UsageError(f"{what} {name} cannot be read: {err.strerror or err}") from None

@@ -12,9 +12,8 @@ from rich.table import Table
 from nnperf.analysis import analyze_request
 from nnperf.cli.app import cli
 from nnperf.cli.gpu_options import GpuRequest, gpu_options
-from nnperf.cli.inputs import read_text
 from nnperf.cli.workload_options import pop_workload, workload_options
-from nnperf.errors import UsageError, shown
+from nnperf.errors import UsageError, read_user_text, shown
 from nnperf.hardware.schema import GPU_RANGES
 from nnperf.passes.memory.capacity import verdict
 from nnperf.report.console import make_console
@@ -31,7 +30,7 @@ def load_prices(path: str | None) -> dict[str, float]:
     if path is None:
         return {}
     try:
-        raw = tomllib.loads(read_text(path, "price file"))
+        raw = tomllib.loads(read_user_text(path, "price file", "a TOML file"))
     except tomllib.TOMLDecodeError as err:
         raise UsageError(f"price file {shown(path)} is not valid TOML: {err}") from None
     valid = GPU_RANGES["price_usd_per_hour"]

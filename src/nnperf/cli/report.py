@@ -7,11 +7,10 @@ import click
 from nnperf.analysis import analyze_request
 from nnperf.cli.app import cli
 from nnperf.cli.gpu_options import GpuTarget, gpu_options
-from nnperf.cli.inputs import read_text
 from nnperf.cli.limits import LimitedInt
 from nnperf.cli.paths import check_output, distinct_outputs, write_output
 from nnperf.cli.workload_options import pop_workload, workload_options
-from nnperf.errors import UsageError
+from nnperf.errors import UsageError, read_user_text
 
 
 @cli.command()
@@ -45,7 +44,7 @@ def report(targets: list[GpuTarget], output, measured, png, svg, depth, points, 
                for option, path in (("--output", output), ("--png", png), ("--svg", svg)) if path}
     distinct_outputs(outputs)
     if measured:
-        read_text(measured, "measurement file")  # a binary or unreadable file: one line
+        read_user_text(measured, "measurement file")  # a binary or unreadable file: one line
     overlay = load_measured(measured) if measured else None
     analysis = analyze_request(*pop_workload(kwargs))
     timing = TimingOptions(tf32_matmul=tf32)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nnperf.errors import UsageError, shown
+from nnperf.errors import UsageError, read_user_text, shown
 from nnperf.hardware.dtypes import COMPUTE_DTYPES
 
 if sys.version_info >= (3, 11):
@@ -166,20 +166,11 @@ def range_of(field: str) -> Range:
 def read_toml(path: Path, what: str) -> dict[str, Any]:
     """A TOML file's table; a missing, unreadable, binary or malformed file is a usage error
     naming ``what`` and the file."""
-    name = shown(path)
+    text = read_user_text(path, what, "a TOML file")
     try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
-    except FileNotFoundError:
-        raise UsageError(f"{what} {name} does not exist") from None
-    except IsADirectoryError:
-        raise UsageError(f"{what} {name} is a directory; expected a TOML file") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"{what} {name} is not a text file; expected UTF-8 TOML") from None
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
-        raise UsageError(f"{what} {name} is not valid TOML: {err}") from None
-    except OSError as err:  # permission, a name too long, an I/O error
-        raise UsageError(f"{what} {name} cannot be read: {err.strerror or err}") from None
+        raise UsageError(f"{what} {shown(path)} is not valid TOML: {err}") from None
 
 
 def valid_keys() -> list[str]:
