@@ -95,3 +95,16 @@ def test_analyze_module_table_shows_the_optimizers_flops():
 
     assert si(a.totals["flops_optimizer"]) in row and a.totals["flops_optimizer"] > 0
     assert "(ReluNet) own ops" in text
+
+
+def test_an_fp32_cnns_roof_is_tf32_where_its_convolutions_run_tf32():
+    """cuDNN runs fp32 convolutions in TF32 by default (TimingOptions.tf32_conv): the roof the
+    points sit under is the TF32 peak, not the fp32 CUDA-core one."""
+    import nnperf
+    from nnperf.hardware import load_gpu
+    from nnperf.report.roofline import roofs
+
+    cnn = roofs(nnperf.predict("resnet18", "h100", batch=2, overrides={"image_size": 32}))
+    assert (cnn.peak_dtype, cnn.peak_flops) == ("tf32", load_gpu("h100").peak("tf32").flops)
+    mlp = roofs(nnperf.predict("mlp", "h100", batch=2))  # matmuls: TF32 off by default
+    assert (mlp.peak_dtype, mlp.peak_unit) == ("fp32", "cuda")

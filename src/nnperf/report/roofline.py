@@ -117,10 +117,15 @@ class Roofs:
 
 
 def roofs(prediction: Prediction) -> Roofs:
-    """The roofs that matter for this step: the GPU's peaks for its main matmul dtype."""
+    """The roofs that matter for this step: the GPU's peaks for its main matmul dtype, the
+    matrix roof at the math that carries most of the matrix FLOPs (an fp32 CNN's convolutions
+    run TF32 by cuDNN's default, so its points sit under the TF32 roof, not the fp32 one)."""
     gpu = prediction.gpu
     dtype = prediction.matmul_dtype
-    peak = gpu.matmul_peak(dtype, tf32=prediction.timing.tf32_matmul, fallback=True)
+    if prediction.mfu_peak.math.split("+")[0] == "tf32":
+        peak = gpu.peak("tf32")
+    else:
+        peak = gpu.matmul_peak(dtype, tf32=prediction.timing.tf32_matmul, fallback=True)
     vector = gpu.peak(dtype, tensor_cores=False, fallback=True)
     return Roofs(
         gpu=gpu.name,
