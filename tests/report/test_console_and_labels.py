@@ -104,7 +104,7 @@ def test_an_fp32_cnns_roof_is_tf32_where_its_convolutions_run_tf32():
     from nnperf.hardware import load_gpu
     from nnperf.report.roofline import roofs
 
-    cnn = roofs(nnperf.predict("resnet18", "h100", batch=2, overrides={"image_size": 32}))
+    cnn = roofs(nnperf.predict("resnet18", "h100", batch=2, image_size=32))
     assert (cnn.peak_dtype, cnn.peak_flops) == ("tf32", load_gpu("h100").peak("tf32").flops)
     mlp = roofs(nnperf.predict("mlp", "h100", batch=2))  # matmuls: TF32 off by default
     assert (mlp.peak_dtype, mlp.peak_unit) == ("fp32", "cuda")
