@@ -36,7 +36,7 @@ def test_the_words_are_the_documented_ones():
     assert events.PHASES == ("forward", "backward", "optimizer")
     assert {str(c) for c in Category} == {
         "gemm", "conv", "attention", "elementwise", "reduction", "norm", "memory", "optimizer",
-        "alloc", "host", "uncovered",
+        "alloc", "host", "communication", "uncovered",
     }
     assert {str(b) for b in Bound} == {"compute", "memory", "launch", "host", "none"}
     assert CATEGORIES == (

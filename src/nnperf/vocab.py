@@ -57,6 +57,7 @@ class Category(Vocab):
     OPTIMIZER = "optimizer"  # foreach / fused optimizer kernels
     ALLOC = "alloc"  # allocation only: no kernel
     HOST = "host"  # runs on the host (scalar bookkeeping, .item()): no device kernel
+    COMMUNICATION = "communication"  # a collective: timed by kernels.collectives on its own stream
     UNCOVERED = "uncovered"  # no cost formula: reported with its count, never a silent zero
 
 

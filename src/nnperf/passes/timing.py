@@ -162,7 +162,9 @@ class KernelModel:
             return self._matrix(count, base)
         if category == cat.ATTENTION:
             return self._attention(count, base)
-        if category in (cat.ALLOC, cat.HOST):
+        if category in (cat.ALLOC, cat.HOST, cat.COMMUNICATION):
+            # no kernel on the compute stream (a collective runs on the communication
+            # stream: passes.comm_timeline)
             return OpTime(kernels=0, kernel_s=0.0, compute_s=0.0, memory_s=0.0, peak_flops=0.0, **base)
         return self._streaming(count, base)
 

@@ -90,8 +90,8 @@ def _swap_in_private_copies(
     for module in workload.model.modules():
         for table in (module._parameters, module._buffers):
             for name, value in table.items():
-                if value is None or isinstance(value, FakeTensor):
-                    continue
+                if value is None or isinstance(value, FakeTensor) or isinstance(local(value), FakeTensor):
+                    continue  # already fake (a DTensor's local shard included)
                 copy = copies.get(id(value))
                 if copy is None:  # a tied weight stays tied: one copy for all its owners
                     copy = private(value)
@@ -191,10 +191,10 @@ def _record(workload: Workload, step: Step) -> Trace:
     del output
     module_types = {names[id(m)]: type(m).__name__ for m in model.modules()}
     module_params = {
-        names[id(m)]: sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()
+        names[id(m)]: sum(local(p).numel() for p in m.parameters(recurse=False)) for m in model.modules()
     }
     param_storages = {
-        recorder.storage_id(p, None): n for n, p in model.named_parameters()
+        recorder.storage_id(local(p), None): n for n, p in model.named_parameters()
     }
     trace = Trace(
         events=recorder.events,
@@ -204,7 +204,7 @@ def _record(workload: Workload, step: Step) -> Trace:
         param_storages=param_storages,
         # every name of a tied parameter, so each owning module knows its weight shapes
         param_shapes={
-            n: tuple(p.shape) for n, p in model.named_parameters(remove_duplicate=False)
+            n: tuple(local(p).shape) for n, p in model.named_parameters(remove_duplicate=False)
         },
         module_output_bytes=dict(modules.output_bytes),
         mode="train" if options.train else "inference",
@@ -230,9 +230,9 @@ def _input_descriptions(inputs: tuple[Any, ...]) -> list[dict[str, Any]]:
 def _known_storage_kinds(workload: Workload) -> dict[int, tuple[str, str | None]]:
     kinds: dict[int, tuple[str, str | None]] = {}
     for n, p in workload.model.named_parameters():
-        kinds[id(p.untyped_storage())] = (KIND_PARAM, n)
+        kinds[id(local(p).untyped_storage())] = (KIND_PARAM, n)
     for n, b in workload.model.named_buffers():
-        kinds[id(b.untyped_storage())] = (KIND_BUFFER, n)
+        kinds[id(local(b).untyped_storage())] = (KIND_BUFFER, n)
     from torch.utils._pytree import tree_flatten
 
     for t in tree_flatten(workload.inputs)[0]:
@@ -245,12 +245,18 @@ def _classify_late_storages(recorder: OpRecorder, model: torch.nn.Module, optimi
     """Gradients and optimizer state are only recognizable once the step has run."""
     for p in model.parameters():
         if p.grad is not None:
-            recorder.storages[recorder.storage_id(p.grad, None)].kind = KIND_GRAD
+            recorder.storages[recorder.storage_id(local(p.grad), None)].kind = KIND_GRAD
     if optimizer is not None:
         for state in optimizer.state.values():
             for v in state.values():
                 if isinstance(v, torch.Tensor):
-                    recorder.storages[recorder.storage_id(v, None)].kind = KIND_OPT_STATE
+                    recorder.storages[recorder.storage_id(local(v), None)].kind = KIND_OPT_STATE
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor one rank holds: a DTensor's local shard (FSDP2), else the tensor itself."""
+    inner = getattr(t, "_local_tensor", None)
+    return inner if isinstance(inner, torch.Tensor) else t
 
 
 def _cast(workload: Workload, dtype: str | None) -> Workload:

@@ -11,14 +11,15 @@ Three small mechanisms cooperate:
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 from torch.utils._pytree import tree_flatten, tree_map
 
 from nnperf.trace.accumulation import ADD, AccumulationWatch
@@ -210,7 +211,11 @@ class OpRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func.namespace in _SKIPPED_NAMESPACES:
+        if any(is_traceable_wrapper_subclass_type(t) for t in types):
+            # A DTensor (FSDP2's sharded parameters): let it dispatch, then record the ops it
+            # runs on its local shard, the kernels one rank runs (trace.distributed).
+            return NotImplemented
+        if func.namespace in _SKIPPED_NAMESPACES or _UNRECORDED[0]:
             return func(*args, **kwargs)
         self.current_func = func
         index = len(self.events)
@@ -243,6 +248,22 @@ class OpRecorder(TorchDispatchMode):
             self.engine_sums.add(index)
         self.current_func = None
         return out
+
+
+#: Nesting depth of ``unrecorded()``: ops run meanwhile are an engine's bookkeeping.
+_UNRECORDED = [0]
+
+
+@contextlib.contextmanager
+def unrecorded() -> Iterator[None]:
+    """Run ops without recording them: bookkeeping an engine does on placeholder tensors
+    that no GPU runs (DTensor's sharding propagation builds fake arguments to learn output
+    shapes)."""
+    _UNRECORDED[0] += 1
+    try:
+        yield
+    finally:
+        _UNRECORDED[0] -= 1
 
 
 _METADATA_OPS = {"aten::sym_size", "aten::sym_stride", "aten::sym_numel", "aten::is_same_size"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from nnperf.passes.costs import (  # noqa: F401  (registration side effects)
     amp,
     attention,
+    communication,
     elementwise,
     embedding,
     factories,
