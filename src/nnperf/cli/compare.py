@@ -17,6 +17,7 @@ from nnperf.errors import UsageError, read_user_text, shown
 from nnperf.hardware.schema import GPU_RANGES
 from nnperf.passes.memory.capacity import verdict
 from nnperf.report.console import make_console
+from nnperf.search.gpu_costs import gpu_row
 from nnperf.units import binary, rate, seconds
 
 if sys.version_info >= (3, 11):
@@ -68,29 +69,12 @@ def compare(gpu_request: GpuRequest, prices_file, tf32, as_json, **kwargs) -> No
         p = predict_analysis(analysis, gpu, target.profile, timing=TimingOptions(tf32_matmul=tf32),
                              memory=memory.get(gpu.architecture))
         memory[gpu.architecture] = p.memory
-        rows.append(_row(target.asked or gpu.id, gpu, p.totals, prices))
+        rows.append(gpu_row(target.asked or gpu.id, gpu, p.totals, prices))
     if as_json:
         click.echo(json.dumps({"schema": "nnperf.compare/1", "model": analysis.model,
                                "config": analysis.config, "gpus": rows}, indent=2))
         return
     make_console().print(_table(analysis, rows))
-
-
-def _row(name: str, gpu: Any, tot: dict[str, Any], prices: dict[str, float]) -> dict[str, Any]:
-    """One GPU's line. A step that does not fit in the GPU's memory has no cost: it cannot
-    run there as configured, so its price per sample would be a number for nothing."""
-    price = prices.get(name, prices.get(gpu.id, gpu.price_usd_per_hour))
-    samples_per_s = tot["samples_per_s"]
-    fits = tot["fits_in_memory"]
-    cost = price / 3600 / samples_per_s * 1e6 if price and samples_per_s and fits else None
-    return {
-        "gpu": gpu.name, "id": gpu.id, "step_time_s": tot["step_time_s"], "throughput": tot["throughput"],
-        "throughput_unit": tot["throughput_unit"], "bound": tot["bound"], "mfu": tot["mfu"],
-        "device_total_bytes": tot["device_total_bytes"], "gpu_memory_bytes": tot["gpu_memory_bytes"],
-        "fits_in_memory": fits,
-        "usd_per_hour": price, "price_date": None if name in prices else gpu.price_date,
-        "usd_per_million_samples": cost,
-    }
 
 
 def _cost(r: dict[str, Any]) -> str:

@@ -34,7 +34,9 @@ class MemoryOptions:
     trace: TraceOptions = field(default_factory=TraceOptions)
     grad_accum: int = 1  # micro-batches per optimizer step
     set_to_none: bool = True  # zero_grad(set_to_none=...)
-    checkpoint: bool = False  # activation checkpointing of every repeated block
+    # activation checkpointing of every repeated block: True (or "full") recomputes each
+    # block's forward; "selective" keeps the matrix products' outputs and recomputes the rest
+    checkpoint: bool | str = False
 
     def validate(self) -> None:
         if self.grad_accum < 1:
@@ -66,7 +68,8 @@ class MemoryOptions:
         if step.amp:
             parts.append(f"amp {step.amp}")
         if self.checkpoint:
-            parts.append("activation checkpointing")
+            parts.append("selective activation checkpointing" if self.checkpoint == "selective"
+                         else "activation checkpointing")
         if self.grad_accum > 1:
             parts.append(f"grad accumulation x{self.grad_accum}")
         if not self.set_to_none:
@@ -107,7 +110,49 @@ def _recompute_context() -> tuple[contextlib.AbstractContextManager, TorchFuncti
     return contextlib.nullcontext(), GraphLabeler(ModuleStack({}))
 
 
-def apply_checkpointing(workload: Workload) -> list[str]:
+#: What selective checkpointing keeps: the outputs of matrix products with weights and of
+#: fused attention (expensive to recompute); everything else (pointwise ops, norms, softmax,
+#: dropout, products of two activations such as attention scores) is recomputed in backward,
+#: as in Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
+#: Models", selective recomputation of the attention core) and PyTorch's selective
+#: activation checkpointing.
+SAVED_BY_SELECTIVE = frozenset({
+    "aten.mm", "aten.addmm", "aten.linear", "aten.convolution", "aten.cudnn_convolution",
+    "nnperf.attention", "aten._scaled_dot_product_flash_attention",
+    "aten._scaled_dot_product_efficient_attention",
+})
+
+
+def _selective_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    name = getattr(op, "_schema", None)
+    name = name.name.replace("::", ".") if name is not None else str(op)
+    return CheckpointPolicy.MUST_SAVE if name in SAVED_BY_SELECTIVE else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _selective_context() -> tuple[Any, Any]:
+    """Selective checkpointing's contexts, the recomputation also under the tracer's
+    substitutions (see ``_recompute_context``)."""
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    forward, recompute = create_selective_checkpoint_contexts(_selective_policy)
+    _, labeler = _recompute_context()
+    stack = contextlib.ExitStack()
+
+    class _Both(contextlib.AbstractContextManager):
+        def __enter__(self) -> Any:
+            stack.enter_context(recompute)
+            stack.enter_context(labeler)
+            return self
+
+        def __exit__(self, *exc: Any) -> None:
+            stack.close()
+
+    return forward, _Both()
+
+
+def apply_checkpointing(workload: Workload, selective: bool = False) -> list[str]:
     """Wrap each block's forward in non-reentrant ``torch.utils.checkpoint``; returns the blocks."""
     from torch.utils.checkpoint import checkpoint
 
@@ -117,7 +162,7 @@ def apply_checkpointing(workload: Workload) -> list[str]:
         module = modules[name]
         module.forward = functools.partial(  # type: ignore[method-assign]
             checkpoint, module.forward, use_reentrant=False,
-            context_fn=_recompute_context,
+            context_fn=_selective_context if selective else _recompute_context,
         )
     return blocks
 
@@ -130,7 +175,7 @@ def trace_memory(request: ModelRequest, options: MemoryOptions) -> tuple[str, Tr
 
     def build_with_checkpoints() -> Workload:
         workload = build()
-        blocks.extend(apply_checkpointing(workload))
+        blocks.extend(apply_checkpointing(workload, selective=options.checkpoint == "selective"))
         return workload
 
     trace, workload = trace_workload(build_with_checkpoints if options.checkpoint else build,

@@ -1,0 +1,124 @@
+"""Fused attention (SDPA) where the model computes attention by hand.
+
+Found in the trace: in one module's forward, a softmax over the output of a matrix product
+of activations (no weights), whose result feeds a second such product. Every op of that
+module touching the score-shaped (query x key) tensors, forward and backward, is replaced
+by one ``nnperf::attention`` and one ``nnperf::attention_backward`` op, costed by the same
+formulas and attention model as a traced ``F.scaled_dot_product_attention``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+import nnperf.trace.attention  # noqa: F401  (defines the nnperf:: ops)
+from nnperf.passes.costs import registry as cat
+from nnperf.passes.count import OpCount
+from nnperf.search.advise.change import Candidate, Change
+from nnperf.search.advise.rewrite import Rewritten, count_events, rebuild, synthetic
+from nnperf.trace.events import TensorMeta
+
+if TYPE_CHECKING:
+    from nnperf.search.advise.evaluate import Base
+
+_MASKS = ("aten.masked_fill", "aten.where")
+
+
+@dataclass
+class HandAttention:
+    module: str
+    scores: tuple[int, ...]  # shape of the (query x key) tensors
+    q: TensorMeta
+    k: TensorMeta  # as (..., keys, head_dim)
+    v: TensorMeta
+    out: TensorMeta
+    causal: bool
+    dropout: bool
+
+
+def find(counts: list[OpCount]) -> list[HandAttention]:
+    by_module: dict[str, list[OpCount]] = defaultdict(list)
+    for c in counts:
+        if c.phase == "forward":
+            by_module[c.module].append(c)
+    found = []
+    for module, ops in by_module.items():
+        soft = next((c for c in ops if "softmax" in c.op and c.event.inputs), None)
+        if soft is None:
+            continue
+        scores = soft.event.inputs[0].shape
+        products = [c for c in ops if c.category == cat.GEMM and not c.bytes_weights and c.event.outputs]
+        qk = next((c for c in products if c.event.outputs[0].shape == scores), None)
+        pv = next((c for c in products if any(m.shape == scores for m in c.event.inputs)
+                   and c.index > soft.index), None)
+        if qk is None or pv is None or len(qk.event.inputs) < 2 or len(pv.event.inputs) < 2:
+            continue
+        q, kt = qk.event.inputs[:2]
+        k = TensorMeta(kt.storage, (*kt.shape[:-2], kt.shape[-1], kt.shape[-2]), kt.dtype, kt.stride)
+        v = next(m for m in pv.event.inputs if m.shape != scores)
+        chain = [c for c in ops if _touches(c, scores)]
+        found.append(HandAttention(
+            module, scores, q, k, v, pv.event.outputs[0],
+            causal=any(c.op in _MASKS for c in chain), dropout=any("dropout" in c.op for c in chain)))
+    return found
+
+
+def _touches(c: OpCount, scores: tuple[int, ...]) -> bool:
+    return any(m.shape == scores for m in (*c.event.inputs, *c.event.outputs))
+
+
+def candidates(base: Base) -> list[Candidate]:
+    found = find(base.analysis.ops)
+    if not found:
+        return []
+    causal = found[0].causal
+    return [Candidate(
+        name="sdpa", family="attention",
+        title=f"fused attention (SDPA) instead of attention by hand in {len(found)} module(s)",
+        change=Change(sdpa=True),
+        how=f"y = F.scaled_dot_product_attention(q, k, v, is_causal={causal}, dropout_p=p)  "
+            "# replaces q @ k.transpose(-2, -1), scale, mask, softmax, dropout, @ v",
+        layers=[h.module for h in found],
+        assumptions=[
+            "every op of the module touching the (query x key) scores is replaced by one fused "
+            "forward and one fused backward kernel (flash backward recomputes the scores)",
+            "a masked_fill/where on the scores is taken as a causal mask" if causal else
+            "no mask on the scores: full (non-causal) attention",
+            "memory: the saved score-sized tensors are no longer kept for backward",
+        ],
+    )]
+
+
+def rewrite(rw: Rewritten) -> None:
+    found = {h.module: h for h in find(rw.counts)}
+    if not found:
+        return
+    consumers: dict[int, set[str]] = defaultdict(set)
+    for ev in rw.trace.events:
+        for m in ev.inputs:
+            consumers[m.storage].add(ev.phase)
+    edits: dict[int, list[OpCount]] = {}
+    for module, h in found.items():
+        fwd = [c for c in rw.counts if c.module == module and c.phase == "forward" and _touches(c, h.scores)]
+        bwd = [c for c in rw.counts if c.module == module and c.phase == "backward" and _touches(c, h.scores)]
+        lse = TensorMeta(-1, h.q.shape[:-1], torch.float32, ())
+        args = (h.q, h.k, h.v, None, 0.1 if h.dropout else 0.0, h.causal, None, False)
+        f_ev = synthetic(fwd[0].event, torch.ops.nnperf.attention.default, args, [h.q, h.k, h.v], [h.out, lse])
+        edits[fwd[0].index] = count_events(rw.trace, [f_ev])
+        edits.update({c.index: [] for c in fwd[1:]})
+        if bwd:
+            grads = [TensorMeta(-2, m.shape, m.dtype, m.stride) for m in (h.q, h.k, h.v)]
+            b_args = (h.out, h.q, h.k, h.v, h.out, lse, None, args[4], h.causal, None, False)
+            b_ev = synthetic(bwd[0].event, torch.ops.nnperf.attention_backward.default, b_args,
+                             [h.out, h.q, h.k, h.v, h.out, lse], grads)
+            edits[bwd[0].index] = count_events(rw.trace, [b_ev])
+            edits.update({c.index: [] for c in bwd[1:]})
+        saved = {m.storage: m.nbytes for c in fwd for m in c.event.outputs
+                 if m.shape == h.scores and "backward" in consumers.get(m.storage, ())}
+        rw.memory_delta -= sum(saved.values()) - lse.nbytes
+        rw.touched.add(module)
+    rw.trace, rw.counts = rebuild(rw.trace, rw.counts, edits)

@@ -1,0 +1,193 @@
+"""``nnperf advise``: every change worth checking, each predicted on the same workload.
+
+1. trace and predict the workload as given (``evaluate.base_of``);
+2. ask each family of advice (padding, precision, optimizer, CUDA graphs, torch.compile,
+   memory format, fused attention, recomputation, GPU) what applies to this model: a change
+   that does not apply (channels_last on a transformer) is not offered;
+3. predict them: re-timed scenarios here, re-traced ones and the largest-batch searches in
+   worker processes (``fit``'s runner), then the batch curve and each recomputation at the
+   largest batch it lets fit;
+4. rank by the time saved per sample; what saves under 0.5% is listed as checked.
+
+``--apply a,b`` predicts the merge of those items' changes as one scenario.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from torch import nn
+
+from nnperf.errors import UsageError
+from nnperf.hardware import GPU, DeviceProfile, default_profile, load_gpu
+from nnperf.passes.timing import TimingOptions
+from nnperf.request import InputSpec, ModelRequest
+from nnperf.search.advise import (
+    attention,
+    batch,
+    gpus,
+    graphs,
+    inductor,
+    layout,
+    optimizer,
+    padding,
+    precision,
+    recompute,
+)
+from nnperf.search.advise.change import Candidate, Change, Outcome
+from nnperf.search.advise.evaluate import Base, FitJob, Setup, base_of, evaluate, run_parallel
+from nnperf.search.advise.result import Advice, AdviceItem
+from nnperf.search.fit_parallel import prepare, search_workers
+from nnperf.search.memory_variants import MemoryOptions
+from nnperf.trace.options import TraceOptions
+
+FAMILIES = (padding, precision, optimizer, graphs, inductor, layout, attention, recompute, gpus)
+
+
+def advise(
+    model: str | nn.Module,
+    gpu: str | GPU = "h100",
+    *,
+    apply: list[str] | None = None,
+    global_batch: int | None = None,
+    profile: DeviceProfile | None = None,
+    tf32: bool = False,
+    workers: int | None = None,
+    batch: int | None = None,
+    seq_len: int | None = None,
+    inputs: Any = None,
+    train: bool = True,
+    optimizer: str = "adamw",
+    optimizer_impl: str = "foreach",
+    dtype: str | None = None,
+    amp: str | None = None,
+    **overrides: Any,
+) -> Advice:
+    """What to change in one step of ``model`` on ``gpu``, each change predicted (the keywords
+    are those of ``nnperf.analyze``)."""
+    request = ModelRequest(model, batch=batch, seq_len=seq_len, inputs=inputs, input_spec=InputSpec(),
+                           overrides=overrides)
+    options = MemoryOptions(TraceOptions(train=train, optimizer=optimizer, optimizer_impl=optimizer_impl,
+                                         dtype=dtype, amp=amp))
+    target = load_gpu(gpu) if isinstance(gpu, str) else gpu
+    return advise_request(request, options, target, profile, TimingOptions(tf32_matmul=tf32),
+                          apply=apply, global_batch=global_batch, workers=workers)
+
+
+def advise_request(request: ModelRequest, options: MemoryOptions, gpu: GPU,
+                   profile: DeviceProfile | None = None, timing: TimingOptions | None = None, *,
+                   apply: list[str] | None = None, global_batch: int | None = None,
+                   workers: int | None = None) -> Advice:
+    options.trace.validate()
+    options.validate()
+    setup = Setup(request, options, gpu, profile or default_profile(gpu), timing or TimingOptions())
+    prepare(workers if workers is not None else search_workers(options, 4))
+    base, cache = base_of(setup)
+    candidates = [c for family in FAMILIES for c in family.candidates(base)]
+    advice = Advice(model=base.analysis.model, gpu=gpu.id, config=base.analysis.config, base=base.outcome,
+                    items=[], nothing=[], unpredicted=[], checked=base.checked,
+                    valid_names=sorted(c.name for c in candidates if c.predicted))
+    if apply:
+        advice.combination = _combination(setup, base, cache, candidates, apply)
+        return advice
+    outcomes: dict[str, Outcome | str] = {}
+    for c in candidates:  # re-timed here, in milliseconds each
+        if c.predicted and not c.change.retraces:
+            outcomes[c.name] = evaluate(setup, c.change, base.analysis, cache)
+    batches = batch.applies(base)
+    jobs: list[tuple[str, Change | FitJob]] = [(c.name, c.change) for c in candidates
+                                               if c.predicted and c.change.retraces]
+    kinds = [c.change.recompute for c in candidates if c.family == "recompute"]
+    if batches:
+        jobs += [("fit:given", FitJob(options.checkpoint))]
+        jobs += [(f"fit:{k}", FitJob("selective" if k == "selective" else True)) for k in kinds]
+    results = run_parallel(setup, jobs, workers)
+    outcomes.update({k: v for k, v in results.items() if not k.startswith("fit:")})
+    if batches:
+        _batch_items(setup, base, advice, results, kinds, candidates, outcomes, global_batch, workers)
+    for c in candidates:
+        _place(advice, AdviceItem(c, base.outcome, *_outcome(outcomes.get(c.name), c)))
+    advice.items.sort(key=lambda i: -(i.gain_s or 0.0))
+    advice.nothing.sort(key=lambda i: -(i.gain_s or 0.0))
+    return advice
+
+
+def _outcome(result: Outcome | str | None, c: Candidate) -> tuple[Outcome | None, str]:
+    if isinstance(result, Outcome):
+        return result, ""
+    if isinstance(result, str):
+        return None, result
+    return None, "" if not c.predicted else "not evaluated"
+
+
+def _place(advice: Advice, item: AdviceItem) -> None:
+    if item.after is None:
+        advice.unpredicted.append(item)
+    elif item.helps and item.after.fits is not False:
+        advice.items.append(item)
+    else:
+        advice.nothing.append(item)
+
+
+def _batch_items(setup: Setup, base: Base, advice: Advice, results: dict[str, Any], kinds: list[str | None],
+                 candidates: list[Candidate], outcomes: dict[str, Outcome | str], global_batch: int | None,
+                 workers: int | None) -> None:
+    """The curve up to the largest batch, each recomputation at the largest batch it lets
+    fit, the knee, the batch items and gradient accumulation."""
+    largest = results.get("fit:given")
+    given = base.outcome.samples
+    jobs: list[tuple[str, Change | FitJob]] = []
+    if isinstance(largest, int):
+        advice.largest_batch = largest
+        jobs += [(f"batch:{b}", Change(batch=b)) for b in batch.curve_batches(largest, given)]
+    for kind in kinds:
+        most = results.get(f"fit:{kind}")
+        match = next(c for c in candidates if c.change.recompute == kind)
+        match.extra["largest_batch"] = most if isinstance(most, int) else None
+        if isinstance(most, int) and most != given:
+            jobs.append((f"at:{kind}", Change(recompute=kind, batch=most)))
+    more = run_parallel(setup, jobs, workers)
+    for kind in kinds:
+        match = next(c for c in candidates if c.change.recompute == kind)
+        at = more.get(f"at:{kind}")
+        if isinstance(at, Outcome):
+            match.extra["at_largest_batch"] = at.to_json()
+    curve = {b: o for k, o in more.items() if k.startswith("batch:") and isinstance(o, Outcome)
+             for b in [int(k.split(":")[1])]}
+    if not curve or largest is None:
+        return
+    curve[given] = base.outcome
+    advice.curve = curve
+    advice.knee = batch.knee(curve)
+    for c in batch.candidates(base, curve, int(largest)):
+        candidates.append(c)
+        outcomes[c.name] = curve[c.change.batch or given]
+    if global_batch:
+        micro = max((b for b in curve if b <= global_batch), key=lambda b: curve[b].throughput, default=None)
+        if micro is not None:
+            advice.accumulation = batch.accumulation(global_batch, micro, curve[micro])
+
+
+def _combination(setup: Setup, base: Base, cache: dict[str, Any], candidates: list[Candidate],
+                 names: list[str]) -> AdviceItem:
+    by_name = {c.name: c for c in candidates if c.predicted}
+    chosen = []
+    for name in names:
+        if name in by_name:
+            chosen.append(by_name[name])
+        elif name.startswith("batch-") and name[6:].isdigit() and int(name[6:]) > 0:
+            b = int(name[6:])
+            chosen.append(Candidate(name=name, family="batch", title=f"batch size {b}", change=Change(batch=b),
+                                    how=f"--batch {b}"))
+        else:
+            raise UsageError(f"unknown advice item {name!r}; valid: {', '.join(sorted(by_name))}, batch-N")
+    change = functools.reduce(lambda a, b: a.merge(b), (c.change for c in chosen), Change())
+    after = evaluate(setup, change, None if change.retraces else base.analysis, cache)
+    combined = Candidate(
+        name="+".join(c.name for c in chosen), family="combination",
+        title=" + ".join(c.title for c in chosen), change=change, how="\n".join(c.how for c in chosen),
+        layers=sorted({layer for c in chosen for layer in c.layers}),
+        assumptions=[a for c in chosen for a in c.assumptions],
+    )
+    return AdviceItem(combined, base.outcome, after)

@@ -1,0 +1,159 @@
+"""Predict one scenario (a ``Change`` of the workload) the way ``nnperf predict`` would.
+
+A change that alters the step is traced again (``search.memory_variants.trace_memory``, as
+``fit`` traces its what-ifs); every scenario is then re-written (``rewrite`` and the family
+modules), timed by ``passes.timing.simulate_step`` and its memory predicted by
+``passes.memory``. Scenarios that need a trace run in worker processes through ``fit``'s
+parallel runner (``search.fit_parallel``), as do the largest-batch searches (``search.fit``).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from nnperf.analysis import Analysis
+from nnperf.errors import NnperfError
+from nnperf.hardware import GPU, DeviceProfile, default_profile, load_gpu
+from nnperf.passes.memory import predict_memory
+from nnperf.passes.memory.capacity import capacity
+from nnperf.passes.timing import TimingOptions, simulate_step
+from nnperf.prediction import Prediction, predict_analysis
+from nnperf.request import ModelRequest
+from nnperf.search import fit as fit_search
+from nnperf.search.advise import attention, graphs, inductor, padding, precision
+from nnperf.search.advise.change import Change, Outcome
+from nnperf.search.advise.rewrite import Rewritten
+from nnperf.search.fit_parallel import run_searches, search_workers
+from nnperf.search.memory_variants import MemoryOptions, trace_memory
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every scenario shares; it pickles to worker processes (no trace in it)."""
+
+    request: ModelRequest
+    options: MemoryOptions
+    gpu: GPU
+    profile: DeviceProfile
+    timing: TimingOptions
+    max_batch: int = 1 << 16
+
+
+@dataclass(frozen=True)
+class FitJob:
+    """A largest-batch search (``search.fit``) of the workload with ``checkpoint``."""
+
+    checkpoint: bool | str = False
+
+
+@dataclass
+class Base:
+    """The workload as given: its trace, prediction and outcome, and what the families
+    found already done (``checked``: (item name, why it offers nothing))."""
+
+    setup: Setup
+    analysis: Analysis
+    prediction: Prediction
+    outcome: Outcome
+    checked: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def gpu(self) -> GPU:
+        return self.setup.gpu
+
+    @property
+    def profile(self) -> DeviceProfile:
+        return self.setup.profile
+
+    @property
+    def timing(self) -> TimingOptions:
+        return self.setup.timing
+
+    @property
+    def options(self) -> MemoryOptions:
+        return self.setup.options
+
+
+def trace_change(setup: Setup, change: Change) -> Analysis:
+    """The step re-traced with the change's trace-level settings."""
+    options = setup.options.with_(**change.trace_changes())
+    if change.recompute is not None:
+        options = options.with_(checkpoint="selective" if change.recompute == "selective" else True)
+    request = replace(setup.request, batch=change.batch) if change.batch else setup.request
+    name, trace, workload = trace_memory(request, options)
+    return Analysis.from_trace(name, options.trace, trace, workload)
+
+
+def evaluate(setup: Setup, change: Change, analysis: Analysis | None = None,
+             memory_cache: dict[str, Any] | None = None) -> Outcome:
+    """Predict ``change``: ``analysis`` is the base trace (re-traced when the change needs it)."""
+    retraced = analysis is None or change.retraces
+    if retraced:
+        analysis = trace_change(setup, change)
+        memory_cache = {}
+    assert analysis is not None
+    gpu = load_gpu(change.gpu) if change.gpu else setup.gpu
+    profile = default_profile(gpu) if change.gpu else setup.profile
+    timing = replace(setup.timing, tf32_matmul=True) if change.tf32 else setup.timing
+    rw = Rewritten(analysis.trace, list(analysis.ops))
+    options = setup.options.with_(**change.trace_changes())
+    if change.pad:
+        padding.rewrite(analysis, options, rw, dict(change.pad))
+    if change.sdpa:
+        attention.rewrite(rw)
+    if change.fp8:
+        precision.rewrite_fp8(rw, gpu, profile)
+    if change.fuse:
+        inductor.rewrite(rw)
+    step = simulate_step(rw.trace, rw.counts, gpu, profile, timing)
+    if change.graphs:
+        step = graphs.replay(step, profile)
+    cache = memory_cache if memory_cache is not None else {}
+    report = cache.get(gpu.architecture)
+    if report is None:
+        report = cache[gpu.architecture] = predict_memory(
+            analysis.trace, model=analysis.model, architecture=gpu.architecture, max_points=0)
+    peak = (report.device_total or 0) + rw.memory_delta
+    optimizer_s = sum(t.kernel_s for t in step.ops if t.phase == "optimizer")
+    return Outcome(
+        step_s=step.step_s, host_s=step.host_s, device_busy_s=step.device_busy_s, bound=step.bound,
+        samples=analysis.workload.samples, tokens=analysis.workload.tokens, peak_bytes=peak,
+        fits=peak <= capacity(gpu), gpu_id=gpu.id, kernels=sum(t.kernels for t in step.ops),
+        notes=tuple(rw.notes), optimizer_s=optimizer_s, touched=tuple(sorted(rw.touched)),
+    )
+
+
+def base_of(setup: Setup) -> tuple[Base, dict[str, Any]]:
+    """Trace and predict the workload as given (traced like every scenario)."""
+    analysis = trace_change(setup, Change())
+    prediction = predict_analysis(analysis, setup.gpu, setup.profile, setup.timing)
+    cache = {setup.gpu.architecture: prediction.memory}
+    outcome = evaluate(setup, Change(), analysis, cache)
+    return Base(setup, analysis, prediction, outcome), cache
+
+
+def run_job(setup: Setup, label: str, job: Change | FitJob) -> Any:
+    """One worker job: a scenario's outcome, or the largest batch of a fit search. A user
+    error (a variant that cannot be traced) comes back as its message, so one failing
+    scenario is reported beside the others rather than failing them all."""
+    try:
+        if isinstance(job, FitJob):
+            request = replace(setup.request, batch=None)
+            result = fit_search.fit(request, setup.gpu, setup.options.with_(checkpoint=job.checkpoint),
+                                    include_what_ifs=False, max_batch=setup.max_batch, workers=1)[0]
+            return result.largest
+        return evaluate(setup, job)
+    except NnperfError as err:
+        return f"{type(err).__name__}: {err}"
+
+
+def run_parallel(setup: Setup, jobs: list[tuple[str, Change | FitJob]],
+                 workers: int | None = None) -> dict[str, Any]:
+    """``run_job`` for each job, in processes (``search.fit_parallel``); results by label."""
+    if not jobs:
+        return {}
+    n = workers if workers is not None else search_workers(setup.options, len(jobs))
+    results = run_searches(functools.partial(run_job, setup), jobs, n)  # type: ignore[arg-type]
+    return {label: r for (label, _), r in zip(jobs, results, strict=False)}

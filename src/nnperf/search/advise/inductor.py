@@ -1,0 +1,127 @@
+"""``torch.compile``: a model of what inductor fuses.
+
+Inductor turns each chain of pointwise, reduction and normalization ops between two matrix
+ops (GEMMs, convolutions, attention) into one generated kernel that reads the chain's
+inputs once and writes only what is used after the chain (by a later op, or saved for
+backward); the intermediates never reach memory. Matrix ops stay library calls
+(``extern_kernels.mm``) and inductor pads their misaligned dimensions. Views cost nothing in
+the compiled region. The fused kernels are timed by the streaming model (bytes at the
+achievable bandwidth, one launch each), the step by the same eager timeline.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+from nnperf.passes.costs import registry as cat
+from nnperf.passes.count import OpCount
+from nnperf.search.advise.change import Candidate, Change
+from nnperf.search.advise.padding import families
+from nnperf.search.advise.rewrite import Rewritten, rebuild
+from nnperf.trace.events import OpEvent
+
+if TYPE_CHECKING:
+    from nnperf.search.advise.evaluate import Base
+
+FUSIBLE = frozenset({cat.ELEMENTWISE, cat.REDUCTION, cat.NORM, cat.MEMORY})
+#: Phases inside the compiled region (the model's forward and its AOT backward). The loss
+#: outside the model and the optimizer step are not compiled by ``torch.compile(model)``.
+COMPILED_PHASES = ("forward", "backward")
+
+
+def candidates(base: Base) -> list[Candidate]:
+    chains = fusion_chains(base.analysis.trace, base.analysis.ops)
+    if not chains:
+        base.checked.append(("torch-compile", "no chain of two or more pointwise/reduction ops to fuse"))
+        return []
+    ops = sum(len(c) for c in chains)
+    pad = tuple(sorted(d for dims in families(base).values() for d in dims.items()))
+    return [Candidate(
+        name="torch-compile", family="compile",
+        title=f"torch.compile: {ops} pointwise/reduction ops fused into {len(chains)} kernels",
+        change=Change(fuse=True, pad=pad),
+        how="model = torch.compile(model)",
+        layers=sorted({c[0].module for c in chains if c[0].module})[:8],
+        assumptions=[
+            "each chain of pointwise/reduction/norm ops between two matrix ops in one phase becomes "
+            "one kernel reading the chain's inputs once and writing what is read after it",
+            "matrix ops are unchanged library kernels, their misaligned dimensions padded by inductor",
+            "the loss outside the model and the optimizer step are not compiled; compile time not counted",
+            "peak memory is not re-predicted (fusion usually lowers it: fewer intermediates saved)",
+        ],
+        extra={"fused_ops": ops, "kernels": len(chains)},
+    )]
+
+
+def fusion_chains(trace, counts: list[OpCount]) -> list[list[OpCount]]:  # type: ignore[no-untyped-def]
+    """Runs of two or more fusible ops of one phase in the compiled region, in trace order."""
+    chains: list[list[OpCount]] = []
+    run: list[OpCount] = []
+    for c in counts:
+        fusible = (c.category in FUSIBLE and c.phase in COMPILED_PHASES and c.module not in ("(loss)", "")
+                   and c.covered)
+        if fusible and run and run[-1].phase == c.phase:
+            run.append(c)
+            continue
+        if len(run) > 1:
+            chains.append(run)
+        run = [c] if fusible else []
+    if len(run) > 1:
+        chains.append(run)
+    return chains
+
+
+def rewrite(rw: Rewritten) -> None:
+    """Replace each chain by one fused kernel (its external reads and its live writes)."""
+    consumers: dict[int, list[int]] = defaultdict(list)
+    for ev in rw.trace.events:
+        for m in ev.inputs:
+            consumers[m.storage].append(ev.index)
+    edits: dict[int, list[OpCount]] = {}
+    drop: set[int] = set()
+    for chain in fusion_chains(rw.trace, rw.counts):
+        edits.update(_fuse(chain, consumers, rw))
+    for ev in rw.trace.events:  # views in the compiled region
+        if ev.free and ev.phase in COMPILED_PHASES and ev.module not in ("(loss)", ""):
+            drop.add(ev.index)
+    rw.trace, rw.counts = rebuild(rw.trace, rw.counts, edits, drop)
+
+
+def _fuse(chain: list[OpCount], consumers: dict[int, list[int]], rw: Rewritten) -> dict[int, list[OpCount]]:
+    inside = {c.index for c in chain}
+    produced = {m.storage for c in chain for m in c.event.outputs}
+    reads: dict[tuple, int] = {}
+    for c in chain:
+        for m in c.event.inputs:
+            if m.storage not in produced:
+                reads[(m.storage, m.storage_offset, m.shape)] = m.nbytes
+    writes: dict[tuple, int] = {}
+    last = chain[-1].index
+    for c in chain:
+        for m in c.event.outputs:
+            used_after = any(i not in inside and i > c.index for i in consumers.get(m.storage, ()))
+            alive = rw.trace.storages.get(m.storage)
+            if used_after or (alive is not None and alive.released_after is None) or c.index == last:
+                writes[(m.storage, m.storage_offset, m.shape)] = m.nbytes
+    first = chain[0]
+    ev = OpEvent(index=first.index, func=_FUSED, args=(), kwargs={}, inputs=[], outputs=[],
+                 phase=first.phase, module=first.module)
+    category = cat.REDUCTION if any(c.category in (cat.REDUCTION, cat.NORM) for c in chain) else cat.ELEMENTWISE
+    fused = OpCount(event=ev, category=category, flops=sum(c.flops for c in chain), macs=0.0,
+                    bytes_in=float(sum(reads.values())), bytes_weights=0.0,
+                    bytes_out=float(sum(writes.values())), covered=True, info={"fused_ops": len(chain)})
+    out = {first.index: [fused]}
+    for c in chain[1:]:
+        out[c.index] = []
+    return out
+
+
+class _Fused:
+    """The name a fused kernel's event reports (``op_name`` falls back to ``str``)."""
+
+    def __str__(self) -> str:
+        return "inductor.fused"
+
+
+_FUSED = _Fused()
