@@ -55,24 +55,22 @@ COLLECTIVES: dict[str, tuple[str, str]] = {
 
 def collective_bytes(event: OpEvent, side: str) -> int:
     """The collective's size as nccl-tests counts it: the gathered (``output``) or the
-    contributed-and-reduced (``input``) buffer. In-place ops (``allreduce_``) write what
-    they read, so both sides are the same tensors."""
-    written = {(t.storage, t.storage_offset, t.shape) for t in written_args(event)}
-    all_tensors = _flat_tensors(event)
-    outs = [t for t in all_tensors if (t.storage, t.storage_offset, t.shape) in written]
-    ins = [t for t in all_tensors if (t.storage, t.storage_offset, t.shape) not in written] or outs
-    chosen = outs if side == "output" and outs else ins
-    return sum(t.nbytes for t in chosen)
-
-
-def _flat_tensors(event: OpEvent) -> list[TensorMeta]:
-    flat: list[TensorMeta] = []
-    for value in list(event.args) + list(event.kwargs.values()):
+    contributed-and-reduced (``input``) buffer. c10d's schemas carry no alias annotations:
+    an argument named ``output...`` is written, the others (``tensors`` of an in-place
+    all-reduce, ``input...``) are read; a functional collective returns its output."""
+    outs: list[TensorMeta] = []
+    ins: list[TensorMeta] = []
+    schema = event.func._schema
+    values = list(event.args) + [event.kwargs.get(a.name) for a in schema.arguments[len(event.args):]]
+    for arg, value in zip(schema.arguments, values, strict=False):
         if isinstance(value, TensorMeta):
-            flat.append(value)
-        elif isinstance(value, (list, tuple)):
-            flat.extend(tensors(value))
-    return flat
+            found = [value]
+        else:
+            found = tensors(value) if isinstance(value, (list, tuple)) else []
+        (outs if arg.name.startswith("output") else ins).extend(found)
+    outs = outs or list(event.outputs)
+    chosen = outs if side == "output" else ins or outs
+    return sum(t.nbytes for t in chosen)
 
 
 def _collective(event: OpEvent) -> OpCost:

@@ -1,0 +1,356 @@
+"""One rank's step of a data-parallel layout, traced with PyTorch's own engines.
+
+``Execution`` is the one explicit record of a layout (Calibron-style): world size, how the
+data-parallel degree is split into replicas and shards, and the axes the next sessions fill
+in (tensor, sequence, pipeline, context and expert parallelism: recorded, validated, and for
+now required to be 1). ``trace_rank`` builds the model on fake tensors, applies the real
+engine (``DistributedDataParallel`` or FSDP2's ``fully_shard``) under a fake process group
+(``torch.testing._internal.distributed.fake_pg``) and records one step of rank 0: its shard
+sizes, optimizer state and every collective, in order, come from the engine, not from a
+closed form. Every rank of a pure data-parallel layout plays the same role, so one trace is
+the whole layout.
+
+Three things the engines do on real tensors only are handled here, each the engine's own
+code path:
+- DDP checks that every rank has the same parameter shapes by reading their data; on a fake
+  process group every rank is this one, so the check is skipped.
+- DDP's C++ all-reduce hook reads its future's value, which a fake collective has none of:
+  a Python hook does the same all-reduce (``c10d.allreduce_`` on the bucket, then DDP
+  divides by the world size as its default hook does).
+- DDP rebuilds its buckets after the first step in the order gradients became ready;
+  ``_steady_state_reducer`` computes that order on a warm-up backward and builds the reducer
+  with the engine's own bucket assignment (``dist._compute_bucket_assignment_by_size``), so
+  the traced step is the steady state a real run reaches from its second step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from nnperf.errors import UsageError
+from nnperf.trace.capture import local, trace_workload
+from nnperf.trace.events import Trace
+from nnperf.trace.options import TraceOptions
+from nnperf.trace.recorder import unrecorded
+from nnperf.workload import Workload, default_loss
+
+DATA_PARALLEL = ("ddp", "fsdp", "hsdp")
+#: DDP's defaults (torch.nn.parallel.DistributedDataParallel): 25 MiB buckets, the first 1 MiB.
+DDP_BUCKET_BYTES = 25 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Execution:
+    """How a step runs on many GPUs: the layout and the loop settings that change it.
+
+    ``world = replicate * shard * tensor * pipeline * context``; DDP: ``shard = 1``; FSDP
+    (full shard): ``replicate = 1``; HSDP: both above 1 (shard inside a node, replicate
+    across). ``expert`` divides the data-parallel ranks of expert layers (MoE).
+    """
+
+    world: int
+    data: str = "ddp"  # ddp | fsdp | hsdp
+    shard: int = 1
+    reshard_after_forward: bool = True  # FSDP2: free gathered parameters after forward
+    gpus_per_node: int = 8
+    micro_batch: int = 1  # samples per rank per micro-batch
+    grad_accum: int = 1  # micro-batches per optimizer step
+    checkpoint: str | None = None  # None | "full" | "selective" (per repeated block)
+    # The next sessions' axes: recorded and validated now so a layout is one record.
+    tensor: int = 1
+    sequence_parallel: bool = False
+    pipeline: int = 1
+    pipeline_schedule: str | None = None
+    context: int = 1
+    expert: int = 1
+    bucket_bytes: int = DDP_BUCKET_BYTES
+
+    @property
+    def replicate(self) -> int:
+        return self.world // (self.shard * self.tensor * self.pipeline * self.context)
+
+    @property
+    def data_parallel(self) -> int:
+        """Ranks that each see a different slice of the batch."""
+        return self.replicate * self.shard
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch * self.grad_accum * self.data_parallel
+
+    def validate(self) -> None:
+        if self.data not in DATA_PARALLEL:
+            raise UsageError(f"unknown data parallelism '{self.data}'; valid: {', '.join(DATA_PARALLEL)}")
+        others = {"tensor": self.tensor, "pipeline": self.pipeline, "context": self.context,
+                  "expert": self.expert}
+        unsupported = [f"{k}={v}" for k, v in others.items() if v != 1] + (
+            ["sequence_parallel"] if self.sequence_parallel else [])
+        if unsupported:
+            raise UsageError(f"layouts with {', '.join(unsupported)} are not traced yet; "
+                             "data parallelism (ddp, fsdp, hsdp) only")
+        if self.world < 1 or self.world % (self.shard * self.tensor * self.pipeline * self.context):
+            raise UsageError(f"{self.world} GPUs are not a multiple of the shard group ({self.shard})")
+        if self.data == "ddp" and self.shard != 1:
+            raise UsageError("ddp does not shard: shard must be 1")
+        if self.data == "fsdp" and self.shard != self.world:
+            raise UsageError("fsdp shards over every GPU: shard must equal the GPU count")
+        if self.data == "hsdp" and not 1 < self.shard < self.world:
+            raise UsageError("hsdp shards inside a group and replicates across groups: 1 < shard < GPUs")
+
+    def describe(self) -> str:
+        parts = {"ddp": [f"DDP x{self.world}"],
+                 "fsdp": [f"FSDP2 full shard x{self.world}"],
+                 "hsdp": [f"HSDP {self.replicate} replicas x {self.shard} shards"]}[self.data]
+        if self.data != "ddp" and not self.reshard_after_forward:
+            parts.append("no reshard after forward")
+        if self.checkpoint:
+            parts.append(f"{self.checkpoint} checkpointing")
+        parts.append(f"micro-batch {self.micro_batch}")
+        if self.grad_accum > 1:
+            parts.append(f"accumulation x{self.grad_accum}")
+        return ", ".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "replicate": self.replicate, "data_parallel": self.data_parallel,
+                "global_batch": self.global_batch}
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective of the traced step, as the engine issued it."""
+
+    index: int  # its event in the trace
+    kind: str  # all_reduce | all_gather | reduce_scatter | all_to_all | broadcast | send_recv
+    bytes: int  # nccl-tests size (see passes.costs.communication)
+    group_size: int
+    group_ranks: tuple[int, ...]
+    phase: str
+    module: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "bytes": self.bytes, "group_size": self.group_size,
+                "phase": self.phase, "module": self.module, "index": self.index}
+
+
+@dataclass
+class RankTrace:
+    """One rank's traced step and what the engine communicated in it."""
+
+    execution: Execution
+    trace: Trace
+    workload: Workload
+    collectives: list[Collective] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def fake_process_group(world: int, rank: int = 0) -> Iterator[None]:
+    """A process group of ``world`` ranks whose collectives do nothing (this process is
+    ``rank``): engines run their real code paths, shapes and groups included."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise RuntimeError("a process group is already initialized in this process")
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def trace_rank(
+    build: Callable[[], Workload], options: TraceOptions, execution: Execution, blocks: list[str],
+    prepare: Callable[[Workload], Any] | None = None,
+) -> RankTrace:
+    """Trace rank 0's step of ``execution``. ``blocks``: the repeated blocks FSDP2 shards as
+    one unit each (torchtitan's per-transformer-block wrapping); ``prepare``: applied to the
+    built workload before the engine wraps it (activation checkpointing)."""
+    execution.validate()
+    if options.dtype is not None:
+        raise UsageError("--dtype with a multi-GPU layout is not supported yet; use --amp")
+    from torch.distributed.device_mesh import init_device_mesh
+
+    with fake_process_group(execution.world), _quiet_sharding_propagation():
+        # The mesh is made on real tensors (it reads its rank table), before the fake mode.
+        if execution.data == "hsdp":
+            mesh = init_device_mesh("cpu", (execution.replicate, execution.shard),
+                                    mesh_dim_names=("replicate", "shard"))
+        else:
+            mesh = init_device_mesh("cpu", (execution.world,))
+
+        def build_distributed() -> Workload:
+            workload = build()
+            if prepare is not None:
+                prepare(workload)
+            if execution.data == "ddp":
+                workload.model = _ddp(workload, execution)
+            else:
+                _fully_shard(workload.model, mesh, blocks, execution.reshard_after_forward)
+            return workload
+
+        trace, workload = trace_workload(build_distributed, options)
+        collectives = _collectives(trace)
+    trace.config["execution"] = execution.to_json()
+    return RankTrace(execution, trace, workload, collectives)
+
+
+def _fully_shard(model: nn.Module, mesh: Any, blocks: list[str], reshard: bool) -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    modules = dict(model.named_modules())
+    for name in blocks:
+        fully_shard(modules[name], mesh=mesh, reshard_after_forward=reshard)
+    # torchtitan leaves the root gathered after forward: backward needs it first
+    fully_shard(model, mesh=mesh, reshard_after_forward=False if blocks else reshard)
+
+
+def _ddp(workload: Workload, execution: Execution) -> nn.Module:
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.nn.parallel import distributed as ddp_module
+
+    order = _gradient_ready_order(workload)
+    verify = ddp_module._verify_param_shape_across_processes
+    ddp_module._verify_param_shape_across_processes = lambda *a, **k: None
+    try:
+        ddp = DistributedDataParallel(workload.model, bucket_cap_mb=execution.bucket_bytes / 2**20)
+    finally:
+        ddp_module._verify_param_shape_across_processes = verify
+    _steady_state_reducer(ddp, order, execution.bucket_bytes)
+    ddp.register_comm_hook(None, _allreduce_hook)
+    return ddp
+
+
+def _gradient_ready_order(workload: Workload) -> list[int]:
+    """Indices of the trainable parameters in the order backward finishes their gradients
+    (what DDP's reducer records in its first step and rebuilds its buckets by)."""
+    params = [p for p in workload.model.parameters() if p.requires_grad]
+    index = {id(p): i for i, p in enumerate(params)}
+    order: list[int] = []
+    handles = [p.register_post_accumulate_grad_hook(lambda p: order.append(index[id(p)])) for p in params]
+    try:
+        output = workload.model(*workload.inputs)
+        (workload.loss_fn or default_loss)(output).backward()
+    finally:
+        for h in handles:
+            h.remove()
+        for p in params:
+            p.grad = None
+    return list(dict.fromkeys(order)) + [i for i in range(len(params)) if i not in set(order)]
+
+
+def _steady_state_reducer(ddp: Any, order: list[int], bucket_bytes: int) -> None:
+    """Replace the first-step reducer (one bucket) by the one DDP rebuilds after step 1:
+    buckets filled in gradient-ready order, the first capped at ``dist._DEFAULT_FIRST_BUCKET_BYTES``
+    when the cap is DDP's default (as ``_BucketCapacityConfig`` and the C++ rebuild do)."""
+    params = [p for p in ddp.module.parameters() if p.requires_grad]
+    first = dist._DEFAULT_FIRST_BUCKET_BYTES if bucket_bytes == DDP_BUCKET_BYTES else bucket_bytes
+    ordered = [params[i] for i in order]
+    limits = [first, bucket_bytes] if first < bucket_bytes else [bucket_bytes]
+    buckets, per_bucket = dist._compute_bucket_assignment_by_size(ordered, limits, [False] * len(ordered))
+    buckets = [[order[i] for i in bucket] for bucket in buckets]
+    reducer = dist.Reducer(
+        params, buckets, per_bucket, ddp.process_group, [False] * len(params), bucket_bytes,
+        False, False, {}, first, False, False, [], False,
+    )
+    ddp.reducer = reducer
+    ddp.logger = dist.Logger(reducer)
+    reducer.set_logger(ddp.logger)
+
+
+def _allreduce_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP's default all-reduce (sum over the group, divided by its size), completed at once."""
+    buffer = bucket.buffer()
+    buffer.div_(dist.get_world_size())
+    dist.all_reduce(buffer)
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    future.set_result(buffer)
+    return future
+
+
+# DDP checks a hook's annotations as objects (this module's are strings: __future__).
+_allreduce_hook.__annotations__.update(bucket=dist.GradBucket, return_=None)
+_allreduce_hook.__annotations__["return"] = torch.futures.Future[torch.Tensor]
+del _allreduce_hook.__annotations__["return_"]
+
+
+@contextlib.contextmanager
+def _quiet_sharding_propagation() -> Iterator[None]:
+    """DTensor learns its outputs' shapes by running the op on placeholder tensors; those
+    are not kernels any GPU runs, so they are not recorded."""
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    original = ShardingPropagator._propagate_tensor_meta_non_cached
+
+    @functools.wraps(original)
+    def quiet(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with unrecorded():
+            return original(self, *args, **kwargs)
+
+    ShardingPropagator._propagate_tensor_meta_non_cached = quiet
+    try:
+        yield
+    finally:
+        ShardingPropagator._propagate_tensor_meta_non_cached = original
+
+
+def _collectives(trace: Trace) -> list[Collective]:
+    """The trace's collectives with their groups (resolved while the process group lives)."""
+    from nnperf.passes.costs.communication import COLLECTIVES, collective_bytes
+
+    out = []
+    for event in trace.events:
+        spec = COLLECTIVES.get(event.name)
+        if spec is None:
+            continue
+        ranks = _group_ranks(event)
+        out.append(Collective(event.index, spec[0], collective_bytes(event, spec[1]), len(ranks),
+                              ranks, event.phase, event.module))
+    return out
+
+
+def _group_ranks(event: Any) -> tuple[int, ...]:
+    for value in list(event.args) + list(event.kwargs.values()):
+        group = _as_group(value)
+        if group is not None:
+            return tuple(dist.get_process_group_ranks(group))
+    return tuple(range(dist.get_world_size()))
+
+
+def _as_group(value: Any) -> Any:
+    if isinstance(value, dist.ProcessGroup):
+        return value
+    if isinstance(value, torch.ScriptObject):
+        try:
+            return dist.ProcessGroup.unbox(value)
+        except (RuntimeError, TypeError):
+            return None
+    if isinstance(value, str):  # functional collectives name their group
+        try:
+            return dist.distributed_c10d._resolve_process_group(value)
+        except (RuntimeError, ValueError, KeyError):
+            return None
+    return None
+
+
+def sharded_bytes(trace: RankTrace) -> dict[str, int]:
+    """Per-rank parameter, gradient and optimizer-state bytes of the traced step."""
+    from nnperf.trace.events import KIND_GRAD, KIND_OPT_STATE, KIND_PARAM
+
+    totals = {"parameters": 0, "gradients": 0, "optimizer_state": 0}
+    names = {KIND_PARAM: "parameters", KIND_GRAD: "gradients", KIND_OPT_STATE: "optimizer_state"}
+    for info in trace.trace.storages.values():
+        key = names.get(info.kind)
+        if key is not None:
+            totals[key] += info.nbytes
+    return totals
+
+
+__all__ = ["Collective", "Execution", "RankTrace", "fake_process_group", "local", "sharded_bytes",
+           "trace_rank"]

@@ -1,0 +1,139 @@
+"""One rank's step under DDP and FSDP2, traced on a fake process group, against the same
+step run for real by torch.distributed on CPU with gloo in 2 processes: per-rank parameter,
+gradient and optimizer-state bytes, and the kind, group and bytes of every collective of a
+steady-state step, in order. The real run is the engines' own; nothing here is copied from
+nnperf's output."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from nnperf.trace.distributed import Execution, sharded_bytes, trace_rank
+from nnperf.trace.options import TraceOptions
+from nnperf.workload import Workload
+
+WORLD = 2
+BUCKET = 1000  # bytes: small enough that DDP makes two buckets of this model
+
+
+def _model() -> nn.Sequential:
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+
+
+_KIND = {"c10d.allreduce_": "all_reduce", "c10d._allgather_base_": "all_gather",
+         "c10d._reduce_scatter_base_": "reduce_scatter"}
+
+
+class _Collectives(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, int]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = f"{func.namespace}.{func._schema.name.split('::')[1]}"
+        if name in _KIND:
+            first = args[0][0] if isinstance(args[0], list) else args[0]  # the written buffer
+            nbytes = first.numel() * first.element_size()
+            if name == "c10d._reduce_scatter_base_":  # its size is the input, N x the output
+                nbytes = args[1].numel() * args[1].element_size()
+            self.seen.append((_KIND[name], nbytes))
+        return func(*args, **(kwargs or {}))
+
+
+def _bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    def local(t):
+        return getattr(t, "_local_tensor", t)
+
+    def total(ts):
+        return sum({id(local(t).untyped_storage()): local(t).untyped_storage().nbytes() for t in ts}.values())
+
+    return {
+        "parameters": total(model.parameters()),
+        "gradients": total(p.grad for p in model.parameters()),
+        "optimizer_state": total(v for s in optimizer.state.values() for v in s.values()),
+    }
+
+
+def _worker(rank: int, port: int, queue) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel
+
+    results = {}
+    for kind in ("ddp", "fsdp"):
+        torch.manual_seed(0)
+        model = _model()
+        if kind == "ddp":
+            step_model = DistributedDataParallel(model, bucket_cap_mb=BUCKET / 2**20)
+        else:
+            for layer in (model[0], model[2]):
+                fully_shard(layer)
+            step_model = fully_shard(model, reshard_after_forward=False)
+        optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
+        for _ in range(3):  # the third step is the steady state (DDP rebuilds after the first)
+            seen = _Collectives()
+            with seen:
+                step_model(torch.randn(4, 16)).sum().backward()
+                optimizer.step()
+            state = _bytes(model, optimizer)
+            optimizer.zero_grad()
+        results[kind] = (seen.seen, state)
+    if rank == 0:
+        queue.put(results)
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def real_runs():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    mp.start_processes(_worker, args=(port, queue), nprocs=WORLD, start_method="spawn")
+    return queue.get(timeout=60)
+
+
+def _fake(kind: str):
+    def build() -> Workload:
+        return Workload(model=_model(), inputs=(torch.randn(4, 16),), loss_fn=lambda out: out.sum())
+
+    if kind == "ddp":
+        execution = Execution(world=WORLD, data="ddp", bucket_bytes=BUCKET)
+    else:
+        execution = Execution(world=WORLD, data="fsdp", shard=WORLD)
+    return trace_rank(build, TraceOptions(optimizer="adamw"), execution, ["0", "2"])
+
+
+@pytest.mark.parametrize("kind", ["ddp", "fsdp"])
+def test_fake_process_group_reproduces_gloo(real_runs, kind):
+    real_collectives, real_bytes = real_runs[kind]
+    traced = _fake(kind)
+    assert [(c.kind, c.bytes) for c in traced.collectives] == real_collectives
+    assert all(c.group_size == WORLD for c in traced.collectives)
+    assert sharded_bytes(traced) == real_bytes
+
+
+def test_fsdp_state_is_zero3_closed_form():
+    """ZeRO-3 with Adam in fp32: 16 bytes per parameter split over N ranks (4 weights, 4
+    gradients, 8 moments), plus AdamW's 4-byte step counter per parameter tensor."""
+    traced = _fake("fsdp")
+    psi = sum(p.numel() for p in _model().parameters())  # 808, every tensor divisible by 2
+    assert sum(sharded_bytes(traced).values()) == 16 * psi // WORLD + 4 * 4
+
+
+def test_ddp_all_reduces_every_gradient_once():
+    traced = _fake("ddp")
+    psi = sum(p.numel() for p in _model().parameters())
+    assert sum(c.bytes for c in traced.collectives) == 4 * psi
+    assert {c.phase for c in traced.collectives} == {"backward"}
