@@ -37,6 +37,7 @@ from torch import nn
 
 from nnperf.errors import UsageError
 from nnperf.trace.capture import local, trace_workload
+from nnperf.trace.collectives import COLLECTIVES, collective_bytes
 from nnperf.trace.events import Trace
 from nnperf.trace.options import TraceOptions
 from nnperf.trace.recorder import unrecorded
@@ -302,8 +303,6 @@ def _quiet_sharding_propagation() -> Iterator[None]:
 
 def _collectives(trace: Trace) -> list[Collective]:
     """The trace's collectives with their groups (resolved while the process group lives)."""
-    from nnperf.passes.costs.communication import COLLECTIVES, collective_bytes
-
     out = []
     for event in trace.events:
         spec = COLLECTIVES.get(event.name)

@@ -25,52 +25,10 @@ from nnperf.passes.costs.registry import (
     MEMORY,
     OpCost,
     register,
-    tensors,
     written_args,
 )
-from nnperf.trace.events import OpEvent, TensorMeta
-
-#: c10d op -> (collective kind, which tensors give its nccl-tests size)
-COLLECTIVES: dict[str, tuple[str, str]] = {
-    "c10d.allreduce_": ("all_reduce", "input"),
-    "c10d.allreduce_coalesced_": ("all_reduce", "input"),
-    "_c10d_functional.all_reduce": ("all_reduce", "input"),
-    "_c10d_functional.all_reduce_": ("all_reduce", "input"),
-    "c10d._allgather_base_": ("all_gather", "output"),
-    "c10d.allgather_": ("all_gather", "output"),
-    "c10d.allgather_into_tensor_coalesced_": ("all_gather", "output"),
-    "_c10d_functional.all_gather_into_tensor": ("all_gather", "output"),
-    "c10d._reduce_scatter_base_": ("reduce_scatter", "input"),
-    "c10d.reduce_scatter_": ("reduce_scatter", "input"),
-    "c10d.reduce_scatter_tensor_coalesced_": ("reduce_scatter", "input"),
-    "_c10d_functional.reduce_scatter_tensor": ("reduce_scatter", "input"),
-    "c10d.alltoall_base_": ("all_to_all", "input"),
-    "_c10d_functional.all_to_all_single": ("all_to_all", "input"),
-    "c10d.broadcast_": ("broadcast", "input"),
-    "_c10d_functional.broadcast": ("broadcast", "input"),
-    "c10d.send": ("send_recv", "input"),
-    "c10d.recv_": ("send_recv", "output"),
-}
-
-
-def collective_bytes(event: OpEvent, side: str) -> int:
-    """The collective's size as nccl-tests counts it: the gathered (``output``) or the
-    contributed-and-reduced (``input``) buffer. c10d's schemas carry no alias annotations:
-    an argument named ``output...`` is written, the others (``tensors`` of an in-place
-    all-reduce, ``input...``) are read; a functional collective returns its output."""
-    outs: list[TensorMeta] = []
-    ins: list[TensorMeta] = []
-    schema = event.func._schema
-    values = list(event.args) + [event.kwargs.get(a.name) for a in schema.arguments[len(event.args):]]
-    for arg, value in zip(schema.arguments, values, strict=False):
-        if isinstance(value, TensorMeta):
-            found = [value]
-        else:
-            found = tensors(value) if isinstance(value, (list, tuple)) else []
-        (outs if arg.name.startswith("output") else ins).extend(found)
-    outs = outs or list(event.outputs)
-    chosen = outs if side == "output" else ins or outs
-    return sum(t.nbytes for t in chosen)
+from nnperf.trace.collectives import COLLECTIVES, collective_bytes
+from nnperf.trace.events import OpEvent
 
 
 def _collective(event: OpEvent) -> OpCost:
