@@ -8,12 +8,13 @@ signature and documentation.
 """
 
 __version__ = "0.1.0"
-__all__ = ["Category", "OpCost", "analyze", "predict", "register_cost"]
+__all__ = ["Category", "OpCost", "advise", "analyze", "predict", "register_cost"]
 
 #: Public name -> the module that defines it.
 _LAZY = {
     "analyze": "nnperf.analysis",
     "predict": "nnperf.prediction",
+    "advise": "nnperf.search.advise",  # what to change, each change predicted
     "register_cost": "nnperf.passes.costs",  # a cost formula for a user's own operator
     "OpCost": "nnperf.passes.costs",
     "Category": "nnperf.passes.costs",

@@ -25,6 +25,7 @@ COMMAND_MODULES = [
     "bench",
     "memory",
     "fit",
+    "advise",
 ]
 
 

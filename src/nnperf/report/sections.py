@@ -179,3 +179,48 @@ def make_runs(predictions: list[Prediction], memory: Any, measured: Measured | N
         m = measured if measured and (len(predictions) == 1 or measured.matches(p.gpu)) else None
         runs.append(Run(p, depth=depth, by=by, memory=mem, memory_note=note, measured=m))
     return runs
+
+
+# ---- advice --------------------------------------------------------------------------------
+@dataclass
+class AdviceRow:
+    """One advice item as every renderer shows it (numbers; the renderers format them)."""
+
+    rank: int | None  # None: gains nothing, or not predicted
+    name: str
+    title: str
+    change: str
+    before_s: float
+    after_s: float | None
+    gain_s: float | None
+    gain_share: float | None
+    throughput_before: float
+    throughput_after: float | None
+    throughput_unit: str
+    memory_before: float | None
+    memory_after: float | None
+    fits: bool | None
+    bound: str
+    layers: list[str]
+    assumptions: list[str]
+    note: str = ""  # an error, or why it is not predicted
+
+
+def advice_rows(advice: Any) -> list[AdviceRow]:
+    """Ranked items first, then those that gain nothing, then those not predicted."""
+    rows = []
+    groups = ((advice.items, True), (advice.nothing, False), (advice.unpredicted, False))
+    for items, ranked in groups:
+        for i, item in enumerate(items, 1):
+            after = item.after
+            note = item.error or ("" if after is not None else "gain not predicted: see assumptions")
+            rows.append(AdviceRow(
+                rank=i if ranked else None, name=item.name, title=item.candidate.title,
+                change=item.candidate.how, before_s=item.before.step_s,
+                after_s=after.step_s if after else None, gain_s=item.gain_s, gain_share=item.gain_share,
+                throughput_before=item.before.throughput, throughput_after=after.throughput if after else None,
+                throughput_unit=item.before.throughput_unit, memory_before=item.before.peak_bytes,
+                memory_after=after.peak_bytes if after else None, fits=after.fits if after else None,
+                bound=item.bound_move, layers=item.layers, assumptions=item.candidate.assumptions, note=note,
+            ))
+    return rows

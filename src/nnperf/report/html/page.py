@@ -95,8 +95,10 @@ def build_report(
     depth: int = 2,
     by: str = "layer",
     title: str | None = None,
+    advice: Any = None,
 ) -> str:
-    """The report page for one GPU (a complete HTML document as a string)."""
+    """The report page for one GPU (a complete HTML document as a string); ``advice`` (an
+    ``nnperf.advise`` result for the same workload) adds its section."""
     run = make_runs([prediction], memory, measured, depth, by)[0]
     sections = [
         ("summary", "Summary", summary_section(run)),
@@ -107,6 +109,11 @@ def build_report(
         ("uncovered", "Ops without a cost formula", uncovered_section(run)),
     ]
     data = {"schema": "nnperf.report/1", "model": prediction.analysis.model, "runs": [run.to_json()]}
+    if advice is not None:
+        from nnperf.report.html.advice_html import advice_section
+
+        sections.insert(1, ("advice", "Advice: what to change", advice_section(advice)))
+        data["advice"] = advice.to_json()
     title = title or f"{prediction.analysis.model} on {prediction.gpu.name}"
     return _page(title, sections, data, _config_line(prediction))
 

@@ -39,6 +39,7 @@ from nnperf.search.advise.change import Candidate, Change, Outcome
 from nnperf.search.advise.evaluate import Base, FitJob, Setup, base_of, evaluate, run_parallel
 from nnperf.search.advise.result import Advice, AdviceItem
 from nnperf.search.fit_parallel import prepare, search_workers
+from nnperf.search.gpu_costs import usd_per_million_samples
 from nnperf.search.memory_variants import MemoryOptions
 from nnperf.trace.options import TraceOptions
 
@@ -87,7 +88,8 @@ def advise_request(request: ModelRequest, options: MemoryOptions, gpu: GPU,
     candidates = [c for family in FAMILIES for c in family.candidates(base)]
     advice = Advice(model=base.analysis.model, gpu=gpu.id, config=base.analysis.config, base=base.outcome,
                     items=[], nothing=[], unpredicted=[], checked=base.checked,
-                    valid_names=sorted(c.name for c in candidates if c.predicted))
+                    valid_names=sorted(c.name for c in candidates if c.predicted),
+                    prediction=base.prediction)
     if apply:
         advice.combination = _combination(setup, base, cache, candidates, apply)
         return advice
@@ -108,6 +110,7 @@ def advise_request(request: ModelRequest, options: MemoryOptions, gpu: GPU,
         _batch_items(setup, base, advice, results, kinds, candidates, outcomes, global_batch, workers)
     for c in candidates:
         _place(advice, AdviceItem(c, base.outcome, *_outcome(outcomes.get(c.name), c)))
+    _gpu_costs(advice, base)
     advice.items.sort(key=lambda i: -(i.gain_s or 0.0))
     advice.nothing.sort(key=lambda i: -(i.gain_s or 0.0))
     return advice
@@ -191,3 +194,19 @@ def _combination(setup: Setup, base: Base, cache: dict[str, Any], candidates: li
         assumptions=[a for c in chosen for a in c.assumptions],
     )
     return AdviceItem(combined, base.outcome, after)
+
+
+def _gpu_costs(advice: Advice, base: Base) -> None:
+    """USD per million samples on each GPU (``compare``'s rule), beside the given GPU's."""
+    mine = usd_per_million_samples(base.gpu.price_usd_per_hour, base.outcome.samples / base.outcome.step_s,
+                                   bool(base.outcome.fits))
+    for item in advice.items + advice.nothing:
+        c = item.candidate
+        if c.family != "gpu" or item.after is None:
+            continue
+        cost = usd_per_million_samples(c.extra.get("usd_per_hour"), item.after.samples / item.after.step_s,
+                                       bool(item.after.fits))
+        c.extra["usd_per_million_samples"] = cost
+        c.extra["given_gpu_usd_per_million_samples"] = mine
+        if cost is not None:
+            c.title += f": {cost:.3g} USD per million samples" + (f" (now {mine:.3g})" if mine else "")

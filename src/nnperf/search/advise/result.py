@@ -94,6 +94,7 @@ class Advice:
     accumulation: dict[str, float] | None = None
     combination: AdviceItem | None = None  # --apply
     valid_names: list[str] = field(default_factory=list)
+    prediction: Any = field(default=None, repr=False)  # the given workload's Prediction (reports)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -1,0 +1,74 @@
+"""``nnperf advise`` in the terminal: the ranked items, what gains nothing, the batch curve."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from nnperf.report.sections import AdviceRow, advice_rows
+from nnperf.units import binary, rate, seconds
+
+
+def _memory(r: AdviceRow) -> str:
+    if r.memory_after is None or r.memory_before is None:
+        return "-"
+    return f"{binary(r.memory_before)} -> {binary(r.memory_after)}" + ("" if r.fits is not False else " (no fit)")
+
+
+def _gain(r: AdviceRow) -> str:
+    if r.gain_s is None or r.gain_share is None:
+        return r.note or "-"
+    return f"{r.gain_s * 1e3:+.3g} ms ({r.gain_share:+.1%})"
+
+
+def advice_table(advice: Any, rows: list[AdviceRow]) -> Table:
+    base = advice.base
+    t = Table(title=f"{advice.model} on {advice.gpu}: step {seconds(base.step_s)}, "
+                    f"{rate(base.throughput, base.throughput_unit)}, {base.bound}-bound, "
+                    f"peak {binary(base.peak_bytes or 0)}", title_justify="left",
+              caption="Gain: time saved per step of the given batch (per-sample times). Ranked items first; "
+                      "then the changes checked that gain nothing, then those not predicted. "
+                      "--json gives each item's exact change, layers and assumptions.",
+              caption_justify="left")
+    for col in ("#", "item", "step time", "gain", "throughput", "peak memory", "bound", "change"):
+        t.add_column(col, justify="right" if col in ("#", "step time", "gain") else "left", overflow="fold")
+    for r in rows:
+        after = seconds(r.after_s) if r.after_s is not None else "-"
+        tput = rate(r.throughput_after, r.throughput_unit) if r.throughput_after is not None else "-"
+        style = None if r.rank else "dim"
+        t.add_row(str(r.rank or ""), r.name, after, _gain(r), tput, _memory(r), r.bound,
+                  r.change.splitlines()[0], style=style)
+    return t
+
+
+def print_advice(advice: Any, console: Console) -> None:
+    console.print(advice_table(advice, advice_rows(advice)))
+    for name, why in advice.checked:
+        console.print(f"  already done: {name}: {why}")
+    if advice.curve:
+        parts = [f"{b}: {rate(o.throughput, o.throughput_unit)}" for b, o in sorted(advice.curve.items())]
+        console.print(f"batch curve (largest that fits {advice.largest_batch}, knee {advice.knee}): "
+                      + ", ".join(parts))
+    if advice.accumulation:
+        a = advice.accumulation
+        console.print(f"gradient accumulation: global batch {a['global_batch']} = {a['accumulation_steps']} x "
+                      f"micro-batch {a['micro_batch']}: {seconds(a['time_s'])} per optimizer step, "
+                      f"{a['samples_per_s']:.4g} samples/s")
+
+
+def print_combination(advice: Any, console: Console) -> None:
+    item = advice.combination
+    rows = [r for r in advice_rows(_Only(advice, item))]
+    console.print(advice_table(advice, rows))
+    for a in item.candidate.assumptions:
+        console.print(f"  assumes: {a}")
+
+
+class _Only:
+    """An advice with one ranked item (the combination), for the same table."""
+
+    def __init__(self, advice: Any, item: Any) -> None:
+        self.items, self.nothing, self.unpredicted = ([item], [], []) if item.after else ([], [], [item])
+        self.base, self.model, self.gpu = advice.base, advice.model, advice.gpu
