@@ -1,0 +1,105 @@
+"""A cluster: GPUs per node and the two tiers of links collectives cross.
+
+One TOML file per cluster (``hardware/clusters/*.toml``; a user's own with ``--cluster
+FILE``): the GPU, GPUs per node, and per tier (``intra``: NVLink/NVSwitch inside a node,
+``inter``: the NICs between nodes) the link bandwidth per GPU each way (datasheet), the
+measured fraction of it that NCCL's ring reaches on large messages, and the small-message
+latency. Values nobody measured are listed in ``unverified``; ``sources`` says where the
+others come from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nnperf.errors import UsageError
+from nnperf.hardware.schema import read_toml
+
+CLUSTER_DIR = Path(__file__).parent / "clusters"
+#: Valid ranges: a number outside is a typo (GB/s each way per GPU, a fraction, microseconds).
+RANGES = {"link_gbs": (0.1, 10_000.0), "efficiency": (0.01, 1.0), "latency_us": (0.1, 10_000.0)}
+
+
+@dataclass(frozen=True)
+class Tier:
+    """One kind of link, per GPU: ``busbw`` is what a large ring collective reaches."""
+
+    name: str
+    link_bytes_per_s: float
+    efficiency: float
+    latency_s: float
+
+    @property
+    def busbw(self) -> float:
+        return self.link_bytes_per_s * self.efficiency
+
+
+@dataclass(frozen=True)
+class Cluster:
+    id: str
+    name: str
+    gpu: str
+    gpus_per_node: int
+    intra: Tier
+    inter: Tier
+    unverified: tuple[str, ...] = ()
+    sources: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        def tier(t: Tier) -> dict[str, Any]:
+            return {"link_gbs": t.link_bytes_per_s / 1e9, "efficiency": t.efficiency,
+                    "latency_us": t.latency_s * 1e6, "busbw_gbs": t.busbw / 1e9}
+
+        return {"id": self.id, "name": self.name, "gpu": self.gpu, "gpus_per_node": self.gpus_per_node,
+                "intra": tier(self.intra), "inter": tier(self.inter),
+                "unverified": list(self.unverified), "sources": list(self.sources)}
+
+
+def list_clusters() -> list[str]:
+    return sorted(p.stem for p in CLUSTER_DIR.glob("*.toml"))
+
+
+def load_cluster(name_or_path: str) -> Cluster:
+    """A built-in cluster by id (``dgx-h100``) or a TOML file of the same form."""
+    path = CLUSTER_DIR / f"{name_or_path}.toml"
+    if not path.exists():
+        path = Path(name_or_path)
+        if path.suffix != ".toml":
+            raise UsageError(f"unknown cluster '{name_or_path}'; built-in: {', '.join(list_clusters())}, "
+                             "or a TOML file")
+    data = read_toml(path, "cluster file")
+    origin = f"cluster file {path.name}"
+    try:
+        gpus_per_node = int(data["gpus_per_node"])
+        tiers = [_tier(origin, key, data[key]) for key in ("intra", "inter")]
+        name, gpu = str(data["name"]), str(data["gpu"])
+    except KeyError as err:
+        raise UsageError(f"{origin}: field {err} is missing; expected name, gpu, gpus_per_node, "
+                         "[intra] and [inter] with link_gbs, efficiency, latency_us") from None
+    if not 1 <= gpus_per_node <= 1024:
+        raise UsageError(f"{origin}: gpus_per_node {gpus_per_node} is outside 1..1024")
+    return Cluster(path.stem, name, gpu, gpus_per_node, *tiers,
+                   tuple(data.get("unverified", ())), tuple(data.get("sources", ())))
+
+
+def cluster_for_gpu(gpu_id: str) -> Cluster | None:
+    """The built-in cluster built of this GPU, if there is one."""
+    for name in list_clusters():
+        cluster = load_cluster(name)
+        if cluster.gpu == gpu_id:
+            return cluster
+    return None
+
+
+def _tier(origin: str, key: str, table: Any) -> Tier:
+    if not isinstance(table, dict):
+        raise UsageError(f"{origin}: [{key}] must be a table")
+    values = {}
+    for field, (low, high) in RANGES.items():
+        value = table.get(field)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not low <= value <= high:
+            raise UsageError(f"{origin}: field '{key}.{field}' is {value!r}; expected a number in {low}..{high}")
+        values[field] = float(value)
+    return Tier(key, values["link_gbs"] * 1e9, values["efficiency"], values["latency_us"] * 1e-6)

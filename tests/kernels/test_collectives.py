@@ -1,0 +1,57 @@
+"""The collectives model against nccl-tests' definitions, worked by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from nnperf.errors import UsageError
+from nnperf.hardware.cluster import list_clusters, load_cluster
+from nnperf.kernels.collectives import bus_factor, estimate_collective
+
+
+def test_bus_factors_are_nccl_tests():
+    assert bus_factor("all_reduce", 8) == pytest.approx(14 / 8)
+    assert bus_factor("all_gather", 8) == pytest.approx(7 / 8)
+    assert bus_factor("reduce_scatter", 2) == pytest.approx(1 / 2)
+    assert bus_factor("all_to_all", 4) == pytest.approx(3 / 4)
+    assert bus_factor("send_recv", 2) == 1.0
+    assert bus_factor("all_reduce", 1) == 0.0
+
+
+def test_all_reduce_inside_a_dgx_h100_by_hand():
+    cluster = load_cluster("dgx-h100")
+    est = estimate_collective("all_reduce", 2**30, tuple(range(8)), cluster)
+    busbw = 450e9 * 0.82
+    assert est.tier == "intra"
+    assert est.time_s == pytest.approx(10e-6 + 2**30 * 2 * 7 / 8 / busbw)
+    # nccl-tests' identity: busbw = algbw x 2(n-1)/n once latency is negligible
+    assert est.algbw * 2 * 7 / 8 == pytest.approx(busbw, rel=0.01)
+
+
+def test_a_group_across_nodes_runs_at_the_nic_rate():
+    cluster = load_cluster("dgx-h100")
+    inside = estimate_collective("all_gather", 2**28, tuple(range(8)), cluster)
+    across = estimate_collective("all_gather", 2**28, tuple(range(0, 16, 2)), cluster)
+    assert across.tier == "inter" and inside.tier == "intra"
+    assert across.time_s == pytest.approx(25e-6 + 2**28 * 7 / 8 / (50e9 * 0.8))
+
+
+def test_small_messages_are_latency_bound():
+    est = estimate_collective("all_reduce", 8, tuple(range(8)), load_cluster("dgx-a100"))
+    assert est.time_s == pytest.approx(est.latency_s, rel=1e-3)
+
+
+def test_every_cluster_file_loads_with_sources():
+    for name in list_clusters():
+        cluster = load_cluster(name)
+        assert cluster.sources and cluster.intra.busbw > cluster.inter.busbw
+
+
+def test_a_bad_cluster_file_is_one_line(tmp_path):
+    path = tmp_path / "mine.toml"
+    path.write_text('name = "x"\ngpu = "h100-sxm"\ngpus_per_node = 8\n[intra]\nlink_gbs = 450\n'
+                    'efficiency = 2\nlatency_us = 5\n[inter]\nlink_gbs = 50\nefficiency = 0.8\nlatency_us = 20\n')
+    with pytest.raises(UsageError, match=r"intra\.efficiency"):
+        load_cluster(str(path))
+    with pytest.raises(UsageError, match="unknown cluster"):
+        load_cluster("dgx-z9")
