@@ -9,6 +9,7 @@ formulas and attention model as a traced ``F.scaled_dot_product_attention``.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -52,14 +53,14 @@ def find(counts: list[OpCount]) -> list[HandAttention]:
             continue
         scores = soft.event.inputs[0].shape
         products = [c for c in ops if c.category == cat.GEMM and not c.bytes_weights and c.event.outputs]
-        qk = next((c for c in products if c.event.outputs[0].shape == scores), None)
-        pv = next((c for c in products if any(m.shape == scores for m in c.event.inputs)
+        qk = next((c for c in products if _is_scores(c.event.outputs[0], scores)), None)
+        pv = next((c for c in products if any(_is_scores(m, scores) for m in c.event.inputs)
                    and c.index > soft.index), None)
         if qk is None or pv is None or len(qk.event.inputs) < 2 or len(pv.event.inputs) < 2:
             continue
         q, kt = qk.event.inputs[:2]
         k = TensorMeta(kt.storage, (*kt.shape[:-2], kt.shape[-1], kt.shape[-2]), kt.dtype, kt.stride)
-        v = next(m for m in pv.event.inputs if m.shape != scores)
+        v = next(m for m in pv.event.inputs if not _is_scores(m, scores))
         chain = [c for c in ops if _touches(c, scores)]
         found.append(HandAttention(
             module, scores, q, k, v, pv.event.outputs[0],
@@ -67,8 +68,13 @@ def find(counts: list[OpCount]) -> list[HandAttention]:
     return found
 
 
+def _is_scores(m: TensorMeta, scores: tuple[int, ...]) -> bool:
+    """The score tensor, or a view of it with the heads folded into the batch (bmm's)."""
+    return m.shape[-2:] == scores[-2:] and m.numel == math.prod(scores)
+
+
 def _touches(c: OpCount, scores: tuple[int, ...]) -> bool:
-    return any(m.shape == scores for m in (*c.event.inputs, *c.event.outputs))
+    return any(_is_scores(m, scores) for m in (*c.event.inputs, *c.event.outputs))
 
 
 def candidates(base: Base) -> list[Candidate]:
@@ -118,7 +124,7 @@ def rewrite(rw: Rewritten) -> None:
             edits[bwd[0].index] = count_events(rw.trace, [b_ev])
             edits.update({c.index: [] for c in bwd[1:]})
         saved = {m.storage: m.nbytes for c in fwd for m in c.event.outputs
-                 if m.shape == h.scores and "backward" in consumers.get(m.storage, ())}
+                 if _is_scores(m, h.scores) and "backward" in consumers.get(m.storage, ())}
         rw.memory_delta -= sum(saved.values()) - lse.nbytes
         rw.touched.add(module)
     rw.trace, rw.counts = rebuild(rw.trace, rw.counts, edits)

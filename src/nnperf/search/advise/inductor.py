@@ -91,30 +91,43 @@ def rewrite(rw: Rewritten) -> None:
 def _fuse(chain: list[OpCount], consumers: dict[int, list[int]], rw: Rewritten) -> dict[int, list[OpCount]]:
     inside = {c.index for c in chain}
     produced = {m.storage for c in chain for m in c.event.outputs}
-    reads: dict[tuple, int] = {}
-    for c in chain:
-        for m in c.event.inputs:
-            if m.storage not in produced:
-                reads[(m.storage, m.storage_offset, m.shape)] = m.nbytes
-    writes: dict[tuple, int] = {}
+    seen: set[tuple] = set()
+    reads = writes = 0.0
     last = chain[-1].index
     for c in chain:
-        for m in c.event.outputs:
-            used_after = any(i not in inside and i > c.index for i in consumers.get(m.storage, ()))
-            alive = rw.trace.storages.get(m.storage)
-            if used_after or (alive is not None and alive.released_after is None) or c.index == last:
-                writes[(m.storage, m.storage_offset, m.shape)] = m.nbytes
+        # each op's own counted bytes (a gather reads rows, not its whole table), kept for
+        # the share of its tensors that come from outside the chain / are used after it
+        metas = c.event.inputs
+        external = [m for m in metas if m.storage not in produced
+                    and (m.storage, m.storage_offset, m.shape) not in seen]
+        seen.update((m.storage, m.storage_offset, m.shape) for m in external)
+        total = sum(m.nbytes for m in metas)
+        if total:
+            reads += (c.bytes_in + c.bytes_weights) * sum(m.nbytes for m in external) / total
+        outs = c.event.outputs
+        live = [m for m in outs if c.index == last or _used_after(m, c.index, inside, consumers, rw)]
+        total = sum(m.nbytes for m in outs)
+        if total:
+            writes += c.bytes_out * sum(m.nbytes for m in live) / total
     first = chain[0]
     ev = OpEvent(index=first.index, func=_FUSED, args=(), kwargs={}, inputs=[], outputs=[],
                  phase=first.phase, module=first.module)
     category = cat.REDUCTION if any(c.category in (cat.REDUCTION, cat.NORM) for c in chain) else cat.ELEMENTWISE
     fused = OpCount(event=ev, category=category, flops=sum(c.flops for c in chain), macs=0.0,
-                    bytes_in=float(sum(reads.values())), bytes_weights=0.0,
-                    bytes_out=float(sum(writes.values())), covered=True, info={"fused_ops": len(chain)})
+                    bytes_in=reads, bytes_weights=0.0, bytes_out=writes, covered=True, info={"fused_ops": len(chain)})
     out = {first.index: [fused]}
     for c in chain[1:]:
         out[c.index] = []
     return out
+
+
+def _used_after(m, index: int, inside: set[int], consumers: dict[int, list[int]],  # type: ignore[no-untyped-def]
+                rw: Rewritten) -> bool:
+    """Read by an op after the chain (or saved for backward), or alive at the end of the step."""
+    if any(i not in inside and i > index for i in consumers.get(m.storage, ())):
+        return True
+    info = rw.trace.storages.get(m.storage)
+    return info is not None and info.released_after is None
 
 
 class _Fused:

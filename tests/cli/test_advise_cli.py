@@ -1,0 +1,49 @@
+"""nnperf advise on the command line: JSON, --apply with an unknown name (one line, exit 2),
+a model that cannot be traced (the trace's error and exit code, as analyze gives them)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+from click.testing import CliRunner
+
+from nnperf.cli.app import cli
+
+TINY = ["-O", "n_layer=1", "-O", "n_embd=64", "-O", "n_head=2", "--seq", "32", "--batch", "2"]
+
+
+def test_json_ranks_items_by_gain_and_lists_what_gains_nothing(monkeypatch):
+    monkeypatch.setenv("NNPERF_FIT_WORKERS", "1")
+    r = CliRunner().invoke(cli, ["advise", "gpt2", *TINY, "--gpu", "a100", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    gains = [i["gain_s"] for i in doc["items"]]
+    assert gains == sorted(gains, reverse=True) and all(g > 0 for g in gains)
+    for item in doc["items"]:
+        before, after = item["before"], item["after"]
+        per_sample = before["step_time_s"] / before["batch"] - after["step_time_s"] / after["batch"]
+        assert abs(item["gain_s"] - per_sample * before["batch"]) < 1e-12
+        assert item["change"] and item["assumptions"]
+    assert doc["gains_nothing"]  # e.g. the for-loop optimizer, recomputation at the same batch
+
+
+def test_unknown_apply_name_is_one_line_with_the_valid_names():
+    r = CliRunner().invoke(cli, ["advise", "gpt2", *TINY, "--gpu", "a100", "--apply", "amp-bf16,warp-drive"])
+    assert r.exit_code == 2
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and "warp-drive" in lines[0] and "amp-bf16" in lines[0] and "valid:" in lines[0]
+
+
+def test_a_model_that_cannot_be_traced_gives_the_trace_error(tmp_path):
+    f = tmp_path / "bad.py"
+    f.write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+        def build():
+            return nn.Linear(64, 8), (torch.randn(4, 32),)
+    """))
+    analyze = CliRunner().invoke(cli, ["analyze", f"{f}:build"])
+    advise = CliRunner().invoke(cli, ["advise", f"{f}:build", "--gpu", "a100"])
+    assert advise.exit_code == analyze.exit_code != 0
+    assert advise.output.strip().splitlines()[-1] == analyze.output.strip().splitlines()[-1]

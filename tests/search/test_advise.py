@@ -1,0 +1,179 @@
+"""nnperf.advise: each item's prediction checked against a relation computed independently
+(the GEMM model called directly, the plain predict of the changed workload, the timeline's
+own terms), never against a frozen number."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from nnperf.analysis import Analysis
+from nnperf.hardware import default_profile, load_gpu
+from nnperf.kernels.gemm import estimate_gemm
+from nnperf.passes.timing import TimingOptions, simulate_step
+from nnperf.prediction import predict_analysis
+from nnperf.request import ModelRequest
+from nnperf.search.advise import Change, advise
+from nnperf.search.advise import attention as sdpa
+from nnperf.search.advise import inductor, padding
+from nnperf.search.advise.evaluate import Setup, base_of, evaluate, trace_change
+from nnperf.search.advise.rewrite import Rewritten
+from nnperf.search.memory_variants import MemoryOptions
+from nnperf.trace.options import TraceOptions
+
+A100 = load_gpu("a100-40gb-sxm")
+TINY_GPT = dict(n_layer=1, n_embd=64, n_head=2)
+
+
+def _setup(model, gpu=A100, batch=2, seq=None, **trace) -> Setup:  # type: ignore[no-untyped-def]
+    overrides = TINY_GPT if model == "gpt2" else {}
+    req = ModelRequest(model, batch=batch, seq_len=seq, overrides=overrides)
+    return Setup(req, MemoryOptions(TraceOptions(**trace)), gpu, default_profile(gpu), TimingOptions())
+
+
+def test_padded_vocabulary_gemms_are_retimed_by_the_gemm_model():
+    setup = _setup("gpt2", seq=128, amp="bf16")
+    base, _ = base_of(setup)
+    fams = padding.families(base)
+    assert fams["vocabulary"] == {50257: 50304}  # 64 bf16 elements = 128 bytes on Ampere
+    analysis = base.analysis
+    rw = Rewritten(analysis.trace, list(analysis.ops))
+    padding.rewrite(analysis, setup.options, rw, {50257: 50304})
+    step = simulate_step(rw.trace, rw.counts, A100, setup.profile, setup.timing)
+    checked = 0
+    for t in step.ops:
+        for gt in t.gemms:
+            g = gt.gemm
+            if 50304 in (g.m, g.n, g.k):
+                direct = estimate_gemm(g.m, g.n, g.k, batch=g.batch, dtype=g.dtype, gpu=A100, profile=setup.profile)
+                assert gt.estimate.time_s == pytest.approx(direct.time_s)
+                assert direct.aligned
+                checked += 1
+            assert 50257 not in (g.m, g.n, g.k)
+    assert checked == 3  # lm_head forward, grad_input, grad_weight
+    # padded FLOPs: 2 * tokens * 47 * 64 per GEMM, three GEMMs
+    before = sum(g.flops for g in analysis.gemms)
+    after = sum(gt.gemm.flops for t in step.ops for gt in t.gemms)
+    assert after - before == 3 * 2 * (2 * 128) * 47 * 64
+
+
+def test_optimizer_and_precision_items_equal_a_plain_prediction_of_the_changed_step():
+    setup = _setup("gpt2", seq=64)
+    base, cache = base_of(setup)
+    for change, kwargs in ((Change(trace=(("optimizer_impl", "fused"),)), {"optimizer_impl": "fused"}),
+                           (Change(trace=(("amp", "bf16"),)), {"amp": "bf16"})):
+        out = evaluate(setup, change)
+        import nnperf.analysis as A
+
+        a = A.analyze("gpt2", batch=2, seq_len=64, **TINY_GPT, **kwargs)
+        p = predict_analysis(a, A100)
+        assert out.step_s == pytest.approx(p.totals["step_time_s"], rel=1e-9)
+        assert out.peak_bytes == pytest.approx(p.memory.device_total)
+
+
+def test_tf32_item_is_the_same_trace_with_tf32_matmuls():
+    setup = _setup("gpt2", seq=64)
+    base, cache = base_of(setup)
+    out = evaluate(setup, Change(tf32=True), base.analysis, cache)
+    p = predict_analysis(base.analysis, A100, timing=TimingOptions(tf32_matmul=True))
+    assert out.step_s == pytest.approx(p.totals["step_time_s"])
+    assert out.step_s < base.outcome.step_s
+
+
+def test_cuda_graphs_gain_is_the_host_time_not_hidden_minus_one_launch():
+    setup = _setup("mlp", batch=1)
+    base, cache = base_of(setup)
+    step = base.prediction.step
+    assert step.bound == "host"
+    out = evaluate(setup, Change(graphs=True), base.analysis, cache)
+    assert out.step_s == pytest.approx(step.device_busy_s + setup.profile.host_dispatch_s)
+    assert out.step_s < step.step_s
+
+
+def test_fusion_reads_inputs_once_and_launches_fewer_kernels():
+    setup = _setup("gpt2", seq=64, amp="bf16")
+    base, _ = base_of(setup)
+    chains = inductor.fusion_chains(base.analysis.trace, base.analysis.ops)
+    assert chains and all(len(c) >= 2 for c in chains)
+    rw = Rewritten(base.analysis.trace, list(base.analysis.ops))
+    inductor.rewrite(rw)
+    fused = [c for c in rw.counts if c.op == "inductor.fused"]
+    assert len(fused) == len(chains)
+    for chain, f in zip(chains, fused):
+        assert f.bytes <= sum(c.bytes for c in chain)  # intermediates never reach memory
+        assert f.flops == sum(c.flops for c in chain)
+    kernels = lambda counts: sum(1 for c in counts if c.category not in ("alloc", "host"))  # noqa: E731
+    assert kernels(rw.counts) == kernels(base.analysis.ops) - sum(len(c) - 1 for c in chains)
+
+
+class HandAttention(nn.Module):
+    """Attention written by hand: scores, causal mask, softmax, weighted sum."""
+
+    def __init__(self, dim=64, heads=4):  # type: ignore[no-untyped-def]
+        super().__init__()
+        self.heads, self.qkv, self.out = heads, nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+
+    def forward(self, x):  # type: ignore[no-untyped-def]
+        b, t, d = x.shape
+        q, k, v = (y.view(b, t, self.heads, d // self.heads).transpose(1, 2) for y in self.qkv(x).chunk(3, -1))
+        s = q @ k.transpose(-2, -1) / (d // self.heads) ** 0.5
+        s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+        y = torch.softmax(s, dim=-1) @ v
+        return self.out(y.transpose(1, 2).reshape(b, t, d))
+
+
+class TwoBlocks(nn.Module):
+    def __init__(self):  # type: ignore[no-untyped-def]
+        super().__init__()
+        self.blocks = nn.Sequential(HandAttention(), HandAttention())
+
+    def forward(self, x):  # type: ignore[no-untyped-def]
+        return self.blocks(x)
+
+
+def test_hand_attention_is_found_and_replaced_by_fused_attention():
+    req = ModelRequest(TwoBlocks(), inputs=(torch.randn(2, 128, 64),))
+    setup = Setup(req, MemoryOptions(TraceOptions(amp="bf16")), A100, default_profile(A100), TimingOptions())
+    analysis: Analysis = trace_change(setup, Change())
+    found = sdpa.find(analysis.ops)
+    assert sorted(h.module for h in found) == ["blocks.0", "blocks.1"]
+    assert found[0].scores == (2, 4, 128, 128) and found[0].causal
+    rw = Rewritten(analysis.trace, list(analysis.ops))
+    sdpa.rewrite(rw)
+    names = [c.op for c in rw.counts]
+    assert names.count("nnperf.attention") == 2 and names.count("nnperf.attention_backward") == 2
+    assert not any(m.shape[-2:] == (128, 128) and m.numel == 2 * 4 * 128 * 128
+                   for c in rw.counts for m in c.event.outputs)
+    assert rw.memory_delta < 0  # score-sized tensors no longer saved for backward
+
+
+def test_channels_last_is_offered_for_cnns_only_and_unpredicted():
+    cnn = advise("resnet18", A100, batch=2, amp="bf16", workers=1, apply=None, global_batch=None,
+                 train=False)
+    names = {i.name for i in cnn.unpredicted}
+    assert "channels-last" in names
+    assert "sdpa" not in {i.name for i in cnn.items + cnn.nothing}
+    gpt = advise("gpt2", A100, batch=1, seq_len=32, train=False, workers=1, **TINY_GPT)
+    assert "channels-last" not in {i.name for i in gpt.items + gpt.nothing + gpt.unpredicted}
+
+
+def test_apply_predicts_the_merged_change_and_rejects_unknown_names():
+    from nnperf.errors import UsageError
+
+    adv = advise("gpt2", A100, batch=2, seq_len=64, apply=["amp-bf16", "optimizer-fused"], workers=1,
+                 **TINY_GPT)
+    import nnperf.analysis as A
+
+    p = predict_analysis(A.analyze("gpt2", batch=2, seq_len=64, amp="bf16", optimizer_impl="fused", **TINY_GPT),
+                         A100)
+    assert adv.combination.after.step_s == pytest.approx(p.totals["step_time_s"])
+    with pytest.raises(UsageError, match="unknown advice item 'nope'; valid: .*amp-bf16"):
+        advise("gpt2", A100, batch=2, seq_len=64, apply=["nope"], workers=1, **TINY_GPT)
+
+
+def test_conflicting_changes_are_refused():
+    from nnperf.errors import UsageError
+
+    with pytest.raises(UsageError, match="conflicting"):
+        Change(trace=(("amp", "bf16"),)).merge(Change(trace=(("amp", "fp16"),)))
