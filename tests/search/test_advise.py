@@ -14,9 +14,8 @@ from nnperf.kernels.gemm import estimate_gemm
 from nnperf.passes.timing import TimingOptions, simulate_step
 from nnperf.prediction import predict_analysis
 from nnperf.request import ModelRequest
-from nnperf.search.advise import Change, advise
+from nnperf.search.advise import Change, advise, inductor, padding
 from nnperf.search.advise import attention as sdpa
-from nnperf.search.advise import inductor, padding
 from nnperf.search.advise.evaluate import Setup, base_of, evaluate, trace_change
 from nnperf.search.advise.rewrite import Rewritten
 from nnperf.search.memory_variants import MemoryOptions
@@ -60,7 +59,7 @@ def test_padded_vocabulary_gemms_are_retimed_by_the_gemm_model():
 
 def test_optimizer_and_precision_items_equal_a_plain_prediction_of_the_changed_step():
     setup = _setup("gpt2", seq=64)
-    base, cache = base_of(setup)
+    _base, _cache = base_of(setup)
     for change, kwargs in ((Change(trace=(("optimizer_impl", "fused"),)), {"optimizer_impl": "fused"}),
                            (Change(trace=(("amp", "bf16"),)), {"amp": "bf16"})):
         out = evaluate(setup, change)
@@ -100,7 +99,7 @@ def test_fusion_reads_inputs_once_and_launches_fewer_kernels():
     inductor.rewrite(rw)
     fused = [c for c in rw.counts if c.op == "inductor.fused"]
     assert len(fused) == len(chains)
-    for chain, f in zip(chains, fused):
+    for chain, f in zip(chains, fused, strict=False):
         assert f.bytes <= sum(c.bytes for c in chain)  # intermediates never reach memory
         assert f.flops == sum(c.flops for c in chain)
     kernels = lambda counts: sum(1 for c in counts if c.category not in ("alloc", "host"))  # noqa: E731
@@ -168,7 +167,7 @@ def test_apply_predicts_the_merged_change_and_rejects_unknown_names():
     p = predict_analysis(A.analyze("gpt2", batch=2, seq_len=64, amp="bf16", optimizer_impl="fused", **TINY_GPT),
                          A100)
     assert adv.combination.after.step_s == pytest.approx(p.totals["step_time_s"])
-    with pytest.raises(UsageError, match="unknown advice item 'nope'; valid: .*amp-bf16"):
+    with pytest.raises(UsageError, match=r"unknown advice item 'nope'; valid: .*amp-bf16"):
         advise("gpt2", A100, batch=2, seq_len=64, apply=["nope"], workers=1, **TINY_GPT)
 
 

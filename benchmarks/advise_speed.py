@@ -1,0 +1,39 @@
+"""How long ``nnperf advise`` takes for gpt2 and resnet50 (target: under 30 s each on 2 cores).
+
+Run: python benchmarks/advise_speed.py [--workers N]. Each run is a fresh process, as the CLI
+is (imports, fork server and worker start-up included)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+TARGET_S = 30.0
+CASES = [
+    ["gpt2", "--gpu", "a100", "--amp", "bf16"],
+    ["resnet50", "--gpu", "a100", "--amp", "bf16"],
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--workers", type=int, default=None, help="NNPERF_FIT_WORKERS for the searches")
+    args = parser.parse_args()
+    env = dict(os.environ)
+    if args.workers:
+        env["NNPERF_FIT_WORKERS"] = str(args.workers)
+    print(f"cores available: {len(os.sched_getaffinity(0))}")
+    for case in CASES:
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "from nnperf.cli.app import main; main()", "advise", *case, "--json"], check=True,
+                       stdout=subprocess.DEVNULL, env=env)
+        took = time.perf_counter() - start
+        verdict = "ok" if took < TARGET_S else "OVER"
+        print(f"advise {' '.join(case)}: {took:.1f} s (target < {TARGET_S:.0f} s) {verdict}")
+
+
+if __name__ == "__main__":
+    main()
