@@ -167,11 +167,11 @@ def fake_process_group(world: int, rank: int = 0) -> Iterator[None]:
 
 
 def trace_rank(
-    build: Callable[[], Workload], options: TraceOptions, execution: Execution, blocks: list[str],
-    prepare: Callable[[Workload], Any] | None = None,
+    build: Callable[[], Workload], options: TraceOptions, execution: Execution,
+    units: Callable[[nn.Module], list[str]], prepare: Callable[[Workload], Any] | None = None,
 ) -> RankTrace:
-    """Trace rank 0's step of ``execution``. ``blocks``: the repeated blocks FSDP2 shards as
-    one unit each (torchtitan's per-transformer-block wrapping); ``prepare``: applied to the
+    """Trace rank 0's step of ``execution``. ``units``: the names of the repeated blocks FSDP2
+    shards as one unit each (torchtitan's per-transformer-block wrapping); ``prepare``: applied to the
     built workload before the engine wraps it (activation checkpointing)."""
     execution.validate()
     if options.dtype is not None:
@@ -193,7 +193,7 @@ def trace_rank(
             if execution.data == "ddp":
                 workload.model = _ddp(workload, execution)
             else:
-                _fully_shard(workload.model, mesh, blocks, execution.reshard_after_forward)
+                _fully_shard(workload.model, mesh, units(workload.model), execution.reshard_after_forward)
             return workload
 
         trace, workload = trace_workload(build_distributed, options)

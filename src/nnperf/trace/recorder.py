@@ -29,6 +29,8 @@ from nnperf.trace.grad_scaler import LOCAL_SCALAR_DENSE
 
 _LABEL_KEY = "nnperf.module"
 _SKIPPED_NAMESPACES = {"prim", "profiler"}
+#: Collectives write buffers their schemas do not annotate: never "free" views.
+_COLLECTIVE_NAMESPACES = {"c10d", "_c10d_functional"}
 _SDPA = {F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}
 
 
@@ -226,7 +228,7 @@ class OpRecorder(TorchDispatchMode):
             out = func(*args, **kwargs)
         outputs = [self.meta(t, index) for t in _output_tensors(out)]
         allocates = [m.storage for m in outputs if m.storage >= first_new]
-        free = not allocates and not func._schema.is_mutable and (
+        free = not allocates and not func._schema.is_mutable and func.namespace not in _COLLECTIVE_NAMESPACES and (
             bool(outputs) or func._schema.name in _METADATA_OPS
         )
         self.events.append(
