@@ -26,6 +26,7 @@ COMMAND_MODULES = [
     "memory",
     "fit",
     "advise",
+    "plan",
 ]
 
 
