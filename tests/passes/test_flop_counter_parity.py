@@ -96,12 +96,17 @@ def test_training_step_matches_flop_counter(name):
 
 
 def test_flop_counter_counts_no_cpu_flash_attention():
-    """Why the reference uses the MATH backend: CPU SDPA is invisible to FlopCounterMode."""
+    """Why the reference uses the MATH backend: CPU SDPA is invisible to FlopCounterMode up to
+    torch 2.14 (a silent zero); torch 2.15 counts it, with the flash backward's recomputation
+    of Q K^T (5 products of 2*B*H*L*L*D each, MATH's backward has 4), which nnperf times but
+    does not count as model FLOPs. The reference stays on MATH either way."""
     with FakeTensorMode():
         q = torch.randn(1, 2, 8, 4, requires_grad=True)
         with FlopCounterMode(display=False) as default_counter:
             F.scaled_dot_product_attention(q, q, q).sum().backward()
         with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as math_counter:
             F.scaled_dot_product_attention(q, q, q).sum().backward()
-    assert default_counter.get_total_flops() == 0
-    assert math_counter.get_total_flops() == 3 * 2 * 2 * (2 * 8 * 8 * 4)
+    math = 3 * 2 * 2 * (2 * 8 * 8 * 4)  # QK^T and PV forward, twice as much backward
+    assert math_counter.get_total_flops() == math
+    product = 2 * 1 * 2 * 8 * 8 * 4
+    assert default_counter.get_total_flops() in (0, (2 + 5) * product)
