@@ -54,6 +54,7 @@ def test_a_real_step_builds_on_a_fake_cuda_device():
     _, build = resolve(ModelRequest("mlp", batch=4))
     with FakeTensorMode():
         step = build_step(build, TraceOptions(dtype="bf16"), torch.device("cuda"))
-        step.run()
-    weight = next(step.workload.model.parameters())
-    assert weight.device.type == "cuda" and weight.dtype == torch.bfloat16
+        weight = next(step.workload.model.parameters())
+        assert weight.device.type == "cuda" and weight.dtype == torch.bfloat16
+        inference = build_step(build, TraceOptions(train=False), torch.device("cuda"))
+        assert inference.run().device.type == "cuda"  # a backward needs a real device context
