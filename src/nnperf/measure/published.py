@@ -1,0 +1,184 @@
+"""nnperf against measurements others published (``validation/published/*.toml``).
+
+Until a GPU checks nnperf in every session, published single-GPU figures are the evidence of
+its accuracy: NVIDIA DeepLearningExamples' tables, timm's benchmark CSVs, the MAMF matmul
+table. Each row says its workload (model, batch, image size, precision, optimizer, gradient
+accumulation) and a grade (faithful / approximate / out-of-scope); this module builds the
+same workload, predicts it on the row's catalog GPU and compares step times (throughput is
+turned into per-iteration time: ``batch / value`` on one GPU). Rows nnperf cannot build (a
+model the zoo lacks, more than one GPU) are counted as not reproducible with the reason,
+never dropped. Nothing here is fitted: the rows are a test set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nnperf.hardware.schema import read_toml
+
+#: A published model name (its first words) -> the zoo model that is the same network.
+ZOO_MODELS = {
+    "resnet50": "resnet50",
+    "timm resnet50": "resnet50",
+    "timm mobilenetv2_100": "mobilenet_v2",
+    "timm vit_base_patch16_224": "vit_b_16",
+}
+#: Published optimizers -> nnperf's (DLE ResNet-50 and timm's benchmark default use SGD
+#: with momentum).
+OPTIMIZERS = {"sgd": "sgd-momentum"}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What nnperf traces for a row: the zoo model and the step's settings."""
+
+    model: str
+    batch: int
+    image_size: int | None
+    train: bool
+    amp: str | None
+    dtype: str | None
+    tf32: bool
+    optimizer: str
+
+
+def load_rows(folder: str | Path) -> list[dict[str, Any]]:
+    """Every ``[[measurement]]`` of every TOML file in ``folder``, with its file's name."""
+    rows = []
+    for path in sorted(Path(folder).glob("*.toml")):
+        doc = read_toml(path, "published-measurement file")
+        for row in doc.get("measurement", []):
+            rows.append({**row, "file": path.name})
+    return rows
+
+
+def zoo_model(row: dict[str, Any]) -> str | None:
+    name = str(row.get("model", "")).lower()
+    for published, zoo in ZOO_MODELS.items():
+        if name == published or name.startswith(published + " "):
+            return zoo
+    return None
+
+
+def why_not_reproducible(row: dict[str, Any]) -> str | None:
+    """None when nnperf can build the row's workload, else the reason."""
+    if row.get("grade") == "out-of-scope":
+        return "out of scope (" + str(row.get("grade_reason", "more than one GPU"))[:60] + ")"
+    if int(row.get("gpus", 1)) != 1:
+        return "more than one GPU"
+    if not row.get("gpu_catalog"):
+        return "GPU not in the catalog"
+    if row["task"] == "gemm":
+        return None if row.get("nnperf_precision") else "precision nnperf does not model"
+    if zoo_model(row) is None:
+        return f"no zoo model for {row.get('model')!r}"
+    if not row.get("nnperf_precision"):
+        return "precision nnperf does not model"
+    return None
+
+
+def workload(row: dict[str, Any]) -> Workload:
+    """The step a reproducible row describes. ``tf32``: fp32 tensors with TF32 matmuls (and
+    convolutions, cuDNN's default); ``fp32`` on V100/T4 has no TF32 to use."""
+    precision = row["nnperf_precision"]
+    optimizer = str(row.get("optimizer") or "sgd").split()[0].lower()
+    return Workload(
+        model=zoo_model(row) or "",
+        batch=int(row["batch"]),
+        image_size=row.get("image_size"),
+        train=row["task"] == "training",
+        amp=precision.removeprefix("amp-") if precision.startswith("amp-") else None,
+        dtype=precision if precision in ("fp16", "bf16") else None,
+        tf32=precision == "tf32",
+        optimizer=OPTIMIZERS.get(optimizer, "sgd-momentum"),
+    )
+
+
+def measured_step_s(row: dict[str, Any]) -> float:
+    """Seconds per iteration of one GPU from the published throughput (samples/s)."""
+    return int(row["batch"]) / float(row["value"])
+
+
+class Predictor:
+    """Predicts rows, tracing each distinct workload once (the GPU only changes timing)."""
+
+    def __init__(self) -> None:
+        self._analyses: dict[tuple, Any] = {}
+
+    def _analysis(self, w: Workload, optimizer: str) -> Any:
+        from nnperf.analysis import analyze
+
+        key = (w, optimizer)
+        if key not in self._analyses:
+            options = {"image_size": w.image_size} if w.image_size and w.image_size != 224 else {}
+            self._analyses[key] = analyze(w.model, batch=w.batch, train=w.train, amp=w.amp, dtype=w.dtype,
+                                          optimizer=optimizer, **options)
+        return self._analyses[key]
+
+    def step_s(self, row: dict[str, Any]) -> float:
+        """Predicted seconds per iteration. With gradient accumulation k the optimizer runs on
+        one iteration in k: the published average is ((k-1) * forward+backward + full) / k."""
+        from nnperf.hardware import load_gpu
+        from nnperf.passes.timing import TimingOptions
+        from nnperf.prediction import predict_analysis
+
+        gpu = load_gpu(row["gpu_catalog"])
+        if row["task"] == "gemm":
+            return self._gemm_s(row, gpu)
+        w = workload(row)
+        timing = TimingOptions(tf32_matmul=w.tf32)  # convolutions: cuDNN's default, TF32 where it exists
+
+        def time_with(optimizer: str) -> float:
+            return predict_analysis(self._analysis(w, optimizer), gpu, timing=timing).step.step_s
+
+        full = time_with(w.optimizer if w.train else "none")
+        k = int(row.get("grad_accumulation") or 1)
+        if not w.train or k == 1:
+            return full
+        return ((k - 1) * time_with("none") + full) / k
+
+    @staticmethod
+    def _gemm_s(row: dict[str, Any], gpu: Any) -> float:
+        """A matmul row's value is TFLOP/s at its shape: compare times of that one GEMM."""
+        from nnperf.hardware import default_profile
+        from nnperf.kernels.gemm import estimate_gemm
+
+        m, n, k = int(row["m"]), int(row["n"]), int(row["k"])
+        return estimate_gemm(m, n, k, dtype=row["nnperf_precision"], gpu=gpu, profile=default_profile(gpu)).time_s
+
+
+def gemm_measured_s(row: dict[str, Any]) -> float:
+    return 2.0 * int(row["m"]) * int(row["n"]) * int(row["k"]) / (float(row["value"]) * 1e12)
+
+
+def records(rows: Iterable[dict[str, Any]], predictor: Predictor | None = None) -> list[dict[str, Any]]:
+    """One record per row in the shape ``measure.validation.error_table`` reads: ``family`` is
+    the task (training / inference / gemm), ``config`` the row id; rows nnperf cannot build
+    carry ``not_reproducible`` and no prediction."""
+    predictor = predictor or Predictor()
+    out = []
+    for row in rows:
+        reason = why_not_reproducible(row)
+        rec: dict[str, Any] = {"config": row["id"], "family": row["task"], "grade": row.get("grade"),
+                               "gpu": row.get("gpu_catalog"), "file": row["file"]}
+        if reason:
+            out.append({**rec, "not_reproducible": reason})
+            continue
+        measured = gemm_measured_s(row) if row["task"] == "gemm" else measured_step_s(row)
+        out.append({**rec, "measured_step_time_s": measured, "predicted_step_time_s": predictor.step_s(row)})
+    return out
+
+
+def tables(recs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Error tables per grade (faithful, approximate), grouped by task and overall."""
+    from nnperf.measure.validation import error_table
+
+    out = {}
+    for grade in ("faithful", "approximate"):
+        chosen = [r for r in recs if r.get("grade") == grade and "not_reproducible" not in r]
+        if chosen:
+            out[f"published, {grade}: step time"] = error_table(chosen)
+    return out

@@ -1,0 +1,64 @@
+"""The published-measurement set: rows become workloads and step times, and CI holds the
+error tables to the committed baseline (they are recomputed from the rows with the current
+code, so a model change that makes them worse fails here)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from nnperf.measure.published import (
+    gemm_measured_s,
+    load_rows,
+    measured_step_s,
+    records,
+    tables,
+    why_not_reproducible,
+    workload,
+)
+from nnperf.measure.validation import regressions
+
+FOLDER = Path(__file__).resolve().parents[2] / "validation" / "published"
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return load_rows(FOLDER)
+
+
+def test_every_row_is_reproducible_or_says_why(rows):
+    assert len(rows) > 300
+    for row in rows:
+        reason = why_not_reproducible(row)
+        assert reason is None or reason.strip(), row["id"]
+    reproducible = [r for r in rows if why_not_reproducible(r) is None]
+    assert {r["task"] for r in reproducible} == {"training", "inference", "gemm"}
+
+
+def test_rows_become_the_workload_they_describe(rows):
+    by_id = {r["id"]: r for r in rows}
+    tf32 = workload(by_id["rn50-train-dgxa100-tf32-1gpu"])
+    assert (tf32.model, tf32.batch, tf32.train, tf32.tf32, tf32.amp, tf32.optimizer) == (
+        "resnet50", 256, True, True, None, "sgd-momentum")
+    amp = workload(by_id["rn50-train-dgxa100-amp-1gpu"])
+    assert (amp.amp, amp.tf32, amp.dtype) == ("fp16", False, None)
+    mobile = workload(by_id["timm-infer-amp-nchw-pt240-cu124-rtx3090-mobilenetv2_100-224"])
+    assert (mobile.model, mobile.train, mobile.batch) == ("mobilenet_v2", False, 1024)
+    effnet = next(r for r in rows if r["model"] == "efficientnet-b0" and r["gpus"] == 1)
+    assert "no zoo model" in why_not_reproducible(effnet)
+    assert why_not_reproducible(next(r for r in rows if r["gpus"] > 1)) is not None
+
+
+def test_throughput_and_tflops_become_seconds(rows):
+    by_id = {r["id"]: r for r in rows}
+    assert measured_step_s(by_id["rn50-train-dgxa100-tf32-1gpu"]) == pytest.approx(256 / 938)
+    h100 = by_id["mamf-bf16-h100-sxm"]
+    assert gemm_measured_s(h100) == pytest.approx(2 * h100["m"] * h100["n"] * h100["k"] / (h100["value"] * 1e12))
+
+
+def test_published_tables_do_not_regress(rows):
+    result = tables(records(rows))
+    baseline = json.loads((FOLDER / "baseline.json").read_text())
+    assert regressions(result, baseline) == []

@@ -1,0 +1,65 @@
+"""nnperf's predictions against measurements others published (``validation/published/``).
+
+    python validation/published_compare.py [--rows] [--json]
+    python validation/published_compare.py --write-baseline validation/published/baseline.json
+
+Every reproducible single-GPU row is predicted with the current code on its catalog GPU and
+compared by step time (``nnperf.measure.published``); rows nnperf cannot build are counted
+with the reason. The tables: median, p90 and worst absolute percentage error per task
+(training, inference, gemm) for faithful and approximate rows. ``--baseline FILE`` exits 1
+where a table got worse (what CI checks, ``tests/measure/test_published.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+from nnperf.measure.published import load_rows, records, tables
+from nnperf.measure.validation import regressions
+
+FOLDER = Path(__file__).parent / "published"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", action="store_true", help="print every row's measured and predicted time")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--baseline", type=Path, help="fail (exit 1) where a table is worse than this one")
+    parser.add_argument("--write-baseline", type=Path, help="write the tables here as the new baseline")
+    args = parser.parse_args(argv)
+    recs = records(load_rows(FOLDER))
+    result = tables(recs)
+    if args.write_baseline:
+        args.write_baseline.write_text(json.dumps(result, indent=1) + "\n")
+    if args.json:
+        print(json.dumps({"tables": result, "records": recs}, indent=1))
+    else:
+        if args.rows:
+            for r in recs:
+                if "predicted_step_time_s" in r:
+                    m, p = r["measured_step_time_s"], r["predicted_step_time_s"]
+                    print(f"{r['grade']:<12}{r['config']:<66}{m * 1e3:10.2f} ms{p * 1e3:10.2f} ms{100 * (p / m - 1):+8.1f}%")
+        skipped = Counter(r["not_reproducible"].split(" (")[0] for r in recs if "not_reproducible" in r)
+        print(f"{len(recs)} published rows: {sum(skipped.values())} not reproducible by nnperf:")
+        for reason, n in skipped.most_common():
+            print(f"  {n:4}  {reason}")
+        for name, table in result.items():
+            print(f"\n{name}: absolute percentage error")
+            print(f"{'task':<12}{'n':>4}{'median':>10}{'p90':>10}{'worst':>10}  worst row")
+            for task, row in table.items():
+                print(f"{task:<12}{row['n']:>4}{row['median_ape']:>9.1f}%{row['p90_ape']:>9.1f}%"
+                      f"{row['worst_ape']:>9.1f}%  {row['worst_config']}")
+    if args.baseline:
+        worse = regressions(result, json.loads(args.baseline.read_text()))
+        for line in worse:
+            print(f"regression: {line}", file=sys.stderr)
+        return 1 if worse else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
