@@ -74,7 +74,7 @@ def why_not_reproducible(row: dict[str, Any]) -> str | None:
     if row["task"] == "gemm":
         return None if row.get("nnperf_precision") else "precision nnperf does not model"
     if zoo_model(row) is None:
-        return f"no zoo model for {row.get('model')!r}"
+        return f"no zoo model for {str(row.get('model')).split(' (')[0]!r}"
     if not row.get("nnperf_precision"):
         return "precision nnperf does not model"
     return None
