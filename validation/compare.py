@@ -18,7 +18,9 @@ import json
 import sys
 from pathlib import Path
 
-from nnperf.measure.validation import error_tables, load_records, regressions, repredict
+from error_tables import check_baseline, print_tables
+
+from nnperf.measure.validation import error_tables, load_records, repredict
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,26 +37,11 @@ def main(argv: list[str] | None = None) -> int:
         for r in records:
             repredict(r, args.gpu or r.get("gpu"))
     tables = error_tables(records)
-    if args.write_baseline:
-        args.write_baseline.write_text(json.dumps(tables, indent=1) + "\n")
     if args.json:
         print(json.dumps(tables, indent=2))
     else:
-        for name, table in tables.items():
-            print(f"\n{name}: absolute percentage error ({len(records)} records)")
-            print(f"{'family':<20}{'n':>4}{'median':>10}{'p90':>10}{'worst':>10}  worst config")
-            for family, row in table.items():
-                def pct(v: float | None) -> str:
-                    return "-" if v is None else f"{v:.1f}%"
-                print(f"{family:<20}{row['n']:>4}{pct(row['median_ape']):>10}{pct(row['p90_ape']):>10}"
-                      f"{pct(row['worst_ape']):>10}  {row['worst_config'] or '-'}")
-    if args.baseline:
-        worse = regressions(tables, json.loads(args.baseline.read_text()))
-        for line in worse:
-            print(f"regression: {line}", file=sys.stderr)
-        return 1 if worse else 0
-    return 0
-
+        print_tables(tables, "family", f"{len(records)} records")
+    return check_baseline(tables, args.baseline, args.write_baseline)
 
 if __name__ == "__main__":
     sys.exit(main())

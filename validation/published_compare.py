@@ -18,8 +18,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from error_tables import check_baseline, print_tables
+
 from nnperf.measure.published import load_rows, records, tables
-from nnperf.measure.validation import regressions
 
 FOLDER = Path(__file__).parent / "published"
 
@@ -33,8 +34,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     recs = records(load_rows(FOLDER))
     result = tables(recs)
-    if args.write_baseline:
-        args.write_baseline.write_text(json.dumps(result, indent=1) + "\n")
     if args.json:
         print(json.dumps({"tables": result, "records": recs}, indent=1))
     else:
@@ -47,19 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(recs)} published rows: {sum(skipped.values())} not reproducible by nnperf:")
         for reason, n in skipped.most_common():
             print(f"  {n:4}  {reason}")
-        for name, table in result.items():
-            print(f"\n{name}: absolute percentage error")
-            print(f"{'task':<12}{'n':>4}{'median':>10}{'p90':>10}{'worst':>10}  worst row")
-            for task, row in table.items():
-                print(f"{task:<12}{row['n']:>4}{row['median_ape']:>9.1f}%{row['p90_ape']:>9.1f}%"
-                      f"{row['worst_ape']:>9.1f}%  {row['worst_config']}")
-    if args.baseline:
-        worse = regressions(result, json.loads(args.baseline.read_text()))
-        for line in worse:
-            print(f"regression: {line}", file=sys.stderr)
-        return 1 if worse else 0
-    return 0
-
+        print_tables(result, "task", "single-GPU rows nnperf can build")
+    return check_baseline(result, args.baseline, args.write_baseline)
 
 if __name__ == "__main__":
     sys.exit(main())
