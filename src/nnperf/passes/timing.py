@@ -28,6 +28,7 @@ from typing import Any
 from nnperf.hardware import GPU, DeviceProfile
 from nnperf.kernels.gemm import GemmEstimate, estimate_gemm
 from nnperf.passes.costs import registry as cat
+from nnperf.passes.costs.matmul import is_depthwise
 from nnperf.passes.count import OpCount
 from nnperf.passes.gemms import Gemm, operand_dtype
 from nnperf.trace.events import KIND_OPT_STATE, OpEvent, Trace, dtype_name
@@ -171,6 +172,8 @@ class KernelModel:
     def _matrix(self, count: OpCount, base: dict[str, Any]) -> OpTime:
         dtype = dtype_name(operand_dtype(count.event))
         is_conv = count.category == cat.CONV
+        if is_conv and is_depthwise(count.event):
+            return self._direct_conv(count, base)
         tf32 = self.options.tf32_conv if is_conv else self.options.tf32_matmul
         gemms = [GemmTime(g, self.gemm(g.m, g.n, g.k, g.batch, dtype, tf32)) for g in count.gemms]
         ests = [g.estimate for g in gemms]
@@ -196,6 +199,31 @@ class KernelModel:
             peak_flops=ests[0].peak_flops if ests else 0.0, bound=bound, gemms=gemms,
             math=ests[0].rate_dtype if ests else "",
             model_compute_s=model_compute, model_memory_s=model_memory, overhead_s=overhead, **base,
+        )
+
+    def _direct_conv(self, count: OpCount, base: dict[str, Any]) -> OpTime:
+        """A depthwise convolution's direct kernels (``passes.costs.matmul.is_depthwise``):
+        its tensors once through DRAM at the achievable bandwidth, or its FMAs on the CUDA
+        cores in fp32 (the kernels' accumulate type), whichever is longer; one kernel per
+        gradient in backward. With K = R*S (9..49) MACs per output element and no reuse
+        across channels its arithmetic intensity is a few FLOP/byte, so it is bandwidth-bound
+        on every GPU in the catalog (an 8x8 tensor-core tile would sit 7/8 idle on it)."""
+        kernels = max(1, len(count.gemms))
+        model_memory = self.profile.memory_time(self.gpu.memory_bandwidth, count.bytes)
+        model_compute = count.flops / (self._vector_peak * self.profile.cuda_core_fraction)
+        overhead = kernels * self.profile.kernel_overhead_s
+        return OpTime(
+            kernels=kernels,
+            kernel_s=max(model_compute, model_memory) + overhead,
+            compute_s=count.flops / self._vector_peak,
+            memory_s=count.bytes / self.gpu.memory_bandwidth,
+            peak_flops=self._vector_peak,
+            math="fp32" if count.flops else "",
+            bound=_bound(model_compute, model_memory, overhead),
+            model_compute_s=model_compute,
+            model_memory_s=model_memory,
+            overhead_s=overhead,
+            **base,
         )
 
     def _attention(self, count: OpCount, base: dict[str, Any]) -> OpTime:

@@ -118,6 +118,27 @@ def _convolution_backward(event: OpEvent) -> list[GemmShape]:
     return shapes
 
 
+def is_depthwise(event: OpEvent) -> bool:
+    """A depthwise convolution (every group sees one input channel: MobileNet, EfficientNet,
+    ConvNeXt). PyTorch does not run it as an implicit GEMM: ``_select_conv_backend``
+    (aten/src/ATen/native/Convolution.cpp) picks ``CudaDepthwise2d/3d``, the direct kernels of
+    ``aten/src/ATen/native/cuda/DepthwiseConv2d.cu`` (``conv_depthwise2d_forward_kernel``,
+    ``..._backward_kernel``, ``..._grad_weight_kernel``: CUDA-core FMAs accumulated in fp32),
+    or cuDNN's grouped direct kernels for the fp16/bf16 shapes ``use_cudnn_depthwise`` accepts;
+    neither uses tensor-core tiles, which would need >= 8 channels per group."""
+    if event.name not in _CONVOLUTIONS:
+        return False
+    backward = event.name == "aten.convolution_backward"
+    x, w = (event.args[1], event.args[2]) if backward else (event.args[0], event.args[1])
+    transposed = bool(event.args[7]) if backward else _conv_params(event)[2]
+    groups = int(event.args[9]) if backward else _conv_params(event)[3]
+    if transposed or groups <= 1 or not isinstance(w, TensorMeta) or not isinstance(x, TensorMeta):
+        return False
+    return w.shape[1] == 1 and groups == x.shape[1]
+
+
+_CONVOLUTIONS = ("aten.convolution", "aten._convolution", "aten.convolution_backward")
+
 _SHAPES = {
     "aten.mm": _mm,
     "aten.addmm": _mm,

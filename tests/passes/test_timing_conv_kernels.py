@@ -1,0 +1,61 @@
+"""Convolution kernels that are not implicit GEMMs: depthwise convolutions run PyTorch's
+direct kernels (DepthwiseConv2d.cu) on CUDA cores, bound by the bytes they move."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from nnperf.analysis import analyze
+from nnperf.hardware import default_profile, load_gpu
+from nnperf.prediction import predict_analysis
+
+
+class Block(nn.Module):
+    """A MobileNet block's convolutions: 1x1 expansion, 3x3 depthwise, 1x1 projection (the
+    first makes the depthwise input need a gradient)."""
+
+    def __init__(self, c: int = 64) -> None:
+        super().__init__()
+        self.expand = nn.Conv2d(c, c, 1, bias=False)
+        self.dw = nn.Conv2d(c, c, 3, padding=1, groups=c, bias=False)
+        self.pw = nn.Conv2d(c, c, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pw(self.dw(self.expand(x)))
+
+
+@pytest.fixture(scope="module")
+def prediction():
+    analysis = analyze(Block(), torch.randn(32, 64, 56, 56), train=True, optimizer="none")
+    return predict_analysis(analysis, load_gpu("a100-80gb-sxm"))
+
+
+def _ops(prediction, module: str) -> dict[str, object]:
+    return {t.phase: t for t in prediction.step.ops if t.module == module and t.category == "conv"}
+
+
+def test_depthwise_is_bytes_at_achievable_bandwidth(prediction):
+    gpu = load_gpu("a100-80gb-sxm")
+    profile = default_profile(gpu)
+    act = 32 * 64 * 56 * 56 * 4  # one fp32 activation of the block
+    weight = 64 * 1 * 3 * 3 * 4
+    dw = _ops(prediction, "dw")
+    fwd, bwd = dw["forward"], dw["backward"]
+    # forward: read x and w, write y; one kernel
+    assert fwd.kernels == 1
+    assert fwd.kernel_s == pytest.approx(
+        profile.memory_time(gpu.memory_bandwidth, 2 * act + weight) + profile.kernel_overhead_s, rel=1e-9)
+    # backward: read dy, x, w; write dx and dw; two kernels (grad_input, grad_weight)
+    assert bwd.kernels == 2
+    assert bwd.kernel_s == pytest.approx(
+        profile.memory_time(gpu.memory_bandwidth, 3 * act + 2 * weight) + 2 * profile.kernel_overhead_s,
+        rel=1e-9)
+    assert fwd.kernel_bound == "memory" and fwd.math == "fp32"
+
+
+def test_pointwise_stays_an_implicit_gemm(prediction):
+    pw = _ops(prediction, "pw")["forward"]
+    assert [(g.gemm.m, g.gemm.n, g.gemm.k) for g in pw.gemms] == [(32 * 56 * 56, 64, 64)]
+    assert pw.math == "tf32"  # cuDNN's default for fp32 convolutions on Ampere
