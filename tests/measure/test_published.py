@@ -62,3 +62,16 @@ def test_published_tables_do_not_regress(rows):
     result = tables(records(rows))
     baseline = json.loads((FOLDER / "baseline.json").read_text())
     assert regressions(result, baseline) == []
+
+
+def test_dgx_rows_run_on_their_datasheet_cpu(rows):
+    from nnperf.hardware import load_gpu
+    from nnperf.measure.published import profile_for
+
+    by_id = {r["id"]: r for r in rows}
+    a100 = by_id["rn50-train-dgxa100-tf32-1gpu"]  # "A100 80GB (DGX A100)": 2x AMD EPYC 7742
+    assert profile_for(a100, load_gpu(a100["gpu_catalog"])).host == "epyc-7742"
+    v100 = by_id["rn50-train-dgx1v-fp32-1gpu"]  # "V100 16GB (DGX-1)": 2x Xeon E5-2698 v4
+    assert profile_for(v100, load_gpu(v100["gpu_catalog"])).host == "xeon-e5-2698v4"
+    timm = by_id["timm-infer-amp-nchw-pt240-cu124-rtx4090-resnet50-224"]  # host not stated
+    assert profile_for(timm, load_gpu(timm["gpu_catalog"])).host == ""

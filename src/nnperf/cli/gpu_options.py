@@ -21,6 +21,7 @@ import click
 
 from nnperf.errors import UsageError, shown
 from nnperf.hardware import GPU, DeviceProfile, default_profile, load_gpu, load_profile
+from nnperf.hardware.host import Host, load_host, with_host
 from nnperf.hardware.overrides import parse_set_values
 
 #: The GPU used when no GPU option is given.
@@ -48,6 +49,7 @@ class GpuRequest:
     set_values: tuple[str, ...] = ()
     profile_file: str | None = None
     with_profile: bool = True
+    host: str | None = None
 
     @property
     def given(self) -> bool:
@@ -56,7 +58,7 @@ class GpuRequest:
 
     def resolve(self, default: str | None = DEFAULT_GPU) -> list[GpuTarget]:
         return resolve_targets(self.names, self.gpu_file, self.set_values, self.profile_file,
-                               default=default, with_profile=self.with_profile)
+                               default=default, with_profile=self.with_profile, host=self.host)
 
 
 def split_gpus(text: str, option: str = "--gpus") -> tuple[str, ...]:
@@ -79,9 +81,11 @@ def resolve_targets(
     *,
     default: str | None = DEFAULT_GPU,
     with_profile: bool = True,
+    host: str | None = None,
 ) -> list[GpuTarget]:
     """The GPUs named (each by name or as the ``gpu_file`` GPU), with the ``--set`` what-ifs
-    applied to every one and the profile (``profile_file`` or the generic defaults) for each.
+    applied to every one and the profile (``profile_file`` or the generic defaults) for each,
+    its host costs moved to ``host`` (a CPU of ``hardware/hosts.toml``) if one is named.
 
     No name: the ``gpu_file`` GPU, else ``default``. A ``gpu_file`` that no name refers to is
     refused (it would be read and then ignored), and so is a GPU named twice.
@@ -105,19 +109,22 @@ def resolve_targets(
                 f"{'--gpus' if len(names) > 1 else '--gpu'} does not name; add '{file_gpu.id}' "
                 "or drop --gpu-file"
             )
+    chosen_host = load_host(host) if host is not None else None
     seen: dict[str, str | None] = {}
     for query, gpu in zip(queries, gpus, strict=True):
         if gpu.id in seen:
             raise UsageError(f"GPU '{gpu.id}' is named twice ({seen[gpu.id]} and {query}); "
                              "name each GPU once")
         seen[gpu.id] = query
-    return [GpuTarget(g, _profile(g, profile_file) if with_profile else None, q)
+    return [GpuTarget(g, _profile(g, profile_file, chosen_host) if with_profile else None, q)
             for q, g in zip(queries, gpus, strict=True)]
 
 
-def _profile(gpu: GPU, profile_file: str | Path | None) -> DeviceProfile:
-    """The efficiency constants: a measured profile file if given, else generic defaults."""
-    return load_profile(profile_file, gpu) if profile_file is not None else default_profile(gpu)
+def _profile(gpu: GPU, profile_file: str | Path | None, host: Host | None = None) -> DeviceProfile:
+    """The efficiency constants: a measured profile file if given, else generic defaults;
+    with ``host``, its dispatch costs rescaled to that CPU."""
+    profile = load_profile(profile_file, gpu) if profile_file is not None else default_profile(gpu)
+    return with_host(profile, host) if host is not None else profile
 
 
 def resolve_gpu(gpu: str | None, gpu_file: str | Path | None = None,
@@ -158,6 +165,7 @@ def gpu_options(
             set_values=tuple(kwargs.pop("set_values")),
             profile_file=kwargs.pop("profile_file", None) if profile else None,
             with_profile=profile,
+            host=kwargs.pop("host_name", None) if profile else None,
         )
         if not resolve:
             return fn(*args, gpu_request=request, **kwargs)
@@ -192,6 +200,10 @@ def gpu_options(
             "--profile", "profile_file", type=click.Path(),
             help="A device profile (efficiency constants) measured by 'nnperf calibrate', or a "
             "copy of the shipped default_profile.toml."))
+        options.append(click.option(
+            "--host", "host_name", metavar="CPU",
+            help="The host CPU eager PyTorch dispatches from, e.g. epyc-7742 or 'DGX A100' "
+            "(hardware/hosts.toml): host costs scale with its single-core clock."))
     for option in reversed(options):
         wrapper = option(wrapper)
     return wrapper

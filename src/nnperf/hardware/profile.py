@@ -72,6 +72,13 @@ class DeviceProfile:
     conv_relative_efficiency: float = 0.85
     host_view_s: float = 2e-6
     foreach_tensors_per_kernel: float = 48.0
+    # The single-core clock (GHz, datasheet max turbo) of the host the host_* costs describe:
+    # ``hardware.host.with_host`` rescales them to another CPU by the ratio of clocks.
+    host_turbo_ghz: float = 3.5
+    host: str = ""
+    # Forward dispatch cost per op category (a category missing uses host_dispatch_s);
+    # backward and optimizer ops keep their ratio to host_dispatch_s.
+    host_dispatch_by_kind_s: Mapping[str, float] = field(default_factory=dict, hash=False)
     tile_relative_efficiency: Mapping[str, float] = field(default_factory=dict, hash=False)
     ctas_per_sm: Mapping[str, int] = field(default_factory=dict, hash=False)
     alignment_penalty: Mapping[str, float] = field(default_factory=dict, hash=False)
@@ -111,6 +118,20 @@ class DeviceProfile:
         if nbytes <= 0:
             return 0.0
         return nbytes / self.achievable_bandwidth(peak_bytes_per_s, nbytes)
+
+    def host_cost(self, phase: str, kind: str | None = None) -> float:
+        """Host seconds to dispatch one kernel-launching op of category ``kind`` in ``phase``:
+        the kind's forward cost (if the profile has one) scaled like the phase's default."""
+        if phase == "backward":
+            base = self.host_dispatch_backward_s
+        elif phase == "optimizer":
+            base = self.host_dispatch_optimizer_s
+        else:
+            base = self.host_dispatch_s
+        by_kind = self.host_dispatch_by_kind_s.get(kind) if kind else None
+        if by_kind is None or not self.host_dispatch_s:
+            return base
+        return by_kind * base / self.host_dispatch_s
 
     def replace(self, **changes: Any) -> DeviceProfile:
         return dataclasses.replace(self, **changes)
@@ -157,9 +178,12 @@ _SCALARS = {
         "alignment_penalty",
         "bandwidth_curve",
         "gemm_efficiency",
+        "host_dispatch_by_kind_s",
     }
 }
-_TABLES = ("tile_relative_efficiency", "ctas_per_sm", "alignment_penalty")
+_TABLES = ("tile_relative_efficiency", "ctas_per_sm", "alignment_penalty", "host_dispatch_by_kind_s")
+#: The op categories a host dispatch cost may be given for (``host_dispatch_by_kind_s``).
+HOST_KINDS = ("gemm", "conv", "attention", "elementwise", "reduction", "norm", "memory", "optimizer")
 #: The alignment classes the GEMM model asks about (``kernels/gemm.py``).
 ALIGNMENT_CLASSES = ("16B", "128B")
 #: The sections of the shipped ``default_profile.toml``: generic values and per-architecture
@@ -192,7 +216,7 @@ def _apply(base: dict[str, Any], table: Mapping[str, Any], where: str) -> dict[s
     out = dict(base)
     for key, value in table.items():
         here = f"{where}: field '{key}'"
-        if key in ("gpu", "note"):
+        if key in ("gpu", "note", "host"):
             if not isinstance(value, str):
                 raise UsageError(f"{here} is {shown(value)}; expected a string")
             out[key] = value
@@ -208,6 +232,10 @@ def _apply(base: dict[str, Any], table: Mapping[str, Any], where: str) -> dict[s
                     if name not in ALIGNMENT_CLASSES:
                         raise UsageError(f"{here}: unknown alignment class {shown(name)}; "
                                          f"valid: {', '.join(ALIGNMENT_CLASSES)}")
+                elif key == "host_dispatch_by_kind_s":
+                    if name not in HOST_KINDS:
+                        raise UsageError(f"{here}: unknown op category {shown(name)}; "
+                                         f"valid: {', '.join(HOST_KINDS)}")
                 else:
                     _parse_tile(name)
                 _number(f"{here}.{name}", v, schema.PROFILE_RANGES[key])

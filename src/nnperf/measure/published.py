@@ -97,6 +97,20 @@ def workload(row: dict[str, Any]) -> Workload:
     )
 
 
+def profile_for(row: dict[str, Any], gpu: Any) -> Any:
+    """The default profile, with the host CPU of the system the row names ("A100 80GB (DGX
+    A100)": its datasheet CPU, ``hardware/hosts.toml``); rows naming no system keep the default host."""
+    from nnperf.hardware import default_profile
+    from nnperf.hardware.host import list_hosts, with_host
+
+    profile = default_profile(gpu)
+    text = str(row.get("gpu", ""))
+    for host in list_hosts().values():
+        if any(f"({system})" in text for system in host.systems):
+            return with_host(profile, host)
+    return profile
+
+
 def measured_step_s(row: dict[str, Any]) -> float:
     """Seconds per iteration of one GPU from the published throughput (samples/s)."""
     return int(row["batch"]) / float(row["value"])
@@ -126,13 +140,14 @@ class Predictor:
         from nnperf.prediction import predict_analysis
 
         gpu = load_gpu(row["gpu_catalog"])
+        profile = profile_for(row, gpu)
         if row["task"] == "gemm":
             return self._gemm_s(row, gpu)
         w = workload(row)
         timing = TimingOptions(tf32_matmul=w.tf32)  # convolutions: cuDNN's default, TF32 where it exists
 
         def time_with(optimizer: str) -> float:
-            return predict_analysis(self._analysis(w, optimizer), gpu, timing=timing).step.step_s
+            return predict_analysis(self._analysis(w, optimizer), gpu, profile=profile, timing=timing).step.step_s
 
         full = time_with(w.optimizer if w.train else "none")
         k = int(row.get("grad_accumulation") or 1)

@@ -280,14 +280,12 @@ def _bound(compute: float, memory: float, overhead: float) -> str:
     return "compute" if compute >= memory else "memory"
 
 
-def _host_cost(event: OpEvent, profile: DeviceProfile) -> float:
+def _host_cost(event: OpEvent, profile: DeviceProfile, kind: str | None) -> float:
+    """Host seconds to dispatch ``event``: a view's, or its category's in its phase (the
+    host's property: ``hardware.host``, ``host_dispatch_by_kind_s``)."""
     if event.free:
         return profile.host_view_s
-    if event.phase == "backward":
-        return profile.host_dispatch_backward_s
-    if event.phase == "optimizer":
-        return profile.host_dispatch_optimizer_s
-    return profile.host_dispatch_s
+    return profile.host_cost(event.phase, kind)
 
 
 def _syncs(event: OpEvent, trace: Trace) -> bool:
@@ -313,9 +311,10 @@ def simulate_step(
     ops: list[OpTime] = []
     slices: list[HostSlice] = []
     for event in trace.events:
-        cost = _host_cost(event, profile)
+        counted = count is not None and count.event is event
+        cost = _host_cost(event, profile, count.category if counted else None)
         issued = host
-        if count is None or count.event is not event:  # a view: host time only
+        if not counted:  # a view: host time only
             host += cost
             slices.append(HostSlice(event.index, event.name, event.module, event.phase, issued, host, False))
             continue

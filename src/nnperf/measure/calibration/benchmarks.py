@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.nn.functional as F
 
+from nnperf.measure.calibration.host_info import clock_under_load, cpu_max_ghz, cpu_model
 from nnperf.measure.calibration.plan import CONV_MODES, Plan
 from nnperf.measure.calibration.record import Calibration
 from nnperf.measure.device import device_name, synchronize, time_batched, time_repeats
@@ -41,6 +42,8 @@ def run_calibration(
     progress = progress or (lambda group, n: None)
     cal = result or new_calibration(device, quick=False)
     _matmuls(cal, device, plan, progress)
+    if device.type == "cuda":
+        _clock(cal, device, plan)
     _convs(cal, device, plan, progress)
     _conv_variants(cal, device, plan, progress)
     _bandwidths(cal, device, plan, progress)
@@ -60,7 +63,18 @@ def new_calibration(device: torch.device, quick: bool) -> Calibration:
         date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         torch_version=torch.__version__,
         threads=torch.get_num_threads(),
+        host_cpu=cpu_model(),
+        host_max_ghz=cpu_max_ghz(),
     )
+
+
+def _clock(cal: Calibration, device: torch.device, plan: Plan) -> None:
+    """The SM clock while the largest GEMM of the plan runs back to back (sustained load)."""
+    n = max(plan.gemm_sizes)
+    dtype = next((d for d in ("bf16", "fp16") if d in plan.gemm_dtypes), plan.gemm_dtypes[0])
+    a, b = _rand((n, n), TORCH_DTYPES[dtype], device), _rand((n, n), TORCH_DTYPES[dtype], device)
+    cal.clock_under_load_mhz = clock_under_load(lambda: torch.mm(a, b), lambda: synchronize(device),
+                                                device.index or 0, seconds=1.0 if cal.quick else 3.0)
 
 
 def _gemm_row(cal_rows: list, dtype: str, kind: str, a: torch.Tensor, b: torch.Tensor,

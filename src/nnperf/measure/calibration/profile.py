@@ -68,6 +68,13 @@ def build_profile(cal: Calibration, gpu: GPU | None) -> DeviceProfile:
             changes["host_dispatch_optimizer_s"] = host * base.host_dispatch_optimizer_s / base.host_dispatch_s
         if view:
             changes["host_view_s"] = view
+        by_kind = host_costs_by_category(cal)
+        if by_kind:
+            changes["host_dispatch_by_kind_s"] = by_kind
+    if cal.host_max_ghz:
+        changes["host_turbo_ghz"] = cal.host_max_ghz
+    if cal.host_cpu:
+        changes["host"] = cal.host_cpu
     conv = conv_relative_efficiency(cal)
     if conv:
         changes["conv_relative_efficiency"] = conv
@@ -76,6 +83,22 @@ def build_profile(cal: Calibration, gpu: GPU | None) -> DeviceProfile:
         f"({cal.device}), {cal.date}, torch {cal.torch_version}"
     )
     return dataclasses.replace(base, gpu=gpu.id if gpu else "cpu", note=note, **changes)
+
+
+#: The op category each dispatch-cost microbenchmark stands for (``plan.DISPATCH_KINDS``).
+DISPATCH_CATEGORY = {"add": "elementwise", "mul_": "elementwise", "mm": "gemm", "sum": "reduction",
+                     "softmax": "reduction", "layer_norm": "norm", "cat": "memory", "index_select": "memory"}
+
+
+def host_costs_by_category(cal: Calibration) -> dict[str, float]:
+    """Measured host seconds per op, per op category: the median over the kinds measured for
+    that category (a GPU calibration: the enqueue cost of one op of the kind)."""
+    by_category: dict[str, list[float]] = {}
+    for kind, spread in cal.overhead.get("host_per_op_by_kind_s", {}).items():
+        category = DISPATCH_CATEGORY.get(kind)
+        if category:
+            by_category.setdefault(category, []).append(spread["median"])
+    return {c: Spread.of(v).median for c, v in by_category.items()}
 
 
 def conv_relative_efficiency(cal: Calibration) -> float | None:
@@ -113,6 +136,10 @@ def measured_table(cal: Calibration) -> dict[str, Any]:
     for kind in dict.fromkeys(c["kind"] for c in cal.conv_variants):
         rates = [c["bytes_per_s"] for c in cal.conv_variants if c["kind"] == kind]
         out[f"conv_{kind}_best_gbs"] = max(rates) / 1e9
+    if cal.clock_under_load_mhz:
+        out["sm_clock_under_load_mhz"] = cal.clock_under_load_mhz["median"]
+    if cal.host_cpu:
+        out["host_cpu"] = cal.host_cpu
     for direction in ("h2d", "d2h"):
         for pinned in (False, True):
             rows = [t for t in cal.transfer if t["direction"] == direction and t["pinned"] == pinned]

@@ -29,6 +29,13 @@ class Calibration:
     bandwidth: list[dict[str, Any]] = field(default_factory=list)
     overhead: dict[str, Any] = field(default_factory=dict)
     transfer: list[dict[str, Any]] = field(default_factory=list)
+    # The host CPU the dispatch costs were measured on, and its maximum clock (GHz) as the
+    # kernel reports it (hardware/host.py rescales host costs by that clock).
+    host_cpu: str = ""
+    host_max_ghz: float | None = None
+    # SM clock (MHz) sampled while large GEMMs keep the GPU busy: the sustained clock the
+    # datasheet peak (quoted at boost) does not state.
+    clock_under_load_mhz: dict[str, Any] = field(default_factory=dict)
     complete: bool = False
 
     def to_json(self) -> dict[str, Any]:

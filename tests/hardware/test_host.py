@@ -1,0 +1,77 @@
+"""The host CPU as a property of the prediction: ``--host`` rescales dispatch costs by the
+single-core clock, per-category dispatch costs reach the timeline, bad names are one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from nnperf.analysis import analyze
+from nnperf.cli.app import cli
+from nnperf.errors import UsageError
+from nnperf.hardware import default_profile, load_gpu, load_profile
+from nnperf.hardware.host import list_hosts, load_host, with_host
+from nnperf.prediction import predict_analysis
+
+
+def test_hosts_have_a_clock_and_a_source():
+    hosts = list_hosts()
+    assert {"epyc-7742", "xeon-e5-2698v4", "xeon-8480c"} <= set(hosts)
+    assert all(h.turbo_ghz > 1 and h.source for h in hosts.values())
+
+
+def test_a_host_is_found_by_id_or_by_the_system_it_is_in():
+    assert load_host("DGX A100").id == "epyc-7742"  # NVIDIA DGX A100 datasheet: 2x EPYC 7742
+    assert load_host("DGX-1").id == "xeon-e5-2698v4"
+    with pytest.raises(UsageError, match="epyc-7742"):
+        load_host("epyc-7724")
+
+
+def test_host_costs_scale_with_the_single_core_clock():
+    base = default_profile(load_gpu("a100"))
+    moved = with_host(base, load_host("epyc-7742"))  # 3.4 GHz max boost (AMD)
+    ratio = 3.5 / 3.4  # the defaults describe a 3.5 GHz core
+    assert moved.host_dispatch_s == pytest.approx(base.host_dispatch_s * ratio)
+    assert moved.host_dispatch_backward_s == pytest.approx(base.host_dispatch_backward_s * ratio)
+    assert moved.host_view_s == pytest.approx(base.host_view_s * ratio)
+    again = with_host(moved, load_host("i9-11900k"))  # rescaled from 3.4 GHz, not from 3.5
+    assert again.host_dispatch_s == pytest.approx(base.host_dispatch_s * 3.5 / 5.3)
+
+
+def test_dispatch_cost_per_category_reaches_the_timeline(tmp_path):
+    gpu = load_gpu("a100")
+    analysis = analyze("mnist-cnn", batch=1)
+    base = default_profile(gpu)
+    path = tmp_path / "p.toml"
+    path.write_text("host_dispatch_by_kind_s = { conv = 5e-5 }\n")
+    conv_heavy = load_profile(path, gpu)
+    before = predict_analysis(analysis, gpu, profile=base).step.host_s
+    after = predict_analysis(analysis, gpu, profile=conv_heavy).step.host_s
+    events = [e for e in analysis.trace.events if e.name.startswith("aten.convolution")]
+    forward = sum(e.phase == "forward" for e in events)
+    backward = sum(e.phase == "backward" for e in events)
+    assert forward == 2 and backward == 2  # mnist-cnn: two convolutions
+    extra = forward * (5e-5 - base.host_dispatch_s) + backward * (5e-5 - base.host_dispatch_s) * 1.5
+    assert after - before == pytest.approx(extra, rel=1e-9)
+
+
+def test_unknown_category_in_a_profile_is_one_line(tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text("host_dispatch_by_kind_s = { convolution = 5e-5 }\n")
+    with pytest.raises(UsageError, match="unknown op category 'convolution'; valid: gemm, conv"):
+        load_profile(path, load_gpu("a100"))
+
+
+def test_predict_host_option():
+    def host_s(*extra):
+        r = CliRunner().invoke(cli, ["predict", "mnist-cnn", "--batch", "1", "--gpu", "a100", "--json", *extra])
+        assert r.exit_code == 0, r.output
+        return json.loads(r.output)["totals"]["host_s"]
+
+    # host_s also holds the launches of multi-kernel ops, which do not scale: ratio within 1%
+    default, desktop = host_s(), host_s("--host", "i9-11900k")
+    assert desktop < default and desktop / default == pytest.approx(3.5 / 5.3, rel=0.01)
+    r = CliRunner().invoke(cli, ["predict", "mnist-cnn", "--gpu", "a100", "--host", "pentium"])
+    assert r.exit_code == 2 and "unknown host 'pentium'" in r.output and "Traceback" not in r.output

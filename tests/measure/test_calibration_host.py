@@ -1,0 +1,58 @@
+"""What calibrate records beside the kernels: the host CPU (its dispatch cost per op category
+and clock) and the GPU's SM clock under sustained load."""
+
+from __future__ import annotations
+
+import pytest
+
+from nnperf.hardware import load_gpu
+from nnperf.measure.calibration import Calibration, host_info
+from nnperf.measure.calibration.profile import build_profile, host_costs_by_category, measured_table
+
+
+def _cal(**extra) -> Calibration:
+    return Calibration(device="cuda:0", device_name="x", quick=True, date="d", torch_version="t", threads=1,
+                       **extra)
+
+
+def _spread(median: float) -> dict[str, float]:
+    return {"median": median, "p10": median, "p90": median, "n": 3}
+
+
+def test_measured_kinds_become_category_costs():
+    cal = _cal()
+    cal.overhead["host_per_op_by_kind_s"] = {
+        "add": _spread(6e-6), "mul_": _spread(8e-6), "mm": _spread(9e-6), "layer_norm": _spread(12e-6),
+        "cat": _spread(10e-6), "index_select": _spread(14e-6), "sum": _spread(7e-6), "softmax": _spread(9e-6)}
+    by = host_costs_by_category(cal)
+    assert by == pytest.approx({"elementwise": 7e-6, "gemm": 9e-6, "norm": 12e-6, "memory": 12e-6,
+                                "reduction": 8e-6})
+    cal.host_cpu, cal.host_max_ghz = "AMD EPYC 7742 64-Core Processor", 3.4
+    profile = build_profile(cal, load_gpu("a100"))
+    assert profile.host_dispatch_by_kind_s == pytest.approx(by)
+    assert profile.host_turbo_ghz == 3.4 and profile.host.startswith("AMD EPYC 7742")
+    assert profile.host_cost("forward", "norm") == pytest.approx(12e-6)
+    assert profile.host_cost("forward", "conv") == profile.host_dispatch_s  # not measured: default
+
+
+def test_clock_under_load_is_sampled_while_the_work_runs(monkeypatch):
+    clocks = [1410.0, 1350.0, 1290.0, 1305.0]
+    monkeypatch.setattr(host_info, "sm_clock_mhz", lambda index: clocks[len(calls) // 8 % 4])
+    calls = []
+    got = host_info.clock_under_load(lambda: calls.append(1), lambda: None, 0, seconds=0.01)
+    assert got["samples"] >= 1 and len(calls) == 8 * got["samples"]
+    seen = [clocks[i % 4] for i in range(1, got["samples"] + 1)]  # read after each 8 calls
+    assert (got["min"], got["max"]) == (min(seen), max(seen))
+    cal = _cal(clock_under_load_mhz={"median": 1305.0, "min": 1290.0, "max": 1410.0})
+    assert measured_table(cal)["sm_clock_under_load_mhz"] == 1305.0
+
+
+def test_no_clock_reader_records_nothing(monkeypatch):
+    monkeypatch.setattr(host_info, "sm_clock_mhz", lambda index: None)
+    assert host_info.clock_under_load(lambda: None, lambda: None, 0, seconds=0.01) == {}
+
+
+def test_this_host_is_described():
+    assert host_info.cpu_model()
+    ghz = host_info.cpu_max_ghz()
+    assert ghz is None or 0.1 < ghz < 10
