@@ -101,6 +101,7 @@ class Analysis:
             "optimizer": self.options.optimizer if self.options.train else None,
             "optimizer_impl": self.options.optimizer_impl if self.options.train else None,
             "inputs": shapes,
+            **({"channels_last": True} if self.options.channels_last else {}),
             **self.workload.info,
         }
 
@@ -167,6 +168,7 @@ def analyze(
     loss_fn: LossFn | None = None,
     input_spec: InputSpec | None = None,
     real: bool = False,
+    channels_last: bool = False,
     **overrides: Any,
 ) -> Analysis:
     """Trace one step of ``model`` on fake tensors and count it.
@@ -187,7 +189,7 @@ def analyze(
     )
     options = TraceOptions(
         train=train, optimizer=optimizer, optimizer_impl=optimizer_impl, dtype=dtype, amp=amp,
-        real=real,
+        real=real, channels_last=channels_last,
     )
     return analyze_request(request, options)
 

@@ -59,3 +59,45 @@ def test_pointwise_stays_an_implicit_gemm(prediction):
     pw = _ops(prediction, "pw")["forward"]
     assert [(g.gemm.m, g.gemm.n, g.gemm.k) for g in pw.gemms] == [(32 * 56 * 56, 64, 64)]
     assert pw.math == "tf32"  # cuDNN's default for fp32 convolutions on Ampere
+
+
+class Dense(nn.Module):
+    """Two 3x3 convolutions (the second's input needs a gradient, so both gradients run)."""
+
+    def __init__(self, c: int = 64) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.b = nn.Conv2d(c, c, 3, padding=1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x))
+
+
+def _dense(gpu: str, channels_last: bool, amp: str | None = "fp16"):
+    analysis = analyze(Dense(), torch.randn(32, 64, 56, 56), train=True, optimizer="none", amp=amp,
+                       channels_last=channels_last)
+    return {(t.module, t.phase): t for t in predict_analysis(analysis, load_gpu(gpu)).step.ops
+            if t.category == "conv"}
+
+
+def test_nchw_tensor_core_convolutions_pay_the_layout_transposes():
+    gpu = load_gpu("a100-80gb-sxm")
+    profile = default_profile(gpu)
+    nchw, nhwc = _dense("a100-80gb-sxm", False), _dense("a100-80gb-sxm", True)
+    act, weight = 32 * 64 * 56 * 56 * 2, 64 * 64 * 3 * 3 * 2  # fp16 under autocast
+
+    def moved(*sizes: int) -> float:
+        return sum(profile.memory_time(gpu.memory_bandwidth, 2 * s) + profile.kernel_overhead_s for s in sizes)
+
+    fwd, fwd_cl = nchw[("b", "forward")], nhwc[("b", "forward")]
+    assert fwd_cl.kernels == 1 and fwd.kernels == 3  # input and filter in; the kernel writes NCHW
+    assert fwd.kernel_s - fwd_cl.kernel_s == pytest.approx(moved(act, weight), rel=1e-9)
+    bwd, bwd_cl = nchw[("b", "backward")], nhwc[("b", "backward")]
+    # output gradient in; filter in and input gradient back; input in and filter gradient back
+    assert bwd.kernels - bwd_cl.kernels == 5
+    assert bwd.kernel_s - bwd_cl.kernel_s == pytest.approx(moved(act, weight, act, act, weight), rel=1e-9)
+
+
+def test_cuda_core_convolutions_run_nchw_natively():
+    fp32 = _dense("v100-sxm2", False, amp=None)  # V100 has no TF32: fp32 on CUDA cores
+    assert fp32[("b", "forward")].math == "fp32" and fp32[("b", "forward")].kernels == 1

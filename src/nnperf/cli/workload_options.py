@@ -15,7 +15,7 @@ from nnperf.trace.options import AMP_DTYPES, DTYPES, OPTIMIZER_IMPLS, OPTIMIZERS
 
 _WORKLOAD_KEYS = (
     "model", "batch", "seq", "train", "dtype", "amp", "grad_scaler", "optimizer", "optimizer_impl",
-    "input_shape", "input_dtype", "tokens", "vocab", "real", "model_opt",
+    "input_shape", "input_dtype", "tokens", "vocab", "real", "model_opt", "channels_last",
 )
 
 
@@ -43,6 +43,9 @@ def workload_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                           "factories make their own inputs: cast those with --dtype."),
         click.option("--tokens", help="Token-id input B,T for a bare language model."),
         click.option("--vocab", type=LimitedInt("vocab"), help="Vocabulary size for --tokens (default 32000)."),
+        click.option("--channels-last", is_flag=True,
+                     help="Weights and 4-D inputs in torch.channels_last (NHWC) memory format, as "
+                          "model.to(memory_format=torch.channels_last) does (CNNs)."),
         click.option("--real", is_flag=True,
                      help="Trace on real CPU tensors (for models whose shapes depend on data)."),
         click.option("--model-opt", "-O", multiple=True, metavar="KEY=VALUE",
@@ -77,6 +80,7 @@ def pop_workload(kwargs: dict[str, Any]) -> tuple[ModelRequest, TraceOptions]:
         amp=opts["amp"],
         grad_scaler=opts["grad_scaler"],
         real=opts["real"],
+        channels_last=opts["channels_last"],
     )
     return request, options
 

@@ -43,6 +43,7 @@ class Workload:
     dtype: str | None
     tf32: bool
     optimizer: str
+    channels_last: bool = False
 
 
 def load_rows(folder: str | Path) -> list[dict[str, Any]]:
@@ -94,6 +95,7 @@ def workload(row: dict[str, Any]) -> Workload:
         dtype=precision if precision in ("fp16", "bf16") else None,
         tf32=precision == "tf32",
         optimizer=OPTIMIZERS.get(optimizer, "sgd-momentum"),
+        channels_last="channels_last" in row.get("extras", ()),
     )
 
 
@@ -129,7 +131,7 @@ class Predictor:
         if key not in self._analyses:
             options = {"image_size": w.image_size} if w.image_size and w.image_size != 224 else {}
             self._analyses[key] = analyze(w.model, batch=w.batch, train=w.train, amp=w.amp, dtype=w.dtype,
-                                          optimizer=optimizer, **options)
+                                          optimizer=optimizer, channels_last=w.channels_last, **options)
         return self._analyses[key]
 
     def step_s(self, row: dict[str, Any]) -> float:

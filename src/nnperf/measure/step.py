@@ -22,7 +22,7 @@ from torch.utils._pytree import tree_flatten
 from nnperf.trace.grad_scaler import TracedGradScaler
 from nnperf.trace.options import DTYPES, TraceOptions
 from nnperf.trace.rebind import rebind_tensors
-from nnperf.trace.step import Step
+from nnperf.trace.step import Step, to_channels_last
 from nnperf.workload import Workload, default_loss
 
 
@@ -82,6 +82,8 @@ def build_step(build: Callable[[], Workload], options: TraceOptions, device: tor
     model = rebind_tensors(workload.model, device=device, dtype=dtype)
     workload.model = model
     workload.inputs = _to_device(tuple(workload.inputs), device, dtype)
+    if options.channels_last:
+        workload.inputs = to_channels_last(model, workload.inputs)
     loss_fn = workload.loss_fn or default_loss
     # Loss functions built by the zoo may hold target tensors created on the CPU.
     if isinstance(loss_fn, nn.Module):

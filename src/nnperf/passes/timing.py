@@ -28,7 +28,7 @@ from typing import Any
 from nnperf.hardware import GPU, DeviceProfile
 from nnperf.kernels.gemm import GemmEstimate, estimate_gemm
 from nnperf.passes.costs import registry as cat
-from nnperf.passes.costs.matmul import is_depthwise
+from nnperf.passes.costs.matmul import is_depthwise, nchw_transposes
 from nnperf.passes.count import OpCount
 from nnperf.passes.gemms import Gemm, operand_dtype
 from nnperf.trace.events import KIND_OPT_STATE, OpEvent, Trace, dtype_name
@@ -71,6 +71,7 @@ class OpTime:
     model_compute_s: float = 0.0
     model_memory_s: float = 0.0
     overhead_s: float = 0.0  # per-kernel launch overhead, the third term ``bound`` weighs
+    layout_s: float = 0.0  # NCHW<->NHWC transposes around a tensor-core convolution (memory-bound)
     start_s: float = 0.0
     end_s: float = 0.0
     idle_before_s: float = 0.0  # device idle waiting for the host to issue this op
@@ -187,18 +188,28 @@ class KernelModel:
             memory = count.bytes / self.gpu.memory_bandwidth
             model_memory = self.profile.memory_time(self.gpu.memory_bandwidth, count.bytes)
             reduction = sum(e.reduction_s for e in ests)
-            kernel = max(model_compute, model_memory) + reduction + overhead
+            # tensor-core kernels are NHWC: NCHW tensors are transposed in and out, each a
+            # read and a write at the achievable bandwidth, one kernel each
+            # (memory traffic of their own, reported in the modeled memory term)
+            moved = nchw_transposes(count.event) if ests and ests[0].math_unit == "tensor" else []
+            transposes = len(moved)
+            overhead += transposes * self.profile.kernel_overhead_s
+            layout_s = sum(self.profile.memory_time(self.gpu.memory_bandwidth, 2 * b) for b in moved)
+            kernel = max(model_compute, model_memory) + reduction + layout_s + overhead
+            model_memory += layout_s
         else:
+            transposes, layout_s = 0, 0.0
             memory = sum(e.memory_s for e in ests)
             model_compute = sum(e.model_compute_s for e in ests)
             model_memory = sum(e.model_memory_s for e in ests)
             kernel = sum(e.time_s for e in ests)
         bound = _bound(model_compute, model_memory, overhead)
         return OpTime(
-            kernels=len(ests), kernel_s=kernel, compute_s=compute, memory_s=memory,
+            kernels=len(ests) + transposes, kernel_s=kernel, compute_s=compute, memory_s=memory,
             peak_flops=ests[0].peak_flops if ests else 0.0, bound=bound, gemms=gemms,
             math=ests[0].rate_dtype if ests else "",
-            model_compute_s=model_compute, model_memory_s=model_memory, overhead_s=overhead, **base,
+            model_compute_s=model_compute, model_memory_s=model_memory, overhead_s=overhead,
+            layout_s=layout_s, **base,
         )
 
     def _direct_conv(self, count: OpCount, base: dict[str, Any]) -> OpTime:
@@ -343,8 +354,9 @@ def simulate_step(
         bound = "host"
     else:
         kernel_by_bound: dict[str, float] = {}
-        for t in ops:
-            kernel_by_bound[t.kernel_bound] = kernel_by_bound.get(t.kernel_bound, 0.0) + t.kernel_s
+        for t in ops:  # a convolution's layout transposes are memory time whatever its bound
+            kernel_by_bound[t.kernel_bound] = kernel_by_bound.get(t.kernel_bound, 0.0) + t.kernel_s - t.layout_s
+            kernel_by_bound["memory"] = kernel_by_bound.get("memory", 0.0) + t.layout_s
         kernel_by_bound.pop("none", None)
         bound = max(kernel_by_bound, key=kernel_by_bound.get) if kernel_by_bound else "host"
     return StepTime(ops=ops, step_s=step, host_s=host, device_busy_s=busy, bound=bound, host_slices=slices)

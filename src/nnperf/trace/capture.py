@@ -41,7 +41,7 @@ from nnperf.trace.grad_scaler import GRAD_SCALER_MODULE, TracedGradScaler
 from nnperf.trace.options import DTYPES, TraceOptions
 from nnperf.trace.rebind import rebind_tensors
 from nnperf.trace.recorder import GraphLabeler, ModuleStack, OpRecorder
-from nnperf.trace.step import Step, StepWatch
+from nnperf.trace.step import Step, StepWatch, to_channels_last
 from nnperf.workload import Workload, default_loss
 
 
@@ -55,6 +55,8 @@ def trace_workload(build: Callable[[], Workload], options: TraceOptions) -> tupl
         restore = _swap_in_private_copies(workload, fake_mode)
         try:
             workload = _cast(workload, options.dtype)
+            if options.channels_last:
+                workload.inputs = to_channels_last(workload.model, tuple(workload.inputs))
             # "cpu" is the fake device; the trace ends after the optimizer (no zero_grad)
             step = Step.of(workload.model, workload.inputs, workload.loss_fn or default_loss,
                            options, zero_grad=False)

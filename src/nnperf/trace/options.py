@@ -37,6 +37,10 @@ class TraceOptions:
     # default of a real loop, on for --amp fp16 training (fp16 gradients underflow without
     # it); bf16 has fp32's range and nobody scales it. False: fp16 training without a scaler.
     grad_scaler: bool | None = None
+    # torch.channels_last memory format for the model's 4-D weights and inputs (NHWC in
+    # memory): PyTorch then keeps CNN activations channels_last, and cuDNN's tensor-core
+    # convolutions run without the NCHW<->NHWC transposes they need on NCHW tensors.
+    channels_last: bool = False
 
     def uses_grad_scaler(self) -> bool:
         """Whether the step runs a GradScaler (``grad_scaler`` resolved)."""

@@ -32,12 +32,25 @@ from torch import nn
 
 from nnperf.trace.grad_scaler import TracedGradScaler
 from nnperf.trace.options import AMP_DTYPES, TraceOptions
+from nnperf.trace.rebind import rebind_tensors
 
 #: The optimizers' hyper-parameters: they change no op or tensor, only values.
 _LEARNING_RATE = {"adamw": 1e-3, "adam": 1e-3, "sgd": 1e-2, "sgd-momentum": 1e-2}
 _IMPLEMENTATIONS: dict[str, dict[str, bool]] = {
     "foreach": {"foreach": True}, "single": {"foreach": False}, "fused": {"fused": True},
 }
+
+
+def to_channels_last(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``model.to(memory_format=torch.channels_last)`` and the same for 4-D floating inputs,
+    as PyTorch's channels_last recipe does; the model is changed in place (its tensors rebound,
+    which works on fake tensors too), the inputs returned."""
+    rebind_tensors(model, memory_format=torch.channels_last)
+    return tuple(
+        t.contiguous(memory_format=torch.channels_last)
+        if isinstance(t, torch.Tensor) and t.dim() == 4 and t.is_floating_point() else t
+        for t in inputs
+    )
 
 
 def make_optimizer(model: nn.Module, options: TraceOptions) -> torch.optim.Optimizer | None:

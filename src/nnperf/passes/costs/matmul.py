@@ -139,6 +139,47 @@ def is_depthwise(event: OpEvent) -> bool:
 
 _CONVOLUTIONS = ("aten.convolution", "aten._convolution", "aten.convolution_backward")
 
+
+def channels_last(t: TensorMeta) -> bool:
+    """A 4-D tensor laid out NHWC in memory (``torch.channels_last``): its channel stride is 1."""
+    return len(t.shape) == 4 and t.shape[1] > 1 and t.stride[1] == 1
+
+
+def nchw_transposes(event: OpEvent) -> list[int]:
+    """Bytes of each tensor cuDNN transposes around a tensor-core convolution of NCHW tensors.
+
+    Tensor-core convolutions run natively in NHWC: "the NCHW tensor must be transposed to NHWC
+    before the convolution" (NVIDIA's channels_last diagram as documented in MosaicML Composer's
+    "Channels Last" method card; cuDNN "can internally transpose your NCHW data to NHWC if a
+    faster kernel can be found", ptrblck, discuss.pytorch.org/t/123686). Which tensors, from the
+    kernel names in public Nsight Systems listings of PyTorch NCHW TF32/fp16 convolutions on
+    A100 (cuDNN 8/9): ``nchwToNhwcKernel`` runs on the input and the filter, the forward kernel
+    ``sm80_xmma_fprop_implicit_gemm_..._nhwckrsc_nchw_...`` writes its output in NCHW itself;
+    data-gradient kernels ``..._dgrad_..._nhwckrsc_nhwc_...`` write NHWC, which
+    ``nhwcToNchwKernel`` turns back. So: forward, input and filter; backward, the output
+    gradient, then the filter and the input gradient back (data gradient) and the input and
+    the filter gradient back (weight gradient). Empty when the input is channels_last (PyTorch
+    hands cuDNN NHWC tensors) or not 4-D."""
+    if event.name == "aten.convolution_backward":
+        grad_out, x, w = event.args[0], event.args[1], event.args[2]
+        if not _nchw(x):
+            return []
+        mask = event.args[10]
+        out = [grad_out.nbytes]
+        if mask[0]:
+            out += [w.nbytes, x.nbytes]  # filter in, input gradient back
+        if mask[1]:
+            out += [x.nbytes, w.nbytes]  # input in, filter gradient back
+        return out
+    x, w = event.args[0], event.args[1]
+    if not _nchw(x):
+        return []
+    return [x.nbytes, w.nbytes]
+
+
+def _nchw(t: object) -> bool:
+    return isinstance(t, TensorMeta) and len(t.shape) == 4 and t.shape[1] > 1 and not channels_last(t)
+
 _SHAPES = {
     "aten.mm": _mm,
     "aten.addmm": _mm,
