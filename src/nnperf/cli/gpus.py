@@ -83,6 +83,7 @@ def _detail_table(g: GPU) -> Table:
         ("SMs (CUs on AMD)", str(g.sm_count)),
         ("boost clock", f"{g.boost_clock_mhz:g} MHz"),
         ("tensor peaks quoted at", f"{_tf(g.tensor_clock_mhz)} MHz"),
+        ("sustained clock (peaks scaled to it)", f"{_tf(g.sustained_clock_mhz)} MHz"),
     ]
     for unit, rates in (("tensor", g.tensor_tflops), ("cuda", g.cuda_tflops)):
         for dtype, value in rates.items():

@@ -83,6 +83,10 @@ class GPU:
     aliases: tuple[str, ...] = ()
     compute_capability: str | None = None
     tensor_clock_mhz: float | None = None
+    # The clock the card holds under sustained load, where a measurement is published: the
+    # datasheet peaks assume the clock they are quoted at, which power-limited cards do not
+    # hold and consumer cards exceed (GPU Boost). None: the quoted clock.
+    sustained_clock_mhz: float | None = None
     l2_mb: float | None = None
     cuda_total_mib: float | None = None
     host_link: HostLink | None = None
@@ -140,6 +144,15 @@ class GPU:
         return [d for d in schema.COMPUTE_DTYPES if d in have]
 
     # ---- peak rates ---------------------------------------------------------------------
+    def clock_scale(self, unit: str) -> float:
+        """Sustained clock over the clock the datasheet peak of ``unit`` is quoted at (tensor
+        peaks at ``tensor_clock_mhz`` where given, CUDA-core peaks at the boost clock); 1 when
+        no sustained clock is known."""
+        if not self.sustained_clock_mhz:
+            return 1.0
+        quoted = (self.tensor_clock_mhz or self.boost_clock_mhz) if unit == "tensor" else self.boost_clock_mhz
+        return self.sustained_clock_mhz / quoted
+
     def peak(self, dtype: str, *, tensor_cores: bool = True, fallback: bool = False) -> PeakRate:
         """The peak of ``dtype``: tensor/matrix units when present (and allowed), else CUDA cores.
 
@@ -151,10 +164,10 @@ class GPU:
         d = requested
         while True:
             if tensor_cores and d in self.tensor_tflops:
-                rate = PeakRate(self.tensor_tflops[d] * 1e12, "tensor", d, requested)
+                rate = PeakRate(self.tensor_tflops[d] * 1e12 * self.clock_scale("tensor"), "tensor", d, requested)
                 break
             if d in self.cuda_tflops:
-                rate = PeakRate(self.cuda_tflops[d] * 1e12, "cuda", d, requested)
+                rate = PeakRate(self.cuda_tflops[d] * 1e12 * self.clock_scale("cuda"), "cuda", d, requested)
                 break
             if not fallback or d not in FALLBACK:
                 units = "" if tensor_cores else "CUDA-core "
@@ -214,6 +227,10 @@ class GPU:
 # ---- loading ----------------------------------------------------------------------------
 def _build(raw: dict[str, Any], gpu_id: str, origin: str, applied: tuple[str, ...] = ()) -> GPU:
     kwargs = schema.validate(raw, origin)
+    if kwargs.get("sustained_clock_mhz") and "sustained_clock" not in kwargs.get("sources", {}) \
+            and not any(a.startswith("sustained_clock_mhz=") for a in applied):
+        raise UsageError(f"{origin}: sustained_clock_mhz needs its measurement named in "
+                         "[sources] sustained_clock = \"...\"")
     kwargs.pop("id", None)
     link = kwargs.pop("host_link", None)
     return GPU(

@@ -49,6 +49,8 @@ SCALAR_FIELDS: dict[str, tuple[str, bool, str]] = {
     "sm_count": ("int", True, "a positive number of SMs (CUs on AMD)"),
     "boost_clock_mhz": ("float", True, "a positive clock in MHz"),
     "tensor_clock_mhz": ("float", False, "the positive clock (MHz) tensor peaks are quoted at"),
+    "sustained_clock_mhz": ("float", False, "the SM clock (MHz) measured under sustained load; "
+                            "peaks are scaled to it (needs [sources] sustained_clock)"),
     "memory_gib": ("float", True, "a positive capacity in GiB"),
     "cuda_total_mib": ("float", False, "the memory CUDA reports (torch total_memory) in MiB"),
     "memory_type": ("str", True, "e.g. 'HBM3'"),
@@ -113,6 +115,7 @@ GPU_RANGES: dict[str, Range] = {
     "sm_count": Range(1, 100_000, integer=True, low_closed=True),
     "boost_clock_mhz": Range(0, 100_000),
     "tensor_clock_mhz": Range(0, 100_000),
+    "sustained_clock_mhz": Range(0, 100_000),
     "memory_gib": Range(0, 2**20),  # 1 PiB: a device description of a big host fits
     "cuda_total_mib": Range(0, 2**30),
     "memory_bandwidth_gbs": Range(0, 1e6),  # 1 PB/s; H200: 4,800
