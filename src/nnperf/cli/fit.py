@@ -10,7 +10,7 @@ import click
 from nnperf.cli.app import cli
 from nnperf.cli.gpu_options import gpu_options
 from nnperf.cli.limits import LimitedInt
-from nnperf.cli.memory import memory_options_from, memory_step_options
+from nnperf.cli.memory import context_mib_of, memory_options_from, memory_step_options
 from nnperf.cli.workload_options import pop_workload, workload_options
 from nnperf.errors import ResourceError, UsageError
 from nnperf.hardware import GPU
@@ -47,7 +47,7 @@ def fit(gpu: GPU, **kwargs: Any) -> None:
         )
     options = memory_options_from(trace_options, kwargs)
     results = run_fit(request, gpu, options, include_what_ifs=not kwargs["no_what_ifs"],
-                      context_mib=kwargs["context_mib"], max_batch=kwargs["max_batch"])
+                      context_mib=context_mib_of(gpu, kwargs), max_batch=kwargs["max_batch"])
     name = results[0].at_one.model
     if kwargs["as_json"]:
         click.echo(json.dumps({"model": name, "gpu": gpu.id, "capacity": capacity(gpu),

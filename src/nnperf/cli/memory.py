@@ -36,9 +36,21 @@ def memory_step_options(fn):
                      help="Activation checkpointing of every repeated block (layers, residual blocks)."),
         click.option("--context-mib", type=LimitedFloat(CONTEXT_MIB),
                      help="Measured CUDA context size (MiB) instead of the per-architecture estimate."),
+        click.option("--cuda-version", metavar="MAJOR.MINOR",
+                     help="CUDA of the target stack: before 11.7 there is no lazy module loading "
+                          "and the context holds every kernel (>1 GiB); default: a current stack."),
     ]):
         fn = option(fn)
     return fn
+
+
+def context_mib_of(gpu: GPU, kwargs: dict[str, Any]) -> float | None:
+    """``--context-mib`` if given, else the architecture's context under ``--cuda-version``
+    (None: the memory model's own per-architecture estimate)."""
+    cuda = kwargs.pop("cuda_version", None)
+    if kwargs["context_mib"] is not None or cuda is None:
+        return kwargs["context_mib"]
+    return gpu.arch.context_mib_at(cuda)
 
 
 @cli.command()
@@ -65,7 +77,7 @@ def memory(gpu: GPU, **kwargs: Any) -> None:
     options = memory_options_from(trace_options, kwargs)
     name, trace, workload = trace_memory(request, options)
     report = predict_memory(trace, model=name, architecture=gpu.architecture,
-                            context_mib=kwargs["context_mib"],
+                            context_mib=context_mib_of(gpu, kwargs),
                             max_points=kwargs["timeline_points"] or len(trace.events) + 1)
     report.config = {"batch": workload.samples, "gpu": gpu.id, "options": options.describe(),
                      "micro_batches": options.grad_accum}

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nnperf.errors import UsageError, shown
+
 KIB = 1024
 MIB = 1024 * KIB
 
@@ -27,11 +29,16 @@ class Architecture:
     """One GPU architecture as the time and memory models see it."""
 
     name: str
-    #: CUDA context, MiB. nnperf's defaults for CUDA 12 with lazy module loading
-    #: (``CUDA_MODULE_LOADING=LAZY``, the default since CUDA 11.7) and PyTorch's kernels; it
-    #: grows with the number of kernels actually loaded. Unverified against measurements:
-    #: override with ``--context-mib`` once measured on the target machine (``nvidia-smi``
-    #: used memory minus ``torch.cuda.memory_reserved()`` after a warm step).
+    #: CUDA context, MiB, with lazy module loading (``CUDA_MODULE_LOADING=LAZY``: CUDA 11.7+,
+    #: which PyTorch 1.13+ sets when the user has not): only the kernels used get loaded, so it
+    #: grows with them. Published readings: ~300 MB "small compared to previous releases"
+    #: (ptrblck, pytorch/pytorch#107667), "around 400MB if CUDA >= 11.7 is used and lazy module
+    #: loading enabled" (ptrblck, #109888), 426 MiB on an RTX 6000 Ada with PyTorch 2.10 +
+    #: CUDA 13.0 before any cuBLAS/cuDNN call (unslothai/unsloth-zoo#1053), 274 MiB lazy vs
+    #: 636 MiB eager for PyTorch's own kernels (pytorch/pytorch#86509). The per-architecture
+    #: values below sit in that range plus cuBLAS/cuDNN kernels (assumption); ``context_mib_at``
+    #: gives the size without lazy loading. Override with ``--context-mib`` once measured
+    #: (``nvidia-smi`` used memory minus ``torch.cuda.memory_reserved()`` after a warm step).
     context_mib: int
     #: cuBLAS workspace per thread that runs GEMMs (see the constants above).
     cublas_workspace_bytes: int = CUBLAS_WORKSPACE_DEFAULT
@@ -39,6 +46,32 @@ class Architecture:
     #: (A100 and later: NVIDIA's "Matrix Multiplication Background User's Guide", and
     #: background.md point 2).
     prefers_128_byte_alignment: bool = False
+
+    def context_mib_at(self, cuda_version: str | None) -> int:
+        """The context under CUDA ``cuda_version`` ("11.3", "12.4"; None: a current stack,
+        lazy). Before 11.7 every kernel of PyTorch, cuBLAS and cuDNN is loaded when the
+        context is created: at least ``EAGER_CONTEXT_MIB``."""
+        if cuda_version is None or lazy_loading(cuda_version):
+            return self.context_mib
+        return max(self.context_mib, EAGER_CONTEXT_MIB)
+
+
+#: CUDA 11.7 introduced lazy module loading (CUDA C++ Programming Guide, "Lazy Loading"), and
+#: PyTorch turns it on by default from 1.13 (pytorch/pytorch#86509).
+LAZY_LOADING_SINCE = (11, 7)
+#: The context without lazy loading: "Before CUDA 11.7, *all* kernels were loaded into the
+#: context once the library was loaded, which took >1000MB" (ptrblck, pytorch/pytorch#107667);
+#: cuDNN v7's handle alone took 750 MB on a GTX 1070 (pytorch/pytorch#12873). The lower bound
+#: of those readings; an eager CUDA 11 context with cuDNN 8 can be larger (measure it).
+EAGER_CONTEXT_MIB = 1024
+
+
+def lazy_loading(cuda_version: str) -> bool:
+    """Whether CUDA ``cuda_version`` ("MAJOR.MINOR") loads modules lazily (11.7 and later)."""
+    parts = cuda_version.strip().split(".")
+    if len(parts) < 2 or not all(p.isdigit() for p in parts[:2]):
+        raise UsageError(f"CUDA version {shown(cuda_version)} is not MAJOR.MINOR, e.g. 11.3 or 12.4")
+    return (int(parts[0]), int(parts[1])) >= LAZY_LOADING_SINCE
 
 
 ARCHITECTURES: dict[str, Architecture] = {
