@@ -9,6 +9,7 @@ from torch import nn
 
 from nnperf.analysis import analyze
 from nnperf.hardware import default_profile, load_gpu
+from nnperf.passes.costs.matmul import winograd_fraction
 from nnperf.prediction import predict_analysis
 
 
@@ -101,3 +102,41 @@ def test_nchw_tensor_core_convolutions_pay_the_layout_transposes():
 def test_cuda_core_convolutions_run_nchw_natively():
     fp32 = _dense("v100-sxm2", False, amp=None)  # V100 has no TF32: fp32 on CUDA cores
     assert fp32[("b", "forward")].math == "fp32" and fp32[("b", "forward")].kernels == 1
+
+
+def test_winograd_multiplies_by_hand():
+    a = analyze(Dense(), torch.randn(2, 64, 56, 56), train=True, optimizer="none")
+    fwd = next(e for e in a.trace.events if e.name == "aten.convolution")
+    bwd = next(e for e in a.trace.events if e.name == "aten.convolution_backward")
+    # F(2x2,3x3): 16 multiplies per 2x2 tile against 4 x 9 direct: 28*28 tiles on 56x56
+    assert winograd_fraction(fwd) == pytest.approx(16 * 28 * 28 / (9 * 56 * 56)) == pytest.approx(1 / 2.25)
+    assert winograd_fraction(bwd) == pytest.approx(1 / 2.25)
+    odd = analyze(nn.Conv2d(8, 8, 3, padding=1), torch.randn(1, 8, 7, 7), train=False)
+    conv = next(e for e in odd.trace.events if e.name == "aten.convolution")
+    assert winograd_fraction(conv) == pytest.approx(16 * 4 * 4 / (9 * 7 * 7))  # tiles waste on 7x7
+    for layer in (nn.Conv2d(8, 8, 3, stride=2), nn.Conv2d(8, 8, 1), nn.Conv2d(8, 8, 3, groups=2),
+                  nn.Conv2d(8, 8, 3, dilation=2)):
+        e = next(e for e in analyze(layer, torch.randn(1, 8, 16, 16), train=False).trace.events
+                 if e.name == "aten.convolution")
+        assert winograd_fraction(e) is None, layer
+
+
+def test_fp32_3x3_runs_winograd_on_cuda_cores_only():
+    from nnperf.kernels.gemm import estimate_gemm
+
+    v100 = load_gpu("v100-sxm2")
+    profile = default_profile(v100)
+    ops = _dense("v100-sxm2", False, amp=None)
+    fwd, bwd = ops[("b", "forward")], ops[("b", "backward")]
+    m, n, k = 32 * 56 * 56, 64, 64 * 9
+    direct = estimate_gemm(m, n, k, dtype="fp32", gpu=v100, profile=profile).model_compute_s
+    assert fwd.model_compute_s == pytest.approx(direct / 2.25 / profile.conv_relative_efficiency, rel=1e-9)
+    grad_in = estimate_gemm(m, k, n, dtype="fp32", gpu=v100, profile=profile).model_compute_s
+    grad_w = estimate_gemm(n, k, m, dtype="fp32", gpu=v100, profile=profile).model_compute_s
+    assert bwd.model_compute_s == pytest.approx((grad_in / 2.25 + grad_w) / profile.conv_relative_efficiency,
+                                                rel=1e-9)  # the weight gradient stays an implicit GEMM
+    tf32 = _dense("a100-80gb-sxm", False, amp=None)[("b", "forward")]  # TF32 tensor cores: no Winograd
+    a100 = load_gpu("a100-80gb-sxm")
+    assert tf32.model_compute_s == pytest.approx(
+        estimate_gemm(m, n, k, dtype="fp32", tf32=True, gpu=a100).model_compute_s
+        / default_profile(a100).conv_relative_efficiency, rel=1e-9)

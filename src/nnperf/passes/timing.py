@@ -28,7 +28,7 @@ from typing import Any
 from nnperf.hardware import GPU, DeviceProfile
 from nnperf.kernels.gemm import GemmEstimate, estimate_gemm
 from nnperf.passes.costs import registry as cat
-from nnperf.passes.costs.matmul import is_depthwise, nchw_transposes
+from nnperf.passes.costs.matmul import is_depthwise, nchw_transposes, winograd_fraction
 from nnperf.passes.count import OpCount
 from nnperf.passes.gemms import Gemm, operand_dtype
 from nnperf.trace.events import KIND_OPT_STATE, OpEvent, Trace, dtype_name
@@ -184,7 +184,8 @@ class KernelModel:
             # Implicit GEMM gathers its A operand from the input tensor: traffic is the real
             # tensors (count.bytes), not the im2col matrix the GEMM shape implies.
             scale = 1.0 / self.profile.conv_relative_efficiency
-            model_compute = sum(e.model_compute_s for e in ests) * scale
+            model_compute = sum(e.model_compute_s * self._algorithm(count, g.gemm.role, e)
+                                for g, e in zip(gemms, ests, strict=True)) * scale
             memory = count.bytes / self.gpu.memory_bandwidth
             model_memory = self.profile.memory_time(self.gpu.memory_bandwidth, count.bytes)
             reduction = sum(e.reduction_s for e in ests)
@@ -211,6 +212,16 @@ class KernelModel:
             model_compute_s=model_compute, model_memory_s=model_memory, overhead_s=overhead,
             layout_s=layout_s, **base,
         )
+
+    @staticmethod
+    def _algorithm(count: OpCount, role: str | None, estimate: GemmEstimate) -> float:
+        """Compute-time factor of the algorithm cuDNN runs instead of the implicit GEMM: fused
+        Winograd for CUDA-core 3x3 forward and data-gradient convolutions when it does fewer
+        multiplies (``passes.costs.matmul.winograd_fraction``), else 1."""
+        if estimate.math_unit != "cuda" or role == "grad_weight":
+            return 1.0
+        fraction = winograd_fraction(count.event)
+        return min(1.0, fraction) if fraction is not None else 1.0
 
     def _direct_conv(self, count: OpCount, base: dict[str, Any]) -> OpTime:
         """A depthwise convolution's direct kernels (``passes.costs.matmul.is_depthwise``):

@@ -177,6 +177,38 @@ def nchw_transposes(event: OpEvent) -> list[int]:
     return [x.nbytes, w.nbytes]
 
 
+#: Winograd F(2x2, 3x3): a 2x2 output tile from a 4x4 input tile costs 16 multiplies instead
+#: of 2*2*9 = 36 (Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks", CVPR 2016).
+WINOGRAD_TILE = 2
+WINOGRAD_MULTIPLIES_PER_TILE = 16
+
+
+def winograd_fraction(event: OpEvent) -> float | None:
+    """Multiplies of cuDNN's fused Winograd kernel over those of the direct (implicit-GEMM)
+    convolution, for a 3x3, stride-1, undilated, ungrouped 2-D convolution; None where it does
+    not apply. fp32 convolutions on CUDA cores run it: ``*_scudnn_winograd_128x128_ldg1_ldg4_*``
+    kernels in public PyTorch and TensorFlow profiles (Maxwell to Ampere), for the forward and
+    the data gradient (a stride-1 3x3 convolution too), not the weight gradient. Output tiles of
+    2x2 waste work on odd sizes: the fraction is 16 * ceil(P/2) * ceil(Q/2) / (9 * P * Q)."""
+    if event.name == "aten.convolution_backward":
+        a = event.args
+        w, out, stride, dilation, transposed, groups = a[2], a[0], a[4], a[6], a[7], a[9]
+    elif event.name in _CONVOLUTIONS:
+        a = event.args
+        w, out = a[1], event.outputs[0]
+        stride, dilation = (a[3] if len(a) > 3 else [1]), (a[5] if len(a) > 5 else [1])
+        transposed, groups = _conv_params(event)[2], _conv_params(event)[3]
+    else:
+        return None
+    if not isinstance(w, TensorMeta) or len(w.shape) != 4 or tuple(w.shape[2:]) != (3, 3):
+        return None
+    if transposed or int(groups) != 1 or any(int(s) != 1 for s in stride) or any(int(d) != 1 for d in dilation):
+        return None
+    p, q = out.shape[2], out.shape[3]
+    tiles = -(-p // WINOGRAD_TILE) * -(-q // WINOGRAD_TILE)
+    return WINOGRAD_MULTIPLIES_PER_TILE * tiles / (9 * p * q)
+
+
 def _nchw(t: object) -> bool:
     return isinstance(t, TensorMeta) and len(t.shape) == 4 and t.shape[1] > 1 and not channels_last(t)
 
