@@ -148,10 +148,13 @@ def channels_last(t: TensorMeta) -> bool:
 def nchw_transposes(event: OpEvent) -> list[int]:
     """Bytes of each tensor cuDNN transposes around a tensor-core convolution of NCHW tensors.
 
-    Tensor-core convolutions run natively in NHWC: "the NCHW tensor must be transposed to NHWC
-    before the convolution" (NVIDIA's channels_last diagram as documented in MosaicML Composer's
-    "Channels Last" method card; cuDNN "can internally transpose your NCHW data to NHWC if a
-    faster kernel can be found", ptrblck, discuss.pytorch.org/t/123686). Which tensors, from the
+    Tensor-core convolutions run natively in NHWC: "Choose tensor layouts in memory to avoid
+    transposing input and output data ... We recommend using the NHWC format" (NVIDIA, Deep
+    Learning Performance, Convolutional Layers User's Guide, quick-start checklist and "Tensor
+    Layouts In Memory: NCHW vs NHWC"); "the NCHW tensor must be transposed to NHWC before the
+    convolution" (NVIDIA's diagram in MosaicML Composer's "Channels Last" method card); cuDNN
+    "can internally transpose your NCHW data to NHWC if a faster kernel can be found" (ptrblck,
+    discuss.pytorch.org/t/123686). Which tensors, from the
     kernel names in public Nsight Systems listings of PyTorch NCHW TF32/fp16 convolutions on
     A100 (cuDNN 8/9): ``nchwToNhwcKernel`` runs on the input and the filter, the forward kernel
     ``sm80_xmma_fprop_implicit_gemm_..._nhwckrsc_nchw_...`` writes its output in NCHW itself;
