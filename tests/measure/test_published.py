@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 
 from nnperf.measure.published import (
+    Predictor,
     gemm_measured_s,
     load_rows,
     measured_step_s,
+    profile_for,
     records,
     tables,
     why_not_reproducible,
@@ -44,6 +46,7 @@ def test_rows_become_the_workload_they_describe(rows):
         "resnet50", 256, True, True, None, "sgd-momentum")
     amp = workload(by_id["rn50-train-dgxa100-amp-1gpu"])
     assert (amp.amp, amp.tf32, amp.dtype) == ("fp16", False, None)
+    assert amp.channels_last and not tf32.channels_last  # DLE AMP runs memory_format nhwc
     mobile = workload(by_id["timm-infer-amp-nchw-pt240-cu124-rtx3090-mobilenetv2_100-224"])
     assert (mobile.model, mobile.train, mobile.batch) == ("mobilenet_v2", False, 1024)
     effnet = next(r for r in rows if r["model"] == "efficientnet-b0" and r["gpus"] == 1)
@@ -58,10 +61,32 @@ def test_throughput_and_tflops_become_seconds(rows):
     assert gemm_measured_s(h100) == pytest.approx(2 * h100["m"] * h100["n"] * h100["k"] / (h100["value"] * 1e12))
 
 
-def test_published_tables_do_not_regress(rows):
-    result = tables(records(rows))
+@pytest.fixture(scope="module")
+def predictor():
+    return Predictor()
+
+
+def test_published_tables_do_not_regress(rows, predictor):
+    result = tables(records(rows, predictor))
     baseline = json.loads((FOLDER / "baseline.json").read_text())
     assert regressions(result, baseline) == []
+
+
+def test_accumulation_averages_backward_only_and_optimizer_iterations(rows, predictor):
+    """DLE's 1-GPU ResNet-50 accumulates 8 micro-batches: 7 iterations of forward+backward and
+    one with the SGD step, and the published img/s averages them."""
+    from nnperf.hardware import load_gpu
+    from nnperf.passes.timing import TimingOptions
+    from nnperf.prediction import predict_analysis
+
+    row = next(r for r in rows if r["id"] == "rn50-train-dgxa100-tf32-1gpu")
+    assert row["grad_accumulation"] == 8
+    w, gpu = workload(row), load_gpu("a100-80gb-sxm")
+    timing, profile = TimingOptions(tf32_matmul=True), profile_for(row, gpu)
+    plain = predict_analysis(predictor._analysis(w, "none"), gpu, profile, timing).step.step_s
+    stepped = predict_analysis(predictor._analysis(w, "sgd-momentum"), gpu, profile, timing).step.step_s
+    assert stepped > plain
+    assert predictor.step_s(row) == pytest.approx((7 * plain + stepped) / 8, rel=1e-12)
 
 
 def test_dgx_rows_run_on_their_datasheet_cpu(rows):
