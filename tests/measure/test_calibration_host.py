@@ -1,5 +1,5 @@
-"""What calibrate records beside the kernels: the host CPU (its dispatch cost per op category
-and clock) and the GPU's SM clock under sustained load."""
+"""What calibrate records beside the kernel rates: the host CPU (its dispatch cost per op
+category and clock), the GPU's SM clock under sustained load, and the misaligned-GEMM penalty."""
 
 from __future__ import annotations
 
@@ -56,3 +56,26 @@ def test_this_host_is_described():
     assert host_info.cpu_model()
     ghz = host_info.cpu_max_ghz()
     assert ghz is None or 0.1 < ghz < 10
+
+
+def test_misaligned_gemms_measure_the_alignment_penalty():
+    from nnperf.hardware import default_profile
+    from nnperf.kernels.gemm import estimate_gemm
+    from nnperf.measure.calibration.profile import misaligned_penalty
+
+    gpu = load_gpu("a100")
+    base = default_profile(gpu)
+    neutral = base.replace(alignment_penalty={**base.alignment_penalty, "16B": 1.0})
+
+    def row(kind: str, n: int, time_s: float) -> dict:
+        return {"dtype": "bf16", "kind": kind, "m": n, "n": n, "k": n, "flops": 2.0 * n**3, "time_s": time_s,
+                "flops_per_s": 2.0 * n**3 / time_s}
+
+    cal = _cal()
+    for n, penalty in ((2048, 0.7), (4096, 0.74), (1024, 0.3)):  # 1024: too small, not used
+        aligned = estimate_gemm(n, n, n, dtype="bf16", gpu=gpu, profile=neutral).time_s
+        odd = estimate_gemm(n + 1, n + 1, n + 1, dtype="bf16", gpu=gpu, profile=neutral).time_s / penalty
+        cal.gemm += [row("square", n, aligned), row("misaligned", n + 1, odd)]
+    assert misaligned_penalty(cal, gpu, base) == pytest.approx(0.72)  # median of 0.70 and 0.74
+    assert build_profile(cal, gpu).alignment_penalty["16B"] == pytest.approx(0.72)
+    assert misaligned_penalty(_cal(), gpu, base) is None

@@ -78,6 +78,9 @@ def build_profile(cal: Calibration, gpu: GPU | None) -> DeviceProfile:
     conv = conv_relative_efficiency(cal)
     if conv:
         changes["conv_relative_efficiency"] = conv
+    misaligned = misaligned_penalty(cal, gpu, base) if gpu is not None else None
+    if misaligned:
+        changes["alignment_penalty"] = {**base.alignment_penalty, "16B": misaligned}
     note = (
         f"measured by nnperf calibrate{' --quick' if cal.quick else ''} on {cal.device_name} "
         f"({cal.device}), {cal.date}, torch {cal.torch_version}"
@@ -99,6 +102,37 @@ def host_costs_by_category(cal: Calibration) -> dict[str, float]:
         if category:
             by_category.setdefault(category, []).append(spread["median"])
     return {c: Spread.of(v).median for c, v in by_category.items()}
+
+
+#: Dtypes whose GEMMs run on tensor cores, where the 16-byte alignment rule applies.
+TENSOR_DTYPES = ("fp16", "bf16", "tf32")
+#: Sizes from which a misaligned GEMM counts as large (its penalty, not its launch, is measured).
+MISALIGNED_MIN_N = 2048
+
+
+def misaligned_penalty(cal: Calibration, gpu: GPU, base: DeviceProfile) -> float | None:
+    """The 16-byte alignment penalty the GEMM model should use on this GPU, measured: the
+    (n+1)^3 GEMM's rate over the n^3 one's, divided by what the model gives that ratio with no
+    alignment penalty (the extra tile row/column of n+1 costs time too), median over tensor-core
+    dtypes and sizes >= ``MISALIGNED_MIN_N``; None without such pairs."""
+    from nnperf.kernels.gemm import estimate_gemm
+
+    neutral = base.replace(alignment_penalty={**base.alignment_penalty, "16B": 1.0})
+    square = {(g["dtype"], g["n"]): g for g in cal.gemm if g["kind"] == "square"}
+    ratios = []
+    for g in cal.gemm:
+        pair = square.get((g["dtype"], g["n"] - 1))
+        if g["kind"] != "misaligned" or g["dtype"] not in TENSOR_DTYPES or pair is None or pair["n"] < MISALIGNED_MIN_N:
+            continue
+        n = pair["n"]
+        try:
+            modeled = (estimate_gemm(n, n, n, dtype=g["dtype"], gpu=gpu, profile=neutral).time_s
+                       / estimate_gemm(n + 1, n + 1, n + 1, dtype=g["dtype"], gpu=gpu, profile=neutral).time_s)
+        except Exception:  # the GPU has no unit for this dtype
+            continue
+        measured = pair["time_s"] / g["time_s"]
+        ratios.append(min(1.0, max(0.05, measured / modeled)))
+    return Spread.of(ratios).median if ratios else None
 
 
 def conv_relative_efficiency(cal: Calibration) -> float | None:
