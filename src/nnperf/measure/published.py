@@ -3,9 +3,10 @@
 Until a GPU checks nnperf in every session, published single-GPU figures are the evidence of
 its accuracy: NVIDIA DeepLearningExamples' tables, timm's benchmark CSVs, the MAMF matmul
 table. Each row says its workload (model, batch, image size, precision, optimizer, gradient
-accumulation) and a grade (faithful / approximate / out-of-scope); this module builds the
-same workload, predicts it on the row's catalog GPU and compares step times (throughput is
-turned into per-iteration time: ``batch / value`` on one GPU). Rows nnperf cannot build (a
+accumulation, channels_last) and a grade (faithful / approximate / out-of-scope); this module
+builds the same workload, predicts it on the row's catalog GPU (with the host CPU of the DGX
+system a row names) and compares step times (throughput is turned into per-iteration time:
+``batch / value`` on one GPU). Rows nnperf cannot build (a
 model the zoo lacks, more than one GPU) are counted as not reproducible with the reason,
 never dropped. Nothing here is fitted: the rows are a test set.
 """
