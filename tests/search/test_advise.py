@@ -147,14 +147,39 @@ def test_hand_attention_is_found_and_replaced_by_fused_attention():
     assert rw.memory_delta < 0  # score-sized tensors no longer saved for backward
 
 
-def test_channels_last_is_offered_for_cnns_only_and_unpredicted():
-    cnn = advise("resnet18", A100, batch=2, amp="bf16", workers=1, apply=None, global_batch=None,
-                 train=False)
-    names = {i.name for i in cnn.unpredicted}
-    assert "channels-last" in names
+def test_channels_last_is_offered_for_cnns_only_and_is_a_plain_prediction_of_the_nhwc_step():
+    cnn = advise("resnet18", A100, batch=2, amp="bf16", workers=1, train=False)
+    item = next(i for i in cnn.items + cnn.nothing if i.name == "channels-last")
+    import nnperf.analysis as A
+
+    nhwc = predict_analysis(A.analyze("resnet18", batch=2, amp="bf16", train=False, channels_last=True), A100)
+    assert item.after.step_s == pytest.approx(nhwc.totals["step_time_s"], rel=1e-9)
+    assert item.after.peak_bytes == pytest.approx(nhwc.memory.device_total)
+    # bf16 convolutions run on tensor cores: NHWC drops cuDNN's layout transposes
+    assert item.after.step_s < item.before.step_s and item.after.kernels < item.before.kernels
     assert "sdpa" not in {i.name for i in cnn.items + cnn.nothing}
+    done = advise("resnet18", A100, batch=2, amp="bf16", workers=1, train=False, channels_last=True,
+                  apply=["gpu-h100-sxm"])
+    assert "channels-last" not in done.valid_names and "channels-last" in dict(done.checked)
     gpt = advise("gpt2", A100, batch=1, seq_len=32, train=False, workers=1, **TINY_GPT)
     assert "channels-last" not in {i.name for i in gpt.items + gpt.nothing + gpt.unpredicted}
+
+
+def test_other_gpus_are_listed_apart_from_the_code_changes():
+    adv = advise("mlp", A100, batch=8, workers=1, train=False)
+    assert adv.gpus and all(i.candidate.family == "gpu" for i in adv.gpus)
+    assert not any(i.candidate.family == "gpu" for i in adv.items + adv.nothing + adv.unpredicted)
+    gains = [i.gain_s for i in adv.gpus]
+    assert gains == sorted(gains, reverse=True)  # fastest first
+    from nnperf.search.gpu_costs import usd_per_million_samples
+
+    for i in adv.gpus:  # compare's rule, recomputed from the item's own outcome and the catalog
+        price = load_gpu(i.name.removeprefix("gpu-")).price_usd_per_hour
+        want = usd_per_million_samples(price, i.after.samples / i.after.step_s, bool(i.after.fits))
+        assert i.candidate.extra["usd_per_million_samples"] == want
+    doc = adv.to_json()
+    assert [g["name"] for g in doc["gpus"]] == [i.name for i in adv.gpus]
+    assert not any(g["family"] == "gpu" for g in doc["items"] + doc["gains_nothing"])
 
 
 def test_apply_predicts_the_merged_change_and_rejects_unknown_names():

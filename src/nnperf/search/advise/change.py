@@ -15,7 +15,7 @@ from typing import Any
 from nnperf.errors import UsageError
 
 #: Trace-level settings a change may set: TraceOptions fields and MemoryOptions' own.
-TRACE_KEYS = ("amp", "dtype", "optimizer_impl", "set_to_none")
+TRACE_KEYS = ("amp", "dtype", "optimizer_impl", "set_to_none", "channels_last")
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@
 3. predict them: re-timed scenarios here, re-traced ones and the largest-batch searches in
    worker processes (``fit``'s runner), then the batch curve and each recomputation at the
    largest batch it lets fit;
-4. rank by the time saved per sample; what saves under 0.5% is listed as checked.
+4. rank the code changes by the time saved per sample (what saves under 0.5% is listed as
+   checked); the other GPUs are a separate list, fastest first, with their cost per million
+   samples: a purchase is not ranked among code changes.
 
 ``--apply a,b`` predicts the merge of those items' changes as one scenario.
 """
@@ -63,6 +65,7 @@ def advise(
     optimizer_impl: str = "foreach",
     dtype: str | None = None,
     amp: str | None = None,
+    channels_last: bool = False,
     **overrides: Any,
 ) -> Advice:
     """What to change in one step of ``model`` on ``gpu``, each change predicted (the keywords
@@ -70,7 +73,7 @@ def advise(
     request = ModelRequest(model, batch=batch, seq_len=seq_len, inputs=inputs, input_spec=InputSpec(),
                            overrides=overrides)
     options = MemoryOptions(TraceOptions(train=train, optimizer=optimizer, optimizer_impl=optimizer_impl,
-                                         dtype=dtype, amp=amp))
+                                         dtype=dtype, amp=amp, channels_last=channels_last))
     target = load_gpu(gpu) if isinstance(gpu, str) else gpu
     return advise_request(request, options, target, profile, TimingOptions(tf32_matmul=tf32),
                           apply=apply, global_batch=global_batch, workers=workers)
@@ -113,6 +116,7 @@ def advise_request(request: ModelRequest, options: MemoryOptions, gpu: GPU,
     _gpu_costs(advice, base)
     advice.items.sort(key=lambda i: -(i.gain_s or 0.0))
     advice.nothing.sort(key=lambda i: -(i.gain_s or 0.0))
+    advice.gpus.sort(key=lambda i: -(i.gain_s if i.gain_s is not None else float("-inf")))
     return advice
 
 
@@ -125,7 +129,9 @@ def _outcome(result: Outcome | str | None, c: Candidate) -> tuple[Outcome | None
 
 
 def _place(advice: Advice, item: AdviceItem) -> None:
-    if item.after is None:
+    if item.candidate.family == "gpu":
+        advice.gpus.append(item)
+    elif item.after is None:
         advice.unpredicted.append(item)
     elif item.helps and item.after.fits is not False:
         advice.items.append(item)
@@ -200,9 +206,9 @@ def _gpu_costs(advice: Advice, base: Base) -> None:
     """USD per million samples on each GPU (``compare``'s rule), beside the given GPU's."""
     mine = usd_per_million_samples(base.gpu.price_usd_per_hour, base.outcome.samples / base.outcome.step_s,
                                    bool(base.outcome.fits))
-    for item in advice.items + advice.nothing:
+    for item in advice.gpus:
         c = item.candidate
-        if c.family != "gpu" or item.after is None:
+        if item.after is None:
             continue
         cost = usd_per_million_samples(c.extra.get("usd_per_hour"), item.after.samples / item.after.step_s,
                                        bool(item.after.fits))
