@@ -26,6 +26,25 @@ def test_json_ranks_items_by_gain_and_lists_what_gains_nothing(monkeypatch):
         assert abs(item["gain_s"] - per_sample * before["batch"]) < 1e-12
         assert item["change"] and item["assumptions"]
     assert doc["gains_nothing"]  # e.g. the for-loop optimizer, recomputation at the same batch
+    # other GPUs: a list of their own, fastest first, never ranked among the code changes
+    assert doc["gpus"] and {g["family"] for g in doc["gpus"]} == {"gpu"}
+    assert not any(i["family"] == "gpu" for i in doc["items"] + doc["gains_nothing"] + doc["not_predicted"])
+    gpu_gains = [g["gain_s"] for g in doc["gpus"]]
+    assert gpu_gains == sorted(gpu_gains, reverse=True)
+
+
+def test_terminal_and_html_show_other_gpus_in_their_own_table(monkeypatch, tmp_path):
+    monkeypatch.setenv("NNPERF_FIT_WORKERS", "1")
+    monkeypatch.setenv("COLUMNS", "250")
+    page = tmp_path / "advice.html"
+    r = CliRunner().invoke(cli, ["advise", "gpt2", *TINY, "--gpu", "a100", "--html", str(page)])
+    assert r.exit_code == 0, r.output
+    code, _, gpus = r.output.partition("The same step on other GPUs")
+    assert gpus and "h100-sxm" in gpus and "USD" in gpus
+    assert "h100-sxm" not in code and "gpu-" not in code  # no GPU row among the code changes
+    html = page.read_text()
+    code_html, _, gpu_html = html.partition("The same step on other GPUs")
+    assert "h100-sxm" in gpu_html and "gpu-h100-sxm" not in code_html
 
 
 def test_unknown_apply_name_is_one_line_with_the_valid_names():

@@ -1,4 +1,5 @@
-"""``nnperf advise`` in the terminal: the ranked items, what gains nothing, the batch curve."""
+"""``nnperf advise`` in the terminal: the ranked code changes, what gains nothing, the batch
+curve, and the same step on other GPUs (a table of its own: a purchase is not a code change)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from nnperf.report.sections import AdviceRow, advice_rows
+from nnperf.report.sections import AdviceRow, advice_gpu_rows, advice_rows
 from nnperf.units import binary, rate, seconds
 
 
@@ -25,7 +26,7 @@ def _gain(r: AdviceRow) -> str:
 
 def advice_table(advice: Any, rows: list[AdviceRow]) -> Table:
     base = advice.base
-    t = Table(title=f"{advice.model} on {advice.gpu}: step {seconds(base.step_s)}, "
+    t = Table(title=f"Code changes for {advice.model} on {advice.gpu}: step {seconds(base.step_s)}, "
                     f"{rate(base.throughput, base.throughput_unit)}, {base.bound}-bound, "
                     f"peak {binary(base.peak_bytes or 0)}", title_justify="left",
               caption="Gain: time saved per step of the given batch (per-sample times). Ranked items first; "
@@ -43,6 +44,29 @@ def advice_table(advice: Any, rows: list[AdviceRow]) -> Table:
     return t
 
 
+def _usd(r: AdviceRow) -> str:
+    if r.usd_per_million is None:
+        return "-" if r.fits is not False else "(no fit)"
+    return f"{r.usd_per_million:.3g}" + (f" (now {r.given_usd_per_million:.3g})" if r.given_usd_per_million else "")
+
+
+def gpu_table(advice: Any, rows: list[AdviceRow]) -> Table:
+    """The same traced step on the other catalog GPUs, fastest first."""
+    t = Table(title=f"The same step on other GPUs (given: {advice.gpu}, {seconds(advice.base.step_s)})",
+              title_justify="left",
+              caption="Not a code change: the step as given, timed on each catalog GPU. USD per million "
+                      "samples from the catalog's dated price per GPU-hour, where the step fits.",
+              caption_justify="left")
+    for col in ("#", "GPU", "step time", "vs given", "throughput", "peak memory", "bound", "USD / M samples"):
+        t.add_column(col, justify="right" if col in ("#", "step time", "vs given") else "left", overflow="fold")
+    for r in rows:
+        after = seconds(r.after_s) if r.after_s is not None else "-"
+        tput = rate(r.throughput_after, r.throughput_unit) if r.throughput_after is not None else "-"
+        t.add_row(str(r.rank or ""), r.change.removeprefix("--gpu "), after, _gain(r), tput, _memory(r), r.bound,
+                  _usd(r), style=None if r.fits is not False else "dim")
+    return t
+
+
 def print_advice(advice: Any, console: Console) -> None:
     console.print(advice_table(advice, advice_rows(advice)))
     for name, why in advice.checked:
@@ -56,6 +80,9 @@ def print_advice(advice: Any, console: Console) -> None:
         console.print(f"gradient accumulation: global batch {a['global_batch']} = {a['accumulation_steps']} x "
                       f"micro-batch {a['micro_batch']}: {seconds(a['time_s'])} per optimizer step, "
                       f"{a['samples_per_s']:.4g} samples/s")
+    gpus = advice_gpu_rows(advice)
+    if gpus:
+        console.print(gpu_table(advice, gpus))
 
 
 def print_combination(advice: Any, console: Console) -> None:
@@ -71,4 +98,5 @@ class _Only:
 
     def __init__(self, advice: Any, item: Any) -> None:
         self.items, self.nothing, self.unpredicted = ([item], [], []) if item.after else ([], [], [item])
+        self.gpus: list[Any] = []
         self.base, self.model, self.gpu = advice.base, advice.model, advice.gpu

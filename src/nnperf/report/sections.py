@@ -204,23 +204,39 @@ class AdviceRow:
     layers: list[str]
     assumptions: list[str]
     note: str = ""  # an error, or why it is not predicted
+    usd_per_million: float | None = None  # GPU rows: price of a million samples there
+    given_usd_per_million: float | None = None  # ... and on the GPU as given
 
 
 def advice_rows(advice: Any) -> list[AdviceRow]:
-    """Ranked items first, then those that gain nothing, then those not predicted."""
+    """Code changes: ranked items first, then those that gain nothing, then those not predicted
+    (the other GPUs are ``advice_gpu_rows``)."""
     rows = []
     groups = ((advice.items, True), (advice.nothing, False), (advice.unpredicted, False))
     for items, ranked in groups:
         for i, item in enumerate(items, 1):
-            after = item.after
-            note = item.error or ("" if after is not None else "gain not predicted: see assumptions")
-            rows.append(AdviceRow(
-                rank=i if ranked else None, name=item.name, title=item.candidate.title,
-                change=item.candidate.how, before_s=item.before.step_s,
-                after_s=after.step_s if after else None, gain_s=item.gain_s, gain_share=item.gain_share,
-                throughput_before=item.before.throughput, throughput_after=after.throughput if after else None,
-                throughput_unit=item.before.throughput_unit, memory_before=item.before.peak_bytes,
-                memory_after=after.peak_bytes if after else None, fits=after.fits if after else None,
-                bound=item.bound_move, layers=item.layers, assumptions=item.candidate.assumptions, note=note,
-            ))
+            rows.append(_advice_row(item, i if ranked else None))
     return rows
+
+
+def advice_gpu_rows(advice: Any) -> list[AdviceRow]:
+    """The same step on the other catalog GPUs, fastest first, with the price of a million
+    samples where the step fits and a price is known."""
+    return [_advice_row(item, i) for i, item in enumerate(getattr(advice, "gpus", []), 1)]
+
+
+def _advice_row(item: Any, rank: int | None) -> AdviceRow:
+    after = item.after
+    note = item.error or ("" if after is not None else "gain not predicted: see assumptions")
+    extra = item.candidate.extra
+    return AdviceRow(
+        rank=rank, name=item.name, title=item.candidate.title,
+        change=item.candidate.how, before_s=item.before.step_s,
+        after_s=after.step_s if after else None, gain_s=item.gain_s, gain_share=item.gain_share,
+        throughput_before=item.before.throughput, throughput_after=after.throughput if after else None,
+        throughput_unit=item.before.throughput_unit, memory_before=item.before.peak_bytes,
+        memory_after=after.peak_bytes if after else None, fits=after.fits if after else None,
+        bound=item.bound_move, layers=item.layers, assumptions=item.candidate.assumptions, note=note,
+        usd_per_million=extra.get("usd_per_million_samples"),
+        given_usd_per_million=extra.get("given_gpu_usd_per_million_samples"),
+    )

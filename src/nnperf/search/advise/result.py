@@ -84,9 +84,12 @@ class Advice:
     gpu: str
     config: dict[str, Any]
     base: Outcome
-    items: list[AdviceItem]  # that gain, best first
-    nothing: list[AdviceItem]  # predicted, gain nothing (or lose)
+    items: list[AdviceItem]  # code changes that gain, best first
+    nothing: list[AdviceItem]  # code changes predicted to gain nothing (or lose)
     unpredicted: list[AdviceItem]  # offered, gain not predicted (or failed)
+    # The same step on other GPUs: a purchase, not a code change, so ranked on its own
+    # (fastest first) and never mixed into the ranking of code changes.
+    gpus: list[AdviceItem] = field(default_factory=list)
     checked: list[tuple[str, str]] = field(default_factory=list)  # (name, why nothing to change)
     curve: dict[int, Outcome] = field(default_factory=dict)  # batch -> outcome
     largest_batch: int | None = None
@@ -103,6 +106,7 @@ class Advice:
             "items": [i.to_json() for i in self.items],
             "gains_nothing": [i.to_json() for i in self.nothing],
             "not_predicted": [i.to_json() for i in self.unpredicted],
+            "gpus": [i.to_json() for i in self.gpus],
             "already_done": [{"name": n, "why": w} for n, w in self.checked],
             "batch_curve": [{"batch": b, **o.to_json()} for b, o in sorted(self.curve.items())],
             "largest_batch": self.largest_batch, "knee": self.knee, "accumulation": self.accumulation,
