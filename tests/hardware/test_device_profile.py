@@ -21,7 +21,9 @@ def test_defaults_come_from_the_data_file():
 
 
 def test_architecture_refinement():
-    assert default_profile(load_gpu("h100")).gemm_peak_fraction == 0.79
+    hopper, ampere = default_profile(load_gpu("h100")), default_profile(load_gpu("a100"))
+    assert hopper.attention_forward_fraction < ampere.attention_forward_fraction  # [architecture.hopper]
+    assert default_profile(load_gpu("mi300x")).gemm_peak_fraction != ampere.gemm_peak_fraction  # cdna3
     assert default_profile(load_gpu("v100")).alignment_penalty["16B"] == 0.25
     assert default_profile(load_gpu("v100")).alignment_penalty["128B"] == 0.95  # merged
 

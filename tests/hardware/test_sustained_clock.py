@@ -35,3 +35,14 @@ def test_a_gpu_file_needs_the_source_a_what_if_does_not(tmp_path):
         load_gpu(None, gpu_file=path)
     what_if = load_gpu("t4", overrides={"sustained_clock_mhz": "1200"})
     assert what_if.peak_flops("fp16") == pytest.approx(65e12 * 1200 / 1590)
+
+
+def test_mi300x_runs_gemms_at_amds_measured_clock():
+    g = load_gpu("mi300x")  # AMD: bf16 GEMM at a median 1207 MHz against the 2100 MHz peak clock
+    assert g.peak_flops("bf16") == pytest.approx(1307.4e12 * 1207 / 2100)
+
+
+def test_a_peak_the_user_sets_is_the_rate_itself_not_scaled_by_the_clock():
+    g = load_gpu("rtx-4090", overrides={"peak_tflops.tensor.fp16": "100"})
+    assert g.peak_flops("fp16") == pytest.approx(100e12)
+    assert g.peak_flops("bf16") == pytest.approx(165.2e12 * 2810 / 2520)  # not set: still scaled

@@ -194,3 +194,15 @@ def test_matrix_vector_product_is_a_memory_bound_gemv(dtype, m, n):
     assert floor <= e.time_s <= 2 * floor + 10e-6  # within the achievable bandwidth and overhead
     # a tensor-core tile for one row would pad it to 64: the GEMV is the faster choice
     assert e.model_compute_s < e.model_memory_s
+
+
+def test_half_rate_tensor_math_reaches_the_low_rate_fraction():
+    """RTX 4090 fp16 with fp32 accumulate: 165.2 TFLOP/s / (128 SMs x 2.52 GHz) = 512 FLOP per
+    clock per SM, the GeForce half rate; an H100's bf16 is 989.4 / (132 x 1.83) = 4096."""
+    rtx, h100 = load_gpu("rtx-4090"), load_gpu("h100")
+    assert rtx.flops_per_clock_per_sm(rtx.peak("fp16")) == pytest.approx(512, rel=0.01)
+    assert h100.flops_per_clock_per_sm(h100.peak("bf16")) == pytest.approx(4096, rel=0.01)
+    p_rtx, p_h100 = default_profile(rtx), default_profile(h100)
+    assert estimate_gemm(8192, 8192, 8192, dtype="fp16", gpu=rtx).math_fraction == p_rtx.low_rate_tensor_fraction
+    assert estimate_gemm(8192, 8192, 8192, dtype="bf16", gpu=h100).math_fraction == p_h100.gemm_peak_fraction
+    assert p_rtx.low_rate_tensor_fraction > p_h100.gemm_peak_fraction

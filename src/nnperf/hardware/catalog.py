@@ -153,6 +153,25 @@ class GPU:
         quoted = (self.tensor_clock_mhz or self.boost_clock_mhz) if unit == "tensor" else self.boost_clock_mhz
         return self.sustained_clock_mhz / quoted
 
+    def _peak_scale(self, unit: str, dtype: str) -> float:
+        """``clock_scale`` for a datasheet peak; 1 for a peak the user set (``--set
+        peak_tflops...=R`` states the rate the math runs at, not a rate at a quoted clock)."""
+        keys = (f"peak_tflops.{dtype}=", f"peak_tflops.{unit}.{dtype}=")
+        if dtype == "tf32":  # peak_tflops.fp32 sets TF32 tensor cores too (hardware/overrides.py)
+            keys += ("peak_tflops.fp32=",)
+        if any(o.startswith(keys) for o in self.overrides):
+            return 1.0
+        return self.clock_scale(unit)
+
+    def flops_per_clock_per_sm(self, rate: PeakRate) -> float | None:
+        """The datasheet rate of ``rate``'s unit per SM and clock (e.g. 512 fp16 FLOP for a
+        GeForce RTX 4090's fp32-accumulate tensor math, 4096 for an H100's); None without an SM
+        count or clock."""
+        clock = (self.tensor_clock_mhz or self.boost_clock_mhz) if rate.unit == "tensor" else self.boost_clock_mhz
+        if not self.sm_count or not clock:
+            return None
+        return rate.flops / self._peak_scale(rate.unit, rate.dtype) / (self.sm_count * clock * 1e6)
+
     def peak(self, dtype: str, *, tensor_cores: bool = True, fallback: bool = False) -> PeakRate:
         """The peak of ``dtype``: tensor/matrix units when present (and allowed), else CUDA cores.
 
@@ -164,10 +183,10 @@ class GPU:
         d = requested
         while True:
             if tensor_cores and d in self.tensor_tflops:
-                rate = PeakRate(self.tensor_tflops[d] * 1e12 * self.clock_scale("tensor"), "tensor", d, requested)
+                rate = PeakRate(self.tensor_tflops[d] * 1e12 * self._peak_scale("tensor", d), "tensor", d, requested)
                 break
             if d in self.cuda_tflops:
-                rate = PeakRate(self.cuda_tflops[d] * 1e12 * self.clock_scale("cuda"), "cuda", d, requested)
+                rate = PeakRate(self.cuda_tflops[d] * 1e12 * self._peak_scale("cuda", d), "cuda", d, requested)
                 break
             if not fallback or d not in FALLBACK:
                 units = "" if tensor_cores else "CUDA-core "

@@ -57,7 +57,11 @@ class DeviceProfile:
     See ``default_profile.toml`` for the meaning and origin of each default value.
     """
 
-    gemm_peak_fraction: float = 0.8
+    gemm_peak_fraction: float = 0.82
+    # Tensor units at most ``low_rate_flops_per_clock_sm`` dense FLOP per clock per SM (GeForce
+    # fp32-accumulate, TF32 on GA10x/AD10x) are fed more easily: they reach this fraction instead.
+    low_rate_tensor_fraction: float = 0.98
+    low_rate_flops_per_clock_sm: float = 512.0
     cuda_core_fraction: float = 0.9
     bandwidth_fraction: float = 0.88
     bandwidth_half_bytes: float = 2 * 2**20
@@ -99,12 +103,21 @@ class DeviceProfile:
     def tile_ctas_per_sm(self, tile: tuple[int, int]) -> int:
         return int(self.ctas_per_sm.get(_tile_name(tile), 1))
 
-    def math_fraction(self, unit: str, dtype: str, flops: float) -> float:
-        """Achievable fraction of the unit's peak: measured curve if any, else the constant."""
+    def math_fraction(self, unit: str, dtype: str, flops: float,
+                      flops_per_clock_sm: float | None = None) -> float:
+        """Achievable fraction of the unit's peak: measured curve if any, else the constant.
+
+        ``flops_per_clock_sm`` is the unit's datasheet rate per SM and clock: a tensor pipe at
+        half or less of the rate the SM's operand delivery was built for stalls less
+        (``low_rate_tensor_fraction``)."""
         curve = self.gemm_efficiency.get(dtype)
         if curve:
             return min(1.0, interpolate(curve, flops))
-        return self.gemm_peak_fraction if unit == "tensor" else self.cuda_core_fraction
+        if unit != "tensor":
+            return self.cuda_core_fraction
+        if flops_per_clock_sm is not None and flops_per_clock_sm <= self.low_rate_flops_per_clock_sm * 1.01:
+            return self.low_rate_tensor_fraction
+        return self.gemm_peak_fraction
 
     def achievable_bandwidth(self, peak_bytes_per_s: float, nbytes: float) -> float:
         """Bytes/s a kernel moving ``nbytes`` reaches (small transfers reach less)."""

@@ -136,6 +136,7 @@ GPU_RANGES: dict[str, Range] = {
 #: calibration clamps its measurement to 2).
 PROFILE_RANGES: dict[str, Range] = {
     "gemm_peak_fraction": FRACTION,
+    "low_rate_tensor_fraction": FRACTION,
     "cuda_core_fraction": FRACTION,
     "bandwidth_fraction": FRACTION,
     "attention_forward_fraction": FRACTION,
@@ -152,6 +153,7 @@ PROFILE_RANGES: dict[str, Range] = {
     "split_k_max": Range(1, 1024, integer=True, low_closed=True),
     "split_k_min_k": Range(1, 2**31 - 1, integer=True, low_closed=True),
     "foreach_tensors_per_kernel": Range(1, 1e6, low_closed=True),
+    "low_rate_flops_per_clock_sm": Range(1, 1e5, low_closed=True),
     "tile_relative_efficiency": FRACTION,  # per tile
     "alignment_penalty": FRACTION,  # per alignment class
     "ctas_per_sm": Range(1, 64, integer=True, low_closed=True),  # per tile

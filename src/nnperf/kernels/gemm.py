@@ -230,7 +230,7 @@ def estimate_gemm(
     aligned, align_factor, align_note = _alignment(
         {"M": m, "N": n, "K": k}, rate.dtype, rate.unit, gpu, profile
     )
-    fraction = profile.math_fraction(rate.unit, rate.dtype, flops)
+    fraction = profile.math_fraction(rate.unit, rate.dtype, flops, gpu.flops_per_clock_per_sm(rate))
     usable = rate.flops * fraction * align_factor
     model_memory_s = profile.memory_time(gpu.memory_bandwidth, min_bytes)
     candidates = _candidates(m, n, k, batch, flops, usable, gpu, profile)
