@@ -34,6 +34,15 @@ def test_report_compare_and_measured(tmp_path):
     assert "2 ms" in page  # the measured step
 
 
+def test_report_static_roofline_has_a_panel_per_gpu(tmp_path):
+    svg = tmp_path / "r.svg"
+    res = CliRunner().invoke(cli, ["report", *MODEL, "--gpus", "a100,h100", "--svg", str(svg)])
+    assert res.exit_code == 0, res.output
+    text = svg.read_text()  # matplotlib writes titles as text: one per panel
+    assert "A100" in text and "H100" in text
+    assert text.count('id="axes_') == 2
+
+
 def test_report_errors(tmp_path):
     res = CliRunner().invoke(cli, ["report", *MODEL])
     assert res.exit_code == 2 and "nothing to write" in res.output

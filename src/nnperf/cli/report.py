@@ -64,5 +64,5 @@ def report(targets: list[GpuTarget], output, measured, png, svg, depth, points, 
             from nnperf.report.roofline import save_roofline
 
             write_output(outputs[option], option, lambda p, fmt=fmt: save_roofline(
-                predictions[0], p, by=points, depth=depth, fmt=fmt))
+                predictions, p, by=points, depth=depth, fmt=fmt))
             click.echo(f"wrote {path}")

@@ -14,7 +14,7 @@ image is asked for: it is an optional dependency (the ``plot`` extra).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -218,8 +218,11 @@ def axis_limits(points: list[RooflinePoint], r: Roofs) -> tuple[float, float, fl
     return xmin, xmax, ymin, ymax
 
 
-def roofline_figure(prediction: Prediction, *, by: str = "layer", depth: int = 2, title: str | None = None):
-    """A matplotlib Figure of the roofline with one point per group (for papers and slides)."""
+def roofline_figure(predictions: Prediction | Sequence[Prediction], *, by: str = "layer", depth: int = 2,
+                    title: str | None = None):
+    """A matplotlib Figure of the roofline with one point per group (for papers and slides);
+    several predictions (the same step on several GPUs) side by side on the same axes' scale,
+    so the GPUs compare at a glance."""
     try:
         import matplotlib
 
@@ -227,11 +230,27 @@ def roofline_figure(prediction: Prediction, *, by: str = "layer", depth: int = 2
         from matplotlib.figure import Figure
     except ImportError as err:  # pragma: no cover - depends on the environment
         raise UsageError("static roofline images need matplotlib: pip install 'nnperf[plot]'") from err
-    points = [p for p in roofline_points(prediction, by=by, depth=depth) if p.plottable]
-    r = roofs(prediction)
-    xmin, xmax, ymin, ymax = axis_limits(points, r)
-    fig = Figure(figsize=(7.5, 5), dpi=150, layout="constrained")
-    ax = fig.add_subplot()
+    many = list(predictions) if isinstance(predictions, Sequence) else [predictions]
+    panels = [([p for p in roofline_points(pred, by=by, depth=depth) if p.plottable], roofs(pred), pred)
+              for pred in many]
+    limits = [axis_limits(points, r) for points, r, _ in panels]
+    shared = (min(lim[0] for lim in limits), max(lim[1] for lim in limits),
+              min(lim[2] for lim in limits), max(lim[3] for lim in limits))
+    fig = Figure(figsize=(7.5 * len(panels), 5), dpi=150, layout="constrained")
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (points, r, pred) in zip(axes, panels, strict=True):
+        _draw_roofline(ax, points, r, shared, title or _title(pred, r, by, depth))
+    return fig
+
+
+def _title(prediction: Prediction, r: Roofs, by: str, depth: int) -> str:
+    what = f"per layer (depth {depth})" if by == "layer" else "per op"
+    return f"{prediction.analysis.model} on {r.gpu}, {what}"
+
+
+def _draw_roofline(ax, points: list[RooflinePoint], r: Roofs, limits: tuple[float, float, float, float],
+                   title: str) -> None:
+    xmin, xmax, ymin, ymax = limits
     ax.set_xscale("log")
     ax.set_yscale("log")
     for peak, style, name in (
@@ -257,17 +276,17 @@ def roofline_figure(prediction: Prediction, *, by: str = "layer", depth: int = 2
     ax.set_ylim(ymin, ymax)
     ax.set_xlabel("Arithmetic intensity (FLOP per byte moved)")
     ax.set_ylabel("Achieved FLOP/s (predicted; FLOP = 2 x MAC)")
-    what = f"per layer (depth {depth})" if by == "layer" else "per op"
-    ax.set_title(title or f"{prediction.analysis.model} on {r.gpu}, {what}", fontsize=10)
+    ax.set_title(title, fontsize=10)
     ax.grid(True, which="major", color="#ddd", lw=0.6)
     ax.legend(fontsize=7, loc="lower right")
-    return fig
 
 
 def save_roofline(
-    prediction: Prediction, path: str | Path, *, by: str = "layer", depth: int = 2, fmt: str | None = None
+    prediction: Prediction | Sequence[Prediction], path: str | Path, *, by: str = "layer", depth: int = 2,
+    fmt: str | None = None,
 ) -> Path:
-    """Write the static roofline as ``fmt`` (default: from the suffix: .png, .svg, .pdf)."""
+    """Write the static roofline as ``fmt`` (default: from the suffix: .png, .svg, .pdf); one
+    panel per prediction."""
     path = Path(path)
     fmt = (fmt or path.suffix.lstrip(".") or "png").lower()
     if fmt not in ("png", "svg", "pdf"):
