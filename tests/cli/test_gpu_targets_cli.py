@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from nnperf.cli.app import cli
 from nnperf.cli.gpu_options import resolve_targets
 from nnperf.errors import UsageError
+from nnperf.hardware import default_profile, load_gpu, save_profile
 from nnperf.hardware.profile import DEFAULTS_FILE
 
 HUGE = textwrap.dedent("""\
@@ -127,4 +128,16 @@ def test_a_profile_value_in_the_defaults_layout_is_used(tmp_path):
     assert target.profile.kernel_overhead_s == 0.5
     assert target.profile.gemm_peak_fraction == 0.5
     (other,) = resolve_targets(["a100"], profile_file=path)
-    assert other.profile.gemm_peak_fraction == 0.8  # [default] of the shipped file: not Hopper
+    shipped = default_profile(load_gpu("a100"))
+    assert other.profile.gemm_peak_fraction == shipped.gemm_peak_fraction  # not Hopper's 0.5
+
+
+def test_a_profile_measured_on_another_gpu_is_used_with_a_note(tmp_path):
+    path = tmp_path / "a100.toml"
+    save_profile(default_profile(load_gpu("a100")).replace(gpu="a100-40gb-sxm", bandwidth_fraction=0.5), path)
+    other = CliRunner().invoke(cli, ["predict", "mlp", "--gpu", "h100", "--profile", str(path), "--json"])
+    assert other.exit_code == 0, other.output
+    assert "measured on a100-40gb-sxm" in other.stderr and "h100-sxm" in other.stderr
+    json.loads(other.stdout)  # the note stays out of the JSON
+    same = CliRunner().invoke(cli, ["predict", "mlp", "--gpu", "a100-40gb-sxm", "--profile", str(path)])
+    assert same.exit_code == 0 and "measured on" not in same.stderr

@@ -124,6 +124,10 @@ def _profile(gpu: GPU, profile_file: str | Path | None, host: Host | None = None
     """The efficiency constants: a measured profile file if given, else generic defaults;
     with ``host``, its dispatch costs rescaled to that CPU."""
     profile = load_profile(profile_file, gpu) if profile_file is not None else default_profile(gpu)
+    if profile_file is not None and profile.gpu and profile.gpu != gpu.id:
+        # a measured profile describes the device it was measured on; stderr keeps --json clean
+        click.echo(f"note: profile {profile_file} was measured on {profile.gpu}; its constants are "
+                   f"used for {gpu.id} as they are (calibrate on that GPU for its own)", err=True)
     return with_host(profile, host) if host is not None else profile
 
 
