@@ -1,14 +1,16 @@
-"""One rank's step of a data-parallel layout, traced with PyTorch's own engines.
+"""One rank's step of a multi-GPU layout, traced with PyTorch's own engines.
 
 ``Execution`` is the one explicit record of a layout (Calibron-style): world size, how the
-data-parallel degree is split into replicas and shards, and the axes the next sessions fill
-in (tensor, sequence, pipeline, context and expert parallelism: recorded, validated, and for
-now required to be 1). ``trace_rank`` builds the model on fake tensors, applies the real
-engine (``DistributedDataParallel`` or FSDP2's ``fully_shard``) under a fake process group
-(``torch.testing._internal.distributed.fake_pg``) and records one step of rank 0: its shard
+data-parallel degree is split into replicas and shards, the tensor-parallel degree (with or
+without sequence parallelism) and the axes the next sessions fill in (pipeline, context and
+expert parallelism: recorded, validated, and for now required to be 1). ``trace_rank`` builds
+the model on fake tensors, applies the real engines (``parallelize_module`` with the model
+family's plan, ``trace.tensor_parallel``; then ``DistributedDataParallel`` or FSDP2's
+``fully_shard`` on the data-parallel part of the device mesh) under a fake process group
+(``torch.testing._internal.distributed.fake_pg``) and records one step of one rank: its shard
 sizes, optimizer state and every collective, in order, come from the engine, not from a
-closed form. Every rank of a pure data-parallel layout plays the same role, so one trace is
-the whole layout.
+closed form. Data- and tensor-parallel ranks all play the same role (up to uneven shards of a
+vocabulary, which ``rank`` selects), so one trace is the whole layout.
 
 Three things the engines do on real tensors only are handled here, each the engine's own
 code path:
@@ -87,29 +89,47 @@ class Execution:
     def global_batch(self) -> int:
         return self.micro_batch * self.grad_accum * self.data_parallel
 
+    @property
+    def model_parallel(self) -> int:
+        """Ranks that hold different parts of one model replica (tensor x pipeline x context)."""
+        return self.tensor * self.pipeline * self.context
+
     def validate(self) -> None:
         if self.data not in DATA_PARALLEL:
             raise UsageError(f"unknown data parallelism '{self.data}'; valid: {', '.join(DATA_PARALLEL)}")
-        others = {"tensor": self.tensor, "pipeline": self.pipeline, "context": self.context,
-                  "expert": self.expert}
-        unsupported = [f"{k}={v}" for k, v in others.items() if v != 1] + (
-            ["sequence_parallel"] if self.sequence_parallel else [])
+        others = {"pipeline": self.pipeline, "context": self.context, "expert": self.expert}
+        unsupported = [f"{k}={v}" for k, v in others.items() if v != 1]
         if unsupported:
             raise UsageError(f"layouts with {', '.join(unsupported)} are not traced yet; "
-                             "data parallelism (ddp, fsdp, hsdp) only")
-        if self.world < 1 or self.world % (self.shard * self.tensor * self.pipeline * self.context):
-            raise UsageError(f"{self.world} GPUs are not a multiple of the shard group ({self.shard})")
+                             "data (ddp, fsdp, hsdp) and tensor parallelism only")
+        if self.sequence_parallel and self.tensor < 2:
+            raise UsageError("sequence parallelism splits what tensor parallelism replicates: it needs tensor > 1")
+        if self.tensor < 1 or self.world < 1 or self.world % self.model_parallel:
+            raise UsageError(f"{self.world} GPUs are not a multiple of tensor x pipeline x context = "
+                             f"{self.model_parallel}")
+        data_parallel = self.world // self.model_parallel
+        if self.shard < 1 or data_parallel % self.shard:
+            raise UsageError(f"the shard group ({self.shard}) does not divide the {data_parallel} "
+                             "data-parallel ranks")
         if self.data == "ddp" and self.shard != 1:
             raise UsageError("ddp does not shard: shard must be 1")
-        if self.data == "fsdp" and self.shard != self.world:
-            raise UsageError("fsdp shards over every GPU: shard must equal the GPU count")
-        if self.data == "hsdp" and not 1 < self.shard < self.world:
-            raise UsageError("hsdp shards inside a group and replicates across groups: 1 < shard < GPUs")
+        if self.data == "ddp" and self.tensor > 1 and data_parallel > 1:
+            raise UsageError("DDP does not take tensor-parallel (DTensor) parameters; use fsdp or hsdp "
+                             "with tensor parallelism")
+        if self.data == "fsdp" and self.shard != data_parallel:
+            raise UsageError(f"fsdp shards over every data-parallel rank: shard must be {data_parallel}")
+        if self.data == "hsdp" and not 1 < self.shard < data_parallel:
+            raise UsageError("hsdp shards inside a group and replicates across groups: "
+                             f"1 < shard < {data_parallel}")
 
     def describe(self) -> str:
-        parts = {"ddp": [f"DDP x{self.world}"],
-                 "fsdp": [f"FSDP2 full shard x{self.world}"],
+        parts = {"ddp": [f"DDP x{self.replicate}"] if self.replicate > 1 else [],
+                 "fsdp": [f"FSDP2 full shard x{self.shard}"],
                  "hsdp": [f"HSDP {self.replicate} replicas x {self.shard} shards"]}[self.data]
+        if self.tensor > 1:
+            parts.append(f"TP x{self.tensor}" + (" + SP" if self.sequence_parallel else ""))
+        if not parts:
+            parts.append("1 GPU")
         if self.data != "ddp" and not self.reshard_after_forward:
             parts.append("no reshard after forward")
         if self.checkpoint:
@@ -122,6 +142,13 @@ class Execution:
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "replicate": self.replicate, "data_parallel": self.data_parallel,
                 "global_batch": self.global_batch}
+
+    def mesh_shape(self) -> list[tuple[str, int]]:
+        """The device mesh, outermost first (torchtitan's order: data, then tensor innermost so
+        a tensor-parallel group is consecutive ranks, inside a node)."""
+        dims = {"ddp": [("replicate", self.replicate)], "fsdp": [("shard", self.shard)],
+                "hsdp": [("replicate", self.replicate), ("shard", self.shard)]}[self.data]
+        return [*dims, ("tensor", self.tensor)]
 
 
 @dataclass(frozen=True)
@@ -160,46 +187,74 @@ def fake_process_group(world: int, rank: int = 0) -> Iterator[None]:
     if dist.is_initialized():
         raise RuntimeError("a process group is already initialized in this process")
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    _clear_sharding_caches()
     try:
         yield
     finally:
+        _clear_sharding_caches()
         dist.destroy_process_group()
+
+
+def _clear_sharding_caches() -> None:
+    """DTensor caches its sharding decisions per op schema, local view shapes included: right
+    in a real run (one rank per process), wrong when this process traces another rank next."""
+    from torch.distributed.tensor import DTensor
+
+    DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
+    clear = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
+    if clear is not None:
+        clear()
 
 
 def trace_rank(
     build: Callable[[], Workload], options: TraceOptions, execution: Execution,
     units: Callable[[nn.Module], list[str]], prepare: Callable[[Workload], Any] | None = None,
+    rank: int = 0,
 ) -> RankTrace:
-    """Trace rank 0's step of ``execution``. ``units``: the names of the repeated blocks FSDP2
+    """Trace ``rank``'s step of ``execution``. ``units``: the names of the repeated blocks FSDP2
     shards as one unit each (torchtitan's per-transformer-block wrapping); ``prepare``: applied to the
     built workload before the engine wraps it (activation checkpointing)."""
     execution.validate()
     if options.dtype is not None:
         raise UsageError("--dtype with a multi-GPU layout is not supported yet; use --amp")
-    from torch.distributed.device_mesh import init_device_mesh
 
-    with fake_process_group(execution.world), _quiet_sharding_propagation():
+    with fake_process_group(execution.world, rank), _quiet_sharding_propagation():
         # The mesh is made on real tensors (it reads its rank table), before the fake mode.
-        if execution.data == "hsdp":
-            mesh = init_device_mesh("cpu", (execution.replicate, execution.shard),
-                                    mesh_dim_names=("replicate", "shard"))
-        else:
-            mesh = init_device_mesh("cpu", (execution.world,))
+        tp_mesh, dp_mesh = _meshes(execution)
 
         def build_distributed() -> Workload:
             workload = build()
+            if execution.tensor > 1:
+                from nnperf.trace.tensor_parallel import apply_tensor_parallel, check_divisible
+
+                check_divisible(workload.model, workload.info.get("config", {}), execution.tensor,
+                                execution.sequence_parallel, workload.info.get("seq_len"))
+                apply_tensor_parallel(workload.model, tp_mesh, execution.sequence_parallel)
             if prepare is not None:
                 prepare(workload)
+            if execution.data_parallel == 1 and execution.data != "fsdp":
+                return workload
             if execution.data == "ddp":
                 workload.model = _ddp(workload, execution)
             else:
-                _fully_shard(workload.model, mesh, units(workload.model), execution.reshard_after_forward)
+                _fully_shard(workload.model, dp_mesh, units(workload.model), execution.reshard_after_forward)
             return workload
 
         trace, workload = trace_workload(build_distributed, options)
         collectives = _collectives(trace)
     trace.config["execution"] = execution.to_json()
     return RankTrace(execution, trace, workload, collectives)
+
+
+def _meshes(execution: Execution) -> tuple[Any, Any]:
+    """The tensor-parallel and data-parallel (sub)meshes, sliced from one device mesh. A mesh
+    reads its rank table with real tensors: made and sliced before the fake mode starts."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    names, sizes = zip(*execution.mesh_shape(), strict=True)
+    mesh = init_device_mesh("cpu", sizes, mesh_dim_names=names)
+    data = ("replicate", "shard") if execution.data == "hsdp" else names[:1]
+    return mesh["tensor"], mesh[data]
 
 
 def _fully_shard(model: nn.Module, mesh: Any, blocks: list[str], reshard: bool) -> None:
@@ -284,21 +339,32 @@ del _allreduce_hook.__annotations__["return_"]
 @contextlib.contextmanager
 def _quiet_sharding_propagation() -> Iterator[None]:
     """DTensor learns its outputs' shapes by running the op on placeholder tensors; those
-    are not kernels any GPU runs, so they are not recorded."""
+    are not kernels any GPU runs, so they are not recorded. FSDP2 over tensor-parallel
+    parameters joins the two meshes (``DeviceMesh._concatenate``), reading the rank table with
+    real tensor ops: run outside the fake mode, as in a real process."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
     original = ShardingPropagator._propagate_tensor_meta_non_cached
+    concatenate = DeviceMesh.__dict__["_concatenate"]
 
     @functools.wraps(original)
     def quiet(self: Any, *args: Any, **kwargs: Any) -> Any:
         with unrecorded():
             return original(self, *args, **kwargs)
 
+    def real_concatenate(meshes: list[Any]) -> Any:
+        with unset_fake_temporarily(), unrecorded():
+            return concatenate.__func__(meshes)
+
     ShardingPropagator._propagate_tensor_meta_non_cached = quiet
+    DeviceMesh._concatenate = staticmethod(real_concatenate)
     try:
         yield
     finally:
         ShardingPropagator._propagate_tensor_meta_non_cached = original
+        DeviceMesh._concatenate = concatenate
 
 
 def _collectives(trace: Trace) -> list[Collective]:

@@ -38,10 +38,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, dropout_p: float
     return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal)
 
 
-def split_heads(x: Tensor, n_head: int) -> Tensor:
-    """(B, T, H*D) -> (B, H, T, D), the layout SDPA expects."""
+def split_heads(x: Tensor, head_dim: int) -> Tensor:
+    """(B, T, H*D) -> (B, H, T, D), the layout SDPA expects. The head count follows the width,
+    so a tensor-parallel shard of the projection (H/TP heads) splits into its own heads."""
     b, t, c = x.shape
-    return x.view(b, t, n_head, c // n_head).transpose(1, 2)
+    return x.view(b, t, c // head_dim, head_dim).transpose(1, 2)
 
 
 def merge_heads(x: Tensor) -> Tensor:

@@ -67,13 +67,13 @@ class SelfAttention(nn.Module):
 
     def __init__(self, dim: int, n_head: int) -> None:
         super().__init__()
-        self.n_head = n_head
+        self.head_dim = dim // n_head
         self.query = nn.Linear(dim, dim)
         self.key = nn.Linear(dim, dim)
         self.value = nn.Linear(dim, dim)
 
     def forward(self, x: Tensor) -> Tensor:
-        q, k, v = (split_heads(p(x), self.n_head) for p in (self.query, self.key, self.value))
+        q, k, v = (split_heads(p(x), self.head_dim) for p in (self.query, self.key, self.value))
         p = DROPOUT if self.training else 0.0
         return merge_heads(attention(q, k, v, causal=False, dropout_p=p))
 

@@ -43,13 +43,13 @@ class CausalSelfAttention(nn.Module):
 
     def __init__(self, dim: int, n_head: int) -> None:
         super().__init__()
-        self.n_head = n_head
+        self.head_dim = dim // n_head
         self.c_attn = nn.Linear(dim, 3 * dim)
         self.c_proj = nn.Linear(dim, dim)
         self.resid_dropout = nn.Dropout(DROPOUT)
 
     def forward(self, x: Tensor) -> Tensor:
-        q, k, v = (split_heads(t, self.n_head) for t in self.c_attn(x).chunk(3, dim=-1))
+        q, k, v = (split_heads(t, self.head_dim) for t in self.c_attn(x).chunk(3, dim=-1))
         p = DROPOUT if self.training else 0.0
         y = merge_heads(attention(q, k, v, causal=True, dropout_p=p))
         return self.resid_dropout(self.c_proj(y))

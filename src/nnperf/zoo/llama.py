@@ -85,9 +85,9 @@ class Attention(nn.Module):
         self.wo = nn.Linear(n_heads * self.head_dim, dim, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        q = split_heads(self.wq(x), self.n_heads)
-        k = split_heads(self.wk(x), self.n_kv_heads)
-        v = split_heads(self.wv(x), self.n_kv_heads)
+        q = split_heads(self.wq(x), self.head_dim)
+        k = split_heads(self.wk(x), self.head_dim)
+        v = split_heads(self.wv(x), self.head_dim)
         cos, sin = rotary_tables(x.shape[1], self.head_dim, q)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         return self.wo(merge_heads(attention(q, k, v, causal=True)))

@@ -45,14 +45,14 @@ class SelfAttention(nn.Module):
 
     def __init__(self, dim: int, n_head: int) -> None:
         super().__init__()
-        self.n_head = n_head
+        self.head_dim = dim // n_head
         self.in_proj_weight = nn.Parameter(nn.init.xavier_uniform_(torch.empty(3 * dim, dim)))
         self.in_proj_bias = nn.Parameter(torch.zeros(3 * dim))
         self.out_proj = nn.Linear(dim, dim)
 
     def forward(self, x: Tensor) -> Tensor:
         q, k, v = nn.functional.linear(x, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
-        q, k, v = (split_heads(t, self.n_head) for t in (q, k, v))
+        q, k, v = (split_heads(t, self.head_dim) for t in (q, k, v))
         return self.out_proj(merge_heads(attention(q, k, v, causal=False)))
 
 

@@ -1,0 +1,228 @@
+"""Tensor parallelism (with and without sequence parallelism) traced on a fake process group,
+against the same step run for real by torch.distributed with gloo in 2 processes: per-rank
+parameter, gradient and optimizer-state bytes (the storages each rank holds) and the kind,
+group, bytes and order of every collective of a steady-state step, on both ranks. The real
+run applies the same ``parallelize_module`` plan to real tensors; the collectives are seen by
+a dispatch mode of the test's own, sized from the real tensors."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
+
+from nnperf.errors import UsageError
+from nnperf.trace.distributed import Execution, sharded_bytes, trace_rank
+from nnperf.trace.options import TraceOptions
+
+WORLD = 2
+CASES = {  # name: (zoo model, options, sequence parallel)
+    "llama-tp": ("llama-7b", {"n_layer": 2, "dim": 32, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 48,
+                              "vocab": 101}, False),
+    "llama-tp-sp": ("llama-7b", {"n_layer": 2, "dim": 32, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 48,
+                                 "vocab": 101}, True),
+    "gpt2-tp-sp": ("gpt2", {"n_layer": 1, "n_embd": 32, "n_head": 4, "vocab": 100, "n_positions": 16}, True),
+    "bert-tp": ("bert-base", {"n_layer": 1, "n_embd": 32, "n_head": 4, "intermediate": 64, "vocab": 100,
+                              "max_positions": 16}, False),
+    "bert-tp-sp": ("bert-base", {"n_layer": 1, "n_embd": 32, "n_head": 4, "intermediate": 64, "vocab": 100,
+                                 "max_positions": 16}, True),
+}
+BATCH, SEQ = 2, 8
+
+# The test's own table: functional collectives (DTensor) and c10d ones, and which side is
+# nccl-tests' size (all-gather: the gathered output; the others: the input).
+_KIND = {"_c10d_functional.all_reduce": ("all_reduce", "in"),
+         "_c10d_functional.all_gather_into_tensor": ("all_gather", "out"),
+         "_c10d_functional.reduce_scatter_tensor": ("reduce_scatter", "in"),
+         "c10d.allreduce_": ("all_reduce", "in")}
+
+
+class _Collectives(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, int, tuple[int, ...]]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(is_traceable_wrapper_subclass_type(t) for t in types):
+            return NotImplemented  # a DTensor: see the collectives on its local tensors
+        out = func(*args, **(kwargs or {}))
+        name = f"{func.namespace}.{func._schema.name.split('::')[1]}"
+        if name in _KIND:
+            kind, side = _KIND[name]
+            if func.namespace == "c10d":  # (output, input, group, ...); all-reduce: (tensors, group, ...)
+                tensor = args[1] if side == "in" and kind == "reduce_scatter" else args[0]
+            else:  # functional: (input, ..., group name) -> output
+                tensor = out if side == "out" else args[0]
+            tensor = tensor[0] if isinstance(tensor, list) else tensor
+            self.seen.append((kind, tensor.numel() * tensor.element_size(), _ranks(args)))
+        return out
+
+
+def _ranks(args) -> tuple[int, ...]:
+    for a in reversed(args):
+        if isinstance(a, str):  # a functional collective names its group
+            return tuple(dist.get_process_group_ranks(dist.distributed_c10d._resolve_process_group(a)))
+        if isinstance(a, torch.ScriptObject) and "ProcessGroup" in str(a._type()):
+            return tuple(dist.get_process_group_ranks(dist.ProcessGroup.unbox(a)))
+    raise AssertionError("a collective without a group")
+
+
+def _storage_bytes(model, optimizer) -> dict[str, int]:
+    def local(t):
+        return getattr(t, "_local_tensor", t)
+
+    def total(ts):
+        return sum({id(local(t).untyped_storage()): local(t).untyped_storage().nbytes() for t in ts}.values())
+
+    return {"parameters": total(model.parameters()),
+            "gradients": total(p.grad for p in model.parameters()),
+            "optimizer_state": total(v for s in optimizer.state.values() for v in s.values())}
+
+
+def _worker(rank: int, port: int, queue) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from nnperf.trace.tensor_parallel import apply_tensor_parallel
+    from nnperf.zoo import get_model
+
+    mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("tensor",))
+    results = {}
+    for case, (name, options, sp) in CASES.items():
+        torch.manual_seed(0)
+        workload = get_model(name).build(batch=BATCH, seq_len=SEQ, **options)
+        apply_tensor_parallel(workload.model, mesh["tensor"], sp)
+        optimizer = torch.optim.AdamW(workload.model.parameters(), foreach=True)
+        for _ in range(2):  # the second step is the steady state (Adam's state exists)
+            seen = _Collectives()
+            with seen:
+                workload.loss_fn(workload.model(*workload.inputs)).backward()
+                optimizer.step()
+            state = _storage_bytes(workload.model, optimizer)
+            optimizer.zero_grad()
+        results[case] = (seen.seen, state)
+    queue.put((rank, results))
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def real_runs():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    mp.start_processes(_worker, args=(port, queue), nprocs=WORLD, start_method="spawn")
+    return dict(queue.get(timeout=120) for _ in range(WORLD))
+
+
+def _traced(case: str, rank: int):
+    from nnperf.zoo import get_model
+
+    name, options, sp = CASES[case]
+    execution = Execution(world=WORLD, tensor=WORLD, sequence_parallel=sp)
+    return trace_rank(lambda: get_model(name).build(batch=BATCH, seq_len=SEQ, **options),
+                      TraceOptions(optimizer="adamw"), execution, lambda model: [], rank=rank)
+
+
+@pytest.mark.parametrize("rank", range(WORLD))
+@pytest.mark.parametrize("case", list(CASES))
+def test_fake_process_group_reproduces_gloo(real_runs, case, rank):
+    real_collectives, real_bytes = real_runs[rank][case]
+    traced = _traced(case, rank)
+    assert [(c.kind, c.bytes, c.group_ranks) for c in traced.collectives] == real_collectives
+    assert sharded_bytes(traced) == real_bytes
+
+
+def test_megatron_collectives_per_block():
+    """Megatron's count (Shoeybi et al. 2019, Korthikanti et al. 2022): per block and direction
+    two all-reduces of the activations (b x s x h) without SP; with SP each becomes an
+    all-gather plus a reduce-scatter of the same size. Here: the llama case's forward."""
+    activation = BATCH * SEQ * CASES["llama-tp"][1]["dim"] * 4
+    plain = [c for c in _traced("llama-tp", 0).collectives if c.phase == "forward" and c.module.startswith("layers.")]
+    assert [(c.kind, c.bytes) for c in plain] == [("all_reduce", activation)] * 2 * 2
+    sp = [c for c in _traced("llama-tp-sp", 0).collectives if c.phase == "forward" and c.module.startswith("layers.")]
+    assert [(c.kind, c.bytes) for c in sp] == [("all_gather", activation), ("reduce_scatter", activation)] * 2 * 2
+
+
+def test_heads_tp_does_not_divide_is_one_line():
+    from nnperf.zoo import get_model
+
+    name, options, _ = CASES["llama-tp"]
+    execution = Execution(world=3, tensor=3)
+    with pytest.raises(UsageError, match=r"tensor parallel degree 3 does not divide n_heads = 4 .* "
+                                         r"nearest valid degrees: 2$"):
+        trace_rank(lambda: get_model(name).build(batch=BATCH, seq_len=SEQ, **options),
+                   TraceOptions(optimizer="adamw"), execution, lambda model: [])
+
+
+FSDP_TP = ("llama-7b", {"n_layer": 2, "dim": 32, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 48, "vocab": 101})
+
+
+def _worker_2d(rank: int, port: int, queue) -> None:
+    """FSDP2 over tensor parallelism with sequence parallelism on a 2 x 2 mesh, torchtitan's
+    order: TP first, then ``fully_shard`` per block and the root on the data-parallel mesh."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=4)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from nnperf.trace.tensor_parallel import apply_tensor_parallel
+    from nnperf.zoo import get_model
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("shard", "tensor"))
+    torch.manual_seed(0)
+    name, options = FSDP_TP
+    workload = get_model(name).build(batch=BATCH, seq_len=SEQ, **options)
+    model = workload.model
+    apply_tensor_parallel(model, mesh["tensor"], True)
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh["shard"])
+    fully_shard(model, mesh=mesh["shard"], reshard_after_forward=False)
+    optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
+    for _ in range(2):
+        seen = _Collectives()
+        with seen:
+            workload.loss_fn(model(*workload.inputs)).backward()
+            optimizer.step()
+        state = _storage_bytes(model, optimizer)
+        optimizer.zero_grad()
+    queue.put((rank, (seen.seen, state)))
+    dist.destroy_process_group()
+
+
+_KIND.update({"c10d._allgather_base_": ("all_gather", "out"), "c10d._reduce_scatter_base_": ("reduce_scatter", "in"),
+              "c10d.allgather_into_tensor_coalesced_": ("all_gather", "out"),
+              "c10d.reduce_scatter_tensor_coalesced_": ("reduce_scatter", "in")})
+
+
+@pytest.fixture(scope="module")
+def real_2d():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    queue = mp.get_context("spawn").Queue()
+    mp.start_processes(_worker_2d, args=(port, queue), nprocs=4, start_method="spawn")
+    return dict(queue.get(timeout=180) for _ in range(4))
+
+
+@pytest.mark.parametrize("rank", [0, 3])
+def test_fsdp_over_tensor_parallel_reproduces_gloo(real_2d, rank):
+    from nnperf.zoo import get_model
+
+    name, options = FSDP_TP
+    execution = Execution(world=4, data="fsdp", shard=2, tensor=2, sequence_parallel=True)
+    traced = trace_rank(lambda: get_model(name).build(batch=BATCH, seq_len=SEQ, **options),
+                        TraceOptions(optimizer="adamw"), execution, lambda model: ["layers.0", "layers.1"],
+                        rank=rank)
+    real_collectives, real_bytes = real_2d[rank]
+    assert [(c.kind, c.bytes, c.group_ranks) for c in traced.collectives] == real_collectives
+    assert sharded_bytes(traced) == real_bytes
