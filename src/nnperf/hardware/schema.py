@@ -271,5 +271,11 @@ def validate(raw: dict[str, Any], origin: str) -> dict[str, Any]:
 
 
 def origin_of(path: Path | str) -> str:
-    """How a file is named in error messages."""
-    return f"GPU file {str(path)!r}"
+    """How a file is named in messages and in ``--json`` output: a file shipped with nnperf by
+    its place in the package (the same on every machine), a user's file by the path given."""
+    package = Path(__file__).resolve().parent.parent
+    try:
+        inside = Path(path).resolve().relative_to(package)
+    except ValueError:
+        return f"GPU file {str(path)!r}"
+    return f"built-in GPU file 'nnperf/{inside.as_posix()}'"
