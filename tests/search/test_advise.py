@@ -201,3 +201,25 @@ def test_conflicting_changes_are_refused():
 
     with pytest.raises(UsageError, match="conflicting"):
         Change(trace=(("amp", "bf16"),)).merge(Change(trace=(("amp", "fp16"),)))
+
+
+def test_an_item_on_one_fsdp_rank_is_plans_rank_step_with_the_change():
+    from nnperf.errors import UsageError
+    from nnperf.hardware.cluster import cluster_for_gpu
+    from nnperf.search import plan
+    from nnperf.search.advise.sharded import evaluate_on_layout
+    from nnperf.trace.distributed import Execution
+
+    gpu = load_gpu("h100-sxm")
+    cluster = cluster_for_gpu(gpu.id)
+    req = ModelRequest("gpt2", batch=2, seq_len=64, overrides=TINY_GPT)
+    ex = Execution(world=2, data="fsdp", shard=2, micro_batch=2)
+    options = TraceOptions(amp="bf16")
+    fused = evaluate_on_layout(req, options, Change(trace=(("optimizer_impl", "fused"),)), ex, gpu, cluster)
+    direct = plan.evaluate(req, TraceOptions(amp="bf16", optimizer_impl="fused"), ex, gpu, cluster)
+    assert fused.step_s == pytest.approx(direct.step_s, rel=1e-9)
+    foreach = evaluate_on_layout(req, options, Change(), ex, gpu, cluster)
+    assert fused.step_s < foreach.step_s  # one fused kernel per group instead of a dozen foreach ops
+    assert fused.state_bytes == foreach.state_bytes  # the same sharded optimizer state
+    with pytest.raises(UsageError, match="graphs"):
+        evaluate_on_layout(req, options, Change(graphs=True), ex, gpu, cluster)
