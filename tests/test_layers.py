@@ -21,7 +21,7 @@ LAYERS: list[set[str]] = [
     {"", "errors", "units", "vocab"},
     {"hardware"},
     {"kernels"},
-    {"workload", "request", "zoo", "trace"},
+    {"workload", "request", "zoo", "trace", "hub"},
     {"loading"},
     {"passes"},
     {"analysis"},

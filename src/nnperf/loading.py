@@ -1,5 +1,6 @@
-"""Turn a ``ModelRequest`` (a zoo model, ``file.py:factory``, ``pkg.mod:factory`` or a module
-object, with its batch and inputs) into a zero-argument builder of a ``Workload``.
+"""Turn a ``ModelRequest`` (a zoo model, a library model ``hf:``/``timm:``/``tv:``,
+``file.py:factory``, ``pkg.mod:factory`` or a module object, with its batch and inputs) into a
+zero-argument builder of a ``Workload``.
 
 Builders are called later, inside the tracing context, so weights and inputs created by a
 factory cost no memory.
@@ -18,8 +19,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from nnperf import hub
 from nnperf.errors import ModelLoadError, UsageError, shown
 from nnperf.request import ModelRequest
+from nnperf.trace.construction import build_as_user_code, reads_tensor_values, unwrap_compiled
 from nnperf.workload import LossFn, Workload
 
 
@@ -28,8 +31,13 @@ def resolve(request: ModelRequest) -> tuple[str, Callable[[], Workload]]:
     target = request.target
     if isinstance(target, nn.Module):
         name = type(target).__name__
+        _refuse_hub_settings(request)
         _refuse_zoo_settings(request, f"'{name}' is a model object")
         return name, lambda: _workload_from(target, name, request, request.inputs, request.loss_fn)
+    _refuse_hub_settings(request)
+    library = hub.split(target)
+    if library is not None:
+        return _hub_builder(request, *library)
     if ":" in target:
         _refuse_zoo_settings(request, f"'{target}' is a factory", seq=False)
         factory = _load_factory(target)
@@ -45,7 +53,7 @@ def resolve(request: ModelRequest) -> tuple[str, Callable[[], Workload]]:
 
     if len(target) > MAX_NAME:  # no model is called that: a pasted blob, not a typo to match
         raise ModelLoadError(f"unknown model {shown(target)}: give a built-in name (nnperf models), "
-                             "PATH.py:FACTORY or package.module:FACTORY")
+                             "hf:ID, timm:NAME, tv:NAME, PATH.py:FACTORY or package.module:FACTORY")
     spec = get_model(target)
     if request.inputs is not None or request.input_spec.given:
         raise UsageError(
@@ -60,6 +68,39 @@ def resolve(request: ModelRequest) -> tuple[str, Callable[[], Workload]]:
         return wl
 
     return spec.name, build
+
+
+def _refuse_hub_settings(request: ModelRequest) -> None:
+    """``--task`` and ``--attn-implementation`` configure a Hugging Face model only."""
+    target = request.target
+    if isinstance(target, str) and target.startswith("hf:"):
+        return
+    what = f"'{target}' is not an hf: model" if isinstance(target, str) else "a model object is given"
+    for value, option in ((request.task, "--task"), (request.attn_implementation, "--attn-implementation")):
+        if value is not None:
+            raise UsageError(f"{option} {value} is not used: it configures Hugging Face models "
+                             f"(hf:ID) and {what}; set it where the model is built")
+
+
+def _hub_builder(request: ModelRequest, prefix: str, name: str) -> tuple[str, Callable[[], Workload]]:
+    """A library model: it makes its own inputs, sized by --batch (and --seq for text)."""
+    if request.inputs is not None or request.input_spec.given:
+        raise UsageError(f"'{request.target}' makes its own inputs; use --batch/--seq instead of "
+                         "--input-shape/--tokens")
+    if not name:
+        raise ModelLoadError(f"{shown(request.target)}: give a model name after '{prefix}:', e.g. "
+                             + {"hf": "hf:gpt2", "timm": "timm:convnext_tiny", "tv": "tv:resnet50"}[prefix])
+    display, build = hub.builder(prefix, hub.HubRequest(
+        name=name, batch=request.batch, seq_len=request.seq_len, overrides=dict(request.overrides),
+        task=request.task, attn_implementation=request.attn_implementation))
+
+    def build_with_loss() -> Workload:
+        wl = build()
+        if request.loss_fn is not None:
+            wl.loss_fn = request.loss_fn
+        return wl
+
+    return display, build_with_loss
 
 
 def _load_factory(target: str) -> Callable[..., Any]:
@@ -147,13 +188,19 @@ def _call_factory(factory: Callable[..., Any], request: ModelRequest, params: se
         kwargs["batch"] = request.batch
     if request.seq_len is not None:
         kwargs[next(p for p in SEQ_PARAMETERS if p in params)] = request.seq_len
-    try:
-        produced = factory(**kwargs)
+    try:  # as user code runs: .to(dtype), .to("cuda"), torch.compile work (trace.construction)
+        produced = build_as_user_code(lambda: factory(**kwargs))
     except (Exception, SystemExit) as err:  # its SystemExit(7) must not become nnperf's exit 7
-        raise ModelLoadError(f"factory {shown(target)} raised {_raised(err)}") from None
+        hint = ""
+        if reads_tensor_values(err):
+            hint = ("; building the model reads a tensor's value, which fake tensors do not "
+                    "have, even with its parameters on the meta device: trace with --real "
+                    "(real CPU tensors), or compute that value with Python numbers")
+        raise ModelLoadError(f"factory {shown(target)} raised {_raised(err)}{hint}") from None
     if isinstance(produced, Workload):
         if request.loss_fn is not None:
             produced.loss_fn = request.loss_fn
+        produced.model = _eager(produced.model, produced.info)
         return produced
     model, given_inputs, given_loss = produced, None, None
     if isinstance(produced, tuple):
@@ -166,13 +213,25 @@ def _call_factory(factory: Callable[..., Any], request: ModelRequest, params: se
         given_loss = produced[2] if len(produced) == 3 else None
     if not isinstance(model, nn.Module):
         raise ModelLoadError(f"factory '{target}' returned {type(model).__name__}, not a torch.nn.Module")
+    info: dict[str, Any] = {}
+    model = _eager(model, info)
     inputs = request.inputs
     from_factory = given_inputs is not None and inputs is None and not request.input_spec.given
     if from_factory:
         inputs = given_inputs
     # the factory's own inputs were sized by --batch when it takes a batch parameter
-    return _workload_from(model, target, request, inputs, request.loss_fn or given_loss,
-                          from_factory=from_factory, sized_by_batch=from_factory and "batch" in kwargs)
+    wl = _workload_from(model, target, request, inputs, request.loss_fn or given_loss,
+                        from_factory=from_factory, sized_by_batch=from_factory and "batch" in kwargs)
+    wl.info.update(info)
+    return wl
+
+
+def _eager(model: nn.Module, info: dict[str, Any]) -> nn.Module:
+    """The eager module behind a ``torch.compile``'d one; ``info`` says the trace is eager's."""
+    model, compiled = unwrap_compiled(model)
+    if compiled:
+        info["torch_compile"] = "traced eager: the ops before torch.compile fuses them"
+    return model
 
 
 def _workload_from(

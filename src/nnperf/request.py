@@ -125,7 +125,8 @@ def parse_shape(text: str, what: str = "shape") -> tuple[int, ...]:
 class ModelRequest:
     """The model workload to build: ``target`` and what it is built with.
 
-    ``target`` is a zoo name (``"resnet50"``), ``"file.py:factory"``, ``"pkg.mod:factory"`` or
+    ``target`` is a zoo name (``"resnet50"``), a library model (``"hf:gpt2"``,
+    ``"timm:convnext_tiny"``, ``"tv:resnet50"``), ``"file.py:factory"``, ``"pkg.mod:factory"`` or
     an ``nn.Module``. ``batch`` and ``seq_len`` size a zoo model (and a factory that takes
     ``batch``, ``seq_len`` or ``seq``); ``overrides`` are a zoo model's config (``n_layer=2``).
     A module, or a factory that returns a bare model, gets ``inputs`` (positional arguments
@@ -144,6 +145,9 @@ class ModelRequest:
     input_spec: InputSpec = field(default_factory=InputSpec)
     loss_fn: LossFn | None = None
     overrides: Mapping[str, Any] = field(default_factory=dict)
+    #: A Hugging Face model's task head and attention implementation (``hf:`` targets only).
+    task: str | None = None
+    attn_implementation: str | None = None
 
     def __post_init__(self) -> None:
         if self.batch is not None:

@@ -21,6 +21,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from nnperf.errors import NnperfError
 from nnperf.trace.accumulation import AccumulationWatch, fold_inplace_accumulations
+from nnperf.trace.assumptions import collecting
 from nnperf.trace.diagnosis import (
     DATA_DEPENDENT,
     data_dependent_error,
@@ -84,6 +85,8 @@ def _swap_in_private_copies(
     def private(t: torch.Tensor) -> torch.Tensor:
         if fake_mode is None:
             return t.detach().clone()
+        if t.is_meta:  # built on the meta device (trace.construction): a fake on the CPU
+            return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
         return fake_mode.from_tensor(t)
 
     originals: list[tuple[dict, str, Any]] = []
@@ -105,9 +108,8 @@ def _swap_in_private_copies(
     real_inputs = workload.inputs
     if fake_mode is not None:
         workload.inputs = tuple(
-            fake_mode.from_tensor(t)
-            if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor)
-            else t
+            (_host_ints(fake_mode, t) if _is_host_ints(t) else private(t))
+            if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor) else t
             for t in workload.inputs
         )
 
@@ -121,6 +123,16 @@ def _swap_in_private_copies(
     return restore
 
 
+def _is_host_ints(t: torch.Tensor) -> bool:
+    """A 1-D integer CPU input: sequence lengths for packing, which PyTorch keeps on the host."""
+    return t.dim() == 1 and t.device.type == "cpu" and t.dtype in (torch.int64, torch.int32)
+
+
+def _host_ints(fake_mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
+    """A host integer input as a fake that keeps its values (``trace.packing``)."""
+    return fake_mode.fake_tensor_converter.from_real_tensor(fake_mode, t, make_constant=True)
+
+
 class _Watch(StepWatch):
     """The recorder's side of the step: module and phase of each part, the engine's sums in
     backward, and which part runs the user's code (for the message when it fails; nnperf's
@@ -129,6 +141,7 @@ class _Watch(StepWatch):
     def __init__(self, recorder: OpRecorder, modules: ModuleStack, accumulation: AccumulationWatch):
         self.recorder, self.modules, self.accumulation = recorder, modules, accumulation
         self.user_part: str | None = "forward"
+        self.actions: list[list[Any]] = []  # pipeline actions: [label, first event, end event]
 
     def loss_starts(self) -> None:
         self.user_part = "loss"
@@ -156,6 +169,19 @@ class _Watch(StepWatch):
     def optimizer_starts(self) -> None:
         self.recorder.phase = "optimizer"
 
+    def action_starts(self, label: str, phase: str, roots: list[Any] | None = None) -> None:
+        self.recorder.phase = phase
+        self.user_part = phase
+        if phase == "backward":
+            self.accumulation.watch_graph(roots or [])
+        self.actions.append([label, len(self.recorder.events), None])
+
+    def action_ends(self) -> None:
+        self.actions[-1][2] = len(self.recorder.events)
+        if self.recorder.phase == "backward":
+            self.accumulation.reset()
+        self.user_part = None
+
 
 def _record(workload: Workload, step: Step) -> Trace:
     model, options, scaler, optimizer = step.model, step.options, step.scaler, step.optimizer
@@ -175,7 +201,7 @@ def _record(workload: Workload, step: Step) -> Trace:
         recorder.answer = scaler.finite.answer
     watch = _Watch(recorder, modules, accumulation)
     try:
-        with modules, GraphLabeler(modules), recorder:
+        with modules, GraphLabeler(modules), recorder, collecting() as assumptions:
             # an inference output stays alive until the recording stops, as it always did
             output = step.run(watch)
             watch.user_part = None
@@ -214,6 +240,7 @@ def _record(workload: Workload, step: Step) -> Trace:
             "options": options.to_json(),
             "inputs": _input_descriptions(workload.inputs),
             "grad_scaler": scaler is not None,
+            **({"assumptions": assumptions} if assumptions else {}),
         },
     )
     fold_inplace_accumulations(trace, recorder.engine_sums)

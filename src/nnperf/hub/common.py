@@ -1,0 +1,78 @@
+"""What the library builders share: importing an optional library with one clear line when it
+is missing or broken, and the image-classification workload timm and torchvision models get."""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Iterable
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import nn
+
+from nnperf.errors import ModelLoadError, UsageError, shown
+from nnperf.workload import Workload
+from nnperf.zoo._losses import CrossEntropy, random_classes
+
+#: module -> the nnperf extra that installs it
+EXTRAS = {"transformers": "hf", "timm": "timm", "torchvision": "vision"}
+
+
+def require(module: str, what: str) -> ModuleType:
+    """``import module`` for ``what`` (``"hf:gpt2"``), or one line saying what to install."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        if err.name is not None and err.name.split(".")[0] not in (module, "torchvision"):
+            raise ModelLoadError(f"{what} needs {module}, whose import failed: {err}") from None
+        if err.name == module:
+            raise ModelLoadError(f"{what} needs {module}, which is not installed: "
+                                 f"pip install 'nnperf[{EXTRAS[module]}]'") from None
+        raise ModelLoadError(f"{what} needs {module}, which needs torchvision, not installed: "
+                             f"{_pair_advice()}") from None
+    except Exception as err:  # a broken install raises anything
+        text = " ".join(str(err).split())[:200]
+        if module in ("torchvision", "timm") or "torchvision" in text:
+            raise ModelLoadError(f"{what} needs {module}, but it cannot be imported with torch "
+                                 f"{torch.__version__} ({type(err).__name__}: {text}): "
+                                 f"{_pair_advice()}") from None
+        raise ModelLoadError(f"{what} needs {module}, but importing it failed: "
+                             f"{type(err).__name__}: {text}") from None
+
+
+def _pair_advice() -> str:
+    """How to get a torchvision that loads with the installed torch. torchvision releases pair
+    with one torch release each, minor + 15 (0.19 with 2.4 ... 0.29 with 2.14: the table in
+    https://github.com/pytorch/vision#installation); a CPU-only torch (``+cpu``) needs
+    torchvision from the same CPU index, or a default torch build."""
+    major, minor = (int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    pair = f"torchvision 0.{minor + 15}" if major == 2 else "the torchvision release for it"
+    cpu = "+cpu" in torch.__version__
+    where = (" from the same CPU index (--index-url https://download.pytorch.org/whl/cpu), or "
+             "install the default torch build with it") if cpu else ""
+    return f"install {pair}, the release built for torch {major}.{minor}{where}"
+
+
+def unknown_name(what: str, name: str, known: Iterable[str], listing: str) -> ModelLoadError:
+    """``unknown timm model 'convnxt_tiny'; did you mean convnext_tiny?``"""
+    close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
+    hint = f"did you mean {', '.join(close)}?" if close else f"see {listing}"
+    return ModelLoadError(f"unknown {what} {shown(name)}; {hint}")
+
+
+def refuse_seq(target: str, seq_len: int | None) -> None:
+    if seq_len is not None:
+        raise UsageError(f"--seq {seq_len} is not used: {target} is an image model; "
+                         "its input size is the library's own (use -O to change the model)")
+
+
+def image_workload(name: str, model: nn.Module, batch: int, input_size: tuple[int, int, int],
+                   num_classes: int, info: dict[str, Any]) -> Workload:
+    """(batch, C, H, W) images and cross entropy against random labels, as an ImageNet
+    training loop (timm's train.py, torchvision's references) runs the model."""
+    x = torch.randn(batch, *input_size)
+    loss = CrossEntropy(random_classes(batch, num_classes)) if num_classes > 0 else None
+    info = {"image_size": list(input_size[1:]), "num_classes": num_classes, **info}
+    return Workload(model, (x,), loss, samples=batch, name=name, info=info)
