@@ -169,12 +169,16 @@ def analyze(
     input_spec: InputSpec | None = None,
     real: bool = False,
     channels_last: bool = False,
+    task: str | None = None,
+    attn_implementation: str | None = None,
     **overrides: Any,
 ) -> Analysis:
     """Trace one step of ``model`` on fake tensors and count it.
 
-    ``model`` is a zoo name (``"resnet50"``), ``"file.py:factory"``, ``"pkg.mod:factory"``
-    or an ``nn.Module`` (its weights are swapped for fakes during the trace, then restored).
+    ``model`` is a zoo name (``"resnet50"``), a library model (``"hf:gpt2"``,
+    ``"timm:convnext_tiny"``, ``"tv:resnet50"``; ``task`` and ``attn_implementation`` for
+    ``hf:``), ``"file.py:factory"``, ``"pkg.mod:factory"`` or an ``nn.Module`` (its weights are
+    swapped for fakes during the trace, then restored).
     The keywords are spelled out for notebook use; they make a ``ModelRequest`` (what to
     build) and ``TraceOptions`` (how to run the step) for ``analyze_request``.
     """
@@ -186,6 +190,8 @@ def analyze(
         input_spec=input_spec or InputSpec(),
         loss_fn=loss_fn,
         overrides=overrides,
+        task=task,
+        attn_implementation=attn_implementation,
     )
     options = TraceOptions(
         train=train, optimizer=optimizer, optimizer_impl=optimizer_impl, dtype=dtype, amp=amp,

@@ -10,19 +10,21 @@ import click
 
 from nnperf.cli.limits import LimitedInt
 from nnperf.errors import UsageError, shown
+from nnperf.hub import ATTN_IMPLEMENTATIONS, HF_TASKS
 from nnperf.request import INPUT_DTYPES, InputSpec, ModelRequest, parse_shape
 from nnperf.trace.options import AMP_DTYPES, DTYPES, OPTIMIZER_IMPLS, OPTIMIZERS, TraceOptions
 
 _WORKLOAD_KEYS = (
     "model", "batch", "seq", "train", "dtype", "amp", "grad_scaler", "optimizer", "optimizer_impl",
     "input_shape", "input_dtype", "tokens", "vocab", "real", "model_opt", "channels_last",
+    "task", "attn_implementation",
 )
 
 
 def workload_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Adds MODEL and the options that say which step to trace."""
     options = [
-        click.argument("model"),
+        click.argument("model"),  # a zoo name, hf:ID, timm:NAME, tv:NAME, PATH.py:FACTORY
         click.option("--batch", "-b", type=LimitedInt("batch"), help="Batch size (samples per step)."),
         click.option("--seq", type=LimitedInt("seq"), help="Sequence length for token models."),
         click.option("--train/--inference", default=True, show_default=True,
@@ -49,7 +51,13 @@ def workload_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--real", is_flag=True,
                      help="Trace on real CPU tensors (for models whose shapes depend on data)."),
         click.option("--model-opt", "-O", multiple=True, metavar="KEY=VALUE",
-                     help="Override a built-in model's config, e.g. -O n_layer=2."),
+                     help="Override a built-in model's config, e.g. -O n_layer=2 (hf: a config "
+                          "field, -O num_hidden_layers=2; timm:/tv: a constructor argument)."),
+        click.option("--task", type=click.Choice(list(HF_TASKS)),
+                     help="Task head of an hf: model, with its loss (default: the config's "
+                          "architecture)."),
+        click.option("--attn-implementation", type=click.Choice(list(ATTN_IMPLEMENTATIONS)),
+                     help="Attention of an hf: model (default: transformers' choice)."),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -71,6 +79,8 @@ def pop_workload(kwargs: dict[str, Any]) -> tuple[ModelRequest, TraceOptions]:
         seq_len=opts["seq"],
         input_spec=_input_spec(opts),
         overrides=parse_model_opts(opts["model_opt"]),
+        task=opts["task"],
+        attn_implementation=opts["attn_implementation"],
     )
     options = TraceOptions(
         train=opts["train"],
