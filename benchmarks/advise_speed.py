@@ -25,14 +25,16 @@ def main() -> None:
     env = dict(os.environ)
     if args.workers:
         env["NNPERF_FIT_WORKERS"] = str(args.workers)
-    print(f"cores available: {len(os.sched_getaffinity(0))}")
+    print(f"cores available: {len(os.sched_getaffinity(0))}; load average before: "
+          + ", ".join(f"{x:.2f}" for x in os.getloadavg()) + " (other users share the cores)")
     for case in CASES:
         start = time.perf_counter()
         subprocess.run([sys.executable, "-c", "from nnperf.cli.app import main; main()", "advise", *case, "--json"], check=True,
                        stdout=subprocess.DEVNULL, env=env)
         took = time.perf_counter() - start
         verdict = "ok" if took < TARGET_S else "OVER"
-        print(f"advise {' '.join(case)}: {took:.1f} s (target < {TARGET_S:.0f} s) {verdict}")
+        print(f"advise {' '.join(case)}: {took:.1f} s (target < {TARGET_S:.0f} s) {verdict}; "
+              f"load average now {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":
