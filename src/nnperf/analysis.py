@@ -102,6 +102,7 @@ class Analysis:
             "optimizer_impl": self.options.optimizer_impl if self.options.train else None,
             "inputs": shapes,
             **({"channels_last": True} if self.options.channels_last else {}),
+            **({"assumptions": self.trace.config["assumptions"]} if self.trace.config.get("assumptions") else {}),
             **self.workload.info,
         }
 

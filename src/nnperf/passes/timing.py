@@ -27,7 +27,9 @@ from typing import Any
 
 from nnperf.hardware import GPU, DeviceProfile
 from nnperf.kernels.gemm import GemmEstimate, estimate_gemm
+from nnperf.kernels.rnn import cudnn_algorithm, estimate_rnn
 from nnperf.passes.costs import registry as cat
+from nnperf.passes.costs import rnn as rnn_costs
 from nnperf.passes.costs.matmul import is_depthwise, nchw_transposes, winograd_fraction
 from nnperf.passes.count import OpCount
 from nnperf.passes.gemms import Gemm, operand_dtype
@@ -160,6 +162,8 @@ class KernelModel:
     def time_op(self, count: OpCount, host_s: float) -> OpTime:
         category = count.category
         base = dict(count=count, host_s=host_s)
+        if count.op in rnn_costs.RNN_OPS:
+            return self._rnn(count, base)
         if category in (cat.GEMM, cat.CONV):
             return self._matrix(count, base)
         if category == cat.ATTENTION:
@@ -211,6 +215,38 @@ class KernelModel:
             math=ests[0].rate_dtype if ests else "",
             model_compute_s=model_compute, model_memory_s=model_memory, overhead_s=overhead,
             layout_s=layout_s, **base,
+        )
+
+    def _rnn(self, count: OpCount, base: dict[str, Any]) -> OpTime:
+        """A cuDNN RNN call (``kernels.rnn``): its big GEMMs, then its recurrence step by step
+        with the GEMM model, chains side by side where they fit; fp32 under TF32 when
+        ``torch.backends.cudnn.allow_tf32`` (cuDNN's default math)."""
+        dtype = dtype_name(operand_dtype(count.event))
+        geometry = rnn_costs.geometry(count.event)
+        forward = count.op == rnn_costs.FORWARD_OP
+        algorithm = cudnn_algorithm(geometry, dtype, self.gpu, forward)
+        tf32 = self.options.tf32_conv
+
+        def gemm(m: int, n: int, k: int) -> GemmEstimate:
+            return self.gemm(m, n, k, 1, dtype, tf32)
+
+        itemsize = operand_dtype(count.event).itemsize
+        parts = [estimate_rnn(geometry, part, itemsize, algorithm, self.gpu, self.profile, gemm)
+                 for part in rnn_costs.parts(count.event)]
+        by_shape = {(g.m, g.n, g.k): e for p in parts for g, e in p.gemms}
+        gemms = [GemmTime(g, by_shape[(g.m, g.n, g.k)]) for g in count.gemms]
+        first = gemms[0].estimate if gemms else None
+        compute = sum(g.estimate.compute_s for g in gemms)
+        memory = count.bytes / self.gpu.memory_bandwidth
+        model_compute = sum(p.compute_s for p in parts)
+        model_memory = sum(p.memory_s for p in parts)
+        overhead = sum(p.overhead_s for p in parts)
+        return OpTime(
+            kernels=sum(p.kernels for p in parts), kernel_s=sum(p.time_s for p in parts),
+            compute_s=compute, memory_s=memory, peak_flops=first.peak_flops if first else 0.0,
+            bound=_bound(model_compute, model_memory, overhead), gemms=gemms,
+            math=first.rate_dtype if first else "", model_compute_s=model_compute,
+            model_memory_s=model_memory, overhead_s=overhead, **base,
         )
 
     @staticmethod

@@ -4,7 +4,9 @@ Three small mechanisms cooperate:
 - ``ModuleStack`` follows module entry/exit with global forward hooks (forward attribution);
 - ``GraphLabeler`` (a TorchFunctionMode) stamps each new autograd node with the module that
   created it, so backward ops can be attributed through ``_current_autograd_node``; it also
-  routes ``scaled_dot_product_attention`` to the fused ``nnperf::attention`` op;
+  routes ``scaled_dot_product_attention`` to the fused ``nnperf::attention`` op, the RNN
+  functions to cuDNN's (``nnperf::cudnn_rnn``, ``trace.rnn``), and keeps the host values
+  packed sequences need (``trace.packing``);
 - ``OpRecorder`` (a TorchDispatchMode) writes one ``OpEvent`` per aten op and watches storages
   with ``weakref.finalize`` so the memory pass knows exactly when autograd frees them.
 """
@@ -18,20 +20,25 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 from torch.utils._pytree import tree_flatten, tree_map
 
+from nnperf.trace import packing
 from nnperf.trace.accumulation import ADD, AccumulationWatch
 from nnperf.trace.attention import fused_sdpa
 from nnperf.trace.events import KIND_ACTIVATION, OpEvent, StorageInfo, TensorMeta
 from nnperf.trace.grad_scaler import LOCAL_SCALAR_DENSE
+from nnperf.trace.rnn import cudnn_rnn_call, is_rnn_function
 
 _LABEL_KEY = "nnperf.module"
 _SKIPPED_NAMESPACES = {"prim", "profiler"}
 #: Collectives write buffers their schemas do not annotate: never "free" views.
 _COLLECTIVE_NAMESPACES = {"c10d", "_c10d_functional"}
 _SDPA = {F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}
+#: Packed sequences on fake tensors (``trace.packing``): their shapes are host values.
+_PACKING = {torch._pack_padded_sequence: packing.pack_padded, torch._pad_packed_sequence: packing.pad_packed}
 
 
 class ModuleStack:
@@ -83,7 +90,8 @@ class ModuleStack:
 
 
 class GraphLabeler(TorchFunctionMode):
-    """Stamps new autograd nodes with the creating module; swaps SDPA for the fused op."""
+    """Stamps new autograd nodes with the creating module; swaps SDPA for the fused op and
+    the RNN functions for cuDNN's."""
 
     def __init__(self, modules: ModuleStack):
         super().__init__()
@@ -95,6 +103,18 @@ class GraphLabeler(TorchFunctionMode):
             out = fused_sdpa(*args, **kwargs)
         elif func is F.dropout:
             out = _native_dropout(func, args, kwargs)
+        elif is_rnn_function(func):
+            out = cudnn_rnn_call(func, args, kwargs)
+            if out is NotImplemented:
+                out = func(*args, **kwargs)
+        elif func in _PACKING:
+            out = _PACKING[func](*args, **kwargs) if isinstance(args[0], FakeTensor) else NotImplemented
+            if out is NotImplemented:
+                out = func(*args, **kwargs)
+        elif packing.folds(func):
+            out = packing.fold(func, args, kwargs)
+            if out is NotImplemented:
+                out = func(*args, **kwargs)
         else:
             out = func(*args, **kwargs)
         if torch.is_grad_enabled():

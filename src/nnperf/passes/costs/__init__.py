@@ -18,6 +18,7 @@ from nnperf.passes.costs import (  # noqa: F401  (registration side effects)
     optimizer,
     pooling,
     reductions,
+    rnn,
     softmax,
 )
 from nnperf.passes.costs.custom import register_cost

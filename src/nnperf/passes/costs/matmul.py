@@ -7,6 +7,7 @@ reduction. FLOPs = 2 * M * N * K * batch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from nnperf.passes.costs.registry import CONV, GEMM, OpCost, numel, register, tensors
@@ -34,6 +35,14 @@ def gemm_shapes(event: OpEvent) -> list[GemmShape]:
     """The GEMMs an op performs; empty for ops that are not matrix products."""
     fn = _SHAPES.get(event.name)
     return fn(event) if fn is not None else []
+
+
+def register_shapes(name: str, fn: Callable[[OpEvent], list[GemmShape]]) -> None:
+    """Lower the op ``name`` to GEMMs with ``fn``: for ops made of several GEMMs whose formula
+    module owns their structure (cuDNN RNNs, grouped GEMMs)."""
+    if name in _SHAPES:
+        raise ValueError(f"GEMM shapes for {name} are already registered")
+    _SHAPES[name] = fn
 
 
 def _mm(event: OpEvent) -> list[GemmShape]:
