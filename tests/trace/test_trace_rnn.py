@@ -98,6 +98,9 @@ def test_packed_sequences_trace_on_fake_tensors_as_on_real_ones(model, inputs):
     fwd = next(e for e in fake.trace.events if e.name == "nnperf.cudnn_rnn")
     assert fwd.args[-1] == [3, 2, 2, 2, 1, 1]  # batch_sizes: sequences still running per step
     assert "assumptions" not in fake.config
+    # reading the host's batch sizes (nn.LSTM's int(batch_sizes[0])) is no device sync
+    reads = [e for e in fake.trace.events if e.name == "aten._local_scalar_dense" and e.phase == "forward"]
+    assert reads and all(e.free for e in reads)
 
 
 class DeviceLengths(nn.Module):

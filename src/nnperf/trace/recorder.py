@@ -250,6 +250,7 @@ class OpRecorder(TorchDispatchMode):
         allocates = [m.storage for m in outputs if m.storage >= first_new]
         free = not allocates and not func._schema.is_mutable and func.namespace not in _COLLECTIVE_NAMESPACES and (
             bool(outputs) or func._schema.name in _METADATA_OPS
+            or (func is LOCAL_SCALAR_DENSE and _host_value(args[0]))
         )
         self.events.append(
             OpEvent(
@@ -270,6 +271,12 @@ class OpRecorder(TorchDispatchMode):
             self.engine_sums.add(index)
         self.current_func = None
         return out
+
+
+def _host_value(t: Any) -> bool:
+    """A value the trace keeps on the host (``trace.packing``'s lengths): reading it is no
+    device synchronization, as reading a CPU tensor is not."""
+    return isinstance(t, FakeTensor) and t.constant is not None
 
 
 #: Nesting depth of ``unrecorded()``: ops run meanwhile are an engine's bookkeeping.
