@@ -241,6 +241,8 @@ def _record(workload: Workload, step: Step) -> Trace:
             "inputs": _input_descriptions(workload.inputs),
             "grad_scaler": scaler is not None,
             **({"assumptions": assumptions} if assumptions else {}),
+            # a pipeline schedule's actions: (label, first event, end event)
+            **({"pipeline_actions": [tuple(a) for a in watch.actions]} if watch.actions else {}),
         },
     )
     fold_inplace_accumulations(trace, recorder.engine_sums)

@@ -28,7 +28,7 @@ COLLECTIVES: dict[str, tuple[str, str]] = {
     "c10d.broadcast_": ("broadcast", "input"),
     "_c10d_functional.broadcast": ("broadcast", "input"),
     "c10d.send": ("send_recv", "input"),
-    "c10d.recv_": ("send_recv", "output"),
+    "c10d.recv_": ("send_recv", "input"),  # its ``tensors`` are the received buffers
 }
 
 

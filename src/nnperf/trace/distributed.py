@@ -71,10 +71,11 @@ class Execution:
     tensor: int = 1
     sequence_parallel: bool = False
     pipeline: int = 1
-    pipeline_schedule: str | None = None
+    pipeline_schedule: str | None = None  # gpipe | 1f1b | interleaved-1f1b | zero-bubble
     context: int = 1
     expert: int = 1
     bucket_bytes: int = DDP_BUCKET_BYTES
+    virtual_stages: int = 1  # model chunks per pipeline rank (interleaved schedules)
 
     @property
     def replicate(self) -> int:
@@ -97,11 +98,22 @@ class Execution:
     def validate(self) -> None:
         if self.data not in DATA_PARALLEL:
             raise UsageError(f"unknown data parallelism '{self.data}'; valid: {', '.join(DATA_PARALLEL)}")
-        others = {"pipeline": self.pipeline, "context": self.context, "expert": self.expert}
+        others = {"context": self.context, "expert": self.expert}
         unsupported = [f"{k}={v}" for k, v in others.items() if v != 1]
         if unsupported:
             raise UsageError(f"layouts with {', '.join(unsupported)} are not traced yet; "
-                             "data (ddp, fsdp, hsdp) and tensor parallelism only")
+                             "data (ddp, fsdp, hsdp), tensor and pipeline parallelism only")
+        if self.pipeline > 1:
+            from nnperf.trace.pipeline import MULTI, SCHEDULES
+
+            if self.pipeline_schedule not in SCHEDULES:
+                raise UsageError(f"unknown pipeline schedule {self.pipeline_schedule!r}; valid: {', '.join(SCHEDULES)}")
+            if self.virtual_stages < 1 or (self.virtual_stages > 1) != (self.pipeline_schedule in MULTI):
+                raise UsageError(f"{self.pipeline_schedule} runs {'2 or more' if self.pipeline_schedule in MULTI else '1'}"
+                                 " model chunks per rank (virtual_stages)")
+            if self.pipeline_schedule != "gpipe" and self.grad_accum < self.pipeline:
+                raise UsageError(f"{self.pipeline_schedule} needs at least as many micro-batches as stages: "
+                                 f"{self.grad_accum} < {self.pipeline}")
         if self.sequence_parallel and self.tensor < 2:
             raise UsageError("sequence parallelism splits what tensor parallelism replicates: it needs tensor > 1")
         if self.tensor < 1 or self.world < 1 or self.world % self.model_parallel:
@@ -113,9 +125,9 @@ class Execution:
                              "data-parallel ranks")
         if self.data == "ddp" and self.shard != 1:
             raise UsageError("ddp does not shard: shard must be 1")
-        if self.data == "ddp" and self.tensor > 1 and data_parallel > 1:
-            raise UsageError("DDP does not take tensor-parallel (DTensor) parameters; use fsdp or hsdp "
-                             "with tensor parallelism")
+        if self.data == "ddp" and (self.tensor > 1 or self.pipeline > 1) and data_parallel > 1:
+            raise UsageError("DDP is traced for data parallelism alone; use fsdp or hsdp with tensor or "
+                             "pipeline parallelism (torchtitan's composition)")
         if self.data == "fsdp" and self.shard != data_parallel:
             raise UsageError(f"fsdp shards over every data-parallel rank: shard must be {data_parallel}")
         if self.data == "hsdp" and not 1 < self.shard < data_parallel:
@@ -128,6 +140,9 @@ class Execution:
                  "hsdp": [f"HSDP {self.replicate} replicas x {self.shard} shards"]}[self.data]
         if self.tensor > 1:
             parts.append(f"TP x{self.tensor}" + (" + SP" if self.sequence_parallel else ""))
+        if self.pipeline > 1:
+            chunks = f", {self.virtual_stages} chunks/rank" if self.virtual_stages > 1 else ""
+            parts.append(f"PP x{self.pipeline} {self.pipeline_schedule}{chunks}")
         if not parts:
             parts.append("1 GPU")
         if self.data != "ddp" and not self.reshard_after_forward:
@@ -136,7 +151,7 @@ class Execution:
             parts.append(f"{self.checkpoint} checkpointing")
         parts.append(f"micro-batch {self.micro_batch}")
         if self.grad_accum > 1:
-            parts.append(f"accumulation x{self.grad_accum}")
+            parts.append(f"{'micro-batches' if self.pipeline > 1 else 'accumulation'} x{self.grad_accum}")
         return ", ".join(parts)
 
     def to_json(self) -> dict[str, Any]:
@@ -148,7 +163,7 @@ class Execution:
         a tensor-parallel group is consecutive ranks, inside a node)."""
         dims = {"ddp": [("replicate", self.replicate)], "fsdp": [("shard", self.shard)],
                 "hsdp": [("replicate", self.replicate), ("shard", self.shard)]}[self.data]
-        return [*dims, ("tensor", self.tensor)]
+        return [("pipeline", self.pipeline), *dims, ("tensor", self.tensor)]
 
 
 @dataclass(frozen=True)
@@ -217,10 +232,12 @@ def trace_rank(
     execution.validate()
     if options.dtype is not None:
         raise UsageError("--dtype with a multi-GPU layout is not supported yet; use --amp")
+    if execution.pipeline > 1 and options.uses_grad_scaler():
+        raise UsageError("pipeline parallelism with fp16 autocast (a GradScaler) is not traced; use --amp bf16")
 
     with fake_process_group(execution.world, rank), _quiet_sharding_propagation():
         # The mesh is made on real tensors (it reads its rank table), before the fake mode.
-        tp_mesh, dp_mesh = _meshes(execution)
+        tp_mesh, dp_mesh, pp_mesh = _meshes(execution)
 
         def build_distributed() -> Workload:
             workload = build()
@@ -232,29 +249,61 @@ def trace_rank(
                 apply_tensor_parallel(workload.model, tp_mesh, execution.sequence_parallel)
             if prepare is not None:
                 prepare(workload)
+            parts = [workload.model]
+            if execution.pipeline > 1:
+                workload.model = _pipeline_rank(workload, execution, options, pp_mesh)
+                parts = list(workload.model.stages)
             if execution.data_parallel == 1 and execution.data != "fsdp":
                 return workload
             if execution.data == "ddp":
                 workload.model = _ddp(workload, execution)
             else:
-                _fully_shard(workload.model, dp_mesh, units(workload.model), execution.reshard_after_forward)
+                for part in parts:
+                    _fully_shard(part, dp_mesh, units(part), execution.reshard_after_forward)
             return workload
 
         trace, workload = trace_workload(build_distributed, options)
         collectives = _collectives(trace)
     trace.config["execution"] = execution.to_json()
+    trace.config["rank"] = rank
+    if execution.pipeline > 1:
+        trace.config["pipeline_order"] = workload.model.pipeline_order
+        trace.config["pipeline_stages"] = list(workload.model.stage_indices)
     return RankTrace(execution, trace, workload, collectives)
 
 
-def _meshes(execution: Execution) -> tuple[Any, Any]:
-    """The tensor-parallel and data-parallel (sub)meshes, sliced from one device mesh. A mesh
+def _pipeline_rank(workload: Workload, execution: Execution, options: TraceOptions, pp_mesh: Any) -> nn.Module:
+    """This rank's pipeline chunks and schedule over the pipeline group (trace.pipeline)."""
+    from nnperf.trace.options import AMP_DTYPES
+    from nnperf.trace.pipeline import PipelineRank, rank_stages, split, stage_shapes
+
+    def autocast() -> Any:
+        if not options.amp:
+            return contextlib.nullcontext()
+        return torch.autocast("cpu", dtype=AMP_DTYPES[options.amp])
+
+    stages = execution.pipeline * (execution.virtual_stages if execution.virtual_stages > 1 else 1)
+    chunks = split(workload.model, stages)
+    batch = workload.inputs[0].shape[0]
+    if batch % execution.grad_accum:
+        raise UsageError(f"a batch of {batch} does not split into {execution.grad_accum} micro-batches")
+    shapes = stage_shapes(chunks, tuple(workload.inputs), batch // execution.grad_accum, autocast)
+    mine = rank_stages(pp_mesh.get_local_rank(), execution.pipeline, execution.pipeline_schedule or "",
+                       execution.virtual_stages)
+    return PipelineRank([chunks[i] for i in mine], mine, stages, execution.pipeline_schedule or "",
+                        execution.grad_accum, tuple(workload.inputs), workload.loss_fn or default_loss,
+                        pp_mesh.get_group(), [shapes[i] for i in mine])
+
+
+def _meshes(execution: Execution) -> tuple[Any, Any, Any]:
+    """The tensor-, data- and pipeline-parallel (sub)meshes, sliced from one device mesh. A mesh
     reads its rank table with real tensors: made and sliced before the fake mode starts."""
     from torch.distributed.device_mesh import init_device_mesh
 
     names, sizes = zip(*execution.mesh_shape(), strict=True)
     mesh = init_device_mesh("cpu", sizes, mesh_dim_names=names)
-    data = ("replicate", "shard") if execution.data == "hsdp" else names[:1]
-    return mesh["tensor"], mesh[data]
+    data = ("replicate", "shard") if execution.data == "hsdp" else names[1:2]
+    return mesh["tensor"], mesh[data], mesh["pipeline"]
 
 
 def _fully_shard(model: nn.Module, mesh: Any, blocks: list[str], reshard: bool) -> None:
@@ -375,6 +424,9 @@ def _collectives(trace: Trace) -> list[Collective]:
         if spec is None:
             continue
         ranks = _group_ranks(event)
+        if spec[0] == "send_recv":  # (tensors, group, peer's rank in the group, tag): the pair
+            me, peer = dist.get_rank(), ranks[event.args[2]]
+            ranks = (me, peer) if event.name == "c10d.send" else (peer, me)
         out.append(Collective(event.index, spec[0], collective_bytes(event, spec[1]), len(ranks),
                               ranks, event.phase, event.module))
     return out

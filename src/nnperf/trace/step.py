@@ -84,6 +84,11 @@ class StepWatch:
     def backward_ends(self) -> None: ...
     def optimizer_starts(self) -> None: ...
     def optimizer_ends(self) -> None: ...
+    def action_starts(self, label: str, phase: str, roots: list[Any] | None = None) -> None:
+        """A pipeline schedule's action starts (``F3@1``: stage 1's forward of micro-batch 3);
+        ``phase`` forward or backward, ``roots`` the tensors a backward action starts from."""
+
+    def action_ends(self) -> None: ...
 
 
 _QUIET = StepWatch()
@@ -127,20 +132,24 @@ class Step:
         if not self.options.train:
             with torch.no_grad(), self.autocast():
                 return self.model(*self.inputs)
-        with self.autocast():
-            output = self.model(*self.inputs)
-            watch.loss_starts()
-            loss = self.loss_fn(output)
-            watch.loss_ends()
         scaler, optimizer = self.scaler, self.optimizer
-        if scaler is not None:
-            watch.scaler_starts()
-            loss = scaler.scale(loss)
-            watch.scaler_ends()
-        watch.backward_starts(loss)
-        loss.backward()
-        watch.backward_ends()
-        del loss, output  # a training loop drops them before the optimizer step
+        run_pipeline = getattr(self.model, "run_pipeline", None)
+        if run_pipeline is not None:  # a pipeline rank: its schedule runs forward, loss and backward
+            run_pipeline(self.autocast, watch)
+        else:
+            with self.autocast():
+                output = self.model(*self.inputs)
+                watch.loss_starts()
+                loss = self.loss_fn(output)
+                watch.loss_ends()
+            if scaler is not None:
+                watch.scaler_starts()
+                loss = scaler.scale(loss)
+                watch.scaler_ends()
+            watch.backward_starts(loss)
+            loss.backward()
+            watch.backward_ends()
+            del loss, output  # a training loop drops them before the optimizer step
         if optimizer is not None and scaler is not None:
             watch.scaler_starts()
             scaler.step(optimizer, lambda: _both(watch.scaler_ends, watch.optimizer_starts),

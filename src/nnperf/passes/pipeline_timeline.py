@@ -1,0 +1,161 @@
+"""A pipeline schedule's step time, replayed from each stage's traced action times.
+
+Every rank runs its schedule's actions in order (``F`` forward of a micro-batch, ``B`` its full
+backward, ``I`` the input gradients only, ``W`` the weight gradients of zero-bubble schedules).
+An action starts when its rank is free and its input has arrived: a stage's forward needs the
+previous stage's forward of the same micro-batch plus the point-to-point transfer of the
+activation; a backward (``B``/``I``) needs the next stage's backward of the micro-batch plus the
+transfer of the gradient (the last stage: its own forward and loss); ``W`` follows its ``I`` on
+the same rank. The action times come from the traced rank that holds the stage (the comm
+timeline of its trace: compute, exposed tensor-parallel communication, host), the transfers from
+the collectives model. What a rank waits for is the pipeline bubble, explicit: per rank, the
+time inside the schedule that is neither its actions nor anything after them.
+
+The action order per rank is the engine's: ``pipeline_order`` of the multi-stage schedules (what
+``_PipelineScheduleRuntime`` executes), and for the single-stage ones the loop of
+``ScheduleGPipe._step_microbatches`` (all forwards, then all backwards) and
+``Schedule1F1B._step_microbatches`` (``min(M, p - r)`` warm-up forwards, then one backward and
+one forward alternately, then the remaining backwards); the tests check both against the
+actions a real gloo run executes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+_LABEL = re.compile(r"^([FBIW])(\d+)@(\d+)$")  # F3@1: kind, micro-batch, stage
+_IR = re.compile(r"^(\d+)([FBIW])(\d+)$")  # torch's _Action string: stage, kind, micro-batch
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: str  # F | B | I | W
+    micro: int
+    stage: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}{self.micro}@{self.stage}"
+
+
+def parse(label: str) -> Action | None:
+    """An action from a trace label (``F3@1``) or torch's IR string (``1F3``); None for the
+    IR's other actions (communication, gradient reduction)."""
+    m = _LABEL.match(label)
+    if m:
+        return Action(m.group(1), int(m.group(2)), int(m.group(3)))
+    m = _IR.match(label)
+    if m:
+        return Action(m.group(2), int(m.group(3)), int(m.group(1)))
+    return None
+
+
+def single_stage_order(schedule: str, rank: int, pipeline: int, micro: int) -> list[Action]:
+    """The actions rank ``rank`` runs under GPipe or 1F1B (one stage per rank)."""
+    if schedule == "gpipe":
+        return [Action("F", m, rank) for m in range(micro)] + [Action("B", m, rank) for m in range(micro)]
+    warmup = min(micro, pipeline - rank)
+    order = [Action("F", m, rank) for m in range(warmup)]
+    forward, backward = warmup, 0
+    while forward < micro:
+        order += [Action("B", backward, rank), Action("F", forward, rank)]
+        forward, backward = forward + 1, backward + 1
+    order += [Action("B", m, rank) for m in range(backward, micro)]
+    return order
+
+
+def orders(schedule: str, pipeline: int, micro: int, ir: dict[int, list[str]] | None) -> dict[int, list[Action]]:
+    """Every pipeline rank's actions, in order."""
+    if schedule in ("gpipe", "1f1b"):
+        return {r: single_stage_order(schedule, r, pipeline, micro) for r in range(pipeline)}
+    if not ir:
+        raise ValueError(f"{schedule}: the schedule's pipeline_order is needed")
+    return {int(r): [a for a in map(parse, labels) if a is not None] for r, labels in ir.items()}
+
+
+def in_flight(labels: list[str]) -> dict[int, int]:
+    """Per stage, the most micro-batches whose forward ran and whose backward (``B`` or ``I``)
+    has not: the activations a stage keeps alive at once."""
+    live: dict[int, int] = {}
+    peak: dict[int, int] = {}
+    for action in filter(None, map(parse, labels)):
+        if action.kind == "F":
+            live[action.stage] = live.get(action.stage, 0) + 1
+            peak[action.stage] = max(peak.get(action.stage, 0), live[action.stage])
+        elif action.kind in ("B", "I"):
+            live[action.stage] = live.get(action.stage, 0) - 1
+    return peak
+
+
+@dataclass
+class PipelineTime:
+    step_s: float  # the slowest rank: its schedule plus what follows it (optimizer, gradient sync)
+    busy_s: dict[int, float]  # per rank: the sum of its action times
+    bubble_s: dict[int, float]  # per rank: idle time inside the schedule
+    end_s: dict[int, float]  # per rank: when its last action ends
+    critical_rank: int
+    starts: dict[str, float] = field(default_factory=dict)  # action label -> start time
+
+    @property
+    def bubble_fraction(self) -> float:
+        r = self.critical_rank
+        span = self.busy_s[r] + self.bubble_s[r]
+        return self.bubble_s[r] / span if span else 0.0
+
+
+def simulate(order: dict[int, list[Action]], num_stages: int, duration: Callable[[int, Action], float],
+             transfer: Callable[[int, int], float], head: Callable[[int], float] | None = None,
+             tail: Callable[[int], float] | None = None) -> PipelineTime:
+    """Replay the schedule. ``duration(rank, action)``: the action's time on its rank;
+    ``transfer(from_stage, to_stage)``: a micro-batch's activation or gradient transfer;
+    ``head``/``tail(rank)``: the rank's time before its first action and after its last."""
+    done: dict[tuple[str, int, int], float] = {}
+    free = {r: (head(r) if head else 0.0) for r in order}
+    start_at = dict(free)
+    busy = dict.fromkeys(order, 0.0)
+    position = dict.fromkeys(order, 0)
+    starts: dict[str, float] = {}
+    remaining = sum(len(a) for a in order.values())
+    while remaining:
+        progressed = False
+        for rank, actions in order.items():
+            while position[rank] < len(actions):
+                action = actions[position[rank]]
+                ready = _ready(action, num_stages, done, transfer)
+                if ready is None:
+                    break
+                start = max(free[rank], ready)
+                seconds = duration(rank, action)
+                free[rank] = start + seconds
+                busy[rank] += seconds
+                done[(action.kind, action.micro, action.stage)] = free[rank]
+                starts[action.label] = start
+                position[rank] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            stuck = {r: a[position[r]].label for r, a in order.items() if position[r] < len(a)}
+            raise ValueError(f"the schedule cannot proceed: waiting actions {stuck}")
+    ends = {r: free[r] + (tail(r) if tail else 0.0) for r in order}
+    critical = max(ends, key=lambda r: ends[r])
+    bubble = {r: free[r] - start_at[r] - busy[r] for r in order}
+    return PipelineTime(ends[critical], busy, bubble, dict(free), critical, starts)
+
+
+def _ready(action: Action, num_stages: int, done: dict[tuple[str, int, int], float],
+           transfer: Callable[[int, int], float]) -> float | None:
+    """When ``action``'s input is there; None while it is not produced yet."""
+    s, m = action.stage, action.micro
+    if action.kind == "F":
+        if s == 0:
+            return 0.0
+        t = done.get(("F", m, s - 1))
+        return None if t is None else t + transfer(s - 1, s)
+    if action.kind == "W":
+        return done.get(("I", m, s))
+    if s == num_stages - 1:
+        return done.get(("F", m, s))
+    t = done.get(("B", m, s + 1), done.get(("I", m, s + 1)))
+    return None if t is None else t + transfer(s + 1, s)

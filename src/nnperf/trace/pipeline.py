@@ -1,0 +1,286 @@
+"""Pipeline parallelism with PyTorch's own ``torch.distributed.pipelining``, one rank at a time.
+
+The model's repeated blocks are split into ``pipeline x virtual`` contiguous chunks (torchtitan's
+manual split, ``pipeline_module_split``): the first chunk also holds the embeddings, the last
+the final norm, the output projection and the loss. Rank ``r`` holds chunks ``r, r + p, ...``
+(the "loop" placement the interleaved and looped schedules use; GPipe and 1F1B: one chunk).
+Each chunk becomes a real ``PipelineStage`` on the pipeline process group and the rank runs the
+real schedule (``ScheduleGPipe``, ``Schedule1F1B``, ``ScheduleInterleaved1F1B``,
+``ScheduleInterleavedZeroBubble``) over its micro-batches: its forward and backward chunks, the
+loss, the point-to-point sends and receives, the gradient scaling and what stays alive between a
+micro-batch's forward and its backward are the engine's. The recorder is told where each of the
+schedule's actions starts (``F``/``B``/``I``/``W``, stage, micro-batch), so per-action times
+come from the trace; ``pipeline_order`` (the schedule's own plan of every rank) gives the order
+the step-time simulation (``passes.pipeline_timeline``) replays.
+
+Stage shapes are given to ``PipelineStage`` (its own shape inference exchanges metadata with the
+neighbours, which a fake process group cannot answer): one micro-batch runs through all chunks
+under ``no_grad`` before the step, unrecorded. Tied input/output embeddings (GPT-2) become one
+copy on the first and one on the last stage, as in Megatron-LM; their gradient all-reduce
+between the two stages is not traced (listed in the plan's notes).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from nnperf.errors import UsageError
+from nnperf.trace.recorder import unrecorded
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
+#: Chunks per rank of each schedule (interleaved ones: ``virtual`` stages per rank).
+MULTI = {"interleaved-1f1b", "zero-bubble"}
+
+
+@dataclass(frozen=True)
+class PipelineFamily:
+    """How a model family splits: the modules before the blocks (``pre``), the blocks' list,
+    the modules after (``post``), and the forward of the first and last chunks."""
+
+    pre: tuple[str, ...]
+    blocks: str
+    post: tuple[str, ...]
+    embed: Callable[[nn.Module, torch.Tensor], torch.Tensor]
+    head: Callable[[nn.Module, torch.Tensor], torch.Tensor]
+
+
+def _gpt2_embed(chunk: nn.Module, idx: torch.Tensor) -> torch.Tensor:
+    positions = torch.arange(idx.shape[1], device=idx.device)
+    return chunk.drop(chunk.wte(idx) + chunk.wpe(positions))
+
+
+def _families() -> dict[type, PipelineFamily]:
+    from nnperf.zoo.gpt2 import GPT2
+    from nnperf.zoo.llama import Llama
+
+    return {
+        Llama: PipelineFamily(("tok_embeddings",), "layers", ("norm", "output"),
+                              lambda c, t: c.tok_embeddings(t), lambda c, x: c.output(c.norm(x))),
+        GPT2: PipelineFamily(("wte", "wpe", "drop"), "h", ("ln_f", "lm_head"), _gpt2_embed,
+                             lambda c, x: c.lm_head(c.ln_f(x))),
+    }
+
+
+def family_of(model: nn.Module) -> PipelineFamily:
+    family = _families().get(type(model))
+    if family is None:
+        raise UsageError(f"pipeline parallelism needs a stage split for {type(model).__name__}; "
+                         "splits exist for the built-in gpt2 and llama families")
+    return family
+
+
+def chunks_per_rank(schedule: str, virtual: int) -> int:
+    return virtual if schedule in MULTI else 1
+
+
+def check_layers(n_layers: int, stages: int, what: str = "pipeline stages") -> None:
+    """One line when ``stages`` chunks do not split ``n_layers`` blocks evenly."""
+    if n_layers % stages == 0:
+        return
+    divisors = [d for d in range(1, n_layers + 1) if n_layers % d == 0]
+    below = max((d for d in divisors if d < stages), default=None)
+    above = min((d for d in divisors if d > stages), default=None)
+    nearest = " or ".join(str(d) for d in (below, above) if d is not None)
+    raise UsageError(f"{n_layers} layers do not split evenly into {stages} {what}; nearest valid: {nearest}")
+
+
+class Chunk(nn.Module):
+    """Consecutive blocks of a model, with the embeddings when first and the head when last."""
+
+    def __init__(self, model: nn.Module, family: PipelineFamily, start: int, end: int,
+                 first: bool, last: bool) -> None:
+        super().__init__()
+        self.first, self.last, self._family = first, last, family
+        for name in (family.pre if first else ()) + (family.post if last else ()):
+            setattr(self, name, getattr(model, name))
+        self.layers = nn.ModuleList(list(getattr(model, family.blocks))[start:end])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.first:
+            x = self._family.embed(self, x)
+        for layer in self.layers:
+            x = layer(x)
+        if self.last:
+            x = self._family.head(self, x)
+        return x
+
+
+def split(model: nn.Module, stages: int) -> list[Chunk]:
+    """All ``stages`` chunks of ``model`` (equal numbers of blocks)."""
+    family = family_of(model)
+    n = len(getattr(model, family.blocks))
+    check_layers(n, stages)
+    per = n // stages
+    return [Chunk(model, family, s * per, (s + 1) * per, s == 0, s == stages - 1) for s in range(stages)]
+
+
+class _MicroLoss:
+    """The workload's loss on one micro-batch: its per-sample targets cut to the micro-batch
+    (every micro-batch costs the same; which samples does not matter to a trace)."""
+
+    def __init__(self, loss: Callable[[Any], torch.Tensor], batch: int, micro: int,
+                 autocast: Callable[[], Any]) -> None:
+        self.loss = _sliced(loss, batch, micro)
+        self.autocast = autocast
+        self.watch: Any = None
+
+    def __call__(self, output: Any, target: Any) -> torch.Tensor:
+        if self.watch is not None:
+            self.watch.loss_starts()
+        try:
+            with self.autocast():
+                return self.loss(output)
+        finally:
+            if self.watch is not None:
+                self.watch.loss_ends()
+
+
+def _sliced(obj: Any, batch: int, micro: int) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj[:micro] if obj.dim() and obj.shape[0] == batch else obj
+    if hasattr(obj, "__dict__") and not isinstance(obj, nn.Module | type):
+        clone = copy.copy(obj)
+        for key, value in vars(obj).items():
+            setattr(clone, key, _sliced(value, batch, micro))
+        return clone
+    return obj
+
+
+class PipelineRank(nn.Module):
+    """One rank's chunks (``stages``) and the schedule that runs them; ``Step.run`` calls
+    ``run_pipeline`` in place of forward, loss and backward."""
+
+    def __init__(self, chunks: list[Chunk], stage_indices: list[int], num_stages: int, schedule: str,
+                 micro_batches: int, inputs: tuple[Any, ...], loss_fn: Callable[[Any], torch.Tensor],
+                 group: Any, shapes: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        super().__init__()
+        self.stages = nn.ModuleList(chunks)
+        self.stage_indices, self.num_stages = stage_indices, num_stages
+        self.schedule_name, self.micro_batches = schedule, micro_batches
+        self.pipeline_inputs, self.loss_fn, self.group, self.shapes = inputs, loss_fn, group, shapes
+        self.pipeline_order: dict[int, list[Any]] = {}
+
+    def forward(self, *inputs: Any) -> Any:  # pragma: no cover - the schedule runs the chunks
+        raise RuntimeError("a pipeline rank runs through run_pipeline")
+
+    def build_schedule(self, autocast: Callable[[], Any]) -> Any:
+        from torch.distributed.pipelining import (
+            PipelineStage,
+            Schedule1F1B,
+            ScheduleGPipe,
+            ScheduleInterleaved1F1B,
+            ScheduleInterleavedZeroBubble,
+        )
+
+        stages = [PipelineStage(chunk, index, self.num_stages, torch.device("cpu"), input_args=shape[0],
+                                output_args=shape[1], group=self.group)
+                  for chunk, index, shape in zip(self.stages, self.stage_indices, self.shapes, strict=True)]
+        batch = self.pipeline_inputs[0].shape[0]
+        loss = _MicroLoss(self.loss_fn, batch, batch // self.micro_batches, autocast)
+        kinds = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+        if self.schedule_name in kinds:
+            schedule = kinds[self.schedule_name](stages[0], self.micro_batches, loss_fn=loss)
+        else:
+            multi = {"interleaved-1f1b": ScheduleInterleaved1F1B,
+                     "zero-bubble": ScheduleInterleavedZeroBubble}[self.schedule_name]
+            schedule = multi(stages, self.micro_batches, loss_fn=loss)
+        self.pipeline_order = {r: [str(a) for a in actions if a is not None]
+                               for r, actions in (schedule.pipeline_order or {}).items()}
+        schedule._warmup_p2p = _static_shapes
+        return schedule, stages, loss
+
+    def run_pipeline(self, autocast: Callable[[], Any], watch: Any) -> None:
+        schedule, stages, loss = self.build_schedule(autocast)
+        loss.watch = watch
+        for stage in stages:
+            _watch_actions(stage, watch, autocast)
+        batch = self.pipeline_inputs[0].shape[0]
+        first = any(s.is_first for s in stages)
+        last = any(s.is_last for s in stages)
+        target = torch.empty(batch, 0) if last else None
+        args = self.pipeline_inputs if first else ()
+        schedule.step(*args, target=target, return_outputs=False)
+
+
+def _static_shapes(stages: list[Any], has_backward: bool, p2p_done: bool) -> None:
+    """The first step's vote among the stages (``_warmup_p2p``) decides that shapes are static
+    when every stage was given them, as here; a fake process group cannot carry the vote, so
+    the decision is set directly. The vote is first-step set-up: not part of a steady step."""
+    from torch.distributed.pipelining.stage import InferenceMode
+
+    for stage in stages:
+        stage._inference_mode = InferenceMode.STATIC
+
+
+def _watch_actions(stage: Any, watch: Any, autocast: Callable[[], Any]) -> None:
+    """Tell the recorder where each forward, backward and weight-gradient chunk starts and
+    ends (``F3@1``: stage 1's forward of micro-batch 3; ``B`` full backward, ``I`` input
+    gradients only, ``W`` weight gradients), forward under autocast as a training step runs it."""
+    index = stage.stage_index
+    forward, backward, weight = stage.forward_one_chunk, stage.backward_one_chunk, stage.backward_weight_one_chunk
+
+    @functools.wraps(forward)
+    def forward_chunk(chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+        watch.action_starts(f"F{chunk_id}@{index}", "forward")
+        try:
+            with autocast():
+                return forward(chunk_id, *args, **kwargs)
+        finally:
+            watch.action_ends()
+
+    @functools.wraps(backward)
+    def backward_chunk(chunk_id: int, loss: Any = None, full_backward: bool = True, **kwargs: Any) -> Any:
+        outputs = stage.fwd_cache.get(chunk_id, ((),))[0]
+        watch.action_starts(f"{'B' if full_backward else 'I'}{chunk_id}@{index}", "backward",
+                            [loss] if loss is not None else list(outputs))
+        try:
+            return backward(chunk_id, loss=loss, full_backward=full_backward, **kwargs)
+        finally:
+            watch.action_ends()
+
+    @functools.wraps(weight)
+    def weight_chunk(chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+        watch.action_starts(f"W{chunk_id}@{index}", "backward", [])
+        try:
+            return weight(chunk_id, *args, **kwargs)
+        finally:
+            watch.action_ends()
+
+    stage.forward_one_chunk, stage.backward_one_chunk = forward_chunk, backward_chunk
+    stage.backward_weight_one_chunk = weight_chunk
+
+
+def stage_shapes(chunks: list[Chunk], inputs: tuple[Any, ...], micro: int,
+                 autocast: Callable[[], Any]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each chunk's (input, output) on one micro-batch, from a forward through all chunks under
+    ``no_grad``, unrecorded (placeholders no GPU runs)."""
+    def like(t: torch.Tensor) -> torch.Tensor:  # an activation carries a gradient back
+        return torch.empty_like(t).requires_grad_(t.is_floating_point())
+
+    shapes = []
+    x = inputs[0][:micro]
+    with unrecorded():
+        with torch.no_grad(), autocast():
+            outputs = []
+            for chunk in chunks:
+                out = chunk(x)
+                outputs.append((x, out))
+                x = out
+        shapes = [(like(a), like(b)) for a, b in outputs]
+    return shapes
+
+
+def rank_stages(rank: int, pipeline: int, schedule: str, virtual: int) -> list[int]:
+    """The stage indices rank ``rank`` of the pipeline group holds (loop placement)."""
+    return [rank + k * pipeline for k in range(chunks_per_rank(schedule, virtual))]
+
+
+__all__ = ["SCHEDULES", "Chunk", "PipelineRank", "check_layers", "family_of", "rank_stages", "split",
+           "stage_shapes"]
