@@ -43,6 +43,9 @@ class CommStep:
     comm_s: float  # collective time on the communication stream
     exposed_s: dict[str, float] = field(default_factory=dict)  # collective kind -> compute waited
     slices: list[CommSlice] = field(default_factory=list)
+    #: event index -> when the compute stream is done with everything up to that event (its
+    #: clock: an action's time in a pipeline schedule is the difference across its events)
+    clock: dict[int, float] = field(default_factory=dict)
 
     @property
     def exposed_total_s(self) -> float:
@@ -59,7 +62,9 @@ def overlap(
     compute_free = comm_free = compute_busy = comm_busy = 0.0
     exposed: dict[str, float] = defaultdict(float)
     slices: list[CommSlice] = []
+    clock: dict[int, float] = {}
     for t in step.ops:
+        clock[t.index] = compute_free
         event = t.count.event
         issue = issued.get(t.index, 0.0)
         ready, waited_on = 0.0, None
@@ -90,10 +95,11 @@ def overlap(
                 exposed[waited_on] += start - free
             compute_free = end = start + t.kernel_s
             compute_busy += t.kernel_s
+            clock[t.index] = compute_free
         for m in event.outputs:
             produced[m.storage] = (end, None)
     if comm_free > compute_free:  # the step ends when the last collective does
         last = slices[-1].kind if slices else "communication"
         exposed[last] += max(0.0, comm_free - max(compute_free, step.host_s))
     end = max(compute_free, comm_free, step.host_s)
-    return CommStep(end, compute_busy, comm_busy, {k: v for k, v in exposed.items() if v > 0}, slices)
+    return CommStep(end, compute_busy, comm_busy, {k: v for k, v in exposed.items() if v > 0}, slices, clock)

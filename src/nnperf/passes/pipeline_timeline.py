@@ -93,7 +93,7 @@ def in_flight(labels: list[str]) -> dict[int, int]:
 class PipelineTime:
     step_s: float  # the slowest rank: its schedule plus what follows it (optimizer, gradient sync)
     busy_s: dict[int, float]  # per rank: the sum of its action times
-    bubble_s: dict[int, float]  # per rank: idle time inside the schedule
+    bubble_s: dict[int, float]  # per rank: idle time until the schedule's last action ends
     end_s: dict[int, float]  # per rank: when its last action ends
     critical_rank: int
     starts: dict[str, float] = field(default_factory=dict)  # action label -> start time
@@ -140,7 +140,8 @@ def simulate(order: dict[int, list[Action]], num_stages: int, duration: Callable
             raise ValueError(f"the schedule cannot proceed: waiting actions {stuck}")
     ends = {r: free[r] + (tail(r) if tail else 0.0) for r in order}
     critical = max(ends, key=lambda r: ends[r])
-    bubble = {r: free[r] - start_at[r] - busy[r] for r in order}
+    span = max(free.values())  # the schedule's flush: every rank's bubble is counted up to it
+    bubble = {r: span - start_at[r] - busy[r] for r in order}
     return PipelineTime(ends[critical], busy, bubble, dict(free), critical, starts)
 
 

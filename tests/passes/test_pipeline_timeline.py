@@ -1,0 +1,66 @@
+"""The pipeline replay against the closed forms of Narayanan et al. 2021 ("Efficient Large-Scale
+Language Model Training on GPU Clusters Using Megatron-LM", section 2.2): with p stages, m
+micro-batches and uniform forward/backward times t_f, t_b and free transfers, GPipe and 1F1B take
+(m + p - 1)(t_f + t_b), the bubble being (p - 1)(t_f + t_b) per rank; interleaving v chunks per
+rank (each 1/v of the work) cuts the bubble to (p - 1)(t_f + t_b)/v."""
+
+from __future__ import annotations
+
+import pytest
+
+from nnperf.passes.pipeline_timeline import in_flight, orders, simulate, single_stage_order
+
+
+def _uniform(order, stages, f, b, p2p=0.0):
+    return simulate(order, stages, lambda r, a: f if a.kind == "F" else b, lambda s, t: p2p)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize(("p", "m"), [(2, 4), (4, 8), (4, 4), (8, 32)])
+def test_single_stage_schedules_match_the_closed_form(schedule, p, m):
+    f, b = 1.0, 2.0
+    result = _uniform(orders(schedule, p, m, None), p, f, b)
+    assert result.step_s == pytest.approx((m + p - 1) * (f + b))
+    for rank in range(p):
+        assert result.bubble_s[rank] == pytest.approx((p - 1) * (f + b))
+    assert result.bubble_fraction == pytest.approx((p - 1) / (m + p - 1))
+
+
+def test_interleaving_divides_the_bubble_by_the_chunks():
+    """Interleaved 1F1B with torch's own order (p=4, v=2, m=8): each chunk half the work."""
+    from torch.distributed.pipelining.schedules import _ComputationType  # noqa: F401 (torch has it)
+
+    p, v, m, f, b = 4, 2, 8, 1.0, 2.0
+    ir = _interleaved_ir(p, v, m)
+    result = _uniform(orders("interleaved-1f1b", p, m, ir), p * v, f / v, b / v)
+    assert result.bubble_s[0] == pytest.approx((p - 1) * (f + b) / v)
+    assert result.step_s == pytest.approx(m * (f + b) + (p - 1) * (f + b) / v)
+
+
+def _interleaved_ir(p: int, v: int, m: int) -> dict[int, list[str]]:
+    """torch's pipeline_order of ScheduleInterleaved1F1B (built without a process group)."""
+    from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B
+
+    schedule = ScheduleInterleaved1F1B.__new__(ScheduleInterleaved1F1B)
+    schedule.pp_group_size, schedule.n_local_stages, schedule._n_microbatches = p, v, m
+    schedule.number_of_rounds = max(1, m // p)
+    schedule.microbatches_per_round = m // schedule.number_of_rounds
+    orders_ = {r: schedule._calculate_single_rank_operations(r) for r in range(p)}
+    return {r: [str(a) for a in acts if a is not None] for r, acts in orders_.items()}
+
+
+def test_transfers_add_to_the_critical_path():
+    """GPipe with a transfer of c between stages: the last micro-batch's forward crosses p - 1
+    links and its backward p - 1 back."""
+    p, m, f, b, c = 4, 4, 1.0, 2.0, 0.25
+    result = _uniform(orders("gpipe", p, m, None), p, f, b, p2p=c)
+    assert result.step_s == pytest.approx((m + p - 1) * (f + b) + 2 * (p - 1) * c)
+
+
+def test_in_flight_micro_batches_per_stage():
+    """1F1B keeps p - r micro-batches alive on rank r, GPipe all m (Narayanan et al. 2021)."""
+    p, m = 4, 8
+    for r in range(p):
+        labels = [a.label for a in single_stage_order("1f1b", r, p, m)]
+        assert in_flight(labels) == {r: p - r}
+        assert in_flight([a.label for a in single_stage_order("gpipe", r, p, m)]) == {r: m}
