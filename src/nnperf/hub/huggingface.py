@@ -138,6 +138,7 @@ def _workload(target: str, model: torch.nn.Module, config: Any, task: str, batch
         named[model.main_input_name] = torch.randint(0, vocab, (batch, plan["seq"]))
     if kind in ("speech", "seq2seq"):
         named["decoder_input_ids"] = torch.randint(0, vocab, (batch, plan["decoder_seq"]))
+    _UnpaddedMasks.attach(model)
     input_ids = named.get("input_ids")
     labels = labels_for(task, config, batch, plan.get("seq", 0), plan.get("decoder_seq", 0), input_ids)
     if labels is not None:
@@ -170,3 +171,52 @@ def _positional(model: torch.nn.Module, named: dict[str, torch.Tensor], target: 
         raise ModelLoadError(f"{target}: {type(model).__name__}.forward takes no positional "
                              f"{', '.join(left)}; write a factory that calls it")
     return tuple(out)
+
+
+class _UnpaddedMasks:
+    """While the model runs, transformers' test "does this padding mask pad anything?" answers
+    no for a fake mask, as it answers on the real, unpadded batch nnperf describes.
+
+    Some models make an all-ones padding mask when given none (BART's and Whisper's decoders);
+    on real tensors transformers sees that nothing is padded (``fast_all``) and lets SDPA run
+    with ``is_causal`` (flash attention on a GPU), but it cannot read a fake tensor's values
+    and passes an explicit mask instead, a different kernel with every (query, key) pair. The
+    inputs nnperf builds have no padding, so the answer is known. Hooks on the root module
+    install the answer for the forward only (``always_call``: also when it raises); real
+    tensors are asked as before."""
+
+    _FUNCTIONS = ("_ignore_causal_mask_sdpa", "_ignore_bidirectional_mask_sdpa")
+
+    def __init__(self) -> None:
+        self.saved: dict[str, Any] = {}
+
+    @classmethod
+    def attach(cls, model: torch.nn.Module) -> None:
+        try:
+            from transformers import masking_utils
+        except ImportError:  # transformers < 4.53 builds masks elsewhere
+            return
+        hooks = cls()
+        model.register_forward_pre_hook(lambda *_: hooks.install(masking_utils))
+        model.register_forward_hook(lambda *_: hooks.restore(masking_utils), always_call=True)
+
+    def install(self, masking_utils: Any) -> None:
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        for name in self._FUNCTIONS:
+            original = getattr(masking_utils, name, None)
+            if original is None or name in self.saved:
+                continue
+            self.saved[name] = original
+
+            def unpadded(padding_mask, *args, _original=original, **kwargs):
+                if isinstance(padding_mask, FakeTensor):
+                    padding_mask = None
+                return _original(padding_mask, *args, **kwargs)
+
+            setattr(masking_utils, name, unpadded)
+
+    def restore(self, masking_utils: Any) -> None:
+        for name, original in self.saved.items():
+            setattr(masking_utils, name, original)
+        self.saved.clear()
