@@ -137,3 +137,28 @@ def test_ddp_all_reduces_every_gradient_once():
     psi = sum(p.numel() for p in _model().parameters())
     assert sum(c.bytes for c in traced.collectives) == 4 * psi
     assert {c.phase for c in traced.collectives} == {"backward"}
+
+
+@pytest.mark.parametrize("kind", ["ddp", "fsdp"])
+@pytest.mark.parametrize("selective", [False, True])
+def test_activation_checkpointing_inside_a_layout(kind, selective):
+    """Checkpointed blocks under DDP/FSDP2: the blocks' forward runs again in backward (more
+    matrix products there), the collectives are those of the plain step."""
+    from nnperf.search.memory_variants import apply_checkpointing, checkpoint_blocks
+    from nnperf.zoo import get_model
+
+    def build() -> Workload:
+        return get_model("gpt2").build(batch=2, seq_len=16, n_layer=2, n_embd=32, n_head=2, vocab=64)
+
+    execution = Execution(world=WORLD, data=kind, shard=1 if kind == "ddp" else WORLD)
+    options = TraceOptions(optimizer="adamw")
+    plain = trace_rank(build, options, execution, checkpoint_blocks)
+    checkpointed = trace_rank(build, options, execution, checkpoint_blocks,
+                              prepare=lambda w: apply_checkpointing(w, selective=selective))
+
+    def backward_mms(rank):
+        return sum(e.phase == "backward" and e.name in ("aten.mm", "aten.addmm") for e in rank.trace.events)
+
+    assert backward_mms(checkpointed) > backward_mms(plain) or selective
+    assert len(checkpointed.trace.events) > len(plain.trace.events)
+    assert [(c.kind, c.bytes) for c in checkpointed.collectives] == [(c.kind, c.bytes) for c in plain.collectives]

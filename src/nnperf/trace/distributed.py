@@ -42,7 +42,7 @@ from nnperf.trace.capture import local, trace_workload
 from nnperf.trace.collectives import COLLECTIVES, collective_bytes
 from nnperf.trace.events import Trace
 from nnperf.trace.options import TraceOptions
-from nnperf.trace.recorder import unrecorded
+from nnperf.trace.recorder import GraphLabeler, ModuleStack, unrecorded
 from nnperf.workload import Workload, default_loss
 
 DATA_PARALLEL = ("ddp", "fsdp", "hsdp")
@@ -340,8 +340,11 @@ def _gradient_ready_order(workload: Workload) -> list[int]:
     order: list[int] = []
     handles = [p.register_post_accumulate_grad_hook(lambda p: order.append(index[id(p)])) for p in params]
     try:
-        output = workload.model(*workload.inputs)
-        (workload.loss_fn or default_loss)(output).backward()
+        # under the tracer's substitutions (fused attention, native dropout), as the traced step
+        # and a checkpointed block's recomputation run
+        with GraphLabeler(ModuleStack({})):
+            output = workload.model(*workload.inputs)
+            (workload.loss_fn or default_loss)(output).backward()
     finally:
         for h in handles:
             h.remove()
