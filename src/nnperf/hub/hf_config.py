@@ -145,15 +145,19 @@ def _from_hub(name: str) -> tuple[str, str]:
                              "(hf auth login), or give the path of its config.json") from None
     except (errors.RepositoryNotFoundError, errors.HFValidationError, errors.RevisionNotFoundError):
         raise ModelLoadError(f"hf:{name}: no such model on the Hugging Face Hub{_close(name)}") from None
+    except errors.LocalEntryNotFoundError as err:  # offline (HF_HUB_OFFLINE) and not cached
+        raise ModelLoadError(_unreachable(name, err)) from None
     except errors.EntryNotFoundError:
         raise ModelLoadError(f"hf:{name} has no config.json on the Hub (not a transformers "
                              "model?)") from None
-    except Exception as err:  # offline, DNS, proxy, timeout: all the same to the user
-        raise ModelLoadError(
-            f"hf:{name}: no config found: not shipped with nnperf{_close(name)}, not in the "
+    except Exception as err:  # DNS, proxy, timeout: all the same to the user
+        raise ModelLoadError(_unreachable(name, err)) from None
+
+
+def _unreachable(name: str, err: BaseException) -> str:
+    return (f"hf:{name}: no config found: not shipped with nnperf{_close(name)}, not in the "
             f"Hugging Face cache, and the Hub cannot be reached ({type(err).__name__}); download "
-            f"it once (hf download {name} config.json) or give a path to its config.json"
-        ) from None
+            f"it once (hf download {name} config.json) or give a path to its config.json")
 
 
 def _close(name: str) -> str:

@@ -68,6 +68,11 @@ def tasks_of(model_type: str) -> list[str]:
     return [t for t in TASKS if model_type in _mapping(t)]
 
 
+def class_name(task: str, model_type: str) -> str:
+    """The class ``task``'s Auto class builds for this model type (``LlamaForCausalLM``)."""
+    return _classes(_mapping(task)[model_type])[0]
+
+
 def choose_task(requested: str | None, config: Any, name: str) -> str:
     """``requested`` if the model type has that head, else the config's own (its
     ``architectures``), else the fallback order above."""

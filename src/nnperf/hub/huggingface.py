@@ -29,6 +29,7 @@ from nnperf.hub.hf_tasks import (
     OutputLoss,
     TrainingLabels,
     choose_task,
+    class_name,
     labels_for,
 )
 from nnperf.trace.construction import build_as_user_code
@@ -73,8 +74,8 @@ def builder(request: HubRequest) -> tuple[str, Callable[[], Workload]]:
         except Exception as err:  # transformers raises what it likes
             text = " ".join(str(err).split())[:300]
             raise ModelLoadError(f"{target}: transformers {transformers.__version__} cannot build "
-                                 f"{auto.__name__} from this config: {type(err).__name__}: "
-                                 f"{text}") from None
+                                 f"{class_name(task, config.model_type)} from this config: "
+                                 f"{type(err).__name__}: {text}") from None
         return _workload(target, model, config, task, batch, shapes, where, transformers.__version__)
 
     return target, build
