@@ -10,11 +10,12 @@ from types import ModuleType
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from nnperf.errors import ModelLoadError, UsageError, shown
 from nnperf.workload import Workload
-from nnperf.zoo._losses import CrossEntropy, random_classes
+from nnperf.zoo._losses import random_classes
 
 #: module -> the nnperf extra that installs it
 EXTRAS = {"transformers": "hf", "timm": "timm", "torchvision": "vision"}
@@ -73,6 +74,28 @@ def image_workload(name: str, model: nn.Module, batch: int, input_size: tuple[in
     """(batch, C, H, W) images and cross entropy against random labels, as an ImageNet
     training loop (timm's train.py, torchvision's references) runs the model."""
     x = torch.randn(batch, *input_size)
-    loss = CrossEntropy(random_classes(batch, num_classes)) if num_classes > 0 else None
+    loss = ClassifierLoss(random_classes(batch, num_classes)) if num_classes > 0 else None
     info = {"image_size": list(input_size[1:]), "num_classes": num_classes, **info}
     return Workload(model, (x,), loss, samples=batch, name=name, info=info)
+
+
+class ClassifierLoss:
+    """Cross entropy of the logits against fixed random labels. A model that also returns
+    auxiliary classifiers' logits in training (torchvision's Inception v3 and GoogLeNet, a
+    named tuple of logits) gets one cross entropy per head, summed: the papers weight the
+    auxiliary losses (0.3, 0.4), which changes values, not work."""
+
+    def __init__(self, targets: torch.Tensor) -> None:
+        self.targets = targets
+
+    def __call__(self, output: Any) -> torch.Tensor:
+        heads = [output] if isinstance(output, torch.Tensor) else [
+            t for t in output if isinstance(t, torch.Tensor)]
+        targets = self.targets.to(heads[0].device)
+        loss = F.cross_entropy(heads[0], targets)
+        for logits in heads[1:]:
+            loss = loss + F.cross_entropy(logits, targets)
+        return loss
+
+    def __repr__(self) -> str:
+        return f"ClassifierLoss(targets={tuple(self.targets.shape)})"
