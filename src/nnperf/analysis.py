@@ -172,6 +172,8 @@ def analyze(
     channels_last: bool = False,
     task: str | None = None,
     attn_implementation: str | None = None,
+    moe_load: Sequence[float] | None = None,
+    moe_capacity_factor: float | None = None,
     **overrides: Any,
 ) -> Analysis:
     """Trace one step of ``model`` on fake tensors and count it.
@@ -179,7 +181,8 @@ def analyze(
     ``model`` is a zoo name (``"resnet50"``), a library model (``"hf:gpt2"``,
     ``"timm:convnext_tiny"``, ``"tv:resnet50"``; ``task`` and ``attn_implementation`` for
     ``hf:``), ``"file.py:factory"``, ``"pkg.mod:factory"`` or an ``nn.Module`` (its weights are
-    swapped for fakes during the trace, then restored).
+    swapped for fakes during the trace, then restored). ``moe_load`` / ``moe_capacity_factor``:
+    the expert load a fake trace assumes for mixture-of-experts routing (``trace.routing``).
     The keywords are spelled out for notebook use; they make a ``ModelRequest`` (what to
     build) and ``TraceOptions`` (how to run the step) for ``analyze_request``.
     """
@@ -197,6 +200,8 @@ def analyze(
     options = TraceOptions(
         train=train, optimizer=optimizer, optimizer_impl=optimizer_impl, dtype=dtype, amp=amp,
         real=real, channels_last=channels_last,
+        moe_load=tuple(moe_load) if moe_load is not None else None,
+        moe_capacity_factor=moe_capacity_factor,
     )
     return analyze_request(request, options)
 

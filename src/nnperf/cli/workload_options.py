@@ -17,7 +17,7 @@ from nnperf.trace.options import AMP_DTYPES, DTYPES, OPTIMIZER_IMPLS, OPTIMIZERS
 _WORKLOAD_KEYS = (
     "model", "batch", "seq", "train", "dtype", "amp", "grad_scaler", "optimizer", "optimizer_impl",
     "input_shape", "input_dtype", "tokens", "vocab", "real", "model_opt", "channels_last",
-    "task", "attn_implementation",
+    "task", "attn_implementation", "moe_load", "moe_capacity_factor",
 )
 
 
@@ -58,6 +58,13 @@ def workload_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                           "architecture)."),
         click.option("--attn-implementation", type=click.Choice(list(ATTN_IMPLEMENTATIONS)),
                      help="Attention of an hf: model (default: transformers' choice)."),
+        click.option("--moe-load", metavar="S1,S2,...",
+                     help="Mixture of experts: each expert's share of the routed tokens, one per "
+                          "expert (normalized), assumed where a fake trace cannot know the "
+                          "router's choice (default: uniform)."),
+        click.option("--moe-capacity-factor", type=float,
+                     help="Mixture of experts: the busiest expert gets this many times the mean "
+                          "load, the others share the rest evenly (instead of --moe-load)."),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -91,8 +98,23 @@ def pop_workload(kwargs: dict[str, Any]) -> tuple[ModelRequest, TraceOptions]:
         grad_scaler=opts["grad_scaler"],
         real=opts["real"],
         channels_last=opts["channels_last"],
+        moe_load=parse_moe_load(opts["moe_load"]),
+        moe_capacity_factor=opts["moe_capacity_factor"],
     )
     return request, options
+
+
+def parse_moe_load(text: str | None) -> tuple[float, ...] | None:
+    """``--moe-load 0.4,0.2,0.2,0.2``: one share per expert."""
+    if text is None:
+        return None
+    try:
+        return tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise UsageError(
+            f"invalid --moe-load {shown(text)}: expected comma-separated shares, one per expert, "
+            "e.g. 0.4,0.2,0.2,0.2"
+        ) from None
 
 
 def _input_spec(opts: dict[str, Any]) -> InputSpec:

@@ -88,6 +88,10 @@ def _role(ev: OpEvent, weights: set[int], module_weight_shapes: set[tuple[int, .
 
 
 def operand_dtype(ev: OpEvent):
-    """The dtype a matrix op computes in: its last operand's (the weight of a linear or
-    convolution, which autocast casts like the input)."""
+    """The dtype a matrix op computes in: its last floating operand's (the weight of a linear
+    or convolution, which autocast casts like the input; a grouped GEMM's int32 offsets come
+    after its matrices)."""
+    for t in reversed(ev.inputs):
+        if t.dtype.is_floating_point:
+            return t.dtype
     return ev.inputs[-1].dtype if ev.inputs else ev.outputs[0].dtype

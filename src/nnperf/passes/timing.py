@@ -22,12 +22,14 @@ them by event index.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nnperf.hardware import GPU, DeviceProfile
 from nnperf.kernels.gemm import GemmEstimate, estimate_gemm
+from nnperf.kernels.grouped_gemm import GroupedGemmEstimate, estimate_grouped_gemm
 from nnperf.kernels.rnn import cudnn_algorithm, estimate_rnn
+from nnperf.passes.costs import grouped as grouped_costs
 from nnperf.passes.costs import registry as cat
 from nnperf.passes.costs import rnn as rnn_costs
 from nnperf.passes.costs.matmul import is_depthwise, nchw_transposes, winograd_fraction
@@ -77,6 +79,9 @@ class OpTime:
     start_s: float = 0.0
     end_s: float = 0.0
     idle_before_s: float = 0.0  # device idle waiting for the host to issue this op
+    # The host waits for the device before issuing it (a grouped GEMM's fallback reads its
+    # offsets on the host first).
+    host_sync: bool = False
     bound: str = "none"  # what limits it in the step: compute | memory | launch | host | none
     kernel_bound: str = "none"  # what limits its kernel alone: compute | memory | launch
     # The rate its arithmetic ran at, e.g. "tf32" for an fp32 convolution with TF32 on,
@@ -164,6 +169,8 @@ class KernelModel:
         base = dict(count=count, host_s=host_s)
         if count.op in rnn_costs.RNN_OPS:
             return self._rnn(count, base)
+        if count.op == grouped_costs.GROUPED_MM:
+            return self._grouped(count, base)
         if category in (cat.GEMM, cat.CONV):
             return self._matrix(count, base)
         if category == cat.ATTENTION:
@@ -248,6 +255,32 @@ class KernelModel:
             math=first.rate_dtype if first else "", model_compute_s=model_compute,
             model_memory_s=model_memory, overhead_s=overhead, **base,
         )
+
+    def _grouped(self, count: OpCount, base: dict[str, Any]) -> OpTime:
+        """A grouped GEMM (``kernels.grouped_gemm``): CUTLASS's one-launch grouped kernel where
+        PyTorch takes it, else one GEMM per group after the offsets are read on the host. Each
+        group's GEMM is listed with its share of the kernel's time."""
+        dtype = dtype_name(operand_dtype(count.event))
+        shapes = [(g.m, g.n, g.k) for g in count.gemms]
+        a, b = count.event.args[0], count.event.args[1]
+        est = estimate_grouped_gemm(
+            shapes, dtype=dtype, gpu=self.gpu, profile=self.profile, min_bytes=count.bytes,
+            tf32=self.options.tf32_matmul, batched=len(a.shape) == 3 and len(b.shape) == 3)
+        gemms = [GemmTime(g, self._group_share(g, est)) for g in count.gemms]
+        return OpTime(
+            kernels=est.kernels, kernel_s=est.time_s, compute_s=est.compute_s, memory_s=est.memory_s,
+            peak_flops=est.peak_flops, bound=_bound(est.model_compute_s, est.model_memory_s, est.overhead_s),
+            gemms=gemms, math=est.rate_dtype, model_compute_s=est.model_compute_s,
+            model_memory_s=est.model_memory_s, overhead_s=est.overhead_s, host_sync=est.host_sync, **base,
+        )
+
+    def _group_share(self, g: Gemm, est: GroupedGemmEstimate) -> GemmEstimate:
+        """One group's GEMM as a ``GemmEstimate`` holding its share (by FLOPs) of the grouped
+        kernel's time, so tables that sum GEMM times add up to the op's."""
+        share = g.flops / est.flops if est.flops else 0.0
+        one = self.gemm(g.m, g.n, g.k, 1, g.dtype, self.options.tf32_matmul)
+        return replace(one, time_s=est.time_s * share, model_compute_s=est.model_compute_s * share,
+                       model_memory_s=est.model_memory_s * share, overhead_s=est.overhead_s * share)
 
     @staticmethod
     def _algorithm(count: OpCount, role: str | None, estimate: GemmEstimate) -> float:
@@ -346,9 +379,16 @@ def _host_cost(event: OpEvent, profile: DeviceProfile, kind: str | None) -> floa
     return profile.host_cost(event.phase, kind)
 
 
+#: Ops whose output size the host must read from the device: "When input is on CUDA,
+#: torch.nonzero() causes host-device synchronization" (``torch.nonzero`` documentation).
+_SIZE_SYNCS = frozenset({"aten.nonzero", "aten.argwhere"})
+
+
 def _syncs(event: OpEvent, trace: Trace) -> bool:
     """``.item()`` waits for the device, except on the optimizer's step counters, which a
-    GPU run keeps on the host (PyTorch's non-capturable Adam/AdamW)."""
+    GPU run keeps on the host (PyTorch's non-capturable Adam/AdamW); so does ``nonzero``."""
+    if event.name in _SIZE_SYNCS:
+        return True
     if event.name != "aten._local_scalar_dense":
         return False
     src = event.inputs[0] if event.inputs else None
@@ -378,6 +418,9 @@ def simulate_step(
             continue
         t = model.time_op(count, cost)
         count = next(pending, None)
+        if t.host_sync:
+            host = max(host, device)
+            issued = host
         host += cost + max(0, t.kernels - 1) * profile.kernel_overhead_s
         slices.append(
             HostSlice(event.index, event.name, event.module, event.phase, issued, host, t.kernels > 0)

@@ -40,8 +40,10 @@ from nnperf.trace.events import (
 )
 from nnperf.trace.grad_scaler import GRAD_SCALER_MODULE, TracedGradScaler
 from nnperf.trace.options import DTYPES, TraceOptions
+from nnperf.trace.packing import mark_host
 from nnperf.trace.rebind import rebind_tensors
 from nnperf.trace.recorder import GraphLabeler, ModuleStack, OpRecorder
+from nnperf.trace.routing import Routing, TraceFakeMode
 from nnperf.trace.step import Step, StepWatch, to_channels_last
 from nnperf.workload import Workload, default_loss
 
@@ -50,7 +52,7 @@ def trace_workload(build: Callable[[], Workload], options: TraceOptions) -> tupl
     """Build the workload inside the tracing context and record one step of it."""
     options.validate()
     # Non-fake tensors a user model keeps as plain attributes (not buffers) become fakes on use.
-    fake_mode = None if options.real else FakeTensorMode(allow_non_fake_inputs=True)
+    fake_mode = None if options.real else TraceFakeMode(allow_non_fake_inputs=True)
     with quiet_fake_tensor_log(), fake_mode if fake_mode is not None else contextlib.nullcontext():
         workload = build()
         restore = _swap_in_private_copies(workload, fake_mode)
@@ -130,7 +132,7 @@ def _is_host_ints(t: torch.Tensor) -> bool:
 
 def _host_ints(fake_mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
     """A host integer input as a fake that keeps its values (``trace.packing``)."""
-    return fake_mode.fake_tensor_converter.from_real_tensor(fake_mode, t, make_constant=True)
+    return mark_host(fake_mode.fake_tensor_converter.from_real_tensor(fake_mode, t, make_constant=True))
 
 
 class _Watch(StepWatch):
@@ -201,7 +203,8 @@ def _record(workload: Workload, step: Step) -> Trace:
         recorder.answer = scaler.finite.answer
     watch = _Watch(recorder, modules, accumulation)
     try:
-        with modules, GraphLabeler(modules), recorder, collecting() as assumptions:
+        assumed = None if options.real else Routing(options.moe_load, options.moe_capacity_factor)
+        with modules, GraphLabeler(modules, assumed), recorder, collecting() as assumptions:
             # an inference output stays alive until the recording stops, as it always did
             output = step.run(watch)
             watch.user_part = None

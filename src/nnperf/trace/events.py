@@ -75,6 +75,9 @@ class OpEvent:
     free: bool = False  # a view, alias or metadata op: no kernel, no memory traffic
     allocates: list[int] = field(default_factory=list)  # storages created by this op
     releases: list[int] = field(default_factory=list)  # storages that died right after it
+    # Argument values the cost formulas need and the trace knows (a grouped GEMM's offsets,
+    # from assumed routing: ``trace.routing``), by argument name; None: none kept.
+    values: dict[str, tuple[int, ...]] | None = None
 
     @property
     def name(self) -> str:

@@ -41,6 +41,12 @@ class TraceOptions:
     # memory): PyTorch then keeps CNN activations channels_last, and cuDNN's tensor-core
     # convolutions run without the NCHW<->NHWC transposes they need on NCHW tensors.
     channels_last: bool = False
+    # Mixture-of-experts routing a fake trace assumes (trace.routing): each expert's share
+    # of the routed (token, slot) pairs; None: uniform.
+    moe_load: tuple[float, ...] | None = None
+    # Or the load a capacity factor describes: the busiest expert gets this many times the
+    # mean, the others share the rest evenly.
+    moe_capacity_factor: float | None = None
 
     def uses_grad_scaler(self) -> bool:
         """Whether the step runs a GradScaler (``grad_scaler`` resolved)."""
@@ -64,6 +70,20 @@ class TraceOptions:
             raise UsageError(f"unknown dtype '{self.dtype}'; valid: {', '.join(DTYPES)}")
         if self.amp is not None and self.amp not in AMP_DTYPES:
             raise UsageError(f"unknown autocast dtype '{self.amp}'; valid: {', '.join(AMP_DTYPES)}")
+        if self.moe_load is not None and self.moe_capacity_factor is not None:
+            raise UsageError("give --moe-load or --moe-capacity-factor, not both")
+        if self.moe_load is not None and (
+            not self.moe_load or any(not s >= 0 for s in self.moe_load) or not sum(self.moe_load) > 0
+        ):
+            raise UsageError(
+                f"--moe-load {','.join(map(str, self.moe_load))}: shares must be numbers >= 0, "
+                "one per expert, not all 0"
+            )
+        if self.moe_capacity_factor is not None and not self.moe_capacity_factor >= 1:
+            raise UsageError(
+                f"--moe-capacity-factor {self.moe_capacity_factor}: must be at least 1 "
+                "(the busiest expert's load over the mean)"
+            )
         if self.grad_scaler:
             if not self.train or self.optimizer == "none":
                 raise UsageError("a gradient scaler needs a training step with an optimizer")

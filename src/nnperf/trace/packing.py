@@ -44,12 +44,28 @@ def int_values(t: Any) -> list[int] | None:
 
 def host_constant(values: Tensor) -> Tensor:
     """A real host tensor as a constant fake of the fake mode under way (no op recorded: it
-    is host bookkeeping, not device work); the tensor itself on real tensors."""
+    is host bookkeeping, not device work), marked as living on the host; the tensor itself
+    on real tensors."""
     mode = fake_mode()
     if mode is None:
         return values
     with _disable_current_modes():
-        return mode.fake_tensor_converter.from_real_tensor(mode, values, make_constant=True)
+        fake = mode.fake_tensor_converter.from_real_tensor(mode, values, make_constant=True)
+    return mark_host(fake)
+
+
+_HOST = "_nnperf_host"
+
+
+def mark_host(t: Tensor) -> Tensor:
+    """Mark a constant fake as a host tensor (reading it is no device synchronization)."""
+    setattr(t, _HOST, True)
+    return t
+
+
+def is_host(t: Any) -> bool:
+    """A constant fake the trace keeps as a host tensor (lengths, batch sizes)."""
+    return isinstance(t, FakeTensor) and t.constant is not None and getattr(t, _HOST, False)
 
 
 def fake_mode() -> FakeTensorMode | None:
@@ -63,13 +79,15 @@ def _is_int_list(data: Any) -> bool:
 
 
 #: Host-side integer work on lengths that the tracer folds (keeping values): creating an
-#: integer vector from Python numbers, and sorting one (``enforce_sorted=False``).
+#: integer vector from Python numbers, and what code does with one on the host (sort it for
+#: ``enforce_sorted=False``, index it, convert it).
 _CREATE = {torch.as_tensor, torch.tensor}
-_SORT = {torch.sort, Tensor.sort}
+_ON_HOST = {torch.sort, Tensor.sort, Tensor.__getitem__, Tensor.to, Tensor.cpu, Tensor.long,
+            Tensor.int, Tensor.contiguous}
 
 
 def folds(func: Any) -> bool:
-    return func in _CREATE or func in _SORT
+    return func in _CREATE or func in _ON_HOST
 
 
 def fold(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -88,11 +106,12 @@ def fold(func: Any, args: tuple, kwargs: dict) -> Any:
             real = func(*args, **kwargs)
         return host_constant(real)
     t = args[0] if args else None
-    values = int_values(t) if isinstance(t, FakeTensor) else None
-    if values is None:
+    if not is_host(t) or any(isinstance(a, Tensor) and not is_host(a) for a in args[1:]):
         return NotImplemented
     with _disable_current_modes():
         real = func(t.constant, *args[1:], **kwargs)
+    if not isinstance(real, (Tensor, tuple)):
+        return real
     if isinstance(real, tuple):  # sort's (values, indices), a structseq
         return type(real)(tuple(host_constant(v) for v in real))
     return host_constant(real)

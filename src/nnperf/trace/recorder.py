@@ -22,11 +22,16 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
+from torch.utils._python_dispatch import (
+    TorchDispatchMode,
+    _disable_current_modes,
+    is_traceable_wrapper_subclass_type,
+)
 from torch.utils._pytree import tree_flatten, tree_map
 
-from nnperf.trace import packing
+from nnperf.trace import packing, routing
 from nnperf.trace.accumulation import ADD, AccumulationWatch
+from nnperf.trace.assumptions import assume
 from nnperf.trace.attention import fused_sdpa
 from nnperf.trace.events import KIND_ACTIVATION, OpEvent, StorageInfo, TensorMeta
 from nnperf.trace.grad_scaler import LOCAL_SCALAR_DENSE
@@ -93,9 +98,10 @@ class GraphLabeler(TorchFunctionMode):
     """Stamps new autograd nodes with the creating module; swaps SDPA for the fused op and
     the RNN functions for cuDNN's."""
 
-    def __init__(self, modules: ModuleStack):
+    def __init__(self, modules: ModuleStack, assumed: routing.Routing | None = None):
         super().__init__()
         self._modules = modules
+        self._routing = assumed  # MoE routing values to assume; None on real tensors
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -111,10 +117,12 @@ class GraphLabeler(TorchFunctionMode):
             out = _PACKING[func](*args, **kwargs) if isinstance(args[0], FakeTensor) else NotImplemented
             if out is NotImplemented:
                 out = func(*args, **kwargs)
-        elif packing.folds(func):
-            out = packing.fold(func, args, kwargs)
-            if out is NotImplemented:
-                out = func(*args, **kwargs)
+        elif packing.folds(func) and (out := packing.fold(func, args, kwargs)) is not NotImplemented:
+            pass
+        elif routing.is_topk(func) and self._routing is not None:
+            out = routing.routed_topk(func, args, kwargs, self._routing)
+        elif self._routing is not None and routing.constant_args(args, kwargs):
+            out = routing.shadowed(func, args, kwargs)
         else:
             out = func(*args, **kwargs)
         if torch.is_grad_enabled():
@@ -266,6 +274,8 @@ class OpRecorder(TorchDispatchMode):
                 allocates=list(dict.fromkeys(allocates)),
             )
         )
+        if func in _KEEP_VALUES:
+            self.events[-1].values = _kept_values(func, args, kwargs)
         acc = self._accumulation
         if func is ADD and acc is not None and self.phase == "backward" and acc.may_sum_in_place(func, args):
             self.engine_sums.add(index)
@@ -273,10 +283,31 @@ class OpRecorder(TorchDispatchMode):
         return out
 
 
+#: Ops whose cost depends on an argument's values: the grouped GEMM's group offsets.
+_KEEP_VALUES = {torch.ops.aten._grouped_mm.default}
+GROUPS_UNKNOWN = ("grouped GEMM: group sizes (offsets) unknown to the fake trace; rows are "
+                  "assumed split evenly over the groups")
+
+
+def _kept_values(func: Any, args: tuple, kwargs: dict) -> dict[str, tuple[int, ...]] | None:
+    """The values of ``offs`` where the trace knows them (a real tensor, a constant fake);
+    else the formulas split the rows evenly, which the trace states as an assumption."""
+    offs = args[2] if len(args) > 2 else kwargs.get("offs")
+    if offs is None:
+        return None
+    if isinstance(offs, FakeTensor):
+        if offs.constant is None:
+            assume(GROUPS_UNKNOWN)
+            return None
+        offs = offs.constant
+    with _disable_current_modes():  # a real tensor: read it without the fake mode
+        return {"offs": tuple(int(v) for v in offs.tolist())}
+
+
 def _host_value(t: Any) -> bool:
     """A value the trace keeps on the host (``trace.packing``'s lengths): reading it is no
     device synchronization, as reading a CPU tensor is not."""
-    return isinstance(t, FakeTensor) and t.constant is not None
+    return packing.is_host(t)
 
 
 #: Nesting depth of ``unrecorded()``: ops run meanwhile are an engine's bookkeeping.

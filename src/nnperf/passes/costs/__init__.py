@@ -9,6 +9,7 @@ from nnperf.passes.costs import (  # noqa: F401  (registration side effects)
     elementwise,
     embedding,
     factories,
+    grouped,
     host,
     indexing,
     losses,

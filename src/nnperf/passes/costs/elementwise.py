@@ -109,6 +109,8 @@ UNTAGGED_ELEMENTWISE = (
     "aten.logit_backward",
     "aten.relu6",
     "aten.hardtanh_",
+    "aten.floor_divide",  # MoE routing: token index = slot // top_k
+    "aten.floor_divide_",
 )
 
 

@@ -1,0 +1,82 @@
+"""The grouped-GEMM time model (``kernels.grouped_gemm``): which path PyTorch takes, one launch
+with per-group tile quantization and waves over every group's tiles (CUTLASS), or one GEMM per
+group after a host sync (the fallback)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from nnperf.hardware import default_profile, load_gpu
+from nnperf.kernels.gemm import estimate_gemm, tile_quantization
+from nnperf.kernels.grouped_gemm import (
+    CUTLASS,
+    FALLBACK,
+    estimate_grouped_gemm,
+    even_split,
+    grouped_mm_path,
+    sizes_from_offsets,
+)
+
+H100, A100, B200 = load_gpu("h100"), load_gpu("a100"), load_gpu("b200")
+
+
+@pytest.mark.parametrize("dtype, gpu, path", [
+    ("bf16", H100, CUTLASS), ("bf16", B200, CUTLASS),  # sm_90 / sm_100
+    ("bf16", A100, FALLBACK),  # _scaled_mm_allowed_device(sm90_only, sm100_only) refuses sm_80
+    ("fp16", H100, FALLBACK), ("fp32", H100, FALLBACK),  # the fast path is bf16 only
+])
+def test_path_follows_grouped_blas(dtype, gpu, path):
+    assert grouped_mm_path(dtype, gpu) == path
+
+
+def _only(tile):
+    return default_profile(H100).replace(tile_relative_efficiency={tile: 1.0}, ctas_per_sm={tile: 1})
+
+
+def test_one_launch_pays_each_groups_tile_padding_and_the_waves_of_all_tiles():
+    """8 experts of 100 rows, N = K = 4096, bf16, one 128x128 tile: each group pads its rows to
+    128 (100/128 used) and the 8 x 1 x 32 = 256 tiles run in 2 waves on 132 SMs."""
+    profile = _only("128x128")
+    groups = [(100, 4096, 4096)] * 8
+    est = estimate_grouped_gemm(groups, dtype="bf16", gpu=H100, profile=profile, min_bytes=1e6)
+    assert est.kernels == 1 and not est.host_sync
+    assert est.ctas == 8 * 32 and est.waves == 2
+    assert est.tile_efficiency == pytest.approx(100 / 128)
+    assert est.wave_efficiency == pytest.approx(256 / 264)
+    one = estimate_gemm(800, 4096, 4096, dtype="bf16", gpu=H100, profile=profile)
+    usable = one.peak_flops * one.math_fraction * one.alignment_factor
+    flops = 2 * 800 * 4096 * 4096
+    assert est.model_compute_s == pytest.approx(flops / (usable * (100 / 128) * (256 / 264)))
+    assert est.time_s == pytest.approx(max(est.model_compute_s, est.model_memory_s) + profile.kernel_overhead_s)
+    # Padding costs time when it adds a wave: 12 experts of 129 rows need 2 tile rows each,
+    # 12 x 2 x 8 = 192 tiles of N = 1024 (2 waves); the same 1548 rows as one GEMM need 13 tile
+    # rows, 104 tiles (1 wave)
+    split = estimate_grouped_gemm([(129, 1024, 4096)] * 12, dtype="bf16", gpu=H100, profile=profile,
+                                  min_bytes=1e6)
+    merged = estimate_grouped_gemm([(1548, 1024, 4096)], dtype="bf16", gpu=H100, profile=profile,
+                                   min_bytes=1e6)
+    assert (split.ctas, split.waves, merged.ctas, merged.waves) == (192, 2, 104, 1)
+    assert merged.tile_efficiency == pytest.approx(tile_quantization(1548, 1024, (128, 128))[1])
+    assert split.model_compute_s == pytest.approx(2 * merged.model_compute_s)
+
+
+def test_fallback_is_one_gemm_per_group_after_a_host_sync():
+    profile = default_profile(A100)
+    groups = [(64, 1024, 512), (32, 1024, 512), (0, 1024, 512), (96, 1024, 512)]
+    est = estimate_grouped_gemm(groups, dtype="bf16", gpu=A100, profile=profile, min_bytes=1e6)
+    assert est.path == FALLBACK and est.host_sync and est.kernels == 3  # the empty group runs nothing
+    each = [estimate_gemm(m, n, k, dtype="bf16", gpu=A100, profile=profile) for m, n, k in groups if m]
+    assert est.time_s == pytest.approx(sum(e.time_s for e in each))
+    batched = estimate_grouped_gemm([(64, 256, 128)] * 4, dtype="bf16", gpu=A100, profile=profile,
+                                    min_bytes=1e6, batched=True)
+    assert batched.kernels == 1 and not batched.host_sync  # 3-D x 3-D: one bmm
+    assert batched.time_s == pytest.approx(
+        estimate_gemm(64, 256, 128, batch=4, dtype="bf16", gpu=A100, profile=profile).time_s)
+
+
+def test_group_sizes():
+    assert even_split(10, 4) == [3, 3, 2, 2]
+    assert sizes_from_offsets([4, 4, 9, 12], 10) == [4, 0, 5, 1]  # clipped to the rows there are
+    assert math.fsum(even_split(128, 8)) == 128
