@@ -68,7 +68,7 @@ def builder(request: HubRequest) -> tuple[str, Callable[[], Workload]]:
             return auto.from_config(copy.deepcopy(config), **kwargs)
 
         try:
-            model = build_as_user_code(create)
+            model = build_as_user_code(create, redirect_devices=False)
         except ModelLoadError:
             raise
         except Exception as err:  # transformers raises what it likes

@@ -33,7 +33,7 @@ def builder(request: HubRequest) -> tuple[str, Callable[[], Workload]]:
             return timm.create_model(request.name, pretrained=False, **request.overrides)
 
         try:  # timm reads drop-path rates off a tensor while building: meta parameters
-            model = build_as_user_code(create, meta_first=True)
+            model = build_as_user_code(create, meta_first=True, redirect_devices=False)
         except TypeError as err:  # an -O keyword the model's constructor does not take
             raise ModelLoadError(f"{target}: timm.create_model refused {_given(request)}: "
                                  f"{err}") from None

@@ -38,7 +38,7 @@ def builder(request: HubRequest) -> tuple[str, Callable[[], Workload]]:
             return models.get_model(request.name, weights=None, **request.overrides)
 
         try:  # nn.init.trunc_normal_ reads values (torch 2.14): meta parameters
-            model = build_as_user_code(create, meta_first=True)
+            model = build_as_user_code(create, meta_first=True, redirect_devices=False)
         except (TypeError, ValueError) as err:
             given = " ".join(f"-O {k}={shown(v)}" for k, v in request.overrides.items())
             raise ModelLoadError(f"{target}: torchvision refused {given or 'the model'}: {err}") from None

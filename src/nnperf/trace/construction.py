@@ -49,27 +49,31 @@ def current_fake_mode() -> Any:
     return detect_fake_mode()
 
 
-def build_as_user_code(build: Callable[[], T], *, meta_first: bool = False) -> T:
+def build_as_user_code(build: Callable[[], T], *, meta_first: bool = False,
+                       redirect_devices: bool = True) -> T:
     """``build()`` inside the tracing context, with the user-code conversions above working.
 
     Under a fake mode a build that reads a tensor's value is built again with its parameters
     on the meta device (``meta_first``: build that way at once, for libraries known to read
     values, timm and torchvision). A second failure propagates for the caller to explain
-    (``reads_tensor_values``).
+    (``reads_tensor_values``). ``redirect_devices=False`` for a library's own constructor,
+    which moves nothing to an accelerator: the device check on every torch call is skipped.
     """
+    devices = _DevicesStayHere() if redirect_devices else contextlib.nullcontext()
     if current_fake_mode() is None:  # real tensors: only devices need redirecting
-        with _DevicesStayHere():
+        with devices:
             return build()
     if not meta_first:
         try:
-            with _as_user_code():
+            with devices, _rebinding_conversions():
                 return build()
         except Exception as err:
             if not reads_tensor_values(err):
                 raise
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    with unset_fake_temporarily(), _parameters_on_meta(), _as_user_code():
+    devices = _DevicesStayHere() if redirect_devices else contextlib.nullcontext()
+    with unset_fake_temporarily(), _parameters_on_meta(), devices, _rebinding_conversions():
         return build()
 
 
@@ -103,11 +107,9 @@ def unwrap_compiled(model: nn.Module) -> tuple[nn.Module, bool]:
     return model, compiled
 
 
-@contextlib.contextmanager
-def _as_user_code() -> Iterator[None]:
-    """Module conversions rebind instead of swapping; accelerator devices stay here."""
-    with _DevicesStayHere(), _patched(nn.Module, "_apply", _rebinding_apply):
-        yield
+def _rebinding_conversions() -> contextlib.AbstractContextManager[None]:
+    """Module conversions rebind instead of swapping."""
+    return _patched(nn.Module, "_apply", _rebinding_apply)
 
 
 @contextlib.contextmanager
