@@ -46,3 +46,13 @@ def test_task_and_attention_options_are_refused_for_other_models():
         analyze("mlp", task="causal-lm")
     with pytest.raises(UsageError, match="--attn-implementation sdpa is not used"):
         analyze("gpt2", attn_implementation="sdpa")
+
+
+def test_nnperf_models_lists_the_shipped_hugging_face_configs():
+    from click.testing import CliRunner
+
+    from nnperf.cli.app import cli
+
+    r = CliRunner().invoke(cli, ["models"])
+    assert r.exit_code == 0, r.output
+    assert "meta-llama/Llama-3.1-8B" in r.output and "timm:NAME" in r.output

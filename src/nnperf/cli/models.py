@@ -1,4 +1,4 @@
-"""``nnperf models``: the built-in zoo with default inputs."""
+"""``nnperf models``: the built-in zoo with default inputs, and the library models by name."""
 
 from __future__ import annotations
 
@@ -24,3 +24,9 @@ def models() -> None:
         )
     make_console().print(t)
     click.echo("Analyze one with: nnperf analyze NAME --batch N [--train|--inference]")
+    from nnperf.hub.hf_config import shipped
+
+    ids = sorted({entry.id for entry in shipped().values()}, key=str.lower)
+    click.echo(f"\nHugging Face configs shipped with nnperf (hf:ID, offline; needs "
+               f"'nnperf[hf]'): {', '.join(ids)}.\nAlso hf:PATH/config.json, any Hub id (cached "
+               "or online), timm:NAME ('nnperf[timm]'), tv:NAME ('nnperf[vision]').")

@@ -44,16 +44,18 @@ def require(module: str, what: str) -> ModuleType:
 
 
 def _pair_advice() -> str:
-    """How to get a torchvision that loads with the installed torch. torchvision releases pair
-    with one torch release each, minor + 15 (0.19 with 2.4 ... 0.29 with 2.14: the table in
-    https://github.com/pytorch/vision#installation); a CPU-only torch (``+cpu``) needs
-    torchvision from the same CPU index, or a default torch build."""
+    """How to get a torchvision that loads with the installed torch: both installed together
+    from one index, so pip picks a build of each for the other. PyTorch's table
+    (https://github.com/pytorch/vision#installation) pairs torch 2.m with torchvision
+    0.(m+15); a CPU-only torch (``+cpu``) needs torchvision from the same CPU index."""
     major, minor = (int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
-    pair = f"torchvision 0.{minor + 15}" if major == 2 else "the torchvision release for it"
-    cpu = "+cpu" in torch.__version__
-    where = (" from the same CPU index (--index-url https://download.pytorch.org/whl/cpu), or "
-             "install the default torch build with it") if cpu else ""
-    return f"install {pair}, the release built for torch {major}.{minor}{where}"
+    pair = f"torchvision 0.{minor + 15}" if major == 2 else "the torchvision release"
+    if "+cpu" in torch.__version__:
+        return (f"install {pair} from the same CPU index as torch (pip install torchvision "
+                "--index-url https://download.pytorch.org/whl/cpu), or install the default "
+                "torch and torchvision together (pip install torch torchvision)")
+    return (f"install {pair} (its release for torch {major}.{minor}), or torch and torchvision "
+            "together (pip install --upgrade torch torchvision)")
 
 
 def unknown_name(what: str, name: str, known: Iterable[str], listing: str) -> ModelLoadError:
