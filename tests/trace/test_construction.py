@@ -128,7 +128,7 @@ def test_a_cast_lstm_keeps_its_flat_weights(factories):
 
 
 def test_reading_a_parameter_value_while_building_is_one_line_with_a_hint(factories):
-    with pytest.raises(ModelLoadError, match="reads a tensor's value.*--real"):
+    with pytest.raises(ModelLoadError, match=r"reads a tensor's value.*--real"):
         _analyze(factories, "reads_values_in_forward_too")
 
 
