@@ -7,7 +7,9 @@ requires (Whisper: ``2 * max_source_positions`` frames); an encoder-decoder mode
 input ids too (``--seq`` long; Whisper's decoder defaults to its ``max_target_positions``).
 ``-O key=value`` sets a config field (``-O num_hidden_layers=2``); ``--task`` picks the head
 (``hub.hf_tasks``), ``--attn-implementation`` transformers' attention (``eager``/``sdpa``;
-default: transformers' own choice).
+default: transformers' own choice). The weights have the dtype ``from_config`` gives them:
+transformers 5 builds in the config's ``dtype`` (bf16 for Llama-3.1), 4.x in fp32; ``--dtype``
+casts.
 """
 
 from __future__ import annotations
