@@ -87,8 +87,15 @@ BATCHES: dict[str, tuple[int, ...]] = {
     "resnet18": (32, 128),
     "resnet50": (32, 64),
     "mobilenet_v2": (32, 128),
+    "efficientnet_b0": (32, 128),
+    "efficientnet_b4": (8, 32),  # 380x380
+    "efficientnet_widese_b0": (32, 128),
+    "efficientnet_widese_b4": (8, 32),
+    "convnext_tiny": (32, 128),
     "vit_b_16": (16, 64),
     "bert-base": (8, 32),
+    "bert-large": (4, 16),
+    "bert-large-squad": (2, 8),  # 384 tokens
     "gpt2": (4, 8),
     "gpt2-medium": (2, 8),
     "gpt2-large": (1, 4),

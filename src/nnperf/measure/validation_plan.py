@@ -22,8 +22,10 @@ if TYPE_CHECKING:
 #: the published-measurement set also has, then the rest, the 7B model last (its build
 #: alone takes minutes of a session's time).
 MODEL_PRIORITY: tuple[str, ...] = (
-    "resnet50", "gpt2", "bert-base", "vit_b_16", "mobilenet_v2", "mlp", "resnet18", "mnist-cnn",
-    "vgg16", "alexnet", "gpt2-medium", "alexnet-caffe", "gpt2-large", "gpt2-xl", "llama-7b",
+    "resnet50", "gpt2", "bert-base", "vit_b_16", "mobilenet_v2", "efficientnet_b0",
+    "convnext_tiny", "bert-large", "mlp", "resnet18", "mnist-cnn", "vgg16", "alexnet",
+    "efficientnet_b4", "bert-large-squad", "efficientnet_widese_b0", "efficientnet_widese_b4",
+    "gpt2-medium", "alexnet-caffe", "gpt2-large", "gpt2-xl", "llama-7b",
 )
 
 #: (train, precision, batch index) in the order they add most: the larger batch first (less
@@ -45,8 +47,15 @@ TINY: dict[str, tuple[tuple[int, int], int | None, dict[str, int]]] = {
     "resnet18": ((2, 4), None, {"image_size": 64}),
     "resnet50": ((2, 4), None, {"image_size": 64}),
     "mobilenet_v2": ((2, 4), None, {"image_size": 64}),
+    "efficientnet_b0": ((2, 4), None, {"image_size": 64}),
+    "efficientnet_b4": ((1, 2), None, {"image_size": 64}),
+    "efficientnet_widese_b0": ((2, 4), None, {"image_size": 64}),
+    "efficientnet_widese_b4": ((1, 2), None, {"image_size": 64}),
+    "convnext_tiny": ((2, 4), None, {"image_size": 64}),
     "vit_b_16": ((1, 2), None, {"n_layer": 1, "image_size": 64}),
     "bert-base": ((1, 2), 64, {"n_layer": 1}),
+    "bert-large": ((1, 2), 64, {"n_layer": 1}),
+    "bert-large-squad": ((1, 2), 64, {"n_layer": 1}),
     "gpt2": ((1, 2), 64, {"n_layer": 1}),
     "gpt2-medium": ((1, 2), 64, {"n_layer": 1}),
     "gpt2-large": ((1, 2), 64, {"n_layer": 1}),

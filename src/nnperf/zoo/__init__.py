@@ -11,7 +11,22 @@ import difflib
 
 from nnperf.errors import ModelLoadError
 
-from . import alexnet, alexnet_caffe, bert, gpt2, llama, mlp, mnist, mobilenet, resnet, vgg, vit
+from . import (
+    alexnet,
+    alexnet_caffe,
+    bert,
+    bert_dle,
+    convnext,
+    efficientnet,
+    gpt2,
+    llama,
+    mlp,
+    mnist,
+    mobilenet,
+    resnet,
+    vgg,
+    vit,
+)
 from ._spec import ModelSpec
 
 __all__ = ["MODELS", "ModelSpec", "get_model", "list_models"]
@@ -25,8 +40,11 @@ _ORDER: list[ModelSpec] = [
     resnet.RESNET18,
     resnet.RESNET50,
     mobilenet.SPEC,
+    *efficientnet.SPECS,
+    convnext.SPEC,
     vit.SPEC,
     bert.SPEC,
+    *bert_dle.SPECS,
     *gpt2.SPECS,
     llama.SPEC,
 ]
