@@ -49,14 +49,12 @@ class Step:
     grouped_mm_calls: int = 0
     notes: list[str] = field(default_factory=list)
 
-    def expected(self, *, attention_uncovered: bool = False, grouped_mm_covered: bool = True) -> int:
+    def expected(self, *, attention_uncovered: bool = False) -> int:
         """nnperf's gemm + conv + attention FLOPs as they should be."""
         total = sum(v for k, v in self.counted.items() if "_grouped_mm" not in k)
-        total -= self.causal_masked_flops + self.grouped_conv_excess
+        total += self.grouped_mm_flops - self.causal_masked_flops - self.grouped_conv_excess
         if attention_uncovered:  # nnperf lists the attention op uncovered: none of it counted
             total -= self.sdpa_flops - self.causal_masked_flops
-        if grouped_mm_covered:
-            total += self.grouped_mm_flops
         return total
 
 
