@@ -92,7 +92,7 @@ def request_and_options(config: dict[str, Any]) -> tuple[Any, Any]:
     request = ModelRequest(config["model"], batch=config["batch"], seq_len=config["seq"],
                            overrides=dict(config["overrides"]))
     options = TraceOptions(train=config["train"], optimizer=config["optimizer"],
-                           dtype=config["dtype"], amp=config["amp"])
+                           dtype=config["dtype"], amp=config["amp"], autocast_device="cpu")
     return request, options
 
 

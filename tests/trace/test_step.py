@@ -39,8 +39,10 @@ def _build():
 OPTIONS = [
     TraceOptions(),  # AdamW, foreach
     TraceOptions(optimizer="sgd-momentum", optimizer_impl="single"),
-    TraceOptions(amp="fp16", optimizer="adam"),  # autocast and a GradScaler
-    TraceOptions(amp="bf16", train=False),
+    # autocast and a GradScaler; a real CPU step follows the CPU's autocast lists, so the trace
+    # compared with it does too (a GPU trace follows CUDA's: test_autocast_cuda.py)
+    TraceOptions(amp="fp16", optimizer="adam", autocast_device="cpu"),
+    TraceOptions(amp="bf16", train=False, autocast_device="cpu"),
     TraceOptions(grads_persist=True, optimizer="sgd"),
 ]
 

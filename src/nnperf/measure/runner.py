@@ -19,7 +19,7 @@ import datetime
 import platform
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -170,6 +170,8 @@ def measure(
     the failed run held so the caller can try a smaller batch in the same process.
     """
     options = options or TraceOptions()
+    if device.type == "cpu":  # the step runs CPU autocast: the trace beside it follows its lists
+        options = replace(options, autocast_device="cpu")
     if analysis is None:
         analysis = analyze_request(request, options)
     name, build = resolve(request)

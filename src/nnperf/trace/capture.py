@@ -22,6 +22,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from nnperf.errors import NnperfError
 from nnperf.trace.accumulation import AccumulationWatch, fold_inplace_accumulations
 from nnperf.trace.assumptions import collecting
+from nnperf.trace.autocast_cuda import CudaAutocast
 from nnperf.trace.diagnosis import (
     DATA_DEPENDENT,
     data_dependent_error,
@@ -143,6 +144,7 @@ class _Watch(StepWatch):
     def __init__(self, recorder: OpRecorder, modules: ModuleStack, accumulation: AccumulationWatch):
         self.recorder, self.modules, self.accumulation = recorder, modules, accumulation
         self.user_part: str | None = "forward"
+        self.cuda_autocast: CudaAutocast | None = None
         self.actions: list[list[Any]] = []  # pipeline actions: [label, first event, end event]
 
     def loss_starts(self) -> None:
@@ -160,6 +162,8 @@ class _Watch(StepWatch):
         self.modules.pop()
 
     def backward_starts(self, loss: torch.Tensor) -> None:
+        if self.cuda_autocast is not None:  # the autocast region has ended: its casts too
+            self.cuda_autocast.clear_cache()
         self.recorder.phase = "backward"
         self.accumulation.watch_graph([loss])
         self.user_part = "backward"
@@ -204,7 +208,10 @@ def _record(workload: Workload, step: Step) -> Trace:
     watch = _Watch(recorder, modules, accumulation)
     try:
         assumed = None if options.real else Routing(options.moe_load, options.moe_capacity_factor)
-        with modules, GraphLabeler(modules, assumed), recorder, collecting() as assumptions:
+        cuda_lists = options.amp is not None and options.autocast_device == "cuda"
+        policy = watch.cuda_autocast = CudaAutocast() if cuda_lists else None
+        with (modules, GraphLabeler(modules, assumed), recorder, collecting() as assumptions,
+              policy.installed() if policy is not None else contextlib.nullcontext()):
             # an inference output stays alive until the recording stops, as it always did
             output = step.run(watch)
             watch.user_part = None

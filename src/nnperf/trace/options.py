@@ -18,6 +18,7 @@ OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "none")
 OPTIMIZER_IMPLS = ("foreach", "single", "fused")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+AUTOCAST_DEVICES = ("cuda", "cpu")
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,9 @@ class TraceOptions:
     # Or the load a capacity factor describes: the busiest expert gets this many times the
     # mean, the others share the rest evenly.
     moe_capacity_factor: float | None = None
+    # Whose autocast op lists the step follows under --amp: "cuda" (what a GPU runs: the
+    # default, trace.autocast_cuda) or "cpu" (a step measured on the CPU).
+    autocast_device: str = "cuda"
 
     def uses_grad_scaler(self) -> bool:
         """Whether the step runs a GradScaler (``grad_scaler`` resolved)."""
@@ -70,6 +74,10 @@ class TraceOptions:
             raise UsageError(f"unknown dtype '{self.dtype}'; valid: {', '.join(DTYPES)}")
         if self.amp is not None and self.amp not in AMP_DTYPES:
             raise UsageError(f"unknown autocast dtype '{self.amp}'; valid: {', '.join(AMP_DTYPES)}")
+        if self.autocast_device not in AUTOCAST_DEVICES:
+            raise UsageError(
+                f"unknown autocast device '{self.autocast_device}'; valid: {', '.join(AUTOCAST_DEVICES)}"
+            )
         if self.moe_load is not None and self.moe_capacity_factor is not None:
             raise UsageError("give --moe-load or --moe-capacity-factor, not both")
         if self.moe_load is not None and (
