@@ -26,6 +26,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nnperf.hardware import GPU, DeviceProfile
+from nnperf.kernels.attention import (
+    EFFICIENT,
+    MATH,
+    SdpaCall,
+    efficient_uses_tensor_cores,
+    math_attention,
+    select_backend,
+)
 from nnperf.kernels.gemm import GemmEstimate, estimate_gemm
 from nnperf.kernels.grouped_gemm import GroupedGemmEstimate, estimate_grouped_gemm
 from nnperf.kernels.rnn import cudnn_algorithm, estimate_rnn
@@ -82,6 +90,8 @@ class OpTime:
     # The host waits for the device before issuing it (a grouped GEMM's fallback reads its
     # offsets on the host first).
     host_sync: bool = False
+    # The SDPA backend PyTorch picks on this GPU (flash, efficient, cudnn, math); "" otherwise.
+    backend: str = ""
     bound: str = "none"  # what limits it in the step: compute | memory | launch | host | none
     kernel_bound: str = "none"  # what limits its kernel alone: compute | memory | launch
     # The rate its arithmetic ran at, e.g. "tf32" for an fp32 convolution with TF32 on,
@@ -149,10 +159,12 @@ class StepTime:
 class KernelModel:
     """Per-op kernel times on one GPU with one profile (GEMM estimates are cached)."""
 
-    def __init__(self, gpu: GPU, profile: DeviceProfile, options: TimingOptions | None = None):
+    def __init__(self, gpu: GPU, profile: DeviceProfile, options: TimingOptions | None = None,
+                 train: bool = False):
         self.gpu = gpu
         self.profile = profile
         self.options = options or TimingOptions()
+        self.train = train  # inputs require gradients (SDPA's backend checks read it)
         self._gemm_cache: dict[tuple, GemmEstimate] = {}
         self._vector_peak = gpu.peak_flops("fp32", tensor_cores=False, fallback=True)
 
@@ -318,11 +330,25 @@ class KernelModel:
         )
 
     def _attention(self, count: OpCount, base: dict[str, Any]) -> OpTime:
+        """A fused attention kernel: executed FLOPs (flash and memory-efficient backward
+        recompute Q@K^T) at the profile's attention fraction of the rate its backend computes
+        at, bounded by its bytes. An SDPA call (``nnperf.attention``) first gets the backend
+        PyTorch would pick on this GPU (``kernels.attention.select_backend``); the math
+        fallback is timed as the GEMMs and elementwise kernels it runs."""
         event = count.event
-        dtype = dtype_name(event.inputs[1].dtype if count.phase == "backward" else event.inputs[0].dtype)
-        rate = self.gpu.matmul_peak(dtype, tf32=self.options.tf32_matmul)
-        peak = rate.flops
         backward = count.op.endswith("_backward")
+        call = _sdpa_call(event, backward, self.train)
+        backend = select_backend(call, self.gpu) if call is not None else ""
+        if backend == MATH:
+            return self._math_attention(count, call, backward, base)
+        dtype = dtype_name(event.inputs[1].dtype if count.phase == "backward" else event.inputs[0].dtype)
+        rate = self.gpu.matmul_peak(dtype, tf32=self.options.tf32_matmul, fallback=True)
+        peak, math = rate.flops, rate.dtype
+        if backend == EFFICIENT and dtype == "fp32" and efficient_uses_tensor_cores(dtype, self.gpu):
+            # the memory-efficient kernel's fp32 GEMMs on sm80+ are 3xTF32 (three TF32 MMAs
+            # per product, OpMultiplyAddFastF32: DefaultGemmType in mem_eff_attention's
+            # gemm_kernel_utils.h), whatever torch.backends.cuda.matmul.allow_tf32 says
+            peak, math = self.gpu.peak("tf32", fallback=True).flops / 3, "3xtf32"
         fraction = (
             self.profile.attention_backward_fraction if backward else self.profile.attention_forward_fraction
         )
@@ -336,12 +362,38 @@ class KernelModel:
             compute_s=count.flops / peak,
             memory_s=count.bytes / self.gpu.memory_bandwidth,
             peak_flops=peak,
-            math=rate.dtype,
+            math=math,
             bound=_bound(model_compute, model_memory, overhead),
             model_compute_s=model_compute,
             model_memory_s=model_memory,
             overhead_s=overhead,
+            backend=backend,
             **base,
+        )
+
+    def _math_attention(self, count: OpCount, call: SdpaCall, backward: bool, base: dict[str, Any]) -> OpTime:
+        """SDPA's math backend (``kernels.attention.math_attention``): its batched GEMMs with
+        the GEMM model over every (query, key) pair (a causal mask is applied after them), and
+        each elementwise pass over the score matrix at the achievable bandwidth."""
+        work = math_attention(call, backward)
+        ests = [self.gemm(m, n, k, b, call.dtype, self.options.tf32_matmul) for m, n, k, b in work.gemms]
+        itemsize = count.event.inputs[0].itemsize
+        pass_bytes = 2 * work.score_elements * itemsize  # each pass reads and writes the matrix
+        passes_s = work.score_passes * (self.profile.memory_time(self.gpu.memory_bandwidth, pass_bytes)
+                                        + self.profile.kernel_overhead_s)
+        model_compute = sum(e.model_compute_s for e in ests)
+        model_memory = sum(e.model_memory_s for e in ests) + work.score_passes * self.profile.memory_time(
+            self.gpu.memory_bandwidth, pass_bytes)
+        overhead = (len(ests) + work.score_passes) * self.profile.kernel_overhead_s
+        return OpTime(
+            kernels=len(ests) + work.score_passes,
+            kernel_s=sum(e.time_s for e in ests) + passes_s,
+            compute_s=sum(e.compute_s for e in ests),
+            memory_s=(count.bytes + work.score_passes * pass_bytes) / self.gpu.memory_bandwidth,
+            peak_flops=ests[0].peak_flops, math=ests[0].rate_dtype,
+            bound=_bound(model_compute, model_memory, overhead),
+            model_compute_s=model_compute, model_memory_s=model_memory, overhead_s=overhead,
+            backend=MATH, **base,
         )
 
     def _streaming(self, count: OpCount, base: dict[str, Any]) -> OpTime:
@@ -363,6 +415,25 @@ class KernelModel:
             overhead_s=overhead,
             **base,
         )
+
+
+def _sdpa_call(event: OpEvent, backward: bool, train: bool) -> SdpaCall | None:
+    """What SDPA's backend checks read, from an ``nnperf.attention`` event (forward: q, k, v,
+    mask, dropout_p, is_causal, scale, enable_gqa; backward: grad_out first, then q, k, v,
+    out, lse, mask, dropout_p, is_causal, scale, enable_gqa); None for other attention ops."""
+    if event.name not in ("nnperf.attention", "nnperf.attention_backward"):
+        return None
+    a = event.args[1:] if backward else event.args
+    q, k, v, mask = a[0], a[1], a[2], a[5] if backward else a[3]
+    dropout, causal, gqa = (a[6], a[7], a[9]) if backward else (a[4], a[5], a[7])
+    if len(q.shape) != 4 or len(k.shape) != 4 or len(v.shape) != 4:  # check_tensor_shapes
+        return None
+    return SdpaCall(
+        dtype=dtype_name(q.dtype), batch=q.shape[0], heads_q=q.shape[1], heads_kv=k.shape[1],
+        q_len=q.shape[2], kv_len=k.shape[2], head_dim=q.shape[3], head_dim_k=k.shape[3],
+        head_dim_v=v.shape[3], has_mask=mask is not None, dropout=float(dropout), causal=bool(causal),
+        enable_gqa=bool(gqa), requires_grad=train or backward, strides=(q.stride, k.stride, v.stride),
+    )
 
 
 def _bound(compute: float, memory: float, overhead: float) -> str:
@@ -402,7 +473,7 @@ def simulate_step(
     trace: Trace, counts: list[OpCount], gpu: GPU, profile: DeviceProfile, options: TimingOptions | None = None
 ) -> StepTime:
     """Play the eager timeline: host issues ops in order, the device runs them in order."""
-    model = KernelModel(gpu, profile, options)
+    model = KernelModel(gpu, profile, options, train=trace.mode == "train")
     pending = iter(counts)  # counts are the trace's non-free events, in trace order
     count = next(pending, None)
     host = device = busy = 0.0

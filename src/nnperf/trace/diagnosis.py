@@ -60,9 +60,10 @@ _NNPERF_INTERNALS = _spellings(
     _HERE / "events.py", _HERE.parent / "passes",
 )
 #: Code a model's failure passes through on its way up and that says nothing about who
-#: caused it: PyTorch itself and the standard library.
+#: caused it: PyTorch itself, the standard library, and the trace's fake tensor mode
+#: (``routing.TraceFakeMode``, a thin subclass of PyTorch's) with the calls it replays.
 _PASS_THROUGH = (
-    *_spellings(Path(torch.__file__).parent, Path(sysconfig.get_paths()["stdlib"])),
+    *_spellings(Path(torch.__file__).parent, Path(sysconfig.get_paths()["stdlib"]), _HERE / "routing.py"),
     "<frozen ",
 )
 
