@@ -101,12 +101,14 @@ def advise_request(request: ModelRequest, options: MemoryOptions, gpu: GPU,
         if c.predicted and not c.change.retraces:
             outcomes[c.name] = evaluate(setup, c.change, base.analysis, cache)
     batches = batch.applies(base)
-    jobs: list[tuple[str, Change | FitJob]] = [(c.name, c.change) for c in candidates
-                                               if c.predicted and c.change.retraces]
     kinds = [c.change.recompute for c in candidates if c.family == "recompute"]
+    # the largest-batch searches first: each is several traces, so the short re-traces fill in
+    # around them instead of one search running alone at the end
+    jobs: list[tuple[str, Change | FitJob]] = []
     if batches:
-        jobs += [("fit:given", FitJob(options.checkpoint))]
         jobs += [(f"fit:{k}", FitJob("selective" if k == "selective" else True)) for k in kinds]
+        jobs += [("fit:given", FitJob(options.checkpoint))]
+    jobs += [(c.name, c.change) for c in candidates if c.predicted and c.change.retraces]
     results = run_parallel(setup, jobs, workers)
     outcomes.update({k: v for k, v in results.items() if not k.startswith("fit:")})
     if batches:
