@@ -12,7 +12,7 @@ ARGS = ["plan", "gpt2", "-O", "n_layer=2", "--batch", "2", "--seq", "128", "--am
 
 
 def test_plan_ranks_layouts_and_emits_torchtitan():
-    result = CliRunner().invoke(cli, [*ARGS, "--gpus", "16", "--json"])
+    result = CliRunner().invoke(cli, [*ARGS, "--gpus", "16", "--tp", "1", "--pp", "1", "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
     layouts = {r["execution"]["data"] for r in doc["ranked"]}
@@ -33,3 +33,36 @@ def test_a_gpu_count_the_nodes_do_not_divide_is_one_line():
     result = CliRunner().invoke(cli, [*ARGS, "--gpus", "12"])
     assert result.exit_code == 2
     assert "nearest: 8 or 16" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_tensor_and_pipeline_layouts_with_engine_configs():
+    """gpt2 (4 blocks, 4 heads) on 8 GPUs: tensor-parallel degrees 2 and 4 with sequence
+    parallelism, pipelines of 2 and 4 stages; the winner written for each engine that has it."""
+    args = ["plan", "gpt2", "-O", "n_layer=4", "-O", "n_head=4", "-O", "n_embd=256", "--batch", "4", "--seq", "64",
+            "--amp", "bf16", "--gpu", "h100", "--gpus", "8", "--json"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    executions = [r["execution"] for r in doc["ranked"] + doc["rejected"]]
+    assert {e["tensor"] for e in executions} >= {1, 2, 4}
+    assert any(e["tensor"] > 1 and e["sequence_parallel"] for e in executions)
+    piped = [r for r in doc["ranked"] if r["execution"]["pipeline"] > 1]
+    assert piped and all(0 < r["pipeline"]["bubble_fraction"] < 1 for r in piped)
+    assert "pipeline_bubble_s" in piped[0]["time_split_s"]
+    assert doc["torchrun"].startswith("torchrun --nnodes=1 --nproc_per_node=8")
+    for engine in ("torchtitan", "megatron", "deepspeed"):
+        assert doc[engine] or doc[f"{engine}_not_expressible"]
+
+
+def test_a_tensor_degree_the_heads_do_not_allow_is_one_line():
+    result = CliRunner().invoke(cli, [*ARGS, "--gpus", "8", "--tp", "5"])
+    assert result.exit_code == 2
+    assert "tensor parallel degree 5 does not divide n_head = 12" in result.output
+    # 6 divides the heads and the MLP but not the 128-token sequence sequence parallelism splits
+    assert result.output.strip().endswith("nearest valid degrees: 4") and len(result.output.strip().splitlines()) == 1
+
+
+def test_a_pipeline_the_layers_do_not_allow_is_one_line():
+    result = CliRunner().invoke(cli, [*ARGS, "--gpus", "8", "--pp", "3"])
+    assert result.exit_code == 2
+    assert "2 layers do not split evenly into 3 pipeline stages; nearest valid: 2" in result.output

@@ -162,3 +162,31 @@ def test_activation_checkpointing_inside_a_layout(kind, selective):
     assert backward_mms(checkpointed) > backward_mms(plain) or selective
     assert len(checkpointed.trace.events) > len(plain.trace.events)
     assert [(c.kind, c.bytes) for c in checkpointed.collectives] == [(c.kind, c.bytes) for c in plain.collectives]
+
+
+def test_fsdp_gathered_parameters_live_between_all_gather_and_reshard():
+    """FSDP2 frees a gathered block by resizing its storage to 0 bytes (reshard after forward)
+    and gathers it again for backward; the recorder follows the resizes, so each gathered
+    weight is an allocation of its own: with resharding, every block's forward copy dies before
+    backward starts and backward gathers it again; without, the forward copy lives into backward."""
+    blocks, width = 6, 256
+
+    def build() -> Workload:
+        model = nn.Sequential(*(nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(blocks)))
+        return Workload(model=model, inputs=(torch.randn(2, width),), loss_fn=lambda out: out.sum())
+
+    def gathered(reshard: bool) -> tuple[list[tuple[str, int]], int]:
+        execution = Execution(world=WORLD, data="fsdp", shard=WORLD, reshard_after_forward=reshard)
+        traced = trace_rank(build, TraceOptions(optimizer="adamw"), execution,
+                            lambda model: [str(i) for i in range(blocks)]).trace
+        last_forward = max(e.index for e in traced.events if e.phase == "forward")
+        weights = [(traced.events[i.created_by].phase, i.released_after) for i in traced.storages.values()
+                   if i.created_by is not None and i.nbytes == width * width * 4 and i.kind.value == "activation"
+                   and traced.events[i.created_by].name == "aten.empty"]  # FSDP's unsharded weights
+        return weights, last_forward
+
+    weights, last_forward = gathered(True)
+    forward = [released for phase, released in weights if phase == "forward"]
+    assert len(forward) == blocks and all(released < last_forward for released in forward)
+    weights, last_forward = gathered(False)
+    assert len(weights) == blocks and all(released > last_forward for _, released in weights)

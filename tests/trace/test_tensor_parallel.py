@@ -1,4 +1,5 @@
-"""Tensor parallelism (with and without sequence parallelism) traced on a fake process group,
+"""Tensor parallelism (with and without sequence parallelism, logits split over the vocabulary for
+a loss-parallel cross entropy where the family allows it) traced on a fake process group,
 against the same step run for real by torch.distributed with gloo in 2 processes: per-rank
 parameter, gradient and optimizer-state bytes (the storages each rank holds) and the kind,
 group, bytes and order of every collective of a steady-state step, on both ranks. The real
@@ -7,6 +8,7 @@ a dispatch mode of the test's own, sized from the real tensors."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 
@@ -14,6 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.tensor.parallel import loss_parallel
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 
 from nnperf.errors import UsageError
@@ -98,11 +101,11 @@ def _worker(rank: int, port: int, queue) -> None:
     for case, (name, options, sp) in CASES.items():
         torch.manual_seed(0)
         workload = get_model(name).build(batch=BATCH, seq_len=SEQ, **options)
-        apply_tensor_parallel(workload.model, mesh["tensor"], sp)
+        split = apply_tensor_parallel(workload.model, mesh["tensor"], sp, loss_parallel=True)
         optimizer = torch.optim.AdamW(workload.model.parameters(), foreach=True)
         for _ in range(2):  # the second step is the steady state (Adam's state exists)
             seen = _Collectives()
-            with seen:
+            with seen, loss_parallel() if split else contextlib.nullcontext():
                 workload.loss_fn(workload.model(*workload.inputs)).backward()
                 optimizer.step()
             state = _storage_bytes(workload.model, optimizer)
@@ -183,14 +186,14 @@ def _worker_2d(rank: int, port: int, queue) -> None:
     name, options = FSDP_TP
     workload = get_model(name).build(batch=BATCH, seq_len=SEQ, **options)
     model = workload.model
-    apply_tensor_parallel(model, mesh["tensor"], True)
+    assert apply_tensor_parallel(model, mesh["tensor"], True, loss_parallel=True)
     for layer in model.layers:
         fully_shard(layer, mesh=mesh["shard"])
     fully_shard(model, mesh=mesh["shard"], reshard_after_forward=False)
     optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
     for _ in range(2):
         seen = _Collectives()
-        with seen:
+        with seen, loss_parallel():
             workload.loss_fn(model(*workload.inputs)).backward()
             optimizer.step()
         state = _storage_bytes(model, optimizer)

@@ -1,4 +1,4 @@
-"""``nnperf plan MODEL --gpu h100 --gpus N``: data-parallel layouts on N GPUs, ranked."""
+"""``nnperf plan MODEL --gpu h100 --gpus N``: layouts on N GPUs, ranked."""
 
 from __future__ import annotations
 
@@ -14,6 +14,19 @@ from nnperf.errors import ResourceError, UsageError
 from nnperf.hardware import GPU
 
 
+def _degrees(text: str | None, what: str) -> list[int] | None:
+    """``auto`` (None: every degree the model and nodes allow) or comma-separated integers."""
+    if text is None or text.lower() == "auto":
+        return None
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise UsageError(f"invalid {what} {text!r}: expected auto or integers like 1,2,4") from None
+    if not values or any(v < 1 or v > 65536 for v in values):
+        raise UsageError(f"invalid {what} {text!r}: every degree must be 1 to 65536")
+    return values
+
+
 @cli.command()
 @workload_options
 @gpu_options(profile=False)
@@ -22,17 +35,27 @@ from nnperf.hardware import GPU
               help="GPUs per node (default: the cluster's).")
 @click.option("--global-batch", type=click.IntRange(1, 1 << 24), default=None,
               help="Samples per optimizer step over all GPUs (default: --batch per GPU).")
+@click.option("--tp", "tp_text", default="auto", show_default=True,
+              help="Tensor-parallel degrees to try: auto (every degree the model's heads and FFN and the "
+                   "node allow) or a list, e.g. 1,8.")
+@click.option("--pp", "pp_text", default="auto", show_default=True,
+              help="Pipeline-parallel degrees to try: auto (gpt2/llama built-ins) or a list, e.g. 1,4.")
+@click.option("--schedule", "schedules", multiple=True,
+              type=click.Choice(["1f1b", "interleaved-1f1b", "gpipe", "zero-bubble"]),
+              help="Pipeline schedules to try (repeatable; default: 1f1b and interleaved-1f1b).")
 @click.option("--cluster", "cluster_name", default=None,
               help="Built-in cluster (dgx-a100, dgx-h100, dgx-h200) or a cluster TOML file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON document.")
-def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None,
-         cluster_name: str | None, as_json: bool, **kwargs: Any) -> None:
-    """Rank the data-parallel layouts of MODEL (DDP, FSDP2, HSDP, gradient accumulation) on
-    --gpus GPUs: step time, throughput, MFU, per-GPU memory, exposed communication; and a
-    torchtitan config and torchrun command for the winner."""
+def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, tp_text: str, pp_text: str,
+         schedules: tuple[str, ...], cluster_name: str | None, as_json: bool, **kwargs: Any) -> None:
+    """Rank the layouts of MODEL on --gpus GPUs (data parallelism: DDP, FSDP2, HSDP; tensor
+    parallelism with sequence parallelism; pipeline schedules; activation checkpointing and
+    gradient accumulation): step time, throughput, MFU, per-GPU memory, exposed communication,
+    pipeline bubble; and the winner as a torchtitan config with its torchrun command, Megatron-LM
+    arguments and a DeepSpeed config where those engines have the layout."""
     from nnperf.hardware.cluster import cluster_for_gpu, load_cluster
+    from nnperf.search.plan import DEFAULT_SCHEDULES, smallest_memory
     from nnperf.search.plan import plan as run_plan
-    from nnperf.search.plan import smallest_memory
 
     cluster = load_cluster(cluster_name) if cluster_name else cluster_for_gpu(gpu.id)
     if cluster is None:
@@ -43,63 +66,69 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None,
         low, high = n_gpus // nodes * nodes, (n_gpus // nodes + 1) * nodes
         raise UsageError(f"--gpus {n_gpus} is not a whole number of {nodes}-GPU nodes; nearest: {low} or {high}")
     request, options = pop_workload(kwargs)
-    result = run_plan(request, options, gpu, n_gpus, cluster, nodes, global_batch)
+    result = run_plan(request, options, gpu, n_gpus, cluster, nodes, global_batch,
+                      tensor=_degrees(tp_text, "--tp"), pipeline=_degrees(pp_text, "--pp"),
+                      schedules=schedules or DEFAULT_SCHEDULES)
+    configs = engine_configs(result, options.amp)
     if as_json:
-        doc = result.to_json()
-        if result.ranked:
-            doc["torchtitan"] = torchtitan_toml(result.ranked[0].execution)
-            doc["torchrun"] = torchrun_command(result.ranked[0].execution)
-        click.echo(json.dumps(doc, indent=2))
+        click.echo(json.dumps({**result.to_json(), **configs}, indent=2))
     else:
-        _print(result)
+        _print(result, configs)
     if not result.ranked:
         raise ResourceError(smallest_memory(result))
 
 
-def torchtitan_toml(execution: Any) -> str:
-    """The [parallelism] and [training] tables torchtitan reads for this layout."""
-    shard = execution.shard if execution.data != "ddp" else 1
-    replicate = execution.replicate if execution.data != "fsdp" else 1
-    return "\n".join([
-        "[training]",
-        f"local_batch_size = {execution.micro_batch * execution.grad_accum}",
-        f"global_batch_size = {execution.global_batch}",
-        "",
-        "[parallelism]",
-        f"data_parallel_replicate_degree = {replicate}",
-        f"data_parallel_shard_degree = {shard}",
-        f'fsdp_reshard_after_forward = "{"always" if execution.reshard_after_forward else "never"}"',
-        "tensor_parallel_degree = 1",
-        "pipeline_parallel_degree = 1",
-        "context_parallel_degree = 1",
-        "",
-        "[activation_checkpoint]",
-        f'mode = "{execution.checkpoint or "none"}"',
-    ])
+def engine_configs(result: Any, amp: str | None) -> dict[str, Any]:
+    """The winner for each engine: its config text, or why the engine cannot express it."""
+    from nnperf.report.engine_configs import (
+        NotExpressible,
+        deepspeed_json,
+        megatron_args,
+        torchrun_command,
+        torchtitan_toml,
+    )
+    if not result.ranked:
+        return {}
+    execution = result.ranked[0].execution
+    out: dict[str, Any] = {"torchrun": torchrun_command(execution)}
+    writers = {"torchtitan": lambda: torchtitan_toml(execution, amp),
+               "megatron": lambda: megatron_args(execution, result.layers, amp),
+               "deepspeed": lambda: deepspeed_json(execution, amp)}
+    for name, write in writers.items():
+        try:
+            out[name] = write()
+        except NotExpressible as why:
+            out[name] = None
+            out[f"{name}_not_expressible"] = str(why)
+    return out
 
 
-def torchrun_command(execution: Any) -> str:
-    per_node = min(execution.world, execution.gpus_per_node)
-    nodes = max(1, execution.world // per_node)
-    return (f"torchrun --nnodes={nodes} --nproc_per_node={per_node} --rdzv_backend=c10d "
-            "--rdzv_endpoint=$HEAD_NODE:29500 -m torchtitan.train --job.config_file plan.toml")
-
-
-def _print(result: Any) -> None:
+def _print(result: Any, configs: dict[str, Any]) -> None:
     from nnperf.units import rate
 
     click.echo(f"{result.model} on {result.gpus} x {result.gpu.name} ({result.cluster.name}), "
-               f"global batch {result.global_batch}")
+               f"global batch {result.global_batch}; {result.traces} rank roles traced")
     for i, p in enumerate(result.ranked, 1):
         exposed = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in p.split["exposed_communication_s"].items()) or "none"
+        bubble = p.split.get("pipeline_bubble_s")
+        extra = f", bubble {bubble * 1e3:.2f} ms" if bubble is not None else ""
         click.echo(f"{i}. {p.execution.describe()}: step {p.step_s * 1e3:.2f} ms, "
                    f"{rate(p.throughput, p.throughput_unit)}, MFU {p.mfu:.1%}, "
                    f"{p.memory_bytes / 2**30:.2f} GiB/GPU; compute {p.split['compute_s'] * 1e3:.2f} ms, "
-                   f"exposed communication: {exposed}; host {p.split['host_s'] * 1e3:.2f} ms — {p.reason}")
+                   f"exposed communication: {exposed}{extra}; host {p.split['host_s'] * 1e3:.2f} ms — {p.reason}")
     for p in result.rejected:
         click.echo(f"rejected: {p.execution.describe()}: {p.reason}")
     for note in result.notes:
         click.echo(f"note: {note}")
-    if result.ranked:
-        click.echo("\ntorchtitan config (plan.toml):\n" + torchtitan_toml(result.ranked[0].execution))
-        click.echo("\n" + torchrun_command(result.ranked[0].execution))
+    if not configs:
+        return
+    if configs.get("torchtitan"):
+        click.echo("\ntorchtitan config (plan.toml):\n" + configs["torchtitan"])
+    click.echo("\n" + configs["torchrun"])
+    for name, title in (("megatron", "Megatron-LM arguments"), ("deepspeed", "DeepSpeed config (ds_config.json)")):
+        if configs.get(name):
+            click.echo(f"\n{title}:\n{configs[name]}")
+        else:
+            click.echo(f"\n{title}: none — {configs[f'{name}_not_expressible']}")
+    if not configs.get("torchtitan"):
+        click.echo(f"\ntorchtitan: none — {configs['torchtitan_not_expressible']}")

@@ -1,38 +1,47 @@
-"""``nnperf plan``: data-parallel layouts of a model on N GPUs, each traced as one rank.
+"""``nnperf plan``: layouts of a model on N GPUs, each traced one rank role at a time.
 
-For every candidate ``Execution`` (DDP; FSDP2 full shard; HSDP sharded inside a node and
-replicated across; with and without full activation checkpointing; gradient accumulation to
-reach the global batch with a smaller micro-batch) the rank's step is traced with the real
-engine on a fake process group (``trace.distributed``), timed on the GPU
-(``prediction``), its collectives timed on the cluster (``kernels.collectives``) on a
-communication stream beside the compute (``passes.comm_timeline``), and its memory predicted
-by the memory pass. Layouts that fit are ranked by step time; the others are listed with the
-reason.
+A candidate ``Execution`` combines data parallelism (DDP; FSDP2 full shard; HSDP sharded
+inside a node and replicated across), tensor parallelism (with sequence parallelism by
+default, torchtitan's composition; without it for the winner's degree, for comparison),
+pipeline parallelism (1F1B and interleaved 1F1B by default; GPipe and zero-bubble on request),
+activation checkpointing (none, then selective, then full, only while a layout does not fit)
+and gradient accumulation / micro-batches to reach the global batch. Each rank role of the
+layout (the one rank of a data/tensor-parallel layout; the first, a middle and the last stage
+of a pipeline) is traced with the real engines on a fake process group (``search.plan_rank``,
+deep stacks from two shallow traces), timed on the GPU with its collectives on the cluster
+beside the compute, and its memory predicted by the memory pass. A pipeline's step is the
+replay of its schedule (``passes.pipeline_timeline``) from the traced per-action times, with
+the bubble explicit. Layouts that fit are ranked by step time; the others are listed with
+the reason.
 
-Gradient accumulation: every micro-batch is timed as the traced one (with its gradient
-synchronization); the optimizer runs once. DDP's ``no_sync`` micro-batches skip their
-all-reduce, so for DDP this is an upper bound on the step.
+Gradient accumulation without a pipeline: every micro-batch is timed as the traced one (with
+its gradient synchronization); the optimizer runs once. DDP's ``no_sync`` micro-batches skip
+their all-reduce, so for DDP this is an upper bound on the step. A pipeline's micro-batches
+are traced ``p`` at a time (the schedules' in-flight peak for micro-batch counts that are
+multiples of ``p``; GPipe: all of them) and the schedule replayed with all of them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from nnperf.analysis import Analysis
 from nnperf.errors import UsageError
 from nnperf.hardware import GPU
 from nnperf.hardware.cluster import Cluster
-from nnperf.kernels.collectives import estimate_collective
-from nnperf.loading import resolve
-from nnperf.passes.comm_timeline import CommStep, overlap
-from nnperf.prediction import predict_analysis
 from nnperf.request import ModelRequest
-from nnperf.search.memory_variants import apply_checkpointing, checkpoint_blocks
-from nnperf.trace.distributed import Execution, sharded_bytes, trace_rank
+from nnperf.search.memory_variants import apply_checkpointing
+from nnperf.search.plan_pipeline import pipeline_step
+from nnperf.search.plan_rank import SCALE_POINTS, RankCost, RoleCache, layers_of, scaled_cost
+from nnperf.trace.distributed import Execution
 from nnperf.trace.options import TraceOptions
 
 ACCUMULATION = (1, 2, 4, 8)
+CHECKPOINTS = (None, "selective", "full")
+DEFAULT_SCHEDULES = ("1f1b", "interleaved-1f1b")
+PIPELINE_DEGREES = (1, 2, 4, 8, 16)
+INTERLEAVE = 2  # model chunks per rank of the interleaved schedules
 
 
 @dataclass
@@ -48,6 +57,7 @@ class Planned:
     state_bytes: dict[str, int] = field(default_factory=dict)
     collectives: dict[str, dict[str, float]] = field(default_factory=dict)  # kind -> count, bytes
     reason: str = ""
+    pipeline: dict[str, Any] = field(default_factory=dict)  # bubble, in-flight micro-batches
 
     def to_json(self) -> dict[str, Any]:
         return {"layout": self.execution.describe(), "execution": self.execution.to_json(),
@@ -55,7 +65,7 @@ class Planned:
                 "throughput_unit": self.throughput_unit, "mfu": self.mfu,
                 "memory_bytes": self.memory_bytes, "fits": self.fits, "time_split_s": self.split,
                 "per_rank_state_bytes": self.state_bytes, "collectives": self.collectives,
-                "reason": self.reason}
+                "pipeline": self.pipeline, "reason": self.reason}
 
 
 @dataclass
@@ -68,114 +78,230 @@ class Plan:
     ranked: list[Planned]
     rejected: list[Planned]
     notes: list[str] = field(default_factory=list)
+    traces: int = 0  # rank roles traced (the search's cost)
+    layers: int | None = None  # repeated blocks of a built-in stack
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": "nnperf.plan/1", "model": self.model, "gpu": self.gpu.id,
                 "cluster": self.cluster.to_json(), "gpus": self.gpus, "global_batch": self.global_batch,
                 "ranked": [p.to_json() for p in self.ranked],
-                "rejected": [p.to_json() for p in self.rejected], "notes": self.notes}
+                "rejected": [p.to_json() for p in self.rejected], "notes": self.notes,
+                "traced_roles": self.traces}
 
 
-def layouts(gpus: int, nodes_of: int, global_batch: int) -> list[Execution]:
-    """Every data-parallel layout of ``gpus`` GPUs, checkpointing off/on, accumulation steps
-    that divide the global batch."""
-    if gpus < 1 or global_batch % gpus:
-        valid = sorted({d for d in range(1, gpus * 2 + 1) if global_batch % d == 0},
-                       key=lambda d: abs(d - gpus))[:2]
-        raise UsageError(f"--global-batch {global_batch} does not divide over {gpus} GPUs; "
-                         f"nearest GPU counts that divide it: {', '.join(map(str, sorted(valid)))}")
-    shapes = [("ddp", 1), ("fsdp", gpus)] if gpus > 1 else [("ddp", 1)]
-    if gpus > nodes_of and gpus % nodes_of == 0:
-        shapes.append(("hsdp", nodes_of))
-    out = []
-    for data, shard in shapes:
-        # Activation checkpointing under DDP/FSDP2 fails the recomputation check in the fake
-        # trace (tensors saved 27 vs recomputed 26 on gpt2): not offered until that is fixed.
-        for checkpoint in (None,):
-            for accum in ACCUMULATION:
-                per_rank = global_batch // gpus
-                if per_rank % accum:
-                    continue
-                out.append(Execution(world=gpus, data=data, shard=shard, gpus_per_node=nodes_of,
-                                     micro_batch=per_rank // accum, grad_accum=accum, checkpoint=checkpoint))
+def _nearest_gpu_counts(gpus: int, global_batch: int) -> str:
+    valid = sorted({d for d in range(1, gpus * 2 + 1) if global_batch % d == 0}, key=lambda d: abs(d - gpus))[:2]
+    return ", ".join(map(str, sorted(valid)))
+
+
+def layouts(gpus: int, nodes_of: int, global_batch: int, *, tensor: Iterable[int] = (1,),
+            pipeline: Iterable[int] = (1,), schedules: Iterable[str] = DEFAULT_SCHEDULES,
+            layers: int | None = None, checkpoints: Iterable[str | None] = (None,)) -> list[Execution]:
+    """Every layout of ``gpus`` GPUs over the given tensor and pipeline degrees (sequence
+    parallel with TP), data parallelism over the rest, and the micro-batch splits of the global
+    batch; with the defaults, the data-parallel layouts only. Grouped: within a group (one
+    ``shape_key``) the micro-batch shrinks, so the first that fits is the group's best."""
+    out: list[Execution] = []
+    for tp in tensor:
+        for pp in pipeline:
+            if gpus % (tp * pp) or (tp > 1 and nodes_of % tp):
+                continue
+            dp = gpus // (tp * pp)
+            if global_batch % dp:
+                if tp == pp == 1:
+                    raise UsageError(f"--global-batch {global_batch} does not divide over {gpus} GPUs; "
+                                     f"nearest GPU counts that divide it: {_nearest_gpu_counts(gpus, global_batch)}")
+                continue
+            for data, shard in _data_shapes(dp, tp, pp, nodes_of):
+                for checkpoint in checkpoints:
+                    common = {"world": gpus, "data": data, "shard": shard, "gpus_per_node": nodes_of,
+                              "checkpoint": checkpoint, "tensor": tp, "sequence_parallel": tp > 1}
+                    out.extend(_splits(common, pp, global_batch // dp, schedules, layers))
     return out
 
 
+def _data_shapes(dp: int, tp: int, pp: int, nodes_of: int) -> list[tuple[str, int]]:
+    if dp == 1:
+        return [("ddp", 1)]  # no data parallelism
+    shapes = [("ddp", 1)] if tp == pp == 1 else []
+    shapes.append(("fsdp", dp))
+    inside = max(1, nodes_of // tp)  # HSDP: shard inside a node, replicate across
+    if 1 < inside < dp and dp % inside == 0:
+        shapes.append(("hsdp", inside))
+    return shapes
+
+
+def _splits(common: dict[str, Any], pp: int, local: int, schedules: Iterable[str],
+            layers: int | None) -> list[Execution]:
+    if pp == 1:
+        return [Execution(**common, micro_batch=local // a, grad_accum=a) for a in ACCUMULATION if local % a == 0]
+    out = []
+    for schedule in schedules:
+        virtual = INTERLEAVE if schedule in ("interleaved-1f1b", "zero-bubble") else 1
+        if layers is not None and layers % (pp * virtual):
+            continue
+        counts = range(1, local + 1) if schedule == "gpipe" else range(pp, local + 1, pp)
+        for micro in counts:
+            if local % micro == 0:
+                out.append(Execution(**common, pipeline=pp, pipeline_schedule=schedule, virtual_stages=virtual,
+                                     micro_batch=local // micro, grad_accum=micro,
+                                     reshard_after_forward=False))  # torchtitan: no reshard under PP
+    return out
+
+
+def shape_key(execution: Execution) -> tuple[Any, ...]:
+    """What a group of layouts shares: all but the micro-batch split and checkpointing."""
+    e = execution
+    return (e.data, e.shard, e.tensor, e.sequence_parallel, e.pipeline, e.pipeline_schedule, e.virtual_stages)
+
+
+def _prepare(execution: Execution) -> Any:
+    if not execution.checkpoint:
+        return None
+    return lambda workload: apply_checkpointing(workload, selective=execution.checkpoint == "selective")
+
+
 def evaluate(request: ModelRequest, options: TraceOptions, execution: Execution, gpu: GPU,
-             cluster: Cluster) -> Planned:
-    """Trace, time and size one layout."""
-    _, build = resolve(replace(request, batch=execution.micro_batch))
-
-    def prepare(workload: Any) -> None:
-        if execution.checkpoint:
-            apply_checkpointing(workload, selective=execution.checkpoint == "selective")
-
-    rank = trace_rank(build, options, execution, checkpoint_blocks, prepare)
-    analysis = Analysis.from_trace(request_name(request), options, rank.trace, rank.workload)
-    prediction = predict_analysis(analysis, gpu)
-    by_index = {c.index: c for c in rank.collectives}
-
-    def timed(index: int) -> tuple[str, int, float]:
-        c = by_index[index]
-        return c.kind, c.bytes, estimate_collective(c.kind, c.bytes, c.group_ranks, cluster).time_s
-
-    comm = overlap(prediction.step, rank.trace, timed)
-    optimizer_s = sum(t.kernel_s for t in prediction.step.ops if t.phase == "optimizer")
+             cluster: Cluster, *, layers: int | None = None, cache: RoleCache | None = None) -> Planned:
+    """Trace, time and size one layout (``layers``: the depth of a built-in stack, to trace it
+    shallow and extrapolate; ``cache``: traced roles shared by a search)."""
+    cache = cache or RoleCache()
+    if execution.pipeline > 1:
+        return pipeline_step(request, options, execution, gpu, cluster, layers, cache, _prepare(execution))
+    cost = scaled_cost(replace(request, batch=execution.micro_batch), options, execution, gpu, cluster, 0,
+                       layers, cache, _prepare(execution))
     accum = execution.grad_accum
-    step = accum * (comm.step_s - optimizer_s) + optimizer_s
-    workload = analysis.workload
-    per_micro = workload.tokens or workload.samples
-    peak = prediction.mfu_peak.flops
+    optimizer_s = cost.get("optimizer_s")
+    step = accum * (cost.get("step_s") - optimizer_s) + optimizer_s
     planned = Planned(
         execution, step_s=step,
-        throughput=per_micro * accum * execution.data_parallel / step if step else 0.0,
-        throughput_unit="tokens/s" if workload.tokens else "samples/s",
-        mfu=prediction.model_flops * accum / step / peak if step and peak else 0.0,
-        memory_bytes=prediction.memory.device_total or 0,
-        split=_split(comm, prediction.step.host_s, accum),
-        state_bytes=sharded_bytes(rank),
-        collectives=_collective_counts(rank.collectives),
+        throughput=cost.per_micro * accum * execution.data_parallel / step if step else 0.0,
+        throughput_unit=cost.unit,
+        mfu=cost.get("flops") * accum / step / cost.mfu_peak if step and cost.mfu_peak else 0.0,
+        memory_bytes=int(cost.get("memory")),
+        split={"compute_s": cost.get("compute_s") * accum, "communication_s": cost.get("comm_s") * accum,
+               "exposed_communication_s": {k: v * accum for k, v in cost.prefixed("exposed.").items() if v > 0},
+               "host_s": cost.get("host_s") * accum},
+        state_bytes=state_bytes(cost), collectives=collective_counts(cost),
     )
     planned.fits = planned.memory_bytes <= gpu.memory_bytes
     return planned
+
+
+def state_bytes(cost: RankCost) -> dict[str, int]:
+    return {k: round(v) for k, v in cost.prefixed("state.").items()}
+
+
+def collective_counts(cost: RankCost) -> dict[str, dict[str, float]]:
+    counts = cost.prefixed("count.")
+    sizes = cost.prefixed("bytes.")
+    return {k: {"count": round(counts[k]), "bytes": round(sizes.get(k, 0.0))} for k in counts}
 
 
 def request_name(request: ModelRequest) -> str:
     return request.target if isinstance(request.target, str) else type(request.target).__name__
 
 
-def _split(comm: CommStep, host_s: float, accum: int) -> dict[str, Any]:
-    return {"compute_s": comm.compute_s * accum, "communication_s": comm.comm_s * accum,
-            "exposed_communication_s": {k: v * accum for k, v in comm.exposed_s.items()},
-            "host_s": host_s * accum}
+def search_axes(request: ModelRequest, gpus: int, nodes_of: int, layers: int | None,
+                tensor: Iterable[int] | None, pipeline: Iterable[int] | None) -> tuple[list[int], list[int]]:
+    """The tensor and pipeline degrees to try: what the user gave (checked: a degree that does
+    not divide the model is one line), else every degree the model and the nodes allow."""
+    from nnperf.trace.pipeline import check_layers
+
+    model_info = _model_info(request)
+    if tensor is not None:
+        tensor = list(tensor)
+        for tp in tensor:
+            if tp > 1 and model_info is not None:
+                from nnperf.trace.tensor_parallel import check_divisible
+
+                check_divisible(model_info[0], model_info[1], tp, True, request.seq_len or model_info[2])
+    elif model_info is None:
+        tensor = [1]
+    else:
+        from nnperf.trace.tensor_parallel import valid_degrees
+
+        try:
+            tensor = valid_degrees(model_info[0], model_info[1], True, request.seq_len or model_info[2],
+                                   min(nodes_of, gpus))
+        except UsageError:
+            tensor = [1]  # no tensor-parallel plan for this model
+        tensor = [d for d in tensor if nodes_of % d == 0 and d & (d - 1) == 0]
+    if pipeline is not None:
+        pipeline = list(pipeline)
+        for pp in pipeline:
+            if pp > 1:
+                if layers is None:
+                    raise UsageError("pipeline parallelism needs a built-in gpt2 or llama model (a stage split)")
+                check_layers(layers, pp)
+    elif layers is None or model_info is None or not _pipelines(model_info[0]):
+        pipeline = [1]
+    else:
+        pipeline = [p for p in PIPELINE_DEGREES if p <= gpus and layers % p == 0 and p < layers]
+    return tensor, pipeline
 
 
-def _collective_counts(collectives: list[Any]) -> dict[str, dict[str, float]]:
-    out: dict[str, dict[str, float]] = {}
-    for c in collectives:
-        row = out.setdefault(c.kind, {"count": 0, "bytes": 0})
-        row["count"] += 1
-        row["bytes"] += c.bytes
-    return out
+def _pipelines(model: Any) -> bool:
+    from nnperf.trace.pipeline import family_of
+
+    try:
+        family_of(model)
+    except UsageError:
+        return False
+    return True
+
+
+def _model_info(request: ModelRequest) -> tuple[Any, dict[str, Any], int | None] | None:
+    """A built-in model's module (one block, on the meta device), config and sequence length."""
+    if not isinstance(request.target, str) or ":" in request.target:
+        return None
+    import torch
+
+    from nnperf.zoo import get_model
+
+    spec = get_model(request.target)
+    overrides = {**request.overrides, "n_layer": 1} if "n_layer" in spec.options else dict(request.overrides)
+    with torch.device("meta"):
+        workload = spec.build(1, request.seq_len, **overrides)
+    return workload.model, workload.info.get("config", {}), workload.info.get("seq_len")
 
 
 def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, cluster: Cluster,
-         nodes_of: int | None = None, global_batch: int | None = None) -> Plan:
-    """Rank the layouts of ``request`` on ``gpus`` GPUs of ``gpu``."""
+         nodes_of: int | None = None, global_batch: int | None = None, *,
+         tensor: Iterable[int] | None = (1,), pipeline: Iterable[int] | None = (1,),
+         schedules: Iterable[str] = DEFAULT_SCHEDULES) -> Plan:
+    """Rank the layouts of ``request`` on ``gpus`` GPUs of ``gpu``. ``tensor``/``pipeline``:
+    the degrees to try (None: every degree the model and nodes allow; the default, 1, keeps
+    the data-parallel search).
+
+    The search runs in two passes so that a large cluster is planned in seconds: data and
+    tensor parallelism over every degree, then pipeline parallelism at the tensor-parallel
+    degree of the best layout of the first pass (the largest degree if none fit), then that
+    winner's degree without sequence parallelism."""
     nodes_of = nodes_of or cluster.gpus_per_node
     global_batch = global_batch or gpus * (request.batch or 1)
-    candidates = layouts(gpus, nodes_of, global_batch)
-    results: list[Planned] = []
-    done: set[tuple[str, str | None]] = set()
-    for execution in candidates:
-        key = (execution.data, execution.checkpoint)
-        if key in done:  # a layout fits with less accumulation: more only slows it
-            continue
-        planned = evaluate(request, options, execution, gpu, cluster)
-        results.append(planned)
-        if planned.fits:
-            done.add(key)
+    layers = layers_of(request)
+    tensor, pipeline = search_axes(request, gpus, nodes_of, layers, tensor, pipeline)
+    first = layouts(gpus, nodes_of, global_batch, tensor=tensor, pipeline=[1] if 1 in pipeline else pipeline[:1],
+                    schedules=schedules, layers=layers)
+    results, traces = _in_workers(request, options, gpu, cluster, layers,
+                                  [[e for e in first if e.tensor == tp] for tp in tensor])
+    deeper = [p for p in pipeline if p > 1 and p not in {e.execution.pipeline for e in results}]
+    if deeper:
+        fitting = sorted((p for p in results if p.fits), key=lambda p: p.step_s)
+        best_tp = fitting[0].execution.tensor if fitting else max(tensor)
+        second = layouts(gpus, nodes_of, global_batch, tensor=[best_tp], pipeline=deeper, schedules=schedules,
+                         layers=layers)
+        more, more_traces = _in_workers(request, options, gpu, cluster, layers,
+                                        [[e for e in second if e.pipeline == pp] for pp in deeper])
+        results += more
+        traces += more_traces
+    cache = RoleCache()
     ranked = sorted((p for p in results if p.fits), key=lambda p: p.step_s)
+    if ranked and ranked[0].execution.tensor > 1:  # the winner's degree without sequence parallelism
+        plain = replace(ranked[0].execution, sequence_parallel=False)
+        results.append(evaluate(request, options, plain, gpu, cluster, layers=layers, cache=cache))
+        ranked = sorted((p for p in results if p.fits), key=lambda p: p.step_s)
     rejected = [p for p in results if not p.fits]
     for p in rejected:
         p.reason = f"does not fit: {p.memory_bytes / 2**30:.1f} GiB > {gpu.memory_bytes / 2**30:.1f} GiB"
@@ -184,15 +310,118 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         best.reason = _why(best, ranked[1:])
         for p in ranked[1:]:
             p.reason = f"slower by {p.step_s / best.step_s - 1:.1%}"
-    notes = ["per-GPU memory of fsdp/hsdp layouts is an upper bound: FSDP2 frees gathered "
-             "parameters by resizing their storage, which the memory pass does not follow yet"]
-    return Plan(request_name(request), gpu, cluster, gpus, global_batch, ranked, rejected, notes)
+    return Plan(request_name(request), gpu, cluster, gpus, global_batch, ranked, rejected,
+                _notes(request, results, layers), traces + cache.traces, layers)
+
+
+def _notes(request: ModelRequest, results: list[Planned], layers: int | None) -> list[str]:
+    notes = []
+    if layers and layers > SCALE_POINTS[-1]:
+        notes.append(f"the {layers}-block stack is traced with {SCALE_POINTS[0]} and {SCALE_POINTS[1]} blocks "
+                     "per stage and extrapolated linearly (exact for state bytes, collectives and FLOPs; "
+                     "per phase for memory)")
+    if any(p.execution.pipeline > 1 for p in results) and request_name(request).startswith("gpt2"):
+        notes.append("tied embeddings under pipeline parallelism: their gradient all-reduce between the "
+                     "first and last stage is not traced")
+    if any(p.execution.tensor > 1 and p.execution.pipeline > 1 for p in results):
+        notes.append("tensor x pipeline layouts gather the logits for the loss (no loss parallelism on the "
+                     "last stage)")
+    return notes
+
+
+#: Processes a plan's searches run in (default: 2 where a fork is safe, else 1).
+WORKERS_ENV = "NNPERF_PLAN_WORKERS"
+_TASKS: list[Any] = []  # what a forked worker runs (inherited, nothing pickled)
+
+
+def _in_workers(request: ModelRequest, options: TraceOptions, gpu: GPU, cluster: Cluster, layers: int | None,
+                groups: list[list[Execution]]) -> tuple[list[Planned], int]:
+    """``_search`` of each group of candidates (they share no traced role), in forked worker
+    processes where that is safe: each worker has its own traced roles; the results and the
+    number of traces come back."""
+    import multiprocessing
+    import os
+    import sys
+
+    from nnperf.search.fit_parallel import fork_is_safe
+
+    groups = [g for g in groups if g]
+    wanted = os.environ.get(WORKERS_ENV)
+    workers = int(wanted) if wanted and wanted.isdigit() else min(2, os.cpu_count() or 1)
+    workers = min(workers, len(groups))
+    _TASKS[:] = [(request, options, gpu, cluster, layers, g) for g in groups]
+    if workers <= 1 or not sys.platform.startswith("linux") or not fork_is_safe():
+        outputs = [_run_task(i) for i in range(len(groups))]
+    else:
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            outputs = pool.map(_run_task, range(len(groups)), chunksize=1)
+    results = [p for planned, _ in outputs for p in planned]
+    return results, sum(t for _, t in outputs)
+
+
+def _run_task(index: int) -> tuple[list[Planned], int]:
+    request, options, gpu, cluster, layers, group = _TASKS[index]
+    cache = RoleCache()
+    return _search(request, options, group, gpu, cluster, layers, cache), cache.traces
+
+
+def _search(request: ModelRequest, options: TraceOptions, candidates: list[Execution], gpu: GPU,
+            cluster: Cluster, layers: int | None, cache: RoleCache) -> list[Planned]:
+    """Per group (one ``shape_key``), the largest micro-batch that fits, found by bisection
+    (memory only grows with the micro-batch), with checkpointing only once no split fits
+    without it (more accumulation or recomputation only slows a layout down).
+
+    Data-parallel kinds dominate one another in memory: HSDP and DDP hold at least FSDP's
+    per-GPU state with the same activations, so they are searched only where FSDP fits, from
+    FSDP's checkpointing and micro-batch on; a layout they cannot fit is not traced."""
+    groups: dict[tuple[Any, ...], list[Execution]] = {}
+    for execution in candidates:
+        groups.setdefault(shape_key(execution), []).append(execution)
+    order = sorted(groups, key=lambda k: k[0] != "fsdp")  # FSDP first: it bounds the others
+    fsdp_fit: dict[tuple[Any, ...], tuple[int, int]] = {}  # rest of the key -> (checkpoint level, micro-batch)
+    results: list[Planned] = []
+    for key in order:
+        members = sorted(groups[key], key=lambda e: -e.micro_batch)
+        rest = key[2:]
+        start = 0
+        if key[0] != "fsdp" and any(k[0] == "fsdp" and k[2:] == rest for k in groups):
+            if rest not in fsdp_fit:
+                continue  # FSDP of this shape fits nowhere: neither does HSDP/DDP
+            start, largest = fsdp_fit[rest]
+            members = [e for e in members if e.micro_batch <= largest]
+        for level, checkpoint in enumerate(CHECKPOINTS[start:], start):
+            fit = _first_fit([replace(e, checkpoint=checkpoint) for e in members], request, options, gpu, cluster,
+                             layers, cache, results)
+            if fit is not None:
+                if key[0] == "fsdp":
+                    fsdp_fit[rest] = (level, fit.execution.micro_batch)
+                break
+    return results
+
+
+def _first_fit(members: list[Execution], request: ModelRequest, options: TraceOptions, gpu: GPU,
+               cluster: Cluster, layers: int | None, cache: RoleCache, results: list[Planned]) -> Planned | None:
+    """The first of ``members`` (largest micro-batch first) that fits, by bisection; every
+    layout evaluated is added to ``results``."""
+    low, high, best = 0, len(members) - 1, None
+    while low <= high:
+        mid = (low + high) // 2
+        planned = evaluate(request, options, members[mid], gpu, cluster, layers=layers, cache=cache)
+        results.append(planned)
+        if planned.fits:
+            best, high = planned, mid - 1
+        else:
+            low = mid + 1
+    return best
 
 
 def _why(best: Planned, others: list[Planned]) -> str:
     exposed = sum(best.split["exposed_communication_s"].values())
     text = f"fastest: {best.split['compute_s'] / best.step_s:.0%} of the step is compute, " \
            f"{exposed / best.step_s:.0%} exposed communication"
+    bubble = best.split.get("pipeline_bubble_s")
+    if bubble:
+        text += f", {bubble / best.step_s:.0%} pipeline bubble"
     if others:
         text += f"; next best {others[0].execution.describe()} is {others[0].step_s / best.step_s - 1:.1%} slower"
     return text

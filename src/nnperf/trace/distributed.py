@@ -27,6 +27,7 @@ code path:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 from collections.abc import Callable, Iterator
@@ -76,6 +77,7 @@ class Execution:
     expert: int = 1
     bucket_bytes: int = DDP_BUCKET_BYTES
     virtual_stages: int = 1  # model chunks per pipeline rank (interleaved schedules)
+    loss_parallel: bool = True  # TP without PP: logits split over the vocabulary for the loss
 
     @property
     def replicate(self) -> int:
@@ -199,6 +201,7 @@ def fake_process_group(world: int, rank: int = 0) -> Iterator[None]:
     ``rank``): engines run their real code paths, shapes and groups included."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    release_session()
     if dist.is_initialized():
         raise RuntimeError("a process group is already initialized in this process")
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
@@ -210,12 +213,48 @@ def fake_process_group(world: int, rank: int = 0) -> Iterator[None]:
         dist.destroy_process_group()
 
 
+#: The fake process group ``trace_rank`` keeps between traces of the same (world, rank): its
+#: device meshes and DTensor's sharding decisions are reused by the next trace of a search
+#: (DTensor recomputes them under a fake mode, ~10 ms each, hundreds per trace).
+_SESSION: dict[str, Any] = {"key": None, "meshes": {}, "memo": {}}
+
+
+def _session(world: int, rank: int) -> dict[str, Any]:
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if _SESSION["key"] != (world, rank):
+        release_session()
+        if dist.is_initialized():
+            raise RuntimeError("a process group is already initialized in this process")
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+        _clear_sharding_caches()
+        _SESSION.update(key=(world, rank), meshes={}, memo={})
+    return _SESSION
+
+
+def release_session() -> None:
+    """Destroy the fake process group kept between traces (the next trace makes a new one)."""
+    if _SESSION["key"] is None:
+        return
+    _clear_sharding_caches()
+    _SESSION.update(key=None, meshes={}, memo={})
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+atexit.register(release_session)
+
+
+def _sharding_propagator() -> Any:
+    from torch.distributed.tensor import DTensor
+
+    return DTensor._op_dispatcher.sharding_propagator
+
+
 def _clear_sharding_caches() -> None:
     """DTensor caches its sharding decisions per op schema, local view shapes included: right
     in a real run (one rank per process), wrong when this process traces another rank next."""
-    from torch.distributed.tensor import DTensor
-
-    DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
+    _sharding_propagator().propagate_op_sharding.cache_clear()
     clear = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
     if clear is not None:
         clear()
@@ -235,9 +274,18 @@ def trace_rank(
     if execution.pipeline > 1 and options.uses_grad_scaler():
         raise UsageError("pipeline parallelism with fp16 autocast (a GradScaler) is not traced; use --amp bf16")
 
-    with fake_process_group(execution.world, rank), _quiet_sharding_propagation():
+    session = _session(execution.world, rank)
+    # torchtitan's loss parallelism (the logits stay split over the vocabulary) needs the loss
+    # and its backward under ``loss_parallel()``: the whole step runs under it; its custom
+    # handlers touch only cross entropy's ops on DTensors
+    split_logits = execution.tensor > 1 and execution.pipeline == 1 and execution.loss_parallel
+    step_contexts = contextlib.ExitStack()
+    with _quiet_sharding_propagation(session["memo"]):
         # The mesh is made on real tensors (it reads its rank table), before the fake mode.
-        tp_mesh, dp_mesh, pp_mesh = _meshes(execution)
+        shape = tuple(execution.mesh_shape())
+        if shape not in session["meshes"]:
+            session["meshes"][shape] = _meshes(execution)
+        tp_mesh, dp_mesh, pp_mesh = session["meshes"][shape]
 
         def build_distributed() -> Workload:
             workload = build()
@@ -246,7 +294,9 @@ def trace_rank(
 
                 check_divisible(workload.model, workload.info.get("config", {}), execution.tensor,
                                 execution.sequence_parallel, workload.info.get("seq_len"))
-                apply_tensor_parallel(workload.model, tp_mesh, execution.sequence_parallel)
+                if apply_tensor_parallel(workload.model, tp_mesh, execution.sequence_parallel,
+                                         loss_parallel=split_logits):
+                    step_contexts.enter_context(_loss_parallel())
             if prepare is not None:
                 prepare(workload)
             parts = [workload.model]
@@ -259,10 +309,11 @@ def trace_rank(
                 workload.model = _ddp(workload, execution)
             else:
                 for part in parts:
-                    _fully_shard(part, dp_mesh, units(part), execution.reshard_after_forward)
+                    _fully_shard(part, dp_mesh, units(part), execution.reshard_after_forward, options.amp)
             return workload
 
-        trace, workload = trace_workload(build_distributed, options)
+        with step_contexts:
+            trace, workload = trace_workload(build_distributed, options)
         collectives = _collectives(trace)
     trace.config["execution"] = execution.to_json()
     trace.config["rank"] = rank
@@ -295,6 +346,12 @@ def _pipeline_rank(workload: Workload, execution: Execution, options: TraceOptio
                         pp_mesh.get_group(), [shapes[i] for i in mine])
 
 
+def _loss_parallel() -> Any:
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    return loss_parallel()
+
+
 def _meshes(execution: Execution) -> tuple[Any, Any, Any]:
     """The tensor-, data- and pipeline-parallel (sub)meshes, sliced from one device mesh. A mesh
     reads its rank table with real tensors: made and sliced before the fake mode starts."""
@@ -306,14 +363,21 @@ def _meshes(execution: Execution) -> tuple[Any, Any, Any]:
     return mesh["tensor"], mesh[data], mesh["pipeline"]
 
 
-def _fully_shard(model: nn.Module, mesh: Any, blocks: list[str], reshard: bool) -> None:
-    from torch.distributed.fsdp import fully_shard
+def _fully_shard(model: nn.Module, mesh: Any, blocks: list[str], reshard: bool, amp: str | None = None) -> None:
+    """FSDP2 per block, then the root. With mixed precision (``--amp``) the parameters are
+    gathered in the compute dtype and gradients reduced in fp32 (``MixedPrecisionPolicy``, as
+    torchtitan's ``mixed_precision_param`` / ``mixed_precision_reduce`` defaults do)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    from nnperf.trace.options import AMP_DTYPES
+
+    policy = MixedPrecisionPolicy(param_dtype=AMP_DTYPES[amp], reduce_dtype=torch.float32) if amp else \
+        MixedPrecisionPolicy()
     modules = dict(model.named_modules())
     for name in blocks:
-        fully_shard(modules[name], mesh=mesh, reshard_after_forward=reshard)
+        fully_shard(modules[name], mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
     # torchtitan leaves the root gathered after forward: backward needs it first
-    fully_shard(model, mesh=mesh, reshard_after_forward=False if blocks else reshard)
+    fully_shard(model, mesh=mesh, reshard_after_forward=False if blocks else reshard, mp_policy=policy)
 
 
 def _ddp(workload: Workload, execution: Execution) -> nn.Module:
@@ -389,7 +453,7 @@ del _allreduce_hook.__annotations__["return_"]
 
 
 @contextlib.contextmanager
-def _quiet_sharding_propagation() -> Iterator[None]:
+def _quiet_sharding_propagation(memo: dict[Any, Any]) -> Iterator[None]:
     """DTensor learns its outputs' shapes by running the op on placeholder tensors; those
     are not kernels any GPU runs, so they are not recorded. FSDP2 over tensor-parallel
     parameters joins the two meshes (``DeviceMesh._concatenate``), reading the rank table with
@@ -412,11 +476,65 @@ def _quiet_sharding_propagation() -> Iterator[None]:
 
     ShardingPropagator._propagate_tensor_meta_non_cached = quiet
     DeviceMesh._concatenate = staticmethod(real_concatenate)
+    propagator = _sharding_propagator()
+    uncached = propagator.propagate_op_sharding_non_cached
+
+    def memoized(op_schema: Any) -> Any:
+        # Under a fake mode DTensor skips its sharding cache (it assumes a compiler traces
+        # symbolic shapes); a trace's shapes are concrete, so a decision is reused as a real
+        # run's cache reuses it (for this process group only: the cache is per rank)
+        try:
+            return memo[op_schema]
+        except KeyError:
+            result = memo[op_schema] = uncached(op_schema)
+            return result
+        except TypeError:  # an unhashable schema
+            return uncached(op_schema)
+
+    propagator.propagate_op_sharding_non_cached = memoized
     try:
-        yield
+        with _follow_fsdp_storage():
+            yield
     finally:
         ShardingPropagator._propagate_tensor_meta_non_cached = original
         DeviceMesh._concatenate = concatenate
+        del propagator.propagate_op_sharding_non_cached
+
+
+@contextlib.contextmanager
+def _follow_fsdp_storage() -> Iterator[None]:
+    """FSDP2 frees a gathered parameter by resizing its storage to 0 bytes and gathers into it
+    again later (``_fsdp_param.free_storage`` / ``alloc_storage``); a storage resize is no op
+    the recorder sees, so the recorder is told, and the memory pass sees each gathered copy
+    live only between its all-gather and its reshard, as on the GPU."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    from nnperf.trace.recorder import OpRecorder
+
+    def recorder() -> OpRecorder | None:
+        return next((m for m in _get_current_dispatch_mode_stack() if isinstance(m, OpRecorder)), None)
+
+    alloc, free = _fsdp_param.alloc_storage, _fsdp_param.free_storage
+
+    def alloc_storage(tensor: torch.Tensor) -> None:
+        resized = tensor.untyped_storage().size() != tensor.numel() * tensor.itemsize
+        alloc(tensor)
+        if resized and (r := recorder()) is not None:
+            r.storage_allocated(tensor)
+
+    def free_storage(tensor: torch.Tensor) -> None:
+        if tensor.untyped_storage().size() != 0 and (r := recorder()) is not None:
+            r.storage_freed(tensor)
+        free(tensor)
+
+    _fsdp_param.alloc_storage = _fsdp_param_group.alloc_storage = alloc_storage
+    _fsdp_param.free_storage = free_storage
+    try:
+        yield
+    finally:
+        _fsdp_param.alloc_storage = _fsdp_param_group.alloc_storage = alloc
+        _fsdp_param.free_storage = free
 
 
 def _collectives(trace: Trace) -> list[Collective]:
@@ -472,5 +590,5 @@ def sharded_bytes(trace: RankTrace) -> dict[str, int]:
     return totals
 
 
-__all__ = ["Collective", "Execution", "RankTrace", "fake_process_group", "local", "sharded_bytes",
-           "trace_rank"]
+__all__ = ["Collective", "Execution", "RankTrace", "fake_process_group", "local", "release_session",
+           "sharded_bytes", "trace_rank"]

@@ -277,10 +277,30 @@ def stage_shapes(chunks: list[Chunk], inputs: tuple[Any, ...], micro: int,
     return shapes
 
 
+def schedule_order(schedule: str, pipeline: int, virtual: int, micro: int) -> dict[int, list[str]]:
+    """Every rank's actions of a multi-stage schedule for ``micro`` micro-batches, as torch's own
+    ``_calculate_single_rank_operations`` (and zero-bubble's bubble insertion) plans them, without
+    a process group: what ``pipeline_order`` holds once the schedule is built on real stages."""
+    from torch.distributed.pipelining.schedules import (
+        ScheduleInterleaved1F1B,
+        ScheduleInterleavedZeroBubble,
+    )
+
+    kind = {"interleaved-1f1b": ScheduleInterleaved1F1B, "zero-bubble": ScheduleInterleavedZeroBubble}[schedule]
+    plan = kind.__new__(kind)
+    plan.pp_group_size, plan.n_local_stages, plan._n_microbatches = pipeline, virtual, micro
+    plan.number_of_rounds = max(1, micro // pipeline)
+    plan.microbatches_per_round = micro // plan.number_of_rounds
+    plan.pipeline_order = {r: plan._calculate_single_rank_operations(r) for r in range(pipeline)}
+    if schedule == "zero-bubble":
+        plan.pipeline_order = plan._add_bubbles_to_actions(virtual * pipeline)
+    return {r: [str(a) for a in actions if a is not None] for r, actions in plan.pipeline_order.items()}
+
+
 def rank_stages(rank: int, pipeline: int, schedule: str, virtual: int) -> list[int]:
     """The stage indices rank ``rank`` of the pipeline group holds (loop placement)."""
     return [rank + k * pipeline for k in range(chunks_per_rank(schedule, virtual))]
 
 
-__all__ = ["SCHEDULES", "Chunk", "PipelineRank", "check_layers", "family_of", "rank_stages", "split",
-           "stage_shapes"]
+__all__ = ["SCHEDULES", "Chunk", "PipelineRank", "check_layers", "family_of", "rank_stages", "schedule_order",
+           "split", "stage_shapes"]

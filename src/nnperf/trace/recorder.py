@@ -176,6 +176,7 @@ class OpRecorder(TorchDispatchMode):
         # Decides ops the fake device cannot run (the GradScaler's found-inf ``.item()``):
         # returns the op's value, or None to run it. The op is recorded either way.
         self.answer: Callable[[Any], Any] | None = None
+        self._pending_allocations: list[int] = []
 
     # -- storages -------------------------------------------------------------------------
     def storage_id(self, t: torch.Tensor, creating_event: int | None) -> int:
@@ -193,14 +194,35 @@ class OpRecorder(TorchDispatchMode):
         return sid
 
     def _released(self, key: int, sid: int) -> None:
-        self._sid_of.pop(key, None)
+        if self._sid_of.get(key) == sid:
+            del self._sid_of[key]
         if not self.active:
             return
         info = self.storages[sid]
+        if info.released_after is not None:  # freed earlier by a resize (storage_freed)
+            return
         last = len(self.events) - 1
         info.released_after = last
         if last >= 0:
             self.events[last].releases.append(sid)
+
+    def storage_freed(self, t: torch.Tensor) -> None:
+        """An engine resized ``t``'s storage to 0 bytes (FSDP2's ``free_storage`` after it
+        reshards a gathered parameter): the allocation ends after the last recorded op."""
+        sid = self._sid_of.pop(id(t.untyped_storage()), None)
+        if sid is None or not self.active:
+            return
+        last = len(self.events) - 1
+        self.storages[sid].released_after = last
+        if last >= 0:
+            self.events[last].releases.append(sid)
+
+    def storage_allocated(self, t: torch.Tensor) -> None:
+        """An engine resized ``t``'s storage back to its size (FSDP2's ``alloc_storage`` before
+        it gathers a parameter): a new allocation, counted from the next recorded op."""
+        self._sid_of.pop(id(t.untyped_storage()), None)
+        if self.active:
+            self._pending_allocations.append(self.storage_id(t, len(self.events)))
 
     def meta(self, t: torch.Tensor, creating_event: int | None) -> TensorMeta:
         return TensorMeta(
@@ -256,6 +278,9 @@ class OpRecorder(TorchDispatchMode):
             out = func(*args, **kwargs)
         outputs = [self.meta(t, index) for t in _output_tensors(out)]
         allocates = [m.storage for m in outputs if m.storage >= first_new]
+        if self._pending_allocations:  # storages an engine re-allocated just before this op
+            allocates += self._pending_allocations
+            self._pending_allocations = []
         free = not allocates and not func._schema.is_mutable and func.namespace not in _COLLECTIVE_NAMESPACES and (
             bool(outputs) or func._schema.name in _METADATA_OPS
             or (func is LOCAL_SCALAR_DENSE and _host_value(args[0]))

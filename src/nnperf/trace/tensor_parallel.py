@@ -42,8 +42,9 @@ class Family:
     ``divisible(config)``: the sizes TP must divide, by name."""
 
     name: str
-    plan: Callable[[nn.Module, Any, bool], None]
+    plan: Callable[[nn.Module, Any, bool, bool], None]
     divisible: Callable[[dict[str, Any]], dict[str, int]]
+    loss_parallel: bool = True  # its output projection can stay split over the vocabulary
 
 
 def _styles() -> Any:
@@ -68,8 +69,17 @@ def _gather_input(n_inputs: int = 1, local: bool = False) -> Any:
                               use_local_output=local)
 
 
-def _llama(model: nn.Module, mesh: Any, sp: bool) -> None:
-    """torchtitan's ``apply_tp`` for Llama, output logits gathered."""
+def _logits(loss_parallel: bool) -> dict[str, Any]:
+    """The output projection's result: split over the vocabulary for a loss-parallel cross
+    entropy (``loss_parallel()``, torchtitan's default), else gathered."""
+    Replicate, Shard, *_ = _styles()
+    if loss_parallel:
+        return {"output_layouts": Shard(-1), "use_local_output": False}
+    return {"output_layouts": Replicate()}
+
+
+def _llama(model: nn.Module, mesh: Any, sp: bool, loss_parallel: bool) -> None:
+    """torchtitan's ``apply_tp`` for Llama."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     Replicate, Shard, Colwise, Rowwise, SequenceParallel, *_ = _styles()
@@ -87,14 +97,14 @@ def _llama(model: nn.Module, mesh: Any, sp: bool) -> None:
         parallelize_module(layer, mesh, plan)
     top: dict[str, Any] = {
         "tok_embeddings": Rowwise(input_layouts=Replicate(), output_layouts=seq),
-        "output": Colwise(input_layouts=seq, output_layouts=Replicate()),
+        "output": Colwise(input_layouts=seq, **_logits(loss_parallel)),
     }
     if sp:
         top["norm"] = SequenceParallel()
     parallelize_module(model, mesh, top)
 
 
-def _gpt2(model: nn.Module, mesh: Any, sp: bool) -> None:
+def _gpt2(model: nn.Module, mesh: Any, sp: bool, loss_parallel: bool) -> None:
     from torch.distributed.tensor.parallel import parallelize_module
 
     Replicate, Shard, Colwise, Rowwise, SequenceParallel, _, PrepareModuleOutput = _styles()
@@ -110,7 +120,7 @@ def _gpt2(model: nn.Module, mesh: Any, sp: bool) -> None:
         parallelize_module(block, mesh, plan)
     top: dict[str, Any] = {
         "wte": Rowwise(input_layouts=Replicate(), output_layouts=seq),
-        "lm_head": Colwise(input_layouts=seq, output_layouts=Replicate()),
+        "lm_head": Colwise(input_layouts=seq, **_logits(loss_parallel)),
     }
     if sp:
         top["ln_f"] = SequenceParallel()
@@ -120,7 +130,8 @@ def _gpt2(model: nn.Module, mesh: Any, sp: bool) -> None:
     model.lm_head.weight = model.wte.weight  # both Shard(0) over the vocabulary: still tied
 
 
-def _bert(model: nn.Module, mesh: Any, sp: bool) -> None:
+def _bert(model: nn.Module, mesh: Any, sp: bool, loss_parallel: bool) -> None:
+    """Logits gathered (the MLM head adds its own bias after the decoder; no loss parallelism)."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     Replicate, Shard, Colwise, Rowwise, SequenceParallel, _, PrepareModuleOutput = _styles()
@@ -160,7 +171,7 @@ def _families() -> dict[type, Family]:
                                                   "ffn_hidden": c["ffn_hidden"]}),
         GPT2: Family("gpt2", _gpt2, lambda c: {"n_head": c["n_head"], "4 x n_embd (MLP)": 4 * c["n_embd"]}),
         BertForPreTraining: Family("bert", _bert, lambda c: {"n_head": c["n_head"],
-                                                              "intermediate": c["intermediate"]}),
+                                                              "intermediate": c["intermediate"]}, False),
     }
 
 
@@ -202,11 +213,20 @@ def valid_degrees(model: nn.Module, config: dict[str, Any], sequence_parallel: b
     return [d for d in range(1, limit + 1) if common % d == 0]
 
 
-def apply_tensor_parallel(model: nn.Module, mesh: Any, sequence_parallel: bool) -> None:
+def uses_loss_parallel(model: nn.Module, wanted: bool) -> bool:
+    return wanted and family_of(model).loss_parallel
+
+
+def apply_tensor_parallel(model: nn.Module, mesh: Any, sequence_parallel: bool, loss_parallel: bool = False) -> bool:
     """Split ``model`` over the 1-D tensor-parallel ``mesh`` with its family's plan, then
-    replicate every parameter the plan left alone (``replicate_rest``)."""
-    family_of(model).plan(model, mesh, sequence_parallel)
+    replicate every parameter the plan left alone (``replicate_rest``). ``loss_parallel``: keep
+    the logits split over the vocabulary (the loss and its backward must then run under
+    ``torch.distributed.tensor.parallel.loss_parallel()``); returns whether it does."""
+    family = family_of(model)
+    loss_parallel = uses_loss_parallel(model, loss_parallel)
+    family.plan(model, mesh, sequence_parallel, loss_parallel)
     replicate_rest(model, mesh)
+    return loss_parallel
 
 
 def replicate_rest(model: nn.Module, mesh: Any) -> None:

@@ -1,0 +1,119 @@
+"""A planned layout written for the training engines users run: torchtitan's TOML and its
+``torchrun`` command, Megatron-LM's command-line arguments, DeepSpeed's JSON config.
+
+Each writer returns the text, or raises ``NotExpressible`` naming what the engine lacks, so a
+plan never prints a config that would run something else than what was planned. Sources for
+the names: torchtitan ``torchtitan/config/job_config.py`` (``[parallelism]``,
+``[activation_checkpoint]``, ``[training]``); Megatron-LM ``megatron/training/arguments.py``
+(``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
+``--num-layers-per-virtual-pipeline-stage``, ``--sequence-parallel``, ``--use-torch-fsdp2``,
+``--torch-fsdp2-no-reshard-after-forward``, ``--recompute-*``) and its FSDP2 guide
+(``--no-gradient-accumulation-fusion --ckpt-format torch_dist``); DeepSpeed's config
+documentation (``zero_optimization.stage``, MiCS ``mics_shard_size`` for sharding inside a
+group and replicating across, ``train_micro_batch_size_per_gpu``,
+``gradient_accumulation_steps``, ``bf16``/``fp16``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
+                  "zero-bubble": "InterleavedZeroBubble"}
+
+
+class NotExpressible(Exception):
+    """The engine has no equivalent of (part of) the layout."""
+
+
+def torchtitan_toml(execution: Any, amp: str | None = None) -> str:
+    """The [training], [parallelism] and [activation_checkpoint] tables torchtitan reads."""
+    e = execution
+    shard = e.shard if e.data != "ddp" else 1
+    replicate = e.replicate if e.data != "fsdp" else 1
+    lines = [
+        "[training]",
+        f"local_batch_size = {e.micro_batch * e.grad_accum}",
+        f"global_batch_size = {e.global_batch}",
+    ]
+    if amp:
+        lines.append(f'mixed_precision_param = "{ {"bf16": "bfloat16", "fp16": "float16"}[amp] }"')
+    lines += [
+        "",
+        "[parallelism]",
+        f"data_parallel_replicate_degree = {replicate}",
+        f"data_parallel_shard_degree = {shard}",
+        f'fsdp_reshard_after_forward = "{"always" if e.reshard_after_forward else "never"}"',
+        f"tensor_parallel_degree = {e.tensor}",
+        f"disable_loss_parallel = {'false' if e.loss_parallel and e.pipeline == 1 else 'true'}",
+        f"pipeline_parallel_degree = {e.pipeline}",
+    ]
+    if e.pipeline > 1:
+        lines += [f'pipeline_parallel_schedule = "{SCHEDULE_NAMES[e.pipeline_schedule]}"',
+                  f"pipeline_parallel_microbatch_size = {e.micro_batch}"]
+    lines += [f"context_parallel_degree = {e.context}", "", "[activation_checkpoint]",
+              f'mode = "{e.checkpoint or "none"}"']
+    if e.tensor > 1 and not e.sequence_parallel:
+        raise NotExpressible("torchtitan always uses sequence parallelism with tensor parallelism")
+    return "\n".join(lines)
+
+
+def torchrun_command(execution: Any) -> str:
+    per_node = min(execution.world, execution.gpus_per_node)
+    nodes = max(1, execution.world // per_node)
+    return (f"torchrun --nnodes={nodes} --nproc_per_node={per_node} --rdzv_backend=c10d "
+            "--rdzv_endpoint=$HEAD_NODE:29500 -m torchtitan.train --job.config_file plan.toml")
+
+
+def megatron_args(execution: Any, layers: int | None, amp: str | None = None) -> str:
+    """Megatron-LM's parallelism, batch and recomputation arguments for the layout."""
+    e = execution
+    if e.data == "hsdp":
+        raise NotExpressible("Megatron-LM's torch FSDP2 path shards over the whole data-parallel group (no HSDP)")
+    if e.pipeline > 1 and e.pipeline_schedule not in ("1f1b", "interleaved-1f1b"):
+        raise NotExpressible(f"Megatron-LM runs 1F1B and interleaved 1F1B, not {e.pipeline_schedule}")
+    args = [f"--tensor-model-parallel-size {e.tensor}", f"--pipeline-model-parallel-size {e.pipeline}"]
+    if e.pipeline > 1 and e.virtual_stages > 1:
+        if not layers:
+            raise NotExpressible("the interleaved schedule needs the layer count")
+        args.append(f"--num-layers-per-virtual-pipeline-stage {layers // (e.pipeline * e.virtual_stages)}")
+    if e.sequence_parallel:
+        args.append("--sequence-parallel")
+    args += [f"--micro-batch-size {e.micro_batch}", f"--global-batch-size {e.global_batch}"]
+    if e.data == "fsdp" and e.data_parallel > 1:
+        args += ["--use-torch-fsdp2", "--no-gradient-accumulation-fusion", "--ckpt-format torch_dist"]
+        if not e.reshard_after_forward:
+            args.append("--torch-fsdp2-no-reshard-after-forward")
+    if e.checkpoint == "selective":
+        args.append("--recompute-activations")
+    elif e.checkpoint == "full":
+        args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
+    if amp:
+        args.append(f"--{amp}")
+    return " \\\n  ".join(args)
+
+
+def deepspeed_json(execution: Any, amp: str | None = None) -> str:
+    """DeepSpeed's config: ZeRO stage 0 (DDP), 3 (FSDP full shard) or 3 with MiCS (HSDP)."""
+    e = execution
+    if e.tensor > 1 or e.pipeline > 1:
+        raise NotExpressible("tensor and pipeline parallelism are set up in DeepSpeed's model code "
+                             "(PipelineModule, AutoTP), not its JSON; data-parallel layouts only")
+    zero: dict[str, Any] = {"stage": 0 if e.data == "ddp" else 3}
+    if e.data == "hsdp":
+        zero.update(mics_shard_size=e.shard, mics_hierarchical_params_gather=False)
+    if e.data != "ddp":
+        zero["reduce_scatter"] = True
+    config: dict[str, Any] = {
+        "train_batch_size": e.global_batch,
+        "train_micro_batch_size_per_gpu": e.micro_batch,
+        "gradient_accumulation_steps": e.grad_accum,
+        "zero_optimization": zero,
+    }
+    if amp:
+        config[amp] = {"enabled": True}
+    if e.checkpoint:
+        raise NotExpressible("DeepSpeed checkpoints activations through deepspeed.checkpointing in the "
+                             "model code, not its JSON")
+    return json.dumps(config, indent=2)

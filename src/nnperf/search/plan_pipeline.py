@@ -1,0 +1,173 @@
+"""A pipeline-parallel layout's step from its traced stage roles.
+
+A pipeline rank's work is its chunks' forward and backward of each micro-batch (the actions of
+the schedule), whatever the schedule; so the plan traces each distinct stage *role* once, with
+the real ``PipelineStage`` on the fake process group running one micro-batch through one chunk
+(``ScheduleGPipe``, one micro-batch): the first stage (embeddings + blocks), a middle stage
+(blocks) and the last stage (blocks + head + loss), each with the layout's tensor- and
+data-parallel engines, deep chunks from two shallow traces (``search.plan_rank``). The roles
+serve every schedule and interleaving of the same pipeline degree. Then:
+
+- time: every rank's actions in the schedule's own order (``passes.pipeline_timeline``; torch's
+  ``pipeline_order`` for the interleaved schedules), each action the traced role's time, a
+  transfer between stages one send of the traced activation on the link between their ranks
+  (``kernels.collectives``); each rank's optimizer and gradient synchronization after its last
+  action (its chunks' traced tails); the bubble is what the replay leaves idle;
+- memory: the role's traced peak with one micro-batch, plus the model states of the rank's
+  other chunks, plus the saved activations of the micro-batches the schedule keeps in flight
+  beyond the traced one (``in_flight`` of the real order, per stage): affine in the in-flight
+  count, which holds when the peak is the start of a backward (tests compare with direct traces
+  of the real schedules).
+
+Zero-bubble schedules split the backward into input and weight gradients, which one traced
+micro-batch of GPipe does not time apart: they run their real schedule over ``p`` micro-batches
+(``traced_schedule_step``), the in-flight peak of multiples of ``p``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from nnperf.hardware import GPU
+from nnperf.hardware.cluster import Cluster
+from nnperf.kernels.collectives import estimate_collective
+from nnperf.passes.pipeline_timeline import Action, PipelineTime, in_flight, orders, simulate
+from nnperf.request import ModelRequest
+from nnperf.search.plan_rank import RankCost, RoleCache, scaled_cost
+from nnperf.trace.distributed import Execution
+from nnperf.trace.options import TraceOptions
+from nnperf.trace.pipeline import MULTI, schedule_order
+
+
+def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execution, gpu: GPU,
+                  cluster: Cluster, layers: int | None, cache: RoleCache, prepare: Any) -> Any:
+    if execution.pipeline_schedule == "zero-bubble":
+        return traced_schedule_step(request, options, execution, gpu, cluster, layers, cache, prepare)
+    p, micro = execution.pipeline, execution.grad_accum
+    virtual = execution.virtual_stages if execution.pipeline_schedule in MULTI else 1
+    stages = p * virtual
+    stride = execution.world // p
+    # roles: a GPipe pipeline of one micro-batch, with a middle stage even for two ranks
+    traced_p = max(p, 3) if stages > 2 else p
+    traced = replace(execution, world=traced_p * stride, pipeline=traced_p, pipeline_schedule="gpipe",
+                     virtual_stages=1, grad_accum=1)
+    per_chunk = layers // stages if layers else None
+    role_ranks = {"first": 0, "last": traced_p - 1, **({"middle": 1} if traced_p > 2 else {})}
+    roles = {name: scaled_cost(replace(request, batch=execution.micro_batch), options, traced, gpu, cluster,
+                               r * stride, layers, cache, prepare, per_chunk=per_chunk)
+             for name, r in role_ranks.items()}
+
+    def role_of(stage: int) -> str:
+        return "first" if stage == 0 else "last" if stage == stages - 1 else "middle"
+
+    def action_s(stage: int, kind: str) -> float:
+        name = role_of(stage)
+        return roles[name].get(f"action.{kind}@{role_ranks[name]}")
+
+    activation = max(c.get("p2p_bytes") for c in roles.values())
+
+    def transfer(src: int, dst: int) -> float:
+        pair = ((src % p) * stride, (dst % p) * stride)
+        return estimate_collective("send_recv", int(activation), pair, cluster).time_s
+
+    ir = schedule_order(execution.pipeline_schedule or "", p, virtual, micro) if virtual > 1 else None
+    order = orders(execution.pipeline_schedule or "", p, micro, ir)
+    held = {r: sorted({a.stage for a in acts}) for r, acts in order.items()}
+
+    def per_rank(rank: int, key: str) -> float:
+        return sum(roles[role_of(s)].get(key) for s in held[rank])
+
+    sim = simulate(order, stages, lambda r, a: action_s(a.stage, a.kind), transfer,
+                   lambda r: per_rank(r, "head_s"), lambda r: per_rank(r, "tail_s"))
+    flight = {s: n for acts in order.values() for s, n in in_flight([a.label for a in acts]).items()}
+
+    def memory(rank: int) -> float:
+        own = roles[role_of(held[rank][0])]
+        others = sum(roles[role_of(s)].get("model_states") for s in held[rank][1:])
+        extra = sum((flight[s] - (1 if s == held[rank][0] else 0)) * roles[role_of(s)].get("saved_activations")
+                    for s in held[rank])
+        return own.get("memory") + others + extra
+
+    flops = sum(per_rank(r, "flops") for r in range(p)) * micro * stride
+    return _planned(execution, gpu, sim, roles[role_of(held[sim.critical_rank][0])], flops,
+                    max(memory(r) for r in range(p)), micro, order, flight, activation,
+                    {r: per_rank(r, "state.parameters") for r in range(p)})
+
+
+def _planned(execution: Execution, gpu: GPU, sim: PipelineTime, critical: RankCost, flops: float,
+             memory: float, micro: int, order: dict[int, list[Action]], flight: dict[int, int],
+             activation: float, parameters: dict[int, float], traced_micro: int = 1) -> Any:
+    from nnperf.search.plan import Planned, collective_counts, state_bytes
+
+    scale = micro / traced_micro
+    peak = critical.mfu_peak
+    tokens = critical.per_micro / traced_micro * micro * execution.data_parallel
+    planned = Planned(
+        execution, step_s=sim.step_s,
+        throughput=tokens / sim.step_s if sim.step_s else 0.0, throughput_unit=critical.unit,
+        mfu=flops / sim.step_s / (peak * execution.world) if sim.step_s and peak else 0.0,
+        memory_bytes=int(memory),
+        split={"compute_s": sim.busy_s[sim.critical_rank],
+               "pipeline_bubble_s": sim.bubble_s[sim.critical_rank],
+               "after_schedule_s": sim.step_s - sim.end_s[sim.critical_rank],
+               "communication_s": critical.get("comm_s") * scale,
+               "exposed_communication_s": {k: v * scale for k, v in critical.prefixed("exposed.").items() if v > 0},
+               "host_s": critical.get("host_s") * scale},
+        state_bytes=state_bytes(critical), collectives=collective_counts(critical),
+        pipeline={"stages": len(flight), "micro_batches": micro, "bubble_fraction": sim.bubble_fraction,
+                  "critical_rank": sim.critical_rank, "in_flight": {str(s): n for s, n in sorted(flight.items())},
+                  "transfer_bytes": int(activation),
+                  "parameters_per_rank": {str(r): int(v) for r, v in parameters.items()}},
+    )
+    planned.fits = planned.memory_bytes <= gpu.memory_bytes
+    return planned
+
+
+def traced_schedule_step(request: ModelRequest, options: TraceOptions, execution: Execution, gpu: GPU,
+                         cluster: Cluster, layers: int | None, cache: RoleCache, prepare: Any) -> Any:
+    """The first, a middle and the last rank traced running the real schedule over ``p``
+    micro-batches (every action of each, their in-flight activations included), the schedule
+    replayed with all micro-batches."""
+    p, micro = execution.pipeline, execution.grad_accum
+    virtual = execution.virtual_stages if execution.pipeline_schedule in MULTI else 1
+    stages = p * virtual
+    traced_micro = min(micro, p)
+    traced_execution = replace(execution, grad_accum=traced_micro)
+    stride = execution.world // p
+    ranks = sorted({0, p - 1} | ({1} if p > 2 else set()))
+    costs = {r: scaled_cost(replace(request, batch=execution.micro_batch * traced_micro), options,
+                            traced_execution, gpu, cluster, r * stride, layers, cache, prepare) for r in ranks}
+
+    def role(rank: int) -> RankCost:
+        return costs.get(rank) or costs[1]
+
+    times: dict[tuple[str, int], float] = {}
+    for cost in costs.values():
+        for key, seconds in cost.prefixed("action.").items():
+            kind, stage = key.split("@")
+            times[(kind, int(stage))] = seconds
+    middle: dict[str, list[float]] = {}
+    for (kind, stage), seconds in times.items():
+        if 0 < stage < stages - 1:
+            middle.setdefault(kind, []).append(seconds)
+
+    def duration(rank: int, action: Action) -> float:
+        found = times.get((action.kind, action.stage))
+        return found if found is not None else sum(middle[action.kind]) / len(middle[action.kind])
+
+    activation = max(c.get("p2p_bytes") for c in costs.values())
+
+    def transfer(src: int, dst: int) -> float:
+        pair = ((src % p) * stride, (dst % p) * stride)
+        return estimate_collective("send_recv", int(activation), pair, cluster).time_s
+
+    ir = schedule_order(execution.pipeline_schedule or "", p, virtual, micro) if virtual > 1 else None
+    order = orders(execution.pipeline_schedule or "", p, micro, ir)
+    sim = simulate(order, stages, duration, transfer, lambda r: role(r).get("head_s"),
+                   lambda r: role(r).get("tail_s"))
+    flight = {s: n for acts in order.values() for s, n in in_flight([a.label for a in acts]).items()}
+    flops = sum(role(r).get("flops") for r in range(p)) * micro / traced_micro * stride
+    return _planned(execution, gpu, sim, role(sim.critical_rank), flops,
+                    max(c.get("memory") for c in costs.values()), micro, order, flight, activation,
+                    {r: role(r).get("state.parameters") for r in range(p)}, traced_micro)

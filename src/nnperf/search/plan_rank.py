@@ -1,0 +1,212 @@
+"""One rank of a multi-GPU layout, traced and reduced to the numbers the plan composes.
+
+``rank_cost`` traces one rank with the real engines (``trace.distributed.trace_rank``), times
+it on the GPU (``prediction``) with its collectives on the cluster beside the compute
+(``passes.comm_timeline``) and keeps numbers only: step, compute, communication, exposed time
+per collective kind, host, optimizer, peak device memory, per-rank state bytes, collective
+counts and bytes, model FLOPs, and for a pipeline rank the time of each schedule action (its
+compute, exposed tensor-parallel communication and host, read off the replay's clock) with the
+time before the first and after the last action.
+
+Layer scaling (``scaled_cost``): a deep stack of identical blocks is traced with 3 and 4 blocks
+per pipeline chunk and every number extrapolated linearly to the real depth, ``v(L) = v(3) +
+(L - 3) (v(4) - v(3))``. Exact for what adds up per block: parameter, gradient and optimizer
+bytes, collective counts and bytes, FLOPs, per-action compute; the step's timeline and host
+time are affine in the depth once a block's neighbours are blocks; memory is extrapolated per
+phase (forward, backward, optimizer: each phase's peak is affine, the step's peak is their
+largest at the real depth) plus the allocator's and device's overhead of the deeper trace
+(tests check the extrapolation against direct traces).
+Ranks of the same role (the same trace) are traced once per search (``RoleCache``).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from nnperf.analysis import Analysis
+from nnperf.hardware import GPU
+from nnperf.hardware.cluster import Cluster
+from nnperf.kernels.collectives import estimate_collective
+from nnperf.loading import resolve
+from nnperf.passes.comm_timeline import overlap
+from nnperf.prediction import predict_analysis
+from nnperf.request import ModelRequest
+from nnperf.trace.distributed import Execution, sharded_bytes, trace_rank
+from nnperf.trace.options import TraceOptions
+
+#: Traced blocks per chunk when a stack is scaled (two points of a line): from three blocks on,
+#: each phase's memory peak and the timeline grow by the same amount per block (with fewer, the
+#: embedding's and the head's tensors or a recomputed block's overlap the peak differently;
+#: measured on a 70B-wide Llama under FSDP2 with and without full checkpointing).
+SCALE_POINTS = (3, 4)
+
+
+@dataclass
+class RankCost:
+    """A traced rank as numbers (``values``, all additive over blocks) and what is not a number."""
+
+    values: dict[str, float] = field(default_factory=dict)
+    mfu_peak: float = 0.0
+    per_micro: int = 0  # tokens (or samples) of one micro-batch
+    unit: str = "samples/s"
+    stages: tuple[int, ...] = ()  # pipeline stages this rank holds
+    pipeline_order: dict[int, list[str]] = field(default_factory=dict)
+
+    def get(self, key: str) -> float:
+        return self.values.get(key, 0.0)
+
+    def prefixed(self, prefix: str) -> dict[str, float]:
+        return {k[len(prefix):]: v for k, v in self.values.items() if k.startswith(prefix)}
+
+
+def _timed(cluster: Cluster, collectives: dict[int, Any], p2p_free: bool) -> Callable[[int], tuple[str, int, float]]:
+    def timed(index: int) -> tuple[str, int, float]:
+        c = collectives[index]
+        if p2p_free and c.kind == "send_recv":  # the pipeline replay times transfers itself
+            return c.kind, c.bytes, 0.0
+        return c.kind, c.bytes, estimate_collective(c.kind, c.bytes, c.group_ranks, cluster).time_s
+    return timed
+
+
+def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution, gpu: GPU,
+              cluster: Cluster, rank: int = 0, prepare: Callable[[Any], Any] | None = None,
+              units: Callable[[Any], list[str]] | None = None) -> RankCost:
+    """Trace rank ``rank`` of ``execution`` for ``request`` (its batch: one rank's micro-batches)
+    and reduce it to numbers."""
+    from nnperf.search.memory_variants import checkpoint_blocks
+
+    name, build = resolve(request)
+    traced = trace_rank(build, options, execution, units or checkpoint_blocks, prepare, rank=rank)
+    analysis = Analysis.from_trace(name, options, traced.trace, traced.workload)
+    prediction = predict_analysis(analysis, gpu)
+    by_index = {c.index: c for c in traced.collectives}
+    pipelined = execution.pipeline > 1
+    comm = overlap(prediction.step, traced.trace, _timed(cluster, by_index, pipelined))
+    values: dict[str, float] = {
+        "step_s": comm.step_s, "compute_s": comm.compute_s, "comm_s": comm.comm_s,
+        "host_s": prediction.step.host_s,
+        "optimizer_s": sum(t.kernel_s for t in prediction.step.ops if t.phase == "optimizer"),
+        "memory": float(prediction.memory.device_total or 0),
+        "flops": prediction.model_flops,
+    }
+    values.update(_memory_by_phase(prediction.memory))
+    values["saved_activations"] = float(sum(prediction.memory.saved_activations.values()))
+    values["model_states"] = float(sum(prediction.memory.model_states.values()))
+    values.update({f"exposed.{k}": v for k, v in comm.exposed_s.items()})
+    values.update({f"state.{k}": float(v) for k, v in sharded_bytes(traced).items()})
+    for c in traced.collectives:
+        values[f"count.{c.kind}"] = values.get(f"count.{c.kind}", 0.0) + 1
+        values[f"bytes.{c.kind}"] = values.get(f"bytes.{c.kind}", 0.0) + c.bytes
+    config = traced.trace.config
+    actions = config.get("pipeline_actions") or []
+    if actions:
+        indices = sorted(comm.clock)
+        clocks = [comm.clock[i] for i in indices]
+
+        def clock_before(index: int) -> float:  # compute clock after the last event before ``index``
+            at = bisect.bisect_left(indices, index)
+            return clocks[at - 1] if at else 0.0
+
+        sums: dict[str, list[float]] = {}
+        for label, start, end in actions:
+            kind, stage = label[0], label.split("@")[1]
+            sums.setdefault(f"action.{kind}@{stage}", []).append(clock_before(end) - clock_before(start))
+        values.update({k: sum(v) / len(v) for k, v in sums.items()})
+        values["head_s"] = clock_before(actions[0][1])
+        values["tail_s"] = comm.step_s - clock_before(actions[-1][2])
+        sends = [c for c in traced.collectives if c.kind == "send_recv" and c.phase == "forward"
+                 and c.group_ranks[0] == rank]
+        values["p2p_bytes"] = float(max((c.bytes for c in sends), default=0))
+    workload = analysis.workload
+    return RankCost(values, prediction.mfu_peak.flops, (workload.tokens or workload.samples) or 0,
+                    "tokens/s" if workload.tokens else "samples/s",
+                    tuple(config.get("pipeline_stages", ())),
+                    {int(k): v for k, v in (config.get("pipeline_order") or {}).items()})
+
+
+def _memory_by_phase(report: Any) -> dict[str, float]:
+    """The highest allocated memory of each phase of the step, and what the device holds beyond
+    it (allocator segments, CUDA context, workspaces): each phase's peak is affine in the depth
+    of a stack of identical blocks, while the step's peak can move from one phase to another (an
+    embedding gradient in backward of a shallow trace, the saved activations at the start of
+    backward of a deep one), so depth is extrapolated per phase."""
+    peaks: dict[str, float] = {}
+    for point in report.timeline:
+        peaks[f"mem.{point.phase}"] = max(peaks.get(f"mem.{point.phase}", 0.0), float(point.allocated))
+    if report.device_total is not None and report.peak_allocated is not None:
+        peaks["mem_outside"] = float(report.device_total - report.peak_allocated)
+    return peaks
+
+
+def layers_of(request: ModelRequest) -> int | None:
+    """The number of repeated blocks of a built-in model that has an ``n_layer`` option (the
+    depth scaling applies to it); None for any other model (traced whole)."""
+    if not isinstance(request.target, str) or ":" in request.target:
+        return None
+    from nnperf.zoo import get_model
+
+    spec = get_model(request.target)
+    if "n_layer" not in spec.options:
+        return None
+    if "n_layer" in request.overrides:
+        return int(request.overrides["n_layer"])
+    import torch
+
+    with torch.device("meta"):
+        return int(spec.build(1, None, **request.overrides).info["config"]["n_layer"])
+
+
+def extrapolate(low: RankCost, high: RankCost, k_low: int, k_high: int, k: int) -> RankCost:
+    """The line through two traced depths (blocks per chunk), read at ``k``."""
+    t = (k - k_low) / (k_high - k_low)
+    keys = set(low.values) | set(high.values)
+    values = {key: low.get(key) + t * (high.get(key) - low.get(key)) for key in keys}
+    # the allocator's segments beyond the allocated bytes do not add up per block: the larger
+    values["mem_outside"] = max(low.get("mem_outside"), high.get("mem_outside"))
+    phases = [v for key, v in values.items() if key.startswith("mem.")]
+    if phases:  # the step's peak: the highest phase at this depth
+        values["memory"] = max(phases) + values["mem_outside"]
+    return replace(high, values=values)
+
+
+class RoleCache:
+    """Traced ranks by everything that decides their trace, so layouts sharing a rank role
+    trace it once."""
+
+    def __init__(self) -> None:
+        self._costs: dict[Any, RankCost] = {}
+        self.traces = 0
+
+    def get(self, key: Any, make: Callable[[], RankCost]) -> RankCost:
+        cost = self._costs.get(key)
+        if cost is None:
+            cost = self._costs[key] = make()
+            self.traces += 1
+        return cost
+
+
+def scaled_cost(request: ModelRequest, options: TraceOptions, execution: Execution, gpu: GPU,
+                cluster: Cluster, rank: int, layers: int | None, cache: RoleCache | None = None,
+                prepare: Callable[[Any], Any] | None = None, per_chunk: int | None = None) -> RankCost:
+    """``rank_cost`` of a deep stack from two shallow traces (see the module docstring), or of
+    the model as it is when it is shallow or not a built-in stack. ``per_chunk``: the blocks
+    per pipeline chunk to extrapolate to (default: ``layers`` over the execution's chunks)."""
+    cache = cache or RoleCache()
+    chunks = execution.pipeline * max(1, execution.virtual_stages)
+    key = (repr(request), options, execution, gpu.id, cluster.id, rank)
+
+    def at(k: int | None) -> RankCost:
+        req = request if k is None else replace(request, overrides={**request.overrides, "n_layer": k * chunks})
+        return cache.get((*key, k), lambda: rank_cost(req, options, execution, gpu, cluster, rank, prepare))
+
+    if per_chunk is None:
+        per_chunk = layers // chunks if layers else 0
+    if not layers:
+        return at(None)
+    if per_chunk <= SCALE_POINTS[-1]:
+        return at(per_chunk) if per_chunk * chunks != layers else at(None)
+    low, high = (at(k) for k in SCALE_POINTS)
+    return extrapolate(low, high, *SCALE_POINTS, per_chunk)
