@@ -1,0 +1,52 @@
+"""The plan's shortcuts against direct traces: a deep stack extrapolated from 3 and 4 blocks
+against the stack traced whole, and a pipeline composed from its traced stage roles against
+the real schedule traced on every distinct rank."""
+
+from __future__ import annotations
+
+import pytest
+
+from nnperf.hardware.catalog import load_gpu
+from nnperf.hardware.cluster import load_cluster
+from nnperf.request import ModelRequest
+from nnperf.search.plan import collective_counts, evaluate, state_bytes
+from nnperf.search.plan_pipeline import traced_schedule_step
+from nnperf.search.plan_rank import RoleCache, rank_cost, scaled_cost
+from nnperf.trace.distributed import Execution
+from nnperf.trace.options import TraceOptions
+
+LLAMA = {"dim": 128, "n_heads": 4, "ffn_hidden": 256, "vocab": 512}
+GPU, CLUSTER = load_gpu("h100"), load_cluster("dgx-h100")
+OPTIONS = TraceOptions(amp="bf16")
+
+
+@pytest.mark.parametrize("execution", [
+    Execution(world=4, data="fsdp", shard=4, micro_batch=2),
+    Execution(world=4, data="fsdp", shard=2, tensor=2, sequence_parallel=True, micro_batch=2),
+], ids=["fsdp", "fsdp-tp-sp"])
+def test_a_deep_stack_from_two_shallow_traces(execution):
+    """Depth 7 from depths 3 and 4: what adds up per block (state bytes, collectives, FLOPs) is
+    exact; the step's time and memory agree within 1%."""
+    request = ModelRequest("llama-7b", batch=2, seq_len=64, overrides={**LLAMA, "n_layer": 7})
+    scaled = scaled_cost(request, OPTIONS, execution, GPU, CLUSTER, 0, layers=7)
+    direct = rank_cost(request, OPTIONS, execution, GPU, CLUSTER)
+    assert state_bytes(scaled) == state_bytes(direct)
+    assert collective_counts(scaled) == collective_counts(direct)
+    assert scaled.get("flops") == pytest.approx(direct.get("flops"), rel=1e-9)
+    assert scaled.get("step_s") == pytest.approx(direct.get("step_s"), rel=0.01)
+    assert scaled.get("memory") == pytest.approx(direct.get("memory"), rel=0.01)
+
+
+@pytest.mark.parametrize(("schedule", "virtual"), [("1f1b", 1), ("interleaved-1f1b", 2)])
+def test_a_pipeline_from_its_stage_roles(schedule, virtual):
+    """4 stages x 8 micro-batches: composed from one traced micro-batch per stage role against
+    the real schedule traced on the first, a middle and the last rank (4 micro-batches, the
+    in-flight peak of 8): step within 5%, memory within 10%."""
+    execution = Execution(world=4, pipeline=4, pipeline_schedule=schedule, virtual_stages=virtual,
+                          micro_batch=1, grad_accum=8)
+    request = ModelRequest("llama-7b", batch=8, seq_len=64, overrides={**LLAMA, "n_layer": 8})
+    composed = evaluate(request, OPTIONS, execution, GPU, CLUSTER, layers=8, cache=RoleCache())
+    traced = traced_schedule_step(request, OPTIONS, execution, GPU, CLUSTER, 8, RoleCache(), None)
+    assert composed.step_s == pytest.approx(traced.step_s, rel=0.05)
+    assert composed.memory_bytes == pytest.approx(traced.memory_bytes, rel=0.10)
+    assert composed.pipeline["in_flight"] == traced.pipeline["in_flight"]
