@@ -28,12 +28,22 @@ def test_all_reduce_inside_a_dgx_h100_by_hand():
     assert est.algbw * 2 * 7 / 8 == pytest.approx(busbw, rel=0.01)
 
 
-def test_a_group_across_nodes_runs_at_the_nic_rate():
+def test_a_group_of_one_gpu_per_node_runs_at_the_nic_rate():
     cluster = load_cluster("dgx-h100")
     inside = estimate_collective("all_gather", 2**28, tuple(range(8)), cluster)
-    across = estimate_collective("all_gather", 2**28, tuple(range(0, 16, 2)), cluster)
+    across = estimate_collective("all_gather", 2**28, tuple(range(0, 64, 8)), cluster)  # 8 nodes, 1 GPU each
     assert across.tier == "inter" and inside.tier == "intra"
     assert across.time_s == pytest.approx(25e-6 + 2**28 * 7 / 8 / (50e9 * 0.8))
+
+
+def test_a_group_across_nodes_spreads_over_its_nics():
+    """4 GPUs in each of 2 nodes: 4 rings, one per NIC (NCCL multi-rail), 4 x 40 GB/s; a group of
+    all 8 GPUs of 2 nodes would reach 8 x 40 = 320 GB/s, under NVLink's 0.82 x 450."""
+    cluster = load_cluster("dgx-h100")
+    four = estimate_collective("all_gather", 2**28, tuple(range(0, 16, 2)), cluster)
+    assert four.time_s == pytest.approx(25e-6 + 2**28 * 7 / 8 / (4 * 50e9 * 0.8))
+    full = estimate_collective("all_reduce", 2**30, tuple(range(16)), cluster)
+    assert full.busbw == pytest.approx(8 * 50e9 * 0.8)
 
 
 def test_small_messages_are_latency_bound():

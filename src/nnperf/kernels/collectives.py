@@ -9,9 +9,17 @@ that does not depend on n, so the model is its inverse:
 
     t = latency + S x factor(n) / busbw(tier)
 
-with the tier the group crosses: inside one node (NVLink/NVSwitch) or across nodes (the NICs,
-one per GPU: a ring across nodes runs at the NIC rate). S is the nccl-tests size (all-gather:
-the gathered output; reduce-scatter: the input). What is not modelled yet: NCCL's tree and
+with the tier the group crosses: inside one node (NVLink/NVSwitch) or across nodes. Across
+nodes NCCL builds one ring per NIC (rail) and splits the collective over them through NVLink
+(NCCL issue #601, S. Jeaugey: "NCCL detects the 4 NICs ... and creates 4 rings, each using a
+different NIC"; "multi-NIC aggregation works well when GPUs are connected through NVLink
+(because we can use NVLink to split the operations in N parts then balance the traffic onto
+the N NICs)"), so a group with g GPUs in each node (one NIC each) reaches g NICs' bus
+bandwidth, at most the NVLink tier's: ``busbw = min(intra, g x inter)``. A group of one GPU
+per node (data parallelism across tensor-parallel nodes) runs at one NIC's rate; two full
+DGX H100 nodes reach 8 x 50 GB/s x 0.8 = 320 GB/s, below the 360 GB/s reported for a 2-node
+HGX test in NCCL issue #1277. S is the nccl-tests size (all-gather: the gathered output;
+reduce-scatter: the input). What is not modelled yet: NCCL's tree and
 NVLS (NVLink SHARP) algorithms, which beat the ring's bound for large cross-node all-reduces
 and small messages; protocol switches (LL/LL128/Simple) with message size; contention of
 several groups on one NIC.
@@ -61,10 +69,22 @@ def group_tier(cluster: Cluster, group_ranks: tuple[int, ...]) -> Tier:
     return cluster.inter if len(nodes) > 1 else cluster.intra
 
 
+def rails(cluster: Cluster, group_ranks: tuple[int, ...]) -> int:
+    """The NICs (one per GPU) a group spanning nodes spreads its rings over: its fewest GPUs in
+    one node."""
+    per_node: dict[int, int] = {}
+    for r in group_ranks:
+        per_node[r // cluster.gpus_per_node] = per_node.get(r // cluster.gpus_per_node, 0) + 1
+    return min(per_node.values())
+
+
 def estimate_collective(kind: str, nbytes: int, group_ranks: tuple[int, ...], cluster: Cluster) -> CollectiveEstimate:
     n = len(group_ranks)
     if n <= 1 or nbytes == 0:
         return CollectiveEstimate(kind, nbytes, n, "none", 0.0, 0.0, 0.0)
     tier = group_tier(cluster, group_ranks)
-    time = tier.latency_s + nbytes * bus_factor(kind, n) / tier.busbw
-    return CollectiveEstimate(kind, nbytes, n, tier.name, tier.busbw, tier.latency_s, time)
+    busbw = tier.busbw
+    if tier is cluster.inter:
+        busbw = min(cluster.intra.busbw, rails(cluster, group_ranks) * tier.busbw)
+    time = tier.latency_s + nbytes * bus_factor(kind, n) / busbw
+    return CollectiveEstimate(kind, nbytes, n, tier.name, busbw, tier.latency_s, time)
