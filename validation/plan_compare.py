@@ -1,0 +1,135 @@
+"""nnperf plan's step time against published multi-GPU training measurements.
+
+    python validation/plan_compare.py [--only ID_PREFIX] [--json]
+
+Every reproducible row of ``validation/multi_gpu/rows.toml`` is predicted on the layout the
+source states (``search.plan.evaluate``: the rank roles traced with the real engines, no search)
+on its GPU and cluster, and compared on the source's metric (iteration time, or tokens per
+second per GPU); rows nnperf cannot build are counted with the reason. Printed: each row's
+measured and predicted value and error, the median |error| overall and per source, and per
+group of rows of one model the Spearman rank correlation between the measured and predicted
+ordering (a group of two is +1 when the faster one is predicted faster, -1 otherwise).
+Targets (issue 18): median |error| <= 10%, Spearman >= 0.9. Nothing here is tuned to the rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import time
+from dataclasses import fields
+from pathlib import Path
+
+import tomllib
+
+from nnperf.hardware.catalog import load_gpu
+from nnperf.hardware.cluster import load_cluster
+from nnperf.request import ModelRequest
+from nnperf.search.plan import evaluate
+from nnperf.search.plan_rank import RoleCache
+from nnperf.trace.distributed import Execution
+from nnperf.trace.options import TraceOptions
+
+ROWS = Path(__file__).parent / "multi_gpu" / "rows.toml"
+TARGET_MEDIAN, TARGET_SPEARMAN = 0.10, 0.9
+_EXECUTION = {f.name for f in fields(Execution)}
+
+
+def predict(row: dict) -> tuple[float, dict]:
+    """The row's metric as nnperf predicts it, and the planned layout's JSON."""
+    execution = Execution(**{k: v for k, v in row["execution"].items() if k in _EXECUTION})
+    gpu = load_gpu(row["gpu"], overrides=row.get("gpu_set"))
+    cluster = load_cluster(row["cluster"])
+    overrides = dict(row.get("overrides", {}))
+    local_batch = execution.micro_batch * execution.grad_accum if execution.pipeline > 1 else execution.micro_batch
+    request = ModelRequest(row["model"], batch=local_batch, seq_len=row.get("seq"), overrides=overrides)
+    planned = evaluate(request, TraceOptions(amp=row.get("amp")), execution, gpu, cluster,
+                       layers=overrides.get("n_layer"), cache=RoleCache())
+    if row["metric"] == "step_time_s":
+        value = planned.step_s
+    elif row["metric"] == "tokens_per_s_per_gpu":
+        value = planned.throughput / execution.world
+    else:
+        raise ValueError(f"{row['id']}: unknown metric {row['metric']}")
+    return value, planned.to_json()
+
+
+def spearman(measured: list[float], predicted: list[float]) -> float:
+    """Spearman's rho of two equally long lists (average ranks for ties)."""
+    def ranks(values: list[float]) -> list[float]:
+        order = sorted(range(len(values)), key=lambda i: values[i])
+        out = [0.0] * len(values)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                out[order[k]] = (i + j) / 2
+            i = j + 1
+        return out
+
+    a, b = ranks(measured), ranks(predicted)
+    n = len(a)
+    mean_a, mean_b = sum(a) / n, sum(b) / n
+    cov = sum((x - mean_a) * (y - mean_b) for x, y in zip(a, b, strict=True))
+    var = (sum((x - mean_a) ** 2 for x in a) * sum((y - mean_b) ** 2 for y in b)) ** 0.5
+    return cov / var if var else 0.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default="", help="rows whose id starts with this")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    args = parser.parse_args(argv)
+    rows = [r for r in tomllib.loads(ROWS.read_text())["row"] if r["id"].startswith(args.only)]
+    results, skipped = [], []
+    for row in rows:
+        if not row.get("reproducible", True):
+            skipped.append((row["id"], row["why_not"]))
+            continue
+        start = time.perf_counter()
+        value, layout = predict(row)
+        error = value / row["measured"] - 1
+        results.append({"id": row["id"], "group": row["group"], "source": re.split(r"[,(;]", row["source"])[0].strip(),
+                        "metric": row["metric"], "measured": row["measured"], "predicted": value,
+                        "error": error, "seconds": time.perf_counter() - start, "layout": layout["layout"]})
+        if not args.json:
+            print(f"{row['id']:<36} {row['metric']:<22} measured {row['measured']:>9.2f}  predicted {value:>9.2f}  "
+                  f"error {error:+7.1%}  ({results[-1]['seconds']:.0f} s to predict)", flush=True)
+    summary = _summary(results)
+    if args.json:
+        print(json.dumps({"rows": results, "not_reproducible": skipped, **summary}, indent=2))
+        return 0
+    for row_id, why in skipped:
+        print(f"{row_id:<36} not reproducible: {why}")
+    print(f"\nmedian |error| over {len(results)} rows: {summary['median_abs_error']:.1%} "
+          f"(target <= {TARGET_MEDIAN:.0%})")
+    for source, median in summary["median_by_source"].items():
+        print(f"  {source}: median |error| {median:.1%}")
+    for group, rho in summary["spearman_by_group"].items():
+        verdict = "ok" if rho >= TARGET_SPEARMAN else "MISS"
+        print(f"Spearman {group}: {rho:+.2f} (target >= {TARGET_SPEARMAN}) {verdict}")
+    return 0
+
+
+def _summary(results: list[dict]) -> dict:
+    if not results:
+        return {"median_abs_error": float("nan"), "median_by_source": {}, "spearman_by_group": {}}
+    by_source: dict[str, list[float]] = {}
+    by_group: dict[str, list[dict]] = {}
+    for r in results:
+        by_source.setdefault(r["source"], []).append(abs(r["error"]))
+        by_group.setdefault(r["group"], []).append(r)
+    spearmans = {g: spearman([r["measured"] for r in rs], [r["predicted"] for r in rs])
+                 for g, rs in by_group.items() if len(rs) > 1}
+    return {"median_abs_error": statistics.median(abs(r["error"]) for r in results),
+            "median_by_source": {s: statistics.median(v) for s, v in by_source.items()},
+            "spearman_by_group": spearmans}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
