@@ -49,8 +49,12 @@ def test_rows_become_the_workload_they_describe(rows):
     assert amp.channels_last and not tf32.channels_last  # DLE AMP runs memory_format nhwc
     mobile = workload(by_id["timm-infer-amp-nchw-pt240-cu124-rtx3090-mobilenetv2_100-224"])
     assert (mobile.model, mobile.train, mobile.batch) == ("mobilenet_v2", False, 1024)
-    effnet = next(r for r in rows if r["model"] == "efficientnet-b0" and r["gpus"] == 1)
-    assert "no zoo model" in why_not_reproducible(effnet)
+    b4 = workload(next(r for r in rows if r["model"] == "efficientnet-widese-b4" and r["gpus"] == 1))
+    assert (b4.model, b4.image_size) == ("efficientnet_widese_b4", 380)
+    squad = workload(by_id["bert-large-squad-train-a100-80gb-amp-1gpu"])
+    assert (squad.model, squad.seq_len, squad.optimizer) == ("bert-large-squad", 384, "adamw")
+    phase2 = workload(by_id["bert-large-pretrain-phase2-a100-80gb-amp-1gpu"])
+    assert (phase2.model, phase2.seq_len, phase2.batch) == ("bert-large", 512, 32)
     assert why_not_reproducible(next(r for r in rows if r["gpus"] > 1)) is not None
 
 

@@ -13,6 +13,7 @@ never dropped. Nothing here is fitted: the rows are a test set.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,16 +21,29 @@ from typing import Any
 
 from nnperf.hardware.schema import read_toml
 
-#: A published model name (its first words) -> the zoo model that is the same network.
+#: A published model name (its first words) -> the zoo model that is the same network. The
+#: first match wins, so the SQuAD entry comes before the plain BERT-large one.
+_BERT_LARGE = "bert-large-uncased (24 layers, hidden 1024, 16 heads, ffn 4096, vocab 30522)"
 ZOO_MODELS = {
     "resnet50": "resnet50",
     "timm resnet50": "resnet50",
     "timm mobilenetv2_100": "mobilenet_v2",
     "timm vit_base_patch16_224": "vit_b_16",
+    "timm efficientnet_b0": "efficientnet_b0",  # same network as DLE's B0 (zoo/efficientnet.py)
+    "timm convnext_tiny": "convnext_tiny",
+    "efficientnet-b0": "efficientnet_b0",
+    "efficientnet-b4": "efficientnet_b4",
+    "efficientnet-widese-b0": "efficientnet_widese_b0",
+    "efficientnet-widese-b4": "efficientnet_widese_b4",
+    _BERT_LARGE + ", squad v1.1 qa head": "bert-large-squad",
+    _BERT_LARGE: "bert-large",
 }
-#: Published optimizers -> nnperf's (DLE ResNet-50 and timm's benchmark default use SGD
-#: with momentum).
-OPTIMIZERS = {"sgd": "sgd-momentum"}
+#: Published optimizers (a word of the row's ``optimizer``) -> nnperf's. DLE ResNet-50 and
+#: timm's benchmark default use SGD with momentum; DLE BERT's ``BertAdam`` and apex
+#: ``FusedAdam`` (``adam_w_mode`` by default) are Adam with decoupled weight decay. LAMB
+#: (BERT pre-training) and RMSprop (EfficientNet) have no nnperf equivalent and keep the
+#: SGD-momentum default; those rows accumulate 16 to 512 micro-batches per optimizer step.
+OPTIMIZERS = {"sgd": "sgd-momentum", "bertadam": "adamw", "fusedadam": "adamw"}
 
 
 @dataclass(frozen=True)
@@ -45,6 +59,7 @@ class Workload:
     tf32: bool
     optimizer: str
     channels_last: bool = False
+    seq_len: int | None = None
 
 
 def load_rows(folder: str | Path) -> list[dict[str, Any]]:
@@ -86,7 +101,8 @@ def workload(row: dict[str, Any]) -> Workload:
     """The step a reproducible row describes. ``tf32``: fp32 tensors with TF32 matmuls (and
     convolutions, cuDNN's default); ``fp32`` on V100/T4 has no TF32 to use."""
     precision = row["nnperf_precision"]
-    optimizer = str(row.get("optimizer") or "sgd").split()[0].lower()
+    words = re.findall(r"[a-z]+", str(row.get("optimizer") or "sgd").lower())
+    optimizer = next((OPTIMIZERS[w] for w in words if w in OPTIMIZERS), "sgd-momentum")
     return Workload(
         model=zoo_model(row) or "",
         batch=int(row["batch"]),
@@ -95,8 +111,9 @@ def workload(row: dict[str, Any]) -> Workload:
         amp=precision.removeprefix("amp-") if precision.startswith("amp-") else None,
         dtype=precision if precision in ("fp16", "bf16") else None,
         tf32=precision == "tf32",
-        optimizer=OPTIMIZERS.get(optimizer, "sgd-momentum"),
+        optimizer=optimizer,
         channels_last="channels_last" in row.get("extras", ()),
+        seq_len=row.get("seq_len"),
     )
 
 
@@ -130,9 +147,11 @@ class Predictor:
 
         key = (w, optimizer)
         if key not in self._analyses:
-            options = {"image_size": w.image_size} if w.image_size and w.image_size != 224 else {}
-            self._analyses[key] = analyze(w.model, batch=w.batch, train=w.train, amp=w.amp, dtype=w.dtype,
-                                          optimizer=optimizer, channels_last=w.channels_last, **options)
+            # the row's image size always: EfficientNet-B4's default is 380, not 224
+            options = {"image_size": w.image_size} if w.image_size else {}
+            self._analyses[key] = analyze(w.model, batch=w.batch, seq_len=w.seq_len, train=w.train, amp=w.amp,
+                                          dtype=w.dtype, optimizer=optimizer, channels_last=w.channels_last,
+                                          **options)
         return self._analyses[key]
 
     def step_s(self, row: dict[str, Any]) -> float:
