@@ -40,6 +40,9 @@ def _degrees(text: str | None, what: str) -> list[int] | None:
                    "node allow) or a list, e.g. 1,8.")
 @click.option("--pp", "pp_text", default="auto", show_default=True,
               help="Pipeline-parallel degrees to try: auto (gpt2/llama built-ins) or a list, e.g. 1,4.")
+@click.option("--cp", "cp_text", default="1", show_default=True,
+              help="Context-parallel degrees to try (ring attention over the sequence, modelled in closed "
+                   "form on a traced rank), e.g. 1,2,4.")
 @click.option("--schedule", "schedules", multiple=True,
               type=click.Choice(["1f1b", "interleaved-1f1b", "gpipe", "zero-bubble"]),
               help="Pipeline schedules to try (repeatable; default: 1f1b and interleaved-1f1b).")
@@ -47,7 +50,7 @@ def _degrees(text: str | None, what: str) -> list[int] | None:
               help="Built-in cluster (dgx-a100, dgx-h100, dgx-h200) or a cluster TOML file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON document.")
 def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, tp_text: str, pp_text: str,
-         schedules: tuple[str, ...], cluster_name: str | None, as_json: bool, **kwargs: Any) -> None:
+         cp_text: str, schedules: tuple[str, ...], cluster_name: str | None, as_json: bool, **kwargs: Any) -> None:
     """Rank the layouts of MODEL on --gpus GPUs (data parallelism: DDP, FSDP2, HSDP; tensor
     parallelism with sequence parallelism; pipeline schedules; activation checkpointing and
     gradient accumulation): step time, throughput, MFU, per-GPU memory, exposed communication,
@@ -68,7 +71,7 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
     request, options = pop_workload(kwargs)
     result = run_plan(request, options, gpu, n_gpus, cluster, nodes, global_batch,
                       tensor=_degrees(tp_text, "--tp"), pipeline=_degrees(pp_text, "--pp"),
-                      schedules=schedules or DEFAULT_SCHEDULES)
+                      schedules=schedules or DEFAULT_SCHEDULES, context=_degrees(cp_text, "--cp") or [1])
     configs = engine_configs(result, options.amp)
     if as_json:
         click.echo(json.dumps({**result.to_json(), **configs}, indent=2))

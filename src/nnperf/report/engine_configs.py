@@ -74,6 +74,8 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None) ->
     if e.pipeline > 1 and e.pipeline_schedule not in ("1f1b", "interleaved-1f1b"):
         raise NotExpressible(f"Megatron-LM runs 1F1B and interleaved 1F1B, not {e.pipeline_schedule}")
     args = [f"--tensor-model-parallel-size {e.tensor}", f"--pipeline-model-parallel-size {e.pipeline}"]
+    if e.context > 1:
+        args.append(f"--context-parallel-size {e.context}")
     if e.pipeline > 1 and e.virtual_stages > 1:
         if not layers:
             raise NotExpressible("the interleaved schedule needs the layer count")
@@ -97,9 +99,10 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None) ->
 def deepspeed_json(execution: Any, amp: str | None = None) -> str:
     """DeepSpeed's config: ZeRO stage 0 (DDP), 3 (FSDP full shard) or 3 with MiCS (HSDP)."""
     e = execution
-    if e.tensor > 1 or e.pipeline > 1:
-        raise NotExpressible("tensor and pipeline parallelism are set up in DeepSpeed's model code "
-                             "(PipelineModule, AutoTP), not its JSON; data-parallel layouts only")
+    if e.tensor > 1 or e.pipeline > 1 or e.context > 1:
+        raise NotExpressible("tensor, pipeline and sequence (Ulysses) parallelism are set up in DeepSpeed's "
+                             "model code (PipelineModule, AutoTP, DistributedAttention), not its JSON; "
+                             "data-parallel layouts only")
     zero: dict[str, Any] = {"stage": 0 if e.data == "ddp" else 3}
     if e.data == "hsdp":
         zero.update(mics_shard_size=e.shard, mics_hierarchical_params_gather=False)

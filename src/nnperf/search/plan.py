@@ -96,7 +96,8 @@ def _nearest_gpu_counts(gpus: int, global_batch: int) -> str:
 
 def layouts(gpus: int, nodes_of: int, global_batch: int, *, tensor: Iterable[int] = (1,),
             pipeline: Iterable[int] = (1,), schedules: Iterable[str] = DEFAULT_SCHEDULES,
-            layers: int | None = None, checkpoints: Iterable[str | None] = (None,)) -> list[Execution]:
+            layers: int | None = None, checkpoints: Iterable[str | None] = (None,),
+            context: Iterable[int] = (1,)) -> list[Execution]:
     """Every layout of ``gpus`` GPUs over the given tensor and pipeline degrees (sequence
     parallel with TP), data parallelism over the rest, and the micro-batch splits of the global
     batch; with the defaults, the data-parallel layouts only. Grouped: within a group (one
@@ -104,19 +105,30 @@ def layouts(gpus: int, nodes_of: int, global_batch: int, *, tensor: Iterable[int
     out: list[Execution] = []
     for tp in tensor:
         for pp in pipeline:
-            if gpus % (tp * pp) or (tp > 1 and nodes_of % tp):
-                continue
-            dp = gpus // (tp * pp)
-            if global_batch % dp:
-                if tp == pp == 1:
-                    raise UsageError(f"--global-batch {global_batch} does not divide over {gpus} GPUs; "
-                                     f"nearest GPU counts that divide it: {_nearest_gpu_counts(gpus, global_batch)}")
-                continue
-            for data, shard in _data_shapes(dp, tp, pp, nodes_of):
-                for checkpoint in checkpoints:
-                    common = {"world": gpus, "data": data, "shard": shard, "gpus_per_node": nodes_of,
-                              "checkpoint": checkpoint, "tensor": tp, "sequence_parallel": tp > 1}
-                    out.extend(_splits(common, pp, global_batch // dp, schedules, layers))
+            for cp in context:
+                out += _layouts_of(gpus, nodes_of, global_batch, tp, pp, cp, schedules, layers, checkpoints)
+    return out
+
+
+def _layouts_of(gpus: int, nodes_of: int, global_batch: int, tp: int, pp: int, cp: int,
+                schedules: Iterable[str], layers: int | None, checkpoints: Iterable[str | None]) -> list[Execution]:
+    """The layouts of one (tensor, pipeline, context) degree: data parallelism over the rest."""
+    if gpus % (tp * pp * cp) or (tp > 1 and nodes_of % tp) or (cp > 1 and pp > 1):
+        return []
+    dp = gpus // (tp * pp * cp)
+    if global_batch % dp:
+        if tp == pp == cp == 1:
+            raise UsageError(f"--global-batch {global_batch} does not divide over {gpus} GPUs; "
+                             f"nearest GPU counts that divide it: {_nearest_gpu_counts(gpus, global_batch)}")
+        return []
+    out: list[Execution] = []
+    for data, shard in _data_shapes(dp, tp * cp, pp, nodes_of):
+        if cp > 1 and data == "ddp" and dp > 1:
+            continue  # torchtitan shards over the data and context ranks together
+        for checkpoint in checkpoints:
+            common = {"world": gpus, "data": data, "shard": shard, "gpus_per_node": nodes_of,
+                      "checkpoint": checkpoint, "tensor": tp, "sequence_parallel": tp > 1, "context": cp}
+            out.extend(_splits(common, pp, global_batch // dp, schedules, layers))
     return out
 
 
@@ -152,7 +164,8 @@ def _splits(common: dict[str, Any], pp: int, local: int, schedules: Iterable[str
 def shape_key(execution: Execution) -> tuple[Any, ...]:
     """What a group of layouts shares: all but the micro-batch split and checkpointing."""
     e = execution
-    return (e.data, e.shard, e.tensor, e.sequence_parallel, e.pipeline, e.pipeline_schedule, e.virtual_stages)
+    return (e.data, e.shard, e.tensor, e.sequence_parallel, e.pipeline, e.pipeline_schedule, e.virtual_stages,
+            e.context)
 
 
 def _prepare(execution: Execution) -> Any:
@@ -166,6 +179,14 @@ def evaluate(request: ModelRequest, options: TraceOptions, execution: Execution,
     """Trace, time and size one layout (``layers``: the depth of a built-in stack, to trace it
     shallow and extrapolate; ``cache``: traced roles shared by a search)."""
     cache = cache or RoleCache()
+    if execution.context > 1:
+        from nnperf.search.plan_context import context_step
+
+        info = _model_info(request)
+        seq = request.seq_len or (info[2] if info else None)
+        if not seq:
+            raise UsageError("context parallelism needs a sequence length (--seq)")
+        return context_step(request, options, execution, gpu, cluster, layers, cache, _prepare(execution), seq)
     if execution.pipeline > 1:
         return pipeline_step(request, options, execution, gpu, cluster, layers, cache, _prepare(execution))
     cost = scaled_cost(replace(request, batch=execution.micro_batch), options, execution, gpu, cluster, 0,
@@ -269,10 +290,10 @@ def _model_info(request: ModelRequest) -> tuple[Any, dict[str, Any], int | None]
 def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, cluster: Cluster,
          nodes_of: int | None = None, global_batch: int | None = None, *,
          tensor: Iterable[int] | None = (1,), pipeline: Iterable[int] | None = (1,),
-         schedules: Iterable[str] = DEFAULT_SCHEDULES) -> Plan:
+         schedules: Iterable[str] = DEFAULT_SCHEDULES, context: Iterable[int] = (1,)) -> Plan:
     """Rank the layouts of ``request`` on ``gpus`` GPUs of ``gpu``. ``tensor``/``pipeline``:
     the degrees to try (None: every degree the model and nodes allow; the default, 1, keeps
-    the data-parallel search).
+    the data-parallel search; ``context``: context-parallel degrees, modelled in closed form).
 
     The search runs in two passes so that a large cluster is planned in seconds: data and
     tensor parallelism over every degree, then pipeline parallelism at the tensor-parallel
@@ -283,7 +304,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     layers = layers_of(request)
     tensor, pipeline = search_axes(request, gpus, nodes_of, layers, tensor, pipeline)
     first = layouts(gpus, nodes_of, global_batch, tensor=tensor, pipeline=[1] if 1 in pipeline else pipeline[:1],
-                    schedules=schedules, layers=layers)
+                    schedules=schedules, layers=layers, context=list(context))
     results, traces = _in_workers(request, options, gpu, cluster, layers,
                                   [[e for e in first if e.tensor == tp] for tp in tensor])
     deeper = [p for p in pipeline if p > 1 and p not in {e.execution.pipeline for e in results}]
@@ -401,17 +422,20 @@ def _search(request: ModelRequest, options: TraceOptions, candidates: list[Execu
 
 def _first_fit(members: list[Execution], request: ModelRequest, options: TraceOptions, gpu: GPU,
                cluster: Cluster, layers: int | None, cache: RoleCache, results: list[Planned]) -> Planned | None:
-    """The first of ``members`` (largest micro-batch first) that fits, by bisection; every
-    layout evaluated is added to ``results``."""
+    """The first of ``members`` (largest micro-batch first) that fits, by bisection; the layouts
+    that do not fit and the one found are added to ``results`` (a fitting one with more
+    accumulation than needed is only slower)."""
     low, high, best = 0, len(members) - 1, None
     while low <= high:
         mid = (low + high) // 2
         planned = evaluate(request, options, members[mid], gpu, cluster, layers=layers, cache=cache)
-        results.append(planned)
         if planned.fits:
             best, high = planned, mid - 1
         else:
+            results.append(planned)
             low = mid + 1
+    if best is not None:
+        results.append(best)
     return best
 
 

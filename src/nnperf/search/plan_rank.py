@@ -36,6 +36,7 @@ from nnperf.prediction import predict_analysis
 from nnperf.request import ModelRequest
 from nnperf.trace.distributed import Execution, sharded_bytes, trace_rank
 from nnperf.trace.options import TraceOptions
+from nnperf.vocab import Category
 
 #: Traced blocks per chunk when a stack is scaled (two points of a line): from three blocks on,
 #: each phase's memory peak and the timeline grow by the same amount per block (with fewer, the
@@ -94,6 +95,12 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
     }
     values.update(_memory_by_phase(prediction.memory))
     values["saved_activations"] = float(sum(prediction.memory.saved_activations.values()))
+    attention = [t for t in prediction.step.ops if t.category == Category.ATTENTION]
+    values["attention_s"] = sum(t.kernel_s for t in attention)
+    values["attention_flops"] = float(sum(t.count.flops for t in attention if t.phase in ("forward", "backward")))
+    forward = [t.count.event for t in attention if t.phase == "forward"]
+    values["attention_layers"] = float(len(forward))
+    values["kv_bytes"] = float(sum(e.inputs[1].nbytes + e.inputs[2].nbytes for e in forward if len(e.inputs) >= 3))
     values["model_states"] = float(sum(prediction.memory.model_states.values()))
     values.update({f"exposed.{k}": v for k, v in comm.exposed_s.items()})
     values.update({f"state.{k}": float(v) for k, v in sharded_bytes(traced).items()})

@@ -100,11 +100,12 @@ class Execution:
     def validate(self) -> None:
         if self.data not in DATA_PARALLEL:
             raise UsageError(f"unknown data parallelism '{self.data}'; valid: {', '.join(DATA_PARALLEL)}")
-        others = {"context": self.context, "expert": self.expert}
-        unsupported = [f"{k}={v}" for k, v in others.items() if v != 1]
-        if unsupported:
-            raise UsageError(f"layouts with {', '.join(unsupported)} are not traced yet; "
-                             "data (ddp, fsdp, hsdp), tensor and pipeline parallelism only")
+        if self.expert != 1:
+            raise UsageError(f"layouts with expert={self.expert} are not modelled yet; "
+                             "data (ddp, fsdp, hsdp), tensor, pipeline and context parallelism only")
+        if self.context > 1 and (self.pipeline > 1 or (self.data == "ddp" and self.world > self.model_parallel)):
+            raise UsageError("context parallelism is modelled with FSDP/HSDP or alone (torchtitan's "
+                             "dp_shard x cp mesh), without pipeline parallelism")
         if self.pipeline > 1:
             from nnperf.trace.pipeline import MULTI, SCHEDULES
 
@@ -145,6 +146,8 @@ class Execution:
         if self.pipeline > 1:
             chunks = f", {self.virtual_stages} chunks/rank" if self.virtual_stages > 1 else ""
             parts.append(f"PP x{self.pipeline} {self.pipeline_schedule}{chunks}")
+        if self.context > 1:
+            parts.append(f"CP x{self.context}")
         if not parts:
             parts.append("1 GPU")
         if self.data != "ddp" and not self.reshard_after_forward:
@@ -269,6 +272,9 @@ def trace_rank(
     shards as one unit each (torchtitan's per-transformer-block wrapping); ``prepare``: applied to the
     built workload before the engine wraps it (activation checkpointing)."""
     execution.validate()
+    if execution.context > 1:
+        raise UsageError("context parallelism is not traced: nnperf plan models its ring attention in "
+                         "closed form on a traced rank (search.plan_context)")
     if options.dtype is not None:
         raise UsageError("--dtype with a multi-GPU layout is not supported yet; use --amp")
     if execution.pipeline > 1 and options.uses_grad_scaler():

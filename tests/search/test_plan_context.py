@@ -1,0 +1,43 @@
+"""Context parallelism's closed form on a traced rank (search.plan_context): the ring's
+all-gathers carry the whole sequence's K and V per attention layer (sizes by hand), the rank's
+attention does cp times the causal pairs of its chunk, and a sequence that does not split into
+2 x cp chunks is one line."""
+
+from __future__ import annotations
+
+import pytest
+
+from nnperf.errors import UsageError
+from nnperf.hardware.catalog import load_gpu
+from nnperf.hardware.cluster import load_cluster
+from nnperf.request import ModelRequest
+from nnperf.search.plan import evaluate
+from nnperf.search.plan_rank import RoleCache
+from nnperf.trace.distributed import Execution
+from nnperf.trace.options import TraceOptions
+
+GPU, CLUSTER = load_gpu("h100"), load_cluster("dgx-h100")
+LAYERS, DIM, HEADS, KV, SEQ = 2, 128, 4, 2, 256
+REQUEST = ModelRequest("llama-7b", batch=1, seq_len=SEQ, overrides={
+    "n_layer": LAYERS, "dim": DIM, "n_heads": HEADS, "n_kv_heads": KV, "ffn_hidden": 256, "vocab": 512})
+
+
+def test_ring_attention_collectives_by_hand():
+    cp = 4
+    planned = evaluate(REQUEST, TraceOptions(amp="bf16"), Execution(world=8, data="fsdp", shard=2, context=cp),
+                       GPU, CLUSTER, cache=RoleCache())
+    kv = 2 * SEQ * KV * (DIM // HEADS) * 2  # K and V of the whole sequence, bf16
+    assert planned.collectives["context_all_gather"] == {"count": 2 * LAYERS, "bytes": 2 * LAYERS * kv}
+    assert planned.collectives["context_reduce_scatter"] == {"count": LAYERS, "bytes": LAYERS * kv}
+    # FSDP shards over the data and context ranks together (8 ranks), as torchtitan's dp_shard_cp
+    plain = evaluate(REQUEST, TraceOptions(amp="bf16"), Execution(world=8, data="fsdp", shard=8), GPU, CLUSTER,
+                     cache=RoleCache())
+    assert planned.state_bytes == plain.state_bytes
+    assert planned.split["exposed_communication_s"]["context_all_gather_reduce_scatter"] > 0
+
+
+def test_a_sequence_that_does_not_split_is_one_line():
+    with pytest.raises(UsageError, match="context parallel degree 3 does not split the 256-token sequence "
+                                         "into 2 x 3 equal chunks; nearest valid degrees: 2 or 4"):
+        evaluate(REQUEST, TraceOptions(amp="bf16"), Execution(world=6, data="fsdp", shard=2, context=3), GPU,
+                 CLUSTER, cache=RoleCache())
