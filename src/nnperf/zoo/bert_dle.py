@@ -50,6 +50,7 @@ from nnperf.workload import Workload
 from ._losses import CrossEntropy, random_classes, random_tokens
 from ._options import require_divisible, require_positive, resolve_batch_seq, resolve_options
 from ._spec import ModelSpec
+from .bert import DROPOUT, EPS, DenseNorm  # BertSelfOutput/BertOutput, as in HF's layout
 
 DEFAULTS: dict[str, Any] = {
     "n_layer": 24,
@@ -67,8 +68,6 @@ OPTIONS = {
     "vocab": "vocabulary size (padded to a multiple of 8, as DLE's scripts do)",
     "max_positions": "learned positions (the longest allowed seq_len)",
 }
-EPS = 1e-12
-DROPOUT = 0.1
 MASKED_LM_PROB = 0.15  # BERT create_pretraining_data.py --masked_lm_prob
 
 
@@ -121,19 +120,6 @@ class SelfAttention(nn.Module):
         probs = self.dropout(F.softmax(scores, dim=-1)).view(heads, seq, seq)
         context = torch.bmm(probs, v).transpose(0, 1).contiguous()
         return context.view(seq, batch, dim)
-
-
-class DenseNorm(nn.Module):
-    """``BertSelfOutput`` / ``BertOutput``: dense, dropout, LayerNorm(x + residual)."""
-
-    def __init__(self, n_in: int, dim: int) -> None:
-        super().__init__()
-        self.dense = nn.Linear(n_in, dim)
-        self.LayerNorm = nn.LayerNorm(dim, eps=EPS)
-        self.dropout = nn.Dropout(DROPOUT)
-
-    def forward(self, x: Tensor, residual: Tensor) -> Tensor:
-        return self.LayerNorm(self.dropout(self.dense(x)) + residual)
 
 
 class Layer(nn.Module):
