@@ -72,6 +72,14 @@ FP32_APPEND_DTYPE = {"norm.Scalar": "norm.ScalarOpt_dtype",
 PROMOTE = ("addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot", "grid_sampler",
            "index_put", "tensordot", "scatter_add")
 BANNED = ("binary_cross_entropy",)
+_CUDA_REGISTERED = {name.removeprefix("aten::")
+                    for name in torch._C._dispatch_get_registrations_for_dispatch_key("AutocastCUDA")}
+#: AutocastCUDA kernels registered outside autocast_mode.h's lists, where the running torch has
+#: them (torch 2.14): autocast_mode.cpp's linalg_matrix_sqrth in fp32, and cudnn/AutocastRNN.cpp's
+#: _cudnn_rnn, which a trace never calls (trace/rnn.py records nnperf::cudnn_rnn in its place,
+#: in fp16 as that kernel casts).
+FP32_OUTSIDE_HEADER = tuple(n for n in ("linalg_matrix_sqrth",) if n in _CUDA_REGISTERED)
+HANDLED_ELSEWHERE = tuple(n for n in ("_cudnn_rnn",) if n in _CUDA_REGISTERED)
 BANNED_MESSAGE = (
     "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast.\n"
     "Many models use a sigmoid layer right before the binary cross entropy layer.\n"
@@ -85,7 +93,8 @@ _AUTOCAST_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
 
 def cuda_policy_ops() -> set[str]:
     """Every op (``name`` or ``name.overload``) CUDA's lists give a policy."""
-    return {*LOWER_PRECISION, *FP32, *FP32_SET_OPT_DTYPE, *FP32_APPEND_DTYPE, *PROMOTE, *BANNED}
+    return {*LOWER_PRECISION, *FP32, *FP32_OUTSIDE_HEADER, *FP32_SET_OPT_DTYPE, *FP32_APPEND_DTYPE,
+            *PROMOTE, *BANNED, *HANDLED_ELSEWHERE}
 
 
 def _op(name: str):
@@ -113,13 +122,16 @@ class CudaAutocast:
     def installed(self) -> Iterator[None]:
         lib = torch.library.Library("aten", "IMPL")
         cuda_ops = cuda_policy_ops()
+        # aten's own entries only: other libraries' autocast kernels (torchvision's roi_align,
+        # nms) are theirs to keep, and this Library may only implement aten ops
         cpu_only = {name.removeprefix("aten::")
-                    for name in torch._C._dispatch_get_registrations_for_dispatch_key("AutocastCPU")}
+                    for name in torch._C._dispatch_get_registrations_for_dispatch_key("AutocastCPU")
+                    if name.startswith("aten::")}
         cpu_only -= cuda_ops
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # "Overriding a previously registered kernel"
-                for name in cuda_ops:
+                for name in cuda_ops - set(HANDLED_ELSEWHERE):
                     if _exists(name):
                         lib.impl(name, self._kernel(name), "AutocastCPU")
                 for name in cpu_only:
@@ -134,7 +146,7 @@ class CudaAutocast:
         op = _op(name)
         if name in LOWER_PRECISION:
             return lambda *a, **k: self._call(op, a, k, lambda: torch.get_autocast_dtype("cpu"))
-        if name in FP32:
+        if name in FP32 or name in FP32_OUTSIDE_HEADER:
             return lambda *a, **k: self._call(op, a, k, lambda: torch.float32)
         if name in PROMOTE:
             return lambda *a, **k: self._call(op, a, k, None)
