@@ -57,13 +57,15 @@ def foreach_launches(numels: Sequence[int], depth: int, scalar_list: bool = Fals
             continue
         tensors_in_launch += 1
         chunks = -(-n // CHUNK_ELEMENTS)
-        for chunk in range(chunks):
-            blocks_in_launch += 1
-            last_chunk = chunk == chunks - 1
-            if (tensors_in_launch == max_tensors and last_chunk) or blocks_in_launch == MAX_BLOCKS:
-                launches += 1
-                blocks_in_launch = 0
-                tensors_in_launch = 0 if last_chunk else 1  # a split tensor carries over
+        # whole launches' worth of chunks at a time (an 8B model has ~10^5 chunks per list)
+        while chunks > MAX_BLOCKS - blocks_in_launch:  # the launch fills before the last chunk
+            chunks -= MAX_BLOCKS - blocks_in_launch
+            launches += 1
+            blocks_in_launch, tensors_in_launch = 0, 1  # the split tensor carries over
+        blocks_in_launch += chunks  # the tensor's last chunk fits in this launch
+        if tensors_in_launch == max_tensors or blocks_in_launch == MAX_BLOCKS:
+            launches += 1
+            blocks_in_launch = tensors_in_launch = 0
     return launches + (1 if blocks_in_launch else 0)
 
 
