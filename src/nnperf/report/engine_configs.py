@@ -52,8 +52,13 @@ def torchtitan_toml(execution: Any, amp: str | None = None) -> str:
     if e.pipeline > 1:
         lines += [f'pipeline_parallel_schedule = "{SCHEDULE_NAMES[e.pipeline_schedule]}"',
                   f"pipeline_parallel_microbatch_size = {e.micro_batch}"]
+    if e.checkpoint == "selective-attention":
+        raise NotExpressible("torchtitan has no attention-only recomputation (Megatron-LM's "
+                             "--recompute-activations)")
     lines += [f"context_parallel_degree = {e.context}", "", "[activation_checkpoint]",
-              f'mode = "{e.checkpoint or "none"}"']
+              f'mode = "{"selective" if e.checkpoint == "selective-op" else e.checkpoint or "none"}"']
+    if e.checkpoint == "selective-op":
+        lines.append('selective_ac_option = "op"')
     if e.tensor > 1 and not e.sequence_parallel:
         raise NotExpressible("torchtitan always uses sequence parallelism with tensor parallelism")
     return "\n".join(lines)
@@ -87,7 +92,9 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None) ->
         args += ["--use-torch-fsdp2", "--no-gradient-accumulation-fusion", "--ckpt-format torch_dist"]
         if not e.reshard_after_forward:
             args.append("--torch-fsdp2-no-reshard-after-forward")
-    if e.checkpoint == "selective":
+    if e.checkpoint == "selective-op":
+        raise NotExpressible("Megatron-LM has no per-op recomputation policy (torchtitan's selective op)")
+    if e.checkpoint in ("selective", "selective-attention"):
         args.append("--recompute-activations")
     elif e.checkpoint == "full":
         args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]

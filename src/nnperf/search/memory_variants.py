@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -103,13 +104,6 @@ def checkpoint_blocks(model: nn.Module) -> list[str]:
     return blocks
 
 
-def _recompute_context() -> tuple[contextlib.AbstractContextManager, TorchFunctionMode]:
-    """Recomputation runs on the autograd thread, outside the tracer's function mode; apply the
-    tracer's substitutions there too (fused attention, native dropout), so the recomputed
-    forward matches the original one op for op."""
-    return contextlib.nullcontext(), GraphLabeler(ModuleStack({}))
-
-
 #: What selective checkpointing keeps: the outputs of matrix products with weights and of
 #: fused attention (expensive to recompute); everything else (pointwise ops, norms, softmax,
 #: dropout, products of two activations such as attention scores) is recomputed in backward,
@@ -122,21 +116,84 @@ SAVED_BY_SELECTIVE = frozenset({
     "aten._scaled_dot_product_efficient_attention",
 })
 
+#: torchtitan's per-op selective checkpointing (``selective_ac_option = "op"``), as it ran for
+#: its published Llama numbers: torchtitan/parallelisms/parallelize_llama.py ``_save_list`` and
+#: ``_custom_policy`` at commits 0413364 (2024-04, docs/performance.md, then named
+#: ``no_recompute_list``) and 9dec370 (2024-12, benchmarks/llama3_h100_202412_torchtitan.md):
+#: the outputs of ``aten.mm``, the flash and memory-efficient SDPA kernels and the
+#: tensor-parallel reduce-scatter are saved (and of ``abs``/``max``, for Float8 scales),
+#: everything else is recomputed, and so is every second ``aten.mm`` of a block ("Saves output
+#: of all compute ops, except every second mm"), counted separately in the forward and in the
+#: recomputation. The trace's SDPA stand-in ``nnperf.attention`` counts as SDPA. ``addmm`` (a
+#: linear with a bias) is not on the list: torchtitan's Llama has no biases.
+SAVED_BY_TORCHTITAN_OP = frozenset({
+    "aten.mm.default", "nnperf.attention.default", "aten._scaled_dot_product_flash_attention.default",
+    "aten._scaled_dot_product_efficient_attention.default",
+    "_c10d_functional.reduce_scatter_tensor.default", "aten.abs.default", "aten.max.default",
+})
 
-def _selective_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+#: Megatron-LM's selective recomputation (``--recompute-activations``, i.e.
+#: ``--recompute-granularity selective``; Korthikanti et al. 2022, section 5): only the core
+#: attention (scores, softmax, dropout, weighted sum; Megatron-LM transformer.py
+#: ``_checkpointed_attention_forward`` around ``CoreAttention``) runs again in backward,
+#: everything else is kept. In the trace the core attention is the fused attention op.
+RECOMPUTED_BY_MEGATRON = frozenset({
+    "nnperf.attention", "aten._scaled_dot_product_flash_attention",
+    "aten._scaled_dot_product_efficient_attention", "aten._scaled_dot_product_cudnn_attention",
+})
+
+#: The selective policies by the name a layout gives them (``Execution.checkpoint``); the
+#: names themselves live with ``Execution`` (``trace.distributed.CHECKPOINTS``).
+SELECTIVE_POLICIES = ("selective", "selective-op", "selective-attention")
+
+
+def _op_name(op: Any, overload: bool = False) -> str:
+    schema = getattr(op, "_schema", None)
+    if schema is None:
+        return str(op)
+    name = schema.name.replace("::", ".")
+    return f"{name}.{getattr(op, '_overloadname', 'default') or 'default'}" if overload else name
+
+
+def _policy(kind: str) -> Callable[..., Any]:
+    """The per-op decision of one selective policy, for one checkpointed call (the op policy
+    counts matrix products per call, as torchtitan's does with a fresh ``meta`` per call)."""
     from torch.utils.checkpoint import CheckpointPolicy
 
-    name = getattr(op, "_schema", None)
-    name = name.name.replace("::", ".") if name is not None else str(op)
-    return CheckpointPolicy.MUST_SAVE if name in SAVED_BY_SELECTIVE else CheckpointPolicy.PREFER_RECOMPUTE
+    save, recompute = CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE
+    if kind == "selective":
+        return lambda ctx, op, *args, **kwargs: save if _op_name(op) in SAVED_BY_SELECTIVE else recompute
+    if kind == "selective-attention":
+        return lambda ctx, op, *args, **kwargs: recompute if _op_name(op) in RECOMPUTED_BY_MEGATRON else save
+    if kind != "selective-op":
+        raise UsageError(f"unknown selective checkpointing policy {kind!r}; valid: {', '.join(SELECTIVE_POLICIES)}")
+    mms: Counter[str] = Counter()
+
+    def every_second_mm(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+        name = _op_name(op, overload=True)
+        mode = "recompute" if ctx.is_recompute else "forward"
+        if name == "aten.mm.default":
+            mms[mode] += 1
+            if mms[mode] % 2 == 0:
+                return recompute
+        return save if name in SAVED_BY_TORCHTITAN_OP else recompute
+
+    return every_second_mm
 
 
-def _selective_context() -> tuple[Any, Any]:
-    """Selective checkpointing's contexts, the recomputation also under the tracer's
-    substitutions (see ``_recompute_context``)."""
+def _recompute_context() -> tuple[contextlib.AbstractContextManager, TorchFunctionMode]:
+    """Recomputation runs on the autograd thread, outside the tracer's function mode; apply the
+    tracer's substitutions there too (fused attention, native dropout), so the recomputed
+    forward matches the original one op for op."""
+    return contextlib.nullcontext(), GraphLabeler(ModuleStack({}))
+
+
+def _selective_context(kind: str = "selective") -> tuple[Any, Any]:
+    """Selective checkpointing's contexts for one checkpointed call under policy ``kind``, the
+    recomputation also under the tracer's substitutions (see ``_recompute_context``)."""
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
-    forward, recompute = create_selective_checkpoint_contexts(_selective_policy)
+    forward, recompute = create_selective_checkpoint_contexts(_policy(kind))
     _, labeler = _recompute_context()
     stack = contextlib.ExitStack()
 
@@ -152,17 +209,22 @@ def _selective_context() -> tuple[Any, Any]:
     return forward, _Both()
 
 
-def apply_checkpointing(workload: Workload, selective: bool = False) -> list[str]:
-    """Wrap each block's forward in non-reentrant ``torch.utils.checkpoint``; returns the blocks."""
+def apply_checkpointing(workload: Workload, selective: bool | str = False) -> list[str]:
+    """Wrap each block's forward in non-reentrant ``torch.utils.checkpoint``; returns the blocks.
+    ``selective``: False recomputes each block whole, True or a name in ``SELECTIVE_POLICIES``
+    recomputes part of it (True: nnperf's "selective")."""
     from torch.utils.checkpoint import checkpoint
 
+    kind = "selective" if selective is True else selective
+    if kind:
+        _policy(kind)  # an unknown name is one line, before any block is wrapped
     blocks = checkpoint_blocks(workload.model)
     modules = dict(workload.model.named_modules())
     for name in blocks:
         module = modules[name]
         module.forward = functools.partial(  # type: ignore[method-assign]
             checkpoint, module.forward, use_reentrant=False,
-            context_fn=_selective_context if selective else _recompute_context,
+            context_fn=functools.partial(_selective_context, kind) if kind else _recompute_context,
         )
     return blocks
 

@@ -171,7 +171,8 @@ def shape_key(execution: Execution) -> tuple[Any, ...]:
 def _prepare(execution: Execution) -> Any:
     if not execution.checkpoint:
         return None
-    return lambda workload: apply_checkpointing(workload, selective=execution.checkpoint == "selective")
+    policy = execution.checkpoint if execution.checkpoint != "full" else False
+    return lambda workload: apply_checkpointing(workload, selective=policy)
 
 
 def evaluate(request: ModelRequest, options: TraceOptions, execution: Execution, gpu: GPU,

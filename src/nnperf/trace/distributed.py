@@ -50,6 +50,13 @@ DATA_PARALLEL = ("ddp", "fsdp", "hsdp")
 #: DDP's defaults (torch.nn.parallel.DistributedDataParallel): 25 MiB buckets, the first 1 MiB.
 DDP_BUCKET_BYTES = 25 * 1024 * 1024
 
+#: Activation checkpointing of every repeated block: "full" recomputes the whole block in
+#: backward; the selective policies recompute part of it (search.memory_variants): "selective"
+#: nnperf's (weight matmuls and fused attention kept, the rest recomputed), "selective-op"
+#: torchtitan's per-op policy (every second matmul of a block recomputed too),
+#: "selective-attention" Megatron-LM's --recompute-activations (the core attention only).
+CHECKPOINTS = ("full", "selective", "selective-op", "selective-attention")
+
 
 @dataclass(frozen=True)
 class Execution:
@@ -67,7 +74,7 @@ class Execution:
     gpus_per_node: int = 8
     micro_batch: int = 1  # samples per rank per micro-batch
     grad_accum: int = 1  # micro-batches per optimizer step
-    checkpoint: str | None = None  # None | "full" | "selective" (per repeated block)
+    checkpoint: str | None = None  # None or one of CHECKPOINTS (per repeated block)
     # The next sessions' axes: recorded and validated now so a layout is one record.
     tensor: int = 1
     sequence_parallel: bool = False
@@ -98,6 +105,8 @@ class Execution:
         return self.tensor * self.pipeline * self.context
 
     def validate(self) -> None:
+        if self.checkpoint is not None and self.checkpoint not in CHECKPOINTS:
+            raise UsageError(f"unknown activation checkpointing {self.checkpoint!r}; valid: {', '.join(CHECKPOINTS)}")
         if self.data not in DATA_PARALLEL:
             raise UsageError(f"unknown data parallelism '{self.data}'; valid: {', '.join(DATA_PARALLEL)}")
         if self.expert != 1:

@@ -1,0 +1,78 @@
+"""The selective checkpointing policies a layout can name, on a traced Llama rank: what each
+recomputes in backward, counted against the same step without checkpointing, and how the
+engine configs write them. Expected counts are worked out by hand from each engine's policy."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from nnperf.errors import UsageError
+from nnperf.report.engine_configs import NotExpressible, megatron_args, torchtitan_toml
+from nnperf.search.memory_variants import apply_checkpointing, checkpoint_blocks
+from nnperf.trace.distributed import Execution, trace_rank
+from nnperf.trace.options import TraceOptions
+from nnperf.workload import Workload
+from nnperf.zoo import get_model
+
+BLOCKS, BATCH, SEQ, DIM, HEADS, KV_HEADS, FFN = 2, 2, 16, 64, 4, 1, 96
+TOKENS = BATCH * SEQ
+
+
+def _build() -> Workload:
+    return get_model("llama-7b").build(batch=BATCH, seq_len=SEQ, n_layer=BLOCKS, dim=DIM, n_heads=HEADS,
+                                       n_kv_heads=KV_HEADS, ffn_hidden=FFN, vocab=64)
+
+
+def _backward(policy: str | None) -> tuple[Counter, Counter]:
+    """Output shapes of the backward's matrix products, and the backward's op names."""
+    execution = Execution(world=2, data="fsdp", shard=2, checkpoint=policy)
+    prepare = None if policy is None else (lambda w: apply_checkpointing(w, selective=policy))
+    events = trace_rank(_build, TraceOptions(), execution, checkpoint_blocks, prepare).trace.events
+    backward = [e for e in events if e.phase == "backward"]
+    return (Counter(tuple(e.outputs[0].shape) for e in backward if e.name == "aten.mm"),
+            Counter(e.name for e in backward))
+
+
+def test_torchtitan_op_policy_recomputes_every_second_matmul_of_a_block():
+    """A Llama block runs wq, wk, wv, wo, w1, w3, w2 (7 matrix products, in that order):
+    torchtitan's policy recomputes the 2nd, 4th and 6th (wk, wo, w3) and nothing else of the
+    products; everything off its save list (norms, rotary, SiLU) is recomputed as under
+    nnperf's selective policy."""
+    plain_mm, _ = _backward(None)
+    op_mm, op_names = _backward("selective-op")
+    _, selective_names = _backward("selective")
+    head_dim = DIM // HEADS
+    wk, wo, w3 = (TOKENS, KV_HEADS * head_dim), (TOKENS, DIM), (TOKENS, FFN)
+    assert op_mm - plain_mm == Counter({wk: BLOCKS, wo: BLOCKS, w3: BLOCKS})
+    assert plain_mm - op_mm == Counter()
+    assert op_names["aten.pow"] == selective_names["aten.pow"]  # RMSNorm recomputed as before
+
+
+def test_megatron_policy_recomputes_the_core_attention_only():
+    """Megatron-LM's --recompute-activations: one attention forward per block in backward, no
+    matrix product or norm more than without checkpointing."""
+    plain_mm, plain_names = _backward(None)
+    mm, names = _backward("selective-attention")
+    assert mm == plain_mm
+    assert names["nnperf.attention"] - plain_names["nnperf.attention"] == BLOCKS
+    for op in ("aten.pow", "aten.silu", "aten.mul", "aten.rsqrt"):
+        assert names[op] == plain_names[op], op
+
+
+def test_unknown_checkpointing_is_one_line():
+    with pytest.raises(UsageError, match="unknown activation checkpointing 'sometimes'; valid: full, selective"):
+        Execution(world=2, data="fsdp", shard=2, checkpoint="sometimes").validate()
+
+
+def test_engine_configs_name_the_policy_each_engine_runs():
+    op = Execution(world=8, data="fsdp", shard=8, checkpoint="selective-op")
+    toml = torchtitan_toml(op)
+    assert 'mode = "selective"' in toml and 'selective_ac_option = "op"' in toml
+    with pytest.raises(NotExpressible, match="per-op"):
+        megatron_args(op, layers=32)
+    attention = Execution(world=8, tensor=8, checkpoint="selective-attention")
+    assert "--recompute-activations" in megatron_args(attention, layers=32)
+    with pytest.raises(NotExpressible, match="attention-only"):
+        torchtitan_toml(attention)
