@@ -223,3 +223,31 @@ def test_an_item_on_one_fsdp_rank_is_plans_rank_step_with_the_change():
     assert fused.state_bytes == foreach.state_bytes  # the same sharded optimizer state
     with pytest.raises(UsageError, match="graphs"):
         evaluate_on_layout(req, options, Change(graphs=True), ex, gpu, cluster)
+
+
+def test_largest_batches_and_the_steps_there_are_fits_answers_and_plain_predictions():
+    # each search starts at the batch as given and prices the traces it shares with items;
+    # checked against fit's own search (from batch 1) and a plain re-trace of each step
+    from nnperf.search.fit import fit
+
+    gpu = load_gpu("a100-40gb", overrides={"memory_gib": "1"})
+    tiny = {"n_layer": 2, "n_embd": 64, "n_head": 2, "vocab": 512, "n_positions": 64}
+    adv = advise("gpt2", gpu, batch=4, seq_len=64, optimizer="sgd", amp="bf16", workers=1, **tiny)
+    request = ModelRequest("gpt2", batch=4, seq_len=64, overrides=tiny)
+    options = MemoryOptions(TraceOptions(optimizer="sgd", amp="bf16"))
+    setup = Setup(request, options, gpu, default_profile(gpu), TimingOptions())
+
+    def largest(checkpoint: bool | str) -> int | None:
+        return fit(request, gpu, options.with_(checkpoint=checkpoint), include_what_ifs=False, workers=1)[0].largest
+
+    assert adv.largest_batch == largest(False) and adv.largest_batch > 4
+    assert set(adv.curve) >= {4, adv.largest_batch}
+    for b, outcome in adv.curve.items():
+        assert outcome == evaluate(setup, Change(batch=None if b == 4 else b))
+    items = {i.name: i for i in adv.items + adv.nothing}
+    for kind, checkpoint in (("full", True), ("selective", "selective")):
+        item = items[f"checkpoint-{kind}"]
+        assert item.after == evaluate(setup, Change(recompute=kind))
+        most = item.candidate.extra["largest_batch"]
+        assert most == largest(checkpoint) and most > adv.largest_batch
+        assert item.candidate.extra["at_largest_batch"] == evaluate(setup, Change(recompute=kind, batch=most)).to_json()

@@ -149,16 +149,17 @@ def _capacities(totals: dict[int, int]) -> list[int]:
     return [values[0] - 1, *[c for v in values for c in (v - 1, v)], values[-1] + 1]
 
 
-def _check_against_brute_force(measure: Callable[[int], Sample], n: int) -> list[FitResult]:
+def _check_against_brute_force(measure: Callable[[int], Sample], n: int, start: int = 1) -> list[FitResult]:
     totals = {b: measure(b).total for b in range(1, n + 1)}
     results = []
     for capacity in _capacities(totals):
         expected = max((b for b, t in totals.items() if t <= capacity), default=None)
-        r = largest_batch(measure, capacity, max_batch=n)
+        r = largest_batch(measure, capacity, max_batch=n, start=start)
         assert r.largest == expected, (capacity, [p.batch for p in r.probes])
         assert r.capped == (expected == n)
         assert r.at_largest is (measure(expected).report if expected else None)
-        assert r.at_one is measure(1).report
+        assert r.at_one is measure(min(p.batch for p in r.probes)).report
+        assert r.probes[0].batch == start  # the first trace is the batch the caller has
         assert r.exhaustive  # every batch above the answer ruled out, not only the next
         results.append(r)
     return results
@@ -174,6 +175,16 @@ def test_fast_search_returns_what_brute_force_over_traces_returns():
     # and few traces: batch 1, the first guess, the answer and the batch after it
     assert max(len(r.probes) for r in results if r.largest and not r.capped) <= 5
     assert sum(len(r.probes) for r in results) / len(results) <= 4
+
+
+def test_a_search_from_another_batch_returns_what_brute_force_returns():
+    # advise starts at the batch as given (it has that trace): batch 1 only when it does not fit
+    measure = _traced(MemoryOptions(checkpoint=True))
+    below = 0
+    for start in (2, 7, 24):
+        results = _check_against_brute_force(measure, 24, start=start)
+        below += sum(1 for r in results if r.largest and r.largest < start)
+    assert below  # answers below the start were searched too
 
 
 def test_a_step_that_changes_with_the_batch_is_still_searched_exactly():

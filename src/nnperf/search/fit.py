@@ -42,10 +42,11 @@ from nnperf.search.fit_batch import MAX_BATCH, FitResult, Measure, Probe, Sample
 from nnperf.search.fit_parallel import prepare, run_searches, search_workers
 from nnperf.search.fit_replay import Footprint
 from nnperf.search.memory_variants import MemoryOptions, checkpoint_blocks, trace_memory
+from nnperf.trace.events import Trace
 from nnperf.units import binary
 
 __all__ = ["MAX_BATCH", "FitResult", "Probe", "Sample", "fit", "largest_batch", "not_fitting_message",
-           "trace_measure", "what_ifs"]
+           "sample_of", "trace_measure", "what_ifs"]
 
 
 def what_ifs(options: MemoryOptions, gpu: GPU | None, blocks: bool) -> list[tuple[str, MemoryOptions]]:
@@ -78,16 +79,23 @@ def trace_measure(
     """Trace ``request`` at a batch under ``options`` and predict its memory: the report and
     the footprint interpolation needs."""
 
-    context = context_bytes(architecture, context_mib)  # the same at every batch
 
     def measure(batch: int) -> Sample:
         name, trace, _ = trace_memory(replace(request, batch=batch), options)
-        program = allocation_program(trace, None, architecture)
-        report = predict_memory(trace, model=name, architecture=architecture,
-                                context_mib=context_mib, max_points=0, program=program)
-        return Sample(report, Footprint.of(batch, program, convolution_operand_bytes(trace), context))
+        return sample_of(batch, name, trace, architecture=architecture, context_mib=context_mib)
 
     return measure
+
+
+def sample_of(batch: int, name: str, trace: Trace, *, architecture: str | None = None,
+              context_mib: float | None = None, max_points: int = 0) -> Sample:
+    """A traced batch as the search needs it: its memory report (with up to ``max_points``
+    timeline points) and the footprint interpolation needs."""
+    program = allocation_program(trace, None, architecture)
+    report = predict_memory(trace, model=name, architecture=architecture,
+                            context_mib=context_mib, max_points=max_points, program=program)
+    return Sample(report, Footprint.of(batch, program, convolution_operand_bytes(trace),
+                                       context_bytes(architecture, context_mib)))
 
 
 def fit(

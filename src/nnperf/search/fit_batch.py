@@ -62,7 +62,7 @@ class FitResult:
     largest: int | None
     capped: bool  # the search stopped at MAX_BATCH: "at least" this batch
     at_largest: MemoryReport | None
-    at_one: MemoryReport
+    at_one: MemoryReport  # at batch 1 (at the smallest traced batch: see ``largest_batch``'s start)
     probes: list[Probe] = field(default_factory=list)
     seconds: float = 0.0
     replays: int = 0  # allocator replays of interpolated traces (milliseconds each)
@@ -97,18 +97,28 @@ def largest_batch(
     label: str = "as given",
     options: MemoryOptions | None = None,
     max_batch: int = MAX_BATCH,
+    start: int = 1,
 ) -> FitResult:
-    """Search the largest batch whose predicted device total is at most ``capacity``."""
-    start = time.perf_counter()
+    """Search the largest batch whose predicted device total is at most ``capacity``.
+
+    ``start``: the first batch traced. A caller that has that batch's trace already (the batch
+    a workload runs at) saves one: when it fits, the answer is at least it whatever batch 1
+    does, and the search goes on from it as it would from batch 1 (batch 1 is traced only
+    when ``start`` does not fit). ``at_one`` is then the report at the smallest traced batch.
+    """
+    began = time.perf_counter()
     search = _Search(measure, capacity, max_batch)
+    first = max(1, min(start, max_batch))
     largest: int | None = None
-    if search.fits(1):
-        largest = 1 if max_batch <= 1 else search.run()
+    if search.fits(first):
+        largest = first if max_batch <= first else search.run(first)
+    elif first > 1 and search.fits(1):
+        largest = search.run(1)
     samples = search.samples
     return FitResult(label, options or MemoryOptions(), capacity, largest,
                      largest is not None and largest >= max_batch,
-                     samples[largest].report if largest else None, samples[1].report,
-                     search.probes, time.perf_counter() - start, *search.replay_cost(),
+                     samples[largest].report if largest else None, samples[min(samples)].report,
+                     search.probes, time.perf_counter() - began, *search.replay_cost(),
                      exhaustive=search.exhaustive, interpolated=search.pair)
 
 
@@ -146,11 +156,11 @@ class _Search:
         return self.trace(batch).total <= self.capacity
 
     # -- the search -------------------------------------------------------------------------
-    def run(self) -> int:
-        """The answer, given that batch 1 fits and the range goes beyond it."""
-        one = self.samples[1].footprint
+    def run(self, first: int = 1) -> int:
+        """The answer, given that batch ``first`` fits and the range goes beyond it."""
+        one = self.samples[first].footprint
         if one is None:  # reports only (no allocator requests): search over traces
-            self.fits(min(FIRST_STEP, self.max_batch))
+            self.fits(min(max(FIRST_STEP, 2 * first), self.max_batch))
             return self.bracket()
         self.fits(self.guess(one))
         for _ in range(INTERPOLATION_ROUNDS):
@@ -275,8 +285,10 @@ class _Search:
             self.exhaustive = lo >= self.max_batch  # a boundary: batches above hi not ruled out
             if lo >= self.max_batch or (hi is not None and hi - lo <= 1):
                 return lo
-            if hi is None:  # extrapolate along the chord from batch 1 (the widest, least noisy)
-                slope = (total(lo).total - total(1).total) / (lo - 1) if lo > 1 else 0
+            if hi is None:  # extrapolate along the chord from the smallest traced batch (batch
+                # 1 unless the search started above it: the widest chord, the least noisy)
+                low = min(self.samples)
+                slope = (total(lo).total - total(low).total) / (lo - low) if lo > low else 0
                 # no growth measured yet (allocator rounding hides it): double
                 cand = lo * 2 if slope <= 0 else lo + int((self.capacity - total(lo).total) // slope)
                 cand = max(lo + 1, min(cand, self.max_batch))

@@ -5,8 +5,9 @@
    memory format, fused attention, recomputation, GPU) what applies to this model: a change
    that does not apply (channels_last on a transformer) is not offered;
 3. predict them: re-timed scenarios here, re-traced ones and the largest-batch searches in
-   worker processes (``fit``'s runner), then the batch curve and each recomputation at the
-   largest batch it lets fit;
+   worker processes (``jobs``; each search also predicts the steps it traced anyway: a
+   recomputation at the batch as given and at the largest batch it lets fit, the curve's
+   last point), then the rest of the batch curve;
 4. rank the code changes by the time saved per sample (what saves under 0.5% is listed as
    checked); the other GPUs are a separate list, fastest first, with their cost per million
    samples: a purchase is not ranked among code changes.
@@ -38,7 +39,8 @@ from nnperf.search.advise import (
     recompute,
 )
 from nnperf.search.advise.change import Candidate, Change, Outcome
-from nnperf.search.advise.evaluate import Base, FitJob, Setup, base_of, evaluate, run_parallel
+from nnperf.search.advise.evaluate import Base, Setup, base_of, evaluate
+from nnperf.search.advise.jobs import FitJob, FitOutcome, run_parallel
 from nnperf.search.advise.result import Advice, AdviceItem
 from nnperf.search.fit_parallel import prepare, search_workers
 from nnperf.search.gpu_costs import usd_per_million_samples
@@ -103,14 +105,22 @@ def advise_request(request: ModelRequest, options: MemoryOptions, gpu: GPU,
     batches = batch.applies(base)
     kinds = [c.change.recompute for c in candidates if c.family == "recompute"]
     # the largest-batch searches first: each is several traces, so the short re-traces fill in
-    # around them instead of one search running alone at the end
+    # around them instead of one search running alone at the end. Each search also predicts
+    # the steps it traces anyway (``jobs``): a recomputation item at the batch as given.
     jobs: list[tuple[str, Change | FitJob]] = []
+    searched: dict[str, str] = {}  # candidate name -> its search's label
+    given = base.outcome.samples
     if batches:
-        jobs += [(f"fit:{k}", FitJob("selective" if k == "selective" else True)) for k in kinds]
-        jobs += [("fit:given", FitJob(options.checkpoint))]
-    jobs += [(c.name, c.change) for c in candidates if c.predicted and c.change.retraces]
+        for c in candidates:
+            if c.family == "recompute":
+                searched[c.name] = f"fit:{c.change.recompute}"
+                jobs.append((searched[c.name], FitJob(c.change, given, price_given=True)))
+        jobs.append(("fit:given", FitJob(Change(), given, seed=base.seed)))
+    jobs += [(c.name, c.change) for c in candidates
+             if c.predicted and c.change.retraces and c.name not in searched]
     results = run_parallel(setup, jobs, workers)
     outcomes.update({k: v for k, v in results.items() if not k.startswith("fit:")})
+    outcomes.update({name: results[label].at_given for name, label in searched.items()})
     if batches:
         _batch_items(setup, base, advice, results, kinds, candidates, outcomes, global_batch, workers)
     for c in candidates:
@@ -146,24 +156,24 @@ def _batch_items(setup: Setup, base: Base, advice: Advice, results: dict[str, An
                  workers: int | None) -> None:
     """The curve up to the largest batch, each recomputation at the largest batch it lets
     fit, the knee, the batch items and gradient accumulation."""
-    largest = results.get("fit:given")
+    found: FitOutcome = results["fit:given"]
+    largest = found.largest
     given = base.outcome.samples
     jobs: list[tuple[str, Change | FitJob]] = []
     if isinstance(largest, int):
         advice.largest_batch = largest
-        jobs += [(f"batch:{b}", Change(batch=b)) for b in batch.curve_batches(largest, given)]
-    for kind in kinds:
-        most = results.get(f"fit:{kind}")
-        match = next(c for c in candidates if c.change.recompute == kind)
-        match.extra["largest_batch"] = most if isinstance(most, int) else None
-        if isinstance(most, int) and most != given:
-            jobs.append((f"at:{kind}", Change(recompute=kind, batch=most)))
+        # the search traced and priced its answer already
+        jobs += [(f"batch:{b}", Change(batch=b)) for b in batch.curve_batches(largest, given)
+                 if b != largest or found.at_largest is None]
     more = run_parallel(setup, jobs, workers)
+    if found.at_largest is not None:
+        more[f"batch:{largest}"] = found.at_largest
     for kind in kinds:
+        searched: FitOutcome = results[f"fit:{kind}"]
         match = next(c for c in candidates if c.change.recompute == kind)
-        at = more.get(f"at:{kind}")
-        if isinstance(at, Outcome):
-            match.extra["at_largest_batch"] = at.to_json()
+        match.extra["largest_batch"] = searched.largest if isinstance(searched.largest, int) else None
+        if searched.at_largest is not None:
+            match.extra["at_largest_batch"] = searched.at_largest.to_json()
     curve = {b: o for k, o in more.items() if k.startswith("batch:") and isinstance(o, Outcome)
              for b in [int(k.split(":")[1])]}
     if not curve or largest is None:

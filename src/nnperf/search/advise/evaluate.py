@@ -3,29 +3,26 @@
 A change that alters the step is traced again (``search.memory_variants.trace_memory``, as
 ``fit`` traces its what-ifs); every scenario is then re-written (``rewrite`` and the family
 modules), timed by ``passes.timing.simulate_step`` and its memory predicted by
-``passes.memory``. Scenarios that need a trace run in worker processes through ``fit``'s
-parallel runner (``search.fit_parallel``), as do the largest-batch searches (``search.fit``).
+``passes.memory``. Scenarios that need a trace run in worker processes (``jobs``).
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nnperf.analysis import Analysis
-from nnperf.errors import NnperfError
 from nnperf.hardware import GPU, DeviceProfile, default_profile, load_gpu
 from nnperf.passes.memory import predict_memory
 from nnperf.passes.memory.capacity import capacity
+from nnperf.passes.memory.model import MAX_TIMELINE_POINTS
 from nnperf.passes.timing import TimingOptions, simulate_step
 from nnperf.prediction import Prediction, predict_analysis
 from nnperf.request import ModelRequest
-from nnperf.search import fit as fit_search
 from nnperf.search.advise import attention, graphs, inductor, padding, precision
 from nnperf.search.advise.change import Change, Outcome
 from nnperf.search.advise.rewrite import Rewritten
-from nnperf.search.fit_parallel import run_searches, search_workers
+from nnperf.search.fit import Sample, sample_of
 from nnperf.search.memory_variants import MemoryOptions, trace_memory
 
 
@@ -41,13 +38,6 @@ class Setup:
     max_batch: int = 1 << 16
 
 
-@dataclass(frozen=True)
-class FitJob:
-    """A largest-batch search (``search.fit``) of the workload with ``checkpoint``."""
-
-    checkpoint: bool | str = False
-
-
 @dataclass
 class Base:
     """The workload as given: its trace, prediction and outcome, and what the families
@@ -58,6 +48,9 @@ class Base:
     prediction: Prediction
     outcome: Outcome
     checked: list[tuple[str, str]] = field(default_factory=list)
+    #: The memory report and footprint of this trace (``search.fit.sample_of``): the search
+    #: for the largest batch as given starts from it instead of tracing the batch again.
+    seed: Sample | None = None
 
     @property
     def gpu(self) -> GPU:
@@ -89,11 +82,15 @@ def trace_change(setup: Setup, change: Change) -> Analysis:
 def evaluate(setup: Setup, change: Change, analysis: Analysis | None = None,
              memory_cache: dict[str, Any] | None = None) -> Outcome:
     """Predict ``change``: ``analysis`` is the base trace (re-traced when the change needs it)."""
-    retraced = analysis is None or change.retraces
-    if retraced:
-        analysis = trace_change(setup, change)
-        memory_cache = {}
-    assert analysis is not None
+    if analysis is None or change.retraces:
+        return price(setup, change, trace_change(setup, change), {})
+    return price(setup, change, analysis, memory_cache)
+
+
+def price(setup: Setup, change: Change, analysis: Analysis,
+          memory_cache: dict[str, Any] | None = None) -> Outcome:
+    """Predict ``change`` on ``analysis``, the step it runs (already re-traced where the change
+    needs it); ``memory_cache``: the memory reports of that trace by architecture."""
     gpu = load_gpu(change.gpu) if change.gpu else setup.gpu
     profile = default_profile(gpu) if change.gpu else setup.profile
     timing = replace(setup.timing, tf32_matmul=True) if change.tf32 else setup.timing
@@ -126,34 +123,13 @@ def evaluate(setup: Setup, change: Change, analysis: Analysis | None = None,
 
 
 def base_of(setup: Setup) -> tuple[Base, dict[str, Any]]:
-    """Trace and predict the workload as given (traced like every scenario)."""
+    """Trace and predict the workload as given (traced like every scenario). Its memory
+    report comes with the footprint the largest-batch search interpolates from (``Base.seed``),
+    from the one allocator program both need."""
     analysis = trace_change(setup, Change())
-    prediction = predict_analysis(analysis, setup.gpu, setup.profile, setup.timing)
+    seed = sample_of(analysis.workload.samples, analysis.model, analysis.trace,
+                     architecture=setup.gpu.architecture, max_points=MAX_TIMELINE_POINTS)
+    prediction = predict_analysis(analysis, setup.gpu, setup.profile, setup.timing, memory=seed.report)
     cache = {setup.gpu.architecture: prediction.memory}
     outcome = evaluate(setup, Change(), analysis, cache)
-    return Base(setup, analysis, prediction, outcome), cache
-
-
-def run_job(setup: Setup, label: str, job: Change | FitJob) -> Any:
-    """One worker job: a scenario's outcome, or the largest batch of a fit search. A user
-    error (a variant that cannot be traced) comes back as its message, so one failing
-    scenario is reported beside the others rather than failing them all."""
-    try:
-        if isinstance(job, FitJob):
-            request = replace(setup.request, batch=None)
-            result = fit_search.fit(request, setup.gpu, setup.options.with_(checkpoint=job.checkpoint),
-                                    include_what_ifs=False, max_batch=setup.max_batch, workers=1)[0]
-            return result.largest
-        return evaluate(setup, job)
-    except NnperfError as err:
-        return f"{type(err).__name__}: {err}"
-
-
-def run_parallel(setup: Setup, jobs: list[tuple[str, Change | FitJob]],
-                 workers: int | None = None) -> dict[str, Any]:
-    """``run_job`` for each job, in processes (``search.fit_parallel``); results by label."""
-    if not jobs:
-        return {}
-    n = workers if workers is not None else search_workers(setup.options, len(jobs))
-    results = run_searches(functools.partial(run_job, setup), jobs, n)  # type: ignore[arg-type]
-    return {label: r for (label, _), r in zip(jobs, results, strict=False)}
+    return Base(setup, analysis, prediction, outcome, seed=seed), cache
