@@ -45,6 +45,7 @@ from nnperf.trace.packing import mark_host
 from nnperf.trace.rebind import rebind_tensors
 from nnperf.trace.recorder import GraphLabeler, ModuleStack, OpRecorder
 from nnperf.trace.routing import Routing, TraceFakeMode
+from nnperf.trace.state_warmup import skip_inplace_math
 from nnperf.trace.step import Step, StepWatch, to_channels_last
 from nnperf.workload import Workload, default_loss
 
@@ -318,11 +319,12 @@ def _initialize_state(model: torch.nn.Module, optimizer: Any, scaler: TracedGrad
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         p.grad = torch.zeros_like(p)
-    if scaler is None:
-        optimizer.step()
-    else:
-        with scaler.finite:
-            scaler.warm_up(optimizer, like=params[0])
+    with skip_inplace_math():
+        if scaler is None:
+            optimizer.step()
+        else:
+            with scaler.finite:
+                scaler.warm_up(optimizer, like=params[0])
     for p in params:
         p.grad = None
 

@@ -1,0 +1,106 @@
+"""The unrecorded warm-up step skips in-place arithmetic on fake tensors: the recorded step
+must be the one recorded after a warm-up that ran every op (the reference here: the same
+trace with the shortcut switched off), for every optimizer and implementation nnperf offers,
+with and without a GradScaler; and the state it creates must have the shapes and dtypes of a
+real optimizer's state on real tensors."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from torch import nn
+
+import nnperf.trace.capture as capture
+from nnperf.trace.capture import trace_workload
+from nnperf.trace.options import OPTIMIZER_IMPLS, OPTIMIZERS, TraceOptions
+from nnperf.trace.state_warmup import skip_inplace_math
+from nnperf.trace.step import make_optimizer
+from nnperf.workload import Workload
+
+
+def make_model() -> nn.Module:
+    return nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def record(monkeypatch: pytest.MonkeyPatch, shortcut: bool, **options) -> list[tuple]:
+    if not shortcut:
+        monkeypatch.setattr(capture, "skip_inplace_math", contextlib.nullcontext)
+    trace, _ = trace_workload(
+        lambda: Workload(make_model(), (torch.randn(4, 8),), loss_fn=lambda out: out.float().mean()),
+        TraceOptions(train=True, **options))
+    monkeypatch.undo()
+    return [(e.name, e.phase, [(tuple(t.shape), t.dtype) for t in e.outputs],
+             [(tuple(t.shape), t.dtype) for t in e.inputs]) for e in trace.events]
+
+
+@pytest.mark.parametrize("optimizer", [o for o in OPTIMIZERS if o != "none"])
+@pytest.mark.parametrize("impl", OPTIMIZER_IMPLS)
+def test_recorded_step_is_the_one_after_a_full_warm_up(monkeypatch, optimizer, impl):
+    if impl == "fused" and optimizer == "sgd":
+        pytest.skip("plain SGD has no state to warm up")
+    fast = record(monkeypatch, True, optimizer=optimizer, optimizer_impl=impl)
+    full = record(monkeypatch, False, optimizer=optimizer, optimizer_impl=impl)
+    assert fast == full
+    assert any(phase == "optimizer" for _, phase, *_ in fast)
+
+
+def test_with_a_grad_scaler(monkeypatch):
+    fast = record(monkeypatch, True, amp="fp16")
+    full = record(monkeypatch, False, amp="fp16")
+    assert fast == full
+    assert any("amp_update_scale" in name for name, *_ in fast)
+
+
+def test_state_matches_a_real_optimizers_state():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    options = TraceOptions(train=True, optimizer="adam")
+    real_model = make_model()
+    real = make_optimizer(real_model, options)
+    for p in real_model.parameters():
+        p.grad = torch.zeros_like(p)
+    real.step()
+    with FakeTensorMode():
+        fake_model = make_model()
+        fake = make_optimizer(fake_model, options)
+        for p in fake_model.parameters():
+            p.grad = torch.zeros_like(p)
+        with skip_inplace_math():
+            fake.step()
+    shapes = [{k: (tuple(v.shape), v.dtype, v.device.type) for k, v in s.items()} for s in fake.state.values()]
+    assert shapes == [{k: (tuple(v.shape), v.dtype, v.device.type) for k, v in s.items()}
+                      for s in real.state.values()]
+    # the step counters ran (they are host values the next step reads)
+    assert all(int(s["step"].item()) == 1 for s in real.state.values())
+    assert all(int(s["step"].constant.item()) == 1 for s in fake.state.values()
+               if s["step"].constant is not None)
+
+
+def test_real_tensors_and_constants_are_never_skipped():
+    t = torch.ones(3)
+    with skip_inplace_math():
+        t.mul_(2)
+    assert t.tolist() == [2.0, 2.0, 2.0]
+
+
+def test_inplace_math_on_fakes_is_skipped_and_creation_is_not():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    seen: list[str] = []
+
+    class Listing(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with FakeTensorMode(), Listing(), skip_inplace_math():
+        a = torch.empty(5, 7)
+        b = a.mul_(3)  # skipped: nothing reaches the listing mode below
+        torch._foreach_add_([a, a], 1.0)
+        c = a.t_()  # changes metadata: runs
+        d = torch.sqrt(a)  # creates a tensor: runs
+    assert b is a and c is a and tuple(a.shape) == (7, 5) and tuple(d.shape) == (7, 5)
+    assert not any("mul_" in s or "_foreach_add_" in s for s in seen)
+    assert any("t_" in s for s in seen) and any("sqrt" in s for s in seen)
