@@ -76,3 +76,21 @@ def test_engine_configs_name_the_policy_each_engine_runs():
     assert "--recompute-activations" in megatron_args(attention, layers=32)
     with pytest.raises(NotExpressible, match="attention-only"):
         torchtitan_toml(attention)
+
+
+def test_megatron_policy_traces_pipeline_stages_under_autocast():
+    """Tensor x pipeline stages under bf16 autocast (the Megatron rows' layout): the recomputed
+    attention runs once per block and micro-batch; casts are recomputed rather than cached (a
+    cached cast handed to the wrong op broke DTensor's layouts)."""
+    def build() -> Workload:
+        return get_model("gpt2").build(batch=2, seq_len=16, n_layer=4, n_embd=64, n_head=4, vocab=64,
+                                       n_positions=16)
+
+    execution = Execution(world=4, tensor=2, sequence_parallel=True, pipeline=2, pipeline_schedule="1f1b",
+                          grad_accum=2, checkpoint="selective-attention")
+    traced = trace_rank(build, TraceOptions(amp="bf16"), execution, checkpoint_blocks,
+                        lambda w: apply_checkpointing(w, selective="selective-attention"))
+    names = Counter((e.phase, e.name) for e in traced.trace.events)
+    blocks_here, micro_batches = 2, 2  # rank 0 holds the first of two stages of four blocks
+    assert names["forward", "nnperf.attention"] == blocks_here * micro_batches
+    assert names["backward", "nnperf.attention"] == blocks_here * micro_batches

@@ -136,10 +136,15 @@ SAVED_BY_TORCHTITAN_OP = frozenset({
 #: ``--recompute-granularity selective``; Korthikanti et al. 2022, section 5): only the core
 #: attention (scores, softmax, dropout, weighted sum; Megatron-LM transformer.py
 #: ``_checkpointed_attention_forward`` around ``CoreAttention``) runs again in backward,
-#: everything else is kept. In the trace the core attention is the fused attention op.
+#: everything else is kept. In the trace the core attention is the fused attention op. Dtype
+#: casts are recomputed too (one read and one write each): Megatron's fp16 model has none, and
+#: under autocast a recomputed forward need not issue the forward's casts one for one (autocast
+#: caches casts per autocast region), so a cached cast could be handed to another cast (seen
+#: with pipeline stages under autocast: a local tensor where DTensor expects its own).
 RECOMPUTED_BY_MEGATRON = frozenset({
     "nnperf.attention", "aten._scaled_dot_product_flash_attention",
     "aten._scaled_dot_product_efficient_attention", "aten._scaled_dot_product_cudnn_attention",
+    "aten._to_copy",
 })
 
 #: The selective policies by the name a layout gives them (``Execution.checkpoint``); the
