@@ -33,6 +33,9 @@ class AccumulationWatch:
 
     def __init__(self) -> None:
         self.finished: Any = None  # the node whose outputs are being delivered
+        #: ids of the leaf tensors (parameters) a watched backward reaches: their
+        #: AccumulateGrad nodes are in the graph
+        self.reached: set[int] = set()
 
     def watch_graph(self, roots: Any) -> None:
         """Hook every node of the backward graph that ``roots`` (tensors) lead to."""
@@ -46,6 +49,8 @@ class AccumulationWatch:
             # AccumulateGrad's own hooks change when it may steal a gradient; leave it alone
             if type(node).__name__ != "AccumulateGrad":
                 node.register_hook(self._on_finished)
+            else:
+                self.reached.add(id(node.variable))
             pending.extend(nxt for nxt, _ in node.next_functions if nxt is not None)
 
     def _on_finished(self, grad_inputs: Any, grad_outputs: Any) -> None:

@@ -142,8 +142,10 @@ class _Watch(StepWatch):
     backward, and which part runs the user's code (for the message when it fails; nnperf's
     own parts, the GradScaler and the optimizer nnperf chose, leave ``user_part`` None)."""
 
-    def __init__(self, recorder: OpRecorder, modules: ModuleStack, accumulation: AccumulationWatch):
+    def __init__(self, recorder: OpRecorder, modules: ModuleStack, accumulation: AccumulationWatch,
+                 params: list[torch.Tensor]):
         self.recorder, self.modules, self.accumulation = recorder, modules, accumulation
+        self.params = params  # the trainable parameters (gradients of unreached ones dropped)
         self.user_part: str | None = "forward"
         self.cuda_autocast: CudaAutocast | None = None
         self.actions: list[list[Any]] = []  # pipeline actions: [label, first event, end event]
@@ -172,6 +174,7 @@ class _Watch(StepWatch):
     def backward_ends(self) -> None:
         self.user_part = None
         self.accumulation.reset()
+        _drop_unreached_grads(self.params, self.accumulation.reached)
 
     def optimizer_starts(self) -> None:
         self.recorder.phase = "optimizer"
@@ -187,6 +190,7 @@ class _Watch(StepWatch):
         self.actions[-1][2] = len(self.recorder.events)
         if self.recorder.phase == "backward":
             self.accumulation.reset()
+            _drop_unreached_grads(self.params, self.accumulation.reached)
         self.user_part = None
 
 
@@ -206,7 +210,7 @@ def _record(workload: Workload, step: Step) -> Trace:
     recorder = OpRecorder(modules, kinds, accumulation)
     if scaler is not None:
         recorder.answer = scaler.finite.answer
-    watch = _Watch(recorder, modules, accumulation)
+    watch = _Watch(recorder, modules, accumulation, [p for p in model.parameters() if p.requires_grad])
     try:
         assumed = None if options.real else Routing(options.moe_load, options.moe_capacity_factor)
         cuda_lists = options.amp is not None and options.autocast_device == "cuda"
@@ -283,13 +287,30 @@ def _known_storage_kinds(workload: Workload) -> dict[int, tuple[str, str | None]
     return kinds
 
 
+def _drop_unreached_grads(params: list[torch.Tensor], reached: set[int]) -> None:
+    """Parameters the loss never reaches (an unused head, a frozen branch's inputs) get no
+    gradient in a real step, so no optimizer state either; the trace pre-allocated both
+    (the warm-up step, ``grads_persist``) and drops them here. Only where the backward
+    graph holds the parameters themselves: an engine's gradient flows through other
+    tensors (FSDP2's unsharded copies of its DTensor shards)."""
+    if not reached or not any(id(p) in reached for p in params):
+        return
+    for p in params:
+        if local(p) is p and id(p) not in reached:
+            p.grad = None
+
+
 def _classify_late_storages(recorder: OpRecorder, model: torch.nn.Module, optimizer: Any) -> None:
-    """Gradients and optimizer state are only recognizable once the step has run."""
+    """Gradients and optimizer state are only recognizable once the step has run. State of
+    a parameter without a gradient is not there in a real step (``_drop_unreached_grads``):
+    PyTorch's optimizers create state only for parameters whose ``grad`` is set."""
     for p in model.parameters():
         if p.grad is not None:
             recorder.storages[recorder.storage_id(local(p.grad), None)].kind = KIND_GRAD
     if optimizer is not None:
-        for state in optimizer.state.values():
+        for param, state in optimizer.state.items():
+            if getattr(param, "grad", None) is None:
+                continue
             for v in state.values():
                 if isinstance(v, torch.Tensor):
                     recorder.storages[recorder.storage_id(local(v), None)].kind = KIND_OPT_STATE
