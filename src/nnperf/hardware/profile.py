@@ -73,7 +73,7 @@ class DeviceProfile:
     split_k_min_k: int = 256
     attention_forward_fraction: float = 0.5
     attention_backward_fraction: float = 0.4
-    conv_relative_efficiency: float = 0.85
+    conv_relative_efficiency: float = 0.89
     host_view_s: float = 2e-6
     foreach_tensors_per_kernel: float = 48.0
     # The single-core clock (GHz, datasheet max turbo) of the host the host_* costs describe:
