@@ -5,10 +5,13 @@
 Every reproducible row of ``validation/multi_gpu/rows.toml`` is predicted on the layout the
 source states (``search.plan.evaluate``: the rank roles traced with the real engines, no search)
 on its GPU and cluster, and compared on the source's metric (iteration time, or tokens per
-second per GPU); rows nnperf cannot build are counted with the reason. Printed: each row's
-measured and predicted value and error, the median |error| overall and per source, and per
-group of rows of one model the Spearman rank correlation between the measured and predicted
-ordering (a group of two is +1 when the faster one is predicted faster, -1 otherwise).
+second per GPU); rows nnperf cannot build are counted with the reason. Each row has a grade:
+faithful (the run as the source describes it, engine included) or approximate (something it
+ran is not modelled; its ``grade_reason`` and the section comments of rows.toml say what).
+Printed: each row's grade, measured and predicted value and error, the median |error| overall,
+per grade and per source, and per group of rows of one model the Spearman rank correlation
+between the measured and predicted ordering (a group of two is +1 when the faster one is
+predicted faster, -1 otherwise).
 Targets (issue 18): median |error| <= 10%, Spearman >= 0.9. Nothing here is tuned to the rows.
 """
 
@@ -94,11 +97,13 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         value, layout = predict(row)
         error = value / row["measured"] - 1
-        results.append({"id": row["id"], "group": row["group"], "source": re.split(r"[,(;]", row["source"])[0].strip(),
+        results.append({"id": row["id"], "group": row["group"], "grade": row["grade"],
+                        "source": re.split(r"[,(;]", row["source"])[0].strip(),
                         "metric": row["metric"], "measured": row["measured"], "predicted": value,
                         "error": error, "seconds": time.perf_counter() - start, "layout": layout["layout"]})
         if not args.json:
-            print(f"{row['id']:<36} {row['metric']:<22} measured {row['measured']:>9.2f}  predicted {value:>9.2f}  "
+            print(f"{row['id']:<36} {row['grade']:<12} {row['metric']:<22} measured {row['measured']:>9.2f}  "
+                  f"predicted {value:>9.2f}  "
                   f"error {error:+7.1%}  ({results[-1]['seconds']:.0f} s to predict)", flush=True)
     summary = _summary(results)
     if args.json:
@@ -108,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{row_id:<36} not reproducible: {why}")
     print(f"\nmedian |error| over {len(results)} rows: {summary['median_abs_error']:.1%} "
           f"(target <= {TARGET_MEDIAN:.0%})")
+    for grade, median in summary["median_by_grade"].items():
+        print(f"  {grade} rows: median |error| {median:.1%}")
     for source, median in summary["median_by_source"].items():
         print(f"  {source}: median |error| {median:.1%}")
     for group, rho in summary["spearman_by_group"].items():
@@ -118,15 +125,19 @@ def main(argv: list[str] | None = None) -> int:
 
 def _summary(results: list[dict]) -> dict:
     if not results:
-        return {"median_abs_error": float("nan"), "median_by_source": {}, "spearman_by_group": {}}
+        return {"median_abs_error": float("nan"), "median_by_grade": {}, "median_by_source": {},
+                "spearman_by_group": {}}
+    by_grade: dict[str, list[float]] = {}
     by_source: dict[str, list[float]] = {}
     by_group: dict[str, list[dict]] = {}
     for r in results:
+        by_grade.setdefault(r["grade"], []).append(abs(r["error"]))
         by_source.setdefault(r["source"], []).append(abs(r["error"]))
         by_group.setdefault(r["group"], []).append(r)
     spearmans = {g: spearman([r["measured"] for r in rs], [r["predicted"] for r in rs])
                  for g, rs in by_group.items() if len(rs) > 1}
     return {"median_abs_error": statistics.median(abs(r["error"]) for r in results),
+            "median_by_grade": {g: statistics.median(v) for g, v in sorted(by_grade.items())},
             "median_by_source": {s: statistics.median(v) for s, v in by_source.items()},
             "spearman_by_group": spearmans}
 
