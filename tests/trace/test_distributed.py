@@ -190,3 +190,22 @@ def test_fsdp_gathered_parameters_live_between_all_gather_and_reshard():
     assert len(forward) == blocks and all(released < last_forward for released in forward)
     weights, last_forward = gathered(False)
     assert len(weights) == blocks and all(released > last_forward for _, released in weights)
+
+
+def test_a_view_after_fsdp_reallocates_storage_is_still_free():
+    """FSDP2 resizes the unsharded parameters' storages back to size before copying a gathered
+    block out; the allocation starts at the next recorded op, which in backward is the view of
+    the all-gather output (``all_gather_output.view(world_size, -1)``, torch's
+    ``foreach_all_gather_copy_out``). That view launches no kernel: it must stay free (it was
+    timed as a copy of the whole gathered block)."""
+    blocks, width = 3, 64
+
+    def build() -> Workload:
+        model = nn.Sequential(*(nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(blocks)))
+        return Workload(model=model, inputs=(torch.randn(2, width),), loss_fn=lambda out: out.sum())
+
+    execution = Execution(world=WORLD, data="fsdp", shard=WORLD)
+    events = trace_rank(build, TraceOptions(), execution, lambda m: [str(i) for i in range(blocks)]).trace.events
+    views = [e for e in events if e.name == "aten.view" and e.phase == "backward"]
+    assert any(e.allocates for e in views)  # the case in question occurs
+    assert all(e.free for e in views)

@@ -278,13 +278,16 @@ class OpRecorder(TorchDispatchMode):
             out = func(*args, **kwargs)
         outputs = [self.meta(t, index) for t in _output_tensors(out)]
         allocates = [m.storage for m in outputs if m.storage >= first_new]
-        if self._pending_allocations:  # storages an engine re-allocated just before this op
-            allocates += self._pending_allocations
-            self._pending_allocations = []
+        # An op is a free view by what it does itself: storages an engine re-allocated just
+        # before it (FSDP2's resize before copying gathered parameters out) start their lives
+        # here, but a view recorded next still launches no kernel.
         free = not allocates and not func._schema.is_mutable and func.namespace not in _COLLECTIVE_NAMESPACES and (
             bool(outputs) or func._schema.name in _METADATA_OPS
             or (func is LOCAL_SCALAR_DENSE and _host_value(args[0]))
         )
+        if self._pending_allocations:  # storages an engine re-allocated just before this op
+            allocates += self._pending_allocations
+            self._pending_allocations = []
         self.events.append(
             OpEvent(
                 index=index,
