@@ -63,3 +63,15 @@ def test_fsdp_copy_in_runs_on_the_communication_stream():
     result = overlap(_step(ops), None, lambda i: ("all_gather", 0, 0.0))
     assert result.clock[1] == pytest.approx(2 * MS) and result.comm_s == pytest.approx(3 * MS)
     assert result.step_s == pytest.approx(3 * MS)
+
+
+def test_a_kernel_free_wait_passes_the_collective_on_to_its_reader():
+    # all-gather writes g (4 ms); the functional collective's wait_tensor returns w (no kernel,
+    # a new storage in a fake trace); D reads w: it waits for the all-gather, 4 ms exposed
+    wait = _op(1, "_c10d_functional.wait_tensor", [1], [2], 0)
+    wait.kernels, wait.category = 0, Category.HOST
+    ops = [_op(0, "_c10d_functional.all_gather_into_tensor", [0], [1], 0, comm=True), wait,
+           _op(2, "d", [2], [3], 1 * MS)]
+    result = overlap(_step(ops), None, lambda i: ("all_gather", 100, 4 * MS))
+    assert result.exposed_s == pytest.approx({"all_gather": 4 * MS})
+    assert result.step_s == pytest.approx(5 * MS) and result.compute_s == pytest.approx(1 * MS)

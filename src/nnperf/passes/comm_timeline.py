@@ -82,6 +82,11 @@ def overlap(
                 produced[m.storage] = (comm_free, kind)
             continue
         if not t.kernels:
+            # no kernel (a functional collective's stream wait, an allocation): what it
+            # returns is ready when what it reads is, so a reader still waits for the collective
+            for m in event.outputs:
+                if ready > produced.get(m.storage, (0.0, None))[0]:
+                    produced[m.storage] = (ready, waited_on)
             continue
         if event.name in _ON_COMM_STREAM:
             start = max(issue, comm_free, ready)

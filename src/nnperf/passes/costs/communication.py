@@ -11,6 +11,13 @@ size the bus-bandwidth formulas take.
 FSDP2's ``fsdp::all_gather_copy_in``, ``split_with_sizes_copy`` and ``chunk_cat`` are copy
 kernels on the compute side (into and out of the flat communication buffers): bytes read
 and written, like ``aten.cat``.
+
+``_c10d_functional.wait_tensor`` (what a functional collective's result, a DTensor
+redistribution's included, waits on) launches no kernel: it makes the current stream wait for
+the collective's work (``c10d::wait_tensor`` -> ``Work::wait``, an event wait on the stream;
+the host does not block). It costs its dispatch only; the ops that read the result wait for the
+collective through their inputs (``passes.comm_timeline``). Without a formula it was timed as
+a copy of the whole tensor.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import torch.distributed as dist
 from nnperf.passes.costs.common import read_args
 from nnperf.passes.costs.registry import (
     COMMUNICATION,
+    HOST,
     MEMORY,
     OpCost,
     register,
@@ -41,6 +49,10 @@ def _fsdp_copy(event: OpEvent) -> OpCost:
     return OpCost(MEMORY, reads=read_args(event), writes=event.outputs or written_args(event))
 
 
+def _wait(event: OpEvent) -> OpCost:
+    return OpCost(HOST, info={"stream_wait": True})
+
+
 def _present(names: tuple[str, ...]) -> tuple[str, ...]:
     from nnperf.passes.costs.registry import resolve_op
 
@@ -50,6 +62,7 @@ def _present(names: tuple[str, ...]) -> tuple[str, ...]:
 if dist.is_available():
     # Collectives of a torch without some of them (older releases) cannot be in its traces.
     register(*_present(tuple(COLLECTIVES)))(_collective)
+    register(*_present(("_c10d_functional.wait_tensor",)))(_wait)
     # defines the fsdp:: copy ops (torch < 2.6: no FSDP2, so no fsdp:: ops in any trace)
     with contextlib.suppress(ImportError):
         import torch.distributed.fsdp._fully_shard._fsdp_collectives  # noqa: F401
