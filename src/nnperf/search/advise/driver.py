@@ -115,7 +115,7 @@ def advise_request(request: ModelRequest, options: MemoryOptions, gpu: GPU,
             if c.family == "recompute":
                 searched[c.name] = f"fit:{c.change.recompute}"
                 jobs.append((searched[c.name], FitJob(c.change, given, price_given=True)))
-        jobs.append(("fit:given", FitJob(Change(), given, seed=base.seed)))
+        jobs.append(("fit:given", FitJob(Change(), given, seed=base.seed, curve=True, base=base.analysis)))
     jobs += [(c.name, c.change) for c in candidates
              if c.predicted and c.change.retraces and c.name not in searched]
     results = run_parallel(setup, jobs, workers)
@@ -159,24 +159,21 @@ def _batch_items(setup: Setup, base: Base, advice: Advice, results: dict[str, An
     found: FitOutcome = results["fit:given"]
     largest = found.largest
     given = base.outcome.samples
-    jobs: list[tuple[str, Change | FitJob]] = []
-    if isinstance(largest, int):
-        advice.largest_batch = largest
-        # the search traced and priced its answer already
-        jobs += [(f"batch:{b}", Change(batch=b)) for b in batch.curve_batches(largest, given)
-                 if b != largest or found.at_largest is None]
-    more = run_parallel(setup, jobs, workers)
-    if found.at_largest is not None:
-        more[f"batch:{largest}"] = found.at_largest
+    points = batch.curve_batches(largest, given) if isinstance(largest, int) else []
+    # the search priced its answer and the points its traces determine already
+    priced: dict[int, Any] = {**found.curve, **({largest: found.at_largest} if found.at_largest else {})}
+    traced = run_parallel(setup, [(f"batch:{b}", Change(batch=b)) for b in points if b not in priced], workers)
+    curve = {b: o for b in points for o in [priced.get(b, traced.get(f"batch:{b}"))] if isinstance(o, Outcome)}
     for kind in kinds:
         searched: FitOutcome = results[f"fit:{kind}"]
         match = next(c for c in candidates if c.change.recompute == kind)
         match.extra["largest_batch"] = searched.largest if isinstance(searched.largest, int) else None
         if searched.at_largest is not None:
             match.extra["at_largest_batch"] = searched.at_largest.to_json()
-    curve = {b: o for k, o in more.items() if k.startswith("batch:") and isinstance(o, Outcome)
-             for b in [int(k.split(":")[1])]}
-    if not curve or largest is None:
+    if not isinstance(largest, int):
+        return
+    advice.largest_batch = largest
+    if not curve:
         return
     curve[given] = base.outcome
     advice.curve = curve

@@ -24,6 +24,7 @@ from typing import Any
 from nnperf.analysis import Analysis
 from nnperf.errors import NnperfError
 from nnperf.passes.memory.capacity import capacity
+from nnperf.search.advise import affine, batch
 from nnperf.search.advise.change import Change, Outcome
 from nnperf.search.advise.evaluate import Setup, evaluate, price, trace_change
 from nnperf.search.fit import Sample, largest_batch, sample_of
@@ -39,11 +40,19 @@ class FitJob:
     given: int = 1  # the batch as given: where the search starts
     seed: Sample | None = None  # that batch's sample where it is the base trace
     price_given: bool = False  # also predict the step at the batch as given
+    #: Also predict the batch curve's points that the traces determine (``affine``).
+    curve: bool = False
+    #: The base trace, for the curve: a worker forked from the process that traced it has it;
+    #: traces do not pickle, so a fork-server worker traces the batch as given again.
+    base: Analysis | None = field(default=None, compare=False)
 
     @property
     def checkpoint(self) -> bool:
         """Read by the parallel runner, which starts recomputing (slow) searches first."""
         return self.change.checkpoint
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "base": None}
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,7 @@ class FitOutcome:
     largest: int | str | None
     at_given: Outcome | str | None = None
     at_largest: Outcome | None = None
+    curve: dict[int, Outcome] = field(default_factory=dict)  # batch -> the step there
 
 
 def run_fit(setup: Setup, job: FitJob) -> FitOutcome:
@@ -90,7 +100,25 @@ def run_fit(setup: Setup, job: FitJob) -> FitOutcome:
     except NnperfError as err:
         return FitOutcome(_message(err), at_given)
     at_largest = priced(largest) if largest is not None and largest != job.given else None
-    return FitOutcome(largest, at_given, at_largest)
+    curve = _curve(setup, job, largest, traced) if job.curve and largest is not None else {}
+    return FitOutcome(largest, at_given, at_largest, curve)
+
+
+def _curve(setup: Setup, job: FitJob, largest: int, traced: dict[int, Analysis]) -> dict[int, Outcome]:
+    """The batch curve's points (but the answer, priced already) built from the search's
+    traces and the base (``affine``: exact for a step affine in the batch, checked on them);
+    a point they do not determine is left to a trace of its own."""
+    points = dict(traced)
+    wanted = [b for b in batch.curve_batches(largest, job.given) if b != largest]
+    inside = [b for b in wanted if job.given <= b <= max(points, default=0)]
+    if job.given not in points and len(inside) >= 2:  # worth a trace of the batch as given
+        points[job.given] = job.base if job.base is not None else trace_change(setup, job.change)
+    out = {}
+    for b in inside:
+        built = affine.analysis_at(points, b)
+        if built is not None:
+            out[b] = price(setup, Change(batch=b), built, {})
+    return out
 
 
 def run_job(setup: Setup, label: str, job: Change | FitJob) -> Any:
