@@ -42,6 +42,7 @@ from nnperf.errors import UsageError
 from nnperf.trace.capture import local, trace_workload
 from nnperf.trace.collectives import COLLECTIVES, collective_bytes
 from nnperf.trace.events import Trace
+from nnperf.trace.fsdp_shards import one_rank_chunks
 from nnperf.trace.options import TraceOptions
 from nnperf.trace.recorder import GraphLabeler, ModuleStack, unrecorded
 from nnperf.workload import Workload, default_loss
@@ -295,7 +296,7 @@ def trace_rank(
     # handlers touch only cross entropy's ops on DTensors
     split_logits = execution.tensor > 1 and execution.pipeline == 1 and execution.loss_parallel
     step_contexts = contextlib.ExitStack()
-    with _quiet_sharding_propagation(session["memo"]):
+    with _quiet_sharding_propagation(session["memo"]), one_rank_chunks():
         # The mesh is made on real tensors (it reads its rank table), before the fake mode.
         shape = tuple(execution.mesh_shape())
         if shape not in session["meshes"]:
