@@ -354,9 +354,10 @@ def _pipeline_rank(workload: Workload, execution: Execution, options: TraceOptio
     batch = workload.inputs[0].shape[0]
     if batch % execution.grad_accum:
         raise UsageError(f"a batch of {batch} does not split into {execution.grad_accum} micro-batches")
-    shapes = stage_shapes(chunks, tuple(workload.inputs), batch // execution.grad_accum, autocast)
     mine = rank_stages(pp_mesh.get_local_rank(), execution.pipeline, execution.pipeline_schedule or "",
                        execution.virtual_stages)
+    # the shapes of this rank's chunks need the forward up to its last chunk only
+    shapes = stage_shapes(chunks[:max(mine) + 1], tuple(workload.inputs), batch // execution.grad_accum, autocast)
     return PipelineRank([chunks[i] for i in mine], mine, stages, execution.pipeline_schedule or "",
                         execution.grad_accum, tuple(workload.inputs), workload.loss_fn or default_loss,
                         pp_mesh.get_group(), [shapes[i] for i in mine])
