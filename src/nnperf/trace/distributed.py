@@ -290,6 +290,12 @@ def trace_rank(
     if execution.pipeline > 1 and options.uses_grad_scaler():
         raise UsageError("pipeline parallelism with fp16 autocast (a GradScaler) is not traced; use --amp bf16")
 
+    if execution.pipeline > 1:
+        # torch's pipelining makes a tensor when it is first imported (microbatch.py's
+        # sum_reducer): imported before the fake mode and the recorder, or the first pipeline
+        # trace of a process would record it and the next ones not
+        import torch.distributed.pipelining  # noqa: F401
+
     session = _session(execution.world, rank)
     # torchtitan's loss parallelism (the logits stay split over the vocabulary) needs the loss
     # and its backward under ``loss_parallel()``: the whole step runs under it; its custom
