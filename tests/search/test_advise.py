@@ -251,3 +251,24 @@ def test_largest_batches_and_the_steps_there_are_fits_answers_and_plain_predicti
         most = item.candidate.extra["largest_batch"]
         assert most == largest(checkpoint) and most > adv.largest_batch
         assert item.candidate.extra["at_largest_batch"] == evaluate(setup, Change(recompute=kind, batch=most)).to_json()
+
+
+def test_search_jobs_pickle_for_fork_server_workers_without_the_base_trace():
+    # traces do not pickle: a fork-server worker gets the job without it (and traces the batch
+    # as given itself), where a forked worker inherits it; the seed (report + footprint) travels
+    import pickle
+
+    from nnperf.search.advise.jobs import FitJob, run_fit
+
+    gpu = load_gpu("a100-40gb", overrides={"memory_gib": "1"})
+    setup = Setup(ModelRequest("gpt2", batch=4, seq_len=32, overrides=TINY_GPT),
+                  MemoryOptions(TraceOptions(optimizer="sgd", amp="bf16")), gpu, default_profile(gpu), TimingOptions())
+    base, _ = base_of(setup)
+    job = FitJob(Change(), base.outcome.samples, seed=base.seed, curve=True, base=base.analysis)
+    back = pickle.loads(pickle.dumps((setup, job)))[1]
+    assert back.base is None and job.base is base.analysis
+    assert (back.change, back.given, back.curve) == (job.change, job.given, job.curve)
+    assert back.seed.report == base.seed.report
+    here, there = run_fit(setup, job), run_fit(setup, back)
+    assert len(here.curve) >= 2 and here == there  # the worker traced the batch as given itself
+    assert back.seed.footprint.matches(base.seed.footprint)
