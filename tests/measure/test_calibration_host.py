@@ -79,3 +79,25 @@ def test_misaligned_gemms_measure_the_alignment_penalty():
     assert misaligned_penalty(cal, gpu, base) == pytest.approx(0.72)  # median of 0.70 and 0.74
     assert build_profile(cal, gpu).alignment_penalty["16B"] == pytest.approx(0.72)
     assert misaligned_penalty(_cal(), gpu, base) is None
+
+
+def test_measured_convolutions_scale_the_efficiency_table():
+    """Each measured forward convolution, relative to the GEMM rate at its FLOPs, over its
+    class's table value: the median is the profile's uniform scale (the table keeps its shape)."""
+    gpu = load_gpu("a100")
+    cal = _cal()
+    cal.gemm = [{"dtype": "bf16", "kind": "square", "n": n, "flops": 2.0 * n**3, "flops_per_s": 200e12}
+                for n in (1024, 8192)]
+
+    def conv(hw: int, kernel: int, stride: int, ratio: float) -> dict:
+        return {"dtype": "bf16", "hw": hw, "kernel": kernel, "stride": stride, "flops": 1e10,
+                "flops_per_s": ratio * 200e12}
+
+    table = build_profile(_cal(), gpu).conv_efficiency
+    # 56x56 stride 1 (large), 7x7 stride 1 (small: 49 positions), 224 -> 112 stride 2
+    cal.conv = [conv(56, 3, 1, 0.9 * table["stride1_large"]), conv(7, 3, 1, 0.8 * table["other_forward"]),
+                conv(224, 7, 2, 1.1 * table["other_forward"])]
+    profile = build_profile(cal, gpu)
+    assert profile.conv_efficiency_scale == pytest.approx(0.9)  # median of 0.9, 0.8, 1.1
+    assert profile.conv_efficiency == table
+    assert build_profile(_cal(), gpu).conv_efficiency_scale == 1.0  # nothing measured: the default

@@ -126,17 +126,19 @@ def test_fp32_3x3_runs_winograd_on_cuda_cores_only():
 
     v100 = load_gpu("v100-sxm2")
     profile = default_profile(v100)
+    cuda = profile.conv_efficiency["cuda_core"]  # fp32 on a V100: CUDA cores, any shape
     ops = _dense("v100-sxm2", False, amp=None)
     fwd, bwd = ops[("b", "forward")], ops[("b", "backward")]
     m, n, k = 32 * 56 * 56, 64, 64 * 9
     direct = estimate_gemm(m, n, k, dtype="fp32", gpu=v100, profile=profile).model_compute_s
-    assert fwd.model_compute_s == pytest.approx(direct / 2.25 / profile.conv_relative_efficiency, rel=1e-9)
+    assert fwd.model_compute_s == pytest.approx(direct / 2.25 / cuda, rel=1e-9)
     grad_in = estimate_gemm(m, k, n, dtype="fp32", gpu=v100, profile=profile).model_compute_s
     grad_w = estimate_gemm(n, k, m, dtype="fp32", gpu=v100, profile=profile).model_compute_s
-    assert bwd.model_compute_s == pytest.approx((grad_in / 2.25 + grad_w) / profile.conv_relative_efficiency,
+    assert bwd.model_compute_s == pytest.approx((grad_in / 2.25 + grad_w) / cuda,
                                                 rel=1e-9)  # the weight gradient stays an implicit GEMM
     tf32 = _dense("a100-80gb-sxm", False, amp=None)[("b", "forward")]  # TF32 tensor cores: no Winograd
     a100 = load_gpu("a100-80gb-sxm")
+    # stride 1, a 56x56 output: the large stride-1 class
     assert tf32.model_compute_s == pytest.approx(
         estimate_gemm(m, n, k, dtype="fp32", tf32=True, gpu=a100).model_compute_s
-        / default_profile(a100).conv_relative_efficiency, rel=1e-9)
+        / default_profile(a100).conv_efficiency["stride1_large"], rel=1e-9)

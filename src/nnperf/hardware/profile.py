@@ -20,6 +20,8 @@ Profile file format (TOML; ``save_profile`` writes it, ``load_profile`` reads it
     "256x128" = 1.0
     [ctas_per_sm]                    # "TmxTn" -> CTAs resident per SM (default 1)
     [alignment_penalty]              # "16B" / "128B" -> efficiency factor
+    [conv_efficiency]                # convolution class (CONV_CLASSES) -> speed relative to a
+                                     # cuBLAS GEMM of its implicit-GEMM shape
     [measured]                       # optional, ignored by the models: calibration's headline
                                      # figures (written by `nnperf calibrate`)
 
@@ -73,7 +75,11 @@ class DeviceProfile:
     split_k_min_k: int = 256
     attention_forward_fraction: float = 0.5
     attention_backward_fraction: float = 0.4
-    conv_relative_efficiency: float = 0.89
+    # cuDNN convolutions relative to a cuBLAS GEMM of their implicit-GEMM shape, per class of
+    # ``conv_efficiency_class``; a class left out is 1. ``conv_efficiency_scale`` multiplies
+    # every class (``nnperf calibrate`` measures it).
+    conv_efficiency: Mapping[str, float] = field(default_factory=dict, hash=False)
+    conv_efficiency_scale: float = 1.0
     host_view_s: float = 2e-6
     foreach_tensors_per_kernel: float = 48.0
     # The single-core clock (GHz, datasheet max turbo) of the host the host_* costs describe:
@@ -119,6 +125,12 @@ class DeviceProfile:
             return self.low_rate_tensor_fraction
         return self.gemm_peak_fraction
 
+    def conv_efficiency_of(self, stride: int, positions: int, role: str, unit: str = "tensor") -> float:
+        """A convolution pass's speed relative to a cuBLAS GEMM of its implicit-GEMM shape
+        (``conv_efficiency_class`` for the arguments): its class's value times the scale."""
+        key = conv_efficiency_class(stride, positions, role, unit)
+        return self.conv_efficiency.get(key, 1.0) * self.conv_efficiency_scale
+
     def achievable_bandwidth(self, peak_bytes_per_s: float, nbytes: float) -> float:
         """Bytes/s a kernel moving ``nbytes`` reaches (small transfers reach less)."""
         if self.bandwidth_curve:
@@ -148,6 +160,28 @@ class DeviceProfile:
 
     def replace(self, **changes: Any) -> DeviceProfile:
         return dataclasses.replace(self, **changes)
+
+
+#: The passes of a convolution, as ``passes.gemms`` names the roles of its implicit GEMMs.
+CONV_PASSES = ("forward", "grad_input", "grad_weight")
+#: Output positions per image (P*Q) from which a convolution counts as large: 14x14.
+CONV_LARGE_POSITIONS = 196
+#: The classes of ``conv_efficiency`` (``conv_efficiency_class``): stride-1 convolutions with
+#: large outputs in every pass; the others (strided or small outputs) per pass; convolutions on
+#: CUDA cores, whatever their shape.
+CONV_CLASSES = ("stride1_large", "other_forward", "other_grad_input", "other_grad_weight", "cuda_core")
+
+
+def conv_efficiency_class(stride: int, positions: int, role: str, unit: str = "tensor") -> str:
+    """The ``conv_efficiency`` class of a convolution pass: its largest stride, its output
+    positions per image (P*Q; a backward pass: its output gradient's), the role of its implicit
+    GEMM (``grad_input``, ``grad_weight``; anything else is a forward) and the math unit it runs
+    on. Why these: the DeepBench derivation in ``default_profile.toml``."""
+    if unit != "tensor":
+        return "cuda_core"
+    if stride <= 1 and positions >= CONV_LARGE_POSITIONS:
+        return "stride1_large"
+    return f"other_{role if role in CONV_PASSES else 'forward'}"
 
 
 def interpolate(curve: Sequence[tuple[float, float]], x: float) -> float:
@@ -192,9 +226,11 @@ _SCALARS = {
         "bandwidth_curve",
         "gemm_efficiency",
         "host_dispatch_by_kind_s",
+        "conv_efficiency",
     }
 }
-_TABLES = ("tile_relative_efficiency", "ctas_per_sm", "alignment_penalty", "host_dispatch_by_kind_s")
+_TABLES = ("tile_relative_efficiency", "ctas_per_sm", "alignment_penalty", "host_dispatch_by_kind_s",
+           "conv_efficiency")
 #: The op categories a host dispatch cost may be given for (``host_dispatch_by_kind_s``).
 HOST_KINDS = ("gemm", "conv", "attention", "elementwise", "reduction", "norm", "memory", "optimizer")
 #: The alignment classes the GEMM model asks about (``kernels/gemm.py``).
@@ -249,6 +285,10 @@ def _apply(base: dict[str, Any], table: Mapping[str, Any], where: str) -> dict[s
                     if name not in HOST_KINDS:
                         raise UsageError(f"{here}: unknown op category {shown(name)}; "
                                          f"valid: {', '.join(HOST_KINDS)}")
+                elif key == "conv_efficiency":
+                    if name not in CONV_CLASSES:
+                        raise UsageError(f"{here}: unknown convolution class {shown(name)}; "
+                                         f"valid: {', '.join(CONV_CLASSES)}")
                 else:
                     _parse_tile(name)
                 _number(f"{here}.{name}", v, schema.PROFILE_RANGES[key])

@@ -132,8 +132,9 @@ GPU_RANGES: dict[str, Range] = {
 
 #: The valid range of every number in a device profile (``--profile``, the shipped defaults).
 #: Per-kernel and per-op times up to 1 s (no kernel launch or dispatch costs that much);
-#: ``conv_relative_efficiency`` compares a convolution with a GEMM and may exceed 1 (the
-#: calibration clamps its measurement to 2).
+#: ``conv_efficiency`` (per convolution class) compares a convolution with a GEMM and may
+#: exceed 1; ``conv_efficiency_scale`` multiplies it (the calibration clamps its measurement
+#: to 0.05..2).
 PROFILE_RANGES: dict[str, Range] = {
     "gemm_peak_fraction": FRACTION,
     "low_rate_tensor_fraction": FRACTION,
@@ -141,7 +142,8 @@ PROFILE_RANGES: dict[str, Range] = {
     "bandwidth_fraction": FRACTION,
     "attention_forward_fraction": FRACTION,
     "attention_backward_fraction": FRACTION,
-    "conv_relative_efficiency": Range(0, 2),
+    "conv_efficiency": Range(0, 2),  # per convolution class
+    "conv_efficiency_scale": Range(0, 2),
     "bandwidth_half_bytes": Range(0, 2**50),
     "kernel_overhead_s": Range(0, 1),
     "host_dispatch_s": Range(0, 1),

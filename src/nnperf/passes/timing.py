@@ -2,7 +2,8 @@
 
 Kernel time by category:
 - GEMM and convolution: the tile/wave/alignment model of ``kernels.gemm`` per lowered GEMM
-  (convolutions through their implicit GEMM, scaled by the profile's cuDNN efficiency);
+  (convolutions through their implicit GEMM, each pass scaled by the profile's cuDNN
+  efficiency for its class: stride, output size, pass, math unit);
 - fused attention: executed FLOPs (flash backward recomputes Q@K^T) at the profile's
   attention fraction of the tensor peak, bounded by its bytes at achievable bandwidth;
 - everything else: bytes at the size-dependent achievable bandwidth (or FLOPs at the CUDA
@@ -40,7 +41,12 @@ from nnperf.kernels.rnn import cudnn_algorithm, estimate_rnn
 from nnperf.passes.costs import grouped as grouped_costs
 from nnperf.passes.costs import registry as cat
 from nnperf.passes.costs import rnn as rnn_costs
-from nnperf.passes.costs.matmul import is_depthwise, nchw_transposes, winograd_fraction
+from nnperf.passes.costs.matmul import (
+    conv_geometry,
+    is_depthwise,
+    nchw_transposes,
+    winograd_fraction,
+)
 from nnperf.passes.count import OpCount
 from nnperf.passes.gemms import Gemm, operand_dtype
 from nnperf.trace.events import KIND_OPT_STATE, OpEvent, Trace, dtype_name
@@ -205,10 +211,13 @@ class KernelModel:
         overhead = sum(e.overhead_s for e in ests)
         if is_conv:
             # Implicit GEMM gathers its A operand from the input tensor: traffic is the real
-            # tensors (count.bytes), not the im2col matrix the GEMM shape implies.
-            scale = 1.0 / self.profile.conv_relative_efficiency
-            model_compute = sum(e.model_compute_s * self._algorithm(count, g.gemm.role, e)
-                                for g, e in zip(gemms, ests, strict=True)) * scale
+            # tensors (count.bytes), not the im2col matrix the GEMM shape implies. Each pass
+            # runs at its class's efficiency relative to a cuBLAS GEMM of its shape.
+            stride, positions = conv_geometry(count.event)
+            model_compute = sum(
+                e.model_compute_s * self._algorithm(count, g.gemm.role, e)
+                / self.profile.conv_efficiency_of(stride, positions, g.gemm.role, e.math_unit)
+                for g, e in zip(gemms, ests, strict=True))
             memory = count.bytes / self.gpu.memory_bandwidth
             model_memory = self.profile.memory_time(self.gpu.memory_bandwidth, count.bytes)
             reduction = sum(e.reduction_s for e in ests)

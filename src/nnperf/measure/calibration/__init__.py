@@ -4,7 +4,8 @@ Measured, on the device asked for:
 
 * GEMM throughput over a grid of shapes (square, aligned and misaligned, and skinny
   batch-like ones) and dtypes;
-* convolution throughput for common CNN shapes, relative to a GEMM of the same FLOPs;
+* convolution throughput for common CNN shapes, relative to a GEMM of the same FLOPs (a
+  uniform scale on the profile's per-class convolution efficiencies);
 * achievable memory bandwidth (copy and elementwise add) from cache-resident to large sizes;
 * the cost of one tiny op: host dispatch (a loop of tiny ops timed on the host) and, on CUDA,
   the device time per back-to-back kernel (enqueued behind ``torch.cuda._sleep`` so the host
@@ -28,7 +29,7 @@ from nnperf.measure.calibration.files import Outputs, toml_text, write_outputs
 from nnperf.measure.calibration.plan import Plan, plan_for
 from nnperf.measure.calibration.profile import (
     build_profile,
-    conv_relative_efficiency,
+    conv_efficiency_scale,
     cpu_description,
     measured_table,
     peak_for_fraction,
@@ -42,7 +43,7 @@ __all__ = [
     "Outputs",
     "Plan",
     "build_profile",
-    "conv_relative_efficiency",
+    "conv_efficiency_scale",
     "cpu_description",
     "measured_table",
     "new_calibration",

@@ -75,9 +75,9 @@ def build_profile(cal: Calibration, gpu: GPU | None) -> DeviceProfile:
         changes["host_turbo_ghz"] = cal.host_max_ghz
     if cal.host_cpu:
         changes["host"] = cal.host_cpu
-    conv = conv_relative_efficiency(cal)
+    conv = conv_efficiency_scale(cal, gpu, base)
     if conv:
-        changes["conv_relative_efficiency"] = conv
+        changes["conv_efficiency_scale"] = conv
     misaligned = misaligned_penalty(cal, gpu, base) if gpu is not None else None
     if misaligned:
         changes["alignment_penalty"] = {**base.alignment_penalty, "16B": misaligned}
@@ -135,17 +135,35 @@ def misaligned_penalty(cal: Calibration, gpu: GPU, base: DeviceProfile) -> float
     return Spread.of(ratios).median if ratios else None
 
 
-def conv_relative_efficiency(cal: Calibration) -> float | None:
-    """Median over conv shapes of conv FLOP/s over the GEMM FLOP/s at the same FLOPs."""
+def conv_efficiency_scale(cal: Calibration, gpu: GPU | None, base: DeviceProfile) -> float | None:
+    """The factor on the profile's ``conv_efficiency`` table that the measured convolutions
+    imply: median over conv shapes of (conv FLOP/s over the GEMM FLOP/s at the same FLOPs)
+    over the table's value for that convolution's class (forward passes, by stride and output
+    size; CUDA-core convolutions on a CPU or where the GPU has no tensor unit for the dtype).
+    The table's shape (how strided, small and backward passes compare) stays as derived."""
     ratios = []
     for c in cal.conv:
         curve = cal.gemm_curve(c["dtype"])
         if not curve:
             continue
-        ratios.append(c["flops_per_s"] / interpolate(curve, c["flops"]))
+        out_hw = (c["hw"] + 2 * (c["kernel"] // 2) - c["kernel"]) // c["stride"] + 1
+        unit = _math_unit(gpu, c["dtype"])
+        table = base.conv_efficiency_of(c["stride"], out_hw * out_hw, "forward", unit) / base.conv_efficiency_scale
+        ratios.append(c["flops_per_s"] / interpolate(curve, c["flops"]) / table)
     if not ratios:
         return None
     return min(2.0, max(0.05, Spread.of(ratios).median))
+
+
+def _math_unit(gpu: GPU | None, dtype: str) -> str:
+    """The unit a convolution of ``dtype`` runs on: CUDA cores on a CPU description or where
+    the GPU has no tensor rate for the dtype."""
+    if gpu is None:
+        return "cuda"
+    try:
+        return gpu.matmul_peak(dtype).unit
+    except Exception:  # no unit for this dtype at all
+        return "cuda"
 
 
 def measured_table(cal: Calibration) -> dict[str, Any]:

@@ -149,6 +149,16 @@ def is_depthwise(event: OpEvent) -> bool:
 _CONVOLUTIONS = ("aten.convolution", "aten._convolution", "aten.convolution_backward")
 
 
+def conv_geometry(event: OpEvent) -> tuple[int, int]:
+    """A convolution's largest stride and its output positions per image (P*Q in 2-D; a
+    backward event: its output gradient's), what ``DeviceProfile.conv_efficiency_of`` asks."""
+    if event.name == "aten.convolution_backward":
+        out, stride = event.args[0], event.args[4]
+    else:
+        out, stride = event.outputs[0], (event.args[3] if len(event.args) > 3 else [1])
+    return max((int(s) for s in stride), default=1), numel(out.shape[2:])
+
+
 def channels_last(t: TensorMeta) -> bool:
     """A 4-D tensor laid out NHWC in memory (``torch.channels_last``): its channel stride is 1."""
     return len(t.shape) == 4 and t.shape[1] > 1 and t.stride[1] == 1
