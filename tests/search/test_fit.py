@@ -4,6 +4,7 @@ synthetic peaks; honest when nothing fits."""
 from __future__ import annotations
 
 import functools
+import gc
 import itertools
 import math
 import os
@@ -253,6 +254,7 @@ def test_searches_in_processes_give_what_searches_here_give():
     here = _tiny_gpt2_fit(1)
     assert [r["what_if"] for r in here] == ["as given", "activation checkpointing per block"]
     assert _tiny_gpt2_fit(2) == here
+    assert gc.get_freeze_count() == 0  # frozen for the forked workers only: collectable here again
 
 
 def test_searches_in_fork_server_workers_give_what_searches_here_give(monkeypatch):
