@@ -377,6 +377,11 @@ def _in_workers(request: ModelRequest, options: TraceOptions, gpu: GPU, cluster:
     else:
         with multiprocessing.get_context("fork").Pool(workers) as pool:
             outputs = pool.map(_run_task, range(len(groups)), chunksize=1)
+            # the workers exit on their own: the pool's terminate() (on leaving ``with``) sends
+            # SIGTERM, which a worker blocked on the task queue's lock can miss (the CLI's
+            # SIGTERM handler runs in Python, and the lock wait does not return), hanging the plan
+            pool.close()
+            pool.join()
     results = [p for planned, _ in outputs for p in planned]
     return results, sum(t for _, t in outputs)
 
