@@ -58,12 +58,14 @@ class Planned:
     collectives: dict[str, dict[str, float]] = field(default_factory=dict)  # kind -> count, bytes
     reason: str = ""
     pipeline: dict[str, Any] = field(default_factory=dict)  # bubble, in-flight micro-batches
+    memory_bound: bool = False  # memory_bytes is a lower bound (pruned unfit: not timed)
 
     def to_json(self) -> dict[str, Any]:
         return {"layout": self.execution.describe(), "execution": self.execution.to_json(),
                 "step_time_s": self.step_s, "throughput": self.throughput,
                 "throughput_unit": self.throughput_unit, "mfu": self.mfu,
-                "memory_bytes": self.memory_bytes, "fits": self.fits, "time_split_s": self.split,
+                "memory_bytes": self.memory_bytes, "memory_is_lower_bound": self.memory_bound,
+                "fits": self.fits, "time_split_s": self.split,
                 "per_rank_state_bytes": self.state_bytes, "collectives": self.collectives,
                 "pipeline": self.pipeline, "reason": self.reason}
 
@@ -176,9 +178,12 @@ def _prepare(execution: Execution) -> Any:
 
 
 def evaluate(request: ModelRequest, options: TraceOptions, execution: Execution, gpu: GPU,
-             cluster: Cluster, *, layers: int | None = None, cache: RoleCache | None = None) -> Planned:
+             cluster: Cluster, *, layers: int | None = None, cache: RoleCache | None = None,
+             prune: bool = False) -> Planned:
     """Trace, time and size one layout (``layers``: the depth of a built-in stack, to trace it
-    shallow and extrapolate; ``cache``: traced roles shared by a search)."""
+    shallow and extrapolate; ``cache``: traced roles shared by a search; ``prune``: a pipeline
+    whose first stage alone cannot fit is left at that lower bound, untimed:
+    ``search.plan_pipeline``)."""
     cache = cache or RoleCache()
     if execution.context > 1:
         from nnperf.search.plan_context import context_step
@@ -189,7 +194,7 @@ def evaluate(request: ModelRequest, options: TraceOptions, execution: Execution,
             raise UsageError("context parallelism needs a sequence length (--seq)")
         return context_step(request, options, execution, gpu, cluster, layers, cache, _prepare(execution), seq)
     if execution.pipeline > 1:
-        return pipeline_step(request, options, execution, gpu, cluster, layers, cache, _prepare(execution))
+        return pipeline_step(request, options, execution, gpu, cluster, layers, cache, _prepare(execution), prune)
     cost = scaled_cost(replace(request, batch=execution.micro_batch), options, execution, gpu, cluster, 0,
                        layers, cache, _prepare(execution))
     accum = execution.grad_accum
@@ -326,7 +331,10 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         ranked = sorted((p for p in results if p.fits), key=lambda p: p.step_s)
     rejected = [p for p in results if not p.fits]
     for p in rejected:
-        p.reason = f"does not fit: {p.memory_bytes / 2**30:.1f} GiB > {gpu.memory_bytes / 2**30:.1f} GiB"
+        at_least = "at least " if p.memory_bound else ""
+        p.reason = f"does not fit: {at_least}{p.memory_bytes / 2**30:.1f} GiB > {gpu.memory_bytes / 2**30:.1f} GiB"
+        if p.memory_bound:
+            p.reason += " (its first pipeline stage alone; the other stages not traced)"
     if ranked:
         best = ranked[0]
         best.reason = _why(best, ranked[1:])
@@ -434,7 +442,7 @@ def _first_fit(members: list[Execution], request: ModelRequest, options: TraceOp
     low, high, best = 0, len(members) - 1, None
     while low <= high:
         mid = (low + high) // 2
-        planned = evaluate(request, options, members[mid], gpu, cluster, layers=layers, cache=cache)
+        planned = evaluate(request, options, members[mid], gpu, cluster, layers=layers, cache=cache, prune=True)
         if planned.fits:
             best, high = planned, mid - 1
         else:
@@ -461,7 +469,8 @@ def smallest_memory(plan_: Plan) -> str:
     """Nothing fits: the smallest per-GPU memory any layout reached and what would make it fit."""
     least = min(plan_.rejected, key=lambda p: p.memory_bytes)
     need = least.memory_bytes / plan_.gpu.memory_bytes
+    at_least = "at least " if least.memory_bound else ""
     return (f"no layout of {plan_.model} fits on {plan_.gpus} x {plan_.gpu.name}: the smallest is "
-            f"{least.memory_bytes / 2**30:.1f} GiB per GPU ({least.execution.describe()}) against "
-            f"{plan_.gpu.memory_bytes / 2**30:.1f} GiB; it needs {need:.1f}x the memory: more GPUs "
+            f"{at_least}{least.memory_bytes / 2**30:.1f} GiB per GPU ({least.execution.describe()}) against "
+            f"{plan_.gpu.memory_bytes / 2**30:.1f} GiB; it needs {at_least}{need:.1f}x the memory: more GPUs "
             "to shard over, a smaller micro-batch, bf16 (--amp bf16) or tensor/pipeline parallelism")

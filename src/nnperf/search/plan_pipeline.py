@@ -22,6 +22,15 @@ serve every schedule and interleaving of the same pipeline degree. Then:
 Zero-bubble schedules split the backward into input and weight gradients, which one traced
 micro-batch of GPipe does not time apart: they run their real schedule over ``p`` micro-batches
 (``traced_schedule_step``), the in-flight peak of multiples of ``p``.
+
+A search (``prune``) traces the first stage's role before the others and stops where that role
+alone cannot fit. Rank 0 holds stage 0: its memory is the first role's traced peak plus the saved
+activations of the first stage's other in-flight micro-batches, plus (interleaved schedules) the
+model states and in-flight saved activations of its later chunks. Those later terms are byte
+counts (a chunk's parameters and saved tensors, extrapolated in depth from 3 and 4 blocks, where
+each grows with the blocks), so rank 0's memory without them is a lower bound of it, and the
+layout's memory is the largest rank's. With one chunk per rank (GPipe, 1F1B) the bound is rank
+0's memory itself.
 """
 
 from __future__ import annotations
@@ -41,7 +50,9 @@ from nnperf.trace.pipeline import MULTI, schedule_order
 
 
 def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execution, gpu: GPU,
-                  cluster: Cluster, layers: int | None, cache: RoleCache, prepare: Any) -> Any:
+                  cluster: Cluster, layers: int | None, cache: RoleCache, prepare: Any, prune: bool = False) -> Any:
+    """The layout's step and memory from its stage roles; ``prune``: a layout whose first stage
+    alone does not fit the GPU is returned unfit with that lower bound, its other roles untraced."""
     if execution.pipeline_schedule == "zero-bubble":
         return traced_schedule_step(request, options, execution, gpu, cluster, layers, cache, prepare)
     p, micro = execution.pipeline, execution.grad_accum
@@ -54,12 +65,33 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
                      virtual_stages=1, grad_accum=1)
     per_chunk = layers // stages if layers else None
     role_ranks = {"first": 0, "last": traced_p - 1, **({"middle": 1} if traced_p > 2 else {})}
-    roles = {name: scaled_cost(replace(request, batch=execution.micro_batch), options, traced, gpu, cluster,
-                               r * stride, layers, cache, prepare, per_chunk=per_chunk)
-             for name, r in role_ranks.items()}
+
+    def traced_role(name: str) -> RankCost:
+        return scaled_cost(replace(request, batch=execution.micro_batch), options, traced, gpu, cluster,
+                           role_ranks[name] * stride, layers, cache, prepare, per_chunk=per_chunk)
 
     def role_of(stage: int) -> str:
         return "first" if stage == 0 else "last" if stage == stages - 1 else "middle"
+
+    ir = schedule_order(execution.pipeline_schedule or "", p, virtual, micro) if virtual > 1 else None
+    order = orders(execution.pipeline_schedule or "", p, micro, ir)
+    held = {r: sorted({a.stage for a in acts}) for r, acts in order.items()}
+    flight = {s: n for acts in order.values() for s, n in in_flight([a.label for a in acts]).items()}
+
+    def memory(rank: int, roles: dict[str, RankCost]) -> float:
+        """Rank ``rank``'s memory; the terms of roles not in ``roles`` left out."""
+        own = roles.get(role_of(held[rank][0]))
+        others = sum(roles[role_of(s)].get("model_states") for s in held[rank][1:] if role_of(s) in roles)
+        extra = sum((flight[s] - (1 if s == held[rank][0] else 0)) * roles[role_of(s)].get("saved_activations")
+                    for s in held[rank] if role_of(s) in roles)
+        return (own.get("memory") if own else 0.0) + others + extra
+
+    roles = {"first": traced_role("first")}
+    if prune and (bound := int(memory(0, roles))) > gpu.memory_bytes:  # a lower bound (module docstring)
+        from nnperf.search.plan import Planned
+
+        return Planned(execution, memory_bytes=bound, fits=False, memory_bound=True)
+    roles.update({name: traced_role(name) for name in role_ranks if name != "first"})
 
     def action_s(stage: int, kind: str) -> float:
         name = role_of(stage)
@@ -71,28 +103,16 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
         pair = ((src % p) * stride, (dst % p) * stride)
         return estimate_collective("send_recv", int(activation), pair, cluster).time_s
 
-    ir = schedule_order(execution.pipeline_schedule or "", p, virtual, micro) if virtual > 1 else None
-    order = orders(execution.pipeline_schedule or "", p, micro, ir)
-    held = {r: sorted({a.stage for a in acts}) for r, acts in order.items()}
-
     def per_rank(rank: int, key: str) -> float:
         return sum(roles[role_of(s)].get(key) for s in held[rank])
 
     sim = simulate(order, stages, lambda r, a: action_s(a.stage, a.kind), transfer,
                    lambda r: per_rank(r, "head_s"), lambda r: per_rank(r, "tail_s"))
-    flight = {s: n for acts in order.values() for s, n in in_flight([a.label for a in acts]).items()}
-
-    def memory(rank: int) -> float:
-        own = roles[role_of(held[rank][0])]
-        others = sum(roles[role_of(s)].get("model_states") for s in held[rank][1:])
-        extra = sum((flight[s] - (1 if s == held[rank][0] else 0)) * roles[role_of(s)].get("saved_activations")
-                    for s in held[rank])
-        return own.get("memory") + others + extra
-
     flops = sum(per_rank(r, "flops") for r in range(p)) * micro * stride
     return _planned(execution, gpu, sim, roles[role_of(held[sim.critical_rank][0])], flops,
-                    max(memory(r) for r in range(p)), micro, order, flight, activation,
+                    max(memory(r, roles) for r in range(p)), micro, order, flight, activation,
                     {r: per_rank(r, "state.parameters") for r in range(p)})
+
 
 
 def _planned(execution: Execution, gpu: GPU, sim: PipelineTime, critical: RankCost, flops: float,
