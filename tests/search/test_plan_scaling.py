@@ -4,6 +4,8 @@ the real schedule traced on every distinct rank."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from nnperf.hardware.catalog import load_gpu
@@ -50,3 +52,27 @@ def test_a_pipeline_from_its_stage_roles(schedule, virtual):
     assert composed.step_s == pytest.approx(traced.step_s, rel=0.05)
     assert composed.memory_bytes == pytest.approx(traced.memory_bytes, rel=0.10)
     assert composed.pipeline["in_flight"] == traced.pipeline["in_flight"]
+
+
+def test_two_stage_roles_are_three_stage_roles():
+    """A two-rank pipeline is traced as stages of a three-stage one (so that its 1F1B and
+    interleaved layouts share their roles): a stage's trace is its own chunk, its neighbours'
+    ranks and its data-parallel group, so the first and last roles of two and three stages give
+    the same numbers (the last role's action labels name its stage)."""
+    costs = {}
+    for stages in (2, 3):
+        execution = Execution(world=2 * stages, data="fsdp", shard=2, pipeline=stages, pipeline_schedule="gpipe",
+                              micro_batch=2, reshard_after_forward=False)
+        request = ModelRequest("llama-7b", batch=2, seq_len=64, overrides={**LLAMA, "n_layer": 4 * stages})
+        for role, rank in (("first", 0), ("last", 2 * (stages - 1))):
+            costs[stages, role] = rank_cost(request, OPTIONS, execution, GPU, CLUSTER, rank)
+    assert costs[2, "first"].values == costs[3, "first"].values
+    assert {k.replace("@2", "@1"): v for k, v in costs[3, "last"].values.items()} == costs[2, "last"].values
+    one_chunk = Execution(world=4, data="fsdp", shard=2, pipeline=2, pipeline_schedule="1f1b", micro_batch=1,
+                          grad_accum=2, reshard_after_forward=False)
+    two_chunks = replace(one_chunk, pipeline_schedule="interleaved-1f1b", virtual_stages=2)
+    request = ModelRequest("llama-7b", batch=2, seq_len=64, overrides={**LLAMA, "n_layer": 40})
+    cache = RoleCache()
+    for execution in (one_chunk, two_chunks):
+        evaluate(request, OPTIONS, execution, GPU, CLUSTER, layers=40, cache=cache)
+    assert cache.traces == 6  # first and last at 3 and 4 blocks, then the middle role's two only

@@ -59,12 +59,16 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
     virtual = execution.virtual_stages if execution.pipeline_schedule in MULTI else 1
     stages = p * virtual
     stride = execution.world // p
-    # roles: a GPipe pipeline of one micro-batch, with a middle stage even for two ranks
-    traced_p = max(p, 3) if stages > 2 else p
+    # roles: a GPipe pipeline of one micro-batch of at least three stages, so that a two-rank
+    # pipeline of one chunk per rank and of two (interleaved) share their roles (a stage's trace
+    # is its own chunk, its neighbours' ranks and its data-parallel group: the first and last
+    # roles of two and three traced stages are the same numbers, tested)
+    traced_p = max(p, 3)
     traced = replace(execution, world=traced_p * stride, pipeline=traced_p, pipeline_schedule="gpipe",
                      virtual_stages=1, grad_accum=1)
     per_chunk = layers // stages if layers else None
-    role_ranks = {"first": 0, "last": traced_p - 1, **({"middle": 1} if traced_p > 2 else {})}
+    used = {"first", "last", *(["middle"] if stages > 2 else [])}
+    role_ranks = {name: r for name, r in {"first": 0, "last": traced_p - 1, "middle": 1}.items() if name in used}
 
     def traced_role(name: str) -> RankCost:
         return scaled_cost(replace(request, batch=execution.micro_batch), options, traced, gpu, cluster,
