@@ -51,3 +51,25 @@ def test_an_op_of_a_newer_torch_is_skipped_on_an_older_one():
 def test_ops_of_newer_torch_versions_are_registered_where_they_exist():
     for name in ("aten._safe_softmax", "aten._fused_rms_norm", "aten._fused_rms_norm_backward"):
         assert (name in registered_names()) == _is_torch_op(name)
+
+
+def test_ops_registered_for_an_import_exist_once_it_is_done():
+    """Formulas registered without a presence check (``register_defined_on_import``) name
+    ops that the module defines: import it and resolve every name."""
+    import importlib
+
+    from nnperf.passes.costs.registry import DEFINED_ON_IMPORT, resolve_op
+
+    assert DEFINED_ON_IMPORT  # FSDP2's fsdp:: copy ops
+    for module, names in DEFINED_ON_IMPORT.items():
+        importlib.import_module(module)
+        assert [n for n in names if resolve_op(n) is None] == [], module
+
+
+def test_importing_nnperf_does_not_import_fsdp():
+    import subprocess
+    import sys
+
+    code = "import sys, nnperf.cli.app; print('torch.distributed.fsdp' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

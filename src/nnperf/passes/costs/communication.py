@@ -22,8 +22,6 @@ a copy of the whole tensor.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch.distributed as dist
 
 from nnperf.passes.costs.common import read_args
@@ -33,6 +31,7 @@ from nnperf.passes.costs.registry import (
     MEMORY,
     OpCost,
     register,
+    register_defined_on_import,
     written_args,
 )
 from nnperf.trace.collectives import COLLECTIVES, collective_bytes
@@ -63,7 +62,8 @@ if dist.is_available():
     # Collectives of a torch without some of them (older releases) cannot be in its traces.
     register(*_present(tuple(COLLECTIVES)))(_collective)
     register(*_present(("_c10d_functional.wait_tensor",)))(_wait)
-    # defines the fsdp:: copy ops (torch < 2.6: no FSDP2, so no fsdp:: ops in any trace)
-    with contextlib.suppress(ImportError):
-        import torch.distributed.fsdp._fully_shard._fsdp_collectives  # noqa: F401
-    register(*_present(("fsdp.all_gather_copy_in", "fsdp.split_with_sizes_copy", "fsdp.chunk_cat")))(_fsdp_copy)
+    # FSDP2's module defines the fsdp:: copy ops when imported (torch < 2.6: no FSDP2, so no
+    # fsdp:: ops in any trace)
+    register_defined_on_import(
+        "torch.distributed.fsdp._fully_shard._fsdp_collectives",
+        "fsdp.all_gather_copy_in", "fsdp.split_with_sizes_copy", "fsdp.chunk_cat")(_fsdp_copy)

@@ -68,6 +68,27 @@ def resolve_op(name: str) -> Any:
         return None
 
 
+#: Op names registered without checking the running torch has them, by the module whose import
+#: defines them: importing it would cost every nnperf start, and its ops can only be in a trace
+#: once the traced code imported it. ``tests/passes/costs`` imports each and checks the names.
+DEFINED_ON_IMPORT: dict[str, tuple[str, ...]] = {}
+
+
+def register_defined_on_import(module: str, *names: str) -> Callable[[Formula], Formula]:
+    """``register`` for ops a library module defines when imported (FSDP2's ``fsdp::`` copy
+    ops): no presence check here (that import takes ~0.6 s); a test makes it."""
+    DEFINED_ON_IMPORT[module] = DEFINED_ON_IMPORT.get(module, ()) + names
+
+    def wrap(fn: Formula) -> Formula:
+        for name in names:
+            if name in _FORMULAS:
+                raise ValueError(f"a cost formula for {name} is already registered")
+            _FORMULAS[name] = fn
+        return fn
+
+    return wrap
+
+
 def register(*names: str, since: str | None = None) -> Callable[[Formula], Formula]:
     """Register a formula for op names such as ``"aten.mm"`` (overloads share one formula).
 
