@@ -34,6 +34,8 @@ from nnperf.request import ModelRequest
 from nnperf.search.memory_variants import apply_checkpointing
 from nnperf.search.plan_pipeline import pipeline_step
 from nnperf.search.plan_rank import SCALE_POINTS, RankCost, RoleCache, layers_of, scaled_cost
+from nnperf.search.plan_states import WHAT as STATES_BOUND
+from nnperf.search.plan_states import states_bound
 from nnperf.trace.distributed import Execution
 from nnperf.trace.options import TraceOptions
 
@@ -58,13 +60,14 @@ class Planned:
     collectives: dict[str, dict[str, float]] = field(default_factory=dict)  # kind -> count, bytes
     reason: str = ""
     pipeline: dict[str, Any] = field(default_factory=dict)  # bubble, in-flight micro-batches
-    memory_bound: bool = False  # memory_bytes is a lower bound (pruned unfit: not timed)
+    memory_bound: str = ""  # what memory_bytes counts when it is a lower bound (pruned unfit: not timed)
+    param_row_bytes: float = 0.0  # per-rank parameter row bytes (search.plan_states)
 
     def to_json(self) -> dict[str, Any]:
         return {"layout": self.execution.describe(), "execution": self.execution.to_json(),
                 "step_time_s": self.step_s, "throughput": self.throughput,
                 "throughput_unit": self.throughput_unit, "mfu": self.mfu,
-                "memory_bytes": self.memory_bytes, "memory_is_lower_bound": self.memory_bound,
+                "memory_bytes": self.memory_bytes, "memory_is_lower_bound": bool(self.memory_bound),
                 "fits": self.fits, "time_split_s": self.split,
                 "per_rank_state_bytes": self.state_bytes, "collectives": self.collectives,
                 "pipeline": self.pipeline, "reason": self.reason}
@@ -210,6 +213,7 @@ def evaluate(request: ModelRequest, options: TraceOptions, execution: Execution,
                "exposed_communication_s": {k: v * accum for k, v in cost.prefixed("exposed.").items() if v > 0},
                "host_s": cost.get("host_s") * accum},
         state_bytes=state_bytes(cost), collectives=collective_counts(cost),
+        param_row_bytes=cost.get("param_row_bytes"),
     )
     planned.fits = planned.memory_bytes <= gpu.memory_bytes
     return planned
@@ -334,7 +338,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         at_least = "at least " if p.memory_bound else ""
         p.reason = f"does not fit: {at_least}{p.memory_bytes / 2**30:.1f} GiB > {gpu.memory_bytes / 2**30:.1f} GiB"
         if p.memory_bound:
-            p.reason += " (its first pipeline stage alone; the other stages not traced)"
+            p.reason += f" ({p.memory_bound}; not traced)"
     if ranked:
         best = ranked[0]
         best.reason = _why(best, ranked[1:])
@@ -408,12 +412,13 @@ def _search(request: ModelRequest, options: TraceOptions, candidates: list[Execu
 
     Data-parallel kinds dominate one another in memory: HSDP and DDP hold at least FSDP's
     per-GPU state with the same activations, so they are searched only where FSDP fits, from
-    FSDP's checkpointing and micro-batch on; a layout they cannot fit is not traced."""
+    FSDP's checkpointing and micro-batch on; a layout they cannot fit is not traced, nor one
+    whose model states alone cannot fit (``search.plan_states``, from FSDP's trace)."""
     groups: dict[tuple[Any, ...], list[Execution]] = {}
     for execution in candidates:
         groups.setdefault(shape_key(execution), []).append(execution)
     order = sorted(groups, key=lambda k: k[0] != "fsdp")  # FSDP first: it bounds the others
-    fsdp_fit: dict[tuple[Any, ...], tuple[int, int]] = {}  # rest of the key -> (checkpoint level, micro-batch)
+    fsdp_fit: dict[tuple[Any, ...], tuple[int, Planned]] = {}  # rest of the key -> (checkpoint level, the fit)
     results: list[Planned] = []
     for key in order:
         members = sorted(groups[key], key=lambda e: -e.micro_batch)
@@ -422,14 +427,19 @@ def _search(request: ModelRequest, options: TraceOptions, candidates: list[Execu
         if key[0] != "fsdp" and any(k[0] == "fsdp" and k[2:] == rest for k in groups):
             if rest not in fsdp_fit:
                 continue  # FSDP of this shape fits nowhere: neither does HSDP/DDP
-            start, largest = fsdp_fit[rest]
-            members = [e for e in members if e.micro_batch <= largest]
+            start, sibling = fsdp_fit[rest]
+            members = [replace(e, checkpoint=CHECKPOINTS[start]) for e in members
+                       if e.micro_batch <= sibling.execution.micro_batch]
+            bound = states_bound(sibling, sibling.execution.shard, members[0], options.optimizer) if members else None
+            if bound is not None and bound > gpu.memory_bytes:
+                results.append(Planned(members[0], memory_bytes=bound, memory_bound=STATES_BOUND))
+                continue
         for level, checkpoint in enumerate(CHECKPOINTS[start:], start):
             fit = _first_fit([replace(e, checkpoint=checkpoint) for e in members], request, options, gpu, cluster,
                              layers, cache, results)
             if fit is not None:
                 if key[0] == "fsdp":
-                    fsdp_fit[rest] = (level, fit.execution.micro_batch)
+                    fsdp_fit[rest] = (level, fit)
                 break
     return results
 

@@ -94,7 +94,7 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
     if prune and (bound := int(memory(0, roles))) > gpu.memory_bytes:  # a lower bound (module docstring)
         from nnperf.search.plan import Planned
 
-        return Planned(execution, memory_bytes=bound, fits=False, memory_bound=True)
+        return Planned(execution, memory_bytes=bound, memory_bound="its first pipeline stage alone")
     roles.update({name: traced_role(name) for name in role_ranks if name != "first"})
 
     def action_s(stage: int, kind: str) -> float:

@@ -34,6 +34,7 @@ from nnperf.loading import resolve
 from nnperf.passes.comm_timeline import overlap
 from nnperf.prediction import predict_analysis
 from nnperf.request import ModelRequest
+from nnperf.search.plan_states import param_row_bytes
 from nnperf.trace.distributed import Execution, sharded_bytes, trace_rank
 from nnperf.trace.options import TraceOptions
 from nnperf.vocab import Category
@@ -102,6 +103,7 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
     values["attention_layers"] = float(len(forward))
     values["kv_bytes"] = float(sum(e.inputs[1].nbytes + e.inputs[2].nbytes for e in forward if len(e.inputs) >= 3))
     values["model_states"] = float(sum(prediction.memory.model_states.values()))
+    values["param_row_bytes"] = param_row_bytes(traced.trace)
     values.update({f"exposed.{k}": v for k, v in comm.exposed_s.items()})
     values.update({f"state.{k}": float(v) for k, v in sharded_bytes(traced).items()})
     for c in traced.collectives:

@@ -1,0 +1,54 @@
+"""The model-state bound of HSDP and DDP layouts from their FSDP sibling (search.plan_states)
+against the layouts traced: at most their traced state bytes and memory; and the search skips
+a layout whose bound cannot fit, tracing FSDP only."""
+
+from __future__ import annotations
+
+import pytest
+
+from nnperf.hardware.catalog import load_gpu
+from nnperf.hardware.cluster import load_cluster
+from nnperf.request import ModelRequest
+from nnperf.search.plan import _search, evaluate
+from nnperf.search.plan_rank import RoleCache
+from nnperf.search.plan_states import states_bound
+from nnperf.trace.distributed import Execution
+from nnperf.trace.options import TraceOptions
+
+GPU, CLUSTER = load_gpu("h100"), load_cluster("dgx-h100")
+# wide and shallow: model states dominate the memory
+WIDE = {"dim": 1024, "n_heads": 8, "ffn_hidden": 4096, "vocab": 8192, "n_layer": 2}
+REQUEST = ModelRequest("llama-7b", batch=1, seq_len=16, overrides=WIDE)
+
+
+@pytest.mark.parametrize(("tensor", "optimizer"), [(1, "adamw"), (2, "adamw"), (1, "sgd-momentum")])
+def test_the_bound_is_below_the_traced_states(tensor, optimizer):
+    options = TraceOptions(amp="bf16", optimizer=optimizer)
+    fsdp = Execution(world=8, data="fsdp", shard=8 // tensor, tensor=tensor, sequence_parallel=tensor > 1)
+    sibling = evaluate(REQUEST, options, fsdp, GPU, CLUSTER)
+    others = [Execution(world=8, data="hsdp", shard=2, tensor=tensor, sequence_parallel=tensor > 1)]
+    if tensor == 1:
+        others.append(Execution(world=8, data="ddp"))
+    for execution in others:
+        bound = states_bound(sibling, fsdp.shard, execution, optimizer)
+        traced = evaluate(REQUEST, options, execution, GPU, CLUSTER)
+        states = sum(traced.state_bytes.values())
+        assert bound is not None and 0.9 * states < bound <= states <= traced.memory_bytes, execution.describe()
+
+
+def test_the_search_skips_hsdp_whose_states_cannot_fit():
+    request = ModelRequest("llama-7b", batch=1, seq_len=16, overrides={**WIDE, "dim": 2048, "ffn_hidden": 8192, "n_layer": 8})
+    options = TraceOptions(amp="bf16")
+    fsdp = Execution(world=8, data="fsdp", shard=8)
+    hsdp = Execution(world=8, data="hsdp", shard=2)
+    sibling = evaluate(request, options, fsdp, GPU, CLUSTER)
+    bound = states_bound(sibling, 8, hsdp, "adamw")
+    assert sibling.memory_bytes < bound
+    gpu = load_gpu("h100", overrides={"memory_gib": str((sibling.memory_bytes + bound) / 2 / 2**30)})
+    cache = RoleCache()
+    results = _search(request, options, [fsdp, hsdp], gpu, CLUSTER, None, cache)
+    assert cache.traces == 1  # FSDP's
+    fitted, skipped = results
+    assert fitted.fits and fitted.execution == fsdp
+    assert not skipped.fits and skipped.memory_bound and skipped.memory_bytes == bound
+    assert skipped.memory_bytes <= evaluate(request, options, hsdp, gpu, CLUSTER).memory_bytes
