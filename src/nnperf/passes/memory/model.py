@@ -37,6 +37,10 @@ _KIND_CATEGORY = {
 _PERSISTENT = {Mem.PARAMETERS, Mem.BUFFERS, Mem.INPUTS, Mem.OPTIMIZER_STATE}
 _CAST_OPS = {"aten._to_copy", "aten.to", "aten._autocast_to_reduced_precision"}
 _HOST_SCALAR_OPS = {"aten.lift_fresh", "aten.lift_fresh_copy", "aten.scalar_tensor"}
+#: FSDP2 copies an all-gather's flat output into the unsharded parameters with this op (inputs:
+#: the gathered buffer, then the parameters it writes; torch/distributed/fsdp/_fully_shard/
+#: _fsdp_collectives.py ``split_with_sizes_copy``)
+_FSDP_UNSHARD_COPY = "fsdp.split_with_sizes_copy"
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,7 @@ def classify(trace: Trace, optimizer_impl: str | None = None) -> dict[int, Stora
             ndim.setdefault(m.storage, len(m.shape))
     last_forward = max((e.index for e in trace.events if e.phase == Phase.FORWARD), default=-1)
     params = set(trace.param_storages)
+    gathered = unsharded_parameters(trace)
     roles: dict[int, StorageRole] = {}
     for sid, info in trace.storages.items():
         scalar = ndim.get(sid, 1) == 0
@@ -81,7 +86,7 @@ def classify(trace: Trace, optimizer_impl: str | None = None) -> dict[int, Stora
             continue
         if creator.phase == Phase.FORWARD:
             from_param = creator.name in _CAST_OPS and any(m.storage in params for m in creator.inputs)
-            if from_param:
+            if from_param or sid in gathered:
                 cat = Mem.AMP_WEIGHT_CASTS
             elif trace.mode == "train" and (
                 info.released_after is None or info.released_after > last_forward
@@ -96,6 +101,15 @@ def classify(trace: Trace, optimizer_impl: str | None = None) -> dict[int, Stora
         roles[sid] = StorageRole(True, cat, module)
     assert all(r.category in CATEGORIES for r in roles.values())
     return roles
+
+
+def unsharded_parameters(trace: Trace) -> set[int]:
+    """Storages FSDP2 gathers its parameters into (the outputs of its unshard copy). They are
+    weight copies, not activations: kept from forward into backward when the module does not
+    reshard after forward (always its root), they are held once per rank whatever the
+    micro-batches in flight, and do not grow with the batch (issue 18: counted as saved
+    activations, a pipeline stage multiplied them by its in-flight micro-batches)."""
+    return {m.storage for e in trace.events if e.name == _FSDP_UNSHARD_COPY for m in e.inputs[1:]}
 
 
 #: Allocation program op codes (see ``AllocationProgram``).

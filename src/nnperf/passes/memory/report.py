@@ -29,7 +29,7 @@ CATEGORY_LABELS = {
     MemoryCategory.INPUTS: "input batch",
     MemoryCategory.GRADIENTS: "gradients",
     MemoryCategory.OPTIMIZER_STATE: "optimizer state",
-    MemoryCategory.AMP_WEIGHT_CASTS: "autocast weight copies",
+    MemoryCategory.AMP_WEIGHT_CASTS: "weight copies (autocast casts, FSDP's gathered parameters)",
     MemoryCategory.SAVED_ACTIVATIONS: "activations kept for backward",
     MemoryCategory.FORWARD_TEMPORARIES: "forward temporaries",
     MemoryCategory.BACKWARD_TEMPORARIES: "backward temporaries (activation gradients)",
