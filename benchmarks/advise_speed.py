@@ -7,12 +7,10 @@ the shared cores do not inflate: on 2 free cores the wall time is about half of 
 
 from __future__ import annotations
 
-import argparse
 import os
-import resource
-import subprocess
 import sys
-import time
+
+from _timed_cli import environment, run_nnperf
 
 TARGET_S = 30.0
 CASES = [
@@ -22,22 +20,11 @@ CASES = [
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--workers", type=int, default=None, help="NNPERF_FIT_WORKERS for the searches")
-    args = parser.parse_args()
-    env = dict(os.environ)
-    if args.workers:
-        env["NNPERF_FIT_WORKERS"] = str(args.workers)
-    print(f"cores available: {len(os.sched_getaffinity(0))}; load average before: "
-          + ", ".join(f"{x:.2f}" for x in os.getloadavg()) + " (other users share the cores)")
+    env = environment("NNPERF_FIT_WORKERS")
     for case in CASES:
-        start = time.perf_counter()
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        subprocess.run([sys.executable, "-c", "from nnperf.cli.app import main; main()", "advise", *case, "--json"], check=True,
-                       stdout=subprocess.DEVNULL, env=env)
-        took = time.perf_counter() - start
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        done, took, cpu = run_nnperf(["advise", *case, "--json"], env)
+        if done.returncode != 0:
+            sys.exit(done.stderr[-2000:])
         verdict = "ok" if took < TARGET_S else "OVER"
         print(f"advise {' '.join(case)}: {took:.1f} s (target < {TARGET_S:.0f} s) {verdict}; "
               f"{cpu:.1f} CPU-s in all its processes; load average now {os.getloadavg()[0]:.2f}")

@@ -11,13 +11,11 @@ of the shared cores do not inflate) and how many rank roles the search traced.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import resource
-import subprocess
 import sys
-import time
+
+from _timed_cli import environment, run_nnperf
 
 TARGET_S = 60.0
 LLAMA_70B = ["-O", "n_layer=80", "-O", "dim=8192", "-O", "n_heads=64", "-O", "n_kv_heads=8",
@@ -27,21 +25,8 @@ CASE = ["llama-7b", *LLAMA_70B, "--seq", "8192", "--batch", "1", "--amp", "bf16"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--workers", type=int, default=None, help="NNPERF_PLAN_WORKERS for the search")
-    args = parser.parse_args()
-    env = dict(os.environ)
-    if args.workers:
-        env["NNPERF_PLAN_WORKERS"] = str(args.workers)
-    print(f"cores available: {len(os.sched_getaffinity(0))}; load average before: "
-          + ", ".join(f"{x:.2f}" for x in os.getloadavg()) + " (other users share the cores)")
-    start = time.perf_counter()
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    done = subprocess.run([sys.executable, "-c", "from nnperf.cli.app import main; main()", "plan", *CASE, "--json"],
-                          check=False, capture_output=True, text=True, env=env)
-    took = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    env = environment("NNPERF_PLAN_WORKERS")
+    done, took, cpu = run_nnperf(["plan", *CASE, "--json"], env)
     if done.returncode not in (0, 5):
         sys.exit(done.stderr[-2000:])
     doc = json.loads(done.stdout)

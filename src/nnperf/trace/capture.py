@@ -309,7 +309,7 @@ def _classify_late_storages(recorder: OpRecorder, model: torch.nn.Module, optimi
             recorder.storages[recorder.storage_id(local(p.grad), None)].kind = KIND_GRAD
     if optimizer is not None:
         for param, state in optimizer.state.items():
-            if getattr(param, "grad", None) is None:
+            if param.grad is None:
                 continue
             for v in state.values():
                 if isinstance(v, torch.Tensor):

@@ -13,8 +13,6 @@ saves about a tenth of the whole analysis.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -49,8 +47,6 @@ class _SkipInplaceMath(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-@contextmanager
-def skip_inplace_math() -> Iterator[None]:
-    """Within: in-place elementwise ops on fake tensors without values are not run."""
-    with _SkipInplaceMath():
-        yield
+def skip_inplace_math() -> TorchDispatchMode:
+    """A context within which in-place ops on fake tensors without values are not run."""
+    return _SkipInplaceMath()

@@ -78,6 +78,11 @@ def register_defined_on_import(module: str, *names: str) -> Callable[[Formula], 
     """``register`` for ops a library module defines when imported (FSDP2's ``fsdp::`` copy
     ops): no presence check here (that import takes ~0.6 s); a test makes it."""
     DEFINED_ON_IMPORT[module] = DEFINED_ON_IMPORT.get(module, ()) + names
+    return _registering(names)
+
+
+def _registering(names: tuple[str, ...] | list[str]) -> Callable[[Formula], Formula]:
+    """The decorator that files a formula under each name, once."""
 
     def wrap(fn: Formula) -> Formula:
         for name in names:
@@ -106,15 +111,7 @@ def register(*names: str, since: str | None = None) -> Callable[[Formula], Formu
             f"nnperf's cost registry names ops that torch {torch.__version__} does not have: "
             f"{', '.join(missing)}"
         )
-
-    def wrap(fn: Formula) -> Formula:
-        for name in present:
-            if name in _FORMULAS:
-                raise ValueError(f"a cost formula for {name} is already registered")
-            _FORMULAS[name] = fn
-        return fn
-
-    return wrap
+    return _registering(present)
 
 
 def lookup(event: OpEvent) -> Formula | None:
