@@ -6,13 +6,9 @@ nnperf's output."""
 
 from __future__ import annotations
 
-import os
-import socket
-
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from gloo_ranks import run_ranks
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -62,10 +58,7 @@ def _bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]
     }
 
 
-def _worker(rank: int, port: int, queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+def _worker(rank: int) -> dict:
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel
 
@@ -88,20 +81,12 @@ def _worker(rank: int, port: int, queue) -> None:
             state = _bytes(model, optimizer)
             optimizer.zero_grad()
         results[kind] = (seen.seen, state)
-    if rank == 0:
-        queue.put(results)
-    dist.destroy_process_group()
+    return results
 
 
 @pytest.fixture(scope="module")
 def real_runs():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    mp.start_processes(_worker, args=(port, queue), nprocs=WORLD, start_method="spawn")
-    return queue.get(timeout=60)
+    return run_ranks(_worker, WORLD, timeout_s=120)[0]
 
 
 def _fake(kind: str):

@@ -8,14 +8,12 @@ builds its stages and schedule with torch's API directly and watches them itself
 from __future__ import annotations
 
 import contextlib
-import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
+from gloo_ranks import run_ranks
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from nnperf.errors import UsageError
@@ -77,10 +75,7 @@ def _watched(stage, actions: list[str], in_flight: dict[int, int]) -> None:
     stage.forward_one_chunk, stage.backward_one_chunk, stage.backward_weight_one_chunk = f, b, w
 
 
-def _worker(rank: int, port: int, queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+def _worker(rank: int) -> dict:
     from torch.distributed.pipelining import (
         PipelineStage,
         Schedule1F1B,
@@ -132,18 +127,12 @@ def _worker(rank: int, port: int, queue) -> None:
             state = _storage_bytes(modules, optimizer)
             optimizer.zero_grad()
         results[schedule_name] = (seen.seen, state, actions, in_flight)
-    queue.put((rank, results))
-    dist.destroy_process_group()
+    return results
 
 
 @pytest.fixture(scope="module")
 def real_runs():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    queue = mp.get_context("spawn").Queue()
-    mp.start_processes(_worker, args=(port, queue), nprocs=WORLD, start_method="spawn")
-    return dict(queue.get(timeout=180) for _ in range(WORLD))
+    return run_ranks(_worker, WORLD, timeout_s=180)
 
 
 def _traced(schedule: str, rank: int):

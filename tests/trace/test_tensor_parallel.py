@@ -9,13 +9,11 @@ a dispatch mode of the test's own, sized from the real tensors."""
 from __future__ import annotations
 
 import contextlib
-import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from gloo_ranks import run_ranks
 from torch.distributed.tensor.parallel import loss_parallel
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 
@@ -87,10 +85,7 @@ def _storage_bytes(model, optimizer) -> dict[str, int]:
             "optimizer_state": total(v for s in optimizer.state.values() for v in s.values())}
 
 
-def _worker(rank: int, port: int, queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+def _worker(rank: int) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
     from nnperf.trace.tensor_parallel import apply_tensor_parallel
@@ -111,19 +106,12 @@ def _worker(rank: int, port: int, queue) -> None:
             state = _storage_bytes(workload.model, optimizer)
             optimizer.zero_grad()
         results[case] = (seen.seen, state)
-    queue.put((rank, results))
-    dist.destroy_process_group()
+    return results
 
 
 @pytest.fixture(scope="module")
 def real_runs():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    mp.start_processes(_worker, args=(port, queue), nprocs=WORLD, start_method="spawn")
-    return dict(queue.get(timeout=120) for _ in range(WORLD))
+    return run_ranks(_worker, WORLD, timeout_s=120)
 
 
 def _traced(case: str, rank: int):
@@ -169,12 +157,9 @@ def test_heads_tp_does_not_divide_is_one_line():
 FSDP_TP = ("llama-7b", {"n_layer": 2, "dim": 32, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 48, "vocab": 101})
 
 
-def _worker_2d(rank: int, port: int, queue) -> None:
+def _worker_2d(rank: int) -> tuple:
     """FSDP2 over tensor parallelism with sequence parallelism on a 2 x 2 mesh, torchtitan's
     order: TP first, then ``fully_shard`` per block and the root on the data-parallel mesh."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=4)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -198,8 +183,7 @@ def _worker_2d(rank: int, port: int, queue) -> None:
             optimizer.step()
         state = _storage_bytes(model, optimizer)
         optimizer.zero_grad()
-    queue.put((rank, (seen.seen, state)))
-    dist.destroy_process_group()
+    return seen.seen, state
 
 
 _KIND.update({"c10d._allgather_base_": ("all_gather", "out"), "c10d._reduce_scatter_base_": ("reduce_scatter", "in"),
@@ -209,12 +193,7 @@ _KIND.update({"c10d._allgather_base_": ("all_gather", "out"), "c10d._reduce_scat
 
 @pytest.fixture(scope="module")
 def real_2d():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    queue = mp.get_context("spawn").Queue()
-    mp.start_processes(_worker_2d, args=(port, queue), nprocs=4, start_method="spawn")
-    return dict(queue.get(timeout=180) for _ in range(4))
+    return run_ranks(_worker_2d, 4, timeout_s=180)
 
 
 @pytest.mark.parametrize("rank", [0, 3])

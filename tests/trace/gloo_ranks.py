@@ -1,0 +1,58 @@
+"""Runs a test's step on real torch.distributed ranks: spawned processes on this CPU joined by
+gloo, so the distributed tests compare nnperf's fake process group with the engines' own run.
+
+Why the careful exit: a rank that leaves through interpreter finalization while gloo's threads
+still hold work can abort ("terminate called without an active exception", SIGABRT; seen in CI
+on torch 2.14.1+cu130, see pytorch/pytorch#179291). Every rank therefore hands its result over
+first, waits for the others at a barrier, destroys the group and leaves with ``os._exit``: nothing
+is left for finalization to tear down.
+"""
+
+from __future__ import annotations
+
+import os
+import queue as queue_module
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def run_ranks(worker: Callable[[int], Any], world: int, timeout_s: float) -> dict[int, Any]:
+    """``worker(rank)`` on ``world`` gloo ranks; what each returned, by rank. ``worker`` must be a
+    module-level function (it is pickled by name into the spawned processes)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    results_queue = mp.get_context("spawn").Queue()
+    ranks = mp.start_processes(_rank_main, args=(worker, world, port, results_queue), nprocs=world,
+                               start_method="spawn", join=False)
+    results: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(results) < world:  # read while the ranks run: a large result cannot fill the pipe and block
+        try:
+            rank, value = results_queue.get(timeout=1)
+            results[rank] = value
+        except queue_module.Empty:
+            ranks.join(timeout=0)  # raises with the rank's own error when one failed
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{world - len(results)} of {world} gloo ranks gave no result in {timeout_s} s") from None
+    while not ranks.join():
+        pass
+    return results
+
+
+def _rank_main(rank: int, worker: Callable[[int], Any], world: int, port: int, results_queue) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    results_queue.put((rank, worker(rank)))
+    results_queue.close()
+    results_queue.join_thread()
+    dist.barrier()
+    dist.destroy_process_group()
+    os._exit(0)
