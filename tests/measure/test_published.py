@@ -49,6 +49,9 @@ def test_rows_become_the_workload_they_describe(rows):
     assert amp.channels_last and not tf32.channels_last  # DLE AMP runs memory_format nhwc
     mobile = workload(by_id["timm-infer-amp-nchw-pt240-cu124-rtx3090-mobilenetv2_100-224"])
     assert (mobile.model, mobile.train, mobile.batch) == ("mobilenet_v2", False, 1024)
+    assert not mobile.channels_last
+    mobile_nhwc = workload(by_id["timm-infer-amp-nhwc-pt240-cu124-rtx4090-mobilenetv2_100-224"])
+    assert (mobile_nhwc.model, mobile_nhwc.batch, mobile_nhwc.channels_last) == ("mobilenet_v2", 512, True)
     b4 = workload(next(r for r in rows if r["model"] == "efficientnet-widese-b4" and r["gpus"] == 1))
     assert (b4.model, b4.image_size) == ("efficientnet_widese_b4", 380)
     squad = workload(by_id["bert-large-squad-train-a100-80gb-amp-1gpu"])
