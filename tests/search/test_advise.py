@@ -77,7 +77,7 @@ def test_tf32_item_is_the_same_trace_with_tf32_matmuls():
     out = evaluate(setup, Change(tf32=True), base.analysis, cache)
     p = predict_analysis(base.analysis, A100, timing=TimingOptions(tf32_matmul=True))
     assert out.step_s == pytest.approx(p.totals["step_time_s"])
-    assert out.step_s < base.outcome.step_s
+    assert out.device_busy_s < base.outcome.device_busy_s  # its GEMMs run faster (the step may be host-bound)
 
 
 def test_cuda_graphs_gain_is_the_host_time_not_hidden_minus_one_launch():

@@ -93,6 +93,8 @@ def _detail_table(g: GPU) -> Table:
         ("memory", f"{g.memory_gib:g} GiB {g.memory_type} ({g.memory_gb:.1f} GB)"),
         ("memory bandwidth", f"{g.memory_bandwidth_gbs:g} GB/s"),
         ("L2", f"{_tf(g.l2_mb)} MB"),
+        ("L2 reuse (measured)", f"{g.l2_reuse_mb:g} MB found by later kernels, read at {g.l2_bandwidth_gbs:g} GB/s"
+         if g.l2_reuse else "not modeled (no L2 microbenchmark): every read is timed at DRAM bandwidth"),
         ("host link", g.host_link.describe() if g.host_link else "-"),
         ("GPU link (total)", f"{_tf(g.gpu_link_gbs)} GB/s"),
         ("TDP", f"{_tf(g.tdp_w)} W"),

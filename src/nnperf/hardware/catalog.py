@@ -88,6 +88,11 @@ class GPU:
     # hold and consumer cards exceed (GPU Boost). None: the quoted clock.
     sustained_clock_mhz: float | None = None
     l2_mb: float | None = None
+    # Measured L2 read bandwidth and the capacity over which a kernel still finds what an
+    # earlier one touched (passes/l2_reuse.py); None where no microbenchmark was found, and
+    # then every read is timed at DRAM bandwidth.
+    l2_bandwidth_gbs: float | None = None
+    l2_reuse_mb: float | None = None
     cuda_total_mib: float | None = None
     host_link: HostLink | None = None
     gpu_link_gbs: float | None = None
@@ -106,6 +111,13 @@ class GPU:
     def memory_bandwidth(self) -> float:
         """Datasheet memory bandwidth in bytes/s."""
         return self.memory_bandwidth_gbs * 1e9
+
+    @property
+    def l2_reuse(self) -> tuple[float, float] | None:
+        """(L2 read bandwidth in bytes/s, reuse capacity in bytes) where measured, else None."""
+        if self.l2_bandwidth_gbs and self.l2_reuse_mb:
+            return self.l2_bandwidth_gbs * 1e9, self.l2_reuse_mb * 1e6
+        return None
 
     @property
     def arch(self) -> Architecture:
@@ -250,6 +262,14 @@ def _build(raw: dict[str, Any], gpu_id: str, origin: str, applied: tuple[str, ..
             and not any(a.startswith("sustained_clock_mhz=") for a in applied):
         raise UsageError(f"{origin}: sustained_clock_mhz needs its measurement named in "
                          "[sources] sustained_clock = \"...\"")
+    l2 = [k for k in ("l2_bandwidth_gbs", "l2_reuse_mb") if kwargs.get(k)]
+    if l2 and len(l2) < 2:
+        raise UsageError(f"{origin}: {l2[0]} needs its partner: l2_bandwidth_gbs and l2_reuse_mb come "
+                         "from one L2 measurement, so give both or neither")
+    l2_set = any(a.startswith(("l2_bandwidth_gbs=", "l2_reuse_mb=")) for a in applied)
+    if l2 and "l2" not in kwargs.get("sources", {}) and not l2_set:
+        raise UsageError(f"{origin}: l2_bandwidth_gbs and l2_reuse_mb need their measurement named in "
+                         "[sources] l2 = \"...\"")
     kwargs.pop("id", None)
     link = kwargs.pop("host_link", None)
     return GPU(

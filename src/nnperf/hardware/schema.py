@@ -7,7 +7,8 @@ A GPU file is a TOML table with these keys (see any file in ``hardware/gpus/`` f
 
     name, aliases, vendor, architecture, compute_capability, confidence, unverified, notes,
     sm_count, boost_clock_mhz, tensor_clock_mhz, memory_gib, cuda_total_mib, memory_type,
-    memory_bandwidth_gbs, l2_mb, gpu_link_gbs, tdp_w, price_usd_per_hour, price_date,
+    memory_bandwidth_gbs, l2_mb, l2_bandwidth_gbs, l2_reuse_mb, gpu_link_gbs, tdp_w,
+    price_usd_per_hour, price_date,
     [host_link] kind, gen, lanes, gbs_per_direction
     [peak_tflops.tensor] / [peak_tflops.cuda]  <dtype> = dense TFLOP/s (TOPS for int8)
     [sources] <what> = "title, URL"
@@ -56,6 +57,10 @@ SCALAR_FIELDS: dict[str, tuple[str, bool, str]] = {
     "memory_type": ("str", True, "e.g. 'HBM3'"),
     "memory_bandwidth_gbs": ("float", True, "a positive bandwidth in GB/s (1e9 bytes/s)"),
     "l2_mb": ("float", False, "a positive L2 size in MB"),
+    "l2_bandwidth_gbs": ("float", False, "the L2 read bandwidth (GB/s) a microbenchmark measured; with "
+                         "l2_reuse_mb, data a recent kernel touched is read from L2 (needs [sources] l2)"),
+    "l2_reuse_mb": ("float", False, "the MB a later kernel still finds in L2 (where the measured L2 "
+                    "bandwidth starts to fall; needs [sources] l2)"),
     "gpu_link_gbs": ("float", False, "total GPU-to-GPU link bandwidth in GB/s"),
     "tdp_w": ("float", False, "board power in W"),
     "price_usd_per_hour": ("float", False, "on-demand USD per GPU-hour"),
@@ -120,6 +125,8 @@ GPU_RANGES: dict[str, Range] = {
     "cuda_total_mib": Range(0, 2**30),
     "memory_bandwidth_gbs": Range(0, 1e6),  # 1 PB/s; H200: 4,800
     "l2_mb": Range(0, 1e5),
+    "l2_bandwidth_gbs": Range(0, 1e7),
+    "l2_reuse_mb": Range(0, 1e5),
     "gpu_link_gbs": Range(0, 1e5),
     "tdp_w": Range(0, 1e5),
     "price_usd_per_hour": Range(0, 1e4),

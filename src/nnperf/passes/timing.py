@@ -10,6 +10,10 @@ Kernel time by category:
   core rate if larger), plus the per-kernel overhead; foreach ops launch one kernel per
   ``foreach_tensors_per_kernel`` tensors.
 
+Where the GPU has a measured L2 (``GPU.l2_reuse``), the reads ``passes.l2_reuse`` finds in
+L2 leave the DRAM term of streaming ops, depthwise convolutions and convolutions' tensor
+traffic; all of their bytes still pass the L2 at its measured bandwidth.
+
 The step: eager PyTorch issues kernels from one host thread. The host pays a dispatch cost
 per op (views too); a kernel starts when it has been issued and the previous kernel ended;
 ``.item()`` makes the host wait for the device. The step ends when both are done, so small
@@ -49,6 +53,7 @@ from nnperf.passes.costs.matmul import (
 )
 from nnperf.passes.count import OpCount
 from nnperf.passes.gemms import Gemm, operand_dtype
+from nnperf.passes.l2_reuse import l2_read_hits
 from nnperf.trace.events import KIND_OPT_STATE, OpEvent, Trace, dtype_name
 
 _MEMORY_BOUND = {cat.ELEMENTWISE, cat.REDUCTION, cat.NORM, cat.MEMORY, cat.OPTIMIZER, "uncovered"}
@@ -166,13 +171,25 @@ class KernelModel:
     """Per-op kernel times on one GPU with one profile (GEMM estimates are cached)."""
 
     def __init__(self, gpu: GPU, profile: DeviceProfile, options: TimingOptions | None = None,
-                 train: bool = False):
+                 train: bool = False, l2_hits: dict[int, float] | None = None):
         self.gpu = gpu
         self.profile = profile
         self.options = options or TimingOptions()
         self.train = train  # inputs require gradients (SDPA's backend checks read it)
+        self.l2_hits = l2_hits or {}  # event index -> bytes read from L2 (passes.l2_reuse)
         self._gemm_cache: dict[tuple, GemmEstimate] = {}
         self._vector_peak = gpu.peak_flops("fp32", tensor_cores=False, fallback=True)
+
+    def _tensor_traffic_s(self, count: OpCount, kernels: int = 1) -> float:
+        """The achievable-bandwidth time of the op's bytes in ``kernels`` equal kernels: the
+        DRAM part (less the reads found in L2), or all bytes through the L2 at its measured
+        bandwidth, whichever is longer."""
+        hits = self.l2_hits.get(count.index, 0.0)
+        dram = kernels * self.profile.memory_time(self.gpu.memory_bandwidth, (count.bytes - hits) / kernels)
+        if not hits:
+            return dram
+        l2_bandwidth, _ = self.gpu.l2_reuse
+        return max(dram, count.bytes / l2_bandwidth)
 
     def gemm(self, m: int, n: int, k: int, batch: int, dtype: str, tf32: bool) -> GemmEstimate:
         key = (m, n, k, batch, dtype, tf32)
@@ -219,7 +236,7 @@ class KernelModel:
                 / self.profile.conv_efficiency_of(stride, positions, g.gemm.role, e.math_unit)
                 for g, e in zip(gemms, ests, strict=True))
             memory = count.bytes / self.gpu.memory_bandwidth
-            model_memory = self.profile.memory_time(self.gpu.memory_bandwidth, count.bytes)
+            model_memory = self._tensor_traffic_s(count)
             reduction = sum(e.reduction_s for e in ests)
             # tensor-core kernels are NHWC: NCHW tensors are transposed in and out, each a
             # read and a write at the achievable bandwidth, one kernel each
@@ -321,7 +338,7 @@ class KernelModel:
         across channels its arithmetic intensity is a few FLOP/byte, so it is bandwidth-bound
         on every GPU in the catalog (an 8x8 tensor-core tile would sit 7/8 idle on it)."""
         kernels = max(1, len(count.gemms))
-        model_memory = self.profile.memory_time(self.gpu.memory_bandwidth, count.bytes)
+        model_memory = self._tensor_traffic_s(count)
         model_compute = count.flops / (self._vector_peak * self.profile.cuda_core_fraction)
         overhead = kernels * self.profile.kernel_overhead_s
         return OpTime(
@@ -408,8 +425,7 @@ class KernelModel:
     def _streaming(self, count: OpCount, base: dict[str, Any]) -> OpTime:
         tensors = int(count.info.get("tensors", 1))
         kernels = max(1, math.ceil(tensors / self.profile.foreach_tensors_per_kernel))
-        per_kernel_bytes = count.bytes / kernels
-        model_memory = kernels * self.profile.memory_time(self.gpu.memory_bandwidth, per_kernel_bytes)
+        model_memory = self._tensor_traffic_s(count, kernels)
         model_compute = count.flops / (self._vector_peak * self.profile.cuda_core_fraction)
         overhead = kernels * self.profile.kernel_overhead_s
         return OpTime(
@@ -482,7 +498,9 @@ def simulate_step(
     trace: Trace, counts: list[OpCount], gpu: GPU, profile: DeviceProfile, options: TimingOptions | None = None
 ) -> StepTime:
     """Play the eager timeline: host issues ops in order, the device runs them in order."""
-    model = KernelModel(gpu, profile, options, train=trace.mode == "train")
+    reuse = gpu.l2_reuse
+    hits = l2_read_hits(counts, reuse[1]) if reuse else None
+    model = KernelModel(gpu, profile, options, train=trace.mode == "train", l2_hits=hits)
     pending = iter(counts)  # counts are the trace's non-free events, in trace order
     count = next(pending, None)
     host = device = busy = 0.0
