@@ -67,10 +67,20 @@ def test_hits_leave_the_dram_term_and_pass_the_l2_at_its_bandwidth(chain):
 
 
 def test_a_gpu_without_an_l2_measurement_times_every_read_at_dram(chain):
-    h100 = load_gpu("h100")
-    assert h100.l2_reuse is None
-    add = next(t for t in predict_analysis(chain, h100).step.ops if t.op == "aten.add")
-    assert add.model_memory_s == pytest.approx(default_profile(h100).memory_time(h100.memory_bandwidth, 3 * S))
+    l4 = load_gpu("l4")
+    assert l4.l2_reuse is None
+    add = next(t for t in predict_analysis(chain, l4).step.ops if t.op == "aten.add")
+    assert add.model_memory_s == pytest.approx(default_profile(l4).memory_time(l4.memory_bandwidth, 3 * S))
+    assert add.memory_s == pytest.approx(3 * S / l4.memory_bandwidth)
+
+
+def test_the_roofline_counts_dram_bytes(chain):
+    """An op whose reads hit L2 moves fewer DRAM bytes: its roofline memory term says so, and
+    its kernel time never beats that roofline."""
+    gpu = load_gpu("rtx-4090")
+    add = next(t for t in predict_analysis(chain, gpu).step.ops if t.op == "aten.add")
+    assert add.memory_s == pytest.approx(S / gpu.memory_bandwidth)  # only its output goes to DRAM
+    assert add.kernel_s >= add.memory_s
 
 
 def test_every_catalog_l2_reuse_names_its_measurement_and_fits_in_the_l2():

@@ -85,7 +85,7 @@ class OpTime:
     kernels: int
     kernel_s: float  # predicted device time of the op's kernel(s)
     compute_s: float  # FLOPs / peak of the unit it runs on (roofline)
-    memory_s: float  # bytes / datasheet bandwidth (roofline)
+    memory_s: float  # DRAM bytes (less the reads found in L2) / datasheet bandwidth (roofline)
     peak_flops: float
     host_s: float  # host dispatch cost
     # The kernel model's terms, with the profile's efficiencies (tile and wave quantization,
@@ -180,13 +180,17 @@ class KernelModel:
         self._gemm_cache: dict[tuple, GemmEstimate] = {}
         self._vector_peak = gpu.peak_flops("fp32", tensor_cores=False, fallback=True)
 
+    def _dram_bytes(self, count: OpCount) -> float:
+        """The op's bytes less the reads it finds in L2: what its roofline's memory term counts."""
+        return count.bytes - self.l2_hits.get(count.index, 0.0)
+
     def _tensor_traffic_s(self, count: OpCount, kernels: int = 1) -> float:
         """The achievable-bandwidth time of the op's bytes in ``kernels`` equal kernels: the
         DRAM part (less the reads found in L2), or all bytes through the L2 at its measured
         bandwidth, whichever is longer."""
-        hits = self.l2_hits.get(count.index, 0.0)
-        dram = kernels * self.profile.memory_time(self.gpu.memory_bandwidth, (count.bytes - hits) / kernels)
-        if not hits:
+        dram_bytes = self._dram_bytes(count)
+        dram = kernels * self.profile.memory_time(self.gpu.memory_bandwidth, dram_bytes / kernels)
+        if dram_bytes == count.bytes:
             return dram
         l2_bandwidth, _ = self.gpu.l2_reuse
         return max(dram, count.bytes / l2_bandwidth)
@@ -235,7 +239,7 @@ class KernelModel:
                 e.model_compute_s * self._algorithm(count, g.gemm.role, e)
                 / self.profile.conv_efficiency_of(stride, positions, g.gemm.role, e.math_unit)
                 for g, e in zip(gemms, ests, strict=True))
-            memory = count.bytes / self.gpu.memory_bandwidth
+            memory = self._dram_bytes(count) / self.gpu.memory_bandwidth
             model_memory = self._tensor_traffic_s(count)
             reduction = sum(e.reduction_s for e in ests)
             # tensor-core kernels are NHWC: NCHW tensors are transposed in and out, each a
@@ -345,7 +349,7 @@ class KernelModel:
             kernels=kernels,
             kernel_s=max(model_compute, model_memory) + overhead,
             compute_s=count.flops / self._vector_peak,
-            memory_s=count.bytes / self.gpu.memory_bandwidth,
+            memory_s=self._dram_bytes(count) / self.gpu.memory_bandwidth,
             peak_flops=self._vector_peak,
             math="fp32" if count.flops else "",
             bound=_bound(model_compute, model_memory, overhead),
@@ -432,7 +436,7 @@ class KernelModel:
             kernels=kernels,
             kernel_s=max(model_compute, model_memory) + overhead,
             compute_s=count.flops / self._vector_peak,
-            memory_s=count.bytes / self.gpu.memory_bandwidth,
+            memory_s=self._dram_bytes(count) / self.gpu.memory_bandwidth,
             peak_flops=self._vector_peak,
             bound=_bound(model_compute, model_memory, overhead),
             model_compute_s=model_compute,
