@@ -92,7 +92,10 @@ class Prediction:
             for g in t.gemms:
                 e = g.estimate
                 if g.gemm.flops and e.peak_flops:
-                    flops[(e.rate_dtype, e.peak_flops)] += g.gemm.flops
+                    # a GEMV of a tensor-core dtype runs on CUDA cores: say so beside its peak
+                    mode = f"{e.rate_dtype} CUDA-core" if e.math_unit == "cuda" and e.rate_dtype != "fp32" \
+                        else e.rate_dtype
+                    flops[(mode, e.peak_flops)] += g.gemm.flops
             if t.category == cat.ATTENTION and t.count.flops and t.peak_flops:
                 flops[(t.math, t.peak_flops)] += t.count.flops
         if not flops:

@@ -160,3 +160,10 @@ def test_mfu_label_names_the_flops_it_counts():
     out = run("predict", "mlp", "--batch", "64", "--gpu", "h100").output
     assert "MFU (forward+backward FLOPs / fp32 peak 67 TFLOP/s)" in out
     assert "model FLOPs" not in out
+
+
+def test_mfu_label_of_an_inference_pass_counts_forward_flops_and_names_a_gemvs_unit():
+    """Batch-1 decoding: every projection is a matrix-vector product, which cuBLAS runs on CUDA
+    cores; the A100's bf16 CUDA-core peak is 39 TFLOP/s (datasheet), its tensor peak 312."""
+    out = run("predict", "mlp", "--batch", "1", "--inference", "--dtype", "bf16", "--gpu", "a100-80gb-sxm").output
+    assert "MFU (forward FLOPs / bf16 CUDA-core peak 39 TFLOP/s)" in " ".join(out.split())

@@ -38,13 +38,15 @@ def memory_for(prediction: Prediction) -> tuple[MemoryReport | None, str]:
 
 
 # ---- summary -------------------------------------------------------------------------------
-def mfu_label(totals: dict) -> str:
-    """What MFU divides: forward+backward FLOPs (not the optimizer's) by the peak of the math
-    the matrix kernels ran (``mfu_math``: e.g. tf32 for fp32 convolutions under cuDNN's
-    default; several modes, e.g. tf32+fp32, give their FLOP-weighted peak)."""
+def mfu_label(totals: dict, inference: bool = False) -> str:
+    """What MFU divides: forward+backward FLOPs (not the optimizer's; an inference pass has
+    only forward ones) by the peak of the math the matrix kernels ran (``mfu_math``: e.g. tf32
+    for fp32 convolutions under cuDNN's default, "bf16 CUDA-core" for GEMVs; several modes,
+    e.g. tf32+fp32, give their FLOP-weighted peak)."""
     math = totals["mfu_math"]
     weighted = " FLOP-weighted" if "+" in math else ""
-    return f"MFU (forward+backward FLOPs / {math}{weighted} peak {si(totals['mfu_peak_flops'], 'FLOP/s')})"
+    flops = "forward" if inference else "forward+backward"
+    return f"MFU ({flops} FLOPs / {math}{weighted} peak {si(totals['mfu_peak_flops'], 'FLOP/s')})"
 
 
 # ---- module and op time (terminal tables, JSON rows) ---------------------------------------
