@@ -184,16 +184,16 @@ class KernelModel:
         """The op's bytes less the reads it finds in L2: what its roofline's memory term counts."""
         return count.bytes - self.l2_hits.get(count.index, 0.0)
 
-    def _tensor_traffic_s(self, count: OpCount, kernels: int = 1) -> float:
-        """The achievable-bandwidth time of the op's bytes in ``kernels`` equal kernels: the
-        DRAM part (less the reads found in L2), or all bytes through the L2 at its measured
-        bandwidth, whichever is longer."""
-        dram_bytes = self._dram_bytes(count)
+    def _tensor_traffic_s(self, count: OpCount, kernels: int = 1, reread: float = 0.0) -> float:
+        """The achievable-bandwidth time of the op's bytes (plus ``reread`` bytes its kernels
+        read again) in ``kernels`` equal kernels: the DRAM part (less the reads found in L2),
+        or all bytes through the L2 at its measured bandwidth, whichever is longer."""
+        dram_bytes = self._dram_bytes(count) + reread
         dram = kernels * self.profile.memory_time(self.gpu.memory_bandwidth, dram_bytes / kernels)
-        if dram_bytes == count.bytes:
+        if dram_bytes == count.bytes + reread:
             return dram
         l2_bandwidth, _ = self.gpu.l2_reuse
-        return max(dram, count.bytes / l2_bandwidth)
+        return max(dram, (count.bytes + reread) / l2_bandwidth)
 
     def gemm(self, m: int, n: int, k: int, batch: int, dtype: str, tf32: bool) -> GemmEstimate:
         key = (m, n, k, batch, dtype, tf32)
@@ -340,16 +340,21 @@ class KernelModel:
         cores in fp32 (the kernels' accumulate type), whichever is longer; one kernel per
         gradient in backward. With K = R*S (9..49) MACs per output element and no reuse
         across channels its arithmetic intensity is a few FLOP/byte, so it is bandwidth-bound
-        on every GPU in the catalog (an 8x8 tensor-core tile would sit 7/8 idle on it)."""
+        on every GPU in the catalog (an 8x8 tensor-core tile would sit 7/8 idle on it).
+        Each gradient is a kernel of its own that reads the output gradient (PyTorch's
+        ``conv_depthwise2d_backward_kernel`` and ``..._grad_weight_kernel``; cuDNN's
+        BackwardData and BackwardFilter), so with both it is read twice."""
         kernels = max(1, len(count.gemms))
-        model_memory = self._tensor_traffic_s(count)
+        grad_output = count.event.args[0]
+        reread = (kernels - 1) * grad_output.nbytes if count.op == "aten.convolution_backward" else 0.0
+        model_memory = self._tensor_traffic_s(count, reread=reread)
         model_compute = count.flops / (self._vector_peak * self.profile.cuda_core_fraction)
         overhead = kernels * self.profile.kernel_overhead_s
         return OpTime(
             kernels=kernels,
             kernel_s=max(model_compute, model_memory) + overhead,
             compute_s=count.flops / self._vector_peak,
-            memory_s=self._dram_bytes(count) / self.gpu.memory_bandwidth,
+            memory_s=(self._dram_bytes(count) + reread) / self.gpu.memory_bandwidth,
             peak_flops=self._vector_peak,
             math="fp32" if count.flops else "",
             bound=_bound(model_compute, model_memory, overhead),
