@@ -3,9 +3,11 @@ gloo, so the distributed tests compare nnperf's fake process group with the engi
 
 Why the careful exit: a rank that leaves through interpreter finalization while gloo's threads
 still hold work can abort ("terminate called without an active exception", SIGABRT; seen in CI
-on torch 2.14.1+cu130, see pytorch/pytorch#179291). Every rank therefore hands its result over
+on torch 2.14.1+cu130; pytorch/pytorch#179291, an abandoned PR, describes the same crash for
+processes that leave without destroying their group). Every rank therefore hands its result over
 first, waits for the others at a barrier, destroys the group and leaves with ``os._exit``: nothing
-is left for finalization to tear down.
+is left for finalization to tear down. A rank that fails or hangs past the deadline fails the
+test and the others are killed, so pytest never waits on them.
 """
 
 from __future__ import annotations
@@ -33,16 +35,23 @@ def run_ranks(worker: Callable[[int], Any], world: int, timeout_s: float) -> dic
                                start_method="spawn", join=False)
     results: dict[int, Any] = {}
     deadline = time.monotonic() + timeout_s
-    while len(results) < world:  # read while the ranks run: a large result cannot fill the pipe and block
-        try:
-            rank, value = results_queue.get(timeout=1)
-            results[rank] = value
-        except queue_module.Empty:
-            ranks.join(timeout=0)  # raises with the rank's own error when one failed
+    try:
+        while len(results) < world:  # read while the ranks run: a large result cannot fill the pipe
+            try:
+                rank, value = results_queue.get(timeout=1)
+                results[rank] = value
+            except queue_module.Empty:
+                ranks.join(timeout=0)  # raises with the rank's own error when one failed
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{world - len(results)} of {world} gloo ranks gave no result "
+                                       f"in {timeout_s} s") from None
+        while not ranks.join(timeout=1):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{world - len(results)} of {world} gloo ranks gave no result in {timeout_s} s") from None
-    while not ranks.join():
-        pass
+                raise TimeoutError(f"gloo ranks did not exit within {timeout_s} s")
+    finally:
+        for process in ranks.processes:
+            if process.is_alive():
+                process.kill()
     return results
 
 
