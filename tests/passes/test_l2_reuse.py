@@ -40,14 +40,47 @@ def _by_op(analysis) -> dict[str, int]:
 
 
 def test_hits_by_hand(chain):
-    """Touches in order: relu reads x, writes r (2S so far); mul reads r, writes m (4S); add
-    reads m and x. The read of r has S touched since plus S read: 0 + S; of m: S; of x, written
-    before r, r, m: 4S - S + S = 4S. So at 4S every read but relu's (x is new) hits; at 3.5S the
-    read of x by add misses; below S nothing fits."""
+    """Touches in order, each adding its bytes to the running total: relu reads x (S) and
+    writes r (2S); mul reads r, last touched at 2S: distance 0 + S, and writes m (4S); add
+    reads m (last touched at 4S: S), then x, last touched at S, now at 5S: 5S - S + S = 5S.
+    So at 5S every read but relu's hits (x is new there), at 4.5S add's read of x misses,
+    below S nothing fits."""
     idx = _by_op(chain)
-    assert l2_read_hits(chain.ops, 4 * S) == {idx["aten.mul"]: S, idx["aten.add"]: 2 * S}
-    assert l2_read_hits(chain.ops, 3.5 * S) == {idx["aten.mul"]: S, idx["aten.add"]: S}
+    assert l2_read_hits(chain.ops, 5 * S) == {idx["aten.mul"]: S, idx["aten.add"]: 2 * S}
+    assert l2_read_hits(chain.ops, 4.5 * S) == {idx["aten.mul"]: S, idx["aten.add"]: S}
     assert l2_read_hits(chain.ops, 0.9 * S) == {}
+
+
+class Lists(nn.Module):
+    """Two foreach ops in a row over the same 8 tensors (8S in all)."""
+
+    def forward(self, *xs: torch.Tensor) -> list[torch.Tensor]:
+        ys = torch._foreach_mul(list(xs), 2.0)
+        return torch._foreach_add(ys, 1.0)
+
+
+def test_a_list_pass_larger_than_the_cache_finds_nothing():
+    """An LRU cache of 4S that saw the first foreach write 8S in order has lost the first
+    tensors by the time the second reads them: each of its inputs is 8S - S (written after it)
+    + the reads before it + S away, more than 4S. At 16S the whole list fits."""
+    lists = analyze(Lists(), tuple(torch.randn(N) for _ in range(8)), train=False)
+    second = next(c.index for c in lists.ops if c.op == "aten._foreach_add")
+    assert l2_read_hits(lists.ops, 4 * S) == {}
+    assert l2_read_hits(lists.ops, 16 * S) == {second: 8 * S}
+
+
+class Halves(nn.Module):
+    """Writes one half of a buffer no kernel touched before, then reads the other half."""
+
+    def forward(self, x: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
+        buf[:N].copy_(x)
+        return buf[N:] * 2
+
+
+def test_writing_one_slice_does_not_make_the_rest_of_the_buffer_recent():
+    halves = analyze(Halves(), (torch.randn(N), torch.randn(2 * N)), train=False)
+    mul = next(c.index for c in halves.ops if c.op == "aten.mul")
+    assert mul not in l2_read_hits(halves.ops, 100 * S)
 
 
 def test_hits_leave_the_dram_term_and_pass_the_l2_at_its_bandwidth(chain):
@@ -90,6 +123,19 @@ def test_every_catalog_l2_reuse_names_its_measurement_and_fits_in_the_l2():
         assert g.sources.get("l2"), g.id
         assert g.l2_reuse_mb <= g.l2_mb, g.id
         assert g.l2_bandwidth_gbs > g.memory_bandwidth_gbs, g.id  # an L2 slower than DRAM is a typo
+
+
+def test_what_ifs_turn_it_off_and_keep_it_physical():
+    off = load_gpu("rtx-4090", overrides={"l2_reuse_mb": "0"})
+    assert off.l2_reuse is None
+    with pytest.raises(UsageError, match="not above the DRAM bandwidth"):
+        load_gpu("rtx-4090", overrides={"l2_bandwidth_gbs": "500"})
+    with pytest.raises(UsageError, match="more than the L2"):
+        load_gpu("rtx-4090", overrides={"l2_reuse_mb": "100"})
+    with pytest.raises(UsageError, match="with --set l2_bandwidth_gbs=9000: l2_bandwidth_gbs needs its partner"):
+        load_gpu("l4", overrides={"l2_bandwidth_gbs": "9000"})
+    what_if = load_gpu("l4", overrides={"l2_bandwidth_gbs": "2000", "l2_reuse_mb": "40"})  # no source needed
+    assert what_if.l2_reuse == (2000e9, 40e6)
 
 
 def test_a_gpu_file_gives_both_l2_fields_with_their_source(tmp_path):

@@ -262,14 +262,7 @@ def _build(raw: dict[str, Any], gpu_id: str, origin: str, applied: tuple[str, ..
             and not any(a.startswith("sustained_clock_mhz=") for a in applied):
         raise UsageError(f"{origin}: sustained_clock_mhz needs its measurement named in "
                          "[sources] sustained_clock = \"...\"")
-    l2 = [k for k in ("l2_bandwidth_gbs", "l2_reuse_mb") if kwargs.get(k)]
-    if l2 and len(l2) < 2:
-        raise UsageError(f"{origin}: {l2[0]} needs its partner: l2_bandwidth_gbs and l2_reuse_mb come "
-                         "from one L2 measurement, so give both or neither")
-    l2_set = any(a.startswith(("l2_bandwidth_gbs=", "l2_reuse_mb=")) for a in applied)
-    if l2 and "l2" not in kwargs.get("sources", {}) and not l2_set:
-        raise UsageError(f"{origin}: l2_bandwidth_gbs and l2_reuse_mb need their measurement named in "
-                         "[sources] l2 = \"...\"")
+    _check_l2(kwargs, origin, applied)
     kwargs.pop("id", None)
     link = kwargs.pop("host_link", None)
     return GPU(
@@ -279,6 +272,31 @@ def _build(raw: dict[str, Any], gpu_id: str, origin: str, applied: tuple[str, ..
         overrides=applied,
         **kwargs,
     )
+
+
+def _check_l2(fields: dict[str, Any], origin: str, applied: tuple[str, ...]) -> None:
+    """The L2 reuse fields come from one measurement: both or neither, named in [sources] l2
+    (a what-if ``--set`` needs no source; 0 switches the model off), a reuse capacity within
+    the L2 and an L2 faster than DRAM (else its floor would slow the reads it serves)."""
+    if applied:
+        origin = f"{origin} with --set {' '.join(applied)}"
+    given = [k for k in ("l2_bandwidth_gbs", "l2_reuse_mb") if fields.get(k) is not None]
+    if len(given) == 1:
+        raise UsageError(f"{origin}: {given[0]} needs its partner: l2_bandwidth_gbs and l2_reuse_mb come "
+                         "from one L2 measurement, so give both (0 for either turns L2 reuse off) or neither")
+    if not given or not (fields["l2_bandwidth_gbs"] and fields["l2_reuse_mb"]):
+        return
+    what_if = any(a.startswith(("l2_bandwidth_gbs=", "l2_reuse_mb=")) for a in applied)
+    if "l2" not in fields.get("sources", {}) and not what_if:
+        raise UsageError(f"{origin}: l2_bandwidth_gbs and l2_reuse_mb need their measurement named in "
+                         "[sources] l2 = \"...\"")
+    if fields.get("l2_mb") and fields["l2_reuse_mb"] > fields["l2_mb"] * 1.05:  # MB vs MiB
+        raise UsageError(f"{origin}: l2_reuse_mb {fields['l2_reuse_mb']:g} is more than the L2 "
+                         f"(l2_mb {fields['l2_mb']:g}): at most l2_mb")
+    if fields["l2_bandwidth_gbs"] <= fields["memory_bandwidth_gbs"]:
+        raise UsageError(f"{origin}: l2_bandwidth_gbs {fields['l2_bandwidth_gbs']:g} is not above the DRAM "
+                         f"bandwidth ({fields['memory_bandwidth_gbs']:g} GB/s): give the L2's measured bandwidth, "
+                         "or 0 to turn L2 reuse off")
 
 
 @functools.lru_cache(maxsize=1)

@@ -58,7 +58,8 @@ SCALAR_FIELDS: dict[str, tuple[str, bool, str]] = {
     "memory_bandwidth_gbs": ("float", True, "a positive bandwidth in GB/s (1e9 bytes/s)"),
     "l2_mb": ("float", False, "a positive L2 size in MB"),
     "l2_bandwidth_gbs": ("float", False, "the L2 read bandwidth (GB/s) a microbenchmark measured; with "
-                         "l2_reuse_mb, data a recent kernel touched is read from L2 (needs [sources] l2)"),
+                         "l2_reuse_mb, data a recent kernel touched is read from L2 (needs [sources] l2; "
+                         "0 turns L2 reuse off)"),
     "l2_reuse_mb": ("float", False, "the MB a later kernel still finds in L2 (where the measured L2 "
                     "bandwidth starts to fall; needs [sources] l2)"),
     "gpu_link_gbs": ("float", False, "total GPU-to-GPU link bandwidth in GB/s"),
@@ -125,8 +126,8 @@ GPU_RANGES: dict[str, Range] = {
     "cuda_total_mib": Range(0, 2**30),
     "memory_bandwidth_gbs": Range(0, 1e6),  # 1 PB/s; H200: 4,800
     "l2_mb": Range(0, 1e5),
-    "l2_bandwidth_gbs": Range(0, 1e7),
-    "l2_reuse_mb": Range(0, 1e5),
+    "l2_bandwidth_gbs": Range(0, 1e7, low_closed=True),  # 0: L2 reuse off
+    "l2_reuse_mb": Range(0, 1e5, low_closed=True),
     "gpu_link_gbs": Range(0, 1e5),
     "tdp_w": Range(0, 1e5),
     "price_usd_per_hour": Range(0, 1e4),

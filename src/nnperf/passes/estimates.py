@@ -51,7 +51,7 @@ class Estimates:
     kernel_s: float = 0.0
     idle_s: float = 0.0
     compute_s: float = 0.0  # FLOPs at the peak of their unit (roofline compute term)
-    memory_s: float = 0.0  # bytes at datasheet bandwidth (roofline memory term)
+    memory_s: float = 0.0  # DRAM bytes at datasheet bandwidth (roofline memory term; L2 hits left out)
     # The kernel model's terms (with the profile's efficiencies): with the launch overhead
     # and the device's wait on the host they decide ``bound``.
     model_compute_s: float = 0.0

@@ -85,7 +85,9 @@ class OpTime:
     kernels: int
     kernel_s: float  # predicted device time of the op's kernel(s)
     compute_s: float  # FLOPs / peak of the unit it runs on (roofline)
-    memory_s: float  # DRAM bytes (less the reads found in L2) / datasheet bandwidth (roofline)
+    # DRAM bytes / datasheet bandwidth (roofline); streaming ops and convolutions leave out the
+    # reads found in L2 (passes.l2_reuse), GEMMs and attention count all their bytes
+    memory_s: float
     peak_flops: float
     host_s: float  # host dispatch cost
     # The kernel model's terms, with the profile's efficiencies (tile and wave quantization,
@@ -177,6 +179,8 @@ class KernelModel:
         self.options = options or TimingOptions()
         self.train = train  # inputs require gradients (SDPA's backend checks read it)
         self.l2_hits = l2_hits or {}  # event index -> bytes read from L2 (passes.l2_reuse)
+        if self.l2_hits and gpu.l2_reuse is None:
+            raise ValueError(f"L2 hits given for {gpu.id}, which has no measured L2 (GPU.l2_reuse)")
         self._gemm_cache: dict[tuple, GemmEstimate] = {}
         self._vector_peak = gpu.peak_flops("fp32", tensor_cores=False, fallback=True)
 
@@ -190,7 +194,7 @@ class KernelModel:
         or all bytes through the L2 at its measured bandwidth, whichever is longer."""
         dram_bytes = self._dram_bytes(count) + reread
         dram = kernels * self.profile.memory_time(self.gpu.memory_bandwidth, dram_bytes / kernels)
-        if dram_bytes == count.bytes + reread:
+        if count.index not in self.l2_hits:
             return dram
         l2_bandwidth, _ = self.gpu.l2_reuse
         return max(dram, (count.bytes + reread) / l2_bandwidth)

@@ -44,12 +44,12 @@ class RooflinePoint:
     kernel_s: float  # predicted device time of its kernels
     time_s: float  # its share of the step: kernels plus device idle waiting on the host
     compute_s: float  # FLOPs at peak (roofline compute term)
-    memory_s: float  # bytes at datasheet bandwidth (roofline memory term)
+    memory_s: float  # DRAM bytes at datasheet bandwidth (roofline memory term)
     bound: str  # what dominates its time: compute | memory | launch | host
 
     @property
     def intensity(self) -> float:
-        """FLOP per byte moved at minimum."""
+        """FLOP per DRAM byte (reads found in L2 left out, so no point sits above the roof)."""
         return self.flops / self.bytes if self.bytes else 0.0
 
     @property
@@ -183,7 +183,7 @@ def roofline_points(prediction: Prediction, *, by: str = "layer", depth: int = 2
                 ops=tally.count,
                 kernels=tally.kernels,
                 flops=tally.flops,
-                bytes=tally.bytes_in + tally.bytes_out + tally.bytes_weights,
+                bytes=tally.memory_s * prediction.gpu.memory_bandwidth,  # DRAM bytes: L2 hits left out
                 kernel_s=tally.kernel_s,
                 time_s=tally.time_s,
                 compute_s=tally.compute_s,
