@@ -93,7 +93,7 @@ class Prediction:
                 e = g.estimate
                 if g.gemm.flops and e.peak_flops:
                     # a GEMV of a tensor-core dtype runs on CUDA cores: say so beside its peak
-                    mode = f"{e.rate_dtype} CUDA-core" if e.math_unit == "cuda" and e.rate_dtype != "fp32" \
+                    mode = f"{e.rate_dtype}-cuda-core" if e.math_unit == "cuda" and e.rate_dtype != "fp32" \
                         else e.rate_dtype
                     flops[(mode, e.peak_flops)] += g.gemm.flops
             if t.category == cat.ATTENTION and t.count.flops and t.peak_flops:
@@ -127,6 +127,7 @@ class Prediction:
             "samples_per_s": wl.samples / step if step else 0.0,
             "mfu": model_flops / step / peak if step and peak else 0.0,
             "mfu_flops": model_flops,
+            "mfu_flops_of": "forward" if self.analysis.trace.mode == "inference" else "forward+backward",
             "mfu_peak_flops": peak,
             "mfu_dtype": dtype,
             "mfu_math": mfu.math,

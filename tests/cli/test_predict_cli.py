@@ -166,4 +166,4 @@ def test_mfu_label_of_an_inference_pass_counts_forward_flops_and_names_a_gemvs_u
     """Batch-1 decoding: every projection is a matrix-vector product, which cuBLAS runs on CUDA
     cores; the A100's bf16 CUDA-core peak is 39 TFLOP/s (datasheet), its tensor peak 312."""
     out = run("predict", "mlp", "--batch", "1", "--inference", "--dtype", "bf16", "--gpu", "a100-80gb-sxm").output
-    assert "MFU (forward FLOPs / bf16 CUDA-core peak 39 TFLOP/s)" in " ".join(out.split())
+    assert "MFU (forward FLOPs / bf16-cuda-core peak 39 TFLOP/s)" in " ".join(out.split())

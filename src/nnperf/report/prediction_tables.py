@@ -104,7 +104,7 @@ def summary_table(p: Prediction) -> Table:
     t.add_row("step time", seconds(tot["step_time_s"]))
     t.add_row("throughput", rate(tot["throughput"], tot["throughput_unit"]))
     t.add_row("bound", tot["bound"])
-    t.add_row(mfu_label(tot, inference=p.analysis.trace.mode == "inference"), f"{tot['mfu']:.1%}")
+    t.add_row(mfu_label(tot), f"{tot['mfu']:.1%}")
     fit = p.memory_fit
     t.add_row("peak memory (predicted)", memory_line(p), style=None if fit.fits else "bold red")
     t.add_row("host issue time (eager dispatch)", seconds(tot["host_s"]))

@@ -38,15 +38,15 @@ def memory_for(prediction: Prediction) -> tuple[MemoryReport | None, str]:
 
 
 # ---- summary -------------------------------------------------------------------------------
-def mfu_label(totals: dict, inference: bool = False) -> str:
+def mfu_label(totals: dict) -> str:
     """What MFU divides: forward+backward FLOPs (not the optimizer's; an inference pass has
-    only forward ones) by the peak of the math the matrix kernels ran (``mfu_math``: e.g. tf32
-    for fp32 convolutions under cuDNN's default, "bf16 CUDA-core" for GEMVs; several modes,
-    e.g. tf32+fp32, give their FLOP-weighted peak)."""
+    only forward ones: ``mfu_flops_of``) by the peak of the math the matrix kernels ran
+    (``mfu_math``: e.g. tf32 for fp32 convolutions under cuDNN's default, bf16-cuda-core for
+    GEMVs; several modes, e.g. tf32+fp32, give their FLOP-weighted peak)."""
     math = totals["mfu_math"]
     weighted = " FLOP-weighted" if "+" in math else ""
-    flops = "forward" if inference else "forward+backward"
-    return f"MFU ({flops} FLOPs / {math}{weighted} peak {si(totals['mfu_peak_flops'], 'FLOP/s')})"
+    return (f"MFU ({totals['mfu_flops_of']} FLOPs / {math}{weighted} peak "
+            f"{si(totals['mfu_peak_flops'], 'FLOP/s')})")
 
 
 # ---- module and op time (terminal tables, JSON rows) ---------------------------------------

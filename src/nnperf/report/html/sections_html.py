@@ -46,9 +46,7 @@ def summary_section(run: Run) -> str:
     cards = [
         _card("step time (predicted)", esc(seconds(tot["step_time_s"])), step_more),
         _card("throughput", esc(rate(tot["throughput"], tot["throughput_unit"])), _samples_line(tot)),
-        _card("MFU", esc(f"{tot['mfu']:.1%}"),
-              esc(mfu_label(tot, inference=run.prediction.analysis.trace.mode == "inference")
-                  .removeprefix("MFU ").strip("()"))),
+        _card("MFU", esc(f"{tot['mfu']:.1%}"), esc(mfu_label(tot).removeprefix("MFU ").strip("()"))),
         _card("bound", esc(tot["bound"]),
               esc(f"host {seconds(tot['host_s'])}, device busy {seconds(tot['device_busy_s'])}")),
         _card("memory fit", esc(fit), fit_more, fit_cls),
