@@ -184,20 +184,18 @@ class KernelModel:
         self._gemm_cache: dict[tuple, GemmEstimate] = {}
         self._vector_peak = gpu.peak_flops("fp32", tensor_cores=False, fallback=True)
 
-    def _dram_bytes(self, count: OpCount) -> float:
-        """The op's bytes less the reads it finds in L2: what its roofline's memory term counts."""
-        return count.bytes - self.l2_hits.get(count.index, 0.0)
-
-    def _tensor_traffic_s(self, count: OpCount, kernels: int = 1, reread: float = 0.0) -> float:
-        """The achievable-bandwidth time of the op's bytes (plus ``reread`` bytes its kernels
-        read again) in ``kernels`` equal kernels: the DRAM part (less the reads found in L2),
-        or all bytes through the L2 at its measured bandwidth, whichever is longer."""
-        dram_bytes = self._dram_bytes(count) + reread
+    def _traffic(self, count: OpCount, kernels: int = 1, reread: float = 0.0) -> tuple[float, float]:
+        """(roofline memory term, modeled memory time) of the op's bytes plus ``reread`` bytes
+        its kernels read again, in ``kernels`` equal kernels. The roofline term is its DRAM
+        bytes (less the reads found in L2) at datasheet bandwidth; the modeled time is those
+        bytes at the achievable bandwidth, or all bytes through the L2 at its measured
+        bandwidth, whichever is longer."""
+        dram_bytes = count.bytes + reread - self.l2_hits.get(count.index, 0.0)
         dram = kernels * self.profile.memory_time(self.gpu.memory_bandwidth, dram_bytes / kernels)
-        if count.index not in self.l2_hits:
-            return dram
-        l2_bandwidth, _ = self.gpu.l2_reuse
-        return max(dram, (count.bytes + reread) / l2_bandwidth)
+        if count.index in self.l2_hits:
+            l2_bandwidth, _ = self.gpu.l2_reuse
+            dram = max(dram, (count.bytes + reread) / l2_bandwidth)
+        return dram_bytes / self.gpu.memory_bandwidth, dram
 
     def gemm(self, m: int, n: int, k: int, batch: int, dtype: str, tf32: bool) -> GemmEstimate:
         key = (m, n, k, batch, dtype, tf32)
@@ -243,8 +241,7 @@ class KernelModel:
                 e.model_compute_s * self._algorithm(count, g.gemm.role, e)
                 / self.profile.conv_efficiency_of(stride, positions, g.gemm.role, e.math_unit)
                 for g, e in zip(gemms, ests, strict=True))
-            memory = self._dram_bytes(count) / self.gpu.memory_bandwidth
-            model_memory = self._tensor_traffic_s(count)
+            memory, model_memory = self._traffic(count)
             reduction = sum(e.reduction_s for e in ests)
             # tensor-core kernels are NHWC: NCHW tensors are transposed in and out, each a
             # read and a write at the achievable bandwidth, one kernel each
@@ -351,14 +348,14 @@ class KernelModel:
         kernels = max(1, len(count.gemms))
         grad_output = count.event.args[0]
         reread = (kernels - 1) * grad_output.nbytes if count.op == "aten.convolution_backward" else 0.0
-        model_memory = self._tensor_traffic_s(count, reread=reread)
+        memory, model_memory = self._traffic(count, reread=reread)
         model_compute = count.flops / (self._vector_peak * self.profile.cuda_core_fraction)
         overhead = kernels * self.profile.kernel_overhead_s
         return OpTime(
             kernels=kernels,
             kernel_s=max(model_compute, model_memory) + overhead,
             compute_s=count.flops / self._vector_peak,
-            memory_s=(self._dram_bytes(count) + reread) / self.gpu.memory_bandwidth,
+            memory_s=memory,
             peak_flops=self._vector_peak,
             math="fp32" if count.flops else "",
             bound=_bound(model_compute, model_memory, overhead),
@@ -438,14 +435,14 @@ class KernelModel:
     def _streaming(self, count: OpCount, base: dict[str, Any]) -> OpTime:
         tensors = int(count.info.get("tensors", 1))
         kernels = max(1, math.ceil(tensors / self.profile.foreach_tensors_per_kernel))
-        model_memory = self._tensor_traffic_s(count, kernels)
+        memory, model_memory = self._traffic(count, kernels)
         model_compute = count.flops / (self._vector_peak * self.profile.cuda_core_fraction)
         overhead = kernels * self.profile.kernel_overhead_s
         return OpTime(
             kernels=kernels,
             kernel_s=max(model_compute, model_memory) + overhead,
             compute_s=count.flops / self._vector_peak,
-            memory_s=self._dram_bytes(count) / self.gpu.memory_bandwidth,
+            memory_s=memory,
             peak_flops=self._vector_peak,
             bound=_bound(model_compute, model_memory, overhead),
             model_compute_s=model_compute,
