@@ -5,8 +5,6 @@ hand from the chain below, not taken from nnperf's output."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 from torch import nn
@@ -86,7 +84,7 @@ def test_writing_one_slice_does_not_make_the_rest_of_the_buffer_recent():
 def test_hits_leave_the_dram_term_and_pass_the_l2_at_its_bandwidth(chain):
     gpu = load_gpu("rtx-4090")
     assert gpu.l2_reuse_mb * 1e6 >= 4 * S  # every hit of the hand count above
-    without = dataclasses.replace(gpu, l2_bandwidth_gbs=None, l2_reuse_mb=None)
+    without = load_gpu("rtx-4090", overrides={"l2_reuse_mb": "0"})  # the what-if that turns it off
     profile = default_profile(gpu)
     with_l2 = {t.op: t for t in predict_analysis(chain, gpu, profile=profile).step.ops}
     plain = {t.op: t for t in predict_analysis(chain, without, profile=profile).step.ops}

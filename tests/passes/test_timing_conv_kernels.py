@@ -3,8 +3,6 @@ direct kernels (DepthwiseConv2d.cu) on CUDA cores, bound by the bytes they move.
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 from torch import nn
@@ -31,7 +29,7 @@ class Block(nn.Module):
 
 # Every read from DRAM: the block's 25.7 MB activations would otherwise be found in the A100's
 # L2 by the next kernel (that is tests/passes/test_l2_reuse.py's subject, not this file's).
-A100_DRAM = dataclasses.replace(load_gpu("a100-80gb-sxm"), l2_bandwidth_gbs=None, l2_reuse_mb=None)
+A100_DRAM = load_gpu("a100-80gb-sxm", overrides={"l2_reuse_mb": "0"})
 
 
 @pytest.fixture(scope="module")
