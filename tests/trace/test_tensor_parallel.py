@@ -106,6 +106,10 @@ def _worker(rank: int) -> dict:
             state = _storage_bytes(workload.model, optimizer)
             optimizer.zero_grad()
         results[case] = (seen.seen, state)
+    # what a functional collective's wait returns on real tensors: the buffer itself
+    buffer = torch.ops._c10d_functional.all_reduce(torch.ones(4), "sum", mesh["tensor"].get_group().group_name)
+    waited = torch.ops._c10d_functional.wait_tensor(buffer)
+    results["wait_returns_buffer"] = waited.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
     return results
 
 
@@ -130,6 +134,17 @@ def test_fake_process_group_reproduces_gloo(real_runs, case, rank):
     traced = _traced(case, rank)
     assert [(c.kind, c.bytes, c.group_ranks) for c in traced.collectives] == real_collectives
     assert sharded_bytes(traced) == real_bytes
+
+
+def test_waiting_on_a_collective_allocates_nothing(real_runs):
+    """A fake ``wait_tensor`` returns a new tensor; the real one returns the collective's
+    buffer, so the trace records its result as that storage, not a second activation."""
+    assert real_runs[0]["wait_returns_buffer"]
+    trace = _traced("llama-tp-sp", 0).trace
+    waits = [e for e in trace.events if e.name == "_c10d_functional.wait_tensor"]
+    assert waits
+    for e in waits:
+        assert e.allocates == [] and e.outputs[0].storage == e.inputs[0].storage
 
 
 def test_megatron_collectives_per_block():

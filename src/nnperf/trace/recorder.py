@@ -41,6 +41,11 @@ _LABEL_KEY = "nnperf.module"
 _SKIPPED_NAMESPACES = {"prim", "profiler"}
 #: Collectives write buffers their schemas do not annotate: never "free" views.
 _COLLECTIVE_NAMESPACES = {"c10d", "_c10d_functional"}
+#: Ops that return their input itself for real but a new tensor on fake tensors (the schema
+#: has no alias annotation): ``c10d::wait_tensor`` (torch/csrc/distributed/c10d/Functional.cpp)
+#: waits on the collective's work and returns the tensor it was given, the buffer the
+#: functional collective allocated. Recorded as the same storage, not a second allocation.
+_RETURNS_INPUT = {"_c10d_functional::wait_tensor"}
 _SDPA = {F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}
 #: Packed sequences on fake tensors (``trace.packing``): their shapes are host values.
 _PACKING = {torch._pack_padded_sequence: packing.pack_padded, torch._pad_packed_sequence: packing.pad_packed}
@@ -170,6 +175,7 @@ class OpRecorder(TorchDispatchMode):
         self.events: list[OpEvent] = []
         self.storages: dict[int, StorageInfo] = {}
         self._sid_of: dict[int, int] = {}  # id(storage object) -> storage id, while alive
+        self._holders: dict[int, int] = {}  # storage id -> live storage objects that are it
         self.phase = "forward"
         self.active = True
         self.current_func: Any = None
@@ -190,13 +196,26 @@ class OpRecorder(TorchDispatchMode):
             self.storages[sid] = StorageInfo(
                 nbytes=st.nbytes(), kind=kind, created_by=creating_event, name=name
             )
-            weakref.finalize(st, self._released, key, sid)
+            self._watch(st, sid)
         return sid
+
+    def _watch(self, st: Any, sid: int) -> None:
+        self._sid_of[id(st)] = sid
+        self._holders[sid] = self._holders.get(sid, 0) + 1
+        weakref.finalize(st, self._released, id(st), sid)
+
+    def _alias(self, out: torch.Tensor, of: torch.Tensor) -> None:
+        """Record ``out``'s storage object as ``of``'s storage (``_RETURNS_INPUT``): one
+        allocation, released when the last of the two objects is."""
+        st = out.untyped_storage()
+        if id(st) not in self._sid_of:
+            self._watch(st, self.storage_id(of, None))
 
     def _released(self, key: int, sid: int) -> None:
         if self._sid_of.get(key) == sid:
             del self._sid_of[key]
-        if not self.active:
+        self._holders[sid] -= 1
+        if not self.active or self._holders[sid]:
             return
         info = self.storages[sid]
         if info.released_after is not None:  # freed earlier by a resize (storage_freed)
@@ -276,6 +295,8 @@ class OpRecorder(TorchDispatchMode):
         out = self.answer(func) if self.answer is not None and func is LOCAL_SCALAR_DENSE else None
         if out is None:
             out = func(*args, **kwargs)
+        if func._schema.name in _RETURNS_INPUT:
+            self._alias(out, args[0])
         outputs = [self.meta(t, index) for t in _output_tensors(out)]
         allocates = [m.storage for m in outputs if m.storage >= first_new]
         # An op is a free view by what it does itself: storages an engine re-allocated just
