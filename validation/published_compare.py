@@ -4,9 +4,10 @@
     python validation/published_compare.py --write-baseline validation/published/baseline.json
 
 Every reproducible single-GPU row is predicted with the current code on its catalog GPU and
-compared by step time (``nnperf.measure.published``); rows nnperf cannot build are counted
-with the reason. The tables: median, p90 and worst absolute percentage error per task
-(training, inference, gemm) for faithful and approximate rows. ``--baseline FILE`` exits 1
+compared by step time, or by device memory for ``memory`` rows (``nnperf.measure.published``);
+rows nnperf cannot build are counted with the reason. The tables: median, p90 and worst
+absolute percentage error per task (training, inference, gemm; memory in a table of its own)
+for faithful and approximate rows. ``--baseline FILE`` exits 1
 where a table got worse (what CI checks, ``tests/measure/test_published.py``).
 """
 
@@ -42,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
                 if "predicted_step_time_s" in r:
                     m, p = r["measured_step_time_s"], r["predicted_step_time_s"]
                     print(f"{r['grade']:<12}{r['config']:<66}{m * 1e3:10.2f} ms{p * 1e3:10.2f} ms{100 * (p / m - 1):+8.1f}%")
+                elif "predicted_memory_mib" in r:
+                    m, p = r["measured_memory_mib"], r["predicted_memory_mib"]
+                    print(f"{r['grade']:<12}{r['config']:<66}{m:7.0f} MiB{p:7.0f} MiB{100 * (p / m - 1):+8.1f}%")
         skipped = Counter(r["not_reproducible"].split(" (")[0] for r in recs if "not_reproducible" in r)
         print(f"{len(recs)} published rows: {sum(skipped.values())} not reproducible by nnperf:")
         for reason, n in skipped.most_common():

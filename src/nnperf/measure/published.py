@@ -2,17 +2,20 @@
 
 Until a GPU checks nnperf in every session, published single-GPU figures are the evidence of
 its accuracy: NVIDIA DeepLearningExamples' tables, timm's benchmark CSVs, the MAMF matmul
-table. Each row says its workload (model, batch, image size, precision, optimizer, gradient
-accumulation, channels_last) and a grade (faithful / approximate / out-of-scope); this module
-builds the same workload, predicts it on the row's catalog GPU (with the host CPU of the DGX
-system a row names) and compares step times (throughput is turned into per-iteration time:
-``batch / value`` on one GPU). Rows nnperf cannot build (a
-model the zoo lacks, more than one GPU) are counted as not reproducible with the reason,
-never dropped. Nothing here is fitted: the rows are a test set.
+table, the Hugging Face Trainer's memory readings. Each row says its workload (model, batch,
+image size, precision, optimizer, gradient accumulation, channels_last, checkpointing) and a
+grade (faithful / approximate / out-of-scope); this module builds the same workload, predicts it
+on the row's catalog GPU (with the host CPU of the DGX system a row names) and compares step
+times (throughput is turned into per-iteration time: ``batch / value`` on one GPU) or, for a
+``memory`` row, the device memory nvidia-smi shows (the memory pass's device total). Rows nnperf
+cannot build (a model the zoo lacks, more than one GPU, an ``hf:`` model without transformers
+installed) are counted as not reproducible with the reason, never dropped. Nothing here is
+fitted: the rows are a test set.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -60,6 +63,15 @@ class Workload:
     optimizer: str
     channels_last: bool = False
     seq_len: int | None = None
+    optimizer_impl: str = "foreach"
+    #: An ``hf:`` model's task head and attention implementation.
+    task: str | None = None
+    attn_implementation: str | None = None
+
+
+#: What a ``memory`` row's value is: nvidia-smi's used memory, MiB.
+MEMORY = "memory"
+HF_MISSING = "needs transformers (pip install 'nnperf[hf]')"
 
 
 def load_rows(folder: str | Path) -> list[dict[str, Any]]:
@@ -73,6 +85,9 @@ def load_rows(folder: str | Path) -> list[dict[str, Any]]:
 
 
 def zoo_model(row: dict[str, Any]) -> str | None:
+    """The model nnperf builds for the row: a zoo name, or the row's own ``hf:`` id."""
+    if str(row.get("model", "")).startswith("hf:"):
+        return str(row["model"])
     name = str(row.get("model", "")).lower()
     for published, zoo in ZOO_MODELS.items():
         if name == published or name.startswith(published + " "):
@@ -92,6 +107,8 @@ def why_not_reproducible(row: dict[str, Any]) -> str | None:
         return None if row.get("nnperf_precision") else "precision nnperf does not model"
     if zoo_model(row) is None:
         return f"no zoo model for {str(row.get('model')).split(' (')[0]!r}"
+    if str(row["model"]).startswith("hf:") and importlib.util.find_spec("transformers") is None:
+        return HF_MISSING
     if not row.get("nnperf_precision"):
         return "precision nnperf does not model"
     return None
@@ -102,18 +119,22 @@ def workload(row: dict[str, Any]) -> Workload:
     convolutions, cuDNN's default); ``fp32`` on V100/T4 has no TF32 to use."""
     precision = row["nnperf_precision"]
     words = re.findall(r"[a-z]+", str(row.get("optimizer") or "sgd").lower())
-    optimizer = next((OPTIMIZERS[w] for w in words if w in OPTIMIZERS), "sgd-momentum")
+    optimizer = row.get("nnperf_optimizer") or next((OPTIMIZERS[w] for w in words if w in OPTIMIZERS),
+                                                    "sgd-momentum")
     return Workload(
         model=zoo_model(row) or "",
         batch=int(row["batch"]),
         image_size=row.get("image_size"),
-        train=row["task"] == "training",
+        train=row["task"] in ("training", MEMORY),
         amp=precision.removeprefix("amp-") if precision.startswith("amp-") else None,
         dtype=precision if precision in ("fp16", "bf16") else None,
         tf32=precision == "tf32",
         optimizer=optimizer,
         channels_last="channels_last" in row.get("extras", ()),
         seq_len=row.get("seq_len"),
+        optimizer_impl=row.get("optimizer_impl", "foreach"),
+        task=row.get("hf_task"),
+        attn_implementation=row.get("attn_implementation"),
     )
 
 
@@ -178,6 +199,31 @@ class Predictor:
         return ((k - 1) * time_with("none") + full) / k
 
     @staticmethod
+    def memory_mib(row: dict[str, Any]) -> float:
+        """The device memory of a ``memory`` row's training loop (``nnperf memory``): the
+        traced step with the row's accumulation, checkpointing and ``zero_grad`` setting,
+        replayed through the allocator, plus the CUDA context the row states (or the one of its
+        CUDA version)."""
+        from nnperf.hardware import load_gpu
+        from nnperf.passes.memory import predict_memory
+        from nnperf.request import ModelRequest
+        from nnperf.search.memory_variants import MemoryOptions, trace_memory
+        from nnperf.trace.options import TraceOptions
+
+        gpu = load_gpu(row["gpu_catalog"])
+        w = workload(row)
+        request = ModelRequest(w.model, batch=w.batch, seq_len=w.seq_len, task=w.task,
+                               attn_implementation=w.attn_implementation)
+        step = TraceOptions(optimizer=w.optimizer, optimizer_impl=w.optimizer_impl, amp=w.amp, dtype=w.dtype)
+        options = MemoryOptions(step, grad_accum=int(row.get("grad_accumulation") or 1),
+                                set_to_none=bool(row.get("set_to_none", True)),
+                                checkpoint=bool(row.get("gradient_checkpointing", False)))
+        name, trace, _ = trace_memory(request, options)
+        context = row.get("context_mib") or gpu.arch.context_mib_at(row.get("cuda_version"))
+        report = predict_memory(trace, model=name, architecture=gpu.architecture, context_mib=context)
+        return (report.device_total or 0) / 2**20
+
+    @staticmethod
     def _gemm_s(row: dict[str, Any], gpu: Any) -> float:
         """A matmul row's value is TFLOP/s at its shape: compare times of that one GEMM."""
         from nnperf.hardware import default_profile
@@ -204,18 +250,28 @@ def records(rows: Iterable[dict[str, Any]], predictor: Predictor | None = None) 
         if reason:
             out.append({**rec, "not_reproducible": reason})
             continue
+        if row["task"] == MEMORY:
+            out.append({**rec, "measured_memory_mib": float(row["value"]),
+                        "predicted_memory_mib": predictor.memory_mib(row)})
+            continue
         measured = gemm_measured_s(row) if row["task"] == "gemm" else measured_step_s(row)
         out.append({**rec, "measured_step_time_s": measured, "predicted_step_time_s": predictor.step_s(row)})
     return out
 
 
 def tables(recs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
-    """Error tables per grade (faithful, approximate), grouped by task and overall."""
+    """Error tables per grade (faithful, approximate): step time grouped by task and overall,
+    and device memory (the ``memory`` rows) in a table of its own."""
     from nnperf.measure.validation import error_table
 
     out = {}
     for grade in ("faithful", "approximate"):
         chosen = [r for r in recs if r.get("grade") == grade and "not_reproducible" not in r]
-        if chosen:
-            out[f"published, {grade}: step time"] = error_table(chosen)
+        times = [r for r in chosen if r["family"] != MEMORY]
+        memory = [r for r in chosen if r["family"] == MEMORY]
+        if times:
+            out[f"published, {grade}: step time"] = error_table(times)
+        if memory:
+            out[f"published, {grade}: device memory"] = error_table(
+                memory, key="predicted_memory_mib", measured_key="measured_memory_mib")
     return out
