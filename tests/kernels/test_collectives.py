@@ -65,3 +65,23 @@ def test_a_bad_cluster_file_is_one_line(tmp_path):
         load_cluster(str(path))
     with pytest.raises(UsageError, match="unknown cluster"):
         load_cluster("dgx-z9")
+    path.write_text('name = "x"\ngpu = "h100-sxm"\ngpus_per_node = 8\n[intra]\nlink_gbs = 450\n'
+                    'efficiency = 0.8\nlatency_us = 5\ncollective_ctas = 2.5\n[inter]\nlink_gbs = 50\n'
+                    'efficiency = 0.8\nlatency_us = 20\n')
+    with pytest.raises(UsageError, match=r"intra\.collective_ctas.*whole number"):
+        load_cluster(str(path))
+
+
+def test_collective_thread_blocks_are_optional_and_sourced(tmp_path):
+    """A cluster file without them loads (no slowdown of overlapped kernels is modelled); the
+    shipped ones name a source or list the value as unverified."""
+    path = tmp_path / "mine.toml"
+    path.write_text('name = "x"\ngpu = "h100-sxm"\ngpus_per_node = 8\n[intra]\nlink_gbs = 450\n'
+                    'efficiency = 0.8\nlatency_us = 5\n[inter]\nlink_gbs = 50\nefficiency = 0.8\nlatency_us = 20\n')
+    assert load_cluster(str(path)).intra.collective_ctas is None
+    for name in list_clusters():
+        cluster = load_cluster(name)
+        for tier in (cluster.intra, cluster.inter):
+            assert tier.collective_ctas is not None
+            key = f"{tier.name}.collective_ctas"
+            assert key in cluster.unverified or any(key in s for s in cluster.sources), (name, key)

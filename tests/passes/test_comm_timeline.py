@@ -1,6 +1,7 @@
 """The two-stream replay of passes.comm_timeline on a step built by hand: an op waits for the
 tensors it reads (on whichever stream they were produced), a collective runs on its own stream
-beside the compute, and the compute's wait is charged to the collective's kind."""
+beside the compute, the compute's wait is charged to the collective's kind, and a kernel
+overlapping a collective runs slower by what the collective takes (SMs, DRAM bandwidth)."""
 
 from __future__ import annotations
 
@@ -8,17 +9,21 @@ from types import SimpleNamespace
 
 import pytest
 
-from nnperf.passes.comm_timeline import overlap
+from nnperf.passes.comm_timeline import Contention, overlap
 from nnperf.vocab import Category
 
 MS = 1e-3
 
 
-def _op(index: int, name: str, reads: list[int], writes: list[int], seconds: float, comm: bool = False):
+def _op(index: int, name: str, reads: list[int], writes: list[int], seconds: float, comm: bool = False,
+        memory_bound: bool = False):
+    """An op whose kernel takes ``seconds``: all compute (or all memory traffic), no overhead."""
     event = SimpleNamespace(name=name, inputs=[SimpleNamespace(storage=s) for s in reads],
                             outputs=[SimpleNamespace(storage=s) for s in writes])
+    kernel = 0.0 if comm else seconds
     return SimpleNamespace(index=index, count=SimpleNamespace(event=event), kernels=0 if comm else 1,
-                           kernel_s=0.0 if comm else seconds,
+                           kernel_s=kernel, model_compute_s=0.0 if memory_bound else kernel,
+                           model_memory_s=kernel if memory_bound else 0.0, overhead_s=0.0,
                            category=Category.COMMUNICATION if comm else Category.ELEMENTWISE)
 
 
@@ -66,8 +71,9 @@ def test_fsdp_copy_in_runs_on_the_communication_stream():
 
 
 def test_a_kernel_free_wait_passes_the_collective_on_to_its_reader():
-    # all-gather writes g (4 ms); the functional collective's wait_tensor returns w (no kernel,
-    # a new storage in a fake trace); D reads w: it waits for the all-gather, 4 ms exposed
+    # all-gather writes g (4 ms); the functional collective's wait_tensor returns w (no kernel;
+    # a storage of its own here, so the pass must not rely on the wait aliasing the buffer); D
+    # reads w: it waits for the all-gather, 4 ms exposed
     wait = _op(1, "_c10d_functional.wait_tensor", [1], [2], 0)
     wait.kernels, wait.category = 0, Category.HOST
     ops = [_op(0, "_c10d_functional.all_gather_into_tensor", [0], [1], 0, comm=True), wait,
@@ -75,3 +81,51 @@ def test_a_kernel_free_wait_passes_the_collective_on_to_its_reader():
     result = overlap(_step(ops), None, lambda i: ("all_gather", 100, 4 * MS))
     assert result.exposed_s == pytest.approx({"all_gather": 4 * MS})
     assert result.step_s == pytest.approx(5 * MS) and result.compute_s == pytest.approx(1 * MS)
+
+
+def test_a_kernel_runs_on_what_the_collective_leaves():
+    # compute 8 ms and memory 2 ms plus 1 ms overhead, beside a collective holding a quarter of
+    # the SMs and a fifth of the bandwidth: 8 / 0.75 = 10.67 ms of compute, 2 / 0.8 = 2.5 ms of
+    # memory, so (10.67 + 1) / (8 + 1); a memory-bound kernel (memory 8, compute 2) (10 + 1) / 9
+    taken = Contention(sm_share=0.25, dram_share=0.2)
+    compute_bound = SimpleNamespace(model_compute_s=8 * MS, model_memory_s=2 * MS, overhead_s=1 * MS)
+    memory_bound = SimpleNamespace(model_compute_s=2 * MS, model_memory_s=8 * MS, overhead_s=1 * MS)
+    assert taken.slowdown(compute_bound) == pytest.approx((8 / 0.75 + 1) / 9)
+    assert taken.slowdown(memory_bound) == pytest.approx((8 / 0.8 + 1) / 9)
+    assert Contention(0.0, 0.0).slowdown(compute_bound) == 1.0
+
+
+def test_the_overlapped_part_of_a_later_kernel_runs_slower():
+    # A (1 ms) writes g; the all-reduce of g runs 1-3 ms holding half the SMs; B (compute-bound,
+    # 4 ms alone) starts at 1 ms: 1 ms of its work in the 2 ms beside the all-reduce (twice as
+    # slow), the other 3 ms alone after it: B ends at 6 ms, 1 ms later than alone
+    ops = [_op(0, "a", [0], [1], 1 * MS), _op(1, "c10d.allreduce_", [1], [1], 0, comm=True),
+           _op(2, "b", [0], [2], 4 * MS)]
+    result = overlap(_step(ops), None, lambda i: ("all_reduce", 100, 2 * MS),
+                     lambda i: Contention(sm_share=0.5, dram_share=0.0))
+    assert result.step_s == pytest.approx(6 * MS) and result.slowdown_s == pytest.approx(1 * MS)
+    assert result.compute_s == pytest.approx(6 * MS) and result.exposed_s == {}
+    # a memory-bound B is untouched by the SMs the collective holds
+    ops[2] = _op(2, "b", [0], [2], 4 * MS, memory_bound=True)
+    alone = overlap(_step(ops), None, lambda i: ("all_reduce", 100, 2 * MS),
+                    lambda i: Contention(sm_share=0.5, dram_share=0.0))
+    assert alone.step_s == pytest.approx(5 * MS) and alone.slowdown_s == 0.0
+
+
+def test_a_collective_started_under_a_running_kernel_slows_its_rest():
+    # B (compute-bound, 4 ms) is issued first and runs 0-4 ms; an independent all-reduce (2 ms,
+    # half the SMs) is issued next and starts at 0: B does 1 ms of work in those 2 ms and the
+    # remaining 3 ms alone, ending at 5 ms
+    ops = [_op(0, "b", [0], [1], 4 * MS), _op(1, "c10d.allreduce_", [2], [2], 0, comm=True)]
+    result = overlap(_step(ops), None, lambda i: ("all_reduce", 100, 2 * MS),
+                     lambda i: Contention(sm_share=0.5, dram_share=0.0))
+    assert result.step_s == pytest.approx(5 * MS) and result.slowdown_s == pytest.approx(1 * MS)
+    assert result.clock[0] == pytest.approx(5 * MS)
+
+
+def test_no_contention_leaves_the_replay_as_it_was():
+    ops = [_op(0, "a", [0], [1], 1 * MS), _op(1, "c10d.allreduce_", [1], [1], 0, comm=True),
+           _op(2, "b", [0], [2], 4 * MS)]
+    plain = overlap(_step(ops), None, lambda i: ("all_reduce", 100, 2 * MS))
+    none = overlap(_step(ops), None, lambda i: ("all_reduce", 100, 2 * MS), lambda i: None)
+    assert plain.step_s == none.step_s == pytest.approx(5 * MS) and none.slowdown_s == 0.0

@@ -106,6 +106,12 @@ def engine_configs(result: Any, amp: str | None) -> dict[str, Any]:
     return out
 
 
+def _slowed(split: dict[str, Any]) -> str:
+    """The part of the compute time that collectives running beside kernels added."""
+    slowed = split.get("overlap_slowdown_s") or 0.0
+    return f" ({slowed * 1e3:.2f} ms of it slowed by overlapping collectives)" if slowed > 0 else ""
+
+
 def _print(result: Any, configs: dict[str, Any]) -> None:
     from nnperf.units import rate
 
@@ -117,7 +123,8 @@ def _print(result: Any, configs: dict[str, Any]) -> None:
         extra = f", bubble {bubble * 1e3:.2f} ms" if bubble is not None else ""
         click.echo(f"{i}. {p.execution.describe()}: step {p.step_s * 1e3:.2f} ms, "
                    f"{rate(p.throughput, p.throughput_unit)}, MFU {p.mfu:.1%}, "
-                   f"{p.memory_bytes / 2**30:.2f} GiB/GPU; compute {p.split['compute_s'] * 1e3:.2f} ms, "
+                   f"{p.memory_bytes / 2**30:.2f} GiB/GPU; compute {p.split['compute_s'] * 1e3:.2f} ms"
+                   f"{_slowed(p.split)}, "
                    f"exposed communication: {exposed}{extra}; host {p.split['host_s'] * 1e3:.2f} ms — {p.reason}")
     for p in result.rejected:
         click.echo(f"rejected: {p.execution.describe()}: {p.reason}")

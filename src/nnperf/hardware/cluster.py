@@ -3,9 +3,11 @@
 One TOML file per cluster (``hardware/clusters/*.toml``; a user's own with ``--cluster
 FILE``): the GPU, GPUs per node, and per tier (``intra``: NVLink/NVSwitch inside a node,
 ``inter``: the NICs between nodes) the link bandwidth per GPU each way (datasheet), the
-measured fraction of it that NCCL's ring reaches on large messages, and the small-message
-latency. Values nobody measured are listed in ``unverified``; ``sources`` says where the
-others come from.
+measured fraction of it that NCCL's ring reaches on large messages, the small-message
+latency, and (optional) ``collective_ctas``: the thread blocks a collective's kernel runs, one
+per NCCL channel, each holding an SM that compute kernels overlapping it cannot use
+(``passes.comm_timeline``; absent: that slowdown is not modelled for the tier). Values nobody
+measured are listed in ``unverified``; ``sources`` says where the others come from.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from nnperf.hardware.schema import read_toml
 CLUSTER_DIR = Path(__file__).parent / "clusters"
 #: Valid ranges: a number outside is a typo (GB/s each way per GPU, a fraction, microseconds).
 RANGES = {"link_gbs": (0.1, 10_000.0), "efficiency": (0.01, 1.0), "latency_us": (0.1, 10_000.0)}
+CTA_RANGE = (1, 1024)
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,7 @@ class Tier:
     link_bytes_per_s: float
     efficiency: float
     latency_s: float
+    collective_ctas: int | None = None
 
     @property
     def busbw(self) -> float:
@@ -50,7 +54,8 @@ class Cluster:
     def to_json(self) -> dict[str, Any]:
         def tier(t: Tier) -> dict[str, Any]:
             return {"link_gbs": t.link_bytes_per_s / 1e9, "efficiency": t.efficiency,
-                    "latency_us": t.latency_s * 1e6, "busbw_gbs": t.busbw / 1e9}
+                    "latency_us": t.latency_s * 1e6, "busbw_gbs": t.busbw / 1e9,
+                    "collective_ctas": t.collective_ctas}
 
         return {"id": self.id, "name": self.name, "gpu": self.gpu, "gpus_per_node": self.gpus_per_node,
                 "intra": tier(self.intra), "inter": tier(self.inter),
@@ -102,4 +107,9 @@ def _tier(origin: str, key: str, table: Any) -> Tier:
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not low <= value <= high:
             raise UsageError(f"{origin}: field '{key}.{field}' is {value!r}; expected a number in {low}..{high}")
         values[field] = float(value)
-    return Tier(key, values["link_gbs"] * 1e9, values["efficiency"], values["latency_us"] * 1e-6)
+    ctas = table.get("collective_ctas")
+    low, high = CTA_RANGE
+    if ctas is not None and (not isinstance(ctas, int) or isinstance(ctas, bool) or not low <= ctas <= high):
+        raise UsageError(f"{origin}: field '{key}.collective_ctas' is {ctas!r}; expected a whole number in "
+                         f"{low}..{high} (thread blocks of a collective's kernel), or leave it out")
+    return Tier(key, values["link_gbs"] * 1e9, values["efficiency"], values["latency_us"] * 1e-6, ctas)

@@ -9,22 +9,54 @@ reduce-scatters gradients while backward goes on. This pass replays the host's i
 and the kernel times of ``StepTime`` with two streams and the one dependency that matters:
 an op waits until every tensor it reads has been produced, on whichever stream. A collective
 that finishes after the compute needing it is *exposed*; the wait is charged to its kind.
-What is not modelled yet: the slowdown of kernels that overlap communication (shared SMs and
-memory bandwidth), several communication streams, and the host cost of the collectives.
+
+A collective also slows the compute kernels it overlaps (``Contention``): its kernel holds
+one SM per NCCL channel (the cluster tier's ``collective_ctas``), so a compute-bound kernel
+beside it runs on the SMs left, and the bytes it moves pass through DRAM (each byte it sends
+or receives read once and written once: twice its bus bandwidth), so a memory-bound kernel
+beside it gets the bandwidth left. The overlapped part of a kernel runs that much slower,
+whichever of the two started first. What is not modelled yet: wave quantization on the SMs
+left (a one-wave GEMM can need a second wave), the collective's own slowdown, several
+communication streams, and the host cost of the collectives.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from nnperf.passes.timing import StepTime
+from nnperf.passes.timing import OpTime, StepTime
 from nnperf.trace.events import Trace
 from nnperf.vocab import Category
 
 #: Copies FSDP2 runs on its all-gather stream, not on the compute stream.
 _ON_COMM_STREAM = {"fsdp.all_gather_copy_in"}
+
+
+#: The most of the SMs or of the DRAM bandwidth a collective is taken to hold, so a what-if with
+#: a tiny GPU cannot stall compute altogether.
+MAX_SHARE = 0.9
+
+
+@dataclass(frozen=True)
+class Contention:
+    """What a collective takes from the compute kernels beside it: a share of the SMs (its
+    thread blocks) and a share of the DRAM bandwidth (the bytes it moves)."""
+
+    sm_share: float
+    dram_share: float
+
+    def slowdown(self, t: OpTime) -> float:
+        """How many times longer ``t``'s kernel runs beside the collective: its compute term on
+        the SMs left, its memory term on the bandwidth left, launch overhead unchanged."""
+        alone = max(t.model_compute_s, t.model_memory_s) + t.overhead_s
+        if alone <= 0:
+            return 1.0
+        sm, dram = min(self.sm_share, MAX_SHARE), min(self.dram_share, MAX_SHARE)
+        beside = max(t.model_compute_s / (1 - sm), t.model_memory_s / (1 - dram)) + t.overhead_s
+        return beside / alone
 
 
 @dataclass(frozen=True)
@@ -43,6 +75,8 @@ class CommStep:
     comm_s: float  # collective time on the communication stream
     exposed_s: dict[str, float] = field(default_factory=dict)  # collective kind -> compute waited
     slices: list[CommSlice] = field(default_factory=list)
+    #: compute time added by collectives running beside kernels (``Contention``)
+    slowdown_s: float = 0.0
     #: event index -> when the compute stream is done with everything up to that event (its
     #: clock: an action's time in a pipeline schedule is the difference across its events)
     clock: dict[int, float] = field(default_factory=dict)
@@ -52,17 +86,52 @@ class CommStep:
         return sum(self.exposed_s.values())
 
 
+class _Busy:
+    """The communication stream's collectives in time order, with what each takes from compute."""
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+        self.contention: list[Contention] = []
+
+    def add(self, start: float, end: float, contention: Contention) -> None:
+        self.starts.append(start)
+        self.ends.append(end)
+        self.contention.append(contention)
+
+    def finish(self, start: float, t: OpTime) -> float:
+        """When ``t``'s kernel, started at ``start``, ends: ``t.kernel_s`` of work, done
+        ``slowdown`` times slower while a collective runs."""
+        now, left = start, t.kernel_s
+        for i in range(bisect.bisect_right(self.ends, start), len(self.ends)):
+            if self.starts[i] > now:  # a gap without communication first
+                if left <= self.starts[i] - now:
+                    break
+                left -= self.starts[i] - now
+                now = self.starts[i]
+            k = self.contention[i].slowdown(t)
+            if left * k <= self.ends[i] - now:
+                return now + left * k
+            left -= (self.ends[i] - now) / k
+            now = self.ends[i]
+        return now + left
+
+
 def overlap(
-    step: StepTime, trace: Trace, collective_time: Callable[[int], tuple[str, int, float]]
+    step: StepTime, trace: Trace, collective_time: Callable[[int], tuple[str, int, float]],
+    contention: Callable[[int], Contention | None] | None = None,
 ) -> CommStep:
     """Replay ``step`` with collectives on their own stream. ``collective_time(index)`` gives
-    the kind, bytes and time of the collective at that event index."""
+    the kind, bytes and time of the collective at that event index; ``contention(index)`` what
+    it takes from compute kernels beside it (None, or no function: nothing)."""
     issued = {s.index: s.end_s for s in step.host_slices}
     produced: dict[int, tuple[float, str | None]] = {}  # storage -> (ready time, kind if comm)
-    compute_free = comm_free = compute_busy = comm_busy = 0.0
+    compute_free = comm_free = compute_busy = comm_busy = slowdown = 0.0
     exposed: dict[str, float] = defaultdict(float)
     slices: list[CommSlice] = []
     clock: dict[int, float] = {}
+    busy = _Busy()
+    last: OpTime | None = None  # the compute stream's latest kernel
     for t in step.ops:
         clock[t.index] = compute_free
         event = t.count.event
@@ -80,6 +149,18 @@ def overlap(
             slices.append(CommSlice(t.index, kind, nbytes, start, comm_free))
             for m in event.inputs + event.outputs:
                 produced[m.storage] = (comm_free, kind)
+            taken = contention(t.index) if contention is not None and seconds > 0 else None
+            if taken is not None:
+                busy.add(start, comm_free, taken)
+                if last is not None and start < compute_free:
+                    # it began under compute already placed: the rest of that work (from its
+                    # start on, at the latest kernel's slowdown) runs slower while it lasts
+                    k = taken.slowdown(last)
+                    extra = min((compute_free - start) * (k - 1), seconds * (1 - 1 / k))
+                    compute_free += extra
+                    compute_busy += extra
+                    slowdown += extra
+                    clock[last.index] = compute_free
             continue
         if not t.kernels:
             # no kernel (a functional collective's stream wait, an allocation): what it
@@ -98,13 +179,16 @@ def overlap(
             start = max(free, ready)
             if start > free and waited_on is not None:
                 exposed[waited_on] += start - free
-            compute_free = end = start + t.kernel_s
-            compute_busy += t.kernel_s
+            compute_free = end = busy.finish(start, t)
+            compute_busy += end - start
+            slowdown += end - start - t.kernel_s
             clock[t.index] = compute_free
+            last = t
         for m in event.outputs:
             produced[m.storage] = (end, None)
     if comm_free > compute_free:  # the step ends when the last collective does
         last = slices[-1].kind if slices else "communication"
         exposed[last] += max(0.0, comm_free - max(compute_free, step.host_s))
     end = max(compute_free, comm_free, step.host_s)
-    return CommStep(end, compute_busy, comm_busy, {k: v for k, v in exposed.items() if v > 0}, slices, clock)
+    return CommStep(end, compute_busy, comm_busy, {k: v for k, v in exposed.items() if v > 0}, slices,
+                    slowdown_s=slowdown, clock=clock)

@@ -83,6 +83,7 @@ def context_step(request: ModelRequest, options: TraceOptions, execution: Execut
         memory_bytes=int(cost.get("memory") + 2 * gathered),
         split={"compute_s": (cost.get("compute_s") + attention_extra) * accum,
                "communication_s": (cost.get("comm_s") + comm) * accum, "exposed_communication_s": exposed,
+               "overlap_slowdown_s": cost.get("slowdown_s") * accum,
                "host_s": cost.get("host_s") * accum,
                "context_parallel": "closed form (search.plan_context): ring attention not traced"},
         state_bytes=state_bytes(cost), collectives=counts,

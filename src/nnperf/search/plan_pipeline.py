@@ -136,6 +136,7 @@ def _planned(execution: Execution, gpu: GPU, sim: PipelineTime, critical: RankCo
                "pipeline_bubble_s": sim.bubble_s[sim.critical_rank],
                "after_schedule_s": sim.step_s - sim.end_s[sim.critical_rank],
                "communication_s": critical.get("comm_s") * scale,
+               "overlap_slowdown_s": critical.get("slowdown_s") * scale,
                "exposed_communication_s": {k: v * scale for k, v in critical.prefixed("exposed.").items() if v > 0},
                "host_s": critical.get("host_s") * scale},
         state_bytes=state_bytes(critical), collectives=collective_counts(critical),

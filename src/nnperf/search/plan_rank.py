@@ -29,9 +29,9 @@ from typing import Any
 from nnperf.analysis import Analysis
 from nnperf.hardware import GPU
 from nnperf.hardware.cluster import Cluster
-from nnperf.kernels.collectives import estimate_collective
+from nnperf.kernels.collectives import bus_factor, estimate_collective, group_tier
 from nnperf.loading import resolve
-from nnperf.passes.comm_timeline import overlap
+from nnperf.passes.comm_timeline import Contention, overlap
 from nnperf.prediction import predict_analysis
 from nnperf.request import ModelRequest
 from nnperf.search.plan_states import param_row_bytes
@@ -73,6 +73,21 @@ def _timed(cluster: Cluster, collectives: dict[int, Any], p2p_free: bool) -> Cal
     return timed
 
 
+def _contention(cluster: Cluster, gpu: GPU, collectives: dict[int, Any]) -> Callable[[int], Contention | None]:
+    """What each collective takes from the compute kernels beside it: its tier's thread blocks
+    out of the GPU's SMs, and twice its bus bandwidth (each byte it moves read once and written
+    once) out of the DRAM bandwidth. None where the tier does not say its thread blocks."""
+    def taken(index: int) -> Contention | None:
+        c = collectives[index]
+        ctas = group_tier(cluster, c.group_ranks).collective_ctas
+        estimate = estimate_collective(c.kind, c.bytes, c.group_ranks, cluster)
+        if ctas is None or not estimate.time_s:
+            return None
+        bus_bytes = c.bytes * bus_factor(c.kind, len(c.group_ranks))
+        return Contention(ctas / gpu.sm_count, 2 * bus_bytes / estimate.time_s / gpu.memory_bandwidth)
+    return taken
+
+
 def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution, gpu: GPU,
               cluster: Cluster, rank: int = 0, prepare: Callable[[Any], Any] | None = None,
               units: Callable[[Any], list[str]] | None = None) -> RankCost:
@@ -86,9 +101,11 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
     prediction = predict_analysis(analysis, gpu)
     by_index = {c.index: c for c in traced.collectives}
     pipelined = execution.pipeline > 1
-    comm = overlap(prediction.step, traced.trace, _timed(cluster, by_index, pipelined))
+    comm = overlap(prediction.step, traced.trace, _timed(cluster, by_index, pipelined),
+                   _contention(cluster, gpu, by_index))
     values: dict[str, float] = {
         "step_s": comm.step_s, "compute_s": comm.compute_s, "comm_s": comm.comm_s,
+        "slowdown_s": comm.slowdown_s,
         "host_s": prediction.step.host_s,
         "optimizer_s": sum(t.kernel_s for t in prediction.step.ops if t.phase == "optimizer"),
         "memory": float(prediction.memory.device_total or 0),
