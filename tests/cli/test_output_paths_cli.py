@@ -116,3 +116,21 @@ def test_a_failed_write_is_a_usage_error_naming_the_option(tmp_path):
     with pytest.raises(UsageError, match=r"cannot write --output '.*r\.html': no space left"):
         write_output(tmp_path / "new" / "r.html", "--output", disk_full)
     assert (tmp_path / "new").is_dir()  # the parents were made before writing
+
+
+def test_a_fifo_is_written_into_not_replaced(tmp_path):
+    """``-o /dev/stdout`` or a named pipe: renaming a finished file onto it would replace the
+    device or FIFO (for the whole machine, as root, for /dev/null); the content goes into it."""
+    import stat
+    import threading
+
+    fifo = tmp_path / "pipe.html"
+    os.mkfifo(fifo)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    write_output(fifo, "--output", lambda p: p.write_text("<html>hello</html>"))
+    reader.join(timeout=10)
+    assert received == [b"<html>hello</html>"]
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe.html"]  # no temporary left

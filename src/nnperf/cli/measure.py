@@ -94,4 +94,4 @@ def measure(device_name, steps, warmup, gpu_request: GpuRequest, tf32, ops, dept
 
     print_measurement(doc)
     if trace_out:
-        click.echo(f"wrote the measured timeline to {trace_out} (open in chrome://tracing or Perfetto)")
+        click.echo(f"wrote the measured timeline to {trace_out} (open in chrome://tracing or Perfetto)", err=True)

@@ -6,6 +6,9 @@ Every file is written atomically: to a temporary name in the same folder, rename
 mid-write (Ctrl-C, SIGTERM: ``nnperf.cli.app.main`` turns it into an exit that unwinds) leaves
 the old file or the new one, never a torn or empty one in its place.
 
+A path that is not a regular file (``/dev/null``, ``/dev/stdout``, a FIFO a reader waits on)
+is not replaced: the complete output is copied into it (``is_special``).
+
 A missing parent directory is created, as ``calibrate`` always did, so ``-o out/r.html``
 works in a fresh checkout. A path that still cannot be written (no permission, a directory
 where the file should go, a file where a directory should be) is a usage error naming the
@@ -18,12 +21,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TypeVar
 
 from nnperf.errors import UsageError, shown
+from nnperf.special_files import is_special
 
 T = TypeVar("T")
 
@@ -77,8 +82,16 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """A temporary path in ``path``'s folder (parents created) that becomes ``path`` when the
     block ends normally; on any exception, KeyboardInterrupt and SystemExit included, it is
     removed and ``path`` is left as it was. A symbolic link is written through, not replaced.
-    The new file gets the old file's permissions, or the usual ones (0666 less the umask)."""
+    The new file gets the old file's permissions, or the usual ones (0666 less the umask).
+    A device or FIFO (``is_special``) gets the finished content written into it instead."""
     target = Path(path).expanduser()
+    if is_special(target):
+        with tempfile.TemporaryDirectory() as folder:
+            tmp = Path(folder) / f"output{target.suffix}"
+            yield tmp
+            with open(tmp, "rb") as src, open(target, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        return
     if target.is_symlink():
         target = target.resolve()
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -58,11 +58,11 @@ def report(targets: list[GpuTarget], output, measured, png, svg, depth, points, 
         else:
             page = build_report(predictions[0], memory=mem, measured=overlay, depth=depth, by=points)
         write_output(outputs["--output"], "--output", lambda p: p.write_text(page, encoding="utf-8"))
-        click.echo(f"wrote {output} ({len(page.encode()) / 1024:.0f} KiB)")
+        click.echo(f"wrote {output} ({len(page.encode()) / 1024:.0f} KiB)", err=True)
     for option, path, fmt in (("--png", png, "png"), ("--svg", svg, "svg")):
         if path:
             from nnperf.report.roofline import save_roofline
 
             write_output(outputs[option], option, lambda p, fmt=fmt: save_roofline(
                 predictions, p, by=points, depth=depth, fmt=fmt))
-            click.echo(f"wrote {path}")
+            click.echo(f"wrote {path}", err=True)

@@ -12,6 +12,7 @@ from typing import Any
 from nnperf.hardware import GPU, save_profile
 from nnperf.measure.calibration.profile import build_profile, cpu_description, measured_table
 from nnperf.measure.calibration.record import Calibration
+from nnperf.special_files import is_special
 
 
 def _toml_scalar(value: Any) -> str:
@@ -84,6 +85,9 @@ def write_outputs(cal: Calibration, gpu: GPU | None, outputs: Outputs) -> None:
     staged: list[tuple[Path, Path]] = []
     try:
         for final, text in texts.items():
+            if is_special(final):  # /dev/null, a FIFO: written into, never replaced
+                final.write_text(text)
+                continue
             final.parent.mkdir(parents=True, exist_ok=True)
             fd, name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent)
             with os.fdopen(fd, "w") as fh:
