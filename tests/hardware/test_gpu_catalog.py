@@ -197,6 +197,15 @@ def test_ambiguous_and_unknown_names_list_candidates():
         load_gpu("h1000")
 
 
+@pytest.mark.parametrize("query,closest", [("h20", "h200-sxm"), ("NVIDIA H20", "h200-sxm"),
+                                           ("l40", "l40s"), ("b20", "b200")])
+def test_a_word_cut_short_is_another_gpu(query, closest):
+    """The H20 is not an H200, the L40 not an L40S: a prefix names a GPU only in whole words
+    (the L40S's alias 'L40-S' does not make 'l40' one of its words)."""
+    with pytest.raises(UsageError, match=rf"unknown GPU '{query}'; closest: {closest}"):
+        load_gpu(query)
+
+
 def test_missing_dtype_units_raise_or_fall_back_visibly():
     v100 = load_gpu("v100")
     with pytest.raises(UsageError, match=r"no .*bf16 units; valid dtypes: fp64, fp32, fp16"):
