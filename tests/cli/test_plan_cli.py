@@ -66,3 +66,20 @@ def test_a_pipeline_the_layers_do_not_allow_is_one_line():
     result = CliRunner().invoke(cli, [*ARGS, "--gpus", "8", "--pp", "3"])
     assert result.exit_code == 2
     assert "2 layers do not split evenly into 3 pipeline stages; nearest valid: 2" in result.output
+
+
+def test_degrees_no_layout_of_the_gpus_can_have_are_one_line():
+    """The model allows them, the GPU count does not: refused with the valid degrees, instead of
+    searching the other axes only (--cp 3 on 8 GPUs used to plan pipelines) or failing inside."""
+    # tp 4 divides the heads, the MLP and the sequence, and the 8 GPUs, but not 2 GPUs per node
+    for option, value, words in (("--tp", "4", "stays inside a node, so its degree divides the 2 GPUs per node "
+                                               "and the 8 GPUs; valid: 1, 2"),
+                                 ("--cp", "3", "--cp 3 does not divide the 8 GPUs; valid: 1, 2, 4, 8")):
+        result = CliRunner().invoke(cli, [*ARGS, "--gpus", "8", "--nodes-of", "2", option, value, "--pp", "1"])
+        assert result.exit_code == 2 and words in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1
+
+
+def test_plan_is_for_training_steps():
+    result = CliRunner().invoke(cli, [*ARGS, "--gpus", "8", "--inference"])
+    assert result.exit_code == 2 and "lays out training steps" in result.output

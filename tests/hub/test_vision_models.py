@@ -113,6 +113,9 @@ def test_a_bad_constructor_option_is_one_line():
 
     with pytest.raises(ModelLoadError, match=r"tv:resnet18: torchvision refused -O no_such='1'"):
         analyze("tv:resnet18", no_such="1")
+    # a value torch itself refuses while building (a RuntimeError, not the constructor's check)
+    with pytest.raises(ModelLoadError, match=r"tv:resnet18: torchvision refused -O num_classes='-5': .*negative"):
+        analyze("tv:resnet18", num_classes=-5)
 
 
 def test_image_models_take_no_sequence_length():

@@ -69,6 +69,10 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
         low, high = n_gpus // nodes * nodes, (n_gpus // nodes + 1) * nodes
         raise UsageError(f"--gpus {n_gpus} is not a whole number of {nodes}-GPU nodes; nearest: {low} or {high}")
     request, options = pop_workload(kwargs)
+    if not options.train:
+        raise UsageError("nnperf plan lays out training steps (data, tensor, pipeline and context parallelism "
+                         "of forward, backward and optimizer); for one GPU's inference use 'nnperf predict "
+                         "--inference'")
     result = run_plan(request, options, gpu, n_gpus, cluster, nodes, global_batch,
                       tensor=_degrees(tp_text, "--tp"), pipeline=_degrees(pp_text, "--pp"),
                       schedules=schedules or DEFAULT_SCHEDULES, context=_degrees(cp_text, "--cp") or [1])

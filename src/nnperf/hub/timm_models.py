@@ -34,7 +34,10 @@ def builder(request: HubRequest) -> tuple[str, Callable[[], Workload]]:
 
         try:  # timm reads drop-path rates off a tensor while building: meta parameters
             model = build_as_user_code(create, meta_first=True, redirect_devices=False)
-        except TypeError as err:  # an -O keyword the model's constructor does not take
+        except (TypeError, ValueError, RuntimeError) as err:
+            # an -O keyword the constructor does not take, or a value torch refuses
+            if not isinstance(err, TypeError) and not request.overrides:
+                raise  # not a value the user gave: a bug to report, with its traceback
             raise ModelLoadError(f"{target}: timm.create_model refused {_given(request)}: "
                                  f"{err}") from None
         cfg = getattr(model, "pretrained_cfg", None) or {}

@@ -39,7 +39,10 @@ def builder(request: HubRequest) -> tuple[str, Callable[[], Workload]]:
 
         try:  # nn.init.trunc_normal_ reads values (torch 2.14): meta parameters
             model = build_as_user_code(create, meta_first=True, redirect_devices=False)
-        except (TypeError, ValueError) as err:
+        except (TypeError, ValueError, RuntimeError) as err:
+            if isinstance(err, RuntimeError) and not request.overrides:
+                raise  # not a value the user gave: a bug to report, with its traceback
+            # a RuntimeError with -O values: torch refusing one (num_classes=-5: a negative size)
             given = " ".join(f"-O {k}={shown(v)}" for k, v in request.overrides.items())
             raise ModelLoadError(f"{target}: torchvision refused {given or 'the model'}: {err}") from None
         size = _image_size(models, request.name, model)

@@ -23,6 +23,7 @@ multiples of ``p``; GPipe: all of them) and the schedule replayed with all of th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -273,6 +274,30 @@ def search_axes(request: ModelRequest, gpus: int, nodes_of: int, layers: int | N
     return tensor, pipeline
 
 
+def _listed(degrees: Iterable[int]) -> str:
+    return ",".join(map(str, degrees))
+
+
+def check_degrees(gpus: int, nodes_of: int, tensor: Iterable[int] | None, pipeline: Iterable[int] | None,
+                  context: Iterable[int]) -> None:
+    """A degree the user asked for that no layout of ``gpus`` GPUs can have is one line with the
+    valid ones (it used to leave nothing to search, or only the other axes' layouts): tensor
+    parallelism stays inside a node, so it divides the GPUs per node and the GPU count; pipeline
+    and context degrees divide the GPU count."""
+    def divisors(n: int) -> str:
+        return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+    per_node = math.gcd(gpus, nodes_of)
+    for tp in tensor or ():
+        if tp < 1 or per_node % tp:
+            raise UsageError(f"--tp {tp}: tensor parallelism stays inside a node, so its degree divides the "
+                             f"{nodes_of} GPUs per node and the {gpus} GPUs; valid: {divisors(per_node)}")
+    for option, degrees in (("--pp", pipeline or ()), ("--cp", context)):
+        for d in degrees:
+            if d < 1 or gpus % d:
+                raise UsageError(f"{option} {d} does not divide the {gpus} GPUs; valid: {divisors(gpus)}")
+
+
 def _pipelines(model: Any) -> bool:
     from nnperf.trace.pipeline import family_of
 
@@ -312,10 +337,13 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     winner's degree without sequence parallelism."""
     nodes_of = nodes_of or cluster.gpus_per_node
     global_batch = global_batch or gpus * (request.batch or 1)
+    context = list(context)
     layers = layers_of(request)
-    tensor, pipeline = search_axes(request, gpus, nodes_of, layers, tensor, pipeline)
+    asked = (tensor, pipeline)
+    tensor, pipeline = search_axes(request, gpus, nodes_of, layers, tensor, pipeline)  # the model's rules first
+    check_degrees(gpus, nodes_of, *asked, context)
     first = layouts(gpus, nodes_of, global_batch, tensor=tensor, pipeline=[1] if 1 in pipeline else pipeline[:1],
-                    schedules=schedules, layers=layers, context=list(context))
+                    schedules=schedules, layers=layers, context=context)
     results, traces = _in_workers(request, options, gpu, cluster, layers,
                                   [[e for e in first if e.tensor == tp] for tp in tensor])
     deeper = [p for p in pipeline if p > 1 and p not in {e.execution.pipeline for e in results}]
@@ -328,6 +356,13 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
                                         [[e for e in second if e.pipeline == pp] for pp in deeper])
         results += more
         traces += more_traces
+    if not results:
+        raise UsageError(
+            f"no layout of {request_name(request)} on {gpus} GPUs with tensor degrees {_listed(tensor)}, "
+            f"pipeline degrees {_listed(pipeline)} and context degrees {_listed(context)}: the global batch "
+            f"{global_batch} must divide over the data-parallel ranks (GPUs / (tp x pp x cp)), context "
+            "parallelism does not combine with pipelines, and stages must split the layers; try other "
+            "degrees or --global-batch a multiple of the GPU count")
     cache = RoleCache()
     ranked = sorted((p for p in results if p.fits), key=lambda p: p.step_s)
     if ranked and ranked[0].execution.tensor > 1:  # the winner's degree without sequence parallelism
