@@ -31,6 +31,7 @@ from typing import Any
 from nnperf.errors import UsageError
 from nnperf.hardware import GPU
 from nnperf.hardware.cluster import Cluster
+from nnperf.passes.memory.capacity import capacity, fits
 from nnperf.request import ModelRequest
 from nnperf.search.memory_variants import apply_checkpointing
 from nnperf.search.plan_pipeline import pipeline_step
@@ -217,7 +218,7 @@ def evaluate(request: ModelRequest, options: TraceOptions, execution: Execution,
         state_bytes=state_bytes(cost), collectives=collective_counts(cost),
         param_row_bytes=cost.get("param_row_bytes"),
     )
-    planned.fits = planned.memory_bytes <= gpu.memory_bytes
+    planned.fits = fits(planned.memory_bytes, capacity(gpu))
     return planned
 
 
@@ -372,7 +373,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     rejected = [p for p in results if not p.fits]
     for p in rejected:
         at_least = "at least " if p.memory_bound else ""
-        p.reason = f"does not fit: {at_least}{p.memory_bytes / 2**30:.1f} GiB > {gpu.memory_bytes / 2**30:.1f} GiB"
+        p.reason = f"does not fit: {at_least}{p.memory_bytes / 2**30:.1f} GiB > {capacity(gpu) / 2**30:.1f} GiB"
         if p.memory_bound:
             p.reason += f" ({p.memory_bound}; not traced)"
     if ranked:
@@ -467,7 +468,7 @@ def _search(request: ModelRequest, options: TraceOptions, candidates: list[Execu
             members = [replace(e, checkpoint=CHECKPOINTS[start]) for e in members
                        if e.micro_batch <= sibling.execution.micro_batch]
             bound = states_bound(sibling, sibling.execution.shard, members[0], options.optimizer) if members else None
-            if bound is not None and bound > gpu.memory_bytes:
+            if bound is not None and bound > capacity(gpu):
                 results.append(Planned(members[0], memory_bytes=bound, memory_bound=STATES_BOUND))
                 continue
         for level, checkpoint in enumerate(CHECKPOINTS[start:], start):
@@ -514,9 +515,9 @@ def _why(best: Planned, others: list[Planned]) -> str:
 def smallest_memory(plan_: Plan) -> str:
     """Nothing fits: the smallest per-GPU memory any layout reached and what would make it fit."""
     least = min(plan_.rejected, key=lambda p: p.memory_bytes)
-    need = least.memory_bytes / plan_.gpu.memory_bytes
+    need = least.memory_bytes / capacity(plan_.gpu)
     at_least = "at least " if least.memory_bound else ""
     return (f"no layout of {plan_.model} fits on {plan_.gpus} x {plan_.gpu.name}: the smallest is "
             f"{at_least}{least.memory_bytes / 2**30:.1f} GiB per GPU ({least.execution.describe()}) against "
-            f"{plan_.gpu.memory_bytes / 2**30:.1f} GiB; it needs {at_least}{need:.1f}x the memory: more GPUs "
+            f"{capacity(plan_.gpu) / 2**30:.1f} GiB; it needs {at_least}{need:.1f}x the memory: more GPUs "
             "to shard over, a smaller micro-batch, bf16 (--amp bf16) or tensor/pipeline parallelism")

@@ -28,6 +28,7 @@ from nnperf.errors import UsageError
 from nnperf.hardware import GPU
 from nnperf.hardware.cluster import Cluster
 from nnperf.kernels.collectives import estimate_collective
+from nnperf.passes.memory.capacity import capacity, fits
 from nnperf.request import ModelRequest
 from nnperf.search.plan_rank import RoleCache, scaled_cost
 from nnperf.trace.distributed import Execution
@@ -88,5 +89,5 @@ def context_step(request: ModelRequest, options: TraceOptions, execution: Execut
                "context_parallel": "closed form (search.plan_context): ring attention not traced"},
         state_bytes=state_bytes(cost), collectives=counts,
     )
-    planned.fits = planned.memory_bytes <= gpu.memory_bytes
+    planned.fits = fits(planned.memory_bytes, capacity(gpu))
     return planned

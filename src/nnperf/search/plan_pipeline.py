@@ -41,6 +41,7 @@ from typing import Any
 from nnperf.hardware import GPU
 from nnperf.hardware.cluster import Cluster
 from nnperf.kernels.collectives import estimate_collective
+from nnperf.passes.memory.capacity import capacity, fits
 from nnperf.passes.pipeline_timeline import Action, PipelineTime, in_flight, orders, simulate
 from nnperf.request import ModelRequest
 from nnperf.search.plan_rank import RankCost, RoleCache, scaled_cost
@@ -91,7 +92,7 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
         return (own.get("memory") if own else 0.0) + others + extra
 
     roles = {"first": traced_role("first")}
-    if prune and (bound := int(memory(0, roles))) > gpu.memory_bytes:  # a lower bound (module docstring)
+    if prune and (bound := int(memory(0, roles))) > capacity(gpu):  # a lower bound (module docstring)
         from nnperf.search.plan import Planned
 
         return Planned(execution, memory_bytes=bound, memory_bound="its first pipeline stage alone")
@@ -145,7 +146,7 @@ def _planned(execution: Execution, gpu: GPU, sim: PipelineTime, critical: RankCo
                   "transfer_bytes": int(activation),
                   "parameters_per_rank": {str(r): int(v) for r, v in parameters.items()}},
     )
-    planned.fits = planned.memory_bytes <= gpu.memory_bytes
+    planned.fits = fits(planned.memory_bytes, capacity(gpu))
     return planned
 
 
