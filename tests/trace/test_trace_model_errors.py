@@ -55,3 +55,19 @@ def test_the_data_dependent_message_is_unchanged():
     with pytest.raises(TraceError, match="depend on tensor values: aten::index") as info:
         _trace(Masked(), torch.randn(3, 4), train=False)
     assert "--real" in str(info.value)
+
+
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.float16])
+def test_a_matmul_of_two_dtypes_fails_as_on_the_device(x_dtype):
+    """A bf16 Linear fed another dtype: PyTorch's CPU and CUDA kernels refuse it (checked here
+    with --real's real tensors), its meta kernel does not, so the fake trace refuses it too."""
+    layer = nn.Linear(8, 4).to(torch.bfloat16)
+    with pytest.raises(RuntimeError, match="same dtype"):
+        layer(torch.randn(2, 8, dtype=x_dtype))
+    with pytest.raises(TraceError, match=r"in its forward \(Linear\.forward\), op aten\.addmm: .*same dtype.*bfloat16"):
+        _trace(layer, torch.randn(2, 8, dtype=x_dtype))
+
+
+def test_autocast_operands_are_one_dtype():
+    """Under autocast the product's operands are cast before the op: nothing refused."""
+    _trace(nn.Linear(8, 4), torch.randn(2, 8), amp="bf16")

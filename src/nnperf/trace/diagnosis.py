@@ -29,7 +29,7 @@ from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from nnperf.errors import TraceError
 from nnperf.trace.events import dtype_name
 from nnperf.trace.options import TraceOptions
-from nnperf.trace.recorder import GraphLabeler, ModuleStack, OpRecorder
+from nnperf.trace.recorder import GraphLabeler, ModuleStack, OpRecorder, OpRejected
 from nnperf.workload import Workload
 
 #: Failures of a model whose control flow or output shapes depend on tensor values.
@@ -110,6 +110,8 @@ def _failure_site(err: BaseException, recorder: OpRecorder) -> tuple[str, Any]:
     counts as the model's (PyTorch rejected the arguments of a function the model called
     before any aten op ran).
     """
+    if isinstance(err, OpRejected) and recorder.current_func is not None:
+        return "op", recorder.current_func  # the recorder's check stands for the device kernel's
     frames = []
     tb = err.__traceback__
     while tb is not None:

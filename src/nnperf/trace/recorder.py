@@ -41,6 +41,27 @@ _LABEL_KEY = "nnperf.module"
 _SKIPPED_NAMESPACES = {"prim", "profiler"}
 #: Collectives write buffers their schemas do not annotate: never "free" views.
 _COLLECTIVE_NAMESPACES = {"c10d", "_c10d_functional"}
+#: Matrix products whose CPU and CUDA kernels refuse operands of different dtypes ("mat1 and
+#: mat2 must have the same dtype"), which their meta kernels, and so fake tensors, accept: a bf16
+#: Linear fed fp32 inputs would be predicted instead of failing as it does on the device.
+_SAME_DTYPE = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
+               torch.ops.aten.baddbmm.default, torch.ops.aten.addbmm.default, torch.ops.aten.mv.default,
+               torch.ops.aten.addmv.default, torch.ops.aten.dot.default}
+
+
+class OpRejected(RuntimeError):
+    """An op the device's kernel refuses but the fake kernel would run (``_SAME_DTYPE``): raised
+    by the recorder in the op's place, so the model's failure is reported like any op's."""
+
+
+def _check_same_dtype(func: Any, args: tuple[Any, ...]) -> None:
+    dtypes = list(dict.fromkeys(a.dtype for a in args if isinstance(a, torch.Tensor)))
+    if len(dtypes) > 1:
+        names = " and ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise OpRejected(f"the operands of {func._schema.name.split('::')[-1]} must have the same dtype "
+                         f"(as the CPU and CUDA kernels require), but got {names}")
+
+
 #: Ops that return their input itself for real but a new tensor on fake tensors (the schema
 #: has no alias annotation): ``c10d::wait_tensor`` (torch/csrc/distributed/c10d/Functional.cpp)
 #: waits on the collective's work and returns the tensor it was given, the buffer the
@@ -292,6 +313,8 @@ class OpRecorder(TorchDispatchMode):
         index = len(self.events)
         meta_args, meta_kwargs, inputs = self._metas_in(args, kwargs)
         first_new = len(self.storages)
+        if func in _SAME_DTYPE:
+            _check_same_dtype(func, args)
         out = self.answer(func) if self.answer is not None and func is LOCAL_SCALAR_DENSE else None
         if out is None:
             out = func(*args, **kwargs)
