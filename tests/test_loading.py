@@ -160,6 +160,11 @@ def test_unknown_model_suggests_close_names():
         analyze("resnet-5O")
 
 
+def test_a_python_file_without_its_factory_says_how_to_name_it():
+    with pytest.raises(ModelLoadError, match=r"'my_model\.py' names a Python file: .*'my_model\.py:FACTORY'"):
+        analyze("my_model.py")
+
+
 def test_factory_file_can_import_its_siblings(tmp_path):
     """A factory file is imported with its own folder on sys.path (sibling imports work)."""
     (tmp_path / "helper_mod_nnperf_test.py").write_text("WIDTH = 6\n")

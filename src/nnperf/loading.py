@@ -54,6 +54,9 @@ def resolve(request: ModelRequest) -> tuple[str, Callable[[], Workload]]:
     if len(target) > MAX_NAME:  # no model is called that: a pasted blob, not a typo to match
         raise ModelLoadError(f"unknown model {shown(target)}: give a built-in name (nnperf models), "
                              "hf:ID, timm:NAME, tv:NAME, PATH.py:FACTORY or package.module:FACTORY")
+    if target.endswith(".py"):  # a file without the function that builds the model
+        raise ModelLoadError(f"{shown(target)} names a Python file: add the function that returns the model, "
+                             f"'{target}:FACTORY' (it returns a model, (model, inputs) or (model, inputs, loss_fn))")
     spec = get_model(target)
     if request.inputs is not None or request.input_spec.given:
         raise UsageError(

@@ -39,6 +39,18 @@ def test_fits_is_at_most_the_capacity():
                              "fits_in_memory": False}
 
 
+def test_a_total_just_over_the_capacity_does_not_read_as_equal():
+    from types import SimpleNamespace
+
+    from nnperf.report.prediction_tables import memory_line
+
+    capacity = int(39.4 * 2**30)
+    over = SimpleNamespace(memory_fit=MemoryFit(device_total=capacity + 2**20, capacity=capacity))
+    assert memory_line(over) == "39.401 GiB of 39.4 GiB: DOES NOT FIT"
+    far = SimpleNamespace(memory_fit=MemoryFit(device_total=145 * 2**30, capacity=40 * 2**30))
+    assert memory_line(far) == "145 GiB of 40 GiB: DOES NOT FIT"
+
+
 class ReluNet(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -93,7 +93,10 @@ def op_time_table(p: Prediction, limit: int = 25) -> Table:
 def memory_line(p: Prediction) -> str:
     """'145 GiB of 40 GiB: DOES NOT FIT' (the memory model's device total vs the GPU)."""
     fit = p.memory_fit
-    return f"{binary(fit.device_total)} of {binary(fit.capacity)}: {fit.verdict}"
+    digits = 3
+    while binary(fit.device_total, digits) == binary(fit.capacity, digits) and digits < 9:
+        digits += 1  # 39.4 GiB of 39.4 GiB would read as a fit: show the digits that differ
+    return f"{binary(fit.device_total, digits)} of {binary(fit.capacity, digits)}: {fit.verdict}"
 
 
 def summary_table(p: Prediction) -> Table:
