@@ -18,7 +18,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "nnperf"
 
 LAYERS: list[set[str]] = [
-    {"", "errors", "units", "vocab"},
+    {"", "errors", "units", "vocab", "special_files"},
     {"hardware"},
     {"kernels"},
     {"workload", "request", "zoo", "trace", "hub"},
