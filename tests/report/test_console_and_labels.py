@@ -120,3 +120,12 @@ def test_an_fp32_cnns_roof_is_tf32_where_its_convolutions_run_tf32():
     assert (cnn.peak_dtype, cnn.peak_flops) == ("tf32", load_gpu("h100").peak("tf32").flops)
     mlp = roofs(nnperf.predict("mlp", "h100", batch=2))  # matmuls: TF32 off by default
     assert (mlp.peak_dtype, mlp.peak_unit) == ("fp32", "cuda")
+
+
+def test_an_advice_gain_is_in_readable_units():
+    from types import SimpleNamespace
+
+    from nnperf.report.advice_tables import _gain
+
+    assert _gain(SimpleNamespace(gain_s=-1.27, gain_share=-4.22, note=None)) == "-1.27 s (-422.0%)"
+    assert _gain(SimpleNamespace(gain_s=0.0123, gain_share=0.05, note=None)) == "+12.3 ms (+5.0%)"

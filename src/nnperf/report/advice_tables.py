@@ -21,7 +21,8 @@ def _memory(r: AdviceRow) -> str:
 def _gain(r: AdviceRow) -> str:
     if r.gain_s is None or r.gain_share is None:
         return r.note or "-"
-    return f"{r.gain_s * 1e3:+.3g} ms ({r.gain_share:+.1%})"
+    sign = "-" if r.gain_s < 0 else "+"
+    return f"{sign}{seconds(abs(r.gain_s))} ({r.gain_share:+.1%})"  # "-1.27 s", never "-1.27e+03 ms"
 
 
 def advice_table(advice: Any, rows: list[AdviceRow]) -> Table:
@@ -70,7 +71,7 @@ def gpu_table(advice: Any, rows: list[AdviceRow]) -> Table:
 def print_advice(advice: Any, console: Console) -> None:
     console.print(advice_table(advice, advice_rows(advice)))
     for name, why in advice.checked:
-        console.print(f"  already done: {name}: {why}")
+        console.print(f"  checked, gains nothing: {name}: {why}")
     if advice.curve:
         parts = [f"{b}: {rate(o.throughput, o.throughput_unit)}" for b, o in sorted(advice.curve.items())]
         console.print(f"batch curve (largest that fits {advice.largest_batch}, knee {advice.knee}): "
