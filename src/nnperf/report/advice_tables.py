@@ -27,9 +27,11 @@ def _gain(r: AdviceRow) -> str:
 
 def advice_table(advice: Any, rows: list[AdviceRow]) -> Table:
     base = advice.base
+    fit = "" if base.fits is not False else (
+        " — DOES NOT FIT as given: the changes that make it fit say so in 'peak memory'")
     t = Table(title=f"Code changes for {advice.model} on {advice.gpu}: step {seconds(base.step_s)}, "
                     f"{rate(base.throughput, base.throughput_unit)}, {base.bound}-bound, "
-                    f"peak {binary(base.peak_bytes or 0)}", title_justify="left",
+                    f"peak {binary(base.peak_bytes or 0)}{fit}", title_justify="left",
               caption="Gain: time saved per step of the given batch (per-sample times). Ranked items first; "
                       "then the changes checked that gain nothing, then those not predicted. "
                       "--json gives each item's exact change, layers and assumptions.",
