@@ -53,3 +53,11 @@ def test_predict_channels_last_option():
     nhwc, config = step_s("--channels-last")
     assert nhwc < nchw  # no layout transposes around the tensor-core convolutions
     assert config["channels_last"] is True
+
+
+def test_a_model_without_4d_tensors_refuses_the_option():
+    """Nothing of a transformer is 4-D: the option would change nothing, so it is refused in one
+    line instead of being dropped silently."""
+    result = CliRunner().invoke(cli, ["predict", "gpt2", "-O", "n_layer=1", "--channels-last"])
+    assert result.exit_code == 2
+    assert "--channels-last changes nothing here: the model has no 4-D weight or image input" in result.output

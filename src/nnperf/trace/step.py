@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from nnperf.errors import UsageError
 from nnperf.trace.grad_scaler import TracedGradScaler
 from nnperf.trace.options import AMP_DTYPES, TraceOptions
 from nnperf.trace.rebind import rebind_tensors
@@ -44,7 +45,14 @@ _IMPLEMENTATIONS: dict[str, dict[str, bool]] = {
 def to_channels_last(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
     """``model.to(memory_format=torch.channels_last)`` and the same for 4-D floating inputs,
     as PyTorch's channels_last recipe does; the model is changed in place (its tensors rebound,
-    which works on fake tensors too), the inputs returned."""
+    which works on fake tensors too), the inputs returned. A model with no 4-D weight, buffer
+    or floating input has nothing the format changes: refused, like every setting that would
+    not reach the model."""
+    four_d = [t for t in (*model.parameters(), *model.buffers(), *inputs)
+              if isinstance(t, torch.Tensor) and t.dim() == 4 and t.is_floating_point()]
+    if not four_d:
+        raise UsageError("--channels-last changes nothing here: the model has no 4-D weight or image input "
+                         "(channels_last is the NHWC memory format of CNNs' convolutions); leave it out")
     rebind_tensors(model, memory_format=torch.channels_last)
     return tuple(
         t.contiguous(memory_format=torch.channels_last)
