@@ -129,3 +129,17 @@ def test_an_advice_gain_is_in_readable_units():
 
     assert _gain(SimpleNamespace(gain_s=-1.27, gain_share=-4.22, note=None)) == "-1.27 s (-422.0%)"
     assert _gain(SimpleNamespace(gain_s=0.0123, gain_share=0.05, note=None)) == "+12.3 ms (+5.0%)"
+
+
+def test_a_roofline_tooltip_gives_the_time_the_tables_give():
+    """Its kernels' time places the point; the per-layer tables give its share of the step,
+    which adds the device's wait on the host: the tooltip says both where they differ."""
+    from nnperf.report.html.svg import point_title
+    from nnperf.report.roofline import RooflinePoint
+
+    point = RooflinePoint(key="l", label="l", type="Linear", ops=3, kernels=2, flops=2e9, bytes=1e6,
+                          kernel_s=826e-6, time_s=871e-6, compute_s=1e-5, memory_s=1e-6, bound="compute")
+    assert "826 µs of kernels" in point_title(point) and "871 µs of the step" in point_title(point)
+    from dataclasses import replace
+
+    assert "of the step" not in point_title(replace(point, time_s=point.kernel_s))

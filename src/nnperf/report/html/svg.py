@@ -49,7 +49,9 @@ def point_title(p: RooflinePoint, measured_s: float | None = None) -> str:
     lines = [
         f"{p.label} ({p.type})",
         f"FLOPs: {si(p.flops, 'FLOP')}  bytes: {binary(p.bytes)}  intensity: {p.intensity:.3g} FLOP/B",
-        f"predicted: {seconds(p.kernel_s)} ({si(p.achieved_flops, 'FLOP/s')})",
+        f"predicted: {seconds(p.kernel_s)} of kernels ({si(p.achieved_flops, 'FLOP/s')})"
+        + (f", {seconds(p.time_s)} of the step with the device's wait on the host"
+           if seconds(p.time_s) != seconds(p.kernel_s) else ""),
         f"measured: {seconds(measured_s) if measured_s else 'not measured'}",
         f"bound: {p.bound}",
     ]

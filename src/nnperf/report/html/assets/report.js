@@ -40,7 +40,8 @@
       p.type + " \u00b7 " + p.ops + " ops, " + p.kernels + " kernels",
       "FLOPs: " + si(p.flops, "FLOP") + "   bytes: " + bytes(p.bytes),
       "intensity: " + p.intensity.toPrecision(3) + " FLOP/B",
-      "predicted: " + secs(p.kernel_s) + " (" + si(p.achieved_flops, "FLOP/s") + ")",
+      "predicted: " + secs(p.kernel_s) + " of kernels (" + si(p.achieved_flops, "FLOP/s") + ")" +
+        (secs(p.time_s) !== secs(p.kernel_s) ? ", " + secs(p.time_s) + " of the step with the device's wait on the host" : ""),
       "measured: " + secs(p.measured_s),
       "bound: " + p.bound + "   GPU: " + run.gpu
     ];
