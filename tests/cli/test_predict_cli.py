@@ -68,7 +68,7 @@ def test_predict_says_when_the_step_does_not_fit():
     """0.25 GiB cannot even hold a CUDA context: the summary and the JSON say so."""
     r = run("predict", "mlp", "--batch", "8", "--gpu", "h100", "--set", "memory_gib=0.25")
     assert r.exit_code == 0, r.output
-    line = next(ln for ln in r.output.splitlines() if "peak memory (predicted)" in ln)
+    line = next(ln for ln in r.output.splitlines() if "device memory at peak (predicted)" in ln)
     assert "of 252 MiB: DOES NOT FIT" in line  # 256 MiB less the driver's 1.5%
     doc = json.loads(run("predict", "mlp", "--batch", "8", "--gpu", "h100", "--set", "memory_gib=0.25",
                          "--json").output)

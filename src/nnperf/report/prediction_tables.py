@@ -109,7 +109,7 @@ def summary_table(p: Prediction) -> Table:
     t.add_row("bound", tot["bound"])
     t.add_row(mfu_label(tot), f"{tot['mfu']:.1%}")
     fit = p.memory_fit
-    t.add_row("peak memory (predicted)", memory_line(p), style=None if fit.fits else "bold red")
+    t.add_row("device memory at peak (predicted)", memory_line(p), style=None if fit.fits else "bold red")
     t.add_row("host issue time (eager dispatch)", seconds(tot["host_s"]))
     t.add_row("device busy / idle", f"{seconds(tot['device_busy_s'])} / {seconds(tot['device_idle_s'])}")
     t.add_row("kernels", f"{tot['kernels']:,}")
