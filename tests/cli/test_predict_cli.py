@@ -167,3 +167,11 @@ def test_mfu_label_of_an_inference_pass_counts_forward_flops_and_names_a_gemvs_u
     cores; the A100's bf16 CUDA-core peak is 39 TFLOP/s (datasheet), its tensor peak 312."""
     out = run("predict", "mlp", "--batch", "1", "--inference", "--dtype", "bf16", "--gpu", "a100-80gb-sxm").output
     assert "MFU (forward FLOPs / bf16-cuda-core peak 39 TFLOP/s)" in " ".join(out.split())
+
+
+def test_training_options_beside_inference_are_refused():
+    """An inference step runs no optimizer: an --optimizer the user typed would be dropped."""
+    result = CliRunner().invoke(cli, ["predict", "mlp", "--inference", "--optimizer", "sgd", "--optimizer-impl", "fused"])
+    assert result.exit_code == 2
+    assert "--optimizer, --optimizer-impl are for a training step" in result.output
+    assert CliRunner().invoke(cli, ["predict", "mlp", "--inference"]).exit_code == 0

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from nnperf.cli.limits import LimitedInt
 from nnperf.errors import UsageError, shown
@@ -80,6 +81,8 @@ def pop_workload(kwargs: dict[str, Any]) -> tuple[ModelRequest, TraceOptions]:
     """Take the workload options out of a command's arguments: what to build and how to run
     its step, parsed and checked the same way for every command."""
     opts = {k: kwargs.pop(k) for k in _WORKLOAD_KEYS}
+    if not opts["train"]:
+        _refuse_training_options()
     request = ModelRequest(
         opts["model"],
         batch=opts["batch"],
@@ -102,6 +105,24 @@ def pop_workload(kwargs: dict[str, Any]) -> tuple[ModelRequest, TraceOptions]:
         moe_capacity_factor=opts["moe_capacity_factor"],
     )
     return request, options
+
+
+#: Options of the training step: given with --inference they would change nothing.
+_TRAINING_OPTIONS = {"optimizer": "--optimizer", "optimizer_impl": "--optimizer-impl",
+                     "grad_scaler": "--grad-scaler/--no-grad-scaler"}
+
+
+def _refuse_training_options() -> None:
+    """An optimizer or GradScaler option the user typed beside --inference is refused (it would
+    be dropped silently: an inference step runs no optimizer); their defaults are fine."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return
+    given = [flag for name, flag in _TRAINING_OPTIONS.items()
+             if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)]
+    if given:
+        raise UsageError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for a training step; "
+                         "--inference runs the forward only (leave them out, or drop --inference)")
 
 
 def parse_moe_load(text: str | None) -> tuple[float, ...] | None:
