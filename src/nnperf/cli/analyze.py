@@ -15,7 +15,8 @@ from nnperf.errors import UsageError
 
 @cli.command()
 @workload_options
-@click.option("--by", type=click.Choice(["module", "op", "gemm"]), default="module", show_default=True)
+@click.option("--by", type=click.Choice(["module", "op", "gemm"]), default="module", show_default=True,
+              help="Rows of the table: modules (to --depth), aten ops, or GEMM shapes.")
 @click.option("--depth", type=LimitedInt("depth"), default=2, show_default=True,
               help="Module tree depth shown (0: the whole model only).")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON document instead of tables.")

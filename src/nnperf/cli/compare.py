@@ -49,10 +49,13 @@ def load_prices(path: str | None) -> dict[str, float]:
 @gpu_options(gpu=False, gpus=True, resolve=False)
 @click.option("--prices", "prices_file", type=click.Path(dir_okay=False),
               help="TOML of USD per GPU-hour by GPU name, overriding the catalog's dated defaults.")
-@click.option("--tf32/--no-tf32", default=False, show_default=True)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--tf32/--no-tf32", default=False, show_default=True,
+              help="Let fp32 matmuls use TF32 tensor cores where the GPU has them "
+                   "(torch.backends.cuda.matmul.allow_tf32).")
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON document instead of the table.")
 def compare(gpu_request: GpuRequest, prices_file, tf32, as_json, **kwargs) -> None:
-    """Predict the same step of MODEL on several GPUs: time, throughput, bound and cost."""
+    """Predict the same step of MODEL on several GPUs (--gpus a,b,...): time, throughput, bound and
+    cost."""
     from nnperf.passes.timing import TimingOptions
     from nnperf.prediction import predict_analysis
 

@@ -55,7 +55,8 @@ def prediction_target(device, request: GpuRequest) -> tuple[GpuTarget | None, st
               help="Let fp32 matmuls use TF32 (set for the measurement and the prediction).")
 @click.option("--ops/--no-ops", default=True, show_default=True,
               help="Profile one extra step to attribute time to modules and ops.")
-@click.option("--depth", type=LimitedInt("depth"), default=2, show_default=True)
+@click.option("--depth", type=LimitedInt("depth"), default=2, show_default=True,
+              help="Module tree depth shown (0: the whole model only).")
 @click.option("--trace-out", type=click.Path(dir_okay=False), help="Write the profiled step as a Chrome trace.")
 @click.option("--json", "as_json", is_flag=True, help="Print predict --json's document with measured values.")
 def measure(device_name, steps, warmup, gpu_request: GpuRequest, tf32, ops, depth,

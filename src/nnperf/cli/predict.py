@@ -19,8 +19,10 @@ from nnperf.cli.workload_options import pop_workload, workload_options
 @gpu_options
 @click.option("--tf32/--no-tf32", default=False, show_default=True,
               help="Let fp32 matmuls use TF32 tensor cores (torch.backends.cuda.matmul.allow_tf32).")
-@click.option("--by", type=click.Choice(["module", "op"]), default="module", show_default=True)
-@click.option("--depth", type=LimitedInt("depth"), default=2, show_default=True)
+@click.option("--by", type=click.Choice(["module", "op"]), default="module", show_default=True,
+              help="Rows of the time table: modules (to --depth) or aten ops.")
+@click.option("--depth", type=LimitedInt("depth"), default=2, show_default=True,
+              help="Module tree depth shown (0: the whole model only).")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON document (analysis + timing).")
 @click.option("--trace-out", type=click.Path(dir_okay=False),
               help="Write the predicted timeline (host dispatch and device kernels) as a Chrome "
