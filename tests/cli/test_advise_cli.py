@@ -66,3 +66,12 @@ def test_a_model_that_cannot_be_traced_gives_the_trace_error(tmp_path):
     advise = CliRunner().invoke(cli, ["advise", f"{f}:build", "--gpu", "a100"])
     assert advise.exit_code == analyze.exit_code != 0
     assert advise.output.strip().splitlines()[-1] == analyze.output.strip().splitlines()[-1]
+
+
+def test_a_combination_lists_every_items_change(monkeypatch):
+    """The table shows a change's first line; --apply a,b prints each item's change below it."""
+    monkeypatch.setenv("NNPERF_FIT_WORKERS", "1")
+    r = CliRunner().invoke(cli, ["advise", "gpt2", *TINY, "--gpu", "a100", "--apply", "amp-bf16,optimizer-fused"])
+    assert r.exit_code == 0, r.output
+    changes = r.output.partition("  changes:")[2]
+    assert "--amp bf16" in changes and "--optimizer-impl fused" in changes

@@ -92,6 +92,9 @@ def print_combination(advice: Any, console: Console) -> None:
     item = advice.combination
     rows = [r for r in advice_rows(_Only(advice, item))]
     console.print(advice_table(advice, rows))
+    lines = item.candidate.how.splitlines()
+    if len(lines) > 1:  # the table shows a change's first line; a combination has one per item
+        console.print("  changes:\n" + "\n".join(f"    {line}" for line in lines))
     for a in item.candidate.assumptions:
         console.print(f"  assumes: {a}")
 
