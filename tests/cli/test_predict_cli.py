@@ -175,3 +175,15 @@ def test_training_options_beside_inference_are_refused():
     assert result.exit_code == 2
     assert "--optimizer, --optimizer-impl are for a training step" in result.output
     assert CliRunner().invoke(cli, ["predict", "mlp", "--inference"]).exit_code == 0
+
+
+def test_compare_keeps_the_gpus_a_step_can_run_on():
+    """bf16 autocast cannot run on a V100 (no bf16 units): its row says so, the H100 is compared;
+    a step no listed GPU can run is the error itself."""
+    result = CliRunner().invoke(cli, ["compare", "mlp", "--gpus", "v100,h100", "--amp", "bf16", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {r["id"]: r for r in json.loads(result.output)["gpus"]}
+    assert "no bf16 units" in rows["v100-sxm2"]["error"] and "step_time_s" not in rows["v100-sxm2"]
+    assert rows["h100-sxm"]["step_time_s"] > 0
+    alone = CliRunner().invoke(cli, ["compare", "mlp", "--gpus", "v100,t4", "--amp", "bf16"])
+    assert alone.exit_code == 2 and "no bf16 units" in alone.output

@@ -66,13 +66,21 @@ def compare(gpu_request: GpuRequest, prices_file, tf32, as_json, **kwargs) -> No
     analysis = analyze_request(*pop_workload(kwargs))
     memory: dict[str | None, Any] = {}  # one memory replay per architecture, not per GPU
     rows = []
+    refused: list[UsageError] = []
     for target in targets:
         gpu = target.gpu
-        # the memory model depends on the architecture and nothing else of the GPU
-        p = predict_analysis(analysis, gpu, target.profile, timing=TimingOptions(tf32_matmul=tf32),
-                             memory=memory.get(gpu.architecture))
+        try:  # a GPU the step cannot run on (bf16 autocast on a V100) is a row saying why
+            # the memory model depends on the architecture and nothing else of the GPU
+            p = predict_analysis(analysis, gpu, target.profile, timing=TimingOptions(tf32_matmul=tf32),
+                                 memory=memory.get(gpu.architecture))
+        except UsageError as err:
+            refused.append(err)
+            rows.append({"gpu": target.asked or gpu.id, "id": gpu.id, "error": str(err)})
+            continue
         memory[gpu.architecture] = p.memory
         rows.append(gpu_row(target.asked or gpu.id, gpu, p.totals, prices))
+    if len(refused) == len(targets):
+        raise refused[0]
     if as_json:
         click.echo(json.dumps({"schema": "nnperf.compare/1", "model": analysis.model,
                                "config": analysis.config, "gpus": rows}, indent=2))
@@ -96,6 +104,9 @@ def _table(analysis: Any, rows: list[dict[str, Any]]) -> Table:
                 "USD per 1M samples"):
         t.add_column(col, justify="left" if col in ("GPU", "Bound", "Fits") else "right")
     for r in rows:
+        if "error" in r:
+            t.add_row(r["gpu"], "-", "-", f"cannot run: {r['error']}", "-", "-", "-", "-", "-", style="dim")
+            continue
         price = f"{r['usd_per_hour']:.2f} ({r['price_date'] or 'yours'})" if r["usd_per_hour"] else "-"
         style = None if r["fits_in_memory"] else "red"
         t.add_row(r["gpu"], seconds(r["step_time_s"]), rate(r["throughput"], r["throughput_unit"]),
