@@ -5,8 +5,8 @@ words PyTorch puts in device names (NVIDIA, Tesla, GeForce, AMD, Instinct). An e
 an id, name or alias wins; otherwise a unique prefix, of whole words, of an id or a name (the
 first spelling of each id): 'h100-pcie' names 'H100 PCIe 80GB', but 'h20' does not name
 'H200 SXM' nor 'l40' 'L40S' (a word cut short is another GPU); aliases match whole, since an
-alias spelled 'L40-S' would otherwise make 'l40' a word of the L40S. Otherwise the user gets the list of candidates (ambiguous prefix) or of
-the closest names (unknown).
+alias spelled 'L40-S' would otherwise make 'l40' a word of the L40S. Otherwise the user gets
+the list of candidates (ambiguous prefix) or of the closest names (unknown).
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ def _check_same_dtype(func: Any, args: tuple[Any, ...]) -> None:
 #: has no alias annotation): ``c10d::wait_tensor`` (torch/csrc/distributed/c10d/Functional.cpp)
 #: waits on the collective's work and returns the tensor it was given, the buffer the
 #: functional collective allocated. Recorded as the same storage, not a second allocation.
-_RETURNS_INPUT = {"_c10d_functional::wait_tensor"}
+_RETURNS_INPUT = {torch.ops._c10d_functional.wait_tensor.default}
 _SDPA = {F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}
 #: Packed sequences on fake tensors (``trace.packing``): their shapes are host values.
 _PACKING = {torch._pack_padded_sequence: packing.pack_padded, torch._pad_packed_sequence: packing.pad_packed}
@@ -236,7 +236,10 @@ class OpRecorder(TorchDispatchMode):
         if self._sid_of.get(key) == sid:
             del self._sid_of[key]
         self._holders[sid] -= 1
-        if not self.active or self._holders[sid]:
+        if self._holders[sid]:
+            return  # another storage object is the same allocation (``_alias``)
+        del self._holders[sid]
+        if not self.active:
             return
         info = self.storages[sid]
         if info.released_after is not None:  # freed earlier by a resize (storage_freed)
@@ -318,7 +321,7 @@ class OpRecorder(TorchDispatchMode):
         out = self.answer(func) if self.answer is not None and func is LOCAL_SCALAR_DENSE else None
         if out is None:
             out = func(*args, **kwargs)
-        if func._schema.name in _RETURNS_INPUT:
+        if func in _RETURNS_INPUT:
             self._alias(out, args[0])
         outputs = [self.meta(t, index) for t in _output_tensors(out)]
         allocates = [m.storage for m in outputs if m.storage >= first_new]

@@ -48,9 +48,8 @@ def to_channels_last(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[Any, ..
     which works on fake tensors too), the inputs returned. A model with no 4-D weight, buffer
     or floating input has nothing the format changes: refused, like every setting that would
     not reach the model."""
-    four_d = [t for t in (*model.parameters(), *model.buffers(), *inputs)
-              if isinstance(t, torch.Tensor) and t.dim() == 4 and t.is_floating_point()]
-    if not four_d:
+    if not any(isinstance(t, torch.Tensor) and t.dim() == 4 and t.is_floating_point()
+               for t in (*model.parameters(), *model.buffers(), *inputs)):
         raise UsageError("--channels-last changes nothing here: the model has no 4-D weight or image input "
                          "(channels_last is the NHWC memory format of CNNs' convolutions); leave it out")
     rebind_tensors(model, memory_format=torch.channels_last)
