@@ -176,7 +176,7 @@ def analyze(
     moe_capacity_factor: float | None = None,
     **overrides: Any,
 ) -> Analysis:
-    """Trace one step of ``model`` on fake tensors and count it.
+    """Trace one step of ``model`` on meta or fake tensors and count it.
 
     ``model`` is a zoo name (``"resnet50"``), a library model (``"hf:gpt2"``,
     ``"timm:convnext_tiny"``, ``"tv:resnet50"``; ``task`` and ``attn_implementation`` for

@@ -17,6 +17,7 @@ from flop_reference import nnperf_matrix_flops, training_step, uncovered_ops
 transformers = pytest.importorskip("transformers")
 
 from nnperf.analysis import analyze  # noqa: E402
+from nnperf.trace.capture import trace_workload  # noqa: E402
 
 B, T = 2, 16  # batch and sequence length of every text step
 V = 97  # vocabulary: small and prime, so no dimension coincides with another
@@ -150,3 +151,27 @@ def test_inference_runs_no_loss(config_files):
     ops = {op.op for op in infer.ops}
     assert not any("nll_loss" in name or "log_softmax" in name for name in ops)
     assert any("nll_loss" in op.op for op in train.ops)
+
+
+@pytest.mark.parametrize("arch", list(CONFIGS))
+def test_the_trace_on_meta_tensors_is_the_one_on_fakes(config_files, arch):
+    """Every architecture records on meta tensors (``trace.meta_world``) the step it records on
+    fakes, op for op, but two that need the fakes' values: Mixtral's routing, and BART's
+    padding mask, whose values transformers reads unless it sees a fake tensor
+    (``masking_utils._ignore_causal_mask_sdpa``)."""
+    from nnperf.hub import HubRequest
+    from nnperf.hub.huggingface import builder
+    from nnperf.trace.options import TraceOptions
+
+    seq = None if arch in ("vit", "whisper") else T
+    _, build = builder(HubRequest(str(config_files[arch]), batch=B, seq_len=seq, overrides={}))
+    options = TraceOptions(amp="bf16")
+    meta, _ = trace_workload(build, options)
+    fake, _ = trace_workload(build, options, meta_first=False)
+    assert (meta.config.pop("tensors"), fake.config.pop("tensors")) == \
+        ("fake" if arch in ("mixtral", "bart") else "meta", "fake")
+    assert [(e.name, e.args, e.kwargs, e.inputs, e.outputs, e.phase, e.module, e.free, e.allocates)
+            for e in meta.events] == \
+        [(e.name, e.args, e.kwargs, e.inputs, e.outputs, e.phase, e.module, e.free, e.allocates)
+         for e in fake.events]
+    assert {k: repr(v) for k, v in meta.storages.items()} == {k: repr(v) for k, v in fake.storages.items()}

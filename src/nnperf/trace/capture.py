@@ -1,9 +1,11 @@
 """Capture one inference forward or one whole training step of a workload as a Trace.
 
-Everything runs under ``FakeTensorMode``: weights, activations and gradients have shapes
-and dtypes but no memory, so a 7B-parameter model traces on a laptop. ``real=True`` runs
+Weights, activations and gradients have shapes and dtypes but no memory, so a 7B-parameter
+model traces on a laptop: the step runs on meta tensors where it can (``trace.meta_world``:
+the same trace, in about half the time), else under ``FakeTensorMode``, which keeps the
+values the meta device lacks (expert routing, literals the model reads). ``real=True`` runs
 the same recording on real CPU tensors, the way forward for models whose control flow
-depends on data (``nonzero``, ``.item()``, expert routing).
+depends on data (``nonzero``, ``.item()``).
 
 The step itself is ``trace.step.Step`` (the one ``measure`` runs for real); here it runs
 under the recorder, which ``_Watch`` tells where the loss, the scaler, the backward and the
@@ -13,13 +15,16 @@ optimizer start. Why a failing step failed is ``trace.diagnosis``'s business.
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from nnperf.errors import NnperfError
+from nnperf.trace import meta_world
 from nnperf.trace.accumulation import AccumulationWatch, fold_inplace_accumulations
 from nnperf.trace.assumptions import collecting
 from nnperf.trace.autocast_cuda import CudaAutocast
@@ -49,49 +54,93 @@ from nnperf.trace.state_warmup import skip_inplace_math
 from nnperf.trace.step import Step, StepWatch, to_channels_last
 from nnperf.workload import Workload, default_loss
 
+_log = logging.getLogger(__name__)
 
-def trace_workload(build: Callable[[], Workload], options: TraceOptions) -> tuple[Trace, Workload]:
-    """Build the workload inside the tracing context and record one step of it."""
+
+def trace_workload(build: Callable[[], Workload], options: TraceOptions, *,
+                   meta_first: bool = True) -> tuple[Trace, Workload]:
+    """Build the workload inside the tracing context and record one step of it: on meta
+    tensors where the step allows it (``trace.meta_world``: the same trace, faster), else on
+    fakes, or on real CPU tensors with ``real``. ``meta_first=False``: fakes at once."""
     options.validate()
+    if meta_first and meta_world.eligible(options):
+        try:
+            with quiet_fake_tensor_log(), meta_world.meta_world(options):
+                on_meta = _Private(meta_world.on_meta, meta_world.on_meta)
+                return _build_and_record(build, options, on_meta, "meta")
+        except Exception as err:  # the fake trace decides, and explains a failure
+            _log.debug("recording on meta tensors stopped (%s); recording on fake tensors", err)
     # Non-fake tensors a user model keeps as plain attributes (not buffers) become fakes on use.
     fake_mode = None if options.real else TraceFakeMode(allow_non_fake_inputs=True)
     with quiet_fake_tensor_log(), fake_mode if fake_mode is not None else contextlib.nullcontext():
-        workload = build()
-        restore = _swap_in_private_copies(workload, fake_mode)
-        try:
-            workload = _cast(workload, options.dtype)
-            if options.channels_last:
-                workload.inputs = to_channels_last(workload.model, tuple(workload.inputs))
-            # "cpu" is the fake device; the trace ends after the optimizer (no zero_grad)
-            step = Step.of(workload.model, workload.inputs, workload.loss_fn or default_loss,
-                           options, zero_grad=False)
-            if step.optimizer is not None:
-                _initialize_state(step.model, step.optimizer, step.scaler)
-            if options.train and options.grads_persist:
-                _allocate_grads(step.model)
-            return _record(workload, step), workload
-        finally:
-            restore()
+        if fake_mode is None:
+            return _build_and_record(build, options, _Private(_clone, None), "real")
+        fake = _Private(functools.partial(_fake_copy, fake_mode), functools.partial(_fake_input, fake_mode))
+        return _build_and_record(build, options, fake, "fake")
 
 
-def _swap_in_private_copies(
-    workload: Workload, fake_mode: FakeTensorMode | None
-) -> Callable[[], None]:
-    """Replace the parameters, buffers and inputs of a model the user already built by fakes
-    (or, with ``real``, by copies) and remember each module's train/eval flag.
+class _Private(NamedTuple):
+    """How a trace copies what the user built: ``tensor`` for parameters and buffers (tied
+    weights stay tied), ``input`` for the model's inputs (None: used as they are)."""
+
+    tensor: Callable[[torch.Tensor], torch.Tensor]
+    input: Callable[[torch.Tensor], torch.Tensor] | None
+
+
+def _build_and_record(build: Callable[[], Workload], options: TraceOptions, private: _Private,
+                      tensors: str) -> tuple[Trace, Workload]:
+    workload = build()
+    restore = _swap_in_private_copies(workload, private)
+    try:
+        workload = _cast(workload, options.dtype)
+        if options.channels_last:
+            workload.inputs = to_channels_last(workload.model, tuple(workload.inputs))
+        # "cpu" is the fake device; the trace ends after the optimizer (no zero_grad)
+        step = Step.of(workload.model, workload.inputs, workload.loss_fn or default_loss,
+                       options, zero_grad=False)
+        if step.optimizer is not None:
+            _initialize_state(step.model, step.optimizer, step.scaler)
+        if options.train and options.grads_persist:
+            _allocate_grads(step.model)
+        trace = _record(workload, step)
+        trace.config["tensors"] = tensors
+        return trace, workload
+    finally:
+        restore()
+
+
+def _clone(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().clone()
+
+
+def _fake_copy(fake_mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
+    if t.is_meta:  # built on the meta device (trace.construction): a fake on the CPU
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+    return fake_mode.from_tensor(t)
+
+
+def _fake_input(fake_mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
+    if not _is_host_ints(t):
+        return _fake_copy(fake_mode, t)
+    # a host integer input keeps its values (trace.packing)
+    return mark_host(fake_mode.fake_tensor_converter.from_real_tensor(fake_mode, t, make_constant=True))
+
+
+def _swap_in_private_copies(workload: Workload, private: _Private) -> Callable[[], None]:
+    """Replace the parameters, buffers and inputs of a model the user already built by
+    ``private`` copies (fakes, meta tensors or, with ``real``, clones) and remember each
+    module's train/eval flag.
 
     The user's module is modified in place for the duration of the trace and restored after,
-    so tracing a real model neither copies its weights (fake mode) nor changes their values,
+    so tracing a real model neither copies its weights (fake or meta) nor changes their values,
     gradients, running statistics or train/eval mode (the traced step runs an optimizer).
     """
     from torch._subclasses.fake_tensor import FakeTensor
 
-    def private(t: torch.Tensor) -> torch.Tensor:
-        if fake_mode is None:
-            return t.detach().clone()
-        if t.is_meta:  # built on the meta device (trace.construction): a fake on the CPU
-            return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
-        return fake_mode.from_tensor(t)
+    def done(value: torch.Tensor) -> bool:
+        """Already private: a fake (a DTensor's local shard too), or a meta tensor on meta."""
+        return (isinstance(local(value), FakeTensor)
+                or (private.tensor is meta_world.on_meta and value.is_meta))
 
     originals: list[tuple[dict, str, Any]] = []
     copies: dict[int, torch.Tensor] = {}
@@ -99,21 +148,20 @@ def _swap_in_private_copies(
     for module in workload.model.modules():
         for table in (module._parameters, module._buffers):
             for name, value in table.items():
-                if value is None or isinstance(value, FakeTensor) or isinstance(local(value), FakeTensor):
-                    continue  # already fake (a DTensor's local shard included)
+                if value is None or done(value):
+                    continue
                 copy = copies.get(id(value))
                 if copy is None:  # a tied weight stays tied: one copy for all its owners
-                    copy = private(value)
+                    copy = private.tensor(value)
                     if isinstance(value, torch.nn.Parameter):
                         copy = torch.nn.Parameter(copy, requires_grad=value.requires_grad)
                     copies[id(value)] = copy
                 originals.append((table, name, value))
                 table[name] = copy
     real_inputs = workload.inputs
-    if fake_mode is not None:
+    if private.input is not None:
         workload.inputs = tuple(
-            (_host_ints(fake_mode, t) if _is_host_ints(t) else private(t))
-            if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor) else t
+            private.input(t) if isinstance(t, torch.Tensor) and not done(t) else t
             for t in workload.inputs
         )
 
@@ -130,11 +178,6 @@ def _swap_in_private_copies(
 def _is_host_ints(t: torch.Tensor) -> bool:
     """A 1-D integer CPU input: sequence lengths for packing, which PyTorch keeps on the host."""
     return t.dim() == 1 and t.device.type == "cpu" and t.dtype in (torch.int64, torch.int32)
-
-
-def _host_ints(fake_mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
-    """A host integer input as a fake that keeps its values (``trace.packing``)."""
-    return mark_host(fake_mode.fake_tensor_converter.from_real_tensor(fake_mode, t, make_constant=True))
 
 
 class _Watch(StepWatch):

@@ -35,6 +35,8 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from nnperf.trace import meta_world
+
 T = TypeVar("T")
 
 _ORIGINAL_APPLY = nn.Module._apply
@@ -59,8 +61,10 @@ def build_as_user_code(build: Callable[[], T], *, meta_first: bool = False,
     (``reads_tensor_values``). ``redirect_devices=False`` for a library's own constructor,
     which moves nothing to an accelerator: the device check on every torch call is skipped.
     """
+    if meta_first:  # known to read values while building, which meta tensors do not have
+        meta_world.require_values("building the model")
     devices = _DevicesStayHere() if redirect_devices else contextlib.nullcontext()
-    if current_fake_mode() is None:  # real tensors: only devices need redirecting
+    if current_fake_mode() is None:  # real or meta tensors: only devices need redirecting
         with devices:
             return build()
     if not meta_first:
@@ -164,7 +168,8 @@ def _rebinding_apply(self: nn.Module, fn: Callable[[torch.Tensor], torch.Tensor]
 
 class _DevicesStayHere(TorchFunctionMode):
     """``t.to("cuda")``/``t.cuda()`` keep ``t`` on its device; a factory asked for an
-    accelerator (``torch.randn(..., device="cuda")``) makes its tensor on the CPU."""
+    accelerator (``torch.randn(..., device="cuda")``) makes its tensor on the CPU (the meta
+    device in a meta recording, ``trace.meta_world``)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         kwargs = dict(kwargs or {})
@@ -176,7 +181,7 @@ class _DevicesStayHere(TorchFunctionMode):
             if _accelerator(kwargs.get("device")):
                 kwargs["device"] = here
         elif _accelerator(kwargs.get("device")):
-            kwargs["device"] = torch.device("cpu")
+            kwargs["device"] = meta_world.home_device()
         return func(*args, **kwargs)
 
 

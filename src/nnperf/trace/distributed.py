@@ -335,7 +335,7 @@ def trace_rank(
             return workload
 
         with step_contexts:
-            trace, workload = trace_workload(build_distributed, options)
+            trace, workload = trace_workload(build_distributed, options, meta_first=False)
         collectives = _collectives(trace)
     trace.config["execution"] = execution.to_json()
     trace.config["rank"] = rank

@@ -29,13 +29,14 @@ from torch.utils._python_dispatch import (
 )
 from torch.utils._pytree import tree_flatten, tree_map
 
-from nnperf.trace import packing, routing
+from nnperf.trace import meta_world, packing, routing
 from nnperf.trace.accumulation import ADD, AccumulationWatch
 from nnperf.trace.assumptions import assume
 from nnperf.trace.attention import fused_sdpa
 from nnperf.trace.events import KIND_ACTIVATION, OpEvent, StorageInfo, TensorMeta
 from nnperf.trace.grad_scaler import LOCAL_SCALAR_DENSE
 from nnperf.trace.rnn import cudnn_rnn_call, is_rnn_function
+from nnperf.trace.state_warmup import skipped_foreach
 
 _LABEL_KEY = "nnperf.module"
 _SKIPPED_NAMESPACES = {"prim", "profiler"}
@@ -140,12 +141,14 @@ class GraphLabeler(TorchFunctionMode):
             if out is NotImplemented:
                 out = func(*args, **kwargs)
         elif func in _PACKING:
+            meta_world.require_values("a packed sequence (its lengths)")
             out = _PACKING[func](*args, **kwargs) if isinstance(args[0], FakeTensor) else NotImplemented
             if out is NotImplemented:
                 out = func(*args, **kwargs)
         elif packing.folds(func) and (out := packing.fold(func, args, kwargs)) is not NotImplemented:
             pass
         elif routing.is_topk(func) and self._routing is not None:
+            meta_world.require_values("top-k routing (the trace assumes its indices)")
             out = routing.routed_topk(func, args, kwargs, self._routing)
         elif self._routing is not None and routing.constant_args(args, kwargs):
             out = routing.shadowed(func, args, kwargs)
@@ -286,7 +289,10 @@ class OpRecorder(TorchDispatchMode):
         try:
             return (_map_plain(args, to_meta, found), _map_plain(kwargs, to_meta, found), found)
         except _NotPlain:
-            to_meta_in = lambda x: to_meta(x, None) if isinstance(x, torch.Tensor) else x  # noqa: E731
+            def to_meta_in(x: Any) -> Any:
+                if isinstance(x, torch.Tensor):
+                    return to_meta(x, None)
+                return _trace_device(x) if isinstance(x, torch.device) else x
             meta_args = tree_map(to_meta_in, args)
             meta_kwargs = tree_map(to_meta_in, kwargs)
             inputs = [x for x in tree_flatten((meta_args, meta_kwargs))[0]
@@ -319,8 +325,10 @@ class OpRecorder(TorchDispatchMode):
         if func in _SAME_DTYPE:
             _check_same_dtype(func, args)
         out = self.answer(func) if self.answer is not None and func is LOCAL_SCALAR_DENSE else None
-        if out is None:
-            out = func(*args, **kwargs)
+        if out is None and skipped_foreach(func, args, kwargs):
+            out = args[0] if func._schema.returns else None
+        elif out is None:
+            out = meta_world.call(func, args, kwargs)
         if func in _RETURNS_INPUT:
             self._alias(out, args[0])
         outputs = [self.meta(t, index) for t in _output_tensors(out)]
@@ -370,6 +378,8 @@ def _kept_values(func: Any, args: tuple, kwargs: dict) -> dict[str, tuple[int, .
     offs = args[2] if len(args) > 2 else kwargs.get("offs")
     if offs is None:
         return None
+    if offs.device.type == "meta":  # a meta recording (a fake says "cpu")
+        meta_world.require_values("a grouped GEMM's group offsets")
     if isinstance(offs, FakeTensor):
         if offs.constant is None:
             assume(GROUPS_UNKNOWN)
@@ -421,6 +431,8 @@ def _map_plain(x: Any, fn: Callable[[torch.Tensor, None], TensorMeta], found: li
         found.append(m)
         return m
     kind = type(x)
+    if kind is torch.device:
+        return _trace_device(x)
     if kind in _PLAIN_LEAVES:
         return x
     if kind is tuple:
@@ -430,6 +442,15 @@ def _map_plain(x: Any, fn: Callable[[torch.Tensor, None], TensorMeta], found: li
     if kind is dict:
         return {k: _map_plain(v, fn, found) for k, v in x.items()}
     raise _NotPlain
+
+
+def _trace_device(device: torch.device) -> torch.device:
+    """The CPU, the device a trace's ops run on, for the meta device of a meta recording
+    (``trace.meta_world``): the recorded step is the one recorded on CPU fakes."""
+    return _CPU if device.type == "meta" else device
+
+
+_CPU = torch.device("cpu")
 
 
 def _output_tensors(out: Any) -> list[torch.Tensor]:

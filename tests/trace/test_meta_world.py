@@ -1,0 +1,175 @@
+"""A step recorded on meta tensors is the step recorded on fake tensors, op for op and
+storage for storage; a step that needs what only fakes have (values, CPU autocast, a CPU
+tensor in the model's code) is recorded on fakes. The reference is the same trace with the
+meta attempt switched off (``meta_first=False``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from nnperf.trace import meta_world
+from nnperf.trace.capture import trace_workload
+from nnperf.trace.events import Trace
+from nnperf.trace.options import TraceOptions
+from nnperf.workload import Workload
+from nnperf.zoo import MODELS
+
+SMALL = {
+    "mlp": (4, None, {}),
+    "resnet18": (2, None, {"image_size": 64}),
+    "mobilenet_v2": (2, None, {"image_size": 64}),
+    "efficientnet_b0": (2, None, {"image_size": 64}),
+    "convnext_tiny": (2, None, {"image_size": 64}),
+    "vit_b_16": (2, None, {"n_layer": 2, "image_size": 64}),
+    "bert-base": (2, 32, {"n_layer": 2}),
+    "gpt2": (2, 64, {"n_layer": 2}),
+    "llama-7b": (1, 64, {"n_layer": 2, "dim": 256, "n_heads": 4, "n_kv_heads": 2,
+                         "ffn_hidden": 512, "vocab": 1000}),
+}
+OPTIONS = {
+    "train fp32 foreach": {},
+    "train amp bf16": {"amp": "bf16"},
+    "train amp fp16 (GradScaler)": {"amp": "fp16"},
+    "train bf16 weights, single-tensor SGD": {"dtype": "bf16", "optimizer": "sgd-momentum",
+                                              "optimizer_impl": "single"},
+    "inference": {"train": False},
+}
+
+
+def _events(tr: Trace) -> list[tuple]:
+    return [(e.name, e.args, e.kwargs, e.inputs, e.outputs, e.phase, e.module, e.free,
+             e.allocates, sorted(e.releases)) for e in tr.events]
+
+
+def _both(build, **options) -> tuple[Trace, Trace]:
+    meta, _ = trace_workload(build, TraceOptions(**options))
+    fake, _ = trace_workload(build, TraceOptions(**options), meta_first=False)
+    return meta, fake
+
+
+def _assert_same(meta: Trace, fake: Trace) -> None:
+    assert (meta.config.pop("tensors"), fake.config.pop("tensors")) == ("meta", "fake")
+    assert _events(meta) == _events(fake)
+    assert {k: repr(v) for k, v in meta.storages.items()} == \
+        {k: repr(v) for k, v in fake.storages.items()}
+    assert meta.config == fake.config
+    assert (meta.param_storages, meta.param_shapes, meta.module_params, meta.module_output_bytes) == \
+        (fake.param_storages, fake.param_shapes, fake.module_params, fake.module_output_bytes)
+
+
+@pytest.mark.parametrize("name", SMALL)
+@pytest.mark.parametrize("options", OPTIONS.values(), ids=OPTIONS)
+def test_zoo_step_on_meta_tensors_is_the_fake_one(name, options):
+    batch, seq, overrides = SMALL[name]
+    _assert_same(*_both(lambda: MODELS[name].build(batch, seq, **overrides), **options))
+
+
+class _Literals(nn.Module):
+    """Tensor literals in the forward: a scalar, a vector, one made for a device, and a
+    factory without a device."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(x) * torch.tensor(2.0) + torch.tensor([1.0, 2.0, 3.0, 4.0])
+        empty = torch.tensor([], device=x.device)
+        return torch.cat([empty, y.flatten()]) + torch.arange(y.numel())
+
+
+def test_literals_are_recorded_as_host_constants_on_meta_tensors_too():
+    meta, fake = _both(lambda: Workload(_Literals(), (torch.randn(2, 4),)))
+    assert [e.name for e in meta.events if e.phase == "forward"].count("aten.lift_fresh") == 3
+    _assert_same(meta, fake)
+
+
+class _ReadsValues(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        start, stop = torch.tensor([0, 2]).tolist()  # a literal's values: a fake keeps them
+        return self.fc(x)[:, start:stop + 2]
+
+
+class _HostTensor(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) + torch.ones(4, device="cpu")  # a CPU tensor beside the model's
+
+
+class _Router(nn.Module):
+    """Top-k routing over 4 experts, the experts looped over with data-dependent shapes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = nn.Linear(8, 4)
+        self.experts = nn.ModuleList(nn.Linear(8, 8) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _, chosen = torch.topk(self.gate(x), 2, dim=-1)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            rows, _ = torch.where(chosen == e)
+            out = out.index_add(0, rows, expert(x[rows]))
+        return out
+
+
+@pytest.mark.parametrize("model, x", [
+    (_ReadsValues, torch.randn(2, 4)),
+    (_HostTensor, torch.randn(2, 4)),
+    (_Router, torch.randn(8, 8)),
+], ids=["reads a literal's values", "a CPU tensor in forward", "MoE routing"])
+def test_a_step_meta_tensors_cannot_run_is_recorded_on_fakes(model, x):
+    trace, _ = trace_workload(lambda: Workload(model(), (x,)), TraceOptions())
+    assert trace.config["tensors"] == "fake"
+
+
+@pytest.mark.parametrize("options", [
+    TraceOptions(amp="bf16", autocast_device="cpu"), TraceOptions(optimizer_impl="fused"),
+], ids=["CPU autocast lists", "a fused optimizer"])
+def test_steps_meta_tensors_cannot_run_are_not_tried_on_them(options):
+    assert not meta_world.eligible(options)
+    trace, _ = trace_workload(lambda: Workload(nn.Linear(4, 4), (torch.randn(2, 4),)), options)
+    assert trace.config["tensors"] == "fake"
+
+
+def test_real_traces_stay_real():
+    trace, _ = trace_workload(lambda: Workload(nn.Linear(4, 4), (torch.randn(2, 4),)),
+                              TraceOptions(real=True))
+    assert trace.config["tensors"] == "real"
+
+
+def test_a_built_model_is_restored_after_a_meta_trace():
+    model = nn.Linear(4, 4)
+    weight = model.weight
+    before = weight.detach().clone()
+    trace, _ = trace_workload(lambda: Workload(model, (torch.randn(2, 4),)), TraceOptions())
+    assert trace.config["tensors"] == "meta"
+    assert model.weight is weight and torch.equal(model.weight, before) and model.weight.grad is None
+
+
+def test_an_accelerator_factory_builds_on_meta_in_a_meta_trace():
+    class Cuda(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x)
+
+    from nnperf.trace.construction import build_as_user_code
+
+    def build() -> Workload:
+        model = build_as_user_code(lambda: Cuda().to("cuda"))
+        return Workload(model, (torch.randn(2, 4, device="cuda"),))
+
+    meta, fake = _both(lambda: build_as_user_code(build))
+    _assert_same(meta, fake)
