@@ -104,3 +104,17 @@ def test_inplace_math_on_fakes_is_skipped_and_creation_is_not():
     assert b is a and c is a and tuple(a.shape) == (7, 5) and tuple(d.shape) == (7, 5)
     assert not any("mul_" in s or "_foreach_add_" in s for s in seen)
     assert any("t_" in s for s in seen) and any("sqrt" in s for s in seen)
+
+
+@pytest.mark.parametrize("meta_first", [True, False], ids=["meta", "fake"])
+def test_the_recorded_step_is_the_optimizers_second(meta_first):
+    """One warm-up step, then the recorded one: AdamW's bias corrections are step 2's. (The
+    host step counter once advanced twice per step on fakes: both the fake mode and the
+    trace's constant tracking applied the in-place add.)"""
+    trace, _ = trace_workload(lambda: Workload(make_model(), (torch.randn(4, 8),)),
+                              TraceOptions(optimizer="adamw", optimizer_impl="foreach"),
+                              meta_first=meta_first)
+    assert trace.config["tensors"] == ("meta" if meta_first else "fake")
+    div = next(e for e in trace.events if e.name == "aten._foreach_div_" and e.phase == "optimizer")
+    beta2 = torch.optim.AdamW([torch.nn.Parameter(torch.ones(1))]).defaults["betas"][1]
+    assert div.args[1] == pytest.approx([(1 - beta2 ** 2) ** 0.5] * 6)  # 6 parameters

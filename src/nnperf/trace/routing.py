@@ -175,11 +175,16 @@ def shadowed(func, args: tuple, kwargs: dict):
     (``one_hot`` builds a ``zeros`` and scatters into it) would otherwise lose them at their
     first factory, and views (``permute``, indexing) at once."""
     inputs = [a for a in _flat(args, kwargs) if isinstance(a, FakeTensor)]
-    values = [a.constant for a in inputs]
-    real_args = tuple(_constant(a) for a in args)
-    real_kwargs = {k: _constant(v) for k, v in kwargs.items()}
+    # An in-place call updates the values as it does the fakes, once: on copies, for the fake
+    # mode may update a constant itself (a 0-dim step counter's ``_foreach_add_``).
+    in_place = getattr(func, "__name__", "").endswith("_") or "out" in kwargs
+    with _disable_current_modes():
+        values = [a.constant.clone() if in_place else a.constant for a in inputs]
+    by_id = {id(a): v for a, v in zip(inputs, values, strict=True)}
+    real_args = tuple(_constant(a, by_id) for a in args)
+    real_kwargs = {k: _constant(v, by_id) for k, v in kwargs.items()}
     out = func(*args, **kwargs)
-    with _disable_current_modes():  # an in-place call updates the values as it does the fakes
+    with _disable_current_modes():
         real = func(*real_args, **real_kwargs)
     # the fake mode drops the constants of inputs a result aliases (it cannot follow writes
     # through a view); the values above followed them
@@ -209,11 +214,11 @@ def _attach(fakes: list, values: list) -> None:
             fake.constant = value
 
 
-def _constant(a):
+def _constant(a, values: dict[int, Tensor]):
     if isinstance(a, FakeTensor):
-        return a.constant
+        return values[id(a)]
     if isinstance(a, (list, tuple)):
-        return type(a)(_constant(b) for b in a)
+        return type(a)(_constant(b, values) for b in a)
     return a
 
 
