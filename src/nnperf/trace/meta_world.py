@@ -17,10 +17,11 @@ What fake tensors have and meta tensors lack, and how the meta world stands in f
   0-dim literal stays a real CPU scalar: it mixes with meta tensors and keeps its value, as a
   fake keeps a one-element literal's; moved to the model's device it stays where it is, as a
   CPU fake's ``.to("cpu")`` does.
-- **Layouts the CPU backend chooses.** A convolution's output memory format is the backend's
+- **Outputs the CPU kernel shapes.** A convolution's output memory format is the backend's
   choice (``_conv_determine_backend_memory_format``: channels-last in, channels-last out);
-  the meta kernel, knowing no backend, returns contiguous tensors. Convolutions and their
-  backward run on CPU fakes (``call``), as in the fake trace.
+  the meta kernel, knowing no backend, returns contiguous tensors. Batch and layer norm's
+  saved statistics differ too (``_CPU_SHAPED``). Those ops run on CPU fakes (``call``), as in
+  the fake trace.
 - **Autocast.** Autocast keys belong to a backend (``AutocastCPU``, ``AutocastCUDA``) and a meta
   tensor has none. With CUDA's op lists (``trace.autocast_cuda``: device-agnostic Python
   kernels on the ``AutocastCPU`` key) the key is added to the thread's dispatch set, so
@@ -58,11 +59,14 @@ _STATE = threading.local()
 _DATA_FACTORIES = {torch.tensor, torch.as_tensor, torch.asarray}
 _LIFTS = {torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default,
           torch.ops.aten.lift.default}
-#: Ops whose output layout the CPU backend chooses and the meta kernel does not (a channels-last
-#: input gives a channels-last output): run on CPU fakes, as the fake trace runs them.
-_CONVOLUTIONS = {torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default,
+#: Ops whose CPU kernels shape their outputs otherwise than their meta kernels: a convolution's
+#: memory format (the backend's choice: channels-last in, channels-last out; meta: contiguous),
+#: batch norm's saved statistics in eval (empty on the CPU), layer norm's statistics of a
+#: 16-bit input (16-bit on the CPU, fp32 on meta). Run on CPU fakes, as the fake trace runs them.
+_CPU_SHAPED = {torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default,
                  torch.ops.aten._convolution.default, torch.ops.aten.native_batch_norm.default,
                  torch.ops.aten.native_layer_norm.default}
+_HANDLED = _LIFTS | _CPU_SHAPED
 
 
 class NeedsValues(RuntimeError):
@@ -107,18 +111,24 @@ def meta_world(options: TraceOptions) -> Iterator[None]:
 
 
 def on_meta(t: torch.Tensor) -> torch.Tensor:
-    """``t`` itself on the meta device, else an empty meta tensor of its shape and layout."""
+    """``t`` itself on the meta device, else an empty meta tensor of its shape and layout
+    (an input that requires grad still does, as its fake would)."""
     if t.is_meta:
         return t
-    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=META)
+    out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=META)
+    return out.requires_grad_() if t.requires_grad and t.is_floating_point() else out
+
+
+def handles(func: Any) -> bool:
+    """Whether the recorder runs ``func`` through ``call`` (a meta recording's literals and
+    convolutions); every other op it runs itself, so a failing op's frame is its own
+    (``trace.diagnosis``)."""
+    return active() and func in _HANDLED
 
 
 def call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Run an op for the recorder: as it is, but in a meta recording a lifted host literal
-    and a convolution as the fake trace has them (see the docstring)."""
-    if not active():
-        return func(*args, **kwargs)
-    if func in _CONVOLUTIONS:
+    """Run an op that ``handles`` names as the fake trace has it (see the docstring)."""
+    if func in _CPU_SHAPED:
         return _on_cpu_fakes(func, args, kwargs)
     out = func(*args, **kwargs)
     if func not in _LIFTS or not isinstance(out, torch.Tensor) or out.is_meta:

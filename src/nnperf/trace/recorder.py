@@ -327,8 +327,10 @@ class OpRecorder(TorchDispatchMode):
         out = self.answer(func) if self.answer is not None and func is LOCAL_SCALAR_DENSE else None
         if out is None and skipped_foreach(func, args, kwargs):
             out = args[0] if func._schema.returns else None
-        elif out is None:
+        elif out is None and meta_world.handles(func):
             out = meta_world.call(func, args, kwargs)
+        elif out is None:
+            out = func(*args, **kwargs)
         if func in _RETURNS_INPUT:
             self._alias(out, args[0])
         outputs = [self.meta(t, index) for t in _output_tensors(out)]
