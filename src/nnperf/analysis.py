@@ -102,6 +102,7 @@ class Analysis:
             "optimizer_impl": self.options.optimizer_impl if self.options.train else None,
             "inputs": shapes,
             **({"channels_last": True} if self.options.channels_last else {}),
+            **({"sdpa": self.options.sdpa} if self.options.sdpa != "fused" else {}),
             **({"assumptions": self.trace.config["assumptions"]} if self.trace.config.get("assumptions") else {}),
             **self.workload.info,
         }
@@ -174,6 +175,7 @@ def analyze(
     attn_implementation: str | None = None,
     moe_load: Sequence[float] | None = None,
     moe_capacity_factor: float | None = None,
+    sdpa: str = "fused",
     **overrides: Any,
 ) -> Analysis:
     """Trace one step of ``model`` on meta or fake tensors and count it.
@@ -182,7 +184,8 @@ def analyze(
     ``"timm:convnext_tiny"``, ``"tv:resnet50"``; ``task`` and ``attn_implementation`` for
     ``hf:``), ``"file.py:factory"``, ``"pkg.mod:factory"`` or an ``nn.Module`` (its weights are
     swapped for fakes during the trace, then restored). ``moe_load`` / ``moe_capacity_factor``:
-    the expert load a fake trace assumes for mixture-of-experts routing (``trace.routing``).
+    the expert load a fake trace assumes for mixture-of-experts routing (``trace.routing``);
+    ``sdpa="unfused"``: attention as the unfused kernels (``trace.attention``).
     The keywords are spelled out for notebook use; they make a ``ModelRequest`` (what to
     build) and ``TraceOptions`` (how to run the step) for ``analyze_request``.
     """
@@ -201,7 +204,7 @@ def analyze(
         train=train, optimizer=optimizer, optimizer_impl=optimizer_impl, dtype=dtype, amp=amp,
         real=real, channels_last=channels_last,
         moe_load=tuple(moe_load) if moe_load is not None else None,
-        moe_capacity_factor=moe_capacity_factor,
+        moe_capacity_factor=moe_capacity_factor, sdpa=sdpa,
     )
     return analyze_request(request, options)
 

@@ -155,3 +155,20 @@ def test_grad_scaler_flag(flags, scaler_ops):
     ops = {row["op"] for row in json.loads(result.stdout)["ops"]}
     assert ("aten._amp_foreach_non_finite_check_and_unscale_" in ops) is scaler_ops
     assert ("aten._amp_update_scale_" in ops) is scaler_ops
+
+
+def test_sdpa_unfused_traces_the_attention_as_its_kernels():
+    gpt2 = ["gpt2", "-O", "n_layer=1", "--seq", "32", "--batch", "1", "--json"]
+    fused, _ = run(*gpt2)
+    unfused, _ = run(*gpt2, "--sdpa", "unfused")
+    assert fused.exit_code == 0 and unfused.exit_code == 0, unfused.output
+    ops = [{o["op"] for o in json.loads(r.stdout)["ops"]} for r in (fused, unfused)]
+    assert "nnperf.attention" in ops[0] and "aten._softmax" not in ops[0]
+    assert "nnperf.attention" not in ops[1] and "aten._softmax" in ops[1]
+    assert json.loads(unfused.stdout)["config"]["sdpa"] == "unfused"
+
+
+def test_an_unknown_sdpa_mode_is_one_line_with_the_valid_ones():
+    result, out = run(*MLP, "--sdpa", "flash")
+    assert result.exit_code == 2
+    assert "'flash' is not one of 'fused', 'unfused'" in out

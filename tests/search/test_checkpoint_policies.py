@@ -25,11 +25,11 @@ def _build() -> Workload:
                                        n_kv_heads=KV_HEADS, ffn_hidden=FFN, vocab=64)
 
 
-def _backward(policy: str | None) -> tuple[Counter, Counter]:
+def _backward(policy: str | None, **options) -> tuple[Counter, Counter]:
     """Output shapes of the backward's matrix products, and the backward's op names."""
     execution = Execution(world=2, data="fsdp", shard=2, checkpoint=policy)
     prepare = None if policy is None else (lambda w: apply_checkpointing(w, selective=policy))
-    events = trace_rank(_build, TraceOptions(), execution, checkpoint_blocks, prepare).trace.events
+    events = trace_rank(_build, TraceOptions(**options), execution, checkpoint_blocks, prepare).trace.events
     backward = [e for e in events if e.phase == "backward"]
     return (Counter(tuple(e.outputs[0].shape) for e in backward if e.name == "aten.mm"),
             Counter(e.name for e in backward))
@@ -58,6 +58,21 @@ def test_megatron_policy_recomputes_the_core_attention_only():
     assert mm == plain_mm
     assert names["nnperf.attention"] - plain_names["nnperf.attention"] == BLOCKS
     for op in ("aten.pow", "aten.silu", "aten.mul", "aten.rsqrt"):
+        assert names[op] == plain_names[op], op
+
+
+def test_megatron_policy_recomputes_the_unfused_core_attention():
+    """With the attention unfused (``--sdpa unfused``, as Megatron-LM ran before flash
+    attention), the core attention is its unfused kernels: the score GEMM, the causal mask,
+    softmax and the GEMM with the values (and dropout, 0 here) run once more per block in
+    backward; the projections and norms do not."""
+    plain_mm, plain_names = _backward(None, sdpa="unfused")
+    mm, names = _backward("selective-attention", sdpa="unfused")
+    assert mm == plain_mm
+    for op in ("aten._softmax", "aten.masked_fill"):
+        assert names[op] - plain_names[op] == BLOCKS, op
+    assert names["aten.bmm"] - plain_names["aten.bmm"] == 2 * BLOCKS  # scores, then values
+    for op in ("aten.pow", "aten.silu", "aten.rsqrt"):
         assert names[op] == plain_names[op], op
 
 

@@ -94,3 +94,34 @@ def test_the_optimizer_is_the_one_the_options_name():
         assert type(opt) is cls
         assert {k: opt.defaults[k] for k in settings} == settings
     assert build_step(_build, TraceOptions(optimizer="none"), CPU).optimizer is None
+
+
+def test_an_unfused_step_runs_pytorchs_math_attention_in_the_input_dtype():
+    """What ``measure`` runs for ``--sdpa unfused``: the math backend, reduced precision allowed
+    (the trace's unfused kernels), and the settings restored after the step."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    from nnperf.trace.options import TraceOptions
+    from nnperf.trace.step import Step
+
+    seen = []
+
+    class Attend(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(8, 8)
+
+        def forward(self, x):
+            from torch.nn.attention import SDPBackend
+            from torch.nn.attention import _cur_sdpa_kernel_backends as backends
+
+            seen.append((backends(), torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()))
+            q = self.proj(x).view(1, 4, 4, 2)
+            assert backends() == [SDPBackend.MATH]
+            return F.scaled_dot_product_attention(q, q, q)
+
+    before = torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()
+    Step.of(Attend(), (torch.randn(4, 8),), lambda out: out.sum(), TraceOptions(sdpa="unfused")).run()
+    assert seen[0][1] is True
+    assert torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed() == before

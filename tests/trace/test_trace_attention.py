@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nnperf.analysis import analyze
-from nnperf.trace.attention import fused_sdpa
+from nnperf.trace.attention import fused_sdpa, unfused_sdpa
 
 B, H, S, D = 2, 4, 16, 8
 
@@ -124,7 +124,7 @@ def test_fused_sdpa_matches_pytorch_forward_and_gradients(case):
     elif mask_kind == "float":
         c["attn_mask"] = torch.randn(2, 1, q_len, kv_len, generator=g, dtype=torch.float64)
     results = []
-    for fn in (F.scaled_dot_product_attention, fused_sdpa):
+    for fn in (F.scaled_dot_product_attention, fused_sdpa, unfused_sdpa):
         qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
         out = fn(qq, kk, vv, **c)
         grad_out = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape)
@@ -132,6 +132,32 @@ def test_fused_sdpa_matches_pytorch_forward_and_gradients(case):
         results.append((out, qq.grad, kk.grad, vv.grad))
         if fn is fused_sdpa:  # gradients come back in their inputs' layout, as from flash
             assert (qq.grad.stride(), kk.grad.stride()) == (qq.stride(), kk.stride())
-    for expected, got, what in zip(results[0], results[1], ("out", "dq", "dk", "dv"), strict=True):
-        assert got.shape == expected.shape, what
-        torch.testing.assert_close(got, expected, msg=what)
+    for result in results[1:]:
+        for expected, got, what in zip(results[0], result, ("out", "dq", "dk", "dv"), strict=True):
+            assert got.shape == expected.shape, what
+            torch.testing.assert_close(got, expected, msg=what)
+
+
+def test_unfused_sdpa_is_the_unfused_kernels_in_the_input_dtype():
+    """``sdpa="unfused"``: two batched GEMMs forward (scores, then values; 2*B*H*L*S*E FLOPs
+    each), the causal mask, softmax and CUDA's fused dropout, all bf16 for a bf16 model; the
+    fused op does not appear."""
+    class Causal(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(D, D)
+
+        def forward(self, x):
+            q = self.proj(x).view(B, S, H, D // H).transpose(1, 2)
+            return F.scaled_dot_product_attention(q, q, q, is_causal=True, dropout_p=0.1)
+
+    a = analyze(Causal(), inputs=(torch.randn(B, S, D),), dtype="bf16", optimizer="sgd", sdpa="unfused")
+    forward = [e for e in a.trace.events if e.phase == "forward"]
+    names = [e.name for e in forward]
+    assert "nnperf.attention" not in names
+    assert names.count("aten.bmm") == 2
+    for op in ("aten.masked_fill", "aten._softmax", "aten.native_dropout"):
+        assert names.count(op) == 1, op
+    assert {e.outputs[0].dtype for e in forward if e.name in ("aten.bmm", "aten._softmax")} == {torch.bfloat16}
+    bmm_flops = sum(o.flops for o in a.ops if o.op == "aten.bmm" and o.phase == "forward")
+    assert bmm_flops == 2 * (2 * B * H * S * S * (D // H))

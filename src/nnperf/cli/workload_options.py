@@ -13,12 +13,19 @@ from nnperf.cli.limits import LimitedInt
 from nnperf.errors import UsageError, shown
 from nnperf.hub import ATTN_IMPLEMENTATIONS, HF_TASKS
 from nnperf.request import INPUT_DTYPES, InputSpec, ModelRequest, parse_shape
-from nnperf.trace.options import AMP_DTYPES, DTYPES, OPTIMIZER_IMPLS, OPTIMIZERS, TraceOptions
+from nnperf.trace.options import (
+    AMP_DTYPES,
+    DTYPES,
+    OPTIMIZER_IMPLS,
+    OPTIMIZERS,
+    SDPA_MODES,
+    TraceOptions,
+)
 
 _WORKLOAD_KEYS = (
     "model", "batch", "seq", "train", "dtype", "amp", "grad_scaler", "optimizer", "optimizer_impl",
     "input_shape", "input_dtype", "tokens", "vocab", "real", "model_opt", "channels_last",
-    "task", "attn_implementation", "moe_load", "moe_capacity_factor",
+    "task", "attn_implementation", "moe_load", "moe_capacity_factor", "sdpa",
 )
 
 
@@ -59,6 +66,11 @@ def workload_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                           "architecture)."),
         click.option("--attn-implementation", type=click.Choice(list(ATTN_IMPLEMENTATIONS)),
                      help="Attention of an hf: model (default: transformers' choice)."),
+        click.option("--sdpa", type=click.Choice(list(SDPA_MODES)), default="fused", show_default=True,
+                     help="How F.scaled_dot_product_attention runs: one fused kernel (flash or "
+                          "memory-efficient), or unfused (GEMM, masked softmax, dropout, GEMM in "
+                          "the input's dtype, the score matrix in memory: Megatron-LM's core "
+                          "attention before flash attention, GPUs or dtypes no fused kernel serves)."),
         click.option("--moe-load", metavar="S1,S2,...",
                      help="Mixture of experts: each expert's share of the routed tokens, one per "
                           "expert (normalized), assumed where a fake trace cannot know the "
@@ -103,6 +115,7 @@ def pop_workload(kwargs: dict[str, Any]) -> tuple[ModelRequest, TraceOptions]:
         channels_last=opts["channels_last"],
         moe_load=parse_moe_load(opts["moe_load"]),
         moe_capacity_factor=opts["moe_capacity_factor"],
+        sdpa=opts["sdpa"],
     )
     return request, options
 

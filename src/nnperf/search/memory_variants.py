@@ -20,6 +20,7 @@ from torch.overrides import TorchFunctionMode
 from nnperf.errors import UsageError
 from nnperf.loading import resolve
 from nnperf.request import ModelRequest
+from nnperf.trace.attention import inside_unfused_attention
 from nnperf.trace.capture import trace_workload
 from nnperf.trace.events import Trace
 from nnperf.trace.options import TraceOptions
@@ -169,7 +170,8 @@ def _policy(kind: str) -> Callable[..., Any]:
     if kind == "selective":
         return lambda ctx, op, *args, **kwargs: save if _op_name(op) in SAVED_BY_SELECTIVE else recompute
     if kind == "selective-attention":
-        return lambda ctx, op, *args, **kwargs: recompute if _op_name(op) in RECOMPUTED_BY_MEGATRON else save
+        return lambda ctx, op, *args, **kwargs: (
+            recompute if _op_name(op) in RECOMPUTED_BY_MEGATRON or inside_unfused_attention() else save)
     if kind != "selective-op":
         raise UsageError(f"unknown selective checkpointing policy {kind!r}; valid: {', '.join(SELECTIVE_POLICIES)}")
     mms: Counter[str] = Counter()

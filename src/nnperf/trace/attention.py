@@ -1,4 +1,4 @@
-"""Scaled-dot-product attention as one op, the way a GPU runs it.
+"""Scaled-dot-product attention the way a GPU runs it: fused, or unfused on request.
 
 On CPU, meta or fake tensors PyTorch either decomposes ``F.scaled_dot_product_attention``
 into matmuls and a softmax (a different cost and memory profile from flash attention) or
@@ -6,11 +6,24 @@ picks a CPU-only kernel. The tracer therefore routes every SDPA call through
 ``nnperf::attention`` and its backward ``nnperf::attention_backward``: one forward and one
 backward record with every argument the cost formulas need (causal, mask, GQA, scale).
 Real implementations exist too, so tracing on small real tensors gives correct values.
+
+``TraceOptions.sdpa == "unfused"`` (``--sdpa unfused``) traces SDPA as the unfused kernels
+instead (``unfused_sdpa``): the query scaled, one batched GEMM for the scores, the causal or
+given mask, softmax, dropout (CUDA's ``native_dropout``), one GEMM with the values, all in the
+input's dtype, the score matrix written to memory and kept for backward. That is PyTorch's
+math decomposition (``aten/src/ATen/native/transformers/attention.cpp``,
+``_scaled_dot_product_attention_math``) with reduced-precision math allowed
+(``torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True)``; by default the math
+backend upcasts 16-bit inputs to fp32), and the core attention of Megatron-LM before flash
+attention (``megatron/model/transformer.py`` 2022: ``baddbmm``, ``FusedScaleMaskSoftmax``,
+dropout, ``bmm``; its fused kernel masks and normalizes in one pass where this takes two).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
@@ -153,3 +166,64 @@ def fused_sdpa(
         query, key, value, attn_mask, float(dropout_p), bool(is_causal), scale, bool(enable_gqa)
     )
     return out
+
+
+_MODE = ["fused"]  # a TraceOptions.sdpa value
+_INSIDE_UNFUSED = [0]
+
+
+@contextlib.contextmanager
+def sdpa_mode(mode: str) -> Iterator[None]:
+    """Trace SDPA calls as ``mode`` (``TraceOptions.sdpa``) for the duration: the recording and the
+    recomputations of checkpointed blocks within it."""
+    before = _MODE[0]
+    _MODE[0] = mode
+    try:
+        yield
+    finally:
+        _MODE[0] = before
+
+
+def traced_sdpa(*args, **kwargs) -> Tensor:
+    """``F.scaled_dot_product_attention`` as the current mode traces it."""
+    return (unfused_sdpa if _MODE[0] == "unfused" else fused_sdpa)(*args, **kwargs)
+
+
+def inside_unfused_attention() -> bool:
+    """Whether an op runs inside ``unfused_sdpa``: the core attention that Megatron-LM's
+    selective recomputation recomputes (``search.memory_variants``)."""
+    return _INSIDE_UNFUSED[0] > 0
+
+
+def unfused_sdpa(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Tensor:
+    """SDPA as the unfused kernels, in the input's dtype (module docstring)."""
+    _INSIDE_UNFUSED[0] += 1
+    try:
+        k = _expand_kv(query, key, enable_gqa)
+        v = _expand_kv(query, value, enable_gqa)
+        scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+        scores = torch.matmul(query * scale, k.transpose(-2, -1))
+        if is_causal:
+            L, S = query.shape[-2], k.shape[-2]
+            future = torch.ones(L, S, dtype=torch.bool, device=query.device).triu(1)
+            scores = scores.masked_fill(future, float("-inf"))
+        if attn_mask is not None:
+            if attn_mask.dtype == torch.bool:
+                scores = scores.masked_fill(attn_mask.logical_not(), float("-inf"))
+            else:
+                scores = scores + attn_mask
+        probs = torch.softmax(scores, dim=-1)
+        if dropout_p > 0.0:
+            probs = torch.ops.aten.native_dropout(probs, float(dropout_p), True)[0]
+        return torch.matmul(probs, v)
+    finally:
+        _INSIDE_UNFUSED[0] -= 1

@@ -27,6 +27,7 @@ from nnperf.errors import NnperfError
 from nnperf.trace import meta_world
 from nnperf.trace.accumulation import AccumulationWatch, fold_inplace_accumulations
 from nnperf.trace.assumptions import collecting
+from nnperf.trace.attention import sdpa_mode
 from nnperf.trace.autocast_cuda import CudaAutocast
 from nnperf.trace.diagnosis import (
     DATA_DEPENDENT,
@@ -92,7 +93,7 @@ def _build_and_record(build: Callable[[], Workload], options: TraceOptions, priv
     workload = build()
     restore = _swap_in_private_copies(workload, private)
     try:
-        workload = _cast(workload, options.dtype)
+        workload = cast_workload(workload, options.dtype)
         if options.channels_last:
             workload.inputs = to_channels_last(workload.model, tuple(workload.inputs))
         # "cpu" is the fake device; the trace ends after the optimizer (no zero_grad)
@@ -258,7 +259,8 @@ def _record(workload: Workload, step: Step) -> Trace:
         assumed = None if options.real else Routing(options.moe_load, options.moe_capacity_factor)
         cuda_lists = options.amp is not None and options.autocast_device == "cuda"
         policy = watch.cuda_autocast = CudaAutocast() if cuda_lists else None
-        with (modules, GraphLabeler(modules, assumed), recorder, collecting() as assumptions,
+        with (sdpa_mode(options.sdpa), modules, GraphLabeler(modules, assumed), recorder,
+              collecting() as assumptions,
               policy.installed() if policy is not None else contextlib.nullcontext()):
             # an inference output stays alive until the recording stops, as it always did
             output = step.run(watch)
@@ -365,7 +367,9 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return inner if isinstance(inner, torch.Tensor) else t
 
 
-def _cast(workload: Workload, dtype: str | None) -> Workload:
+def cast_workload(workload: Workload, dtype: str | None) -> Workload:
+    """The model and its floating inputs in ``dtype`` (``--dtype``); tensors already in it
+    are kept (``trace.rebind``), so casting twice changes nothing."""
     if dtype is None:
         return workload
     target = DTYPES[dtype]

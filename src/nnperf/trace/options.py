@@ -19,6 +19,7 @@ OPTIMIZER_IMPLS = ("foreach", "single", "fused")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 AUTOCAST_DEVICES = ("cuda", "cpu")
+SDPA_MODES = ("fused", "unfused")  # trace.attention
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,11 @@ class TraceOptions:
     # Whose autocast op lists the step follows under --amp: "cuda" (what a GPU runs: the
     # default, trace.autocast_cuda) or "cpu" (a step measured on the CPU).
     autocast_device: str = "cuda"
+    # How scaled_dot_product_attention runs (trace.attention): "fused" (one flash-style
+    # kernel, what PyTorch picks on a GPU that has one) or "unfused" (GEMM, masked softmax,
+    # dropout, GEMM with the score matrix in memory: Megatron-LM's core attention before
+    # flash attention, or a GPU/dtype no fused kernel serves).
+    sdpa: str = "fused"
 
     def uses_grad_scaler(self) -> bool:
         """Whether the step runs a GradScaler (``grad_scaler`` resolved)."""
@@ -78,6 +84,8 @@ class TraceOptions:
             raise UsageError(
                 f"unknown autocast device '{self.autocast_device}'; valid: {', '.join(AUTOCAST_DEVICES)}"
             )
+        if self.sdpa not in SDPA_MODES:
+            raise UsageError(f"unknown SDPA mode '{self.sdpa}'; valid: {', '.join(SDPA_MODES)}")
         if self.moe_load is not None and self.moe_capacity_factor is not None:
             raise UsageError("give --moe-load or --moe-capacity-factor, not both")
         if self.moe_load is not None and (

@@ -32,7 +32,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from nnperf.trace import meta_world, packing, routing
 from nnperf.trace.accumulation import ADD, AccumulationWatch
 from nnperf.trace.assumptions import assume
-from nnperf.trace.attention import fused_sdpa
+from nnperf.trace.attention import traced_sdpa
 from nnperf.trace.events import KIND_ACTIVATION, OpEvent, StorageInfo, TensorMeta
 from nnperf.trace.grad_scaler import LOCAL_SCALAR_DENSE
 from nnperf.trace.rnn import cudnn_rnn_call, is_rnn_function
@@ -122,8 +122,8 @@ class ModuleStack:
 
 
 class GraphLabeler(TorchFunctionMode):
-    """Stamps new autograd nodes with the creating module; swaps SDPA for the fused op and
-    the RNN functions for cuDNN's."""
+    """Stamps new autograd nodes with the creating module; swaps SDPA for the fused op (or
+    the unfused kernels, ``trace.attention``) and the RNN functions for cuDNN's."""
 
     def __init__(self, modules: ModuleStack, assumed: routing.Routing | None = None):
         super().__init__()
@@ -133,7 +133,7 @@ class GraphLabeler(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in _SDPA:
-            out = fused_sdpa(*args, **kwargs)
+            out = traced_sdpa(*args, **kwargs)
         elif func is F.dropout:
             out = _native_dropout(func, args, kwargs)
         elif is_rnn_function(func):

@@ -23,7 +23,7 @@ the optimizer, and to switch the phase); ``StepWatch`` is told, and does nothing
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,6 +136,10 @@ class Step:
     def run(self, watch: StepWatch = _QUIET) -> Any:
         """One step. Returns an inference step's output (None for training): the caller
         decides when it is dropped (a trace keeps it past the end of the recording)."""
+        with _sdpa_backend(self.options.sdpa):
+            return self._run(watch)
+
+    def _run(self, watch: StepWatch) -> Any:
         if not self.options.train:
             with torch.no_grad(), self.autocast():
                 return self.model(*self.inputs)
@@ -170,6 +174,27 @@ class Step:
             owner = optimizer if optimizer is not None else self.model
             owner.zero_grad(set_to_none=not self.options.grads_persist)
         return None
+
+
+@contextlib.contextmanager
+def _sdpa_backend(mode: str) -> Iterator[None]:
+    """``--sdpa unfused`` on a device: PyTorch's math backend, in the input's dtype (what the
+    trace records, ``trace.attention``). A trace routes SDPA before any backend is chosen."""
+    if mode != "unfused":
+        yield
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    allow = getattr(torch.backends.cuda, "allow_fp16_bf16_reduction_math_sdp", None)
+    before = torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed() if allow else None
+    if allow:
+        allow(True)
+    try:
+        with sdpa_kernel(SDPBackend.MATH):
+            yield
+    finally:
+        if allow:
+            allow(before)
 
 
 def _both(first: Callable[[], None], second: Callable[[], None]) -> None:
