@@ -158,6 +158,21 @@ def test_megatron_collectives_per_block():
     assert [(c.kind, c.bytes) for c in sp] == [("all_gather", activation), ("reduce_scatter", activation)] * 2 * 2
 
 
+def test_a_half_precision_model_is_cast_before_the_engine_wraps_it():
+    """``--dtype bf16`` on a tensor-parallel layout (Megatron-LM's Float16Module): the all-gathers
+    and reduce-scatters move 2-byte activations, and each rank's shards are bf16."""
+    from nnperf.zoo import get_model
+
+    name, options, _ = CASES["llama-tp-sp"]
+    traced = trace_rank(lambda: get_model(name).build(batch=BATCH, seq_len=SEQ, **options),
+                        TraceOptions(optimizer="adamw", dtype="bf16"),
+                        Execution(world=WORLD, tensor=WORLD, sequence_parallel=True), lambda model: [])
+    activation = BATCH * SEQ * options["dim"] * 2
+    sp = [c for c in traced.collectives if c.phase == "forward" and c.module.startswith("layers.")]
+    assert [(c.kind, c.bytes) for c in sp] == [("all_gather", activation), ("reduce_scatter", activation)] * 2 * 2
+    assert {p.dtype for p in traced.workload.model.parameters()} == {torch.bfloat16}
+
+
 def test_heads_tp_does_not_divide_is_one_line():
     from nnperf.zoo import get_model
 

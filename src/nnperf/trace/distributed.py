@@ -39,7 +39,7 @@ import torch.distributed as dist
 from torch import nn
 
 from nnperf.errors import UsageError
-from nnperf.trace.capture import local, trace_workload
+from nnperf.trace.capture import cast_workload, local, trace_workload
 from nnperf.trace.collectives import COLLECTIVES, collective_bytes
 from nnperf.trace.events import Trace
 from nnperf.trace.fsdp_shards import one_rank_chunks
@@ -285,8 +285,6 @@ def trace_rank(
     if execution.context > 1:
         raise UsageError("context parallelism is not traced: nnperf plan models its ring attention in "
                          "closed form on a traced rank (search.plan_context)")
-    if options.dtype is not None:
-        raise UsageError("--dtype with a multi-GPU layout is not supported yet; use --amp")
     if execution.pipeline > 1 and options.uses_grad_scaler():
         raise UsageError("pipeline parallelism with fp16 autocast (a GradScaler) is not traced; use --amp bf16")
 
@@ -310,7 +308,9 @@ def trace_rank(
         tp_mesh, dp_mesh, pp_mesh = session["meshes"][shape]
 
         def build_distributed() -> Workload:
-            workload = build()
+            # --dtype casts the model before the engines wrap it, as Megatron-LM's Float16Module
+            # does: their shards, stage shapes and buckets are in that dtype
+            workload = cast_workload(build(), options.dtype)
             if execution.tensor > 1:
                 from nnperf.trace.tensor_parallel import apply_tensor_parallel, check_divisible
 
