@@ -93,6 +93,25 @@ def test_engine_configs_name_the_policy_each_engine_runs():
         torchtitan_toml(attention)
 
 
+def test_engine_configs_write_the_precision_and_attention_each_engine_has():
+    """A bf16 model with unfused attention (the Megatron rows): Megatron-LM's --bf16 and
+    --attention-backend unfused, DeepSpeed's bf16 section; torchtitan has neither setting."""
+    import json
+
+    from nnperf.report.engine_configs import deepspeed_json
+
+    tp = Execution(world=8, tensor=8, sequence_parallel=True)
+    args = megatron_args(tp, layers=32, dtype="bf16", sdpa="unfused")
+    assert "--bf16" in args and "--attention-backend unfused" in args
+    assert "--attention-backend" not in megatron_args(tp, layers=32, amp="bf16")
+    with pytest.raises(NotExpressible, match="fp32 parameters"):
+        torchtitan_toml(tp, dtype="bf16")
+    with pytest.raises(NotExpressible, match="unfused attention"):
+        torchtitan_toml(tp, amp="bf16", sdpa="unfused")
+    fsdp = Execution(world=8, data="fsdp", shard=8)
+    assert json.loads(deepspeed_json(fsdp, dtype="bf16"))["bf16"] == {"enabled": True}
+
+
 def test_megatron_policy_traces_pipeline_stages_under_autocast():
     """Tensor x pipeline stages under bf16 autocast (the Megatron rows' layout): the recomputed
     attention runs once per block and micro-batch; casts are recomputed rather than cached (a

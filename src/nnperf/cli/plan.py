@@ -12,6 +12,7 @@ from nnperf.cli.gpu_options import gpu_options
 from nnperf.cli.workload_options import pop_workload, workload_options
 from nnperf.errors import ResourceError, UsageError
 from nnperf.hardware import GPU
+from nnperf.trace.options import TraceOptions
 
 
 def _degrees(text: str | None, what: str) -> list[int] | None:
@@ -76,7 +77,7 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
     result = run_plan(request, options, gpu, n_gpus, cluster, nodes, global_batch,
                       tensor=_degrees(tp_text, "--tp"), pipeline=_degrees(pp_text, "--pp"),
                       schedules=schedules or DEFAULT_SCHEDULES, context=_degrees(cp_text, "--cp") or [1])
-    configs = engine_configs(result, options.amp)
+    configs = engine_configs(result, options)
     if as_json:
         click.echo(json.dumps({**result.to_json(), **configs}, indent=2))
     else:
@@ -85,7 +86,7 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
         raise ResourceError(smallest_memory(result))
 
 
-def engine_configs(result: Any, amp: str | None) -> dict[str, Any]:
+def engine_configs(result: Any, options: TraceOptions) -> dict[str, Any]:
     """The winner for each engine: its config text, or why the engine cannot express it."""
     from nnperf.report.engine_configs import (
         NotExpressible,
@@ -98,9 +99,10 @@ def engine_configs(result: Any, amp: str | None) -> dict[str, Any]:
         return {}
     execution = result.ranked[0].execution
     out: dict[str, Any] = {"torchrun": torchrun_command(execution)}
-    writers = {"torchtitan": lambda: torchtitan_toml(execution, amp),
-               "megatron": lambda: megatron_args(execution, result.layers, amp),
-               "deepspeed": lambda: deepspeed_json(execution, amp)}
+    amp, dtype, sdpa = options.amp, options.dtype, options.sdpa
+    writers = {"torchtitan": lambda: torchtitan_toml(execution, amp, dtype, sdpa),
+               "megatron": lambda: megatron_args(execution, result.layers, amp, dtype, sdpa),
+               "deepspeed": lambda: deepspeed_json(execution, amp, dtype)}
     for name, write in writers.items():
         try:
             out[name] = write()

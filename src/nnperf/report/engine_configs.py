@@ -27,9 +27,17 @@ class NotExpressible(Exception):
     """The engine has no equivalent of (part of) the layout."""
 
 
-def torchtitan_toml(execution: Any, amp: str | None = None) -> str:
+def torchtitan_toml(execution: Any, amp: str | None = None, dtype: str | None = None,
+                    sdpa: str = "fused") -> str:
     """The [training], [parallelism] and [activation_checkpoint] tables torchtitan reads."""
     e = execution
+    if dtype not in (None, "fp32"):
+        raise NotExpressible(f"torchtitan keeps fp32 parameters and computes in {dtype} through "
+                             "mixed_precision_param (plan with --amp); a model cast to "
+                             f"{dtype} is not one of its settings")
+    if sdpa == "unfused":
+        raise NotExpressible("torchtitan's attention is SDPA's fused kernels; unfused attention "
+                             "is not one of its settings")
     shard = e.shard if e.data != "ddp" else 1
     replicate = e.replicate if e.data != "fsdp" else 1
     lines = [
@@ -71,8 +79,11 @@ def torchrun_command(execution: Any) -> str:
             "--rdzv_endpoint=$HEAD_NODE:29500 -m torchtitan.train --job.config_file plan.toml")
 
 
-def megatron_args(execution: Any, layers: int | None, amp: str | None = None) -> str:
-    """Megatron-LM's parallelism, batch and recomputation arguments for the layout."""
+def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
+                  dtype: str | None = None, sdpa: str = "fused") -> str:
+    """Megatron-LM's parallelism, batch, recomputation and precision arguments for the layout.
+    Its ``--bf16``/``--fp16`` hold the model in half precision with fp32 master weights in the
+    optimizer: the nearest to both ``--amp`` and ``--dtype``."""
     e = execution
     if e.data == "hsdp":
         raise NotExpressible("Megatron-LM's torch FSDP2 path shards over the whole data-parallel group (no HSDP)")
@@ -98,13 +109,18 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None) ->
         args.append("--recompute-activations")
     elif e.checkpoint == "full":
         args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
-    if amp:
-        args.append(f"--{amp}")
+    half = amp or (dtype if dtype in ("bf16", "fp16") else None)
+    if half:
+        args.append(f"--{half}")
+    if sdpa == "unfused":
+        args.append("--attention-backend unfused")
     return " \\\n  ".join(args)
 
 
-def deepspeed_json(execution: Any, amp: str | None = None) -> str:
-    """DeepSpeed's config: ZeRO stage 0 (DDP), 3 (FSDP full shard) or 3 with MiCS (HSDP)."""
+def deepspeed_json(execution: Any, amp: str | None = None, dtype: str | None = None) -> str:
+    """DeepSpeed's config: ZeRO stage 0 (DDP), 3 (FSDP full shard) or 3 with MiCS (HSDP);
+    ``bf16``/``fp16`` (a half-precision model, fp32 master weights) for ``--amp`` or
+    ``--dtype``. Attention is the model code's, not the JSON's."""
     e = execution
     if e.tensor > 1 or e.pipeline > 1 or e.context > 1:
         raise NotExpressible("tensor, pipeline and sequence (Ulysses) parallelism are set up in DeepSpeed's "
@@ -121,8 +137,9 @@ def deepspeed_json(execution: Any, amp: str | None = None) -> str:
         "gradient_accumulation_steps": e.grad_accum,
         "zero_optimization": zero,
     }
-    if amp:
-        config[amp] = {"enabled": True}
+    half = amp or (dtype if dtype in ("bf16", "fp16") else None)
+    if half:
+        config[half] = {"enabled": True}
     if e.checkpoint:
         raise NotExpressible("DeepSpeed checkpoints activations through deepspeed.checkpointing in the "
                              "model code, not its JSON")
