@@ -1,0 +1,121 @@
+"""The ops a real CUDA step runs beside the ops nnperf's trace records for the same step.
+
+    python validation/cuda_ops.py --device cuda --out $OUT/cuda-ops.json    # on a lent GPU
+    python validation/cuda_ops.py --compare validation/data/<gpu>/cuda-ops.json
+    python validation/cuda_ops.py --device cpu --out /tmp/cpu-ops.json      # dry run
+
+The trace runs on the CPU's dispatch path and substitutes what CUDA runs where the two differ
+(fused attention, cuDNN RNNs, CUDA's autocast lists, fused dropout): ``nnperf.measure.op_lists``
+says how. Recorded once on a GPU and committed, the device's op counts let CI check every
+substitution (``tests/measure/test_op_lists.py``): each workload's difference must be empty
+or one of ``KNOWN`` below, with its reason. The workloads cover the substitutions: SDPA under
+autocast and in fp32, dropout, LayerNorm/softmax/loss under CUDA's autocast lists, batch norm
+and convolutions with and without channels_last, a bf16 model, fused and foreach AdamW.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+#: name -> (zoo model, batch, seq, overrides, TraceOptions fields)
+WORKLOADS: dict[str, tuple[str, int, int | None, dict[str, Any], dict[str, Any]]] = {
+    "gpt2-amp-bf16": ("gpt2", 2, 128, {"n_layer": 2}, {"amp": "bf16"}),
+    "gpt2-fp32": ("gpt2", 2, 128, {"n_layer": 2}, {}),
+    "gpt2-amp-fp16-scaler": ("gpt2", 2, 128, {"n_layer": 2}, {"amp": "fp16"}),
+    "bert-amp-bf16-fused-adamw": ("bert-base", 2, 128, {"n_layer": 2}, {"amp": "bf16", "optimizer_impl": "fused"}),
+    "llama-bf16": ("llama-7b", 1, 128, {"n_layer": 2, "dim": 512, "n_heads": 8, "n_kv_heads": 2,
+                                        "ffn_hidden": 1024, "vocab": 1000}, {"dtype": "bf16"}),
+    "resnet18-amp-bf16": ("resnet18", 8, None, {"image_size": 64}, {"amp": "bf16"}),
+    "resnet18-amp-bf16-channels-last": ("resnet18", 8, None, {"image_size": 64},
+                                        {"amp": "bf16", "channels_last": True}),
+    "mobilenet-v2-fp32": ("mobilenet_v2", 8, None, {"image_size": 64}, {}),
+    "vit-amp-bf16-inference": ("vit_b_16", 8, None, {"n_layer": 2, "image_size": 64},
+                               {"amp": "bf16", "train": False}),
+}
+#: workload -> {"diff": the difference a GPU's op list is known to show (``differences``' form),
+#: "why": its reason}; none recorded yet. A difference not listed fails the test.
+KNOWN: dict[str, dict[str, Any]] = {}
+
+
+def _build(spec: tuple) -> Any:
+    from nnperf.zoo import get_model
+
+    model, batch, seq, overrides, _ = spec
+    return lambda: get_model(model).build(batch=batch, seq_len=seq, **overrides)
+
+
+def record(device_name: str, only: str = "") -> dict[str, Any]:
+    import torch
+
+    from nnperf.measure.op_lists import device_step_ops
+    from nnperf.measure.runner import environment
+    from nnperf.trace.options import TraceOptions
+
+    device = torch.device(device_name)
+    out: dict[str, Any] = {"device_type": device.type, "environment": environment(device), "workloads": {}}
+    for name, spec in WORKLOADS.items():
+        if not name.startswith(only):
+            continue
+        options = TraceOptions(**spec[4], autocast_device=device.type)
+        start = time.perf_counter()
+        try:
+            counts = device_step_ops(_build(spec), options, device)
+        except Exception as err:  # one workload's failure is a record, not the end of the run
+            out["workloads"][name] = {"error": f"{type(err).__name__}: {err}"}
+            continue
+        out["workloads"][name] = {"ops": dict(sorted(counts.items())),
+                                  "seconds": round(time.perf_counter() - start, 2)}
+        print(f"{name}: {sum(counts.values())} ops", file=sys.stderr, flush=True)
+    return out
+
+
+def differences(recorded: dict[str, Any]) -> dict[str, Any]:
+    """Each recorded workload's difference from nnperf's trace of the same step."""
+    from collections import Counter
+
+    from nnperf.measure.op_lists import compare, trace_ops
+    from nnperf.trace.capture import trace_workload
+    from nnperf.trace.options import TraceOptions
+
+    device_type = recorded.get("device_type", "cuda")
+    result: dict[str, Any] = {}
+    for name, entry in recorded["workloads"].items():
+        if "ops" not in entry or name not in WORKLOADS:
+            continue
+        spec = WORKLOADS[name]
+        options = TraceOptions(**spec[4], autocast_device="cpu" if device_type == "cpu" else "cuda")
+        trace, _ = trace_workload(_build(spec), options)
+        diff = compare(Counter(entry["ops"]), trace_ops(trace))
+        result[name] = {"device_only": diff.device_only, "trace_only": diff.trace_only}
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--out", help="write the recorded op counts here (JSON)")
+    parser.add_argument("--only", default="", help="workloads whose name starts with this")
+    parser.add_argument("--compare", help="a recorded JSON: print its differences from the trace")
+    args = parser.parse_args(argv)
+    if args.compare:
+        diffs = differences(json.loads(Path(args.compare).read_text()))
+        for name, diff in diffs.items():
+            verdict = "same" if not diff["device_only"] and not diff["trace_only"] else json.dumps(diff)
+            print(f"{name}: {verdict}")
+        return 0
+    recorded = record(args.device, args.only)
+    text = json.dumps(recorded, indent=1)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
