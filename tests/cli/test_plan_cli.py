@@ -83,3 +83,19 @@ def test_degrees_no_layout_of_the_gpus_can_have_are_one_line():
 def test_plan_is_for_training_steps():
     result = CliRunner().invoke(cli, [*ARGS, "--gpus", "8", "--inference"])
     assert result.exit_code == 2 and "lays out training steps" in result.output
+
+
+def test_a_bf16_model_with_unfused_attention_plans_and_says_what_each_engine_can_run():
+    """--dtype on a multi-GPU layout (once refused) and --sdpa unfused: the plan's JSON names the
+    step's options; Megatron-LM gets --bf16 and --attention-backend unfused; torchtitan has
+    neither setting, says both, and no torchrun command is offered for a TOML not written."""
+    args = ["plan", "gpt2", "-O", "n_layer=2", "--seq", "128", "--gpu", "h100", "--gpus", "8",
+            "--global-batch", "8", "--dtype", "bf16", "--sdpa", "unfused", "--json"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert (doc["options"]["dtype"], doc["options"]["sdpa"], doc["options"]["amp"]) == ("bf16", "unfused", None)
+    assert "--bf16" in doc["megatron"] and "--attention-backend unfused" in doc["megatron"]
+    assert doc["torchtitan"] is None and doc["torchrun"] is None
+    assert "cast to bf16" in doc["torchtitan_not_expressible"]
+    assert "unfused attention" in doc["torchtitan_not_expressible"]

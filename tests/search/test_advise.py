@@ -71,6 +71,21 @@ def test_optimizer_and_precision_items_equal_a_plain_prediction_of_the_changed_s
         assert out.peak_bytes == pytest.approx(p.memory.device_total)
 
 
+def test_a_step_traced_unfused_is_offered_sdpas_fused_kernel_re_traced():
+    """Under ``--sdpa unfused`` the model already calls SDPA: the attention item is its fused
+    kernel, a plain prediction of the step traced fused, not a rewrite of hand attention."""
+    setup = _setup("gpt2", seq=64, sdpa="unfused")
+    base, _cache = base_of(setup)
+    [item] = sdpa.candidates(base)
+    assert item.change.trace_changes() == {"sdpa": "fused"} and not item.change.sdpa
+    out = evaluate(setup, item.change)
+    import nnperf.analysis as A
+
+    p = predict_analysis(A.analyze("gpt2", batch=2, seq_len=64, **TINY_GPT), A100)
+    assert out.step_s == pytest.approx(p.totals["step_time_s"], rel=1e-9)
+    assert out.peak_bytes == pytest.approx(p.memory.device_total)
+
+
 def test_tf32_item_is_the_same_trace_with_tf32_matmuls():
     setup = _setup("gpt2", seq=64)
     base, cache = base_of(setup)

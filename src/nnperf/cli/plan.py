@@ -98,7 +98,7 @@ def engine_configs(result: Any, options: TraceOptions) -> dict[str, Any]:
     if not result.ranked:
         return {}
     execution = result.ranked[0].execution
-    out: dict[str, Any] = {"torchrun": torchrun_command(execution)}
+    out: dict[str, Any] = {}
     amp, dtype, sdpa = options.amp, options.dtype, options.sdpa
     writers = {"torchtitan": lambda: torchtitan_toml(execution, amp, dtype, sdpa),
                "megatron": lambda: megatron_args(execution, result.layers, amp, dtype, sdpa),
@@ -109,6 +109,8 @@ def engine_configs(result: Any, options: TraceOptions) -> dict[str, Any]:
         except NotExpressible as why:
             out[name] = None
             out[f"{name}_not_expressible"] = str(why)
+    # the command runs torchtitan with the TOML above: without one there is nothing to run
+    out["torchrun"] = torchrun_command(execution) if out["torchtitan"] else None
     return out
 
 
@@ -122,7 +124,8 @@ def _print(result: Any, configs: dict[str, Any]) -> None:
     from nnperf.units import rate
 
     click.echo(f"{result.model} on {result.gpus} x {result.gpu.name} ({result.cluster.name}), "
-               f"global batch {result.global_batch}; {result.traces} rank roles traced")
+               f"global batch {result.global_batch} ({result.options.describe()}); "
+               f"{result.traces} rank roles traced")
     for i, p in enumerate(result.ranked, 1):
         exposed = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in p.split["exposed_communication_s"].items()) or "none"
         bubble = p.split.get("pipeline_bubble_s")
@@ -140,7 +143,7 @@ def _print(result: Any, configs: dict[str, Any]) -> None:
         return
     if configs.get("torchtitan"):
         click.echo("\ntorchtitan config (plan.toml):\n" + configs["torchtitan"])
-    click.echo("\n" + configs["torchrun"])
+        click.echo("\n" + configs["torchrun"])
     for name, title in (("megatron", "Megatron-LM arguments"), ("deepspeed", "DeepSpeed config (ds_config.json)")):
         if configs.get(name):
             click.echo(f"\n{title}:\n{configs[name]}")

@@ -66,7 +66,8 @@ def workload_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                           "architecture)."),
         click.option("--attn-implementation", type=click.Choice(list(ATTN_IMPLEMENTATIONS)),
                      help="Attention of an hf: model (default: transformers' choice)."),
-        click.option("--sdpa", type=click.Choice(list(SDPA_MODES)), default="fused", show_default=True,
+        click.option("--sdpa", type=click.Choice(list(SDPA_MODES), case_sensitive=False), default="fused",
+                     show_default=True,
                      help="How F.scaled_dot_product_attention runs: one fused kernel (flash or "
                           "memory-efficient), or unfused (GEMM, masked softmax, dropout, GEMM in "
                           "the input's dtype, the score matrix in memory: Megatron-LM's core "

@@ -14,7 +14,7 @@ from nnperf.units import binary, count, si
 def module_table(a: Analysis, depth: int | None) -> Table:
     """Per module: FLOPs per phase and in total (the total column is where the optimizer's
     FLOPs, which are neither forward nor backward, show on the (optimizer) row)."""
-    t = Table(title=f"{a.model} — per module ({a.trace.mode}); FLOP = 2 x MAC", title_justify="left")
+    t = Table(title=f"{a.model} — per module ({a.options.describe()}); FLOP = 2 x MAC", title_justify="left")
     for col in ("Module", "Type"):
         t.add_column(col, no_wrap=True)
     for col in ("Params", "Param mem", "Output mem", "FLOP fwd", "FLOP bwd", "FLOP total", "Bytes moved",

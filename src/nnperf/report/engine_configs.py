@@ -31,13 +31,16 @@ def torchtitan_toml(execution: Any, amp: str | None = None, dtype: str | None = 
                     sdpa: str = "fused") -> str:
     """The [training], [parallelism] and [activation_checkpoint] tables torchtitan reads."""
     e = execution
+    missing = []
     if dtype not in (None, "fp32"):
-        raise NotExpressible(f"torchtitan keeps fp32 parameters and computes in {dtype} through "
-                             "mixed_precision_param (plan with --amp); a model cast to "
-                             f"{dtype} is not one of its settings")
+        missing.append(f"torchtitan keeps fp32 parameters and computes in {dtype} through "
+                       f"mixed_precision_param (plan with --amp); a model cast to {dtype} is not "
+                       "one of its settings")
     if sdpa == "unfused":
-        raise NotExpressible("torchtitan's attention is SDPA's fused kernels; unfused attention "
-                             "is not one of its settings")
+        missing.append("torchtitan's attention is SDPA's fused kernels; unfused attention is not "
+                       "one of its settings")
+    if missing:
+        raise NotExpressible("; ".join(missing))
     shard = e.shard if e.data != "ddp" else 1
     replicate = e.replicate if e.data != "fsdp" else 1
     lines = [

@@ -72,7 +72,7 @@ def _cells(tally: Estimates, step: float) -> list[str]:
 
 def module_time_table(p: Prediction, depth: int | None) -> Table:
     step = p.step.step_s
-    t = _table(f"{p.analysis.model} on {p.gpu.name} — predicted time per module", "Module",
+    t = _table(f"{p.analysis.model} on {p.gpu.name} ({p.analysis.options.describe()}) — predicted time per module", "Module",
                MODULE_CAPTION)
     t.add_column("BW need in/out/w", justify="right", no_wrap=True)
     root = p.analysis.root_type

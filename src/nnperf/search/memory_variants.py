@@ -61,14 +61,7 @@ class MemoryOptions:
         return replace(self, trace=replace(self.trace, **trace), **mine)
 
     def describe(self) -> str:
-        step = self.trace
-        parts = ["training" if step.train else "inference"]
-        if step.train:
-            parts.append(f"{step.optimizer} ({step.optimizer_impl})")
-        if step.dtype:
-            parts.append(step.dtype)
-        if step.amp:
-            parts.append(f"amp {step.amp}")
+        parts = [self.trace.describe()]
         if self.checkpoint:
             parts.append("selective activation checkpointing" if self.checkpoint == "selective"
                          else "activation checkpointing")

@@ -87,10 +87,12 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     traces: int = 0  # rank roles traced (the search's cost)
     layers: int | None = None  # repeated blocks of a built-in stack
+    options: TraceOptions = field(default_factory=TraceOptions)  # the step every rank runs
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": "nnperf.plan/1", "model": self.model, "gpu": self.gpu.id,
                 "cluster": self.cluster.to_json(), "gpus": self.gpus, "global_batch": self.global_batch,
+                "options": self.options.to_json(),
                 "ranked": [p.to_json() for p in self.ranked],
                 "rejected": [p.to_json() for p in self.rejected], "notes": self.notes,
                 "traced_roles": self.traces}
@@ -382,7 +384,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         for p in ranked[1:]:
             p.reason = f"slower by {p.step_s / best.step_s - 1:.1%}"
     return Plan(request_name(request), gpu, cluster, gpus, global_batch, ranked, rejected,
-                _notes(request, results, layers), traces + cache.traces, layers)
+                _notes(request, results, layers), traces + cache.traces, layers, options)
 
 
 def _notes(request: ModelRequest, results: list[Planned], layers: int | None) -> list[str]:

@@ -109,5 +109,20 @@ class TraceOptions:
                     "use --amp fp16 with fp32 weights"
                 )
 
+    def describe(self) -> str:
+        """The step in words, for titles: "training, adamw (foreach), amp bf16"."""
+        parts = ["training" if self.train else "inference"]
+        if self.train:
+            parts.append(f"{self.optimizer} ({self.optimizer_impl})")
+        if self.dtype:
+            parts.append(self.dtype)
+        if self.amp:
+            parts.append(f"amp {self.amp}")
+        if self.channels_last:
+            parts.append("channels_last")
+        if self.sdpa != "fused":
+            parts.append(f"{self.sdpa} attention")
+        return ", ".join(parts)
+
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

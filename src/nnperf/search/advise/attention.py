@@ -1,5 +1,8 @@
 """Fused attention (SDPA) where the model computes attention by hand.
 
+(A step traced with ``--sdpa unfused`` calls SDPA already: the item is then its fused kernel,
+re-traced with ``--sdpa fused``, and its unfused kernels are not taken for attention by hand.)
+
 Found in the trace: in one module's forward, a softmax over the output of a matrix product
 of activations (no weights), whose result feeds a second such product. Every op of that
 module touching the score-shaped (query x key) tensors, forward and backward, is replaced
@@ -78,6 +81,17 @@ def _touches(c: OpCount, scores: tuple[int, ...]) -> bool:
 
 
 def candidates(base: Base) -> list[Candidate]:
+    if base.options.trace.sdpa == "unfused":  # the model calls SDPA: its fused kernel, re-traced
+        return [Candidate(
+            name="sdpa", family="attention",
+            title="fused attention: SDPA's flash or memory-efficient kernel instead of its unfused kernels",
+            change=Change(trace=(("sdpa", "fused"),)),
+            how="a GPU and dtype SDPA has a fused kernel for, nothing forcing its math backend "
+                "(torch.nn.attention.sdpa_kernel); Megatron-LM: --attention-backend flash "
+                "(nnperf: --sdpa fused)",
+            layers=["(every scaled_dot_product_attention call)"],
+            assumptions=["the same attention computed by one fused kernel forward and one backward"],
+        )]
     found = find(base.analysis.ops)
     if not found:
         return []

@@ -68,6 +68,7 @@ def advise(
     dtype: str | None = None,
     amp: str | None = None,
     channels_last: bool = False,
+    sdpa: str = "fused",
     **overrides: Any,
 ) -> Advice:
     """What to change in one step of ``model`` on ``gpu``, each change predicted (the keywords
@@ -75,7 +76,7 @@ def advise(
     request = ModelRequest(model, batch=batch, seq_len=seq_len, inputs=inputs, input_spec=InputSpec(),
                            overrides=overrides)
     options = MemoryOptions(TraceOptions(train=train, optimizer=optimizer, optimizer_impl=optimizer_impl,
-                                         dtype=dtype, amp=amp, channels_last=channels_last))
+                                         dtype=dtype, amp=amp, channels_last=channels_last, sdpa=sdpa))
     target = load_gpu(gpu) if isinstance(gpu, str) else gpu
     return advise_request(request, options, target, profile, TimingOptions(tf32_matmul=tf32),
                           apply=apply, global_batch=global_batch, workers=workers)
