@@ -172,3 +172,9 @@ def test_an_unknown_sdpa_mode_is_one_line_with_the_valid_ones():
     result, out = run(*MLP, "--sdpa", "flash")
     assert result.exit_code == 2
     assert "'flash' is not one of 'fused', 'unfused'" in out
+
+
+def test_what_the_trace_assumed_is_printed_under_the_tables():
+    result, out = run(*MLP, "--sdpa", "unfused")
+    assert result.exit_code == 0, out
+    assert "Note: --sdpa unfused changes nothing" in out

@@ -161,3 +161,12 @@ def test_unfused_sdpa_is_the_unfused_kernels_in_the_input_dtype():
     assert {e.outputs[0].dtype for e in forward if e.name in ("aten.bmm", "aten._softmax")} == {torch.bfloat16}
     bmm_flops = sum(o.flops for o in a.ops if o.op == "aten.bmm" and o.phase == "forward")
     assert bmm_flops == 2 * (2 * B * H * S * S * (D // H))
+
+
+def test_unfused_sdpa_on_a_step_without_sdpa_says_it_changes_nothing():
+    from nnperf.trace.attention import NO_SDPA_CALLED
+
+    mlp = analyze(nn.Sequential(nn.Linear(D, D)), inputs=(torch.randn(B, D),), sdpa="unfused")
+    assert NO_SDPA_CALLED in mlp.config["assumptions"]
+    attend = analyze(Attend(), inputs=(torch.randn(B, H, S, D),) * 3, sdpa="unfused")
+    assert NO_SDPA_CALLED not in attend.config.get("assumptions", [])

@@ -121,3 +121,11 @@ def print_analysis(a: Analysis, *, by: str = "module", depth: int | None = 2, co
     console.print(main())
     console.print(phase_table(a))
     console.print(coverage_table(a))
+    print_assumptions(a, console)
+
+
+def print_assumptions(a: Analysis, console: Console) -> None:
+    """What the trace assumed (MoE routing, an option that changed nothing): a user reading
+    the tables must see it, not only the JSON."""
+    for note in a.config.get("assumptions", []):
+        console.print(f"[yellow]Note: {note}[/yellow]")

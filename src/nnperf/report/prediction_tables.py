@@ -15,6 +15,7 @@ from rich.table import Table
 
 from nnperf.passes.estimates import Estimates
 from nnperf.prediction import Prediction
+from nnperf.report.analysis_tables import print_assumptions
 from nnperf.report.console import make_console
 from nnperf.report.labels import indented
 from nnperf.report.sections import mfu_label, module_times, op_times
@@ -129,3 +130,4 @@ def print_prediction(p: Prediction, *, by: str = "module", depth: int | None = 2
     if uncovered:
         names = ", ".join(f"{u['op']} x{u['count']}" for u in uncovered[:8])
         console.print(f"[yellow]Ops without a cost formula (timed from the bytes they touch): {names}[/yellow]")
+    print_assumptions(p.analysis, console)

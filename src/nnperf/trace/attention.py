@@ -28,6 +28,8 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
+from nnperf.trace.assumptions import assume
+
 
 def _expand_kv(q: Tensor, kv: Tensor, enable_gqa: bool) -> Tensor:
     if enable_gqa and kv.dim() >= 3 and kv.shape[-3] != q.shape[-3]:
@@ -170,22 +172,29 @@ def fused_sdpa(
 
 _MODE = ["fused"]  # a TraceOptions.sdpa value
 _INSIDE_UNFUSED = [0]
+_CALLS = [0]
+NO_SDPA_CALLED = ("--sdpa unfused changes nothing: the step calls no scaled_dot_product_attention "
+                  "(attention written out in the model, e.g. --attn-implementation eager, is traced as written)")
 
 
 @contextlib.contextmanager
 def sdpa_mode(mode: str) -> Iterator[None]:
     """Trace SDPA calls as ``mode`` (``TraceOptions.sdpa``) for the duration: the recording and the
-    recomputations of checkpointed blocks within it."""
-    before = _MODE[0]
+    recomputations of checkpointed blocks within it. An unfused mode the step never used is
+    stated as an assumption of the trace (``trace.assumptions``)."""
+    before, calls = _MODE[0], _CALLS[0]
     _MODE[0] = mode
     try:
         yield
+        if mode == "unfused" and _CALLS[0] == calls:
+            assume(NO_SDPA_CALLED)
     finally:
         _MODE[0] = before
 
 
 def traced_sdpa(*args, **kwargs) -> Tensor:
     """``F.scaled_dot_product_attention`` as the current mode traces it."""
+    _CALLS[0] += 1
     return (unfused_sdpa if _MODE[0] == "unfused" else fused_sdpa)(*args, **kwargs)
 
 

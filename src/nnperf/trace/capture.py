@@ -259,8 +259,8 @@ def _record(workload: Workload, step: Step) -> Trace:
         assumed = None if options.real else Routing(options.moe_load, options.moe_capacity_factor)
         cuda_lists = options.amp is not None and options.autocast_device == "cuda"
         policy = watch.cuda_autocast = CudaAutocast() if cuda_lists else None
-        with (sdpa_mode(options.sdpa), modules, GraphLabeler(modules, assumed), recorder,
-              collecting() as assumptions,
+        with (modules, GraphLabeler(modules, assumed), recorder, collecting() as assumptions,
+              sdpa_mode(options.sdpa),
               policy.installed() if policy is not None else contextlib.nullcontext()):
             # an inference output stays alive until the recording stops, as it always did
             output = step.run(watch)
