@@ -10,7 +10,8 @@ says how. Recorded once on a GPU and committed, the device's op counts let CI ch
 substitution (``tests/measure/test_op_lists.py``): each workload's difference must be empty
 or one of ``KNOWN`` below, with its reason. The workloads cover the substitutions: SDPA under
 autocast and in fp32, dropout, LayerNorm/softmax/loss under CUDA's autocast lists, batch norm
-and convolutions with and without channels_last, a bf16 model, fused and foreach AdamW.
+and convolutions with and without channels_last, a bf16 model, fused and foreach AdamW, and
+cuDNN's LSTM under autocast.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-#: name -> (zoo model, batch, seq, overrides, TraceOptions fields)
+#: name -> (zoo model or "lstm-lm" (below), batch, seq, overrides, TraceOptions fields)
 WORKLOADS: dict[str, tuple[str, int, int | None, dict[str, Any], dict[str, Any]]] = {
     "gpt2-amp-bf16": ("gpt2", 2, 128, {"n_layer": 2}, {"amp": "bf16"}),
     "gpt2-fp32": ("gpt2", 2, 128, {"n_layer": 2}, {}),
@@ -36,6 +37,7 @@ WORKLOADS: dict[str, tuple[str, int, int | None, dict[str, Any], dict[str, Any]]
     "mobilenet-v2-fp32": ("mobilenet_v2", 8, None, {"image_size": 64}, {}),
     "vit-amp-bf16-inference": ("vit_b_16", 8, None, {"n_layer": 2, "image_size": 64},
                                {"amp": "bf16", "train": False}),
+    "lstm-lm-amp-bf16": ("lstm-lm", 8, 64, {}, {"amp": "bf16"}),
 }
 #: workload -> {"diff": the difference a GPU's op list is known to show (``differences``' form),
 #: "why": its reason}; none recorded yet. A difference not listed fails the test.
@@ -46,7 +48,34 @@ def _build(spec: tuple) -> Any:
     from nnperf.zoo import get_model
 
     model, batch, seq, overrides, _ = spec
+    if model == "lstm-lm":
+        return lambda: _lstm_lm(batch, seq)
     return lambda: get_model(model).build(batch=batch, seq_len=seq, **overrides)
+
+
+def _lstm_lm(batch: int, seq: int) -> Any:
+    """A 2-layer LSTM language model (the zoo has no RNN): cuDNN's RNN on the device, the
+    trace's ``nnperf.cudnn_rnn`` stand-in."""
+    import torch
+    from torch import nn
+
+    from nnperf.workload import Workload
+
+    vocab, width = 1000, 256
+
+    class LstmLM(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(vocab, width)
+            self.lstm = nn.LSTM(width, width, num_layers=2, batch_first=True)
+            self.head = nn.Linear(width, vocab)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.head(self.lstm(self.embed(ids))[0])
+
+    ids = torch.randint(0, vocab, (batch, seq))
+    return Workload(LstmLM(), (ids,), loss_fn=lambda logits: nn.functional.cross_entropy(
+        logits.flatten(0, 1).float(), ids.flatten()))
 
 
 def record(device_name: str, only: str = "") -> dict[str, Any]:
