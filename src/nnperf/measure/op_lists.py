@@ -47,7 +47,7 @@ NOT_KERNELS = frozenset({
     "aten.split_with_sizes", "aten.unbind", "aten.as_strided", "aten.alias", "aten.detach",
     "aten.lift_fresh", "aten.lift_fresh_copy", "aten._local_scalar_dense", "aten.is_same_size",
     "aten.sym_size", "aten.sym_stride", "aten.sym_numel", "aten.sym_storage_offset",
-    "aten._to_copy_meta", "aten.empty", "aten.empty_strided", "aten.empty_like",
+    "aten.empty", "aten.empty_strided", "aten.empty_like",
     "aten.new_empty", "aten.new_empty_strided", "aten.narrow", "aten.chunk", "aten.view_as_real",
     "aten.view_as_complex", "aten.unflatten", "aten.flatten", "aten.movedim",
 })

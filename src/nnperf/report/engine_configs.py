@@ -112,12 +112,18 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
         args.append("--recompute-activations")
     elif e.checkpoint == "full":
         args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
-    half = amp or (dtype if dtype in ("bf16", "fp16") else None)
+    half = _half_precision(amp, dtype)
     if half:
         args.append(f"--{half}")
     if sdpa == "unfused":
         args.append("--attention-backend unfused")
     return " \\\n  ".join(args)
+
+
+def _half_precision(amp: str | None, dtype: str | None) -> str | None:
+    """The 16-bit format an engine's ``bf16``/``fp16`` switch names for ``--amp`` or a 16-bit
+    ``--dtype`` (both engines hold a half-precision model with fp32 master weights)."""
+    return amp or (dtype if dtype in ("bf16", "fp16") else None)
 
 
 def deepspeed_json(execution: Any, amp: str | None = None, dtype: str | None = None) -> str:
@@ -140,7 +146,7 @@ def deepspeed_json(execution: Any, amp: str | None = None, dtype: str | None = N
         "gradient_accumulation_steps": e.grad_accum,
         "zero_optimization": zero,
     }
-    half = amp or (dtype if dtype in ("bf16", "fp16") else None)
+    half = _half_precision(amp, dtype)
     if half:
         config[half] = {"enabled": True}
     if e.checkpoint:

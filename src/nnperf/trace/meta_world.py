@@ -122,8 +122,8 @@ def on_meta(t: torch.Tensor) -> torch.Tensor:
 def handles(func: Any) -> bool:
     """Whether the recorder runs ``func`` through ``call`` (a meta recording's literals and
     CPU-shaped ops); every other op it runs itself, so a failing op's frame is its own
-    (``trace.diagnosis``)."""
-    return active() and func in _HANDLED
+    (``trace.diagnosis``). The set first: this runs for every recorded op."""
+    return func in _HANDLED and active()
 
 
 def call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -133,7 +133,7 @@ def call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     out = func(*args, **kwargs)
     if func not in _LIFTS or not isinstance(out, torch.Tensor) or out.is_meta:
         return out
-    return _off_host(out) if out.dim() > 0 else out.clone()  # a tensor of its own, as a fake
+    return on_meta(out) if out.dim() > 0 else out.clone()  # a tensor of its own, as a fake
 
 
 def _on_cpu_fakes(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
