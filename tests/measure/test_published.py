@@ -17,6 +17,7 @@ from nnperf.measure.published import (
     gemm_measured_s,
     load_rows,
     measured_step_s,
+    pre_sdpa,
     profile_for,
     records,
     tables,
@@ -72,6 +73,24 @@ def test_rows_become_the_workload_they_describe(rows):
     phase2 = workload(by_id["bert-large-pretrain-phase2-a100-80gb-amp-1gpu"])
     assert (phase2.model, phase2.seq_len, phase2.batch) == ("bert-large", 512, 32)
     assert why_not_reproducible(next(r for r in rows if r["gpus"] > 1)) is not None
+
+
+@pytest.mark.parametrize(("container", "before_2_0"), [
+    ("PyTorch 1.12, CUDA 11.3 (from the file name)", True),
+    ("PyTorch 2.4.0, CUDA 12.4 (from the file name)", False),
+    ("NGC pytorch 21.03", True),
+    ("NGC pytorch:21.11-py3", True),
+    ("NGC pytorch:23.05-py3", False),  # PyTorch 2.0 and later
+    ("not stated (driver 460.91.03, CUDA 11.2 per the page's nvidia-smi output)", False),
+])
+def test_a_pytorch_before_2_0_ran_no_sdpa(container, before_2_0):
+    assert pre_sdpa({"container": container}) is before_2_0
+
+
+def test_rows_of_pytorch_1_x_trace_attention_unfused(rows):
+    by_id = {r["id"]: r for r in rows}
+    assert workload(by_id["timm-train-amp-nchw-pt112-cu113-rtx3090-vit_base_patch16_224-224"]).sdpa == "unfused"
+    assert workload(by_id["timm-infer-amp-nchw-pt240-cu124-rtx3090-vit_base_patch16_224-224"]).sdpa == "fused"
 
 
 def test_throughput_and_tflops_become_seconds(rows):

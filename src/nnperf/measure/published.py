@@ -67,6 +67,9 @@ class Workload:
     #: An ``hf:`` model's task head and attention implementation.
     task: str | None = None
     attn_implementation: str | None = None
+    #: How ``F.scaled_dot_product_attention`` runs (``TraceOptions.sdpa``): "unfused" where the
+    #: row's PyTorch predates it (``pre_sdpa``), as the model code of the time did attention.
+    sdpa: str = "fused"
 
 
 #: What a ``memory`` row's value is: nvidia-smi's used memory, MiB.
@@ -114,6 +117,21 @@ def why_not_reproducible(row: dict[str, Any]) -> str | None:
     return None
 
 
+def pre_sdpa(row: dict[str, Any]) -> bool:
+    """Whether the row ran a PyTorch without ``F.scaled_dot_product_attention``, which first
+    shipped in PyTorch 2.0 (released 2023-03-15). Read from ``container``: "PyTorch 1.12, CUDA
+    11.3" names the version; an NGC tag "21.03" is the container's year and month, and NGC
+    containers before 23.03 hold PyTorch 1.x (their release notes). Models of that time (timm
+    0.6's ViT, DLE's BERT) computed attention as GEMM, softmax, dropout, GEMM: what nnperf's
+    ``--sdpa unfused`` traces in place of the fused kernel."""
+    container = str(row.get("container", ""))
+    named = re.search(r"PyTorch (\d+)\.(\d+)", container)
+    if named:
+        return int(named.group(1)) < 2
+    ngc = re.search(r"NGC pytorch:? ?(\d\d)\.(\d\d)", container)
+    return bool(ngc) and (int(ngc.group(1)), int(ngc.group(2))) < (23, 3)
+
+
 def workload(row: dict[str, Any]) -> Workload:
     """The step a reproducible row describes. ``tf32``: fp32 tensors with TF32 matmuls (and
     convolutions, cuDNN's default); ``fp32`` on V100/T4 has no TF32 to use."""
@@ -135,6 +153,7 @@ def workload(row: dict[str, Any]) -> Workload:
         optimizer_impl=row.get("optimizer_impl", "foreach"),
         task=row.get("hf_task"),
         attn_implementation=row.get("attn_implementation"),
+        sdpa="unfused" if pre_sdpa(row) else "fused",
     )
 
 
@@ -172,7 +191,7 @@ class Predictor:
             options = {"image_size": w.image_size} if w.image_size else {}
             self._analyses[key] = analyze(w.model, batch=w.batch, seq_len=w.seq_len, train=w.train, amp=w.amp,
                                           dtype=w.dtype, optimizer=optimizer, channels_last=w.channels_last,
-                                          **options)
+                                          sdpa=w.sdpa, **options)
         return self._analyses[key]
 
     def step_s(self, row: dict[str, Any]) -> float:
