@@ -90,7 +90,7 @@ def measure_one(device: Any, spec: tuple[str, int, int, dict[str, Any]]) -> dict
         end.record()
         sync()
         device_s = begin.elapsed_time(end) / 1e3 / STEPS
-    del graph, model
+    graph.reset()
     torch.cuda.empty_cache()
     return {"eager_step_s": eager_s, "graphed_step_s": graphed_s, "graphed_device_s": device_s,
             "speedup": eager_s / graphed_s, "steps": STEPS, "warmup": WARMUP, "repeats": REPEATS}

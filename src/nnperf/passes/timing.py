@@ -8,7 +8,9 @@ Kernel time by category:
   attention fraction of the tensor peak, bounded by its bytes at achievable bandwidth;
 - everything else: bytes at the size-dependent achievable bandwidth (or FLOPs at the CUDA
   core rate if larger), plus the per-kernel overhead; foreach ops launch one kernel per
-  ``foreach_tensors_per_kernel`` tensors.
+  ``foreach_tensors_per_kernel`` tensors; a normalization's second sweep over inputs larger
+  than the L2 (statistics first, then the output: ``passes.costs.norms.second_reads``) reads
+  them from DRAM again.
 
 Where the GPU has a measured L2 (``GPU.l2_reuse``), the reads ``passes.l2_reuse`` finds in
 L2 leave the DRAM term of streaming ops, depthwise convolutions and convolutions' tensor
@@ -43,6 +45,7 @@ from nnperf.kernels.gemm import GemmEstimate, estimate_gemm
 from nnperf.kernels.grouped_gemm import GroupedGemmEstimate, estimate_grouped_gemm
 from nnperf.kernels.rnn import cudnn_algorithm, estimate_rnn
 from nnperf.passes.costs import grouped as grouped_costs
+from nnperf.passes.costs import norms as norm_costs
 from nnperf.passes.costs import registry as cat
 from nnperf.passes.costs import rnn as rnn_costs
 from nnperf.passes.costs.matmul import (
@@ -432,10 +435,23 @@ class KernelModel:
             backend=MATH, **base,
         )
 
+    def _second_sweep_bytes(self, count: OpCount) -> float:
+        """DRAM bytes of a normalization's second sweep over its inputs
+        (``passes.costs.norms.second_reads``): all of them when the first sweep's bytes exceed
+        the L2 (its measured reuse capacity, else the datasheet size), none when the L2 still
+        holds them. The whole first sweep is the reuse distance of its first element: an upper
+        bound of the LRU stack distance, as in ``passes.l2_reuse``."""
+        if count.category != cat.NORM:
+            return 0.0
+        sweep = float(sum(t.nbytes for t in norm_costs.second_reads(count.event)))
+        reuse = self.gpu.l2_reuse
+        capacity = reuse[1] if reuse else (self.gpu.l2_mb or 0.0) * 2**20
+        return sweep if sweep > capacity else 0.0
+
     def _streaming(self, count: OpCount, base: dict[str, Any]) -> OpTime:
         tensors = int(count.info.get("tensors", 1))
         kernels = max(1, math.ceil(tensors / self.profile.foreach_tensors_per_kernel))
-        memory, model_memory = self._traffic(count, kernels)
+        memory, model_memory = self._traffic(count, kernels, reread=self._second_sweep_bytes(count))
         model_compute = count.flops / (self._vector_peak * self.profile.cuda_core_fraction)
         overhead = kernels * self.profile.kernel_overhead_s
         return OpTime(

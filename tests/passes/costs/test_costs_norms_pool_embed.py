@@ -129,3 +129,65 @@ def test_cross_entropy_pieces():
     assert nbytes(nll.reads) == B * 8 + B * 4
     nll_b = cost_of(evs, "aten.nll_loss_backward")
     assert sum(t.numel for t in nll_b.writes) == B * V
+
+
+# --- the second sweep PyTorch's CUDA normalization kernels make (norms.second_reads) ---
+
+
+class _Squared(nn.Module):
+    """norm(x) ** 2: the norm's backward gets a whole output gradient (a bare module's summed
+    output would hand it one broadcast element)."""
+
+    def __init__(self, norm: nn.Module) -> None:
+        super().__init__()
+        self.norm = norm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.norm(x)
+        return y * y
+
+
+def _second(evs, name):
+    from nnperf.passes.costs.norms import second_reads
+
+    found = [e for e in evs if e.name == name]
+    assert len(found) == 1, name
+    return [tuple(t.shape) for t in second_reads(found[0])]
+
+
+def test_batch_norm_training_reads_its_input_again_and_backward_reads_both_again():
+    C, H = 4, 6
+    evs = trace(_Squared(nn.BatchNorm2d(C)), torch.randn(B, C, H, H, requires_grad=True))
+    assert _second(evs, "aten.native_batch_norm") == [(B, C, H, H)]  # statistics, then normalize
+    assert _second(evs, "aten.native_batch_norm_backward") == [(B, C, H, H), (B, C, H, H)]  # dy, x
+
+
+def test_batch_norm_without_an_input_gradient_sweeps_once_backward():
+    C, H = 4, 6
+    evs = trace(_Squared(nn.BatchNorm2d(C)), torch.randn(B, C, H, H))  # the first layer's input
+    assert _second(evs, "aten.native_batch_norm_backward") == []
+
+
+def test_batch_norm_in_evaluation_sweeps_once():
+    C, H = 4, 6
+    evs = trace(nn.BatchNorm2d(C).eval(), torch.randn(B, C, H, H), train=False)
+    bn = [e for e in evs if "batch_norm" in e.name]
+    assert bn and all(_second(evs, e.name) == [] for e in bn)
+
+
+def test_layer_norm_forward_sweeps_once_and_backward_rereads_for_the_affine_gradients():
+    evs = trace(_Squared(nn.LayerNorm(D)), torch.randn(B, T, D, requires_grad=True))
+    assert _second(evs, "aten.native_layer_norm") == []  # a row stays in registers
+    assert _second(evs, "aten.native_layer_norm_backward") == [(B, T, D), (B, T, D)]  # gamma/beta kernel
+
+
+def test_layer_norm_without_affine_has_only_the_row_local_input_gradient():
+    evs = trace(_Squared(nn.LayerNorm(D, elementwise_affine=False)), torch.randn(B, T, D, requires_grad=True))
+    assert _second(evs, "aten.native_layer_norm_backward") == []
+
+
+def test_group_norm_reads_its_input_again_both_ways():
+    C, H = 4, 6
+    evs = trace(_Squared(nn.GroupNorm(2, C)), torch.randn(B, C, H, H, requires_grad=True))
+    assert _second(evs, "aten.native_group_norm") == [(B, C, H, H)]
+    assert _second(evs, "aten.native_group_norm_backward") == [(B, C, H, H), (B, C, H, H)]

@@ -10,9 +10,29 @@ the rsqrt is negligible and left out):
   +1 where a weight scales the gradient; grad_weight / grad_bias reuse the reductions
   (layer/group norm reduce over rows instead: +2 and +1 when requested).
 Bytes: input, weight, bias and saved statistics read once; outputs (and running statistics
-that training updates in place) written once. Real kernels may read the input twice (a
-statistics pass, then a normalize pass); that is the time model's business, not traffic
-the op must have.
+that training updates in place) written once: the traffic the op must have.
+
+PyTorch's CUDA kernels read some inputs twice, since a normalization needs statistics over the
+whole reduced extent before it can write one output element (``second_reads``; PyTorch
+``aten/src/ATen/native/cuda/``, the same structure from 1.12 to 2.x):
+
+- batch norm, training forward: ``batch_norm_stats`` (Welford over N*H*W per channel) reads the
+  input, then ``batch_norm_elemt`` reads it again and writes the output (``Normalization.cu``,
+  ``Normalization.cuh``; channels-last: the ``..._channels_last_kernel`` pair; cuDNN's NCHW
+  kernel makes the same two sweeps inside one launch);
+- batch norm, training backward: ``batch_norm_backward_reduce`` reads the output gradient and
+  the input (sums of dy and dy * (x - mean)), then ``batch_norm_backward_elemt`` reads both
+  again to write the input gradient;
+- layer norm backward: the input gradient is row-local (``layer_norm_grad_input_kernel`` reads
+  a row of dy and x once), but the weight and bias gradients reduce over rows in a kernel of
+  their own (``GammaBetaBackwardCUDAKernel``, ``layer_norm_kernel.cu``) that reads dy and x again;
+- group norm: ``RowwiseMomentsCUDAKernel`` reads x before the output pass; backward's
+  ``ComputeInternalGradientsCUDAKernel`` reads dy and x before the input-gradient pass
+  (``group_norm_kernel.cu``).
+
+Layer and RMS norm forward keep a row in registers (``vectorized_layer_norm_kernel``): one
+read. Evaluation-mode batch norm has its statistics: one elementwise pass. Whether a second
+read reaches DRAM or finds the L2 is the time model's question (``passes.timing``).
 """
 
 from __future__ import annotations
@@ -105,7 +125,7 @@ _BN_UNANNOTATED_UPDATE = {
 }
 
 
-@register(
+_BN_FORWARD = (
     "aten.native_batch_norm",
     "aten._native_batch_norm_legit",
     "aten._native_batch_norm_legit_functional",
@@ -116,6 +136,15 @@ _BN_UNANNOTATED_UPDATE = {
     "aten.cudnn_batch_norm",
     "aten.miopen_batch_norm",
 )
+_BN_BACKWARD = (
+    "aten.native_batch_norm_backward",
+    "aten.batch_norm_backward",
+    "aten.cudnn_batch_norm_backward",
+    "aten.miopen_batch_norm_backward",
+)
+
+
+@register(*_BN_FORWARD)
 def _batch_norm(event: OpEvent) -> OpCost:
     args = bind(event)
     x = args["input"]
@@ -134,12 +163,7 @@ def _batch_norm(event: OpEvent) -> OpCost:
     )
 
 
-@register(
-    "aten.native_batch_norm_backward",
-    "aten.batch_norm_backward",
-    "aten.cudnn_batch_norm_backward",
-    "aten.miopen_batch_norm_backward",
-)
+@register(*_BN_BACKWARD)
 def _batch_norm_backward(event: OpEvent) -> OpCost:
     args = bind(event)
     x, weight = args["input"], args.get("weight")
@@ -161,3 +185,30 @@ def _batch_norm_backward(event: OpEvent) -> OpCost:
         writes=distinct(event.outputs),
         info={"training": bool(training)},
     )
+
+
+_GRAD_OUT = ("grad_out", "grad_output")
+
+
+def second_reads(event: OpEvent) -> list[TensorMeta]:
+    """The tensors ``event``'s CUDA kernels read a second time (module docstring), as the
+    elements they hold (a broadcast gradient is its one element)."""
+    name = event.name
+    if name in _BN_FORWARD:
+        args = bind(event)
+        return _present(args["input"]) if args.get("training", _BN_TRAINING_DEFAULT.get(name, True)) else []
+    if name in _BN_BACKWARD:
+        args = bind(event)
+        training = args.get("train", args.get("update", True))
+        grad = next(args[key] for key in _GRAD_OUT if key in args)
+        return _present(grad, args["input"]) if training and _mask(args, 3)[0] else []
+    if name == "aten.native_layer_norm_backward":
+        args = bind(event)
+        want_input, want_weight, want_bias = _mask(args, 3)
+        return _present(args["grad_out"], args["input"]) if want_input and (want_weight or want_bias) else []
+    if name == "aten.native_group_norm":
+        return _present(bind(event)["input"])
+    if name == "aten.native_group_norm_backward":
+        args = bind(event)
+        return _present(args["grad_out"], args["input"]) if _mask(args, 3)[0] else []
+    return []
