@@ -2,7 +2,8 @@
 # The GPU validation plan: what a session lent a GPU runs, one device call per part.
 #
 #   bash validation/gpu_session.sh 1            # ~9 min: environment, calibration, transfer
-#                                               # bench, then validation runs until the budget
+#                                               # bench, op lists, CUDA graphs, then validation
+#                                               # runs until the budget (BUDGET_S, default 500)
 #   bash validation/gpu_session.sh 2            # ~9 min each: more validation runs, skipping
 #   bash validation/gpu_session.sh 3            # those committed in validation/data/<gpu>/
 #   bash validation/gpu_session.sh --dry-run 1  # the same code paths on this CPU, tiny models
