@@ -9,7 +9,7 @@
 #   bash validation/gpu_session.sh --dry-run 1  # the same code paths on this CPU, tiny models
 #
 # Everything is written under $OUT (the only folder whose files come back from the device
-# machine): environment.json, profile.toml + its raw JSON, transfer.json, cuda-ops.json, cuda-graphs.json, records-<part>.jsonl
+# machine): environment.json, profile.toml + its raw JSON, transfer.json, cuda-ops.json, cuda-graphs.json, advise-measured.json, records-<part>.jsonl
 # and log-<part>.txt. After each call, copy them into validation/data/<gpu>/ and commit them;
 # `python validation/compare.py validation/data/<gpu> --write-baseline validation/data/<gpu>/baseline.json`
 # then fixes the error tables CI holds the model to.
@@ -47,6 +47,8 @@ PY
         python3 validation/cuda_ops.py --device "$device" --out "$OUT/cuda-ops.json"
         # host-bound decoding eager and as a CUDA graph (the advice item cuda-graphs' test set)
         [ "$device" = cuda ] && python3 validation/cuda_graphs.py --out "$OUT/cuda-graphs.json"
+        # advice items before and after on gpt2 and resnet50, beside their predicted gains
+        python3 validation/advise_measure.py --device "$device" "${tiny[@]}" "${steps[@]}" --out "$OUT/advise-measured.json"
         budget=$((budget - ($(date +%s) - start)))
     fi
     # (b) the zoo, most informative configurations first, one JSON line each as it finishes
