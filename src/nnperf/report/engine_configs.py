@@ -43,9 +43,14 @@ def torchtitan_toml(execution: Any, amp: str | None = None, dtype: str | None = 
         raise NotExpressible("; ".join(missing))
     shard = e.shard if e.data != "ddp" else 1
     replicate = e.replicate if e.data != "fsdp" else 1
+    # torchtitan's local_batch_size is what one rank's step feeds forward: a pipeline splits it
+    # into micro-batches of pipeline_parallel_microbatch_size; otherwise it is the micro-batch,
+    # and global_batch_size // (local_batch_size x data-parallel ranks) steps accumulate
+    # (torchtitan train.py: gradient_accumulation_steps).
+    local = e.micro_batch * e.grad_accum if e.pipeline > 1 else e.micro_batch
     lines = [
         "[training]",
-        f"local_batch_size = {e.micro_batch * e.grad_accum}",
+        f"local_batch_size = {local}",
         f"global_batch_size = {e.global_batch}",
     ]
     if amp:
