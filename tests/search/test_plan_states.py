@@ -52,3 +52,23 @@ def test_the_search_skips_hsdp_whose_states_cannot_fit():
     assert fitted.fits and fitted.execution == fsdp
     assert not skipped.fits and skipped.memory_bound and skipped.memory_bytes == bound
     assert skipped.memory_bytes <= evaluate(request, options, hsdp, gpu, CLUSTER).memory_bytes
+
+
+@pytest.mark.parametrize("data", ["fsdp", "ddp"])
+def test_with_accumulation_the_optimizer_runs_once_in_every_part_of_the_split(data):
+    """A micro-batch's compute and host time repeat per micro-batch; the optimizer's do not, in
+    the step nor in its split (the split once summed compute x accumulation, optimizer included,
+    and came out longer than the step)."""
+    gpu = load_gpu("h100-sxm")
+    cluster = load_cluster("dgx-h100")
+    request = ModelRequest("gpt2", batch=2, seq_len=64,
+                           overrides={"n_layer": 2, "n_embd": 64, "n_head": 2, "vocab": 512, "n_positions": 64})
+    options = TraceOptions(amp="bf16")
+    shard = 2 if data == "fsdp" else 1
+    one = evaluate(request, options, Execution(world=2, data=data, shard=shard, micro_batch=2), gpu, cluster)
+    four = evaluate(request, options, Execution(world=2, data=data, shard=shard, micro_batch=2, grad_accum=4),
+                    gpu, cluster)
+    exposed = sum(four.split["exposed_communication_s"].values())
+    assert four.split["compute_s"] + exposed <= four.step_s * (1 + 1e-9)
+    assert four.split["compute_s"] < 4 * one.split["compute_s"]  # the optimizer's kernels once, not 4x
+    assert four.split["host_s"] < 4 * one.split["host_s"]

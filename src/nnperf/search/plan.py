@@ -206,17 +206,23 @@ def evaluate(request: ModelRequest, options: TraceOptions, execution: Execution,
                        layers, cache, _prepare(execution))
     accum = execution.grad_accum
     optimizer_s = cost.get("optimizer_s")
-    step = accum * (cost.get("step_s") - optimizer_s) + optimizer_s
+
+    def once_per_step(total: float, optimizer: float) -> float:
+        """A micro-batch's figure over the accumulated step: the optimizer runs once."""
+        return accum * (total - optimizer) + optimizer
+
+    step = once_per_step(cost.get("step_s"), optimizer_s)
     planned = Planned(
         execution, step_s=step,
         throughput=cost.per_micro * accum * execution.data_parallel / step if step else 0.0,
         throughput_unit=cost.unit,
         mfu=cost.get("flops") * accum / step / cost.mfu_peak if step and cost.mfu_peak else 0.0,
         memory_bytes=int(cost.get("memory")),
-        split={"compute_s": cost.get("compute_s") * accum, "communication_s": cost.get("comm_s") * accum,
+        split={"compute_s": once_per_step(cost.get("compute_s"), optimizer_s),
+               "communication_s": cost.get("comm_s") * accum,
                "overlap_slowdown_s": cost.get("slowdown_s") * accum,
                "exposed_communication_s": {k: v * accum for k, v in cost.prefixed("exposed.").items() if v > 0},
-               "host_s": cost.get("host_s") * accum},
+               "host_s": once_per_step(cost.get("host_s"), cost.get("optimizer_host_s"))},
         state_bytes=state_bytes(cost), collectives=collective_counts(cost),
         param_row_bytes=cost.get("param_row_bytes"),
     )

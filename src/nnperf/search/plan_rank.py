@@ -108,6 +108,7 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
         "slowdown_s": comm.slowdown_s,
         "host_s": prediction.step.host_s,
         "optimizer_s": sum(t.kernel_s for t in prediction.step.ops if t.phase == "optimizer"),
+        "optimizer_host_s": sum(t.host_s for t in prediction.step.ops if t.phase == "optimizer"),
         "memory": float(prediction.memory.device_total or 0),
         "flops": prediction.model_flops,
     }
