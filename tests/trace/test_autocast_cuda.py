@@ -148,3 +148,34 @@ def test_the_cpu_autocast_is_itself_again_after_a_trace():
         assert torch.mm(torch.randn(2, 2), torch.randn(2, 2)).dtype == BF16
         assert F.layer_norm(torch.randn(2, 8, dtype=BF16), (8,)).dtype == BF16
         assert F.pad(torch.randn(1, 1, 4, 4, dtype=BF16), (1, 1, 1, 1), mode="reflect").dtype == FP32
+
+
+class _CheckpointedLinears(nn.Module):
+    """Two linears in one checkpointed block: backward recomputes them under autocast."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(lambda t: self.b(torch.relu(self.a(t))), x, use_reentrant=False)
+
+
+def test_a_recomputed_blocks_weight_casts_die_with_its_backward():
+    """The recomputation is an autocast region of its own (torch.utils.checkpoint enters
+    torch.autocast): leaving it clears the cast cache, so the bf16 weight copies it made are
+    freed by the end of backward, not kept until the optimizer step."""
+    from nnperf.trace.capture import trace_workload
+    from nnperf.workload import Workload
+
+    model = _CheckpointedLinears()
+    trace, _ = trace_workload(lambda: Workload(model, (torch.randn(4, 16, requires_grad=True),)),
+                              TraceOptions(amp="bf16", optimizer="sgd"))
+    weights = set(trace.param_storages)
+    recast = {e.outputs[0].storage for e in trace.events
+              if e.phase == "backward" and e.name == "aten._to_copy" and e.inputs[0].storage in weights}
+    assert len(recast) >= 2  # both weights cast again (the biases too)
+    released = {s for e in trace.events if e.phase == "backward" for s in e.releases}
+    assert recast <= released

@@ -11,7 +11,10 @@ duration of the trace, the AutocastCPU kernel of every op either list names by C
 for it (``torch.library.Library(...).impl(op, kernel, "AutocastCPU")``, undone at the end):
 
 - ``LOWER_PRECISION``: floating arguments cast to the autocast dtype (fp32 leaf weights that
-  require grad cached for the region, as ``cached_cast`` does);
+  require grad cached for the region, as ``cached_cast`` does: while the autocast cache is
+  enabled, until the outermost ``torch.autocast`` exits, which calls
+  ``torch.clear_autocast_cache``; a checkpointed block's recomputation in backward is such a
+  region of its own, so its casts die with the block's backward);
 - ``FP32``: floating arguments cast to fp32;
 - ``FP32_SET_OPT_DTYPE``: run with ``dtype=torch.float32`` when the first tensor is eligible
   and no dtype is given (softmax computes and returns fp32);
@@ -128,6 +131,13 @@ class CudaAutocast:
                     for name in torch._C._dispatch_get_registrations_for_dispatch_key("AutocastCPU")
                     if name.startswith("aten::")}
         cpu_only -= cuda_ops
+        clear_torch_cache = torch.clear_autocast_cache
+
+        def clear_both() -> None:  # torch.autocast.__exit__ calls it on leaving the outermost region
+            clear_torch_cache()
+            self._cache.clear()
+
+        torch.clear_autocast_cache = clear_both
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # "Overriding a previously registered kernel"
@@ -138,6 +148,7 @@ class CudaAutocast:
                     lib.impl(name, torch.library.fallthrough_kernel, "AutocastCPU")
             yield
         finally:
+            torch.clear_autocast_cache = clear_torch_cache
             lib._destroy()
             self._cache.clear()
 
@@ -177,7 +188,7 @@ class CudaAutocast:
         if not _eligible(value) or value.dtype == target:
             return value
         cacheable = (target == low and value.dtype == torch.float32 and value.requires_grad
-                     and value.is_leaf and not value._is_view())
+                     and value.is_leaf and not value._is_view() and torch.is_autocast_cache_enabled())
         if not cacheable:
             return value.to(target)
         hit = self._cache.get(id(value))
