@@ -72,3 +72,15 @@ def test_with_accumulation_the_optimizer_runs_once_in_every_part_of_the_split(da
     assert four.split["compute_s"] + exposed <= four.step_s * (1 + 1e-9)
     assert four.split["compute_s"] < 4 * one.split["compute_s"]  # the optimizer's kernels once, not 4x
     assert four.split["host_s"] < 4 * one.split["host_s"]
+
+
+def test_nothing_fits_names_only_remedies_not_already_in_use():
+    from nnperf.search.plan import _remedies
+
+    used = _remedies(TraceOptions(amp="bf16", optimizer="adamw"), Execution(world=1, data="fsdp", shard=1))
+    assert used[0] == "more GPUs to shard over" and "tensor/pipeline parallelism" in used
+    assert not any("bf16" in r or "micro-batch" in r for r in used)  # both already given
+    assert any("--optimizer sgd" in r for r in used)  # AdamW's two fp32 moments
+    fresh = _remedies(TraceOptions(optimizer="sgd"),
+                      Execution(world=2, data="fsdp", shard=1, tensor=2, sequence_parallel=True, micro_batch=4))
+    assert fresh == ["more GPUs to shard over", "a smaller micro-batch", "bf16 (--amp bf16)"]

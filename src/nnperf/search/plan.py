@@ -527,5 +527,20 @@ def smallest_memory(plan_: Plan) -> str:
     at_least = "at least " if least.memory_bound else ""
     return (f"no layout of {plan_.model} fits on {plan_.gpus} x {plan_.gpu.name}: the smallest is "
             f"{at_least}{least.memory_bytes / 2**30:.1f} GiB per GPU ({least.execution.describe()}) against "
-            f"{capacity(plan_.gpu) / 2**30:.1f} GiB; it needs {at_least}{need:.1f}x the memory: more GPUs "
-            "to shard over, a smaller micro-batch, bf16 (--amp bf16) or tensor/pipeline parallelism")
+            f"{capacity(plan_.gpu) / 2**30:.1f} GiB; it needs {at_least}{need:.1f}x the memory: "
+            + ", ".join(_remedies(plan_.options, least.execution)))
+
+
+def _remedies(options: TraceOptions, smallest: Execution) -> list[str]:
+    """What could still shrink the smallest layout: only what the plan did not already use."""
+    out = ["more GPUs to shard over"]
+    if smallest.micro_batch > 1:
+        out.append("a smaller micro-batch")
+    if options.amp is None and options.dtype in (None, "fp32", "fp64"):
+        out.append("bf16 (--amp bf16)")
+    if options.train and options.optimizer in ("adamw", "adam"):
+        out.append(f"an optimizer with less state than {options.optimizer} (two fp32 moments per "
+                   "parameter; --optimizer sgd keeps none)")
+    if smallest.model_parallel == 1:
+        out.append("tensor/pipeline parallelism")
+    return out
