@@ -56,7 +56,7 @@ def fit(gpu: GPU, **kwargs: Any) -> None:
         from nnperf.report.console import make_console
         from nnperf.report.memory_tables import fit_table
 
-        make_console().print(fit_table(name, gpu.name, capacity(gpu), results))
+        make_console().print(fit_table(name, gpu.label, capacity(gpu), results))
         click.echo("Fits = predicted device total (allocator segments + CUDA context + cuDNN "
                    "workspace estimate) <= GPU memory. Details: nnperf memory MODEL --batch N")
     if results[0].largest is None:

@@ -84,7 +84,7 @@ def _rate(value: float, dtype: str) -> str:
 def _explain(e: GemmEstimate, gpu: GPU) -> Table:
     what_if = f"; what-if {', '.join(gpu.overrides)}" if gpu.overrides else ""
     t = Table(
-        title=f"GEMM M={e.m} N={e.n} K={e.k} batch={e.batch} {e.dtype} on {gpu.name} "
+        title=f"GEMM M={e.m} N={e.n} K={e.k} batch={e.batch} {e.dtype} on {gpu.label} "
         f"({gpu.id}{what_if})",
         title_justify="left",
         show_header=False,

@@ -95,7 +95,7 @@ def memory(gpu: GPU, **kwargs: Any) -> None:
 
         click.echo(f"{name}: {options.describe()}, batch {workload.samples}"
                    + (f" per micro-batch x{options.grad_accum}" if options.grad_accum > 1 else ""))
-        print_memory(report, capacity=fit.capacity, gpu_name=gpu.name,
+        print_memory(report, capacity=fit.capacity, gpu_name=gpu.label,
                      timeline_rows=kwargs["rows"])
         if kwargs["validate_file"]:
             _print_validation(report, kwargs["validate_file"])

@@ -108,6 +108,17 @@ class GPU:
 
     # ---- derived quantities -------------------------------------------------------------
     @property
+    def label(self) -> str:
+        """The name as a table header shows it: with the what-ifs applied (``--set``) and the
+        user's file it came from, so a saved table is not mistaken for the catalog card's."""
+        marks = []
+        if self.origin and not self.origin.startswith("built-in"):
+            marks.append(f"from {self.origin}")
+        if self.overrides:
+            marks.append(f"with --set {' '.join(self.overrides)}")
+        return f"{self.name} ({'; '.join(marks)})" if marks else self.name
+
+    @property
     def memory_bandwidth(self) -> float:
         """Datasheet memory bandwidth in bytes/s."""
         return self.memory_bandwidth_gbs * 1e9
