@@ -186,6 +186,9 @@ class KernelModel:
             raise ValueError(f"L2 hits given for {gpu.id}, which has no measured L2 (GPU.l2_reuse)")
         self._gemm_cache: dict[tuple, GemmEstimate] = {}
         self._vector_peak = gpu.peak_flops("fp32", tensor_cores=False, fallback=True)
+        # what the L2 holds of a normalization's first sweep: its measured reuse capacity, else
+        # the datasheet size (``_second_sweep_bytes``)
+        self._l2_holds = gpu.l2_reuse[1] if gpu.l2_reuse else (gpu.l2_mb or 0.0) * 2**20
 
     def _traffic(self, count: OpCount, kernels: int = 1, reread: float = 0.0) -> tuple[float, float]:
         """(roofline memory term, modeled memory time) of the op's bytes plus ``reread`` bytes
@@ -444,9 +447,7 @@ class KernelModel:
         if count.category != cat.NORM:
             return 0.0
         sweep = float(sum(t.nbytes for t in norm_costs.second_reads(count.event)))
-        reuse = self.gpu.l2_reuse
-        capacity = reuse[1] if reuse else (self.gpu.l2_mb or 0.0) * 2**20
-        return sweep if sweep > capacity else 0.0
+        return sweep if sweep > self._l2_holds else 0.0
 
     def _streaming(self, count: OpCount, base: dict[str, Any]) -> OpTime:
         tensors = int(count.info.get("tensors", 1))

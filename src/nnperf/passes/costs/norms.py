@@ -144,11 +144,26 @@ _BN_BACKWARD = (
 )
 
 
+def _bn_forward_trains(name: str, args: dict[str, Any]) -> bool:
+    """Whether a batch norm forward computes its statistics (and updates running ones)."""
+    return bool(args.get("training", _BN_TRAINING_DEFAULT.get(name, True)))
+
+
+def _bn_backward_trains(args: dict[str, Any]) -> bool:
+    """Whether a batch norm backward differentiates through batch statistics."""
+    return bool(args.get("train", args.get("update", True)))
+
+
+def _bn_grad_output(args: dict[str, Any]) -> TensorMeta:
+    """The output gradient (``grad_output`` in cuDNN's and MIOpen's schemas, else ``grad_out``)."""
+    return args["grad_output"] if "grad_output" in args else args["grad_out"]
+
+
 @register(*_BN_FORWARD)
 def _batch_norm(event: OpEvent) -> OpCost:
     args = bind(event)
     x = args["input"]
-    training = args.get("training", _BN_TRAINING_DEFAULT.get(event.name, True))
+    training = _bn_forward_trains(event.name, args)
     stats = _present(args.get("running_mean"), args.get("running_var"))
     per = (5 if training else 2) + _affine(args)
     writes = distinct(event.outputs) + written_args(event)
@@ -167,7 +182,7 @@ def _batch_norm(event: OpEvent) -> OpCost:
 def _batch_norm_backward(event: OpEvent) -> OpCost:
     args = bind(event)
     x, weight = args["input"], args.get("weight")
-    training = args.get("train", args.get("update", True))
+    training = _bn_backward_trains(args)
     want_input, want_weight, want_bias = _mask(args, 3)
     if training:
         per = 5 + (5 + int(weight is not None)) * want_input
@@ -178,16 +193,10 @@ def _batch_norm_backward(event: OpEvent) -> OpCost:
     return OpCost(
         NORM,
         flops=float(x.numel * per),
-        reads=_present(
-            args["grad_output"] if "grad_output" in args else args["grad_out"], x, weight
-        )
-        + stats,
+        reads=_present(_bn_grad_output(args), x, weight) + stats,
         writes=distinct(event.outputs),
         info={"training": bool(training)},
     )
-
-
-_GRAD_OUT = ("grad_out", "grad_output")
 
 
 def second_reads(event: OpEvent) -> list[TensorMeta]:
@@ -196,12 +205,11 @@ def second_reads(event: OpEvent) -> list[TensorMeta]:
     name = event.name
     if name in _BN_FORWARD:
         args = bind(event)
-        return _present(args["input"]) if args.get("training", _BN_TRAINING_DEFAULT.get(name, True)) else []
+        return _present(args["input"]) if _bn_forward_trains(name, args) else []
     if name in _BN_BACKWARD:
         args = bind(event)
-        training = args.get("train", args.get("update", True))
-        grad = next(args[key] for key in _GRAD_OUT if key in args)
-        return _present(grad, args["input"]) if training and _mask(args, 3)[0] else []
+        wants_input = _bn_backward_trains(args) and _mask(args, 3)[0]
+        return _present(_bn_grad_output(args), args["input"]) if wants_input else []
     if name == "aten.native_layer_norm_backward":
         args = bind(event)
         want_input, want_weight, want_bias = _mask(args, 3)
