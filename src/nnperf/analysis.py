@@ -22,7 +22,7 @@ from nnperf.passes import rollup
 from nnperf.passes.count import OpCount, count_ops
 from nnperf.passes.estimates import Estimates
 from nnperf.passes.gemms import Gemm, step_gemms
-from nnperf.request import InputSpec, ModelRequest
+from nnperf.request import InputSpec, ModelRequest, model_label
 from nnperf.trace.capture import trace_workload
 from nnperf.trace.events import Trace, dtype_name
 from nnperf.trace.options import TraceOptions
@@ -45,6 +45,8 @@ class Analysis:
     ops: list[OpCount]
     gemms: list[Gemm]
     extra: dict[str, Any] = field(default_factory=dict)  # sections added by later passes
+    #: The built-in model's config changes (``-O n_layer=2``) the workload was built with.
+    model_options: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_trace(cls, model: str, options: TraceOptions, trace: Trace, workload: Workload) -> Analysis:
@@ -52,6 +54,11 @@ class Analysis:
         the memory command traced itself (checkpointing, gradient accumulation)."""
         ops = count_ops(trace)
         return cls(model=model, options=options, trace=trace, workload=workload, ops=ops, gemms=step_gemms(ops))
+
+    @property
+    def label(self) -> str:
+        """The model as table headers name it, ``-O`` changes included (``llama-7b (n_layer=2)``)."""
+        return model_label(self.model, self.model_options)
 
     # -- tables -------------------------------------------------------------------------------
     def modules(self, depth: int | None = None) -> list[rollup.ModuleRow]:
@@ -213,4 +220,6 @@ def analyze_request(request: ModelRequest, options: TraceOptions) -> Analysis:
     """Build the requested workload inside the tracing context, trace one step and count it."""
     name, build = resolve(request)
     trace, workload = trace_workload(build, options)
-    return Analysis.from_trace(name, options, trace, workload)
+    analysis = Analysis.from_trace(name, options, trace, workload)
+    analysis.model_options = dict(request.overrides)
+    return analysis

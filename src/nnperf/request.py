@@ -154,3 +154,16 @@ class ModelRequest:
             LIMITS["batch"].check(self.batch, "batch")
         if self.seq_len is not None:
             LIMITS["seq"].check(self.seq_len, "sequence length")
+
+
+def model_label(name: str, overrides: Mapping[str, Any] | None = None) -> str:
+    """The model as a table header names it: with the config changes of ``-O`` (``llama-7b
+    (n_layer=2)``), so a saved table is not read as the full model's."""
+    if not overrides:
+        return name
+    return f"{name} ({', '.join(f'{k}={_option_text(v)}' for k, v in overrides.items())})"
+
+
+def _option_text(value: Any) -> str:
+    """A ``-O`` value as the user writes it: ``true``, not ``True``."""
+    return str(value).lower() if isinstance(value, bool) else str(value)

@@ -95,7 +95,7 @@ def _cost(r: dict[str, Any]) -> str:
 
 
 def _table(analysis: Any, rows: list[dict[str, Any]]) -> Table:
-    t = Table(title=f"{analysis.model} ({analysis.trace.mode}, batch {analysis.workload.samples}) across GPUs",
+    t = Table(title=f"{analysis.label} ({analysis.trace.mode}, batch {analysis.workload.samples}) across GPUs",
               title_justify="left",
               caption="Memory: the memory model's device total (segments, CUDA context, workspaces) "
                       "of GPU memory. Time and throughput assume the step runs.",

@@ -15,6 +15,7 @@ from nnperf.cli.workload_options import pop_workload, workload_options
 from nnperf.errors import ResourceError, UsageError
 from nnperf.hardware import GPU
 from nnperf.passes.memory.capacity import capacity
+from nnperf.request import model_label
 
 
 @cli.command()
@@ -56,7 +57,8 @@ def fit(gpu: GPU, **kwargs: Any) -> None:
         from nnperf.report.console import make_console
         from nnperf.report.memory_tables import fit_table
 
-        make_console().print(fit_table(name, gpu.label, capacity(gpu), results))
+        make_console().print(fit_table(model_label(name, request.overrides), gpu.label, capacity(gpu),
+                                       results))
         click.echo("Fits = predicted device total (allocator segments + CUDA context + cuDNN "
                    "workspace estimate) <= GPU memory. Details: nnperf memory MODEL --batch N")
     if results[0].largest is None:

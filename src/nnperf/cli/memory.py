@@ -14,6 +14,7 @@ from nnperf.cli.workload_options import pop_workload, workload_options
 from nnperf.errors import ResourceError
 from nnperf.hardware import GPU
 from nnperf.passes.memory.capacity import MemoryFit
+from nnperf.request import model_label
 from nnperf.search.memory_variants import MemoryOptions
 from nnperf.trace.options import TraceOptions
 
@@ -93,10 +94,11 @@ def memory(gpu: GPU, **kwargs: Any) -> None:
     else:
         from nnperf.report.memory_tables import print_memory
 
-        click.echo(f"{name}: {options.describe()}, batch {workload.samples}"
+        label = model_label(name, request.overrides)
+        click.echo(f"{label}: {options.describe()}, batch {workload.samples}"
                    + (f" per micro-batch x{options.grad_accum}" if options.grad_accum > 1 else ""))
         print_memory(report, capacity=fit.capacity, gpu_name=gpu.label,
-                     timeline_rows=kwargs["rows"])
+                     timeline_rows=kwargs["rows"], model=label)
         if kwargs["validate_file"]:
             _print_validation(report, kwargs["validate_file"])
     # Like ``fit``: the answer is printed in full, and the exit code says it does not fit (5).

@@ -29,7 +29,7 @@ def advice_table(advice: Any, rows: list[AdviceRow]) -> Table:
     base = advice.base
     fit = "" if base.fits is not False else (
         " — DOES NOT FIT as given: the changes that make it fit say so in 'peak memory'")
-    t = Table(title=f"Code changes for {advice.model} on {advice.gpu}: step {seconds(base.step_s)}, "
+    t = Table(title=f"Code changes for {advice.model_label or advice.model} on {advice.gpu}: step {seconds(base.step_s)}, "
                     f"{rate(base.throughput, base.throughput_unit)}, {base.bound}-bound, "
                     f"peak {binary(base.peak_bytes or 0)}{fit}", title_justify="left",
               caption="Gain: time saved per step of the given batch (per-sample times). Ranked items first; "
@@ -106,3 +106,4 @@ class _Only:
         self.items, self.nothing, self.unpredicted = ([item], [], []) if item.after else ([], [], [item])
         self.gpus: list[Any] = []
         self.base, self.model, self.gpu = advice.base, advice.model, advice.gpu
+        self.model_label = getattr(advice, "model_label", "")

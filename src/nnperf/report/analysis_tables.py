@@ -14,7 +14,7 @@ from nnperf.units import binary, count, si
 def module_table(a: Analysis, depth: int | None) -> Table:
     """Per module: FLOPs per phase and in total (the total column is where the optimizer's
     FLOPs, which are neither forward nor backward, show on the (optimizer) row)."""
-    t = Table(title=f"{a.model} — per module ({a.options.describe()}); FLOP = 2 x MAC", title_justify="left")
+    t = Table(title=f"{a.label} — per module ({a.options.describe()}); FLOP = 2 x MAC", title_justify="left")
     for col in ("Module", "Type"):
         t.add_column(col, no_wrap=True)
     for col in ("Params", "Param mem", "Output mem", "FLOP fwd", "FLOP bwd", "FLOP total", "Bytes moved",
@@ -75,7 +75,7 @@ def phase_table(a: Analysis) -> Table:
 
 
 def op_table(a: Analysis) -> Table:
-    t = Table(title=f"{a.model} — per op", title_justify="left")
+    t = Table(title=f"{a.label} — per op", title_justify="left")
     t.add_column("Op", no_wrap=True)
     for col in ("Count", "FLOP", "MAC", "Bytes moved", "FLOP/B"):
         t.add_column(col, justify="right")
@@ -85,7 +85,7 @@ def op_table(a: Analysis) -> Table:
 
 
 def gemm_table(a: Analysis) -> Table:
-    t = Table(title=f"{a.model} — GEMMs ({len(a.gemms)})", title_justify="left")
+    t = Table(title=f"{a.label} — GEMMs ({len(a.gemms)})", title_justify="left")
     for col in ("Module", "Phase", "Role", "Op"):
         t.add_column(col, no_wrap=True)
     for col in ("M", "N", "K", "Batch", "dtype", "FLOP"):

@@ -12,8 +12,10 @@ from nnperf.report.console import make_console
 from nnperf.units import binary
 
 
-def summary_table(r: MemoryReport, capacity: float | None = None, gpu_name: str = "") -> Table:
-    t = Table(title=f"{r.model} — peak device memory ({r.source}); sizes in binary units",
+def summary_table(r: MemoryReport, capacity: float | None = None, gpu_name: str = "",
+                  model: str | None = None) -> Table:
+    """``model``: the name the title shows (``request.model_label``: with ``-O`` changes)."""
+    t = Table(title=f"{model or r.model} — peak device memory ({r.source}); sizes in binary units",
               title_justify="left", show_header=False)
     t.add_column("what", style="bold")
     t.add_column("bytes", justify="right")
@@ -101,9 +103,9 @@ def comparison_table(rows: list[Comparison], title: str) -> Table:
 
 
 def print_memory(r: MemoryReport, *, capacity: float | None = None, gpu_name: str = "",
-                 timeline_rows: int = 24, console: Console | None = None) -> None:
+                 timeline_rows: int = 24, console: Console | None = None, model: str | None = None) -> None:
     console = console or make_console()
-    console.print(summary_table(r, capacity, gpu_name))
+    console.print(summary_table(r, capacity, gpu_name, model))
     console.print(breakdown_table(r))
     if r.saved_activations:
         console.print(saved_table(r))

@@ -245,7 +245,7 @@ def roofline_figure(predictions: Prediction | Sequence[Prediction], *, by: str =
 
 def _title(prediction: Prediction, r: Roofs, by: str, depth: int) -> str:
     what = f"per layer (depth {depth})" if by == "layer" else "per op"
-    return f"{prediction.analysis.model} on {r.gpu}, {what}"
+    return f"{prediction.analysis.label} on {r.gpu}, {what}"
 
 
 def _draw_roofline(ax, points: list[RooflinePoint], r: Roofs, limits: tuple[float, float, float, float],

@@ -114,7 +114,7 @@ def build_report(
 
         sections.insert(1, ("advice", "Advice: what to change", advice_section(advice)))
         data["advice"] = advice.to_json()
-    title = title or f"{prediction.analysis.model} on {prediction.gpu.name}"
+    title = title or f"{prediction.analysis.label} on {prediction.gpu.name}"
     return _page(title, sections, data, _config_line(prediction))
 
 
@@ -140,5 +140,5 @@ def build_compare_report(
         ("uncovered", "Ops without a cost formula", uncovered_section(runs[0])),
     ]
     data = {"schema": "nnperf.report/1", "model": predictions[0].analysis.model, "runs": [r.to_json() for r in runs]}
-    title = title or f"{predictions[0].analysis.model} on {', '.join(r.gpu_name for r in runs)}"
+    title = title or f"{predictions[0].analysis.label} on {', '.join(r.gpu_name for r in runs)}"
     return _page(title, sections, data, _config_line(predictions[0]))

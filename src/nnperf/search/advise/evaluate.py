@@ -76,7 +76,9 @@ def trace_change(setup: Setup, change: Change) -> Analysis:
         options = options.with_(checkpoint="selective" if change.recompute == "selective" else True)
     request = replace(setup.request, batch=change.batch) if change.batch else setup.request
     name, trace, workload = trace_memory(request, options)
-    return Analysis.from_trace(name, options.trace, trace, workload)
+    analysis = Analysis.from_trace(name, options.trace, trace, workload)
+    analysis.model_options = dict(request.overrides)
+    return analysis
 
 
 def evaluate(setup: Setup, change: Change, analysis: Analysis | None = None,

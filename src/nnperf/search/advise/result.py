@@ -98,6 +98,7 @@ class Advice:
     combination: AdviceItem | None = None  # --apply
     valid_names: list[str] = field(default_factory=list)
     prediction: Any = field(default=None, repr=False)  # the given workload's Prediction (reports)
+    model_label: str = ""  # the model as headers name it, -O changes included (``Analysis.label``)
 
     def to_json(self) -> dict[str, Any]:
         return {
