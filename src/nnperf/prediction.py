@@ -150,7 +150,8 @@ class Prediction:
         doc = self.analysis.to_json(depth=depth)
         doc["schema"] = SCHEMA_VERSION
         doc["gpu"] = self.gpu.to_dict()
-        doc["timing_options"] = {"tf32_matmul": self.timing.tf32_matmul, "tf32_conv": self.timing.tf32_conv}
+        doc["timing_options"] = {"tf32_matmul": self.timing.tf32_matmul, "tf32_conv": self.timing.tf32_conv,
+                                 **self.profile.host_json()}
         mods = self.by_module(depth)
         for row in doc["modules"]:
             row.update(mods.get(row["name"], Estimates()).time_json())

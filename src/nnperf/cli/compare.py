@@ -11,9 +11,10 @@ from rich.table import Table
 
 from nnperf.analysis import analyze_request
 from nnperf.cli.app import cli
-from nnperf.cli.gpu_options import GpuRequest, gpu_options
+from nnperf.cli.gpu_options import GpuRequest, GpuTarget, gpu_options
 from nnperf.cli.workload_options import pop_workload, workload_options
 from nnperf.errors import UsageError, read_user_text, shown
+from nnperf.hardware import DeviceProfile
 from nnperf.hardware.schema import GPU_RANGES
 from nnperf.passes.memory.capacity import verdict
 from nnperf.report.console import make_console
@@ -83,9 +84,15 @@ def compare(gpu_request: GpuRequest, prices_file, tf32, as_json, **kwargs) -> No
         raise refused[0]
     if as_json:
         click.echo(json.dumps({"schema": "nnperf.compare/1", "model": analysis.model,
-                               "config": analysis.config, "gpus": rows}, indent=2))
+                               "config": analysis.config, **_host(targets).host_json(), "gpus": rows},
+                              indent=2))
         return
-    make_console().print(_table(analysis, rows))
+    make_console().print(_table(analysis, rows, _host(targets).host_label))
+
+
+def _host(targets: list[GpuTarget]) -> DeviceProfile:
+    """The profile whose host costs every target uses (``--host`` reaches them all)."""
+    return targets[0].profile or DeviceProfile()
 
 
 def _cost(r: dict[str, Any]) -> str:
@@ -94,8 +101,9 @@ def _cost(r: dict[str, Any]) -> str:
     return f"{r['usd_per_million_samples']:.3g}" if r["usd_per_million_samples"] else "-"
 
 
-def _table(analysis: Any, rows: list[dict[str, Any]]) -> Table:
-    t = Table(title=f"{analysis.label} ({analysis.trace.mode}, batch {analysis.workload.samples}) across GPUs",
+def _table(analysis: Any, rows: list[dict[str, Any]], host: str = "") -> Table:
+    t = Table(title=f"{analysis.label} ({analysis.trace.mode}, batch {analysis.workload.samples}) across GPUs"
+                    + (f", {host}" if host else ""),
               title_justify="left",
               caption="Memory: the memory model's device total (segments, CUDA context, workspaces) "
                       "of GPU memory. Time and throughput assume the step runs.",

@@ -144,6 +144,17 @@ class DeviceProfile:
             return 0.0
         return nbytes / self.achievable_bandwidth(peak_bytes_per_s, nbytes)
 
+    @property
+    def host_label(self) -> str:
+        """The host CPU as a table header names it: '' for the shipped defaults' generic server
+        core (``host_turbo_ghz``), else the ``--host`` id or the CPU a calibration measured."""
+        return f"host {self.host}" if self.host else ""
+
+    def host_json(self) -> dict[str, Any]:
+        """The host the host costs describe, for a JSON document: ``host`` null for the shipped
+        defaults' generic server core, and its single-core clock either way."""
+        return {"host": self.host or None, "host_turbo_ghz": self.host_turbo_ghz}
+
     def host_cost(self, phase: str, kind: str | None = None) -> float:
         """Host seconds to dispatch one kernel-launching op of category ``kind`` in ``phase``:
         the kind's forward cost (if the profile has one) scaled like the phase's default."""

@@ -25,11 +25,17 @@ def _gain(r: AdviceRow) -> str:
     return f"{sign}{seconds(abs(r.gain_s))} ({r.gain_share:+.1%})"  # "-1.27 s", never "-1.27e+03 ms"
 
 
+def _host(advice: Any) -> str:
+    """', host epyc-7742' where the host CPU is not the default one, else ''."""
+    host = (getattr(advice, "host", None) or {}).get("host")
+    return f", host {host}" if host else ""
+
+
 def advice_table(advice: Any, rows: list[AdviceRow]) -> Table:
     base = advice.base
     fit = "" if base.fits is not False else (
         " — DOES NOT FIT as given: the changes that make it fit say so in 'peak memory'")
-    t = Table(title=f"Code changes for {advice.model_label or advice.model} on {advice.gpu}: step {seconds(base.step_s)}, "
+    t = Table(title=f"Code changes for {advice.model_label or advice.model} on {advice.gpu}{_host(advice)}: step {seconds(base.step_s)}, "
                     f"{rate(base.throughput, base.throughput_unit)}, {base.bound}-bound, "
                     f"peak {binary(base.peak_bytes or 0)}{fit}", title_justify="left",
               caption="Gain: time saved per step of the given batch (per-sample times). Ranked items first; "
@@ -107,3 +113,4 @@ class _Only:
         self.gpus: list[Any] = []
         self.base, self.model, self.gpu = advice.base, advice.model, advice.gpu
         self.model_label = getattr(advice, "model_label", "")
+        self.host = getattr(advice, "host", {})

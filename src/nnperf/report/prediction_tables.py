@@ -71,9 +71,15 @@ def _cells(tally: Estimates, step: float) -> list[str]:
     ]
 
 
+def _target(p: Prediction) -> str:
+    """The GPU as a header names it, and the host CPU where it is not the default one."""
+    host = p.profile.host_label
+    return f"{p.gpu.label}, {host}" if host else p.gpu.label
+
+
 def module_time_table(p: Prediction, depth: int | None) -> Table:
     step = p.step.step_s
-    t = _table(f"{p.analysis.label} on {p.gpu.label} ({p.analysis.options.describe()}) — predicted time per module", "Module",
+    t = _table(f"{p.analysis.label} on {_target(p)} ({p.analysis.options.describe()}) — predicted time per module", "Module",
                MODULE_CAPTION)
     t.add_column("BW need in/out/w", justify="right", no_wrap=True)
     root = p.analysis.root_type
@@ -84,7 +90,7 @@ def module_time_table(p: Prediction, depth: int | None) -> Table:
 
 def op_time_table(p: Prediction, limit: int = 25) -> Table:
     step = p.step.step_s
-    t = _table(f"{p.analysis.label} on {p.gpu.label} — predicted time per op (top {limit})", "Op",
+    t = _table(f"{p.analysis.label} on {_target(p)} — predicted time per op (top {limit})", "Op",
                OP_CAPTION)
     for name, tally in op_times(p, limit):
         t.add_row(name, *_cells(tally, step))

@@ -95,7 +95,8 @@ def advise_request(request: ModelRequest, options: MemoryOptions, gpu: GPU,
     advice = Advice(model=base.analysis.model, gpu=gpu.id, config=base.analysis.config, base=base.outcome,
                     items=[], nothing=[], unpredicted=[], checked=base.checked,
                     valid_names=sorted(c.name for c in candidates if c.predicted),
-                    prediction=base.prediction, model_label=base.analysis.label)
+                    prediction=base.prediction, model_label=base.analysis.label,
+                    host=setup.profile.host_json())
     if apply:
         advice.combination = _combination(setup, base, cache, candidates, apply)
         return advice

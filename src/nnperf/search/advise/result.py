@@ -99,10 +99,11 @@ class Advice:
     valid_names: list[str] = field(default_factory=list)
     prediction: Any = field(default=None, repr=False)  # the given workload's Prediction (reports)
     model_label: str = ""  # the model as headers name it, -O changes included (``Analysis.label``)
+    host: dict[str, Any] = field(default_factory=dict)  # ``DeviceProfile.host_json``: the host CPU timed
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "schema": SCHEMA_VERSION, "model": self.model, "gpu": self.gpu, "config": self.config,
+            "schema": SCHEMA_VERSION, "model": self.model, "gpu": self.gpu, "config": self.config, **self.host,
             "before": self.base.to_json(),
             "items": [i.to_json() for i in self.items],
             "gains_nothing": [i.to_json() for i in self.nothing],
