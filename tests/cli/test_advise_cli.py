@@ -75,3 +75,24 @@ def test_a_combination_lists_every_items_change(monkeypatch):
     assert r.exit_code == 0, r.output
     changes = r.output.partition("  changes:")[2]
     assert "--amp bf16" in changes and "--optimizer-impl fused" in changes
+
+
+def test_gpus_left_out_of_the_other_gpu_table_are_named_with_why(monkeypatch):
+    """AMD GPUs and, under --amp bf16, GPUs without bf16 are not compared; each is listed with
+    the reason in JSON and text, so a GPU missing from the table is not read as slower
+    (found by a new-user trial)."""
+    from nnperf.hardware import list_gpus
+
+    monkeypatch.setenv("NNPERF_FIT_WORKERS", "1")
+    monkeypatch.setenv("COLUMNS", "250")
+    mlp = ["advise", "mlp", "-O", "widths=8,16,4", "--batch", "4", "--gpu", "h100", "--amp", "bf16"]
+    doc = json.loads(CliRunner().invoke(cli, [*mlp, "--json"]).output)
+    left = {g["gpu"]: g["why"] for g in doc["gpus_not_compared"]}
+    compared = {g["change"].removeprefix("--gpu ") for g in doc["gpus"]}
+    # every catalog GPU is the given one, a table row or named as left out, exactly once
+    assert sorted([*left, *compared, "h100-sxm"]) == sorted(g.id for g in list_gpus())
+    assert {g for g, why in left.items() if why.startswith("AMD")} == {"mi250x", "mi300x"}
+    assert {"v100-sxm2", "t4"} <= {g for g, why in left.items() if "no bf16" in why}  # Volta, Turing
+    text = CliRunner().invoke(cli, mlp).output
+    assert "GPUs not compared: mi250x, mi300x: AMD GPUs" in text
+    assert "nnperf compare --gpus" in text

@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from nnperf.report.sections import AdviceRow, advice_gpu_rows, advice_rows
+from nnperf.report.sections import AdviceRow, advice_gpu_rows, advice_rows, gpus_not_compared
 from nnperf.units import binary, rate, seconds
 
 
@@ -92,6 +92,8 @@ def print_advice(advice: Any, console: Console) -> None:
     gpus = advice_gpu_rows(advice)
     if gpus:
         console.print(gpu_table(advice, gpus))
+    for line in gpus_not_compared(advice):
+        console.print(f"  GPUs not compared: {line}", highlight=False)
 
 
 def print_combination(advice: Any, console: Console) -> None:

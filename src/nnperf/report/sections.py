@@ -227,6 +227,15 @@ def advice_gpu_rows(advice: Any) -> list[AdviceRow]:
     return [_advice_row(item, i) for i, item in enumerate(getattr(advice, "gpus", []), 1)]
 
 
+def gpus_not_compared(advice: Any) -> list[str]:
+    """The catalog GPUs the other-GPU table leaves out, one line per reason: 'mi250x, mi300x:
+    AMD GPU: ...', so a GPU missing from the table is not read as one that lost."""
+    by_reason: dict[str, list[str]] = {}
+    for gpu, why in getattr(advice, "gpus_not_compared", []):
+        by_reason.setdefault(why, []).append(gpu)
+    return [f"{', '.join(ids)}: {why}" for why, ids in by_reason.items()]
+
+
 def _advice_row(item: Any, rank: int | None) -> AdviceRow:
     after = item.after
     note = item.error or ("" if after is not None else "gain not predicted: see assumptions")

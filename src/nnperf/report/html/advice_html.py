@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from nnperf.report.html.svg import esc
-from nnperf.report.sections import AdviceRow, advice_gpu_rows, advice_rows
+from nnperf.report.sections import AdviceRow, advice_gpu_rows, advice_rows, gpus_not_compared
 from nnperf.units import binary, rate, seconds
 
 
@@ -40,8 +40,9 @@ def _gpu_row(r: AdviceRow) -> str:
 def gpu_section(advice: Any) -> str:
     """The same step on other GPUs: its own table, never ranked among code changes."""
     rows = advice_gpu_rows(advice)
+    left_out = "".join(f"<p>GPUs not compared: {esc(line)}</p>" for line in gpus_not_compared(advice))
     if not rows:
-        return ""
+        return left_out
     head = "".join(f"<th>{h}</th>" for h in ("#", "GPU", "step time", "vs given", "throughput", "peak memory",
                                             "bound", "USD per million samples"))
     given = advice.base
@@ -51,7 +52,7 @@ def gpu_section(advice: Any) -> str:
             + (f", {mine:.3g} USD per million samples" if mine else "")
             + ") timed on each catalog GPU, fastest first.</p>"
             f'<table class="advice"><thead><tr>{head}</tr></thead><tbody>'
-            + "".join(_gpu_row(r) for r in rows) + "</tbody></table>")
+            + "".join(_gpu_row(r) for r in rows) + "</tbody></table>" + left_out)
 
 
 def advice_section(advice: Any) -> str:

@@ -96,7 +96,7 @@ def advise_request(request: ModelRequest, options: MemoryOptions, gpu: GPU,
                     items=[], nothing=[], unpredicted=[], checked=base.checked,
                     valid_names=sorted(c.name for c in candidates if c.predicted),
                     prediction=base.prediction, model_label=base.analysis.label,
-                    host=setup.profile.host_json())
+                    host=setup.profile.host_json(), gpus_not_compared=gpus.not_compared(base))
     if apply:
         advice.combination = _combination(setup, base, cache, candidates, apply)
         return advice

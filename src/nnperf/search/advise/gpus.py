@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from nnperf.hardware import list_gpus
+from nnperf.hardware import GPU, list_gpus
 from nnperf.search.advise.change import Candidate, Change
 
 if TYPE_CHECKING:
@@ -18,8 +18,7 @@ if TYPE_CHECKING:
 def candidates(base: Base) -> list[Candidate]:
     out = []
     for gpu in list_gpus():
-        if gpu.id == base.gpu.id or gpu.vendor != "NVIDIA" or ("bf16" not in gpu.supported_dtypes() \
-                and base.options.trace.amp == "bf16"):
+        if gpu.id == base.gpu.id or _left_out(base, gpu):
             continue
         out.append(Candidate(
             name=f"gpu-{gpu.id}", family="gpu", title=f"run on {gpu.name}",
@@ -30,3 +29,22 @@ def candidates(base: Base) -> list[Candidate]:
             extra={"usd_per_hour": gpu.price_usd_per_hour, "price_date": gpu.price_date},
         ))
     return out
+
+
+def not_compared(base: Base) -> list[tuple[str, str]]:
+    """The catalog GPUs left out of the table, each with why (``advise`` prints them, so a
+    missing GPU is not read as one that lost)."""
+    return [(gpu.id, why) for gpu in list_gpus() if gpu.id != base.gpu.id
+            for why in [_left_out(base, gpu)] if why]
+
+
+def _left_out(base: Base, gpu: GPU) -> str:
+    """Why ``gpu`` is not compared ('' if it is)."""
+    if gpu.vendor != "NVIDIA":
+        # the step as given is a CUDA one (cuBLAS, cuDNN, CUDA graphs): another vendor's
+        # library stack is another program; ``nnperf compare`` times it as the same step
+        return (f"{gpu.vendor} GPUs, whose software is not the CUDA stack this table keeps; "
+                "'nnperf compare --gpus NAME' times the step on them")
+    if "bf16" not in gpu.supported_dtypes() and base.options.trace.amp == "bf16":
+        return "no bf16, which --amp bf16 needs"
+    return ""

@@ -100,6 +100,7 @@ class Advice:
     prediction: Any = field(default=None, repr=False)  # the given workload's Prediction (reports)
     model_label: str = ""  # the model as headers name it, -O changes included (``Analysis.label``)
     host: dict[str, Any] = field(default_factory=dict)  # ``DeviceProfile.host_json``: the host CPU timed
+    gpus_not_compared: list[tuple[str, str]] = field(default_factory=list)  # (catalog id, why)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -109,6 +110,7 @@ class Advice:
             "gains_nothing": [i.to_json() for i in self.nothing],
             "not_predicted": [i.to_json() for i in self.unpredicted],
             "gpus": [i.to_json() for i in self.gpus],
+            "gpus_not_compared": [{"gpu": g, "why": w} for g, w in self.gpus_not_compared],
             "already_done": [{"name": n, "why": w} for n, w in self.checked],
             "batch_curve": [{"batch": b, **o.to_json()} for b, o in sorted(self.curve.items())],
             "largest_batch": self.largest_batch, "knee": self.knee, "accumulation": self.accumulation,
