@@ -1,5 +1,6 @@
-"""Every output option behaves the same: missing parent directories are created; a path
-that cannot be written is one line and exit 2, found before the command does its work."""
+"""Every output option behaves the same: a path that cannot be written, or whose folder does
+not exist (a typo would otherwise make a new tree silently), is one line and exit 2, found
+before the command does its work."""
 
 from __future__ import annotations
 
@@ -29,15 +30,26 @@ def _one_line(out: str) -> str:
     return lines[0]
 
 
-def test_report_creates_missing_directories(tmp_path):
-    html, png, svg = (tmp_path / "a" / "b" / "r.html", tmp_path / "p" / "r.png",
-                      tmp_path / "s" / "t" / "r.svg")
+def test_report_writes_into_existing_folders(tmp_path):
+    (tmp_path / "a").mkdir()
+    html, png, svg = tmp_path / "a" / "r.html", tmp_path / "r.png", tmp_path / "a" / "r.svg"
     result, out = invoke("report", *MODEL, "--gpu", "h100", "-o", str(html), "--png", str(png),
                          "--svg", str(svg))
     assert result.exit_code == 0, out
     assert html.read_text().startswith("<!DOCTYPE html>")
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert svg.read_text().lstrip().startswith("<?xml")
+
+
+@pytest.mark.parametrize("option", ["-o", "--png", "--svg"])
+def test_report_refuses_a_missing_folder_and_creates_nothing(tmp_path, option):
+    target = tmp_path / "typo" / "dir" / "r.out"
+    result, out = invoke("report", *MODEL, "--gpu", "h100", option, str(target))
+    assert result.exit_code == 2, out
+    assert _one_line(out) == (f"nnperf: error: cannot write {'--output' if option == '-o' else option} "
+                              f"'{target}': the folder '{tmp_path / 'typo' / 'dir'}' does not exist; "
+                              "create it first (nnperf does not make folders)")
+    assert not (tmp_path / "typo").exists()
 
 
 @pytest.mark.parametrize("option", ["-o", "--png", "--svg"])
@@ -57,12 +69,28 @@ def test_report_to_a_directory_is_a_usage_error(tmp_path):
     assert "Traceback" not in out and "directory" in out
 
 
-def test_measure_trace_out_creates_missing_directories(tmp_path):
-    path = tmp_path / "new" / "dir" / "t.json"
+def test_measure_trace_out_writes_into_an_existing_folder(tmp_path):
+    path = tmp_path / "t.json"
     result, out = invoke("measure", *MODEL, "--device", "cpu", "--steps", "1", "--warmup", "0",
                          "--json", "--trace-out", str(path))
     assert result.exit_code == 0, out
     assert "traceEvents" in json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("command", ["predict", "measure", "advise", "calibrate"])
+def test_every_output_option_refuses_a_missing_folder(tmp_path, command):
+    path = str(tmp_path / "new" / "t.json")
+    option, args = {
+        "predict": ("--trace-out", [*MODEL, "--trace-out", path]),
+        "measure": ("--trace-out", [*MODEL, "--device", "cpu", "--trace-out", path]),
+        "advise": ("--html", [*MODEL, "--html", path]),
+        "calibrate": ("--output", ["--device", "cpu", "--quick", "-o", path]),
+    }[command]
+    result, out = invoke(command, *args)
+    assert result.exit_code == 2, out
+    line = _one_line(out)
+    assert line.startswith(f"nnperf: error: cannot write {option} ") and f"'{tmp_path / 'new'}' does not exist" in line
+    assert not (tmp_path / "new").exists()
 
 
 def test_measure_trace_out_below_a_file_fails_before_measuring(tmp_path):
@@ -88,8 +116,8 @@ def test_calibrate_checks_its_outputs_before_measuring(tmp_path, option):
     assert "is a file, not a directory" in _one_line(out)
 
 
-def test_predict_trace_out_creates_missing_directories(tmp_path):
-    path = tmp_path / "new" / "t.json"
+def test_predict_trace_out_writes_the_file(tmp_path):
+    path = tmp_path / "t.json"
     result, out = invoke("predict", *MODEL, "--gpu", "h100", "--trace-out", str(path))
     assert result.exit_code == 0, out
     assert path.is_file()
@@ -102,7 +130,7 @@ def test_a_folder_without_write_permission_is_a_usage_error(tmp_path):
     locked.mkdir()
     locked.chmod(0o555)
     try:
-        result, out = invoke("report", *MODEL, "-o", str(locked / "sub" / "r.html"))
+        result, out = invoke("report", *MODEL, "-o", str(locked / "r.html"))
     finally:
         locked.chmod(0o755)
     assert result.exit_code == 2, out
@@ -114,8 +142,8 @@ def test_a_failed_write_is_a_usage_error_naming_the_option(tmp_path):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
     with pytest.raises(UsageError, match=r"cannot write --output '.*r\.html': no space left"):
-        write_output(tmp_path / "new" / "r.html", "--output", disk_full)
-    assert (tmp_path / "new").is_dir()  # the parents were made before writing
+        write_output(tmp_path / "r.html", "--output", disk_full)
+    assert list(tmp_path.iterdir()) == []  # the temporary file is gone
 
 
 def test_a_fifo_is_written_into_not_replaced(tmp_path):

@@ -9,12 +9,12 @@ the old file or the new one, never a torn or empty one in its place.
 A path that is not a regular file (``/dev/null``, ``/dev/stdout``, a FIFO a reader waits on)
 is not replaced: the complete output is copied into it (``is_special``).
 
-A missing parent directory is created, as ``calibrate`` always did, so ``-o out/r.html``
-works in a fresh checkout. A path that still cannot be written (no permission, a directory
-where the file should go, a file where a directory should be) is a usage error naming the
-option, and it is found before the command spends seconds or minutes tracing, measuring or
-calibrating: ``check_output`` looks without touching anything, ``write_output`` creates the
-parents and writes.
+A missing parent directory is refused, not created: a typo in the folder part of a path
+(``-o /nonexist/dir/r.html``) would otherwise make a new tree silently. That, and a path that
+cannot be written (no permission, a directory where the file should go, a file where a
+directory should be), is a usage error naming the option, found before the command spends
+seconds or minutes tracing, measuring or calibrating: ``check_output`` looks without touching
+anything, ``write_output`` writes.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ T = TypeVar("T")
 
 
 def check_output(value: str | os.PathLike[str], option: str) -> Path:
-    """The path of an output option, checked before the work: it is not a directory, and the
-    nearest folder that exists on its way is a directory this process may write in.
+    """The path of an output option, checked before the work: it is not a directory, and its
+    folder exists and is a directory this process may write in.
 
     Changes nothing on disk (a command that fails later must not leave folders behind).
     """
@@ -45,23 +45,26 @@ def check_output(value: str | os.PathLike[str], option: str) -> Path:
             raise UsageError(f"{option} '{value}' is a directory; give a file path inside it")
         if path.exists() and not os.access(path, os.W_OK):
             raise UsageError(f"cannot write {option} '{value}': the file is read-only")
-        folder = path.absolute().parent
+        parent = folder = path.absolute().parent
         while not folder.exists():
             folder = folder.parent
     except OSError as err:  # e.g. a folder on the way that may not be searched
         raise UsageError(f"cannot write {option} '{value}': {_reason(err)}") from None
     if not folder.is_dir():
         raise UsageError(f"cannot write {option} '{value}': '{folder}' is a file, not a directory")
+    if folder != parent:
+        raise UsageError(f"cannot write {option} '{value}': the folder '{path.parent}' does not "
+                         "exist; create it first (nnperf does not make folders)")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise UsageError(f"cannot write {option} '{value}': no permission to write in '{folder}'")
     return path
 
 
 def write_output(path: str | os.PathLike[str], option: str, write: Callable[[Path], T]) -> T:
-    """Create the missing parent directories of ``path``, then ``write(tmp)`` to a temporary
-    file beside it and rename that onto ``path`` (see the module docstring); an ``OSError``
-    (a race with ``check_output``, a full disk) becomes a usage error naming the option and
-    the path instead of a traceback. ``write`` gets the temporary path, which ends with the
+    """``write(tmp)`` to a temporary file beside ``path`` and rename that onto ``path`` (see
+    the module docstring); an ``OSError`` (a race with ``check_output``, a full disk, a
+    missing folder) becomes a usage error naming the option and the path instead of a
+    traceback. ``write`` gets the temporary path, which ends with the
     same suffix as ``path`` (writers that choose a format by suffix still do)."""
     with os_errors_as_usage(option, path), atomic_path(path) as tmp:
         return write(tmp)
@@ -79,7 +82,7 @@ def os_errors_as_usage(option: str, path: str | os.PathLike[str]) -> Iterator[No
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """A temporary path in ``path``'s folder (parents created) that becomes ``path`` when the
+    """A temporary path in ``path``'s folder (which must exist) that becomes ``path`` when the
     block ends normally; on any exception, KeyboardInterrupt and SystemExit included, it is
     removed and ``path`` is left as it was. A symbolic link is written through, not replaced.
     The new file gets the old file's permissions, or the usual ones (0666 less the umask).
@@ -94,7 +97,6 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         return
     if target.is_symlink():
         target = target.resolve()
-    target.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f".{target.name[:100]}.", suffix=f".partial{target.suffix}",
                                 dir=target.parent)
     os.close(fd)

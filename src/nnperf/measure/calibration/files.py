@@ -88,7 +88,6 @@ def write_outputs(cal: Calibration, gpu: GPU | None, outputs: Outputs) -> None:
             if is_special(final):  # /dev/null, a FIFO: written into, never replaced
                 final.write_text(text)
                 continue
-            final.parent.mkdir(parents=True, exist_ok=True)
             fd, name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent)
             with os.fdopen(fd, "w") as fh:
                 fh.write(text)
