@@ -8,7 +8,13 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from nnperf.report.sections import AdviceRow, advice_gpu_rows, advice_rows, gpus_not_compared
+from nnperf.report.sections import (
+    AdviceRow,
+    advice_gpu_rows,
+    advice_rows,
+    gpus_not_compared,
+    share_text,
+)
 from nnperf.units import binary, rate, seconds
 
 
@@ -22,7 +28,7 @@ def _gain(r: AdviceRow) -> str:
     if r.gain_s is None or r.gain_share is None:
         return r.note or "-"
     sign = "-" if r.gain_s < 0 else "+"
-    return f"{sign}{seconds(abs(r.gain_s))} ({r.gain_share:+.1%})"  # "-1.27 s", never "-1.27e+03 ms"
+    return f"{sign}{seconds(abs(r.gain_s))} ({share_text(r.gain_share)})"  # "-1.27 s", never "-1.27e+03 ms"
 
 
 def _host(advice: Any) -> str:

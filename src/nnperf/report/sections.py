@@ -227,6 +227,20 @@ def advice_gpu_rows(advice: Any) -> list[AdviceRow]:
     return [_advice_row(item, i) for i, item in enumerate(getattr(advice, "gpus", []), 1)]
 
 
+#: A change that makes the step slower than this factor reads as "11.4x slower": as a share of
+#: the step saved it would be "-1042.8%", which nobody reads as eleven times the time.
+SLOWER_AS_FACTOR = 2.0
+
+
+def share_text(share: float) -> str:
+    """A gain as a share of the step, '+12.3%' or '-40.0%'; a slowdown by more than
+    ``SLOWER_AS_FACTOR`` as the factor, '11.4x slower' (the step takes 1 - share times as long)."""
+    factor = 1.0 - share
+    if factor > SLOWER_AS_FACTOR:
+        return f"{factor:.1f}x slower" if factor < 100 else f"{factor:,.0f}x slower"
+    return f"{share:+.1%}"
+
+
 def gpus_not_compared(advice: Any) -> list[str]:
     """The catalog GPUs the other-GPU table leaves out, one line per reason: 'mi250x, mi300x:
     AMD GPU: ...', so a GPU missing from the table is not read as one that lost."""

@@ -6,13 +6,19 @@ from __future__ import annotations
 from typing import Any
 
 from nnperf.report.html.svg import esc
-from nnperf.report.sections import AdviceRow, advice_gpu_rows, advice_rows, gpus_not_compared
+from nnperf.report.sections import (
+    AdviceRow,
+    advice_gpu_rows,
+    advice_rows,
+    gpus_not_compared,
+    share_text,
+)
 from nnperf.units import binary, rate, seconds
 
 
 def _row(r: AdviceRow) -> str:
-    gain = (f"{r.gain_s * 1e3:+.3g} ms ({r.gain_share:+.1%})" if r.gain_s is not None and r.gain_share is not None
-            else esc(r.note or "-"))
+    gain = (f"{r.gain_s * 1e3:+.3g} ms ({esc(share_text(r.gain_share))})"
+            if r.gain_s is not None and r.gain_share is not None else esc(r.note or "-"))
     after = esc(seconds(r.after_s)) if r.after_s is not None else "-"
     tput = esc(rate(r.throughput_after, r.throughput_unit)) if r.throughput_after is not None else "-"
     mem = (f"{esc(binary(r.memory_before))} &rarr; {esc(binary(r.memory_after))}"
@@ -26,8 +32,8 @@ def _row(r: AdviceRow) -> str:
 
 
 def _gpu_row(r: AdviceRow) -> str:
-    gain = (f"{r.gain_s * 1e3:+.3g} ms ({r.gain_share:+.1%})" if r.gain_s is not None and r.gain_share is not None
-            else esc(r.note or "-"))
+    gain = (f"{r.gain_s * 1e3:+.3g} ms ({esc(share_text(r.gain_share))})"
+            if r.gain_s is not None and r.gain_share is not None else esc(r.note or "-"))
     after = esc(seconds(r.after_s)) if r.after_s is not None else "-"
     tput = esc(rate(r.throughput_after, r.throughput_unit)) if r.throughput_after is not None else "-"
     mem = esc(binary(r.memory_after)) + ("" if r.fits is not False else " (no fit)") if r.memory_after else "-"
