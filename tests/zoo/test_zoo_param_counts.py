@@ -25,6 +25,10 @@ PUBLISHED = {
     "gpt2-large": 774_030_080,
     "gpt2-xl": 1_557_611_200,
     "llama-7b": 6_738_415_616,
+    # Mixtral 8x7B's config.json: 32 layers of d 4096, GQA with 8 KV heads, 8 experts of SwiGLU
+    # 14336, vocab 32000, untied head; "Mixtral of Experts" (Jiang et al. 2024) rounds it to 46.7B
+    "mixtral-8x7b": 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 8 * 3 * 4096 * 14336 + 4096 * 8 + 2 * 4096)
+    + 2 * 32000 * 4096 + 4096,
 }
 
 

@@ -1,9 +1,8 @@
 """One rank's step of a multi-GPU layout, traced with PyTorch's own engines.
 
-``Execution`` is the one explicit record of a layout (Calibron-style): world size, how the
+``Execution`` is the one explicit record of a layout (as Calculon records one): world size, how the
 data-parallel degree is split into replicas and shards, the tensor-parallel degree (with or
-without sequence parallelism) and the axes the next sessions fill in (pipeline, context and
-expert parallelism: recorded, validated, and for now required to be 1). ``trace_rank`` builds
+without sequence parallelism), pipeline, context and expert parallelism. ``trace_rank`` builds
 the model on fake tensors, applies the real engines (``parallelize_module`` with the model
 family's plan, ``trace.tensor_parallel``; then ``DistributedDataParallel`` or FSDP2's
 ``fully_shard`` on the data-parallel part of the device mesh) under a fake process group
@@ -30,6 +29,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -76,7 +76,6 @@ class Execution:
     micro_batch: int = 1  # samples per rank per micro-batch
     grad_accum: int = 1  # micro-batches per optimizer step
     checkpoint: str | None = None  # None or one of CHECKPOINTS (per repeated block)
-    # The next sessions' axes: recorded and validated now so a layout is one record.
     tensor: int = 1
     sequence_parallel: bool = False
     pipeline: int = 1
@@ -111,8 +110,7 @@ class Execution:
         if self.data not in DATA_PARALLEL:
             raise UsageError(f"unknown data parallelism '{self.data}'; valid: {', '.join(DATA_PARALLEL)}")
         if self.expert != 1:
-            raise UsageError(f"layouts with expert={self.expert} are not modelled yet; "
-                             "data (ddp, fsdp, hsdp), tensor, pipeline and context parallelism only")
+            self._validate_expert()
         if self.context > 1 and (self.pipeline > 1 or (self.data == "ddp" and self.world > self.model_parallel)):
             raise UsageError("context parallelism is modelled with FSDP/HSDP or alone (torchtitan's "
                              "dp_shard x cp mesh), without pipeline parallelism")
@@ -147,6 +145,21 @@ class Execution:
             raise UsageError("hsdp shards inside a group and replicates across groups: "
                              f"1 < shard < {data_parallel}")
 
+    def _validate_expert(self) -> None:
+        """torchtitan's expert parallelism: the expert group is carved out of the FSDP shard
+        group (``dp_shard_in_ep``), the experts' weights sharded over the rest of it."""
+        if self.expert < 1:
+            raise UsageError(f"expert parallelism must be 1 or more, got {self.expert}")
+        if self.data not in ("fsdp", "hsdp"):
+            raise UsageError("expert parallelism shards experts inside the FSDP shard group: use fsdp or hsdp")
+        if self.tensor > 1 or self.context > 1:
+            raise UsageError("expert parallelism is modelled with data and pipeline parallelism; "
+                             "with tensor or context parallelism it is not")
+        if self.shard % self.expert:
+            divisors = [d for d in range(1, self.shard + 1) if self.shard % d == 0]
+            raise UsageError(f"expert parallelism {self.expert} does not divide the shard group of {self.shard} "
+                             f"ranks; valid: {', '.join(map(str, divisors))}")
+
     def describe(self) -> str:
         parts = {"ddp": [f"DDP x{self.replicate}"] if self.replicate > 1 else [],
                  "fsdp": [f"FSDP2 full shard x{self.shard}"],
@@ -158,6 +171,8 @@ class Execution:
             parts.append(f"PP x{self.pipeline} {self.pipeline_schedule}{chunks}")
         if self.context > 1:
             parts.append(f"CP x{self.context}")
+        if self.expert > 1:
+            parts.append(f"EP x{self.expert}")
         if not parts:
             parts.append("1 GPU")
         if self.data != "ddp" and not self.reshard_after_forward:
@@ -176,8 +191,10 @@ class Execution:
     def mesh_shape(self) -> list[tuple[str, int]]:
         """The device mesh, outermost first (torchtitan's order: data, then tensor innermost so
         a tensor-parallel group is consecutive ranks, inside a node)."""
-        dims = {"ddp": [("replicate", self.replicate)], "fsdp": [("shard", self.shard)],
-                "hsdp": [("replicate", self.replicate), ("shard", self.shard)]}[self.data]
+        shard = [("shard", self.shard)] if self.expert == 1 else \
+            [("shard_mod_expert", self.shard // self.expert), ("expert", self.expert)]
+        dims = {"ddp": [("replicate", self.replicate)], "fsdp": shard,
+                "hsdp": [("replicate", self.replicate), *shard]}[self.data]
         return [("pipeline", self.pipeline), *dims, ("tensor", self.tensor)]
 
 
@@ -305,7 +322,7 @@ def trace_rank(
         shape = tuple(execution.mesh_shape())
         if shape not in session["meshes"]:
             session["meshes"][shape] = _meshes(execution)
-        tp_mesh, dp_mesh, pp_mesh = session["meshes"][shape]
+        tp_mesh, dp_mesh, pp_mesh, ep_mesh, experts_dp_mesh = session["meshes"][shape]
 
         def build_distributed() -> Workload:
             # --dtype casts the model before the engines wrap it, as Megatron-LM's Float16Module
@@ -319,6 +336,8 @@ def trace_rank(
                 if apply_tensor_parallel(workload.model, tp_mesh, execution.sequence_parallel,
                                          loss_parallel=split_logits):
                     step_contexts.enter_context(_loss_parallel())
+            if execution.expert > 1:
+                _apply_expert_parallel(workload.model, execution.expert, ep_mesh)
             if prepare is not None:
                 prepare(workload)
             parts = [workload.model]
@@ -331,6 +350,8 @@ def trace_rank(
                 workload.model = _ddp(workload, execution)
             else:
                 for part in parts:
+                    if execution.expert > 1:
+                        _shard_experts(part, experts_dp_mesh, execution, options.amp)
                     _fully_shard(part, dp_mesh, units(part), execution.reshard_after_forward, options.amp)
             return workload
 
@@ -375,27 +396,78 @@ def _loss_parallel() -> Any:
     return loss_parallel()
 
 
-def _meshes(execution: Execution) -> tuple[Any, Any, Any]:
-    """The tensor-, data- and pipeline-parallel (sub)meshes, sliced from one device mesh. A mesh
-    reads its rank table with real tensors: made and sliced before the fake mode starts."""
+def _meshes(execution: Execution) -> tuple[Any, Any, Any, Any, Any]:
+    """The tensor-, data- and pipeline-parallel (sub)meshes, sliced from one device mesh, and
+    with expert parallelism the expert group and the data-parallel mesh of the experts' weights
+    (torchtitan's ``ep`` and ``dp_shard_mod_ep``). A mesh reads its rank table with real
+    tensors: made and sliced before the fake mode starts."""
     from torch.distributed.device_mesh import init_device_mesh
 
     names, sizes = zip(*execution.mesh_shape(), strict=True)
     mesh = init_device_mesh("cpu", sizes, mesh_dim_names=names)
-    data = ("replicate", "shard") if execution.data == "hsdp" else names[1:2]
-    return mesh["tensor"], mesh[data], mesh["pipeline"]
+    expert_mesh = experts_data = None
+    if execution.expert > 1:
+        mesh["shard_mod_expert", "expert"]._flatten("shard")
+        expert_mesh = mesh["expert"]
+        experts_data = mesh[("replicate", "shard_mod_expert") if execution.data == "hsdp" else "shard_mod_expert"]
+    data = ("replicate", "shard") if execution.data == "hsdp" else ("shard" if execution.expert > 1 else names[1:2])
+    with warnings.catch_warnings():
+        # torchtitan slices its flattened data mesh ("dp_shard" over dp_shard_mod_ep x ep) the same way
+        warnings.filterwarnings("ignore", "Slicing a flattened dim", UserWarning)
+        return mesh["tensor"], mesh[data], mesh["pipeline"], expert_mesh, experts_data
+
+
+def _apply_expert_parallel(model: nn.Module, expert: int, mesh: Any) -> None:
+    from nnperf.trace.expert_parallel import apply_expert_parallel, has_experts
+
+    experts = has_experts(model)
+    if not experts:
+        raise UsageError(f"expert parallelism ({expert}) needs a mixture-of-experts model; this one has no "
+                         "experts (zoo: mixtral-8x7b, or llama-7b -O n_experts=N)")
+    if experts % expert:
+        valid = [d for d in range(1, experts + 1) if experts % d == 0]
+        raise UsageError(f"{experts} experts do not divide over expert parallelism {expert}; "
+                         f"valid: {', '.join(map(str, valid))}")
+    apply_expert_parallel(model, mesh)
+
+
+def _shard_experts(model: nn.Module, mesh: Any, execution: Execution, amp: str | None) -> None:
+    """FSDP2 over each expert group's local weights on the ranks outside the expert group, on
+    their hidden dimension where their experts are fewer than those ranks (torchtitan's
+    ``apply_fsdp`` with ``dp_mod_ep_mesh``). An expert's gradient sums the tokens of every rank
+    of its expert group, so it is divided by all the data-parallel ranks, not only the ones it
+    is reduced over (torchtitan's ``set_gradient_divide_factor``)."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Shard
+
+    from nnperf.zoo.moe import GroupedExperts
+
+    policy = _mixed_precision(amp)
+    for module in model.modules():
+        if isinstance(module, GroupedExperts):
+            local = module.w1.shape[0] // execution.expert
+            placement = (lambda p: Shard(1)) if mesh.size() > local else None
+            fully_shard(module, mesh=mesh, reshard_after_forward=execution.reshard_after_forward,
+                        mp_policy=policy, shard_placement_fn=placement)
+            module.set_gradient_divide_factor(float(execution.data_parallel))
+
+
+def _mixed_precision(amp: str | None) -> Any:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from nnperf.trace.options import AMP_DTYPES
+
+    return MixedPrecisionPolicy(param_dtype=AMP_DTYPES[amp], reduce_dtype=torch.float32) if amp else \
+        MixedPrecisionPolicy()
 
 
 def _fully_shard(model: nn.Module, mesh: Any, blocks: list[str], reshard: bool, amp: str | None = None) -> None:
     """FSDP2 per block, then the root. With mixed precision (``--amp``) the parameters are
     gathered in the compute dtype and gradients reduced in fp32 (``MixedPrecisionPolicy``, as
     torchtitan's ``mixed_precision_param`` / ``mixed_precision_reduce`` defaults do)."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import fully_shard
 
-    from nnperf.trace.options import AMP_DTYPES
-
-    policy = MixedPrecisionPolicy(param_dtype=AMP_DTYPES[amp], reduce_dtype=torch.float32) if amp else \
-        MixedPrecisionPolicy()
+    policy = _mixed_precision(amp)
     modules = dict(model.named_modules())
     for name in blocks:
         fully_shard(modules[name], mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)

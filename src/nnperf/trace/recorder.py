@@ -150,7 +150,7 @@ class GraphLabeler(TorchFunctionMode):
         elif routing.is_topk(func) and self._routing is not None:
             meta_world.require_values("top-k routing (the trace assumes its indices)")
             out = routing.routed_topk(func, args, kwargs, self._routing)
-        elif self._routing is not None and routing.constant_args(args, kwargs):
+        elif self._routing is not None and routing.constant_args(args, kwargs) and not _is_collective(func):
             out = routing.shadowed(func, args, kwargs)
         else:
             out = func(*args, **kwargs)
@@ -399,6 +399,13 @@ def _host_value(t: Any) -> bool:
 
 #: Nesting depth of ``unrecorded()``: ops run meanwhile are an engine's bookkeeping.
 _UNRECORDED = [0]
+
+
+def _is_collective(func: Any) -> bool:
+    """A collective's values on a fake process group are none a trace could use (expert
+    parallelism sets its received counts itself: ``trace.expert_parallel``), so it is not run on
+    constants' values too."""
+    return str(getattr(func, "_qualified_op_name", None) or func).startswith(("_c10d_functional", "c10d"))
 
 
 @contextlib.contextmanager

@@ -47,6 +47,7 @@ _ORDER: list[ModelSpec] = [
     *bert_dle.SPECS,
     *gpt2.SPECS,
     llama.SPEC,
+    llama.MIXTRAL,
 ]
 
 MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in _ORDER}

@@ -21,6 +21,7 @@ from ._losses import TokenCrossEntropy, random_tokens
 from ._options import require_divisible, require_positive, resolve_batch_seq, resolve_options
 from ._spec import ModelSpec
 from ._workloads import token_workload
+from .moe import MoE
 
 DEFAULTS: dict[str, Any] = {
     "n_layer": 32,
@@ -29,6 +30,9 @@ DEFAULTS: dict[str, Any] = {
     "n_kv_heads": 32,
     "ffn_hidden": 11008,
     "vocab": 32000,
+    "n_experts": 0,
+    "top_k": 2,
+    "moe_hidden": 0,
 }
 OPTIONS = {
     "n_layer": "number of transformer blocks",
@@ -37,7 +41,14 @@ OPTIONS = {
     "n_kv_heads": "key/value heads (fewer than n_heads = grouped-query attention)",
     "ffn_hidden": "SwiGLU hidden size",
     "vocab": "vocabulary size",
+    "n_experts": "experts per mixture-of-experts feed-forward (0: dense SwiGLU)",
+    "top_k": "experts each token is routed to (with n_experts)",
+    "moe_hidden": "each expert's SwiGLU hidden size (0: ffn_hidden)",
 }
+#: Mixtral 8x7B (Jiang et al. 2024, "Mixtral of Experts", Table 1; its config.json): Llama-2's
+#: block with grouped-query attention and 8 SwiGLU experts, 2 per token.
+MIXTRAL_8X7B: dict[str, Any] = {"n_layer": 32, "dim": 4096, "n_heads": 32, "n_kv_heads": 8, "ffn_hidden": 14336,
+                                "vocab": 32000, "n_experts": 8, "top_k": 2}
 NORM_EPS = 1e-6
 ROPE_THETA = 10000.0
 
@@ -107,16 +118,23 @@ class FeedForward(nn.Module):
 
 
 class TransformerBlock(nn.Module):
+    """Attention and a feed-forward: dense (``feed_forward``) or a mixture of experts (``moe``,
+    torchtitan's name for it)."""
+
     def __init__(self, c: dict[str, Any]) -> None:
         super().__init__()
         self.attention = Attention(c["dim"], c["n_heads"], c["n_kv_heads"])
-        self.feed_forward = FeedForward(c["dim"], c["ffn_hidden"])
+        if c["n_experts"]:
+            self.moe = MoE(c["dim"], c["moe_hidden"] or c["ffn_hidden"], c["n_experts"], c["top_k"])
+        else:
+            self.feed_forward = FeedForward(c["dim"], c["ffn_hidden"])
         self.attention_norm = RMSNorm(c["dim"])
         self.ffn_norm = RMSNorm(c["dim"])
 
     def forward(self, x: Tensor) -> Tensor:
         x = x + self.attention(self.attention_norm(x))
-        return x + self.feed_forward(self.ffn_norm(x))
+        ffn = self.moe if hasattr(self, "moe") else self.feed_forward
+        return x + ffn(self.ffn_norm(x))
 
 
 class Llama(nn.Module):
@@ -141,21 +159,35 @@ class Llama(nn.Module):
 
 def build(batch: int | None = None, seq_len: int | None = None, **overrides: Any) -> Workload:
     """Token ids (batch, seq); next-token cross entropy over the vocabulary."""
-    batch, seq = resolve_batch_seq("llama-7b", batch, seq_len, SPEC.default_batch, 4096)
+    return _build("llama-7b", DEFAULTS, batch, seq_len, overrides)
+
+
+def build_mixtral(batch: int | None = None, seq_len: int | None = None, **overrides: Any) -> Workload:
+    return _build("mixtral-8x7b", {**DEFAULTS, **MIXTRAL_8X7B}, batch, seq_len, overrides)
+
+
+def _build(name: str, defaults: dict[str, Any], batch: int | None, seq_len: int | None,
+           overrides: dict[str, Any]) -> Workload:
+    batch, seq = resolve_batch_seq(name, batch, seq_len, 1, 4096)
     assert seq is not None
     user_set_kv = "n_kv_heads" in overrides
-    c = resolve_options("llama-7b", overrides, DEFAULTS)
-    if not user_set_kv:
+    c = resolve_options(name, overrides, defaults)
+    if not user_set_kv and name == "llama-7b":
         c["n_kv_heads"] = c["n_heads"]  # plain multi-head attention unless asked otherwise
-    require_positive("llama-7b", c, *DEFAULTS)
-    require_divisible("llama-7b", c, "dim", "n_heads")
-    require_divisible("llama-7b", c, "n_heads", "n_kv_heads")
+    require_positive(name, c, *(k for k in defaults if k not in ("n_experts", "moe_hidden")))
+    for key in ("n_experts", "moe_hidden"):
+        if c[key] < 0:
+            raise ModelOptionError(f"{name}: {key} must be 0 or more, got {c[key]}")
+    if c["n_experts"] and not 1 <= c["top_k"] <= c["n_experts"]:
+        raise ModelOptionError(f"{name}: top_k must be between 1 and n_experts ({c['n_experts']}), got {c['top_k']}")
+    require_divisible(name, c, "dim", "n_heads")
+    require_divisible(name, c, "n_heads", "n_kv_heads")
     if (c["dim"] // c["n_heads"]) % 2:
-        raise ModelOptionError("llama-7b: dim / n_heads must be even for rotary embeddings")
+        raise ModelOptionError(f"{name}: dim / n_heads must be even for rotary embeddings")
     model = Llama(c)
     tokens = random_tokens(batch, seq, c["vocab"])
     loss = TokenCrossEntropy(random_tokens(batch, seq, c["vocab"]))
-    return token_workload("llama-7b", model, tokens, loss, c)
+    return token_workload(name, model, tokens, loss, c)
 
 
 SPEC = ModelSpec(
@@ -167,4 +199,15 @@ SPEC = ModelSpec(
     input_desc="4096 tokens, vocab 32000",
     options=OPTIONS,
     build=build,
+)
+
+MIXTRAL = ModelSpec(
+    name="mixtral-8x7b",
+    summary="Mixtral 8x7B: LLaMA blocks with GQA and 8 SwiGLU experts, top-2 routing, 4096 tokens",
+    family="decoder",
+    default_batch=1,
+    default_seq=4096,
+    input_desc="4096 tokens, vocab 32000",
+    options=OPTIONS,
+    build=build_mixtral,
 )

@@ -1,0 +1,181 @@
+"""Expert parallelism: each rank of an expert group holds ``experts / ep`` of every MoE layer's
+experts, and tokens travel to their experts' rank and back by all-to-all.
+
+PyTorch ships no expert-parallel engine; this is torchtitan's (``ExpertParallel`` in
+torchtitan/distributed/expert_parallel.py), on the same PyTorch pieces, for the zoo's
+``GroupedExperts`` (``zoo.moe``):
+
+- the experts' weights become DTensors sharded on their expert dimension (``Shard(0)``) over
+  the expert group (``distribute_module`` with a partition function);
+- dispatch, before the experts: an all-to-all of the per-expert token counts, the send and
+  receive splits read on the host (a device-to-host synchronization in a real run), an
+  all-to-all of the routed rows (``all_to_all_single_autograd``: its backward is the reverse
+  all-to-all), and a gather that regroups the received rows by local expert;
+- combine, after the experts: the inverse regrouping and the reverse all-to-all.
+
+FSDP2 then shards the experts' local weights over the data-parallel ranks outside the expert
+group (torchtitan's ``dp_shard_mod_ep`` mesh), and every other parameter over all of them.
+
+What a fake trace cannot know, it assumes, and says so: how many rows a rank receives for
+its experts. Every rank routes its tokens as this one does (``trace.routing``'s assumed
+spread), so a rank receives, from each of the ``ep`` ranks, the rows this one sends to its
+experts. With the busiest-expert assumption (``--moe-capacity-factor``) rank 0 holds the
+busiest expert: the traced rank is the slowest, as the step waits for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from nnperf.trace.assumptions import assume
+
+
+def apply_expert_parallel(model: nn.Module, mesh: Any) -> int:
+    """Shard every ``GroupedExperts`` of ``model`` over ``mesh`` (the expert group); returns how
+    many were sharded."""
+    from torch.distributed.tensor import distribute_module
+
+    from nnperf.zoo.moe import GroupedExperts
+
+    sharded = 0
+    for module in model.modules():
+        if isinstance(module, GroupedExperts):
+            experts = module.w1.shape[0]
+            if experts % mesh.size():
+                raise ValueError(f"{experts} experts do not divide over {mesh.size()} ranks")
+            style = _Dispatch()
+            distribute_module(module, mesh, partition_fn=_partition, input_fn=style.dispatch,
+                              output_fn=style.combine)
+            sharded += 1
+    return sharded
+
+
+def has_experts(model: nn.Module) -> int:
+    """The expert count of the model's mixture-of-experts layers (0: none)."""
+    from nnperf.zoo.moe import GroupedExperts
+
+    return next((m.w1.shape[0] for m in model.modules() if isinstance(m, GroupedExperts)), 0)
+
+
+def _partition(name: str, module: nn.Module, mesh: Any) -> None:
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    for param_name, param in list(module.named_parameters(recurse=False)):
+        module.register_parameter(param_name, nn.Parameter(distribute_tensor(param, mesh, [Shard(0)])))
+
+
+class _Dispatch:
+    """One ``GroupedExperts``' token dispatch and combine; keeps the splits between the two."""
+
+    def __init__(self) -> None:
+        self.send: list[int] = []
+        self.receive: list[int] = []
+        self.order: Tensor | None = None
+        self.rows = 0
+
+    def dispatch(self, module: nn.Module, inputs: tuple, mesh: Any) -> tuple[Tensor, Tensor]:
+        from torch.distributed._functional_collectives import (
+            all_to_all_single,
+            all_to_all_single_autograd,
+            wait_tensor,
+        )
+
+        routed, per_expert = inputs
+        ep, group = mesh.size(), mesh.get_group()
+        local = per_expert.shape[0] // ep
+        with torch.no_grad():
+            received = torch.ops._c10d_functional.wait_tensor(all_to_all_single(per_expert, None, None, group=group))
+            received = _assume_symmetric(received, per_expert, ep, mesh.get_local_rank())
+            if _valueless(per_expert) or _valueless(received):
+                splits = _even_splits(routed.shape[0], ep, local)
+            else:
+                counts = received.view(ep, local)
+                splits = _read_on_host(torch.cat([per_expert.view(ep, local).sum(dim=1), counts.sum(dim=1),
+                                                  counts.reshape(-1)]))
+        self.send, self.receive = splits[:ep], splits[ep:2 * ep]
+        grid = [splits[2 * ep + s * local:2 * ep + (s + 1) * local] for s in range(ep)]
+        routed = wait_tensor(all_to_all_single_autograd(routed, self.receive, self.send, group))
+        # received rows: source rank major, local expert minor; the experts want expert major
+        order = _expert_major(grid)
+        self.rows = routed.shape[0]
+        with torch.no_grad():
+            self.order = torch.tensor(order, dtype=torch.int64, device=routed.device)
+        per_local = torch.tensor([sum(row[e] for row in grid) for e in range(local)], dtype=per_expert.dtype,
+                                 device=per_expert.device)
+        return routed[self.order], per_local
+
+    def combine(self, module: nn.Module, output: Tensor, mesh: Any) -> Tensor:
+        from torch.distributed._functional_collectives import (
+            all_to_all_single_autograd,
+            wait_tensor,
+        )
+
+        restored = output.new_empty((self.rows, *output.shape[1:]))
+        restored = restored.index_put((self.order,), output)
+        return wait_tensor(all_to_all_single_autograd(restored, self.send, self.receive, mesh.get_group()))
+
+
+def _valueless(t: Tensor) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor) and t.constant is None
+
+
+def _even_splits(rows: int, ep: int, local: int) -> list[int]:
+    """Splits for a pass that only needs shapes (a pipeline's stage shapes, unrecorded, where
+    the router's choice has no assumed values): the rows spread evenly, as many received as
+    sent, so the layer's output has its input's shape whatever the split."""
+    send = [rows // ep + (r < rows % ep) for r in range(ep)]
+    grid = [[n // local + (e < n % local) for e in range(local)] for n in send]
+    return send + send + [c for row in grid for c in row]
+
+
+def _read_on_host(t: Tensor) -> list[int]:
+    """The splits on the host: one device-to-host copy that waits for the device (torchtitan's
+    ``.to("cpu", non_blocking=False)``). A trace records that one read; the values come from
+    the trace's constants (``.tolist()`` of a fake dispatches one read per element)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    from nnperf.trace.recorder import unrecorded
+
+    if not isinstance(t, FakeTensor):
+        return t.tolist()
+    t[:1].tolist()
+    with unrecorded():
+        return t.tolist()
+
+
+def _expert_major(grid: list[list[int]]) -> list[int]:
+    """Row indices that regroup received rows (grid[source][expert] rows each, source major)
+    expert by expert (torchtitan's ``generate_permute_indices``, without its padding)."""
+    starts, at = [], 0
+    for row in grid:
+        starts.append([])
+        for count in row:
+            starts[-1].append(at)
+            at += count
+    order: list[int] = []
+    for e in range(len(grid[0]) if grid else 0):
+        for s, row in enumerate(grid):
+            order.extend(range(starts[s][e], starts[s][e] + row[e]))
+    return order
+
+
+def _assume_symmetric(received: Tensor, sent: Tensor, ep: int, rank: int) -> Tensor:
+    """On a fake trace, give the received counts their assumed values (module docstring); a
+    real run keeps what the all-to-all delivered."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if not isinstance(received, FakeTensor) or not isinstance(sent, FakeTensor) or sent.constant is None:
+        return received
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        mine = sent.constant.view(ep, -1)[rank]
+        received.constant = mine.repeat(ep).contiguous()
+    assume(f"expert parallelism over {ep} ranks: every rank routes its tokens as the traced one does, so "
+           f"a rank receives from each the rows routed to its experts")
+    return received

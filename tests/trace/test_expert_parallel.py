@@ -1,0 +1,164 @@
+"""Expert parallelism (``trace.expert_parallel``): one rank's step traced on a fake process group
+against the same step run for real on 4 gloo ranks (FSDP2 over 4, experts split over 2), and the
+real run's outputs and gradients against the same MoE layer run whole on one process.
+
+The real run's tokens are built so that the router picks exactly the experts the trace assumes
+(``trace.routing.assigned_experts``, uniform): each token's input is large on its assumed
+experts' gate rows, so the all-to-all splits are the real ones, not a closed form."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gloo_ranks import run_ranks
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from nnperf.errors import UsageError
+from nnperf.trace.distributed import Execution, sharded_bytes, trace_rank
+from nnperf.trace.options import TraceOptions
+from nnperf.trace.routing import assigned_experts
+from nnperf.workload import Workload
+from nnperf.zoo.moe import MoE
+
+WORLD, EP = 4, 2
+DIM, HIDDEN, EXPERTS, TOP_K, TOKENS = 16, 24, 8, 2, 12
+EXECUTION = Execution(world=WORLD, data="fsdp", shard=WORLD, expert=EP)
+
+_KIND = {"c10d._allgather_base_": "all_gather", "c10d._reduce_scatter_base_": "reduce_scatter",
+         "_c10d_functional.all_to_all_single": "all_to_all"}
+
+
+class _Collectives(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, int]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = f"{func.namespace}.{func._schema.name.split('::')[1]}"
+        if name in _KIND:
+            if name == "c10d._allgather_base_":
+                nbytes = args[0].numel() * args[0].element_size()  # the gathered output
+            else:
+                src = args[1] if name == "c10d._reduce_scatter_base_" else args[0]
+                nbytes = src.numel() * src.element_size()
+            self.seen.append((_KIND[name], nbytes))
+        return func(*args, **(kwargs or {}))
+
+
+def _model() -> MoE:
+    torch.manual_seed(0)
+    model = MoE(DIM, HIDDEN, EXPERTS, TOP_K)
+    with torch.no_grad():  # gate row e reads input feature e: a token's large features pick its experts
+        model.gate.weight.copy_(torch.eye(EXPERTS, DIM))
+    return model
+
+
+def _tokens() -> torch.Tensor:
+    """Tokens whose top-k experts are the trace's assumed ones, in the assumed order."""
+    torch.manual_seed(1)
+    x = 0.01 * torch.randn(1, TOKENS, DIM)
+    for t, experts in enumerate(assigned_experts(TOKENS, TOP_K, [1 / EXPERTS] * EXPERTS)):
+        for slot, e in enumerate(experts):
+            x[0, t, e] = 10.0 - slot
+    return x
+
+
+def _worker(rank: int) -> dict:
+    from torch.distributed.fsdp import FSDPModule
+
+    from nnperf.trace import distributed as engine
+
+    # gloo has no pre-multiplied sum, which a divide factor uses: the experts' gradients are
+    # averaged over the 2 ranks they are reduced over instead of the 4 data-parallel ranks,
+    # so they come out EP times the whole layer's (their tokens arrive from EP ranks)
+    FSDPModule.set_gradient_divide_factor = lambda self, factor: None
+    execution = EXECUTION
+    _, dp_mesh, _, ep_mesh, experts_mesh = engine._meshes(execution)
+    model = _model()
+    whole = _model()
+    engine._apply_expert_parallel(model, EP, ep_mesh)
+    engine._shard_experts(model, experts_mesh, execution, None)
+    engine._fully_shard(model, dp_mesh, [], execution.reshard_after_forward)
+    optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
+    x = _tokens()
+    out = model(x)  # the first step against the same tokens through the whole layer
+    out.sum().backward()
+    reference = whole(x)
+    reference.sum().backward()
+    full = {name: p.grad.full_tensor() / (EP if name.startswith("experts.") else 1)
+            for name, p in model.named_parameters()}
+    output_error = float((out - reference).abs().max() / reference.abs().max())
+    grad_error = max(float((full[n] - p.grad).abs().max() / p.grad.abs().max()) for n, p in whole.named_parameters())
+    optimizer.step()
+    optimizer.zero_grad()
+    seen = _Collectives()
+    with seen:  # the second step: the steady state
+        model(x).sum().backward()
+        optimizer.step()
+    return {"collectives": seen.seen, "bytes": _local_bytes(model, optimizer),
+            "output_error": output_error, "grad_error": grad_error}
+
+
+def _local_bytes(model, optimizer) -> dict[str, int]:
+    def local(t):
+        while hasattr(t, "_local_tensor"):
+            t = t._local_tensor
+        return t
+
+    def total(ts):
+        return sum({id(local(t).untyped_storage()): local(t).untyped_storage().nbytes() for t in ts}.values())
+
+    return {"parameters": total(model.parameters()),
+            "optimizer_state": total(v for s in optimizer.state.values() for v in s.values())}
+
+
+@pytest.fixture(scope="module")
+def real_runs():
+    return run_ranks(_worker, WORLD, timeout_s=240)
+
+
+def _traced(rank: int = 0):
+    def build() -> Workload:
+        return Workload(model=_model(), inputs=(torch.randn(1, TOKENS, DIM),), loss_fn=lambda out: out.sum())
+
+    return trace_rank(build, TraceOptions(optimizer="adamw"), EXECUTION, lambda model: [], rank=rank)
+
+
+def test_expert_parallel_layer_computes_what_the_whole_layer_does(real_runs):
+    for result in real_runs.values():
+        assert result["output_error"] < 1e-6  # the same bf16 expert GEMMs, rows regrouped
+        assert result["grad_error"] < 1e-6
+
+
+def test_fake_process_group_reproduces_gloo(real_runs):
+    traced = _traced()
+    assert [(c.kind, c.bytes) for c in traced.collectives] == real_runs[0]["collectives"]
+    state = sharded_bytes(traced)
+    assert state["parameters"] == real_runs[0]["bytes"]["parameters"]
+    assert state["optimizer_state"] == real_runs[0]["bytes"]["optimizer_state"]
+
+
+def test_collectives_by_hand():
+    """Per step: the count all-to-all (8 experts x int64), the routed rows there and back
+    (tokens x k rows of DIM fp32) in forward and both again in backward, over the expert
+    group of 2 consecutive ranks; experts' weights gathered over the 2 ranks outside it."""
+    traced = _traced()
+    a2a = [c for c in traced.collectives if c.kind == "all_to_all"]
+    rows = TOKENS * TOP_K * DIM * 4
+    assert [(c.phase, c.bytes) for c in a2a] == [
+        ("forward", EXPERTS * 8), ("forward", rows), ("forward", rows), ("backward", rows), ("backward", rows)]
+    assert {c.group_ranks for c in a2a} == {(0, 1)}
+    experts_bytes = 3 * EXPERTS * HIDDEN * DIM * 4
+    gathers = [(c.bytes, c.group_ranks) for c in traced.collectives if c.kind == "all_gather" and c.phase == "forward"]
+    assert (experts_bytes // EP, (0, 2)) in gathers  # this rank's 4 experts, from ranks 0 and 2
+    params = sharded_bytes(traced)["parameters"]
+    assert params == (experts_bytes + EXPERTS * DIM * 4) // WORLD
+
+
+def test_layouts_expert_parallelism_refuses():
+    with pytest.raises(UsageError, match="fsdp or hsdp"):
+        Execution(world=4, data="ddp", expert=2).validate()
+    with pytest.raises(UsageError, match="valid: 1, 2, 4"):
+        Execution(world=4, data="fsdp", shard=4, expert=3).validate()
+    with pytest.raises(UsageError, match="tensor or context"):
+        Execution(world=8, data="fsdp", shard=4, tensor=2, expert=2).validate()
