@@ -173,8 +173,10 @@ class CudaAutocast:
         if to_type is None:  # promote: the widest of the autocast dtype and the eligible inputs
             target = low
             for t in _flat(args, kwargs):
-                if _eligible(t):
-                    target = torch.promote_types(target, t.dtype)
+                if _eligible(t) and t.dtype != target:
+                    # two different dtypes of fp16, bf16 and fp32 promote to fp32 (written out:
+                    # ``torch.promote_types`` is an op the trace would record)
+                    target = torch.float32
         else:
             target = to_type()
         with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_CPU):
