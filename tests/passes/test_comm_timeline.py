@@ -129,3 +129,27 @@ def test_no_contention_leaves_the_replay_as_it_was():
     plain = overlap(_step(ops), None, lambda i: ("all_reduce", 100, 2 * MS))
     none = overlap(_step(ops), None, lambda i: ("all_reduce", 100, 2 * MS), lambda i: None)
     assert plain.step_s == none.step_s == pytest.approx(5 * MS) and none.slowdown_s == 0.0
+
+
+def test_collectives_of_different_process_groups_run_at_once():
+    # two 4 ms collectives after A (1 ms), then B reads both: on one stream (one group) B
+    # starts at 9 ms; on two (two communicators, two NCCL streams) at 5 ms
+    ops = [_op(0, "a", [0], [1, 2], 1 * MS), _op(1, "c10d._allgather_base_", [1], [3], 0, comm=True),
+           _op(2, "_c10d_functional.all_to_all_single", [2], [4], 0, comm=True), _op(3, "b", [3, 4], [5], 1 * MS)]
+    timed = lambda i: ("all_gather" if i == 1 else "all_to_all", 100, 4 * MS)  # noqa: E731
+    same = overlap(_step(ops), None, timed, stream_of=lambda i: (0, 1))
+    apart = overlap(_step(ops), None, timed, stream_of=lambda i: (0, 1) if i == 1 else (0, 2))
+    assert same.step_s == pytest.approx(10 * MS) and same.exposed_s == pytest.approx({"all_to_all": 8 * MS})
+    assert apart.step_s == pytest.approx(6 * MS)
+    assert sum(apart.exposed_s.values()) == pytest.approx(4 * MS)
+
+
+def test_fsdp_copy_in_runs_on_the_stream_of_the_gather_it_feeds():
+    # copy-in (3 ms) then its all-gather (2 ms) on group X; a 4 ms all-to-all on group Y issued
+    # first runs beside them: the gather ends at 5 ms, not 9 ms
+    ops = [_op(0, "_c10d_functional.all_to_all_single", [0], [1], 0, comm=True),
+           _op(1, "fsdp.all_gather_copy_in", [6], [2], 3 * MS), _op(2, "c10d._allgather_base_", [2], [3], 0, comm=True),
+           _op(3, "b", [3], [4], 1 * MS)]
+    seconds = {0: 4 * MS, 2: 2 * MS}
+    result = overlap(_step(ops), None, lambda i: ("x", 0, seconds[i]), stream_of=lambda i: "y" if i == 0 else "x")
+    assert result.clock[3] == pytest.approx(6 * MS)

@@ -15,16 +15,22 @@ one SM per NCCL channel (the cluster tier's ``collective_ctas``), so a compute-b
 beside it runs on the SMs left, and the bytes it moves pass through DRAM (each byte it sends
 or receives read once and written once: twice its bus bandwidth), so a memory-bound kernel
 beside it gets the bandwidth left. The overlapped part of a kernel runs that much slower,
-whichever of the two started first. What is not modelled yet: wave quantization on the SMs
-left (a one-wave GEMM can need a second wave), the collective's own slowdown, several
-communication streams, and the host cost of the collectives.
+whichever of the two started first.
+
+Each process group has its own stream: ProcessGroupNCCL runs a communicator's collectives on
+that communicator's stream, so collectives of one group run in issue order, and those of
+different groups (an FSDP all-gather and an expert-parallel all-to-all, a tensor-parallel
+reduce-scatter and a pipeline send) may run at once. FSDP2's copy into its all-gather buffer
+runs on the stream of the all-gather it feeds. What is not modelled yet: wave quantization on
+the SMs left (a one-wave GEMM can need a second wave), the collective's own slowdown, two
+concurrent collectives sharing a link, and the host cost of the collectives.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 from nnperf.passes.timing import OpTime, StepTime
@@ -120,13 +126,17 @@ class _Busy:
 def overlap(
     step: StepTime, trace: Trace, collective_time: Callable[[int], tuple[str, int, float]],
     contention: Callable[[int], Contention | None] | None = None,
+    stream_of: Callable[[int], Hashable] | None = None,
 ) -> CommStep:
-    """Replay ``step`` with collectives on their own stream. ``collective_time(index)`` gives
+    """Replay ``step`` with collectives on their own streams. ``collective_time(index)`` gives
     the kind, bytes and time of the collective at that event index; ``contention(index)`` what
-    it takes from compute kernels beside it (None, or no function: nothing)."""
+    it takes from compute kernels beside it (None, or no function: nothing); ``stream_of(index)``
+    its stream, its process group (None, or no function: one stream for all)."""
     issued = {s.index: s.end_s for s in step.host_slices}
     produced: dict[int, tuple[float, str | None]] = {}  # storage -> (ready time, kind if comm)
-    compute_free = comm_free = compute_busy = comm_busy = slowdown = 0.0
+    compute_free = compute_busy = comm_busy = slowdown = 0.0
+    streams = _streams(step, stream_of)
+    comm_free: dict[Hashable, float] = defaultdict(float)
     exposed: dict[str, float] = defaultdict(float)
     slices: list[CommSlice] = []
     clock: dict[int, float] = {}
@@ -143,15 +153,16 @@ def overlap(
                 ready, waited_on = when, kind
         if t.category == Category.COMMUNICATION:
             kind, nbytes, seconds = collective_time(t.index)
-            start = max(issue, comm_free, ready)
-            comm_free = start + seconds
+            stream = streams.get(t.index)
+            start = max(issue, comm_free[stream], ready)
+            end = comm_free[stream] = start + seconds
             comm_busy += seconds
-            slices.append(CommSlice(t.index, kind, nbytes, start, comm_free))
+            slices.append(CommSlice(t.index, kind, nbytes, start, end))
             for m in event.inputs + event.outputs:
-                produced[m.storage] = (comm_free, kind)
+                produced[m.storage] = (end, kind)
             taken = contention(t.index) if contention is not None and seconds > 0 else None
             if taken is not None:
-                busy.add(start, comm_free, taken)
+                busy.add(start, end, taken)
                 if last is not None and start < compute_free:
                     # it began under compute already placed: the rest of that work (from its
                     # start on, at the latest kernel's slowdown) runs slower while it lasts
@@ -170,10 +181,10 @@ def overlap(
                     produced[m.storage] = (ready, waited_on)
             continue
         if event.name in _ON_COMM_STREAM:
-            start = max(issue, comm_free, ready)
-            comm_free = start + t.kernel_s
+            stream = streams.get(t.index)
+            start = max(issue, comm_free[stream], ready)
+            end = comm_free[stream] = start + t.kernel_s
             comm_busy += t.kernel_s
-            end = comm_free
         else:
             free = max(issue, compute_free)
             start = max(free, ready)
@@ -186,9 +197,28 @@ def overlap(
             last = t
         for m in event.outputs:
             produced[m.storage] = (end, None)
-    if comm_free > compute_free:  # the step ends when the last collective does
-        last = slices[-1].kind if slices else "communication"
-        exposed[last] += max(0.0, comm_free - max(compute_free, step.host_s))
-    end = max(compute_free, comm_free, step.host_s)
+    comm_end = max(comm_free.values(), default=0.0)
+    if comm_end > compute_free:  # the step ends when the last collective does
+        last = max(slices, key=lambda c: c.end_s).kind if slices else "communication"
+        exposed[last] += max(0.0, comm_end - max(compute_free, step.host_s))
+    end = max(compute_free, comm_end, step.host_s)
     return CommStep(end, compute_busy, comm_busy, {k: v for k, v in exposed.items() if v > 0}, slices,
                     slowdown_s=slowdown, clock=clock)
+
+
+def _streams(step: StepTime, stream_of: Callable[[int], Hashable] | None) -> dict[int, Hashable]:
+    """Each collective's stream, and each FSDP copy-in's: the stream of the next collective
+    (the all-gather it fills)."""
+    if stream_of is None:
+        return {}
+    out: dict[int, Hashable] = {}
+    waiting: list[int] = []
+    for t in step.ops:
+        if t.category == Category.COMMUNICATION:
+            out[t.index] = stream_of(t.index)
+            for index in waiting:
+                out[index] = out[t.index]
+            waiting.clear()
+        elif t.count.event.name in _ON_COMM_STREAM:
+            waiting.append(t.index)
+    return out
