@@ -99,3 +99,38 @@ def test_a_bf16_model_with_unfused_attention_plans_and_says_what_each_engine_can
     assert doc["torchtitan"] is None and doc["torchrun"] is None
     assert "cast to bf16" in doc["torchtitan_not_expressible"]
     assert "unfused attention" in doc["torchtitan_not_expressible"]
+
+
+MOE = ["plan", "mixtral-8x7b", "-O", "n_layer=2", "-O", "dim=256", "-O", "n_heads=4", "-O", "n_kv_heads=2",
+       "-O", "ffn_hidden=512", "-O", "vocab=1024", "--seq", "256", "--amp", "bf16", "--gpu", "h100"]
+
+
+def test_expert_parallel_layouts_of_a_mixture_of_experts_model():
+    """Mixtral-shaped (8 experts, top-2) on 8 GPUs with FSDP over 8: experts over 1, 2, 4 and 8
+    ranks. Each MoE layer's all-to-alls: the 8 per-expert token counts (int64), then its 256 x 2
+    routed rows of 256 features there and back, and both again in backward. The rows are bf16:
+    FSDP2 gathers bf16 parameters (torchtitan's mixed precision), so the residual stream is bf16."""
+    result = CliRunner().invoke(cli, [*MOE, "--gpus", "8", "--tp", "1", "--pp", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    fsdp = {r["execution"]["expert"]: r for r in doc["ranked"] if r["execution"]["data"] == "fsdp"}
+    assert set(fsdp) == {1, 2, 4, 8}
+    rows = 256 * 2 * 256 * 2
+    counts = 8 * 8  # the per-expert token counts, int64
+    for ep in (2, 4, 8):
+        a2a = fsdp[ep]["collectives"]["all_to_all"]
+        assert a2a["count"] == 2 * 5  # per layer: counts, dispatch, combine; their 2 gradients
+        assert a2a["bytes"] == 2 * (counts + 4 * rows)  # 2 layers
+    assert "all_to_all" not in fsdp[1]["collectives"]
+    best = doc["ranked"][0]["execution"]
+    if best["expert"] > 1:
+        assert f"expert_parallel_degree = {best['expert']}" in doc["torchtitan"]
+
+
+def test_expert_degrees_the_model_does_not_allow_are_one_line():
+    for args, message in (([*MOE, "--ep", "3"], "--ep 3 does not divide the 8 GPUs"),
+                          ([*ARGS, "--ep", "2"], "gpt2 has no experts"),
+                          ([*MOE, "-O", "n_experts=6", "--ep", "4"], "--ep 4 does not divide the model's 6 experts")):
+        result = CliRunner().invoke(cli, [*args, "--gpus", "8", "--tp", "1", "--pp", "1"])
+        assert result.exit_code == 2, result.output
+        assert message in result.output and len(result.output.strip().splitlines()) == 1

@@ -34,3 +34,18 @@ def test_a_pipeline_rank_feeds_all_its_micro_batches_as_its_local_batch():
     parsed = tomllib.loads(torchtitan_toml(e, amp="bf16"))
     assert parsed["training"]["local_batch_size"] == 8
     assert parsed["parallelism"]["pipeline_parallel_microbatch_size"] == 2
+
+
+def test_expert_parallelism_is_torchtitans_degree_and_no_other_engines_json():
+    import pytest
+
+    from nnperf.report.engine_configs import NotExpressible, deepspeed_json, megatron_args
+
+    e = Execution(world=8, data="fsdp", shard=8, expert=4)
+    parallelism = tomllib.loads(torchtitan_toml(e, amp="bf16"))["parallelism"]
+    assert parallelism["expert_parallel_degree"] == 4
+    assert parallelism["data_parallel_shard_degree"] == 8  # torchtitan carves EP out of dp_shard
+    with pytest.raises(NotExpressible, match="model code"):
+        deepspeed_json(e, amp="bf16")
+    with pytest.raises(NotExpressible, match="FSDP2"):
+        megatron_args(e, 4, amp="bf16")

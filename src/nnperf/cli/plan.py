@@ -44,6 +44,10 @@ def _degrees(text: str | None, what: str) -> list[int] | None:
 @click.option("--cp", "cp_text", default="1", show_default=True,
               help="Context-parallel degrees to try (ring attention over the sequence, modelled in closed "
                    "form on a traced rank), e.g. 1,2,4.")
+@click.option("--ep", "ep_text", default="auto", show_default=True,
+              help="Expert-parallel degrees to try for a mixture-of-experts model (experts split over the "
+                   "FSDP shard group, tokens sent by all-to-all): auto (powers of two dividing the experts, "
+                   "inside a node) or a list, e.g. 1,8.")
 @click.option("--schedule", "schedules", multiple=True,
               type=click.Choice(["1f1b", "interleaved-1f1b", "gpipe", "zero-bubble"]),
               help="Pipeline schedules to try (repeatable; default: 1f1b and interleaved-1f1b).")
@@ -51,10 +55,10 @@ def _degrees(text: str | None, what: str) -> list[int] | None:
               help="Built-in cluster (dgx-a100, dgx-h100, dgx-h200) or a cluster TOML file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON document.")
 def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, tp_text: str, pp_text: str,
-         cp_text: str, schedules: tuple[str, ...], cluster_name: str | None, as_json: bool, **kwargs: Any) -> None:
+         cp_text: str, ep_text: str, schedules: tuple[str, ...], cluster_name: str | None, as_json: bool, **kwargs: Any) -> None:
     """Rank the layouts of MODEL on --gpus GPUs (data parallelism: DDP, FSDP2, HSDP; tensor
     parallelism with sequence parallelism; pipeline schedules; activation checkpointing and
-    gradient accumulation): step time, throughput, MFU, per-GPU memory, exposed communication,
+    gradient accumulation; expert parallelism for mixture-of-experts models): step time, throughput, MFU, per-GPU memory, exposed communication,
     pipeline bubble; and the winner as a torchtitan config with its torchrun command, Megatron-LM
     arguments and a DeepSpeed config where those engines have the layout."""
     from nnperf.hardware.cluster import cluster_for_gpu, load_cluster
@@ -76,7 +80,8 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
                          "--inference'")
     result = run_plan(request, options, gpu, n_gpus, cluster, nodes, global_batch,
                       tensor=_degrees(tp_text, "--tp"), pipeline=_degrees(pp_text, "--pp"),
-                      schedules=schedules or DEFAULT_SCHEDULES, context=_degrees(cp_text, "--cp") or [1])
+                      schedules=schedules or DEFAULT_SCHEDULES, context=_degrees(cp_text, "--cp") or [1],
+                      expert=_degrees(ep_text, "--ep"))
     configs = engine_configs(result, options)
     if as_json:
         click.echo(json.dumps({**result.to_json(), **configs}, indent=2))

@@ -5,7 +5,7 @@ Each writer returns the text, or raises ``NotExpressible`` naming what the engin
 plan never prints a config that would run something else than what was planned. Sources for
 the names: torchtitan ``torchtitan/config/job_config.py`` (``[parallelism]``,
 ``[activation_checkpoint]``, ``[training]``); Megatron-LM ``megatron/training/arguments.py``
-(``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
+(``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``, ``expert_parallel_degree``,
 ``--num-layers-per-virtual-pipeline-stage``, ``--sequence-parallel``, ``--use-torch-fsdp2``,
 ``--torch-fsdp2-no-reshard-after-forward``, ``--recompute-*``) and its FSDP2 guide
 (``--no-gradient-accumulation-fusion --ckpt-format torch_dist``); DeepSpeed's config
@@ -71,7 +71,10 @@ def torchtitan_toml(execution: Any, amp: str | None = None, dtype: str | None = 
     if e.checkpoint == "selective-attention":
         raise NotExpressible("torchtitan has no attention-only recomputation (Megatron-LM's "
                              "--recompute-activations)")
-    lines += [f"context_parallel_degree = {e.context}", "", "[activation_checkpoint]",
+    lines.append(f"context_parallel_degree = {e.context}")
+    if e.expert > 1:
+        lines.append(f"expert_parallel_degree = {e.expert}")
+    lines += ["", "[activation_checkpoint]",
               f'mode = "{"selective" if e.checkpoint == "selective-op" else e.checkpoint or "none"}"']
     if e.checkpoint == "selective-op":
         lines.append('selective_ac_option = "op"')
@@ -95,6 +98,9 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
     e = execution
     if e.data == "hsdp":
         raise NotExpressible("Megatron-LM's torch FSDP2 path shards over the whole data-parallel group (no HSDP)")
+    if e.expert > 1:
+        raise NotExpressible("Megatron-LM's expert parallelism (--expert-model-parallel-size) runs with its own "
+                             "data-parallel engine and distributed optimizer, not the torch FSDP2 sharding planned here")
     if e.pipeline > 1 and e.pipeline_schedule not in ("1f1b", "interleaved-1f1b"):
         raise NotExpressible(f"Megatron-LM runs 1F1B and interleaved 1F1B, not {e.pipeline_schedule}")
     args = [f"--tensor-model-parallel-size {e.tensor}", f"--pipeline-model-parallel-size {e.pipeline}"]
@@ -136,6 +142,9 @@ def deepspeed_json(execution: Any, amp: str | None = None, dtype: str | None = N
     ``bf16``/``fp16`` (a half-precision model, fp32 master weights) for ``--amp`` or
     ``--dtype``. Attention is the model code's, not the JSON's."""
     e = execution
+    if e.expert > 1:
+        raise NotExpressible("DeepSpeed's expert parallelism is set in the model code "
+                             "(deepspeed.moe.layer.MoE(ep_size=...)), not its JSON")
     if e.tensor > 1 or e.pipeline > 1 or e.context > 1:
         raise NotExpressible("tensor, pipeline and sequence (Ulysses) parallelism are set up in DeepSpeed's "
                              "model code (PipelineModule, AutoTP, DistributedAttention), not its JSON; "

@@ -106,16 +106,22 @@ def _nearest_gpu_counts(gpus: int, global_batch: int) -> str:
 def layouts(gpus: int, nodes_of: int, global_batch: int, *, tensor: Iterable[int] = (1,),
             pipeline: Iterable[int] = (1,), schedules: Iterable[str] = DEFAULT_SCHEDULES,
             layers: int | None = None, checkpoints: Iterable[str | None] = (None,),
-            context: Iterable[int] = (1,)) -> list[Execution]:
+            context: Iterable[int] = (1,), expert: Iterable[int] = (1,)) -> list[Execution]:
     """Every layout of ``gpus`` GPUs over the given tensor and pipeline degrees (sequence
     parallel with TP), data parallelism over the rest, and the micro-batch splits of the global
     batch; with the defaults, the data-parallel layouts only. Grouped: within a group (one
-    ``shape_key``) the micro-batch shrinks, so the first that fits is the group's best."""
+    ``shape_key``) the micro-batch shrinks, so the first that fits is the group's best. An
+    expert-parallel degree above 1 takes the FSDP/HSDP layouts whose shard group it divides,
+    without tensor or context parallelism (``Execution._validate_expert``)."""
     out: list[Execution] = []
+    expert = list(expert)
     for tp in tensor:
         for pp in pipeline:
             for cp in context:
-                out += _layouts_of(gpus, nodes_of, global_batch, tp, pp, cp, schedules, layers, checkpoints)
+                found = _layouts_of(gpus, nodes_of, global_batch, tp, pp, cp, schedules, layers, checkpoints)
+                out += found
+                out += [replace(e, expert=ep) for ep in expert if ep > 1 for e in found
+                        if e.data != "ddp" and e.shard % ep == 0 and e.tensor == e.context == 1]
     return out
 
 
@@ -174,7 +180,7 @@ def shape_key(execution: Execution) -> tuple[Any, ...]:
     """What a group of layouts shares: all but the micro-batch split and checkpointing."""
     e = execution
     return (e.data, e.shard, e.tensor, e.sequence_parallel, e.pipeline, e.pipeline_schedule, e.virtual_stages,
-            e.context)
+            e.context, e.expert)
 
 
 def _prepare(execution: Execution) -> Any:
@@ -288,7 +294,7 @@ def _listed(degrees: Iterable[int]) -> str:
 
 
 def check_degrees(gpus: int, nodes_of: int, tensor: Iterable[int] | None, pipeline: Iterable[int] | None,
-                  context: Iterable[int]) -> None:
+                  context: Iterable[int], expert: Iterable[int] | None = None) -> None:
     """A degree the user asked for that no layout of ``gpus`` GPUs can have is one line with the
     valid ones (it used to leave nothing to search, or only the other axes' layouts): tensor
     parallelism stays inside a node, so it divides the GPUs per node and the GPU count; pipeline
@@ -301,10 +307,37 @@ def check_degrees(gpus: int, nodes_of: int, tensor: Iterable[int] | None, pipeli
         if tp < 1 or per_node % tp:
             raise UsageError(f"--tp {tp}: tensor parallelism stays inside a node, so its degree divides the "
                              f"{nodes_of} GPUs per node and the {gpus} GPUs; valid: {divisors(per_node)}")
-    for option, degrees in (("--pp", pipeline or ()), ("--cp", context)):
+    for option, degrees in (("--pp", pipeline or ()), ("--cp", context), ("--ep", expert or ())):
         for d in degrees:
             if d < 1 or gpus % d:
                 raise UsageError(f"{option} {d} does not divide the {gpus} GPUs; valid: {divisors(gpus)}")
+
+
+def expert_degrees(request: ModelRequest, gpus: int, nodes_of: int, expert: Iterable[int] | None) -> list[int]:
+    """The expert-parallel degrees to try: what the user gave (checked against the model's
+    expert count), else for a mixture-of-experts model every power of two that divides its
+    experts and stays inside a node (torchtitan keeps the expert all-to-all on NVLink)."""
+    from nnperf.trace.expert_parallel import has_experts
+
+    model_info = _model_info(request)
+    experts = has_experts(model_info[0]) if model_info is not None else 0
+    if expert is not None:
+        expert = list(expert)
+        if any(ep > 1 for ep in expert):
+            if model_info is None:
+                raise UsageError("expert parallelism (--ep) needs a built-in mixture-of-experts model "
+                                 "(mixtral-8x7b, or llama-7b -O n_experts=N)")
+            if not experts:
+                raise UsageError(f"--ep: {request_name(request)} has no experts; expert parallelism needs a "
+                                 "mixture-of-experts model (mixtral-8x7b, or llama-7b -O n_experts=N)")
+            for ep in expert:
+                if experts % ep:
+                    valid = ", ".join(str(d) for d in range(1, experts + 1) if experts % d == 0)
+                    raise UsageError(f"--ep {ep} does not divide the model's {experts} experts; valid: {valid}")
+        return expert
+    if not experts:
+        return [1]
+    return [d for d in (1, 2, 4, 8, 16, 32, 64) if experts % d == 0 and d <= min(gpus, nodes_of)]
 
 
 def _pipelines(model: Any) -> bool:
@@ -335,10 +368,12 @@ def _model_info(request: ModelRequest) -> tuple[Any, dict[str, Any], int | None]
 def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, cluster: Cluster,
          nodes_of: int | None = None, global_batch: int | None = None, *,
          tensor: Iterable[int] | None = (1,), pipeline: Iterable[int] | None = (1,),
-         schedules: Iterable[str] = DEFAULT_SCHEDULES, context: Iterable[int] = (1,)) -> Plan:
-    """Rank the layouts of ``request`` on ``gpus`` GPUs of ``gpu``. ``tensor``/``pipeline``:
-    the degrees to try (None: every degree the model and nodes allow; the default, 1, keeps
-    the data-parallel search; ``context``: context-parallel degrees, modelled in closed form).
+         schedules: Iterable[str] = DEFAULT_SCHEDULES, context: Iterable[int] = (1,),
+         expert: Iterable[int] | None = (1,)) -> Plan:
+    """Rank the layouts of ``request`` on ``gpus`` GPUs of ``gpu``. ``tensor``/``pipeline``/
+    ``expert``: the degrees to try (None: every degree the model and nodes allow; the default,
+    1, keeps the data-parallel search; ``context``: context-parallel degrees, modelled in
+    closed form).
 
     The search runs in two passes so that a large cluster is planned in seconds: data and
     tensor parallelism over every degree, then pipeline parallelism at the tensor-parallel
@@ -350,9 +385,10 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     layers = layers_of(request)
     asked = (tensor, pipeline)
     tensor, pipeline = search_axes(request, gpus, nodes_of, layers, tensor, pipeline)  # the model's rules first
-    check_degrees(gpus, nodes_of, *asked, context)
+    check_degrees(gpus, nodes_of, *asked, context, expert)
+    expert = expert_degrees(request, gpus, nodes_of, expert)
     first = layouts(gpus, nodes_of, global_batch, tensor=tensor, pipeline=[1] if 1 in pipeline else pipeline[:1],
-                    schedules=schedules, layers=layers, context=context)
+                    schedules=schedules, layers=layers, context=context, expert=expert)
     results, traces = _in_workers(request, options, gpu, cluster, layers,
                                   [[e for e in first if e.tensor == tp] for tp in tensor])
     deeper = [p for p in pipeline if p > 1 and p not in {e.execution.pipeline for e in results}]
@@ -360,7 +396,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         fitting = sorted((p for p in results if p.fits), key=lambda p: p.step_s)
         best_tp = fitting[0].execution.tensor if fitting else max(tensor)
         second = layouts(gpus, nodes_of, global_batch, tensor=[best_tp], pipeline=deeper, schedules=schedules,
-                         layers=layers)
+                         layers=layers, expert=expert)
         more, more_traces = _in_workers(request, options, gpu, cluster, layers,
                                         [[e for e in second if e.pipeline == pp] for pp in deeper])
         results += more
@@ -368,7 +404,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     if not results:
         raise UsageError(
             f"no layout of {request_name(request)} on {gpus} GPUs with tensor degrees {_listed(tensor)}, "
-            f"pipeline degrees {_listed(pipeline)} and context degrees {_listed(context)}: the global batch "
+            f"pipeline degrees {_listed(pipeline)}, context degrees {_listed(context)} and expert degrees "
+            f"{_listed(expert)}: the global batch "
             f"{global_batch} must divide over the data-parallel ranks (GPUs / (tp x pp x cp)), context "
             "parallelism does not combine with pipelines, and stages must split the layers; try other "
             "degrees or --global-batch a multiple of the GPU count")
