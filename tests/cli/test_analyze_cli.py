@@ -175,6 +175,19 @@ def test_an_unknown_sdpa_mode_is_one_line_with_the_valid_ones():
 
 
 def test_what_the_trace_assumed_is_printed_under_the_tables():
-    result, out = run(*MLP, "--sdpa", "unfused")
+    result, out = run("tests/trace/test_trace_moe.py:GroupedMoE", "--input-shape", "2,16,64", "--dtype", "bf16")
     assert result.exit_code == 0, out
-    assert "Note: --sdpa unfused changes nothing" in out
+    assert "Note: MoE routing: values unknown to a fake trace; each token's top-2 of 8 experts" in out
+
+
+@pytest.mark.parametrize(("args", "flag"), [
+    (["resnet18", "-O", "image_size=32", "--batch", "2", "--sdpa", "unfused"], "--sdpa unfused"),
+    (["gpt2", "-O", "n_layer=1", "--seq", "16", "--batch", "1", "--channels-last"], "--channels-last"),
+])
+def test_a_flag_that_changes_nothing_is_one_line_exit_2(args, flag):
+    """--sdpa unfused on a model that calls no SDPA is refused like --channels-last on a model
+    without 4-D tensors: one line, exit 2, no tables (found by a new-user trial)."""
+    result, _ = run(*args)
+    assert result.exit_code == 2, result.output
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith(f"nnperf: error: {flag} changes nothing here: ") and line.endswith("; leave it out")

@@ -163,10 +163,12 @@ def test_unfused_sdpa_is_the_unfused_kernels_in_the_input_dtype():
     assert bmm_flops == 2 * (2 * B * H * S * S * (D // H))
 
 
-def test_unfused_sdpa_on_a_step_without_sdpa_says_it_changes_nothing():
-    from nnperf.trace.attention import NO_SDPA_CALLED
+def test_unfused_sdpa_on_a_step_without_sdpa_is_refused():
+    """Like --channels-last without 4-D tensors: a setting that would not reach the model."""
+    from nnperf.errors import UsageError
 
-    mlp = analyze(nn.Sequential(nn.Linear(D, D)), inputs=(torch.randn(B, D),), sdpa="unfused")
-    assert NO_SDPA_CALLED in mlp.config["assumptions"]
+    with pytest.raises(UsageError, match=r"^--sdpa unfused changes nothing here: the step calls no "
+                                         r"F\.scaled_dot_product_attention .*; leave it out$"):
+        analyze(nn.Sequential(nn.Linear(D, D)), inputs=(torch.randn(B, D),), sdpa="unfused")
     attend = analyze(Attend(), inputs=(torch.randn(B, H, S, D),) * 3, sdpa="unfused")
-    assert NO_SDPA_CALLED not in attend.config.get("assumptions", [])
+    assert "assumptions" not in attend.config

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nnperf.errors import UsageError
 from nnperf.hardware.schema import read_toml
 
 #: A published model name (its first words) -> the zoo model that is the same network. The
@@ -68,7 +69,8 @@ class Workload:
     task: str | None = None
     attn_implementation: str | None = None
     #: How ``F.scaled_dot_product_attention`` runs (``TraceOptions.sdpa``): "unfused" where the
-    #: row's PyTorch predates it (``pre_sdpa``), as the model code of the time did attention.
+    #: row's PyTorch predates it (``pre_sdpa``), as the model code of the time did attention
+    #: (a model that calls no SDPA, which "unfused" is refused for, is traced as it is).
     sdpa: str = "fused"
 
 
@@ -181,17 +183,31 @@ class Predictor:
 
     def __init__(self) -> None:
         self._analyses: dict[tuple, Any] = {}
+        self._no_sdpa: set[str] = set()  # models whose step calls no SDPA: traced as they are
 
     def _analysis(self, w: Workload, optimizer: str) -> Any:
         from nnperf.analysis import analyze
+        from nnperf.trace.attention import NO_SDPA_CALLED
 
         key = (w, optimizer)
         if key not in self._analyses:
             # the row's image size always: EfficientNet-B4's default is 380, not 224
             options = {"image_size": w.image_size} if w.image_size else {}
-            self._analyses[key] = analyze(w.model, batch=w.batch, seq_len=w.seq_len, train=w.train, amp=w.amp,
-                                          dtype=w.dtype, optimizer=optimizer, channels_last=w.channels_last,
-                                          sdpa=w.sdpa, **options)
+
+            def traced(sdpa: str) -> Any:
+                return analyze(w.model, batch=w.batch, seq_len=w.seq_len, train=w.train, amp=w.amp,
+                               dtype=w.dtype, optimizer=optimizer, channels_last=w.channels_last,
+                               sdpa=sdpa, **options)
+
+            sdpa = "fused" if w.model in self._no_sdpa else w.sdpa
+            try:
+                self._analyses[key] = traced(sdpa)
+            except UsageError as err:
+                # a pre-2.0 row of a CNN, or of DLE's BERT (attention as bmm): nothing to unfuse
+                if sdpa != "unfused" or str(err) != NO_SDPA_CALLED:
+                    raise
+                self._no_sdpa.add(w.model)
+                self._analyses[key] = traced("fused")
         return self._analyses[key]
 
     def step_s(self, row: dict[str, Any]) -> float:

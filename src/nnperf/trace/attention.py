@@ -28,7 +28,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from nnperf.trace.assumptions import assume
+from nnperf.errors import UsageError
 
 
 def _expand_kv(q: Tensor, kv: Tensor, enable_gqa: bool) -> Tensor:
@@ -173,21 +173,23 @@ def fused_sdpa(
 _MODE = ["fused"]  # a TraceOptions.sdpa value
 _INSIDE_UNFUSED = [0]
 _CALLS = [0]
-NO_SDPA_CALLED = ("--sdpa unfused changes nothing: the step calls no scaled_dot_product_attention "
-                  "(attention written out in the model, e.g. --attn-implementation eager, is traced as written)")
+NO_SDPA_CALLED = ("--sdpa unfused changes nothing here: the step calls no F.scaled_dot_product_attention "
+                  "(a model without attention, or attention written out as GEMMs and softmax, e.g. "
+                  "--attn-implementation eager, which is traced as written); leave it out")
 
 
 @contextlib.contextmanager
 def sdpa_mode(mode: str) -> Iterator[None]:
     """Trace SDPA calls as ``mode`` (``TraceOptions.sdpa``) for the duration: the recording and the
     recomputations of checkpointed blocks within it. An unfused mode the step never used is
-    stated as an assumption of the trace (``trace.assumptions``)."""
+    refused, like ``--channels-last`` on a model without 4-D tensors: a setting that would not
+    reach the model (whether the step calls SDPA is known only once it has run)."""
     before, calls = _MODE[0], _CALLS[0]
     _MODE[0] = mode
     try:
         yield
         if mode == "unfused" and _CALLS[0] == calls:
-            assume(NO_SDPA_CALLED)
+            raise UsageError(NO_SDPA_CALLED)
     finally:
         _MODE[0] = before
 
