@@ -127,7 +127,8 @@ def test_an_advice_gain_is_in_readable_units():
 
     from nnperf.report.advice_tables import _gain
 
-    assert _gain(SimpleNamespace(gain_s=-1.27, gain_share=-4.22, note=None)) == "-1.27 s (-422.0%)"
+    assert _gain(SimpleNamespace(gain_s=-1.27, gain_share=-4.22, note=None)) == "-1.27 s (5.2x slower)"
+    assert _gain(SimpleNamespace(gain_s=-0.03, gain_share=-0.6, note=None)) == "-30 ms (-60.0%)"
     assert _gain(SimpleNamespace(gain_s=0.0123, gain_share=0.05, note=None)) == "+12.3 ms (+5.0%)"
 
 
