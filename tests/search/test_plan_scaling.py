@@ -88,13 +88,13 @@ def test_fsdp_gathered_parameters_are_not_per_micro_batch(reshard):
     with full checkpointing, against the real 1F1B schedule traced on the first, a middle and
     the last rank: memory within 10% (before the fix, keeping the blocks gathered composed
     1216 MB against the schedule's 1080 MB)."""
-    from nnperf.search.plan import _prepare
+    from nnperf.search.plan import prepare_for
 
     execution = Execution(world=8, data="fsdp", shard=2, pipeline=4, pipeline_schedule="1f1b", micro_batch=1,
                           grad_accum=8, checkpoint="full", reshard_after_forward=reshard)
     wide = {**LLAMA, "dim": 1024, "n_heads": 8, "ffn_hidden": 2816, "n_layer": 8}  # parameters >> activations
     request = ModelRequest("llama-7b", batch=8, seq_len=64, overrides=wide)
     composed = evaluate(request, OPTIONS, execution, GPU, CLUSTER, layers=8, cache=RoleCache())
-    traced = traced_schedule_step(request, OPTIONS, execution, GPU, CLUSTER, 8, RoleCache(), _prepare(execution))
+    traced = traced_schedule_step(request, OPTIONS, execution, GPU, CLUSTER, 8, RoleCache(), prepare_for(execution))
     assert composed.pipeline["in_flight"] == traced.pipeline["in_flight"]
     assert composed.memory_bytes == pytest.approx(traced.memory_bytes, rel=0.10)

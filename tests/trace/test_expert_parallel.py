@@ -64,14 +64,11 @@ def _tokens() -> torch.Tensor:
 
 
 def _worker(rank: int) -> dict:
-    from torch.distributed.fsdp import FSDPModule
-
     from nnperf.trace import distributed as engine
 
-    # gloo has no pre-multiplied sum, which a divide factor uses: the experts' gradients are
-    # averaged over the 2 ranks they are reduced over instead of the 4 data-parallel ranks,
-    # so they come out EP times the whole layer's (their tokens arrive from EP ranks)
-    FSDPModule.set_gradient_divide_factor = lambda self, factor: None
+    # gloo has no pre-multiplied sum, which the experts' divide factor uses, so on gloo they are
+    # averaged over the 2 ranks they are reduced over instead of the 4 data-parallel ranks: their
+    # gradients come out EP times the whole layer's (their tokens arrive from EP ranks)
     execution = EXECUTION
     _, dp_mesh, _, ep_mesh, experts_mesh = engine._meshes(execution)
     model = _model()

@@ -8,7 +8,6 @@ import torch
 import torch.nn.functional as F
 
 from nnperf.analysis import analyze
-from nnperf.zoo import get_model
 from nnperf.zoo.moe import MoE
 
 D, F_HIDDEN, E, K, T = 64, 96, 8, 2, 32

@@ -58,10 +58,19 @@ def prediction_target(device, request: GpuRequest) -> tuple[GpuTarget | None, st
 @click.option("--depth", type=LimitedInt("depth"), default=2, show_default=True,
               help="Module tree depth shown (0: the whole model only).")
 @click.option("--trace-out", type=click.Path(dir_okay=False), help="Write the profiled step as a Chrome trace.")
+@click.option("--layout", metavar="PLAN.json[:K]",
+              help="Run the K-th ranked layout (default the winner) of 'nnperf plan --json' for real, one "
+                   "process per rank under torchrun (NCCL on GPUs, gloo on CPUs), beside the plan's figures.")
 @click.option("--json", "as_json", is_flag=True, help="Print predict --json's document with measured values.")
 def measure(device_name, steps, warmup, gpu_request: GpuRequest, tf32, ops, depth,
-            trace_out, as_json, **kwargs) -> None:
-    """Measure one step of MODEL on this machine (CPU or CUDA GPU) beside nnperf's prediction."""
+            trace_out, layout, as_json, **kwargs) -> None:
+    """Measure one step of MODEL on this machine (CPU or CUDA GPU) beside nnperf's prediction;
+    with --layout, one rank of a planned multi-GPU layout under torchrun."""
+    if layout:
+        from nnperf.cli.measure_layout import measure_planned_layout
+
+        measure_planned_layout(layout, device_name, steps, warmup, as_json, kwargs)
+        return
     from nnperf.measure.device import resolve_device
     from nnperf.measure.runner import combined_json
     from nnperf.measure.runner import measure as run_measure

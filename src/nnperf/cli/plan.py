@@ -126,9 +126,11 @@ def _slowed(split: dict[str, Any]) -> str:
 
 
 def _print(result: Any, configs: dict[str, Any]) -> None:
+    from nnperf.request import model_label
     from nnperf.units import rate
 
-    click.echo(f"{result.model} on {result.gpus} x {result.gpu.label} ({result.cluster.name}), "
+    click.echo(f"{model_label(result.model, result.model_options)} on {result.gpus} x {result.gpu.label} "
+               f"({result.cluster.name}), "
                f"global batch {result.global_batch} ({result.options.describe()}); "
                f"{result.traces} rank roles traced")
     for i, p in enumerate(result.ranked, 1):

@@ -36,6 +36,7 @@ class RealStep:
     optimizer: torch.optim.Optimizer | None
     run: Callable[[], Any]
     scaler: TracedGradScaler | None = None
+    step: Step | None = None
 
     def state_tensors(self) -> list[Any]:
         """Every tensor the loop keeps between steps: weights and their gradients, buffers,
@@ -68,8 +69,11 @@ def _to_device(value: Any, device: torch.device, dtype: torch.dtype | None) -> A
     return value
 
 
-def build_step(build: Callable[[], Workload], options: TraceOptions, device: torch.device) -> RealStep:
-    """Build the workload for real on ``device`` and return its step function.
+def build_step(build: Callable[[], Workload], options: TraceOptions, device: torch.device,
+               wrap: Callable[[Workload], Workload] | None = None) -> RealStep:
+    """Build the workload for real on ``device`` and return its step function; ``wrap``: what
+    the placed workload goes through before its step is made (a layout's engines:
+    ``measure.distributed``).
 
     The builder runs with ``device`` as the default device, so weights are initialised there
     (random init of a 7B model on one CPU thread takes minutes; on a GPU, a second); what it
@@ -89,9 +93,12 @@ def build_step(build: Callable[[], Workload], options: TraceOptions, device: tor
     if isinstance(loss_fn, nn.Module):
         loss_fn.to(device)
     _move_closure_tensors(loss_fn, device)
+    if wrap is not None:
+        workload = wrap(workload)
+        model = workload.model
     step = Step.of(model, workload.inputs, loss_fn, options, device_type=device.type)
     return RealStep(workload=workload, device=device, options=options, optimizer=step.optimizer,
-                    run=step.run, scaler=step.scaler)
+                    run=step.run, scaler=step.scaler, step=step)
 
 
 def _held_tensors(fn: Any) -> list[Any]:

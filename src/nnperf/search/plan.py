@@ -88,9 +88,12 @@ class Plan:
     traces: int = 0  # rank roles traced (the search's cost)
     layers: int | None = None  # repeated blocks of a built-in stack
     options: TraceOptions = field(default_factory=TraceOptions)  # the step every rank runs
+    model_options: dict[str, Any] = field(default_factory=dict)  # -O overrides of a built-in model
+    seq_len: int | None = None  # --seq, when given
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema": "nnperf.plan/1", "model": self.model, "gpu": self.gpu.id,
+        return {"schema": "nnperf.plan/1", "model": self.model, "model_options": self.model_options,
+                "seq_len": self.seq_len, "gpu": self.gpu.id,
                 "cluster": self.cluster.to_json(), "gpus": self.gpus, "global_batch": self.global_batch,
                 "options": self.options.to_json(),
                 "ranked": [p.to_json() for p in self.ranked],
@@ -183,7 +186,8 @@ def shape_key(execution: Execution) -> tuple[Any, ...]:
             e.context, e.expert)
 
 
-def _prepare(execution: Execution) -> Any:
+def prepare_for(execution: Execution) -> Any:
+    """What the layout's activation checkpointing does to a built workload (None: nothing)."""
     if not execution.checkpoint:
         return None
     policy = execution.checkpoint if execution.checkpoint != "full" else False
@@ -205,11 +209,11 @@ def evaluate(request: ModelRequest, options: TraceOptions, execution: Execution,
         seq = request.seq_len or (info[2] if info else None)
         if not seq:
             raise UsageError("context parallelism needs a sequence length (--seq)")
-        return context_step(request, options, execution, gpu, cluster, layers, cache, _prepare(execution), seq)
+        return context_step(request, options, execution, gpu, cluster, layers, cache, prepare_for(execution), seq)
     if execution.pipeline > 1:
-        return pipeline_step(request, options, execution, gpu, cluster, layers, cache, _prepare(execution), prune)
+        return pipeline_step(request, options, execution, gpu, cluster, layers, cache, prepare_for(execution), prune)
     cost = scaled_cost(replace(request, batch=execution.micro_batch), options, execution, gpu, cluster, 0,
-                       layers, cache, _prepare(execution))
+                       layers, cache, prepare_for(execution))
     accum = execution.grad_accum
     optimizer_s = cost.get("optimizer_s")
 
@@ -427,7 +431,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         for p in ranked[1:]:
             p.reason = f"slower by {p.step_s / best.step_s - 1:.1%}"
     return Plan(request_name(request), gpu, cluster, gpus, global_batch, ranked, rejected,
-                _notes(request, results, layers), traces + cache.traces, layers, options)
+                _notes(request, results, layers), traces + cache.traces, layers, options,
+                dict(request.overrides), request.seq_len)
 
 
 def _notes(request: ModelRequest, results: list[Planned], layers: int | None) -> list[str]:

@@ -322,38 +322,13 @@ def trace_rank(
         shape = tuple(execution.mesh_shape())
         if shape not in session["meshes"]:
             session["meshes"][shape] = _meshes(execution)
-        tp_mesh, dp_mesh, pp_mesh, ep_mesh, experts_dp_mesh = session["meshes"][shape]
 
         def build_distributed() -> Workload:
             # --dtype casts the model before the engines wrap it, as Megatron-LM's Float16Module
             # does: their shards, stage shapes and buckets are in that dtype
             workload = cast_workload(build(), options.dtype)
-            if execution.tensor > 1:
-                from nnperf.trace.tensor_parallel import apply_tensor_parallel, check_divisible
-
-                check_divisible(workload.model, workload.info.get("config", {}), execution.tensor,
-                                execution.sequence_parallel, workload.info.get("seq_len"))
-                if apply_tensor_parallel(workload.model, tp_mesh, execution.sequence_parallel,
-                                         loss_parallel=split_logits):
-                    step_contexts.enter_context(_loss_parallel())
-            if execution.expert > 1:
-                _apply_expert_parallel(workload.model, execution.expert, ep_mesh)
-            if prepare is not None:
-                prepare(workload)
-            parts = [workload.model]
-            if execution.pipeline > 1:
-                workload.model = _pipeline_rank(workload, execution, options, pp_mesh)
-                parts = list(workload.model.stages)
-            if execution.data_parallel == 1 and execution.data != "fsdp":
-                return workload
-            if execution.data == "ddp":
-                workload.model = _ddp(workload, execution)
-            else:
-                for part in parts:
-                    if execution.expert > 1:
-                        _shard_experts(part, experts_dp_mesh, execution, options.amp)
-                    _fully_shard(part, dp_mesh, units(part), execution.reshard_after_forward, options.amp)
-            return workload
+            return wrap_workload(workload, execution, options, session["meshes"][shape], units, prepare,
+                                 step_contexts, split_logits)
 
         with step_contexts:
             trace, workload = trace_workload(build_distributed, options, meta_first=False)
@@ -364,6 +339,47 @@ def trace_rank(
         trace.config["pipeline_order"] = workload.model.pipeline_order
         trace.config["pipeline_stages"] = list(workload.model.stage_indices)
     return RankTrace(execution, trace, workload, collectives)
+
+
+def wrap_workload(workload: Workload, execution: Execution, options: TraceOptions, meshes: tuple[Any, ...],
+                  units: Callable[[nn.Module], list[str]], prepare: Callable[[Workload], Any] | None,
+                  step_contexts: contextlib.ExitStack, split_logits: bool, real: bool = False) -> Workload:
+    """Apply the layout's engines to a built workload, in torchtitan's order: tensor and expert
+    parallelism, activation checkpointing (``prepare``), the pipeline stages, then DDP or FSDP2.
+    ``meshes``: ``_meshes(execution)``; ``step_contexts`` receives what the step must run under
+    (loss parallelism); ``real``: a real process group (``measure.distributed``), where DDP runs
+    as users run it, not with the fake process group's steady-state reducer and hook."""
+    tp_mesh, dp_mesh, pp_mesh, ep_mesh, experts_dp_mesh = meshes
+    if execution.tensor > 1:
+        from nnperf.trace.tensor_parallel import apply_tensor_parallel, check_divisible
+
+        check_divisible(workload.model, workload.info.get("config", {}), execution.tensor,
+                        execution.sequence_parallel, workload.info.get("seq_len"))
+        if apply_tensor_parallel(workload.model, tp_mesh, execution.sequence_parallel, loss_parallel=split_logits):
+            step_contexts.enter_context(_loss_parallel())
+    if execution.expert > 1:
+        _apply_expert_parallel(workload.model, execution.expert, ep_mesh)
+    if prepare is not None:
+        prepare(workload)
+    parts = [workload.model]
+    if execution.pipeline > 1:
+        workload.model = _pipeline_rank(workload, execution, options, pp_mesh)
+        parts = list(workload.model.stages)
+    if execution.data_parallel == 1 and execution.data != "fsdp":
+        return workload
+    if execution.data == "ddp":
+        if real:
+            from torch.nn.parallel import DistributedDataParallel
+
+            workload.model = DistributedDataParallel(workload.model, bucket_cap_mb=execution.bucket_bytes / 2**20)
+        else:
+            workload.model = _ddp(workload, execution)
+    else:
+        for part in parts:
+            if execution.expert > 1:
+                _shard_experts(part, experts_dp_mesh, execution, options.amp)
+            _fully_shard(part, dp_mesh, units(part), execution.reshard_after_forward, options.amp)
+    return workload
 
 
 def _pipeline_rank(workload: Workload, execution: Execution, options: TraceOptions, pp_mesh: Any) -> nn.Module:
@@ -396,7 +412,7 @@ def _loss_parallel() -> Any:
     return loss_parallel()
 
 
-def _meshes(execution: Execution) -> tuple[Any, Any, Any, Any, Any]:
+def _meshes(execution: Execution, device_type: str = "cpu") -> tuple[Any, Any, Any, Any, Any]:
     """The tensor-, data- and pipeline-parallel (sub)meshes, sliced from one device mesh, and
     with expert parallelism the expert group and the data-parallel mesh of the experts' weights
     (torchtitan's ``ep`` and ``dp_shard_mod_ep``). A mesh reads its rank table with real
@@ -404,7 +420,7 @@ def _meshes(execution: Execution) -> tuple[Any, Any, Any, Any, Any]:
     from torch.distributed.device_mesh import init_device_mesh
 
     names, sizes = zip(*execution.mesh_shape(), strict=True)
-    mesh = init_device_mesh("cpu", sizes, mesh_dim_names=names)
+    mesh = init_device_mesh(device_type, sizes, mesh_dim_names=names)
     expert_mesh = experts_data = None
     if execution.expert > 1:
         mesh["shard_mod_expert", "expert"]._flatten("shard")
@@ -449,7 +465,10 @@ def _shard_experts(model: nn.Module, mesh: Any, execution: Execution, amp: str |
             placement = (lambda p: Shard(1)) if mesh.size() > local else None
             fully_shard(module, mesh=mesh, reshard_after_forward=execution.reshard_after_forward,
                         mp_policy=policy, shard_placement_fn=placement)
-            module.set_gradient_divide_factor(float(execution.data_parallel))
+            if dist.get_backend() != "gloo":  # gloo has no pre-multiplied sum (ReduceOp.PREMUL_SUM):
+                # on CPUs the experts' gradients are averaged over their FSDP group only, EP times
+                # the whole layer's; the step's work, bytes and collectives are the same
+                module.set_gradient_divide_factor(float(execution.data_parallel))
 
 
 def _mixed_precision(amp: str | None) -> Any:
@@ -686,4 +705,4 @@ def sharded_bytes(trace: RankTrace) -> dict[str, int]:
 
 
 __all__ = ["Collective", "Execution", "RankTrace", "fake_process_group", "local", "release_session",
-           "sharded_bytes", "trace_rank"]
+           "sharded_bytes", "trace_rank", "wrap_workload"]

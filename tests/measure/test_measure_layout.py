@@ -1,0 +1,70 @@
+"""``nnperf measure --layout PLAN.json`` under torchrun, end to end on this CPU with gloo: the
+plan's per-rank parameter, gradient and optimizer-state bytes are what the real ranks hold (the
+real run's local shards, counted here from its storages), and a plan it cannot run is one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from nnperf.cli.app import cli
+
+MODEL = ["llama-7b", "-O", "n_layer=1", "-O", "dim=64", "-O", "n_heads=4", "-O", "ffn_hidden=128",
+         "-O", "vocab=256", "--seq", "32", "--batch", "2"]
+
+
+@pytest.fixture(scope="module")
+def plan_file(tmp_path_factory):
+    result = CliRunner().invoke(cli, ["plan", *MODEL, "--gpu", "h100", "--gpus", "2", "--tp", "1,2", "--pp", "1",
+                                      "--json"])
+    assert result.exit_code == 0, result.output
+    path = tmp_path_factory.mktemp("plan") / "plan.json"
+    path.write_text(result.output)
+    return path
+
+
+def _torchrun(plan: str, *extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           "-m", "nnperf", "measure", *MODEL, "--layout", plan,
+                           "--device", "cpu", "--steps", "2", "--warmup", "1", "--json", *extra],
+                          capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_every_planned_layout_holds_the_planned_state_on_real_ranks(plan_file):
+    plan = json.loads(plan_file.read_text())
+    kinds = {(r["execution"]["data"], r["execution"]["tensor"]) for r in plan["ranked"]}
+    assert {("fsdp", 1), ("ddp", 1)} <= kinds and any(t == 2 for _, t in kinds)
+    for index, row in enumerate(plan["ranked"]):
+        done = _torchrun(f"{plan_file}:{index}")
+        assert done.returncode == 0, done.stderr[-3000:]
+        doc = json.loads(done.stdout)
+        ranks = doc["measured"]["ranks"]
+        assert [r["rank"] for r in ranks] == [0, 1]
+        assert ranks[0]["state_bytes"] == row["per_rank_state_bytes"], row["layout"]
+        assert all(t > 0 for r in ranks for t in r["step_times_s"])
+        assert doc["comparable"] is False and doc["step_time_error"] is None  # a CPU run of a GPU plan
+        if row["execution"]["data"] == "fsdp":  # half of DDP's state on each rank (up to FSDP's padding)
+            ddp = next(r for r in plan["ranked"] if r["execution"]["data"] == "ddp")
+            assert ranks[0]["state_bytes"]["parameters"] <= ddp["per_rank_state_bytes"]["parameters"] / 2 + 64
+
+
+def test_a_layout_outside_torchrun_or_of_another_plan_is_one_line(plan_file, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    cases = [
+        ([*MODEL, "--layout", str(plan_file)], "start it with torchrun"),
+        ([*MODEL, "--layout", f"{plan_file}:9"], "valid indices: 0 to"),
+        (["gpt2", "--layout", str(plan_file)], "is a plan of llama-7b"),
+        ([*MODEL, "--amp", "bf16", "--layout", str(plan_file)], "planned with amp=None"),
+        ([*MODEL, "-O", "n_layer=2", "--layout", str(plan_file)], "measure the same model"),
+        ([*MODEL, "--layout", str(tmp_path / "missing.json")], "cannot read"),
+    ]
+    for args, message in cases:
+        result = CliRunner(env=env).invoke(cli, ["measure", *args, "--device", "cpu"])
+        assert result.exit_code == 2, result.output
+        assert message in result.output and len(result.output.strip().splitlines()) == 1, result.output
