@@ -58,6 +58,8 @@ MODELS: list[dict[str, Any]] = [
     {"model": "gpt2-xl", "batches": [1, 2], "seq": 64, "overrides": {"n_layer": 1}},
     {"model": "llama-7b", "batches": [1, 4], "seq": 64,
      "overrides": {"n_layer": 2, "dim": 512, "n_heads": 8, "ffn_hidden": 1376, "vocab": 4000}},
+    {"model": "mixtral-8x7b", "batches": [1, 4], "seq": 64,
+     "overrides": {"n_layer": 2, "dim": 512, "n_heads": 8, "n_kv_heads": 4, "ffn_hidden": 704, "vocab": 4000}},
 ]
 
 #: Step variants: (name, train, optimizer, dtype, amp).

@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "validation" / "data" / "cpu-memory.json"
 #: A few bytes: real kernels wrap Python numbers (lr, betas) in 0-dim tensors fake ones lack.
 EXACT_PERCENT = 0.05
+ROUTING_PERCENT = 1.0
 #: The largest share of a step's peak the CPU's convolution scratch was measured to add
 #: (resnet18 inference at batch 2: the largest 3x3 convolution's reordered weight and output).
 CONV_SCRATCH_PERCENT = 16.0
@@ -66,7 +67,8 @@ def repredicted() -> list[dict]:
         rows.append({"config": record["config"]["name"], "model": record["config"]["model"],
                      "measured_peak_memory_bytes": record["measured_peak_bytes"],
                      "predicted_peak_memory_bytes": predict_host_memory(trace).peak_allocated,
-                     "convolutions": any(e.name == "aten.convolution" for e in trace.events)})
+                     "convolutions": any(e.name == "aten.convolution" for e in trace.events),
+                     "routed": any(e.name == "aten._grouped_mm" for e in trace.events)})
     return rows
 
 
@@ -76,7 +78,7 @@ def _error_percent(row: dict) -> float:
 
 
 def test_exact_where_the_cpu_runs_the_kernels_the_trace_models(repredicted):
-    rows = [r for r in repredicted if not r["convolutions"]]
+    rows = [r for r in repredicted if not r["convolutions"] and not r["routed"]]
     assert len(rows) >= 40
     off = [f"{r['config']}: {_error_percent(r):+.3f}%" for r in rows if abs(_error_percent(r)) > EXACT_PERCENT]
     assert not off, "\n".join(off)
@@ -87,6 +89,16 @@ def test_convolutional_models_fall_short_only_by_the_cpu_convolution_scratch(rep
     assert len(rows) >= 40
     off = [f"{r['config']}: {_error_percent(r):+.3f}%" for r in rows
            if not -CONV_SCRATCH_PERCENT <= _error_percent(r) <= EXACT_PERCENT]
+    assert not off, "\n".join(off)
+
+
+def test_mixture_of_experts_within_its_routing_assumption(repredicted):
+    """The trace spreads tokens evenly over the experts; the real router does not (the routed
+    rows, T x k, are the same; their split over the experts is not), which moved one peak of
+    the ten by 0.28% when this was written: within 1%."""
+    rows = [r for r in repredicted if r["routed"]]
+    assert len(rows) >= 10
+    off = [f"{r['config']}: {_error_percent(r):+.3f}%" for r in rows if abs(_error_percent(r)) > ROUTING_PERCENT]
     assert not off, "\n".join(off)
 
 
