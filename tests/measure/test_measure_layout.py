@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -29,11 +30,19 @@ def plan_file(tmp_path_factory):
 
 
 def _torchrun(plan: str, *extra: str) -> subprocess.CompletedProcess:
+    """torchrun with 2 CPU ranks; on a timeout the whole process group goes (torchrun's workers
+    would outlive it)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           "-m", "nnperf", "measure", *MODEL, "--layout", plan,
-                           "--device", "cpu", "--steps", "2", "--warmup", "1", "--json", *extra],
-                          capture_output=True, text=True, timeout=300, env=env)
+    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "nnperf",
+            "measure", *MODEL, "--layout", plan, "--device", "cpu", "--steps", "2", "--warmup", "1", "--json", *extra]
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                          start_new_session=True) as process:
+        try:
+            out, err = process.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            raise
+    return subprocess.CompletedProcess(args, process.returncode, out, err)
 
 
 def test_every_planned_layout_holds_the_planned_state_on_real_ranks(plan_file):
