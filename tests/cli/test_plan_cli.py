@@ -122,6 +122,7 @@ def test_expert_parallel_layouts_of_a_mixture_of_experts_model():
         assert a2a["count"] == 2 * 5  # per layer: counts, dispatch, combine; their 2 gradients
         assert a2a["bytes"] == 2 * (counts + 4 * rows)  # 2 layers
     assert "all_to_all" not in fsdp[1]["collectives"]
+    assert any("top-2 of 8 experts are assumed spread uniformly" in n for n in doc["notes"])
     best = doc["ranked"][0]["execution"]
     if best["expert"] > 1:
         assert f"expert_parallel_degree = {best['expert']}" in doc["torchtitan"]

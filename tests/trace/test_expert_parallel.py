@@ -159,3 +159,18 @@ def test_layouts_expert_parallelism_refuses():
         Execution(world=4, data="fsdp", shard=4, expert=3).validate()
     with pytest.raises(UsageError, match="tensor or context"):
         Execution(world=8, data="fsdp", shard=4, tensor=2, expert=2).validate()
+
+
+def test_the_traced_rank_holds_the_busiest_expert_under_a_capacity_factor():
+    """--moe-capacity-factor 2 over 8 experts: expert 0 gets 2/8 of the 24 routed rows (6), the
+    other 7 share 18 (largest remainder: 3, 3, 3, 3, 2, 2, 2). Rank 0 holds experts 0-3 (15 of
+    its own rows) and, every rank routing alike, receives 15 from each of the 2 ranks: 30 rows
+    come back through the combine all-to-all, 24 leave through the dispatch."""
+    def build() -> Workload:
+        return Workload(model=_model(), inputs=(torch.randn(1, TOKENS, DIM),), loss_fn=lambda out: out.sum())
+
+    traced = trace_rank(build, TraceOptions(optimizer="adamw", moe_capacity_factor=2.0), EXECUTION, lambda m: [])
+    row = DIM * 4
+    a2a = [(c.phase, c.bytes) for c in traced.collectives if c.kind == "all_to_all"]
+    assert a2a == [("forward", EXPERTS * 8), ("forward", 24 * row), ("forward", 30 * row),
+                   ("backward", 24 * row), ("backward", 30 * row)]

@@ -431,7 +431,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         for p in ranked[1:]:
             p.reason = f"slower by {p.step_s / best.step_s - 1:.1%}"
     return Plan(request_name(request), gpu, cluster, gpus, global_batch, ranked, rejected,
-                _notes(request, results, layers), traces + cache.traces, layers, options,
+                _notes(request, results, layers) + _routing_note(request, options), traces + cache.traces, layers,
+                options,
                 dict(request.overrides), request.seq_len)
 
 
@@ -448,6 +449,20 @@ def _notes(request: ModelRequest, results: list[Planned], layers: int | None) ->
         notes.append("tensor x pipeline layouts gather the logits for the loss (no loss parallelism on the "
                      "last stage)")
     return notes
+
+
+def _routing_note(request: ModelRequest, options: TraceOptions) -> list[str]:
+    """A mixture-of-experts model's routing is an assumption of every traced rank: say which."""
+    from nnperf.trace.expert_parallel import has_experts
+    from nnperf.trace.routing import Routing
+
+    info = _model_info(request)
+    experts = has_experts(info[0]) if info is not None else 0
+    if not experts:
+        return []
+    routing = Routing(options.moe_load, options.moe_capacity_factor)
+    return [routing.describe(experts, info[1].get("top_k", 1)) + "; under expert parallelism every rank routes "
+            "as the traced one (rank 0, holding the busiest experts)"]
 
 
 #: Processes a plan's searches run in (default: 2 where a fork is safe, else 1).
