@@ -38,9 +38,12 @@ class _Collectives(TorchDispatchMode):
         if name in _KIND:
             if name == "c10d._allgather_base_":
                 nbytes = args[0].numel() * args[0].element_size()  # the gathered output
-            else:
-                src = args[1] if name == "c10d._reduce_scatter_base_" else args[0]
-                nbytes = src.numel() * src.element_size()
+            elif name == "c10d._reduce_scatter_base_":
+                nbytes = args[1].numel() * args[1].element_size()  # the input, N x the output
+            else:  # all-to-all: the larger of the sent and the received rows
+                row = args[0].numel() // max(1, args[0].shape[0]) * args[0].element_size()
+                received = sum(args[1]) if args[1] is not None else args[0].shape[0]
+                nbytes = row * max(args[0].shape[0], received)
             self.seen.append((_KIND[name], nbytes))
         return func(*args, **(kwargs or {}))
 
@@ -165,12 +168,39 @@ def test_the_traced_rank_holds_the_busiest_expert_under_a_capacity_factor():
     """--moe-capacity-factor 2 over 8 experts: expert 0 gets 2/8 of the 24 routed rows (6), the
     other 7 share 18 (largest remainder: 3, 3, 3, 3, 2, 2, 2). Rank 0 holds experts 0-3 (15 of
     its own rows) and, every rank routing alike, receives 15 from each of the 2 ranks: 30 rows
-    come back through the combine all-to-all, 24 leave through the dispatch."""
+    come back through the combine all-to-all, 24 leave through the dispatch. Each all-to-all is
+    sized by the larger side, as rank 0 waits for it: 30 rows, there and back, both ways."""
     def build() -> Workload:
         return Workload(model=_model(), inputs=(torch.randn(1, TOKENS, DIM),), loss_fn=lambda out: out.sum())
 
     traced = trace_rank(build, TraceOptions(optimizer="adamw", moe_capacity_factor=2.0), EXECUTION, lambda m: [])
     row = DIM * 4
     a2a = [(c.phase, c.bytes) for c in traced.collectives if c.kind == "all_to_all"]
-    assert a2a == [("forward", EXPERTS * 8), ("forward", 24 * row), ("forward", 30 * row),
-                   ("backward", 24 * row), ("backward", 30 * row)]
+    assert a2a == [("forward", EXPERTS * 8), ("forward", 30 * row), ("forward", 30 * row),
+                   ("backward", 30 * row), ("backward", 30 * row)]
+
+
+@pytest.mark.parametrize("policy, recomputed, experts_gemms", [
+    ("full", 3, 3), ("selective", 0, 0), ("selective-op", 0, 3)])
+def test_checkpointing_recomputes_what_its_policy_does_not_save(policy, recomputed, experts_gemms):
+    """Per block's backward: the 2 all-to-alls of the gradients and the experts' 6 grouped GEMMs,
+    plus, where the policy recomputes them, the forward's 3 all-to-alls (counts, dispatch,
+    combine: full checkpointing) and 3 grouped GEMMs (full, and torchtitan's per-op policy,
+    whose save list has the all-to-all but not ``_grouped_mm``); nnperf's selective policy saves
+    both. The experts' FSDP gather inside the recomputed block is outside selective
+    checkpointing's op cache, as in PyTorch from pytorch/pytorch#196862."""
+    from nnperf.search.plan import prepare_for
+    from nnperf.zoo import get_model
+
+    spec = get_model("mixtral-8x7b")
+    execution = Execution(world=WORLD, data="fsdp", shard=WORLD, expert=EP, checkpoint=policy)
+
+    def build() -> Workload:
+        return spec.build(1, 16, n_layer=2, dim=DIM, n_heads=4, n_kv_heads=2, ffn_hidden=HIDDEN, vocab=64)
+
+    traced = trace_rank(build, TraceOptions(optimizer="adamw"), execution, lambda m: ["layers.0", "layers.1"],
+                        prepare_for(execution))
+    backward = [c for c in traced.collectives if c.kind == "all_to_all" and c.phase == "backward"]
+    assert len(backward) == 2 * (2 + recomputed)
+    gemms = [e for e in traced.trace.events if e.name == "aten._grouped_mm" and e.phase == "backward"]
+    assert len(gemms) == 2 * (6 + experts_gemms)

@@ -3,9 +3,10 @@
 
 Each writer returns the text, or raises ``NotExpressible`` naming what the engine lacks, so a
 plan never prints a config that would run something else than what was planned. Sources for
-the names: torchtitan ``torchtitan/config/job_config.py`` (``[parallelism]``,
+the names: torchtitan ``torchtitan/config/job_config.py`` (``[parallelism]`` with
+``expert_parallel_degree``,
 ``[activation_checkpoint]``, ``[training]``); Megatron-LM ``megatron/training/arguments.py``
-(``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``, ``expert_parallel_degree``,
+(``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
 ``--num-layers-per-virtual-pipeline-stage``, ``--sequence-parallel``, ``--use-torch-fsdp2``,
 ``--torch-fsdp2-no-reshard-after-forward``, ``--recompute-*``) and its FSDP2 guide
 (``--no-gradient-accumulation-fusion --ckpt-format torch_dist``); DeepSpeed's config

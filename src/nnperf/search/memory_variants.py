@@ -108,6 +108,7 @@ SAVED_BY_SELECTIVE = frozenset({
     "aten.mm", "aten.addmm", "aten.linear", "aten.convolution", "aten.cudnn_convolution",
     "nnperf.attention", "aten._scaled_dot_product_flash_attention",
     "aten._scaled_dot_product_efficient_attention",
+    "aten._grouped_mm", "_c10d_functional.all_to_all_single",  # experts' GEMMs; tokens sent once
 })
 
 #: torchtitan's per-op selective checkpointing (``selective_ac_option = "op"``), as it ran for
@@ -119,11 +120,14 @@ SAVED_BY_SELECTIVE = frozenset({
 #: everything else is recomputed, and so is every second ``aten.mm`` of a block ("Saves output
 #: of all compute ops, except every second mm"), counted separately in the forward and in the
 #: recomputation. The trace's SDPA stand-in ``nnperf.attention`` counts as SDPA. ``addmm`` (a
-#: linear with a bias) is not on the list: torchtitan's Llama has no biases.
+#: linear with a bias) is not on the list: torchtitan's Llama has no biases. The expert-parallel
+#: all-to-all joined the list with torchtitan's MoE models (its ``_op_sac_save_list`` in
+#: torchtitan/models/llama4 and deepseek_v3 ``infra/parallelize.py``); dense models call none.
 SAVED_BY_TORCHTITAN_OP = frozenset({
     "aten.mm.default", "nnperf.attention.default", "aten._scaled_dot_product_flash_attention.default",
     "aten._scaled_dot_product_efficient_attention.default",
     "_c10d_functional.reduce_scatter_tensor.default", "aten.abs.default", "aten.max.default",
+    "_c10d_functional.all_to_all_single.default",
 })
 
 #: Megatron-LM's selective recomputation (``--recompute-activations``, i.e.
@@ -183,9 +187,17 @@ def _policy(kind: str) -> Callable[..., Any]:
 
 def _recompute_context() -> tuple[contextlib.AbstractContextManager, TorchFunctionMode]:
     """Recomputation runs on the autograd thread, outside the tracer's function mode; apply the
-    tracer's substitutions there too (fused attention, native dropout), so the recomputed
-    forward matches the original one op for op."""
-    return contextlib.nullcontext(), GraphLabeler(ModuleStack({}))
+    tracer's substitutions there too (fused attention, native dropout, the assumed MoE
+    routing), so the recomputed forward matches the original one op for op."""
+    return contextlib.nullcontext(), GraphLabeler(ModuleStack({}), _active_routing())
+
+
+def _active_routing() -> Any:
+    """The MoE routing the tracer assumes in the forward under way (None outside a trace)."""
+    from torch.overrides import _get_current_function_mode_stack
+
+    labelers = [m for m in _get_current_function_mode_stack() if isinstance(m, GraphLabeler)]
+    return labelers[-1]._routing if labelers else None
 
 
 def _selective_context(kind: str = "selective") -> tuple[Any, Any]:

@@ -102,7 +102,7 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
     by_index = {c.index: c for c in traced.collectives}
     pipelined = execution.pipeline > 1
     comm = overlap(prediction.step, traced.trace, _timed(cluster, by_index, pipelined),
-                   _contention(cluster, gpu, by_index), stream_of=lambda index: tuple(sorted(by_index[index].group_ranks)))
+                   _contention(cluster, gpu, by_index), stream_of=lambda index: by_index[index].stream)
     values: dict[str, float] = {
         "step_s": comm.step_s, "compute_s": comm.compute_s, "comm_s": comm.comm_s,
         "slowdown_s": comm.slowdown_s,

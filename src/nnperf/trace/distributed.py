@@ -29,6 +29,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import itertools
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -98,6 +99,12 @@ class Execution:
     @property
     def global_batch(self) -> int:
         return self.micro_batch * self.grad_accum * self.data_parallel
+
+    @property
+    def splits_logits(self) -> bool:
+        """torchtitan's loss parallelism: the logits stay split over the vocabulary for the loss
+        (tensor parallelism without a pipeline)."""
+        return self.tensor > 1 and self.pipeline == 1 and self.loss_parallel
 
     @property
     def model_parallel(self) -> int:
@@ -209,6 +216,12 @@ class Collective:
     group_ranks: tuple[int, ...]
     phase: str
     module: str
+    group: str = ""  # the process group's name: one NCCL communicator, one stream
+
+    @property
+    def stream(self) -> tuple[str, tuple[int, ...]]:
+        """The stream it runs on: its communicator's (a point-to-point pair has its own)."""
+        return (self.group, tuple(sorted(self.group_ranks)) if self.kind == "send_recv" else ())
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "bytes": self.bytes, "group_size": self.group_size,
@@ -315,7 +328,6 @@ def trace_rank(
     # torchtitan's loss parallelism (the logits stay split over the vocabulary) needs the loss
     # and its backward under ``loss_parallel()``: the whole step runs under it; its custom
     # handlers touch only cross entropy's ops on DTensors
-    split_logits = execution.tensor > 1 and execution.pipeline == 1 and execution.loss_parallel
     step_contexts = contextlib.ExitStack()
     with _quiet_sharding_propagation(session["memo"]), one_rank_chunks():
         # The mesh is made on real tensors (it reads its rank table), before the fake mode.
@@ -328,7 +340,7 @@ def trace_rank(
             # does: their shards, stage shapes and buckets are in that dtype
             workload = cast_workload(build(), options.dtype)
             return wrap_workload(workload, execution, options, session["meshes"][shape], units, prepare,
-                                 step_contexts, split_logits)
+                                 step_contexts)
 
         with step_contexts:
             trace, workload = trace_workload(build_distributed, options, meta_first=False)
@@ -343,7 +355,7 @@ def trace_rank(
 
 def wrap_workload(workload: Workload, execution: Execution, options: TraceOptions, meshes: tuple[Any, ...],
                   units: Callable[[nn.Module], list[str]], prepare: Callable[[Workload], Any] | None,
-                  step_contexts: contextlib.ExitStack, split_logits: bool, real: bool = False) -> Workload:
+                  step_contexts: contextlib.ExitStack, real: bool = False) -> Workload:
     """Apply the layout's engines to a built workload, in torchtitan's order: tensor and expert
     parallelism, activation checkpointing (``prepare``), the pipeline stages, then DDP or FSDP2.
     ``meshes``: ``_meshes(execution)``; ``step_contexts`` receives what the step must run under
@@ -355,7 +367,8 @@ def wrap_workload(workload: Workload, execution: Execution, options: TraceOption
 
         check_divisible(workload.model, workload.info.get("config", {}), execution.tensor,
                         execution.sequence_parallel, workload.info.get("seq_len"))
-        if apply_tensor_parallel(workload.model, tp_mesh, execution.sequence_parallel, loss_parallel=split_logits):
+        if apply_tensor_parallel(workload.model, tp_mesh, execution.sequence_parallel,
+                                 loss_parallel=execution.splits_logits):
             step_contexts.enter_context(_loss_parallel())
     if execution.expert > 1:
         _apply_expert_parallel(workload.model, execution.expert, ep_mesh)
@@ -379,7 +392,26 @@ def wrap_workload(workload: Workload, execution: Execution, options: TraceOption
             if execution.expert > 1:
                 _shard_experts(part, experts_dp_mesh, execution, options.amp)
             _fully_shard(part, dp_mesh, units(part), execution.reshard_after_forward, options.amp)
+            if execution.expert > 1:
+                _explicit_prefetch(part, units(part))
     return workload
+
+
+def _explicit_prefetch(model: nn.Module, blocks: list[str]) -> None:
+    """torchtitan's explicit FSDP2 prefetch under expert parallelism (``apply_fsdp``: the
+    dispatch's device-to-host read would hold back FSDP's implicit prefetch): each block
+    gathers the next block and its experts in forward, the previous ones in backward."""
+    from nnperf.zoo.moe import GroupedExperts
+
+    modules = dict(model.named_modules())
+    wrapped = [modules[name] for name in blocks]
+
+    def with_experts(block: nn.Module) -> list[nn.Module]:
+        return [block] + [m for m in block.modules() if isinstance(m, GroupedExperts)]
+
+    for block, after in itertools.pairwise(wrapped):
+        block.set_modules_to_forward_prefetch(with_experts(after))
+        after.set_modules_to_backward_prefetch(with_experts(block))
 
 
 def _pipeline_rank(workload: Workload, execution: Execution, options: TraceOptions, pp_mesh: Any) -> nn.Module:
@@ -607,7 +639,7 @@ def _quiet_sharding_propagation(memo: dict[Any, Any]) -> Iterator[None]:
 
     propagator.propagate_op_sharding_non_cached = memoized
     try:
-        with _follow_fsdp_storage():
+        with _follow_fsdp_storage(), fsdp_gathers_outside_selective_checkpointing():
             yield
     finally:
         ShardingPropagator._propagate_tensor_meta_non_cached = original
@@ -651,6 +683,54 @@ def _follow_fsdp_storage() -> Iterator[None]:
         _fsdp_param.free_storage = free
 
 
+_IN_FSDP_GATHER = [0]
+
+
+@contextlib.contextmanager
+def fsdp_gathers_outside_selective_checkpointing() -> Iterator[None]:
+    """FSDP2's all-gather launch and copy-out bypass selective checkpointing's op caching, as
+    PyTorch does from pytorch/pytorch#196862 ("[FSDP] Exclude all-gather internals from
+    selective checkpointing"): a unit FSDP shards inside a checkpointed block (an MoE layer's
+    experts) may be gathered once in forward (prefetched, outside the block) and again inside
+    the recomputation, and torch 2.13's selective checkpointing would stop at the unmatched
+    ``fsdp.all_gather_copy_in``. Profiler annotations (FSDP's ``record_function`` ranges) are
+    passed through too, as in that fix."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group
+    from torch.utils import checkpoint
+
+    modes = (checkpoint._CachingTorchDispatchMode, checkpoint._CachedTorchDispatchMode)
+    originals = {mode: mode.__dict__["__torch_dispatch__"] for mode in modes}
+    gather, copy_out = _fsdp_param_group.foreach_all_gather, _fsdp_param_group.foreach_all_gather_copy_out
+
+    def passing(original: Any) -> Any:
+        def dispatch(self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if _IN_FSDP_GATHER[0] or getattr(func, "namespace", "") == "profiler":  # annotations: the fix's too
+                return func(*args, **(kwargs or {}))
+            return original(self, func, types, args, kwargs)
+        return dispatch
+
+    def bypassing(fn: Any) -> Any:
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            _IN_FSDP_GATHER[0] += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _IN_FSDP_GATHER[0] -= 1
+        return call
+
+    for mode in modes:
+        mode.__torch_dispatch__ = passing(originals[mode])
+    _fsdp_param_group.foreach_all_gather = bypassing(gather)
+    _fsdp_param_group.foreach_all_gather_copy_out = bypassing(copy_out)
+    try:
+        yield
+    finally:
+        for mode in modes:
+            mode.__torch_dispatch__ = originals[mode]
+        _fsdp_param_group.foreach_all_gather, _fsdp_param_group.foreach_all_gather_copy_out = gather, copy_out
+
+
 def _collectives(trace: Trace) -> list[Collective]:
     """The trace's collectives with their groups (resolved while the process group lives)."""
     out = []
@@ -658,21 +738,22 @@ def _collectives(trace: Trace) -> list[Collective]:
         spec = COLLECTIVES.get(event.name)
         if spec is None:
             continue
-        ranks = _group_ranks(event)
+        ranks, name = _group_of(event)
         if spec[0] == "send_recv":  # (tensors, group, peer's rank in the group, tag): the pair
             me, peer = dist.get_rank(), ranks[event.args[2]]
             ranks = (me, peer) if event.name == "c10d.send" else (peer, me)
         out.append(Collective(event.index, spec[0], collective_bytes(event, spec[1]), len(ranks),
-                              ranks, event.phase, event.module))
+                              ranks, event.phase, event.module, name))
     return out
 
 
-def _group_ranks(event: Any) -> tuple[int, ...]:
+def _group_of(event: Any) -> tuple[tuple[int, ...], str]:
+    """The ranks and name of the process group a collective ran on."""
     for value in list(event.args) + list(event.kwargs.values()):
         group = _as_group(value)
         if group is not None:
-            return tuple(dist.get_process_group_ranks(group))
-    return tuple(range(dist.get_world_size()))
+            return tuple(dist.get_process_group_ranks(group)), group.group_name
+    return tuple(range(dist.get_world_size())), dist.group.WORLD.group_name
 
 
 def _as_group(value: Any) -> Any:

@@ -87,7 +87,7 @@ class _Dispatch:
         ep, group = mesh.size(), mesh.get_group()
         local = per_expert.shape[0] // ep
         with torch.no_grad():
-            received = torch.ops._c10d_functional.wait_tensor(all_to_all_single(per_expert, None, None, group=group))
+            received = wait_tensor(all_to_all_single(per_expert, None, None, group=group))
             received = _assume_symmetric(received, per_expert, ep, mesh.get_local_rank())
             if _valueless(per_expert) or _valueless(received):
                 splits = _even_splits(routed.shape[0], ep, local)
@@ -127,7 +127,7 @@ def _valueless(t: Tensor) -> bool:
 def _even_splits(rows: int, ep: int, local: int) -> list[int]:
     """Splits for a pass that only needs shapes (a pipeline's stage shapes, unrecorded, where
     the router's choice has no assumed values): the rows spread evenly, as many received as
-    sent, so the layer's output has its input's shape whatever the split."""
+    sent (the layer's output has as many rows as it sent, whatever the split)."""
     send = [rows // ep + (r < rows % ep) for r in range(ep)]
     grid = [[n // local + (e < n % local) for e in range(local)] for n in send]
     return send + send + [c for row in grid for c in row]

@@ -168,7 +168,7 @@ def build_mixtral(batch: int | None = None, seq_len: int | None = None, **overri
 
 def _build(name: str, defaults: dict[str, Any], batch: int | None, seq_len: int | None,
            overrides: dict[str, Any]) -> Workload:
-    batch, seq = resolve_batch_seq(name, batch, seq_len, 1, 4096)
+    batch, seq = resolve_batch_seq(name, batch, seq_len, SPEC.default_batch, SPEC.default_seq)
     assert seq is not None
     user_set_kv = "n_kv_heads" in overrides
     c = resolve_options(name, overrides, defaults)
