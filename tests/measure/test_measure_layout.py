@@ -64,7 +64,7 @@ def test_every_planned_layout_holds_the_planned_state_on_real_ranks(plan_file):
 
 
 def test_a_layout_outside_torchrun_or_of_another_plan_is_one_line(plan_file, tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    env = {"WORLD_SIZE": None, "RANK": None, "LOCAL_RANK": None}  # not under torchrun, whatever runs the tests
     cases = [
         ([*MODEL, "--layout", str(plan_file)], "start it with torchrun"),
         ([*MODEL, "--layout", f"{plan_file}:9"], "valid indices: 0 to"),
@@ -72,8 +72,37 @@ def test_a_layout_outside_torchrun_or_of_another_plan_is_one_line(plan_file, tmp
         ([*MODEL, "--amp", "bf16", "--layout", str(plan_file)], "planned with amp=None"),
         ([*MODEL, "-O", "n_layer=2", "--layout", str(plan_file)], "measure the same model"),
         ([*MODEL, "--layout", str(tmp_path / "missing.json")], "cannot read"),
+        ([*MODEL, "--layout", str(tmp_path / "a:b" / "plan.json:1")], "cannot read"),
     ]
     for args, message in cases:
         result = CliRunner(env=env).invoke(cli, ["measure", *args, "--device", "cpu"])
         assert result.exit_code == 2, result.output
         assert message in result.output and len(result.output.strip().splitlines()) == 1, result.output
+
+
+def test_an_expert_parallel_layout_holds_the_planned_state_on_4_real_ranks(tmp_path):
+    """FSDP2 over 4 ranks with 8 experts over 2 of them, bf16 autocast: the real router is not the
+    uniform one the plan assumes, but what each rank holds does not depend on it."""
+    moe = ["mixtral-8x7b", "-O", "n_layer=1", "-O", "dim=64", "-O", "n_heads=4", "-O", "n_kv_heads=2",
+           "-O", "ffn_hidden=64", "-O", "vocab=256", "--seq", "32", "--batch", "1", "--amp", "bf16"]
+    planned = CliRunner().invoke(cli, ["plan", *moe, "--gpu", "h100", "--gpus", "4", "--tp", "1", "--pp", "1",
+                                       "--ep", "2", "--json"])
+    assert planned.exit_code == 0, planned.output
+    plan = json.loads(planned.output)
+    index, row = next((i, r) for i, r in enumerate(plan["ranked"]) if r["execution"]["expert"] == 2)
+    path = tmp_path / "plan.json"
+    path.write_text(planned.output)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", "-m", "nnperf",
+            "measure", *moe, "--layout", f"{path}:{index}", "--device", "cpu", "--steps", "1", "--warmup", "1",
+            "--json"]
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                          start_new_session=True) as process:
+        try:
+            out, err = process.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            raise
+    assert process.returncode == 0, err[-3000:]
+    ranks = json.loads(out)["measured"]["ranks"]
+    assert [r["state_bytes"] for r in ranks] == [row["per_rank_state_bytes"]] * 4

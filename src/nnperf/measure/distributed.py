@@ -86,7 +86,9 @@ def read_layout(path: str) -> tuple[Execution, dict[str, Any], dict[str, Any]]:
     ``nnperf plan --json`` document; returns it, its planned figures and the whole plan."""
     import json
 
-    file, _, index_text = path.partition(":") if not os.path.exists(path) else (path, "", "")
+    file, colon, index_text = path.rpartition(":")
+    if os.path.exists(path) or not colon or not index_text.isdigit():  # a path with ':' in it, no index
+        file, index_text = path, ""
     try:
         with open(file) as f:
             plan = json.load(f)
@@ -99,17 +101,19 @@ def read_layout(path: str) -> tuple[Execution, dict[str, Any], dict[str, Any]]:
         raise UsageError(f"--layout {path}: {file} is not a plan (schema nnperf.plan/1); give the output of "
                          "'nnperf plan ... --json'")
     ranked = plan.get("ranked") or []
-    try:
-        index = int(index_text) if index_text else 0
-    except ValueError:
-        raise UsageError(f"--layout {path}: after ':' give the index of a ranked layout, 0 to {len(ranked) - 1}") \
-            from None
+    index = int(index_text) if index_text else 0
     if not 0 <= index < len(ranked):
         raise UsageError(f"--layout {path}: the plan ranks {len(ranked)} layouts; valid indices: "
                          f"0 to {len(ranked) - 1}" if ranked else f"--layout {path}: the plan has no layout that fits")
     row = ranked[index]
-    fields = {k: v for k, v in row["execution"].items() if k in Execution.__dataclass_fields__}
-    return Execution(**fields), row, plan
+    try:
+        fields = {k: v for k, v in row["execution"].items() if k in Execution.__dataclass_fields__}
+        execution = Execution(**fields)
+        execution.validate()
+    except (KeyError, TypeError, AttributeError):
+        raise UsageError(f"--layout {path}: ranked layout {index} has no valid 'execution' record; give the "
+                         "unedited output of 'nnperf plan ... --json'") from None
+    return execution, row, plan
 
 
 def check_options(options: TraceOptions, plan: dict[str, Any], path: str) -> None:
@@ -172,13 +176,11 @@ def _measure_rank(request: ModelRequest, options: TraceOptions, execution: Execu
     if device.type == "cpu":
         options = replace(options, autocast_device="cpu")
     meshes = _meshes(execution, device.type)
-    split_logits = execution.tensor > 1 and execution.loss_parallel
     contexts = contextlib.ExitStack()
     _, build = resolve(replace(request, batch=execution.micro_batch))
     torch.manual_seed(0)  # every rank builds the same weights; the engines shard them
     step = build_step(build, options, device, wrap=lambda w: wrap_workload(
-        w, execution, options, meshes, checkpoint_blocks, prepare_for(execution), contexts, split_logits,
-        real=True))
+        w, execution, options, meshes, checkpoint_blocks, prepare_for(execution), contexts, real=True))
     grads = _GradientBytes(step.optimizer)
     run = _accumulating(step, execution.grad_accum)
     with contexts:  # what the step runs under (loss parallelism), entered while the engines wrapped it
@@ -203,13 +205,16 @@ def _measure_rank(request: ModelRequest, options: TraceOptions, execution: Execu
 def _accumulating(real: Any, accum: int) -> Any:
     """The planned step: ``accum - 1`` micro-batches' forward and backward, then the last one
     with the optimizer (gradients reduced every micro-batch, as FSDP2 and DDP do by default)."""
+    from nnperf.trace.step import _sdpa_backend
+
     step = real.step
 
     def run() -> None:
-        for _ in range(accum - 1):
-            with step.autocast():
-                loss = step.loss_fn(step.model(*step.inputs))
-            (step.scaler.scale(loss) if step.scaler is not None else loss).backward()
+        with _sdpa_backend(step.options.sdpa):  # as Step.run runs the last micro-batch
+            for _ in range(accum - 1):
+                with step.autocast():
+                    loss = step.loss_fn(step.model(*step.inputs))
+                (step.scaler.scale(loss) if step.scaler is not None else loss).backward()
         real.run()
     return run
 
