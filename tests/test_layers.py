@@ -29,7 +29,7 @@ LAYERS: list[set[str]] = [
     {"search"},
     {"measure"},
     {"report"},
-    {"cli"},
+    {"cli", "__main__"},
 ]
 LAZY_HOOKS = {"_repr_html_"}
 

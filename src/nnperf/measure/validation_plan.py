@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from nnperf.measure.validation import BATCHES, Config
+from nnperf.measure.validation import BATCHES, FULL_OVERRIDES, Config
 
 if TYPE_CHECKING:
     from nnperf.hardware import GPU
@@ -25,7 +25,7 @@ MODEL_PRIORITY: tuple[str, ...] = (
     "resnet50", "gpt2", "bert-base", "vit_b_16", "mobilenet_v2", "efficientnet_b0",
     "convnext_tiny", "bert-large", "mlp", "resnet18", "mnist-cnn", "vgg16", "alexnet",
     "efficientnet_b4", "bert-large-squad", "efficientnet_widese_b0", "efficientnet_widese_b4",
-    "gpt2-medium", "alexnet-caffe", "gpt2-large", "gpt2-xl", "llama-7b",
+    "gpt2-medium", "alexnet-caffe", "gpt2-large", "gpt2-xl", "llama-7b", "mixtral-8x7b",
 )
 
 #: (train, precision, batch index) in the order they add most: the larger batch first (less
@@ -61,6 +61,8 @@ TINY: dict[str, tuple[tuple[int, int], int | None, dict[str, int]]] = {
     "gpt2-large": ((1, 2), 64, {"n_layer": 1}),
     "gpt2-xl": ((1, 2), 64, {"n_layer": 1}),
     "llama-7b": ((1, 2), 64, {"n_layer": 1, "dim": 512, "n_heads": 8, "ffn_hidden": 1376, "vocab": 4000}),
+    "mixtral-8x7b": ((1, 2), 64, {"n_layer": 1, "dim": 512, "n_heads": 8, "n_kv_heads": 4, "ffn_hidden": 704,
+                                  "vocab": 4000}),
 }
 
 
@@ -74,7 +76,8 @@ def ordered_configs(tiny: bool = False) -> list[Config]:
                 out.append(Config(model, train, precision, batches[which], seq,
                                   overrides=tuple(sorted(overrides.items())), tiny=True))
             else:
-                out.append(Config(model, train, precision, BATCHES[model][which]))
+                out.append(Config(model, train, precision, BATCHES[model][which],
+                                  overrides=FULL_OVERRIDES.get(model, ())))
     return out
 
 
