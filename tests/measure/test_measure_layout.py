@@ -29,12 +29,13 @@ def plan_file(tmp_path_factory):
     return path
 
 
-def _torchrun(plan: str, *extra: str) -> subprocess.CompletedProcess:
-    """torchrun with 2 CPU ranks; on a timeout the whole process group goes (torchrun's workers
+def _torchrun(model: list[str], layout: str, ranks: int = 2) -> subprocess.CompletedProcess:
+    """torchrun with CPU ranks; on a timeout the whole process group goes (torchrun's workers
     would outlive it)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "nnperf",
-            "measure", *MODEL, "--layout", plan, "--device", "cpu", "--steps", "2", "--warmup", "1", "--json", *extra]
+    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", "-m",
+            "nnperf", "measure", *model, "--layout", layout, "--device", "cpu", "--steps", "2", "--warmup", "1",
+            "--json"]
     with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                           start_new_session=True) as process:
         try:
@@ -50,7 +51,7 @@ def test_every_planned_layout_holds_the_planned_state_on_real_ranks(plan_file):
     kinds = {(r["execution"]["data"], r["execution"]["tensor"]) for r in plan["ranked"]}
     assert {("fsdp", 1), ("ddp", 1)} <= kinds and any(t == 2 for _, t in kinds)
     for index, row in enumerate(plan["ranked"]):
-        done = _torchrun(f"{plan_file}:{index}")
+        done = _torchrun(MODEL, f"{plan_file}:{index}")
         assert done.returncode == 0, done.stderr[-3000:]
         doc = json.loads(done.stdout)
         ranks = doc["measured"]["ranks"]
@@ -92,17 +93,7 @@ def test_an_expert_parallel_layout_holds_the_planned_state_on_4_real_ranks(tmp_p
     index, row = next((i, r) for i, r in enumerate(plan["ranked"]) if r["execution"]["expert"] == 2)
     path = tmp_path / "plan.json"
     path.write_text(planned.output)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", "-m", "nnperf",
-            "measure", *moe, "--layout", f"{path}:{index}", "--device", "cpu", "--steps", "1", "--warmup", "1",
-            "--json"]
-    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                          start_new_session=True) as process:
-        try:
-            out, err = process.communicate(timeout=300)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            raise
-    assert process.returncode == 0, err[-3000:]
-    ranks = json.loads(out)["measured"]["ranks"]
+    done = _torchrun(moe, f"{path}:{index}", ranks=4)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = json.loads(done.stdout)["measured"]["ranks"]
     assert [r["state_bytes"] for r in ranks] == [row["per_rank_state_bytes"]] * 4

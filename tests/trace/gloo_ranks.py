@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 def run_ranks(worker: Callable[[int], Any], world: int, timeout_s: float) -> dict[int, Any]:
@@ -65,3 +66,33 @@ def _rank_main(rank: int, worker: Callable[[int], Any], world: int, port: int, r
     dist.barrier()
     dist.destroy_process_group()
     os._exit(0)
+
+
+#: The c10d ops the real runs' engines issue, by nnperf's collective kind.
+_KIND = {"c10d.allreduce_": "all_reduce", "c10d._allgather_base_": "all_gather",
+         "c10d._reduce_scatter_base_": "reduce_scatter", "_c10d_functional.all_to_all_single": "all_to_all"}
+
+
+class SeenCollectives(TorchDispatchMode):
+    """The collectives a real rank issues, as (kind, nccl-tests bytes), counted from the op's
+    own arguments: the buffer an all-reduce writes, the gathered output, a reduce-scatter's
+    input (N x its output), the larger of an all-to-all's sent and received rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, int]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = f"{func.namespace}.{func._schema.name.split('::')[1]}"
+        if name in _KIND:
+            if name == "c10d._reduce_scatter_base_":
+                nbytes = args[1].numel() * args[1].element_size()
+            elif name == "_c10d_functional.all_to_all_single":
+                row = args[0].numel() // max(1, args[0].shape[0]) * args[0].element_size()
+                received = sum(args[1]) if args[1] is not None else args[0].shape[0]
+                nbytes = row * max(args[0].shape[0], received)
+            else:
+                first = args[0][0] if isinstance(args[0], list) else args[0]  # the written buffer
+                nbytes = first.numel() * first.element_size()
+            self.seen.append((_KIND[name], nbytes))
+        return func(*args, **(kwargs or {}))

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gloo_ranks import run_ranks
+from gloo_ranks import SeenCollectives, run_ranks
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from nnperf.trace.distributed import Execution, sharded_bytes, trace_rank
 from nnperf.trace.options import TraceOptions
@@ -22,26 +21,6 @@ BUCKET = 1000  # bytes: small enough that DDP makes two buckets of this model
 
 def _model() -> nn.Sequential:
     return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
-
-
-_KIND = {"c10d.allreduce_": "all_reduce", "c10d._allgather_base_": "all_gather",
-         "c10d._reduce_scatter_base_": "reduce_scatter"}
-
-
-class _Collectives(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: list[tuple[str, int]] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = f"{func.namespace}.{func._schema.name.split('::')[1]}"
-        if name in _KIND:
-            first = args[0][0] if isinstance(args[0], list) else args[0]  # the written buffer
-            nbytes = first.numel() * first.element_size()
-            if name == "c10d._reduce_scatter_base_":  # its size is the input, N x the output
-                nbytes = args[1].numel() * args[1].element_size()
-            self.seen.append((_KIND[name], nbytes))
-        return func(*args, **(kwargs or {}))
 
 
 def _bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
@@ -74,7 +53,7 @@ def _worker(rank: int) -> dict:
             step_model = fully_shard(model, reshard_after_forward=False)
         optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
         for _ in range(3):  # the third step is the steady state (DDP rebuilds after the first)
-            seen = _Collectives()
+            seen = SeenCollectives()
             with seen:
                 step_model(torch.randn(4, 16)).sum().backward()
                 optimizer.step()

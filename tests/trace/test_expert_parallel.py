@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gloo_ranks import run_ranks
-from torch.utils._python_dispatch import TorchDispatchMode
+from gloo_ranks import SeenCollectives, run_ranks
 
 from nnperf.errors import UsageError
 from nnperf.trace.distributed import Execution, sharded_bytes, trace_rank
@@ -23,30 +22,6 @@ from nnperf.zoo.moe import MoE
 WORLD, EP = 4, 2
 DIM, HIDDEN, EXPERTS, TOP_K, TOKENS = 16, 24, 8, 2, 12
 EXECUTION = Execution(world=WORLD, data="fsdp", shard=WORLD, expert=EP)
-
-_KIND = {"c10d._allgather_base_": "all_gather", "c10d._reduce_scatter_base_": "reduce_scatter",
-         "_c10d_functional.all_to_all_single": "all_to_all"}
-
-
-class _Collectives(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: list[tuple[str, int]] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = f"{func.namespace}.{func._schema.name.split('::')[1]}"
-        if name in _KIND:
-            if name == "c10d._allgather_base_":
-                nbytes = args[0].numel() * args[0].element_size()  # the gathered output
-            elif name == "c10d._reduce_scatter_base_":
-                nbytes = args[1].numel() * args[1].element_size()  # the input, N x the output
-            else:  # all-to-all: the larger of the sent and the received rows
-                row = args[0].numel() // max(1, args[0].shape[0]) * args[0].element_size()
-                received = sum(args[1]) if args[1] is not None else args[0].shape[0]
-                nbytes = row * max(args[0].shape[0], received)
-            self.seen.append((_KIND[name], nbytes))
-        return func(*args, **(kwargs or {}))
-
 
 def _model() -> MoE:
     torch.manual_seed(0)
@@ -91,7 +66,7 @@ def _worker(rank: int) -> dict:
     grad_error = max(float((full[n] - p.grad).abs().max() / p.grad.abs().max()) for n, p in whole.named_parameters())
     optimizer.step()
     optimizer.zero_grad()
-    seen = _Collectives()
+    seen = SeenCollectives()
     with seen:  # the second step: the steady state
         model(x).sum().backward()
         optimizer.step()
