@@ -179,3 +179,11 @@ def test_checkpointing_recomputes_what_its_policy_does_not_save(policy, recomput
     assert len(backward) == 2 * (2 + recomputed)
     gemms = [e for e in traced.trace.events if e.name == "aten._grouped_mm" and e.phase == "backward"]
     assert len(gemms) == 2 * (6 + experts_gemms)
+
+
+def test_received_rows_are_regrouped_expert_by_expert():
+    """From source 0: 2 rows for expert 0, none for 1, 3 for 2; from source 1: 1, 4, 0. Expert
+    0's rows are 0-1 then 5, expert 1's 6-9, expert 2's 2-4."""
+    from nnperf.trace.expert_parallel import _expert_major
+
+    assert _expert_major([[2, 0, 3], [1, 4, 0]], torch.device("cpu")).tolist() == [0, 1, 5, 6, 7, 8, 9, 2, 3, 4]

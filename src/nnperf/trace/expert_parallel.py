@@ -33,14 +33,12 @@ from torch import Tensor, nn
 from nnperf.trace.assumptions import assume
 
 
-def apply_expert_parallel(model: nn.Module, mesh: Any) -> int:
-    """Shard every ``GroupedExperts`` of ``model`` over ``mesh`` (the expert group); returns how
-    many were sharded."""
+def apply_expert_parallel(model: nn.Module, mesh: Any) -> None:
+    """Shard every ``GroupedExperts`` of ``model`` over ``mesh`` (the expert group)."""
     from torch.distributed.tensor import distribute_module
 
     from nnperf.zoo.moe import GroupedExperts
 
-    sharded = 0
     for module in model.modules():
         if isinstance(module, GroupedExperts):
             experts = module.w1.shape[0]
@@ -49,8 +47,6 @@ def apply_expert_parallel(model: nn.Module, mesh: Any) -> int:
             style = _Dispatch()
             distribute_module(module, mesh, partition_fn=_partition, input_fn=style.dispatch,
                               output_fn=style.combine)
-            sharded += 1
-    return sharded
 
 
 def has_experts(model: nn.Module) -> int:
@@ -99,10 +95,9 @@ class _Dispatch:
         grid = [splits[2 * ep + s * local:2 * ep + (s + 1) * local] for s in range(ep)]
         routed = wait_tensor(all_to_all_single_autograd(routed, self.receive, self.send, group))
         # received rows: source rank major, local expert minor; the experts want expert major
-        order = _expert_major(grid)
         self.rows = routed.shape[0]
         with torch.no_grad():
-            self.order = torch.tensor(order, dtype=torch.int64, device=routed.device)
+            self.order = _expert_major(grid, routed.device)
         per_local = torch.tensor([sum(row[e] for row in grid) for e in range(local)], dtype=per_expert.dtype,
                                  device=per_expert.device)
         return routed[self.order], per_local
@@ -148,20 +143,20 @@ def _read_on_host(t: Tensor) -> list[int]:
         return t.tolist()
 
 
-def _expert_major(grid: list[list[int]]) -> list[int]:
-    """Row indices that regroup received rows (grid[source][expert] rows each, source major)
-    expert by expert (torchtitan's ``generate_permute_indices``, without its padding)."""
-    starts, at = [], 0
-    for row in grid:
-        starts.append([])
-        for count in row:
-            starts[-1].append(at)
-            at += count
-    order: list[int] = []
-    for e in range(len(grid[0]) if grid else 0):
-        for s, row in enumerate(grid):
-            order.extend(range(starts[s][e], starts[s][e] + row[e]))
-    return order
+def _expert_major(grid: list[list[int]], device: torch.device) -> Tensor:
+    """Row indices that regroup the received rows (``grid[source][expert]`` rows each, source
+    major) expert by expert, built on the device from the counts as torchtitan's
+    ``generate_permute_indices`` does (without its padding): a Python loop over the rows would
+    be host time a real step does not spend."""
+    ep, local = len(grid), len(grid[0])
+    total = sum(map(sum, grid))
+    counts = torch.tensor([c for row in grid for c in row], dtype=torch.int64, device=device)
+    starts = torch.cumsum(counts, 0) - counts  # where each (source, expert) run was received
+    by_expert = torch.arange(ep * local, device=device).view(ep, local).t().reshape(-1)
+    runs, run_starts = counts[by_expert], starts[by_expert]
+    placed = torch.cumsum(runs, 0) - runs  # where each run goes, expert major
+    shift = torch.repeat_interleave(run_starts - placed, runs, output_size=total)
+    return shift + torch.arange(total, device=device)
 
 
 def _assume_symmetric(received: Tensor, sent: Tensor, ep: int, rank: int) -> Tensor:
