@@ -123,7 +123,7 @@ def run_searches(search: Search, jobs: list[Job], workers: int,
         with ProcessPoolExecutor(
             workers, mp_context=_context(method),
             # a forked worker has them already; any other gets them pickled, once per worker
-            initializer=None if method == "fork" else _install,
+            initializer=one_thread if method == "fork" else _install,
             initargs=() if method == "fork" else (search, list(jobs)),
         ) as pool:
             futures = {i: pool.submit(_run, i) for i in order}
@@ -151,6 +151,17 @@ def _pickles(search: Search, jobs: list[Job]) -> bool:
     except Exception:  # pickle raises more than PicklingError (AttributeError, TypeError)
         return False
     return True
+
+
+def one_thread() -> None:
+    """A forked worker's set-up: one intra-op thread. A trace computes some values for real on
+    the CPU (a mixture of experts' routing: ``histc``, ``argsort``), and OpenMP's thread team,
+    once a parent has used it, hangs in a forked child (libgomp is not fork-safe: the child
+    waits at a barrier for threads that were not forked); with one thread PyTorch runs such
+    loops inline. Each worker has a core to itself anyway."""
+    import torch
+
+    torch.set_num_threads(1)
 
 
 def _install(search: Search, jobs: list[Job]) -> None:

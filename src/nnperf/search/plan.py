@@ -479,7 +479,7 @@ def _in_workers(request: ModelRequest, options: TraceOptions, gpu: GPU, cluster:
     import os
     import sys
 
-    from nnperf.search.fit_parallel import fork_is_safe
+    from nnperf.search.fit_parallel import fork_is_safe, one_thread
 
     groups = [g for g in groups if g]
     wanted = os.environ.get(WORKERS_ENV)
@@ -489,7 +489,7 @@ def _in_workers(request: ModelRequest, options: TraceOptions, gpu: GPU, cluster:
     if workers <= 1 or not sys.platform.startswith("linux") or not fork_is_safe():
         outputs = [_run_task(i) for i in range(len(groups))]
     else:
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
+        with multiprocessing.get_context("fork").Pool(workers, initializer=one_thread) as pool:
             outputs = pool.map(_run_task, range(len(groups)), chunksize=1)
             # the workers exit on their own: the pool's terminate() (on leaving ``with``) sends
             # SIGTERM, which a worker blocked on the task queue's lock can miss (the CLI's
