@@ -317,13 +317,14 @@ def check_degrees(gpus: int, nodes_of: int, tensor: Iterable[int] | None, pipeli
                 raise UsageError(f"{option} {d} does not divide the {gpus} GPUs; valid: {divisors(gpus)}")
 
 
-def expert_degrees(request: ModelRequest, gpus: int, nodes_of: int, expert: Iterable[int] | None) -> list[int]:
+def expert_degrees(request: ModelRequest, gpus: int, nodes_of: int, expert: Iterable[int] | None,
+                   model_info: tuple[Any, dict[str, Any], int | None] | None) -> list[int]:
     """The expert-parallel degrees to try: what the user gave (checked against the model's
     expert count), else for a mixture-of-experts model every power of two that divides its
-    experts and stays inside a node (torchtitan keeps the expert all-to-all on NVLink)."""
+    experts and stays inside a node (torchtitan keeps the expert all-to-all on NVLink).
+    ``model_info``: ``_model_info(request)``."""
     from nnperf.trace.expert_parallel import has_experts
 
-    model_info = _model_info(request)
     experts = has_experts(model_info[0]) if model_info is not None else 0
     if expert is not None:
         expert = list(expert)
@@ -390,7 +391,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     asked = (tensor, pipeline)
     tensor, pipeline = search_axes(request, gpus, nodes_of, layers, tensor, pipeline)  # the model's rules first
     check_degrees(gpus, nodes_of, *asked, context, expert)
-    expert = expert_degrees(request, gpus, nodes_of, expert)
+    info = _model_info(request)  # one meta build of one block, for the expert axis and the note
+    expert = expert_degrees(request, gpus, nodes_of, expert, info)
     first = layouts(gpus, nodes_of, global_batch, tensor=tensor, pipeline=[1] if 1 in pipeline else pipeline[:1],
                     schedules=schedules, layers=layers, context=context, expert=expert)
     results, traces = _in_workers(request, options, gpu, cluster, layers,
@@ -431,7 +433,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         for p in ranked[1:]:
             p.reason = f"slower by {p.step_s / best.step_s - 1:.1%}"
     return Plan(request_name(request), gpu, cluster, gpus, global_batch, ranked, rejected,
-                _notes(request, results, layers) + _routing_note(request, options), traces + cache.traces, layers,
+                _notes(request, results, layers) + _routing_note(info, options), traces + cache.traces, layers,
                 options,
                 dict(request.overrides), request.seq_len)
 
@@ -451,12 +453,11 @@ def _notes(request: ModelRequest, results: list[Planned], layers: int | None) ->
     return notes
 
 
-def _routing_note(request: ModelRequest, options: TraceOptions) -> list[str]:
+def _routing_note(info: tuple[Any, dict[str, Any], int | None] | None, options: TraceOptions) -> list[str]:
     """A mixture-of-experts model's routing is an assumption of every traced rank: say which."""
     from nnperf.trace.expert_parallel import has_experts
     from nnperf.trace.routing import Routing
 
-    info = _model_info(request)
     experts = has_experts(info[0]) if info is not None else 0
     if not experts:
         return []
