@@ -52,7 +52,7 @@ def test_every_planned_layout_holds_the_planned_state_on_real_ranks(plan_file):
     assert {("fsdp", 1), ("ddp", 1)} <= kinds and any(t == 2 for _, t in kinds)
     for index, row in enumerate(plan["ranked"]):
         done = _torchrun(MODEL, f"{plan_file}:{index}")
-        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.returncode == 0, f"layout {index}: {done.stderr[-3000:]}\nstdout: {done.stdout[-300:]}"
         doc = json.loads(done.stdout)
         ranks = doc["measured"]["ranks"]
         assert [r["rank"] for r in ranks] == [0, 1]

@@ -24,6 +24,7 @@ the planner's, traced or in closed form).
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -158,6 +159,11 @@ def measure_layout(request: ModelRequest, options: TraceOptions, execution: Exec
         dist.gather_object(mine, gathered if rank == 0 else None, dst=0)
         dist.barrier()
     finally:
+        # The step's modules, meshes and the engines' pending work hold the process groups in
+        # reference cycles; freed at interpreter exit instead, a gloo worker thread released a
+        # tensor after the interpreter had gone and the rank aborted ("terminate called without
+        # an active exception", once in CI; PyTorch #179291 describes the same teardown race).
+        gc.collect()
         if started:
             dist.destroy_process_group()
     if rank != 0:
