@@ -60,6 +60,9 @@ MODELS: list[dict[str, Any]] = [
      "overrides": {"n_layer": 2, "dim": 512, "n_heads": 8, "ffn_hidden": 1376, "vocab": 4000}},
     {"model": "mixtral-8x7b", "batches": [1, 4], "seq": 64,
      "overrides": {"n_layer": 2, "dim": 512, "n_heads": 8, "n_kv_heads": 4, "ffn_hidden": 704, "vocab": 4000}},
+    {"model": "deepseek-v3-16b", "batches": [1, 4], "seq": 64,  # one dense block, one MoE block
+     "overrides": {"n_layer": 2, "dim": 512, "n_heads": 8, "kv_lora": 128, "qk_nope_dim": 32, "qk_rope_dim": 16,
+                   "v_head_dim": 32, "ffn_hidden": 704, "moe_hidden": 128, "n_experts": 8, "top_k": 2, "vocab": 4000}},
 ]
 
 #: Step variants: (name, train, optimizer, dtype, amp).

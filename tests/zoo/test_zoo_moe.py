@@ -46,3 +46,30 @@ def test_the_layer_computes_a_loop_over_its_experts():
             y = (F.silu(row @ w1[e].T) * (row @ w3[e].T)) @ w2[e].T
             expected[t] += y.float()
     assert torch.allclose(out.reshape(-1, D), expected, rtol=2e-2, atol=2e-3)
+
+
+def test_deepseeks_router_scores_the_outputs_and_balances_by_bias():
+    """torchtitan's DeepSeek-V3 16B router: experts chosen on softmax + bias, scores gathered
+    without it and not renormalized, applied to the experts' outputs; a shared SwiGLU beside."""
+    from nnperf.zoo.llama import FeedForward
+
+    torch.manual_seed(0)
+    layer = MoE(D, F_HIDDEN, E, K, FeedForward(D, 2 * F_HIDDEN), renormalize=False, score_before_experts=False,
+                expert_bias=True)
+    layer.expert_bias.copy_(torch.linspace(0, 0.5, E))  # moves the choice away from the top scores
+    x = torch.randn(2, 16, D)
+    out = layer(x)
+    h = x.reshape(-1, D)
+    scores = F.softmax(layer.gate(h).float(), dim=-1)
+    chosen = torch.topk(scores + layer.expert_bias, K, dim=-1).indices
+    expected = layer.shared_expert(h).clone()
+    w1, w2, w3 = (w.bfloat16() for w in (layer.experts.w1, layer.experts.w2, layer.experts.w3))
+    for t in range(h.shape[0]):
+        for slot in range(K):
+            e = int(chosen[t, slot])
+            row = h[t].bfloat16()
+            y = (F.silu(row @ w1[e].T) * (row @ w3[e].T)) @ w2[e].T
+            expected[t] += (y.float() * scores[t, e]).to(h.dtype)
+    assert torch.allclose(out.reshape(-1, D), expected, rtol=2e-2, atol=2e-3)
+    counts = torch.bincount(chosen.reshape(-1), minlength=E).float()
+    assert torch.equal(layer.tokens_per_expert, counts)  # what the bias update reads

@@ -29,6 +29,13 @@ PUBLISHED = {
     # 14336, vocab 32000, untied head; "Mixtral of Experts" (Jiang et al. 2024) rounds it to 46.7B
     "mixtral-8x7b": 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 8 * 3 * 4096 * 14336 + 4096 * 8 + 2 * 4096)
     + 2 * 32000 * 4096 + 4096,
+    # torchtitan's DeepSeek-V3 "16B" flavor: 27 blocks of d 2048 with latent attention (16 heads:
+    # q 2048 -> 16 x 192; kv 2048 -> 512 + 64, norm 512, 512 -> 16 x (128 + 128); out 16 x 128 ->
+    # 2048), one dense SwiGLU 10944 then 26 MoE blocks (router 2048 x 64, 64 experts of SwiGLU
+    # 1408, shared SwiGLU 2 x 1408), vocab 102400, untied head; torchtitan logs 15.71B (2.66B active)
+    "deepseek-v3-16b": 27 * (2048 * 16 * 192 + 2048 * 576 + 512 + 512 * 16 * 256 + 16 * 128 * 2048 + 2 * 2048)
+    + 3 * 2048 * 10944 + 26 * (2048 * 64 + 64 * 3 * 2048 * 1408 + 3 * 2048 * 2816)
+    + 2 * 102400 * 2048 + 2048,
 }
 
 

@@ -14,10 +14,11 @@ EXPECTED_BATCH = {
     "efficientnet_b4": 64, "efficientnet_widese_b0": 64, "efficientnet_widese_b4": 64,
     "convnext_tiny": 64, "vit_b_16": 64, "bert-base": 32, "bert-large": 32, "bert-large-squad": 32,
     "gpt2": 8, "gpt2-medium": 8, "gpt2-large": 8, "gpt2-xl": 8, "llama-7b": 1, "mixtral-8x7b": 1,
+    "deepseek-v3-16b": 1,
 }  # fmt: skip
 EXPECTED_SEQ = {"bert-base": 128, "bert-large": 128, "bert-large-squad": 384, "gpt2": 1024,
                 "gpt2-medium": 1024, "gpt2-large": 1024, "gpt2-xl": 1024, "llama-7b": 4096,
-                "mixtral-8x7b": 4096}  # fmt: skip
+                "mixtral-8x7b": 4096, "deepseek-v3-16b": 4096}  # fmt: skip
 
 
 def test_names_and_defaults() -> None:

@@ -26,6 +26,9 @@ TINY = [
     ("llama-7b", 2, 16, {"n_layer": 2, "dim": 32, "n_heads": 4, "ffn_hidden": 64, "vocab": 101}),
     ("llama-7b", 2, 16, {"n_layer": 2, "dim": 32, "n_heads": 4, "n_kv_heads": 2,
                          "ffn_hidden": 64, "vocab": 101}),
+    ("deepseek-v3-16b", 2, 16, {"n_layer": 2, "dim": 32, "n_heads": 4, "kv_lora": 16, "qk_nope_dim": 8,
+                                "qk_rope_dim": 4, "v_head_dim": 8, "ffn_hidden": 64, "moe_hidden": 16,
+                                "n_experts": 4, "top_k": 2, "vocab": 101}),
 ]  # fmt: skip
 
 

@@ -102,10 +102,13 @@ BATCHES: dict[str, tuple[int, ...]] = {
     "gpt2-xl": (1, 2),
     "llama-7b": (1, 2),
     "mixtral-8x7b": (1, 2),
+    "deepseek-v3-16b": (1, 2),
 }
 #: -O settings of the full-size configurations: Mixtral's 46.7B parameters fit no one GPU, so
-#: 2 of its 32 blocks (2.9B parameters; fp32 AdamW training needs ~47 GB).
-FULL_OVERRIDES: dict[str, tuple[tuple[str, int], ...]] = {"mixtral-8x7b": (("n_layer", 2),)}
+#: 2 of its 32 blocks (2.9B parameters; fp32 AdamW training needs ~47 GB); DeepSeek-V3 16B's
+#: dense block and 2 MoE blocks (1.7B parameters, ~27 GB of fp32 AdamW state).
+FULL_OVERRIDES: dict[str, tuple[tuple[str, int], ...]] = {"mixtral-8x7b": (("n_layer", 2),),
+                                                         "deepseek-v3-16b": (("n_layer", 3),)}
 PRECISIONS = ("fp32", "tf32", "bf16")
 
 

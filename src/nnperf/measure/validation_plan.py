@@ -26,6 +26,7 @@ MODEL_PRIORITY: tuple[str, ...] = (
     "convnext_tiny", "bert-large", "mlp", "resnet18", "mnist-cnn", "vgg16", "alexnet",
     "efficientnet_b4", "bert-large-squad", "efficientnet_widese_b0", "efficientnet_widese_b4",
     "gpt2-medium", "alexnet-caffe", "gpt2-large", "gpt2-xl", "llama-7b", "mixtral-8x7b",
+    "deepseek-v3-16b",
 )
 
 #: (train, precision, batch index) in the order they add most: the larger batch first (less
@@ -63,6 +64,9 @@ TINY: dict[str, tuple[tuple[int, int], int | None, dict[str, int]]] = {
     "llama-7b": ((1, 2), 64, {"n_layer": 1, "dim": 512, "n_heads": 8, "ffn_hidden": 1376, "vocab": 4000}),
     "mixtral-8x7b": ((1, 2), 64, {"n_layer": 1, "dim": 512, "n_heads": 8, "n_kv_heads": 4, "ffn_hidden": 704,
                                   "vocab": 4000}),
+    "deepseek-v3-16b": ((1, 2), 64, {"n_layer": 2, "dim": 512, "n_heads": 8, "kv_lora": 128, "qk_nope_dim": 32,
+                                     "qk_rope_dim": 16, "v_head_dim": 32, "ffn_hidden": 704, "moe_hidden": 128,
+                                     "n_experts": 8, "top_k": 2, "vocab": 4000}),
 }
 
 

@@ -17,6 +17,7 @@ from . import (
     bert,
     bert_dle,
     convnext,
+    deepseek,
     efficientnet,
     gpt2,
     llama,
@@ -48,6 +49,7 @@ _ORDER: list[ModelSpec] = [
     *gpt2.SPECS,
     llama.SPEC,
     llama.MIXTRAL,
+    deepseek.SPEC,
 ]
 
 MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in _ORDER}

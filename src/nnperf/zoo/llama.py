@@ -118,14 +118,27 @@ class FeedForward(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    """Attention and a feed-forward: dense (``feed_forward``) or a mixture of experts (``moe``,
-    torchtitan's name for it)."""
+    """Attention (grouped-query, or DeepSeek's latent attention when the config has a
+    ``kv_lora``) and a feed-forward: dense (``feed_forward``) or a mixture of experts (``moe``,
+    torchtitan's name for it) from block ``n_dense_layers`` on, with ``n_shared_experts``
+    experts' width of always-on SwiGLU beside the routed ones."""
 
-    def __init__(self, c: dict[str, Any]) -> None:
+    def __init__(self, c: dict[str, Any], index: int = 0) -> None:
         super().__init__()
-        self.attention = Attention(c["dim"], c["n_heads"], c["n_kv_heads"])
-        if c["n_experts"]:
-            self.moe = MoE(c["dim"], c["moe_hidden"] or c["ffn_hidden"], c["n_experts"], c["top_k"])
+        if c.get("kv_lora"):
+            from .mla import MultiHeadLatentAttention
+
+            self.attention = MultiHeadLatentAttention(c["dim"], c["n_heads"], c["q_lora"], c["kv_lora"],
+                                                      c["qk_nope_dim"], c["qk_rope_dim"], c["v_head_dim"])
+        else:
+            self.attention = Attention(c["dim"], c["n_heads"], c["n_kv_heads"])
+        if c["n_experts"] and index >= c.get("n_dense_layers", 0):
+            hidden = c["moe_hidden"] or c["ffn_hidden"]
+            shared = FeedForward(c["dim"], hidden * c["n_shared_experts"]) if c.get("n_shared_experts") else None
+            self.moe = MoE(c["dim"], hidden, c["n_experts"], c["top_k"], shared,
+                           renormalize=c.get("route_norm", True),
+                           score_before_experts=c.get("score_before_experts", True),
+                           expert_bias=c.get("expert_bias", False))
         else:
             self.feed_forward = FeedForward(c["dim"], c["ffn_hidden"])
         self.attention_norm = RMSNorm(c["dim"])
@@ -143,7 +156,7 @@ class Llama(nn.Module):
     def __init__(self, c: dict[str, Any]) -> None:
         super().__init__()
         self.tok_embeddings = nn.Embedding(c["vocab"], c["dim"])
-        self.layers = nn.ModuleList(TransformerBlock(c) for _ in range(c["n_layer"]))
+        self.layers = nn.ModuleList(TransformerBlock(c, i) for i in range(c["n_layer"]))
         self.norm = RMSNorm(c["dim"])
         self.output = nn.Linear(c["dim"], c["vocab"], bias=False)
         for p in self.parameters():  # LLaMA-style small init keeps real runs' loss finite
@@ -166,25 +179,35 @@ def build_mixtral(batch: int | None = None, seq_len: int | None = None, **overri
     return _build("mixtral-8x7b", {**DEFAULTS, **MIXTRAL_8X7B}, batch, seq_len, overrides)
 
 
+#: Options that may be 0 (off): experts, their width, DeepSeek's dense blocks, shared experts and
+#: query latent.
+MAY_BE_ZERO = frozenset({"n_experts", "moe_hidden", "n_dense_layers", "n_shared_experts", "q_lora"})
+
+
 def _build(name: str, defaults: dict[str, Any], batch: int | None, seq_len: int | None,
-           overrides: dict[str, Any]) -> Workload:
+           overrides: dict[str, Any], fixed: dict[str, Any] | None = None) -> Workload:
+    """``defaults``: the options a user may set; ``fixed``: the rest of the architecture."""
     batch, seq = resolve_batch_seq(name, batch, seq_len, SPEC.default_batch, SPEC.default_seq)
     assert seq is not None
     user_set_kv = "n_kv_heads" in overrides
     c = resolve_options(name, overrides, defaults)
     if not user_set_kv and name == "llama-7b":
         c["n_kv_heads"] = c["n_heads"]  # plain multi-head attention unless asked otherwise
-    require_positive(name, c, *(k for k in defaults if k not in ("n_experts", "moe_hidden")))
-    for key in ("n_experts", "moe_hidden"):
+    require_positive(name, c, *(k for k in defaults if k not in MAY_BE_ZERO))
+    for key in MAY_BE_ZERO & set(defaults):
         if c[key] < 0:
             raise ModelOptionError(f"{name}: {key} must be 0 or more, got {c[key]}")
     if c["n_experts"] and not 1 <= c["top_k"] <= c["n_experts"]:
         raise ModelOptionError(f"{name}: top_k must be between 1 and n_experts ({c['n_experts']}), got {c['top_k']}")
-    require_divisible(name, c, "dim", "n_heads")
-    require_divisible(name, c, "n_heads", "n_kv_heads")
-    if (c["dim"] // c["n_heads"]) % 2:
-        raise ModelOptionError(f"{name}: dim / n_heads must be even for rotary embeddings")
-    model = Llama(c)
+    if "kv_lora" in c:  # latent attention: heads are sized by their own options
+        if c["qk_rope_dim"] % 2:
+            raise ModelOptionError(f"{name}: qk_rope_dim must be even for rotary embeddings, got {c['qk_rope_dim']}")
+    else:
+        require_divisible(name, c, "dim", "n_heads")
+        require_divisible(name, c, "n_heads", "n_kv_heads")
+        if (c["dim"] // c["n_heads"]) % 2:
+            raise ModelOptionError(f"{name}: dim / n_heads must be even for rotary embeddings")
+    model = Llama({**c, **(fixed or {})})
     tokens = random_tokens(batch, seq, c["vocab"])
     loss = TokenCrossEntropy(random_tokens(batch, seq, c["vocab"]))
     return token_workload(name, model, tokens, loss, c)

@@ -5,10 +5,15 @@ torchtitan's ``MoE`` (torchtitan/models/moe: ``TokenChoiceTopKRouter``, ``TokenR
 zoo's MoE models trace the kernels that engine runs:
 
 - a router ``gate`` (a linear to one score per expert), softmax in fp32, ``topk`` of ``k``
-  experts per token, the chosen scores renormalized to sum to one (Mixtral's router);
+  experts per token, the chosen scores renormalized to sum to one (Mixtral's router; DeepSeek's
+  16B keeps them as they are, ``renormalize=False``);
+- with ``expert_bias``, torchtitan's auxiliary-loss-free balancing: experts are chosen on the
+  scores plus a per-expert bias buffer, their scores gathered without it, and the tokens each
+  expert got added to a ``tokens_per_expert`` buffer (the optimizer's pre-step hook that
+  updates the bias is not modelled: a few element-wise ops on ``experts`` numbers);
 - tokens counted per expert (``histc``) and sorted by expert (a stable ``argsort``), gathered
   into one buffer of ``tokens x k`` rows and scaled by their scores before the experts
-  (torchtitan's ``score_before_experts``);
+  (torchtitan's ``score_before_experts``) or their outputs after them;
 - every expert's SwiGLU in three grouped GEMMs (``torch._grouped_mm`` with the running count
   of rows per expert as offsets) over weights stacked on a leading expert dimension
   (``w1``, ``w3``: experts x hidden x dim; ``w2``: experts x dim x hidden);
@@ -57,26 +62,46 @@ class GroupedExperts(nn.Module):
 class MoE(nn.Module):
     """Router, experts and the optional shared expert of one block (module docstring)."""
 
-    def __init__(self, dim: int, hidden: int, experts: int, top_k: int, shared: nn.Module | None = None) -> None:
+    def __init__(self, dim: int, hidden: int, experts: int, top_k: int, shared: nn.Module | None = None, *,
+                 renormalize: bool = True, score_before_experts: bool = True, expert_bias: bool = False) -> None:
         super().__init__()
         self.experts_count, self.top_k = experts, top_k
+        self.renormalize, self.score_before_experts = renormalize, score_before_experts
         self.gate = nn.Linear(dim, experts, bias=False)
         self.experts = GroupedExperts(dim, hidden, experts)
         self.shared_expert = shared
+        if expert_bias:
+            self.register_buffer("expert_bias", torch.zeros(experts, dtype=torch.float32))
+            self.register_buffer("tokens_per_expert", torch.zeros(experts, dtype=torch.float32), persistent=False)
+        else:
+            self.expert_bias = None
 
     def forward(self, x: Tensor) -> Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         scores = F.softmax(self.gate(x).float(), dim=-1)
-        top_scores, chosen = torch.topk(scores, self.top_k, dim=-1)
-        top_scores = top_scores / top_scores.sum(dim=-1, keepdim=True)
+        if self.expert_bias is not None:
+            _, chosen = torch.topk(scores + self.expert_bias, self.top_k, dim=-1)
+            top_scores = scores.gather(1, chosen)
+        else:
+            top_scores, chosen = torch.topk(scores, self.top_k, dim=-1)
+        if self.renormalize:
+            top_scores = top_scores / top_scores.sum(dim=-1, keepdim=True)
         tokens_per_expert = torch.histc(chosen.reshape(-1).float(), bins=self.experts_count, min=0,
-                                        max=self.experts_count).to(torch.int64)
+                                        max=self.experts_count)
+        if self.expert_bias is not None:
+            with torch.no_grad():
+                self.tokens_per_expert.add_(tokens_per_expert)
+        tokens_per_expert = tokens_per_expert.to(torch.int64)
         order = torch.argsort(chosen.reshape(-1), stable=True)
         token_of_row = order // self.top_k
         routed = x[token_of_row]
-        routed = (routed.float() * top_scores.reshape(-1)[order].reshape(-1, 1)).to(x.dtype)
+        row_scores = top_scores.reshape(-1)[order].reshape(-1, 1)
+        if self.score_before_experts:
+            routed = (routed.float() * row_scores).to(x.dtype)
         out_rows = self.experts(routed, tokens_per_expert)
+        if not self.score_before_experts:
+            out_rows = (out_rows.float() * row_scores).to(x.dtype)
         out = self.shared_expert(x) if self.shared_expert is not None else torch.zeros_like(x)
         out = out.scatter_add(0, token_of_row.reshape(-1, 1).expand(-1, shape[-1]), out_rows.to(out.dtype))
         return out.reshape(shape)
