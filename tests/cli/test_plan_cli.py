@@ -142,3 +142,28 @@ def test_a_mixture_of_experts_model_plans_with_the_default_axes():
     assert result.exit_code == 0, result.output
     layouts = {(r["execution"]["tensor"], r["execution"]["expert"]) for r in json.loads(result.output)["ranked"]}
     assert layouts == {(1, 1), (1, 2)}
+
+
+DEEPSEEK = ["plan", "deepseek-v3-16b", "-O", "n_layer=3", "-O", "dim=128", "-O", "n_heads=4", "-O", "kv_lora=64",
+            "-O", "qk_nope_dim=32", "-O", "qk_rope_dim=16", "-O", "v_head_dim=32", "-O", "ffn_hidden=256",
+            "-O", "moe_hidden=64", "-O", "n_experts=4", "-O", "top_k=2", "-O", "vocab=512", "--seq", "64",
+            "--amp", "bf16", "--gpu", "h100", "--gpus", "4", "--pp", "1"]
+
+
+def test_a_model_whose_first_block_is_dense_offers_expert_parallelism():
+    """DeepSeek's first block is dense (n_dense_layers 1): the expert axis is read from an expert
+    block. 2 MoE blocks of 64 x 2 routed rows of 128 bf16 features: per block the counts (4
+    int64 per rank), dispatch and combine, and their gradients."""
+    result = CliRunner().invoke(cli, [*DEEPSEEK, "--ep", "auto", "--json"])
+    assert result.exit_code == 0, result.output
+    ranked = json.loads(result.output)["ranked"]
+    fsdp = {r["execution"]["expert"]: r for r in ranked if r["execution"]["data"] == "fsdp"}
+    assert set(fsdp) == {1, 2, 4}
+    rows = 64 * 2 * 128 * 2
+    assert fsdp[4]["collectives"]["all_to_all"] == {"count": 2 * 5, "bytes": 2 * (4 * 8 + 4 * rows)}
+
+
+def test_latent_attention_has_no_tensor_parallel_plan():
+    result = CliRunner().invoke(cli, [*DEEPSEEK, "-O", "n_experts=0", "--tp", "2"])
+    assert result.exit_code == 2, result.output
+    assert "multi-head latent attention" in result.output and len(result.output.strip().splitlines()) == 1

@@ -367,6 +367,11 @@ def _model_info(request: ModelRequest) -> tuple[Any, dict[str, Any], int | None]
     overrides = {**request.overrides, "n_layer": 1} if "n_layer" in spec.options else dict(request.overrides)
     with torch.device("meta"):
         workload = spec.build(1, request.seq_len, **overrides)
+    config = workload.info.get("config", {})
+    if config.get("n_experts") and config.get("n_dense_layers") and (layers_of(request) or 0) > config["n_dense_layers"]:
+        # DeepSeek's first blocks are dense: the block that stands for the model is an expert block
+        with torch.device("meta"):
+            workload = spec.build(1, request.seq_len, **{**overrides, "n_dense_layers": 0})
     return workload.model, workload.info.get("config", {}), workload.info.get("seq_len")
 
 

@@ -177,11 +177,15 @@ def _families() -> dict[type, Family]:
 
 def family_of(model: nn.Module) -> Family:
     from nnperf.trace.expert_parallel import has_experts
+    from nnperf.zoo.mla import MultiHeadLatentAttention
 
     if has_experts(model):
         raise UsageError("tensor parallelism of mixture-of-experts layers (torchtitan's expert tensor "
                          "parallelism) is not modelled; lay the experts out with expert parallelism (--ep) "
                          "and data parallelism")
+    if any(isinstance(m, MultiHeadLatentAttention) for m in model.modules()):
+        raise UsageError("tensor parallelism of multi-head latent attention (DeepSeek's) has no plan here; "
+                         "use data, pipeline or expert parallelism")
     family = _families().get(type(model))
     if family is None:
         raise UsageError(f"tensor parallelism needs a plan for {type(model).__name__}; plans exist for "
