@@ -167,3 +167,11 @@ def test_latent_attention_has_no_tensor_parallel_plan():
     result = CliRunner().invoke(cli, [*DEEPSEEK, "-O", "n_experts=0", "--tp", "2"])
     assert result.exit_code == 2, result.output
     assert "multi-head latent attention" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_more_leading_dense_blocks_than_a_shallow_trace_holds_is_one_line():
+    """A deep stack is planned from traces of 3 and 4 blocks: with 4 dense blocks first, neither
+    would hold an expert block."""
+    result = CliRunner().invoke(cli, [*DEEPSEEK, "-O", "n_layer=8", "-O", "n_dense_layers=4", "--ep", "auto"])
+    assert result.exit_code == 2, result.output
+    assert "n_dense_layers=4" in result.output and len(result.output.strip().splitlines()) == 1

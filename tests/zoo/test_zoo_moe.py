@@ -73,3 +73,19 @@ def test_deepseeks_router_scores_the_outputs_and_balances_by_bias():
     assert torch.allclose(out.reshape(-1, D), expected, rtol=2e-2, atol=2e-3)
     counts = torch.bincount(chosen.reshape(-1), minlength=E).float()
     assert torch.equal(layer.tokens_per_expert, counts)  # what the bias update reads
+
+
+def test_deepseek_blocks_are_wired_as_torchtitan_builds_them():
+    """Block 0 dense (SwiGLU of ffn_hidden), the others MoE with torchtitan's 16B router and
+    shared experts n_shared_experts x moe_hidden wide."""
+    from nnperf.zoo import get_model
+
+    model = get_model("deepseek-v3-16b").build(1, 8, n_layer=3, dim=32, n_heads=2, kv_lora=16, qk_nope_dim=8,
+                                               qk_rope_dim=4, v_head_dim=8, ffn_hidden=48, moe_hidden=12,
+                                               n_experts=4, top_k=2, n_shared_experts=2, vocab=50).model
+    first, rest = model.layers[0], model.layers[1:]
+    assert not hasattr(first, "moe") and first.feed_forward.w1.out_features == 48
+    for block in rest:
+        moe = block.moe
+        assert (moe.renormalize, moe.score_before_experts) == (False, False) and moe.expert_bias is not None
+        assert moe.shared_expert.w1.out_features == 2 * 12 and moe.experts.w1.shape == (4, 12, 32)

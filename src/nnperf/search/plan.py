@@ -368,7 +368,14 @@ def _model_info(request: ModelRequest) -> tuple[Any, dict[str, Any], int | None]
     with torch.device("meta"):
         workload = spec.build(1, request.seq_len, **overrides)
     config = workload.info.get("config", {})
-    if config.get("n_experts") and config.get("n_dense_layers") and (layers_of(request) or 0) > config["n_dense_layers"]:
+    dense = config.get("n_dense_layers", 0) if config.get("n_experts") else 0
+    if dense > SCALE_POINTS[0] and (layers_of(request) or 0) > SCALE_POINTS[-1]:
+        # both shallow traces must hold every dense block, the deeper one an expert block more
+        raise UsageError(f"n_dense_layers={dense}: a deep stack is planned from traces of {SCALE_POINTS[0]} "
+                         f"and {SCALE_POINTS[-1]} blocks per stage, which needs at most {SCALE_POINTS[0]} "
+                         f"leading dense blocks; use n_dense_layers <= {SCALE_POINTS[0]}, or n_layer <= "
+                         f"{SCALE_POINTS[-1]}")
+    if dense and (layers_of(request) or 0) > dense:
         # DeepSeek's first blocks are dense: the block that stands for the model is an expert block
         with torch.device("meta"):
             workload = spec.build(1, request.seq_len, **{**overrides, "n_dense_layers": 0})

@@ -7,10 +7,15 @@ It is the zoo's Llama stack (``zoo.llama``: ``tok_embeddings``, ``layers``, ``no
 DeepSeek's blocks: multi-head latent attention (``zoo.mla``), one dense SwiGLU block first and
 mixture-of-experts blocks after it (64 routed experts of hidden 1408, 6 per token, and 2
 experts' width of shared SwiGLU). The router is torchtitan's for this flavor: softmax scores,
-chosen on the scores plus the load-balancing bias and not renormalized (``route_norm`` applies
-to sigmoid scores only in torchtitan), applied to the experts' outputs
+chosen on the scores plus the load-balancing bias and not renormalized (torchtitan's
+``route_norm=True`` applies to sigmoid scores only), applied to the experts' outputs
 (``score_before_experts=False``). Configuration: ``torchtitan/models/deepseek_v3/__init__.py``
 (commit f738a03, 2025-08-22): 15.71 B parameters, 2.66 B active per token.
+
+Not as torchtitan runs it there: attention is causal SDPA over the whole sequence, where
+torchtitan switched this flavor to FlexAttention with block-causal (document) masking in that
+commit; SDPA's memory-efficient kernel is what its SDPA runs used (the flash kernel needs equal
+q/k/v head sizes).
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ DEFAULTS: dict[str, Any] = {
     "vocab": 102400,
 }
 #: The router of torchtitan's 16B flavor (module docstring): not options, the architecture.
-ROUTER: dict[str, Any] = {"route_norm": False, "score_before_experts": False, "expert_bias": True}
+ROUTER: dict[str, Any] = {"renormalize": False, "score_before_experts": False, "expert_bias": True}
 OPTIONS = {
     "n_layer": "number of transformer blocks",
     "n_dense_layers": "leading blocks with a dense SwiGLU instead of experts",
@@ -54,7 +59,7 @@ OPTIONS = {
     "ffn_hidden": "dense blocks' SwiGLU hidden size",
     "n_experts": "routed experts per mixture-of-experts block",
     "top_k": "experts each token is routed to",
-    "moe_hidden": "each expert's SwiGLU hidden size",
+    "moe_hidden": "each expert's SwiGLU hidden size (0: ffn_hidden)",
     "n_shared_experts": "shared experts (their SwiGLU is this many experts wide; 0: none)",
     "vocab": "vocabulary size",
 }

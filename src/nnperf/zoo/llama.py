@@ -136,7 +136,7 @@ class TransformerBlock(nn.Module):
             hidden = c["moe_hidden"] or c["ffn_hidden"]
             shared = FeedForward(c["dim"], hidden * c["n_shared_experts"]) if c.get("n_shared_experts") else None
             self.moe = MoE(c["dim"], hidden, c["n_experts"], c["top_k"], shared,
-                           renormalize=c.get("route_norm", True),
+                           renormalize=c.get("renormalize", True),
                            score_before_experts=c.get("score_before_experts", True),
                            expert_bias=c.get("expert_bias", False))
         else:

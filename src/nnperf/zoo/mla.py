@@ -9,8 +9,9 @@ their own latent (``wq_a``, ``q_norm``, ``wq_b``). A head's key is its non-rotar
 to the shared rotary part, so queries and keys are ``qk_nope_dim + qk_rope_dim`` wide and
 values ``v_head_dim``: SDPA gets unequal head sizes, which rules out the flash kernel
 (``kernels.attention``). The rotation uses the real-arithmetic half-split form of
-``zoo.llama`` where torchtitan multiplies complex numbers: the same element-wise work on the
-same ``qk_rope_dim`` features.
+``zoo.llama`` (in the activations' dtype, tables built per layer) where torchtitan multiplies
+complex numbers in fp32 from one precomputed table: element-wise work on the same
+``qk_rope_dim`` features, a few bytes per token apart.
 """
 
 from __future__ import annotations

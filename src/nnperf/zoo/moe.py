@@ -10,7 +10,8 @@ zoo's MoE models trace the kernels that engine runs:
 - with ``expert_bias``, torchtitan's auxiliary-loss-free balancing: experts are chosen on the
   scores plus a per-expert bias buffer, their scores gathered without it, and the tokens each
   expert got added to a ``tokens_per_expert`` buffer (the optimizer's pre-step hook that
-  updates the bias is not modelled: a few element-wise ops on ``experts`` numbers);
+  updates the bias is not modelled: one blocking all-reduce of layers x experts fp32 counts
+  over the data-parallel ranks and a few element-wise ops on them, per step);
 - tokens counted per expert (``histc``) and sorted by expert (a stable ``argsort``), gathered
   into one buffer of ``tokens x k`` rows and scaled by their scores before the experts
   (torchtitan's ``score_before_experts``) or their outputs after them;
