@@ -205,7 +205,7 @@ def evaluate(request: ModelRequest, options: TraceOptions, execution: Execution,
     if execution.context > 1:
         from nnperf.search.plan_context import context_step
 
-        info = _model_info(request)
+        info = _model_info(request, layers)
         seq = request.seq_len or (info[2] if info else None)
         if not seq:
             raise UsageError("context parallelism needs a sequence length (--seq)")
@@ -255,12 +255,13 @@ def request_name(request: ModelRequest) -> str:
 
 
 def search_axes(request: ModelRequest, gpus: int, nodes_of: int, layers: int | None,
-                tensor: Iterable[int] | None, pipeline: Iterable[int] | None) -> tuple[list[int], list[int]]:
+                tensor: Iterable[int] | None, pipeline: Iterable[int] | None,
+                model_info: tuple[Any, dict[str, Any], int | None] | None) -> tuple[list[int], list[int]]:
     """The tensor and pipeline degrees to try: what the user gave (checked: a degree that does
-    not divide the model is one line), else every degree the model and the nodes allow."""
+    not divide the model is one line), else every degree the model and the nodes allow.
+    ``model_info``: ``_model_info(request, layers)``."""
     from nnperf.trace.pipeline import check_layers
 
-    model_info = _model_info(request)
     if tensor is not None:
         tensor = list(tensor)
         for tp in tensor:
@@ -322,7 +323,7 @@ def expert_degrees(request: ModelRequest, gpus: int, nodes_of: int, expert: Iter
     """The expert-parallel degrees to try: what the user gave (checked against the model's
     expert count), else for a mixture-of-experts model every power of two that divides its
     experts and stays inside a node (torchtitan keeps the expert all-to-all on NVLink).
-    ``model_info``: ``_model_info(request)``."""
+    ``model_info``: ``_model_info(request, layers)``."""
     from nnperf.trace.expert_parallel import has_experts
 
     experts = has_experts(model_info[0]) if model_info is not None else 0
@@ -355,8 +356,9 @@ def _pipelines(model: Any) -> bool:
     return True
 
 
-def _model_info(request: ModelRequest) -> tuple[Any, dict[str, Any], int | None] | None:
-    """A built-in model's module (one block, on the meta device), config and sequence length."""
+def _model_info(request: ModelRequest, layers: int | None) -> tuple[Any, dict[str, Any], int | None] | None:
+    """A built-in model's module (one block, on the meta device), config and sequence length
+    (``layers``: ``layers_of(request)``)."""
     if not isinstance(request.target, str) or ":" in request.target:
         return None
     import torch
@@ -369,13 +371,13 @@ def _model_info(request: ModelRequest) -> tuple[Any, dict[str, Any], int | None]
         workload = spec.build(1, request.seq_len, **overrides)
     config = workload.info.get("config", {})
     dense = config.get("n_dense_layers", 0) if config.get("n_experts") else 0
-    if dense > SCALE_POINTS[0] and (layers_of(request) or 0) > SCALE_POINTS[-1]:
+    if dense > SCALE_POINTS[0] and (layers or 0) > SCALE_POINTS[-1]:
         # both shallow traces must hold every dense block, the deeper one an expert block more
         raise UsageError(f"n_dense_layers={dense}: a deep stack is planned from traces of {SCALE_POINTS[0]} "
                          f"and {SCALE_POINTS[-1]} blocks per stage, which needs at most {SCALE_POINTS[0]} "
                          f"leading dense blocks; use n_dense_layers <= {SCALE_POINTS[0]}, or n_layer <= "
                          f"{SCALE_POINTS[-1]}")
-    if dense and (layers_of(request) or 0) > dense:
+    if dense and (layers or 0) > dense:
         # DeepSeek's first blocks are dense: the block that stands for the model is an expert block
         with torch.device("meta"):
             workload = spec.build(1, request.seq_len, **{**overrides, "n_dense_layers": 0})
@@ -401,9 +403,9 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     context = list(context)
     layers = layers_of(request)
     asked = (tensor, pipeline)
-    tensor, pipeline = search_axes(request, gpus, nodes_of, layers, tensor, pipeline)  # the model's rules first
+    info = _model_info(request, layers)  # one meta build of one block, for the axes and the note
+    tensor, pipeline = search_axes(request, gpus, nodes_of, layers, tensor, pipeline, info)  # the model's rules first
     check_degrees(gpus, nodes_of, *asked, context, expert)
-    info = _model_info(request)  # one meta build of one block, for the expert axis and the note
     expert = expert_degrees(request, gpus, nodes_of, expert, info)
     first = layouts(gpus, nodes_of, global_batch, tensor=tensor, pipeline=[1] if 1 in pipeline else pipeline[:1],
                     schedules=schedules, layers=layers, context=context, expert=expert)
