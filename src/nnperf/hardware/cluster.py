@@ -3,11 +3,15 @@
 One TOML file per cluster (``hardware/clusters/*.toml``; a user's own with ``--cluster
 FILE``): the GPU, GPUs per node, and per tier (``intra``: NVLink/NVSwitch inside a node,
 ``inter``: the NICs between nodes) the link bandwidth per GPU each way (datasheet), the
-measured fraction of it that NCCL's ring reaches on large messages, the small-message
-latency, and (optional) ``collective_ctas``: the thread blocks a collective's kernel runs, one
+measured fraction of it that NCCL's ring reaches on large messages, the latency of an
+all-to-all or send/recv (the other collectives' latency is NCCL's own model), and (optional) ``collective_ctas``: the thread blocks a collective's kernel runs, one
 per NCCL channel, each holding an SM that compute kernels overlapping it cannot use
-(``passes.comm_timeline``; absent: that slowdown is not modelled for the tier). Values nobody
-measured are listed in ``unverified``; ``sources`` says where the others come from.
+(``passes.comm_timeline``; absent: that slowdown is not modelled for the tier). Two facts feed
+NCCL's own latency model (``kernels.nccl_tuning``): ``host_cpu`` (``intel`` or ``amd``: NCCL's
+cost of posting a network send) and ``intra.link`` (``nvlink`` or ``pcie``: the per-hop latency
+inside a node, and whether NCCL runs its LL128 protocol); both default to a DGX-like node.
+Values nobody measured are listed in ``unverified``; ``sources`` says where the others come
+from.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ CLUSTER_DIR = Path(__file__).parent / "clusters"
 #: Valid ranges: a number outside is a typo (GB/s each way per GPU, a fraction, microseconds).
 RANGES = {"link_gbs": (0.1, 10_000.0), "efficiency": (0.01, 1.0), "latency_us": (0.1, 10_000.0)}
 CTA_RANGE = (1, 1024)
+HOST_CPUS = ("intel", "amd")
+INTRA_LINKS = ("nvlink", "pcie")
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,7 @@ class Tier:
     efficiency: float
     latency_s: float
     collective_ctas: int | None = None
+    link: str = "nvlink"  # nvlink | pcie (inside a node); net (between nodes)
 
     @property
     def busbw(self) -> float:
@@ -50,6 +57,8 @@ class Cluster:
     inter: Tier
     unverified: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()
+    host_cpu: str = "intel"  # intel | amd: NCCL's network post overhead
+    generation: str = "hopper"  # the GPU's architecture, lower case (NCCL's LL bandwidth cap)
 
     def to_json(self) -> dict[str, Any]:
         def tier(t: Tier) -> dict[str, Any]:
@@ -85,8 +94,22 @@ def load_cluster(name_or_path: str) -> Cluster:
                          "[intra] and [inter] with link_gbs, efficiency, latency_us") from None
     if not 1 <= gpus_per_node <= 1024:
         raise UsageError(f"{origin}: gpus_per_node {gpus_per_node} is outside 1..1024")
+    host_cpu = data.get("host_cpu", "intel")
+    if host_cpu not in HOST_CPUS:
+        raise UsageError(f"{origin}: host_cpu is {host_cpu!r}; expected one of {', '.join(HOST_CPUS)}")
     return Cluster(path.stem, name, gpu, gpus_per_node, *tiers,
-                   tuple(data.get("unverified", ())), tuple(data.get("sources", ())))
+                   tuple(data.get("unverified", ())), tuple(data.get("sources", ())),
+                   host_cpu, _generation(gpu))
+
+
+def _generation(gpu_id: str) -> str:
+    """The cluster GPU's architecture, lower case; ``hopper`` for a GPU not in the catalog."""
+    from nnperf.hardware.catalog import load_gpu
+
+    try:
+        return load_gpu(gpu_id).architecture.lower()
+    except UsageError:
+        return "hopper"
 
 
 def cluster_for_gpu(gpu_id: str) -> Cluster | None:
@@ -112,4 +135,7 @@ def _tier(origin: str, key: str, table: Any) -> Tier:
     if ctas is not None and (not isinstance(ctas, int) or isinstance(ctas, bool) or not low <= ctas <= high):
         raise UsageError(f"{origin}: field '{key}.collective_ctas' is {ctas!r}; expected a whole number in "
                          f"{low}..{high} (thread blocks of a collective's kernel), or leave it out")
-    return Tier(key, values["link_gbs"] * 1e9, values["efficiency"], values["latency_us"] * 1e-6, ctas)
+    link = table.get("link", "nvlink") if key == "intra" else "net"
+    if link not in (INTRA_LINKS if key == "intra" else ("net",)):
+        raise UsageError(f"{origin}: field '{key}.link' is {link!r}; expected one of {', '.join(INTRA_LINKS)}")
+    return Tier(key, values["link_gbs"] * 1e9, values["efficiency"], values["latency_us"] * 1e-6, ctas, link)

@@ -19,10 +19,16 @@ bandwidth, at most the NVLink tier's: ``busbw = min(intra, g x inter)``. A group
 per node (data parallelism across tensor-parallel nodes) runs at one NIC's rate; two full
 DGX H100 nodes reach 8 x 50 GB/s x 0.8 = 320 GB/s, below the 360 GB/s reported for a 2-node
 HGX test in NCCL issue #1277. S is the nccl-tests size (all-gather: the gathered output;
-reduce-scatter: the input). What is not modelled yet: NCCL's tree and
-NVLS (NVLink SHARP) algorithms, which beat the ring's bound for large cross-node all-reduces
-and small messages; protocol switches (LL/LL128/Simple) with message size; contention of
-several groups on one NIC.
+reduce-scatter: the input).
+
+The latency is NCCL's own model (``kernels.nccl_tuning``): all-reduce, all-gather and
+reduce-scatter run with the algorithm and protocol NCCL's tuner picks for the size and the
+group (ring, tree or PAT; LL, LL128 or Simple), each with its latency, which grows with the
+ring's hops: a 1024-rank ring all-gather pays milliseconds before its first byte counts, an
+8-GPU one tens of microseconds. All-to-all, send/recv and broadcast keep the tier's
+``latency_us`` (NCCL's tuning model has no point-to-point term). What is not modelled yet:
+NVLS (NVLink SHARP) and CollNet, which beat the ring's bandwidth for large all-reduces on
+NVSwitch and SHARP fabrics; contention of several groups on one NIC.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nnperf.hardware.cluster import Cluster, Tier
+from nnperf.kernels.nccl_tuning import TUNED_KINDS, Topology, choose
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
 
@@ -56,6 +63,8 @@ class CollectiveEstimate:
     busbw: float
     latency_s: float
     time_s: float
+    algorithm: str = ""  # ring | tree | pat (NCCL's choice); "" where NCCL's model does not say
+    protocol: str = ""  # LL | LL128 | Simple
 
     @property
     def algbw(self) -> float:
@@ -86,5 +95,12 @@ def estimate_collective(kind: str, nbytes: int, group_ranks: tuple[int, ...], cl
     busbw = tier.busbw
     if tier is cluster.inter:
         busbw = min(cluster.intra.busbw, rails(cluster, group_ranks) * tier.busbw)
-    time = tier.latency_s + nbytes * bus_factor(kind, n) / busbw
-    return CollectiveEstimate(kind, nbytes, n, tier.name, busbw, tier.latency_s, time)
+    if kind not in TUNED_KINDS:
+        time = tier.latency_s + nbytes * bus_factor(kind, n) / busbw
+        return CollectiveEstimate(kind, nbytes, n, tier.name, busbw, tier.latency_s, time)
+    nodes = len({r // cluster.gpus_per_node for r in group_ranks})
+    topo = Topology(n, nodes, cluster.intra.link, cluster.host_cpu, cluster.generation,
+                    tier.collective_ctas or 16)
+    choice = choose(kind, nbytes, bus_factor(kind, n), busbw, topo)
+    return CollectiveEstimate(kind, nbytes, n, tier.name, busbw, choice.latency_s, choice.time_s,
+                              choice.algorithm, choice.protocol)
