@@ -123,3 +123,28 @@ def test_prediction_times_the_math_fallback_as_its_kernels():
 def test_prediction_reports_the_backend(amp, gpu, backend):
     a = analyze("gpt2", batch=2, seq_len=64, n_layer=1, n_embd=64, n_head=4, vocab=97, amp=amp)
     assert {t.backend for t in predict(a, gpu).step.ops if t.category == "attention"} == {backend}
+
+
+def test_the_efficient_kernel_runs_at_its_share_of_flash():
+    """The memory-efficient kernel computes at ``efficient_attention_scale`` of the fraction
+    flash reaches (the FlashAttention-2 paper's cutlass bars: about half): on a T4 (no flash
+    below sm80) fp16 attention of 1024 tokens is compute bound, so its modelled compute time is
+    the executed FLOPs over peak x fraction x scale, forward and backward."""
+    from nnperf.hardware.profile import default_profile
+
+    a = analyze("gpt2", batch=4, seq_len=1024, n_layer=1, n_embd=512, n_head=8, vocab=97, amp="fp16")
+    base = default_profile(T4)
+    assert base.efficient_attention_scale == 0.5
+    for scale in (0.5, 0.25):
+        p = predict(a, T4, profile=base.replace(efficient_attention_scale=scale))
+        for t in (t for t in p.step.ops if t.category == "attention"):
+            assert t.backend == EFFICIENT
+            fraction = base.attention_backward_fraction if t.op.endswith("_backward") else base.attention_forward_fraction
+            executed = t.count.flops + t.count.info.get("recompute_flops", 0.0)
+            assert t.model_compute_s == pytest.approx(executed / (t.peak_flops * fraction * scale))
+    # flash is not scaled
+    h100 = predict(a, H100, profile=default_profile(H100).replace(efficient_attention_scale=0.1))
+    ref = predict(a, H100)
+    assert {t.backend for t in h100.step.ops if t.category == "attention"} == {FLASH}
+    assert [t.kernel_s for t in h100.step.ops if t.category == "attention"] == \
+        [t.kernel_s for t in ref.step.ops if t.category == "attention"]

@@ -75,6 +75,7 @@ class DeviceProfile:
     split_k_min_k: int = 256
     attention_forward_fraction: float = 0.5
     attention_backward_fraction: float = 0.4
+    efficient_attention_scale: float = 1.0
     # cuDNN convolutions relative to a cuBLAS GEMM of their implicit-GEMM shape, per class of
     # ``conv_efficiency_class``; a class left out is 1. ``conv_efficiency_scale`` multiplies
     # every class (``nnperf calibrate`` measures it).

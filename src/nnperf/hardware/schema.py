@@ -150,6 +150,7 @@ PROFILE_RANGES: dict[str, Range] = {
     "bandwidth_fraction": FRACTION,
     "attention_forward_fraction": FRACTION,
     "attention_backward_fraction": FRACTION,
+    "efficient_attention_scale": FRACTION,
     "conv_efficiency": Range(0, 2),  # per convolution class
     "conv_efficiency_scale": Range(0, 2),
     "bandwidth_half_bytes": Range(0, 2**50),

@@ -374,7 +374,8 @@ class KernelModel:
     def _attention(self, count: OpCount, base: dict[str, Any]) -> OpTime:
         """A fused attention kernel: executed FLOPs (flash and memory-efficient backward
         recompute Q@K^T) at the profile's attention fraction of the rate its backend computes
-        at, bounded by its bytes. An SDPA call (``nnperf.attention``) first gets the backend
+        at (the memory-efficient kernel at ``efficient_attention_scale`` of flash's fraction),
+        bounded by its bytes. An SDPA call (``nnperf.attention``) first gets the backend
         PyTorch would pick on this GPU (``kernels.attention.select_backend``); the math
         fallback is timed as the GEMMs and elementwise kernels it runs."""
         event = count.event
@@ -394,6 +395,8 @@ class KernelModel:
         fraction = (
             self.profile.attention_backward_fraction if backward else self.profile.attention_forward_fraction
         )
+        if backend == EFFICIENT:
+            fraction *= self.profile.efficient_attention_scale  # the CUTLASS kernel against flash
         executed = count.flops + count.info.get("recompute_flops", 0.0)
         model_compute = executed / (peak * fraction)
         model_memory = self.profile.memory_time(self.gpu.memory_bandwidth, count.bytes)
