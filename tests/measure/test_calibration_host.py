@@ -101,3 +101,35 @@ def test_measured_convolutions_scale_the_efficiency_table():
     assert profile.conv_efficiency_scale == pytest.approx(0.9)  # median of 0.9, 0.8, 1.1
     assert profile.conv_efficiency == table
     assert build_profile(_cal(), gpu).conv_efficiency_scale == 1.0  # nothing measured: the default
+
+
+def test_measured_attention_sets_the_fractions_and_the_efficient_share():
+    """Flash's forward rate and its backward rate (with the recomputed Q@K^T) over the bf16
+    peak, medians over the shapes; the efficient kernel's share: flash's time over its own on
+    the same shape. A shape only the efficient kernel takes (192/128) informs no share."""
+    gpu = load_gpu("h100")
+    peak = gpu.matmul_peak("bf16").flops
+
+    def row(backend: str, tokens: int, e: int, fwd_rate: float, bwd_rate: float) -> dict:
+        pairs = 8 * 16 * tokens * (tokens + 1) // 2
+        f, b, r = 2.0 * pairs * (e + 128), 4.0 * pairs * (e + 128), 2.0 * pairs * e
+        return {"backend": backend, "batch": 8, "heads": 16, "tokens": tokens, "head_dim": e, "head_dim_v": 128,
+                "forward_flops": f, "backward_flops": b, "recompute_flops": r,
+                "forward_s": f / (fwd_rate * peak), "backward_s": (b + r) / (bwd_rate * peak)}
+
+    cal = _cal()
+    cal.attention = [row("flash", 4096, 128, 0.40, 0.30), row("flash", 8192, 128, 0.44, 0.34),
+                     row("efficient", 4096, 128, 0.20, 0.15), row("efficient", 8192, 128, 0.33, 0.255),
+                     row("efficient", 4096, 192, 0.05, 0.05),
+                     {"backend": "flash", "batch": 8, "heads": 16, "tokens": 4096, "head_dim": 192,
+                      "head_dim_v": 128, "skipped": "No available kernel"}]
+    profile = build_profile(cal, gpu)
+    assert profile.attention_forward_fraction == pytest.approx(0.42)  # median of 0.40 and 0.44
+    assert profile.attention_backward_fraction == pytest.approx(0.32)
+    # same work: share = flash time / efficient time; 4096: 0.5 (both rates halved); 8192: 0.75
+    assert profile.efficient_attention_scale == pytest.approx((0.5 + 0.75) / 2)
+    table = measured_table(cal)
+    assert table["sdpa_efficient_d192_128_s4096_forward_tflops"] == pytest.approx(0.05 * peak / 1e12)
+    unmeasured = build_profile(_cal(), gpu)  # the defaults stand: Hopper's fractions, the paper's share
+    assert (unmeasured.attention_forward_fraction, unmeasured.attention_backward_fraction,
+            unmeasured.efficient_attention_scale) == (0.38, 0.32, 0.5)

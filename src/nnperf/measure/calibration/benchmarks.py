@@ -12,10 +12,11 @@ import torch
 import torch.nn.functional as F
 
 from nnperf.measure.calibration.host_info import clock_under_load, cpu_max_ghz, cpu_model
-from nnperf.measure.calibration.plan import CONV_MODES, Plan
+from nnperf.measure.calibration.plan import ATTENTION_BACKENDS, CONV_MODES, Plan
 from nnperf.measure.calibration.record import Calibration
 from nnperf.measure.device import device_name, synchronize, time_batched, time_repeats
 from nnperf.measure.stats import Spread
+from nnperf.passes.costs.attention import kept_pairs
 
 TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -51,6 +52,7 @@ def run_calibration(
     _dispatch_by_kind(cal, device, plan, progress)
     if device.type == "cuda":
         _transfers(cal, device, plan, progress)
+        _attention(cal, device, plan, progress)
     cal.complete = True
     return cal
 
@@ -309,3 +311,50 @@ def _transfers(cal: Calibration, device: torch.device, plan: Plan, progress: Pro
                 done += 1
                 progress("transfer", done)
         del dev
+
+
+def _attention(cal: Calibration, device: torch.device, plan: Plan, progress: Progress) -> None:
+    """Causal bf16 SDPA on each fused backend, forward alone (no grad) and forward+backward
+    (the backward is their difference), with the FLOPs as nnperf counts them
+    (``passes.costs.attention``: two products forward, four backward, and the Q@K^T the
+    backward recomputes). A backend that refuses the shape is recorded with its reason."""
+    done = 0
+    for shape in plan.attention_shapes:
+        for row in _attention_rows(shape, device, plan.repeats):
+            cal.attention.append(row)
+            done += 1
+            progress("attention", done)
+
+
+def _attention_rows(shape: tuple[int, int, int, int, int], device: torch.device,
+                    repeats: int) -> Iterator[dict]:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    batch, heads, tokens, e, ev = shape
+    q, k = (_rand((batch, heads, tokens, e), torch.bfloat16, device).requires_grad_() for _ in range(2))
+    v = _rand((batch, heads, tokens, ev), torch.bfloat16, device).requires_grad_()
+    grad = _rand((batch, heads, tokens, ev), torch.bfloat16, device)
+    pairs = batch * heads * kept_pairs(tokens, tokens, True)
+    facts = {"dtype": "bf16", "batch": batch, "heads": heads, "tokens": tokens, "head_dim": e,
+             "head_dim_v": ev, "causal": True, "forward_flops": 2.0 * pairs * (e + ev),
+             "backward_flops": 4.0 * pairs * (e + ev), "recompute_flops": 2.0 * pairs * e}
+
+    def forward() -> None:
+        with torch.no_grad():
+            F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def step() -> None:
+        q.grad = k.grad = v.grad = None
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
+
+    for name in ATTENTION_BACKENDS:
+        row = {"backend": "flash" if name == "FLASH_ATTENTION" else "efficient", **facts}
+        try:
+            with sdpa_kernel(getattr(SDPBackend, name)):
+                fwd, both = _timed(forward, device, repeats), _timed(step, device, repeats)
+        except RuntimeError as err:  # this backend does not take the shape
+            row["skipped"] = str(err).strip().splitlines()[0][:200]
+        else:
+            row.update(forward_s=fwd.median, backward_s=max(both.median - fwd.median, 1e-9),
+                       spread=both.to_json(), forward_spread=fwd.to_json())
+        yield row

@@ -28,6 +28,10 @@ class Plan:
     batched_gemm: tuple[tuple[int, int, int, int], ...] = ()  # batch, m, n, k
     conv_variants: tuple[tuple[int, int, int, int, int, int, int], ...] = ()  # + groups
     dispatch_kinds: tuple[str, ...] = ()  # names of DISPATCH_KINDS to time on the host
+    # Causal bf16 SDPA of (batch, heads, tokens, q/k head dim, v head dim), forward and
+    # backward, on each fused backend that takes it (flash, memory-efficient): the profile's
+    # attention fractions and the efficient kernel's share of flash. CUDA only.
+    attention_shapes: tuple[tuple[int, int, int, int, int], ...] = ()
 
     def counts(self) -> dict[str, int]:
         return {
@@ -37,8 +41,12 @@ class Plan:
             "bandwidth": len(self.bandwidth_bytes) * 2,
             "overhead": 3 + len(self.dispatch_kinds),
             "transfer": len(self.transfer_bytes) * 4,
+            "attention": len(self.attention_shapes) * len(ATTENTION_BACKENDS),
         }
 
+
+#: The SDPA backends the attention benchmark times (``torch.nn.attention.SDPBackend`` names).
+ATTENTION_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION")
 
 #: How each ``conv_variants`` shape runs: (memory format, dtype, TF32 allowed). fp32 with
 #: and without TF32 shows what cuDNN's default (TF32 on) buys; bf16 is the AMP case.
@@ -77,6 +85,11 @@ def plan_for(device: torch.device, quick: bool = False) -> Plan:
                            (32, 240, 28, 240, 5, 1, 240), (32, 96, 56, 96, 7, 1, 96),
                            (32, 256, 28, 256, 3, 1, 32), (32, 64, 56, 64, 3, 1, 1)),
             dispatch_kinds=tuple(DISPATCH_KINDS),
+            # head dim 128 (both backends: the fractions and the efficient kernel's share) and
+            # DeepSeek's latent attention, 192 for queries and keys with 128 for values (only
+            # the efficient kernel takes it)
+            attention_shapes=((2, 8, 1024, 128, 128),) if quick
+            else ((8, 16, 4096, 128, 128), (2, 16, 8192, 128, 128), (8, 16, 4096, 192, 128)),
         )
     return Plan(
         gemm_sizes=(64, 128, 256, 512) if quick else (64, 128, 256, 512, 1024, 2048),

@@ -78,6 +78,8 @@ def build_profile(cal: Calibration, gpu: GPU | None) -> DeviceProfile:
     conv = conv_efficiency_scale(cal, gpu, base)
     if conv:
         changes["conv_efficiency_scale"] = conv
+    if gpu is not None:
+        changes.update(attention_fractions(cal, gpu))
     misaligned = misaligned_penalty(cal, gpu, base) if gpu is not None else None
     if misaligned:
         changes["alignment_penalty"] = {**base.alignment_penalty, "16B": misaligned}
@@ -91,6 +93,35 @@ def build_profile(cal: Calibration, gpu: GPU | None) -> DeviceProfile:
 #: The op category each dispatch-cost microbenchmark stands for (``plan.DISPATCH_KINDS``).
 DISPATCH_CATEGORY = {"add": "elementwise", "mul_": "elementwise", "mm": "gemm", "sum": "reduction",
                      "softmax": "reduction", "layer_norm": "norm", "cat": "memory", "index_select": "memory"}
+
+
+def attention_fractions(cal: Calibration, gpu: GPU) -> dict[str, float]:
+    """The profile's attention numbers from the SDPA benchmark: flash's forward and backward
+    FLOP rates (backward with its recomputed Q@K^T, as the time model counts it) over the bf16
+    tensor peak, medians over the shapes; and the efficient kernel's share of flash, the median
+    of flash's time over the efficient kernel's on the same shapes (the same work)."""
+    try:
+        peak = gpu.matmul_peak("bf16").flops
+    except Exception:  # no bf16 tensor rate: nothing to be a fraction of
+        return {}
+    timed = [r for r in cal.attention if "forward_s" in r]
+    flash = [r for r in timed if r["backend"] == "flash"]
+    out: dict[str, float] = {}
+    if flash:
+        fwd = Spread.of([r["forward_flops"] / r["forward_s"] / peak for r in flash]).median
+        bwd = Spread.of([(r["backward_flops"] + r["recompute_flops"]) / r["backward_s"] / peak for r in flash]).median
+        out["attention_forward_fraction"] = min(1.0, fwd)
+        out["attention_backward_fraction"] = min(1.0, bwd)
+
+    def key(r: dict[str, Any]) -> tuple:
+        return r["batch"], r["heads"], r["tokens"], r["head_dim"], r["head_dim_v"]
+
+    flash_time = {key(r): r["forward_s"] + r["backward_s"] for r in flash}
+    shares = [flash_time[key(r)] / (r["forward_s"] + r["backward_s"])
+              for r in timed if r["backend"] == "efficient" and key(r) in flash_time]
+    if shares:
+        out["efficient_attention_scale"] = min(1.0, Spread.of(shares).median)
+    return out
 
 
 def host_costs_by_category(cal: Calibration) -> dict[str, float]:
@@ -188,6 +219,10 @@ def measured_table(cal: Calibration) -> dict[str, Any]:
     for kind in dict.fromkeys(c["kind"] for c in cal.conv_variants):
         rates = [c["bytes_per_s"] for c in cal.conv_variants if c["kind"] == kind]
         out[f"conv_{kind}_best_gbs"] = max(rates) / 1e9
+    for r in (r for r in cal.attention if "forward_s" in r):
+        tag = f"sdpa_{r['backend']}_d{r['head_dim']}_{r['head_dim_v']}_s{r['tokens']}"
+        out[f"{tag}_forward_tflops"] = r["forward_flops"] / r["forward_s"] / 1e12
+        out[f"{tag}_backward_tflops"] = (r["backward_flops"] + r["recompute_flops"]) / r["backward_s"] / 1e12
     if cal.clock_under_load_mhz:
         out["sm_clock_under_load_mhz"] = cal.clock_under_load_mhz["median"]
     if cal.host_cpu:

@@ -29,6 +29,7 @@ class Calibration:
     bandwidth: list[dict[str, Any]] = field(default_factory=list)
     overhead: dict[str, Any] = field(default_factory=dict)
     transfer: list[dict[str, Any]] = field(default_factory=list)
+    attention: list[dict[str, Any]] = field(default_factory=list)
     # The host CPU the dispatch costs were measured on, and its maximum clock (GHz) as the
     # kernel reports it (hardware/host.py rescales host costs by that clock).
     host_cpu: str = ""
@@ -56,13 +57,15 @@ class Calibration:
         another process competing for the device, whose numbers a profile should not trust."""
         out = []
         groups = {"gemm": self.gemm, "batched gemm": self.batched_gemm, "conv": self.conv,
-                  "conv variant": self.conv_variants, "bandwidth": self.bandwidth, "transfer": self.transfer}
+                  "conv variant": self.conv_variants, "bandwidth": self.bandwidth, "transfer": self.transfer,
+                  "attention": self.attention}
         for group, rows in groups.items():
             for row in rows:
                 spread = row.get("spread") or {}
                 low, high = spread.get("p10"), spread.get("p90")
                 if low and high and high / low > ratio:
-                    what = " ".join(str(row[k]) for k in ("kind", "dtype", "n", "m", "k", "bytes_moved", "bytes")
+                    what = " ".join(str(row[k]) for k in ("kind", "backend", "dtype", "n", "m", "k", "bytes_moved",
+                                                          "bytes", "tokens", "head_dim")
                                     if k in row)
                     out.append((f"{group} {what}", high / low))
         return sorted(out, key=lambda item: -item[1])
