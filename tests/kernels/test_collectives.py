@@ -19,14 +19,22 @@ def test_bus_factors_are_nccl_tests():
 
 
 def test_all_reduce_inside_a_dgx_h100_by_hand():
+    """1 GiB inside a DGX H100: NVLink SHARP (25 us, 480 GB/s from nccl-tests) beats the ring
+    (8.4 us + 2(n-1) hops x 3.4 us, 0.82 x 450 GB/s); an all-gather has no NVLS: the ring."""
     cluster = load_cluster("dgx-h100")
     est = estimate_collective("all_reduce", 2**30, tuple(range(8)), cluster)
-    busbw = 450e9 * 0.82
-    assert est.tier == "intra" and (est.algorithm, est.protocol) == ("ring", "Simple")
-    # NCCL's ring Simple latency on NVLink: 8.4 us + 2(n-1) hops x 3.4 us
-    assert est.time_s == pytest.approx((8.4 + 14 * 3.4) * 1e-6 + 2**30 * 2 * 7 / 8 / busbw)
+    ring = (8.4 + 14 * 3.4) * 1e-6 + 2**30 * 2 * 7 / 8 / (450e9 * 0.82)
+    nvls = 25e-6 + 2**30 * 2 * 7 / 8 / 480e9
+    assert est.tier == "intra" and (est.algorithm, est.protocol) == ("nvls", "Simple")
+    assert est.time_s == pytest.approx(nvls) and nvls < ring
     # nccl-tests' identity: busbw = algbw x 2(n-1)/n once latency is negligible
-    assert est.algbw * 2 * 7 / 8 == pytest.approx(busbw, rel=0.02)
+    assert est.algbw * 2 * 7 / 8 == pytest.approx(480e9, rel=0.02)
+    gather = estimate_collective("all_gather", 2**30, tuple(range(8)), cluster)
+    assert (gather.algorithm, gather.protocol) == ("ring", "Simple")
+    assert gather.time_s == pytest.approx((8.4 + 7 * 3.4) * 1e-6 + 2**30 * 7 / 8 / (450e9 * 0.82))
+    # no NVLink SHARP on A100: the ring
+    a100 = estimate_collective("all_reduce", 2**30, tuple(range(8)), load_cluster("dgx-a100"))
+    assert a100.algorithm == "ring"
 
 
 def test_a_group_of_one_gpu_per_node_runs_at_the_nic_rate():

@@ -120,3 +120,16 @@ def test_cluster_files_say_the_host_and_the_link(tmp_path):
     path.write_text(body.format(cpu="intel", link="infinityfabric"))
     with pytest.raises(UsageError, match=r"intra\.link.*nvlink, pcie"):
         load_cluster(str(path))
+
+
+def test_nvls_only_for_all_reduce_inside_one_node_that_has_it():
+    with_nvls = Topology(8, 1, nvls_busbw=480e9, **H100_NODES)
+    assert ("nvls", "Simple") in candidates("all_reduce", with_nvls)
+    assert ("nvls", "Simple") not in candidates("all_gather", with_nvls)
+    assert ("nvls", "Simple") not in candidates("all_reduce", Topology(8, 1, **H100_NODES))
+    assert ("nvls", "Simple") not in candidates("all_reduce", Topology(16, 2, nvls_busbw=480e9, **H100_NODES))
+    assert latency_us("all_reduce", "nvls", "Simple", with_nvls) == 25.0
+    # small messages still take the LL ring (15 us), large ones NVLS
+    assert choose("all_reduce", 1024, 14 / 8, 369e9, with_nvls).algorithm == "ring"
+    large = choose("all_reduce", 2**30, 14 / 8, 369e9, with_nvls)
+    assert large.algorithm == "nvls" and large.time_s == pytest.approx(25e-6 + 2**30 * 14 / 8 / 480e9)

@@ -10,6 +10,8 @@ per NCCL channel, each holding an SM that compute kernels overlapping it cannot 
 NCCL's own latency model (``kernels.nccl_tuning``): ``host_cpu`` (``intel`` or ``amd``: NCCL's
 cost of posting a network send) and ``intra.link`` (``nvlink`` or ``pcie``: the per-hop latency
 inside a node, and whether NCCL runs its LL128 protocol); both default to a DGX-like node.
+``intra.nvls_busbw_gbs`` (optional): the nccl-tests bus bandwidth of an all-reduce that NVLink
+SHARP reduces in the switch (Hopper NVSwitch nodes); absent, NCCL's NVLS is not modelled.
 Values nobody measured are listed in ``unverified``; ``sources`` says where the others come
 from.
 """
@@ -41,6 +43,7 @@ class Tier:
     latency_s: float
     collective_ctas: int | None = None
     link: str = "nvlink"  # nvlink | pcie (inside a node); net (between nodes)
+    nvls_busbw: float = 0.0  # bytes/s of an NVLink SHARP all-reduce (nccl-tests busbw); 0: none
 
     @property
     def busbw(self) -> float:
@@ -138,4 +141,9 @@ def _tier(origin: str, key: str, table: Any) -> Tier:
     link = table.get("link", "nvlink") if key == "intra" else "net"
     if link not in (INTRA_LINKS if key == "intra" else ("net",)):
         raise UsageError(f"{origin}: field '{key}.link' is {link!r}; expected one of {', '.join(INTRA_LINKS)}")
-    return Tier(key, values["link_gbs"] * 1e9, values["efficiency"], values["latency_us"] * 1e-6, ctas, link)
+    nvls = table.get("nvls_busbw_gbs", 0.0) if key == "intra" else 0.0
+    if not isinstance(nvls, (int, float)) or isinstance(nvls, bool) or not 0 <= nvls <= RANGES["link_gbs"][1]:
+        raise UsageError(f"{origin}: field '{key}.nvls_busbw_gbs' is {nvls!r}; expected GB/s (nccl-tests bus "
+                         "bandwidth of an all-reduce with NVLink SHARP), or leave it out")
+    return Tier(key, values["link_gbs"] * 1e9, values["efficiency"], values["latency_us"] * 1e-6, ctas, link,
+                float(nvls) * 1e9)

@@ -23,12 +23,15 @@ reduce-scatter: the input).
 
 The latency is NCCL's own model (``kernels.nccl_tuning``): all-reduce, all-gather and
 reduce-scatter run with the algorithm and protocol NCCL's tuner picks for the size and the
-group (ring, tree or PAT; LL, LL128 or Simple), each with its latency, which grows with the
+group (ring, tree, PAT or NVLS; LL, LL128 or Simple), each with its latency, which grows with the
 ring's hops: a 1024-rank ring all-gather pays milliseconds before its first byte counts, an
 8-GPU one tens of microseconds. All-to-all, send/recv and broadcast keep the tier's
-``latency_us`` (NCCL's tuning model has no point-to-point term). What is not modelled yet:
-NVLS (NVLink SHARP) and CollNet, which beat the ring's bandwidth for large all-reduces on
-NVSwitch and SHARP fabrics; contention of several groups on one NIC.
+``latency_us`` (NCCL's tuning model has no point-to-point term). An all-reduce inside an
+NVSwitch node with NVLink SHARP runs at the bus bandwidth the cluster file states from
+nccl-tests (~480 GB/s on H100 against the ring's ~370). What is not modelled yet: NVLS tree
+across nodes and CollNet (SHARP in the network), which beat the ring for large all-reduces on
+two nodes and SHARP fabrics; contention of several groups on one NIC. The model against
+published nccl-tests tables: ``validation/nccl_compare.py``.
 """
 
 from __future__ import annotations
@@ -100,7 +103,7 @@ def estimate_collective(kind: str, nbytes: int, group_ranks: tuple[int, ...], cl
         return CollectiveEstimate(kind, nbytes, n, tier.name, busbw, tier.latency_s, time)
     nodes = len({r // cluster.gpus_per_node for r in group_ranks})
     topo = Topology(n, nodes, cluster.intra.link, cluster.host_cpu, cluster.generation,
-                    tier.collective_ctas or 16)
+                    tier.collective_ctas or 16, cluster.intra.nvls_busbw)
     choice = choose(kind, nbytes, bus_factor(kind, n), busbw, topo)
     return CollectiveEstimate(kind, nbytes, n, tier.name, busbw, choice.latency_s, choice.time_s,
                               choice.algorithm, choice.protocol)

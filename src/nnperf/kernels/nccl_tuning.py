@@ -16,7 +16,10 @@ all-reduce, all-gather and reduce-scatter with on NVLink nodes joined by InfiniB
 - tree (all-reduce only): up and down a chain inside each node and a binary tree across nodes:
   ``2 ((ppn-1) intra + log2(nodes) inter)``;
 - PAT (all-gather and reduce-scatter with one GPU per node, NCCL >= 2.23): ``log2(nodes)
-  inter/3.5 + 2.8 us n``.
+  inter/3.5 + 2.8 us n``;
+- NVLS (all-reduce inside one NVSwitch node of Hopper or later: the switch reduces, NVLink
+  SHARP): 25 us (``hwLatencies[NVLINK][NVLS][Simple]``, no base latency), at the bus bandwidth
+  the cluster file states from nccl-tests (NCCL's own NVLS bandwidth needs its topology search).
 
 Protocols: Simple (full bandwidth, the largest latency), LL128 (0.92 of it; on NVLink nodes)
 and LL (half of it, at most ``llMaxBw``; the least latency). The bandwidth of Simple on a ring
@@ -31,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-RING, TREE, PAT = "ring", "tree", "pat"
+RING, TREE, PAT, NVLS = "ring", "tree", "pat", "nvls"
 LL, LL128, SIMPLE = "LL", "LL128", "Simple"
 PROTOCOLS = (LL, LL128, SIMPLE)
 
@@ -43,6 +46,8 @@ HW_LATENCY_US = {
     "pcie": {TREE: (1.0, 1.9, 4.0), RING: (1.0, 2.5, 5.7), PAT: (0.0, 0.0, 4.0)},
     "net": {TREE: (5.0, 8.5, 14.0), RING: (2.7, 4.0, 14.0), PAT: (0.0, 0.0, 14.0)},
 }
+#: NVLS's latency (us): ``baseLatencies`` 0 and ``hwLatencies[NVLINK][NVLS][Simple]``.
+NVLS_LATENCY_US = 25.0
 #: ``getNetOverhead`` (us): the host's cost of posting one network send, by CPU vendor.
 NET_OVERHEAD_US = {"intel": 1.0, "amd": 2.0}
 #: ``llMaxBws`` (GB/s): LL's bandwidth cap. One node: by GPU generation; several: by CPU vendor
@@ -78,6 +83,7 @@ class Topology:
     cpu: str = "intel"  # intel | amd
     generation: str = "hopper"
     channels: int = 16
+    nvls_busbw: float = 0.0  # bytes/s of an NVLS all-reduce inside a node; 0: no NVLS
 
 
 @dataclass(frozen=True)
@@ -97,6 +103,8 @@ def _log2i(n: int) -> int:
 
 def latency_us(kind: str, algorithm: str, protocol: str, topo: Topology) -> float:
     """``ncclTopoTuneModel``'s ``latencies[coll][algorithm][protocol]``."""
+    if algorithm == NVLS:
+        return NVLS_LATENCY_US
     p = PROTOCOLS.index(protocol)
     n, nodes = topo.ranks, topo.nodes
     ppn = n / nodes
@@ -133,6 +141,8 @@ def _busbw(kind: str, algorithm: str, protocol: str, ring_busbw: float, topo: To
         return min(bw, ll_cap) if protocol == LL else bw
     if algorithm == PAT:
         return ring_busbw * PAT_SCALE
+    if algorithm == NVLS:
+        return topo.nvls_busbw
     return tree_busbw(protocol, ring_busbw, topo, nbytes)
 
 
@@ -157,6 +167,8 @@ def candidates(kind: str, topo: Topology) -> list[tuple[str, str]]:
     pairs = [(RING, p) for p in protocols]
     if kind == "all_reduce":
         pairs += [(TREE, p) for p in protocols]
+        if topo.nodes == 1 and topo.nvls_busbw > 0:
+            pairs.append((NVLS, SIMPLE))
     elif topo.nodes > 1 and topo.nodes == topo.ranks:  # ncclPatEnable: one GPU per node
         pairs.append((PAT, SIMPLE))
     return pairs
