@@ -120,6 +120,10 @@ def test_cluster_files_say_the_host_and_the_link(tmp_path):
     path.write_text(body.format(cpu="intel", link="infinityfabric"))
     with pytest.raises(UsageError, match=r"intra\.link.*nvlink, pcie"):
         load_cluster(str(path))
+    assert load_cluster("dgx-h100").intra.nvls_busbw == 480e9 and load_cluster("dgx-a100").intra.nvls_busbw == 0
+    path.write_text(body.format(cpu="intel", link="nvlink").replace('link = "nvlink"\n', 'link = "nvlink"\nnvls_busbw_gbs = "fast"\n'))
+    with pytest.raises(UsageError, match=r"intra\.nvls_busbw_gbs.*GB/s"):
+        load_cluster(str(path))
 
 
 def test_nvls_only_for_all_reduce_inside_one_node_that_has_it():
