@@ -4,9 +4,10 @@ One TOML file per cluster (``hardware/clusters/*.toml``; a user's own with ``--c
 FILE``): the GPU, GPUs per node, and per tier (``intra``: NVLink/NVSwitch inside a node,
 ``inter``: the NICs between nodes) the link bandwidth per GPU each way (datasheet), the
 measured fraction of it that NCCL's ring reaches on large messages, the latency of an
-all-to-all or send/recv (the other collectives' latency is NCCL's own model), and (optional) ``collective_ctas``: the thread blocks a collective's kernel runs, one
-per NCCL channel, each holding an SM that compute kernels overlapping it cannot use
-(``passes.comm_timeline``; absent: that slowdown is not modelled for the tier). Two facts feed
+all-to-all or send/recv (the other collectives' latency is NCCL's own model), and (optional)
+``collective_ctas``: the thread blocks a collective's kernel runs, one per NCCL channel, each
+holding an SM that compute kernels overlapping it cannot use (``passes.comm_timeline``;
+absent: that slowdown is not modelled for the tier). Two facts feed
 NCCL's own latency model (``kernels.nccl_tuning``): ``host_cpu`` (``intel`` or ``amd``: NCCL's
 cost of posting a network send) and ``intra.link`` (``nvlink`` or ``pcie``: the per-hop latency
 inside a node, and whether NCCL runs its LL128 protocol); both default to a DGX-like node.

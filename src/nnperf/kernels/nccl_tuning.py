@@ -24,8 +24,9 @@ all-reduce, all-gather and reduce-scatter with on NVLink nodes joined by InfiniB
 Protocols: Simple (full bandwidth, the largest latency), LL128 (0.92 of it; on NVLink nodes)
 and LL (half of it, at most ``llMaxBw``; the least latency). The bandwidth of Simple on a ring
 is the tier's bus bandwidth (``kernels.collectives``, from the cluster file); the other
-protocols and algorithms scale it as NCCL does. Not modelled: NVLS (NVLink SHARP) and CollNet
-(SHARP in the switch), which need NCCL's topology search to size; the per-channel bandwidth
+protocols and algorithms scale it as NCCL does. Not modelled: NVLS tree across nodes (which
+nccl-tests shows beating the ring on two nodes) and CollNet (SHARP in the network switch), which
+need NCCL's topology search to size; the per-channel bandwidth
 caps (NCCL's channel count is not known here; they bind only for few channels); point-to-point
 (all-to-all and send/recv are grouped sends, which NCCL's tuning model does not time).
 """
@@ -133,7 +134,7 @@ def _ll_cap_gbs(topo: Topology) -> float:
     return two if topo.nodes == 2 else more
 
 
-def _busbw(kind: str, algorithm: str, protocol: str, ring_busbw: float, topo: Topology, nbytes: int) -> float:
+def _busbw(algorithm: str, protocol: str, ring_busbw: float, topo: Topology, nbytes: int) -> float:
     """The bus bandwidth (bytes/s) of one choice, from the tier's Simple ring bandwidth."""
     ll_cap = _ll_cap_gbs(topo) * 1e9
     if algorithm == RING:
@@ -189,7 +190,7 @@ def choose(kind: str, nbytes: int, bus_factor: float, ring_busbw: float, topo: T
             lat *= RING_PLATEAU
         # algorithm bandwidth: a tree's is half its bus bandwidth; PAT's is its bus bandwidth
         factor = 2.0 if algorithm == TREE else 1.0 if algorithm == PAT else bus_factor
-        time = lat * 1e-6 + nbytes * factor / _busbw(kind, algorithm, protocol, ring_busbw, topo, nbytes)
+        time = lat * 1e-6 + nbytes * factor / _busbw(algorithm, protocol, ring_busbw, topo, nbytes)
         if best is None or time < best.time_s:
             best = Choice(algorithm, protocol, lat * 1e-6, time)
     assert best is not None
