@@ -36,6 +36,7 @@ published nccl-tests tables: ``validation/nccl_compare.py``.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from nnperf.hardware.cluster import Cluster, Tier
@@ -75,34 +76,29 @@ class CollectiveEstimate:
         return self.bytes / self.time_s if self.time_s else 0.0
 
 
+def _gpus_per_node(cluster: Cluster, group_ranks: tuple[int, ...]) -> Counter[int]:
+    """How many of the group's ranks each node holds (ranks numbered node by node)."""
+    return Counter(r // cluster.gpus_per_node for r in group_ranks)
+
+
 def group_tier(cluster: Cluster, group_ranks: tuple[int, ...]) -> Tier:
     """The slowest tier a group's ring crosses: the NICs as soon as it spans two nodes."""
-    nodes = {r // cluster.gpus_per_node for r in group_ranks}
-    return cluster.inter if len(nodes) > 1 else cluster.intra
-
-
-def rails(cluster: Cluster, group_ranks: tuple[int, ...]) -> int:
-    """The NICs (one per GPU) a group spanning nodes spreads its rings over: its fewest GPUs in
-    one node."""
-    per_node: dict[int, int] = {}
-    for r in group_ranks:
-        per_node[r // cluster.gpus_per_node] = per_node.get(r // cluster.gpus_per_node, 0) + 1
-    return min(per_node.values())
+    return cluster.inter if len(_gpus_per_node(cluster, group_ranks)) > 1 else cluster.intra
 
 
 def estimate_collective(kind: str, nbytes: int, group_ranks: tuple[int, ...], cluster: Cluster) -> CollectiveEstimate:
     n = len(group_ranks)
     if n <= 1 or nbytes == 0:
         return CollectiveEstimate(kind, nbytes, n, "none", 0.0, 0.0, 0.0)
-    tier = group_tier(cluster, group_ranks)
+    per_node = _gpus_per_node(cluster, group_ranks)
+    tier = cluster.inter if len(per_node) > 1 else cluster.intra
     busbw = tier.busbw
-    if tier is cluster.inter:
-        busbw = min(cluster.intra.busbw, rails(cluster, group_ranks) * tier.busbw)
+    if tier is cluster.inter:  # one ring per NIC (rail): as many as the group's fewest GPUs in a node
+        busbw = min(cluster.intra.busbw, min(per_node.values()) * tier.busbw)
     if kind not in TUNED_KINDS:
         time = tier.latency_s + nbytes * bus_factor(kind, n) / busbw
         return CollectiveEstimate(kind, nbytes, n, tier.name, busbw, tier.latency_s, time)
-    nodes = len({r // cluster.gpus_per_node for r in group_ranks})
-    topo = Topology(n, nodes, cluster.intra.link, cluster.host_cpu, cluster.generation,
+    topo = Topology(n, len(per_node), cluster.intra.link, cluster.host_cpu, cluster.generation,
                     tier.collective_ctas or 16, cluster.intra.nvls_busbw)
     choice = choose(kind, nbytes, bus_factor(kind, n), busbw, topo)
     return CollectiveEstimate(kind, nbytes, n, tier.name, busbw, choice.latency_s, choice.time_s,
