@@ -49,3 +49,12 @@ def test_expert_parallelism_is_torchtitans_degree_and_no_other_engines_json():
         deepspeed_json(e, amp="bf16")
     with pytest.raises(NotExpressible, match="FSDP2"):
         megatron_args(e, 4, amp="bf16")
+
+
+def test_a_compiled_loss_is_torchtitans_compile_of_the_loss_component_only():
+    e = Execution(world=8, data="fsdp", shard=8, micro_batch=2)
+    compiled = tomllib.loads(torchtitan_toml(e, amp="bf16", loss="compiled"))["compile"]
+    # torchtitan compiles the components listed (CompileConfig.components; "model" would also
+    # compile every block, which the plan did not assume)
+    assert compiled == {"enable": True, "components": ["loss"]}
+    assert "compile" not in tomllib.loads(torchtitan_toml(e, amp="bf16"))

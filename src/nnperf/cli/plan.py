@@ -105,7 +105,7 @@ def engine_configs(result: Any, options: TraceOptions) -> dict[str, Any]:
     execution = result.ranked[0].execution
     out: dict[str, Any] = {}
     amp, dtype, sdpa = options.amp, options.dtype, options.sdpa
-    writers = {"torchtitan": lambda: torchtitan_toml(execution, amp, dtype, sdpa),
+    writers = {"torchtitan": lambda: torchtitan_toml(execution, amp, dtype, sdpa, options.loss),
                "megatron": lambda: megatron_args(execution, result.layers, amp, dtype, sdpa),
                "deepspeed": lambda: deepspeed_json(execution, amp, dtype)}
     for name, write in writers.items():

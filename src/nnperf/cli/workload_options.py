@@ -16,6 +16,7 @@ from nnperf.request import INPUT_DTYPES, InputSpec, ModelRequest, parse_shape
 from nnperf.trace.options import (
     AMP_DTYPES,
     DTYPES,
+    LOSS_MODES,
     OPTIMIZER_IMPLS,
     OPTIMIZERS,
     SDPA_MODES,
@@ -26,6 +27,7 @@ _WORKLOAD_KEYS = (
     "model", "batch", "seq", "train", "dtype", "amp", "grad_scaler", "optimizer", "optimizer_impl",
     "input_shape", "input_dtype", "tokens", "vocab", "real", "model_opt", "channels_last",
     "task", "attn_implementation", "moe_load", "moe_capacity_factor", "sdpa",
+    "loss",
 )
 
 
@@ -72,6 +74,12 @@ def workload_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                           "memory-efficient), or unfused (GEMM, masked softmax, dropout, GEMM in "
                           "the input's dtype, the score matrix in memory: Megatron-LM's core "
                           "attention before flash attention, GPUs or dtypes no fused kernel serves)."),
+        click.option("--loss", type=click.Choice(list(LOSS_MODES), case_sensitive=False), default="eager",
+                     show_default=True,
+                     help="How the loss function runs: as written, or compiled (torch.compile(loss_fn), "
+                          "torchtitan's compile.components = [\"loss\"]: cross entropy as one fused "
+                          "kernel each way, keeping the logits in their dtype instead of an fp32 "
+                          "log-softmax)."),
         click.option("--moe-load", metavar="S1,S2,...",
                      help="Mixture of experts: each expert's share of the routed tokens, one per "
                           "expert (normalized), assumed where a fake trace cannot know the "
@@ -117,18 +125,20 @@ def pop_workload(kwargs: dict[str, Any]) -> tuple[ModelRequest, TraceOptions]:
         moe_load=parse_moe_load(opts["moe_load"]),
         moe_capacity_factor=opts["moe_capacity_factor"],
         sdpa=opts["sdpa"],
+        loss=opts["loss"],
     )
     return request, options
 
 
 #: Options of the training step: given with --inference they would change nothing.
 _TRAINING_OPTIONS = {"optimizer": "--optimizer", "optimizer_impl": "--optimizer-impl",
-                     "grad_scaler": "--grad-scaler/--no-grad-scaler"}
+                     "grad_scaler": "--grad-scaler/--no-grad-scaler", "loss": "--loss"}
 
 
 def _refuse_training_options() -> None:
-    """An optimizer or GradScaler option the user typed beside --inference is refused (it would
-    be dropped silently: an inference step runs no optimizer); their defaults are fine."""
+    """An optimizer, GradScaler or loss option the user typed beside --inference is refused (it
+    would be dropped silently: an inference step runs no optimizer and no loss); their defaults
+    are fine."""
     ctx = click.get_current_context(silent=True)
     if ctx is None:
         return

@@ -29,8 +29,9 @@ class NotExpressible(Exception):
 
 
 def torchtitan_toml(execution: Any, amp: str | None = None, dtype: str | None = None,
-                    sdpa: str = "fused") -> str:
-    """The [training], [parallelism] and [activation_checkpoint] tables torchtitan reads."""
+                    sdpa: str = "fused", loss: str = "eager") -> str:
+    """The [training], [parallelism] and [activation_checkpoint] tables torchtitan reads, and
+    [compile] for a compiled loss (``--loss compiled``: torchtitan compiles the components named)."""
     e = execution
     missing = []
     if dtype not in (None, "fp32"):
@@ -81,6 +82,8 @@ def torchtitan_toml(execution: Any, amp: str | None = None, dtype: str | None = 
         lines.append('selective_ac_option = "op"')
     if e.tensor > 1 and not e.sequence_parallel:
         raise NotExpressible("torchtitan always uses sequence parallelism with tensor parallelism")
+    if loss == "compiled":
+        lines += ["", "[compile]", "enable = true", 'components = ["loss"]']
     return "\n".join(lines)
 
 

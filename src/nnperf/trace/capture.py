@@ -24,6 +24,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from nnperf.errors import NnperfError
+from nnperf.trace import loss as traced_loss
 from nnperf.trace import meta_world
 from nnperf.trace.accumulation import AccumulationWatch, fold_inplace_accumulations
 from nnperf.trace.assumptions import collecting
@@ -260,7 +261,7 @@ def _record(workload: Workload, step: Step) -> Trace:
         cuda_lists = options.amp is not None and options.autocast_device == "cuda"
         policy = watch.cuda_autocast = CudaAutocast() if cuda_lists else None
         with (modules, GraphLabeler(modules, assumed), recorder, collecting() as assumptions,
-              sdpa_mode(options.sdpa),
+              sdpa_mode(options.sdpa), traced_loss.tracing(),
               policy.installed() if policy is not None else contextlib.nullcontext()):
             # an inference output stays alive until the recording stops, as it always did
             output = step.run(watch)

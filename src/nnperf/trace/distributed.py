@@ -416,6 +416,7 @@ def _explicit_prefetch(model: nn.Module, blocks: list[str]) -> None:
 
 def _pipeline_rank(workload: Workload, execution: Execution, options: TraceOptions, pp_mesh: Any) -> nn.Module:
     """This rank's pipeline chunks and schedule over the pipeline group (trace.pipeline)."""
+    from nnperf.trace.loss import loss_for
     from nnperf.trace.options import AMP_DTYPES
     from nnperf.trace.pipeline import PipelineRank, rank_stages, split, stage_shapes
 
@@ -434,8 +435,8 @@ def _pipeline_rank(workload: Workload, execution: Execution, options: TraceOptio
     # the shapes of this rank's chunks need the forward up to its last chunk only
     shapes = stage_shapes(chunks[:max(mine) + 1], tuple(workload.inputs), batch // execution.grad_accum, autocast)
     return PipelineRank([chunks[i] for i in mine], mine, stages, execution.pipeline_schedule or "",
-                        execution.grad_accum, tuple(workload.inputs), workload.loss_fn or default_loss,
-                        pp_mesh.get_group(), [shapes[i] for i in mine])
+                        execution.grad_accum, tuple(workload.inputs),
+                        loss_for(workload.loss_fn or default_loss, options.loss), pp_mesh.get_group(), [shapes[i] for i in mine])
 
 
 def _loss_parallel() -> Any:

@@ -20,6 +20,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 AUTOCAST_DEVICES = ("cuda", "cpu")
 SDPA_MODES = ("fused", "unfused")  # trace.attention
+LOSS_MODES = ("eager", "compiled")  # trace.loss
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,10 @@ class TraceOptions:
     # dropout, GEMM with the score matrix in memory: Megatron-LM's core attention before
     # flash attention, or a GPU/dtype no fused kernel serves).
     sdpa: str = "fused"
+    # How the loss function runs (trace.loss): "eager" (as written) or "compiled"
+    # (torch.compile(loss_fn), as torchtitan's compile.components = ["loss"]: cross entropy as
+    # one fused kernel each way, no fp32 copy of the logits kept).
+    loss: str = "eager"
 
     def uses_grad_scaler(self) -> bool:
         """Whether the step runs a GradScaler (``grad_scaler`` resolved)."""
@@ -86,6 +91,10 @@ class TraceOptions:
             )
         if self.sdpa not in SDPA_MODES:
             raise UsageError(f"unknown SDPA mode '{self.sdpa}'; valid: {', '.join(SDPA_MODES)}")
+        if self.loss not in LOSS_MODES:
+            raise UsageError(f"unknown loss mode '{self.loss}'; valid: {', '.join(LOSS_MODES)}")
+        if self.loss != "eager" and not self.train:
+            raise UsageError("--loss compiled changes nothing in an inference step (it has no loss); leave it out")
         if self.moe_load is not None and self.moe_capacity_factor is not None:
             raise UsageError("give --moe-load or --moe-capacity-factor, not both")
         if self.moe_load is not None and (
@@ -122,6 +131,8 @@ class TraceOptions:
             parts.append("channels_last")
         if self.sdpa != "fused":
             parts.append(f"{self.sdpa} attention")
+        if self.loss != "eager":
+            parts.append(f"{self.loss} loss")
         return ", ".join(parts)
 
     def to_json(self) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from nnperf.trace.assumptions import assume
 from nnperf.trace.attention import traced_sdpa
 from nnperf.trace.events import KIND_ACTIVATION, OpEvent, StorageInfo, TensorMeta
 from nnperf.trace.grad_scaler import LOCAL_SCALAR_DENSE
+from nnperf.trace.loss import in_compiled_loss, traced_cross_entropy
 from nnperf.trace.rnn import cudnn_rnn_call, is_rnn_function
 from nnperf.trace.state_warmup import skipped_foreach
 
@@ -123,7 +124,8 @@ class ModuleStack:
 
 class GraphLabeler(TorchFunctionMode):
     """Stamps new autograd nodes with the creating module; swaps SDPA for the fused op (or
-    the unfused kernels, ``trace.attention``) and the RNN functions for cuDNN's."""
+    the unfused kernels, ``trace.attention``), the RNN functions for cuDNN's and, in a compiled
+    loss, cross entropy for its fused op (``trace.loss``)."""
 
     def __init__(self, modules: ModuleStack, assumed: routing.Routing | None = None):
         super().__init__()
@@ -136,6 +138,8 @@ class GraphLabeler(TorchFunctionMode):
             out = traced_sdpa(*args, **kwargs)
         elif func is F.dropout:
             out = _native_dropout(func, args, kwargs)
+        elif func is F.cross_entropy and in_compiled_loss():
+            out = traced_cross_entropy(*args, **kwargs)
         elif is_rnn_function(func):
             out = cudnn_rnn_call(func, args, kwargs)
             if out is NotImplemented:

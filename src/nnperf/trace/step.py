@@ -32,6 +32,7 @@ from torch import nn
 
 from nnperf.errors import UsageError
 from nnperf.trace.grad_scaler import TracedGradScaler
+from nnperf.trace.loss import loss_for
 from nnperf.trace.options import AMP_DTYPES, TraceOptions
 from nnperf.trace.rebind import rebind_tensors
 
@@ -120,13 +121,14 @@ class Step:
     @classmethod
     def of(cls, model: nn.Module, inputs: tuple[Any, ...], loss_fn: Callable[[Any], torch.Tensor],
            options: TraceOptions, device_type: str = "cpu", zero_grad: bool = True) -> Step:
-        """The step ``options`` describe for a model already cast and placed: its optimizer
-        and, for fp16 autocast training, its GradScaler."""
+        """The step ``options`` describe for a model already cast and placed: its optimizer,
+        for fp16 autocast training its GradScaler, and the loss as ``--loss`` runs it."""
         model.train(options.train)
         optimizer = make_optimizer(model, options) if options.train else None
         scaler = (TracedGradScaler(device_type)
                   if optimizer is not None and options.uses_grad_scaler() else None)
-        return cls(model, inputs, loss_fn, options, optimizer, scaler, device_type, zero_grad)
+        return cls(model, inputs, loss_for(loss_fn, options.loss), options, optimizer, scaler, device_type,
+                   zero_grad)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if not self.options.amp:

@@ -1,4 +1,5 @@
-"""Loss functions that run as their own kernels (cross entropy runs as log-softmax + NLL).
+"""Loss functions that run as their own kernels (cross entropy runs as log-softmax + NLL, or
+as one fused kernel each way in a compiled loss, ``trace.loss``).
 
 NLL forward gathers one log-probability per target, so it reads the targets and only those
 elements of the input (plus the class weights they select); backward writes a full, mostly
@@ -9,9 +10,10 @@ maps followed by a reduction; FLOPs per element are listed in ``LOSS_FLOPS`` (fo
 
 from __future__ import annotations
 
+import nnperf.trace.loss  # noqa: F401  (defines the nnperf:: ops registered below)
 from nnperf.passes.costs.common import bind, distinct, footprint, read_args, touched
 from nnperf.passes.costs.registry import REDUCTION, OpCost, register
-from nnperf.trace.events import OpEvent
+from nnperf.trace.events import OpEvent, TensorMeta
 
 LOSS_FLOPS: dict[str, int] = {
     "mse_loss": 3,  # (x - y)^2, summed
@@ -78,3 +80,39 @@ def _backward(event: OpEvent) -> OpCost:
 
 register(*(f"aten.{name}" for name in LOSS_FLOPS))(_forward)
 register(*(f"aten.{name}" for name in LOSS_BACKWARD_FLOPS))(_backward)
+
+
+#: ``--loss compiled`` (``trace.loss``): inductor's kernels for cross entropy. Forward, per
+#: logit: max, subtract, exp, add (online softmax, one read); label smoothing adds the row sum
+#: of the logits. Per row: the log, the target's logit subtracted and the reduction's add.
+#: Backward, per logit: exp(x - max - log_sum), the one-hot (or smoothing) subtraction and the
+#: scale by the upstream gradient, as ``SOFTMAX_BACKWARD_FLOPS`` counts log-softmax's.
+FUSED_CE_FLOPS, FUSED_CE_SMOOTHING_FLOPS, FUSED_CE_ROW_FLOPS = 4, 1, 3
+FUSED_CE_BACKWARD_FLOPS = 4
+
+
+@register("nnperf.cross_entropy")
+def _fused_cross_entropy(event: OpEvent) -> OpCost:
+    """One pass over the logits; the targets read, the row statistics and the loss written."""
+    logits, target = event.args[0], event.args[1]
+    smoothing = float(event.args[4])
+    rows = target.numel
+    per_logit = FUSED_CE_FLOPS + (FUSED_CE_SMOOTHING_FLOPS if smoothing else 0)
+    return OpCost(
+        REDUCTION,
+        flops=float(per_logit * logits.numel + FUSED_CE_ROW_FLOPS * rows),
+        reads=distinct([logits, target]),
+        writes=distinct(event.outputs),
+    )
+
+
+@register("nnperf.cross_entropy_backward")
+def _fused_cross_entropy_backward(event: OpEvent) -> OpCost:
+    """The logits and row statistics read once, the gradient written once in the logits' dtype."""
+    logits = event.args[1]
+    return OpCost(
+        REDUCTION,
+        flops=float(FUSED_CE_BACKWARD_FLOPS * logits.numel),
+        reads=distinct(t for t in event.args[:6] if isinstance(t, TensorMeta)),
+        writes=[event.outputs[0]],
+    )

@@ -1,0 +1,224 @@
+"""The loss as ``torch.compile`` runs it (``--loss compiled``).
+
+Eager ``F.cross_entropy`` over a language model's logits is log-softmax plus NLL: under bf16
+autocast (or torchtitan's ``pred.float()``) an fp32 copy of the logits, an fp32 log-softmax
+kept for backward, and in backward an fp32 zero-filled gradient, the log-softmax gradient and
+its cast back, each as large as the logits. With a 100k-token vocabulary that is tens of GiB
+at the end of the forward pass, where the step's memory peaks. torchtitan compiles the loss
+(``[compile] components = ["loss"]``) and Liger-style fused losses do the same job by hand.
+
+What inductor makes of it, checked with the partitioner it uses
+(``min_cut_rematerialization_partition`` over ``select_decomp_table()`` decompositions; the
+test runs that reference): forward keeps the logits in their own dtype, the integer targets,
+each row's maximum and log-sum-exp remainder (fp32, one per row) and, for ``mean``, the count
+of targets not ignored; backward recomputes ``softmax = exp(x - max - log_sum)`` from the
+logits and writes the gradient in the logits' dtype, so no fp32 tensor of the logits' size ever
+reaches memory. Inductor's online softmax (``torch._inductor.config.online_softmax``, on by
+default) reads the logits once in forward; backward reads them once and writes the gradient.
+
+The tracer routes every ``F.cross_entropy`` the loss function calls through the fused ops
+``nnperf::cross_entropy`` and ``nnperf::cross_entropy_backward`` (one record each, the costs in
+``passes.costs.losses``); a measured step runs ``torch.compile(loss_fn)`` itself. Class weights,
+probability targets and spatial (N, C, d...) inputs are traced eagerly, and the trace says so.
+A user loss that upcasts explicitly (``pred.float()``) is traced as written: the fp32 copy is
+recorded and handed to the fused op, which keeps it; call ``F.cross_entropy`` on the
+low-precision logits under autocast to get inductor's figure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from nnperf.errors import UsageError
+from nnperf.trace.assumptions import assume
+
+LOSS_MODES = ("eager", "compiled")
+REDUCTIONS = ("mean", "sum", "none")
+
+NO_CROSS_ENTROPY = ("--loss compiled changes nothing here: the loss function calls no F.cross_entropy "
+                    "(nn.CrossEntropyLoss) on the logits; leave it out")
+
+
+def _forward_math(logits: Tensor, target: Tensor, ignore_index: int, reduction: str,
+                  label_smoothing: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    x = logits.float()
+    row_max = x.amax(dim=-1)
+    log_sum = torch.log(torch.exp(x - row_max.unsqueeze(-1)).sum(dim=-1))
+    lse = row_max + log_sum
+    keep = target != ignore_index
+    picked = x.gather(-1, torch.where(keep, target, 0).unsqueeze(-1)).squeeze(-1)
+    per_row = lse - picked
+    if label_smoothing:  # PyTorch: (1 - e) NLL + e * mean over classes of -log p
+        per_row = (1 - label_smoothing) * per_row + label_smoothing * (lse - x.mean(dim=-1))
+    per_row = torch.where(keep, per_row, 0.0)
+    count = keep.sum().float()
+    if reduction == "mean":
+        loss = per_row.sum() / count
+    elif reduction == "sum":
+        loss = per_row.sum()
+    else:
+        loss = per_row
+    return loss, row_max, log_sum, count, keep
+
+
+@torch.library.custom_op("nnperf::cross_entropy", mutates_args=())
+def cross_entropy(logits: Tensor, target: Tensor, ignore_index: int, reduction: str,
+                  label_smoothing: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Fused cross entropy over (N, C) logits: the loss (fp32), each row's maximum and the log
+    of its sum of exponentials (fp32), the count of targets not ignored and which rows are not."""
+    return _forward_math(logits, target, ignore_index, reduction, label_smoothing)
+
+
+@cross_entropy.register_fake
+def _cross_entropy_fake(logits, target, ignore_index, reduction, label_smoothing):
+    rows = logits.shape[:-1]
+    loss = logits.new_empty(rows if reduction == "none" else (), dtype=torch.float32)
+    return (loss, logits.new_empty(rows, dtype=torch.float32), logits.new_empty(rows, dtype=torch.float32),
+            logits.new_empty((), dtype=torch.float32), logits.new_empty(rows, dtype=torch.bool))
+
+
+@torch.library.custom_op("nnperf::cross_entropy_backward", mutates_args=())
+def cross_entropy_backward(grad: Tensor, logits: Tensor, target: Tensor, row_max: Tensor,
+                           log_sum: Tensor, count: Tensor | None, ignore_index: int, reduction: str,
+                           label_smoothing: float) -> Tensor:
+    """The logits' gradient in their dtype: (softmax - (1 - e) onehot - e / C) times the
+    upstream gradient (over the count for ``mean``), zero on ignored rows."""
+    x = logits.float()
+    p = torch.exp(x - (row_max + log_sum).unsqueeze(-1))
+    keep = target != ignore_index
+    onehot = F.one_hot(torch.where(keep, target, 0), x.shape[-1]).float()
+    d = p - (1 - label_smoothing) * onehot - label_smoothing / x.shape[-1]
+    g = grad.float()
+    if reduction == "mean":
+        g = g / count
+    scale = g.unsqueeze(-1) if reduction == "none" else g
+    out = torch.where(keep.unsqueeze(-1), d * scale, 0.0)
+    return out.to(logits.dtype)
+
+
+@cross_entropy_backward.register_fake
+def _cross_entropy_backward_fake(grad, logits, target, row_max, log_sum, count, ignore_index, reduction,
+                                 label_smoothing):
+    return torch.empty_like(logits)
+
+
+def _setup_context(ctx, inputs, output):
+    logits, target, ignore_index, reduction, label_smoothing = inputs
+    _, row_max, log_sum, count, keep = output
+    # what inductor's partitioner keeps (module docstring): the count only where backward divides
+    # by it, the rows' mask only with label smoothing (its partitioner saves it there)
+    ctx.save_for_backward(logits, target, row_max, log_sum, count if reduction == "mean" else None,
+                          keep if label_smoothing else None)
+    ctx.params = (ignore_index, reduction, label_smoothing)
+    ctx.set_materialize_grads(False)
+
+
+def _backward(ctx, grad_loss, *_unused):
+    logits, target, row_max, log_sum, count, _ = ctx.saved_tensors
+    grad = torch.ops.nnperf.cross_entropy_backward(grad_loss, logits, target, row_max, log_sum, count,
+                                                   *ctx.params)
+    return grad, None, None, None, None
+
+
+cross_entropy.register_autograd(_backward, setup_context=_setup_context)
+
+
+_TRACING = [0]  # inside a trace (loss_mode): compiled losses run as the fused ops
+_IN_COMPILED_LOSS = [0]
+_CALLS = [0]
+
+_PARAMS = ("input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction",
+           "label_smoothing")
+
+
+def unfusable(args: dict[str, Any]) -> str | None:
+    """Why a cross_entropy call stays eager under ``--loss compiled``, or None."""
+    x, target = args["input"], args["target"]
+    if args.get("weight") is not None:
+        return "class weights"
+    if args.get("size_average") is not None or args.get("reduce") is not None:
+        return "the deprecated size_average/reduce arguments"
+    if _is_dtensor(x):
+        return "logits split over the vocabulary (loss parallelism)"
+    if not isinstance(x, Tensor) or not isinstance(target, Tensor) or x.dim() != 2:
+        return "inputs other than (N, C) logits"
+    if target.is_floating_point():
+        return "class-probability targets"
+    if args.get("reduction", "mean") not in REDUCTIONS:
+        return f"reduction {args.get('reduction')!r}"
+    return None
+
+
+def _is_dtensor(t: Any) -> bool:
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
+def traced_cross_entropy(*args: Any, **kwargs: Any) -> Tensor:
+    """``F.cross_entropy`` inside a compiled loss: the fused op, or eager where inductor's
+    graph would differ from it (the reason becomes an assumption of the trace)."""
+    _CALLS[0] += 1
+    bound = dict(zip(_PARAMS, args, strict=False)) | kwargs
+    why = unfusable(bound)
+    if why is not None:
+        assume(f"--loss compiled: a cross_entropy with {why} is traced eagerly (not fused)")
+        return F.cross_entropy(*args, **kwargs)
+    loss, *_ = torch.ops.nnperf.cross_entropy(
+        bound["input"], bound["target"], int(bound.get("ignore_index", -100)),
+        str(bound.get("reduction", "mean")), float(bound.get("label_smoothing", 0.0)))
+    return loss
+
+
+def in_compiled_loss() -> bool:
+    """Whether ``F.cross_entropy`` is called by a compiled loss under a trace."""
+    return _TRACING[0] > 0 and _IN_COMPILED_LOSS[0] > 0
+
+
+@contextlib.contextmanager
+def tracing() -> Iterator[None]:
+    """A trace under way: compiled losses run as the fused ops instead of ``torch.compile``."""
+    _TRACING[0] += 1
+    try:
+        yield
+    finally:
+        _TRACING[0] -= 1
+
+
+class CompiledLoss:
+    """``torch.compile(loss_fn)``: compiled on a device, the fused ops under a trace."""
+
+    def __init__(self, loss_fn: Callable[[Any], Tensor]) -> None:
+        self.loss_fn = loss_fn
+        self._compiled: Callable[[Any], Tensor] | None = None
+
+    def __call__(self, output: Any) -> Tensor:
+        if not _TRACING[0]:
+            if self._compiled is None:
+                self._compiled = torch.compile(self.loss_fn)
+            return self._compiled(output)
+        calls = _CALLS[0]
+        _IN_COMPILED_LOSS[0] += 1
+        try:
+            loss = self.loss_fn(output)
+        finally:
+            _IN_COMPILED_LOSS[0] -= 1
+        if _CALLS[0] == calls:
+            raise UsageError(NO_CROSS_ENTROPY)
+        return loss
+
+    def __repr__(self) -> str:
+        return f"torch.compile({self.loss_fn!r})"
+
+
+def loss_for(loss_fn: Callable[[Any], Tensor], mode: str) -> Callable[[Any], Tensor]:
+    """The loss function a step with ``TraceOptions.loss == mode`` runs."""
+    return CompiledLoss(loss_fn) if mode == "compiled" else loss_fn
