@@ -42,7 +42,8 @@ _EXECUTION = {f.name for f in fields(Execution)}
 
 
 def predict(row: dict) -> tuple[float, dict]:
-    """The row's metric as nnperf predicts it, and the planned layout's JSON."""
+    """The row's metric as nnperf predicts it, and the planned layout's JSON (its
+    ``reserved_bytes``: the peak the caching allocator reserves, what torchtitan logs)."""
     execution = Execution(**{k: v for k, v in row["execution"].items() if k in _EXECUTION})
     gpu = load_gpu(row["gpu"], overrides=row.get("gpu_set"))
     cluster = load_cluster(row["cluster"])
@@ -103,10 +104,15 @@ def main(argv: list[str] | None = None) -> int:
                         "source": re.split(r"[,(;]", row["source"])[0].strip(),
                         "metric": row["metric"], "measured": row["measured"], "predicted": value,
                         "error": error, "seconds": time.perf_counter() - start, "layout": layout["layout"]})
+        memory = _memory(row, layout)
+        results[-1].update(memory)
         if not args.json:
             print(f"{row['id']:<36} {row['grade']:<12} {row['metric']:<22} measured {row['measured']:>9.2f}  "
                   f"predicted {value:>9.2f}  "
                   f"error {error:+7.1%}  ({results[-1]['seconds']:.0f} s to predict)", flush=True)
+            if memory:
+                print(f"{'':<36} {'':<12} {'memory (max reserved)':<22} measured {memory['memory_measured_gib']:>6.2f} GiB"
+                      f"  predicted {memory['memory_predicted_gib']:>6.2f} GiB  error {memory['memory_error']:+7.1%}")
     summary = _summary(results)
     if args.json:
         print(json.dumps({"rows": results, "not_reproducible": skipped, **summary}, indent=2))
@@ -122,7 +128,21 @@ def main(argv: list[str] | None = None) -> int:
     for group, rho in summary["spearman_by_group"].items():
         verdict = "ok" if rho >= TARGET_SPEARMAN else "MISS"
         print(f"Spearman {group}: {rho:+.2f} (target >= {TARGET_SPEARMAN}) {verdict}")
+    memory = [r for r in results if "memory_error" in r]
+    if memory:
+        print(f"memory: median |error| {statistics.median(abs(r['memory_error']) for r in memory):.1%} over "
+              f"{len(memory)} rows that state it (no target: a check of the per-GPU peak the plan reports)")
     return 0
+
+
+def _memory(row: dict, layout: dict) -> dict:
+    """The row's logged peak memory (``measured_memory_gib``: torchtitan's "memory:", i.e.
+    ``torch.cuda.max_memory_reserved()``) against the plan's reserved bytes; empty if not stated."""
+    if "measured_memory_gib" not in row:
+        return {}
+    predicted = layout["reserved_bytes"] / 2**30
+    return {"memory_measured_gib": row["measured_memory_gib"], "memory_predicted_gib": predicted,
+            "memory_error": predicted / row["measured_memory_gib"] - 1}
 
 
 def _summary(results: list[dict]) -> dict:

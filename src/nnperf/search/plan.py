@@ -55,7 +55,10 @@ class Planned:
     throughput: float = 0.0
     throughput_unit: str = "samples/s"
     mfu: float = 0.0
-    memory_bytes: int = 0
+    memory_bytes: int = 0  # the device total per GPU: what nvidia-smi shows, the fit is judged on
+    #: what the device total holds outside the caching allocator (the CUDA context): the rest is
+    #: torch.cuda.max_memory_reserved(), what training frameworks log as memory
+    context_bytes: int = 0
     fits: bool = False
     split: dict[str, Any] = field(default_factory=dict)
     state_bytes: dict[str, int] = field(default_factory=dict)
@@ -69,7 +72,8 @@ class Planned:
         return {"layout": self.execution.describe(), "execution": self.execution.to_json(),
                 "step_time_s": self.step_s, "throughput": self.throughput,
                 "throughput_unit": self.throughput_unit, "mfu": self.mfu,
-                "memory_bytes": self.memory_bytes, "memory_is_lower_bound": bool(self.memory_bound),
+                "memory_bytes": self.memory_bytes, "reserved_bytes": self.memory_bytes - self.context_bytes,
+                "memory_is_lower_bound": bool(self.memory_bound),
                 "fits": self.fits, "time_split_s": self.split,
                 "per_rank_state_bytes": self.state_bytes, "collectives": self.collectives,
                 "pipeline": self.pipeline, "reason": self.reason}
@@ -227,7 +231,7 @@ def evaluate(request: ModelRequest, options: TraceOptions, execution: Execution,
         throughput=cost.per_micro * accum * execution.data_parallel / step if step else 0.0,
         throughput_unit=cost.unit,
         mfu=cost.get("flops") * accum / step / cost.mfu_peak if step and cost.mfu_peak else 0.0,
-        memory_bytes=int(cost.get("memory")),
+        memory_bytes=int(cost.get("memory")), context_bytes=int(cost.get("mem_context")),
         split={"compute_s": once_per_step(cost.get("compute_s"), optimizer_s),
                "communication_s": cost.get("comm_s") * accum,
                "overlap_slowdown_s": cost.get("slowdown_s") * accum,

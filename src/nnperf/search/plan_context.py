@@ -81,7 +81,7 @@ def context_step(request: ModelRequest, options: TraceOptions, execution: Execut
     planned = Planned(
         execution, step_s=step, throughput=tokens / step if step else 0.0, throughput_unit=cost.unit,
         mfu=flops * accum / step / cost.mfu_peak if step and cost.mfu_peak else 0.0,
-        memory_bytes=int(cost.get("memory") + 2 * gathered),
+        memory_bytes=int(cost.get("memory") + 2 * gathered), context_bytes=int(cost.get("mem_context")),
         split={"compute_s": (cost.get("compute_s") + attention_extra) * accum,
                "communication_s": (cost.get("comm_s") + comm) * accum, "exposed_communication_s": exposed,
                "overlap_slowdown_s": cost.get("slowdown_s") * accum,

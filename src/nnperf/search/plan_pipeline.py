@@ -132,7 +132,7 @@ def _planned(execution: Execution, gpu: GPU, sim: PipelineTime, critical: RankCo
         execution, step_s=sim.step_s,
         throughput=tokens / sim.step_s if sim.step_s else 0.0, throughput_unit=critical.unit,
         mfu=flops / sim.step_s / (peak * execution.world) if sim.step_s and peak else 0.0,
-        memory_bytes=int(memory),
+        memory_bytes=int(memory), context_bytes=int(critical.get("mem_context")),
         split={"compute_s": sim.busy_s[sim.critical_rank],
                "pipeline_bubble_s": sim.bubble_s[sim.critical_rank],
                "after_schedule_s": sim.step_s - sim.end_s[sim.critical_rank],

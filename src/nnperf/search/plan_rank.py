@@ -165,6 +165,8 @@ def _memory_by_phase(report: Any) -> dict[str, float]:
         peaks[f"mem.{point.phase}"] = max(peaks.get(f"mem.{point.phase}", 0.0), float(point.allocated))
     if report.device_total is not None and report.peak_allocated is not None:
         peaks["mem_outside"] = float(report.device_total - report.peak_allocated)
+    if report.device_total is not None and report.peak_reserved is not None:
+        peaks["mem_context"] = float(report.device_total - report.peak_reserved)
     return peaks
 
 
@@ -193,6 +195,7 @@ def extrapolate(low: RankCost, high: RankCost, k_low: int, k_high: int, k: int) 
     values = {key: low.get(key) + t * (high.get(key) - low.get(key)) for key in keys}
     # the allocator's segments beyond the allocated bytes do not add up per block: the larger
     values["mem_outside"] = max(low.get("mem_outside"), high.get("mem_outside"))
+    values["mem_context"] = max(low.get("mem_context"), high.get("mem_context"))
     phases = [v for key, v in values.items() if key.startswith("mem.")]
     if phases:  # the step's peak: the highest phase at this depth
         values["memory"] = max(phases) + values["mem_outside"]
