@@ -187,3 +187,15 @@ def test_compare_keeps_the_gpus_a_step_can_run_on():
     assert rows["h100-sxm"]["step_time_s"] > 0
     alone = CliRunner().invoke(cli, ["compare", "mlp", "--gpus", "v100,t4", "--amp", "bf16"])
     assert alone.exit_code == 2 and "no bf16 units" in alone.output
+
+
+def test_a_compiled_loss_needs_a_training_step_and_a_cross_entropy():
+    """--loss compiled would be dropped silently by an inference pass, and changes nothing for a
+    loss without cross entropy (mnist's NLL over its own log-softmax): both refused in one line."""
+    result = CliRunner().invoke(cli, ["predict", "mlp", "--inference", "--loss", "compiled"])
+    assert result.exit_code == 2
+    assert "--loss is for a training step" in result.output
+    result = CliRunner().invoke(cli, ["analyze", "mnist-cnn", "--loss", "compiled"])
+    assert result.exit_code == 2
+    assert "--loss compiled changes nothing here" in result.output
+    assert "Traceback" not in result.output

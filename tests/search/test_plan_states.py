@@ -84,3 +84,29 @@ def test_nothing_fits_names_only_remedies_not_already_in_use():
     fresh = _remedies(TraceOptions(optimizer="sgd"),
                       Execution(world=2, data="fsdp", shard=1, tensor=2, sequence_parallel=True, micro_batch=4))
     assert fresh == ["more GPUs to shard over", "a smaller micro-batch", "bf16 (--amp bf16)"]
+
+
+def test_the_reserved_peak_is_the_device_total_less_the_cuda_context():
+    """What training frameworks log as memory (torch.cuda.max_memory_reserved()) is the plan's
+    device total without the CUDA context outside the caching allocator."""
+    from nnperf.passes.memory.device import context_bytes
+
+    planned = evaluate(REQUEST, TraceOptions(amp="bf16"), Execution(world=2, data="fsdp", shard=2), GPU, CLUSTER)
+    doc = planned.to_json()
+    assert doc["memory_bytes"] - doc["reserved_bytes"] == context_bytes(GPU.architecture) > 0
+
+
+def test_an_eager_loss_that_keeps_gibibytes_is_named_as_a_remedy():
+    from nnperf.search.plan import _remedies
+
+    fsdp = Execution(world=2, data="fsdp", shard=2)
+    tokens, vocab = 16, WIDE["vocab"]
+    eager = evaluate(REQUEST, TraceOptions(amp="bf16"), fsdp, GPU, CLUSTER)
+    # under CUDA autocast: log_softmax in bf16 and NLL's fp32 copy of it, plus two 0-d fp32
+    assert eager.loss_saved_bytes == tokens * vocab * (2 + 4) + 8
+    compiled = evaluate(REQUEST, TraceOptions(amp="bf16", loss="compiled"), fsdp, GPU, CLUSTER)
+    assert compiled.loss_saved_bytes == 2 * tokens * 4 + 8  # row max and log-sum, count and loss
+    remedies = _remedies(TraceOptions(amp="bf16"), fsdp, loss_saved=3 * 2**30)
+    assert any("--loss compiled" in r and "3.0 GiB" in r for r in remedies)
+    assert not any("--loss" in r for r in _remedies(TraceOptions(amp="bf16", loss="compiled"), fsdp, 3 * 2**30))
+    assert not any("--loss" in r for r in _remedies(TraceOptions(amp="bf16"), fsdp, eager.loss_saved_bytes))

@@ -67,6 +67,7 @@ class Planned:
     pipeline: dict[str, Any] = field(default_factory=dict)  # bubble, in-flight micro-batches
     memory_bound: str = ""  # what memory_bytes counts when it is a lower bound (pruned unfit: not timed)
     param_row_bytes: float = 0.0  # per-rank parameter row bytes (search.plan_states)
+    loss_saved_bytes: int = 0  # what the loss keeps for backward (an eager cross entropy's copies of the logits)
 
     def to_json(self) -> dict[str, Any]:
         return {"layout": self.execution.describe(), "execution": self.execution.to_json(),
@@ -238,7 +239,7 @@ def evaluate(request: ModelRequest, options: TraceOptions, execution: Execution,
                "exposed_communication_s": {k: v * accum for k, v in cost.prefixed("exposed.").items() if v > 0},
                "host_s": once_per_step(cost.get("host_s"), cost.get("optimizer_host_s"))},
         state_bytes=state_bytes(cost), collectives=collective_counts(cost),
-        param_row_bytes=cost.get("param_row_bytes"),
+        param_row_bytes=cost.get("param_row_bytes"), loss_saved_bytes=int(cost.get("loss_saved")),
     )
     planned.fits = fits(planned.memory_bytes, capacity(gpu))
     return planned
@@ -604,12 +605,19 @@ def smallest_memory(plan_: Plan) -> str:
     return (f"no layout of {plan_.model} fits on {plan_.gpus} x {plan_.gpu.name}: the smallest is "
             f"{at_least}{least.memory_bytes / 2**30:.1f} GiB per GPU ({least.execution.describe()}) against "
             f"{capacity(plan_.gpu) / 2**30:.1f} GiB; it needs {at_least}{need:.1f}x the memory: "
-            + ", ".join(_remedies(plan_.options, least.execution)))
+            + ", ".join(_remedies(plan_.options, least.execution, least.loss_saved_bytes)))
 
 
-def _remedies(options: TraceOptions, smallest: Execution) -> list[str]:
+#: Below this, what an eager loss keeps is not worth naming as a remedy.
+_LOSS_REMEDY_BYTES = 2**30
+
+
+def _remedies(options: TraceOptions, smallest: Execution, loss_saved: int = 0) -> list[str]:
     """What could still shrink the smallest layout: only what the plan did not already use."""
     out = ["more GPUs to shard over"]
+    if options.loss == "eager" and loss_saved >= _LOSS_REMEDY_BYTES:
+        out.append(f"a compiled loss (--loss compiled; torchtitan: [compile] components = [\"loss\"]): the eager "
+                   f"cross entropy keeps {loss_saved / 2**30:.1f} GiB of copies of the logits for backward")
     if smallest.micro_batch > 1:
         out.append("a smaller micro-batch")
     if options.amp is None and options.dtype in (None, "fp32", "fp64"):

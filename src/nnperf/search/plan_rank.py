@@ -114,6 +114,7 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
     }
     values.update(_memory_by_phase(prediction.memory))
     values["saved_activations"] = float(sum(prediction.memory.saved_activations.values()))
+    values["loss_saved"] = float(prediction.memory.saved_activations.get("(loss)", 0))
     attention = [t for t in prediction.step.ops if t.category == Category.ATTENTION]
     values["attention_s"] = sum(t.kernel_s for t in attention)
     values["attention_flops"] = float(sum(t.count.flops for t in attention if t.phase in ("forward", "backward")))
