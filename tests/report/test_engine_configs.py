@@ -58,3 +58,10 @@ def test_a_compiled_loss_is_torchtitans_compile_of_the_loss_component_only():
     # compile every block, which the plan did not assume)
     assert compiled == {"enable": True, "components": ["loss"]}
     assert "compile" not in tomllib.loads(torchtitan_toml(e, amp="bf16"))
+
+
+def test_a_chunked_loss_is_named_in_a_comment_torchtitan_has_no_key_for_it():
+    e = Execution(world=8, data="fsdp", shard=8, micro_batch=2)
+    text = torchtitan_toml(e, amp="bf16", loss="chunked")
+    assert "ChunkedLossWrapper.Config(num_chunks=8)" in text
+    assert tomllib.loads(text) == tomllib.loads(torchtitan_toml(e, amp="bf16"))  # nothing else changes

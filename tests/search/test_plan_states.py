@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from nnperf.errors import UsageError
 from nnperf.hardware.catalog import load_gpu
 from nnperf.hardware.cluster import load_cluster
 from nnperf.request import ModelRequest
@@ -110,3 +111,13 @@ def test_an_eager_loss_that_keeps_gibibytes_is_named_as_a_remedy():
     assert any("--loss compiled" in r and "3.0 GiB" in r for r in remedies)
     assert not any("--loss" in r for r in _remedies(TraceOptions(amp="bf16", loss="compiled"), fsdp, 3 * 2**30))
     assert not any("--loss" in r for r in _remedies(TraceOptions(amp="bf16"), fsdp, eager.loss_saved_bytes))
+
+
+def test_a_chunked_loss_plans_without_tensor_or_pipeline_splits():
+    from nnperf.search.plan import chunked_loss_axes
+
+    chunked = TraceOptions(amp="bf16", loss="chunked")
+    assert chunked_loss_axes(chunked, None, None) == ([1], [1])  # auto: only unsplit layouts
+    assert chunked_loss_axes(TraceOptions(amp="bf16"), None, [2]) == (None, [2])
+    with pytest.raises(UsageError, match="--loss chunked with --tp 2 is not modelled"):
+        chunked_loss_axes(chunked, [1, 2], None)

@@ -168,7 +168,7 @@ def test_a_loss_without_cross_entropy_is_refused():
 def test_inference_has_no_loss_to_compile():
     with pytest.raises(UsageError, match="inference"):
         TraceOptions(train=False, loss="compiled").validate()
-    with pytest.raises(UsageError, match="valid: eager, compiled"):
+    with pytest.raises(UsageError, match="valid: eager, compiled, chunked"):
         TraceOptions(loss="fused").validate()
 
 
@@ -181,3 +181,60 @@ def test_outside_a_trace_the_loss_is_really_compiled():
     loss = CompiledLoss(lambda logits: F.cross_entropy(logits, t))
     torch.testing.assert_close(loss(x), F.cross_entropy(x, t))
     assert loss._compiled is not None
+
+
+# --- --loss chunked: torchtitan's chunked loss over a built-in decoder ---
+
+TINY = {"n_layer": 1, "dim": 16, "n_heads": 2, "ffn_hidden": 32, "vocab": 64}
+
+
+def test_the_chunked_loss_gives_eager_cross_entropys_loss_and_gradients():
+    from nnperf.trace.loss import ChunkedLoss
+    from nnperf.zoo.llama import build
+
+    torch.manual_seed(0)
+    eager = build(2, 8, **TINY)
+    chunked = build(2, 8, **TINY)
+    chunked.model.load_state_dict(eager.model.state_dict())
+    chunked.loss_fn.targets.copy_(eager.loss_fn.targets)
+    chunked.inputs = eager.inputs
+    expected = eager.loss_fn(eager.model(*eager.inputs))
+    expected.backward()
+    loss_fn = ChunkedLoss(chunked.loss_fn, chunked.model, chunks=4)
+    got = loss_fn(chunked.model(*chunked.inputs))
+    got.backward()
+    torch.testing.assert_close(got, expected)
+    for (name, p), q in zip(chunked.model.named_parameters(), eager.model.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+
+
+def _decoder(loss):
+    return analyze("llama-7b", batch=2, seq_len=16, amp="bf16", optimizer="sgd", loss=loss, **TINY)
+
+
+def test_a_chunked_loss_keeps_no_logits_and_runs_the_same_projection_work():
+    tokens, dim, vocab, chunks = 2 * 16, TINY["dim"], TINY["vocab"], 8
+    eager, chunked = _decoder("eager"), _decoder("chunked")
+
+    def gemm_flops(a):
+        return sum(o.flops for o in a.ops if o.category == "matmul")
+
+    assert gemm_flops(chunked) == gemm_flops(eager)  # chunks split the projection, not its work
+    projections = [e for e in chunked.trace.events if e.module == "(loss)" and e.name in ("aten.mm", "aten.addmm")]
+    # per chunk: logits, the hidden states' gradient and the weight's gradient
+    assert len(projections) == 3 * chunks
+    assert all(e.outputs[0].shape in ((tokens // chunks, vocab), (tokens // chunks, dim), (vocab, dim))
+               for e in projections)
+    saved = _saved_by_module(chunked)
+    # what backward gets from the loss: the fp32 gradient buffer of the hidden states (torchtitan's
+    # GradAccumulator) and the loss; the weight's gradient, made in the loss too, becomes the
+    # parameter's .grad (autograd keeps the tensor it is handed) and counts as a gradient
+    assert saved["(loss)"] == tokens * dim * 4 + 4
+    assert "output" not in saved  # the model's forward stopped at the final norm
+
+
+def test_a_chunked_loss_needs_a_decoder_it_can_take_the_projection_of():
+    with pytest.raises(UsageError, match="--loss chunked needs a built-in decoder"):
+        analyze("mlp", loss="chunked")
+    with pytest.raises(UsageError, match="do not split into 8 equal chunks"):
+        analyze("llama-7b", batch=1, seq_len=12, loss="chunked", **TINY)

@@ -76,10 +76,12 @@ def workload_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                           "attention before flash attention, GPUs or dtypes no fused kernel serves)."),
         click.option("--loss", type=click.Choice(list(LOSS_MODES), case_sensitive=False), default="eager",
                      show_default=True,
-                     help="How the loss function runs: as written, or compiled (torch.compile(loss_fn), "
+                     help="How the loss function runs: as written; compiled (torch.compile(loss_fn), "
                           "torchtitan's compile.components = [\"loss\"]: cross entropy as one fused "
                           "kernel each way, keeping the logits in their dtype instead of an fp32 "
-                          "log-softmax)."),
+                          "log-softmax); or chunked (torchtitan's chunked loss: the output projection "
+                          "and cross entropy over 8 chunks of tokens, each chunk's gradients taken "
+                          "at once; built-in decoders)."),
         click.option("--moe-load", metavar="S1,S2,...",
                      help="Mixture of experts: each expert's share of the routed tokens, one per "
                           "expert (normalized), assumed where a fake trace cannot know the "

@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from nnperf.trace.loss import DEFAULT_CHUNKS
+
 SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
                   "zero-bubble": "InterleavedZeroBubble"}
 
@@ -31,7 +33,8 @@ class NotExpressible(Exception):
 def torchtitan_toml(execution: Any, amp: str | None = None, dtype: str | None = None,
                     sdpa: str = "fused", loss: str = "eager") -> str:
     """The [training], [parallelism] and [activation_checkpoint] tables torchtitan reads, and
-    [compile] for a compiled loss (``--loss compiled``: torchtitan compiles the components named)."""
+    [compile] for a compiled loss (``--loss compiled``: torchtitan compiles the components named);
+    a chunked loss is a comment naming the Python setting torchtitan has for it."""
     e = execution
     missing = []
     if dtype not in (None, "fp32"):
@@ -84,6 +87,9 @@ def torchtitan_toml(execution: Any, amp: str | None = None, dtype: str | None = 
         raise NotExpressible("torchtitan always uses sequence parallelism with tensor parallelism")
     if loss == "compiled":
         lines += ["", "[compile]", "enable = true", 'components = ["loss"]']
+    elif loss == "chunked":  # no TOML key: torchtitan's trainers set it in their Python config
+        lines += ["", "# loss: torchtitan's ChunkedLossWrapper, set in the trainer's Python config:",
+                  f"# loss = ChunkedLossWrapper.Config(num_chunks={DEFAULT_CHUNKS})"]
     return "\n".join(lines)
 
 

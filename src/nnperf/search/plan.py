@@ -299,6 +299,21 @@ def search_axes(request: ModelRequest, gpus: int, nodes_of: int, layers: int | N
     return tensor, pipeline
 
 
+def chunked_loss_axes(options: TraceOptions, tensor: Iterable[int] | None,
+                      pipeline: Iterable[int] | None) -> tuple[Iterable[int] | None, Iterable[int] | None]:
+    """A chunked loss (``trace.loss.ChunkedLoss``) takes the whole output projection on one rank:
+    layouts that split it (tensor parallelism) or place it on a last stage (pipelines) are not
+    modelled, so the search leaves them out (``None``: auto), and a degree the user asked for is
+    refused."""
+    if options.loss != "chunked":
+        return tensor, pipeline
+    asked = [f"--tp {d}" for d in tensor or () if d > 1] + [f"--pp {d}" for d in pipeline or () if d > 1]
+    if asked:
+        raise UsageError(f"--loss chunked with {', '.join(asked)} is not modelled (the chunked projection "
+                         "runs unsplit on every rank); give --tp 1 --pp 1, or --loss compiled")
+    return [1], [1]
+
+
 def _listed(degrees: Iterable[int]) -> str:
     return ",".join(map(str, degrees))
 
@@ -409,6 +424,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     layers = layers_of(request)
     asked = (tensor, pipeline)
     info = _model_info(request, layers)  # one meta build of one block, for the axes and the note
+    tensor, pipeline = chunked_loss_axes(options, tensor, pipeline)
     tensor, pipeline = search_axes(request, gpus, nodes_of, layers, tensor, pipeline, info)  # the model's rules first
     check_degrees(gpus, nodes_of, *asked, context, expert)
     expert = expert_degrees(request, gpus, nodes_of, expert, info)
@@ -616,8 +632,9 @@ def _remedies(options: TraceOptions, smallest: Execution, loss_saved: int = 0) -
     """What could still shrink the smallest layout: only what the plan did not already use."""
     out = ["more GPUs to shard over"]
     if options.loss == "eager" and loss_saved >= _LOSS_REMEDY_BYTES:
-        out.append(f"a compiled loss (--loss compiled; torchtitan: [compile] components = [\"loss\"]): the eager "
-                   f"cross entropy keeps {loss_saved / 2**30:.1f} GiB of copies of the logits for backward")
+        out.append(f"a compiled or chunked loss (--loss compiled: torchtitan's [compile] components = [\"loss\"]; "
+                   f"--loss chunked: its ChunkedLossWrapper): the eager cross entropy keeps "
+                   f"{loss_saved / 2**30:.1f} GiB of copies of the logits for backward")
     if smallest.micro_batch > 1:
         out.append("a smaller micro-batch")
     if options.amp is None and options.dtype in (None, "fp32", "fp64"):

@@ -33,12 +33,13 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from nnperf.errors import UsageError
 from nnperf.trace.assumptions import assume
 
-LOSS_MODES = ("eager", "compiled")
+#: torchtitan's ChunkedLossWrapper default (``num_chunks = 8``).
+DEFAULT_CHUNKS = 8
 REDUCTIONS = ("mean", "sum", "none")
 
 NO_CROSS_ENTROPY = ("--loss compiled changes nothing here: the loss function calls no F.cross_entropy "
@@ -219,6 +220,80 @@ class CompiledLoss:
         return f"torch.compile({self.loss_fn!r})"
 
 
-def loss_for(loss_fn: Callable[[Any], Tensor], mode: str) -> Callable[[Any], Tensor]:
-    """The loss function a step with ``TraceOptions.loss == mode`` runs."""
-    return CompiledLoss(loss_fn) if mode == "compiled" else loss_fn
+class _ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """The output projection and cross entropy chunk by chunk of tokens, each chunk's gradients
+    taken at once (torchtitan's ``ChunkedLossWrapper``: ``chunk_loss.backward()`` per chunk, the
+    hidden states' gradient accumulated in an fp32 buffer, ``GradAccumulator``): no more than one
+    chunk's logits ever exist. Each chunk's cross entropy is the fused op (``nnperf::cross_entropy``
+    and its backward), as torchtitan's inner loss compiled."""
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, chunks: int, ignore_index: int) -> Tensor:
+        count = (target != ignore_index).sum().float()
+        scale = 1.0 / count  # the mean's upstream gradient, one value per token
+        grad_hidden = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
+        grad_weight = torch.zeros(weight.shape, dtype=weight.dtype, device=weight.device)
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        for h, t, g in zip(hidden.chunk(chunks), target.chunk(chunks), grad_hidden.chunk(chunks), strict=True):
+            logits = F.linear(h, weight)
+            loss, row_max, log_sum, _, _ = torch.ops.nnperf.cross_entropy(logits, t, ignore_index, "sum", 0.0)
+            d_logits = torch.ops.nnperf.cross_entropy_backward(scale, logits, t, row_max, log_sum, None,
+                                                               ignore_index, "sum", 0.0)
+            del logits
+            g.copy_(d_logits @ weight.to(d_logits.dtype))
+            grad_weight.add_(d_logits.t() @ h.to(d_logits.dtype))
+            total.add_(loss)
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        ctx.hidden_dtype = hidden.dtype
+        return total / count
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
+        grad_hidden, grad_weight = ctx.saved_tensors
+        return (grad_hidden.mul_(grad).to(ctx.hidden_dtype), grad_weight.mul_(grad.to(grad_weight.dtype)),
+                None, None, None)
+
+
+CHUNKED_NEEDS = ("--loss chunked needs a built-in decoder whose loss is next-token cross entropy over an "
+                 "untied output projection (llama-7b, mixtral-8x7b, deepseek-v3-16b), without pipeline or "
+                 "tensor parallelism")
+
+
+class ChunkedLoss:
+    """torchtitan's chunked loss: the model stops before its output projection, which the loss
+    runs chunk by chunk with cross entropy (``_ChunkedLinearCrossEntropy``)."""
+
+    def __init__(self, loss_fn: Any, model: nn.Module, chunks: int = DEFAULT_CHUNKS) -> None:
+        while not hasattr(model, "chunkable_head") and isinstance(getattr(model, "module", None), nn.Module):
+            model = model.module  # DDP's wrapper
+        head = getattr(model, "chunkable_head", None)
+        targets = getattr(loss_fn, "targets", None)
+        if head is None or not isinstance(targets, Tensor) or targets.is_floating_point():
+            raise UsageError(CHUNKED_NEEDS)
+        if targets.numel() % chunks:
+            raise UsageError(f"--loss chunked: {targets.numel()} tokens per step do not split into {chunks} "
+                             "equal chunks (torchtitan requires it)")
+        self.model, self.targets, self.chunks = model, targets, chunks
+        model.skip_head = True  # the model returns the final norm's output
+
+    def __call__(self, hidden: Any) -> Tensor:
+        weight = self.model.chunkable_head().weight
+        if _is_dtensor(weight) or _is_dtensor(hidden):
+            raise UsageError(CHUNKED_NEEDS)
+        target = self.targets.to(hidden.device).flatten()
+        return _ChunkedLinearCrossEntropy.apply(hidden.flatten(0, -2), weight, target, self.chunks, -100)
+
+    def __repr__(self) -> str:
+        return f"ChunkedLoss(targets={tuple(self.targets.shape)}, chunks={self.chunks})"
+
+
+def loss_for(loss_fn: Callable[[Any], Tensor], mode: str, model: nn.Module | None = None) -> Callable[[Any], Tensor]:
+    """The loss function a step with ``TraceOptions.loss == mode`` runs (``model``: the one
+    whose output projection a chunked loss takes over)."""
+    if mode == "compiled":
+        return CompiledLoss(loss_fn)
+    if mode == "chunked":
+        if model is None:
+            raise UsageError(CHUNKED_NEEDS)
+        return ChunkedLoss(loss_fn, model)
+    return loss_fn

@@ -20,7 +20,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 AUTOCAST_DEVICES = ("cuda", "cpu")
 SDPA_MODES = ("fused", "unfused")  # trace.attention
-LOSS_MODES = ("eager", "compiled")  # trace.loss
+LOSS_MODES = ("eager", "compiled", "chunked")  # trace.loss
 
 
 @dataclass(frozen=True)
@@ -58,9 +58,11 @@ class TraceOptions:
     # dropout, GEMM with the score matrix in memory: Megatron-LM's core attention before
     # flash attention, or a GPU/dtype no fused kernel serves).
     sdpa: str = "fused"
-    # How the loss function runs (trace.loss): "eager" (as written) or "compiled"
+    # How the loss function runs (trace.loss): "eager" (as written), "compiled"
     # (torch.compile(loss_fn), as torchtitan's compile.components = ["loss"]: cross entropy as
-    # one fused kernel each way, no fp32 copy of the logits kept).
+    # one fused kernel each way, no fp32 copy of the logits kept) or "chunked" (torchtitan's
+    # ChunkedLossWrapper: the output projection and loss over 8 chunks of tokens, each chunk's
+    # gradient taken at once; built-in decoders).
     loss: str = "eager"
 
     def uses_grad_scaler(self) -> bool:
@@ -94,7 +96,7 @@ class TraceOptions:
         if self.loss not in LOSS_MODES:
             raise UsageError(f"unknown loss mode '{self.loss}'; valid: {', '.join(LOSS_MODES)}")
         if self.loss != "eager" and not self.train:
-            raise UsageError("--loss compiled changes nothing in an inference step (it has no loss); leave it out")
+            raise UsageError(f"--loss {self.loss} changes nothing in an inference step (it has no loss); leave it out")
         if self.moe_load is not None and self.moe_capacity_factor is not None:
             raise UsageError("give --moe-load or --moe-capacity-factor, not both")
         if self.moe_load is not None and (

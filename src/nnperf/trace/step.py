@@ -127,8 +127,8 @@ class Step:
         optimizer = make_optimizer(model, options) if options.train else None
         scaler = (TracedGradScaler(device_type)
                   if optimizer is not None and options.uses_grad_scaler() else None)
-        return cls(model, inputs, loss_for(loss_fn, options.loss), options, optimizer, scaler, device_type,
-                   zero_grad)
+        return cls(model, inputs, loss_for(loss_fn, options.loss, model), options, optimizer, scaler,
+                   device_type, zero_grad)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if not self.options.amp:

@@ -163,11 +163,19 @@ class Llama(nn.Module):
             if p.dim() == 2:
                 nn.init.normal_(p, std=0.02)
 
+    #: ``--loss chunked`` (``trace.loss.ChunkedLoss``): forward stops at the final norm and the
+    #: loss runs the output projection chunk by chunk, as torchtitan's ``_skip_lm_head``.
+    skip_head = False
+
+    def chunkable_head(self) -> nn.Linear:
+        return self.output
+
     def forward(self, tokens: Tensor) -> Tensor:
         x = self.tok_embeddings(tokens)
         for layer in self.layers:
             x = layer(x)
-        return self.output(self.norm(x))
+        x = self.norm(x)
+        return x if self.skip_head else self.output(x)
 
 
 def build(batch: int | None = None, seq_len: int | None = None, **overrides: Any) -> Workload:
