@@ -75,16 +75,33 @@ VARIANTS: list[tuple[str, bool, str, str | None, str | None]] = [
 ]
 
 
+#: ``--loss`` variants, on decoders whose loss decides the peak (a large vocabulary over many
+#: tokens, SGD keeping no optimizer state): each with the eager loss, the compiled one (checked
+#: against inductor's own CPU kernels: ``torch.compile`` really runs) and, for a decoder with an
+#: untied projection, the chunked one.
+LOSS_MODELS: list[dict[str, Any]] = [
+    {"model": "llama-7b", "batches": [2], "seq": 256, "losses": ["compiled", "chunked", "chunked-compiled"],
+     "overrides": {"n_layer": 1, "dim": 256, "n_heads": 4, "ffn_hidden": 512, "vocab": 32000}},
+    {"model": "gpt2", "batches": [2], "seq": 256, "losses": ["compiled"], "overrides": {"n_layer": 1}},
+]
+LOSS_VARIANT = ("train-sgd-amp-bf16", True, "sgd", None, "bf16")
+
+
 def configurations() -> list[dict[str, Any]]:
     """Every (model, batch, variant) as a record's ``config`` dictionary."""
     out = []
-    for row in MODELS:
+    for row in MODELS + LOSS_MODELS:
         for batch in row["batches"]:
-            for name, train, optimizer, dtype, amp in VARIANTS:
+            variants = ([(*LOSS_VARIANT, loss) for loss in ["eager", *row["losses"]]] if "losses" in row
+                        else [(*v, "eager") for v in VARIANTS])
+            for name, train, optimizer, dtype, amp, loss in variants:
                 out.append({
-                    "name": f"{row['model']}-b{batch}-{name}", "model": row["model"], "batch": batch,
+                    "name": f"{row['model']}-b{batch}-{name}" + (f"-loss-{loss}" if loss != "eager" else ""),
+                    "model": row["model"], "batch": batch,
                     "seq": row.get("seq"), "overrides": row.get("overrides", {}), "train": train,
                     "optimizer": optimizer, "dtype": dtype, "amp": amp,
+                    **({"loss": loss} if loss != "eager" else {}),
+                    **({"loss_dominated": True} if "losses" in row else {}),
                 })
     return out
 
@@ -97,7 +114,8 @@ def request_and_options(config: dict[str, Any]) -> tuple[Any, Any]:
     request = ModelRequest(config["model"], batch=config["batch"], seq_len=config["seq"],
                            overrides=dict(config["overrides"]))
     options = TraceOptions(train=config["train"], optimizer=config["optimizer"],
-                           dtype=config["dtype"], amp=config["amp"], autocast_device="cpu")
+                           dtype=config["dtype"], amp=config["amp"], autocast_device="cpu",
+                           loss=config.get("loss", "eager"))
     return request, options
 
 

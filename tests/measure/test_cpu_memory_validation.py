@@ -29,6 +29,8 @@ DATA = ROOT / "validation" / "data" / "cpu-memory.json"
 #: A few bytes: real kernels wrap Python numbers (lr, betas) in 0-dim tensors fake ones lack.
 EXACT_PERCENT = 0.05
 ROUTING_PERCENT = 1.0
+LOSS_PERCENT = 0.25
+GPT2_EAGER_SHORT_PERCENT = 3.5
 #: The largest share of a step's peak the CPU's convolution scratch was measured to add
 #: (resnet18 inference at batch 2: the largest 3x3 convolution's reordered weight and output).
 CONV_SCRATCH_PERCENT = 16.0
@@ -68,7 +70,8 @@ def repredicted() -> list[dict]:
                      "measured_peak_memory_bytes": record["measured_peak_bytes"],
                      "predicted_peak_memory_bytes": predict_host_memory(trace).peak_allocated,
                      "convolutions": any(e.name == "aten.convolution" for e in trace.events),
-                     "routed": any(e.name == "aten._grouped_mm" for e in trace.events)})
+                     "routed": any(e.name == "aten._grouped_mm" for e in trace.events),
+                     "loss_dominated": record["config"].get("loss_dominated", False)})
     return rows
 
 
@@ -78,7 +81,7 @@ def _error_percent(row: dict) -> float:
 
 
 def test_exact_where_the_cpu_runs_the_kernels_the_trace_models(repredicted):
-    rows = [r for r in repredicted if not r["convolutions"] and not r["routed"]]
+    rows = [r for r in repredicted if not r["convolutions"] and not r["routed"] and not r["loss_dominated"]]
     assert len(rows) >= 40
     off = [f"{r['config']}: {_error_percent(r):+.3f}%" for r in rows if abs(_error_percent(r)) > EXACT_PERCENT]
     assert not off, "\n".join(off)
@@ -99,6 +102,26 @@ def test_mixture_of_experts_within_its_routing_assumption(repredicted):
     rows = [r for r in repredicted if r["routed"]]
     assert len(rows) >= 10
     off = [f"{r['config']}: {_error_percent(r):+.3f}%" for r in rows if abs(_error_percent(r)) > ROUTING_PERCENT]
+    assert not off, "\n".join(off)
+
+
+def test_losses_within_a_quarter_percent_where_they_decide_the_peak(repredicted):
+    """Decoders whose cross entropy decides the peak (32,000 or 50,257 classes over 512 tokens,
+    SGD keeping no state), with the loss eager, compiled (inductor's own CPU kernels: what it
+    keeps was predicted from the partitioner's rules), chunked and chunked with its inner loss
+    compiled. When this was written they were within 0.16%; the 0.25 MiB the eager and chunked
+    LLaMA runs are off by, against the exact replay elsewhere, was not traced down. A compiled
+    loss's fp32 log-softmax kept by mistake would be 30% here.
+
+    One exception, stated: GPT-2 (tied embedding and output projection) with the eager loss
+    under CPU autocast was 3.3% short (the CPU allocated 21 MiB more around its eager cross
+    entropy; not traced down); the same model's compiled loss was exact."""
+    rows = [r for r in repredicted if r["loss_dominated"]]
+    assert len(rows) >= 6
+    gpt2_eager = [r for r in rows if r["config"] == "gpt2-b2-train-sgd-amp-bf16"]
+    assert len(gpt2_eager) == 1 and -GPT2_EAGER_SHORT_PERCENT <= _error_percent(gpt2_eager[0]) <= 0
+    off = [f"{r['config']}: {_error_percent(r):+.3f}%" for r in rows
+           if r not in gpt2_eager and abs(_error_percent(r)) > LOSS_PERCENT]
     assert not off, "\n".join(off)
 
 

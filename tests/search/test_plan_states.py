@@ -121,3 +121,5 @@ def test_a_chunked_loss_plans_without_tensor_or_pipeline_splits():
     assert chunked_loss_axes(TraceOptions(amp="bf16"), None, [2]) == (None, [2])
     with pytest.raises(UsageError, match="--loss chunked with --tp 2 is not modelled"):
         chunked_loss_axes(chunked, [1, 2], None)
+    with pytest.raises(UsageError, match="--loss chunked-compiled with --pp 4 is not modelled"):
+        chunked_loss_axes(TraceOptions(amp="bf16", loss="chunked-compiled"), None, [4])

@@ -168,7 +168,7 @@ def test_a_loss_without_cross_entropy_is_refused():
 def test_inference_has_no_loss_to_compile():
     with pytest.raises(UsageError, match="inference"):
         TraceOptions(train=False, loss="compiled").validate()
-    with pytest.raises(UsageError, match="valid: eager, compiled, chunked"):
+    with pytest.raises(UsageError, match="valid: eager, compiled, chunked, chunked-compiled"):
         TraceOptions(loss="fused").validate()
 
 
@@ -188,7 +188,8 @@ def test_outside_a_trace_the_loss_is_really_compiled():
 TINY = {"n_layer": 1, "dim": 16, "n_heads": 2, "ffn_hidden": 32, "vocab": 64}
 
 
-def test_the_chunked_loss_gives_eager_cross_entropys_loss_and_gradients():
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_chunked_loss_gives_eager_cross_entropys_loss_and_gradients(compiled):
     from nnperf.trace.loss import ChunkedLoss
     from nnperf.zoo.llama import build
 
@@ -200,7 +201,7 @@ def test_the_chunked_loss_gives_eager_cross_entropys_loss_and_gradients():
     chunked.inputs = eager.inputs
     expected = eager.loss_fn(eager.model(*eager.inputs))
     expected.backward()
-    loss_fn = ChunkedLoss(chunked.loss_fn, chunked.model, chunks=4)
+    loss_fn = ChunkedLoss(chunked.loss_fn, chunked.model, chunks=4, compiled=compiled)
     got = loss_fn(chunked.model(*chunked.inputs))
     got.backward()
     torch.testing.assert_close(got, expected)
@@ -234,7 +235,7 @@ def test_a_chunked_loss_keeps_no_logits_and_runs_the_same_projection_work():
 
 
 def test_a_chunked_loss_needs_a_decoder_it_can_take_the_projection_of():
-    with pytest.raises(UsageError, match="--loss chunked needs a built-in decoder"):
+    with pytest.raises(UsageError, match="a chunked loss needs a built-in decoder"):
         analyze("mlp", loss="chunked")
     with pytest.raises(UsageError, match="do not split into 8 equal chunks"):
         analyze("llama-7b", batch=1, seq_len=12, loss="chunked", **TINY)

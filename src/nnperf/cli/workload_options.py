@@ -81,7 +81,8 @@ def workload_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                           "kernel each way, keeping the logits in their dtype instead of an fp32 "
                           "log-softmax); or chunked (torchtitan's chunked loss: the output projection "
                           "and cross entropy over 8 chunks of tokens, each chunk's gradients taken "
-                          "at once; built-in decoders)."),
+                          "at once; built-in decoders), with its inner cross entropy eager as "
+                          "torchtitan's default or compiled (chunked-compiled)."),
         click.option("--moe-load", metavar="S1,S2,...",
                      help="Mixture of experts: each expert's share of the routed tokens, one per "
                           "expert (normalized), assumed where a fake trace cannot know the "

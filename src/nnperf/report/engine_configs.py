@@ -87,9 +87,11 @@ def torchtitan_toml(execution: Any, amp: str | None = None, dtype: str | None = 
         raise NotExpressible("torchtitan always uses sequence parallelism with tensor parallelism")
     if loss == "compiled":
         lines += ["", "[compile]", "enable = true", 'components = ["loss"]']
-    elif loss == "chunked":  # no TOML key: torchtitan's trainers set it in their Python config
+    elif loss.startswith("chunked"):  # no TOML key: torchtitan's trainers set it in their Python config
         lines += ["", "# loss: torchtitan's ChunkedLossWrapper, set in the trainer's Python config:",
                   f"# loss = ChunkedLossWrapper.Config(num_chunks={DEFAULT_CHUNKS})"]
+        if loss == "chunked-compiled":
+            lines += ["", "[compile]", "enable = true", 'components = ["loss"]']
     return "\n".join(lines)
 
 

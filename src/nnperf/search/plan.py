@@ -305,11 +305,11 @@ def chunked_loss_axes(options: TraceOptions, tensor: Iterable[int] | None,
     layouts that split it (tensor parallelism) or place it on a last stage (pipelines) are not
     modelled, so the search leaves them out (``None``: auto), and a degree the user asked for is
     refused."""
-    if options.loss != "chunked":
+    if not options.loss.startswith("chunked"):
         return tensor, pipeline
     asked = [f"--tp {d}" for d in tensor or () if d > 1] + [f"--pp {d}" for d in pipeline or () if d > 1]
     if asked:
-        raise UsageError(f"--loss chunked with {', '.join(asked)} is not modelled (the chunked projection "
+        raise UsageError(f"--loss {options.loss} with {', '.join(asked)} is not modelled (the chunked projection "
                          "runs unsplit on every rank); give --tp 1 --pp 1, or --loss compiled")
     return [1], [1]
 

@@ -220,50 +220,86 @@ class CompiledLoss:
         return f"torch.compile({self.loss_fn!r})"
 
 
+#: ``aten.nll_loss_forward``'s reduction argument for "sum" (``at::Reduction::Sum``).
+_SUM = 2
+
+
+def _eager_chunk(logits: Tensor, target: Tensor, scale: Tensor, ignore_index: int) -> tuple[Tensor, Tensor]:
+    """One chunk's loss and logits' gradient with the kernels eager autograd runs for torchtitan's
+    ``cross_entropy_loss`` (``F.cross_entropy(pred.float(), labels, reduction="sum")``): the fp32
+    copy, log-softmax (its output kept for backward, the copy freed), NLL; then NLL's backward (a
+    zero-filled fp32 gradient), log-softmax's backward, the cast back to the logits' dtype."""
+    x = logits.float()
+    log_probs = torch.ops.aten._log_softmax(x, 1, False)
+    del x
+    loss, total_weight = torch.ops.aten.nll_loss_forward(log_probs, target, None, _SUM, ignore_index)
+    grad = torch.ops.aten.nll_loss_backward(scale, log_probs, target, None, _SUM, ignore_index, total_weight)
+    grad = torch.ops.aten._log_softmax_backward_data(grad, log_probs, 1, torch.float32)
+    del log_probs
+    return loss, grad.to(logits.dtype)
+
+
+def _fused_chunk(logits: Tensor, target: Tensor, scale: Tensor, ignore_index: int) -> tuple[Tensor, Tensor]:
+    """One chunk's loss and logits' gradient as a compiled inner loss runs them (the fused ops)."""
+    loss, row_max, log_sum, _, _ = torch.ops.nnperf.cross_entropy(logits, target, ignore_index, "sum", 0.0)
+    grad = torch.ops.nnperf.cross_entropy_backward(scale, logits, target, row_max, log_sum, None, ignore_index,
+                                                   "sum", 0.0)
+    return loss, grad
+
+
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     """The output projection and cross entropy chunk by chunk of tokens, each chunk's gradients
     taken at once (torchtitan's ``ChunkedLossWrapper``: ``chunk_loss.backward()`` per chunk, the
     hidden states' gradient accumulated in an fp32 buffer, ``GradAccumulator``): no more than one
-    chunk's logits ever exist. Each chunk's cross entropy is the fused op (``nnperf::cross_entropy``
-    and its backward), as torchtitan's inner loss compiled."""
+    chunk's logits (and its cross entropy's temporaries) ever exist. The kernels are the ones the
+    per-chunk backward runs, written out: autograd inside a traced forward would be mistaken for
+    the step's backward. A chunk's logits stay referenced until the next chunk's replace them,
+    as the loop variable does in torchtitan's loop."""
 
     @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, chunks: int, ignore_index: int) -> Tensor:
+    def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, chunks: int, ignore_index: int,
+                compiled: bool) -> Tensor:
         count = (target != ignore_index).sum().float()
         scale = 1.0 / count  # the mean's upstream gradient, one value per token
         grad_hidden = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
         grad_weight = torch.zeros(weight.shape, dtype=weight.dtype, device=weight.device)
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        chunk_loss = _fused_chunk if compiled else _eager_chunk
         for h, t, g in zip(hidden.chunk(chunks), target.chunk(chunks), grad_hidden.chunk(chunks), strict=True):
             logits = F.linear(h, weight)
-            loss, row_max, log_sum, _, _ = torch.ops.nnperf.cross_entropy(logits, t, ignore_index, "sum", 0.0)
-            d_logits = torch.ops.nnperf.cross_entropy_backward(scale, logits, t, row_max, log_sum, None,
-                                                               ignore_index, "sum", 0.0)
-            del logits
+            loss, d_logits = chunk_loss(logits, t, scale, ignore_index)
             g.copy_(d_logits @ weight.to(d_logits.dtype))
-            grad_weight.add_(d_logits.t() @ h.to(d_logits.dtype))
+            # the weight's gradient cast to its dtype before the sum, as autograd's backward of
+            # autocast's cast does (and a CPU's add_ would anyway)
+            grad_weight.add_((d_logits.t() @ h.to(d_logits.dtype)).to(grad_weight.dtype))
             total.add_(loss)
-        ctx.save_for_backward(grad_hidden, grad_weight)
+            del d_logits
+        # held on ctx, not saved: backward hands them on as the only reference, so autograd makes
+        # the weight's gradient the parameter's .grad instead of copying it (AccumulateGrad
+        # steals a gradient nothing else holds)
+        ctx.grads = [grad_hidden, grad_weight]
         ctx.hidden_dtype = hidden.dtype
         return total / count
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
-        grad_hidden, grad_weight = ctx.saved_tensors
+        grad_hidden, grad_weight = ctx.grads
+        ctx.grads = None
         return (grad_hidden.mul_(grad).to(ctx.hidden_dtype), grad_weight.mul_(grad.to(grad_weight.dtype)),
-                None, None, None)
+                None, None, None, None)
 
 
-CHUNKED_NEEDS = ("--loss chunked needs a built-in decoder whose loss is next-token cross entropy over an "
+CHUNKED_NEEDS = ("a chunked loss needs a built-in decoder whose loss is next-token cross entropy over an "
                  "untied output projection (llama-7b, mixtral-8x7b, deepseek-v3-16b), without pipeline or "
                  "tensor parallelism")
 
 
 class ChunkedLoss:
     """torchtitan's chunked loss: the model stops before its output projection, which the loss
-    runs chunk by chunk with cross entropy (``_ChunkedLinearCrossEntropy``)."""
+    runs chunk by chunk with cross entropy (``_ChunkedLinearCrossEntropy``), eager inside (its
+    default) or compiled (``--loss chunked-compiled``: its inner loss compiled)."""
 
-    def __init__(self, loss_fn: Any, model: nn.Module, chunks: int = DEFAULT_CHUNKS) -> None:
+    def __init__(self, loss_fn: Any, model: nn.Module, chunks: int = DEFAULT_CHUNKS, compiled: bool = False) -> None:
         while not hasattr(model, "chunkable_head") and isinstance(getattr(model, "module", None), nn.Module):
             model = model.module  # DDP's wrapper
         head = getattr(model, "chunkable_head", None)
@@ -273,7 +309,7 @@ class ChunkedLoss:
         if targets.numel() % chunks:
             raise UsageError(f"--loss chunked: {targets.numel()} tokens per step do not split into {chunks} "
                              "equal chunks (torchtitan requires it)")
-        self.model, self.targets, self.chunks = model, targets, chunks
+        self.model, self.targets, self.chunks, self.compiled = model, targets, chunks, compiled
         model.skip_head = True  # the model returns the final norm's output
 
     def __call__(self, hidden: Any) -> Tensor:
@@ -281,10 +317,12 @@ class ChunkedLoss:
         if _is_dtensor(weight) or _is_dtensor(hidden):
             raise UsageError(CHUNKED_NEEDS)
         target = self.targets.to(hidden.device).flatten()
-        return _ChunkedLinearCrossEntropy.apply(hidden.flatten(0, -2), weight, target, self.chunks, -100)
+        return _ChunkedLinearCrossEntropy.apply(hidden.flatten(0, -2), weight, target, self.chunks, -100,
+                                                self.compiled)
 
     def __repr__(self) -> str:
-        return f"ChunkedLoss(targets={tuple(self.targets.shape)}, chunks={self.chunks})"
+        inner = ", compiled" if self.compiled else ""
+        return f"ChunkedLoss(targets={tuple(self.targets.shape)}, chunks={self.chunks}{inner})"
 
 
 def loss_for(loss_fn: Callable[[Any], Tensor], mode: str, model: nn.Module | None = None) -> Callable[[Any], Tensor]:
@@ -292,8 +330,8 @@ def loss_for(loss_fn: Callable[[Any], Tensor], mode: str, model: nn.Module | Non
     whose output projection a chunked loss takes over)."""
     if mode == "compiled":
         return CompiledLoss(loss_fn)
-    if mode == "chunked":
+    if mode in ("chunked", "chunked-compiled"):
         if model is None:
             raise UsageError(CHUNKED_NEEDS)
-        return ChunkedLoss(loss_fn, model)
+        return ChunkedLoss(loss_fn, model, compiled=mode == "chunked-compiled")
     return loss_fn

@@ -20,7 +20,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 AUTOCAST_DEVICES = ("cuda", "cpu")
 SDPA_MODES = ("fused", "unfused")  # trace.attention
-LOSS_MODES = ("eager", "compiled", "chunked")  # trace.loss
+LOSS_MODES = ("eager", "compiled", "chunked", "chunked-compiled")  # trace.loss
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class TraceOptions:
     # (torch.compile(loss_fn), as torchtitan's compile.components = ["loss"]: cross entropy as
     # one fused kernel each way, no fp32 copy of the logits kept) or "chunked" (torchtitan's
     # ChunkedLossWrapper: the output projection and loss over 8 chunks of tokens, each chunk's
-    # gradient taken at once; built-in decoders).
+    # gradient taken at once; built-in decoders; "chunked-compiled" with its inner loss compiled).
     loss: str = "eager"
 
     def uses_grad_scaler(self) -> bool:
