@@ -156,13 +156,13 @@ def test_the_traced_rank_holds_the_busiest_expert_under_a_capacity_factor():
 
 
 @pytest.mark.parametrize("policy, recomputed, experts_gemms", [
-    ("full", 3, 3), ("selective", 0, 0), ("selective-op", 0, 3)])
+    ("full", 3, 3), ("selective", 0, 0), ("selective-op", 0, 3), ("selective-op-recompute-a2a", 3, 3)])
 def test_checkpointing_recomputes_what_its_policy_does_not_save(policy, recomputed, experts_gemms):
     """Per block's backward: the 2 all-to-alls of the gradients and the experts' 6 grouped GEMMs,
     plus, where the policy recomputes them, the forward's 3 all-to-alls (counts, dispatch,
     combine: full checkpointing) and 3 grouped GEMMs (full, and torchtitan's per-op policy,
-    whose save list has the all-to-all but not ``_grouped_mm``); nnperf's selective policy saves
-    both. The experts' FSDP gather inside the recomputed block is outside selective
+    whose save list has the all-to-all but not ``_grouped_mm``; its earlier list had neither, so
+    it recomputes the all-to-alls too); nnperf's selective policy saves both. The experts' FSDP gather inside the recomputed block is outside selective
     checkpointing's op cache, as in PyTorch from pytorch/pytorch#196862."""
     from nnperf.search.plan import prepare_for
     from nnperf.zoo import get_model

@@ -76,6 +76,9 @@ def torchtitan_toml(execution: Any, amp: str | None = None, dtype: str | None = 
     if e.checkpoint == "selective-attention":
         raise NotExpressible("torchtitan has no attention-only recomputation (Megatron-LM's "
                              "--recompute-activations)")
+    if e.checkpoint == "selective-op-recompute-a2a":
+        raise NotExpressible("today's torchtitan saves the expert all-to-alls under selective op checkpointing; "
+                             "its earlier list that recomputed them is not a setting")
     lines.append(f"context_parallel_degree = {e.context}")
     if e.expert > 1:
         lines.append(f"expert_parallel_degree = {e.expert}")
@@ -129,7 +132,7 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
         args += ["--use-torch-fsdp2", "--no-gradient-accumulation-fusion", "--ckpt-format torch_dist"]
         if not e.reshard_after_forward:
             args.append("--torch-fsdp2-no-reshard-after-forward")
-    if e.checkpoint == "selective-op":
+    if e.checkpoint in ("selective-op", "selective-op-recompute-a2a"):
         raise NotExpressible("Megatron-LM has no per-op recomputation policy (torchtitan's selective op)")
     if e.checkpoint in ("selective", "selective-attention"):
         args.append("--recompute-activations")

@@ -123,6 +123,9 @@ SAVED_BY_SELECTIVE = frozenset({
 #: linear with a bias) is not on the list: torchtitan's Llama has no biases. The expert-parallel
 #: all-to-all joined the list with torchtitan's MoE models (its ``_op_sac_save_list`` in
 #: torchtitan/models/llama4 and deepseek_v3 ``infra/parallelize.py``); dense models call none.
+#: Before that, its MoE models ran llama3's list (torchtitan commit f738a03, 2025-08,
+#: torchtitan/models/llama3/infra/parallelize.py ``_save_list``: mm, the two SDPA kernels,
+#: reduce-scatter, max, flex attention): ``selective-op-recompute-a2a``.
 SAVED_BY_TORCHTITAN_OP = frozenset({
     "aten.mm.default", "nnperf.attention.default", "aten._scaled_dot_product_flash_attention.default",
     "aten._scaled_dot_product_efficient_attention.default",
@@ -147,7 +150,8 @@ RECOMPUTED_BY_MEGATRON = frozenset({
 
 #: The selective policies by the name a layout gives them (``Execution.checkpoint``); the
 #: names themselves live with ``Execution`` (``trace.distributed.CHECKPOINTS``).
-SELECTIVE_POLICIES = ("selective", "selective-op", "selective-attention")
+SELECTIVE_POLICIES = ("selective", "selective-op", "selective-op-recompute-a2a", "selective-attention")
+_ALL_TO_ALL = "_c10d_functional.all_to_all_single.default"
 
 
 def _op_name(op: Any, overload: bool = False) -> str:
@@ -169,8 +173,9 @@ def _policy(kind: str) -> Callable[..., Any]:
     if kind == "selective-attention":
         return lambda ctx, op, *args, **kwargs: (
             recompute if _op_name(op) in RECOMPUTED_BY_MEGATRON or inside_unfused_attention() else save)
-    if kind != "selective-op":
+    if kind not in ("selective-op", "selective-op-recompute-a2a"):
         raise UsageError(f"unknown selective checkpointing policy {kind!r}; valid: {', '.join(SELECTIVE_POLICIES)}")
+    saved = SAVED_BY_TORCHTITAN_OP - ({_ALL_TO_ALL} if kind == "selective-op-recompute-a2a" else set())
     mms: Counter[str] = Counter()
 
     def every_second_mm(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
@@ -180,7 +185,7 @@ def _policy(kind: str) -> Callable[..., Any]:
             mms[mode] += 1
             if mms[mode] % 2 == 0:
                 return recompute
-        return save if name in SAVED_BY_TORCHTITAN_OP else recompute
+        return save if name in saved else recompute
 
     return every_second_mm
 

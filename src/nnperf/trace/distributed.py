@@ -56,8 +56,10 @@ DDP_BUCKET_BYTES = 25 * 1024 * 1024
 #: backward; the selective policies recompute part of it (search.memory_variants): "selective"
 #: nnperf's (weight matmuls and fused attention kept, the rest recomputed), "selective-op"
 #: torchtitan's per-op policy (every second matmul of a block recomputed too),
+#: "selective-op-recompute-a2a" the same list as torchtitan ran it before it saved the expert
+#: all-to-alls (2025; they and their host syncs run again in backward),
 #: "selective-attention" Megatron-LM's --recompute-activations (the core attention only).
-CHECKPOINTS = ("full", "selective", "selective-op", "selective-attention")
+CHECKPOINTS = ("full", "selective", "selective-op", "selective-op-recompute-a2a", "selective-attention")
 
 
 @dataclass(frozen=True)
