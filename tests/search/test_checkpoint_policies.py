@@ -91,6 +91,11 @@ def test_engine_configs_name_the_policy_each_engine_runs():
     assert "--recompute-activations" in megatron_args(attention, layers=32)
     with pytest.raises(NotExpressible, match="attention-only"):
         torchtitan_toml(attention)
+    earlier = Execution(world=8, data="fsdp", shard=8, checkpoint="selective-op-recompute-a2a")
+    with pytest.raises(NotExpressible, match="today's torchtitan saves the expert all-to-alls"):
+        torchtitan_toml(earlier)
+    with pytest.raises(NotExpressible, match="per-op"):
+        megatron_args(earlier, layers=32)
 
 
 def test_engine_configs_write_the_precision_and_attention_each_engine_has():
