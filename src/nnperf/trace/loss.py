@@ -1,4 +1,5 @@
-"""The loss as ``torch.compile`` runs it (``--loss compiled``).
+"""The loss as ``torch.compile`` runs it (``--loss compiled``), or chunked as torchtitan's
+``ChunkedLossWrapper`` runs it (``--loss chunked``, ``chunked-compiled``).
 
 Eager ``F.cross_entropy`` over a language model's logits is log-softmax plus NLL: under bf16
 autocast (or torchtitan's ``pred.float()``) an fp32 copy of the logits, an fp32 log-softmax
@@ -130,7 +131,7 @@ def _backward(ctx, grad_loss, *_unused):
 cross_entropy.register_autograd(_backward, setup_context=_setup_context)
 
 
-_TRACING = [0]  # inside a trace (loss_mode): compiled losses run as the fused ops
+_TRACING = [0]  # inside a trace (tracing()): compiled losses run as the fused ops
 _IN_COMPILED_LOSS = [0]
 _CALLS = [0]
 
@@ -239,8 +240,16 @@ def _eager_chunk(logits: Tensor, target: Tensor, scale: Tensor, ignore_index: in
     return loss, grad.to(logits.dtype)
 
 
+_COMPILED_CHUNK: list[Callable[..., tuple[Tensor, Tensor]]] = []
+
+
 def _fused_chunk(logits: Tensor, target: Tensor, scale: Tensor, ignore_index: int) -> tuple[Tensor, Tensor]:
-    """One chunk's loss and logits' gradient as a compiled inner loss runs them (the fused ops)."""
+    """One chunk's loss and logits' gradient as a compiled inner loss runs them: the fused ops
+    under a trace, inductor's own kernels (the eager chunk compiled) on a device."""
+    if not _TRACING[0]:
+        if not _COMPILED_CHUNK:
+            _COMPILED_CHUNK.append(torch.compile(_eager_chunk))
+        return _COMPILED_CHUNK[0](logits, target, scale, ignore_index)
     loss, row_max, log_sum, _, _ = torch.ops.nnperf.cross_entropy(logits, target, ignore_index, "sum", 0.0)
     grad = torch.ops.nnperf.cross_entropy_backward(scale, logits, target, row_max, log_sum, None, ignore_index,
                                                    "sum", 0.0)
