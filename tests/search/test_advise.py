@@ -86,6 +86,24 @@ def test_a_step_traced_unfused_is_offered_sdpas_fused_kernel_re_traced():
     assert out.peak_bytes == pytest.approx(p.memory.device_total)
 
 
+def test_the_compiled_loss_item_is_a_plain_prediction_of_the_step_with_its_loss_compiled():
+    setup = _setup("gpt2", seq=64)
+    base, _cache = base_of(setup)
+    [item] = [c for c in inductor.candidates(base) if c.name == "compile-loss"]
+    assert item.change.trace_changes() == {"loss": "compiled"}
+    out = evaluate(setup, item.change)
+    import nnperf.analysis as A
+
+    p = predict_analysis(A.analyze("gpt2", batch=2, seq_len=64, loss="compiled", **TINY_GPT), A100)
+    assert out.step_s == pytest.approx(p.totals["step_time_s"], rel=1e-9)
+    assert out.peak_bytes == pytest.approx(p.memory.device_total)
+    # already compiled, or no cross entropy in the loss (mnist's NLL): nothing to offer
+    compiled, _ = base_of(_setup("gpt2", seq=64, loss="compiled"))
+    assert not [c for c in inductor.candidates(compiled) if c.name == "compile-loss"]
+    nll, _ = base_of(_setup("mnist-cnn"))
+    assert not [c for c in inductor.candidates(nll) if c.name == "compile-loss"]
+
+
 def test_tf32_item_is_the_same_trace_with_tf32_matmuls():
     setup = _setup("gpt2", seq=64)
     base, cache = base_of(setup)

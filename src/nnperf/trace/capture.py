@@ -260,7 +260,8 @@ def _record(workload: Workload, step: Step) -> Trace:
         assumed = None if options.real else Routing(options.moe_load, options.moe_capacity_factor)
         cuda_lists = options.amp is not None and options.autocast_device == "cuda"
         policy = watch.cuda_autocast = CudaAutocast() if cuda_lists else None
-        with (modules, GraphLabeler(modules, assumed), recorder, collecting() as assumptions,
+        labeler = GraphLabeler(modules, assumed)
+        with (modules, labeler, recorder, collecting() as assumptions,
               sdpa_mode(options.sdpa), traced_loss.tracing(),
               policy.installed() if policy is not None else contextlib.nullcontext()):
             # an inference output stays alive until the recording stops, as it always did
@@ -302,6 +303,7 @@ def _record(workload: Workload, step: Step) -> Trace:
             "inputs": _input_descriptions(workload.inputs),
             "grad_scaler": scaler is not None,
             **({"assumptions": assumptions} if assumptions else {}),
+            "loss_cross_entropy_calls": labeler.loss_cross_entropy_calls,
             # a pipeline schedule's actions: (label, first event, end event)
             **({"pipeline_actions": [tuple(a) for a in watch.actions]} if watch.actions else {}),
         },

@@ -131,9 +131,12 @@ class GraphLabeler(TorchFunctionMode):
         super().__init__()
         self._modules = modules
         self._routing = assumed  # MoE routing values to assume; None on real tensors
+        self.loss_cross_entropy_calls = 0  # F.cross_entropy called by the loss function (advice: compile it)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is F.cross_entropy and self._modules.current() == "(loss)":
+            self.loss_cross_entropy_calls += 1
         if func in _SDPA:
             out = traced_sdpa(*args, **kwargs)
         elif func is F.dropout:

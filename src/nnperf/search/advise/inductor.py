@@ -31,6 +31,32 @@ COMPILED_PHASES = ("forward", "backward")
 
 
 def candidates(base: Base) -> list[Candidate]:
+    return _compile_loss(base) + _compile_model(base)
+
+
+def _compile_loss(base: Base) -> list[Candidate]:
+    """The loss compiled (``--loss compiled``): a re-trace, whose memory is predicted too (what
+    the compiled cross entropy keeps for backward is inductor's, not an fp32 log-softmax)."""
+    step = base.options.trace
+    if not step.train or step.loss != "eager":
+        return []
+    if not base.analysis.trace.config.get("loss_cross_entropy_calls"):
+        return []  # no F.cross_entropy in the loss function: compiling it changes nothing nnperf models
+    return [Candidate(
+        name="compile-loss", family="compile",
+        title="torch.compile the loss: cross entropy as one fused kernel each way",
+        change=Change(trace=(("loss", "compiled"),)),
+        how='loss_fn = torch.compile(loss_fn)   (torchtitan: [compile] components = ["loss"]; '
+            "nnperf: --loss compiled)",
+        layers=["(loss)"],
+        assumptions=["every F.cross_entropy of the loss function runs as inductor's kernels: one read of the "
+                     "logits forward, one read and one write backward; kept for backward: the logits in their "
+                     "dtype and two fp32 numbers per row (inductor's partitioner), no fp32 log-softmax",
+                     "compile time not counted"],
+    )]
+
+
+def _compile_model(base: Base) -> list[Candidate]:
     chains = fusion_chains(base.analysis.trace, base.analysis.ops)
     if not chains:
         base.checked.append(("torch-compile", "no chain of two or more pointwise/reduction ops to fuse"))
