@@ -42,6 +42,8 @@ def test_terminal_and_html_show_other_gpus_in_their_own_table(monkeypatch, tmp_p
     code, _, gpus = r.output.partition("The same step on other GPUs")
     assert gpus and "h100-sxm" in gpus and "USD" in gpus
     assert "h100-sxm" not in code and "gpu-" not in code  # no GPU row among the code changes
+    # a change's text is printed as written: the compiled loss's "[compile]" is not rich markup
+    assert 'torchtitan: [compile] components = ["loss"]' in code
     html = page.read_text()
     code_html, _, gpu_html = html.partition("The same step on other GPUs")
     assert "h100-sxm" in gpu_html and "gpu-h100-sxm" not in code_html

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from nnperf.report.sections import (
@@ -55,7 +56,7 @@ def advice_table(advice: Any, rows: list[AdviceRow]) -> Table:
         tput = rate(r.throughput_after, r.throughput_unit) if r.throughput_after is not None else "-"
         style = None if r.rank else "dim"
         t.add_row(str(r.rank or ""), r.name, after, _gain(r), tput, _memory(r), r.bound,
-                  r.change.splitlines()[0], style=style)
+                  escape(r.change.splitlines()[0]), style=style)
     return t
 
 
@@ -108,9 +109,9 @@ def print_combination(advice: Any, console: Console) -> None:
     console.print(advice_table(advice, rows))
     lines = item.candidate.how.splitlines()
     if len(lines) > 1:  # the table shows a change's first line; a combination has one per item
-        console.print("  changes:\n" + "\n".join(f"    {line}" for line in lines))
+        console.print("  changes:\n" + "\n".join(f"    {escape(line)}" for line in lines))
     for a in item.candidate.assumptions:
-        console.print(f"  assumes: {a}")
+        console.print(f"  assumes: {escape(a)}")
 
 
 class _Only:
