@@ -21,6 +21,7 @@ import json
 from typing import Any
 
 from nnperf.trace.loss import DEFAULT_CHUNKS
+from nnperf.trace.options import CHUNKED_LOSSES
 
 SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
                   "zero-bubble": "InterleavedZeroBubble"}
@@ -90,7 +91,7 @@ def torchtitan_toml(execution: Any, amp: str | None = None, dtype: str | None = 
         raise NotExpressible("torchtitan always uses sequence parallelism with tensor parallelism")
     if loss == "compiled":
         lines += ["", "[compile]", "enable = true", 'components = ["loss"]']
-    elif loss.startswith("chunked"):  # no TOML key: torchtitan's trainers set it in their Python config
+    elif loss in CHUNKED_LOSSES:  # no TOML key: torchtitan's trainers set it in their Python config
         lines += ["", "# loss: torchtitan's ChunkedLossWrapper, set in the trainer's Python config:",
                   f"# loss = ChunkedLossWrapper.Config(num_chunks={DEFAULT_CHUNKS})"]
         if loss == "chunked-compiled":

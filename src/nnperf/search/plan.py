@@ -39,7 +39,7 @@ from nnperf.search.plan_rank import SCALE_POINTS, RankCost, RoleCache, layers_of
 from nnperf.search.plan_states import WHAT as STATES_BOUND
 from nnperf.search.plan_states import states_bound
 from nnperf.trace.distributed import Execution
-from nnperf.trace.options import TraceOptions
+from nnperf.trace.options import CHUNKED_LOSSES, TraceOptions
 
 ACCUMULATION = (1, 2, 4, 8)
 CHECKPOINTS = (None, "selective", "full")
@@ -305,7 +305,7 @@ def chunked_loss_axes(options: TraceOptions, tensor: Iterable[int] | None,
     layouts that split it (tensor parallelism) or place it on a last stage (pipelines) are not
     modelled, so the search leaves them out (``None``: auto), and a degree the user asked for is
     refused."""
-    if not options.loss.startswith("chunked"):
+    if options.loss not in CHUNKED_LOSSES:
         return tensor, pipeline
     asked = [f"--tp {d}" for d in tensor or () if d > 1] + [f"--pp {d}" for d in pipeline or () if d > 1]
     if asked:

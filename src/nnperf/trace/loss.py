@@ -29,6 +29,7 @@ low-precision logits under autocast to get inductor's figure.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -38,6 +39,7 @@ from torch import Tensor, nn
 
 from nnperf.errors import UsageError
 from nnperf.trace.assumptions import assume
+from nnperf.trace.options import CHUNKED_LOSSES
 
 #: torchtitan's ChunkedLossWrapper default (``num_chunks = 8``).
 DEFAULT_CHUNKS = 8
@@ -240,16 +242,16 @@ def _eager_chunk(logits: Tensor, target: Tensor, scale: Tensor, ignore_index: in
     return loss, grad.to(logits.dtype)
 
 
-_COMPILED_CHUNK: list[Callable[..., tuple[Tensor, Tensor]]] = []
+@functools.cache
+def _compiled_chunk() -> Callable[..., tuple[Tensor, Tensor]]:
+    return torch.compile(_eager_chunk)
 
 
 def _fused_chunk(logits: Tensor, target: Tensor, scale: Tensor, ignore_index: int) -> tuple[Tensor, Tensor]:
     """One chunk's loss and logits' gradient as a compiled inner loss runs them: the fused ops
     under a trace, inductor's own kernels (the eager chunk compiled) on a device."""
     if not _TRACING[0]:
-        if not _COMPILED_CHUNK:
-            _COMPILED_CHUNK.append(torch.compile(_eager_chunk))
-        return _COMPILED_CHUNK[0](logits, target, scale, ignore_index)
+        return _compiled_chunk()(logits, target, scale, ignore_index)
     loss, row_max, log_sum, _, _ = torch.ops.nnperf.cross_entropy(logits, target, ignore_index, "sum", 0.0)
     grad = torch.ops.nnperf.cross_entropy_backward(scale, logits, target, row_max, log_sum, None, ignore_index,
                                                    "sum", 0.0)
@@ -339,7 +341,7 @@ def loss_for(loss_fn: Callable[[Any], Tensor], mode: str, model: nn.Module | Non
     whose output projection a chunked loss takes over)."""
     if mode == "compiled":
         return CompiledLoss(loss_fn)
-    if mode in ("chunked", "chunked-compiled"):
+    if mode in CHUNKED_LOSSES:
         if model is None:
             raise UsageError(CHUNKED_NEEDS)
         return ChunkedLoss(loss_fn, model, compiled=mode == "chunked-compiled")

@@ -20,7 +20,8 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 AUTOCAST_DEVICES = ("cuda", "cpu")
 SDPA_MODES = ("fused", "unfused")  # trace.attention
-LOSS_MODES = ("eager", "compiled", "chunked", "chunked-compiled")  # trace.loss
+CHUNKED_LOSSES = ("chunked", "chunked-compiled")  # trace.loss.ChunkedLoss: the model stops before its head
+LOSS_MODES = ("eager", "compiled", *CHUNKED_LOSSES)  # trace.loss
 
 
 @dataclass(frozen=True)
