@@ -20,16 +20,17 @@ BLOCKS, BATCH, SEQ, DIM, HEADS, KV_HEADS, FFN = 2, 2, 16, 64, 4, 1, 96
 TOKENS = BATCH * SEQ
 
 
-def _build() -> Workload:
+def _build(attention: str = "sdpa") -> Workload:
     return get_model("llama-7b").build(batch=BATCH, seq_len=SEQ, n_layer=BLOCKS, dim=DIM, n_heads=HEADS,
-                                       n_kv_heads=KV_HEADS, ffn_hidden=FFN, vocab=64)
+                                       n_kv_heads=KV_HEADS, ffn_hidden=FFN, vocab=64, attention=attention)
 
 
-def _backward(policy: str | None, **options) -> tuple[Counter, Counter]:
+def _backward(policy: str | None, attention: str = "sdpa", **options) -> tuple[Counter, Counter]:
     """Output shapes of the backward's matrix products, and the backward's op names."""
     execution = Execution(world=2, data="fsdp", shard=2, checkpoint=policy)
     prepare = None if policy is None else (lambda w: apply_checkpointing(w, selective=policy))
-    events = trace_rank(_build, TraceOptions(**options), execution, checkpoint_blocks, prepare).trace.events
+    events = trace_rank(lambda: _build(attention), TraceOptions(**options), execution, checkpoint_blocks,
+                        prepare).trace.events
     backward = [e for e in events if e.phase == "backward"]
     return (Counter(tuple(e.outputs[0].shape) for e in backward if e.name == "aten.mm"),
             Counter(e.name for e in backward))
@@ -74,6 +75,21 @@ def test_megatron_policy_recomputes_the_unfused_core_attention():
     assert names["aten.bmm"] - plain_names["aten.bmm"] == 2 * BLOCKS  # scores, then values
     for op in ("aten.pow", "aten.silu", "aten.rsqrt"):
         assert names[op] == plain_names[op], op
+
+
+@pytest.mark.parametrize("policy", ["selective", "selective-op"])
+def test_flex_attention_is_saved_by_the_selective_policies(policy):
+    """torchtitan's list saves FlexAttention's output (its activation_checkpoint.py), as it
+    saves SDPA's: no attention forward runs again in backward."""
+    _, plain = _backward(None, attention="flex")
+    _, names = _backward(policy, attention="flex")
+    assert names["higher_order.flex_attention"] == plain["higher_order.flex_attention"] == 0
+    assert names["higher_order.flex_attention_backward"] == BLOCKS
+
+
+def test_flex_attention_is_the_core_attention_megatrons_policy_recomputes():
+    _, names = _backward("selective-attention", attention="flex")
+    assert names["higher_order.flex_attention"] == BLOCKS
 
 
 def test_unknown_checkpointing_is_one_line():

@@ -76,6 +76,8 @@ class DeviceProfile:
     attention_forward_fraction: float = 0.5
     attention_backward_fraction: float = 0.4
     efficient_attention_scale: float = 1.0
+    flex_attention_forward_scale: float = 1.0
+    flex_attention_backward_scale: float = 1.0
     # cuDNN convolutions relative to a cuBLAS GEMM of their implicit-GEMM shape, per class of
     # ``conv_efficiency_class``; a class left out is 1. ``conv_efficiency_scale`` multiplies
     # every class (``nnperf calibrate`` measures it).

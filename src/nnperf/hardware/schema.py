@@ -112,6 +112,8 @@ def _num(x: float) -> str:
 
 #: A fraction of a peak (or a relative efficiency of at most 1).
 FRACTION = Range(0, 1)
+#: A kernel's speed relative to another's on the same work (FlexAttention's against flash's).
+RELATIVE_SPEED = Range(0, 4)
 #: Every peak rate in TFLOP/s (TOPS for int8): up to 1 EFLOP/s per device, 100x the largest
 #: dense rate of any catalog GPU (B200 fp8: 4,500).
 RATE = Range(0, 1e6)
@@ -151,6 +153,8 @@ PROFILE_RANGES: dict[str, Range] = {
     "attention_forward_fraction": FRACTION,
     "attention_backward_fraction": FRACTION,
     "efficient_attention_scale": FRACTION,
+    "flex_attention_forward_scale": RELATIVE_SPEED,
+    "flex_attention_backward_scale": RELATIVE_SPEED,
     "conv_efficiency": Range(0, 2),  # per convolution class
     "conv_efficiency_scale": Range(0, 2),
     "bandwidth_half_bytes": Range(0, 2**50),

@@ -24,6 +24,9 @@ FLASH = "flash"
 EFFICIENT = "efficient"
 CUDNN = "cudnn"
 MATH = "math"
+#: FlexAttention's kernel (inductor's Triton template), not an SDPA backend: its ops.
+FLEX = "flex"
+FLEX_OPS = frozenset({"higher_order.flex_attention", "higher_order.flex_attention_backward"})
 
 #: ``sDPPriorityOrder``'s default (``aten/src/ATen/Context.h``).
 DEFAULT_ORDER = (FLASH, EFFICIENT, MATH, CUDNN)

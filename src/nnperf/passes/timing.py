@@ -35,6 +35,8 @@ from typing import Any
 from nnperf.hardware import GPU, DeviceProfile
 from nnperf.kernels.attention import (
     EFFICIENT,
+    FLEX,
+    FLEX_OPS,
     MATH,
     SdpaCall,
     efficient_uses_tensor_cores,
@@ -374,14 +376,15 @@ class KernelModel:
     def _attention(self, count: OpCount, base: dict[str, Any]) -> OpTime:
         """A fused attention kernel: executed FLOPs (flash and memory-efficient backward
         recompute Q@K^T) at the profile's attention fraction of the rate its backend computes
-        at (the memory-efficient kernel at ``efficient_attention_scale`` of flash's fraction),
-        bounded by its bytes. An SDPA call (``nnperf.attention``) first gets the backend
+        at (the memory-efficient kernel at ``efficient_attention_scale`` of flash's fraction,
+        FlexAttention's at ``flex_attention_forward_scale`` / ``_backward_scale`` of it, over the
+        pairs of the blocks it computes), bounded by its bytes. An SDPA call (``nnperf.attention``) first gets the backend
         PyTorch would pick on this GPU (``kernels.attention.select_backend``); the math
         fallback is timed as the GEMMs and elementwise kernels it runs."""
         event = count.event
         backward = count.op.endswith("_backward")
         call = _sdpa_call(event, backward, self.train)
-        backend = select_backend(call, self.gpu) if call is not None else ""
+        backend = select_backend(call, self.gpu) if call is not None else FLEX if count.op in FLEX_OPS else ""
         if backend == MATH:
             return self._math_attention(count, call, backward, base)
         dtype = dtype_name(event.inputs[1].dtype if count.phase == "backward" else event.inputs[0].dtype)
@@ -397,7 +400,11 @@ class KernelModel:
         )
         if backend == EFFICIENT:
             fraction *= self.profile.efficient_attention_scale  # the CUTLASS kernel against flash
-        executed = count.flops + count.info.get("recompute_flops", 0.0)
+        elif backend == FLEX:  # inductor's Triton template against flash
+            fraction *= (self.profile.flex_attention_backward_scale if backward
+                         else self.profile.flex_attention_forward_scale)
+        # a block-sparse kernel computes every pair of its non-empty blocks (FlexAttention)
+        executed = count.info.get("executed_flops", count.flops) + count.info.get("recompute_flops", 0.0)
         model_compute = executed / (peak * fraction)
         model_memory = self.profile.memory_time(self.gpu.memory_bandwidth, count.bytes)
         overhead = self.profile.kernel_overhead_s

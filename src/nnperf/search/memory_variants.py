@@ -22,7 +22,7 @@ from nnperf.loading import resolve
 from nnperf.request import ModelRequest
 from nnperf.trace.attention import inside_unfused_attention
 from nnperf.trace.capture import trace_workload
-from nnperf.trace.events import Trace
+from nnperf.trace.events import Trace, op_name
 from nnperf.trace.options import TraceOptions
 from nnperf.trace.recorder import GraphLabeler, ModuleStack
 from nnperf.workload import Workload
@@ -109,6 +109,7 @@ SAVED_BY_SELECTIVE = frozenset({
     "nnperf.attention", "aten._scaled_dot_product_flash_attention",
     "aten._scaled_dot_product_efficient_attention",
     "aten._grouped_mm", "_c10d_functional.all_to_all_single",  # experts' GEMMs; tokens sent once
+    "higher_order.flex_attention",
 })
 
 #: torchtitan's per-op selective checkpointing (``selective_ac_option = "op"``), as it ran for
@@ -119,7 +120,9 @@ SAVED_BY_SELECTIVE = frozenset({
 #: tensor-parallel reduce-scatter are saved (and of ``abs``/``max``, for Float8 scales),
 #: everything else is recomputed, and so is every second ``aten.mm`` of a block ("Saves output
 #: of all compute ops, except every second mm"), counted separately in the forward and in the
-#: recomputation. The trace's SDPA stand-in ``nnperf.attention`` counts as SDPA. ``addmm`` (a
+#: recomputation. The trace's SDPA stand-in ``nnperf.attention`` counts as SDPA, and
+#: FlexAttention's kernel is saved too (it joined the list in torchtitan commit f738a03,
+#: 2025-08; at HEAD: distributed/activation_checkpoint.py). ``addmm`` (a
 #: linear with a bias) is not on the list: torchtitan's Llama has no biases. The expert-parallel
 #: all-to-all joined the list with torchtitan's MoE models (its ``_op_sac_save_list`` in
 #: torchtitan/models/llama4 and deepseek_v3 ``infra/parallelize.py``); dense models call none.
@@ -130,7 +133,7 @@ SAVED_BY_TORCHTITAN_OP = frozenset({
     "aten.mm.default", "nnperf.attention.default", "aten._scaled_dot_product_flash_attention.default",
     "aten._scaled_dot_product_efficient_attention.default",
     "_c10d_functional.reduce_scatter_tensor.default", "aten.abs.default", "aten.max.default",
-    "_c10d_functional.all_to_all_single.default",
+    "_c10d_functional.all_to_all_single.default", "higher_order.flex_attention",
 })
 
 #: Megatron-LM's selective recomputation (``--recompute-activations``, i.e.
@@ -145,7 +148,7 @@ SAVED_BY_TORCHTITAN_OP = frozenset({
 RECOMPUTED_BY_MEGATRON = frozenset({
     "nnperf.attention", "aten._scaled_dot_product_flash_attention",
     "aten._scaled_dot_product_efficient_attention", "aten._scaled_dot_product_cudnn_attention",
-    "aten._to_copy",
+    "higher_order.flex_attention", "aten._to_copy",
 })
 
 #: The selective policies by the name a layout gives them (``Execution.checkpoint``); the
@@ -157,7 +160,7 @@ _ALL_TO_ALL = "_c10d_functional.all_to_all_single.default"
 def _op_name(op: Any, overload: bool = False) -> str:
     schema = getattr(op, "_schema", None)
     if schema is None:
-        return str(op)
+        return op_name(op)  # a higher-order op (FlexAttention's): no overloads
     name = schema.name.replace("::", ".")
     return f"{name}.{getattr(op, '_overloadname', 'default') or 'default'}" if overload else name
 

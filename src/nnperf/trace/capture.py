@@ -24,8 +24,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from nnperf.errors import NnperfError
+from nnperf.trace import flex_attention, meta_world
 from nnperf.trace import loss as traced_loss
-from nnperf.trace import meta_world
 from nnperf.trace.accumulation import AccumulationWatch, fold_inplace_accumulations
 from nnperf.trace.assumptions import collecting
 from nnperf.trace.attention import sdpa_mode
@@ -262,7 +262,7 @@ def _record(workload: Workload, step: Step) -> Trace:
         policy = watch.cuda_autocast = CudaAutocast() if cuda_lists else None
         labeler = GraphLabeler(modules, assumed)
         with (modules, labeler, recorder, collecting() as assumptions,
-              sdpa_mode(options.sdpa), traced_loss.tracing(),
+              sdpa_mode(options.sdpa), traced_loss.tracing(), flex_attention.tracing(),
               policy.installed() if policy is not None else contextlib.nullcontext()):
             # an inference output stays alive until the recording stops, as it always did
             output = step.run(watch)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch._ops import HigherOrderOperator
 
 from nnperf.vocab import Phase, StorageKind
 
@@ -139,6 +140,8 @@ def op_name(func: Any) -> str:
     schema = getattr(func, "_schema", None)
     if schema is not None:
         return schema.name.replace("::", ".")  # "aten::add" -> "aten.add"
+    if isinstance(func, HigherOrderOperator):
+        return f"higher_order.{func.name()}"  # as torch.ops.higher_order names it
     return str(func)
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch._ops import HigherOrderOperator
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import (
@@ -29,6 +30,7 @@ from torch.utils._python_dispatch import (
 )
 from torch.utils._pytree import tree_flatten, tree_map
 
+from nnperf.trace import flex_attention as flex
 from nnperf.trace import meta_world, packing, routing
 from nnperf.trace.accumulation import ADD, AccumulationWatch
 from nnperf.trace.assumptions import assume
@@ -317,13 +319,18 @@ class OpRecorder(TorchDispatchMode):
             return self._modules.current() or "(optimizer)"
         return self._modules.current()
 
+    #: FlexAttention's higher-order ops come here too (``trace.flex_attention``).
+    supports_higher_order_operators = True
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if any(is_traceable_wrapper_subclass_type(t) for t in types):
             # A DTensor (FSDP2's sharded parameters): let it dispatch, then record the ops it
             # runs on its local shard, the kernels one rank runs (trace.distributed).
             return NotImplemented
-        if func.namespace in _SKIPPED_NAMESPACES or _UNRECORDED[0]:
+        if isinstance(func, HigherOrderOperator):
+            return self._higher_order(func, args, kwargs)
+        if func.namespace in _SKIPPED_NAMESPACES or _UNRECORDED[0] or flex.in_setup():
             return func(*args, **kwargs)
         self.current_func = func
         index = len(self.events)
@@ -372,6 +379,32 @@ class OpRecorder(TorchDispatchMode):
         if func is ADD and acc is not None and self.phase == "backward" and acc.may_sum_in_place(func, args):
             self.engine_sums.add(index)
         self.current_func = None
+        return out
+
+    def _higher_order(self, func: HigherOrderOperator, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """FlexAttention's forward or backward kernel, recorded as one op with the attention
+        tensors, the scale and the pairs its block mask keeps and computes
+        (``trace.flex_attention``); any other higher-order op is not traced."""
+        if func not in flex.HIGHER_ORDER_OPS:
+            raise NotImplementedError(
+                f"nnperf does not trace the higher-order op {func.name()!r} (of those, only "
+                "FlexAttention's); call the model's plain PyTorch code instead")
+        index = len(self.events)
+        main, block_mask, read = flex.hop_call_parts(func, args)
+        inputs = [self.meta(t, None) for t in read]
+        metas = dict(zip(map(id, read), inputs, strict=True))
+        meta_args = tuple(metas[id(a)] if isinstance(a, torch.Tensor) else a for a in main)
+        pairs = flex.mask_pairs(block_mask, args[0], args[1], assume)
+        first_new = len(self.storages)
+        out = func(*args, **kwargs)
+        outputs = [self.meta(t, index) for t in _output_tensors(out)]
+        allocates = [m.storage for m in outputs if m.storage >= first_new] + self._pending_allocations
+        self._pending_allocations = []
+        self.events.append(OpEvent(
+            index=index, func=func, args=meta_args, kwargs={}, inputs=inputs, outputs=outputs,
+            phase=self.phase, module=self.module_path(), allocates=list(dict.fromkeys(allocates)),
+            values={"kept_pairs": (pairs.kept,), "executed_pairs": (pairs.executed,)},
+        ))
         return out
 
 

@@ -32,6 +32,7 @@ from torch._subclasses.fake_tensor import CONSTANT_NUMEL_LIMIT, FakeTensor, Fake
 from torch.utils._python_dispatch import _disable_current_modes
 
 from nnperf.errors import UsageError
+from nnperf.trace import flex_attention
 from nnperf.trace.assumptions import assume
 
 #: Elements a constant may hold in a trace's fake mode: routing tensors (tokens x top-k x
@@ -62,6 +63,9 @@ class TraceFakeMode(FakeTensorMode):
         limit = CONSTANT_NUMEL_LIMIT if self._in_view else ROUTING_CONSTANT_LIMIT  # PyTorch's for views
         return (t.numel() <= limit and not t.is_sparse and not self.is_our_fake(t)
                 and t.device.type != "meta")
+
+
+flex_attention.serve_fake_mode(TraceFakeMode)
 
 
 @dataclass(frozen=True)

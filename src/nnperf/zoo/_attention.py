@@ -7,9 +7,14 @@ otherwise repeats k/v heads, which costs the same FLOPs but more memory traffic.
 from __future__ import annotations
 
 import inspect
+from typing import TYPE_CHECKING
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from torch.nn.attention.flex_attention import BlockMask
 
 
 def _sdpa_has_gqa() -> bool:
@@ -23,9 +28,35 @@ def _sdpa_has_gqa() -> bool:
 SDPA_HAS_GQA = _sdpa_has_gqa()
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, dropout_p: float = 0.0) -> Tensor:
-    """Attention over (B, heads, T, head_dim) tensors; k/v may have fewer heads than q."""
+#: How a zoo decoder attends (its ``attention`` option): SDPA with ``is_causal``, or
+#: FlexAttention with a causal BlockMask built once per forward, as torchtitan's
+#: ``use_flex_attn`` does (its ``attn_mask_type = "block_causal"`` with ``doc_len``).
+ATTENTION_KINDS = ("sdpa", "flex")
+
+
+def causal_block_mask(seq: int, doc_len: int, device: torch.device) -> BlockMask:
+    """FlexAttention's causal mask over ``seq`` tokens; with ``doc_len``, block-causal: tokens
+    attend within their own document of ``doc_len`` tokens, the sequence packed with them."""
+    from torch.nn.attention.flex_attention import create_block_mask  # torch >= 2.5
+
+    if doc_len:
+        def mask_mod(b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
+            return (q >= kv) & (q // doc_len == kv // doc_len)
+    else:
+        def mask_mod(b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
+            return q >= kv
+    return create_block_mask(mask_mod, None, None, seq, seq, device=device)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, dropout_p: float = 0.0,
+              block_mask: BlockMask | None = None) -> Tensor:
+    """Attention over (B, heads, T, head_dim) tensors; k/v may have fewer heads than q.
+    With ``block_mask``: FlexAttention under that mask (``causal`` is the mask's business)."""
     n_head, n_kv = q.size(-3), k.size(-3)
+    if block_mask is not None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=n_kv != n_head)
     if n_kv == n_head:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal)
     if SDPA_HAS_GQA:

@@ -25,7 +25,7 @@ from typing import Any
 from nnperf.workload import Workload
 
 from ._spec import ModelSpec
-from .llama import _build
+from .llama import ATTENTION_OPTIONS, _build
 
 DEFAULTS: dict[str, Any] = {
     "n_layer": 27,
@@ -43,6 +43,8 @@ DEFAULTS: dict[str, Any] = {
     "moe_hidden": 1408,
     "n_shared_experts": 2,
     "vocab": 102400,
+    "attention": "sdpa",
+    "doc_len": 0,
 }
 #: The router of torchtitan's 16B flavor (module docstring): not options, the architecture.
 ROUTER: dict[str, Any] = {"renormalize": False, "score_before_experts": False, "expert_bias": True}
@@ -62,6 +64,7 @@ OPTIONS = {
     "moe_hidden": "each expert's SwiGLU hidden size (0: ffn_hidden)",
     "n_shared_experts": "shared experts (their SwiGLU is this many experts wide; 0: none)",
     "vocab": "vocabulary size",
+    **ATTENTION_OPTIONS,
 }
 
 

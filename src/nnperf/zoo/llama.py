@@ -7,16 +7,19 @@ tied to a maximum length and traces cleanly on fake tensors. ``n_kv_heads`` belo
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+if TYPE_CHECKING:
+    from torch.nn.attention.flex_attention import BlockMask
+
 from nnperf.errors import ModelOptionError
 from nnperf.workload import Workload
 
-from ._attention import attention, merge_heads, split_heads
+from ._attention import ATTENTION_KINDS, attention, causal_block_mask, merge_heads, split_heads
 from ._losses import TokenCrossEntropy, random_tokens
 from ._options import require_divisible, require_positive, resolve_batch_seq, resolve_options
 from ._spec import ModelSpec
@@ -33,6 +36,16 @@ DEFAULTS: dict[str, Any] = {
     "n_experts": 0,
     "top_k": 2,
     "moe_hidden": 0,
+    "attention": "sdpa",
+    "doc_len": 0,
+}
+#: How every zoo decoder may attend (``zoo._attention``): its ``attention`` and ``doc_len``.
+ATTENTION_OPTIONS = {
+    "attention": "sdpa (F.scaled_dot_product_attention, causal) or flex (FlexAttention with a causal "
+                 "BlockMask built once per forward, torchtitan's use_flex_attn)",
+    "doc_len": "with attention=flex: block-causal masking over documents of this many tokens packed "
+               "in each sequence (torchtitan's block_causal; real documents vary in length, and for "
+               "the same mean length, work grows with the spread); 0: plain causal",
 }
 OPTIONS = {
     "n_layer": "number of transformer blocks",
@@ -44,6 +57,7 @@ OPTIONS = {
     "n_experts": "experts per mixture-of-experts feed-forward (0: dense SwiGLU)",
     "top_k": "experts each token is routed to (with n_experts)",
     "moe_hidden": "each expert's SwiGLU hidden size (0: ffn_hidden)",
+    **ATTENTION_OPTIONS,
 }
 #: Mixtral 8x7B (Jiang et al. 2024, "Mixtral of Experts", Table 1; its config.json): Llama-2's
 #: block with grouped-query attention and 8 SwiGLU experts, 2 per token.
@@ -84,10 +98,12 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class Attention(nn.Module):
-    """Bias-free q/k/v/o projections, rotary q/k, causal SDPA (GQA when n_kv_heads < n_heads)."""
+    """Bias-free q/k/v/o projections, rotary q/k, causal SDPA (GQA when n_kv_heads < n_heads),
+    or FlexAttention under the model's block mask (``flex_doc_len`` not None: ``doc_len``)."""
 
-    def __init__(self, dim: int, n_heads: int, n_kv_heads: int) -> None:
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, flex_doc_len: int | None = None) -> None:
         super().__init__()
+        self.flex_doc_len = flex_doc_len
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
         self.head_dim = dim // n_heads
         self.wq = nn.Linear(dim, n_heads * self.head_dim, bias=False)
@@ -95,13 +111,22 @@ class Attention(nn.Module):
         self.wv = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(n_heads * self.head_dim, dim, bias=False)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, block_mask: BlockMask | None = None) -> Tensor:
         q = split_heads(self.wq(x), self.head_dim)
         k = split_heads(self.wk(x), self.head_dim)
         v = split_heads(self.wv(x), self.head_dim)
         cos, sin = rotary_tables(x.shape[1], self.head_dim, q)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        return self.wo(merge_heads(attention(q, k, v, causal=True)))
+        block_mask = own_block_mask(self.flex_doc_len, block_mask, x)
+        return self.wo(merge_heads(attention(q, k, v, causal=True, block_mask=block_mask)))
+
+
+def own_block_mask(flex_doc_len: int | None, given: BlockMask | None, x: Tensor) -> BlockMask | None:
+    """The block mask an attention layer attends with: the model's, else (a pipeline stage runs
+    the layers without the model's forward) its own; None for SDPA."""
+    if flex_doc_len is None or given is not None:
+        return given
+    return causal_block_mask(x.shape[1], flex_doc_len, x.device)
 
 
 class FeedForward(nn.Module):
@@ -129,9 +154,10 @@ class TransformerBlock(nn.Module):
             from .mla import MultiHeadLatentAttention
 
             self.attention = MultiHeadLatentAttention(c["dim"], c["n_heads"], c["q_lora"], c["kv_lora"],
-                                                      c["qk_nope_dim"], c["qk_rope_dim"], c["v_head_dim"])
+                                                      c["qk_nope_dim"], c["qk_rope_dim"], c["v_head_dim"],
+                                                      flex_doc_len(c))
         else:
-            self.attention = Attention(c["dim"], c["n_heads"], c["n_kv_heads"])
+            self.attention = Attention(c["dim"], c["n_heads"], c["n_kv_heads"], flex_doc_len(c))
         if c["n_experts"] and index >= c.get("n_dense_layers", 0):
             hidden = c["moe_hidden"] or c["ffn_hidden"]
             shared = FeedForward(c["dim"], hidden * c["n_shared_experts"]) if c.get("n_shared_experts") else None
@@ -144,8 +170,8 @@ class TransformerBlock(nn.Module):
         self.attention_norm = RMSNorm(c["dim"])
         self.ffn_norm = RMSNorm(c["dim"])
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attention(self.attention_norm(x))
+    def forward(self, x: Tensor, block_mask: BlockMask | None = None) -> Tensor:
+        x = x + self.attention(self.attention_norm(x), block_mask)
         ffn = self.moe if hasattr(self, "moe") else self.feed_forward
         return x + ffn(self.ffn_norm(x))
 
@@ -159,6 +185,7 @@ class Llama(nn.Module):
         self.layers = nn.ModuleList(TransformerBlock(c, i) for i in range(c["n_layer"]))
         self.norm = RMSNorm(c["dim"])
         self.output = nn.Linear(c["dim"], c["vocab"], bias=False)
+        self.flex_doc_len = flex_doc_len(c)
         for p in self.parameters():  # LLaMA-style small init keeps real runs' loss finite
             if p.dim() == 2:
                 nn.init.normal_(p, std=0.02)
@@ -172,8 +199,11 @@ class Llama(nn.Module):
 
     def forward(self, tokens: Tensor) -> Tensor:
         x = self.tok_embeddings(tokens)
+        # FlexAttention: one mask for every layer, forward and backward (torchtitan builds it
+        # once per batch too)
+        block_mask = own_block_mask(self.flex_doc_len, None, tokens)
         for layer in self.layers:
-            x = layer(x)
+            x = layer(x, block_mask)
         x = self.norm(x)
         return x if self.skip_head else self.output(x)
 
@@ -187,9 +217,14 @@ def build_mixtral(batch: int | None = None, seq_len: int | None = None, **overri
     return _build("mixtral-8x7b", {**DEFAULTS, **MIXTRAL_8X7B}, batch, seq_len, overrides)
 
 
-#: Options that may be 0 (off): experts, their width, DeepSeek's dense blocks, shared experts and
-#: query latent.
-MAY_BE_ZERO = frozenset({"n_experts", "moe_hidden", "n_dense_layers", "n_shared_experts", "q_lora"})
+#: Options that may be 0 (off): experts, their width, DeepSeek's dense blocks, shared experts,
+#: query latent and documents.
+MAY_BE_ZERO = frozenset({"n_experts", "moe_hidden", "n_dense_layers", "n_shared_experts", "q_lora", "doc_len"})
+
+
+def flex_doc_len(c: dict[str, Any]) -> int | None:
+    """The document length of a FlexAttention model's mask (0: causal), None for SDPA."""
+    return c.get("doc_len", 0) if c.get("attention", "sdpa") == "flex" else None
 
 
 def _build(name: str, defaults: dict[str, Any], batch: int | None, seq_len: int | None,
@@ -201,7 +236,8 @@ def _build(name: str, defaults: dict[str, Any], batch: int | None, seq_len: int 
     c = resolve_options(name, overrides, defaults)
     if not user_set_kv and name == "llama-7b":
         c["n_kv_heads"] = c["n_heads"]  # plain multi-head attention unless asked otherwise
-    require_positive(name, c, *(k for k in defaults if k not in MAY_BE_ZERO))
+    require_positive(name, c, *(k for k in defaults if k not in MAY_BE_ZERO and k not in ATTENTION_OPTIONS))
+    _check_attention(name, c)
     for key in MAY_BE_ZERO & set(defaults):
         if c[key] < 0:
             raise ModelOptionError(f"{name}: {key} must be 0 or more, got {c[key]}")
@@ -219,6 +255,16 @@ def _build(name: str, defaults: dict[str, Any], batch: int | None, seq_len: int 
     tokens = random_tokens(batch, seq, c["vocab"])
     loss = TokenCrossEntropy(random_tokens(batch, seq, c["vocab"]))
     return token_workload(name, model, tokens, loss, c)
+
+
+def _check_attention(name: str, c: dict[str, Any]) -> None:
+    if c.get("attention", "sdpa") not in ATTENTION_KINDS:
+        raise ModelOptionError(f"{name}: attention must be one of {', '.join(ATTENTION_KINDS)}, got {c['attention']!r}")
+    if c.get("doc_len", 0) < 0:
+        raise ModelOptionError(f"{name}: doc_len must be 0 or more, got {c['doc_len']}")
+    if c.get("doc_len", 0) and c["attention"] != "flex":
+        raise ModelOptionError(f"{name}: doc_len (document masking) needs attention=flex; SDPA here is "
+                               "plain causal")
 
 
 SPEC = ModelSpec(

@@ -16,19 +16,26 @@ complex numbers in fp32 from one precomputed table: element-wise work on the sam
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .llama import RMSNorm, apply_rotary, rotary_tables
+if TYPE_CHECKING:
+    from torch.nn.attention.flex_attention import BlockMask
+
+from ._attention import attention
+from .llama import RMSNorm, apply_rotary, own_block_mask, rotary_tables
 
 
 class MultiHeadLatentAttention(nn.Module):
     """Queries, the shared key/value latent, causal SDPA and the output projection."""
 
     def __init__(self, dim: int, n_heads: int, q_lora: int, kv_lora: int, qk_nope_dim: int, qk_rope_dim: int,
-                 v_head_dim: int) -> None:
+                 v_head_dim: int, flex_doc_len: int | None = None) -> None:
         super().__init__()
+        self.flex_doc_len = flex_doc_len
         self.qk_nope_dim, self.qk_rope_dim, self.v_head_dim = qk_nope_dim, qk_rope_dim, v_head_dim
         self.qk_head_dim = qk_nope_dim + qk_rope_dim
         self.kv_lora = kv_lora
@@ -43,7 +50,7 @@ class MultiHeadLatentAttention(nn.Module):
         self.wkv_b = nn.Linear(kv_lora, n_heads * (qk_nope_dim + v_head_dim), bias=False)
         self.wo = nn.Linear(n_heads * v_head_dim, dim, bias=False)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, block_mask: BlockMask | None = None) -> Tensor:
         b, t, _ = x.shape
         q = self.wq(x) if hasattr(self, "wq") else self.wq_b(self.q_norm(self.wq_a(x)))
         q = q.view(b, t, -1, self.qk_head_dim).transpose(1, 2)  # heads follow the width (a TP shard's own)
@@ -55,5 +62,9 @@ class MultiHeadLatentAttention(nn.Module):
         kv = self.wkv_b(self.kv_norm(latent)).view(b, t, -1, self.qk_nope_dim + self.v_head_dim).transpose(1, 2)
         k_nope, v = torch.split(kv, [self.qk_nope_dim, self.v_head_dim], dim=-1)
         k = torch.cat([k_nope, k_pe.expand(-1, k_nope.shape[1], -1, -1)], dim=-1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        block_mask = own_block_mask(self.flex_doc_len, block_mask, x)
+        if block_mask is not None:
+            out = attention(q, k, v, causal=True, block_mask=block_mask)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.wo(out.transpose(1, 2).reshape(b, t, -1))

@@ -6,6 +6,11 @@ masked half of the score matrix, so only the kept (query, key) pairs are counted
 mask is read but does not reduce work. Flash attention's backward also recomputes Q@K^T: that
 extra product is reported as ``info["recompute_flops"]`` for the time model, not as model FLOPs.
 Grouped-query attention: work scales with the query heads; K and V are read once per KV head.
+
+FlexAttention (``higher_order.flex_attention``, ``trace.flex_attention``) counts the pairs its
+mask keeps as model FLOPs, and the pairs of the blocks its kernel computes (every pair of a
+non-empty 128 x 128 block) as ``info["executed_flops"]``, what the time model charges. The
+score_mod's own arithmetic inside the kernel is not counted.
 """
 
 from __future__ import annotations
@@ -63,4 +68,40 @@ def _attention_backward(event: OpEvent) -> OpCost:
         reads=tensors([grad_out, q, k, v, out, lse, mask]),
         writes=event.outputs,
         info={"causal": causal, "recompute_flops": 2 * score_macs},
+    )
+
+
+def _flex_pairs(event: OpEvent) -> tuple[int, int]:
+    values = event.values or {}
+    return values["kept_pairs"][0], values["executed_pairs"][0]
+
+
+@register("higher_order.flex_attention", since="2.5")
+def _flex_forward(event: OpEvent) -> OpCost:
+    q, v = event.args[0], event.args[2]
+    kept, executed = _flex_pairs(event)
+    width = q.shape[-1] + v.shape[-1]  # MACs per pair: Q@K^T and P@V
+    return OpCost(
+        ATTENTION,
+        flops=2 * kept * width,
+        macs=kept * width,
+        reads=event.inputs,
+        writes=event.outputs,
+        info={"executed_flops": 2 * executed * width, "kept_pairs": kept, "executed_pairs": executed},
+    )
+
+
+@register("higher_order.flex_attention_backward", since="2.5")
+def _flex_backward(event: OpEvent) -> OpCost:
+    q, v = event.args[0], event.args[2]
+    kept, executed = _flex_pairs(event)
+    width = q.shape[-1] + v.shape[-1]
+    return OpCost(
+        ATTENTION,
+        flops=4 * kept * width,  # dV, dP, dQ, dK: twice the forward's products
+        macs=2 * kept * width,
+        reads=event.inputs,
+        writes=event.outputs,
+        info={"executed_flops": 4 * executed * width, "recompute_flops": 2 * executed * q.shape[-1],
+              "kept_pairs": kept, "executed_pairs": executed},
     )
