@@ -6,7 +6,9 @@ otherwise repeats k/v heads, which costs the same FLOPs but more memory traffic.
 
 from __future__ import annotations
 
+import functools
 import inspect
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -48,15 +50,23 @@ def causal_block_mask(seq: int, doc_len: int, device: torch.device) -> BlockMask
     return create_block_mask(mask_mod, None, None, seq, seq, device=device)
 
 
+@functools.cache
+def compiled_flex_attention() -> Callable[..., Tensor]:
+    """``torch.compile(flex_attention)``, as torchtitan calls it: on a GPU its fused Triton
+    kernel (uncompiled, PyTorch computes the whole score matrix); a trace records its op either
+    way (``trace.flex_attention``)."""
+    from torch.nn.attention.flex_attention import flex_attention  # torch >= 2.5
+
+    return torch.compile(flex_attention)
+
+
 def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, dropout_p: float = 0.0,
               block_mask: BlockMask | None = None) -> Tensor:
     """Attention over (B, heads, T, head_dim) tensors; k/v may have fewer heads than q.
     With ``block_mask``: FlexAttention under that mask (``causal`` is the mask's business)."""
     n_head, n_kv = q.size(-3), k.size(-3)
     if block_mask is not None:
-        from torch.nn.attention.flex_attention import flex_attention
-
-        return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=n_kv != n_head)
+        return compiled_flex_attention()(q, k, v, block_mask=block_mask, enable_gqa=n_kv != n_head)
     if n_kv == n_head:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal)
     if SDPA_HAS_GQA:
