@@ -179,3 +179,25 @@ def test_zoo_document_length_masks_each_document():
     fwd = next(o for o in a.ops if o.op == "higher_order.flex_attention")
     assert fwd.info["kept_pairs"] == 4 * 4 * (64 * 65 // 2)
     assert fwd.info["executed_pairs"] == 4 * 2 * BLOCK * BLOCK
+
+
+@pytest.mark.parametrize("layout", [dict(tensor=2), dict(pipeline=2, micro_batch=1, grad_accum=2,
+                                                         pipeline_schedule="1f1b")], ids=["tp", "pp"])
+def test_a_rank_of_a_parallel_layout_attends_with_its_share(layout):
+    """Tensor parallelism splits the heads (2 of 4 per rank); a pipeline stage runs its own
+    layer's attention for each of its micro-batches (the compiled flex_attention runs eagerly,
+    also where the stage's shapes are inferred outside the recorder)."""
+    from nnperf.search.memory_variants import checkpoint_blocks
+    from nnperf.trace.distributed import Execution, trace_rank
+    from nnperf.trace.options import TraceOptions
+    from nnperf.zoo import get_model
+
+    def build():
+        return get_model("llama-7b").build(batch=2, seq_len=256, n_layer=2, dim=64, n_heads=4, n_kv_heads=2,
+                                           ffn_hidden=96, vocab=64, attention="flex")
+
+    events = trace_rank(build, TraceOptions(), Execution(world=2, **layout), checkpoint_blocks, None).trace.events
+    forwards = [e for e in events if e.name == "higher_order.flex_attention"]
+    heads, batch, calls = (2, 2, 2) if "tensor" in layout else (4, 1, 2)  # 2 layers; 1 layer x 2 micro-batches
+    assert len(forwards) == calls
+    assert all(e.values["kept_pairs"] == (batch * heads * 256 * 257 // 2,) for e in forwards)

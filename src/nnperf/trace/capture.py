@@ -91,6 +91,12 @@ class _Private(NamedTuple):
 
 def _build_and_record(build: Callable[[], Workload], options: TraceOptions, private: _Private,
                       tensors: str) -> tuple[Trace, Workload]:
+    with flex_attention.tracing():  # what the model runs while building (pipeline shapes) too
+        return _build_and_record_flex(build, options, private, tensors)
+
+
+def _build_and_record_flex(build: Callable[[], Workload], options: TraceOptions, private: _Private,
+                           tensors: str) -> tuple[Trace, Workload]:
     workload = build()
     restore = _swap_in_private_copies(workload, private)
     try:
@@ -262,7 +268,7 @@ def _record(workload: Workload, step: Step) -> Trace:
         policy = watch.cuda_autocast = CudaAutocast() if cuda_lists else None
         labeler = GraphLabeler(modules, assumed)
         with (modules, labeler, recorder, collecting() as assumptions,
-              sdpa_mode(options.sdpa), traced_loss.tracing(), flex_attention.tracing(),
+              sdpa_mode(options.sdpa), traced_loss.tracing(),
               policy.installed() if policy is not None else contextlib.nullcontext()):
             # an inference output stays alive until the recording stops, as it always did
             output = step.run(watch)

@@ -14,7 +14,7 @@ indices and constants (causal, sliding window, prefix-LM, ...). A mask that read
 trace only has as fakes (document ids from the batch: block-causal document masking) cannot be
 evaluated; the kernel is then costed over every pair, the upper bound, and the trace says so.
 
-Three things PyTorch does on CPU tensors are not what it does on the GPU, so they are changed
+Four things PyTorch does on CPU tensors are not what it does on the GPU, so they are changed
 for the duration of a trace (``tracing``):
 - ``flex_attention`` refuses a backward on CPU (``_validate_device``): the CPU fakes stand for
   the GPU's tensors;
@@ -22,7 +22,9 @@ for the duration of a trace (``tracing``):
   the recorder's dispatch mode: the op is called directly instead
   (``_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG``, what PyTorch offers for debugging score_mods);
 - the op's autograd rule builds example scalars and traces the score_mod's backward on each
-  call: bookkeeping no GPU kernel runs, kept out of the recording (``in_setup``).
+  call: bookkeeping no GPU kernel runs, kept out of the recording (``in_setup``);
+- a ``torch.compile``d flex_attention (torchtitan's) would compile kernels for fake tensors:
+  compiled functions run eagerly instead (``_eager``).
 """
 
 from __future__ import annotations
@@ -113,12 +115,22 @@ def tracing() -> Iterator[None]:
     if autograd is not None:
         kernels[DispatchKey.Autograd] = set_up_unrecorded
     try:
-        yield
+        with _eager():
+            yield
     finally:
         _flex._validate_device, _flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = validate, debug
         if autograd is not None:
             kernels[DispatchKey.Autograd] = autograd
         _evaluated_pairs.cache_clear()
+
+
+def _eager() -> contextlib.AbstractContextManager:
+    """Functions the model compiled (``torch.compile(flex_attention)``, as torchtitan calls it)
+    run eagerly: a trace records ops, and inductor must not compile kernels for fake tensors
+    (it does wherever the recorder's dispatch mode is not active, e.g. a pipeline stage's shape
+    inference: on CPU fakes it crashes)."""
+    set_stance = getattr(torch.compiler, "set_stance", None)  # torch >= 2.6
+    return set_stance("force_eager") if set_stance is not None else contextlib.nullcontext()
 
 
 def _validate_on_any_device(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:

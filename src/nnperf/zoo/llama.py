@@ -171,7 +171,7 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(c["dim"])
 
     def forward(self, x: Tensor, block_mask: BlockMask | None = None) -> Tensor:
-        x = x + self.attention(self.attention_norm(x), block_mask)
+        x = x + self.attention(self.attention_norm(x), block_mask=block_mask)
         ffn = self.moe if hasattr(self, "moe") else self.feed_forward
         return x + ffn(self.ffn_norm(x))
 
@@ -203,7 +203,7 @@ class Llama(nn.Module):
         # once per batch too)
         block_mask = own_block_mask(self.flex_doc_len, None, tokens)
         for layer in self.layers:
-            x = layer(x, block_mask)
+            x = layer(x, block_mask=block_mask)
         x = self.norm(x)
         return x if self.skip_head else self.output(x)
 
