@@ -102,3 +102,12 @@ def test_noisy_measurements_are_named_worst_first():
     cal.bandwidth = [{"kind": "copy", "bytes_moved": 1024, "spread": {"p10": 2.0, "p90": 6.0}}]
     assert [(w, r) for w, r in cal.noisy()] == [("gemm square fp32 128", 5.0), ("bandwidth copy 1024", 3.0)]
     assert [n["what"] for n in cal.to_json()["noisy"]] == ["gemm square fp32 128", "bandwidth copy 1024"]
+
+
+def test_the_attention_benchmark_times_flex_attention_on_cuda_only():
+    """One row per kernel and shape: SDPA's flash and memory-efficient backends, then compiled
+    FlexAttention, which has neither fused kernels nor a backward on a CPU: recorded as skipped,
+    with the reason, so a CPU calibration leaves the published share in place."""
+    rows = list(calib_benchmarks._attention_rows((1, 2, 256, 16, 16), torch.device("cpu"), repeats=2))
+    assert [r["backend"] for r in rows] == ["flash", "efficient", "flex"]
+    assert "CUDA" in rows[2]["skipped"] and "forward_s" not in rows[2]

@@ -130,6 +130,18 @@ def test_measured_attention_sets_the_fractions_and_the_efficient_share():
     assert profile.efficient_attention_scale == pytest.approx((0.5 + 0.75) / 2)
     table = measured_table(cal)
     assert table["sdpa_efficient_d192_128_s4096_forward_tflops"] == pytest.approx(0.05 * peak / 1e12)
+    assert profile.flex_attention_forward_scale == 1.25  # nothing measured: Hopper's published share
+    # FlexAttention: forward in 0.8 of flash's time, backward in 1.25 of it, on 4096 causal
+    # tokens: 32 blocks a side, 32 * 33 / 2 computed, against 4096 * 4097 / 2 pairs kept
+    flash = cal.attention[0]
+    executed = 8 * 16 * 32 * 33 // 2 * 128 * 128
+    kept = 8 * 16 * 4096 * 4097 // 2
+    cal.attention.append({**flash, "backend": "flex", "executed_pairs": executed,
+                          "forward_s": 0.8 * flash["forward_s"], "backward_s": 1.25 * flash["backward_s"]})
+    measured = build_profile(cal, gpu)
+    assert measured.flex_attention_forward_scale == pytest.approx(executed / kept / 0.8)
+    assert measured.flex_attention_backward_scale == pytest.approx(executed / kept / 1.25)
+    assert measured_table(cal)["flex_d128_128_s4096_forward_tflops"] == pytest.approx(0.40 / 0.8 * peak / 1e12)
     unmeasured = build_profile(_cal(), gpu)  # the defaults stand: Hopper's fractions, the paper's share
     assert (unmeasured.attention_forward_fraction, unmeasured.attention_backward_fraction,
             unmeasured.efficient_attention_scale) == (0.38, 0.32, 0.5)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import time
 from collections.abc import Callable, Iterator
 
@@ -355,6 +356,57 @@ def _attention_rows(shape: tuple[int, int, int, int, int], device: torch.device,
         except RuntimeError as err:  # this backend does not take the shape
             row["skipped"] = str(err).strip().splitlines()[0][:200]
         else:
-            row.update(forward_s=fwd.median, backward_s=max(both.median - fwd.median, 1e-9),
-                       spread=both.to_json(), forward_spread=fwd.to_json())
+            _record_times(row, fwd, both)
         yield row
+    yield _flex_row(facts, (q, k, v, grad), device, repeats)
+
+
+def _record_times(row: dict, forward: Spread, both: Spread) -> None:
+    row.update(forward_s=forward.median, backward_s=max(both.median - forward.median, 1e-9),
+               spread=both.to_json(), forward_spread=forward.to_json())
+
+
+#: The block size of FlexAttention's BlockMask (``_DEFAULT_SPARSE_BLOCK_SIZE``).
+FLEX_BLOCK = 128
+
+
+def _flex_row(facts: dict, tensors: tuple[torch.Tensor, ...], device: torch.device, repeats: int) -> dict:
+    """``torch.compile(flex_attention)`` under a causal BlockMask on the same tensors, as
+    torchtitan runs it; ``executed_pairs``: the pairs of the blocks its kernel computes (the
+    diagonal and those below it), what the time model charges it for
+    (``passes.costs.attention``). Its first call compiles (inside the warm-up)."""
+    row = {"backend": "flex", **facts}
+    if device.type != "cuda":
+        row["skipped"] = "FlexAttention's fused kernels and its backward need a CUDA GPU"
+        return row
+    q, k, v, grad = tensors
+    n = -(-facts["tokens"] // FLEX_BLOCK)
+    row["executed_pairs"] = facts["batch"] * facts["heads"] * n * (n + 1) // 2 * FLEX_BLOCK * FLEX_BLOCK
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, facts["tokens"], facts["tokens"],
+                                 device=device)
+        flex = _compiled_flex_attention()
+
+        def forward() -> None:
+            with torch.no_grad():
+                flex(q, k, v, block_mask=mask)
+
+        def step() -> None:
+            q.grad = k.grad = v.grad = None
+            flex(q, k, v, block_mask=mask).backward(grad)
+
+        fwd, both = _timed(forward, device, repeats), _timed(step, device, repeats)
+    except Exception as err:  # no FlexAttention in this torch, or no kernel for the shape
+        row["skipped"] = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+    else:
+        _record_times(row, fwd, both)
+    return row
+
+
+@functools.cache
+def _compiled_flex_attention() -> Callable[..., torch.Tensor]:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention)

@@ -29,8 +29,9 @@ class Plan:
     conv_variants: tuple[tuple[int, int, int, int, int, int, int], ...] = ()  # + groups
     dispatch_kinds: tuple[str, ...] = ()  # names of DISPATCH_KINDS to time on the host
     # Causal bf16 SDPA of (batch, heads, tokens, q/k head dim, v head dim), forward and
-    # backward, on each fused backend that takes it (flash, memory-efficient): the profile's
-    # attention fractions and the efficient kernel's share of flash. CUDA only.
+    # backward, on each fused backend that takes it (flash, memory-efficient), and compiled
+    # FlexAttention: the profile's attention fractions and the efficient and flex kernels'
+    # shares of flash. CUDA only.
     attention_shapes: tuple[tuple[int, int, int, int, int], ...] = ()
 
     def counts(self) -> dict[str, int]:
@@ -41,7 +42,7 @@ class Plan:
             "bandwidth": len(self.bandwidth_bytes) * 2,
             "overhead": 3 + len(self.dispatch_kinds),
             "transfer": len(self.transfer_bytes) * 4,
-            "attention": len(self.attention_shapes) * len(ATTENTION_BACKENDS),
+            "attention": len(self.attention_shapes) * (len(ATTENTION_BACKENDS) + 1),  # + FlexAttention
         }
 
 

@@ -98,8 +98,9 @@ DISPATCH_CATEGORY = {"add": "elementwise", "mul_": "elementwise", "mm": "gemm", 
 def attention_fractions(cal: Calibration, gpu: GPU) -> dict[str, float]:
     """The profile's attention numbers from the SDPA benchmark: flash's forward and backward
     FLOP rates (backward with its recomputed Q@K^T, as the time model counts it) over the bf16
-    tensor peak, medians over the shapes; and the efficient kernel's share of flash, the median
-    of flash's time over the efficient kernel's on the same shapes (the same work)."""
+    tensor peak, medians over the shapes; the efficient kernel's share of flash, the median
+    of flash's time over the efficient kernel's on the same shapes (the same work); and
+    FlexAttention's forward and backward shares (``flex_attention_*_scale``)."""
     try:
         peak = gpu.matmul_peak("bf16").flops
     except Exception:  # no bf16 tensor rate: nothing to be a fraction of
@@ -121,7 +122,21 @@ def attention_fractions(cal: Calibration, gpu: GPU) -> dict[str, float]:
               for r in timed if r["backend"] == "efficient" and key(r) in flash_time]
     if shares:
         out["efficient_attention_scale"] = min(1.0, Spread.of(shares).median)
+    # FlexAttention is charged for the pairs of its computed blocks, flash for the kept pairs:
+    # its share is flash's time over its own, times the ratio of those pair counts
+    flash_by_shape = {key(r): r for r in flash}
+    for phase in ("forward", "backward"):
+        flex_shares = [flash_by_shape[key(r)][f"{phase}_s"] / r[f"{phase}_s"] * r["executed_pairs"] / _kept(r)
+                       for r in timed if r["backend"] == "flex" and key(r) in flash_by_shape]
+        if flex_shares:
+            out[f"flex_attention_{phase}_scale"] = Spread.of(flex_shares).median
     return out
+
+
+def _kept(row: dict[str, Any]) -> float:
+    """The causal pairs of a benchmark row, from its forward FLOPs (two products of q/k and v
+    head dims per pair)."""
+    return row["forward_flops"] / (2.0 * (row["head_dim"] + row["head_dim_v"]))
 
 
 def host_costs_by_category(cal: Calibration) -> dict[str, float]:
@@ -220,7 +235,8 @@ def measured_table(cal: Calibration) -> dict[str, Any]:
         rates = [c["bytes_per_s"] for c in cal.conv_variants if c["kind"] == kind]
         out[f"conv_{kind}_best_gbs"] = max(rates) / 1e9
     for r in (r for r in cal.attention if "forward_s" in r):
-        tag = f"sdpa_{r['backend']}_d{r['head_dim']}_{r['head_dim_v']}_s{r['tokens']}"
+        kernel = "flex" if r["backend"] == "flex" else f"sdpa_{r['backend']}"
+        tag = f"{kernel}_d{r['head_dim']}_{r['head_dim_v']}_s{r['tokens']}"
         out[f"{tag}_forward_tflops"] = r["forward_flops"] / r["forward_s"] / 1e12
         out[f"{tag}_backward_tflops"] = (r["backward_flops"] + r["recompute_flops"]) / r["backward_s"] / 1e12
     if cal.clock_under_load_mhz:
