@@ -7,7 +7,14 @@ import pytest
 from nnperf.errors import UsageError
 from nnperf.hardware.cluster import load_cluster
 from nnperf.kernels.collectives import estimate_collective
-from nnperf.kernels.nccl_tuning import Topology, candidates, choose, latency_us, tree_busbw
+from nnperf.kernels.nccl_tuning import (
+    Topology,
+    candidates,
+    choose,
+    latency_us,
+    nvls_tree_busbw,
+    tree_busbw,
+)
 
 H100_NODES = dict(intra_link="nvlink", cpu="intel", generation="hopper")
 
@@ -137,3 +144,28 @@ def test_nvls_only_for_all_reduce_inside_one_node_that_has_it():
     assert choose("all_reduce", 1024, 14 / 8, 369e9, with_nvls).algorithm == "ring"
     large = choose("all_reduce", 2**30, 14 / 8, 369e9, with_nvls)
     assert large.algorithm == "nvls" and large.time_s == pytest.approx(25e-6 + 2**30 * 14 / 8 / 480e9)
+
+
+def test_nvls_tree_joins_nvswitch_nodes_for_all_reduce():
+    """NCCL's NVLS tree (tuning.cc): all-reduce only, Simple only, on more than one node with
+    NVLS. Latency 25 us inside the node plus 20.9 us per tree level up and down; bus bandwidth
+    the least of NVLS's (480 GB/s), the network's (twice it on two nodes) and 16 channels x
+    57.7 GB/s (2 nodes) or x 45.5 GB/s (more)."""
+    two = Topology(16, 2, nvls_busbw=480e9, **H100_NODES)
+    four = Topology(32, 4, nvls_busbw=480e9, **H100_NODES)
+    assert ("nvls_tree", "Simple") in candidates("all_reduce", two)
+    assert ("nvls_tree", "Simple") not in candidates("reduce_scatter", two)
+    assert ("nvls_tree", "Simple") not in candidates("all_reduce", Topology(8, 1, nvls_busbw=480e9, **H100_NODES))
+    assert ("nvls_tree", "Simple") not in candidates("all_reduce", Topology(16, 2, **H100_NODES))
+    assert latency_us("all_reduce", "nvls_tree", "Simple", two) == pytest.approx(25 + 2 * 1 * 20.9)
+    assert latency_us("all_reduce", "nvls_tree", "Simple", four) == pytest.approx(25 + 2 * 2 * 20.9)
+    bus = 2 * 15 / 16  # a ring all-reduce's bytes per byte on 16 ranks
+    # two nodes on a 200 GB/s network: 2 x 200 = 400 < 480; 4 nodes: the network's 200
+    big = choose("all_reduce", 2**33, bus, 200e9, two)
+    assert big.algorithm == "nvls_tree" and big.time_s == pytest.approx((25 + 41.8) * 1e-6 + 2**33 * bus / 400e9)
+    assert choose("all_reduce", 2**33, 2 * 31 / 32, 200e9, four).time_s == pytest.approx(
+        108.6e-6 + 2**33 * (2 * 31 / 32) / 200e9)
+    # a fast network: NVLS inside the node binds on two nodes; on four, with NVLS at 900 GB/s,
+    # the per-channel cap: 16 x 45.5 = 728 GB/s
+    assert choose("all_reduce", 2**33, bus, 400e9, two).time_s == pytest.approx(66.8e-6 + 2**33 * bus / 480e9)
+    assert nvls_tree_busbw(900e9, Topology(32, 4, nvls_busbw=900e9, **H100_NODES)) == pytest.approx(728e9)

@@ -19,14 +19,18 @@ all-reduce, all-gather and reduce-scatter with on NVLink nodes joined by InfiniB
   inter/3.5 + 2.8 us n``;
 - NVLS (all-reduce inside one NVSwitch node of Hopper or later: the switch reduces, NVLink
   SHARP): 25 us (``hwLatencies[NVLINK][NVLS][Simple]``, no base latency), at the bus bandwidth
-  the cluster file states from nccl-tests (NCCL's own NVLS bandwidth needs its topology search).
+  the cluster file states from nccl-tests (NCCL's own NVLS bandwidth needs its topology search);
+- NVLS tree (all-reduce across NVSwitch nodes, Simple only): NVLS inside each node and a tree
+  of the nodes over the network, ``25 + 2 log2(nodes) 20.9 us``; its bus bandwidth is the least
+  of NVLS's inside a node, the network's (twice it on two nodes: "Handle 2 node case of
+  NVLSTree") and ``perChMaxNVLSTreeBws`` per channel. NCCL reads the network's per channel off
+  its topology search; here it is the ring's bus bandwidth across nodes (the cluster file's).
 
 Protocols: Simple (full bandwidth, the largest latency), LL128 (0.92 of it; on NVLink nodes)
 and LL (half of it, at most ``llMaxBw``; the least latency). The bandwidth of Simple on a ring
 is the tier's bus bandwidth (``kernels.collectives``, from the cluster file); the other
-protocols and algorithms scale it as NCCL does. Not modelled: NVLS tree across nodes (which
-nccl-tests shows beating the ring on two nodes) and CollNet (SHARP in the network switch), which
-need NCCL's topology search to size; the per-channel bandwidth
+protocols and algorithms scale it as NCCL does. Not modelled: CollNet (SHARP in the network
+switch), which needs NCCL's topology search and a SHARP fabric; the per-channel bandwidth
 caps (NCCL's channel count is not known here; they bind only for few channels); point-to-point
 (all-to-all and send/recv are grouped sends, which NCCL's tuning model does not time).
 """
@@ -35,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-RING, TREE, PAT, NVLS = "ring", "tree", "pat", "nvls"
+RING, TREE, PAT, NVLS, NVLS_TREE = "ring", "tree", "pat", "nvls", "nvls_tree"
 LL, LL128, SIMPLE = "LL", "LL128", "Simple"
 PROTOCOLS = (LL, LL128, SIMPLE)
 
@@ -49,6 +53,11 @@ HW_LATENCY_US = {
 }
 #: NVLS's latency (us): ``baseLatencies`` 0 and ``hwLatencies[NVLINK][NVLS][Simple]``.
 NVLS_LATENCY_US = 25.0
+#: NVLS tree's ``hwLatencies[NVLINK][NVLS_TREE][Simple]`` (inside the node) and
+#: ``[NET][NVLS_TREE][Simple]`` (per tree level, up and down); ``baseLatencies`` 0.
+NVLS_TREE_INTRA_US, NVLS_TREE_NET_US = 25.0, 20.9
+#: ``perChMaxNVLSTreeBws`` (GB/s per channel) by generation: (2 nodes, more).
+NVLS_TREE_MAX_GBS_PER_CHANNEL = {"hopper": (57.7, 45.5), "blackwell": (96.0, 80.0)}
 #: ``getNetOverhead`` (us): the host's cost of posting one network send, by CPU vendor.
 NET_OVERHEAD_US = {"intel": 1.0, "amd": 2.0}
 #: ``llMaxBws`` (GB/s): LL's bandwidth cap. One node: by GPU generation; several: by CPU vendor
@@ -106,6 +115,8 @@ def latency_us(kind: str, algorithm: str, protocol: str, topo: Topology) -> floa
     """``ncclTopoTuneModel``'s ``latencies[coll][algorithm][protocol]``."""
     if algorithm == NVLS:
         return NVLS_LATENCY_US
+    if algorithm == NVLS_TREE:
+        return NVLS_TREE_INTRA_US + 2 * _log2i(topo.nodes) * NVLS_TREE_NET_US
     p = PROTOCOLS.index(protocol)
     n, nodes = topo.ranks, topo.nodes
     ppn = n / nodes
@@ -144,7 +155,17 @@ def _busbw(algorithm: str, protocol: str, ring_busbw: float, topo: Topology, nby
         return ring_busbw * PAT_SCALE
     if algorithm == NVLS:
         return topo.nvls_busbw
+    if algorithm == NVLS_TREE:
+        return nvls_tree_busbw(ring_busbw, topo)
     return tree_busbw(protocol, ring_busbw, topo, nbytes)
+
+
+def nvls_tree_busbw(ring_busbw: float, topo: Topology) -> float:
+    """NVLS tree's bus bandwidth: the least of NVLS inside a node, the network (``ring_busbw``,
+    twice it on two nodes) and the per-channel cap over ``topo.channels``."""
+    two, more = NVLS_TREE_MAX_GBS_PER_CHANNEL.get(topo.generation, NVLS_TREE_MAX_GBS_PER_CHANNEL["hopper"])
+    cap = topo.channels * (two if topo.nodes <= 2 else more) * 1e9
+    return min(topo.nvls_busbw, ring_busbw * (2 if topo.nodes <= 2 else 1), cap)
 
 
 def tree_busbw(protocol: str, ring_busbw: float, topo: Topology, nbytes: int) -> float:
@@ -168,8 +189,8 @@ def candidates(kind: str, topo: Topology) -> list[tuple[str, str]]:
     pairs = [(RING, p) for p in protocols]
     if kind == "all_reduce":
         pairs += [(TREE, p) for p in protocols]
-        if topo.nodes == 1 and topo.nvls_busbw > 0:
-            pairs.append((NVLS, SIMPLE))
+        if topo.nvls_busbw > 0:
+            pairs.append((NVLS, SIMPLE) if topo.nodes == 1 else (NVLS_TREE, SIMPLE))
     elif topo.nodes > 1 and topo.nodes == topo.ranks:  # ncclPatEnable: one GPU per node
         pairs.append((PAT, SIMPLE))
     return pairs
@@ -188,7 +209,8 @@ def choose(kind: str, nbytes: int, bus_factor: float, ring_busbw: float, topo: T
         if (algorithm == RING and protocol == SIMPLE and kind == "all_reduce" and topo.nodes > 1
                 and nbytes / (topo.channels * topo.ranks) >= 64):
             lat *= RING_PLATEAU
-        # algorithm bandwidth: a tree's is half its bus bandwidth; PAT's is its bus bandwidth
+        # algorithm bandwidth: a tree's is half its bus bandwidth; PAT's is its bus bandwidth;
+        # NVLS and NVLS tree convert as the ring does
         factor = 2.0 if algorithm == TREE else 1.0 if algorithm == PAT else bus_factor
         time = lat * 1e-6 + nbytes * factor / _busbw(algorithm, protocol, ring_busbw, topo, nbytes)
         if best is None or time < best.time_s:
