@@ -23,14 +23,14 @@ reduce-scatter: the input).
 
 The latency is NCCL's own model (``kernels.nccl_tuning``): all-reduce, all-gather and
 reduce-scatter run with the algorithm and protocol NCCL's tuner picks for the size and the
-group (ring, tree, PAT or NVLS; LL, LL128 or Simple), each with its latency, which grows with the
+group (ring, tree, PAT, NVLS or NVLS tree; LL, LL128 or Simple), each with its latency, which grows with the
 ring's hops: a 1024-rank ring all-gather pays milliseconds before its first byte counts, an
 8-GPU one tens of microseconds. All-to-all, send/recv and broadcast keep the tier's
 ``latency_us`` (NCCL's tuning model has no point-to-point term). An all-reduce inside an
 NVSwitch node with NVLink SHARP runs at the bus bandwidth the cluster file states from
-nccl-tests (~480 GB/s on H100 against the ring's ~370). What is not modelled yet: NVLS tree
-across nodes and CollNet (SHARP in the network), which beat the ring for large all-reduces on
-two nodes and SHARP fabrics; contention of several groups on one NIC. The model against
+nccl-tests (~480 GB/s on H100 against the ring's ~370); across such nodes NVLS tree, up to
+twice the network's ring bandwidth on two nodes. What is not modelled yet: CollNet (SHARP in
+the network switch) on SHARP fabrics; contention of several groups on one NIC. The model against
 published nccl-tests tables: ``validation/nccl_compare.py``.
 """
 
