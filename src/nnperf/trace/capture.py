@@ -91,30 +91,32 @@ class _Private(NamedTuple):
 
 def _build_and_record(build: Callable[[], Workload], options: TraceOptions, private: _Private,
                       tensors: str) -> tuple[Trace, Workload]:
-    with flex_attention.tracing():  # what the model runs while building (pipeline shapes) too
-        return _build_and_record_flex(build, options, private, tensors)
+    # FlexAttention as the GPU runs it, also for what the model runs while it is built (a
+    # pipeline stage's shapes)
+    with flex_attention.tracing():
+        workload = build()
+        restore = _swap_in_private_copies(workload, private)
+        try:
+            return _record_built(workload, options, tensors)
+        finally:
+            restore()
 
 
-def _build_and_record_flex(build: Callable[[], Workload], options: TraceOptions, private: _Private,
-                           tensors: str) -> tuple[Trace, Workload]:
-    workload = build()
-    restore = _swap_in_private_copies(workload, private)
-    try:
-        workload = cast_workload(workload, options.dtype)
-        if options.channels_last:
-            workload.inputs = to_channels_last(workload.model, tuple(workload.inputs))
-        # "cpu" is the fake device; the trace ends after the optimizer (no zero_grad)
-        step = Step.of(workload.model, workload.inputs, workload.loss_fn or default_loss,
-                       options, zero_grad=False)
-        if step.optimizer is not None:
-            _initialize_state(step.model, step.optimizer, step.scaler)
-        if options.train and options.grads_persist:
-            _allocate_grads(step.model)
-        trace = _record(workload, step)
-        trace.config["tensors"] = tensors
-        return trace, workload
-    finally:
-        restore()
+def _record_built(workload: Workload, options: TraceOptions, tensors: str) -> tuple[Trace, Workload]:
+    """The built workload in the trace's dtype and layout, its step recorded."""
+    workload = cast_workload(workload, options.dtype)
+    if options.channels_last:
+        workload.inputs = to_channels_last(workload.model, tuple(workload.inputs))
+    # "cpu" is the fake device; the trace ends after the optimizer (no zero_grad)
+    step = Step.of(workload.model, workload.inputs, workload.loss_fn or default_loss,
+                   options, zero_grad=False)
+    if step.optimizer is not None:
+        _initialize_state(step.model, step.optimizer, step.scaler)
+    if options.train and options.grads_persist:
+        _allocate_grads(step.model)
+    trace = _record(workload, step)
+    trace.config["tensors"] = tensors
+    return trace, workload
 
 
 def _clone(t: torch.Tensor) -> torch.Tensor:
