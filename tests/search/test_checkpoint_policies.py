@@ -149,3 +149,15 @@ def test_megatron_policy_traces_pipeline_stages_under_autocast():
     blocks_here, micro_batches = 2, 2  # rank 0 holds the first of two stages of four blocks
     assert names["forward", "nnperf.attention"] == blocks_here * micro_batches
     assert names["backward", "nnperf.attention"] == blocks_here * micro_batches
+
+
+def test_engine_configs_say_where_flex_attention_is_set():
+    """torchtitan sets FlexAttention in its model flavor's args, not in the TOML: a comment
+    names them; Megatron-LM has no FlexAttention backend."""
+    fsdp = Execution(world=8, data="fsdp", shard=8)
+    assert "FlexAttention" not in torchtitan_toml(fsdp)
+    assert 'attn_mask_type = "causal"' in torchtitan_toml(fsdp, attention="flex")
+    documents = torchtitan_toml(fsdp, attention="flex", doc_len=512)
+    assert 'use_flex_attn = True, attn_mask_type = "block_causal" (documents of 512 tokens assumed)' in documents
+    with pytest.raises(NotExpressible, match="FlexAttention is not one of Megatron-LM's attention backends"):
+        megatron_args(fsdp, layers=32, attention="flex")

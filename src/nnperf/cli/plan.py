@@ -82,7 +82,7 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
                       tensor=_degrees(tp_text, "--tp"), pipeline=_degrees(pp_text, "--pp"),
                       schedules=schedules or DEFAULT_SCHEDULES, context=_degrees(cp_text, "--cp") or [1],
                       expert=_degrees(ep_text, "--ep"))
-    configs = engine_configs(result, options)
+    configs = engine_configs(result, options, request.overrides)
     if as_json:
         click.echo(json.dumps({**result.to_json(), **configs}, indent=2))
     else:
@@ -91,7 +91,7 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
         raise ResourceError(smallest_memory(result))
 
 
-def engine_configs(result: Any, options: TraceOptions) -> dict[str, Any]:
+def engine_configs(result: Any, options: TraceOptions, model_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """The winner for each engine: its config text, or why the engine cannot express it."""
     from nnperf.report.engine_configs import (
         NotExpressible,
@@ -105,8 +105,11 @@ def engine_configs(result: Any, options: TraceOptions) -> dict[str, Any]:
     execution = result.ranked[0].execution
     out: dict[str, Any] = {}
     amp, dtype, sdpa = options.amp, options.dtype, options.sdpa
-    writers = {"torchtitan": lambda: torchtitan_toml(execution, amp, dtype, sdpa, options.loss),
-               "megatron": lambda: megatron_args(execution, result.layers, amp, dtype, sdpa),
+    model_options = model_options or {}
+    attention, doc_len = str(model_options.get("attention", "sdpa")), str(model_options.get("doc_len", 0))
+    doc_len = int(doc_len) if doc_len.isdigit() else 0  # a built-in decoder's, checked when it was built
+    writers = {"torchtitan": lambda: torchtitan_toml(execution, amp, dtype, sdpa, options.loss, attention, int(doc_len)),
+               "megatron": lambda: megatron_args(execution, result.layers, amp, dtype, sdpa, attention),
                "deepspeed": lambda: deepspeed_json(execution, amp, dtype)}
     for name, write in writers.items():
         try:

@@ -32,10 +32,11 @@ class NotExpressible(Exception):
 
 
 def torchtitan_toml(execution: Any, amp: str | None = None, dtype: str | None = None,
-                    sdpa: str = "fused", loss: str = "eager") -> str:
+                    sdpa: str = "fused", loss: str = "eager", attention: str = "sdpa", doc_len: int = 0) -> str:
     """The [training], [parallelism] and [activation_checkpoint] tables torchtitan reads, and
     [compile] for a compiled loss (``--loss compiled``: torchtitan compiles the components named);
-    a chunked loss is a comment naming the Python setting torchtitan has for it."""
+    a chunked loss, and FlexAttention (a built-in decoder's ``-O attention=flex``), are comments
+    naming the Python settings torchtitan has for them."""
     e = execution
     missing = []
     if dtype not in (None, "fp32"):
@@ -96,6 +97,11 @@ def torchtitan_toml(execution: Any, amp: str | None = None, dtype: str | None = 
                   f"# loss = ChunkedLossWrapper.Config(num_chunks={DEFAULT_CHUNKS})"]
         if loss == "chunked-compiled":
             lines += ["", "[compile]", "enable = true", 'components = ["loss"]']
+    if attention == "flex":  # torchtitan's ModelArgs of the flavor (2025: use_flex_attn, attn_mask_type)
+        mask = "block_causal" if doc_len else "causal"
+        lines += ["", "# attention: FlexAttention, set in the model flavor's args:",
+                  f'# use_flex_attn = True, attn_mask_type = "{mask}"'
+                  + (f" (documents of {doc_len} tokens assumed)" if doc_len else "")]
     return "\n".join(lines)
 
 
@@ -107,11 +113,14 @@ def torchrun_command(execution: Any) -> str:
 
 
 def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
-                  dtype: str | None = None, sdpa: str = "fused") -> str:
+                  dtype: str | None = None, sdpa: str = "fused", attention: str = "sdpa") -> str:
     """Megatron-LM's parallelism, batch, recomputation and precision arguments for the layout.
     Its ``--bf16``/``--fp16`` hold the model in half precision with fp32 master weights in the
     optimizer: the nearest to both ``--amp`` and ``--dtype``."""
     e = execution
+    if attention == "flex":
+        raise NotExpressible("FlexAttention is not one of Megatron-LM's attention backends (--attention-backend: "
+                             "flash, fused, unfused, local, auto)")
     if e.data == "hsdp":
         raise NotExpressible("Megatron-LM's torch FSDP2 path shards over the whole data-parallel group (no HSDP)")
     if e.expert > 1:
