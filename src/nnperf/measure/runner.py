@@ -201,7 +201,7 @@ def measure(
         precision = f"--amp {options.amp}" if options.amp else f"--dtype {options.dtype or 'fp32'}"
         raise UsageError(
             f"{name} cannot run on {device_name(device)} in {precision}: "
-            f"{str(err).splitlines()[0]}. Try another precision or device."
+            f"{str(err).splitlines()[0].rstrip('.')}. Try another precision or device."
         ) from None
     except Exception as err:
         if not is_oom(err):
