@@ -104,6 +104,33 @@ def test_the_compiled_loss_item_is_a_plain_prediction_of_the_step_with_its_loss_
     assert not [c for c in inductor.candidates(nll) if c.name == "compile-loss"]
 
 
+def test_the_flex_attention_item_is_a_plain_prediction_of_the_decoder_attending_with_flex():
+    """A built-in decoder on SDPA: the item is the step re-traced with ``-O attention=flex``
+    (its prediction and memory equal a plain one of that model); a decoder already on
+    FlexAttention, or a model without the option, gets none."""
+    import nnperf.analysis as A
+
+    tiny = dict(n_layer=1, dim=64, n_heads=4, ffn_hidden=96, vocab=64)
+    h100 = load_gpu("h100")
+
+    def setup(**extra):  # type: ignore[no-untyped-def]
+        req = ModelRequest("llama-7b", batch=2, seq_len=256, overrides={**tiny, **extra})
+        return Setup(req, MemoryOptions(TraceOptions(amp="bf16")), h100, default_profile(h100), TimingOptions())
+
+    plain = setup()
+    base, _cache = base_of(plain)
+    [item] = [c for c in sdpa.candidates(base) if c.name == "flex-attention"]
+    assert item.change.model == (("attention", "flex"),) and item.change.retraces
+    out = evaluate(plain, item.change)
+    p = predict_analysis(A.analyze("llama-7b", batch=2, seq_len=256, amp="bf16", attention="flex", **tiny), h100)
+    assert out.step_s == pytest.approx(p.totals["step_time_s"], rel=1e-9)
+    assert out.peak_bytes == pytest.approx(p.memory.device_total)
+    flex, _ = base_of(setup(attention="flex"))
+    assert not [c for c in sdpa.candidates(flex) if c.name == "flex-attention"]
+    gpt, _ = base_of(_setup("gpt2", seq=64))
+    assert not [c for c in sdpa.candidates(gpt) if c.name == "flex-attention"]
+
+
 def test_tf32_item_is_the_same_trace_with_tf32_matmuls():
     setup = _setup("gpt2", seq=64)
     base, cache = base_of(setup)

@@ -81,6 +81,41 @@ def _touches(c: OpCount, scores: tuple[int, ...]) -> bool:
 
 
 def candidates(base: Base) -> list[Candidate]:
+    return _fused(base) + _flex(base)
+
+
+#: The built-in decoders whose attention is an option (``-O attention=sdpa|flex``).
+FLEX_DECODERS = ("llama-7b", "mixtral-8x7b", "deepseek-v3-16b")
+
+
+def _flex(base: Base) -> list[Candidate]:
+    """A built-in decoder attending with SDPA, re-traced with FlexAttention (``-O
+    attention=flex``): the same causal mask, inductor's Triton kernel at its published share of
+    flash's rate. Where SDPA has only its memory-efficient kernel (latent attention's 192/128
+    heads) that is the change torchtitan made for DeepSeek-V3 (PR #1610: 6,721 -> 8,667 tokens/s
+    per H100, with document masking too)."""
+    request = base.setup.request
+    if request.target not in FLEX_DECODERS or str(request.overrides.get("attention", "sdpa")) != "sdpa":
+        return []
+    if base.options.trace.sdpa != "fused":
+        return []
+    if not any(c.op == "nnperf.attention" for c in base.analysis.ops):
+        return []
+    return [Candidate(
+        name="flex-attention", family="attention",
+        title="FlexAttention instead of SDPA, causal (torch.compile(flex_attention) with a causal BlockMask)",
+        change=Change(model=(("attention", "flex"),)),
+        how="block_mask = create_block_mask(lambda b, h, q, kv: q >= kv, None, None, T, T); "
+            "y = torch.compile(flex_attention)(q, k, v, block_mask=block_mask)  "
+            "(torchtitan: the flavor's use_flex_attn = True; nnperf: -O attention=flex)",
+        layers=["(every attention layer)"],
+        assumptions=["FlexAttention's kernel at its published share of flash's rate "
+                     "(flex_attention_forward_scale / _backward_scale of the profile), over the pairs of "
+                     "the 128 x 128 blocks the causal mask keeps", "compile time not counted"],
+    )]
+
+
+def _fused(base: Base) -> list[Candidate]:
     if base.options.trace.sdpa == "unfused":  # the model calls SDPA: its fused kernel, re-traced
         return [Candidate(
             name="sdpa", family="attention",

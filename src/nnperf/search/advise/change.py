@@ -23,6 +23,7 @@ class Change:
     """One scenario's difference from the workload as given (empty: the workload itself)."""
 
     trace: tuple[tuple[str, Any], ...] = ()  # (key, value) of TRACE_KEYS
+    model: tuple[tuple[str, Any], ...] = ()  # (key, value) of the model's own options (-O)
     recompute: str | None = None  # "full" | "selective" activation checkpointing per block
     batch: int | None = None  # another batch size (the step re-traced at it)
     tf32: bool = False  # torch.backends.cuda.matmul.allow_tf32 = True
@@ -36,7 +37,7 @@ class Change:
     @property
     def retraces(self) -> bool:
         """Whether the step must be traced again (otherwise the base trace is re-timed)."""
-        return bool(self.trace) or self.recompute is not None or self.batch is not None
+        return bool(self.trace) or bool(self.model) or self.recompute is not None or self.batch is not None
 
     @property
     def checkpoint(self) -> bool:
@@ -51,7 +52,7 @@ class Change:
         out: dict[str, Any] = {}
         for f in fields(self):
             a, b = getattr(self, f.name), getattr(other, f.name)
-            if f.name in ("trace", "pad"):
+            if f.name in ("trace", "model", "pad"):
                 merged = dict(a)
                 for key, value in b:
                     if key in merged and merged[key] != value:

@@ -75,6 +75,8 @@ def trace_change(setup: Setup, change: Change) -> Analysis:
     if change.recompute is not None:
         options = options.with_(checkpoint="selective" if change.recompute == "selective" else True)
     request = replace(setup.request, batch=change.batch) if change.batch else setup.request
+    if change.model:
+        request = replace(request, overrides={**request.overrides, **dict(change.model)})
     name, trace, workload = trace_memory(request, options)
     analysis = Analysis.from_trace(name, options.trace, trace, workload)
     analysis.model_options = dict(request.overrides)
