@@ -175,3 +175,19 @@ def test_the_trace_on_meta_tensors_is_the_one_on_fakes(config_files, arch):
         [(e.name, e.args, e.kwargs, e.inputs, e.outputs, e.phase, e.module, e.free, e.allocates)
          for e in fake.events]
     assert {k: repr(v) for k, v in meta.storages.items()} == {k: repr(v) for k, v in fake.storages.items()}
+
+
+def test_flex_attention_is_traced_as_transformers_calls_it(config_files):
+    """``attn_implementation="flex_attention"``: transformers' compiled flex_attention with its
+    causal BlockMask, one op each way; the pairs it keeps are causal SDPA's, and its one
+    16-token block (of 128 x 128) computes every pair: B x 4 heads x 16 x 16."""
+    flex = _nnperf(config_files["llama"], "llama", "flex_attention")
+    sdpa = _nnperf(config_files["llama"], "llama", "sdpa")
+    assert flex.config["attn_implementation"] == "flex_attention"
+    fwd = [o for o in flex.ops if o.op == "higher_order.flex_attention"]
+    ref = [o for o in sdpa.ops if o.op == "nnperf.attention"]
+    assert len(fwd) == len(ref) == SMALL["num_hidden_layers"]
+    assert [o.flops for o in fwd] == [o.flops for o in ref]
+    assert all(o.info["kept_pairs"] == B * 4 * T * (T + 1) // 2 for o in fwd)
+    assert all(o.info["executed_pairs"] == B * 4 * T * T for o in fwd)
+    assert not flex.trace.config.get("assumptions")

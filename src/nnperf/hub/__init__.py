@@ -27,7 +27,7 @@ HF_TASKS = ("causal-lm", "masked-lm", "seq2seq-lm", "speech-seq2seq", "seq-cls",
             "image-cls", "base")
 #: Attention implementations a Hugging Face model can be traced with (flash-attention-2 and
 #: others need CUDA kernels from other packages, which run on no fake tensor).
-ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention")
 
 
 @dataclass(frozen=True)
