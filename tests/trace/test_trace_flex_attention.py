@@ -201,3 +201,24 @@ def test_a_rank_of_a_parallel_layout_attends_with_its_share(layout):
     heads, batch, calls = (2, 2, 2) if "tensor" in layout else (4, 1, 2)  # 2 layers; 1 layer x 2 micro-batches
     assert len(forwards) == calls
     assert all(e.values["kept_pairs"] == (batch * heads * 256 * 257 // 2,) for e in forwards)
+
+
+def test_a_block_mask_of_listed_blocks_counts_them():
+    """``BlockMask.from_kv_blocks`` with no mask_mod, built from real block tables outside the
+    step: every pair of each listed block is kept and computed. Over 256 tokens each query
+    block lists key block 0 only: 2 blocks of 128 x 128 per batch row and head."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    class Listed(FlexBlock):
+        def __init__(self):
+            super().__init__()
+            self.listed = BlockMask.from_kv_blocks(torch.ones(1, 1, 2, dtype=torch.int32),
+                                                   torch.zeros(1, 1, 2, 2, dtype=torch.int32))
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            q, k, v = self.proj(x).view(b, s, 3, H, D).permute(2, 0, 3, 1, 4)
+            return flex_attention(q, k, v, block_mask=self.listed).sum()
+
+    _, (fwd, _) = _flex_ops(Listed(), 256)
+    assert fwd.info["kept_pairs"] == fwd.info["executed_pairs"] == B * H * 2 * BLOCK * BLOCK
