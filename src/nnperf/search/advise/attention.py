@@ -8,6 +8,9 @@ of activations (no weights), whose result feeds a second such product. Every op 
 module touching the score-shaped (query x key) tensors, forward and backward, is replaced
 by one ``nnperf::attention`` and one ``nnperf::attention_backward`` op, costed by the same
 formulas and attention model as a traced ``F.scaled_dot_product_attention``.
+
+And FlexAttention for a built-in decoder on SDPA (``flex-attention``): the step re-traced with
+the model's ``attention=flex`` option.
 """
 
 from __future__ import annotations
