@@ -107,8 +107,8 @@ def engine_configs(result: Any, options: TraceOptions, model_options: dict[str, 
     amp, dtype, sdpa = options.amp, options.dtype, options.sdpa
     model_options = model_options or {}
     attention, doc_len = str(model_options.get("attention", "sdpa")), str(model_options.get("doc_len", 0))
-    doc_len = int(doc_len) if doc_len.isdigit() else 0  # a built-in decoder's, checked when it was built
-    writers = {"torchtitan": lambda: torchtitan_toml(execution, amp, dtype, sdpa, options.loss, attention, int(doc_len)),
+    documents = int(doc_len) if doc_len.isdigit() else 0  # a built-in decoder's, checked when it was built
+    writers = {"torchtitan": lambda: torchtitan_toml(execution, amp, dtype, sdpa, options.loss, attention, documents),
                "megatron": lambda: megatron_args(execution, result.layers, amp, dtype, sdpa, attention),
                "deepspeed": lambda: deepspeed_json(execution, amp, dtype)}
     for name, write in writers.items():

@@ -378,8 +378,8 @@ class KernelModel:
         recompute Q@K^T) at the profile's attention fraction of the rate its backend computes
         at (the memory-efficient kernel at ``efficient_attention_scale`` of flash's fraction,
         FlexAttention's at ``flex_attention_forward_scale`` / ``_backward_scale`` of it, over the
-        pairs of the blocks it computes), bounded by its bytes. An SDPA call (``nnperf.attention``) first gets the backend
-        PyTorch would pick on this GPU (``kernels.attention.select_backend``); the math
+        pairs of the blocks it computes), bounded by its bytes. An SDPA call
+        (``nnperf.attention``) first gets the backend PyTorch would pick on this GPU (``kernels.attention.select_backend``); the math
         fallback is timed as the GEMMs and elementwise kernels it runs."""
         event = count.event
         backward = count.op.endswith("_backward")

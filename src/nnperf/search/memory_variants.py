@@ -158,11 +158,12 @@ _ALL_TO_ALL = "_c10d_functional.all_to_all_single.default"
 
 
 def _op_name(op: Any, overload: bool = False) -> str:
-    schema = getattr(op, "_schema", None)
-    if schema is None:
-        return op_name(op)  # a higher-order op (FlexAttention's): no overloads
-    name = schema.name.replace("::", ".")
-    return f"{name}.{getattr(op, '_overloadname', 'default') or 'default'}" if overload else name
+    """The trace's name of ``op`` (``events.op_name``), with its overload where asked
+    (a higher-order op, FlexAttention's, has none)."""
+    name = op_name(op)
+    if not overload or getattr(op, "_schema", None) is None:
+        return name
+    return f"{name}.{getattr(op, '_overloadname', 'default') or 'default'}"
 
 
 def _policy(kind: str) -> Callable[..., Any]:

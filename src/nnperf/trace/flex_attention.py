@@ -22,7 +22,7 @@ for the duration of a trace (``tracing``):
   the recorder's dispatch mode: the op is called directly instead
   (``_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG``, what PyTorch offers for debugging score_mods);
 - the op's autograd rule builds example scalars and traces the score_mod's backward on each
-  call: bookkeeping no GPU kernel runs, kept out of the recording (``in_setup``);
+  call: bookkeeping no GPU kernel runs, kept out of the recording (``recorder.unrecorded``);
 - a ``torch.compile``d flex_attention (torchtitan's) would compile kernels for fake tensors:
   compiled functions run eagerly instead (``_eager``).
 """
@@ -85,12 +85,6 @@ class MaskPairs:
 #: The block size flex_attention gives the one block of a call without a mask
 #: (``_LARGE_SPARSE_BLOCK_SIZE``, 2**30 in torch 2.13).
 _NO_MASK_BLOCK = getattr(_flex, "_LARGE_SPARSE_BLOCK_SIZE", 1 << 30)
-_SETUP = [0]
-
-
-def in_setup() -> bool:
-    """Whether ops run inside flex attention's autograd bookkeeping (not recorded)."""
-    return _SETUP[0] > 0
 
 
 @contextlib.contextmanager
@@ -103,12 +97,12 @@ def tracing() -> Iterator[None]:
     autograd = kernels.get(DispatchKey.Autograd)
     validate, debug = _flex._validate_device, _flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG
 
+    from nnperf.trace.recorder import unrecorded  # the recorder imports this module
+
     def set_up_unrecorded(*args: Any, **kwargs: Any) -> Any:
-        _SETUP[0] += 1
-        try:
+        # the higher-order op itself, called inside, is recorded all the same
+        with unrecorded():
             return autograd(*args, **kwargs)
-        finally:
-            _SETUP[0] -= 1
 
     _flex._validate_device = _validate_on_any_device
     _flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True

@@ -330,7 +330,7 @@ class OpRecorder(TorchDispatchMode):
             return NotImplemented
         if isinstance(func, HigherOrderOperator):
             return self._higher_order(func, args, kwargs)
-        if func.namespace in _SKIPPED_NAMESPACES or _UNRECORDED[0] or flex.in_setup():
+        if func.namespace in _SKIPPED_NAMESPACES or _UNRECORDED[0]:
             return func(*args, **kwargs)
         self.current_func = func
         index = len(self.events)

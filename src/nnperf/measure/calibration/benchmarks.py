@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import functools
 import time
 from collections.abc import Callable, Iterator
 
@@ -385,9 +384,11 @@ def _flex_row(facts: dict, tensors: tuple[torch.Tensor, ...], device: torch.devi
     try:
         from torch.nn.attention.flex_attention import create_block_mask
 
+        from nnperf.zoo._attention import compiled_flex_attention
+
         mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, facts["tokens"], facts["tokens"],
                                  device=device)
-        flex = _compiled_flex_attention()
+        flex = compiled_flex_attention()
 
         def forward() -> None:
             with torch.no_grad():
@@ -403,10 +404,3 @@ def _flex_row(facts: dict, tensors: tuple[torch.Tensor, ...], device: torch.devi
     else:
         _record_times(row, fwd, both)
     return row
-
-
-@functools.cache
-def _compiled_flex_attention() -> Callable[..., torch.Tensor]:
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return torch.compile(flex_attention)
