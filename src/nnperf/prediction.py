@@ -142,9 +142,12 @@ class Prediction:
     @property
     def model_flops(self) -> float:
         """The FLOPs MFU counts: forward and backward (the loss included), not the optimizer's
-        elementwise update, which is not the model's arithmetic."""
+        elementwise update, which is not the model's arithmetic, nor the forward work activation
+        checkpointing runs again in backward: MFU counts the model's FLOPs whatever the
+        implementation recomputes (Chowdhery et al. 2022, "PaLM", appendix B; with the
+        recomputation it would be the hardware FLOPs utilization)."""
         t = self.analysis.totals
-        return t["flops_forward"] + t["flops_backward"]
+        return t["flops_forward"] + t["flops_backward"] - t.get("flops_recomputed", 0.0)
 
     def to_json(self, depth: int | None = None) -> dict[str, Any]:
         doc = self.analysis.to_json(depth=depth)

@@ -43,6 +43,8 @@ class Estimates:
     flops_forward: float = 0.0
     flops_backward: float = 0.0
     flops_optimizer: float = 0.0
+    # the part of flops_backward that re-runs forward ops (activation checkpointing)
+    flops_recomputed: float = 0.0
     bytes_forward: float = 0.0
     bytes_backward: float = 0.0
     bytes_optimizer: float = 0.0
@@ -92,6 +94,7 @@ class Estimates:
         flops = macs = b_in = b_w = b_out = 0.0
         by_phase_f = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
         by_phase_b = dict(by_phase_f)
+        recomputed = 0.0
         for op in ops:
             n += 1
             flops += op.flops
@@ -101,11 +104,13 @@ class Estimates:
             b_out += op.bytes_out
             phase = op.phase
             by_phase_f[phase] += op.flops
+            if op.event.recomputed:
+                recomputed += op.flops
             by_phase_b[phase] += op.bytes_in + op.bytes_weights + op.bytes_out
         return cls(
             count=n, flops=flops, macs=macs, bytes_in=b_in, bytes_weights=b_w, bytes_out=b_out,
             flops_forward=by_phase_f["forward"], flops_backward=by_phase_f["backward"],
-            flops_optimizer=by_phase_f["optimizer"], bytes_forward=by_phase_b["forward"],
+            flops_optimizer=by_phase_f["optimizer"], flops_recomputed=recomputed, bytes_forward=by_phase_b["forward"],
             bytes_backward=by_phase_b["backward"], bytes_optimizer=by_phase_b["optimizer"],
         )
 
@@ -209,6 +214,7 @@ class Estimates:
             "flops_forward": self.flops_forward,
             "flops_backward": self.flops_backward,
             "flops_optimizer": self.flops_optimizer,
+            "flops_recomputed": self.flops_recomputed,
         }
 
     def time_json(self) -> dict[str, Any]:

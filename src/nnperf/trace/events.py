@@ -79,6 +79,9 @@ class OpEvent:
     # Argument values the cost formulas need and the trace knows (a grouped GEMM's offsets,
     # from assumed routing: ``trace.routing``), by argument name; None: none kept.
     values: dict[str, tuple[int, ...]] | None = None
+    # A forward op run again in backward by activation checkpointing: hardware FLOPs, not the
+    # model's (MFU leaves it out).
+    recomputed: bool = False
 
     @property
     def name(self) -> str:

@@ -115,7 +115,9 @@ class ModuleStack:
         hooks = torch.nn.modules.module
         self._handles = [
             hooks.register_module_forward_pre_hook(self._pre),
-            hooks.register_module_forward_hook(self._post),
+            # always_call: a forward that raises still leaves the stack, as non-reentrant
+            # checkpointing's recomputation does once it has the tensors backward needs
+            hooks.register_module_forward_hook(self._post, always_call=True),
         ]
         return self
 
@@ -319,6 +321,11 @@ class OpRecorder(TorchDispatchMode):
             return self._modules.current() or "(optimizer)"
         return self._modules.current()
 
+    def recomputing(self) -> bool:
+        """A module's forward running inside backward: activation checkpointing recomputing
+        a block (backward's own ops run outside every module's forward)."""
+        return self.phase == "backward" and len(self._modules.stack) > 1
+
     #: FlexAttention's higher-order ops come here too (``trace.flex_attention``).
     supports_higher_order_operators = True
 
@@ -371,6 +378,7 @@ class OpRecorder(TorchDispatchMode):
                 module=self.module_path(),
                 free=free,
                 allocates=list(dict.fromkeys(allocates)),
+                recomputed=self.recomputing(),
             )
         )
         if func in _KEEP_VALUES:
@@ -403,7 +411,7 @@ class OpRecorder(TorchDispatchMode):
         self.events.append(OpEvent(
             index=index, func=func, args=meta_args, kwargs={}, inputs=inputs, outputs=outputs,
             phase=self.phase, module=self.module_path(), allocates=list(dict.fromkeys(allocates)),
-            values={"kept_pairs": (pairs.kept,), "executed_pairs": (pairs.executed,)},
+            recomputed=self.recomputing(), values={"kept_pairs": (pairs.kept,), "executed_pairs": (pairs.executed,)},
         ))
         return out
 
