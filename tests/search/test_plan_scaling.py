@@ -13,7 +13,7 @@ from nnperf.hardware.cluster import load_cluster
 from nnperf.request import ModelRequest
 from nnperf.search.plan import collective_counts, evaluate, state_bytes
 from nnperf.search.plan_pipeline import traced_schedule_step
-from nnperf.search.plan_rank import RoleCache, rank_cost, scaled_cost
+from nnperf.search.plan_rank import RankCost, RoleCache, extrapolate, rank_cost, scaled_cost
 from nnperf.trace.distributed import Execution
 from nnperf.trace.options import TraceOptions
 
@@ -98,3 +98,15 @@ def test_fsdp_gathered_parameters_are_not_per_micro_batch(reshard):
     traced = traced_schedule_step(request, OPTIONS, execution, GPU, CLUSTER, 8, RoleCache(), prepare_for(execution))
     assert composed.pipeline["in_flight"] == traced.pipeline["in_flight"]
     assert composed.memory_bytes == pytest.approx(traced.memory_bytes, rel=0.10)
+
+
+def test_an_extrapolated_step_is_never_shorter_than_its_host_or_device_time():
+    """At 3 and 4 blocks the device sets the step (10 and 12 ms) while the host, slower per
+    block, catches up (9 and 12 ms): at 12 blocks the lines give a step of 28 ms and a host of
+    36 ms, and the step is the host's."""
+    low = RankCost({"step_s": 10e-3, "host_s": 9e-3, "compute_s": 8e-3})
+    high = RankCost({"step_s": 12e-3, "host_s": 12e-3, "compute_s": 9e-3})
+    deep = extrapolate(low, high, 3, 4, 12)
+    assert deep.get("host_s") == pytest.approx(36e-3)
+    assert deep.get("step_s") == pytest.approx(36e-3)
+    assert deep.get("compute_s") == pytest.approx(17e-3)

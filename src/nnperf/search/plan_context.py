@@ -83,6 +83,7 @@ def context_step(request: ModelRequest, options: TraceOptions, execution: Execut
         mfu=flops * accum / step / cost.mfu_peak if step and cost.mfu_peak else 0.0,
         memory_bytes=int(cost.get("memory") + 2 * gathered), context_bytes=int(cost.get("mem_context")),
         split={"compute_s": (cost.get("compute_s") + attention_extra) * accum,
+               "recomputation_s": cost.get("recompute_s") * accum,
                "communication_s": (cost.get("comm_s") + comm) * accum, "exposed_communication_s": exposed,
                "overlap_slowdown_s": cost.get("slowdown_s") * accum,
                "host_s": cost.get("host_s") * accum,

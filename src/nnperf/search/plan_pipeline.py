@@ -134,6 +134,7 @@ def _planned(execution: Execution, gpu: GPU, sim: PipelineTime, critical: RankCo
         mfu=flops / sim.step_s / (peak * execution.world) if sim.step_s and peak else 0.0,
         memory_bytes=int(memory), context_bytes=int(critical.get("mem_context")),
         split={"compute_s": sim.busy_s[sim.critical_rank],
+               "recomputation_s": critical.get("recompute_s") * scale,
                "pipeline_bubble_s": sim.bubble_s[sim.critical_rank],
                "after_schedule_s": sim.step_s - sim.end_s[sim.critical_rank],
                "communication_s": critical.get("comm_s") * scale,
@@ -144,7 +145,7 @@ def _planned(execution: Execution, gpu: GPU, sim: PipelineTime, critical: RankCo
         pipeline={"stages": len(flight), "micro_batches": micro, "bubble_fraction": sim.bubble_fraction,
                   "critical_rank": sim.critical_rank, "in_flight": {str(s): n for s, n in sorted(flight.items())},
                   "transfer_bytes": int(activation),
-                  "parameters_per_rank": {str(r): int(v) for r, v in parameters.items()}},
+                  "parameter_bytes_per_rank": {str(r): int(v) for r, v in parameters.items()}},
     )
     planned.fits = fits(planned.memory_bytes, capacity(gpu))
     return planned

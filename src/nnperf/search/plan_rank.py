@@ -109,6 +109,7 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
         "host_s": prediction.step.host_s,
         "optimizer_s": sum(t.kernel_s for t in prediction.step.ops if t.phase == "optimizer"),
         "optimizer_host_s": sum(t.host_s for t in prediction.step.ops if t.phase == "optimizer"),
+        "recompute_s": sum(t.kernel_s for t in prediction.step.ops if t.count.event.recomputed),
         "memory": float(prediction.memory.device_total or 0),
         "flops": prediction.model_flops,
     }
@@ -181,8 +182,10 @@ def layers_of(request: ModelRequest) -> int | None:
     spec = get_model(request.target)
     if "n_layer" not in spec.options:
         return None
-    if "n_layer" in request.overrides:
-        return int(request.overrides["n_layer"])
+    if "n_layer" in request.overrides:  # checked as the model's build checks it, without building it
+        from nnperf.zoo._options import positive_int
+
+        return positive_int(request.target, "n_layer", request.overrides["n_layer"])
     import torch
 
     with torch.device("meta"):
@@ -197,6 +200,10 @@ def extrapolate(low: RankCost, high: RankCost, k_low: int, k_high: int, k: int) 
     # the allocator's segments beyond the allocated bytes do not add up per block: the larger
     values["mem_outside"] = max(low.get("mem_outside"), high.get("mem_outside"))
     values["mem_context"] = max(low.get("mem_context"), high.get("mem_context"))
+    # each line is exact where the step's bound stays the same, but a host that falls behind
+    # the device only in the deeper stack (its cost per block the larger) bends the step's
+    # line: the step cannot end before the host has issued it or the device has run it
+    values["step_s"] = max(values.get("step_s", 0.0), values.get("host_s", 0.0), values.get("compute_s", 0.0))
     phases = [v for key, v in values.items() if key.startswith("mem.")]
     if phases:  # the step's peak: the highest phase at this depth
         values["memory"] = max(phases) + values["mem_outside"]

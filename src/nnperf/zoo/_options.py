@@ -64,6 +64,14 @@ def require_positive(model: str, config: dict[str, Any], *keys: str) -> None:
             raise ModelOptionError(f"{model}: {key} must be at least 1, got {config[key]}")
 
 
+def positive_int(model: str, key: str, value: Any) -> int:
+    """One override read as ``merge`` and ``require_positive`` would read it, for a caller that
+    needs the value without building the model."""
+    number = _as_int(model, key, value)
+    require_positive(model, {key: number}, key)
+    return number
+
+
 def require_divisible(model: str, config: dict[str, Any], num: str, den: str) -> None:
     """Attention splits ``num`` evenly into ``den`` parts; say so before torch does, obscurely."""
     if config[num] % config[den]:
