@@ -41,8 +41,9 @@ from nnperf.search.plan_states import states_bound
 from nnperf.trace.distributed import Execution
 from nnperf.trace.options import CHUNKED_LOSSES, TraceOptions
 
-ACCUMULATION = (1, 2, 4, 8)
-CHECKPOINTS = (None, "selective", "full")
+#: Checkpointing levels the search tries, the selective one torchtitan's per-op policy so the
+#: winner is one torchtitan runs (``report.engine_configs``).
+CHECKPOINTS = (None, "selective-op", "full")
 DEFAULT_SCHEDULES = ("1f1b", "interleaved-1f1b")
 PIPELINE_DEGREES = (1, 2, 4, 8, 16)
 INTERLEAVE = 2  # model chunks per rank of the interleaved schedules
@@ -94,7 +95,7 @@ class Plan:
     layers: int | None = None  # repeated blocks of a built-in stack
     options: TraceOptions = field(default_factory=TraceOptions)  # the step every rank runs
     model_options: dict[str, Any] = field(default_factory=dict)  # -O overrides of a built-in model
-    seq_len: int | None = None  # --seq, when given
+    seq_len: int | None = None  # --seq, or a built-in model's default sequence
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": "nnperf.plan/1", "model": self.model, "model_options": self.model_options,
@@ -141,8 +142,11 @@ def _layouts_of(gpus: int, nodes_of: int, global_batch: int, tp: int, pp: int, c
     dp = gpus // (tp * pp * cp)
     if global_batch % dp:
         if tp == pp == cp == 1:
-            raise UsageError(f"--global-batch {global_batch} does not divide over {gpus} GPUs; "
-                             f"nearest GPU counts that divide it: {_nearest_gpu_counts(gpus, global_batch)}")
+            low, high = global_batch // gpus * gpus, (global_batch // gpus + 1) * gpus
+            batches = f"{low} or {high}" if low else str(high)
+            raise UsageError(f"--global-batch {global_batch} does not divide over {gpus} GPUs; nearest global "
+                             f"batches that do: {batches}; or GPU counts that divide it: "
+                             f"{_nearest_gpu_counts(gpus, global_batch)}")
         return []
     out: list[Execution] = []
     for data, shard in _data_shapes(dp, tp * cp, pp, nodes_of):
@@ -169,7 +173,7 @@ def _data_shapes(dp: int, tp: int, pp: int, nodes_of: int) -> list[tuple[str, in
 def _splits(common: dict[str, Any], pp: int, local: int, schedules: Iterable[str],
             layers: int | None) -> list[Execution]:
     if pp == 1:
-        return [Execution(**common, micro_batch=local // a, grad_accum=a) for a in ACCUMULATION if local % a == 0]
+        return [Execution(**common, micro_batch=local // a, grad_accum=a) for a in _divisors(local)]
     out = []
     for schedule in schedules:
         virtual = INTERLEAVE if schedule in ("interleaved-1f1b", "zero-bubble") else 1
@@ -182,6 +186,13 @@ def _splits(common: dict[str, Any], pp: int, local: int, schedules: Iterable[str
                                      micro_batch=local // micro, grad_accum=micro,
                                      reshard_after_forward=False))  # torchtitan: no reshard under PP
     return out
+
+
+def _divisors(n: int) -> list[int]:
+    """Every gradient accumulation of a local batch of ``n`` (down to micro-batches of one),
+    ascending: the search bisects over them, so a long list costs a few traces more."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
 
 
 def shape_key(execution: Execution) -> tuple[Any, ...]:
@@ -226,18 +237,23 @@ def evaluate(request: ModelRequest, options: TraceOptions, execution: Execution,
         """A micro-batch's figure over the accumulated step: the optimizer runs once."""
         return accum * (total - optimizer) + optimizer
 
-    step = once_per_step(cost.get("step_s"), optimizer_s)
+    host = once_per_step(cost.get("host_s"), cost.get("optimizer_host_s"))
+    compute = once_per_step(cost.get("compute_s"), optimizer_s)
+    # the host's and the device's totals bound the accumulated step from below: a traced
+    # micro-batch bound by one may be bound by the other once its optimizer share is taken out
+    step = max(once_per_step(cost.get("step_s"), optimizer_s), host, compute)
     planned = Planned(
         execution, step_s=step,
         throughput=cost.per_micro * accum * execution.data_parallel / step if step else 0.0,
         throughput_unit=cost.unit,
         mfu=cost.get("flops") * accum / step / cost.mfu_peak if step and cost.mfu_peak else 0.0,
         memory_bytes=int(cost.get("memory")), context_bytes=int(cost.get("mem_context")),
-        split={"compute_s": once_per_step(cost.get("compute_s"), optimizer_s),
+        split={"compute_s": compute,
+               "recomputation_s": cost.get("recompute_s") * accum,
                "communication_s": cost.get("comm_s") * accum,
                "overlap_slowdown_s": cost.get("slowdown_s") * accum,
                "exposed_communication_s": {k: v * accum for k, v in cost.prefixed("exposed.").items() if v > 0},
-               "host_s": once_per_step(cost.get("host_s"), cost.get("optimizer_host_s"))},
+               "host_s": host},
         state_bytes=state_bytes(cost), collectives=collective_counts(cost),
         param_row_bytes=cost.get("param_row_bytes"), loss_saved_bytes=int(cost.get("loss_saved")),
     )
@@ -376,6 +392,16 @@ def _pipelines(model: Any) -> bool:
     return True
 
 
+def _default_batch(request: ModelRequest) -> int:
+    """Samples per GPU when neither --batch nor --global-batch is given: a built-in model's
+    default batch (``nnperf models``), else one."""
+    if isinstance(request.target, str) and ":" not in request.target:
+        from nnperf.zoo import get_model
+
+        return get_model(request.target).default_batch
+    return 1
+
+
 def _model_info(request: ModelRequest, layers: int | None) -> tuple[Any, dict[str, Any], int | None] | None:
     """A built-in model's module (one block, on the meta device), config and sequence length
     (``layers``: ``layers_of(request)``)."""
@@ -419,7 +445,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     degree of the best layout of the first pass (the largest degree if none fit), then that
     winner's degree without sequence parallelism."""
     nodes_of = nodes_of or cluster.gpus_per_node
-    global_batch = global_batch or gpus * (request.batch or 1)
+    global_batch = global_batch or gpus * (request.batch or _default_batch(request))
     context = list(context)
     layers = layers_of(request)
     asked = (tensor, pipeline)
@@ -470,7 +496,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     return Plan(request_name(request), gpu, cluster, gpus, global_batch, ranked, rejected,
                 _notes(request, results, layers) + _routing_note(info, options), traces + cache.traces, layers,
                 options,
-                dict(request.overrides), request.seq_len)
+                dict(request.overrides), request.seq_len or (info[2] if info else None))
 
 
 def _notes(request: ModelRequest, results: list[Planned], layers: int | None) -> list[str]:
@@ -545,40 +571,56 @@ def _run_task(index: int) -> tuple[list[Planned], int]:
 def _search(request: ModelRequest, options: TraceOptions, candidates: list[Execution], gpu: GPU,
             cluster: Cluster, layers: int | None, cache: RoleCache) -> list[Planned]:
     """Per group (one ``shape_key``), the largest micro-batch that fits, found by bisection
-    (memory only grows with the micro-batch), with checkpointing only once no split fits
-    without it (more accumulation or recomputation only slows a layout down).
+    (memory only grows with the micro-batch), without checkpointing and then with each
+    checkpointing level in turn while it lets a larger micro-batch fit: recomputation only
+    pays for itself through the larger micro-batch it makes room for, so a level is tried
+    only where the one before it could not fit the whole local batch at once, and only for
+    micro-batches larger than the one that level fitted. Which of them is fastest the ranking
+    decides.
 
     Data-parallel kinds dominate one another in memory: HSDP and DDP hold at least FSDP's
-    per-GPU state with the same activations, so they are searched only where FSDP fits, from
-    FSDP's checkpointing and micro-batch on; a layout they cannot fit is not traced, nor one
-    whose model states alone cannot fit (``search.plan_states``, from FSDP's trace)."""
+    per-GPU state with the same activations, so they are searched only where FSDP fits, at
+    FSDP's checkpointing levels and micro-batches or smaller; a layout they cannot fit is not
+    traced, nor one whose model states alone cannot fit (``search.plan_states``, from FSDP's
+    trace)."""
     groups: dict[tuple[Any, ...], list[Execution]] = {}
     for execution in candidates:
         groups.setdefault(shape_key(execution), []).append(execution)
     order = sorted(groups, key=lambda k: k[0] != "fsdp")  # FSDP first: it bounds the others
-    fsdp_fit: dict[tuple[Any, ...], tuple[int, Planned]] = {}  # rest of the key -> (checkpoint level, the fit)
+    fsdp_fits: dict[tuple[Any, ...], dict[int, Planned]] = {}  # rest of the key -> fit per checkpoint level
     results: list[Planned] = []
     for key in order:
         members = sorted(groups[key], key=lambda e: -e.micro_batch)
         rest = key[2:]
-        start = 0
+        levels = range(len(CHECKPOINTS))
+        largest: dict[int, int] = {}  # level -> the largest micro-batch FSDP fitted there
         if key[0] != "fsdp" and any(k[0] == "fsdp" and k[2:] == rest for k in groups):
-            if rest not in fsdp_fit:
+            sibling_fits = fsdp_fits.get(rest)
+            if not sibling_fits:
                 continue  # FSDP of this shape fits nowhere: neither does HSDP/DDP
-            start, sibling = fsdp_fit[rest]
-            members = [replace(e, checkpoint=CHECKPOINTS[start]) for e in members
-                       if e.micro_batch <= sibling.execution.micro_batch]
-            bound = states_bound(sibling, sibling.execution.shard, members[0], options.optimizer) if members else None
+            levels = sorted(sibling_fits)
+            largest = {level: fit.execution.micro_batch for level, fit in sibling_fits.items()}
+            sibling = sibling_fits[levels[0]]
+            first = [replace(e, checkpoint=CHECKPOINTS[levels[0]]) for e in members
+                     if e.micro_batch <= largest[levels[0]]]
+            bound = states_bound(sibling, sibling.execution.shard, first[0], options.optimizer) if first else None
             if bound is not None and bound > capacity(gpu):
-                results.append(Planned(members[0], memory_bytes=bound, memory_bound=STATES_BOUND))
+                results.append(Planned(first[0], memory_bytes=bound, memory_bound=STATES_BOUND))
                 continue
-        for level, checkpoint in enumerate(CHECKPOINTS[start:], start):
-            fit = _first_fit([replace(e, checkpoint=checkpoint) for e in members], request, options, gpu, cluster,
-                             layers, cache, results)
-            if fit is not None:
-                if key[0] == "fsdp":
-                    fsdp_fit[rest] = (level, fit)
-                break
+        above = 0  # micro-batches at or below this one are not worth recomputing for
+        for level in levels:
+            tried = [replace(e, checkpoint=CHECKPOINTS[level]) for e in members
+                     if above < e.micro_batch <= largest.get(level, e.micro_batch)]
+            if not tried:
+                continue
+            fit = _first_fit(tried, request, options, gpu, cluster, layers, cache, results)
+            if fit is None:
+                continue
+            if key[0] == "fsdp":
+                fsdp_fits.setdefault(rest, {})[level] = fit
+            above = fit.execution.micro_batch
+            if above == members[0].micro_batch:
+                break  # the whole local batch at once: more recomputation only slows it down
     return results
 
 
@@ -601,6 +643,11 @@ def _first_fit(members: list[Execution], request: ModelRequest, options: TraceOp
     return best
 
 
+#: The share of the step the host's issuing takes from which a layout is called host-bound (the
+#: device idles between the host's launches).
+HOST_BOUND = 0.9
+
+
 def _why(best: Planned, others: list[Planned]) -> str:
     exposed = sum(best.split["exposed_communication_s"].values())
     text = f"fastest: {best.split['compute_s'] / best.step_s:.0%} of the step is compute, " \
@@ -608,6 +655,9 @@ def _why(best: Planned, others: list[Planned]) -> str:
     bubble = best.split.get("pipeline_bubble_s")
     if bubble:
         text += f", {bubble / best.step_s:.0%} pipeline bubble"
+    host = best.split.get("host_s", 0.0)
+    if host >= HOST_BOUND * best.step_s:
+        text += f"; host-bound: issuing the ops takes the host {host / best.step_s:.0%} of the step"
     if others:
         text += f"; next best {others[0].execution.describe()} is {others[0].step_s / best.step_s - 1:.1%} slower"
     return text

@@ -1,0 +1,50 @@
+"""The search over micro-batch splits and checkpointing levels (search.plan._search), on a
+memory model given in the test: which layouts it times and which it keeps. Checkpointing is
+tried only for the larger micro-batch it makes room for; every accumulation down to
+micro-batches of one is a candidate."""
+
+from __future__ import annotations
+
+import pytest
+
+from nnperf.search import plan as plan_module
+from nnperf.search.plan import Planned, _search, layouts
+from nnperf.search.plan_rank import RoleCache
+from nnperf.trace.distributed import Execution
+
+#: The largest micro-batch each checkpointing level fits, by this test's memory model.
+FITS = {None: 2, "selective-op": 4, "full": 16}
+
+
+@pytest.fixture
+def evaluated(monkeypatch):
+    timed: list[Execution] = []
+
+    def fake_evaluate(request, options, execution, gpu, cluster, **kwargs):
+        timed.append(execution)
+        return Planned(execution, fits=execution.micro_batch <= FITS[execution.checkpoint])
+
+    monkeypatch.setattr(plan_module, "evaluate", fake_evaluate)
+    return timed
+
+
+def test_every_split_down_to_micro_batches_of_one():
+    splits = {(e.micro_batch, e.grad_accum) for e in layouts(8, 8, 512)}
+    assert splits == {(64 // a, a) for a in (1, 2, 4, 8, 16, 32, 64)}
+
+
+def test_each_level_that_fits_a_larger_micro_batch_is_kept(evaluated):
+    candidates = [e for e in layouts(8, 8, 512) if e.data == "fsdp"]
+    results = _search(None, None, candidates, None, None, None, RoleCache())
+    fitting = {(p.execution.checkpoint, p.execution.micro_batch) for p in results if p.fits}
+    assert fitting == {(None, 2), ("selective-op", 4), ("full", 16)}
+    # a level is not timed at micro-batches the level before it already fitted
+    assert not any(e.checkpoint and e.micro_batch <= 2 for e in evaluated)
+    assert not any(e.checkpoint == "full" and e.micro_batch <= 4 for e in evaluated)
+
+
+def test_no_checkpointing_is_tried_when_the_whole_local_batch_fits(evaluated):
+    candidates = [e for e in layouts(8, 8, 16) if e.data == "fsdp"]  # local batch 2: fits at once
+    results = _search(None, None, candidates, None, None, None, RoleCache())
+    assert [(p.execution.checkpoint, p.execution.micro_batch) for p in results if p.fits] == [(None, 2)]
+    assert {e.checkpoint for e in evaluated} == {None}
