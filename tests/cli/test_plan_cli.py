@@ -175,3 +175,38 @@ def test_more_leading_dense_blocks_than_a_shallow_trace_holds_is_one_line():
     result = CliRunner().invoke(cli, [*DEEPSEEK, "-O", "n_layer=8", "-O", "n_dense_layers=4", "--ep", "auto"])
     assert result.exit_code == 2, result.output
     assert "n_dense_layers=4" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_tokens_per_step_is_a_global_batch_of_whole_sequences():
+    base = ["plan", "gpt2", "-O", "n_layer=2", "--seq", "128", "--amp", "bf16", "--gpu", "h100", "--gpus", "8",
+            "--tp", "1", "--pp", "1", "--json"]
+    result = CliRunner().invoke(cli, [*base, "--tokens-per-step", str(16 * 128)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["global_batch"] == 16 and doc["seq_len"] == 128
+    assert "seq_len = 128" in doc["torchtitan"]
+    bad = CliRunner().invoke(cli, [*base, "--tokens-per-step", "1000"])
+    assert bad.exit_code == 2 and "nearest: 896 or 1024" in bad.output
+    both = CliRunner().invoke(cli, [*base, "--tokens-per-step", "2048", "--global-batch", "16"])
+    assert both.exit_code == 2 and "give one of them" in both.output
+
+
+def test_batch_and_global_batch_together_are_refused_not_ignored():
+    result = CliRunner().invoke(cli, [*ARGS, "--gpus", "8", "--global-batch", "64"])
+    assert result.exit_code == 2 and "--batch 2 with --global-batch 64" in result.output
+
+
+def test_a_bad_layer_count_is_named():
+    result = CliRunner().invoke(cli, ["plan", "gpt2", "-O", "n_layer=0", "--gpus", "8"])
+    assert result.exit_code == 2 and "n_layer must be at least 1, got 0" in result.output
+
+
+def test_the_default_global_batch_is_the_models_default_batch_per_gpu():
+    """gpt2's default batch is 8 (nnperf models): 8 GPUs make a global batch of 64; the plan
+    reports the default sequence it ran (1024) and writes it for torchtitan."""
+    result = CliRunner().invoke(cli, ["plan", "gpt2", "-O", "n_layer=2", "--amp", "bf16", "--gpus", "8",
+                                      "--tp", "1", "--pp", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["global_batch"] == 64 and doc["seq_len"] == 1024
+    assert "seq_len = 1024" in doc["torchtitan"]

@@ -65,3 +65,59 @@ def test_a_chunked_loss_is_named_in_a_comment_torchtitan_has_no_key_for_it():
     text = torchtitan_toml(e, amp="bf16", loss="chunked")
     assert "ChunkedLossWrapper.Config(num_chunks=8)" in text
     assert tomllib.loads(text) == tomllib.loads(torchtitan_toml(e, amp="bf16"))  # nothing else changes
+
+
+def test_the_toml_states_the_precision_torchtitan_would_otherwise_default():
+    """torchtitan's mixed_precision_param is Literal["bfloat16", "float32"] defaulting to
+    bfloat16 (job_config.py): an fp32 plan must say float32, an fp16 one cannot be written."""
+    import pytest
+
+    from nnperf.report.engine_configs import NotExpressible
+
+    e = Execution(world=8, data="fsdp", shard=8, micro_batch=2)
+    assert _training(e)["mixed_precision_param"] == "bfloat16"
+    assert tomllib.loads(torchtitan_toml(e))["training"]["mixed_precision_param"] == "float32"
+    with pytest.raises(NotExpressible, match="bfloat16 or float32"):
+        torchtitan_toml(e, amp="fp16")
+
+
+def test_the_sequence_length_is_written_for_both_engines():
+    """torchtitan's seq_len defaults to 2048 and Megatron-LM needs --seq-length: a plan at 8192
+    tokens must carry it."""
+    from nnperf.report.engine_configs import megatron_args
+
+    e = Execution(world=8, data="fsdp", shard=8, micro_batch=2)
+    assert tomllib.loads(torchtitan_toml(e, amp="bf16", seq_len=8192))["training"]["seq_len"] == 8192
+    assert "--seq-length 8192" in megatron_args(e, 32, amp="bf16", seq_len=8192).split(" \\\n  ")
+
+
+def test_each_engine_gets_only_the_checkpointing_policy_it_has():
+    """torchtitan: selective_ac_option "op" is its per-op policy (its default "2" would fully
+    checkpoint every second block); nnperf's own selective policy is neither engine's;
+    Megatron's --recompute-activations is the attention-only policy."""
+    import pytest
+
+    from nnperf.report.engine_configs import NotExpressible, megatron_args
+
+    op = Execution(world=8, data="fsdp", shard=8, checkpoint="selective-op")
+    ac = tomllib.loads(torchtitan_toml(op, amp="bf16"))["activation_checkpoint"]
+    assert ac == {"mode": "selective", "selective_ac_option": "op"}
+    ours = Execution(world=8, data="fsdp", shard=8, checkpoint="selective")
+    with pytest.raises(NotExpressible, match="selective-op"):
+        torchtitan_toml(ours, amp="bf16")
+    with pytest.raises(NotExpressible, match="selective-attention"):
+        megatron_args(ours, 32, amp="bf16")
+    attention = Execution(world=8, data="fsdp", shard=8, checkpoint="selective-attention")
+    assert "--recompute-activations" in megatron_args(attention, 32, amp="bf16")
+
+
+def test_torchtitan_configures_decoder_language_models_only():
+    import pytest
+
+    from nnperf.report.engine_configs import NotExpressible, check_torchtitan_model
+
+    check_torchtitan_model("llama-7b")
+    check_torchtitan_model("hf:some/causal-lm")  # not a built-in: the user's to judge
+    for model, kind in (("resnet50", "cnn"), ("bert-base", "encoder"), ("timm:resnet18", "image")):
+        with pytest.raises(NotExpressible, match=kind):
+            check_torchtitan_model(model)

@@ -35,7 +35,11 @@ def _degrees(text: str | None, what: str) -> list[int] | None:
 @click.option("--nodes-of", type=click.IntRange(1, 1024), default=None,
               help="GPUs per node (default: the cluster's).")
 @click.option("--global-batch", type=click.IntRange(1, 1 << 24), default=None,
-              help="Samples per optimizer step over all GPUs (default: --batch per GPU).")
+              help="Samples per optimizer step over all GPUs (default: --batch, or a built-in model's "
+                   "default batch, per GPU); the search splits it into micro-batches.")
+@click.option("--tokens-per-step", type=click.IntRange(1, 1 << 44), default=None,
+              help="Tokens per optimizer step over all GPUs, instead of --global-batch: the global batch is "
+                   "this over the sequence length (--seq, or a built-in model's).")
 @click.option("--tp", "tp_text", default="auto", show_default=True,
               help="Tensor-parallel degrees to try: auto (every degree the model's heads and FFN and the "
                    "node allow) or a list, e.g. 1,8.")
@@ -54,7 +58,8 @@ def _degrees(text: str | None, what: str) -> list[int] | None:
 @click.option("--cluster", "cluster_name", default=None,
               help="Built-in cluster (dgx-a100, dgx-h100, dgx-h200) or a cluster TOML file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON document.")
-def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, tp_text: str, pp_text: str,
+def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, tokens_per_step: int | None,
+         tp_text: str, pp_text: str,
          cp_text: str, ep_text: str, schedules: tuple[str, ...], cluster_name: str | None, as_json: bool, **kwargs: Any) -> None:
     """Rank the layouts of MODEL on --gpus GPUs (data parallelism: DDP, FSDP2, HSDP; tensor
     parallelism with sequence parallelism; pipeline schedules; activation checkpointing and
@@ -74,6 +79,12 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
         low, high = n_gpus // nodes * nodes, (n_gpus // nodes + 1) * nodes
         raise UsageError(f"--gpus {n_gpus} is not a whole number of {nodes}-GPU nodes; nearest: {low} or {high}")
     request, options = pop_workload(kwargs)
+    if tokens_per_step is not None:
+        global_batch = _global_batch_of(tokens_per_step, global_batch, request)
+    if global_batch is not None and request.batch is not None:
+        raise UsageError(f"--batch {request.batch} with --global-batch {global_batch}: the plan searches the "
+                         "micro-batch itself; give --global-batch alone, or --batch alone for a global batch "
+                         f"of --batch x --gpus ({request.batch * n_gpus} here)")
     if not options.train:
         raise UsageError("nnperf plan lays out training steps (data, tensor, pipeline and context parallelism "
                          "of forward, backward and optimizer); for one GPU's inference use 'nnperf predict "
@@ -91,10 +102,34 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
         raise ResourceError(smallest_memory(result))
 
 
+def _global_batch_of(tokens: int, global_batch: int | None, request: Any) -> int:
+    """The global batch that holds ``tokens`` per step: whole sequences of the run's length."""
+    if global_batch is not None:
+        raise UsageError(f"--tokens-per-step {tokens} with --global-batch {global_batch}: give one of them")
+    seq = request.seq_len
+    if seq is None and isinstance(request.target, str):
+        from nnperf.errors import ModelLoadError
+        from nnperf.zoo import get_model
+
+        try:
+            seq = get_model(request.target).default_seq
+        except ModelLoadError:
+            seq = None
+    if not seq:
+        raise UsageError(f"--tokens-per-step {tokens}: give the sequence length (--seq) to divide it by")
+    if tokens % seq:
+        low, high = tokens // seq * seq, (tokens // seq + 1) * seq
+        nearest = f"{low} or {high}" if low else str(high)
+        raise UsageError(f"--tokens-per-step {tokens} is not a whole number of {seq}-token sequences; "
+                         f"nearest: {nearest} (or --global-batch in sequences)")
+    return tokens // seq
+
+
 def engine_configs(result: Any, options: TraceOptions, model_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """The winner for each engine: its config text, or why the engine cannot express it."""
     from nnperf.report.engine_configs import (
         NotExpressible,
+        check_torchtitan_model,
         deepspeed_json,
         megatron_args,
         torchrun_command,
@@ -108,8 +143,13 @@ def engine_configs(result: Any, options: TraceOptions, model_options: dict[str, 
     model_options = model_options or {}
     attention, doc_len = str(model_options.get("attention", "sdpa")), str(model_options.get("doc_len", 0))
     documents = int(doc_len) if doc_len.isdigit() else 0  # a built-in decoder's, checked when it was built
-    writers = {"torchtitan": lambda: torchtitan_toml(execution, amp, dtype, sdpa, options.loss, attention, documents),
-               "megatron": lambda: megatron_args(execution, result.layers, amp, dtype, sdpa, attention),
+    seq = result.seq_len
+    def torchtitan() -> str:
+        check_torchtitan_model(result.model)
+        return torchtitan_toml(execution, amp, dtype, sdpa, options.loss, attention, documents, seq)
+
+    writers = {"torchtitan": torchtitan,
+               "megatron": lambda: megatron_args(execution, result.layers, amp, dtype, sdpa, attention, seq),
                "deepspeed": lambda: deepspeed_json(execution, amp, dtype)}
     for name, write in writers.items():
         try:
@@ -123,9 +163,16 @@ def engine_configs(result: Any, options: TraceOptions, model_options: dict[str, 
 
 
 def _slowed(split: dict[str, Any]) -> str:
-    """The part of the compute time that collectives running beside kernels added."""
+    """The parts of the compute time that activation checkpointing's recomputation and
+    collectives running beside kernels added."""
+    parts = []
+    recomputed = split.get("recomputation_s") or 0.0
+    if recomputed > 0:
+        parts.append(f"{recomputed * 1e3:.2f} ms of it recomputation")
     slowed = split.get("overlap_slowdown_s") or 0.0
-    return f" ({slowed * 1e3:.2f} ms of it slowed by overlapping collectives)" if slowed > 0 else ""
+    if slowed > 0:
+        parts.append(f"{slowed * 1e3:.2f} ms slowed by overlapping collectives")
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def _print(result: Any, configs: dict[str, Any]) -> None:
@@ -149,6 +196,9 @@ def _print(result: Any, configs: dict[str, Any]) -> None:
         click.echo(f"rejected: {p.execution.describe()}: {p.reason}")
     for note in result.notes:
         click.echo(f"note: {note}")
+    if result.cluster.gpu and result.cluster.gpu != result.gpu.id:
+        click.echo(f"note: {result.cluster.name} is built of {result.cluster.gpu}, planned here with "
+                   f"{result.gpu.id}: its links, NICs and host CPU are taken as they are")
     if not configs:
         return
     if configs.get("torchtitan"):

@@ -31,18 +31,51 @@ class NotExpressible(Exception):
     """The engine has no equivalent of (part of) the layout."""
 
 
+#: The torchtitan the TOML is for: its job config read TOML files (``--job.config_file``) until
+#: the Python config registry replaced them (torchtitan commit 9810191, 2026-02-23).
+TORCHTITAN_TOML_ERA = "torchtitan's TOML job config (torchtitan/config/job_config.py, before commit 9810191 of 2026-02-23)"
+
+#: torchtitan's mixed_precision_param: Literal["bfloat16", "float32"] (no float16).
+_TORCHTITAN_PARAM_DTYPE = {"bf16": "bfloat16", None: "float32"}
+
+
+def check_torchtitan_model(model: str) -> None:
+    """torchtitan trains decoder language models (its Llama 3/4, DeepSeek-V3, Qwen3): a layout
+    of an image model or an encoder has no torchtitan run to configure."""
+    if model.split(":")[0] in ("timm", "tv", "torchvision"):
+        raise NotExpressible(f"torchtitan trains decoder language models; {model} is an image model")
+    from nnperf.errors import ModelLoadError
+    from nnperf.zoo import get_model
+
+    try:
+        family = get_model(model).family
+    except ModelLoadError:  # not a built-in name (an hf: model, a file): the user knows what it is
+        return
+    if family != "decoder":
+        raise NotExpressible(f"torchtitan trains decoder language models; {model} is a {family} model")
+
+
 def torchtitan_toml(execution: Any, amp: str | None = None, dtype: str | None = None,
-                    sdpa: str = "fused", loss: str = "eager", attention: str = "sdpa", doc_len: int = 0) -> str:
+                    sdpa: str = "fused", loss: str = "eager", attention: str = "sdpa", doc_len: int = 0,
+                    seq_len: int | None = None) -> str:
     """The [training], [parallelism] and [activation_checkpoint] tables torchtitan reads, and
     [compile] for a compiled loss (``--loss compiled``: torchtitan compiles the components named);
     a chunked loss, and FlexAttention (a built-in decoder's ``-O attention=flex``), are comments
-    naming the Python settings torchtitan has for them."""
+    naming the Python settings torchtitan has for them. Every setting the plan depends on is
+    written, torchtitan's defaults included (its mixed_precision_param defaults to bfloat16, its
+    seq_len to 2048, its selective checkpointing to every second block in full)."""
     e = execution
     missing = []
     if dtype not in (None, "fp32"):
         missing.append(f"torchtitan keeps fp32 parameters and computes in {dtype} through "
                        f"mixed_precision_param (plan with --amp); a model cast to {dtype} is not "
                        "one of its settings")
+    if amp not in _TORCHTITAN_PARAM_DTYPE:
+        missing.append(f"torchtitan's mixed_precision_param is bfloat16 or float32, not {amp} (plan with --amp bf16)")
+    if e.checkpoint == "selective":
+        missing.append("nnperf's selective checkpointing (every weight matmul and the fused attention saved) is "
+                       "not one of torchtitan's policies: its per-op policy (selective-op) recomputes every "
+                       "second matmul")
     if sdpa == "unfused":
         missing.append("torchtitan's attention is SDPA's fused kernels; unfused attention is not "
                        "one of its settings")
@@ -56,12 +89,14 @@ def torchtitan_toml(execution: Any, amp: str | None = None, dtype: str | None = 
     # (torchtitan train.py: gradient_accumulation_steps).
     local = e.micro_batch * e.grad_accum if e.pipeline > 1 else e.micro_batch
     lines = [
+        f"# {TORCHTITAN_TOML_ERA}; [job], [model] (name, flavor) and [optimizer] are the run's own",
         "[training]",
         f"local_batch_size = {local}",
         f"global_batch_size = {e.global_batch}",
     ]
-    if amp:
-        lines.append(f'mixed_precision_param = "{ {"bf16": "bfloat16", "fp16": "float16"}[amp] }"')
+    if seq_len:
+        lines.append(f"seq_len = {seq_len}")
+    lines.append(f'mixed_precision_param = "{_TORCHTITAN_PARAM_DTYPE[amp]}"')
     lines += [
         "",
         "[parallelism]",
@@ -113,7 +148,8 @@ def torchrun_command(execution: Any) -> str:
 
 
 def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
-                  dtype: str | None = None, sdpa: str = "fused", attention: str = "sdpa") -> str:
+                  dtype: str | None = None, sdpa: str = "fused", attention: str = "sdpa",
+                  seq_len: int | None = None) -> str:
     """Megatron-LM's parallelism, batch, recomputation and precision arguments for the layout.
     Its ``--bf16``/``--fp16`` hold the model in half precision with fp32 master weights in the
     optimizer: the nearest to both ``--amp`` and ``--dtype``."""
@@ -138,13 +174,19 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
     if e.sequence_parallel:
         args.append("--sequence-parallel")
     args += [f"--micro-batch-size {e.micro_batch}", f"--global-batch-size {e.global_batch}"]
+    if seq_len:
+        args.append(f"--seq-length {seq_len}")
     if e.data == "fsdp" and e.data_parallel > 1:
         args += ["--use-torch-fsdp2", "--no-gradient-accumulation-fusion", "--ckpt-format torch_dist"]
         if not e.reshard_after_forward:
             args.append("--torch-fsdp2-no-reshard-after-forward")
     if e.checkpoint in ("selective-op", "selective-op-recompute-a2a"):
         raise NotExpressible("Megatron-LM has no per-op recomputation policy (torchtitan's selective op)")
-    if e.checkpoint in ("selective", "selective-attention"):
+    if e.checkpoint == "selective":
+        raise NotExpressible("nnperf's selective checkpointing (every weight matmul and the fused attention "
+                             "saved) is not Megatron-LM's: its --recompute-activations recomputes the core "
+                             "attention only (selective-attention)")
+    if e.checkpoint == "selective-attention":
         args.append("--recompute-activations")
     elif e.checkpoint == "full":
         args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
