@@ -14,12 +14,14 @@ Three small mechanisms cooperate:
 from __future__ import annotations
 
 import contextlib
+import sys
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch._ops import HigherOrderOperator
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.overrides import TorchFunctionMode
@@ -76,6 +78,11 @@ _SDPA = {F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attenti
 _PACKING = {torch._pack_padded_sequence: packing.pack_padded, torch._pad_packed_sequence: packing.pad_packed}
 
 
+#: How non-reentrant checkpointing stops a recomputation early (a private name of
+#: torch.utils.checkpoint: an empty tuple, matching nothing, where a torch lacks it).
+_StopRecomputation = getattr(torch.utils.checkpoint, "_StopRecomputationError", ())
+
+
 class ModuleStack:
     """The module path currently executing, from global forward pre/post hooks."""
 
@@ -102,6 +109,9 @@ class ModuleStack:
         self.stack.append(name)
 
     def _post(self, module, args, output):
+        raised = sys.exc_info()[1]
+        if raised is not None and not isinstance(raised, _StopRecomputation):
+            return  # the failing module stays on the stack: the diagnosis names it (trace.diagnosis)
         if len(self.stack) > 1:
             name = self.stack.pop()
             produced = sum(
@@ -115,8 +125,8 @@ class ModuleStack:
         hooks = torch.nn.modules.module
         self._handles = [
             hooks.register_module_forward_pre_hook(self._pre),
-            # always_call: a forward that raises still leaves the stack, as non-reentrant
-            # checkpointing's recomputation does once it has the tensors backward needs
+            # always_call: non-reentrant checkpointing stops a recomputation by raising once it
+            # has the tensors backward needs, and the stopped forward leaves the stack too
             hooks.register_module_forward_hook(self._post, always_call=True),
         ]
         return self
