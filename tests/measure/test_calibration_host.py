@@ -145,3 +145,21 @@ def test_measured_attention_sets_the_fractions_and_the_efficient_share():
     unmeasured = build_profile(_cal(), gpu)  # the defaults stand: Hopper's fractions, the paper's share
     assert (unmeasured.attention_forward_fraction, unmeasured.attention_backward_fraction,
             unmeasured.efficient_attention_scale) == (0.38, 0.32, 0.5)
+
+
+def test_dtensor_costs_come_from_the_measurement_and_move_with_the_host():
+    """The measured medians become the profile's DTensor costs on a GPU; a CPU profile keeps
+    none (its host does not run beside a device); --host rescales them with the other host
+    costs, by the ratio of clocks."""
+    from nnperf.hardware.host import load_host, with_host
+
+    cal = _cal()
+    cal.overhead["dtensor"] = {"dispatch_s": _spread(8e-5), "list_tensor_s": _spread(2e-6), "dispatches": 375}
+    cal.host_max_ghz = 2.0
+    profile = build_profile(cal, load_gpu("h100"))
+    assert (profile.host_dtensor_dispatch_s, profile.host_dtensor_list_tensor_s) == (8e-5, 2e-6)
+    cpu = build_profile(cal, None)
+    assert (cpu.host_dtensor_dispatch_s, cpu.host_dtensor_list_tensor_s) == (0.0, 0.0)
+    moved = with_host(profile, load_host("xeon-8480c"))  # 3.8 GHz
+    assert moved.host_dtensor_dispatch_s == pytest.approx(8e-5 * 2.0 / 3.8)
+    assert moved.host_dtensor_list_tensor_s == pytest.approx(2e-6 * 2.0 / 3.8)

@@ -21,7 +21,8 @@ from nnperf.hardware import schema
 from nnperf.hardware.profile import DeviceProfile
 
 HOSTS_FILE = Path(__file__).parent / "hosts.toml"
-_HOST_FIELDS = ("host_dispatch_s", "host_dispatch_backward_s", "host_dispatch_optimizer_s", "host_view_s")
+_HOST_FIELDS = ("host_dispatch_s", "host_dispatch_backward_s", "host_dispatch_optimizer_s", "host_view_s",
+                "host_dtensor_dispatch_s", "host_dtensor_list_tensor_s")
 
 
 @dataclass(frozen=True)

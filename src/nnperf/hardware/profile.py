@@ -84,6 +84,10 @@ class DeviceProfile:
     conv_efficiency: Mapping[str, float] = field(default_factory=dict, hash=False)
     conv_efficiency_scale: float = 1.0
     host_view_s: float = 2e-6
+    # What a DTensor (tensor-subclass) dispatch adds on the host to the op beneath it, and each
+    # tensor of a list argument beyond the first (a foreach step on sharded parameters).
+    host_dtensor_dispatch_s: float = 0.0
+    host_dtensor_list_tensor_s: float = 0.0
     foreach_tensors_per_kernel: float = 48.0
     # The single-core clock (GHz, datasheet max turbo) of the host the host_* costs describe:
     # ``hardware.host.with_host`` rescales them to another CPU by the ratio of clocks.

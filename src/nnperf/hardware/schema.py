@@ -163,6 +163,8 @@ PROFILE_RANGES: dict[str, Range] = {
     "host_dispatch_backward_s": Range(0, 1),
     "host_dispatch_optimizer_s": Range(0, 1),
     "host_view_s": Range(0, 1),
+    "host_dtensor_dispatch_s": Range(0, 1, low_closed=True),
+    "host_dtensor_list_tensor_s": Range(0, 1, low_closed=True),
     "host_dispatch_by_kind_s": Range(0, 1),  # per op category
     "host_turbo_ghz": Range(0.1, 10),
     "split_k_max": Range(1, 1024, integer=True, low_closed=True),

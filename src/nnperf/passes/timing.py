@@ -506,10 +506,13 @@ def _bound(compute: float, memory: float, overhead: float) -> str:
 
 def _host_cost(event: OpEvent, profile: DeviceProfile, kind: str | None) -> float:
     """Host seconds to dispatch ``event``: a view's, or its category's in its phase (the
-    host's property: ``hardware.host``, ``host_dispatch_by_kind_s``)."""
+    host's property: ``hardware.host``, ``host_dispatch_by_kind_s``), plus what the DTensor
+    dispatches before it added (``measure.calibration.dtensor_host``)."""
+    subclass = (event.subclass_dispatches * profile.host_dtensor_dispatch_s
+                + event.subclass_list_tensors * profile.host_dtensor_list_tensor_s)
     if event.free:
-        return profile.host_view_s
-    return profile.host_cost(event.phase, kind)
+        return profile.host_view_s + subclass
+    return profile.host_cost(event.phase, kind) + subclass
 
 
 #: Ops whose output size the host must read from the device: "When input is on CUDA,

@@ -82,6 +82,10 @@ class OpEvent:
     # A forward op run again in backward by activation checkpointing: hardware FLOPs, not the
     # model's (MFU leaves it out).
     recomputed: bool = False
+    # DTensor (tensor-subclass) dispatches that led to this op since the previous one, and the
+    # tensors of their list arguments beyond the first: host time the time model adds
+    subclass_dispatches: int = 0
+    subclass_list_tensors: int = 0
 
     @property
     def name(self) -> str:

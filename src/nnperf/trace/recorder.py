@@ -228,6 +228,10 @@ class OpRecorder(TorchDispatchMode):
         # returns the op's value, or None to run it. The op is recorded either way.
         self.answer: Callable[[Any], Any] | None = None
         self._pending_allocations: list[int] = []
+        # DTensor dispatches (and the tensors of their list arguments beyond the first) since
+        # the last recorded op: the host work they add is charged to the next op
+        self._subclass_dispatches = 0
+        self._subclass_list_tensors = 0
 
     # -- storages -------------------------------------------------------------------------
     def storage_id(self, t: torch.Tensor, creating_event: int | None) -> int:
@@ -331,6 +335,13 @@ class OpRecorder(TorchDispatchMode):
             return self._modules.current() or "(optimizer)"
         return self._modules.current()
 
+    def _take_subclass_dispatches(self) -> dict[str, int]:
+        """The DTensor dispatches the next event carries (and none left for the one after)."""
+        taken = {"subclass_dispatches": self._subclass_dispatches,
+                 "subclass_list_tensors": self._subclass_list_tensors}
+        self._subclass_dispatches = self._subclass_list_tensors = 0
+        return taken
+
     def recomputing(self) -> bool:
         """A module's forward running inside backward: activation checkpointing recomputing
         a block (backward's own ops run outside every module's forward)."""
@@ -343,7 +354,11 @@ class OpRecorder(TorchDispatchMode):
         kwargs = kwargs or {}
         if any(is_traceable_wrapper_subclass_type(t) for t in types):
             # A DTensor (FSDP2's sharded parameters): let it dispatch, then record the ops it
-            # runs on its local shard, the kernels one rank runs (trace.distributed).
+            # runs on its local shard, the kernels one rank runs (trace.distributed); the host
+            # time of the dispatch itself goes to the next recorded op.
+            if not _UNRECORDED[0]:
+                self._subclass_dispatches += 1
+                self._subclass_list_tensors += _list_tensors_beyond_first(args)
             return NotImplemented
         if isinstance(func, HigherOrderOperator):
             return self._higher_order(func, args, kwargs)
@@ -389,6 +404,7 @@ class OpRecorder(TorchDispatchMode):
                 free=free,
                 allocates=list(dict.fromkeys(allocates)),
                 recomputed=self.recomputing(),
+                **self._take_subclass_dispatches(),
             )
         )
         if func in _KEEP_VALUES:
@@ -421,9 +437,15 @@ class OpRecorder(TorchDispatchMode):
         self.events.append(OpEvent(
             index=index, func=func, args=meta_args, kwargs={}, inputs=inputs, outputs=outputs,
             phase=self.phase, module=self.module_path(), allocates=list(dict.fromkeys(allocates)),
-            recomputed=self.recomputing(), values={"kept_pairs": (pairs.kept,), "executed_pairs": (pairs.executed,)},
+            recomputed=self.recomputing(), **self._take_subclass_dispatches(), values={"kept_pairs": (pairs.kept,), "executed_pairs": (pairs.executed,)},
         ))
         return out
+
+
+def _list_tensors_beyond_first(args: tuple) -> int:
+    """Tensors of an op's list arguments after the first of each list (a foreach op's)."""
+    return sum(len(a) - 1 for a in args
+               if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor))
 
 
 #: Ops whose cost depends on an argument's values: the grouped GEMM's group offsets.

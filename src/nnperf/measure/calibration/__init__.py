@@ -10,7 +10,9 @@ Measured, on the device asked for:
 * the cost of one tiny op: host dispatch (a loop of tiny ops timed on the host) and, on CUDA,
   the device time per back-to-back kernel (enqueued behind ``torch.cuda._sleep`` so the host
   cannot be the bottleneck);
-* on CUDA, host<->device bandwidth and latency, pageable and pinned, 4 KB to 1 GB.
+* on CUDA, host<->device bandwidth and latency, pageable and pinned, 4 KB to 1 GB;
+* for a GPU's profile, the host time a DTensor dispatch adds (``dtensor_host``: host work
+  only, timed on CPU tensors in a fake 8-rank world).
 
 The results become a ``DeviceProfile`` (``save_profile`` format, plus a ``[measured]`` table of
 headline figures) and a sidecar JSON of every raw measurement. On the CPU they also become a

@@ -50,6 +50,7 @@ def run_calibration(
     _bandwidths(cal, device, plan, progress)
     _overheads(cal, device, plan, progress)
     _dispatch_by_kind(cal, device, plan, progress)
+    _dtensor(cal, device, plan, progress)
     if device.type == "cuda":
         _transfers(cal, device, plan, progress)
         _attention(cal, device, plan, progress)
@@ -272,6 +273,18 @@ def _dispatch_by_kind(cal: Calibration, device: torch.device, plan: Plan, progre
         progress("overhead", 3 + i)
     if by_kind:
         cal.overhead["host_per_op_by_kind_s"] = by_kind
+
+
+def _dtensor(cal: Calibration, device: torch.device, plan: Plan, progress: Progress) -> None:
+    """The host time a DTensor dispatch adds (host work only, measured on CPU tensors whatever
+    the device: ``dtensor_host``). A CPU profile has no host beside its device to charge it to,
+    so it is measured for GPUs only."""
+    from nnperf.measure.calibration.dtensor_host import dtensor_overheads
+
+    measured = dtensor_overheads(repeats=plan.repeats, steps=max(5, plan.tiny_ops // 100)) if device.type == "cuda" else {}
+    if measured:
+        cal.overhead["dtensor"] = measured
+    progress("dtensor", 1)
 
 
 def _device_per_kernel(loop: Callable[[], None], n: int, device: torch.device, repeats: int) -> list[float]:

@@ -43,6 +43,7 @@ class Plan:
             "overhead": 3 + len(self.dispatch_kinds),
             "transfer": len(self.transfer_bytes) * 4,
             "attention": len(self.attention_shapes) * (len(ATTENTION_BACKENDS) + 1),  # + FlexAttention
+            "dtensor": 1,
         }
 
 

@@ -54,6 +54,8 @@ def build_profile(cal: Calibration, gpu: GPU | None) -> DeviceProfile:
         changes["host_dispatch_s"] = CPU_HOST_DISPATCH_S
         changes["host_dispatch_backward_s"] = CPU_HOST_DISPATCH_S
         changes["host_dispatch_optimizer_s"] = CPU_HOST_DISPATCH_S
+        # DTensor's host work would run serially with the ops on a CPU; not modelled there
+        changes["host_dtensor_dispatch_s"] = changes["host_dtensor_list_tensor_s"] = 0.0
         if view:
             changes["host_view_s"] = view
         changes["tile_relative_efficiency"] = {**base.tile_relative_efficiency, "8x8": 1.0}
@@ -71,6 +73,10 @@ def build_profile(cal: Calibration, gpu: GPU | None) -> DeviceProfile:
         by_kind = host_costs_by_category(cal)
         if by_kind:
             changes["host_dispatch_by_kind_s"] = by_kind
+        dtensor = cal.overhead.get("dtensor") or {}
+        if dtensor:
+            changes["host_dtensor_dispatch_s"] = max(0.0, dtensor["dispatch_s"]["median"])
+            changes["host_dtensor_list_tensor_s"] = max(0.0, dtensor["list_tensor_s"]["median"])
     if cal.host_max_ghz:
         changes["host_turbo_ghz"] = cal.host_max_ghz
     if cal.host_cpu:
