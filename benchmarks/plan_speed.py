@@ -20,7 +20,7 @@ from _timed_cli import environment, run_nnperf
 TARGET_S = 60.0
 LLAMA_70B = ["-O", "n_layer=80", "-O", "dim=8192", "-O", "n_heads=64", "-O", "n_kv_heads=8",
              "-O", "ffn_hidden=28672", "-O", "vocab=128256"]
-CASE = ["llama-7b", *LLAMA_70B, "--seq", "8192", "--batch", "1", "--amp", "bf16", "--gpu", "h100",
+CASE = ["llama-7b", *LLAMA_70B, "--seq", "8192", "--amp", "bf16", "--gpu", "h100",
         "--gpus", "1024", "--global-batch", "1024"]
 
 
