@@ -46,3 +46,20 @@ def test_a_fitting_pipeline_is_not_pruned():
     searched = evaluate(REQUEST, OPTIONS, execution, GPU, CLUSTER, layers=16, cache=RoleCache(), prune=True)
     assert plain.fits and not searched.memory_bound
     assert searched.to_json() == plain.to_json()
+
+
+@pytest.mark.parametrize(("schedule", "virtual"), [("1f1b", 1), ("interleaved-1f1b", 2), ("gpipe", 1)])
+def test_a_pipeline_slower_than_the_best_is_cut_at_a_lower_bound_of_its_step(schedule, virtual):
+    """Rank 0's own work (its first stage's forward and backward of each of the 4 micro-batches,
+    its head and tail) bounds the replayed step from below; a search whose best so far is
+    faster than that bound traces the first stage's role only."""
+    execution = _pipeline(schedule, virtual)
+    exact = evaluate(REQUEST, OPTIONS, execution, GPU, CLUSTER, layers=16, cache=RoleCache())
+    first = RoleCache()
+    cut = evaluate(REQUEST, OPTIONS, execution, GPU, CLUSTER, layers=16, cache=first, prune=True, slower_than=1e-9)
+    assert cut.time_bound and first.traces == 1
+    assert 0 < cut.step_s <= exact.step_s
+    assert cut.memory_bound and cut.memory_bytes <= exact.memory_bytes
+    kept = evaluate(REQUEST, OPTIONS, execution, GPU, CLUSTER, layers=16, cache=RoleCache(), prune=True,
+                    slower_than=exact.step_s * 2)
+    assert not kept.time_bound and kept.to_json() == exact.to_json()

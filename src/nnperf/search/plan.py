@@ -67,6 +67,7 @@ class Planned:
     reason: str = ""
     pipeline: dict[str, Any] = field(default_factory=dict)  # bubble, in-flight micro-batches
     memory_bound: str = ""  # what memory_bytes counts when it is a lower bound (pruned unfit: not timed)
+    time_bound: str = ""  # what step_s counts when it is a lower bound (pruned slower: not traced further)
     param_row_bytes: float = 0.0  # per-rank parameter row bytes (search.plan_states)
     loss_saved_bytes: int = 0  # what the loss keeps for backward (an eager cross entropy's copies of the logits)
 
@@ -76,6 +77,7 @@ class Planned:
                 "throughput_unit": self.throughput_unit, "mfu": self.mfu,
                 "memory_bytes": self.memory_bytes, "reserved_bytes": self.memory_bytes - self.context_bytes,
                 "memory_is_lower_bound": bool(self.memory_bound),
+                "step_time_is_lower_bound": bool(self.time_bound),
                 "fits": self.fits, "time_split_s": self.split,
                 "per_rank_state_bytes": self.state_bytes, "collectives": self.collectives,
                 "pipeline": self.pipeline, "reason": self.reason}
@@ -212,7 +214,7 @@ def prepare_for(execution: Execution) -> Any:
 
 def evaluate(request: ModelRequest, options: TraceOptions, execution: Execution, gpu: GPU,
              cluster: Cluster, *, layers: int | None = None, cache: RoleCache | None = None,
-             prune: bool = False) -> Planned:
+             prune: bool = False, slower_than: float | None = None) -> Planned:
     """Trace, time and size one layout (``layers``: the depth of a built-in stack, to trace it
     shallow and extrapolate; ``cache``: traced roles shared by a search; ``prune``: a pipeline
     whose first stage alone cannot fit is left at that lower bound, untimed:
@@ -227,7 +229,8 @@ def evaluate(request: ModelRequest, options: TraceOptions, execution: Execution,
             raise UsageError("context parallelism needs a sequence length (--seq)")
         return context_step(request, options, execution, gpu, cluster, layers, cache, prepare_for(execution), seq)
     if execution.pipeline > 1:
-        return pipeline_step(request, options, execution, gpu, cluster, layers, cache, prepare_for(execution), prune)
+        return pipeline_step(request, options, execution, gpu, cluster, layers, cache, prepare_for(execution), prune,
+                             slower_than)
     cost = scaled_cost(replace(request, batch=execution.micro_batch), options, execution, gpu, cluster, 0,
                        layers, cache, prepare_for(execution))
     accum = execution.grad_accum
@@ -465,7 +468,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         second = layouts(gpus, nodes_of, global_batch, tensor=[best_tp], pipeline=deeper, schedules=schedules,
                          layers=layers, expert=expert)
         more, more_traces = _in_workers(request, options, gpu, cluster, layers,
-                                        [[e for e in second if e.pipeline == pp] for pp in deeper])
+                                        [[e for e in second if e.pipeline == pp] for pp in deeper],
+                                        fitting[0].step_s if fitting else None)
         results += more
         traces += more_traces
     if not results:
@@ -477,6 +481,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
             "parallelism does not combine with pipelines, and stages must split the layers; try other "
             "degrees or --global-batch a multiple of the GPU count")
     cache = RoleCache()
+    slower = [p for p in results if p.time_bound]
+    results = [p for p in results if not p.time_bound]
     ranked = sorted((p for p in results if p.fits), key=lambda p: p.step_s)
     if ranked and ranked[0].execution.tensor > 1:  # the winner's degree without sequence parallelism
         plain = replace(ranked[0].execution, sequence_parallel=False)
@@ -493,6 +499,10 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         best.reason = _why(best, ranked[1:])
         for p in ranked[1:]:
             p.reason = f"slower by {p.step_s / best.step_s - 1:.1%}"
+        for p in slower:
+            p.reason = (f"slower by at least {p.step_s / best.step_s - 1:.1%}: at least {p.step_s * 1e3:.2f} ms "
+                        f"({p.time_bound}; not traced further)")
+        rejected += slower
     return Plan(request_name(request), gpu, cluster, gpus, global_batch, ranked, rejected,
                 _notes(request, results, layers) + _routing_note(info, options), traces + cache.traces, layers,
                 options,
@@ -533,7 +543,7 @@ _TASKS: list[Any] = []  # what a forked worker runs (inherited, nothing pickled)
 
 
 def _in_workers(request: ModelRequest, options: TraceOptions, gpu: GPU, cluster: Cluster, layers: int | None,
-                groups: list[list[Execution]]) -> tuple[list[Planned], int]:
+                groups: list[list[Execution]], slower_than: float | None = None) -> tuple[list[Planned], int]:
     """``_search`` of each group of candidates (they share no traced role), in forked worker
     processes where that is safe: each worker has its own traced roles; the results and the
     number of traces come back."""
@@ -547,7 +557,7 @@ def _in_workers(request: ModelRequest, options: TraceOptions, gpu: GPU, cluster:
     wanted = os.environ.get(WORKERS_ENV)
     workers = int(wanted) if wanted and wanted.isdigit() else min(2, os.cpu_count() or 1)
     workers = min(workers, len(groups))
-    _TASKS[:] = [(request, options, gpu, cluster, layers, g) for g in groups]
+    _TASKS[:] = [(request, options, gpu, cluster, layers, g, slower_than) for g in groups]
     if workers <= 1 or not sys.platform.startswith("linux") or not fork_is_safe():
         outputs = [_run_task(i) for i in range(len(groups))]
     else:
@@ -563,13 +573,13 @@ def _in_workers(request: ModelRequest, options: TraceOptions, gpu: GPU, cluster:
 
 
 def _run_task(index: int) -> tuple[list[Planned], int]:
-    request, options, gpu, cluster, layers, group = _TASKS[index]
+    request, options, gpu, cluster, layers, group, slower_than = _TASKS[index]
     cache = RoleCache()
-    return _search(request, options, group, gpu, cluster, layers, cache), cache.traces
+    return _search(request, options, group, gpu, cluster, layers, cache, slower_than), cache.traces
 
 
 def _search(request: ModelRequest, options: TraceOptions, candidates: list[Execution], gpu: GPU,
-            cluster: Cluster, layers: int | None, cache: RoleCache) -> list[Planned]:
+            cluster: Cluster, layers: int | None, cache: RoleCache, slower_than: float | None = None) -> list[Planned]:
     """Per group (one ``shape_key``), the largest micro-batch that fits, found by bisection
     (memory only grows with the micro-batch), without checkpointing and then with each
     checkpointing level in turn while it lets a larger micro-batch fit: recomputation only
@@ -582,7 +592,8 @@ def _search(request: ModelRequest, options: TraceOptions, candidates: list[Execu
     per-GPU state with the same activations, so they are searched only where FSDP fits, at
     FSDP's checkpointing levels and micro-batches or smaller; a layout they cannot fit is not
     traced, nor one whose model states alone cannot fit (``search.plan_states``, from FSDP's
-    trace)."""
+    trace). ``slower_than``: the fastest step found so far, below which a pipeline's first stage
+    must keep it to be traced to the end (``search.plan_pipeline``)."""
     groups: dict[tuple[Any, ...], list[Execution]] = {}
     for execution in candidates:
         groups.setdefault(shape_key(execution), []).append(execution)
@@ -613,7 +624,7 @@ def _search(request: ModelRequest, options: TraceOptions, candidates: list[Execu
                      if above < e.micro_batch <= largest.get(level, e.micro_batch)]
             if not tried:
                 continue
-            fit = _first_fit(tried, request, options, gpu, cluster, layers, cache, results)
+            fit = _first_fit(tried, request, options, gpu, cluster, layers, cache, results, slower_than)
             if fit is None:
                 continue
             if key[0] == "fsdp":
@@ -625,14 +636,16 @@ def _search(request: ModelRequest, options: TraceOptions, candidates: list[Execu
 
 
 def _first_fit(members: list[Execution], request: ModelRequest, options: TraceOptions, gpu: GPU,
-               cluster: Cluster, layers: int | None, cache: RoleCache, results: list[Planned]) -> Planned | None:
+               cluster: Cluster, layers: int | None, cache: RoleCache, results: list[Planned],
+               slower_than: float | None = None) -> Planned | None:
     """The first of ``members`` (largest micro-batch first) that fits, by bisection; the layouts
     that do not fit and the one found are added to ``results`` (a fitting one with more
     accumulation than needed is only slower)."""
     low, high, best = 0, len(members) - 1, None
     while low <= high:
         mid = (low + high) // 2
-        planned = evaluate(request, options, members[mid], gpu, cluster, layers=layers, cache=cache, prune=True)
+        planned = evaluate(request, options, members[mid], gpu, cluster, layers=layers, cache=cache, prune=True,
+                           slower_than=slower_than)
         if planned.fits:
             best, high = planned, mid - 1
         else:

@@ -51,9 +51,11 @@ from nnperf.trace.pipeline import MULTI, schedule_order
 
 
 def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execution, gpu: GPU,
-                  cluster: Cluster, layers: int | None, cache: RoleCache, prepare: Any, prune: bool = False) -> Any:
+                  cluster: Cluster, layers: int | None, cache: RoleCache, prepare: Any, prune: bool = False,
+                  slower_than: float | None = None) -> Any:
     """The layout's step and memory from its stage roles; ``prune``: a layout whose first stage
-    alone does not fit the GPU is returned unfit with that lower bound, its other roles untraced."""
+    alone does not fit the GPU is returned unfit with that lower bound, its other roles untraced;
+    ``slower_than``: so is one whose rank 0 alone takes that long (a lower bound of its step)."""
     if execution.pipeline_schedule == "zero-bubble":
         return traced_schedule_step(request, options, execution, gpu, cluster, layers, cache, prepare)
     p, micro = execution.pipeline, execution.grad_accum
@@ -96,6 +98,13 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
         from nnperf.search.plan import Planned
 
         return Planned(execution, memory_bytes=bound, memory_bound="its first pipeline stage alone")
+    if prune and slower_than is not None:
+        at_least = rank0_lower_bound(roles["first"], micro)
+        if at_least >= slower_than:
+            from nnperf.search.plan import Planned
+
+            return Planned(execution, step_s=at_least, fits=True, memory_bytes=int(memory(0, roles)),
+                           memory_bound="its first pipeline stage alone", time_bound=RANK0_BOUND)
     roles.update({name: traced_role(name) for name in role_ranks if name != "first"})
 
     def action_s(stage: int, kind: str) -> float:
@@ -118,6 +127,18 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
                     max(memory(r, roles) for r in range(p)), micro, order, flight, activation,
                     {r: per_rank(r, "state.parameters") for r in range(p)})
 
+
+
+#: What ``rank0_lower_bound`` counts.
+RANK0_BOUND = "rank 0's own work: its first stage's forward and backward of every micro-batch and its optimizer step"
+
+
+def rank0_lower_bound(first: RankCost, micro_batches: int) -> float:
+    """A lower bound of a pipeline's step from its first stage's role alone: rank 0 runs that
+    stage's forward and backward of every micro-batch one after another (any chunks it holds
+    besides, and every wait for the other stages, only add), between its head and its tail
+    (optimizer step, gradient synchronization): the same numbers the schedule's replay adds."""
+    return first.get("head_s") + micro_batches * (first.get("action.F@0") + first.get("action.B@0")) + first.get("tail_s")
 
 
 def _planned(execution: Execution, gpu: GPU, sim: PipelineTime, critical: RankCost, flops: float,
