@@ -93,6 +93,9 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
                       tensor=_degrees(tp_text, "--tp"), pipeline=_degrees(pp_text, "--pp"),
                       schedules=schedules or DEFAULT_SCHEDULES, context=_degrees(cp_text, "--cp") or [1],
                       expert=_degrees(ep_text, "--ep"))
+    if result.cluster.gpu and result.cluster.gpu != gpu.id:
+        result.notes.append(f"{result.cluster.name} is built of {result.cluster.gpu}, planned here with {gpu.id}: "
+                            "its links, NICs and host CPU are taken as they are")
     configs = engine_configs(result, options, request.overrides)
     if as_json:
         click.echo(json.dumps({**result.to_json(), **configs}, indent=2))
@@ -196,9 +199,6 @@ def _print(result: Any, configs: dict[str, Any]) -> None:
         click.echo(f"rejected: {p.execution.describe()}: {p.reason}")
     for note in result.notes:
         click.echo(f"note: {note}")
-    if result.cluster.gpu and result.cluster.gpu != result.gpu.id:
-        click.echo(f"note: {result.cluster.name} is built of {result.cluster.gpu}, planned here with "
-                   f"{result.gpu.id}: its links, NICs and host CPU are taken as they are")
     if not configs:
         return
     if configs.get("torchtitan"):

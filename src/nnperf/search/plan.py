@@ -398,10 +398,14 @@ def _pipelines(model: Any) -> bool:
 def _default_batch(request: ModelRequest) -> int:
     """Samples per GPU when neither --batch nor --global-batch is given: a built-in model's
     default batch (``nnperf models``), else one."""
-    if isinstance(request.target, str) and ":" not in request.target:
-        from nnperf.zoo import get_model
+    from nnperf.errors import ModelLoadError
+    from nnperf.zoo import get_model
 
-        return get_model(request.target).default_batch
+    if isinstance(request.target, str):
+        try:
+            return get_model(request.target).default_batch
+        except ModelLoadError:  # a library's model or a file: the caller's batch or one
+            pass
     return 1
 
 
