@@ -41,3 +41,15 @@ def test_a_sequence_that_does_not_split_is_one_line():
                                          "into 2 x 3 equal chunks; nearest valid degrees: 2 or 4"):
         evaluate(REQUEST, TraceOptions(amp="bf16"), Execution(world=6, data="fsdp", shard=2, context=3), GPU,
                  CLUSTER, cache=RoleCache())
+
+
+def test_mfu_counts_the_same_model_flops_with_full_checkpointing():
+    """MFU over throughput is the model's FLOPs per token over the peak: the same whatever the
+    layout recomputes, its ring attention's extra chunks included."""
+    def per_token(checkpoint):
+        planned = evaluate(REQUEST, TraceOptions(amp="bf16"),
+                           Execution(world=8, data="fsdp", shard=2, context=4, checkpoint=checkpoint),
+                           GPU, CLUSTER, cache=RoleCache())
+        return planned.mfu / planned.throughput
+
+    assert per_token("full") == pytest.approx(per_token(None), rel=1e-6)

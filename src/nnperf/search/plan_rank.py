@@ -118,7 +118,8 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
     values["loss_saved"] = float(prediction.memory.saved_activations.get("(loss)", 0))
     attention = [t for t in prediction.step.ops if t.category == Category.ATTENTION]
     values["attention_s"] = sum(t.kernel_s for t in attention)
-    values["attention_flops"] = float(sum(t.count.flops for t in attention if t.phase in ("forward", "backward")))
+    values["attention_flops"] = float(sum(t.count.flops for t in attention  # the model's: MFU's numerator
+                                          if t.phase in ("forward", "backward") and not t.count.event.recomputed))
     forward = [t.count.event for t in attention if t.phase == "forward"]
     values["attention_layers"] = float(len(forward))
     values["kv_bytes"] = float(sum(e.inputs[1].nbytes + e.inputs[2].nbytes for e in forward if len(e.inputs) >= 3))
