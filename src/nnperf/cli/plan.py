@@ -109,15 +109,10 @@ def _global_batch_of(tokens: int, global_batch: int | None, request: Any) -> int
     """The global batch that holds ``tokens`` per step: whole sequences of the run's length."""
     if global_batch is not None:
         raise UsageError(f"--tokens-per-step {tokens} with --global-batch {global_batch}: give one of them")
-    seq = request.seq_len
-    if seq is None and isinstance(request.target, str):
-        from nnperf.errors import ModelLoadError
-        from nnperf.zoo import get_model
+    from nnperf.zoo import find_model
 
-        try:
-            seq = get_model(request.target).default_seq
-        except ModelLoadError:
-            seq = None
+    spec = find_model(request.target) if isinstance(request.target, str) else None
+    seq = request.seq_len or (spec.default_seq if spec else None)
     if not seq:
         raise UsageError(f"--tokens-per-step {tokens}: give the sequence length (--seq) to divide it by")
     if tokens % seq:

@@ -44,15 +44,11 @@ def check_torchtitan_model(model: str) -> None:
     of an image model or an encoder has no torchtitan run to configure."""
     if model.split(":")[0] in ("timm", "tv", "torchvision"):
         raise NotExpressible(f"torchtitan trains decoder language models; {model} is an image model")
-    from nnperf.errors import ModelLoadError
-    from nnperf.zoo import get_model
+    from nnperf.zoo import find_model
 
-    try:
-        family = get_model(model).family
-    except ModelLoadError:  # not a built-in name (an hf: model, a file): the user knows what it is
-        return
-    if family != "decoder":
-        raise NotExpressible(f"torchtitan trains decoder language models; {model} is a {family} model")
+    spec = find_model(model)  # not a built-in (an hf: model, a file): the user knows what it is
+    if spec is not None and spec.family != "decoder":
+        raise NotExpressible(f"torchtitan trains decoder language models; {model} is a {spec.family} model")
 
 
 def torchtitan_toml(execution: Any, amp: str | None = None, dtype: str | None = None,

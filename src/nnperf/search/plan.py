@@ -398,15 +398,10 @@ def _pipelines(model: Any) -> bool:
 def _default_batch(request: ModelRequest) -> int:
     """Samples per GPU when neither --batch nor --global-batch is given: a built-in model's
     default batch (``nnperf models``), else one."""
-    from nnperf.errors import ModelLoadError
-    from nnperf.zoo import get_model
+    from nnperf.zoo import find_model
 
-    if isinstance(request.target, str):
-        try:
-            return get_model(request.target).default_batch
-        except ModelLoadError:  # a library's model or a file: the caller's batch or one
-            pass
-    return 1
+    spec = find_model(request.target) if isinstance(request.target, str) else None
+    return spec.default_batch if spec else 1
 
 
 def _model_info(request: ModelRequest, layers: int | None) -> tuple[Any, dict[str, Any], int | None] | None:

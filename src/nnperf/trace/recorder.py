@@ -335,13 +335,6 @@ class OpRecorder(TorchDispatchMode):
             return self._modules.current() or "(optimizer)"
         return self._modules.current()
 
-    def _take_subclass_dispatches(self) -> dict[str, int]:
-        """The DTensor dispatches the next event carries (and none left for the one after)."""
-        taken = {"subclass_dispatches": self._subclass_dispatches,
-                 "subclass_list_tensors": self._subclass_list_tensors}
-        self._subclass_dispatches = self._subclass_list_tensors = 0
-        return taken
-
     def recomputing(self) -> bool:
         """A module's forward running inside backward: activation checkpointing recomputing
         a block (backward's own ops run outside every module's forward)."""
@@ -404,9 +397,11 @@ class OpRecorder(TorchDispatchMode):
                 free=free,
                 allocates=list(dict.fromkeys(allocates)),
                 recomputed=self.recomputing(),
-                **self._take_subclass_dispatches(),
+                subclass_dispatches=self._subclass_dispatches,
+                subclass_list_tensors=self._subclass_list_tensors,
             )
         )
+        self._subclass_dispatches = self._subclass_list_tensors = 0
         if func in _KEEP_VALUES:
             self.events[-1].values = _kept_values(func, args, kwargs)
         acc = self._accumulation
@@ -437,8 +432,11 @@ class OpRecorder(TorchDispatchMode):
         self.events.append(OpEvent(
             index=index, func=func, args=meta_args, kwargs={}, inputs=inputs, outputs=outputs,
             phase=self.phase, module=self.module_path(), allocates=list(dict.fromkeys(allocates)),
-            recomputed=self.recomputing(), **self._take_subclass_dispatches(), values={"kept_pairs": (pairs.kept,), "executed_pairs": (pairs.executed,)},
+            recomputed=self.recomputing(), subclass_dispatches=self._subclass_dispatches,
+            subclass_list_tensors=self._subclass_list_tensors,
+            values={"kept_pairs": (pairs.kept,), "executed_pairs": (pairs.executed,)},
         ))
+        self._subclass_dispatches = self._subclass_list_tensors = 0
         return out
 
 

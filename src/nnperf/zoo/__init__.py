@@ -70,7 +70,7 @@ def get_model(name: str) -> ModelSpec:
     An unknown name raises ``ModelLoadError`` suggesting the closest known names, because
     the usual cause is a typo (``resnet-5``, ``gpt2-mdium``).
     """
-    spec = _BY_KEY.get(_key(name))
+    spec = find_model(name)
     if spec is not None:
         return spec
     close = difflib.get_close_matches(_key(name), list(_BY_KEY), n=3, cutoff=0.5)
@@ -79,6 +79,13 @@ def get_model(name: str) -> ModelSpec:
     else:
         hint = "known models: " + ", ".join(MODELS)
     raise ModelLoadError(f"unknown model {name!r}; {hint}")
+
+
+def find_model(name: str) -> ModelSpec | None:
+    """The spec named ``name`` as ``get_model`` finds it, or None for a name that is not a
+    built-in model (a library's ``hf:``/``timm:`` model, a file): for callers that only
+    take a built-in's defaults where there is one."""
+    return _BY_KEY.get(_key(name))
 
 
 def list_models() -> list[ModelSpec]:
