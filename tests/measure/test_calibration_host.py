@@ -158,6 +158,8 @@ def test_dtensor_costs_come_from_the_measurement_and_move_with_the_host():
     cal.host_max_ghz = 2.0
     profile = build_profile(cal, load_gpu("h100"))
     assert (profile.host_dtensor_dispatch_s, profile.host_dtensor_list_tensor_s) == (8e-5, 2e-6)
+    table = measured_table(cal)  # the profile's [measured] table shows both, in microseconds
+    assert (table["host_dtensor_dispatch_us"], table["host_dtensor_list_tensor_us"]) == pytest.approx((80.0, 2.0))
     cpu = build_profile(cal, None)
     assert (cpu.host_dtensor_dispatch_s, cpu.host_dtensor_list_tensor_s) == (0.0, 0.0)
     moved = with_host(profile, load_host("xeon-8480c"))  # 3.8 GHz

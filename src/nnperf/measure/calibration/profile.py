@@ -232,6 +232,9 @@ def measured_table(cal: Calibration) -> dict[str, Any]:
         if key == "host_per_op_by_kind_s":
             for kind, one in spread.items():
                 out[f"host_{kind}_us"] = one["median"] * 1e6
+        elif key == "dtensor":
+            out["host_dtensor_dispatch_us"] = spread["dispatch_s"]["median"] * 1e6
+            out["host_dtensor_list_tensor_us"] = spread["list_tensor_s"]["median"] * 1e6
         else:
             out[key.replace("_s", "_us")] = spread["median"] * 1e6
     for dtype in dict.fromkeys(g["dtype"] for g in cal.batched_gemm):
