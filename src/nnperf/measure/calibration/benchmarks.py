@@ -30,7 +30,7 @@ def _rand(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> t
 
 
 def _timed(fn: Callable[[], object], device: torch.device, repeats: int) -> Spread:
-    return Spread.of(time_batched(fn, device, repeats=repeats))
+    return Spread.of(time_batched(fn, device, repeats=repeats, device_only=True))
 
 
 def run_calibration(

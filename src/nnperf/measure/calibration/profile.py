@@ -10,7 +10,7 @@ from typing import Any
 
 from nnperf.hardware import GPU, DeviceProfile, default_profile
 from nnperf.hardware.profile import interpolate
-from nnperf.measure.calibration.record import Calibration
+from nnperf.measure.calibration.record import TIMING_HOST_EXPOSED, Calibration
 from nnperf.measure.device import cpu_name
 from nnperf.measure.stats import Spread
 
@@ -40,10 +40,12 @@ def build_profile(cal: Calibration, gpu: GPU | None) -> DeviceProfile:
         peak = peak_for_fraction(cal, dtype, gpu)
         if not peak:
             continue
-        curves[dtype] = tuple((f, min(1.0, max(1e-4, r / peak))) for f, r in cal.gemm_curve(dtype))
+        points = gemm_rates(cal, dtype)
+        if points:
+            curves[dtype] = tuple((f, min(1.0, max(1e-4, r / peak))) for f, r in points)
     if curves:
         changes["gemm_efficiency"] = curves
-    copy = sorted((b["bytes_moved"], b["bytes_per_s"]) for b in cal.bandwidth if b["kind"] == "copy")
+    copy = copy_rates(cal, base, gpu)
     if copy:
         changes["bandwidth_curve"] = tuple(copy)
     host = cal.overhead.get("host_per_op_s", {}).get("median")
@@ -81,7 +83,7 @@ def build_profile(cal: Calibration, gpu: GPU | None) -> DeviceProfile:
         changes["host_turbo_ghz"] = cal.host_max_ghz
     if cal.host_cpu:
         changes["host"] = cal.host_cpu
-    conv = conv_efficiency_scale(cal, gpu, base)
+    conv = conv_efficiency_scale(cal, gpu, base, base.replace(gemm_efficiency=curves) if curves else base)
     if conv:
         changes["conv_efficiency_scale"] = conv
     if gpu is not None:
@@ -94,6 +96,45 @@ def build_profile(cal: Calibration, gpu: GPU | None) -> DeviceProfile:
         f"({cal.device}), {cal.date}, torch {cal.torch_version}"
     )
     return dataclasses.replace(base, gpu=gpu.id if gpu else "cpu", note=note, **changes)
+
+
+#: How much longer than the host's floor a host-exposed measurement must take to be the
+#: device's: below it, the events timed the host's launches (``Calibration.timing``). The
+#: device time shows as max(host, device), so the step from the floor is sharp; 1.6x leaves
+#: room for a floor that grows with the operands (the copies: 6.6 us at 128 KiB, 9.9 us at
+#: 8 MiB on the H200 of 2026-11-28, where a GEMM of 2048^3 took 24.5 us over a 13.4 us floor).
+HOST_FLOOR_MARGIN = 1.6
+
+
+def informative(rows: list[dict[str, Any]], cal: Calibration, floor_s: float | None = None) -> list[dict[str, Any]]:
+    """The rows that timed the device: all of a device-timed calibration's; of a host-exposed
+    one's, those above ``HOST_FLOOR_MARGIN`` times the floor (``floor_s``, at least the
+    fastest row's time: what the host's launch loop alone took)."""
+    if cal.timing != TIMING_HOST_EXPOSED or not rows:
+        return rows
+    floor = max(min(r["time_s"] for r in rows), floor_s or 0.0)
+    return [r for r in rows if r["time_s"] > HOST_FLOOR_MARGIN * floor]
+
+
+def gemm_rates(cal: Calibration, dtype: str) -> list[tuple[float, float]]:
+    """(FLOPs, achieved FLOP/s) of the aligned square GEMMs of ``dtype`` that timed the
+    device; smaller GEMMs then take the smallest measured one's fraction of peak."""
+    every = [g for g in cal.gemm if g["dtype"] == dtype]
+    host_mm = (cal.overhead.get("host_per_op_by_kind_s") or {}).get("mm", {}).get("median")
+    kept = {id(g) for g in informative(every, cal, host_mm)}
+    return sorted((g["flops"], g["flops_per_s"]) for g in every if g["kind"] == "square" and id(g) in kept)
+
+
+def copy_rates(cal: Calibration, base: DeviceProfile, gpu: GPU | None) -> list[tuple[float, float]]:
+    """(bytes moved, bytes/s) of the copies that timed the device; below the smallest, where
+    a host-exposed calibration saw only the host, the default ramp (``bandwidth_fraction``,
+    ``bandwidth_half_bytes``) of the datasheet bandwidth."""
+    every = [b for b in cal.bandwidth if b["kind"] == "copy"]
+    kept = sorted((b["bytes_moved"], b["bytes_per_s"]) for b in informative(every, cal))
+    dropped = sorted(b["bytes_moved"] for b in every if kept and b["bytes_moved"] < kept[0][0])
+    if dropped and gpu is not None:
+        kept = [(n, base.achievable_bandwidth(gpu.memory_bandwidth, n)) for n in dropped] + kept
+    return kept
 
 
 #: The op category each dispatch-cost microbenchmark stands for (``plan.DISPATCH_KINDS``).
@@ -187,21 +228,43 @@ def misaligned_penalty(cal: Calibration, gpu: GPU, base: DeviceProfile) -> float
     return Spread.of(ratios).median if ratios else None
 
 
-def conv_efficiency_scale(cal: Calibration, gpu: GPU | None, base: DeviceProfile) -> float | None:
+def conv_efficiency_scale(cal: Calibration, gpu: GPU | None, base: DeviceProfile,
+                          gemm_profile: DeviceProfile | None = None) -> float | None:
     """The factor on the profile's ``conv_efficiency`` table that the measured convolutions
-    imply: median over conv shapes of (conv FLOP/s over the GEMM FLOP/s at the same FLOPs)
-    over the table's value for that convolution's class (forward passes, by stride and output
-    size; CUDA-core convolutions on a CPU or where the GPU has no tensor unit for the dtype).
-    The table's shape (how strided, small and backward passes compare) stays as derived."""
+    imply. The table says how fast a convolution pass runs against a cuBLAS GEMM of its
+    implicit-GEMM shape (M = batch x output positions, N = output channels, K = input channels
+    x kernel area), so on a GPU each dense channels_last forward convolution of the variants
+    (no layout transposes, which the model charges apart) is set against the GEMM model's time
+    for that shape (``gemm_profile``: the profile with the measured GEMM curves): median of
+    (modeled GEMM time / measured time) over the table's value for its class. Where no such
+    variant was measured (a CPU, older raw files), each convolution's rate against the GEMM
+    rate at its FLOPs stands in. The table's shape (strided, small, backward) stays as derived."""
     ratios = []
-    for c in cal.conv:
-        curve = cal.gemm_curve(c["dtype"])
-        if not curve:
-            continue
-        out_hw = (c["hw"] + 2 * (c["kernel"] // 2) - c["kernel"]) // c["stride"] + 1
-        unit = _math_unit(gpu, c["dtype"])
-        table = base.conv_efficiency_of(c["stride"], out_hw * out_hw, "forward", unit) / base.conv_efficiency_scale
-        ratios.append(c["flops_per_s"] / interpolate(curve, c["flops"]) / table)
+    dense = [c for c in cal.conv_variants if c["kind"] == "dense" and c.get("layout") == "channels_last"]
+    if gpu is not None and dense:
+        from nnperf.kernels.gemm import estimate_gemm
+
+        for c in dense:
+            out_hw = (c["hw"] + 2 * (c["kernel"] // 2) - c["kernel"]) // c["stride"] + 1
+            dtype = c["dtype"]
+            try:
+                gemm = estimate_gemm(c["batch"] * out_hw * out_hw, c["out_channels"],
+                                     c["in_channels"] * c["kernel"] ** 2, dtype=dtype, gpu=gpu,
+                                     profile=gemm_profile or base, tf32=bool(c.get("tf32")))
+            except Exception:  # the GPU has no unit for this dtype
+                continue
+            table = (base.conv_efficiency_of(c["stride"], out_hw * out_hw, "forward", _math_unit(gpu, dtype))
+                     / base.conv_efficiency_scale)
+            ratios.append(gemm.time_s / c["time_s"] / table)
+    else:
+        for c in cal.conv:
+            curve = gemm_rates(cal, c["dtype"])
+            if not curve:
+                continue
+            out_hw = (c["hw"] + 2 * (c["kernel"] // 2) - c["kernel"]) // c["stride"] + 1
+            unit = _math_unit(gpu, c["dtype"])
+            table = base.conv_efficiency_of(c["stride"], out_hw * out_hw, "forward", unit) / base.conv_efficiency_scale
+            ratios.append(c["flops_per_s"] / interpolate(curve, c["flops"]) / table)
     if not ratios:
         return None
     return min(2.0, max(0.05, Spread.of(ratios).median))

@@ -8,6 +8,11 @@ from typing import Any
 
 SCHEMA_VERSION = "nnperf.calibration/1"
 
+#: ``Calibration.timing`` values: short kernels timed on the device alone, or with the host's
+#: launch time showing through (``measure.device.time_batched``'s ``device_only``).
+TIMING_DEVICE = "device"
+TIMING_HOST_EXPOSED = "host-exposed"
+
 #: Repeats of one measurement spread wider than this (p90 / p10) mark it as disturbed.
 NOISE_RATIO = 2.0
 
@@ -38,10 +43,23 @@ class Calibration:
     # datasheet peak (quoted at boost) does not state.
     clock_under_load_mhz: dict[str, Any] = field(default_factory=dict)
     complete: bool = False
+    # How short kernels were timed: ``TIMING_DEVICE`` (queued behind a sleep, the device's
+    # time alone) or ``TIMING_HOST_EXPOSED`` (raw files from before 2026-11-28: a kernel
+    # shorter than its launch read as the host's launch time; ``profile.informative`` drops those)
+    timing: str = TIMING_DEVICE
 
     def to_json(self) -> dict[str, Any]:
         noisy = [{"what": what, "p90_over_p10": r} for what, r in self.noisy()]
         return {"schema": SCHEMA_VERSION, **dataclasses.asdict(self), "noisy": noisy}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Calibration:
+        """A calibration read back from its raw JSON (``to_json``), to build its profile again
+        with the current derivation; a file without ``timing`` predates device-only timing."""
+        if data.get("schema") != SCHEMA_VERSION:
+            raise ValueError(f"not an nnperf calibration (schema {data.get('schema')!r}, expected {SCHEMA_VERSION!r})")
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{"timing": TIMING_HOST_EXPOSED, **{k: v for k, v in data.items() if k in names}})
 
     # ---- summaries ------------------------------------------------------------------------
     def best_gemm_flops(self, dtype: str) -> float | None:
@@ -69,8 +87,3 @@ class Calibration:
                                     if k in row)
                     out.append((f"{group} {what}", high / low))
         return sorted(out, key=lambda item: -item[1])
-
-    def gemm_curve(self, dtype: str) -> list[tuple[float, float]]:
-        """(FLOPs, achieved FLOP/s) of the aligned square GEMMs of ``dtype``."""
-        pts = [(g["flops"], g["flops_per_s"]) for g in self.gemm if g["dtype"] == dtype and g["kind"] == "square"]
-        return sorted(pts)

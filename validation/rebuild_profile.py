@@ -1,0 +1,42 @@
+"""Build a device profile again from a calibration's raw JSON, with the current derivation.
+
+    python validation/rebuild_profile.py validation/data/h200-sxm/profile.json -o validation/data/h200-sxm/profile.toml
+
+The microbenchmarks are the expensive, device-bound part of a calibration; how a profile is
+derived from them improves between GPU sessions (``measure.calibration.profile``). This turns a
+committed raw file into the profile today's code derives, without a GPU. The raw file itself
+is left as it was measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from nnperf.hardware import load_gpu, save_profile
+from nnperf.measure.calibration.profile import build_profile, measured_table
+from nnperf.measure.calibration.record import Calibration
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("raw", type=Path, help="the calibration's raw JSON (written beside its profile)")
+    parser.add_argument("-o", "--output", type=Path, required=True, help="the profile TOML to write")
+    args = parser.parse_args(argv)
+    cal = Calibration.from_json(json.loads(args.raw.read_text()))
+    gpu = load_gpu(cal.device_name) if cal.device.startswith("cuda") else None
+    from nnperf.measure.calibration.files import toml_text
+
+    scratch = args.output.with_suffix(".partial")
+    save_profile(build_profile(cal, gpu), scratch)
+    text = scratch.read_text() + "\n" + toml_text({"measured": measured_table(cal)})
+    scratch.unlink()
+    args.output.write_text(text)
+    print(f"wrote {args.output} ({cal.device_name}, {cal.date}, timing {cal.timing})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
