@@ -74,14 +74,26 @@ def attention(
     lse = torch.logsumexp(s, dim=-1).float()  # fp32, as the fake implementation says
     p = torch.exp(s - lse.unsqueeze(-1))
     out = p @ _acc(_expand_kv(q, v, enable_gqa))
-    return out.to(q.dtype), lse
+    return _kernel_layout(q, v.shape[-1]).copy_(out), lse
 
 
 @attention.register_fake
 def _attention_fake(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
     lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
-    return out, lse
+    return _kernel_layout(q, v.shape[-1]), lse
+
+
+def _kernel_layout(q: Tensor, head_dim_v: int) -> Tensor:
+    """An empty output in the layout the fused kernels write: (batch, sequence, heads, dim) in
+    memory, seen as (batch, heads, sequence, dim). PyTorch's flash, memory-efficient and CPU
+    flash kernels all allocate it so ("at::empty({batch, seqlen_q, num_heads, head_dim_v})"
+    then ``.transpose(1, 2)``), and the usual ``out.transpose(1, 2).reshape(...)`` that merges
+    the heads is then a view, not a copy: the GPU's op lists (validation/cuda_ops.py, H200
+    2026-11-28) show no copy there, where a (batch, heads, ...)-contiguous output traced one."""
+    if q.dim() != 4:
+        return q.new_empty((*q.shape[:-1], head_dim_v))
+    b, h, s, _ = q.shape
+    return q.new_empty((b, s, h, head_dim_v)).transpose(1, 2)
 
 
 @torch.library.custom_op("nnperf::attention_backward", mutates_args=())
