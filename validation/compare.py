@@ -20,6 +20,8 @@ from pathlib import Path
 
 from error_tables import check_baseline, print_tables
 
+from nnperf.hardware import DeviceProfile, load_gpu
+from nnperf.hardware.profile import load_profile
 from nnperf.measure.validation import error_tables, load_records, repredict
 
 
@@ -28,20 +30,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("path", help="a records .jsonl file or a folder of them")
     parser.add_argument("--gpu", help="catalog GPU to predict (default: each record's gpu)")
     parser.add_argument("--recorded", action="store_true", help="use the predictions stored in the records")
+    parser.add_argument("--profile", type=Path,
+                        help="a calibrated profile of the GPU: a second step-time table from it "
+                             "(default: profile.toml beside the records, if any)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--baseline", type=Path, help="fail (exit 1) where a table is worse than this one")
     parser.add_argument("--write-baseline", type=Path, help="write the tables here as the new baseline")
     args = parser.parse_args(argv)
     records = [r for r in load_records(args.path) if r.get("fits", True) and "measured_step_time_s" in r]
     if not args.recorded:
+        profile = calibrated_profile(Path(args.path), args.profile, args.gpu or (records[0].get("gpu") if records else None))
         for r in records:
-            repredict(r, args.gpu or r.get("gpu"))
+            repredict(r, args.gpu or r.get("gpu"), profile)
     tables = error_tables(records)
     if args.json:
         print(json.dumps(tables, indent=2))
     else:
         print_tables(tables, "family", f"{len(records)} records")
     return check_baseline(tables, args.baseline, args.write_baseline)
+
+def calibrated_profile(path: Path, given: Path | None, gpu_name: str | None) -> DeviceProfile | None:
+    """``given``, else the calibration committed beside the records (``profile.toml``)."""
+    beside = (path if path.is_dir() else path.parent) / "profile.toml"
+    chosen = given or (beside if beside.exists() else None)
+    if chosen is None or gpu_name is None:
+        return None
+    return load_profile(chosen, load_gpu(gpu_name))
+
 
 if __name__ == "__main__":
     sys.exit(main())

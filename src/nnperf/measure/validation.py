@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from nnperf.measure.stats import percentile
 
 if TYPE_CHECKING:  # imported where used: the error table needs no torch
+    from nnperf.hardware import DeviceProfile
     from nnperf.request import ModelRequest
     from nnperf.trace.options import TraceOptions
 
@@ -242,10 +243,11 @@ def runtime_estimator_s(config: Config, device: str = "cuda") -> float | None:
     return estimator.total_runtime / 1e3  # total_runtime is in milliseconds
 
 
-def repredict(record: dict[str, Any], gpu_name: str | None) -> None:
+def repredict(record: dict[str, Any], gpu_name: str | None, profile: DeviceProfile | None = None) -> None:
     """Predict the record's configuration again with the current code: the step time on
-    ``gpu_name`` (when given) and the peak memory of what the record measured, so a table of
-    committed measurements follows the model as it changes."""
+    ``gpu_name`` (when given) from its datasheet entry, and from ``profile`` (a calibration of
+    that GPU: ``predicted_step_time_calibrated_s``) when given, and the peak memory of what
+    the record measured, so a table of committed measurements follows the model as it changes."""
     from nnperf.analysis import analyze_request
     from nnperf.hardware import load_gpu
     from nnperf.measure.runner import predicted_peak_memory
@@ -257,8 +259,10 @@ def repredict(record: dict[str, Any], gpu_name: str | None) -> None:
     record["predicted_peak_memory_bytes"] = predicted_peak_memory(analysis, record.get("device", "cuda"))
     record["predicted_step_time_s"] = None
     if gpu_name:
-        p = predict_analysis(analysis, load_gpu(gpu_name), timing=TimingOptions(tf32_matmul=config.tf32))
-        record["predicted_step_time_s"] = p.step.step_s
+        gpu, timing = load_gpu(gpu_name), TimingOptions(tf32_matmul=config.tf32)
+        record["predicted_step_time_s"] = predict_analysis(analysis, gpu, timing=timing).step.step_s
+        if profile is not None:
+            record["predicted_step_time_calibrated_s"] = predict_analysis(analysis, gpu, profile, timing).step.step_s
 
 
 #: How far (percentage points) a committed error table's median or p90 may grow before CI
@@ -291,6 +295,8 @@ def error_tables(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str,
     """The tables ``validation/compare.py`` prints: nnperf's step time, RuntimeEstimator's
     where recorded, and nnperf's peak memory."""
     tables = {"nnperf: step time": error_table(records)}
+    if any(r.get("predicted_step_time_calibrated_s") for r in records):
+        tables["nnperf, calibrated profile: step time"] = error_table(records, key="predicted_step_time_calibrated_s")
     if any(r.get("runtime_estimator_step_time_s") for r in records):
         tables["torch RuntimeEstimator: step time"] = error_table(records, key="runtime_estimator_step_time_s")
     tables["nnperf: peak memory"] = error_table(
