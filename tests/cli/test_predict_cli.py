@@ -119,6 +119,8 @@ def test_bound_label_agrees_with_the_modeled_columns():
                          "--depth", "1", "--json").output)
     for m in doc["modules"] + doc["ops"]:
         name = m.get("name", m.get("op"))
+        if name == "":  # the root row carries the step's bound (the largest share of kernel time)
+            continue
         if m["bound"] == "compute":
             assert m["compute_model_s"] >= m["memory_model_s"], name
         elif m["bound"] == "memory":
