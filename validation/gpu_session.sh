@@ -9,8 +9,9 @@
 #   bash validation/gpu_session.sh --dry-run 1  # the same code paths on this CPU, tiny models
 #
 # Everything is written under $OUT (the only folder whose files come back from the device
-# machine): environment.json, profile.toml + its raw JSON, transfer.json, cuda-ops.json, cuda-graphs.json, advise-measured.json, records-<part>.jsonl
-# and log-<part>.txt. After each call, copy them into validation/data/<gpu>/ and commit them;
+# machine): environment.json, profile.toml + its raw JSON, transfer.json, cuda-ops.json, cuda-graphs.json, advise-measured.json, records-<part>-<UTC time>.jsonl
+# and log-<part>-<UTC time>.txt (stamped: a later session's files sit beside the committed ones
+# instead of replacing them). After each call, copy them into validation/data/<gpu>/ and commit them;
 # `python validation/compare.py validation/data/<gpu> --write-baseline validation/data/<gpu>/baseline.json`
 # then fixes the error tables CI holds the model to.
 set -uo pipefail
@@ -29,7 +30,8 @@ if [ "$dry" = 1 ]; then
 else
     device=cuda; tiny=(); quick=(); budget=${BUDGET_S:-500}; steps=()
 fi
-log="$OUT/log-$part.txt"
+stamp=$(date -u +%Y%m%dT%H%M)
+log="$OUT/log-$part-$stamp.txt"
 start=$(date +%s)
 {
     python3 - "$device" >"$OUT/environment.json" <<'PY'
@@ -56,6 +58,6 @@ PY
     skip=()
     for f in "$gpu_dir"/records-*.jsonl; do [ -e "$f" ] && skip+=(--skip-done "$f"); done
     python3 validation/run.py --device "$device" "${tiny[@]}" "${steps[@]}" --budget-s "$budget" \
-        --out "$OUT/records-$part.jsonl" "${skip[@]}"
+        --out "$OUT/records-$part-$stamp.jsonl" "${skip[@]}"
     echo "part $part took $(($(date +%s) - start)) s"
 } 2>&1 | tee "$log"
