@@ -131,17 +131,24 @@ def time_batched(
         return [t / inner for t in time_repeats(many, device, warmup=0, repeats=repeats)]
     # ``once`` (a call and a synchronize) bounds the host's enqueue time per call from above;
     # twice that at 2 GHz, the most a Hopper SM clocks, sleeps at least that long
-    sleep_cycles = int(min(0.5, 2 * inner * once) * 2e9)
+    return time_queued(many, inner, device, repeats, sleep_cycles=int(min(0.5, 2 * inner * once) * 2e9))
+
+
+def time_queued(loop: Callable[[], None], n: int, device: torch.device, repeats: int,
+                sleep_cycles: int = int(2e8)) -> list[float]:
+    """Device seconds per call of a ``loop`` of ``n`` calls: the device is held in ``_sleep``
+    (``sleep_cycles``, ~0.1 s at 2 GHz by default) while the host enqueues the whole loop, so
+    the events between time only the queued kernels, back to back."""
     times = []
     for _ in range(repeats):
         torch.cuda.synchronize(device)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda._sleep(sleep_cycles)
         start.record()
-        many()
+        loop()
         end.record()
         torch.cuda.synchronize(device)
-        times.append(start.elapsed_time(end) / 1e3 / inner)
+        times.append(start.elapsed_time(end) / 1e3 / n)
     return times
 
 

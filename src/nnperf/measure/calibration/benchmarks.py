@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from nnperf.measure.calibration.host_info import clock_under_load, cpu_max_ghz, cpu_model
 from nnperf.measure.calibration.plan import ATTENTION_BACKENDS, CONV_MODES, Plan
 from nnperf.measure.calibration.record import Calibration
-from nnperf.measure.device import device_name, synchronize, time_batched, time_repeats
+from nnperf.measure.device import device_name, synchronize, time_batched, time_queued, time_repeats
 from nnperf.measure.stats import Spread
 from nnperf.passes.costs.attention import kept_pairs
 
@@ -232,7 +232,7 @@ def _overheads(cal: Calibration, device: torch.device, plan: Plan, progress: Pro
     cal.overhead["view_per_op_s"] = Spread.of(views).to_json()
     progress("overhead", 2)
     if device.type == "cuda":
-        cal.overhead["device_per_kernel_s"] = Spread.of(_device_per_kernel(loop, n, device, plan.repeats)).to_json()
+        cal.overhead["device_per_kernel_s"] = Spread.of(time_queued(loop, n, device, plan.repeats)).to_json()
     progress("overhead", 3)
 
 
@@ -292,22 +292,6 @@ def _dtensor(cal: Calibration, device: torch.device, plan: Plan, progress: Progr
     if measured:
         cal.overhead["dtensor"] = measured
     progress("dtensor", 1)
-
-
-def _device_per_kernel(loop: Callable[[], None], n: int, device: torch.device, repeats: int) -> list[float]:
-    """Device time per back-to-back tiny kernel: the device is held busy by ``_sleep`` while
-    the host enqueues the whole loop, so the events between time only the kernels."""
-    out = []
-    for _ in range(repeats):
-        torch.cuda.synchronize(device)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(int(2e8))  # ~0.1 s at ~2 GHz: longer than enqueueing n tiny ops
-        start.record()
-        loop()
-        end.record()
-        torch.cuda.synchronize(device)
-        out.append(start.elapsed_time(end) / 1e3 / n)
-    return out
 
 
 def _transfers(cal: Calibration, device: torch.device, plan: Plan, progress: Progress) -> None:
