@@ -172,3 +172,25 @@ def test_unfused_sdpa_on_a_step_without_sdpa_is_refused():
         analyze(nn.Sequential(nn.Linear(D, D)), inputs=(torch.randn(B, D),), sdpa="unfused")
     attend = analyze(Attend(), inputs=(torch.randn(B, H, S, D),) * 3, sdpa="unfused")
     assert "assumptions" not in attend.config
+
+
+@pytest.mark.parametrize(("autocast_device", "merge_copies"), [("cuda", 0), ("cpu", 1)])
+def test_the_output_takes_the_layout_of_the_device_kernel(autocast_device, merge_copies):
+    """CUDA's fused kernels write (batch, seq, heads, dim) and hand it out transposed, so GPT-2
+    merging its heads (``transpose(1, 2)`` then a reshape) copies nothing; the CPU's kernel
+    returns (batch, heads, seq, dim)-contiguous and the merge copies (checked against
+    F.scaled_dot_product_attention on this CPU below)."""
+    from nnperf.trace.capture import trace_workload
+    from nnperf.trace.options import TraceOptions
+    from nnperf.zoo import get_model
+
+    q = torch.randn(B, H, S, D)
+    assert F.scaled_dot_product_attention(q, q, q, is_causal=True).is_contiguous()
+    trace, _ = trace_workload(lambda: get_model("gpt2").build(batch=B, seq_len=S, n_layer=1),
+                              TraceOptions(autocast_device=autocast_device))
+    fused = next(e for e in trace.events if e.name == "nnperf.attention")
+    _, h, s, d = fused.outputs[0].shape
+    expected = (s * h * d, d, h * d, 1) if autocast_device == "cuda" else (h * s * d, s * d, d, 1)
+    assert fused.outputs[0].stride == expected
+    copies = [e for e in trace.events if e.name == "aten.clone" and e.phase == "forward" and "attn" in e.module]
+    assert len(copies) == merge_copies

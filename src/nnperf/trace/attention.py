@@ -84,13 +84,15 @@ def _attention_fake(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
 
 def _kernel_layout(q: Tensor, head_dim_v: int) -> Tensor:
-    """An empty output in the layout the fused kernels write: (batch, sequence, heads, dim) in
-    memory, seen as (batch, heads, sequence, dim). PyTorch's flash, memory-efficient and CPU
-    flash kernels all allocate it so ("at::empty({batch, seqlen_q, num_heads, head_dim_v})"
-    then ``.transpose(1, 2)``), and the usual ``out.transpose(1, 2).reshape(...)`` that merges
-    the heads is then a view, not a copy: the GPU's op lists (validation/cuda_ops.py, H200
-    2026-11-28) show no copy there, where a (batch, heads, ...)-contiguous output traced one."""
-    if q.dim() != 4:
+    """An empty output in the layout the fused kernel writes. CUDA's flash and memory-efficient
+    kernels write (batch, sequence, heads, dim) in memory, seen as (batch, heads, sequence,
+    dim) ("at::empty({batch, seqlen_q, num_heads, head_dim_v})" then ``.transpose(1, 2)``), and
+    the usual ``out.transpose(1, 2).reshape(...)`` that merges the heads is then a view, not a
+    copy: the GPU's op lists (validation/cuda_ops.py, H200 2026-11-28) show no copy there,
+    where a (batch, heads, ...)-contiguous output traced one. The CPU's kernel returns it
+    (batch, heads, ...)-contiguous (torch 2.13, fp32 and bf16), so a step traced for the CPU
+    (``TraceOptions.autocast_device``) keeps that layout and its copy."""
+    if q.dim() != 4 or _CPU_KERNELS[0]:
         return q.new_empty((*q.shape[:-1], head_dim_v))
     b, h, s, _ = q.shape
     return q.new_empty((b, s, h, head_dim_v)).transpose(1, 2)
@@ -183,6 +185,7 @@ def fused_sdpa(
 
 
 _MODE = ["fused"]  # a TraceOptions.sdpa value
+_CPU_KERNELS = [False]  # the step runs the CPU's fused kernel (its output layout differs)
 _INSIDE_UNFUSED = [0]
 _CALLS = [0]
 NO_SDPA_CALLED = ("--sdpa unfused changes nothing here: the step calls no F.scaled_dot_product_attention "
@@ -191,19 +194,20 @@ NO_SDPA_CALLED = ("--sdpa unfused changes nothing here: the step calls no F.scal
 
 
 @contextlib.contextmanager
-def sdpa_mode(mode: str) -> Iterator[None]:
+def sdpa_mode(mode: str, cpu_kernels: bool = False) -> Iterator[None]:
     """Trace SDPA calls as ``mode`` (``TraceOptions.sdpa``) for the duration: the recording and the
-    recomputations of checkpointed blocks within it. An unfused mode the step never used is
+    recomputations of checkpointed blocks within it; ``cpu_kernels``: as the CPU's fused kernel
+    lays its output out (``_kernel_layout``). An unfused mode the step never used is
     refused, like ``--channels-last`` on a model without 4-D tensors: a setting that would not
     reach the model (whether the step calls SDPA is known only once it has run)."""
-    before, calls = _MODE[0], _CALLS[0]
-    _MODE[0] = mode
+    before, before_cpu, calls = _MODE[0], _CPU_KERNELS[0], _CALLS[0]
+    _MODE[0], _CPU_KERNELS[0] = mode, cpu_kernels
     try:
         yield
         if mode == "unfused" and _CALLS[0] == calls:
             raise UsageError(NO_SDPA_CALLED)
     finally:
-        _MODE[0] = before
+        _MODE[0], _CPU_KERNELS[0] = before, before_cpu
 
 
 def traced_sdpa(*args, **kwargs) -> Tensor:

@@ -270,7 +270,7 @@ def _record(workload: Workload, step: Step) -> Trace:
         policy = watch.cuda_autocast = CudaAutocast() if cuda_lists else None
         labeler = GraphLabeler(modules, assumed)
         with (modules, labeler, recorder, collecting() as assumptions,
-              sdpa_mode(options.sdpa), traced_loss.tracing(),
+              sdpa_mode(options.sdpa, cpu_kernels=options.autocast_device == "cpu"), traced_loss.tracing(),
               policy.installed() if policy is not None else contextlib.nullcontext()):
             # an inference output stays alive until the recording stops, as it always did
             output = step.run(watch)
