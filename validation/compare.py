@@ -20,9 +20,7 @@ from pathlib import Path
 
 from error_tables import check_baseline, print_tables
 
-from nnperf.hardware import DeviceProfile, load_gpu
-from nnperf.hardware.profile import load_profile
-from nnperf.measure.validation import error_tables, load_records, repredict
+from nnperf.measure.validation import calibrated_profile, error_tables, load_records, repredict
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     records = [r for r in load_records(args.path) if r.get("fits", True) and "measured_step_time_s" in r]
     if not args.recorded:
-        profile = calibrated_profile(Path(args.path), args.profile, args.gpu or (records[0].get("gpu") if records else None))
+        profile = calibrated_profile(args.path, args.gpu or (records[0].get("gpu") if records else None), args.profile)
         for r in records:
             repredict(r, args.gpu or r.get("gpu"), profile)
     tables = error_tables(records)
@@ -48,15 +46,6 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print_tables(tables, "family", f"{len(records)} records")
     return check_baseline(tables, args.baseline, args.write_baseline)
-
-def calibrated_profile(path: Path, given: Path | None, gpu_name: str | None) -> DeviceProfile | None:
-    """``given``, else the calibration committed beside the records (``profile.toml``)."""
-    beside = (path if path.is_dir() else path.parent) / "profile.toml"
-    chosen = given or (beside if beside.exists() else None)
-    if chosen is None or gpu_name is None:
-        return None
-    return load_profile(chosen, load_gpu(gpu_name))
-
 
 if __name__ == "__main__":
     sys.exit(main())

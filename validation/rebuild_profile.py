@@ -15,8 +15,8 @@ import json
 import sys
 from pathlib import Path
 
-from nnperf.hardware import load_gpu, save_profile
-from nnperf.measure.calibration.profile import build_profile, measured_table
+from nnperf.hardware import load_gpu
+from nnperf.measure.calibration.files import profile_text
 from nnperf.measure.calibration.record import Calibration
 
 
@@ -27,13 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cal = Calibration.from_json(json.loads(args.raw.read_text()))
     gpu = load_gpu(cal.device_name) if cal.device.startswith("cuda") else None
-    from nnperf.measure.calibration.files import toml_text
-
-    scratch = args.output.with_suffix(".partial")
-    save_profile(build_profile(cal, gpu), scratch)
-    text = scratch.read_text() + "\n" + toml_text({"measured": measured_table(cal)})
-    scratch.unlink()
-    args.output.write_text(text)
+    args.output.write_text(profile_text(cal, gpu))
     print(f"wrote {args.output} ({cal.device_name}, {cal.date}, timing {cal.timing})")
     return 0
 

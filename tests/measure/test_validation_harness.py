@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from nnperf.hardware import load_gpu
-from nnperf.hardware.profile import load_profile
 from nnperf.measure.validation import (
     Config,
+    calibrated_profile,
     default_configs,
     error_tables,
     load_records,
@@ -34,10 +33,8 @@ def committed_folders() -> list[Path]:
 def test_committed_error_tables_do_not_regress(folder: Path):
     records = [r for r in load_records(folder) if r.get("fits", True) and "measured_step_time_s" in r]
     assert records
-    calibrated = folder / "profile.toml"
     for r in records:
-        profile = load_profile(calibrated, load_gpu(r["gpu"])) if calibrated.exists() and r.get("gpu") else None
-        repredict(r, r.get("gpu"), profile)
+        repredict(r, r.get("gpu"), calibrated_profile(folder, r.get("gpu")))
     baseline = json.loads((folder / "baseline.json").read_text())
     assert regressions(error_tables(records), baseline) == []
 

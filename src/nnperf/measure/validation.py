@@ -265,6 +265,20 @@ def repredict(record: dict[str, Any], gpu_name: str | None, profile: DeviceProfi
             record["predicted_step_time_calibrated_s"] = predict_analysis(analysis, gpu, profile, timing).step.step_s
 
 
+def calibrated_profile(path: str | Path, gpu_name: str | None, given: str | Path | None = None) -> DeviceProfile | None:
+    """``given``, else the calibration committed beside the records (``profile.toml`` in the
+    records' folder), for ``gpu_name``; None without either."""
+    from nnperf.hardware import load_gpu
+    from nnperf.hardware.profile import load_profile
+
+    path = Path(path)
+    beside = (path if path.is_dir() else path.parent) / "profile.toml"
+    chosen = given or (beside if beside.exists() else None)
+    if chosen is None or gpu_name is None:
+        return None
+    return load_profile(chosen, load_gpu(gpu_name))
+
+
 #: How far (percentage points) a committed error table's median or p90 may grow before CI
 #: calls it a regression: re-tracing is deterministic, so any growth is a model change.
 REGRESSION_POINTS = 0.5

@@ -121,8 +121,7 @@ def gemm_rates(cal: Calibration, dtype: str) -> list[tuple[float, float]]:
     device; smaller GEMMs then take the smallest measured one's fraction of peak."""
     every = [g for g in cal.gemm if g["dtype"] == dtype]
     host_mm = (cal.overhead.get("host_per_op_by_kind_s") or {}).get("mm", {}).get("median")
-    kept = {id(g) for g in informative(every, cal, host_mm)}
-    return sorted((g["flops"], g["flops_per_s"]) for g in every if g["kind"] == "square" and id(g) in kept)
+    return sorted((g["flops"], g["flops_per_s"]) for g in informative(every, cal, host_mm) if g["kind"] == "square")
 
 
 def copy_rates(cal: Calibration, base: DeviceProfile, gpu: GPU | None) -> list[tuple[float, float]]:
@@ -245,8 +244,7 @@ def conv_efficiency_scale(cal: Calibration, gpu: GPU | None, base: DeviceProfile
         from nnperf.kernels.gemm import estimate_gemm
 
         for c in dense:
-            out_hw = (c["hw"] + 2 * (c["kernel"] // 2) - c["kernel"]) // c["stride"] + 1
-            dtype = c["dtype"]
+            out_hw, dtype = _out_hw(c), c["dtype"]
             try:
                 gemm = estimate_gemm(c["batch"] * out_hw * out_hw, c["out_channels"],
                                      c["in_channels"] * c["kernel"] ** 2, dtype=dtype, gpu=gpu,
@@ -261,13 +259,18 @@ def conv_efficiency_scale(cal: Calibration, gpu: GPU | None, base: DeviceProfile
             curve = gemm_rates(cal, c["dtype"])
             if not curve:
                 continue
-            out_hw = (c["hw"] + 2 * (c["kernel"] // 2) - c["kernel"]) // c["stride"] + 1
+            out_hw = _out_hw(c)
             unit = _math_unit(gpu, c["dtype"])
             table = base.conv_efficiency_of(c["stride"], out_hw * out_hw, "forward", unit) / base.conv_efficiency_scale
             ratios.append(c["flops_per_s"] / interpolate(curve, c["flops"]) / table)
     if not ratios:
         return None
     return min(2.0, max(0.05, Spread.of(ratios).median))
+
+
+def _out_hw(conv: dict[str, Any]) -> int:
+    """Output height (= width) of a measured square convolution, padded by half its kernel."""
+    return (conv["hw"] + 2 * (conv["kernel"] // 2) - conv["kernel"]) // conv["stride"] + 1
 
 
 def _math_unit(gpu: GPU | None, dtype: str) -> str:
