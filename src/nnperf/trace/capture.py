@@ -50,7 +50,7 @@ from nnperf.trace.grad_scaler import GRAD_SCALER_MODULE, TracedGradScaler
 from nnperf.trace.options import DTYPES, TraceOptions
 from nnperf.trace.packing import mark_host
 from nnperf.trace.rebind import rebind_tensors
-from nnperf.trace.recorder import GraphLabeler, ModuleStack, OpRecorder
+from nnperf.trace.recorder import GraphLabeler, KnownStorages, ModuleStack, OpRecorder
 from nnperf.trace.routing import Routing, TraceFakeMode
 from nnperf.trace.state_warmup import skip_inplace_math
 from nnperf.trace.step import Step, StepWatch, to_channels_last
@@ -257,7 +257,7 @@ def _record(workload: Workload, step: Step) -> Trace:
         # Persistent 0-dim device tensors, like a model's buffers (the memory pass keeps them
         # on the device for the whole step).
         for name, t in scaler.state_tensors().items():
-            kinds[id(t.untyped_storage())] = (KIND_BUFFER, f"{GRAD_SCALER_MODULE}.{name}")
+            kinds.add(t.untyped_storage(), KIND_BUFFER, f"{GRAD_SCALER_MODULE}.{name}")
     modules = ModuleStack(names)
     accumulation = AccumulationWatch()
     recorder = OpRecorder(modules, kinds, accumulation)
@@ -329,17 +329,17 @@ def _input_descriptions(inputs: tuple[Any, ...]) -> list[dict[str, Any]]:
     ]
 
 
-def _known_storage_kinds(workload: Workload) -> dict[int, tuple[str, str | None]]:
-    kinds: dict[int, tuple[str, str | None]] = {}
+def _known_storage_kinds(workload: Workload) -> KnownStorages:
+    kinds = KnownStorages()
     for n, p in workload.model.named_parameters():
-        kinds[id(local(p).untyped_storage())] = (KIND_PARAM, n)
+        kinds.add(local(p).untyped_storage(), KIND_PARAM, n)
     for n, b in workload.model.named_buffers():
-        kinds[id(local(b).untyped_storage())] = (KIND_BUFFER, n)
+        kinds.add(local(b).untyped_storage(), KIND_BUFFER, n)
     from torch.utils._pytree import tree_flatten
 
     for t in tree_flatten(workload.inputs)[0]:
         if isinstance(t, torch.Tensor):
-            kinds.setdefault(id(t.untyped_storage()), (KIND_INPUT, None))
+            kinds.add(t.untyped_storage(), KIND_INPUT, keep_first=True)
     return kinds
 
 

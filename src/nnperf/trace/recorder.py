@@ -203,20 +203,46 @@ def _native_dropout(func, args, kwargs):
     return torch.ops.aten.native_dropout(x, float(p), True)[0]
 
 
+class KnownStorages:
+    """The storages whose kind is known before the step runs (parameters, buffers, inputs).
+
+    Looked up by object identity, not by ``id`` alone: a storage that dies during the step (a
+    pipeline stage's input, once split into micro-batches) frees its ``id`` for a storage the
+    step creates later, which must not inherit its kind. Keyed by ``id`` only, an activation
+    that happened to land at a dead input's address was counted as an input, and a memory
+    prediction moved by 64 KiB with where Python placed its objects."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[weakref.ref[Any], str, str | None]] = {}
+
+    def add(self, storage: Any, kind: str, name: str | None = None, *, keep_first: bool = False) -> None:
+        """Note ``storage``'s kind (``keep_first``: unless it is already noted)."""
+        if keep_first and self.kind_of(storage) is not None:
+            return
+        self._by_id[id(storage)] = (weakref.ref(storage), kind, name)
+
+    def kind_of(self, storage: Any) -> tuple[str, str | None] | None:
+        """``storage``'s noted kind and name, or None."""
+        known = self._by_id.get(id(storage))
+        if known is None or known[0]() is not storage:
+            return None
+        return known[1], known[2]
+
+
 class OpRecorder(TorchDispatchMode):
     """Writes one OpEvent per aten op; tracks storages from creation to release."""
 
     def __init__(
         self,
         modules: ModuleStack,
-        storage_kinds: dict[int, tuple[str, str | None]],
+        storage_kinds: KnownStorages,
         accumulation: AccumulationWatch | None = None,
     ):
         super().__init__()
         self._modules = modules
         self._accumulation = accumulation
         self.engine_sums: set[int] = set()  # events where autograd adds gradients (in place for real)
-        self._known_kinds = storage_kinds  # id(storage object) -> (kind, name) for params etc.
+        self._known_kinds = storage_kinds  # params, buffers, inputs
         self.events: list[OpEvent] = []
         self.storages: dict[int, StorageInfo] = {}
         self._sid_of: dict[int, int] = {}  # id(storage object) -> storage id, while alive
@@ -241,7 +267,7 @@ class OpRecorder(TorchDispatchMode):
         if sid is None:
             sid = len(self.storages)
             self._sid_of[key] = sid
-            kind, name = self._known_kinds.get(key, (KIND_ACTIVATION, None))
+            kind, name = self._known_kinds.kind_of(st) or (KIND_ACTIVATION, None)
             self.storages[sid] = StorageInfo(
                 nbytes=st.nbytes(), kind=kind, created_by=creating_event, name=name
             )
