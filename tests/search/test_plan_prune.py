@@ -4,13 +4,15 @@ fits is evaluated as without pruning."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from nnperf.hardware.catalog import load_gpu
 from nnperf.hardware.cluster import load_cluster
 from nnperf.request import ModelRequest
-from nnperf.search.plan import evaluate
-from nnperf.search.plan_rank import RoleCache
+from nnperf.search.plan import evaluate, same_work, work_bound
+from nnperf.search.plan_rank import RankCost, RoleCache, scaled_cost
 from nnperf.trace.distributed import Execution
 from nnperf.trace.options import TraceOptions
 
@@ -48,18 +50,63 @@ def test_a_fitting_pipeline_is_not_pruned():
     assert searched.to_json() == plain.to_json()
 
 
+def _first_role(execution: Execution, layers: int) -> RankCost:
+    """The first stage's role as ``pipeline_step`` traces it: one micro-batch of GPipe over
+    three stages, its blocks extrapolated to the layout's blocks per chunk."""
+    stride = execution.world // execution.pipeline
+    traced = replace(execution, world=3 * stride, pipeline=3, pipeline_schedule="gpipe", virtual_stages=1,
+                     grad_accum=1)
+    per_chunk = layers // (execution.pipeline * execution.virtual_stages)
+    return scaled_cost(REQUEST, OPTIONS, traced, GPU, CLUSTER, 0, layers, RoleCache(), per_chunk=per_chunk)
+
+
 @pytest.mark.parametrize(("schedule", "virtual"), [("1f1b", 1), ("interleaved-1f1b", 2), ("gpipe", 1)])
 def test_a_pipeline_slower_than_the_best_is_cut_at_a_lower_bound_of_its_step(schedule, virtual):
-    """Rank 0's own work (its first stage's forward and backward of each of the 4 micro-batches,
-    its head and tail) bounds the replayed step from below; a search whose best so far is
-    faster than that bound traces the first stage's role only."""
+    """40 blocks on 4 stages (10 or 5 per chunk, extrapolated from 3 and 4): the bound replays
+    the schedule from the first stage's role alone, so it holds rank 0's own work (its first
+    stage's forward and backward of each of the 4 micro-batches, its head and tail, worked out
+    here) and more: the fill and drain that the other stages' blocks take; it is at most the
+    step of the layout composed from all its roles. A search whose best so far is faster than
+    the bound traces the first stage's role only."""
+    layers = 40
     execution = _pipeline(schedule, virtual)
-    exact = evaluate(REQUEST, OPTIONS, execution, GPU, CLUSTER, layers=16, cache=RoleCache())
+    request = replace(REQUEST, overrides={**LLAMA, "n_layer": layers})
+    exact = evaluate(request, OPTIONS, execution, GPU, CLUSTER, layers=layers, cache=RoleCache())
     first = RoleCache()
-    cut = evaluate(REQUEST, OPTIONS, execution, GPU, CLUSTER, layers=16, cache=first, prune=True, slower_than=1e-9)
-    assert cut.time_bound and first.traces == 1
-    assert 0 < cut.step_s <= exact.step_s
+    cut = evaluate(request, OPTIONS, execution, GPU, CLUSTER, layers=layers, cache=first, prune=True,
+                   slower_than=1e-9)
+    role = _first_role(execution, layers)
+    own = role.get("head_s") + 4 * (role.get("action.F@0") + role.get("action.B@0")) + role.get("tail_s")
+    assert cut.time_bound and first.traces == 2  # the first role at 3 and 4 blocks
+    assert own < cut.step_s <= exact.step_s
+    if virtual == 1:
+        # rank 0 runs micro-batch 0's forward, waits for the 3 other stages' forward and
+        # backward of it (10 blocks each at the first stage's per-block time), then runs the
+        # 4 backwards: its warm-up forwards hide in that wait, the chain does not
+        chain = 3 * 10 * (role.per_block["action.F@0"] + role.per_block["action.B@0"])
+        fill = role.get("head_s") + role.get("action.F@0") + chain + 4 * role.get("action.B@0") + role.get("tail_s")
+        assert cut.step_s >= fill * (1 - 1e-9) and fill > own
     assert cut.memory_bound and cut.memory_bytes <= exact.memory_bytes
-    kept = evaluate(REQUEST, OPTIONS, execution, GPU, CLUSTER, layers=16, cache=RoleCache(), prune=True,
+    kept = evaluate(request, OPTIONS, execution, GPU, CLUSTER, layers=layers, cache=RoleCache(), prune=True,
                     slower_than=exact.step_s * 2)
     assert not kept.time_bound and kept.to_json() == exact.to_json()
+
+
+@pytest.mark.parametrize(("schedule", "virtual", "checkpoint"),
+                         [("1f1b", 1, None), ("interleaved-1f1b", 2, None), ("1f1b", 1, "full")])
+def test_a_pipeline_is_no_faster_than_its_gpus_average_compute(schedule, virtual, checkpoint):
+    """Over the same 8 GPUs, a 4-stage pipeline (FSDP over 2) does per GPU the kernels FSDP over
+    8 does at the same micro-batch and checkpointing: its composed step is at least that
+    layout's compute (less what overlapping collectives slowed), so a search whose best is
+    faster than that leaves the pipeline untraced."""
+    execution = replace(_pipeline(schedule, virtual), checkpoint=checkpoint)
+    flat = Execution(world=8, data="fsdp", shard=8, micro_batch=1, grad_accum=1, checkpoint=checkpoint)
+    exact = evaluate(REQUEST, OPTIONS, execution, GPU, CLUSTER, layers=16, cache=RoleCache())
+    same = evaluate(REQUEST, OPTIONS, flat, GPU, CLUSTER, layers=16, cache=RoleCache())
+    work = same_work([same])
+    compute = same.split["compute_s"] - same.split["overlap_slowdown_s"]
+    assert 0 < compute <= exact.step_s
+    cut = work_bound(execution, work, slower_than=compute)
+    assert cut is not None and cut.step_s == compute and cut.time_bound
+    assert work_bound(execution, work, slower_than=compute * 1.01) is None  # the best so far is faster
+    assert work_bound(replace(execution, micro_batch=2, grad_accum=2), work, slower_than=0.0) is None  # other work

@@ -54,20 +54,25 @@ def test_a_pipeline_from_its_stage_roles(schedule, virtual):
     assert composed.pipeline["in_flight"] == traced.pipeline["in_flight"]
 
 
-def test_two_stage_roles_are_three_stage_roles():
-    """A two-rank pipeline is traced as stages of a three-stage one (so that its 1F1B and
-    interleaved layouts share their roles): a stage's trace is its own chunk, its neighbours'
-    ranks and its data-parallel group, so the first and last roles of two and three stages give
-    the same numbers (the last role's action labels name its stage)."""
+def test_any_stage_roles_are_three_stage_roles():
+    """Every pipeline is traced as stages of a three-stage one (so that a two-rank pipeline's
+    1F1B and interleaved layouts share their roles, and a deep pipeline's traced model holds
+    three chunks, not one per stage): a stage's trace is its own chunk, its neighbours' ranks
+    and its data-parallel group, so the first, a middle and the last role of two, three and
+    five stages give the same numbers (the last role's action labels name its stage)."""
     costs = {}
-    for stages in (2, 3):
+    for stages in (2, 3, 5):
         execution = Execution(world=2 * stages, data="fsdp", shard=2, pipeline=stages, pipeline_schedule="gpipe",
                               micro_batch=2, reshard_after_forward=False)
         request = ModelRequest("llama-7b", batch=2, seq_len=64, overrides={**LLAMA, "n_layer": 4 * stages})
-        for role, rank in (("first", 0), ("last", 2 * (stages - 1))):
-            costs[stages, role] = rank_cost(request, OPTIONS, execution, GPU, CLUSTER, rank)
-    assert costs[2, "first"].values == costs[3, "first"].values
-    assert {k.replace("@2", "@1"): v for k, v in costs[3, "last"].values.items()} == costs[2, "last"].values
+        roles = (("first", 0), ("last", stages - 1)) + ((("middle", 1),) if stages > 2 else ())
+        for role, stage in roles:
+            cost = rank_cost(request, OPTIONS, execution, GPU, CLUSTER, 2 * stage)
+            costs[stages, role] = {k.replace(f"@{stage}", "@last" if role == "last" else f"@{stage}"): v
+                                   for k, v in cost.values.items()}
+    assert costs[2, "first"] == costs[3, "first"] == costs[5, "first"]
+    assert costs[2, "last"] == costs[3, "last"] == costs[5, "last"]
+    assert costs[3, "middle"] == costs[5, "middle"]
     one_chunk = Execution(world=4, data="fsdp", shard=2, pipeline=2, pipeline_schedule="1f1b", micro_batch=1,
                           grad_accum=2, reshard_after_forward=False)
     two_chunks = replace(one_chunk, pipeline_schedule="interleaved-1f1b", virtual_stages=2)

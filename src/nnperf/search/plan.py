@@ -468,7 +468,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
                          layers=layers, expert=expert)
         more, more_traces = _in_workers(request, options, gpu, cluster, layers,
                                         [[e for e in second if e.pipeline == pp] for pp in deeper],
-                                        fitting[0].step_s if fitting else None)
+                                        fitting[0].step_s if fitting else None, same_work(results))
         results += more
         traces += more_traces
     if not results:
@@ -542,7 +542,8 @@ _TASKS: list[Any] = []  # what a forked worker runs (inherited, nothing pickled)
 
 
 def _in_workers(request: ModelRequest, options: TraceOptions, gpu: GPU, cluster: Cluster, layers: int | None,
-                groups: list[list[Execution]], slower_than: float | None = None) -> tuple[list[Planned], int]:
+                groups: list[list[Execution]], slower_than: float | None = None,
+                work: dict[tuple[Any, ...], Planned] | None = None) -> tuple[list[Planned], int]:
     """``_search`` of each group of candidates (they share no traced role), in forked worker
     processes where that is safe: each worker has its own traced roles; the results and the
     number of traces come back."""
@@ -556,7 +557,7 @@ def _in_workers(request: ModelRequest, options: TraceOptions, gpu: GPU, cluster:
     wanted = os.environ.get(WORKERS_ENV)
     workers = int(wanted) if wanted and wanted.isdigit() else min(2, os.cpu_count() or 1)
     workers = min(workers, len(groups))
-    _TASKS[:] = [(request, options, gpu, cluster, layers, g, slower_than) for g in groups]
+    _TASKS[:] = [(request, options, gpu, cluster, layers, g, slower_than, work) for g in groups]
     if workers <= 1 or not sys.platform.startswith("linux") or not fork_is_safe():
         outputs = [_run_task(i) for i in range(len(groups))]
     else:
@@ -572,13 +573,14 @@ def _in_workers(request: ModelRequest, options: TraceOptions, gpu: GPU, cluster:
 
 
 def _run_task(index: int) -> tuple[list[Planned], int]:
-    request, options, gpu, cluster, layers, group, slower_than = _TASKS[index]
+    request, options, gpu, cluster, layers, group, slower_than, work = _TASKS[index]
     cache = RoleCache()
-    return _search(request, options, group, gpu, cluster, layers, cache, slower_than), cache.traces
+    return _search(request, options, group, gpu, cluster, layers, cache, slower_than, work), cache.traces
 
 
 def _search(request: ModelRequest, options: TraceOptions, candidates: list[Execution], gpu: GPU,
-            cluster: Cluster, layers: int | None, cache: RoleCache, slower_than: float | None = None) -> list[Planned]:
+            cluster: Cluster, layers: int | None, cache: RoleCache, slower_than: float | None = None,
+            work: dict[tuple[Any, ...], Planned] | None = None) -> list[Planned]:
     """Per group (one ``shape_key``), the largest micro-batch that fits, found by bisection
     (memory only grows with the micro-batch), without checkpointing and then with each
     checkpointing level in turn while it lets a larger micro-batch fit: recomputation only
@@ -592,7 +594,8 @@ def _search(request: ModelRequest, options: TraceOptions, candidates: list[Execu
     FSDP's checkpointing levels and micro-batches or smaller; a layout they cannot fit is not
     traced, nor one whose model states alone cannot fit (``search.plan_states``, from FSDP's
     trace). ``slower_than``: the fastest step found so far, below which a pipeline's first stage
-    must keep it to be traced to the end (``search.plan_pipeline``)."""
+    must keep it to be traced to the end (``search.plan_pipeline``), and its GPUs' work (``work``,
+    ``same_work``) to be traced at all."""
     groups: dict[tuple[Any, ...], list[Execution]] = {}
     for execution in candidates:
         groups.setdefault(shape_key(execution), []).append(execution)
@@ -623,7 +626,7 @@ def _search(request: ModelRequest, options: TraceOptions, candidates: list[Execu
                      if above < e.micro_batch <= largest.get(level, e.micro_batch)]
             if not tried:
                 continue
-            fit = _first_fit(tried, request, options, gpu, cluster, layers, cache, results, slower_than)
+            fit = _first_fit(tried, request, options, gpu, cluster, layers, cache, results, slower_than, work)
             if fit is None:
                 continue
             if key[0] == "fsdp":
@@ -636,15 +639,16 @@ def _search(request: ModelRequest, options: TraceOptions, candidates: list[Execu
 
 def _first_fit(members: list[Execution], request: ModelRequest, options: TraceOptions, gpu: GPU,
                cluster: Cluster, layers: int | None, cache: RoleCache, results: list[Planned],
-               slower_than: float | None = None) -> Planned | None:
+               slower_than: float | None = None, work: dict[tuple[Any, ...], Planned] | None = None) -> Planned | None:
     """The first of ``members`` (largest micro-batch first) that fits, by bisection; the layouts
     that do not fit and the one found are added to ``results`` (a fitting one with more
     accumulation than needed is only slower)."""
     low, high, best = 0, len(members) - 1, None
     while low <= high:
         mid = (low + high) // 2
-        planned = evaluate(request, options, members[mid], gpu, cluster, layers=layers, cache=cache, prune=True,
-                           slower_than=slower_than)
+        planned = work_bound(members[mid], work or {}, slower_than) or evaluate(
+            request, options, members[mid], gpu, cluster, layers=layers, cache=cache, prune=True,
+            slower_than=slower_than)
         if planned.fits:
             best, high = planned, mid - 1
         else:
@@ -653,6 +657,50 @@ def _first_fit(members: list[Execution], request: ModelRequest, options: TraceOp
     if best is not None:
         results.append(best)
     return best
+
+
+def _work_key(execution: Execution) -> tuple[Any, ...]:
+    """What decides the kernels a GPU runs over a step, whatever the data and pipeline layout:
+    the tensor split, the checkpointing and the micro-batch (``same_work``)."""
+    e = execution
+    return e.tensor, e.sequence_parallel, e.context, e.expert, e.checkpoint, e.micro_batch
+
+
+def same_work(results: Iterable[Planned]) -> dict[tuple[Any, ...], Planned]:
+    """The traced layouts without a pipeline, by the work their GPUs do (``_work_key``), the
+    one of least compute where several share it.
+
+    A pipeline of ``p`` stages over the same GPUs, tensor split, checkpointing and micro-batch
+    does the same kernels per GPU on average: each rank runs ``1/p`` of the blocks for ``p``
+    times the samples (its data-parallel group is ``p`` times smaller), the embedding and the
+    head run on one rank in ``p`` for ``p`` times the samples, and FSDP's shards (of ``1/p`` of
+    the parameters over ``1/p`` of the ranks) give each GPU the same optimizer step. Its step
+    is at least its busiest rank's compute, so at least that average: the layout's compute
+    without what overlapping collectives slowed (which the layouts' communication decides)."""
+    out: dict[tuple[Any, ...], Planned] = {}
+    for p in results:
+        e = p.execution
+        if e.pipeline > 1 or p.time_bound or p.memory_bound or not p.split:
+            continue
+        key = _work_key(e)
+        if key not in out or _compute_alone(p) < _compute_alone(out[key]):
+            out[key] = p
+    return out
+
+
+def _compute_alone(planned: Planned) -> float:
+    return planned.split["compute_s"] - planned.split.get("overlap_slowdown_s", 0.0)
+
+
+def work_bound(execution: Execution, work: dict[tuple[Any, ...], Planned], slower_than: float | None) -> Planned | None:
+    """``execution`` (a pipeline) left untraced at the lower bound of its step that a traced
+    layout doing the same work per GPU gives (``same_work``), where that is no faster than
+    ``slower_than``; else None."""
+    same = work.get(_work_key(execution)) if execution.pipeline > 1 and slower_than is not None else None
+    if same is None or _compute_alone(same) < slower_than:
+        return None
+    return Planned(execution, step_s=_compute_alone(same), fits=True, memory_bound="not traced",
+                   time_bound=f"its GPUs' compute: the same kernels per GPU as {same.execution.describe()}")
 
 
 #: The share of the step the host's issuing takes from which a layout is called host-bound (the
@@ -677,7 +725,7 @@ def _why(best: Planned, others: list[Planned]) -> str:
 
 def smallest_memory(plan_: Plan) -> str:
     """Nothing fits: the smallest per-GPU memory any layout reached and what would make it fit."""
-    least = min(plan_.rejected, key=lambda p: p.memory_bytes)
+    least = min((p for p in plan_.rejected if not p.time_bound), key=lambda p: p.memory_bytes)
     need = least.memory_bytes / capacity(plan_.gpu)
     at_least = "at least " if least.memory_bound else ""
     return (f"no layout of {plan_.model} fits on {plan_.gpus} x {plan_.gpu.name}: the smallest is "

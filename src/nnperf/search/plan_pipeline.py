@@ -30,7 +30,9 @@ model states and in-flight saved activations of its later chunks. Those later te
 counts (a chunk's parameters and saved tensors, extrapolated in depth from 3 and 4 blocks, where
 each grows with the blocks), so rank 0's memory without them is a lower bound of it, and the
 layout's memory is the largest rank's. With one chunk per rank (GPipe, 1F1B) the bound is rank
-0's memory itself.
+0's memory itself. A search that has a best step so far also stops where the first role bounds
+the step above it (``replay_lower_bound``: the schedule replayed with the other stages at their
+blocks' time, so the bound holds the bubble).
 """
 
 from __future__ import annotations
@@ -55,18 +57,20 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
                   slower_than: float | None = None) -> Any:
     """The layout's step and memory from its stage roles; ``prune``: a layout whose first stage
     alone does not fit the GPU is returned unfit with that lower bound, its other roles untraced;
-    ``slower_than``: so is one whose rank 0 alone takes that long (a lower bound of its step)."""
+    ``slower_than``: so is one whose ``replay_lower_bound`` from its first stage's role alone
+    takes that long."""
     if execution.pipeline_schedule == "zero-bubble":
         return traced_schedule_step(request, options, execution, gpu, cluster, layers, cache, prepare)
     p, micro = execution.pipeline, execution.grad_accum
     virtual = execution.virtual_stages if execution.pipeline_schedule in MULTI else 1
     stages = p * virtual
     stride = execution.world // p
-    # roles: a GPipe pipeline of one micro-batch of at least three stages, so that a two-rank
-    # pipeline of one chunk per rank and of two (interleaved) share their roles (a stage's trace
-    # is its own chunk, its neighbours' ranks and its data-parallel group: the first and last
-    # roles of two and three traced stages are the same numbers, tested)
-    traced_p = max(p, 3)
+    # roles: a GPipe pipeline of one micro-batch of three stages, whatever the degree: a stage's
+    # trace is its own chunk, its neighbours' ranks and its data-parallel group, so the first,
+    # a middle and the last role of any number of stages are those of three (tested), and the
+    # traced model holds three chunks, not p (a 16-stage trace built and wrapped 16 of them);
+    # the one- and two-chunk pipelines of two ranks share their roles too
+    traced_p = 3
     traced = replace(execution, world=traced_p * stride, pipeline=traced_p, pipeline_schedule="gpipe",
                      virtual_stages=1, grad_accum=1)
     per_chunk = layers // stages if layers else None
@@ -99,12 +103,14 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
 
         return Planned(execution, memory_bytes=bound, memory_bound="its first pipeline stage alone")
     if prune and slower_than is not None:
-        at_least = rank0_lower_bound(roles["first"], micro)
+        first = roles["first"]
+        transfer_first = _transfer(first.get("p2p_bytes"), p, stride, cluster)
+        at_least = replay_lower_bound(first, order, stages, per_chunk or 0, transfer_first)
         if at_least >= slower_than:
             from nnperf.search.plan import Planned
 
             return Planned(execution, step_s=at_least, fits=True, memory_bytes=int(memory(0, roles)),
-                           memory_bound="its first pipeline stage alone", time_bound=RANK0_BOUND)
+                           memory_bound="its first pipeline stage alone", time_bound=REPLAY_BOUND)
     roles.update({name: traced_role(name) for name in role_ranks if name != "first"})
 
     def action_s(stage: int, kind: str) -> float:
@@ -113,14 +119,10 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
 
     activation = max(c.get("p2p_bytes") for c in roles.values())
 
-    def transfer(src: int, dst: int) -> float:
-        pair = ((src % p) * stride, (dst % p) * stride)
-        return estimate_collective("send_recv", int(activation), pair, cluster).time_s
-
     def per_rank(rank: int, key: str) -> float:
         return sum(roles[role_of(s)].get(key) for s in held[rank])
 
-    sim = simulate(order, stages, lambda r, a: action_s(a.stage, a.kind), transfer,
+    sim = simulate(order, stages, lambda r, a: action_s(a.stage, a.kind), _transfer(activation, p, stride, cluster),
                    lambda r: per_rank(r, "head_s"), lambda r: per_rank(r, "tail_s"))
     flops = sum(per_rank(r, "flops") for r in range(p)) * micro * stride
     return _planned(execution, gpu, sim, roles[role_of(held[sim.critical_rank][0])], flops,
@@ -129,16 +131,45 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
 
 
 
-#: What ``rank0_lower_bound`` counts.
-RANK0_BOUND = "rank 0's own work: its first stage's forward and backward of every micro-batch and its optimizer step"
+def _transfer(activation: float, p: int, stride: int, cluster: Cluster) -> Any:
+    """A micro-batch's activation (or its gradient) sent from stage ``src`` to ``dst``: one
+    send on the link between their ranks."""
+    def transfer(src: int, dst: int) -> float:
+        pair = ((src % p) * stride, (dst % p) * stride)
+        return estimate_collective("send_recv", int(activation), pair, cluster).time_s
+    return transfer
 
 
-def rank0_lower_bound(first: RankCost, micro_batches: int) -> float:
-    """A lower bound of a pipeline's step from its first stage's role alone: rank 0 runs that
-    stage's forward and backward of every micro-batch one after another (any chunks it holds
-    besides, and every wait for the other stages, only add), between its head and its tail
-    (optimizer step, gradient synchronization): the same numbers the schedule's replay adds."""
-    return first.get("head_s") + micro_batches * (first.get("action.F@0") + first.get("action.B@0")) + first.get("tail_s")
+#: What ``replay_lower_bound`` counts.
+REPLAY_BOUND = ("the schedule replayed with its first stage as traced and every other stage at its blocks' time "
+                "alone")
+
+
+def replay_lower_bound(first: RankCost, order: dict[int, list[Action]], stages: int, per_chunk: int,
+                       transfer: Any) -> float:
+    """A lower bound of a pipeline's step from its first stage's role alone: the schedule's
+    replay (``passes.pipeline_timeline.simulate``) with the first stage's actions, head and
+    tail as traced and every other stage's action at its blocks' share of the first stage's
+    (``per_chunk`` blocks at what one more block adds to the traced first stage, ``RankCost.
+    per_block``), which leaves out only what a stage does besides its blocks (the head and the
+    loss of the last stage, receiving its input), and the other ranks' heads and tails (their
+    optimizer steps) left out. A replay's end only grows with any action's duration (each
+    action starts at the latest of its rank's previous action and its inputs), so this is at
+    most the step the full replay gives; it holds rank 0's own work and the pipeline's fill and
+    drain, the bubble. A first stage traced as it is (no extrapolation) has no per-block time:
+    the other stages count zero, and the bound is rank 0's own work."""
+    def duration(_rank: int, action: Action) -> float:
+        if action.stage == 0:
+            return first.get(f"action.{action.kind}@0")
+        return per_chunk * max(0.0, first.per_block.get(f"action.{action.kind}@0", 0.0))
+
+    def head(rank: int) -> float:
+        return first.get("head_s") if rank == 0 else 0.0
+
+    def tail(rank: int) -> float:
+        return first.get("tail_s") if rank == 0 else 0.0
+
+    return simulate(order, stages, duration, transfer, head, tail).step_s
 
 
 def _planned(execution: Execution, gpu: GPU, sim: PipelineTime, critical: RankCost, flops: float,
@@ -205,14 +236,9 @@ def traced_schedule_step(request: ModelRequest, options: TraceOptions, execution
         return found if found is not None else sum(middle[action.kind]) / len(middle[action.kind])
 
     activation = max(c.get("p2p_bytes") for c in costs.values())
-
-    def transfer(src: int, dst: int) -> float:
-        pair = ((src % p) * stride, (dst % p) * stride)
-        return estimate_collective("send_recv", int(activation), pair, cluster).time_s
-
     ir = schedule_order(execution.pipeline_schedule or "", p, virtual, micro) if virtual > 1 else None
     order = orders(execution.pipeline_schedule or "", p, micro, ir)
-    sim = simulate(order, stages, duration, transfer, lambda r: role(r).get("head_s"),
+    sim = simulate(order, stages, duration, _transfer(activation, p, stride, cluster), lambda r: role(r).get("head_s"),
                    lambda r: role(r).get("tail_s"))
     flight = {s: n for acts in order.values() for s, n in in_flight([a.label for a in acts]).items()}
     flops = sum(role(r).get("flops") for r in range(p)) * micro / traced_micro * stride

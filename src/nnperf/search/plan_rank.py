@@ -56,6 +56,9 @@ class RankCost:
     unit: str = "samples/s"
     stages: tuple[int, ...] = ()  # pipeline stages this rank holds
     pipeline_order: dict[int, list[str]] = field(default_factory=dict)
+    #: what one more block adds to each value, where the cost is a deep stack extrapolated from
+    #: two shallow traces (``extrapolate``); empty for a stack traced as it is
+    per_block: dict[str, float] = field(default_factory=dict)
 
     def get(self, key: str) -> float:
         return self.values.get(key, 0.0)
@@ -195,9 +198,9 @@ def layers_of(request: ModelRequest) -> int | None:
 
 def extrapolate(low: RankCost, high: RankCost, k_low: int, k_high: int, k: int) -> RankCost:
     """The line through two traced depths (blocks per chunk), read at ``k``."""
-    t = (k - k_low) / (k_high - k_low)
     keys = set(low.values) | set(high.values)
-    values = {key: low.get(key) + t * (high.get(key) - low.get(key)) for key in keys}
+    per_block = {key: (high.get(key) - low.get(key)) / (k_high - k_low) for key in keys}
+    values = {key: low.get(key) + (k - k_low) * per_block[key] for key in keys}
     # the allocator's segments beyond the allocated bytes do not add up per block: the larger
     values["mem_outside"] = max(low.get("mem_outside"), high.get("mem_outside"))
     values["mem_context"] = max(low.get("mem_context"), high.get("mem_context"))
@@ -208,7 +211,7 @@ def extrapolate(low: RankCost, high: RankCost, k_low: int, k_high: int, k: int) 
     phases = [v for key, v in values.items() if key.startswith("mem.")]
     if phases:  # the step's peak: the highest phase at this depth
         values["memory"] = max(phases) + values["mem_outside"]
-    return replace(high, values=values)
+    return replace(high, values=values, per_block=per_block)
 
 
 class RoleCache:
