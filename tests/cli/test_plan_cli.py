@@ -210,3 +210,27 @@ def test_the_default_global_batch_is_the_models_default_batch_per_gpu():
     doc = json.loads(result.output)
     assert doc["global_batch"] == 64 and doc["seq_len"] == 1024
     assert "seq_len = 1024" in doc["torchtitan"]
+
+
+def test_each_engine_gets_the_fastest_layout_it_can_run():
+    """Megatron-LM has no per-op recomputation: when the winner uses torchtitan's per-op policy,
+    Megatron's arguments are the next layout's (full recomputation, 10% slower), saying which and
+    why; torchtitan runs the winner itself; DeepSpeed's JSON holds no checkpointing, so no layout
+    here, and the winner's reason is given."""
+    from types import SimpleNamespace
+
+    from nnperf.cli.plan import engine_configs
+    from nnperf.search.plan import Planned
+    from nnperf.trace.distributed import Execution
+    from nnperf.trace.options import TraceOptions
+
+    winner = Execution(world=8, data="fsdp", shard=8, checkpoint="selective-op", micro_batch=1)
+    second = Execution(world=8, data="fsdp", shard=8, checkpoint="full", micro_batch=2)
+    result = SimpleNamespace(model="llama-7b", layers=32, seq_len=2048,
+                             ranked=[Planned(winner, step_s=1.0), Planned(second, step_s=1.1)])
+    configs = engine_configs(result, TraceOptions(amp="bf16"))
+    assert 'selective_ac_option = "op"' in configs["torchtitan"] and "torchtitan_layout" not in configs
+    assert "--recompute-granularity full" in configs["megatron"]
+    assert configs["megatron_layout"]["rank"] == 2 and abs(configs["megatron_layout"]["slower_by"] - 0.1) < 1e-9
+    assert "per-op" in configs["megatron_not_expressible"]
+    assert configs["deepspeed"] is None and "model code" in configs["deepspeed_not_expressible"]

@@ -124,7 +124,9 @@ def _global_batch_of(tokens: int, global_batch: int | None, request: Any) -> int
 
 
 def engine_configs(result: Any, options: TraceOptions, model_options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The winner for each engine: its config text, or why the engine cannot express it."""
+    """For each engine, the fastest ranked layout it can run: its config text, and where that is
+    not the winner, which layout it is (``{engine}_layout``) and why the engine cannot run the
+    winner (``{engine}_not_expressible``; with no text, why it can run none of them)."""
     from nnperf.report.engine_configs import (
         NotExpressible,
         check_torchtitan_model,
@@ -135,28 +137,37 @@ def engine_configs(result: Any, options: TraceOptions, model_options: dict[str, 
     )
     if not result.ranked:
         return {}
-    execution = result.ranked[0].execution
     out: dict[str, Any] = {}
     amp, dtype, sdpa = options.amp, options.dtype, options.sdpa
     model_options = model_options or {}
     attention, doc_len = str(model_options.get("attention", "sdpa")), str(model_options.get("doc_len", 0))
     documents = int(doc_len) if doc_len.isdigit() else 0  # a built-in decoder's, checked when it was built
     seq = result.seq_len
-    def torchtitan() -> str:
+
+    def torchtitan(execution: Any) -> str:
         check_torchtitan_model(result.model)
         return torchtitan_toml(execution, amp, dtype, sdpa, options.loss, attention, documents, seq)
 
     writers = {"torchtitan": torchtitan,
-               "megatron": lambda: megatron_args(execution, result.layers, amp, dtype, sdpa, attention, seq),
-               "deepspeed": lambda: deepspeed_json(execution, amp, dtype)}
+               "megatron": lambda e: megatron_args(e, result.layers, amp, dtype, sdpa, attention, seq),
+               "deepspeed": lambda e: deepspeed_json(e, amp, dtype)}
+    best = result.ranked[0]
+    chosen: dict[str, Any] = {}
     for name, write in writers.items():
-        try:
-            out[name] = write()
-        except NotExpressible as why:
-            out[name] = None
-            out[f"{name}_not_expressible"] = str(why)
+        out[name] = None
+        for rank, planned in enumerate(result.ranked, 1):
+            try:
+                out[name] = write(planned.execution)
+            except NotExpressible as why:
+                out.setdefault(f"{name}_not_expressible", str(why))  # the winner's reason
+                continue
+            chosen[name] = planned.execution
+            if rank > 1:
+                out[f"{name}_layout"] = {"rank": rank, "layout": planned.execution.describe(),
+                                         "slower_by": planned.step_s / best.step_s - 1}
+            break
     # the command runs torchtitan with the TOML above: without one there is nothing to run
-    out["torchrun"] = torchrun_command(execution) if out["torchtitan"] else None
+    out["torchrun"] = torchrun_command(chosen["torchtitan"]) if out["torchtitan"] else None
     return out
 
 
@@ -197,12 +208,22 @@ def _print(result: Any, configs: dict[str, Any]) -> None:
     if not configs:
         return
     if configs.get("torchtitan"):
-        click.echo("\ntorchtitan config (plan.toml):\n" + configs["torchtitan"])
+        click.echo("\ntorchtitan config (plan.toml)" + _which_layout(configs, "torchtitan") + ":\n"
+                   + configs["torchtitan"])
         click.echo("\n" + configs["torchrun"])
     for name, title in (("megatron", "Megatron-LM arguments"), ("deepspeed", "DeepSpeed config (ds_config.json)")):
         if configs.get(name):
-            click.echo(f"\n{title}:\n{configs[name]}")
+            click.echo(f"\n{title}{_which_layout(configs, name)}:\n{configs[name]}")
         else:
             click.echo(f"\n{title}: none — {configs[f'{name}_not_expressible']}")
     if not configs.get("torchtitan"):
         click.echo(f"\ntorchtitan: none — {configs['torchtitan_not_expressible']}")
+
+
+def _which_layout(configs: dict[str, Any], engine: str) -> str:
+    """Where an engine's config is not the winner's: which ranked layout it runs, and why."""
+    layout = configs.get(f"{engine}_layout")
+    if not layout:
+        return ""
+    return (f" for #{layout['rank']}, {layout['layout']} ({layout['slower_by']:.1%} slower), the fastest it "
+            f"runs; the winner it cannot: {configs[f'{engine}_not_expressible']}")
