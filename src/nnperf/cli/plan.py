@@ -135,6 +135,8 @@ def engine_configs(result: Any, options: TraceOptions, model_options: dict[str, 
         torchrun_command,
         torchtitan_toml,
     )
+    from nnperf.report.torchtitan_python import torchrun_python_command, torchtitan_python
+
     if not result.ranked:
         return {}
     out: dict[str, Any] = {}
@@ -148,7 +150,11 @@ def engine_configs(result: Any, options: TraceOptions, model_options: dict[str, 
         check_torchtitan_model(result.model)
         return torchtitan_toml(execution, amp, dtype, sdpa, options.loss, attention, documents, seq)
 
-    writers = {"torchtitan": torchtitan,
+    def torchtitan_function(execution: Any) -> str:
+        check_torchtitan_model(result.model)
+        return torchtitan_python(execution, result.model, seq, amp, dtype, sdpa, options.loss, attention, documents)
+
+    writers = {"torchtitan": torchtitan, "torchtitan_python": torchtitan_function,
                "megatron": lambda e: megatron_args(e, result.layers, amp, dtype, sdpa, attention, seq),
                "deepspeed": lambda e: deepspeed_json(e, amp, dtype)}
     best = result.ranked[0]
@@ -168,6 +174,7 @@ def engine_configs(result: Any, options: TraceOptions, model_options: dict[str, 
             break
     # the command runs torchtitan with the TOML above: without one there is nothing to run
     out["torchrun"] = torchrun_command(chosen["torchtitan"]) if out["torchtitan"] else None
+    out["torchrun_python"] = torchrun_python_command(chosen["torchtitan_python"]) if out["torchtitan_python"] else None
     return out
 
 
@@ -211,6 +218,10 @@ def _print(result: Any, configs: dict[str, Any]) -> None:
         click.echo("\ntorchtitan config (plan.toml)" + _which_layout(configs, "torchtitan") + ":\n"
                    + configs["torchtitan"])
         click.echo("\n" + configs["torchrun"])
+    if configs.get("torchtitan_python"):
+        click.echo("\ntorchtitan config function (nnperf_plan.py, torchtitan after 2026-02-23)"
+                   + _which_layout(configs, "torchtitan_python") + ":\n" + configs["torchtitan_python"])
+        click.echo("\n" + configs["torchrun_python"])
     for name, title in (("megatron", "Megatron-LM arguments"), ("deepspeed", "DeepSpeed config (ds_config.json)")):
         if configs.get(name):
             click.echo(f"\n{title}{_which_layout(configs, name)}:\n{configs[name]}")

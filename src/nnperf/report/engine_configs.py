@@ -61,22 +61,7 @@ def torchtitan_toml(execution: Any, amp: str | None = None, dtype: str | None = 
     written, torchtitan's defaults included (its mixed_precision_param defaults to bfloat16, its
     seq_len to 2048, its selective checkpointing to every second block in full)."""
     e = execution
-    missing = []
-    if dtype not in (None, "fp32"):
-        missing.append(f"torchtitan keeps fp32 parameters and computes in {dtype} through "
-                       f"mixed_precision_param (plan with --amp); a model cast to {dtype} is not "
-                       "one of its settings")
-    if amp not in _TORCHTITAN_PARAM_DTYPE:
-        missing.append(f"torchtitan's mixed_precision_param is bfloat16 or float32, not {amp} (plan with --amp bf16)")
-    if e.checkpoint == "selective":
-        missing.append("nnperf's selective checkpointing (every weight matmul and the fused attention saved) is "
-                       "not one of torchtitan's policies: its per-op policy (selective-op) recomputes every "
-                       "second matmul")
-    if sdpa == "unfused":
-        missing.append("torchtitan's attention is SDPA's fused kernels; unfused attention is not "
-                       "one of its settings")
-    if missing:
-        raise NotExpressible("; ".join(missing))
+    torchtitan_refusals(e, amp, dtype, sdpa)
     shard = e.shard if e.data != "ddp" else 1
     replicate = e.replicate if e.data != "fsdp" else 1
     # torchtitan's local_batch_size is what one rank's step feeds forward: a pipeline splits it
@@ -106,12 +91,6 @@ def torchtitan_toml(execution: Any, amp: str | None = None, dtype: str | None = 
     if e.pipeline > 1:
         lines += [f'pipeline_parallel_schedule = "{SCHEDULE_NAMES[e.pipeline_schedule]}"',
                   f"pipeline_parallel_microbatch_size = {e.micro_batch}"]
-    if e.checkpoint == "selective-attention":
-        raise NotExpressible("torchtitan has no attention-only recomputation (Megatron-LM's "
-                             "--recompute-activations)")
-    if e.checkpoint == "selective-op-recompute-a2a":
-        raise NotExpressible("today's torchtitan saves the expert all-to-alls under selective op checkpointing; "
-                             "its earlier list that recomputed them is not a setting")
     lines.append(f"context_parallel_degree = {e.context}")
     if e.expert > 1:
         lines.append(f"expert_parallel_degree = {e.expert}")
@@ -134,6 +113,36 @@ def torchtitan_toml(execution: Any, amp: str | None = None, dtype: str | None = 
                   f'# use_flex_attn = True, attn_mask_type = "{mask}"'
                   + (f" (documents of {doc_len} tokens assumed)" if doc_len else "")]
     return "\n".join(lines)
+
+
+def torchtitan_refusals(e: Any, amp: str | None, dtype: str | None, sdpa: str) -> None:
+    """What no torchtitan, TOML or Python config, can set: raised as one ``NotExpressible``."""
+    missing = []
+    if dtype not in (None, "fp32"):
+        missing.append(f"torchtitan keeps fp32 parameters and computes in {dtype} through "
+                       f"mixed_precision_param (plan with --amp); a model cast to {dtype} is not "
+                       "one of its settings")
+    if amp not in _TORCHTITAN_PARAM_DTYPE:
+        missing.append(f"torchtitan's mixed_precision_param is bfloat16 or float32, not {amp} (plan with --amp bf16)")
+    if e.checkpoint == "selective":
+        missing.append("nnperf's selective checkpointing (every weight matmul and the fused attention saved) is "
+                       "not one of torchtitan's policies: its per-op policy (selective-op) recomputes every "
+                       "second matmul")
+    if e.checkpoint == "selective-attention":
+        missing.append("torchtitan has no attention-only recomputation (Megatron-LM's --recompute-activations)")
+    if e.checkpoint == "selective-op-recompute-a2a":
+        missing.append("today's torchtitan saves the expert all-to-alls under selective op checkpointing; "
+                       "its earlier list that recomputed them is not a setting")
+    if sdpa == "unfused":
+        missing.append("torchtitan's attention is SDPA's fused kernels; unfused attention is not "
+                       "one of its settings")
+    if missing:
+        raise NotExpressible("; ".join(missing))
+
+
+def torchtitan_param_dtype(amp: str | None) -> str:
+    """torchtitan's mixed_precision_param for ``--amp`` (checked by ``torchtitan_refusals``)."""
+    return _TORCHTITAN_PARAM_DTYPE[amp]
 
 
 def torchrun_command(execution: Any) -> str:
