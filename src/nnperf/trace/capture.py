@@ -273,7 +273,8 @@ def _record(workload: Workload, step: Step) -> Trace:
               sdpa_mode(options.sdpa, cpu_kernels=options.autocast_device == "cpu"), traced_loss.tracing(),
               policy.installed() if policy is not None else contextlib.nullcontext()):
             # an inference output stays alive until the recording stops, as it always did
-            output = step.run(watch)
+            with _no_cyclic_collection():
+                output = step.run(watch)
             watch.user_part = None
     except DATA_DEPENDENT as err:
         raise data_dependent_error(err, recorder, modules) from None
@@ -327,6 +328,23 @@ def _input_descriptions(inputs: tuple[Any, ...]) -> list[dict[str, Any]]:
         for t in inputs
         if isinstance(t, torch.Tensor)
     ]
+
+
+@contextlib.contextmanager
+def _no_cyclic_collection() -> Any:
+    """Python's cyclic collector frees what reference cycles hold whenever allocation counts
+    say so: a tensor kept by a cycle would be released at a different op from one trace to the
+    next (a 64 KiB optimizer-phase peak moved with what the process had run before). Paused for
+    the recorded step, such a tensor lives to its end, every time."""
+    import gc
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _known_storage_kinds(workload: Workload) -> KnownStorages:
