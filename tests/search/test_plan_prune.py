@@ -110,3 +110,31 @@ def test_a_pipeline_is_no_faster_than_its_gpus_average_compute(schedule, virtual
     assert cut is not None and cut.step_s == compute and cut.time_bound
     assert work_bound(execution, work, slower_than=compute * 1.01) is None  # the best so far is faster
     assert work_bound(replace(execution, micro_batch=2, grad_accum=2), work, slower_than=0.0) is None  # other work
+
+
+@pytest.mark.parametrize(("schedule", "virtual"), [("1f1b", 1), ("interleaved-1f1b", 2)])
+def test_a_pipelines_memory_is_at_least_its_blocks_state_and_in_flight_activations(schedule, virtual):
+    """40 blocks on 4 stages: rank 0 holds the parameters and optimizer state of its blocks (per
+    GPU the bytes of all 40 blocks under FSDP over 8, as 1/4 of them sharded over 2) and the
+    saved activations of the blocks its schedule keeps in flight (1F1B: 4 micro-batches of its
+    10 blocks, worked out here), each block's bytes as FSDP over 8 at the same micro-batch
+    traces them; the composed layout holds at least that, and a GPU smaller than it is
+    rejected untraced."""
+    from nnperf.search.plan_pipeline import blocks_in_flight
+
+    layers = 40
+    execution = _pipeline(schedule, virtual)
+    request = replace(REQUEST, overrides={**LLAMA, "n_layer": layers})
+    flat = Execution(world=8, data="fsdp", shard=8, micro_batch=1, grad_accum=1)
+    same = evaluate(request, OPTIONS, flat, GPU, CLUSTER, layers=layers, cache=RoleCache())
+    block = same.per_block
+    in_flight = blocks_in_flight(execution, layers)
+    if virtual == 1:
+        assert in_flight == 4 * 10
+    held = layers * (block["state.parameters"] + block["state.optimizer_state"]) + in_flight * block["saved_activations"]
+    assert block["saved_activations"] > 0 and block["state.parameters"] > 0
+    exact = evaluate(request, OPTIONS, execution, GPU, CLUSTER, layers=layers, cache=RoleCache())
+    assert held <= exact.memory_bytes
+    cut = work_bound(execution, same_work([same]), None, capacity_bytes=held * 0.99, layers=layers)
+    assert cut is not None and not cut.fits and cut.memory_bytes == int(held) and cut.memory_bound
+    assert work_bound(execution, same_work([same]), None, capacity_bytes=held * 1.01, layers=layers) is None

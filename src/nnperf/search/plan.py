@@ -70,6 +70,9 @@ class Planned:
     time_bound: str = ""  # what step_s counts when it is a lower bound (pruned slower: not traced further)
     param_row_bytes: float = 0.0  # per-rank parameter row bytes (search.plan_states)
     loss_saved_bytes: int = 0  # what the loss keeps for backward (an eager cross entropy's copies of the logits)
+    #: what one more block adds to the traced rank (``RankCost.per_block``): its persistent state
+    #: (parameters and optimizer state, ``state.*``) and its saved activations (``same_work``)
+    per_block: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"layout": self.execution.describe(), "execution": self.execution.to_json(),
@@ -259,9 +262,14 @@ def evaluate(request: ModelRequest, options: TraceOptions, execution: Execution,
                "host_s": host},
         state_bytes=state_bytes(cost), collectives=collective_counts(cost),
         param_row_bytes=cost.get("param_row_bytes"), loss_saved_bytes=int(cost.get("loss_saved")),
+        per_block={k: cost.per_block[k] for k in _PER_BLOCK if k in cost.per_block},
     )
     planned.fits = fits(planned.memory_bytes, capacity(gpu))
     return planned
+
+
+#: The per-block figures a layout keeps for ``work_bound``'s memory bound.
+_PER_BLOCK = ("state.parameters", "state.optimizer_state", "saved_activations")
 
 
 def state_bytes(cost: RankCost) -> dict[str, int]:
@@ -646,7 +654,7 @@ def _first_fit(members: list[Execution], request: ModelRequest, options: TraceOp
     low, high, best = 0, len(members) - 1, None
     while low <= high:
         mid = (low + high) // 2
-        planned = work_bound(members[mid], work or {}, slower_than) or evaluate(
+        planned = work_bound(members[mid], work or {}, slower_than, capacity(gpu), layers) or evaluate(
             request, options, members[mid], gpu, cluster, layers=layers, cache=cache, prune=True,
             slower_than=slower_than)
         if planned.fits:
@@ -692,12 +700,31 @@ def _compute_alone(planned: Planned) -> float:
     return planned.split["compute_s"] - planned.split.get("overlap_slowdown_s", 0.0)
 
 
-def work_bound(execution: Execution, work: dict[tuple[Any, ...], Planned], slower_than: float | None) -> Planned | None:
-    """``execution`` (a pipeline) left untraced at the lower bound of its step that a traced
-    layout doing the same work per GPU gives (``same_work``), where that is no faster than
-    ``slower_than``; else None."""
-    same = work.get(_work_key(execution)) if execution.pipeline > 1 and slower_than is not None else None
-    if same is None or _compute_alone(same) < slower_than:
+def work_bound(execution: Execution, work: dict[tuple[Any, ...], Planned], slower_than: float | None,
+               capacity_bytes: float | None = None, layers: int | None = None) -> Planned | None:
+    """``execution`` (a pipeline) left untraced at a bound that a traced layout doing the same
+    work per GPU gives (``same_work``), or None where neither bound rules it out:
+
+    - memory, where it exceeds ``capacity_bytes``: rank 0 holds its blocks' parameters and
+      optimizer state (``layers`` blocks over ``1/p`` of the ranks, so per GPU the same bytes as
+      that layout's ``layers`` blocks) and the saved activations of the blocks its schedule keeps
+      in flight (``blocks_in_flight``), each block's bytes as in that layout (the same micro-batch,
+      tensor split and checkpointing); everything else it holds only adds;
+    - time, where it is no faster than ``slower_than``: the layout's compute."""
+    same = work.get(_work_key(execution)) if execution.pipeline > 1 else None
+    if same is None:
+        return None
+    block = same.per_block
+    if capacity_bytes is not None and layers and "saved_activations" in block:
+        from nnperf.search.plan_pipeline import blocks_in_flight
+
+        states = layers * (block.get("state.parameters", 0.0) + block.get("state.optimizer_state", 0.0))
+        held = states + blocks_in_flight(execution, layers) * block["saved_activations"]
+        if held > capacity_bytes:
+            return Planned(execution, memory_bytes=int(held),
+                           memory_bound="its blocks' parameters, optimizer state and in-flight saved activations "
+                                        f"alone, each block's as in {same.execution.describe()}")
+    if slower_than is None or _compute_alone(same) < slower_than:
         return None
     return Planned(execution, step_s=_compute_alone(same), fits=True, memory_bound="not traced",
                    time_bound=f"its GPUs' compute: the same kernels per GPU as {same.execution.describe()}")

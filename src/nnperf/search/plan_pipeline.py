@@ -131,6 +131,23 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
 
 
 
+def blocks_in_flight(execution: Execution, layers: int) -> int:
+    """The most blocks whose saved activations rank 0 holds at once under the layout's schedule:
+    its forwards not yet matched by a backward (``B``, or ``I`` of a split backward), counted
+    over every chunk it holds, times the blocks of a chunk."""
+    p, micro = execution.pipeline, execution.grad_accum
+    virtual = execution.virtual_stages if execution.pipeline_schedule in MULTI else 1
+    ir = schedule_order(execution.pipeline_schedule or "", p, virtual, micro) if virtual > 1 else None
+    live = peak = 0
+    for action in orders(execution.pipeline_schedule or "", p, micro, ir)[0]:
+        if action.kind == "F":
+            live += 1
+            peak = max(peak, live)
+        elif action.kind in ("B", "I"):
+            live -= 1
+    return peak * (layers // (p * virtual))
+
+
 def _transfer(activation: float, p: int, stride: int, cluster: Cluster) -> Any:
     """A micro-batch's activation (or its gradient) sent from stage ``src`` to ``dst``: one
     send on the link between their ranks."""
