@@ -138,3 +138,7 @@ def test_a_pipelines_memory_is_at_least_its_blocks_state_and_in_flight_activatio
     cut = work_bound(execution, same_work([same]), None, capacity_bytes=held * 0.99, layers=layers)
     assert cut is not None and not cut.fits and cut.memory_bytes == int(held) and cut.memory_bound
     assert work_bound(execution, same_work([same]), None, capacity_bytes=held * 1.01, layers=layers) is None
+    # DDP's blocks save more (autocast's casts of its whole weights): no bound from it
+    ddp = evaluate(request, OPTIONS, replace(flat, data="ddp", shard=1), GPU, CLUSTER, layers=layers, cache=RoleCache())
+    assert ddp.per_block["saved_activations"] > block["saved_activations"]
+    assert work_bound(execution, same_work([ddp]), None, capacity_bytes=0.0, layers=layers) is None

@@ -551,7 +551,7 @@ _TASKS: list[Any] = []  # what a forked worker runs (inherited, nothing pickled)
 
 def _in_workers(request: ModelRequest, options: TraceOptions, gpu: GPU, cluster: Cluster, layers: int | None,
                 groups: list[list[Execution]], slower_than: float | None = None,
-                work: dict[tuple[Any, ...], Planned] | None = None) -> tuple[list[Planned], int]:
+                work: dict[tuple[Any, ...], list[Planned]] | None = None) -> tuple[list[Planned], int]:
     """``_search`` of each group of candidates (they share no traced role), in forked worker
     processes where that is safe: each worker has its own traced roles; the results and the
     number of traces come back."""
@@ -588,7 +588,7 @@ def _run_task(index: int) -> tuple[list[Planned], int]:
 
 def _search(request: ModelRequest, options: TraceOptions, candidates: list[Execution], gpu: GPU,
             cluster: Cluster, layers: int | None, cache: RoleCache, slower_than: float | None = None,
-            work: dict[tuple[Any, ...], Planned] | None = None) -> list[Planned]:
+            work: dict[tuple[Any, ...], list[Planned]] | None = None) -> list[Planned]:
     """Per group (one ``shape_key``), the largest micro-batch that fits, found by bisection
     (memory only grows with the micro-batch), without checkpointing and then with each
     checkpointing level in turn while it lets a larger micro-batch fit: recomputation only
@@ -647,7 +647,7 @@ def _search(request: ModelRequest, options: TraceOptions, candidates: list[Execu
 
 def _first_fit(members: list[Execution], request: ModelRequest, options: TraceOptions, gpu: GPU,
                cluster: Cluster, layers: int | None, cache: RoleCache, results: list[Planned],
-               slower_than: float | None = None, work: dict[tuple[Any, ...], Planned] | None = None) -> Planned | None:
+               slower_than: float | None = None, work: dict[tuple[Any, ...], list[Planned]] | None = None) -> Planned | None:
     """The first of ``members`` (largest micro-batch first) that fits, by bisection; the layouts
     that do not fit and the one found are added to ``results`` (a fitting one with more
     accumulation than needed is only slower)."""
@@ -674,9 +674,8 @@ def _work_key(execution: Execution) -> tuple[Any, ...]:
     return e.tensor, e.sequence_parallel, e.context, e.expert, e.checkpoint, e.micro_batch
 
 
-def same_work(results: Iterable[Planned]) -> dict[tuple[Any, ...], Planned]:
-    """The traced layouts without a pipeline, by the work their GPUs do (``_work_key``), the
-    one of least compute where several share it.
+def same_work(results: Iterable[Planned]) -> dict[tuple[Any, ...], list[Planned]]:
+    """The traced layouts without a pipeline, by the work their GPUs do (``_work_key``).
 
     A pipeline of ``p`` stages over the same GPUs, tensor split, checkpointing and micro-batch
     does the same kernels per GPU on average: each rank runs ``1/p`` of the blocks for ``p``
@@ -685,49 +684,58 @@ def same_work(results: Iterable[Planned]) -> dict[tuple[Any, ...], Planned]:
     the parameters over ``1/p`` of the ranks) give each GPU the same optimizer step. Its step
     is at least its busiest rank's compute, so at least that average: the layout's compute
     without what overlapping collectives slowed (which the layouts' communication decides)."""
-    out: dict[tuple[Any, ...], Planned] = {}
+    out: dict[tuple[Any, ...], list[Planned]] = {}
     for p in results:
-        e = p.execution
-        if e.pipeline > 1 or p.time_bound or p.memory_bound or not p.split:
+        if p.execution.pipeline > 1 or p.time_bound or p.memory_bound or not p.split:
             continue
-        key = _work_key(e)
-        if key not in out or _compute_alone(p) < _compute_alone(out[key]):
-            out[key] = p
+        out.setdefault(_work_key(p.execution), []).append(p)
     return out
 
 
-def _compute_alone(planned: Planned) -> float:
-    return planned.split["compute_s"] - planned.split.get("overlap_slowdown_s", 0.0)
-
-
-def work_bound(execution: Execution, work: dict[tuple[Any, ...], Planned], slower_than: float | None,
+def work_bound(execution: Execution, work: dict[tuple[Any, ...], list[Planned]], slower_than: float | None,
                capacity_bytes: float | None = None, layers: int | None = None) -> Planned | None:
     """``execution`` (a pipeline) left untraced at a bound that a traced layout doing the same
     work per GPU gives (``same_work``), or None where neither bound rules it out:
 
     - memory, where it exceeds ``capacity_bytes``: rank 0 holds its blocks' parameters and
-      optimizer state (``layers`` blocks over ``1/p`` of the ranks, so per GPU the same bytes as
-      that layout's ``layers`` blocks) and the saved activations of the blocks its schedule keeps
-      in flight (``blocks_in_flight``), each block's bytes as in that layout (the same micro-batch,
-      tensor split and checkpointing); everything else it holds only adds;
-    - time, where it is no faster than ``slower_than``: the layout's compute."""
-    same = work.get(_work_key(execution)) if execution.pipeline > 1 else None
-    if same is None:
-        return None
-    block = same.per_block
-    if capacity_bytes is not None and layers and "saved_activations" in block:
+      optimizer state (``layers / p`` blocks sharded over its shard group, each block's bytes
+      those of an FSDP layout's shard times its shard group) and the saved activations of the
+      blocks its schedule keeps in flight (``blocks_in_flight``), each block's as in that FSDP
+      layout (the same micro-batch, tensor split and checkpointing; the pipelines are FSDP's
+      too: DDP's blocks save autocast's weight casts besides, 419 against 337 KB a block of a
+      small Llama); everything else it holds only adds;
+    - time, where it is no faster than ``slower_than``: the least compute of those layouts."""
+    same = work.get(_work_key(execution), []) if execution.pipeline > 1 else []
+    sharded = next((p for p in same if p.execution.data == "fsdp" and "saved_activations" in p.per_block), None)
+    if capacity_bytes is not None and layers and sharded is not None and execution.data != "ddp":
         from nnperf.search.plan_pipeline import blocks_in_flight
 
-        states = layers * (block.get("state.parameters", 0.0) + block.get("state.optimizer_state", 0.0))
+        block = sharded.per_block
+        # the layout's per-GPU bytes of a block, times its shard group, are the block's (per
+        # tensor-parallel rank); rank 0 holds layers / p of them over its own shard group
+        whole = (block.get("state.parameters", 0.0) + block.get("state.optimizer_state", 0.0)) * _shards(sharded.execution)
+        states = layers / execution.pipeline * whole / _shards(execution)
         held = states + blocks_in_flight(execution, layers) * block["saved_activations"]
         if held > capacity_bytes:
             return Planned(execution, memory_bytes=int(held),
                            memory_bound="its blocks' parameters, optimizer state and in-flight saved activations "
-                                        f"alone, each block's as in {same.execution.describe()}")
-    if slower_than is None or _compute_alone(same) < slower_than:
+                                        f"alone, each block's as in {sharded.execution.describe()}")
+    if slower_than is None or not same:
         return None
-    return Planned(execution, step_s=_compute_alone(same), fits=True, memory_bound="not traced",
-                   time_bound=f"its GPUs' compute: the same kernels per GPU as {same.execution.describe()}")
+    least = min(same, key=_compute_alone)
+    if _compute_alone(least) < slower_than:
+        return None
+    return Planned(execution, step_s=_compute_alone(least), fits=True, memory_bound="not traced",
+                   time_bound=f"its GPUs' compute: the same kernels per GPU as {least.execution.describe()}")
+
+
+def _shards(execution: Execution) -> int:
+    """The ranks a layout shards its parameters and optimizer state over (DDP: none)."""
+    return 1 if execution.data == "ddp" else execution.shard
+
+
+def _compute_alone(planned: Planned) -> float:
+    return planned.split["compute_s"] - planned.split.get("overlap_slowdown_s", 0.0)
 
 
 #: The share of the step the host's issuing takes from which a layout is called host-bound (the
