@@ -145,11 +145,16 @@ def torchtitan_param_dtype(amp: str | None) -> str:
     return _TORCHTITAN_PARAM_DTYPE[amp]
 
 
-def torchrun_command(execution: Any) -> str:
+def torchtitan_launch(execution: Any) -> str:
+    """``torchrun`` of torchtitan's trainer over the layout's nodes, without its config."""
     per_node = min(execution.world, execution.gpus_per_node)
     nodes = max(1, execution.world // per_node)
     return (f"torchrun --nnodes={nodes} --nproc_per_node={per_node} --rdzv_backend=c10d "
-            "--rdzv_endpoint=$HEAD_NODE:29500 -m torchtitan.train --job.config_file plan.toml")
+            "--rdzv_endpoint=$HEAD_NODE:29500 -m torchtitan.train")
+
+
+def torchrun_command(execution: Any) -> str:
+    return f"{torchtitan_launch(execution)} --job.config_file plan.toml"
 
 
 def megatron_args(execution: Any, layers: int | None, amp: str | None = None,

@@ -22,6 +22,7 @@ from typing import Any
 from nnperf.report.engine_configs import (
     SCHEDULE_NAMES,
     NotExpressible,
+    torchtitan_launch,
     torchtitan_param_dtype,
     torchtitan_refusals,
 )
@@ -108,7 +109,4 @@ def torchtitan_python(execution: Any, model: str, seq_len: int | None, amp: str 
 def torchrun_python_command(execution: Any) -> str:
     """The ``torchrun`` line that runs the config function above from the directory that holds
     ``nnperf_plan.py`` (torchtitan's run_train.sh runs the same module)."""
-    per_node = min(execution.world, execution.gpus_per_node)
-    nodes = max(1, execution.world // per_node)
-    return (f"torchrun --nnodes={nodes} --nproc_per_node={per_node} --rdzv_backend=c10d "
-            f"--rdzv_endpoint=$HEAD_NODE:29500 -m torchtitan.train --module {MODULE} --config {FUNCTION}")
+    return f"{torchtitan_launch(execution)} --module {MODULE} --config {FUNCTION}"
