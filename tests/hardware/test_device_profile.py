@@ -71,3 +71,64 @@ def test_partial_profile_keeps_defaults_and_bad_fields_fail(tmp_path):
     path.write_text("gemm_peak_fractoin = 0.7\n")
     with pytest.raises(UsageError, match="unknown field 'gemm_peak_fractoin'"):
         load_profile(path)
+
+
+def _h200_attention_rows() -> list[dict]:
+    import json
+    from pathlib import Path
+
+    raw = json.loads((Path(__file__).parents[2] / "validation/data/h200-sxm/profile.json").read_text())
+    return [r for r in raw["attention"] if r.get("forward_s")]
+
+
+def test_hopper_attention_defaults_are_the_h200_microbenchmark():
+    """[architecture.hopper]'s attention numbers, worked out here from the committed H200 rows
+    (bf16, causal, 16 heads): flash's FLOP rates over the 989.4 TFLOP/s peak (backward with its
+    recomputed Q@K^T), the efficient kernel's time share of flash, and at head dim 192/128 each
+    kernel pass's rate over its own at 128/128 on the same batch and tokens; to 2 decimals."""
+    import statistics
+
+    rows, peak = _h200_attention_rows(), 989.4e12
+    hopper = default_profile(load_gpu("h100"))
+
+    def forward_rate(r):
+        return r["forward_flops"] / r["forward_s"]
+
+    def backward_rate(r):
+        return (r["backward_flops"] + r["recompute_flops"]) / r["backward_s"]
+
+    flash = [r for r in rows if r["backend"] == "flash"]
+    assert hopper.attention_forward_fraction == pytest.approx(
+        statistics.median(forward_rate(r) / peak for r in flash), abs=0.005)
+    assert hopper.attention_backward_fraction == pytest.approx(
+        statistics.median(backward_rate(r) / peak for r in flash), abs=0.005)
+    narrow = {(r["backend"], r["batch"], r["tokens"]): r for r in rows if r["head_dim"] == 128}
+    shares = [(narrow["flash", r["batch"], r["tokens"]]["forward_s"] + narrow["flash", r["batch"], r["tokens"]]["backward_s"])
+              / (r["forward_s"] + r["backward_s"]) for r in rows if r["backend"] == "efficient" and r["head_dim"] == 128]
+    assert hopper.efficient_attention_scale == pytest.approx(statistics.median(shares), abs=0.005)
+    wide = [r for r in rows if r["head_dim"] == 192]
+    assert {r["backend"] for r in wide} == {"efficient", "flex"}  # flash has no 192/128 kernel
+    for r in wide:
+        base = narrow[r["backend"], r["batch"], r["tokens"]]
+        assert hopper.wide_head_attention[f"{r['backend']}_forward"] == pytest.approx(
+            forward_rate(r) / forward_rate(base), abs=0.005)
+        assert hopper.wide_head_attention[f"{r['backend']}_backward"] == pytest.approx(
+            backward_rate(r) / backward_rate(base), abs=0.005)
+
+
+def test_wide_heads_scale_only_the_kernels_measured_wide(tmp_path):
+    """Up to head dim 128 no kernel is scaled; above it, a pass the table names is, and flash
+    (no table entry) is not. Ampere takes the efficient kernel's shares (one kernel design)
+    but not FlexAttention's (Triton configurations differ by architecture). A name outside the
+    table is refused with the valid ones."""
+    hopper, ampere = default_profile(load_gpu("h100")), default_profile(load_gpu("a100"))
+    assert hopper.attention_head_scale("efficient", True, 128) == 1.0
+    assert hopper.attention_head_scale("efficient", True, 192) == hopper.wide_head_attention["efficient_backward"] < 1
+    assert hopper.attention_head_scale("flex", False, 256) == hopper.wide_head_attention["flex_forward"] < 1
+    assert hopper.attention_head_scale("flash", False, 256) == 1.0
+    assert ampere.attention_head_scale("efficient", False, 192) == hopper.attention_head_scale("efficient", False, 192)
+    assert ampere.attention_head_scale("flex", True, 192) == 1.0
+    path = tmp_path / "p.toml"
+    path.write_text("[wide_head_attention]\nflash_forward = 0.5\n")
+    with pytest.raises(UsageError, match=r"unknown kernel pass .flash_forward.*efficient_forward"):
+        load_profile(path)

@@ -148,3 +148,24 @@ def test_the_efficient_kernel_runs_at_its_share_of_flash():
     assert {t.backend for t in h100.step.ops if t.category == "attention"} == {FLASH}
     assert [t.kernel_s for t in h100.step.ops if t.category == "attention"] == \
         [t.kernel_s for t in ref.step.ops if t.category == "attention"]
+
+
+def test_latent_attention_heads_run_the_efficient_kernel_at_its_wide_share():
+    """DeepSeek's latent attention (q/k head dim 192, v 128): flash refuses differing head
+    sizes, so the memory-efficient kernel runs, at flash's fraction x its share of flash x its
+    share at heads wider than 128, per pass; with 128/64 heads (still the efficient kernel) it is
+    not scaled."""
+    from nnperf.hardware.profile import default_profile
+
+    profile = default_profile(H100)
+    for sizes, wide in (({}, True), ({"qk_nope_dim": 64, "v_head_dim": 64}, False)):
+        a = analyze("deepseek-v3-16b", batch=1, seq_len=512, n_layer=1, amp="bf16", **sizes)
+        ops = [t for t in predict(a, H100).step.ops if t.category == "attention"]
+        assert ops and {t.backend for t in ops} == {EFFICIENT}
+        for t in ops:
+            backward = t.op.endswith("_backward")
+            fraction = profile.attention_backward_fraction if backward else profile.attention_forward_fraction
+            share = profile.wide_head_attention[f"efficient_{'backward' if backward else 'forward'}"] if wide else 1.0
+            executed = t.count.flops + t.count.info.get("recompute_flops", 0.0)
+            assert t.model_compute_s == pytest.approx(
+                executed / (t.peak_flops * fraction * profile.efficient_attention_scale * share))

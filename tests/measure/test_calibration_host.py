@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from nnperf.hardware import load_gpu
+from nnperf.hardware import default_profile, load_gpu
 from nnperf.measure.calibration import Calibration, host_info
 from nnperf.measure.calibration.profile import build_profile, host_costs_by_category, measured_table
 
@@ -106,7 +106,8 @@ def test_measured_convolutions_scale_the_efficiency_table():
 def test_measured_attention_sets_the_fractions_and_the_efficient_share():
     """Flash's forward rate and its backward rate (with the recomputed Q@K^T) over the bf16
     peak, medians over the shapes; the efficient kernel's share: flash's time over its own on
-    the same shape. A shape only the efficient kernel takes (192/128) informs no share."""
+    the same shape. A shape only the efficient kernel takes (192/128) informs no share of
+    flash; against the efficient kernel's own 128/128 row it gives the wide-head shares."""
     gpu = load_gpu("h100")
     peak = gpu.matmul_peak("bf16").flops
 
@@ -130,7 +131,10 @@ def test_measured_attention_sets_the_fractions_and_the_efficient_share():
     assert profile.efficient_attention_scale == pytest.approx((0.5 + 0.75) / 2)
     table = measured_table(cal)
     assert table["sdpa_efficient_d192_128_s4096_forward_tflops"] == pytest.approx(0.05 * peak / 1e12)
-    assert profile.flex_attention_forward_scale == 1.25  # nothing measured: Hopper's published share
+    # 192/128 at 0.05 of the peak both ways, against 0.20 and 0.15 at 128/128 on 4096 tokens
+    assert profile.wide_head_attention == pytest.approx({"efficient_forward": 0.25, "efficient_backward": 1 / 3,
+                                                         "flex_forward": 0.74, "flex_backward": 0.29})
+    assert profile.flex_attention_forward_scale == 1.08  # nothing measured: Hopper's default
     # FlexAttention: forward in 0.8 of flash's time, backward in 1.25 of it, on 4096 causal
     # tokens: 32 blocks a side, 32 * 33 / 2 computed, against 4096 * 4097 / 2 pairs kept
     flash = cal.attention[0]
@@ -142,9 +146,10 @@ def test_measured_attention_sets_the_fractions_and_the_efficient_share():
     assert measured.flex_attention_forward_scale == pytest.approx(executed / kept / 0.8)
     assert measured.flex_attention_backward_scale == pytest.approx(executed / kept / 1.25)
     assert measured_table(cal)["flex_d128_128_s4096_forward_tflops"] == pytest.approx(0.40 / 0.8 * peak / 1e12)
-    unmeasured = build_profile(_cal(), gpu)  # the defaults stand: Hopper's fractions, the paper's share
+    unmeasured = build_profile(_cal(), gpu)  # the defaults stand: Hopper's
     assert (unmeasured.attention_forward_fraction, unmeasured.attention_backward_fraction,
-            unmeasured.efficient_attention_scale) == (0.38, 0.32, 0.5)
+            unmeasured.efficient_attention_scale) == (0.31, 0.27, 0.47)
+    assert unmeasured.wide_head_attention == default_profile(gpu).wide_head_attention
 
 
 def test_dtensor_costs_come_from_the_measurement_and_move_with_the_host():

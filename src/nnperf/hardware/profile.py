@@ -99,6 +99,10 @@ class DeviceProfile:
     tile_relative_efficiency: Mapping[str, float] = field(default_factory=dict, hash=False)
     ctas_per_sm: Mapping[str, int] = field(default_factory=dict, hash=False)
     alignment_penalty: Mapping[str, float] = field(default_factory=dict, hash=False)
+    # A fused attention kernel's rate at query/key head dims above ``WIDE_HEAD_DIM`` (latent
+    # attention's 192) over its rate at 128, per kernel and pass (``WIDE_HEAD_KERNELS``); one
+    # left out is 1.
+    wide_head_attention: Mapping[str, float] = field(default_factory=dict, hash=False)
     bandwidth_curve: Curve | None = None
     gemm_efficiency: Mapping[str, Curve] = field(default_factory=dict, hash=False)
     gpu: str | None = None
@@ -131,6 +135,14 @@ class DeviceProfile:
         if flops_per_clock_sm is not None and flops_per_clock_sm <= self.low_rate_flops_per_clock_sm * 1.01:
             return self.low_rate_tensor_fraction
         return self.gemm_peak_fraction
+
+    def attention_head_scale(self, backend: str, backward: bool, head_dim: int) -> float:
+        """The share of its head-dim-128 rate the ``backend`` kernel's pass reaches at query/key
+        head dim ``head_dim`` (``wide_head_attention``): 1 up to ``WIDE_HEAD_DIM``. Wider heads
+        leave a tile fewer registers, so the kernels fall back to smaller or generic tiles."""
+        if head_dim <= WIDE_HEAD_DIM:
+            return 1.0
+        return self.wide_head_attention.get(f"{backend}_{'backward' if backward else 'forward'}", 1.0)
 
     def conv_efficiency_of(self, stride: int, positions: int, role: str, unit: str = "tensor") -> float:
         """A convolution pass's speed relative to a cuBLAS GEMM of its implicit-GEMM shape
@@ -245,12 +257,17 @@ _SCALARS = {
         "gemm_efficiency",
         "host_dispatch_by_kind_s",
         "conv_efficiency",
+        "wide_head_attention",
     }
 }
 _TABLES = ("tile_relative_efficiency", "ctas_per_sm", "alignment_penalty", "host_dispatch_by_kind_s",
-           "conv_efficiency")
+           "conv_efficiency", "wide_head_attention")
 #: The op categories a host dispatch cost may be given for (``host_dispatch_by_kind_s``).
 HOST_KINDS = ("gemm", "conv", "attention", "elementwise", "reduction", "norm", "memory", "optimizer")
+#: The widest query/key head dim the attention fractions describe (the measured kernels' 128).
+WIDE_HEAD_DIM = 128
+#: The kernels and passes ``wide_head_attention`` may name (``kernels.attention`` backends).
+WIDE_HEAD_KERNELS = ("efficient_forward", "efficient_backward", "flex_forward", "flex_backward")
 #: The alignment classes the GEMM model asks about (``kernels/gemm.py``).
 ALIGNMENT_CLASSES = ("16B", "128B")
 #: The sections of the shipped ``default_profile.toml``: generic values and per-architecture
@@ -307,6 +324,10 @@ def _apply(base: dict[str, Any], table: Mapping[str, Any], where: str) -> dict[s
                     if name not in CONV_CLASSES:
                         raise UsageError(f"{here}: unknown convolution class {shown(name)}; "
                                          f"valid: {', '.join(CONV_CLASSES)}")
+                elif key == "wide_head_attention":
+                    if name not in WIDE_HEAD_KERNELS:
+                        raise UsageError(f"{here}: unknown kernel pass {shown(name)}; "
+                                         f"valid: {', '.join(WIDE_HEAD_KERNELS)}")
                 else:
                     _parse_tile(name)
                 _number(f"{here}.{name}", v, schema.PROFILE_RANGES[key])

@@ -378,7 +378,8 @@ class KernelModel:
         recompute Q@K^T) at the profile's attention fraction of the rate its backend computes
         at (the memory-efficient kernel at ``efficient_attention_scale`` of flash's fraction,
         FlexAttention's at ``flex_attention_forward_scale`` / ``_backward_scale`` of it, over the
-        pairs of the blocks it computes), bounded by its bytes. An SDPA call
+        pairs of the blocks it computes; either at its ``wide_head_attention`` share above head
+        dim 128), bounded by its bytes. An SDPA call
         (``nnperf.attention``) first gets the backend PyTorch would pick on this GPU (``kernels.attention.select_backend``); the math
         fallback is timed as the GEMMs and elementwise kernels it runs."""
         event = count.event
@@ -403,6 +404,9 @@ class KernelModel:
         elif backend == FLEX:  # inductor's Triton template against flash
             fraction *= (self.profile.flex_attention_backward_scale if backward
                          else self.profile.flex_attention_forward_scale)
+        # query/key heads wider than the measured 128 (latent attention's 192)
+        head_dim = call.head_dim if call is not None else event.args[0].shape[-1]
+        fraction *= self.profile.attention_head_scale(backend, backward, head_dim)
         # a block-sparse kernel computes every pair of its non-empty blocks (FlexAttention)
         executed = count.info.get("executed_flops", count.flops) + count.info.get("recompute_flops", 0.0)
         model_compute = executed / (peak * fraction)

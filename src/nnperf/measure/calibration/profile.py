@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from nnperf.hardware import GPU, DeviceProfile, default_profile
-from nnperf.hardware.profile import interpolate
+from nnperf.hardware.profile import WIDE_HEAD_DIM, WIDE_HEAD_KERNELS, interpolate
 from nnperf.measure.calibration.record import TIMING_HOST_EXPOSED, Calibration
 from nnperf.measure.device import cpu_name
 from nnperf.measure.stats import Spread
@@ -88,6 +88,8 @@ def build_profile(cal: Calibration, gpu: GPU | None) -> DeviceProfile:
         changes["conv_efficiency_scale"] = conv
     if gpu is not None:
         changes.update(attention_fractions(cal, gpu))
+        if "wide_head_attention" in changes:  # passes it did not measure keep the default
+            changes["wide_head_attention"] = {**base.wide_head_attention, **changes["wide_head_attention"]}
     misaligned = misaligned_penalty(cal, gpu, base) if gpu is not None else None
     if misaligned:
         changes["alignment_penalty"] = {**base.alignment_penalty, "16B": misaligned}
@@ -176,7 +178,32 @@ def attention_fractions(cal: Calibration, gpu: GPU) -> dict[str, float]:
                        for r in timed if r["backend"] == "flex" and key(r) in flash_by_shape]
         if flex_shares:
             out[f"flex_attention_{phase}_scale"] = Spread.of(flex_shares).median
+    wide = wide_head_shares(timed)
+    if wide:
+        out["wide_head_attention"] = wide
     return out
+
+
+def wide_head_shares(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """``wide_head_attention`` from the benchmark: each kernel pass's FLOP rate at a query/key
+    head dim above ``WIDE_HEAD_DIM`` over its rate at that dim on the same batch, heads and
+    tokens (medians over shapes), for the kernels ``WIDE_HEAD_KERNELS`` names."""
+    def rates(r: dict[str, Any]) -> dict[str, float]:
+        return {"forward": r["forward_flops"] / r["forward_s"],
+                "backward": (r["backward_flops"] + r["recompute_flops"]) / r["backward_s"]}
+
+    narrow = {(r["backend"], r["batch"], r["heads"], r["tokens"]): rates(r)
+              for r in rows if r["head_dim"] == WIDE_HEAD_DIM}
+    shares: dict[str, list[float]] = {}
+    for r in rows:
+        base = narrow.get((r["backend"], r["batch"], r["heads"], r["tokens"]))
+        if r["head_dim"] <= WIDE_HEAD_DIM or base is None:
+            continue
+        for phase, rate in rates(r).items():
+            name = f"{r['backend']}_{phase}"
+            if name in WIDE_HEAD_KERNELS:
+                shares.setdefault(name, []).append(rate / base[phase])
+    return {name: Spread.of(values).median for name, values in shares.items()}
 
 
 def _kept(row: dict[str, Any]) -> float:
