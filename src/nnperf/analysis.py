@@ -184,6 +184,7 @@ def analyze(
     moe_capacity_factor: float | None = None,
     sdpa: str = "fused",
     loss: str = "eager",
+    clip_grad_norm: float | None = None,
     **overrides: Any,
 ) -> Analysis:
     """Trace one step of ``model`` on meta or fake tensors and count it.
@@ -194,7 +195,8 @@ def analyze(
     swapped for fakes during the trace, then restored). ``moe_load`` / ``moe_capacity_factor``:
     the expert load a fake trace assumes for mixture-of-experts routing (``trace.routing``);
     ``sdpa="unfused"``: attention as the unfused kernels (``trace.attention``);
-    ``loss="compiled"``: the loss as ``torch.compile(loss_fn)`` runs it (``trace.loss``).
+    ``loss="compiled"``: the loss as ``torch.compile(loss_fn)`` runs it (``trace.loss``);
+    ``clip_grad_norm``: the gradients clipped to that norm before the optimizer (``trace.clip``).
     The keywords are spelled out for notebook use; they make a ``ModelRequest`` (what to
     build) and ``TraceOptions`` (how to run the step) for ``analyze_request``.
     """
@@ -213,7 +215,7 @@ def analyze(
         train=train, optimizer=optimizer, optimizer_impl=optimizer_impl, dtype=dtype, amp=amp,
         real=real, channels_last=channels_last,
         moe_load=tuple(moe_load) if moe_load is not None else None,
-        moe_capacity_factor=moe_capacity_factor, sdpa=sdpa, loss=loss,
+        moe_capacity_factor=moe_capacity_factor, sdpa=sdpa, loss=loss, clip_grad_norm=clip_grad_norm,
     )
     return analyze_request(request, options)
 

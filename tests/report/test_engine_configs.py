@@ -121,3 +121,22 @@ def test_torchtitan_configures_decoder_language_models_only():
     for model, kind in (("resnet50", "cnn"), ("bert-base", "encoder"), ("timm:resnet18", "image")):
         with pytest.raises(NotExpressible, match=kind):
             check_torchtitan_model(model)
+
+
+def test_clipping_is_each_engines_own_setting_and_torchtitans_default_is_named():
+    """torchtitan clips every step (training.max_norm, default 1.0): a plan with clipping sets
+    it, one without says the run adds it. Megatron-LM's --clip-grad defaults to 1.0, 0 turns it
+    off; DeepSpeed's gradient_clipping defaults to 0 (off)."""
+    import json
+
+    from nnperf.report.engine_configs import deepspeed_json, megatron_args
+
+    e = Execution(world=8, data="fsdp", shard=8, micro_batch=2)
+    assert tomllib.loads(torchtitan_toml(e, amp="bf16", clip=0.5))["training"]["max_norm"] == 0.5
+    unclipped = torchtitan_toml(e, amp="bf16")
+    assert "max_norm" not in tomllib.loads(unclipped)["training"]
+    assert "# max_norm: torchtitan clips the gradients every step (default 1.0)" in unclipped
+    assert "--clip-grad 0.5" in megatron_args(e, 32, amp="bf16", clip=0.5).split(" \\\n  ")
+    assert "--clip-grad 0.0" in megatron_args(e, 32, amp="bf16").split(" \\\n  ")
+    assert json.loads(deepspeed_json(e, amp="bf16", clip=0.5))["gradient_clipping"] == 0.5
+    assert "gradient_clipping" not in json.loads(deepspeed_json(e, amp="bf16"))

@@ -109,6 +109,14 @@ def test_fsdp_without_checkpointing_unchunks_the_loss_and_compiles_it(torchtitan
     assert not hasattr(config.parallelism, "spmd_backend")
 
 
+def test_clipping_sets_torchtitans_max_norm(torchtitan):
+    e = Execution(world=16, data="fsdp", shard=16, micro_batch=1, grad_accum=4)
+    assert _run(torchtitan_python(e, "llama-7b", 2048, amp="bf16", clip=0.25)).training.max_norm == 0.25
+    unclipped = torchtitan_python(e, "llama-7b", 2048, amp="bf16")
+    assert not hasattr(_run(unclipped).training, "max_norm")  # torchtitan's own 1.0 stands, and a comment says so
+    assert "torchtitan clips the gradients every step (default 1.0)" in unclipped
+
+
 def test_what_torchtitan_cannot_run_is_refused():
     e = Execution(world=8, data="fsdp", shard=8, micro_batch=1, checkpoint="selective-attention")
     with pytest.raises(NotExpressible, match="attention-only"):

@@ -140,7 +140,7 @@ def engine_configs(result: Any, options: TraceOptions, model_options: dict[str, 
     if not result.ranked:
         return {}
     out: dict[str, Any] = {}
-    amp, dtype, sdpa = options.amp, options.dtype, options.sdpa
+    amp, dtype, sdpa, clip = options.amp, options.dtype, options.sdpa, options.clip_grad_norm
     model_options = model_options or {}
     attention, doc_len = str(model_options.get("attention", "sdpa")), str(model_options.get("doc_len", 0))
     documents = int(doc_len) if doc_len.isdigit() else 0  # a built-in decoder's, checked when it was built
@@ -148,15 +148,16 @@ def engine_configs(result: Any, options: TraceOptions, model_options: dict[str, 
 
     def torchtitan(execution: Any) -> str:
         check_torchtitan_model(result.model)
-        return torchtitan_toml(execution, amp, dtype, sdpa, options.loss, attention, documents, seq)
+        return torchtitan_toml(execution, amp, dtype, sdpa, options.loss, attention, documents, seq, clip)
 
     def torchtitan_function(execution: Any) -> str:
         check_torchtitan_model(result.model)
-        return torchtitan_python(execution, result.model, seq, amp, dtype, sdpa, options.loss, attention, documents)
+        return torchtitan_python(execution, result.model, seq, amp, dtype, sdpa, options.loss, attention, documents,
+                                 clip)
 
     writers = {"torchtitan": torchtitan, "torchtitan_python": torchtitan_function,
-               "megatron": lambda e: megatron_args(e, result.layers, amp, dtype, sdpa, attention, seq),
-               "deepspeed": lambda e: deepspeed_json(e, amp, dtype)}
+               "megatron": lambda e: megatron_args(e, result.layers, amp, dtype, sdpa, attention, seq, clip),
+               "deepspeed": lambda e: deepspeed_json(e, amp, dtype, clip)}
     best = result.ranked[0]
     chosen: dict[str, Any] = {}
     for name, write in writers.items():

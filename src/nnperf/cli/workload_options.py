@@ -27,7 +27,7 @@ _WORKLOAD_KEYS = (
     "model", "batch", "seq", "train", "dtype", "amp", "grad_scaler", "optimizer", "optimizer_impl",
     "input_shape", "input_dtype", "tokens", "vocab", "real", "model_opt", "channels_last",
     "task", "attn_implementation", "moe_load", "moe_capacity_factor", "sdpa",
-    "loss",
+    "loss", "clip_grad_norm",
 )
 
 
@@ -83,6 +83,11 @@ def workload_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                           "and cross entropy over 8 chunks of tokens, each chunk's gradients taken "
                           "at once; built-in decoders), with its inner cross entropy eager as "
                           "torchtitan's default or compiled (chunked-compiled)."),
+        click.option("--clip-grad-norm", type=float, metavar="MAX",
+                     help="Clip the gradients' global 2-norm to MAX between backward and the "
+                          "optimizer step, as torchtitan's clip_grad_norm_ does (Hugging Face's "
+                          "Trainer, torchtitan and Megatron-LM clip to 1.0 by default): the norms, "
+                          "an all-reduce of sharded ones, one multiply over every gradient."),
         click.option("--moe-load", metavar="S1,S2,...",
                      help="Mixture of experts: each expert's share of the routed tokens, one per "
                           "expert (normalized), assumed where a fake trace cannot know the "
@@ -129,13 +134,15 @@ def pop_workload(kwargs: dict[str, Any]) -> tuple[ModelRequest, TraceOptions]:
         moe_capacity_factor=opts["moe_capacity_factor"],
         sdpa=opts["sdpa"],
         loss=opts["loss"],
+        clip_grad_norm=opts["clip_grad_norm"],
     )
     return request, options
 
 
 #: Options of the training step: given with --inference they would change nothing.
 _TRAINING_OPTIONS = {"optimizer": "--optimizer", "optimizer_impl": "--optimizer-impl",
-                     "grad_scaler": "--grad-scaler/--no-grad-scaler", "loss": "--loss"}
+                     "grad_scaler": "--grad-scaler/--no-grad-scaler", "loss": "--loss",
+                     "clip_grad_norm": "--clip-grad-norm"}
 
 
 def _refuse_training_options() -> None:

@@ -53,13 +53,15 @@ def check_torchtitan_model(model: str) -> None:
 
 def torchtitan_toml(execution: Any, amp: str | None = None, dtype: str | None = None,
                     sdpa: str = "fused", loss: str = "eager", attention: str = "sdpa", doc_len: int = 0,
-                    seq_len: int | None = None) -> str:
+                    seq_len: int | None = None, clip: float | None = None) -> str:
     """The [training], [parallelism] and [activation_checkpoint] tables torchtitan reads, and
     [compile] for a compiled loss (``--loss compiled``: torchtitan compiles the components named);
     a chunked loss, and FlexAttention (a built-in decoder's ``-O attention=flex``), are comments
     naming the Python settings torchtitan has for them. Every setting the plan depends on is
     written, torchtitan's defaults included (its mixed_precision_param defaults to bfloat16, its
-    seq_len to 2048, its selective checkpointing to every second block in full)."""
+    seq_len to 2048, its selective checkpointing to every second block in full). torchtitan
+    clips the gradients every step (``max_norm``, default 1.0): a plan without clipping says so
+    (``torchtitan_clipping``)."""
     e = execution
     torchtitan_refusals(e, amp, dtype, sdpa)
     shard = e.shard if e.data != "ddp" else 1
@@ -78,6 +80,7 @@ def torchtitan_toml(execution: Any, amp: str | None = None, dtype: str | None = 
     if seq_len:
         lines.append(f"seq_len = {seq_len}")
     lines.append(f'mixed_precision_param = "{_TORCHTITAN_PARAM_DTYPE[amp]}"')
+    lines.append(torchtitan_clipping(clip, "max_norm = {}"))
     lines += [
         "",
         "[parallelism]",
@@ -140,6 +143,16 @@ def torchtitan_refusals(e: Any, amp: str | None, dtype: str | None, sdpa: str) -
         raise NotExpressible("; ".join(missing))
 
 
+def torchtitan_clipping(clip: float | None, setting: str) -> str:
+    """torchtitan's gradient clipping line (``setting`` formatted with the norm): it clips every
+    step (``training.max_norm``, default 1.0; its trainer calls ``clip_grad_norm_`` whatever the
+    value), so a plan that did not count clipping says what the run adds."""
+    if clip is not None:
+        return setting.format(repr(float(clip)))
+    return ("# max_norm: torchtitan clips the gradients every step (default 1.0), which this plan "
+            "did not count: plan with --clip-grad-norm 1.0 to include it")
+
+
 def torchtitan_param_dtype(amp: str | None) -> str:
     """torchtitan's mixed_precision_param for ``--amp`` (checked by ``torchtitan_refusals``)."""
     return _TORCHTITAN_PARAM_DTYPE[amp]
@@ -159,10 +172,11 @@ def torchrun_command(execution: Any) -> str:
 
 def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
                   dtype: str | None = None, sdpa: str = "fused", attention: str = "sdpa",
-                  seq_len: int | None = None) -> str:
-    """Megatron-LM's parallelism, batch, recomputation and precision arguments for the layout.
-    Its ``--bf16``/``--fp16`` hold the model in half precision with fp32 master weights in the
-    optimizer: the nearest to both ``--amp`` and ``--dtype``."""
+                  seq_len: int | None = None, clip: float | None = None) -> str:
+    """Megatron-LM's parallelism, batch, recomputation, precision and clipping arguments for the
+    layout. Its ``--bf16``/``--fp16`` hold the model in half precision with fp32 master weights
+    in the optimizer: the nearest to both ``--amp`` and ``--dtype``. Its ``--clip-grad``
+    defaults to 1.0, and 0 turns clipping off."""
     e = execution
     if attention == "flex":
         raise NotExpressible("FlexAttention is not one of Megatron-LM's attention backends (--attention-backend: "
@@ -205,6 +219,7 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
         args.append(f"--{half}")
     if sdpa == "unfused":
         args.append("--attention-backend unfused")
+    args.append(f"--clip-grad {float(clip) if clip is not None else 0.0!r}")
     return " \\\n  ".join(args)
 
 
@@ -214,10 +229,12 @@ def _half_precision(amp: str | None, dtype: str | None) -> str | None:
     return amp or (dtype if dtype in ("bf16", "fp16") else None)
 
 
-def deepspeed_json(execution: Any, amp: str | None = None, dtype: str | None = None) -> str:
+def deepspeed_json(execution: Any, amp: str | None = None, dtype: str | None = None,
+                   clip: float | None = None) -> str:
     """DeepSpeed's config: ZeRO stage 0 (DDP), 3 (FSDP full shard) or 3 with MiCS (HSDP);
     ``bf16``/``fp16`` (a half-precision model, fp32 master weights) for ``--amp`` or
-    ``--dtype``. Attention is the model code's, not the JSON's."""
+    ``--dtype``; ``gradient_clipping`` (default 0: off) for ``--clip-grad-norm``. Attention is
+    the model code's, not the JSON's."""
     e = execution
     if e.expert > 1:
         raise NotExpressible("DeepSpeed's expert parallelism is set in the model code "
@@ -237,6 +254,8 @@ def deepspeed_json(execution: Any, amp: str | None = None, dtype: str | None = N
         "gradient_accumulation_steps": e.grad_accum,
         "zero_optimization": zero,
     }
+    if clip is not None:
+        config["gradient_clipping"] = clip
     half = _half_precision(amp, dtype)
     if half:
         config[half] = {"enabled": True}

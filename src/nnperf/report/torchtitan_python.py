@@ -22,6 +22,7 @@ from typing import Any
 from nnperf.report.engine_configs import (
     SCHEDULE_NAMES,
     NotExpressible,
+    torchtitan_clipping,
     torchtitan_launch,
     torchtitan_param_dtype,
     torchtitan_refusals,
@@ -44,7 +45,7 @@ MODULE, FUNCTION = "nnperf_plan", "nnperf_plan"
 
 def torchtitan_python(execution: Any, model: str, seq_len: int | None, amp: str | None = None,
                       dtype: str | None = None, sdpa: str = "fused", loss: str = "eager",
-                      attention: str = "sdpa", doc_len: int = 0) -> str:
+                      attention: str = "sdpa", doc_len: int = 0, clip: float | None = None) -> str:
     """The config function (a file ``nnperf_plan.py``) that sets every field the plan depends
     on over the shipped config of the model's family, torchtitan's defaults included."""
     e = execution
@@ -74,6 +75,7 @@ def torchtitan_python(execution: Any, model: str, seq_len: int | None, amp: str 
         f"  # global batch {e.global_batch} x {seq_len}",
         f"    config.training.max_context_length = {seq_len}",
         f'    config.training.mixed_precision_param = "{torchtitan_param_dtype(amp)}"',
+        "    " + torchtitan_clipping(clip, "config.training.max_norm = {}"),
         f"    config.parallelism.data_parallel_replicate_degree = {replicate}",
         f"    config.parallelism.data_parallel_shard_degree = {shard}",
         f'    config.parallelism.fsdp_reshard_after_forward = "{"always" if e.reshard_after_forward else "never"}"',

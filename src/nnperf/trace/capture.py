@@ -30,6 +30,7 @@ from nnperf.trace.accumulation import AccumulationWatch, fold_inplace_accumulati
 from nnperf.trace.assumptions import collecting
 from nnperf.trace.attention import sdpa_mode
 from nnperf.trace.autocast_cuda import CudaAutocast
+from nnperf.trace.clip import CLIP_MODULE
 from nnperf.trace.diagnosis import (
     DATA_DEPENDENT,
     data_dependent_error,
@@ -215,6 +216,12 @@ class _Watch(StepWatch):
         self.modules.push(GRAD_SCALER_MODULE)
 
     def scaler_ends(self) -> None:
+        self.modules.pop()
+
+    def clip_starts(self) -> None:  # recorded in the backward phase, as the scaler's unscale
+        self.modules.push(CLIP_MODULE)
+
+    def clip_ends(self) -> None:
         self.modules.pop()
 
     def backward_starts(self, loss: torch.Tensor) -> None:

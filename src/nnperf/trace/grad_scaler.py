@@ -73,6 +73,11 @@ class TracedGradScaler:
         """``scaler.scale(loss)``: one multiply once the scale tensor exists."""
         return self.scaler.scale(loss)
 
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """``scaler.unscale_(optimizer)`` before clipping: the unscale and inf check run here,
+        and ``step`` then only reads the result."""
+        self.scaler.unscale_(optimizer)
+
     def step(
         self,
         optimizer: torch.optim.Optimizer,

@@ -65,6 +65,10 @@ class TraceOptions:
     # ChunkedLossWrapper: the output projection and loss over 8 chunks of tokens, each chunk's
     # gradient taken at once; built-in decoders; "chunked-compiled" with its inner loss compiled).
     loss: str = "eager"
+    # Clip the gradients' global 2-norm to this value between backward and the optimizer step
+    # (trace.clip: torchtitan's clip_grad_norm_; Hugging Face's Trainer, torchtitan and
+    # Megatron-LM clip to 1.0 by default). None: no clipping.
+    clip_grad_norm: float | None = None
 
     def uses_grad_scaler(self) -> bool:
         """Whether the step runs a GradScaler (``grad_scaler`` resolved)."""
@@ -112,6 +116,13 @@ class TraceOptions:
                 f"--moe-capacity-factor {self.moe_capacity_factor}: must be at least 1 "
                 "(the busiest expert's load over the mean)"
             )
+        if self.clip_grad_norm is not None:
+            if not self.clip_grad_norm > 0:
+                raise UsageError(f"--clip-grad-norm {self.clip_grad_norm}: the largest gradient norm must be "
+                                 "a number > 0, e.g. 1.0")
+            if not self.train or self.optimizer == "none":
+                raise UsageError("--clip-grad-norm clips gradients before an optimizer step: it needs a training "
+                                 "step with an optimizer (leave --optimizer none out, or drop --clip-grad-norm)")
         if self.grad_scaler:
             if not self.train or self.optimizer == "none":
                 raise UsageError("a gradient scaler needs a training step with an optimizer")
@@ -136,6 +147,8 @@ class TraceOptions:
             parts.append(f"{self.sdpa} attention")
         if self.loss != "eager":
             parts.append(f"{self.loss} loss")
+        if self.clip_grad_norm is not None:
+            parts.append(f"gradients clipped to norm {self.clip_grad_norm:g}")
         return ", ".join(parts)
 
     def to_json(self) -> dict[str, Any]:

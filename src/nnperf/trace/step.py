@@ -8,6 +8,7 @@ A training step is the loop every PyTorch user writes::
     loss = scaler.scale(loss)            # fp16 autocast: a GradScaler
     loss.backward()                      # the output stays referenced through backward
     del loss, output                     # dropped before the optimizer step
+    scaler.unscale_(optimizer); clip_grad_norm(...)   # --clip-grad-norm (trace.clip)
     scaler.step(optimizer); scaler.update()   # or optimizer.step()
     optimizer.zero_grad(set_to_none=...)      # closes the step (the next one's start state)
 
@@ -31,6 +32,7 @@ import torch
 from torch import nn
 
 from nnperf.errors import UsageError
+from nnperf.trace.clip import clip_grad_norm
 from nnperf.trace.grad_scaler import TracedGradScaler
 from nnperf.trace.loss import loss_for
 from nnperf.trace.options import AMP_DTYPES, TraceOptions
@@ -88,6 +90,8 @@ class StepWatch:
     def loss_ends(self) -> None: ...
     def scaler_starts(self) -> None: ...
     def scaler_ends(self) -> None: ...
+    def clip_starts(self) -> None: ...
+    def clip_ends(self) -> None: ...
     def backward_starts(self, loss: torch.Tensor) -> None: ...
     def backward_ends(self) -> None: ...
     def optimizer_starts(self) -> None: ...
@@ -163,6 +167,14 @@ class Step:
             loss.backward()
             watch.backward_ends()
             del loss, output  # a training loop drops them before the optimizer step
+        if optimizer is not None and self.options.clip_grad_norm is not None:
+            watch.clip_starts()
+            if scaler is not None:  # the norm of the true gradients: unscaled first
+                scaler.unscale_(optimizer)
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            clip_grad_norm(params, self.options.clip_grad_norm,
+                           getattr(self.model, "group", None) if run_pipeline is not None else None)
+            watch.clip_ends()
         if optimizer is not None and scaler is not None:
             watch.scaler_starts()
             scaler.step(optimizer, lambda: _both(watch.scaler_ends, watch.optimizer_starts),

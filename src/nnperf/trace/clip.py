@@ -1,0 +1,91 @@
+"""Gradient-norm clipping between backward and the optimizer step (``--clip-grad-norm``).
+
+Nearly every training loop clips: Hugging Face's Trainer (``max_grad_norm = 1.0``), torchtitan
+(``max_norm = 1.0``) and Megatron-LM (``--clip-grad 1.0``) do by default. It reads every
+gradient once for the norms and reads and writes it once more to scale it, and on sharded
+gradients it reduces the norm across ranks. This runs it as torchtitan does
+(``torchtitan/distributed/utils.py``, ``clip_grad_norm_``): ``get_total_norm`` (one foreach norm
+per gradient, a stack, a vector norm), a DTensor norm made whole with ``full_tensor()`` (an
+all-reduce over its mesh), the stages' norms summed over the pipeline group, then
+``clip_grads_with_norm_`` (a clamped coefficient, one foreach multiply). Gradients on different
+meshes (expert-parallel experts beside the dense layers) get a norm each, combined after,
+as torchtitan's ``_clip_grad_norm_with_ep`` does. The coefficient stays on the device: no host
+sync.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+#: The pseudo-module clipping's ops are recorded under.
+CLIP_MODULE = "(clip_grad_norm)"
+NORM_TYPE = 2.0
+
+
+def _dtensor_type() -> type | None:
+    if not torch.distributed.is_available():
+        return None
+    from torch.distributed.tensor import DTensor
+
+    return DTensor
+
+
+def _mesh_key(grad: torch.Tensor, dtensor: type | None) -> Any:
+    """Gradients whose norms combine in one ``get_total_norm``: plain tensors, or DTensors of
+    one mesh."""
+    if dtensor is not None and isinstance(grad, dtensor):
+        return id(grad.device_mesh)
+    return None
+
+
+@contextlib.contextmanager
+def _quiet_redistribute() -> Iterator[None]:
+    """DTensor warns that the gradients' norm over a 2-D mesh (data x tensor) takes two
+    all-reduces, one per dimension; torchtitan runs them so, and the trace records both: the
+    warning says nothing to a user of nnperf."""
+    logger = logging.getLogger("torch.distributed.tensor._redistribute")
+    previous = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(previous)
+
+
+@torch.no_grad()
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float, pipeline_group: Any = None) -> torch.Tensor:
+    """Scale the gradients of ``params`` so their global 2-norm is at most ``max_norm``; returns
+    the norm (a 0-dim device tensor)."""
+    with_grads = [p for p in params if p.grad is not None]
+    if not with_grads:
+        return torch.zeros(())
+    if not hasattr(torch.nn.utils, "get_total_norm"):  # torch < 2.6: its one-call form
+        return torch.nn.utils.clip_grad_norm_(with_grads, max_norm, NORM_TYPE, foreach=True)
+    dtensor = _dtensor_type()
+    groups: dict[Any, list[torch.Tensor]] = {}
+    for p in with_grads:
+        groups.setdefault(_mesh_key(p.grad, dtensor), []).append(p)
+    norms = []
+    for members in groups.values():
+        with _quiet_redistribute():
+            norm = torch.nn.utils.get_total_norm([p.grad for p in members], NORM_TYPE, False, True)
+            if dtensor is not None and isinstance(norm, dtensor):
+                norm = norm.full_tensor()
+        norms.append(norm)
+    if len(norms) == 1 and pipeline_group is None:
+        total = norms[0]
+    else:  # the sum of squares over meshes and pipeline stages
+        squares = norms[0] ** NORM_TYPE
+        for norm in norms[1:]:
+            squares = squares + norm**NORM_TYPE
+        if pipeline_group is not None:
+            torch.distributed.all_reduce(squares, op=torch.distributed.ReduceOp.SUM, group=pipeline_group)
+        total = squares ** (1.0 / NORM_TYPE)
+    for members in groups.values():
+        torch.nn.utils.clip_grads_with_norm_(members, max_norm, total, True)
+    return total
