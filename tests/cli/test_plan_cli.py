@@ -234,3 +234,20 @@ def test_each_engine_gets_the_fastest_layout_it_can_run():
     assert configs["megatron_layout"]["rank"] == 2 and abs(configs["megatron_layout"]["slower_by"] - 0.1) < 1e-9
     assert "per-op" in configs["megatron_not_expressible"]
     assert configs["deepspeed"] is None and "model code" in configs["deepspeed_not_expressible"]
+
+
+def test_the_data_engines_and_checkpointing_can_be_pinned():
+    """--data fsdp,hsdp leaves DDP out (a layout without data parallelism has no engine to pin
+    and may stay); --checkpoint full is the only level the search uses; a name that is not one
+    of them is one line with the valid ones."""
+    result = CliRunner().invoke(cli, [*ARGS, "--gpus", "16", "--tp", "1", "--pp", "1", "--data", "fsdp,hsdp",
+                                      "--checkpoint", "full", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    searched = doc["ranked"] + doc["rejected"]
+    assert {r["execution"]["data"] for r in doc["ranked"]} == {"fsdp", "hsdp"}
+    assert {r["execution"]["checkpoint"] for r in searched} == {"full"}
+    for option, value in (("--data", "zero3"), ("--checkpoint", "selective")):
+        bad = CliRunner().invoke(cli, [*ARGS, "--gpus", "8", option, value])
+        assert bad.exit_code == 2 and len(bad.output.strip().splitlines()) == 1, bad.output
+        assert f"invalid {option} '{value}': expected auto or a list of" in bad.output

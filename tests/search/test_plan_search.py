@@ -48,3 +48,13 @@ def test_no_checkpointing_is_tried_when_the_whole_local_batch_fits(evaluated):
     results = _search(None, None, candidates, None, None, None, RoleCache())
     assert [(p.execution.checkpoint, p.execution.micro_batch) for p in results if p.fits] == [(None, 2)]
     assert {e.checkpoint for e in evaluated} == {None}
+
+
+def test_only_the_allowed_levels_are_timed(evaluated):
+    """Checkpointing pinned to none and full: selective-op is never timed, and full still only
+    for micro-batches larger than no checkpointing fitted."""
+    candidates = [e for e in layouts(8, 8, 512) if e.data == "fsdp"]
+    results = _search(None, None, candidates, None, None, None, RoleCache(), allowed=(0, 2))
+    assert {(p.execution.checkpoint, p.execution.micro_batch) for p in results if p.fits} == {(None, 2), ("full", 16)}
+    assert {e.checkpoint for e in evaluated} == {None, "full"}
+    assert not any(e.checkpoint == "full" and e.micro_batch <= 2 for e in evaluated)

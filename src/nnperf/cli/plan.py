@@ -28,6 +28,17 @@ def _degrees(text: str | None, what: str) -> list[int] | None:
     return values
 
 
+def _names(text: str, what: str, valid: tuple[str, ...]) -> list[str] | None:
+    """``auto`` (None: all of ``valid``) or comma-separated names from ``valid``."""
+    if text.lower() == "auto":
+        return None
+    names = [n.strip().lower() for n in text.split(",")]
+    unknown = [n for n in names if n not in valid]
+    if unknown or not names:
+        raise UsageError(f"invalid {what} {text!r}: expected auto or a list of {', '.join(valid)}")
+    return names
+
+
 @cli.command()
 @workload_options
 @gpu_options(profile=False)
@@ -52,6 +63,11 @@ def _degrees(text: str | None, what: str) -> list[int] | None:
               help="Expert-parallel degrees to try for a mixture-of-experts model (experts split over the "
                    "FSDP shard group, tokens sent by all-to-all): auto (powers of two dividing the experts, "
                    "inside a node) or a list, e.g. 1,8.")
+@click.option("--data", "data_text", default="auto", show_default=True,
+              help="Data-parallel engines to try: auto (ddp, fsdp, hsdp) or a list, e.g. fsdp,hsdp.")
+@click.option("--checkpoint", "checkpoint_text", default="auto", show_default=True,
+              help="Activation checkpointing the search may use, tried in this order while a layout "
+                   "does not fit: auto (none, selective-op, full) or a list, e.g. none or full.")
 @click.option("--schedule", "schedules", multiple=True,
               type=click.Choice(["1f1b", "interleaved-1f1b", "gpipe", "zero-bubble"]),
               help="Pipeline schedules to try (repeatable; default: 1f1b and interleaved-1f1b).")
@@ -60,14 +76,15 @@ def _degrees(text: str | None, what: str) -> list[int] | None:
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON document.")
 def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, tokens_per_step: int | None,
          tp_text: str, pp_text: str,
-         cp_text: str, ep_text: str, schedules: tuple[str, ...], cluster_name: str | None, as_json: bool, **kwargs: Any) -> None:
+         cp_text: str, ep_text: str, data_text: str, checkpoint_text: str, schedules: tuple[str, ...],
+         cluster_name: str | None, as_json: bool, **kwargs: Any) -> None:
     """Rank the layouts of MODEL on --gpus GPUs (data parallelism: DDP, FSDP2, HSDP; tensor
     parallelism with sequence parallelism; pipeline schedules; activation checkpointing and
     gradient accumulation; expert parallelism for mixture-of-experts models): step time, throughput, MFU, per-GPU memory, exposed communication,
     pipeline bubble; and the winner as a torchtitan config with its torchrun command, Megatron-LM
     arguments and a DeepSpeed config where those engines have the layout."""
     from nnperf.hardware.cluster import cluster_for_gpu, load_cluster
-    from nnperf.search.plan import DEFAULT_SCHEDULES, smallest_memory
+    from nnperf.search.plan import CHECKPOINT_NAMES, DATA_KINDS, DEFAULT_SCHEDULES, smallest_memory
     from nnperf.search.plan import plan as run_plan
 
     cluster = load_cluster(cluster_name) if cluster_name else cluster_for_gpu(gpu.id)
@@ -92,7 +109,9 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
     result = run_plan(request, options, gpu, n_gpus, cluster, nodes, global_batch,
                       tensor=_degrees(tp_text, "--tp"), pipeline=_degrees(pp_text, "--pp"),
                       schedules=schedules or DEFAULT_SCHEDULES, context=_degrees(cp_text, "--cp") or [1],
-                      expert=_degrees(ep_text, "--ep"))
+                      expert=_degrees(ep_text, "--ep"), data=_names(data_text, "--data", DATA_KINDS),
+                      checkpoints=[CHECKPOINT_NAMES[n] for n in _names(checkpoint_text, "--checkpoint",
+                                                                       tuple(CHECKPOINT_NAMES)) or CHECKPOINT_NAMES])
     if result.cluster.gpu and result.cluster.gpu != gpu.id:
         result.notes.append(f"{result.cluster.name} is built of {result.cluster.gpu}, planned here with {gpu.id}: "
                             "its links, NICs and host CPU are taken as they are")

@@ -44,6 +44,10 @@ from nnperf.trace.options import CHUNKED_LOSSES, TraceOptions
 #: Checkpointing levels the search tries, the selective one torchtitan's per-op policy so the
 #: winner is one torchtitan runs (``report.engine_configs``).
 CHECKPOINTS = (None, "selective-op", "full")
+#: What a user may restrict the search to (``nnperf plan --data``, ``--checkpoint``): the
+#: data-parallel engines, and the checkpointing levels by name ("none" for None).
+DATA_KINDS = ("ddp", "fsdp", "hsdp")
+CHECKPOINT_NAMES = {"none": None, "selective-op": "selective-op", "full": "full"}
 DEFAULT_SCHEDULES = ("1f1b", "interleaved-1f1b")
 PIPELINE_DEGREES = (1, 2, 4, 8, 16)
 INTERLEAVE = 2  # model chunks per rank of the interleaved schedules
@@ -444,11 +448,14 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
          nodes_of: int | None = None, global_batch: int | None = None, *,
          tensor: Iterable[int] | None = (1,), pipeline: Iterable[int] | None = (1,),
          schedules: Iterable[str] = DEFAULT_SCHEDULES, context: Iterable[int] = (1,),
-         expert: Iterable[int] | None = (1,)) -> Plan:
+         expert: Iterable[int] | None = (1,), data: Iterable[str] | None = None,
+         checkpoints: Iterable[str | None] | None = None) -> Plan:
     """Rank the layouts of ``request`` on ``gpus`` GPUs of ``gpu``. ``tensor``/``pipeline``/
     ``expert``: the degrees to try (None: every degree the model and nodes allow; the default,
     1, keeps the data-parallel search; ``context``: context-parallel degrees, modelled in
-    closed form).
+    closed form). ``data``: the data-parallel engines to try (``DATA_KINDS``; a layout without
+    data parallelism has none and stays); ``checkpoints``: the checkpointing levels the search
+    may use (``CHECKPOINTS``); None: all of them.
 
     The search runs in two passes so that a large cluster is planned in seconds: data and
     tensor parallelism over every degree, then pipeline parallelism at the tensor-parallel
@@ -464,29 +471,37 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     tensor, pipeline = search_axes(request, gpus, nodes_of, layers, tensor, pipeline, info)  # the model's rules first
     check_degrees(gpus, nodes_of, *asked, context, expert)
     expert = expert_degrees(request, gpus, nodes_of, expert, info)
-    first = layouts(gpus, nodes_of, global_batch, tensor=tensor, pipeline=[1] if 1 in pipeline else pipeline[:1],
-                    schedules=schedules, layers=layers, context=context, expert=expert)
+    kinds = set(DATA_KINDS if data is None else data)
+    levels = tuple(i for i, level in enumerate(CHECKPOINTS) if checkpoints is None or level in set(checkpoints))
+
+    def engines(found: list[Execution]) -> list[Execution]:
+        return [e for e in found if e.data_parallel == 1 or e.data in kinds]
+
+    first = engines(layouts(gpus, nodes_of, global_batch, tensor=tensor,
+                            pipeline=[1] if 1 in pipeline else pipeline[:1], schedules=schedules, layers=layers,
+                            context=context, expert=expert))
     results, traces = _in_workers(request, options, gpu, cluster, layers,
-                                  [[e for e in first if e.tensor == tp] for tp in tensor])
+                                  [[e for e in first if e.tensor == tp] for tp in tensor], levels=levels)
     deeper = [p for p in pipeline if p > 1 and p not in {e.execution.pipeline for e in results}]
     if deeper:
         fitting = sorted((p for p in results if p.fits), key=lambda p: p.step_s)
         best_tp = fitting[0].execution.tensor if fitting else max(tensor)
-        second = layouts(gpus, nodes_of, global_batch, tensor=[best_tp], pipeline=deeper, schedules=schedules,
-                         layers=layers, expert=expert)
+        second = engines(layouts(gpus, nodes_of, global_batch, tensor=[best_tp], pipeline=deeper,
+                                 schedules=schedules, layers=layers, expert=expert))
         more, more_traces = _in_workers(request, options, gpu, cluster, layers,
                                         [[e for e in second if e.pipeline == pp] for pp in deeper],
-                                        fitting[0].step_s if fitting else None, same_work(results))
+                                        fitting[0].step_s if fitting else None, same_work(results), levels)
         results += more
         traces += more_traces
     if not results:
         raise UsageError(
             f"no layout of {request_name(request)} on {gpus} GPUs with tensor degrees {_listed(tensor)}, "
-            f"pipeline degrees {_listed(pipeline)}, context degrees {_listed(context)} and expert degrees "
-            f"{_listed(expert)}: the global batch "
+            f"pipeline degrees {_listed(pipeline)}, context degrees {_listed(context)}, expert degrees "
+            f"{_listed(expert)} and data parallelism {', '.join(k for k in DATA_KINDS if k in kinds)}: the global batch "
             f"{global_batch} must divide over the data-parallel ranks (GPUs / (tp x pp x cp)), context "
             "parallelism does not combine with pipelines, and stages must split the layers; try other "
-            "degrees or --global-batch a multiple of the GPU count")
+            "degrees or --global-batch a multiple of the GPU count (pipelines and tensor parallelism shard "
+            "their data-parallel ranks: FSDP or HSDP, not DDP)")
     cache = RoleCache()
     slower = [p for p in results if p.time_bound]
     results = [p for p in results if not p.time_bound]
@@ -551,7 +566,8 @@ _TASKS: list[Any] = []  # what a forked worker runs (inherited, nothing pickled)
 
 def _in_workers(request: ModelRequest, options: TraceOptions, gpu: GPU, cluster: Cluster, layers: int | None,
                 groups: list[list[Execution]], slower_than: float | None = None,
-                work: dict[tuple[Any, ...], list[Planned]] | None = None) -> tuple[list[Planned], int]:
+                work: dict[tuple[Any, ...], list[Planned]] | None = None,
+                levels: tuple[int, ...] = tuple(range(len(CHECKPOINTS)))) -> tuple[list[Planned], int]:
     """``_search`` of each group of candidates (they share no traced role), in forked worker
     processes where that is safe: each worker has its own traced roles; the results and the
     number of traces come back."""
@@ -565,7 +581,7 @@ def _in_workers(request: ModelRequest, options: TraceOptions, gpu: GPU, cluster:
     wanted = os.environ.get(WORKERS_ENV)
     workers = int(wanted) if wanted and wanted.isdigit() else min(2, os.cpu_count() or 1)
     workers = min(workers, len(groups))
-    _TASKS[:] = [(request, options, gpu, cluster, layers, g, slower_than, work) for g in groups]
+    _TASKS[:] = [(request, options, gpu, cluster, layers, g, slower_than, work, levels) for g in groups]
     if workers <= 1 or not sys.platform.startswith("linux") or not fork_is_safe():
         outputs = [_run_task(i) for i in range(len(groups))]
     else:
@@ -581,14 +597,15 @@ def _in_workers(request: ModelRequest, options: TraceOptions, gpu: GPU, cluster:
 
 
 def _run_task(index: int) -> tuple[list[Planned], int]:
-    request, options, gpu, cluster, layers, group, slower_than, work = _TASKS[index]
+    request, options, gpu, cluster, layers, group, slower_than, work, levels = _TASKS[index]
     cache = RoleCache()
-    return _search(request, options, group, gpu, cluster, layers, cache, slower_than, work), cache.traces
+    return _search(request, options, group, gpu, cluster, layers, cache, slower_than, work, levels), cache.traces
 
 
 def _search(request: ModelRequest, options: TraceOptions, candidates: list[Execution], gpu: GPU,
             cluster: Cluster, layers: int | None, cache: RoleCache, slower_than: float | None = None,
-            work: dict[tuple[Any, ...], list[Planned]] | None = None) -> list[Planned]:
+            work: dict[tuple[Any, ...], list[Planned]] | None = None,
+            allowed: tuple[int, ...] = tuple(range(len(CHECKPOINTS)))) -> list[Planned]:
     """Per group (one ``shape_key``), the largest micro-batch that fits, found by bisection
     (memory only grows with the micro-batch), without checkpointing and then with each
     checkpointing level in turn while it lets a larger micro-batch fit: recomputation only
@@ -603,7 +620,8 @@ def _search(request: ModelRequest, options: TraceOptions, candidates: list[Execu
     traced, nor one whose model states alone cannot fit (``search.plan_states``, from FSDP's
     trace). ``slower_than``: the fastest step found so far, below which a pipeline's first stage
     must keep it to be traced to the end (``search.plan_pipeline``), and its GPUs' work (``work``,
-    ``same_work``) to be traced at all."""
+    ``same_work``) to be traced at all. ``allowed``: the indices of ``CHECKPOINTS`` the search
+    may use, in that order."""
     groups: dict[tuple[Any, ...], list[Execution]] = {}
     for execution in candidates:
         groups.setdefault(shape_key(execution), []).append(execution)
@@ -613,7 +631,7 @@ def _search(request: ModelRequest, options: TraceOptions, candidates: list[Execu
     for key in order:
         members = sorted(groups[key], key=lambda e: -e.micro_batch)
         rest = key[2:]
-        levels = range(len(CHECKPOINTS))
+        levels: Iterable[int] = allowed
         largest: dict[int, int] = {}  # level -> the largest micro-batch FSDP fitted there
         if key[0] != "fsdp" and any(k[0] == "fsdp" and k[2:] == rest for k in groups):
             sibling_fits = fsdp_fits.get(rest)
