@@ -332,17 +332,20 @@ def search_axes(request: ModelRequest, gpus: int, nodes_of: int, layers: int | N
 
 def chunked_loss_axes(options: TraceOptions, tensor: Iterable[int] | None,
                       pipeline: Iterable[int] | None) -> tuple[Iterable[int] | None, Iterable[int] | None]:
-    """A chunked loss (``trace.loss.ChunkedLoss``) takes the whole output projection on one rank:
-    layouts that split it (tensor parallelism) or place it on a last stage (pipelines) are not
-    modelled, so the search leaves them out (``None``: auto), and a degree the user asked for is
-    refused."""
+    """A chunked loss (``trace.loss.ChunkedLoss``) runs the output projection in the loss: on a
+    pipeline's last stage it is not modelled, so the search leaves pipelines out (``None``:
+    auto) and refuses a degree the user asked for; with tensor parallelism it runs split over
+    the vocabulary, its inner cross entropy eager (``--loss chunked``), as torchtitan's."""
     if options.loss not in CHUNKED_LOSSES:
         return tensor, pipeline
-    asked = [f"--tp {d}" for d in tensor or () if d > 1] + [f"--pp {d}" for d in pipeline or () if d > 1]
+    asked = [f"--pp {d}" for d in pipeline or () if d > 1]
+    if options.loss == "chunked-compiled":
+        asked = [f"--tp {d}" for d in tensor or () if d > 1] + asked
     if asked:
         raise UsageError(f"--loss {options.loss} with {', '.join(asked)} is not modelled (the chunked projection "
-                         "runs unsplit on every rank); give --tp 1 --pp 1, or --loss compiled")
-    return [1], [1]
+                         "on a pipeline's last stage, or compiled over a split vocabulary); give --pp 1 "
+                         "(and --loss chunked for tensor parallelism), or --loss compiled")
+    return ([1] if options.loss == "chunked-compiled" else tensor), [1]
 
 
 def _listed(degrees: Iterable[int]) -> str:

@@ -258,6 +258,41 @@ def _fused_chunk(logits: Tensor, target: Tensor, scale: Tensor, ignore_index: in
     return loss, grad
 
 
+def _vocab_parallel_chunk(logits: Tensor, target: Tensor, scale: Tensor, ignore_index: int, group: Any,
+                          vocab_start: int) -> tuple[Tensor, Tensor]:
+    """One chunk's loss and logits' gradient over this rank's slice of the vocabulary, as
+    torchtitan's ``_LossParallelCrossEntropy`` runs them (``torchtitan/components/loss.py`` at
+    b5bcd76; what its ``cross_entropy_loss`` calls on logits split over the tensor-parallel
+    ranks): the fp32 copy, each row's maximum all-reduced, the sum of exponentials all-reduced,
+    the log-probabilities kept, the target's log-probability picked on the rank that holds it and
+    all-reduced; then its backward at once: a zero-filled gradient with -1 at the targets,
+    plus the probabilities, times the upstream gradient, cast back to the logits' dtype."""
+    from torch.distributed import _functional_collectives as funcol
+
+    x = logits.float()
+    row_max = funcol.all_reduce(torch.amax(x, dim=-1, keepdim=True), "max", group)
+    shifted = x - row_max
+    del x
+    sum_exp = funcol.all_reduce(torch.sum(torch.exp(shifted), dim=-1, keepdim=True), "sum", group)
+    log_probs = shifted - torch.log(sum_exp)
+    del shifted
+    keep = target != ignore_index
+    safe = torch.where(keep, target, 0)
+    outside = (safe < vocab_start) | (safe >= vocab_start + logits.shape[-1])
+    local = safe - vocab_start
+    local[outside] = 0
+    picked = torch.gather(log_probs, -1, local.unsqueeze(-1))
+    picked[outside.unsqueeze(-1)] = 0
+    picked = funcol.all_reduce(picked, "sum", group)
+    loss = torch.where(keep, -picked.squeeze(-1), 0).sum()
+    grad = torch.zeros_like(log_probs)
+    grad[torch.arange(local.shape[0], device=local.device), local] = outside.to(grad.dtype) - 1.0
+    upstream = torch.where(keep.unsqueeze(-1), scale, 0)
+    grad = (grad + torch.exp(log_probs)) * upstream
+    del log_probs
+    return loss, grad.to(logits.dtype)
+
+
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     """The output projection and cross entropy chunk by chunk of tokens, each chunk's gradients
     taken at once (torchtitan's ``ChunkedLossWrapper``: ``chunk_loss.backward()`` per chunk, the
@@ -265,17 +300,21 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     chunk's logits (and its cross entropy's temporaries) ever exist. The kernels are the ones the
     per-chunk backward runs, written out: autograd inside a traced forward would be mistaken for
     the step's backward. A chunk's logits stay referenced until the next chunk's replace them,
-    as the loop variable does in torchtitan's loop."""
+    as the loop variable does in torchtitan's loop. With tensor parallelism (``group``) the
+    weight is this rank's slice of the vocabulary from ``vocab_start`` and the hidden states'
+    gradient a partial sum (``_vocab_parallel_chunk``)."""
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, chunks: int, ignore_index: int,
-                compiled: bool) -> Tensor:
+                compiled: bool, group: Any = None, vocab_start: int = 0) -> Tensor:
         count = (target != ignore_index).sum().float()
         scale = 1.0 / count  # the mean's upstream gradient, one value per token
         grad_hidden = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
         grad_weight = torch.zeros(weight.shape, dtype=weight.dtype, device=weight.device)
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         chunk_loss = _fused_chunk if compiled else _eager_chunk
+        if group is not None:
+            chunk_loss = functools.partial(_vocab_parallel_chunk, group=group, vocab_start=vocab_start)
         for h, t, g in zip(hidden.chunk(chunks), target.chunk(chunks), grad_hidden.chunk(chunks), strict=True):
             logits = F.linear(h, weight)
             loss, d_logits = chunk_loss(logits, t, scale, ignore_index)
@@ -297,12 +336,12 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         grad_hidden, grad_weight = ctx.grads
         ctx.grads = None
         return (grad_hidden.mul_(grad).to(ctx.hidden_dtype), grad_weight.mul_(grad.to(grad_weight.dtype)),
-                None, None, None, None)
+                None, None, None, None, None, None)
 
 
 CHUNKED_NEEDS = ("a chunked loss needs a built-in decoder whose loss is next-token cross entropy over an "
-                 "untied output projection (llama-7b, mixtral-8x7b, deepseek-v3-16b), without pipeline or "
-                 "tensor parallelism")
+                 "untied output projection (llama-7b, mixtral-8x7b, deepseek-v3-16b), without pipeline "
+                 "parallelism, and with tensor parallelism its inner cross entropy eager (--loss chunked)")
 
 
 class ChunkedLoss:
@@ -325,11 +364,32 @@ class ChunkedLoss:
 
     def __call__(self, hidden: Any) -> Tensor:
         weight = self.model.chunkable_head().weight
-        if _is_dtensor(weight) or _is_dtensor(hidden):
-            raise UsageError(CHUNKED_NEEDS)
         target = self.targets.to(hidden.device).flatten()
+        if _is_dtensor(weight) or _is_dtensor(hidden):
+            return self._vocab_parallel(hidden, weight, target)
         return _ChunkedLinearCrossEntropy.apply(hidden.flatten(0, -2), weight, target, self.chunks, -100,
                                                 self.compiled)
+
+    def _vocab_parallel(self, hidden: Any, weight: Any, target: Tensor) -> Tensor:
+        """With tensor parallelism, as torchtitan's ChunkedLossWrapper composes with it: the
+        final norm's output replicated over the tensor-parallel ranks (an all-gather of its
+        sequence shards under sequence parallelism), each rank's projection its slice of the
+        vocabulary (``ColwiseParallel``), the loss parallel over it; the hidden states'
+        gradient, a partial sum on each rank, reduced once after the loop (a reduce-scatter
+        back to the sequence shards, or an all-reduce)."""
+        from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+        if self.compiled or not _is_dtensor(weight) or tuple(weight.placements) != (Shard(0),):
+            raise UsageError(CHUNKED_NEEDS)
+        mesh = weight.device_mesh
+        if not _is_dtensor(hidden):
+            hidden = DTensor.from_local(hidden, mesh, [Replicate()], run_check=False)
+        local = hidden.redistribute(mesh, [Replicate()]).to_local(grad_placements=[Partial()])
+        group = mesh.get_group()
+        rows = -(-weight.shape[0] // mesh.size())  # torch.chunk's slice, as ColwiseParallel shards
+        start = min(weight.shape[0], rows * torch.distributed.get_rank(group))
+        return _ChunkedLinearCrossEntropy.apply(local.flatten(0, -2), weight.to_local(), target, self.chunks, -100,
+                                                False, group, start)
 
     def __repr__(self) -> str:
         inner = ", compiled" if self.compiled else ""

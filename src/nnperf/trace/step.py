@@ -24,6 +24,7 @@ the optimizer, and to switch the phase); ``StepWatch`` is told, and does nothing
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +35,7 @@ from torch import nn
 from nnperf.errors import UsageError
 from nnperf.trace.clip import clip_grad_norm
 from nnperf.trace.grad_scaler import TracedGradScaler
-from nnperf.trace.loss import loss_for
+from nnperf.trace.loss import ChunkedLoss, loss_for
 from nnperf.trace.options import AMP_DTYPES, TraceOptions
 from nnperf.trace.rebind import rebind_tensors
 
@@ -154,7 +155,7 @@ class Step:
         if run_pipeline is not None:  # a pipeline rank: its schedule runs forward, loss and backward
             run_pipeline(self.autocast, watch)
         else:
-            with self.autocast():
+            with self.autocast(), _quiet_head_view(self.loss_fn):
                 output = self.model(*self.inputs)
                 watch.loss_starts()
                 loss = self.loss_fn(output)
@@ -188,6 +189,19 @@ class Step:
             owner = optimizer if optimizer is not None else self.model
             owner.zero_grad(set_to_none=not self.options.grads_persist)
         return None
+
+
+@contextlib.contextmanager
+def _quiet_head_view(loss_fn: Any) -> Iterator[None]:
+    """A chunked loss stops the model at its final norm, whose output FSDP2 (torch 2.13) warns
+    is a view an in-place op would cut from its pre-backward hook; the chunked loss only reads
+    it."""
+    if not isinstance(loss_fn, ChunkedLoss):
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "FSDP2-wrapped module .* returned a view tensor", UserWarning)
+        yield
 
 
 @contextlib.contextmanager
