@@ -173,8 +173,11 @@ def test_checkpointing_recomputes_what_its_policy_does_not_save(policy, recomput
     def build() -> Workload:
         return spec.build(1, 16, n_layer=2, dim=DIM, n_heads=4, n_kv_heads=2, ffn_hidden=HIDDEN, vocab=64)
 
+    registered = torch._C._distributed_c10d._get_work_registry_size()
     traced = trace_rank(build, TraceOptions(optimizer="adamw"), execution, lambda m: ["layers.0", "layers.1"],
                         prepare_for(execution))
+    # every collective the trace issued was waited: none left for "unwaited collective calls" at exit
+    assert torch._C._distributed_c10d._get_work_registry_size() == registered
     backward = [c for c in traced.collectives if c.kind == "all_to_all" and c.phase == "backward"]
     assert len(backward) == 2 * (2 + recomputed)
     gemms = [e for e in traced.trace.events if e.name == "aten._grouped_mm" and e.phase == "backward"]

@@ -25,6 +25,8 @@ busiest expert: the traced rank is the slowest, as the step waits for it.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -83,7 +85,8 @@ class _Dispatch:
         ep, group = mesh.size(), mesh.get_group()
         local = per_expert.shape[0] // ep
         with torch.no_grad():
-            received = wait_tensor(all_to_all_single(per_expert, None, None, group=group))
+            with _shapes_only(per_expert):
+                received = wait_tensor(all_to_all_single(per_expert, None, None, group=group))
             received = _assume_symmetric(received, per_expert, ep, mesh.get_local_rank())
             if _valueless(per_expert) or _valueless(received):
                 splits = _even_splits(routed.shape[0], ep, local)
@@ -111,6 +114,25 @@ class _Dispatch:
         restored = output.new_empty((self.rows, *output.shape[1:]))
         restored = restored.index_put((self.order,), output)
         return wait_tensor(all_to_all_single_autograd(restored, self.send, self.receive, mesh.get_group()))
+
+
+@contextlib.contextmanager
+def _shapes_only(counts: Tensor) -> Iterator[None]:
+    """The token counts' all-to-all on a fake trace, without the values the counts carry: with
+    them, the fake tensor runs the collective for real on the fake process group, and c10d files
+    a work under a real output the trace never sees waited (under per-op checkpointing, which
+    saves the all-to-all, nothing takes it off: "unwaited collective calls" at exit). The
+    received counts take their assumed values afterwards (``_assume_symmetric``)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    constant = counts.constant if isinstance(counts, FakeTensor) else None
+    if constant is not None:
+        counts.constant = None
+    try:
+        yield
+    finally:
+        if constant is not None:
+            counts.constant = constant
 
 
 def _valueless(t: Tensor) -> bool:
