@@ -96,3 +96,16 @@ class SeenCollectives(TorchDispatchMode):
                 nbytes = first.numel() * first.element_size()
             self.seen.append((_KIND[name], nbytes))
         return func(*args, **(kwargs or {}))
+
+
+def wrap_data_parallel(model: torch.nn.Module, kind: str, bucket_bytes: int | None = None) -> torch.nn.Module:
+    """The two-linear test model under DDP (``bucket_bytes``: its bucket cap) or FSDP2 (each
+    linear a unit, the root unresharded after forward), as the distributed tests compare."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel
+
+    if kind == "ddp":
+        return DistributedDataParallel(model, **({"bucket_cap_mb": bucket_bytes / 2**20} if bucket_bytes else {}))
+    for layer in (model[0], model[2]):
+        fully_shard(layer)
+    return fully_shard(model, reshard_after_forward=False)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gloo_ranks import SeenCollectives, run_ranks
+from gloo_ranks import SeenCollectives, run_ranks, wrap_data_parallel
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -104,19 +104,11 @@ def _dtensor_all_reduces() -> TorchDispatchMode:
 
 
 def _worker(rank: int) -> dict:
-    from torch.distributed.fsdp import fully_shard
-    from torch.nn.parallel import DistributedDataParallel
-
     results = {}
     for kind in ("ddp", "fsdp"):
         torch.manual_seed(0)
         model = _model()
-        if kind == "ddp":
-            step_model = DistributedDataParallel(model)
-        else:
-            for layer in (model[0], model[2]):
-                fully_shard(layer)
-            step_model = fully_shard(model, reshard_after_forward=False)
+        step_model = wrap_data_parallel(model, kind)
         optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
         for _ in range(3):  # the steady state (DDP rebuilds its buckets after the first)
             seen, in_clipping = SeenCollectives(), _dtensor_all_reduces()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gloo_ranks import SeenCollectives, run_ranks
+from gloo_ranks import SeenCollectives, run_ranks, wrap_data_parallel
 from torch import nn
 
 from nnperf.trace.distributed import Execution, sharded_bytes, trace_rank
@@ -38,19 +38,11 @@ def _bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]
 
 
 def _worker(rank: int) -> dict:
-    from torch.distributed.fsdp import fully_shard
-    from torch.nn.parallel import DistributedDataParallel
-
     results = {}
     for kind in ("ddp", "fsdp"):
         torch.manual_seed(0)
         model = _model()
-        if kind == "ddp":
-            step_model = DistributedDataParallel(model, bucket_cap_mb=BUCKET / 2**20)
-        else:
-            for layer in (model[0], model[2]):
-                fully_shard(layer)
-            step_model = fully_shard(model, reshard_after_forward=False)
+        step_model = wrap_data_parallel(model, kind, BUCKET)
         optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
         for _ in range(3):  # the third step is the steady state (DDP rebuilds after the first)
             seen = SeenCollectives()

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -43,18 +42,13 @@ def _mesh_key(grad: torch.Tensor, dtensor: type | None) -> Any:
     return None
 
 
-@contextlib.contextmanager
-def _quiet_redistribute() -> Iterator[None]:
+def _quiet_redistribute() -> contextlib.AbstractContextManager[None]:
     """DTensor warns that the gradients' norm over a 2-D mesh (data x tensor) takes two
     all-reduces, one per dimension; torchtitan runs them so, and the trace records both: the
     warning says nothing to a user of nnperf."""
-    logger = logging.getLogger("torch.distributed.tensor._redistribute")
-    previous = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(previous)
+    from nnperf.trace.diagnosis import quiet_logger
+
+    return quiet_logger("torch.distributed.tensor._redistribute", logging.ERROR)
 
 
 @torch.no_grad()

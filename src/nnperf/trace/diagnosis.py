@@ -82,20 +82,25 @@ def data_dependent_error(err: Exception, recorder: OpRecorder, modules: ModuleSt
 
 
 @contextlib.contextmanager
-def quiet_fake_tensor_log() -> Iterator[None]:
-    """Silence the fake-tensor logger while tracing, then restore its level.
+def quiet_logger(name: str, level: int) -> Iterator[None]:
+    """Raise the logger ``name`` to ``level`` for the block, then restore its level."""
+    logger = logging.getLogger(name)
+    previous = logger.level
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(previous)
+
+
+def quiet_fake_tensor_log() -> contextlib.AbstractContextManager[None]:
+    """Silence the fake-tensor logger while tracing.
 
     FakeTensorMode logs every failing meta kernel at ERROR level with a full traceback
     (about twenty lines per failure) before the exception propagates; nnperf reports that
     failure as one line, so the log would only bury it.
     """
-    logger = logging.getLogger(_FAKE_TENSOR_LOGGER)
-    previous = logger.level
-    logger.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logger.setLevel(previous)
+    return quiet_logger(_FAKE_TENSOR_LOGGER, logging.CRITICAL)
 
 
 def _failure_site(err: BaseException, recorder: OpRecorder) -> tuple[str, Any]:
