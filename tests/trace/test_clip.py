@@ -142,3 +142,30 @@ def test_one_ranks_collectives_match_torchtitans_clipping_on_gloo(real_runs, kin
     assert [(c.kind, c.bytes) for c in traced.collectives] == real_runs[kind]
     if kind == "fsdp":
         assert real_runs[kind][-1] == ("all_reduce", 4 * 4)
+
+
+def test_an_accumulated_step_clips_once():
+    """Clipping runs once per optimizer step, after the last micro-batch: with 4 micro-batches
+    it adds what it adds to one. On this tiny model the step is host-bound, and the accumulated
+    step is the host's total: 4 micro-batches' dispatch, the optimizer's and clipping's once."""
+    from nnperf.hardware.catalog import load_gpu
+    from nnperf.hardware.cluster import load_cluster
+    from nnperf.request import ModelRequest
+    from nnperf.search.plan import evaluate
+    from nnperf.search.plan_rank import RoleCache
+
+    request = ModelRequest("llama-7b", batch=2, seq_len=64,
+                           overrides={"n_layer": 2, "dim": 64, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 128,
+                                      "vocab": 256})
+    gpu, cluster = load_gpu("h100"), load_cluster("dgx-h100")
+
+    def planned(accum: int, clip: float | None):
+        execution = Execution(world=8, data="fsdp", shard=8, micro_batch=2, grad_accum=accum)
+        return evaluate(request, TraceOptions(clip_grad_norm=clip), execution, gpu, cluster, layers=2,
+                        cache=RoleCache())
+
+    one = planned(1, 1.0).step_s - planned(1, None).step_s
+    four_clipped, four = planned(4, 1.0), planned(4, None)
+    assert one > 0
+    assert four_clipped.step_s - four.step_s == pytest.approx(one, rel=0.05)
+    assert four.step_s == pytest.approx(four.split["host_s"], rel=0.01)

@@ -244,14 +244,15 @@ def evaluate(request: ModelRequest, options: TraceOptions, execution: Execution,
     optimizer_s = cost.get("optimizer_s")
 
     def once_per_step(total: float, optimizer: float) -> float:
-        """A micro-batch's figure over the accumulated step: the optimizer runs once."""
+        """A micro-batch's figure over the accumulated step: the optimizer and gradient clipping
+        run once (``trace.step.once_per_step``)."""
         return accum * (total - optimizer) + optimizer
 
     host = once_per_step(cost.get("host_s"), cost.get("optimizer_host_s"))
     compute = once_per_step(cost.get("compute_s"), optimizer_s)
     # the host's and the device's totals bound the accumulated step from below: a traced
     # micro-batch bound by one may be bound by the other once its optimizer share is taken out
-    step = max(once_per_step(cost.get("step_s"), optimizer_s), host, compute)
+    step = max(once_per_step(cost.get("step_s"), cost.get("once_span_s")), host, compute)
     planned = Planned(
         execution, step_s=step,
         throughput=cost.per_micro * accum * execution.data_parallel / step if step else 0.0,

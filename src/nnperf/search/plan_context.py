@@ -66,9 +66,9 @@ def context_step(request: ModelRequest, options: TraceOptions, execution: Execut
     comm = per_layer * cost.get("attention_layers")
     attention_extra = cost.get("attention_s") * (cp - 1)
     accum = execution.grad_accum
-    optimizer_s = cost.get("optimizer_s")
-    micro_step = cost.get("step_s") - optimizer_s + attention_extra + comm
-    step = accum * micro_step + optimizer_s
+    once = cost.get("once_span_s")  # the optimizer and clipping: once per step
+    micro_step = cost.get("step_s") - once + attention_extra + comm
+    step = accum * micro_step + once
     exposed = {k: v * accum for k, v in cost.prefixed("exposed.").items() if v > 0}
     exposed["context_all_gather_reduce_scatter"] = comm * accum
     counts = collective_counts(cost)

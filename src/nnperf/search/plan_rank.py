@@ -37,6 +37,7 @@ from nnperf.request import ModelRequest
 from nnperf.search.plan_states import param_row_bytes
 from nnperf.trace.distributed import Execution, sharded_bytes, trace_rank
 from nnperf.trace.options import TraceOptions
+from nnperf.trace.step import once_per_step
 from nnperf.vocab import Category
 
 #: Traced blocks per chunk when a stack is scaled (two points of a line): from three blocks on,
@@ -110,12 +111,15 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
         "step_s": comm.step_s, "compute_s": comm.compute_s, "comm_s": comm.comm_s,
         "slowdown_s": comm.slowdown_s,
         "host_s": prediction.step.host_s,
-        "optimizer_s": sum(t.kernel_s for t in prediction.step.ops if t.phase == "optimizer"),
-        "optimizer_host_s": sum(t.host_s for t in prediction.step.ops if t.phase == "optimizer"),
+        "optimizer_s": sum(t.kernel_s for t in prediction.step.ops if once_per_step(t.count.event)),
+        "optimizer_host_s": sum(t.host_s for t in prediction.step.ops if once_per_step(t.count.event)),
         "recompute_s": sum(t.kernel_s for t in prediction.step.ops if t.count.event.recomputed),
         "memory": float(prediction.memory.device_total or 0),
         "flops": prediction.model_flops,
     }
+    # what the once-per-step ops add to the step's wall time: their kernels where the device
+    # bounds the step, their dispatch where the host does
+    values["once_span_s"] = max(values["optimizer_s"], values["optimizer_host_s"])
     values.update(_memory_by_phase(prediction.memory))
     values["saved_activations"] = float(sum(prediction.memory.saved_activations.values()))
     values["loss_saved"] = float(prediction.memory.saved_activations.get("(loss)", 0))

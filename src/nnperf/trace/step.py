@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from nnperf.errors import UsageError
-from nnperf.trace.clip import clip_grad_norm
+from nnperf.trace.clip import CLIP_MODULE, clip_grad_norm
 from nnperf.trace.grad_scaler import TracedGradScaler
 from nnperf.trace.loss import ChunkedLoss, loss_for
 from nnperf.trace.options import AMP_DTYPES, TraceOptions
@@ -105,6 +105,13 @@ class StepWatch:
 
 
 _QUIET = StepWatch()
+
+
+def once_per_step(event: Any) -> bool:
+    """Whether a traced op runs once per optimizer step however many micro-batches accumulate
+    gradients: the optimizer's, and gradient clipping's (recorded in the backward phase, under
+    its pseudo-module, so its 0-dim tensors are not read as an optimizer's host counters)."""
+    return event.phase == "optimizer" or event.module == CLIP_MODULE
 
 
 @dataclass

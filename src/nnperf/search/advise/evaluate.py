@@ -24,6 +24,7 @@ from nnperf.search.advise.change import Change, Outcome
 from nnperf.search.advise.rewrite import Rewritten
 from nnperf.search.fit import Sample, sample_of
 from nnperf.search.memory_variants import MemoryOptions, trace_memory
+from nnperf.trace.step import once_per_step
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ def price(setup: Setup, change: Change, analysis: Analysis,
         report = cache[gpu.architecture] = predict_memory(
             analysis.trace, model=analysis.model, architecture=gpu.architecture, max_points=0)
     peak = (report.device_total or 0) + rw.memory_delta
-    optimizer_s = sum(t.kernel_s for t in step.ops if t.phase == "optimizer")
+    optimizer_s = sum(t.kernel_s for t in step.ops if once_per_step(t.count.event))
     return Outcome(
         step_s=step.step_s, host_s=step.host_s, device_busy_s=step.device_busy_s, bound=step.bound,
         samples=analysis.workload.samples, tokens=analysis.workload.tokens, peak_bytes=peak,
