@@ -84,7 +84,9 @@ class Outcome:
     gpu_id: str
     kernels: int
     notes: tuple[str, ...] = ()  # what the rewrites did or could not include
-    optimizer_s: float = 0.0  # device time of the optimizer step (gradient accumulation runs it once)
+    # the wall time the optimizer and clipping add (their kernels, or their dispatch on a
+    # host-bound step): gradient accumulation runs them once (trace.step.once_per_step)
+    optimizer_s: float = 0.0
     touched: tuple[str, ...] = ()  # modules whose ops a rewrite changed
 
     @property

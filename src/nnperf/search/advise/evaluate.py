@@ -118,7 +118,8 @@ def price(setup: Setup, change: Change, analysis: Analysis,
         report = cache[gpu.architecture] = predict_memory(
             analysis.trace, model=analysis.model, architecture=gpu.architecture, max_points=0)
     peak = (report.device_total or 0) + rw.memory_delta
-    optimizer_s = sum(t.kernel_s for t in step.ops if once_per_step(t.count.event))
+    once = [t for t in step.ops if once_per_step(t.count.event)]
+    optimizer_s = max(sum(t.kernel_s for t in once), sum(t.host_s for t in once))
     return Outcome(
         step_s=step.step_s, host_s=step.host_s, device_busy_s=step.device_busy_s, bound=step.bound,
         samples=analysis.workload.samples, tokens=analysis.workload.tokens, peak_bytes=peak,
