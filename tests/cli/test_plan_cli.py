@@ -251,3 +251,19 @@ def test_the_data_engines_and_checkpointing_can_be_pinned():
         bad = CliRunner().invoke(cli, [*ARGS, "--gpus", "8", option, value])
         assert bad.exit_code == 2 and len(bad.output.strip().splitlines()) == 1, bad.output
         assert f"invalid {option} '{value}': expected auto or a list of" in bad.output
+
+
+def test_fsdp_without_reshard_after_forward_is_ranked_on_request():
+    """--reshard always,never ranks FSDP2 both ways: kept after forward, each block's parameters
+    are not gathered again in backward (2 blocks: 2 all-gathers fewer); between steps both hold
+    the same shards. A value that is neither is one line."""
+    result = CliRunner().invoke(cli, [*ARGS, "--gpus", "8", "--tp", "1", "--pp", "1", "--data", "fsdp",
+                                      "--reshard", "always,never", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    by = {r["execution"]["reshard_after_forward"]: r for r in doc["ranked"]}
+    assert set(by) == {True, False}
+    assert by[True]["collectives"]["all_gather"]["count"] - by[False]["collectives"]["all_gather"]["count"] == 2
+    assert by[False]["per_rank_state_bytes"] == by[True]["per_rank_state_bytes"]  # sharded at rest both ways
+    bad = CliRunner().invoke(cli, [*ARGS, "--gpus", "8", "--reshard", "sometimes"])
+    assert bad.exit_code == 2 and "invalid --reshard 'sometimes': expected auto or a list of always, never" in bad.output

@@ -140,3 +140,17 @@ def test_clipping_is_each_engines_own_setting_and_torchtitans_default_is_named()
     assert "--clip-grad 0.0" in megatron_args(e, 32, amp="bf16").split(" \\\n  ")
     assert json.loads(deepspeed_json(e, amp="bf16", clip=0.5))["gradient_clipping"] == 0.5
     assert "gradient_clipping" not in json.loads(deepspeed_json(e, amp="bf16"))
+
+
+def test_fsdp_kept_after_forward_is_torchtitans_never_and_no_deepspeed_stage():
+    """torchtitan: fsdp_reshard_after_forward = "never"; Megatron-LM's torch FSDP2 path:
+    --torch-fsdp2-no-reshard-after-forward; DeepSpeed's ZeRO-3 always frees them."""
+    import pytest
+
+    from nnperf.report.engine_configs import NotExpressible, deepspeed_json, megatron_args
+
+    e = Execution(world=8, data="fsdp", shard=8, micro_batch=2, reshard_after_forward=False)
+    assert tomllib.loads(torchtitan_toml(e, amp="bf16"))["parallelism"]["fsdp_reshard_after_forward"] == "never"
+    assert "--torch-fsdp2-no-reshard-after-forward" in megatron_args(e, 32, amp="bf16").split(" \\\n  ")
+    with pytest.raises(NotExpressible, match="frees gathered parameters after each module's forward"):
+        deepspeed_json(e, amp="bf16")

@@ -68,6 +68,10 @@ def _names(text: str, what: str, valid: tuple[str, ...]) -> list[str] | None:
 @click.option("--checkpoint", "checkpoint_text", default="auto", show_default=True,
               help="Activation checkpointing the search may use, tried in this order while a layout "
                    "does not fit: auto (none, selective-op, full) or a list, e.g. none or full.")
+@click.option("--reshard", "reshard_text", default="always", show_default=True,
+              help="FSDP2's reshard after forward without pipelines: always (torchtitan's default), never "
+                   "(the gathered parameters kept until backward: no backward all-gather, more memory), "
+                   "or always,never to rank both. Pipelines never reshard, as torchtitan's.")
 @click.option("--schedule", "schedules", multiple=True,
               type=click.Choice(["1f1b", "interleaved-1f1b", "gpipe", "zero-bubble"]),
               help="Pipeline schedules to try (repeatable; default: 1f1b and interleaved-1f1b).")
@@ -76,7 +80,8 @@ def _names(text: str, what: str, valid: tuple[str, ...]) -> list[str] | None:
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON document.")
 def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, tokens_per_step: int | None,
          tp_text: str, pp_text: str,
-         cp_text: str, ep_text: str, data_text: str, checkpoint_text: str, schedules: tuple[str, ...],
+         cp_text: str, ep_text: str, data_text: str, checkpoint_text: str, reshard_text: str,
+         schedules: tuple[str, ...],
          cluster_name: str | None, as_json: bool, **kwargs: Any) -> None:
     """Rank the layouts of MODEL on --gpus GPUs (data parallelism: DDP, FSDP2, HSDP; tensor
     parallelism with sequence parallelism; pipeline schedules; activation checkpointing and
@@ -111,7 +116,9 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
                       schedules=schedules or DEFAULT_SCHEDULES, context=_degrees(cp_text, "--cp") or [1],
                       expert=_degrees(ep_text, "--ep"), data=_names(data_text, "--data", DATA_KINDS),
                       checkpoints=[CHECKPOINT_NAMES[n] for n in _names(checkpoint_text, "--checkpoint",
-                                                                       tuple(CHECKPOINT_NAMES)) or CHECKPOINT_NAMES])
+                                                                       tuple(CHECKPOINT_NAMES)) or CHECKPOINT_NAMES],
+                      reshard=[n == "always" for n in _names(reshard_text, "--reshard", ("always", "never"))
+                               or ("always",)])
     if result.cluster.gpu and result.cluster.gpu != gpu.id:
         result.notes.append(f"{result.cluster.name} is built of {result.cluster.gpu}, planned here with {gpu.id}: "
                             "its links, NICs and host CPU are taken as they are")

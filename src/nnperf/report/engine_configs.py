@@ -243,6 +243,9 @@ def deepspeed_json(execution: Any, amp: str | None = None, dtype: str | None = N
         raise NotExpressible("tensor, pipeline and sequence (Ulysses) parallelism are set up in DeepSpeed's "
                              "model code (PipelineModule, AutoTP, DistributedAttention), not its JSON; "
                              "data-parallel layouts only")
+    if e.data != "ddp" and not e.reshard_after_forward:
+        raise NotExpressible("DeepSpeed's ZeRO-3 frees gathered parameters after each module's forward; keeping "
+                             "them until backward is not one of its settings (ZeRO-2 keeps every parameter whole)")
     zero: dict[str, Any] = {"stage": 0 if e.data == "ddp" else 3}
     if e.data == "hsdp":
         zero.update(mics_shard_size=e.shard, mics_hierarchical_params_gather=False)

@@ -124,19 +124,23 @@ def _nearest_gpu_counts(gpus: int, global_batch: int) -> str:
 def layouts(gpus: int, nodes_of: int, global_batch: int, *, tensor: Iterable[int] = (1,),
             pipeline: Iterable[int] = (1,), schedules: Iterable[str] = DEFAULT_SCHEDULES,
             layers: int | None = None, checkpoints: Iterable[str | None] = (None,),
-            context: Iterable[int] = (1,), expert: Iterable[int] = (1,)) -> list[Execution]:
+            context: Iterable[int] = (1,), expert: Iterable[int] = (1,),
+            reshard: Iterable[bool] = (True,)) -> list[Execution]:
     """Every layout of ``gpus`` GPUs over the given tensor and pipeline degrees (sequence
     parallel with TP), data parallelism over the rest, and the micro-batch splits of the global
     batch; with the defaults, the data-parallel layouts only. Grouped: within a group (one
     ``shape_key``) the micro-batch shrinks, so the first that fits is the group's best. An
     expert-parallel degree above 1 takes the FSDP/HSDP layouts whose shard group it divides,
-    without tensor or context parallelism (``Execution._validate_expert``)."""
+    without tensor or context parallelism (``Execution._validate_expert``). ``reshard``: whether
+    FSDP/HSDP frees a block's gathered parameters after its forward (FSDP2's
+    ``reshard_after_forward``; pipelines keep them, as torchtitan's)."""
     out: list[Execution] = []
     expert = list(expert)
     for tp in tensor:
         for pp in pipeline:
             for cp in context:
-                found = _layouts_of(gpus, nodes_of, global_batch, tp, pp, cp, schedules, layers, checkpoints)
+                found = _layouts_of(gpus, nodes_of, global_batch, tp, pp, cp, schedules, layers, checkpoints,
+                                    tuple(reshard))
                 out += found
                 out += [replace(e, expert=ep) for ep in expert if ep > 1 for e in found
                         if e.data != "ddp" and e.shard % ep == 0 and e.tensor == e.context == 1]
@@ -144,7 +148,8 @@ def layouts(gpus: int, nodes_of: int, global_batch: int, *, tensor: Iterable[int
 
 
 def _layouts_of(gpus: int, nodes_of: int, global_batch: int, tp: int, pp: int, cp: int,
-                schedules: Iterable[str], layers: int | None, checkpoints: Iterable[str | None]) -> list[Execution]:
+                schedules: Iterable[str], layers: int | None, checkpoints: Iterable[str | None],
+                reshard: tuple[bool, ...] = (True,)) -> list[Execution]:
     """The layouts of one (tensor, pipeline, context) degree: data parallelism over the rest."""
     if gpus % (tp * pp * cp) or (tp > 1 and nodes_of % tp) or (cp > 1 and pp > 1):
         return []
@@ -164,7 +169,9 @@ def _layouts_of(gpus: int, nodes_of: int, global_batch: int, tp: int, pp: int, c
         for checkpoint in checkpoints:
             common = {"world": gpus, "data": data, "shard": shard, "gpus_per_node": nodes_of,
                       "checkpoint": checkpoint, "tensor": tp, "sequence_parallel": tp > 1, "context": cp}
-            out.extend(_splits(common, pp, global_batch // dp, schedules, layers))
+            for keep in sorted({not r for r in reshard} if data != "ddp" and pp == 1 else {False}):
+                out.extend(_splits(common | ({"reshard_after_forward": False} if keep else {}), pp,
+                                   global_batch // dp, schedules, layers))
     return out
 
 
@@ -208,7 +215,7 @@ def shape_key(execution: Execution) -> tuple[Any, ...]:
     """What a group of layouts shares: all but the micro-batch split and checkpointing."""
     e = execution
     return (e.data, e.shard, e.tensor, e.sequence_parallel, e.pipeline, e.pipeline_schedule, e.virtual_stages,
-            e.context, e.expert)
+            e.context, e.expert, e.reshard_after_forward)
 
 
 def prepare_for(execution: Execution) -> Any:
@@ -453,13 +460,15 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
          tensor: Iterable[int] | None = (1,), pipeline: Iterable[int] | None = (1,),
          schedules: Iterable[str] = DEFAULT_SCHEDULES, context: Iterable[int] = (1,),
          expert: Iterable[int] | None = (1,), data: Iterable[str] | None = None,
-         checkpoints: Iterable[str | None] | None = None) -> Plan:
+         checkpoints: Iterable[str | None] | None = None, reshard: Iterable[bool] = (True,)) -> Plan:
     """Rank the layouts of ``request`` on ``gpus`` GPUs of ``gpu``. ``tensor``/``pipeline``/
     ``expert``: the degrees to try (None: every degree the model and nodes allow; the default,
     1, keeps the data-parallel search; ``context``: context-parallel degrees, modelled in
     closed form). ``data``: the data-parallel engines to try (``DATA_KINDS``; a layout without
     data parallelism has none and stays); ``checkpoints``: the checkpointing levels the search
-    may use (``CHECKPOINTS``); None: all of them.
+    may use (``CHECKPOINTS``); None: all of them. ``reshard``: FSDP2's reshard after forward,
+    True (torchtitan's default without pipelines), False (the gathered parameters kept until
+    backward: no backward all-gather, ZeRO-2's traffic), or both.
 
     The search runs in two passes so that a large cluster is planned in seconds: data and
     tensor parallelism over every degree, then pipeline parallelism at the tensor-parallel
@@ -483,7 +492,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
 
     first = engines(layouts(gpus, nodes_of, global_batch, tensor=tensor,
                             pipeline=[1] if 1 in pipeline else pipeline[:1], schedules=schedules, layers=layers,
-                            context=context, expert=expert))
+                            context=context, expert=expert, reshard=reshard))
     results, traces = _in_workers(request, options, gpu, cluster, layers,
                                   [[e for e in first if e.tensor == tp] for tp in tensor], levels=levels)
     deeper = [p for p in pipeline if p > 1 and p not in {e.execution.pipeline for e in results}]
