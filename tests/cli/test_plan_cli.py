@@ -247,6 +247,9 @@ def test_the_data_engines_and_checkpointing_can_be_pinned():
     searched = doc["ranked"] + doc["rejected"]
     assert {r["execution"]["data"] for r in doc["ranked"]} == {"fsdp", "hsdp"}
     assert {r["execution"]["checkpoint"] for r in searched} == {"full"}
+    # the JSON says what was searched
+    assert doc["search"]["data"] == ["fsdp", "hsdp"] and doc["search"]["checkpoint"] == ["full"]
+    assert (doc["search"]["tensor"], doc["search"]["pipeline"]) == ([1], [1])
     for option, value in (("--data", "zero3"), ("--checkpoint", "selective")):
         bad = CliRunner().invoke(cli, [*ARGS, "--gpus", "8", option, value])
         assert bad.exit_code == 2 and len(bad.output.strip().splitlines()) == 1, bad.output

@@ -105,12 +105,15 @@ class Plan:
     options: TraceOptions = field(default_factory=TraceOptions)  # the step every rank runs
     model_options: dict[str, Any] = field(default_factory=dict)  # -O overrides of a built-in model
     seq_len: int | None = None  # --seq, or a built-in model's default sequence
+    #: the space searched, after the model's and the GPUs' rules: degrees per axis, schedules,
+    #: data-parallel engines, checkpointing levels, FSDP resharding (``--json``'s "search")
+    search: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": "nnperf.plan/1", "model": self.model, "model_options": self.model_options,
                 "seq_len": self.seq_len, "gpu": self.gpu.id,
                 "cluster": self.cluster.to_json(), "gpus": self.gpus, "global_batch": self.global_batch,
-                "options": self.options.to_json(),
+                "options": self.options.to_json(), "search": self.search,
                 "ranked": [p.to_json() for p in self.ranked],
                 "rejected": [p.to_json() for p in self.rejected], "notes": self.notes,
                 "traced_roles": self.traces}
@@ -538,10 +541,15 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
             p.reason = (f"slower by at least {p.step_s / best.step_s - 1:.1%}: at least {p.step_s * 1e3:.2f} ms "
                         f"({p.time_bound}; not traced further)")
         rejected += slower
+    names = {level: name for name, level in CHECKPOINT_NAMES.items()}
+    search = {"tensor": list(tensor), "pipeline": list(pipeline), "context": context, "expert": list(expert),
+              "schedules": list(schedules), "data": [k for k in DATA_KINDS if k in kinds],
+              "checkpoint": [names[CHECKPOINTS[i]] for i in levels],
+              "reshard_after_forward": sorted(set(reshard), reverse=True)}
     return Plan(request_name(request), gpu, cluster, gpus, global_batch, ranked, rejected,
                 _notes(request, results, layers) + _routing_note(info, options), traces + cache.traces, layers,
                 options,
-                dict(request.overrides), request.seq_len or (info[2] if info else None))
+                dict(request.overrides), request.seq_len or (info[2] if info else None), search)
 
 
 def _notes(request: ModelRequest, results: list[Planned], layers: int | None) -> list[str]:
