@@ -125,8 +125,8 @@ def test_torchtitan_configures_decoder_language_models_only():
 
 def test_clipping_is_each_engines_own_setting_and_torchtitans_default_is_named():
     """torchtitan clips every step (training.max_norm, default 1.0): a plan with clipping sets
-    it, one without says the run adds it. Megatron-LM's --clip-grad defaults to 1.0, 0 turns it
-    off; DeepSpeed's gradient_clipping defaults to 0 (off)."""
+    it, one without says the run adds it; the same for Megatron-LM's --clip-grad (default 1.0: a
+    plan never turns a user's clipping off). DeepSpeed's gradient_clipping defaults to 0 (off)."""
     import json
 
     from nnperf.report.engine_configs import deepspeed_json, megatron_args
@@ -137,7 +137,9 @@ def test_clipping_is_each_engines_own_setting_and_torchtitans_default_is_named()
     assert "max_norm" not in tomllib.loads(unclipped)["training"]
     assert "# max_norm: torchtitan clips the gradients every step (default 1.0)" in unclipped
     assert "--clip-grad 0.5" in megatron_args(e, 32, amp="bf16", clip=0.5).split(" \\\n  ")
-    assert "--clip-grad 0.0" in megatron_args(e, 32, amp="bf16").split(" \\\n  ")
+    unclipped_args = megatron_args(e, 32, amp="bf16")  # Megatron's own 1.0 stays, and is named
+    assert "--clip-grad" not in unclipped_args.split("\n#")[0]
+    assert "\n# --clip-grad: Megatron-LM clips the gradients to 1.0 by default" in unclipped_args
     assert json.loads(deepspeed_json(e, amp="bf16", clip=0.5))["gradient_clipping"] == 0.5
     assert "gradient_clipping" not in json.loads(deepspeed_json(e, amp="bf16"))
 

@@ -1,7 +1,8 @@
 """torchtitan's chunked loss with tensor parallelism (``trace.loss.ChunkedLoss`` over a
 vocabulary split by ``ColwiseParallel``), run for real on 2 gloo ranks: its loss and every
 parameter's gradient against plain eager cross entropy on the unsplit model in the same
-process, with and without sequence parallelism; and the traced rank's collectives."""
+process, with and without sequence parallelism, over uneven vocabulary slices and with ignored
+targets; and the traced rank's collectives."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from nnperf.trace.distributed import Execution, trace_rank
 from nnperf.trace.options import TraceOptions
 
 WORLD = 2
-TINY = {"n_layer": 1, "dim": 16, "n_heads": 2, "n_kv_heads": 2, "ffn_hidden": 32, "vocab": 64}
+#: an odd vocabulary: the ranks' slices are uneven (33 and 32 rows, as torch.chunk splits it)
+TINY = {"n_layer": 1, "dim": 16, "n_heads": 2, "n_kv_heads": 2, "ffn_hidden": 32, "vocab": 65}
 
 
 def _worker(rank: int) -> dict:
@@ -23,13 +25,14 @@ def _worker(rank: int) -> dict:
     from nnperf.trace.tensor_parallel import apply_tensor_parallel
     from nnperf.zoo.llama import build
 
-    mesh = init_device_mesh("cpu", (WORLD,))
+    mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("tensor",))
     out = {}
     for sp in (False, True):
         torch.manual_seed(0)
         reference = build(2, 8, **TINY)
         split = build(2, 8, **TINY)
         split.model.load_state_dict(reference.model.state_dict())
+        reference.loss_fn.targets[0, :3] = -100  # ignored targets: no loss, no gradient
         split.loss_fn.targets.copy_(reference.loss_fn.targets)
         expected = reference.loss_fn(reference.model(*reference.inputs))
         expected.backward()

@@ -28,14 +28,15 @@ def _degrees(text: str | None, what: str) -> list[int] | None:
     return values
 
 
-def _names(text: str, what: str, valid: tuple[str, ...]) -> list[str] | None:
-    """``auto`` (None: all of ``valid``) or comma-separated names from ``valid``."""
-    if text.lower() == "auto":
+def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> list[str] | None:
+    """``auto`` (None: all of ``valid``; where ``auto`` is allowed) or comma-separated names
+    from ``valid``."""
+    if auto and text.lower() == "auto":
         return None
     names = [n.strip().lower() for n in text.split(",")]
-    unknown = [n for n in names if n not in valid]
-    if unknown or not names:
-        raise UsageError(f"invalid {what} {text!r}: expected auto or a list of {', '.join(valid)}")
+    if any(n not in valid for n in names):
+        expected = f"{'auto or ' if auto else ''}a list of {', '.join(valid)}"
+        raise UsageError(f"invalid {what} {text!r}: expected {expected}")
     return names
 
 
@@ -66,8 +67,8 @@ def _names(text: str, what: str, valid: tuple[str, ...]) -> list[str] | None:
 @click.option("--data", "data_text", default="auto", show_default=True,
               help="Data-parallel engines to try: auto (ddp, fsdp, hsdp) or a list, e.g. fsdp,hsdp.")
 @click.option("--checkpoint", "checkpoint_text", default="auto", show_default=True,
-              help="Activation checkpointing the search may use, tried in this order while a layout "
-                   "does not fit: auto (none, selective-op, full) or a list, e.g. none or full.")
+              help="Activation checkpointing the search may use: auto (none, selective-op, full) or a "
+                   "list, e.g. none or none,full; tried from none to full while a layout does not fit.")
 @click.option("--reshard", "reshard_text", default="always", show_default=True,
               help="FSDP2's reshard after forward without pipelines: always (torchtitan's default), never "
                    "(the gathered parameters kept until backward: no backward all-gather, more memory), "
@@ -117,8 +118,8 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
                       expert=_degrees(ep_text, "--ep"), data=_names(data_text, "--data", DATA_KINDS),
                       checkpoints=[CHECKPOINT_NAMES[n] for n in _names(checkpoint_text, "--checkpoint",
                                                                        tuple(CHECKPOINT_NAMES)) or CHECKPOINT_NAMES],
-                      reshard=[n == "always" for n in _names(reshard_text, "--reshard", ("always", "never"))
-                               or ("always",)])
+                      reshard=[n == "always" for n in _names(reshard_text, "--reshard", ("always", "never"),
+                                                             auto=False) or ()])
     if result.cluster.gpu and result.cluster.gpu != gpu.id:
         result.notes.append(f"{result.cluster.name} is built of {result.cluster.gpu}, planned here with {gpu.id}: "
                             "its links, NICs and host CPU are taken as they are")

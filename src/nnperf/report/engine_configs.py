@@ -176,7 +176,7 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
     """Megatron-LM's parallelism, batch, recomputation, precision and clipping arguments for the
     layout. Its ``--bf16``/``--fp16`` hold the model in half precision with fp32 master weights
     in the optimizer: the nearest to both ``--amp`` and ``--dtype``. Its ``--clip-grad``
-    defaults to 1.0, and 0 turns clipping off."""
+    defaults to 1.0: a plan without clipping leaves it and says so in a comment line."""
     e = execution
     if attention == "flex":
         raise NotExpressible("FlexAttention is not one of Megatron-LM's attention backends (--attention-backend: "
@@ -219,8 +219,13 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
         args.append(f"--{half}")
     if sdpa == "unfused":
         args.append("--attention-backend unfused")
-    args.append(f"--clip-grad {float(clip) if clip is not None else 0.0!r}")
-    return " \\\n  ".join(args)
+    if clip is not None:
+        args.append(f"--clip-grad {float(clip)!r}")
+    text = " \\\n  ".join(args)
+    if clip is None:  # a plan never switches a user's clipping off
+        text += ("\n# --clip-grad: Megatron-LM clips the gradients to 1.0 by default, which this plan did not "
+                 "count: plan with --clip-grad-norm 1.0 to include it")
+    return text
 
 
 def _half_precision(amp: str | None, dtype: str | None) -> str | None:

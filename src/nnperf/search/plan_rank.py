@@ -31,7 +31,8 @@ from nnperf.hardware import GPU
 from nnperf.hardware.cluster import Cluster
 from nnperf.kernels.collectives import bus_factor, estimate_collective, group_tier
 from nnperf.loading import resolve
-from nnperf.passes.comm_timeline import Contention, overlap
+from nnperf.passes.comm_timeline import CommStep, Contention, overlap
+from nnperf.passes.timing import StepTime
 from nnperf.prediction import predict_analysis
 from nnperf.request import ModelRequest
 from nnperf.search.plan_states import param_row_bytes
@@ -117,9 +118,7 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
         "memory": float(prediction.memory.device_total or 0),
         "flops": prediction.model_flops,
     }
-    # what the once-per-step ops add to the step's wall time: their kernels where the device
-    # bounds the step, their dispatch where the host does
-    values["once_span_s"] = max(values["optimizer_s"], values["optimizer_host_s"])
+    values["once_span_s"] = once_span(prediction.step, comm)
     values.update(_memory_by_phase(prediction.memory))
     values["saved_activations"] = float(sum(prediction.memory.saved_activations.values()))
     values["loss_saved"] = float(prediction.memory.saved_activations.get("(loss)", 0))
@@ -198,6 +197,21 @@ def layers_of(request: ModelRequest) -> int | None:
 
     with torch.device("meta"):
         return int(spec.build(1, None, **request.overrides).info["config"]["n_layer"])
+
+
+def once_span(step: StepTime, comm: CommStep) -> float:
+    """What the once-per-step ops (gradient clipping, the optimizer) add to a micro-batch's step
+    that one more accumulated micro-batch would not: the step less the wall time each further
+    micro-batch adds. On a host-bound step that is the host's dispatch of the rest (the next
+    micro-batch's dispatch overlaps the device's last kernels); otherwise where the compute
+    stream stood, collectives included, when the first once-per-step op was reached."""
+    first = next((t.index for t in step.ops if once_per_step(t.count.event)), None)
+    if first is None:
+        return 0.0
+    if step.bound == "host" and not comm.exposed_s:
+        once_host = sum(t.host_s for t in step.ops if once_per_step(t.count.event))
+        return comm.step_s - (step.host_s - once_host)
+    return comm.step_s - comm.clock.get(first, comm.step_s)
 
 
 def extrapolate(low: RankCost, high: RankCost, k_low: int, k_high: int, k: int) -> RankCost:

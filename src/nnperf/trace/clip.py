@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from nnperf.errors import UsageError
+
 #: The pseudo-module clipping's ops are recorded under.
 CLIP_MODULE = "(clip_grad_norm)"
 NORM_TYPE = 2.0
@@ -38,7 +40,7 @@ def _mesh_key(grad: torch.Tensor, dtensor: type | None) -> Any:
     """Gradients whose norms combine in one ``get_total_norm``: plain tensors, or DTensors of
     one mesh."""
     if dtensor is not None and isinstance(grad, dtensor):
-        return id(grad.device_mesh)
+        return grad.device_mesh  # equal meshes hash alike
     return None
 
 
@@ -58,9 +60,12 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float, pipeline_group: 
     with_grads = [p for p in params if p.grad is not None]
     if not with_grads:
         return torch.zeros(())
-    if not hasattr(torch.nn.utils, "get_total_norm"):  # torch < 2.6: its one-call form
-        return torch.nn.utils.clip_grad_norm_(with_grads, max_norm, NORM_TYPE, foreach=True)
     dtensor = _dtensor_type()
+    if not hasattr(torch.nn.utils, "get_total_norm"):  # torch < 2.6: its one-call form, plain gradients only
+        if pipeline_group is not None or any(_mesh_key(p.grad, dtensor) is not None for p in with_grads):
+            raise UsageError("--clip-grad-norm on sharded gradients or pipeline stages needs torch >= 2.6 "
+                             "(torch.nn.utils.get_total_norm, as torchtitan uses)")
+        return torch.nn.utils.clip_grad_norm_(with_grads, max_norm, NORM_TYPE, foreach=True)
     groups: dict[Any, list[torch.Tensor]] = {}
     for p in with_grads:
         groups.setdefault(_mesh_key(p.grad, dtensor), []).append(p)

@@ -379,9 +379,12 @@ class ChunkedLoss:
         back to the sequence shards, or an all-reduce)."""
         from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
-        if self.compiled or not _is_dtensor(weight) or tuple(weight.placements) != (Shard(0),):
-            raise UsageError(CHUNKED_NEEDS)
-        mesh = weight.device_mesh
+        mesh = weight.device_mesh if _is_dtensor(weight) else None
+        if (self.compiled or mesh is None or mesh.mesh_dim_names != ("tensor",)
+                or tuple(weight.placements) != (Shard(0),)):
+            raise UsageError("--loss chunked over a sharded output projection is modelled for its vocabulary split "
+                             "over tensor-parallel ranks, with an eager inner loss (--loss chunked); here it is "
+                             f"{'compiled' if self.compiled else 'sharded otherwise'}")
         if not _is_dtensor(hidden):
             hidden = DTensor.from_local(hidden, mesh, [Replicate()], run_check=False)
         local = hidden.redistribute(mesh, [Replicate()]).to_local(grad_placements=[Partial()])

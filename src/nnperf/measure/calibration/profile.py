@@ -143,7 +143,7 @@ DISPATCH_CATEGORY = {"add": "elementwise", "mul_": "elementwise", "mm": "gemm", 
                      "softmax": "reduction", "layer_norm": "norm", "cat": "memory", "index_select": "memory"}
 
 
-def attention_fractions(cal: Calibration, gpu: GPU) -> dict[str, float]:
+def attention_fractions(cal: Calibration, gpu: GPU) -> dict[str, Any]:
     """The profile's attention numbers from the SDPA benchmark: flash's forward and backward
     FLOP rates (backward with its recomputed Q@K^T, as the time model counts it) over the bf16
     tensor peak, medians over the shapes; the efficient kernel's share of flash, the median
@@ -186,17 +186,19 @@ def attention_fractions(cal: Calibration, gpu: GPU) -> dict[str, float]:
 
 def wide_head_shares(rows: list[dict[str, Any]]) -> dict[str, float]:
     """``wide_head_attention`` from the benchmark: each kernel pass's FLOP rate at a query/key
-    head dim above ``WIDE_HEAD_DIM`` over its rate at that dim on the same batch, heads and
-    tokens (medians over shapes), for the kernels ``WIDE_HEAD_KERNELS`` names."""
+    head dim above ``WIDE_HEAD_DIM`` over its rate at that dim on the same batch, heads, tokens,
+    value head dim and masking (medians over shapes), for the kernels ``WIDE_HEAD_KERNELS`` names."""
     def rates(r: dict[str, Any]) -> dict[str, float]:
         return {"forward": r["forward_flops"] / r["forward_s"],
                 "backward": (r["backward_flops"] + r["recompute_flops"]) / r["backward_s"]}
 
-    narrow = {(r["backend"], r["batch"], r["heads"], r["tokens"]): rates(r)
-              for r in rows if r["head_dim"] == WIDE_HEAD_DIM}
+    def key(r: dict[str, Any]) -> tuple:
+        return r["backend"], r["batch"], r["heads"], r["tokens"], r["head_dim_v"], r.get("causal")
+
+    narrow = {key(r): rates(r) for r in rows if r["head_dim"] == WIDE_HEAD_DIM}
     shares: dict[str, list[float]] = {}
     for r in rows:
-        base = narrow.get((r["backend"], r["batch"], r["heads"], r["tokens"]))
+        base = narrow.get(key(r))
         if r["head_dim"] <= WIDE_HEAD_DIM or base is None:
             continue
         for phase, rate in rates(r).items():

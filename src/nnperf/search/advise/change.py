@@ -84,8 +84,9 @@ class Outcome:
     gpu_id: str
     kernels: int
     notes: tuple[str, ...] = ()  # what the rewrites did or could not include
-    # the wall time the optimizer and clipping add (their kernels, or their dispatch on a
-    # host-bound step): gradient accumulation runs them once (trace.step.once_per_step)
+    # the wall time the optimizer and clipping add at the step's end (their kernels, or their
+    # dispatch on a host-bound step): gradient accumulation runs them once
+    # (trace.step.once_per_step)
     optimizer_s: float = 0.0
     touched: tuple[str, ...] = ()  # modules whose ops a rewrite changed
 
