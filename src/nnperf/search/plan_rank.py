@@ -31,10 +31,10 @@ from nnperf.hardware import GPU
 from nnperf.hardware.cluster import Cluster
 from nnperf.kernels.collectives import bus_factor, estimate_collective, group_tier
 from nnperf.loading import resolve
-from nnperf.passes.comm_timeline import CommStep, Contention, overlap
-from nnperf.passes.timing import StepTime
+from nnperf.passes.comm_timeline import Contention, overlap
 from nnperf.prediction import predict_analysis
 from nnperf.request import ModelRequest
+from nnperf.search.accumulation import once_span
 from nnperf.search.plan_states import param_row_bytes
 from nnperf.trace.distributed import Execution, sharded_bytes, trace_rank
 from nnperf.trace.options import TraceOptions
@@ -108,12 +108,13 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
     pipelined = execution.pipeline > 1
     comm = overlap(prediction.step, traced.trace, _timed(cluster, by_index, pipelined),
                    _contention(cluster, gpu, by_index), stream_of=lambda index: by_index[index].stream)
+    once = [t for t in prediction.step.ops if once_per_step(t.count.event)]
     values: dict[str, float] = {
         "step_s": comm.step_s, "compute_s": comm.compute_s, "comm_s": comm.comm_s,
         "slowdown_s": comm.slowdown_s,
         "host_s": prediction.step.host_s,
-        "optimizer_s": sum(t.kernel_s for t in prediction.step.ops if once_per_step(t.count.event)),
-        "optimizer_host_s": sum(t.host_s for t in prediction.step.ops if once_per_step(t.count.event)),
+        "optimizer_s": sum(t.kernel_s for t in once),
+        "optimizer_host_s": sum(t.host_s for t in once),
         "recompute_s": sum(t.kernel_s for t in prediction.step.ops if t.count.event.recomputed),
         "memory": float(prediction.memory.device_total or 0),
         "flops": prediction.model_flops,
@@ -197,21 +198,6 @@ def layers_of(request: ModelRequest) -> int | None:
 
     with torch.device("meta"):
         return int(spec.build(1, None, **request.overrides).info["config"]["n_layer"])
-
-
-def once_span(step: StepTime, comm: CommStep) -> float:
-    """What the once-per-step ops (gradient clipping, the optimizer) add to a micro-batch's step
-    that one more accumulated micro-batch would not: the step less the wall time each further
-    micro-batch adds. On a host-bound step that is the host's dispatch of the rest (the next
-    micro-batch's dispatch overlaps the device's last kernels); otherwise where the compute
-    stream stood, collectives included, when the first once-per-step op was reached."""
-    first = next((t.index for t in step.ops if once_per_step(t.count.event)), None)
-    if first is None:
-        return 0.0
-    if step.bound == "host" and not comm.exposed_s:
-        once_host = sum(t.host_s for t in step.ops if once_per_step(t.count.event))
-        return comm.step_s - (step.host_s - once_host)
-    return comm.step_s - comm.clock.get(first, comm.step_s)
 
 
 def extrapolate(low: RankCost, high: RankCost, k_low: int, k_high: int, k: int) -> RankCost:

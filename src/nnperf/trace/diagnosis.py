@@ -13,6 +13,7 @@ import contextlib
 import inspect
 import logging
 import sysconfig
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,16 @@ def quiet_logger(name: str, level: int) -> Iterator[None]:
         yield
     finally:
         logger.setLevel(previous)
+
+
+@contextlib.contextmanager
+def quiet_fsdp_view_warning() -> Iterator[None]:
+    """FSDP2 (torch 2.13) warns that a wrapped module returning a view loses its pre-backward
+    hook to an in-place op on that view. Used where nnperf itself consumes that output and only
+    reads it: a pipeline schedule's stage outputs, and the hidden states a chunked loss takes."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "FSDP2-wrapped module .* returned a view tensor", UserWarning)
+        yield
 
 
 def quiet_fake_tensor_log() -> contextlib.AbstractContextManager[None]:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +32,7 @@ import torch
 from torch import nn
 
 from nnperf.errors import UsageError
+from nnperf.trace.diagnosis import quiet_fsdp_view_warning
 from nnperf.trace.recorder import unrecorded
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
@@ -207,11 +207,7 @@ class PipelineRank(nn.Module):
         last = any(s.is_last for s in stages)
         target = torch.empty(batch, 0) if last else None
         args = self.pipeline_inputs if first else ()
-        with warnings.catch_warnings():
-            # FSDP2 (torch 2.13) warns that a chunk returning a view loses its pre-backward hook
-            # to an in-place op on that view; the schedule sends or scores a stage's output and
-            # never writes into it
-            warnings.filterwarnings("ignore", "FSDP2-wrapped module .* returned a view tensor", UserWarning)
+        with quiet_fsdp_view_warning():  # the schedule sends or scores a stage's output, never writes it
             schedule.step(*args, target=target, return_outputs=False)
 
 

@@ -24,7 +24,6 @@ the optimizer, and to switch the phase); ``StepWatch`` is told, and does nothing
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -198,17 +197,13 @@ class Step:
         return None
 
 
-@contextlib.contextmanager
-def _quiet_head_view(loss_fn: Any) -> Iterator[None]:
-    """A chunked loss stops the model at its final norm, whose output FSDP2 (torch 2.13) warns
-    is a view an in-place op would cut from its pre-backward hook; the chunked loss only reads
-    it."""
+def _quiet_head_view(loss_fn: Any) -> contextlib.AbstractContextManager[Any]:
+    """A chunked loss stops the model at its final norm, and only reads what it returns."""
     if not isinstance(loss_fn, ChunkedLoss):
-        yield
-        return
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "FSDP2-wrapped module .* returned a view tensor", UserWarning)
-        yield
+        return contextlib.nullcontext()
+    from nnperf.trace.diagnosis import quiet_fsdp_view_warning
+
+    return quiet_fsdp_view_warning()
 
 
 @contextlib.contextmanager

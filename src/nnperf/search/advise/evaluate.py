@@ -16,15 +16,15 @@ from nnperf.hardware import GPU, DeviceProfile, default_profile, load_gpu
 from nnperf.passes.memory import predict_memory
 from nnperf.passes.memory.capacity import capacity
 from nnperf.passes.memory.model import MAX_TIMELINE_POINTS
-from nnperf.passes.timing import StepTime, TimingOptions, simulate_step
+from nnperf.passes.timing import TimingOptions, simulate_step
 from nnperf.prediction import Prediction, predict_analysis
 from nnperf.request import ModelRequest
+from nnperf.search.accumulation import once_span
 from nnperf.search.advise import attention, graphs, inductor, padding, precision
 from nnperf.search.advise.change import Change, Outcome
 from nnperf.search.advise.rewrite import Rewritten
 from nnperf.search.fit import Sample, sample_of
 from nnperf.search.memory_variants import MemoryOptions, trace_memory
-from nnperf.trace.step import once_per_step
 
 
 @dataclass(frozen=True)
@@ -118,25 +118,13 @@ def price(setup: Setup, change: Change, analysis: Analysis,
         report = cache[gpu.architecture] = predict_memory(
             analysis.trace, model=analysis.model, architecture=gpu.architecture, max_points=0)
     peak = (report.device_total or 0) + rw.memory_delta
-    optimizer_s = once_added(step)
+    optimizer_s = once_span(step)
     return Outcome(
         step_s=step.step_s, host_s=step.host_s, device_busy_s=step.device_busy_s, bound=step.bound,
         samples=analysis.workload.samples, tokens=analysis.workload.tokens, peak_bytes=peak,
         fits=peak <= capacity(gpu), gpu_id=gpu.id, kernels=sum(t.kernels for t in step.ops),
         notes=tuple(rw.notes), optimizer_s=optimizer_s, touched=tuple(sorted(rw.touched)),
     )
-
-
-def once_added(step: StepTime) -> float:
-    """What the optimizer and clipping add to the step that one more accumulated micro-batch
-    would not (``search.plan_rank.once_span``, without collectives): on a host-bound step
-    their dispatch, otherwise the tail from the end of the device work before them."""
-    once = [i for i, t in enumerate(step.ops) if once_per_step(t.count.event)]
-    if not once:
-        return 0.0
-    if step.bound == "host":
-        return step.step_s - (step.host_s - sum(step.ops[i].host_s for i in once))
-    return step.step_s - max((t.end_s for t in step.ops[:once[0]]), default=0.0)
 
 
 def base_of(setup: Setup) -> tuple[Base, dict[str, Any]]:
