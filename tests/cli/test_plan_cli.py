@@ -16,7 +16,7 @@ def test_plan_ranks_layouts_and_emits_torchtitan():
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
     layouts = {r["execution"]["data"] for r in doc["ranked"]}
-    assert layouts == {"ddp", "fsdp", "hsdp"}
+    assert layouts == {"ddp", "zero1", "fsdp", "hsdp"}
     steps = [r["step_time_s"] for r in doc["ranked"]]
     assert steps == sorted(steps)
     ddp = next(r for r in doc["ranked"] if r["execution"]["data"] == "ddp")
@@ -25,6 +25,12 @@ def test_plan_ranks_layouts_and_emits_torchtitan():
     assert ddp["collectives"]["all_reduce"]["bytes"] == ddp["per_rank_state_bytes"]["gradients"]
     # FSDP2 keeps 1/16 of the state DDP keeps on each GPU (padding aside)
     assert fsdp["per_rank_state_bytes"]["optimizer_state"] < ddp["per_rank_state_bytes"]["optimizer_state"] / 15
+    # ZeRO-1 keeps DDP's parameters and gradients; its busiest rank, rank 0, holds the optimizer
+    # state of the largest parameter alone: the 50257 x 768 token embedding (AdamW: two fp32
+    # moments per element and a 4-byte step), more than a 16th of the model
+    zero1 = next(r for r in doc["ranked"] if r["execution"]["data"] == "zero1")
+    assert zero1["per_rank_state_bytes"]["parameters"] == ddp["per_rank_state_bytes"]["parameters"]
+    assert zero1["per_rank_state_bytes"]["optimizer_state"] == 50257 * 768 * 8 + 4 and zero1["rank"] == 0
     assert "data_parallel_shard_degree" in doc["torchtitan"]
     assert doc["torchrun"].startswith("torchrun --nnodes=2 --nproc_per_node=8")
 

@@ -16,10 +16,10 @@ MS = 1e-3
 
 
 def _op(index: int, name: str, reads: list[int], writes: list[int], seconds: float, comm: bool = False,
-        memory_bound: bool = False):
+        memory_bound: bool = False, phase: str = "forward"):
     """An op whose kernel takes ``seconds``: all compute (or all memory traffic), no overhead."""
     event = SimpleNamespace(name=name, inputs=[SimpleNamespace(storage=s) for s in reads],
-                            outputs=[SimpleNamespace(storage=s) for s in writes])
+                            outputs=[SimpleNamespace(storage=s) for s in writes], phase=phase)
     kernel = 0.0 if comm else seconds
     return SimpleNamespace(index=index, count=SimpleNamespace(event=event), kernels=0 if comm else 1,
                            kernel_s=kernel, model_compute_s=0.0 if memory_bound else kernel,
@@ -44,6 +44,19 @@ def test_an_op_waits_for_the_collective_that_wrote_its_input():
     assert result.exposed_s == pytest.approx({"all_reduce": 3 * MS})
     assert result.compute_s == pytest.approx(4 * MS) and result.comm_s == pytest.approx(5 * MS)
     assert result.clock[3] == pytest.approx(7 * MS) and result.clock[2] == pytest.approx(3 * MS)
+
+
+@pytest.mark.parametrize(("phase", "step_ms"), [("optimizer", 3), ("forward", 2)])
+def test_an_optimizer_collective_waits_for_the_kernels_issued_before_it(phase, step_ms):
+    """ZeRO-1's broadcast of another rank's share reads nothing this step wrote, but it is issued
+    from the compute stream after the update (2 ms), and ProcessGroupNCCL's stream waits for
+    what was issued there: it runs from 2 to 3 ms, exposed. A collective of another phase starts
+    when its inputs are ready (here at once, hidden under the update)."""
+    ops = [_op(0, "_foreach_add_", [1], [1], 2 * MS, phase="optimizer"),
+           _op(1, "c10d.broadcast_", [0], [0], 0, comm=True, phase=phase)]
+    result = overlap(_step(ops), None, lambda i: ("broadcast", 100, 1 * MS))
+    assert result.step_s == pytest.approx(step_ms * MS)
+    assert result.slices[0].start_s == pytest.approx((2 if phase == "optimizer" else 0) * MS)
 
 
 def test_a_collective_nobody_waits_for_is_hidden_until_the_step_ends():

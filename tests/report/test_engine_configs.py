@@ -4,6 +4,7 @@ micro-batches, so the numbers it must get follow from the layout by hand."""
 
 from __future__ import annotations
 
+import json
 import sys
 
 from nnperf.report.engine_configs import torchtitan_toml
@@ -127,7 +128,6 @@ def test_clipping_is_each_engines_own_setting_and_torchtitans_default_is_named()
     """torchtitan clips every step (training.max_norm, default 1.0): a plan with clipping sets
     it, one without says the run adds it; the same for Megatron-LM's --clip-grad (default 1.0: a
     plan never turns a user's clipping off). DeepSpeed's gradient_clipping defaults to 0 (off)."""
-    import json
 
     from nnperf.report.engine_configs import deepspeed_json, megatron_args
 
@@ -156,3 +156,23 @@ def test_fsdp_kept_after_forward_is_torchtitans_never_and_no_deepspeed_stage():
     assert "--torch-fsdp2-no-reshard-after-forward" in megatron_args(e, 32, amp="bf16").split(" \\\n  ")
     with pytest.raises(NotExpressible, match="frees gathered parameters after each module's forward"):
         deepspeed_json(e, amp="bf16")
+
+
+def test_zero1_is_deepspeeds_stage_1_megatrons_distributed_optimizer_and_not_torchtitan():
+    """ZeRO-1 (the optimizer state sharded, parameters and gradients whole): DeepSpeed's
+    zero_optimization.stage 1; Megatron-LM's --use-distributed-optimizer, whose different
+    traffic is named; torchtitan has no such data parallelism."""
+    import pytest
+
+    from nnperf.report.engine_configs import NotExpressible, deepspeed_json, megatron_args
+
+    e = Execution(world=8, data="zero1", micro_batch=4, grad_accum=2)
+    config = json.loads(deepspeed_json(e, amp="bf16"))
+    assert config["zero_optimization"]["stage"] == 1
+    assert config["train_batch_size"] == 64 == 4 * 2 * 8
+    args = megatron_args(e, 32, amp="bf16")
+    assert "--use-distributed-optimizer" in args.split("\n#")[0].split(" \\\n  ")
+    assert "--use-torch-fsdp2" not in args
+    assert "reduce-scatters the gradients" in args
+    with pytest.raises(NotExpressible, match="no ZeRO-1"):
+        torchtitan_toml(e, amp="bf16")

@@ -123,6 +123,8 @@ def test_what_torchtitan_cannot_run_is_refused():
         torchtitan_python(e, "llama-7b", 2048, amp="bf16")
     with pytest.raises(NotExpressible, match="sequence length"):
         torchtitan_python(Execution(world=8, data="fsdp", shard=8, micro_batch=1), "llama-7b", None, amp="bf16")
+    with pytest.raises(NotExpressible, match="no ZeRO-1"):
+        torchtitan_python(Execution(world=8, data="zero1", micro_batch=1), "llama-7b", 2048, amp="bf16")
 
 
 def test_the_torchrun_command_names_the_function():

@@ -70,12 +70,13 @@ def _rank_main(rank: int, worker: Callable[[int], Any], world: int, port: int, r
 
 #: The c10d ops the real runs' engines issue, by nnperf's collective kind.
 _KIND = {"c10d.allreduce_": "all_reduce", "c10d._allgather_base_": "all_gather",
-         "c10d._reduce_scatter_base_": "reduce_scatter", "_c10d_functional.all_to_all_single": "all_to_all"}
+         "c10d._reduce_scatter_base_": "reduce_scatter", "_c10d_functional.all_to_all_single": "all_to_all",
+         "c10d.broadcast_": "broadcast"}
 
 
 class SeenCollectives(TorchDispatchMode):
     """The collectives a real rank issues, as (kind, nccl-tests bytes), counted from the op's
-    own arguments: the buffer an all-reduce writes, the gathered output, a reduce-scatter's
+    own arguments: the buffer an all-reduce or a broadcast writes, the gathered output, a reduce-scatter's
     input (N x its output), the larger of an all-to-all's sent and received rows."""
 
     def __init__(self) -> None:

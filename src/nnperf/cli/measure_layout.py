@@ -64,7 +64,8 @@ def _print(doc: dict[str, Any]) -> None:
                    "exposed communication"):
         table.add_column(column, justify="right")
     state = p.get("per_rank_state_bytes", {})
-    table.add_row("planned", f"{p['step_time_s'] * 1e3:.2f} ms", binary(state.get("parameters", 0)),
+    label = "planned" if p.get("rank") is None else f"planned (rank {p['rank']})"
+    table.add_row(label, f"{p['step_time_s'] * 1e3:.2f} ms", binary(state.get("parameters", 0)),
                   binary(state.get("gradients", 0)), binary(state.get("optimizer_state", 0)),
                   binary(p["memory_bytes"]) + " (device total)",
                   f"{sum(p['time_split_s'].get('exposed_communication_s', {}).values()) * 1e3:.2f} ms")

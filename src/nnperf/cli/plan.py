@@ -65,7 +65,8 @@ def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> l
                    "FSDP shard group, tokens sent by all-to-all): auto (powers of two dividing the experts, "
                    "inside a node) or a list, e.g. 1,8.")
 @click.option("--data", "data_text", default="auto", show_default=True,
-              help="Data-parallel engines to try: auto (ddp, fsdp, hsdp) or a list, e.g. fsdp,hsdp.")
+              help="Data-parallel engines to try: auto (ddp, zero1, fsdp, hsdp) or a list, e.g. fsdp,hsdp. "
+                   "zero1: DDP with the optimizer state sharded (PyTorch's ZeroRedundancyOptimizer).")
 @click.option("--checkpoint", "checkpoint_text", default="auto", show_default=True,
               help="Activation checkpointing the search may use: auto (none, selective-op, full) or a "
                    "list, e.g. none or none,full; tried from none to full while a layout does not fit.")
@@ -84,7 +85,7 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
          cp_text: str, ep_text: str, data_text: str, checkpoint_text: str, reshard_text: str,
          schedules: tuple[str, ...],
          cluster_name: str | None, as_json: bool, **kwargs: Any) -> None:
-    """Rank the layouts of MODEL on --gpus GPUs (data parallelism: DDP, FSDP2, HSDP; tensor
+    """Rank the layouts of MODEL on --gpus GPUs (data parallelism: DDP, ZeRO-1, FSDP2, HSDP; tensor
     parallelism with sequence parallelism; pipeline schedules; activation checkpointing and
     gradient accumulation; expert parallelism for mixture-of-experts models): step time, throughput, MFU, per-GPU memory, exposed communication,
     pipeline bubble; and the winner as a torchtitan config with its torchrun command, Megatron-LM

@@ -39,6 +39,7 @@ from nnperf.measure.stats import Spread
 from nnperf.request import ModelRequest
 from nnperf.trace.distributed import Execution
 from nnperf.trace.options import TraceOptions
+from nnperf.trace.step import optimizer_state
 
 
 @dataclass
@@ -203,7 +204,7 @@ def _measure_rank(request: ModelRequest, options: TraceOptions, execution: Execu
             peak, reserved, method = host_memory.peak_tensor_bytes(run, local_state), None, host_memory.METHOD
             comm = exposed = None
     state = {"parameters": _storage_bytes(step.workload.model.parameters()), "gradients": grads.bytes,
-             "optimizer_state": _storage_bytes(v for s in (step.optimizer.state.values() if step.optimizer else ())
+             "optimizer_state": _storage_bytes(v for s in (optimizer_state(step.optimizer).values() if step.optimizer else ())
                                                for v in s.values() if isinstance(v, torch.Tensor))}
     return RankMeasurement(rank, device_name(device), times, state, peak, reserved, method, exposed, comm)
 

@@ -22,7 +22,7 @@ from torch.utils._pytree import tree_flatten
 from nnperf.trace.grad_scaler import TracedGradScaler
 from nnperf.trace.options import DTYPES, TraceOptions
 from nnperf.trace.rebind import rebind_tensors
-from nnperf.trace.step import Step, to_channels_last
+from nnperf.trace.step import Step, optimizer_state, to_channels_last
 from nnperf.workload import Workload, default_loss
 
 
@@ -47,7 +47,7 @@ class RealStep:
             tensors += [p, p.grad]
         tensors += list(model.buffers())
         if self.optimizer is not None:
-            for state in self.optimizer.state.values():
+            for state in optimizer_state(self.optimizer).values():
                 tensors += tree_flatten(state)[0]
         if self.scaler is not None:
             tensors += list(self.scaler.state_tensors().values())

@@ -21,7 +21,11 @@ Each process group has its own stream: ProcessGroupNCCL runs a communicator's co
 that communicator's stream, so collectives of one group run in issue order, and those of
 different groups (an FSDP all-gather and an expert-parallel all-to-all, a tensor-parallel
 reduce-scatter and a pipeline send) may run at once. FSDP2's copy into its all-gather buffer
-runs on the stream of the all-gather it feeds. What is not modelled yet: wave quantization on
+runs on the stream of the all-gather it feeds. A collective of the optimizer phase (ZeRO-1's
+broadcasts of each rank's updated share) is issued from the compute stream, and
+ProcessGroupNCCL makes its stream wait for every kernel issued there before it (an event
+recorded at issue): it starts after the update, not when its buffer was last written. The
+other collectives start when their inputs are ready. What is not modelled yet: wave quantization on
 the SMs left (a one-wave GEMM can need a second wave), the collective's own slowdown, two
 concurrent collectives sharing a link, and the host cost of the collectives.
 """
@@ -154,6 +158,10 @@ def overlap(
         if t.category == Category.COMMUNICATION:
             kind, nbytes, seconds = collective_time(t.index)
             stream = streams.get(t.index)
+            if event.phase == "optimizer":
+                # issued from the compute stream (ZeroRedundancyOptimizer's broadcasts):
+                # ProcessGroupNCCL makes its stream wait for every kernel issued before
+                ready = max(ready, compute_free)
             start = max(issue, comm_free[stream], ready)
             end = comm_free[stream] = start + seconds
             comm_busy += seconds

@@ -64,7 +64,7 @@ def torchtitan_toml(execution: Any, amp: str | None = None, dtype: str | None = 
     (``torchtitan_clipping``)."""
     e = execution
     torchtitan_refusals(e, amp, dtype, sdpa)
-    shard = e.shard if e.data != "ddp" else 1
+    shard = 1 if e.replicates_parameters else e.shard
     replicate = e.replicate if e.data != "fsdp" else 1
     # torchtitan's local_batch_size is what one rank's step feeds forward: a pipeline splits it
     # into micro-batches of pipeline_parallel_microbatch_size; otherwise it is the micro-batch,
@@ -121,6 +121,9 @@ def torchtitan_toml(execution: Any, amp: str | None = None, dtype: str | None = 
 def torchtitan_refusals(e: Any, amp: str | None, dtype: str | None, sdpa: str) -> None:
     """What no torchtitan, TOML or Python config, can set: raised as one ``NotExpressible``."""
     missing = []
+    if e.data == "zero1":
+        missing.append("torchtitan has no ZeRO-1 (the optimizer state sharded over DDP's ranks): its data "
+                       "parallelism replicates (DDP) or shards parameters too (FSDP2, HSDP)")
     if dtype not in (None, "fp32"):
         missing.append(f"torchtitan keeps fp32 parameters and computes in {dtype} through "
                        f"mixed_precision_param (plan with --amp); a model cast to {dtype} is not "
@@ -200,6 +203,8 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
     args += [f"--micro-batch-size {e.micro_batch}", f"--global-batch-size {e.global_batch}"]
     if seq_len:
         args.append(f"--seq-length {seq_len}")
+    if e.data == "zero1":
+        args.append("--use-distributed-optimizer")
     if e.data == "fsdp" and e.data_parallel > 1:
         args += ["--use-torch-fsdp2", "--no-gradient-accumulation-fusion", "--ckpt-format torch_dist"]
         if not e.reshard_after_forward:
@@ -222,6 +227,10 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
     if clip is not None:
         args.append(f"--clip-grad {float(clip)!r}")
     text = " \\\n  ".join(args)
+    if e.data == "zero1":
+        text += ("\n# --use-distributed-optimizer: Megatron-LM's ZeRO-1 shards the optimizer state as planned, but "
+                 "reduce-scatters the gradients and all-gathers the parameters where PyTorch's "
+                 "ZeroRedundancyOptimizer (planned) all-reduces and broadcasts them: less traffic than planned")
     if clip is None:  # a plan never switches a user's clipping off
         text += ("\n# --clip-grad: Megatron-LM clips the gradients to 1.0 by default, which this plan did not "
                  "count: plan with --clip-grad-norm 1.0 to include it")
@@ -236,7 +245,8 @@ def _half_precision(amp: str | None, dtype: str | None) -> str | None:
 
 def deepspeed_json(execution: Any, amp: str | None = None, dtype: str | None = None,
                    clip: float | None = None) -> str:
-    """DeepSpeed's config: ZeRO stage 0 (DDP), 3 (FSDP full shard) or 3 with MiCS (HSDP);
+    """DeepSpeed's config: ZeRO stage 0 (DDP), 1 (ZeRO-1: the optimizer state sharded), 3 (FSDP
+    full shard) or 3 with MiCS (HSDP);
     ``bf16``/``fp16`` (a half-precision model, fp32 master weights) for ``--amp`` or
     ``--dtype``; ``gradient_clipping`` (default 0: off) for ``--clip-grad-norm``. Attention is
     the model code's, not the JSON's."""
@@ -248,10 +258,10 @@ def deepspeed_json(execution: Any, amp: str | None = None, dtype: str | None = N
         raise NotExpressible("tensor, pipeline and sequence (Ulysses) parallelism are set up in DeepSpeed's "
                              "model code (PipelineModule, AutoTP, DistributedAttention), not its JSON; "
                              "data-parallel layouts only")
-    if e.data != "ddp" and not e.reshard_after_forward:
+    if not e.replicates_parameters and not e.reshard_after_forward:
         raise NotExpressible("DeepSpeed's ZeRO-3 frees gathered parameters after each module's forward; keeping "
                              "them until backward is not one of its settings (ZeRO-2 keeps every parameter whole)")
-    zero: dict[str, Any] = {"stage": 0 if e.data == "ddp" else 3}
+    zero: dict[str, Any] = {"stage": {"ddp": 0, "zero1": 1}.get(e.data, 3)}
     if e.data == "hsdp":
         zero.update(mics_shard_size=e.shard, mics_hierarchical_params_gather=False)
     if e.data != "ddp":

@@ -54,7 +54,7 @@ def torchtitan_python(execution: Any, model: str, seq_len: int | None, amp: str 
         raise NotExpressible("torchtitan counts its batch in tokens: the plan needs a sequence length (--seq)")
     family = "deepseek" if model.startswith("deepseek") else "llama"
     module, base = BASES[family]
-    shard = e.shard if e.data != "ddp" else 1
+    shard = 1 if e.replicates_parameters else e.shard
     replicate = e.replicate if e.data != "fsdp" else 1
     checkpoint = {None: "None", "full": "FullAC.Config()", "selective-op": "SelectiveAC.Config()"}[e.checkpoint]
     lines = [

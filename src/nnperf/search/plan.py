@@ -46,7 +46,7 @@ from nnperf.trace.options import CHUNKED_LOSSES, TraceOptions
 CHECKPOINTS = (None, "selective-op", "full")
 #: What a user may restrict the search to (``nnperf plan --data``, ``--checkpoint``): the
 #: data-parallel engines, and the checkpointing levels by name ("none" for None).
-DATA_KINDS = ("ddp", "fsdp", "hsdp")
+DATA_KINDS = ("ddp", "zero1", "fsdp", "hsdp")
 CHECKPOINT_NAMES = {"none": None, "selective-op": "selective-op", "full": "full"}
 DEFAULT_SCHEDULES = ("1f1b", "interleaved-1f1b")
 PIPELINE_DEGREES = (1, 2, 4, 8, 16)
@@ -73,6 +73,9 @@ class Planned:
     memory_bound: str = ""  # what memory_bytes counts when it is a lower bound (pruned unfit: not timed)
     time_bound: str = ""  # what step_s counts when it is a lower bound (pruned slower: not traced further)
     param_row_bytes: float = 0.0  # per-rank parameter row bytes (search.plan_states)
+    #: the rank whose figures these are: the first of its role, ZeRO-1's busiest (None: a deep
+    #: stack's busiest ZeRO-1 rank, estimated from shallow traces, ``search.plan_zero``)
+    rank: int | None = 0
     loss_saved_bytes: int = 0  # what the loss keeps for backward (an eager cross entropy's copies of the logits)
     #: what one more block adds to the traced rank (``RankCost.per_block``): its persistent state
     #: (parameters and optimizer state, ``state.*``) and its saved activations (``same_work``)
@@ -86,7 +89,7 @@ class Planned:
                 "memory_is_lower_bound": bool(self.memory_bound),
                 "step_time_is_lower_bound": bool(self.time_bound),
                 "fits": self.fits, "time_split_s": self.split,
-                "per_rank_state_bytes": self.state_bytes, "collectives": self.collectives,
+                "rank": self.rank, "per_rank_state_bytes": self.state_bytes, "collectives": self.collectives,
                 "pipeline": self.pipeline, "reason": self.reason}
 
 
@@ -146,7 +149,7 @@ def layouts(gpus: int, nodes_of: int, global_batch: int, *, tensor: Iterable[int
                                     tuple(reshard))
                 out += found
                 out += [replace(e, expert=ep) for ep in expert if ep > 1 for e in found
-                        if e.data != "ddp" and e.shard % ep == 0 and e.tensor == e.context == 1]
+                        if not e.replicates_parameters and e.shard % ep == 0 and e.tensor == e.context == 1]
     return out
 
 
@@ -167,12 +170,12 @@ def _layouts_of(gpus: int, nodes_of: int, global_batch: int, tp: int, pp: int, c
         return []
     out: list[Execution] = []
     for data, shard in _data_shapes(dp, tp * cp, pp, nodes_of):
-        if cp > 1 and data == "ddp" and dp > 1:
+        if cp > 1 and data in ("ddp", "zero1") and dp > 1:
             continue  # torchtitan shards over the data and context ranks together
         for checkpoint in checkpoints:
             common = {"world": gpus, "data": data, "shard": shard, "gpus_per_node": nodes_of,
                       "checkpoint": checkpoint, "tensor": tp, "sequence_parallel": tp > 1, "context": cp}
-            for keep in sorted({not r for r in reshard} if data != "ddp" and pp == 1 else {False}):
+            for keep in sorted({not r for r in reshard} if data in ("fsdp", "hsdp") and pp == 1 else {False}):
                 out.extend(_splits(common | ({"reshard_after_forward": False} if keep else {}), pp,
                                    global_batch // dp, schedules, layers))
     return out
@@ -181,7 +184,7 @@ def _layouts_of(gpus: int, nodes_of: int, global_batch: int, tp: int, pp: int, c
 def _data_shapes(dp: int, tp: int, pp: int, nodes_of: int) -> list[tuple[str, int]]:
     if dp == 1:
         return [("ddp", 1)]  # no data parallelism
-    shapes = [("ddp", 1)] if tp == pp == 1 else []
+    shapes = [("ddp", 1), ("zero1", 1)] if tp == pp == 1 else []
     shapes.append(("fsdp", dp))
     inside = max(1, nodes_of // tp)  # HSDP: shard inside a node, replicate across
     if 1 < inside < dp and dp % inside == 0:
@@ -277,7 +280,7 @@ def evaluate(request: ModelRequest, options: TraceOptions, execution: Execution,
                "host_s": host},
         state_bytes=state_bytes(cost), collectives=collective_counts(cost),
         param_row_bytes=cost.get("param_row_bytes"), loss_saved_bytes=int(cost.get("loss_saved")),
-        per_block={k: cost.per_block[k] for k in _PER_BLOCK if k in cost.per_block},
+        per_block={k: cost.per_block[k] for k in _PER_BLOCK if k in cost.per_block}, rank=cost.rank,
     )
     planned.fits = fits(planned.memory_bytes, capacity(gpu))
     return planned
@@ -636,7 +639,7 @@ def _search(request: ModelRequest, options: TraceOptions, candidates: list[Execu
     micro-batches larger than the one that level fitted. Which of them is fastest the ranking
     decides.
 
-    Data-parallel kinds dominate one another in memory: HSDP and DDP hold at least FSDP's
+    Data-parallel kinds dominate one another in memory: HSDP, ZeRO-1 and DDP hold at least FSDP's
     per-GPU state with the same activations, so they are searched only where FSDP fits, at
     FSDP's checkpointing levels and micro-batches or smaller; a layout they cannot fit is not
     traced, nor one whose model states alone cannot fit (``search.plan_states``, from FSDP's
@@ -747,7 +750,7 @@ def work_bound(execution: Execution, work: dict[tuple[Any, ...], list[Planned]],
     - time, where it is no faster than ``slower_than``: the least compute of those layouts."""
     same = work.get(_work_key(execution), []) if execution.pipeline > 1 else []
     sharded = next((p for p in same if p.execution.data == "fsdp" and "saved_activations" in p.per_block), None)
-    if capacity_bytes is not None and layers and sharded is not None and execution.data != "ddp":
+    if capacity_bytes is not None and layers and sharded is not None and not execution.replicates_parameters:
         from nnperf.search.plan_pipeline import blocks_in_flight
 
         block = sharded.per_block
@@ -770,8 +773,9 @@ def work_bound(execution: Execution, work: dict[tuple[Any, ...], list[Planned]],
 
 
 def _shards(execution: Execution) -> int:
-    """The ranks a layout shards its parameters and optimizer state over (DDP: none)."""
-    return 1 if execution.data == "ddp" else execution.shard
+    """The ranks a layout shards its parameters and optimizer state over (DDP: none; only
+    pipelines ask, and ZeRO-1 runs none)."""
+    return 1 if execution.replicates_parameters else execution.shard
 
 
 def _compute_alone(planned: Planned) -> float:

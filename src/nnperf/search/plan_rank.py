@@ -36,6 +36,7 @@ from nnperf.prediction import predict_analysis
 from nnperf.request import ModelRequest
 from nnperf.search.accumulation import once_span
 from nnperf.search.plan_states import param_row_bytes
+from nnperf.search.plan_zero import busiest_rank, to_average, to_busiest
 from nnperf.trace.distributed import Execution, sharded_bytes, trace_rank
 from nnperf.trace.options import TraceOptions
 from nnperf.trace.step import once_per_step
@@ -58,6 +59,10 @@ class RankCost:
     unit: str = "samples/s"
     stages: tuple[int, ...] = ()  # pipeline stages this rank holds
     pipeline_order: dict[int, list[str]] = field(default_factory=dict)
+    #: ZeRO-1: the parameter elements of each rank's optimizer share, by rank (empty otherwise)
+    optimizer_shares: tuple[int, ...] = ()
+    largest_parameter: int = 0  # ZeRO-1: the elements of the largest (the first handed out)
+    rank: int | None = 0  # the rank traced (None: ZeRO-1's estimated average or busiest, search.plan_zero)
     #: what one more block adds to each value, where the cost is a deep stack extrapolated from
     #: two shallow traces (``extrapolate``); empty for a stack traced as it is
     per_block: dict[str, float] = field(default_factory=dict)
@@ -115,6 +120,10 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
         "host_s": prediction.step.host_s,
         "optimizer_s": sum(t.kernel_s for t in once),
         "optimizer_host_s": sum(t.host_s for t in once),
+        # the update's kernels alone (not clipping's, nor the collectives after it): what a
+        # rank's share of a sharded optimizer scales
+        "optimizer_update_s": sum(t.kernel_s for t in prediction.step.ops
+                                  if t.phase == "optimizer" and t.category != Category.COMMUNICATION),
         "recompute_s": sum(t.kernel_s for t in prediction.step.ops if t.count.event.recomputed),
         "memory": float(prediction.memory.device_total or 0),
         "flops": prediction.model_flops,
@@ -161,7 +170,9 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
     return RankCost(values, prediction.mfu_peak.flops, (workload.tokens or workload.samples) or 0,
                     "tokens/s" if workload.tokens else "samples/s",
                     tuple(config.get("pipeline_stages", ())),
-                    {int(k): v for k, v in (config.get("pipeline_order") or {}).items()})
+                    {int(k): v for k, v in (config.get("pipeline_order") or {}).items()},
+                    optimizer_shares=tuple(config.get("optimizer_shares", ())),
+                    largest_parameter=int(config.get("optimizer_largest", 0)), rank=rank)
 
 
 def _memory_by_phase(report: Any) -> dict[str, float]:
@@ -239,20 +250,27 @@ def scaled_cost(request: ModelRequest, options: TraceOptions, execution: Executi
                 prepare: Callable[[Any], Any] | None = None, per_chunk: int | None = None) -> RankCost:
     """``rank_cost`` of a deep stack from two shallow traces (see the module docstring), or of
     the model as it is when it is shallow or not a built-in stack. ``per_chunk``: the blocks
-    per pipeline chunk to extrapolate to (default: ``layers`` over the execution's chunks)."""
+    per pipeline chunk to extrapolate to (default: ``layers`` over the execution's chunks).
+    ZeRO-1's ranks differ in their optimizer share: the busiest rank of a model traced whole,
+    the average share of an extrapolated one (``search.plan_zero``)."""
     cache = cache or RoleCache()
     chunks = execution.pipeline * max(1, execution.virtual_stages)
-    key = (repr(request), options, execution, gpu.id, cluster.id, rank)
+    key = (repr(request), options, execution, gpu.id, cluster.id)
 
-    def at(k: int | None) -> RankCost:
+    def at(k: int | None, traced_rank: int = rank) -> RankCost:
         req = request if k is None else replace(request, overrides={**request.overrides, "n_layer": k * chunks})
-        return cache.get((*key, k), lambda: rank_cost(req, options, execution, gpu, cluster, rank, prepare))
+        return cache.get((*key, traced_rank, k),
+                         lambda: rank_cost(req, options, execution, gpu, cluster, traced_rank, prepare))
 
     if per_chunk is None:
         per_chunk = layers // chunks if layers else 0
-    if not layers:
-        return at(None)
-    if per_chunk <= SCALE_POINTS[-1]:
-        return at(per_chunk) if per_chunk * chunks != layers else at(None)
+    if not layers or per_chunk <= SCALE_POINTS[-1]:
+        depth = None if not layers or per_chunk * chunks == layers else per_chunk
+        cost = at(depth)
+        if execution.data == "zero1" and busiest_rank(cost) != rank:
+            cost = at(depth, busiest_rank(cost))
+        return cost
     low, high = (at(k) for k in SCALE_POINTS)
+    if execution.data == "zero1":
+        return to_busiest(extrapolate(to_average(low), to_average(high), *SCALE_POINTS, per_chunk))
     return extrapolate(low, high, *SCALE_POINTS, per_chunk)

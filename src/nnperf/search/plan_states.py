@@ -1,6 +1,6 @@
 """A data-parallel layout that cannot hold its model states, known from its FSDP sibling.
 
-The search tries HSDP and DDP only where FSDP of the same tensor/pipeline shape fits (they
+The search tries HSDP, DDP and ZeRO-1 only where FSDP of the same tensor/pipeline shape fits (they
 hold at least FSDP's states with the same activations). Their own states follow from the FSDP
 trace, so a layout whose parameters, gradients and optimizer state alone exceed the GPU is
 rejected without a trace, whatever its checkpointing and micro-batch:
@@ -18,6 +18,10 @@ rejected without a trace, whatever its checkpointing and micro-batch:
 - All of them are alive together at the optimizer step, so rank 0's memory is at least
   ``m (2 + MIRRORS) (P - R)``: ``P`` the FSDP rank's parameter bytes, ``R`` the sum of its
   parameters' row bytes (``param_row_bytes``), both exact per block at any depth.
+- ZeRO-1 (DDP with the optimizer state sharded over its ``m`` ranks, ``search.plan_zero``)
+  holds the whole parameters and gradients, at least ``m (P - R)`` bytes each, and at least the
+  average share of the state, ``MIRRORS`` times the whole parameters over ``m``: at least
+  ``(2 m + MIRRORS) (P - R)``.
 """
 
 from __future__ import annotations
@@ -50,8 +54,11 @@ def states_bound(sibling: Any, shard: int, execution: Execution, optimizer: str)
     mirrors = MIRRORS.get(optimizer)
     states = sibling.state_bytes
     params = states.get("parameters", 0)
-    own_shard = execution.shard if execution.data != "ddp" else 1
+    own_shard = 1 if execution.replicates_parameters else execution.shard
     if (mirrors is None or not params or states.get("gradients") != params
             or states.get("optimizer_state", 0) < mirrors * params or shard % own_shard):
         return None
-    return int(shard // own_shard * (2 + mirrors) * max(0.0, params - sibling.param_row_bytes))
+    m, least = shard // own_shard, max(0.0, params - sibling.param_row_bytes)
+    if execution.data == "zero1":  # whole parameters and gradients, an average share of the state
+        return int((2 * m + mirrors) * least)
+    return int(m * (2 + mirrors) * least)

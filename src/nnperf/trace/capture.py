@@ -54,7 +54,7 @@ from nnperf.trace.rebind import rebind_tensors
 from nnperf.trace.recorder import GraphLabeler, KnownStorages, ModuleStack, OpRecorder
 from nnperf.trace.routing import Routing, TraceFakeMode
 from nnperf.trace.state_warmup import skip_inplace_math
-from nnperf.trace.step import Step, StepWatch, to_channels_last
+from nnperf.trace.step import Step, StepWatch, optimizer_state, to_channels_last
 from nnperf.workload import Workload, default_loss
 
 _log = logging.getLogger(__name__)
@@ -389,7 +389,7 @@ def _classify_late_storages(recorder: OpRecorder, model: torch.nn.Module, optimi
         if p.grad is not None:
             recorder.storages[recorder.storage_id(local(p.grad), None)].kind = KIND_GRAD
     if optimizer is not None:
-        for param, state in optimizer.state.items():
+        for param, state in optimizer_state(optimizer).items():
             if param.grad is None:
                 continue
             for v in state.values():

@@ -46,9 +46,10 @@ from nnperf.trace.events import Trace
 from nnperf.trace.fsdp_shards import one_rank_chunks
 from nnperf.trace.options import TraceOptions
 from nnperf.trace.recorder import GraphLabeler, ModuleStack, unrecorded
+from nnperf.trace.step import OPTIMIZER_SHARES, SHARDS_OPTIMIZER
 from nnperf.workload import Workload, default_loss
 
-DATA_PARALLEL = ("ddp", "fsdp", "hsdp")
+DATA_PARALLEL = ("ddp", "zero1", "fsdp", "hsdp")
 #: DDP's defaults (torch.nn.parallel.DistributedDataParallel): 25 MiB buckets, the first 1 MiB.
 DDP_BUCKET_BYTES = 25 * 1024 * 1024
 
@@ -72,7 +73,7 @@ class Execution:
     """
 
     world: int
-    data: str = "ddp"  # ddp | fsdp | hsdp
+    data: str = "ddp"  # ddp | zero1 (DDP + ZeroRedundancyOptimizer) | fsdp | hsdp
     shard: int = 1
     reshard_after_forward: bool = True  # FSDP2: free gathered parameters after forward
     gpus_per_node: int = 8
@@ -92,6 +93,12 @@ class Execution:
     @property
     def replicate(self) -> int:
         return self.world // (self.shard * self.tensor * self.pipeline * self.context)
+
+    @property
+    def replicates_parameters(self) -> bool:
+        """Every data-parallel rank holds the whole parameters and gradients (DDP, and DDP with
+        the optimizer state sharded: ZeRO-1)."""
+        return self.data in ("ddp", "zero1")
 
     @property
     def data_parallel(self) -> int:
@@ -120,7 +127,7 @@ class Execution:
             raise UsageError(f"unknown data parallelism '{self.data}'; valid: {', '.join(DATA_PARALLEL)}")
         if self.expert != 1:
             self._validate_expert()
-        if self.context > 1 and (self.pipeline > 1 or (self.data == "ddp" and self.world > self.model_parallel)):
+        if self.context > 1 and (self.pipeline > 1 or (self.replicates_parameters and self.world > self.model_parallel)):
             raise UsageError("context parallelism is modelled with FSDP/HSDP or alone (torchtitan's "
                              "dp_shard x cp mesh), without pipeline parallelism")
         if self.pipeline > 1:
@@ -143,10 +150,12 @@ class Execution:
         if self.shard < 1 or data_parallel % self.shard:
             raise UsageError(f"the shard group ({self.shard}) does not divide the {data_parallel} "
                              "data-parallel ranks")
-        if self.data == "ddp" and self.shard != 1:
-            raise UsageError("ddp does not shard: shard must be 1")
-        if self.data == "ddp" and (self.tensor > 1 or self.pipeline > 1) and data_parallel > 1:
-            raise UsageError("DDP is traced for data parallelism alone; use fsdp or hsdp with tensor or "
+        if self.replicates_parameters and self.shard != 1:
+            raise UsageError(f"{self.data} does not shard parameters: shard must be 1")
+        if self.data == "zero1" and data_parallel < 2:
+            raise UsageError("zero1 shards the optimizer state over the data-parallel ranks: it needs 2 or more")
+        if self.replicates_parameters and (self.tensor > 1 or self.pipeline > 1) and data_parallel > 1:
+            raise UsageError(f"{self.data} is traced for data parallelism alone; use fsdp or hsdp with tensor or "
                              "pipeline parallelism (torchtitan's composition)")
         if self.data == "fsdp" and self.shard != data_parallel:
             raise UsageError(f"fsdp shards over every data-parallel rank: shard must be {data_parallel}")
@@ -171,6 +180,7 @@ class Execution:
 
     def describe(self) -> str:
         parts = {"ddp": [f"DDP x{self.replicate}"] if self.replicate > 1 else [],
+                 "zero1": [f"DDP x{self.replicate} + ZeRO-1 (optimizer state sharded)"],
                  "fsdp": [f"FSDP2 full shard x{self.shard}"],
                  "hsdp": [f"HSDP {self.replicate} replicas x {self.shard} shards"]}[self.data]
         if self.tensor > 1:
@@ -184,7 +194,7 @@ class Execution:
             parts.append(f"EP x{self.expert}")
         if not parts:
             parts.append("1 GPU")
-        if self.data != "ddp" and not self.reshard_after_forward:
+        if not self.replicates_parameters and not self.reshard_after_forward:
             parts.append("no reshard after forward")
         if self.checkpoint:
             parts.append(f"{self.checkpoint} checkpointing")
@@ -202,7 +212,7 @@ class Execution:
         a tensor-parallel group is consecutive ranks, inside a node)."""
         shard = [("shard", self.shard)] if self.expert == 1 else \
             [("shard_mod_expert", self.shard // self.expert), ("expert", self.expert)]
-        dims = {"ddp": [("replicate", self.replicate)], "fsdp": shard,
+        dims = {"ddp": [("replicate", self.replicate)], "zero1": [("replicate", self.replicate)], "fsdp": shard,
                 "hsdp": [("replicate", self.replicate), *shard]}[self.data]
         return [("pipeline", self.pipeline), *dims, ("tensor", self.tensor)]
 
@@ -349,6 +359,9 @@ def trace_rank(
         collectives = _collectives(trace)
     trace.config["execution"] = execution.to_json()
     trace.config["rank"] = rank
+    if hasattr(workload.model, OPTIMIZER_SHARES):
+        trace.config["optimizer_shares"] = getattr(workload.model, OPTIMIZER_SHARES)
+        trace.config["optimizer_largest"] = max(p.numel() for p in workload.model.parameters() if p.requires_grad)
     if execution.pipeline > 1:
         trace.config["pipeline_order"] = workload.model.pipeline_order
         trace.config["pipeline_stages"] = list(workload.model.stage_indices)
@@ -382,13 +395,16 @@ def wrap_workload(workload: Workload, execution: Execution, options: TraceOption
         parts = list(workload.model.stages)
     if execution.data_parallel == 1 and execution.data != "fsdp":
         return workload
-    if execution.data == "ddp":
+    if execution.replicates_parameters:
         if real:
             from torch.nn.parallel import DistributedDataParallel
 
             workload.model = DistributedDataParallel(workload.model, bucket_cap_mb=execution.bucket_bytes / 2**20)
         else:
             workload.model = _ddp(workload, execution)
+        # ZeRO-1: each rank updates the optimizer state of its share of the parameters and
+        # broadcasts them (torch.distributed.optim.ZeroRedundancyOptimizer, made by make_optimizer)
+        setattr(workload.model, SHARDS_OPTIMIZER, execution.data == "zero1")
     else:
         for part in parts:
             if execution.expert > 1:

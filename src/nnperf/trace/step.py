@@ -63,19 +63,48 @@ def to_channels_last(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[Any, ..
     )
 
 
+#: Set on a DDP module whose optimizer is sharded over its ranks (``Execution.data`` "zero1"):
+#: ``make_optimizer`` wraps the optimizer in ``ZeroRedundancyOptimizer``, in the trace and in a
+#: measured run alike.
+SHARDS_OPTIMIZER = "nnperf_shards_optimizer"
+#: Set beside it by ``make_optimizer``: the parameter elements each rank's share holds, by rank
+#: (ZeroRedundancyOptimizer's own partition), so a plan can tell the busiest rank.
+OPTIMIZER_SHARES = "nnperf_optimizer_shares"
+
+
 def make_optimizer(model: nn.Module, options: TraceOptions) -> torch.optim.Optimizer | None:
-    """The optimizer of the step (None: ``--optimizer none``, or nothing to train)."""
+    """The optimizer of the step (None: ``--optimizer none``, or nothing to train). On a model
+    the layout marks (``SHARDS_OPTIMIZER``: ZeRO-1) PyTorch's
+    ``ZeroRedundancyOptimizer`` wraps it: this rank keeps the state of its share of the
+    parameters only, and broadcasts that share after its update."""
     params = [p for p in model.parameters() if p.requires_grad]
     if options.optimizer == "none" or not params:
         return None
-    impl = _IMPLEMENTATIONS[options.optimizer_impl]
-    lr = _LEARNING_RATE[options.optimizer]
-    if options.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=lr, **impl)
-    if options.optimizer == "adam":
-        return torch.optim.Adam(params, lr=lr, **impl)
-    momentum = 0.9 if options.optimizer == "sgd-momentum" else 0.0
-    return torch.optim.SGD(params, lr=lr, momentum=momentum, **impl)
+    kwargs: dict[str, Any] = {"lr": _LEARNING_RATE[options.optimizer], **_IMPLEMENTATIONS[options.optimizer_impl]}
+    optimizer_class: type[torch.optim.Optimizer]
+    if options.optimizer in ("adamw", "adam"):
+        optimizer_class = torch.optim.AdamW if options.optimizer == "adamw" else torch.optim.Adam
+    else:
+        optimizer_class = torch.optim.SGD
+        kwargs["momentum"] = 0.9 if options.optimizer == "sgd-momentum" else 0.0
+    if getattr(model, SHARDS_OPTIMIZER, False):
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        sharded = ZeroRedundancyOptimizer(params, optimizer_class=optimizer_class, **kwargs)
+        setattr(model, OPTIMIZER_SHARES, [sum(p.numel() for group in share for p in group["params"])
+                                          for share in sharded._partition_parameters()])
+        return sharded
+    return optimizer_class(params, **kwargs)
+
+
+def optimizer_state(optimizer: torch.optim.Optimizer) -> dict[Any, dict[str, Any]]:
+    """The per-parameter state this rank holds: a ``ZeroRedundancyOptimizer``'s is its local
+    optimizer's (its share of the parameters), not the wrapper's, which stays empty."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    if isinstance(optimizer, ZeroRedundancyOptimizer):
+        return optimizer.optim.state
+    return optimizer.state
 
 
 class StepWatch:
