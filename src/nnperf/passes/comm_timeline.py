@@ -22,9 +22,10 @@ that communicator's stream, so collectives of one group run in issue order, and 
 different groups (an FSDP all-gather and an expert-parallel all-to-all, a tensor-parallel
 reduce-scatter and a pipeline send) may run at once. FSDP2's copy into its all-gather buffer
 runs on the stream of the all-gather it feeds. A collective of the optimizer phase (ZeRO-1's
-broadcasts of each rank's updated share) is issued from the compute stream, and
+broadcasts of each rank's updated share; DTensor's all-reduces of replicated parameters' partial
+gradients, which the optimizer's first read of them issues) is issued from the compute stream, and
 ProcessGroupNCCL makes its stream wait for every kernel issued there before it (an event
-recorded at issue): it starts after the update, not when its buffer was last written. The
+recorded at issue): it starts after them, not when its buffer was last written. The
 other collectives start when their inputs are ready. What is not modelled yet: wave quantization on
 the SMs left (a one-wave GEMM can need a second wave), the collective's own slowdown, two
 concurrent collectives sharing a link, and the host cost of the collectives.
@@ -159,7 +160,8 @@ def overlap(
             kind, nbytes, seconds = collective_time(t.index)
             stream = streams.get(t.index)
             if event.phase == "optimizer":
-                # issued from the compute stream (ZeroRedundancyOptimizer's broadcasts):
+                # issued from the compute stream (ZeroRedundancyOptimizer's broadcasts,
+                # DTensor's redistribution of partial gradients):
                 # ProcessGroupNCCL makes its stream wait for every kernel issued before
                 ready = max(ready, compute_free)
             start = max(issue, comm_free[stream], ready)
