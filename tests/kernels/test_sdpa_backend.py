@@ -126,24 +126,29 @@ def test_prediction_reports_the_backend(amp, gpu, backend):
 
 
 def test_the_efficient_kernel_runs_at_its_share_of_flash():
-    """The memory-efficient kernel computes at ``efficient_attention_scale`` of the fraction
-    flash reaches (the FlashAttention-2 paper's cutlass bars: about half): on a T4 (no flash
-    below sm80) fp16 attention of 1024 tokens is compute bound, so its modelled compute time is
-    the executed FLOPs over peak x fraction x scale, forward and backward."""
+    """The memory-efficient kernel computes at ``efficient_attention_forward_scale`` /
+    ``_backward_scale`` of the fraction flash reaches in that pass (the FlashAttention-2 paper's
+    cutlass bars: about half, both passes): on a T4 (no flash below sm80) fp16 attention of 1024
+    tokens is compute bound, so its modelled compute time is the executed FLOPs over peak x
+    fraction x that pass's scale."""
     from nnperf.hardware.profile import default_profile
 
     a = analyze("gpt2", batch=4, seq_len=1024, n_layer=1, n_embd=512, n_head=8, vocab=97, amp="fp16")
     base = default_profile(T4)
-    assert base.efficient_attention_scale == 0.5
-    for scale in (0.5, 0.25):
-        p = predict(a, T4, profile=base.replace(efficient_attention_scale=scale))
+    assert base.efficient_attention_forward_scale == base.efficient_attention_backward_scale == 0.5
+    for forward, backward in ((0.5, 0.5), (0.25, 0.4)):
+        p = predict(a, T4, profile=base.replace(efficient_attention_forward_scale=forward,
+                                                efficient_attention_backward_scale=backward))
         for t in (t for t in p.step.ops if t.category == "attention"):
             assert t.backend == EFFICIENT
-            fraction = base.attention_backward_fraction if t.op.endswith("_backward") else base.attention_forward_fraction
+            in_backward = t.op.endswith("_backward")
+            fraction = base.attention_backward_fraction if in_backward else base.attention_forward_fraction
             executed = t.count.flops + t.count.info.get("recompute_flops", 0.0)
+            scale = backward if in_backward else forward
             assert t.model_compute_s == pytest.approx(executed / (t.peak_flops * fraction * scale))
     # flash is not scaled
-    h100 = predict(a, H100, profile=default_profile(H100).replace(efficient_attention_scale=0.1))
+    h100 = predict(a, H100, profile=default_profile(H100).replace(efficient_attention_forward_scale=0.1,
+                                                                  efficient_attention_backward_scale=0.1))
     ref = predict(a, H100)
     assert {t.backend for t in h100.step.ops if t.category == "attention"} == {FLASH}
     assert [t.kernel_s for t in h100.step.ops if t.category == "attention"] == \
@@ -168,4 +173,5 @@ def test_latent_attention_heads_run_the_efficient_kernel_at_its_wide_share():
             share = profile.wide_head_attention[f"efficient_{'backward' if backward else 'forward'}"] if wide else 1.0
             executed = t.count.flops + t.count.info.get("recompute_flops", 0.0)
             assert t.model_compute_s == pytest.approx(
-                executed / (t.peak_flops * fraction * profile.efficient_attention_scale * share))
+                executed / (t.peak_flops * fraction * share * (profile.efficient_attention_backward_scale if backward
+                                                               else profile.efficient_attention_forward_scale)))

@@ -127,8 +127,10 @@ def test_measured_attention_sets_the_fractions_and_the_efficient_share():
     profile = build_profile(cal, gpu)
     assert profile.attention_forward_fraction == pytest.approx(0.42)  # median of 0.40 and 0.44
     assert profile.attention_backward_fraction == pytest.approx(0.32)
-    # same work: share = flash time / efficient time; 4096: 0.5 (both rates halved); 8192: 0.75
-    assert profile.efficient_attention_scale == pytest.approx((0.5 + 0.75) / 2)
+    # same work: share = flash time / efficient time, per pass; 4096: 0.5 (both rates halved);
+    # 8192: 0.75 (0.33 / 0.44 forward, 0.255 / 0.34 backward)
+    assert profile.efficient_attention_forward_scale == pytest.approx((0.5 + 0.75) / 2)
+    assert profile.efficient_attention_backward_scale == pytest.approx((0.5 + 0.75) / 2)
     table = measured_table(cal)
     assert table["sdpa_efficient_d192_128_s4096_forward_tflops"] == pytest.approx(0.05 * peak / 1e12)
     # 192/128 at 0.05 of the peak both ways, against 0.20 and 0.15 at 128/128 on 4096 tokens
@@ -148,7 +150,8 @@ def test_measured_attention_sets_the_fractions_and_the_efficient_share():
     assert measured_table(cal)["flex_d128_128_s4096_forward_tflops"] == pytest.approx(0.40 / 0.8 * peak / 1e12)
     unmeasured = build_profile(_cal(), gpu)  # the defaults stand: Hopper's
     assert (unmeasured.attention_forward_fraction, unmeasured.attention_backward_fraction,
-            unmeasured.efficient_attention_scale) == (0.31, 0.27, 0.47)
+            unmeasured.efficient_attention_forward_scale, unmeasured.efficient_attention_backward_scale) == \
+        (0.31, 0.27, 0.53, 0.45)
     assert unmeasured.wide_head_attention == default_profile(gpu).wide_head_attention
 
 

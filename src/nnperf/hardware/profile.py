@@ -75,7 +75,8 @@ class DeviceProfile:
     split_k_min_k: int = 256
     attention_forward_fraction: float = 0.5
     attention_backward_fraction: float = 0.4
-    efficient_attention_scale: float = 1.0
+    efficient_attention_forward_scale: float = 1.0
+    efficient_attention_backward_scale: float = 1.0
     flex_attention_forward_scale: float = 1.0
     flex_attention_backward_scale: float = 1.0
     # cuDNN convolutions relative to a cuBLAS GEMM of their implicit-GEMM shape, per class of
@@ -334,6 +335,9 @@ def _apply(base: dict[str, Any], table: Mapping[str, Any], where: str) -> dict[s
             merged = dict(out.get(key, {}))
             merged.update(value)
             out[key] = merged
+        elif key == "efficient_attention_scale":  # one share for both passes, as profiles had it
+            share = float(_number(here, value, schema.PROFILE_RANGES[key]))
+            out["efficient_attention_forward_scale"] = out["efficient_attention_backward_scale"] = share
         elif key == "bandwidth_curve":
             out[key] = _curve(here, value, "bandwidth_curve.bytes", "bandwidth_curve.bytes_per_s")
         elif key == "measured":
@@ -348,7 +352,8 @@ def _apply(base: dict[str, Any], table: Mapping[str, Any], where: str) -> dict[s
             out[key] = {d: _curve(f"{here}.{d}", c, "gemm_efficiency.flops", "gemm_efficiency.fraction")
                         for d, c in value.items()}
         else:
-            valid = [*_SCALARS, *_TABLES, "bandwidth_curve", "gemm_efficiency", "measured"]
+            valid = [*_SCALARS, *_TABLES, "bandwidth_curve", "gemm_efficiency", "measured",
+                     "efficient_attention_scale"]
             raise UsageError(f"{where}: unknown field {shown(key)}; valid fields: {', '.join(valid)} "
                              "(or the [default] and [architecture.NAME] tables of default_profile.toml)")
     return out

@@ -152,7 +152,9 @@ PROFILE_RANGES: dict[str, Range] = {
     "bandwidth_fraction": FRACTION,
     "attention_forward_fraction": FRACTION,
     "attention_backward_fraction": FRACTION,
-    "efficient_attention_scale": FRACTION,
+    "efficient_attention_forward_scale": FRACTION,
+    "efficient_attention_backward_scale": FRACTION,
+    "efficient_attention_scale": FRACTION,  # both of them (profiles calibrated before they were split)
     "flex_attention_forward_scale": RELATIVE_SPEED,
     "flex_attention_backward_scale": RELATIVE_SPEED,
     "wide_head_attention": RELATIVE_SPEED,  # per kernel pass

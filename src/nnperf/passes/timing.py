@@ -376,7 +376,8 @@ class KernelModel:
     def _attention(self, count: OpCount, base: dict[str, Any]) -> OpTime:
         """A fused attention kernel: executed FLOPs (flash and memory-efficient backward
         recompute Q@K^T) at the profile's attention fraction of the rate its backend computes
-        at (the memory-efficient kernel at ``efficient_attention_scale`` of flash's fraction,
+        at (the memory-efficient kernel at ``efficient_attention_forward_scale`` / ``_backward_scale``
+        of flash's fraction,
         FlexAttention's at ``flex_attention_forward_scale`` / ``_backward_scale`` of it, over the
         pairs of the blocks it computes; either at its ``wide_head_attention`` share above head
         dim 128), bounded by its bytes. An SDPA call
@@ -400,7 +401,8 @@ class KernelModel:
             self.profile.attention_backward_fraction if backward else self.profile.attention_forward_fraction
         )
         if backend == EFFICIENT:
-            fraction *= self.profile.efficient_attention_scale  # the CUTLASS kernel against flash
+            fraction *= (self.profile.efficient_attention_backward_scale if backward  # the CUTLASS kernel
+                         else self.profile.efficient_attention_forward_scale)  # against flash
         elif backend == FLEX:  # inductor's Triton template against flash
             fraction *= (self.profile.flex_attention_backward_scale if backward
                          else self.profile.flex_attention_forward_scale)

@@ -146,9 +146,10 @@ DISPATCH_CATEGORY = {"add": "elementwise", "mul_": "elementwise", "mm": "gemm", 
 def attention_fractions(cal: Calibration, gpu: GPU) -> dict[str, Any]:
     """The profile's attention numbers from the SDPA benchmark: flash's forward and backward
     FLOP rates (backward with its recomputed Q@K^T, as the time model counts it) over the bf16
-    tensor peak, medians over the shapes; the efficient kernel's share of flash, the median
-    of flash's time over the efficient kernel's on the same shapes (the same work); and
-    FlexAttention's forward and backward shares (``flex_attention_*_scale``)."""
+    tensor peak, medians over the shapes; the efficient kernel's forward and backward shares of
+    flash (``efficient_attention_*_scale``), the medians of flash's time over the efficient
+    kernel's on the same shapes (the same work); and FlexAttention's
+    (``flex_attention_*_scale``)."""
     try:
         peak = gpu.matmul_peak("bf16").flops
     except Exception:  # no bf16 tensor rate: nothing to be a fraction of
@@ -165,15 +166,14 @@ def attention_fractions(cal: Calibration, gpu: GPU) -> dict[str, Any]:
     def key(r: dict[str, Any]) -> tuple:
         return r["batch"], r["heads"], r["tokens"], r["head_dim"], r["head_dim_v"]
 
-    flash_time = {key(r): r["forward_s"] + r["backward_s"] for r in flash}
-    shares = [flash_time[key(r)] / (r["forward_s"] + r["backward_s"])
-              for r in timed if r["backend"] == "efficient" and key(r) in flash_time]
-    if shares:
-        out["efficient_attention_scale"] = min(1.0, Spread.of(shares).median)
-    # FlexAttention is charged for the pairs of its computed blocks, flash for the kept pairs:
-    # its share is flash's time over its own, times the ratio of those pair counts
     flash_by_shape = {key(r): r for r in flash}
     for phase in ("forward", "backward"):
+        shares = [flash_by_shape[key(r)][f"{phase}_s"] / r[f"{phase}_s"]
+                  for r in timed if r["backend"] == "efficient" and key(r) in flash_by_shape]
+        if shares:
+            out[f"efficient_attention_{phase}_scale"] = min(1.0, Spread.of(shares).median)
+        # FlexAttention is charged for the pairs of its computed blocks, flash for the kept
+        # pairs: its share is flash's time over its own, times the ratio of those pair counts
         flex_shares = [flash_by_shape[key(r)][f"{phase}_s"] / r[f"{phase}_s"] * r["executed_pairs"] / _kept(r)
                        for r in timed if r["backend"] == "flex" and key(r) in flash_by_shape]
         if flex_shares:
