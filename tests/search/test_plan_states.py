@@ -113,18 +113,16 @@ def test_an_eager_loss_that_keeps_gibibytes_is_named_as_a_remedy():
     assert not any("--loss" in r for r in _remedies(TraceOptions(amp="bf16"), fsdp, eager.loss_saved_bytes))
 
 
-def test_a_chunked_loss_plans_tensor_splits_but_no_pipelines():
+def test_a_chunked_loss_plans_tensor_splits_and_pipelines():
     """An eager inner cross entropy runs over a split vocabulary (torchtitan's loss-parallel
-    one); a compiled one, and a chunked loss on a pipeline's last stage, are not modelled."""
+    one) and on a pipeline's last stage; a compiled one over a split vocabulary is not
+    modelled: one tensor degree, and a degree asked for is one line."""
     from nnperf.search.plan import chunked_loss_axes
 
     chunked = TraceOptions(amp="bf16", loss="chunked")
-    assert chunked_loss_axes(chunked, None, None) == (None, [1])  # auto: every tensor degree, no pipeline
-    assert chunked_loss_axes(chunked, [1, 2], None) == ([1, 2], [1])
-    assert chunked_loss_axes(TraceOptions(amp="bf16"), None, [2]) == (None, [2])
-    with pytest.raises(UsageError, match="--loss chunked with --pp 2 is not modelled"):
-        chunked_loss_axes(chunked, None, [1, 2])
+    assert chunked_loss_axes(chunked, None, None) == (None, None)  # auto: every degree
+    assert chunked_loss_axes(chunked, [1, 2], [1, 2]) == ([1, 2], [1, 2])
+    compiled = TraceOptions(amp="bf16", loss="chunked-compiled")
+    assert chunked_loss_axes(compiled, None, [1, 4]) == ([1], [1, 4])
     with pytest.raises(UsageError, match="--loss chunked-compiled with --tp 2 is not modelled"):
-        chunked_loss_axes(TraceOptions(amp="bf16", loss="chunked-compiled"), [2], None)
-    with pytest.raises(UsageError, match="--loss chunked-compiled with --pp 4 is not modelled"):
-        chunked_loss_axes(TraceOptions(amp="bf16", loss="chunked-compiled"), None, [4])
+        chunked_loss_axes(compiled, [2], None)

@@ -39,7 +39,7 @@ from nnperf.search.plan_rank import SCALE_POINTS, RankCost, RoleCache, layers_of
 from nnperf.search.plan_states import WHAT as STATES_BOUND
 from nnperf.search.plan_states import states_bound
 from nnperf.trace.distributed import Execution
-from nnperf.trace.options import CHUNKED_LOSSES, TraceOptions
+from nnperf.trace.options import TraceOptions
 
 #: Checkpointing levels the search tries, the selective one torchtitan's per-op policy so the
 #: winner is one torchtitan runs (``report.engine_configs``).
@@ -346,20 +346,19 @@ def search_axes(request: ModelRequest, gpus: int, nodes_of: int, layers: int | N
 
 def chunked_loss_axes(options: TraceOptions, tensor: Iterable[int] | None,
                       pipeline: Iterable[int] | None) -> tuple[Iterable[int] | None, Iterable[int] | None]:
-    """A chunked loss (``trace.loss.ChunkedLoss``) runs the output projection in the loss: on a
-    pipeline's last stage it is not modelled, so the search leaves pipelines out (``None``:
-    auto) and refuses a degree the user asked for; with tensor parallelism it runs split over
-    the vocabulary, its inner cross entropy eager (``--loss chunked``), as torchtitan's."""
-    if options.loss not in CHUNKED_LOSSES:
+    """A chunked loss (``trace.loss.ChunkedLoss``) runs the output projection in the loss, on a
+    pipeline's last stage as torchtitan's ChunkedLossWrapper does; with tensor parallelism it
+    runs split over the vocabulary with its inner cross entropy eager (``--loss chunked``), so
+    ``chunked-compiled`` keeps the search to one tensor-parallel degree (``None``: auto) and
+    refuses a degree the user asked for."""
+    if options.loss != "chunked-compiled":
         return tensor, pipeline
-    asked = [f"--pp {d}" for d in pipeline or () if d > 1]
-    if options.loss == "chunked-compiled":
-        asked = [f"--tp {d}" for d in tensor or () if d > 1] + asked
+    asked = [f"--tp {d}" for d in tensor or () if d > 1]
     if asked:
-        raise UsageError(f"--loss {options.loss} with {', '.join(asked)} is not modelled (the chunked projection "
-                         "on a pipeline's last stage, or compiled over a split vocabulary); give --pp 1 "
-                         "(and --loss chunked for tensor parallelism), or --loss compiled")
-    return ([1] if options.loss == "chunked-compiled" else tensor), [1]
+        raise UsageError(f"--loss chunked-compiled with {', '.join(asked)} is not modelled (the inner loss "
+                         "compiled over a split vocabulary); give --tp 1, or --loss chunked for tensor "
+                         "parallelism")
+    return [1], pipeline
 
 
 def _listed(degrees: Iterable[int]) -> str:

@@ -450,11 +450,15 @@ def _pipeline_rank(workload: Workload, execution: Execution, options: TraceOptio
         raise UsageError(f"a batch of {batch} does not split into {execution.grad_accum} micro-batches")
     mine = rank_stages(pp_mesh.get_local_rank(), execution.pipeline, execution.pipeline_schedule or "",
                        execution.virtual_stages)
+    # a chunked loss runs the last chunk's output projection (torchtitan's ChunkedLossWrapper on
+    # the last stage); on the other ranks no loss runs
+    last = stages - 1 in mine
+    loss = loss_for(workload.loss_fn or default_loss, options.loss if last else "eager", chunks[-1])
     # the shapes of this rank's chunks need the forward up to its last chunk only
     shapes = stage_shapes(chunks[:max(mine) + 1], tuple(workload.inputs), batch // execution.grad_accum, autocast)
     return PipelineRank([chunks[i] for i in mine], mine, stages, execution.pipeline_schedule or "",
-                        execution.grad_accum, tuple(workload.inputs),
-                        loss_for(workload.loss_fn or default_loss, options.loss), pp_mesh.get_group(), [shapes[i] for i in mine])
+                        execution.grad_accum, tuple(workload.inputs), loss, pp_mesh.get_group(),
+                        [shapes[i] for i in mine])
 
 
 def _loss_parallel() -> Any:

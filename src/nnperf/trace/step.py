@@ -167,8 +167,10 @@ class Step:
         optimizer = make_optimizer(model, options) if options.train else None
         scaler = (TracedGradScaler(device_type)
                   if optimizer is not None and options.uses_grad_scaler() else None)
-        return cls(model, inputs, loss_for(loss_fn, options.loss, model), options, optimizer, scaler,
-                   device_type, zero_grad)
+        # a pipeline rank's schedule runs the loss its last stage was built with
+        # (trace.distributed._pipeline_rank); the step's is not called
+        loss = loss_fn if hasattr(model, "run_pipeline") else loss_for(loss_fn, options.loss, model)
+        return cls(model, inputs, loss, options, optimizer, scaler, device_type, zero_grad)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if not self.options.amp:
