@@ -7,7 +7,7 @@ its peak than the eager loss's logits."""
 from __future__ import annotations
 
 import pytest
-import torch
+from twin_models import twin_llamas
 
 from nnperf.trace.distributed import Execution, trace_rank
 from nnperf.trace.loss import ChunkedLoss
@@ -19,12 +19,7 @@ TINY = {"n_layer": 2, "dim": 16, "n_heads": 2, "n_kv_heads": 2, "ffn_hidden": 32
 
 
 def test_stages_with_a_chunked_loss_match_eager_cross_entropy():
-    torch.manual_seed(0)
-    reference = build(2, 8, **TINY)
-    staged = build(2, 8, **TINY)
-    staged.model.load_state_dict(reference.model.state_dict())
-    reference.loss_fn.targets[0, :3] = -100  # ignored targets: no loss, no gradient
-    staged.loss_fn.targets.copy_(reference.loss_fn.targets)
+    reference, staged = twin_llamas(TINY)
     expected = reference.loss_fn(reference.model(*reference.inputs))
     expected.backward()
     first, last = split(staged.model, 2)

@@ -7,8 +7,8 @@ targets; and the traced rank's collectives."""
 from __future__ import annotations
 
 import pytest
-import torch
 from gloo_ranks import run_ranks
+from twin_models import twin_llamas
 
 from nnperf.trace.distributed import Execution, trace_rank
 from nnperf.trace.options import TraceOptions
@@ -23,17 +23,11 @@ def _worker(rank: int) -> dict:
 
     from nnperf.trace.loss import ChunkedLoss
     from nnperf.trace.tensor_parallel import apply_tensor_parallel
-    from nnperf.zoo.llama import build
 
     mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("tensor",))
     out = {}
     for sp in (False, True):
-        torch.manual_seed(0)
-        reference = build(2, 8, **TINY)
-        split = build(2, 8, **TINY)
-        split.model.load_state_dict(reference.model.state_dict())
-        reference.loss_fn.targets[0, :3] = -100  # ignored targets: no loss, no gradient
-        split.loss_fn.targets.copy_(reference.loss_fn.targets)
+        reference, split = twin_llamas(TINY)
         expected = reference.loss_fn(reference.model(*reference.inputs))
         expected.backward()
         apply_tensor_parallel(split.model, mesh, sequence_parallel=sp, loss_parallel=True)
