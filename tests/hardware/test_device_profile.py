@@ -80,6 +80,9 @@ def test_one_efficient_attention_share_sets_both_passes(tmp_path):
     path.write_text("efficient_attention_scale = 0.4\n")
     p = load_profile(path, load_gpu("h100"))
     assert p.efficient_attention_forward_scale == p.efficient_attention_backward_scale == 0.4
+    path.write_text("efficient_attention_backward_scale = 0.3\nefficient_attention_scale = 0.4\n")
+    p = load_profile(path, load_gpu("h100"))  # a per-pass field beside it wins, in any order
+    assert (p.efficient_attention_forward_scale, p.efficient_attention_backward_scale) == (0.4, 0.3)
     path.write_text("efficient_attention_scale = 1.5\n")
     with pytest.raises(UsageError, match="efficient_attention_scale"):
         load_profile(path)

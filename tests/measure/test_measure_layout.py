@@ -56,6 +56,7 @@ def test_every_planned_layout_holds_the_planned_state_on_real_ranks(plan_file):
         doc = json.loads(done.stdout)
         ranks = doc["measured"]["ranks"]
         assert [r["rank"] for r in ranks] == [0, 1]
+        assert row["rank"] is not None  # one block: every layout traced whole, its rank known
         assert ranks[row["rank"]]["state_bytes"] == row["per_rank_state_bytes"], row["layout"]
         assert all(t > 0 for r in ranks for t in r["step_times_s"])
         assert doc["comparable"] is False and doc["step_time_error"] is None  # a CPU run of a GPU plan

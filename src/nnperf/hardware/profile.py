@@ -299,7 +299,8 @@ def _apply(base: dict[str, Any], table: Mapping[str, Any], where: str) -> dict[s
     """Merge a raw TOML table onto profile keyword arguments, checking every value against
     its range in ``schema.PROFILE_RANGES``."""
     out = dict(base)
-    for key, value in table.items():
+    # the one efficient-attention share of older profiles first: a per-pass field beside it wins
+    for key, value in sorted(table.items(), key=lambda item: item[0] != "efficient_attention_scale"):
         here = f"{where}: field '{key}'"
         if key in ("gpu", "note", "host"):
             if not isinstance(value, str):

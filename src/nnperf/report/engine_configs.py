@@ -228,9 +228,10 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
         args.append(f"--clip-grad {float(clip)!r}")
     text = " \\\n  ".join(args)
     if e.data == "zero1":
-        text += ("\n# --use-distributed-optimizer: Megatron-LM's ZeRO-1 shards the optimizer state as planned, but "
-                 "reduce-scatters the gradients and all-gathers the parameters where PyTorch's "
-                 "ZeroRedundancyOptimizer (planned) all-reduces and broadcasts them: less traffic than planned")
+        text += ("\n# --use-distributed-optimizer: Megatron-LM's ZeRO-1 splits a flat buffer of the optimizer state "
+                 "evenly and reduce-scatters the gradients and all-gathers the parameters, where PyTorch's "
+                 "ZeroRedundancyOptimizer (planned) hands out whole parameters, all-reduces and broadcasts: "
+                 "less state on the busiest rank and less traffic than planned")
     if clip is None:  # a plan never switches a user's clipping off
         text += ("\n# --clip-grad: Megatron-LM clips the gradients to 1.0 by default, which this plan did not "
                  "count: plan with --clip-grad-norm 1.0 to include it")

@@ -1,7 +1,7 @@
 """``nnperf plan``: layouts of a model on N GPUs, each traced one rank role at a time.
 
-A candidate ``Execution`` combines data parallelism (DDP; FSDP2 full shard; HSDP sharded
-inside a node and replicated across), tensor parallelism (with sequence parallelism by
+A candidate ``Execution`` combines data parallelism (DDP; ZeRO-1, DDP with the optimizer state
+sharded; FSDP2 full shard; HSDP sharded inside a node and replicated across), tensor parallelism (with sequence parallelism by
 default, torchtitan's composition; without it for the winner's degree, for comparison),
 pipeline parallelism (1F1B and interleaved 1F1B by default; GPipe and zero-bubble on request),
 activation checkpointing (none, then selective, then full, only while a layout does not fit)
@@ -16,7 +16,7 @@ the reason.
 
 Gradient accumulation without a pipeline: every micro-batch is timed as the traced one (with
 its gradient synchronization); the optimizer runs once. DDP's ``no_sync`` micro-batches skip
-their all-reduce, so for DDP this is an upper bound on the step. A pipeline's micro-batches
+their all-reduce, so for DDP (and ZeRO-1) this is an upper bound on the step. A pipeline's micro-batches
 are traced ``p`` at a time (the schedules' in-flight peak for micro-batch counts that are
 multiples of ``p``; GPipe: all of them) and the schedule replayed with all of them.
 """
@@ -490,6 +490,10 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     check_degrees(gpus, nodes_of, *asked, context, expert)
     expert = expert_degrees(request, gpus, nodes_of, expert, info)
     kinds = set(DATA_KINDS if data is None else data)
+    if options.optimizer == "none":  # no optimizer state to shard: ZeRO-1 is DDP
+        if data is not None and "zero1" in kinds:
+            raise UsageError("--data zero1 shards the optimizer state, and --optimizer none has none: use ddp")
+        kinds.discard("zero1")
     levels = tuple(i for i, level in enumerate(CHECKPOINTS) if checkpoints is None or level in set(checkpoints))
 
     def engines(found: list[Execution]) -> list[Execution]:
@@ -567,6 +571,13 @@ def _notes(request: ModelRequest, results: list[Planned], layers: int | None) ->
     if any(p.execution.tensor > 1 and p.execution.pipeline > 1 for p in results):
         notes.append("tensor x pipeline layouts gather the logits for the loss (no loss parallelism on the "
                      "last stage)")
+    if any(p.execution.data == "zero1" for p in results):
+        deep = layers and layers > SCALE_POINTS[-1]
+        notes.append("ZeRO-1 is PyTorch's ZeroRedundancyOptimizer: whole parameters handed out per rank, the "
+                     "busiest rank's figures shown" + (" (the deep stack's busiest estimated from the shallow "
+                     "traces: the larger of the largest parameter and the average share)" if deep else "")
+                     + "; DeepSpeed's stage 1 and Megatron-LM's distributed optimizer split a flat buffer evenly "
+                     "and reduce-scatter and all-gather it: less state on the busiest rank, less traffic")
     return notes
 
 
@@ -668,7 +679,8 @@ def _search(request: ModelRequest, options: TraceOptions, candidates: list[Execu
                      if e.micro_batch <= largest[levels[0]]]
             bound = states_bound(sibling, sibling.execution.shard, first[0], options.optimizer) if first else None
             if bound is not None and bound > capacity(gpu):
-                results.append(Planned(first[0], memory_bytes=bound, memory_bound=STATES_BOUND))
+                results.append(Planned(first[0], memory_bytes=bound, memory_bound=STATES_BOUND,
+                                       rank=None if first[0].data == "zero1" else 0))  # ZeRO-1's: an average
                 continue
         above = 0  # micro-batches at or below this one are not worth recomputing for
         for level in levels:

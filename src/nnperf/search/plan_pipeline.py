@@ -211,6 +211,8 @@ def _planned(execution: Execution, gpu: GPU, sim: PipelineTime, critical: RankCo
                "exposed_communication_s": {k: v * scale for k, v in critical.prefixed("exposed.").items() if v > 0},
                "host_s": critical.get("host_s") * scale},
         state_bytes=state_bytes(critical), collectives=collective_counts(critical),
+        # the critical stage's first rank (the pipeline is the mesh's outermost dimension)
+        rank=sim.critical_rank * (execution.world // execution.pipeline),
         pipeline={"stages": len(flight), "micro_batches": micro, "bubble_fraction": sim.bubble_fraction,
                   "critical_rank": sim.critical_rank, "in_flight": {str(s): n for s, n in sorted(flight.items())},
                   "transfer_bytes": int(activation),

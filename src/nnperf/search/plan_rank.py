@@ -16,7 +16,9 @@ time are affine in the depth once a block's neighbours are blocks; memory is ext
 phase (forward, backward, optimizer: each phase's peak is affine, the step's peak is their
 largest at the real depth) plus the allocator's and device's overhead of the deeper trace
 (tests check the extrapolation against direct traces).
-Ranks of the same role (the same trace) are traced once per search (``RoleCache``).
+Ranks of the same role (the same trace) are traced once per search (``RoleCache``). ZeRO-1's
+ranks hold different shares of the optimizer state: its busiest rank is traced, or for a deep
+stack estimated (``search.plan_zero``): its optimizer bytes are then not exact.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from nnperf.prediction import predict_analysis
 from nnperf.request import ModelRequest
 from nnperf.search.accumulation import once_span
 from nnperf.search.plan_states import param_row_bytes
-from nnperf.search.plan_zero import busiest_rank, to_average, to_busiest
+from nnperf.search.plan_zero import busiest_rank, optimizer_transient_bytes, to_average, to_busiest
 from nnperf.trace.distributed import Execution, sharded_bytes, trace_rank
 from nnperf.trace.options import TraceOptions
 from nnperf.trace.step import once_per_step
@@ -129,6 +131,8 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
         "flops": prediction.model_flops,
     }
     values["once_span_s"] = once_span(prediction.step, comm)
+    if execution.data == "zero1":  # what a rank's share of the update allocates (search.plan_zero)
+        values["optimizer_transient"] = optimizer_transient_bytes(traced.trace)
     values.update(_memory_by_phase(prediction.memory))
     values["saved_activations"] = float(sum(prediction.memory.saved_activations.values()))
     values["loss_saved"] = float(prediction.memory.saved_activations.get("(loss)", 0))

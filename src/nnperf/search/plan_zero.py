@@ -18,10 +18,14 @@ the most elements to update and broadcast, and that rank holds the most memory.
   first, so what is handed out last, and leaves ranks apart, is the smallest: a bias or a norm's
   weight). GPT-2 on 8 ranks: rank 0 holds the token embedding alone, 38.6 M elements against an
   average of 15.5 M.
-- Turning a traced rank into another share scales its update kernels and its optimizer state
-  by the ratio of the elements, and moves the step, the compute and each phase's memory by the
-  difference. The host's time to issue the update stays the traced rank's (a foreach update is
-  a few launches whatever its share holds).
+- Turning a traced rank into another share scales by the ratio of the elements its update
+  kernels, its optimizer state and the temporaries its update allocates (AdamW's foreach
+  update: a square root of the second moments per element, ``optimizer_transient_bytes``); the
+  step, the compute and the tail accumulation runs once (``once_span_s``) move by the time, every
+  phase's memory by the state, the optimizer phase's by the temporaries too. The host's time to
+  issue the update stays the traced rank's: right for the foreach and fused updates (a few
+  launches whatever the share holds), short for ``--optimizer-impl single``, whose per-tensor
+  launches a deep share has more of than the traced one.
 """
 
 from __future__ import annotations
@@ -29,8 +33,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from nnperf.vocab import Phase
+
 if TYPE_CHECKING:
     from nnperf.search.plan_rank import RankCost
+    from nnperf.trace.events import Trace
 
 
 def busiest_rank(cost: RankCost) -> int:
@@ -55,14 +62,37 @@ def to_busiest(cost: RankCost) -> RankCost:
     return replace(busiest, rank=0 if cost.largest_parameter >= average else None)
 
 
+def optimizer_transient_bytes(trace: Trace) -> float:
+    """The most bytes the optimizer step's own temporaries hold at once: storages its ops
+    allocate, until they are released."""
+    live = peak = 0
+    made: set[int] = set()
+    for event in trace.events:
+        if event.phase != Phase.OPTIMIZER:
+            continue
+        for sid in event.allocates:
+            made.add(sid)
+            live += trace.storages[sid].nbytes
+        peak = max(peak, live)
+        live -= sum(trace.storages[sid].nbytes for sid in event.releases if sid in made)
+    return float(peak)
+
+
 def _rescaled(cost: RankCost, elements: float, to: float) -> RankCost:
     factor = to / elements
     values = dict(cost.values)
     extra_s = (factor - 1) * values.get("optimizer_update_s", 0.0)
     extra_bytes = (factor - 1) * values.get("state.optimizer_state", 0.0)
-    for key in ("step_s", "compute_s", "optimizer_s", "optimizer_update_s"):
+    extra_transient = (factor - 1) * values.get("optimizer_transient", 0.0)
+    for key in ("step_s", "compute_s", "optimizer_s", "optimizer_update_s", "once_span_s"):
         values[key] = values.get(key, 0.0) + extra_s
-    for key in [k for k in values if k.startswith("mem.")] + ["memory", "model_states", "state.optimizer_state"]:
+    phases = [k for k in values if k.startswith("mem.")]
+    for key in [*phases, "memory", "model_states", "state.optimizer_state"]:
         values[key] = values.get(key, 0.0) + extra_bytes
+    if "mem.optimizer" in values:
+        values["mem.optimizer"] += extra_transient
+    if phases:  # the step's peak: the highest phase (plan_rank.extrapolate's rule)
+        values["memory"] = max(values[k] for k in phases) + values.get("mem_outside", 0.0)
+    values["optimizer_transient"] = values.get("optimizer_transient", 0.0) + extra_transient
     values["optimizer_share"] = to
     return replace(cost, values=values)

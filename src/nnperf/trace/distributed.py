@@ -324,6 +324,8 @@ def trace_rank(
     shards as one unit each (torchtitan's per-transformer-block wrapping); ``prepare``: applied to the
     built workload before the engine wraps it (activation checkpointing)."""
     execution.validate()
+    if execution.data == "zero1" and (options.optimizer == "none" or not options.train):
+        raise UsageError("zero1 shards the optimizer state, and this step has no optimizer: use ddp")
     if execution.context > 1:
         raise UsageError("context parallelism is not traced: nnperf plan models its ring attention in "
                          "closed form on a traced rank (search.plan_context)")
