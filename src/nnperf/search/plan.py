@@ -73,8 +73,9 @@ class Planned:
     memory_bound: str = ""  # what memory_bytes counts when it is a lower bound (pruned unfit: not timed)
     time_bound: str = ""  # what step_s counts when it is a lower bound (pruned slower: not traced further)
     param_row_bytes: float = 0.0  # per-rank parameter row bytes (search.plan_states)
-    #: the rank whose figures these are: the first of its role, ZeRO-1's busiest (None: a deep
-    #: stack's busiest ZeRO-1 rank, estimated from shallow traces, ``search.plan_zero``)
+    #: the rank whose figures these are: the first of its role (a pipeline's critical stage),
+    #: ZeRO-1's busiest (None: not known, a deep stack's busiest ZeRO-1 rank estimated from
+    #: shallow traces, ``search.plan_zero``, or a ZeRO-1 layout ruled out by its states' bound)
     rank: int | None = 0
     loss_saved_bytes: int = 0  # what the loss keeps for backward (an eager cross entropy's copies of the logits)
     #: what one more block adds to the traced rank (``RankCost.per_block``): its persistent state

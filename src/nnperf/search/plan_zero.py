@@ -21,8 +21,8 @@ the most elements to update and broadcast, and that rank holds the most memory.
 - Turning a traced rank into another share scales by the ratio of the elements its update
   kernels, its optimizer state and the temporaries its update allocates (AdamW's foreach
   update: a square root of the second moments per element, ``optimizer_transient_bytes``); the
-  step, the compute and the tail accumulation runs once (``once_span_s``) move by the time, every
-  phase's memory by the state, the optimizer phase's by the temporaries too. The host's time to
+  step, the compute and the once-per-step tail (``once_span_s``) move by the time, every phase's
+  memory by the state, the optimizer phase's by the temporaries too. The host's time to
   issue the update stays the traced rank's: right for the foreach and fused updates (a few
   launches whatever the share holds), short for ``--optimizer-impl single``, whose per-tensor
   launches a deep share has more of than the traced one.

@@ -91,6 +91,7 @@ def make_optimizer(model: nn.Module, options: TraceOptions) -> torch.optim.Optim
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         sharded = ZeroRedundancyOptimizer(params, optimizer_class=optimizer_class, **kwargs)
+        # the engine's own partition (private, but in ZeroRedundancyOptimizer since torch 1.8)
         setattr(model, OPTIMIZER_SHARES, [sum(p.numel() for group in share for p in group["params"])
                                           for share in sharded._partition_parameters()])
         return sharded
