@@ -4,8 +4,8 @@ under ``torchrun``, its per-rank figures beside the plan's.
 Every rank builds the model (the same seed everywhere), applies the layout's engines with the
 code the planner traces them with (``trace.distributed.wrap_workload``: ``parallelize_module``,
 expert parallelism, FSDP2 or DDP, ZeRO-1's ``ZeroRedundancyOptimizer`` over DDP, on a device
-mesh of the real process group: NCCL on GPUs, gloo on CPUs) and runs the step: ``grad_accum`` micro-batches' forward and backward, then the
-optimizer. What each rank measures, gathered on rank 0:
+mesh of the real process group: NCCL on GPUs, gloo on CPUs) and runs the step: ``grad_accum``
+micro-batches' forward and backward, then the optimizer. What each rank measures, gathered on rank 0:
 
 - step time: the median of ``steps`` steps after ``warmup`` (``measure.device.time_repeats``:
   CUDA events on a GPU, ``perf_counter`` on a CPU);

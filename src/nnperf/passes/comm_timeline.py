@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 from nnperf.passes.timing import OpTime, StepTime
 from nnperf.trace.events import Trace
-from nnperf.vocab import Category
+from nnperf.vocab import Category, Phase
 
 #: Copies FSDP2 runs on its all-gather stream, not on the compute stream.
 _ON_COMM_STREAM = {"fsdp.all_gather_copy_in"}
@@ -159,7 +159,7 @@ def overlap(
         if t.category == Category.COMMUNICATION:
             kind, nbytes, seconds = collective_time(t.index)
             stream = streams.get(t.index)
-            if event.phase == "optimizer":
+            if event.phase == Phase.OPTIMIZER:
                 # issued from the compute stream (ZeroRedundancyOptimizer's broadcasts,
                 # DTensor's redistribution of partial gradients):
                 # ProcessGroupNCCL makes its stream wait for every kernel issued before

@@ -38,7 +38,13 @@ from nnperf.prediction import predict_analysis
 from nnperf.request import ModelRequest
 from nnperf.search.accumulation import once_span
 from nnperf.search.plan_states import param_row_bytes
-from nnperf.search.plan_zero import busiest_rank, optimizer_transient_bytes, to_average, to_busiest
+from nnperf.search.plan_zero import (
+    busiest_rank,
+    optimizer_transient_bytes,
+    optimizer_update_s,
+    to_average,
+    to_busiest,
+)
 from nnperf.trace.distributed import Execution, sharded_bytes, trace_rank
 from nnperf.trace.options import TraceOptions
 from nnperf.trace.step import once_per_step
@@ -122,16 +128,13 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
         "host_s": prediction.step.host_s,
         "optimizer_s": sum(t.kernel_s for t in once),
         "optimizer_host_s": sum(t.host_s for t in once),
-        # the update's kernels alone (not clipping's, nor the collectives after it): what a
-        # rank's share of a sharded optimizer scales
-        "optimizer_update_s": sum(t.kernel_s for t in prediction.step.ops
-                                  if t.phase == "optimizer" and t.category != Category.COMMUNICATION),
         "recompute_s": sum(t.kernel_s for t in prediction.step.ops if t.count.event.recomputed),
         "memory": float(prediction.memory.device_total or 0),
         "flops": prediction.model_flops,
     }
     values["once_span_s"] = once_span(prediction.step, comm)
-    if execution.data == "zero1":  # what a rank's share of the update allocates (search.plan_zero)
+    if execution.data == "zero1":  # what a rank's share of the update runs and allocates (search.plan_zero)
+        values["optimizer_update_s"] = optimizer_update_s(prediction.step)
         values["optimizer_transient"] = optimizer_transient_bytes(traced.trace)
     values.update(_memory_by_phase(prediction.memory))
     values["saved_activations"] = float(sum(prediction.memory.saved_activations.values()))

@@ -33,9 +33,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from nnperf.vocab import Phase
+from nnperf.vocab import Category, Phase
 
 if TYPE_CHECKING:
+    from nnperf.passes.timing import StepTime
     from nnperf.search.plan_rank import RankCost
     from nnperf.trace.events import Trace
 
@@ -60,6 +61,12 @@ def to_busiest(cost: RankCost) -> RankCost:
     busiest = _rescaled(cost, average, max(average, float(cost.largest_parameter)))
     # rank 0 takes the largest parameter; where that outweighs the average it takes nothing else
     return replace(busiest, rank=0 if cost.largest_parameter >= average else None)
+
+
+def optimizer_update_s(step: StepTime) -> float:
+    """The update's kernel time alone (not clipping's, nor the broadcasts after it): what a
+    rank's share scales."""
+    return sum(t.kernel_s for t in step.ops if t.phase == Phase.OPTIMIZER and t.category != Category.COMMUNICATION)
 
 
 def optimizer_transient_bytes(trace: Trace) -> float:
@@ -87,12 +94,13 @@ def _rescaled(cost: RankCost, elements: float, to: float) -> RankCost:
     for key in ("step_s", "compute_s", "optimizer_s", "optimizer_update_s", "once_span_s"):
         values[key] = values.get(key, 0.0) + extra_s
     phases = [k for k in values if k.startswith("mem.")]
-    for key in [*phases, "memory", "model_states", "state.optimizer_state"]:
+    for key in [*phases, "model_states", "state.optimizer_state"]:
         values[key] = values.get(key, 0.0) + extra_bytes
     if "mem.optimizer" in values:
         values["mem.optimizer"] += extra_transient
-    if phases:  # the step's peak: the highest phase (plan_rank.extrapolate's rule)
-        values["memory"] = max(values[k] for k in phases) + values.get("mem_outside", 0.0)
+    # the step's peak: the highest phase (plan_rank.extrapolate's rule)
+    values["memory"] = (max(values[k] for k in phases) + values.get("mem_outside", 0.0) if phases
+                        else values.get("memory", 0.0) + extra_bytes)
     values["optimizer_transient"] = values.get("optimizer_transient", 0.0) + extra_transient
     values["optimizer_share"] = to
     return replace(cost, values=values)

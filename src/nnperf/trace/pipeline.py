@@ -43,17 +43,20 @@ MULTI = {"interleaved-1f1b", "zero-bubble"}
 @dataclass(frozen=True)
 class PipelineFamily:
     """How a model family splits: the modules before the blocks (``pre``), the blocks' list,
-    the modules after (``post``), and the forward of the first and last chunks; ``norm``: the
-    last chunk's forward without the output projection ``projection`` (a chunked loss runs that
-    projection, torchtitan's ChunkedLossWrapper; None: the family has no such split)."""
+    the modules after (``post``: the final ``norm`` and the output ``projection``), and the
+    first chunk's forward. ``chunkable``: a chunked loss may take the projection over
+    (torchtitan's ChunkedLossWrapper; the families whose whole model offers it too)."""
 
     pre: tuple[str, ...]
     blocks: str
-    post: tuple[str, ...]
+    norm: str
+    projection: str
     embed: Callable[[nn.Module, torch.Tensor], torch.Tensor]
-    head: Callable[[nn.Module, torch.Tensor], torch.Tensor]
-    norm: Callable[[nn.Module, torch.Tensor], torch.Tensor] | None = None
-    projection: str | None = None
+    chunkable: bool = False
+
+    @property
+    def post(self) -> tuple[str, ...]:
+        return self.norm, self.projection
 
 
 def _gpt2_embed(chunk: nn.Module, idx: torch.Tensor) -> torch.Tensor:
@@ -66,11 +69,9 @@ def _families() -> dict[type, PipelineFamily]:
     from nnperf.zoo.llama import Llama
 
     return {
-        Llama: PipelineFamily(("tok_embeddings",), "layers", ("norm", "output"),
-                              lambda c, t: c.tok_embeddings(t), lambda c, x: c.output(c.norm(x)),
-                              lambda c, x: c.norm(x), "output"),
-        GPT2: PipelineFamily(("wte", "wpe", "drop"), "h", ("ln_f", "lm_head"), _gpt2_embed,
-                             lambda c, x: c.lm_head(c.ln_f(x))),
+        Llama: PipelineFamily(("tok_embeddings",), "layers", "norm", "output", lambda c, t: c.tok_embeddings(t),
+                              chunkable=True),
+        GPT2: PipelineFamily(("wte", "wpe", "drop"), "h", "ln_f", "lm_head", _gpt2_embed),
     }
 
 
@@ -108,7 +109,7 @@ class Chunk(nn.Module):
             setattr(self, name, getattr(model, name))
         self.layers = nn.ModuleList(list(getattr(model, family.blocks))[start:end])
         self.skip_head = False  # set by a chunked loss, which runs the projection itself
-        if last and family.projection is not None:
+        if last and family.chunkable:
             self.chunkable_head = functools.partial(getattr, self, family.projection)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -117,7 +118,9 @@ class Chunk(nn.Module):
         for layer in self.layers:
             x = layer(x)
         if self.last:
-            x = self._family.norm(self, x) if self.skip_head else self._family.head(self, x)
+            x = getattr(self, self._family.norm)(x)
+            if not self.skip_head:
+                x = getattr(self, self._family.projection)(x)
         return x
 
 
