@@ -32,21 +32,24 @@ RECORD_SCHEMA = "nnperf.validation.record/1"
 
 @dataclass(frozen=True)
 class Config:
-    """One validation run: a zoo model, a mode, a precision and a batch size."""
+    """One validation run: a model (built-in, or a library model: ``hf:``, ``timm:``,
+    ``tv:``), a mode, a precision, a batch size and a memory format."""
 
     model: str
     train: bool
-    precision: str  # "fp32" | "tf32" | "bf16" (autocast)
+    precision: str  # "fp32" | "tf32" | "bf16" | "fp16" (the last two: autocast)
     batch: int
     seq: int | None = None
-    overrides: tuple[tuple[str, int], ...] = ()  # the built-in model's -O settings
+    overrides: tuple[tuple[str, int], ...] = ()  # the model's -O settings
     tiny: bool = False  # a CPU-sized version (dry runs of the GPU plan)
+    channels_last: bool = False  # weights and 4-D inputs in torch.channels_last
 
     @property
     def name(self) -> str:
         mode = "train" if self.train else "infer"
         seq = f"-s{self.seq}" if self.seq else ""
-        return f"{self.model}-{mode}-{self.precision}-b{self.batch}{seq}{'-tiny' if self.tiny else ''}"
+        layout = "-cl" if self.channels_last else ""
+        return f"{self.model}-{mode}-{self.precision}-b{self.batch}{seq}{layout}{'-tiny' if self.tiny else ''}"
 
     def request(self) -> ModelRequest:
         """The workload this configuration builds: the zoo model at its batch and sequence."""
@@ -57,20 +60,22 @@ class Config:
     def to_json(self) -> dict[str, Any]:
         return {"model": self.model, "train": self.train, "precision": self.precision,
                 "batch": self.batch, "seq": self.seq, "overrides": dict(self.overrides),
-                "tiny": self.tiny}
+                "tiny": self.tiny, "channels_last": self.channels_last}
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Config:
         """The configuration a record was measured with."""
         return cls(record["model"], record["train"], record["precision"], record["batch"],
                    record.get("seq"), tuple(sorted((record.get("overrides") or {}).items())),
-                   bool(record.get("tiny")))
+                   bool(record.get("tiny")), bool(record.get("channels_last")))
 
     def trace_options(self) -> TraceOptions:
-        """How its step runs: training or inference, with bf16 autocast for "bf16"."""
+        """How its step runs: training or inference, with autocast for "bf16" and "fp16" (fp16
+        training with PyTorch's GradScaler, as a real loop runs it), in ``channels_last``."""
         from nnperf.trace.options import TraceOptions
 
-        return TraceOptions(train=self.train, amp="bf16" if self.precision == "bf16" else None)
+        amp = self.precision if self.precision in ("bf16", "fp16") else None
+        return TraceOptions(train=self.train, amp=amp, channels_last=self.channels_last)
 
     @property
     def tf32(self) -> bool:
