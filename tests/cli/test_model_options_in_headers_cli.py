@@ -46,8 +46,8 @@ def test_analyze_and_compare_headers():
 
 def test_advise_header():
     first = run("advise", *MLP, "--gpu", "h100").splitlines()[0]
-    assert first.startswith("Code changes for mlp (widths=8,16,4) on h100-sxm:")
+    assert first.startswith("Code changes for mlp (widths=8,16,4) on h100-sxm, host cloud-vm:")
 
 
 def test_a_model_without_changes_keeps_its_name():
-    assert run("predict", "mlp", "--batch", "4", "--gpu", "h100").startswith("mlp on H100 SXM5 80GB (")
+    assert run("predict", "mlp", "--batch", "4", "--gpu", "h100").startswith("mlp on H100 SXM5 80GB, host cloud-vm (")

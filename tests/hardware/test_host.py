@@ -29,15 +29,24 @@ def test_a_host_is_found_by_id_or_by_the_system_it_is_in():
         load_host("epyc-7724")
 
 
+def test_the_default_host_is_the_cloud_vm():
+    base = default_profile(load_gpu("a100"))
+    assert base.host == "cloud-vm" and load_host("cloud-vm").turbo_ghz == base.host_turbo_ghz == 2.44
+    assert base.host_label == "host cloud-vm"  # every table says which host it priced
+
+
 def test_host_costs_scale_with_the_single_core_clock():
     base = default_profile(load_gpu("a100"))
     moved = with_host(base, load_host("epyc-7742"))  # 3.4 GHz max boost (AMD)
-    ratio = 3.5 / 3.4  # the defaults describe a 3.5 GHz core
-    assert moved.host_dispatch_s == pytest.approx(base.host_dispatch_s * ratio)
-    assert moved.host_dispatch_backward_s == pytest.approx(base.host_dispatch_backward_s * ratio)
-    assert moved.host_view_s == pytest.approx(base.host_view_s * ratio)
-    again = with_host(moved, load_host("i9-11900k"))  # rescaled from 3.4 GHz, not from 3.5
-    assert again.host_dispatch_s == pytest.approx(base.host_dispatch_s * 3.5 / 5.3)
+    ratio = 2.44 / 3.4  # the defaults describe the cloud VM, an effective 2.44 GHz core
+    for field in ("host_dispatch_s", "host_view_s", "host_module_call_s", "host_backward_node_s",
+                  "host_python_call_s", "host_autograd_record_s", "host_zero_grad_param_s"):
+        assert getattr(moved, field) == pytest.approx(getattr(base, field) * ratio), field
+    assert moved.host_dispatch_by_kind_s["conv"] == pytest.approx(base.host_dispatch_by_kind_s["conv"] * ratio)
+    assert moved.host_in_context == base.host_in_context  # a ratio of two times on one host
+    assert moved.host_sync_s == base.host_sync_s  # a device round trip, not the core's work
+    again = with_host(moved, load_host("i9-11900k"))  # rescaled from 3.4 GHz, not from 2.44
+    assert again.host_dispatch_s == pytest.approx(base.host_dispatch_s * 2.44 / 5.3)
 
 
 def test_dispatch_cost_per_category_reaches_the_timeline(tmp_path):
@@ -53,9 +62,13 @@ def test_dispatch_cost_per_category_reaches_the_timeline(tmp_path):
     forward = sum(e.phase == "forward" for e in events)
     backward = sum(e.phase == "backward" for e in events)
     assert forward == 2 and backward == 2  # mnist-cnn: two convolutions
-    was = base.host_cost("forward", "conv")  # the default's conv cost (pytorch#51390)
-    assert was == pytest.approx(5.2e-5) and base.host_cost("backward", "conv") == pytest.approx(5.2e-5 * 1.5)
-    extra = forward * (5e-5 - was) + backward * (5e-5 - was) * 1.5
+    was = base.host_dispatch_by_kind_s["conv"]  # the default's conv cost (pytorch#51390)
+    assert was == pytest.approx(5.2e-5)
+    # forward: called from Python; backward: dispatched by the engine from C++, without the
+    # Python call's share; both in a stream of other ops (host_in_context)
+    forward_calls = sum(e.python_call for e in events if e.phase == "forward")
+    assert forward_calls == forward and not any(e.python_call for e in events if e.phase == "backward")
+    extra = (forward + backward) * (5e-5 - was) * base.host_in_context
     assert after - before == pytest.approx(extra, rel=1e-9)
 
 
@@ -75,6 +88,22 @@ def test_predict_host_option():
 
     # an MLP's inference forward: one kernel per op, so host time is dispatch time only
     default, desktop = host_s(), host_s("--host", "i9-11900k")
-    assert desktop / default == pytest.approx(3.5 / 5.3, rel=1e-9)
+    assert desktop / default == pytest.approx(2.44 / 5.3, rel=1e-9)
     r = CliRunner().invoke(cli, ["predict", "mnist-cnn", "--gpu", "a100", "--host", "pentium"])
     assert r.exit_code == 2 and "unknown host 'pentium'" in r.output and "Traceback" not in r.output
+
+
+def test_a_profile_from_before_the_host_parts_still_loads(tmp_path):
+    path = tmp_path / "old.toml"
+    path.write_text("host_dispatch_s = 8e-6\nhost_dispatch_backward_s = 1.2e-5\nhost_dispatch_optimizer_s = 4e-6\n")
+    profile = load_profile(path, load_gpu("h100"))
+    assert profile.host_dispatch_s == 8e-6
+    # the parts it lacks keep the shipped defaults (the cloud VM's), stated in default_profile.toml
+    assert profile.host_module_call_s == default_profile(load_gpu("h100")).host_module_call_s > 0
+
+
+def test_an_unknown_optimizer_step_in_a_profile_is_one_line(tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text('host_optimizer_step_s = { "lamb/fused" = 1e-5 }\n')
+    with pytest.raises(UsageError, match="unknown optimizer step 'lamb/fused'; valid: adamw/single"):
+        load_profile(path, load_gpu("a100"))

@@ -29,10 +29,10 @@ def test_measured_kinds_become_category_costs():
                                 "reduction": 8e-6})
     cal.host_cpu, cal.host_max_ghz = "AMD EPYC 7742 64-Core Processor", 3.4
     profile = build_profile(cal, load_gpu("a100"))
-    assert profile.host_dispatch_by_kind_s == pytest.approx(by)
+    assert {k: profile.host_dispatch_by_kind_s[k] for k in by} == pytest.approx(by)
     assert profile.host_turbo_ghz == 3.4 and profile.host.startswith("AMD EPYC 7742")
-    assert profile.host_cost("forward", "norm") == pytest.approx(12e-6)
-    assert profile.host_cost("forward", "conv") == profile.host_dispatch_s  # not measured: default
+    # a category it did not measure keeps the default's (conv: pytorch#51390)
+    assert profile.host_dispatch_by_kind_s["conv"] == default_profile(load_gpu("a100")).host_dispatch_by_kind_s["conv"]
 
 
 def test_clock_under_load_is_sampled_while_the_work_runs(monkeypatch):

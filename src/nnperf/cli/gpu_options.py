@@ -207,9 +207,9 @@ def gpu_options(
         options.append(click.option(
             "--host", "host_name", metavar="CPU",
             help="The host CPU eager PyTorch dispatches from, e.g. epyc-7742 or 'DGX A100' "
-            "(hardware/hosts.toml): host costs scale with its single-core clock. Default: the "
-            "generic 3.5 GHz (max turbo) server core default_profile.toml describes, or the "
-            "host a --profile was calibrated on."))
+            "(hardware/hosts.toml): host costs scale with its single-core clock. Default: "
+            "cloud-vm, the virtual machine a rented GPU comes with (measured on nnperf's H200 run: "
+            "default_profile.toml), or the host a --profile was calibrated on."))
     for option in reversed(options):
         wrapper = option(wrapper)
     return wrapper

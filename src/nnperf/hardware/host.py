@@ -21,8 +21,12 @@ from nnperf.hardware import schema
 from nnperf.hardware.profile import DeviceProfile
 
 HOSTS_FILE = Path(__file__).parent / "hosts.toml"
-_HOST_FIELDS = ("host_dispatch_s", "host_dispatch_backward_s", "host_dispatch_optimizer_s", "host_view_s",
-                "host_dtensor_dispatch_s", "host_dtensor_list_tensor_s")
+#: The host costs in seconds of one core's work (``host_in_context`` is a ratio: it stays).
+_HOST_FIELDS = ("host_dispatch_s", "host_view_s", "host_python_call_s", "host_autograd_record_s",
+                "host_view_autograd_s", "host_module_call_s", "host_module_hook_s", "host_autocast_op_s",
+                "host_backward_node_s", "host_backward_call_s", "host_zero_grad_param_s", "host_dtensor_dispatch_s",
+                "host_dtensor_list_tensor_s")
+_HOST_TABLES = ("host_dispatch_by_kind_s", "host_optimizer_step_s", "host_optimizer_param_s")
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,5 @@ def with_host(profile: DeviceProfile, host: Host) -> DeviceProfile:
     of the single-core clock they were stated for to the host's."""
     scale = profile.host_turbo_ghz / host.turbo_ghz
     changes = {f: getattr(profile, f) * scale for f in _HOST_FIELDS}
-    by_kind = {k: v * scale for k, v in profile.host_dispatch_by_kind_s.items()}
-    return dataclasses.replace(profile, **changes, host_dispatch_by_kind_s=by_kind,
-                               host_turbo_ghz=host.turbo_ghz, host=host.id)
+    tables = {t: {k: v * scale for k, v in getattr(profile, t).items()} for t in _HOST_TABLES}
+    return dataclasses.replace(profile, **changes, **tables, host_turbo_ghz=host.turbo_ghz, host=host.id)

@@ -69,8 +69,6 @@ class DeviceProfile:
     bandwidth_half_bytes: float = 2 * 2**20
     kernel_overhead_s: float = 3e-6
     host_dispatch_s: float = 1e-5
-    host_dispatch_backward_s: float = 1.5e-5
-    host_dispatch_optimizer_s: float = 5e-6
     split_k_max: int = 16
     split_k_min_k: int = 256
     attention_forward_fraction: float = 0.5
@@ -85,6 +83,28 @@ class DeviceProfile:
     conv_efficiency: Mapping[str, float] = field(default_factory=dict, hash=False)
     conv_efficiency_scale: float = 1.0
     host_view_s: float = 2e-6
+    # The parts of an eager step's host time beside each op's dispatch (``passes.host_time``;
+    # ``measure.calibration.host_parts`` measures each): what a call from Python adds over the
+    # same op dispatched from C++; what recording an autograd node adds to an op and to a view;
+    # an ``nn.Module`` call and each of its forward hooks; an op inside autocast; the backward
+    # engine per node and per ``backward()`` call; ``zero_grad`` per parameter; ``.item()``'s round trip to the device; a
+    # kernel-launching op in a stream of different ops over its tight loop's cost.
+    host_python_call_s: float = 1e-6
+    host_autograd_record_s: float = 1e-6
+    host_view_autograd_s: float = 7e-7
+    host_module_call_s: float = 1.3e-6
+    host_module_hook_s: float = 2e-6
+    host_autocast_op_s: float = 2e-7
+    host_backward_node_s: float = 4e-6
+    host_backward_call_s: float = 0.0
+    host_zero_grad_param_s: float = 3e-7
+    host_sync_s: float = 1.5e-5
+    host_in_context: float = 1.0
+    # One optimizer.step() on the host per "optimizer/implementation" (adamw/foreach,
+    # sgd-momentum/fused, ...): a fixed part and a part per parameter. An implementation
+    # left out has its ops priced one by one.
+    host_optimizer_step_s: Mapping[str, float] = field(default_factory=dict, hash=False)
+    host_optimizer_param_s: Mapping[str, float] = field(default_factory=dict, hash=False)
     # What a DTensor (tensor-subclass) dispatch adds on the host to the op beneath it, and each
     # tensor of a list argument beyond the first (a foreach step on sharded parameters).
     host_dtensor_dispatch_s: float = 0.0
@@ -94,8 +114,8 @@ class DeviceProfile:
     # ``hardware.host.with_host`` rescales them to another CPU by the ratio of clocks.
     host_turbo_ghz: float = 3.5
     host: str = ""
-    # Forward dispatch cost per op category (a category missing uses host_dispatch_s);
-    # backward and optimizer ops keep their ratio to host_dispatch_s.
+    # Dispatch cost per op category of an op called from Python (a category missing uses
+    # host_dispatch_s); from C++ (backward, autocast's casts) less host_python_call_s.
     host_dispatch_by_kind_s: Mapping[str, float] = field(default_factory=dict, hash=False)
     tile_relative_efficiency: Mapping[str, float] = field(default_factory=dict, hash=False)
     ctas_per_sm: Mapping[str, int] = field(default_factory=dict, hash=False)
@@ -166,28 +186,15 @@ class DeviceProfile:
 
     @property
     def host_label(self) -> str:
-        """The host CPU as a table header names it: '' for the shipped defaults' generic server
-        core (``host_turbo_ghz``), else the ``--host`` id or the CPU a calibration measured."""
+        """The host CPU as a table header names it: the shipped defaults' ``cloud-vm`` (the
+        virtual machine a rented GPU comes with), the ``--host`` id, or the CPU a calibration
+        measured; '' for a profile that names none."""
         return f"host {self.host}" if self.host else ""
 
     def host_json(self) -> dict[str, Any]:
-        """The host the host costs describe, for a JSON document: ``host`` null for the shipped
-        defaults' generic server core, and its single-core clock either way."""
+        """The host the host costs describe, for a JSON document: its name (``cloud-vm`` for the
+        shipped defaults; null where a profile names none) and its single-core clock."""
         return {"host": self.host or None, "host_turbo_ghz": self.host_turbo_ghz}
-
-    def host_cost(self, phase: str, kind: str | None = None) -> float:
-        """Host seconds to dispatch one kernel-launching op of category ``kind`` in ``phase``:
-        the kind's forward cost (if the profile has one) scaled like the phase's default."""
-        if phase == "backward":
-            base = self.host_dispatch_backward_s
-        elif phase == "optimizer":
-            base = self.host_dispatch_optimizer_s
-        else:
-            base = self.host_dispatch_s
-        by_kind = self.host_dispatch_by_kind_s.get(kind) if kind else None
-        if by_kind is None or not self.host_dispatch_s:
-            return base
-        return by_kind * base / self.host_dispatch_s
 
     def replace(self, **changes: Any) -> DeviceProfile:
         return dataclasses.replace(self, **changes)
@@ -259,10 +266,18 @@ _SCALARS = {
         "host_dispatch_by_kind_s",
         "conv_efficiency",
         "wide_head_attention",
+        "host_optimizer_step_s",
+        "host_optimizer_param_s",
     }
 }
 _TABLES = ("tile_relative_efficiency", "ctas_per_sm", "alignment_penalty", "host_dispatch_by_kind_s",
-           "conv_efficiency", "wide_head_attention")
+           "conv_efficiency", "wide_head_attention", "host_optimizer_step_s", "host_optimizer_param_s")
+#: Fields of older profiles that the host model no longer reads: a backward or optimizer op's
+#: share of a forward op's cost (``passes.host_time`` prices their parts instead). Accepted and
+#: left unused, so a profile calibrated before stays loadable.
+_RETIRED = ("host_dispatch_backward_s", "host_dispatch_optimizer_s")
+#: The optimizer steps ``host_optimizer_*`` may name: "optimizer/implementation".
+HOST_OPTIMIZERS = tuple(f"{o}/{i}" for o in ("adamw", "sgd-momentum") for i in ("single", "foreach", "fused"))
 #: The op categories a host dispatch cost may be given for (``host_dispatch_by_kind_s``).
 HOST_KINDS = ("gemm", "conv", "attention", "elementwise", "reduction", "norm", "memory", "optimizer")
 #: The widest query/key head dim the attention fractions describe (the measured kernels' 128).
@@ -326,6 +341,10 @@ def _apply(base: dict[str, Any], table: Mapping[str, Any], where: str) -> dict[s
                     if name not in CONV_CLASSES:
                         raise UsageError(f"{here}: unknown convolution class {shown(name)}; "
                                          f"valid: {', '.join(CONV_CLASSES)}")
+                elif key in ("host_optimizer_step_s", "host_optimizer_param_s"):
+                    if name not in HOST_OPTIMIZERS:
+                        raise UsageError(f"{here}: unknown optimizer step {shown(name)}; "
+                                         f"valid: {', '.join(HOST_OPTIMIZERS)}")
                 elif key == "wide_head_attention":
                     if name not in WIDE_HEAD_KERNELS:
                         raise UsageError(f"{here}: unknown kernel pass {shown(name)}; "
@@ -343,6 +362,8 @@ def _apply(base: dict[str, Any], table: Mapping[str, Any], where: str) -> dict[s
             out[key] = _curve(here, value, "bandwidth_curve.bytes", "bandwidth_curve.bytes_per_s")
         elif key == "measured":
             continue  # headline figures written by `nnperf calibrate`, for display only
+        elif key in _RETIRED:
+            _number(here, value, schema.PROFILE_RANGES["host_dispatch_s"])
         elif key == "gemm_efficiency":
             if not isinstance(value, dict):
                 raise UsageError(f"{here} must be a table of dtype = [[flops, fraction], ...]")

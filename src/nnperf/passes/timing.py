@@ -58,6 +58,7 @@ from nnperf.passes.costs.matmul import (
 )
 from nnperf.passes.count import OpCount
 from nnperf.passes.gemms import Gemm, operand_dtype
+from nnperf.passes.host_time import HostCosts
 from nnperf.passes.l2_reuse import l2_read_hits
 from nnperf.trace.events import KIND_OPT_STATE, OpEvent, Trace, dtype_name
 
@@ -510,20 +511,15 @@ def _bound(compute: float, memory: float, overhead: float) -> str:
     return "compute" if compute >= memory else "memory"
 
 
-def _host_cost(event: OpEvent, profile: DeviceProfile, kind: str | None) -> float:
-    """Host seconds to dispatch ``event``: a view's, or its category's in its phase (the
-    host's property: ``hardware.host``, ``host_dispatch_by_kind_s``), plus what the DTensor
-    dispatches before it added (``measure.calibration.dtensor_host``)."""
-    subclass = (event.subclass_dispatches * profile.host_dtensor_dispatch_s
-                + event.subclass_list_tensors * profile.host_dtensor_list_tensor_s)
-    if event.free:
-        return profile.host_view_s + subclass
-    return profile.host_cost(event.phase, kind) + subclass
-
-
 #: Ops whose output size the host must read from the device: "When input is on CUDA,
 #: torch.nonzero() causes host-device synchronization" (``torch.nonzero`` documentation).
 _SIZE_SYNCS = frozenset({"aten.nonzero", "aten.argwhere"})
+
+
+def _host_value_op(event: OpEvent, trace: Trace) -> bool:
+    """An op on values the host holds (``.item()`` of the optimizer's step counters, which a
+    GPU run keeps on the host): host work only, like a view."""
+    return event.name == "aten._local_scalar_dense" and not _syncs(event, trace)
 
 
 def _syncs(event: OpEvent, trace: Trace) -> bool:
@@ -543,18 +539,47 @@ def _syncs(event: OpEvent, trace: Trace) -> bool:
 def simulate_step(
     trace: Trace, counts: list[OpCount], gpu: GPU, profile: DeviceProfile, options: TimingOptions | None = None
 ) -> StepTime:
-    """Play the eager timeline: host issues ops in order, the device runs them in order."""
+    """Play the eager timeline: host issues ops in order, the device runs them in order.
+
+    The host's time per event is its parts' (``passes.host_time``): the op's dispatch from
+    Python or C++, the autograd node it records, the module calls before it, the backward
+    node it runs in; the optimizer's step as a whole where the host has it measured (spread
+    over its ops); ``zero_grad`` after the optimizer."""
     reuse = gpu.l2_reuse
     hits = l2_read_hits(counts, reuse[1]) if reuse else None
     model = KernelModel(gpu, profile, options, train=trace.mode == "train", l2_hits=hits)
+    costs = HostCosts.of(profile)
+    step_options = trace.config.get("options", {})
+    autocast = bool(step_options.get("amp"))
+    optimizer_events = [e for e in trace.events if e.phase == "optimizer"]
+    measured_optimizer = (costs.optimizer(step_options.get("optimizer", ""), step_options.get("optimizer_impl", ""))
+                          if optimizer_events else None)
+    params = len(trace.param_storages)
+    optimizer_share = (measured_optimizer.seconds(params) / len(optimizer_events)
+                       if measured_optimizer is not None else 0.0)
     pending = iter(counts)  # counts are the trace's non-free events, in trace order
     count = next(pending, None)
     host = device = busy = 0.0
+    node = -1  # the backward node whose ops the host is dispatching
+    in_backward = False
     ops: list[OpTime] = []
     slices: list[HostSlice] = []
     for event in trace.events:
         counted = count is not None and count.event is event
-        cost = _host_cost(event, profile, count.category if counted else None)
+        if measured_optimizer is not None and event.phase == "optimizer":
+            cost = optimizer_share
+        else:
+            cost = costs.event_s(event, count.category if counted else None,
+                                 host_value=counted and _host_value_op(event, trace),
+                                 autocast=autocast and event.phase == "forward")
+        if event.phase == "backward" and not in_backward:  # backward() hands the graph to the engine
+            in_backward = True
+            cost += costs.backward_call_s
+        elif event.phase != "backward":
+            in_backward = False
+        if event.backward_node >= 0 and event.backward_node != node:
+            node = event.backward_node
+            cost += costs.node_s()
         issued = host
         if not counted:  # a view: host time only
             host += cost
@@ -581,8 +606,13 @@ def simulate_step(
         else:
             t.start_s = t.end_s = host
         if _syncs(event, trace):
-            host = max(host, device)
+            host = max(host, device) + costs.sync_s
         ops.append(t)
+    if optimizer_events:
+        # the loop's zero_grad(set_to_none=True) after the optimizer: host work only
+        issued = host
+        host += costs.zero_grad_s(params)
+        slices.append(HostSlice(-1, "zero_grad", "(optimizer)", "optimizer", issued, host, False))
     step = max(host, device)
     if host >= busy:  # the host cannot issue work as fast as the device finishes it
         bound = "host"

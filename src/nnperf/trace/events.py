@@ -86,6 +86,17 @@ class OpEvent:
     # tensors of their list arguments beyond the first: host time the time model adds
     subclass_dispatches: int = 0
     subclass_list_tensors: int = 0
+    # What the host does around the op in an eager step (``passes.host_time`` prices each):
+    # a forward op that records an autograd node (grad mode on, an input requiring grad);
+    # ``nn.Module`` calls entered since the previous op, and the forward hooks of their own
+    # those calls ran (not nnperf's); the backward node running the op (a number unique in
+    # the step; -1 outside backward); the first op of a call made from Python (the others of
+    # that call, an autograd node's and autocast's casts are dispatched from C++).
+    records_grad: bool = False
+    python_call: bool = False
+    module_calls: int = 0
+    module_hooks: int = 0
+    backward_node: int = -1
 
     @property
     def name(self) -> str:

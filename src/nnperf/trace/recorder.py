@@ -44,6 +44,7 @@ from nnperf.trace.rnn import cudnn_rnn_call, is_rnn_function
 from nnperf.trace.state_warmup import skipped_foreach
 
 _LABEL_KEY = "nnperf.module"
+_NODE_KEY = "nnperf.node"
 _SKIPPED_NAMESPACES = {"prim", "profiler"}
 #: Collectives write buffers their schemas do not annotate: never "free" views.
 _COLLECTIVE_NAMESPACES = {"c10d", "_c10d_functional"}
@@ -91,6 +92,17 @@ class ModuleStack:
         self.stack: list[str] = [""]
         self.output_bytes: dict[str, int] = {}  # module path -> bytes of its forward outputs
         self._handles: list[Any] = []
+        # module calls entered, and their own forward hooks, since the recorder last took them
+        self.calls_pending = 0
+        self.hooks_pending = 0
+        # a torch function called from Python has not dispatched its first aten op yet
+        self.python_call_pending = False
+
+    def take_calls(self) -> tuple[int, int]:
+        """(module calls, their hooks) since the last call: charged to the next recorded op."""
+        taken = self.calls_pending, self.hooks_pending
+        self.calls_pending = self.hooks_pending = 0
+        return taken
 
     def current(self) -> str:
         return self.stack[-1]
@@ -102,6 +114,8 @@ class ModuleStack:
         self.stack.pop()
 
     def _pre(self, module, args):
+        self.calls_pending += 1
+        self.hooks_pending += len(module._forward_hooks) + len(module._forward_pre_hooks)
         name = self._names.get(id(module))
         if name is None:  # a module outside the model, e.g. a loss module
             parent = self.current()
@@ -149,6 +163,7 @@ class GraphLabeler(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        self._modules.python_call_pending = True
         if func is F.cross_entropy and self._modules.current() == "(loss)":
             self.loss_cross_entropy_calls += 1
         if func in _SDPA:
@@ -258,6 +273,7 @@ class OpRecorder(TorchDispatchMode):
         # the last recorded op: the host work they add is charged to the next op
         self._subclass_dispatches = 0
         self._subclass_list_tensors = 0
+        self._nodes_seen = 0  # backward nodes numbered so far (``backward_node``)
 
     # -- storages -------------------------------------------------------------------------
     def storage_id(self, t: torch.Tensor, creating_event: int | None) -> int:
@@ -361,6 +377,21 @@ class OpRecorder(TorchDispatchMode):
             return self._modules.current() or "(optimizer)"
         return self._modules.current()
 
+    def backward_node(self) -> int:
+        """The number of the backward node running now (-1 outside one): nodes are numbered
+        in the order they first run an op, so ops of one node share it."""
+        if self.phase != "backward":
+            return -1
+        node = torch._C._current_autograd_node()
+        if node is None:
+            return -1
+        meta = node.metadata  # numbered in the node itself: the trace holds no node alive
+        number = meta.get(_NODE_KEY)
+        if number is None:
+            number = meta[_NODE_KEY] = self._nodes_seen
+            self._nodes_seen += 1
+        return number
+
     def recomputing(self) -> bool:
         """A module's forward running inside backward: activation checkpointing recomputing
         a block (backward's own ops run outside every module's forward)."""
@@ -410,6 +441,8 @@ class OpRecorder(TorchDispatchMode):
         if self._pending_allocations:  # storages an engine re-allocated just before this op
             allocates += self._pending_allocations
             self._pending_allocations = []
+        module_calls, module_hooks = self._modules.take_calls()
+        python_call, self._modules.python_call_pending = self._modules.python_call_pending, False
         self.events.append(
             OpEvent(
                 index=index,
@@ -425,6 +458,11 @@ class OpRecorder(TorchDispatchMode):
                 recomputed=self.recomputing(),
                 subclass_dispatches=self._subclass_dispatches,
                 subclass_list_tensors=self._subclass_list_tensors,
+                records_grad=self.phase != "backward" and _records_grad(args, kwargs),
+                module_calls=module_calls,
+                module_hooks=module_hooks,
+                backward_node=self.backward_node(),
+                python_call=python_call,
             )
         )
         self._subclass_dispatches = self._subclass_list_tensors = 0
@@ -464,6 +502,20 @@ class OpRecorder(TorchDispatchMode):
         ))
         self._subclass_dispatches = self._subclass_list_tensors = 0
         return out
+
+
+def _records_grad(args: tuple, kwargs: dict[str, Any]) -> bool:
+    """Whether autograd records a node for the op being dispatched: grad mode is on and an
+    input requires grad (what ``VariableType`` checks before it makes the node)."""
+    if not torch.is_grad_enabled():
+        return False
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if a.requires_grad:
+                return True
+        elif isinstance(a, (list, tuple)) and any(isinstance(t, torch.Tensor) and t.requires_grad for t in a):
+            return True
+    return any(isinstance(v, torch.Tensor) and v.requires_grad for v in kwargs.values())
 
 
 def _list_tensors_beyond_first(args: tuple) -> int:

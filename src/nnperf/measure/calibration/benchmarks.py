@@ -53,6 +53,7 @@ def run_calibration(
     _dispatch_by_kind(cal, device, plan, progress)
     _dtensor(cal, device, plan, progress)
     if device.type == "cuda":
+        _host_parts(cal, device, progress)
         _transfers(cal, device, plan, progress)
         _attention(cal, device, plan, progress)
     cal.complete = True
@@ -274,6 +275,22 @@ def _dispatch_by_kind(cal: Calibration, device: torch.device, plan: Plan, progre
         progress("overhead", 3 + i)
     if by_kind:
         cal.overhead["host_per_op_by_kind_s"] = by_kind
+
+
+def _host_parts(cal: Calibration, device: torch.device, progress: Progress) -> None:
+    """The parts of an eager step's host work beside each op (``host_parts``), on the host
+    that drives this GPU."""
+    from nnperf.measure.calibration import host_parts
+
+    plan = host_parts.Plan.quick() if cal.quick else host_parts.Plan()
+    done = 0
+
+    def step(what: str) -> None:
+        nonlocal done
+        done += 1
+        progress("host parts", done)
+
+    cal.host_parts = host_parts.run(device, plan, step).to_json()
 
 
 def _dtensor(cal: Calibration, device: torch.device, plan: Plan, progress: Progress) -> None:

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from nnperf.measure.calibration.host_parts import PARTS
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -33,6 +35,8 @@ class Plan:
     # FlexAttention: the profile's attention fractions and the efficient and flex kernels'
     # shares of flash. CUDA only.
     attention_shapes: tuple[tuple[int, int, int, int, int], ...] = ()
+    # The parts of an eager step's host work (``host_parts``), on the host beside a GPU.
+    host_parts: bool = False
 
     def counts(self) -> dict[str, int]:
         return {
@@ -44,6 +48,7 @@ class Plan:
             "transfer": len(self.transfer_bytes) * 4,
             "attention": len(self.attention_shapes) * (len(ATTENTION_BACKENDS) + 1),  # + FlexAttention
             "dtensor": 1,
+            "host parts": len(PARTS) if self.host_parts else 0,
         }
 
 
@@ -92,6 +97,7 @@ def plan_for(device: torch.device, quick: bool = False) -> Plan:
             # the efficient kernel takes it)
             attention_shapes=((2, 8, 1024, 128, 128),) if quick
             else ((8, 16, 4096, 128, 128), (2, 16, 8192, 128, 128), (8, 16, 4096, 192, 128)),
+            host_parts=True,
         )
     return Plan(
         gemm_sizes=(64, 128, 256, 512) if quick else (64, 128, 256, 512, 1024, 2048),

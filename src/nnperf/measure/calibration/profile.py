@@ -54,8 +54,10 @@ def build_profile(cal: Calibration, gpu: GPU | None) -> DeviceProfile:
         if host:
             changes["kernel_overhead_s"] = host
         changes["host_dispatch_s"] = CPU_HOST_DISPATCH_S
-        changes["host_dispatch_backward_s"] = CPU_HOST_DISPATCH_S
-        changes["host_dispatch_optimizer_s"] = CPU_HOST_DISPATCH_S
+        # the parts of a step's host work run in series with a CPU's kernels, which the
+        # measured op costs already hold: none charged beside them
+        changes.update(dict.fromkeys(HOST_PART_FIELDS.values(), 0.0))
+        changes["host_in_context"] = 1.0
         # DTensor's host work would run serially with the ops on a CPU; not modelled there
         changes["host_dtensor_dispatch_s"] = changes["host_dtensor_list_tensor_s"] = 0.0
         if view:
@@ -66,15 +68,13 @@ def build_profile(cal: Calibration, gpu: GPU | None) -> DeviceProfile:
         if device_kernel:
             changes["kernel_overhead_s"] = device_kernel
         if host:
-            # backward and optimizer ops keep the default ratios to a forward op (assumption)
             changes["host_dispatch_s"] = host
-            changes["host_dispatch_backward_s"] = host * base.host_dispatch_backward_s / base.host_dispatch_s
-            changes["host_dispatch_optimizer_s"] = host * base.host_dispatch_optimizer_s / base.host_dispatch_s
+        changes.update(host_part_fields(cal))
         if view:
             changes["host_view_s"] = view
         by_kind = host_costs_by_category(cal)
-        if by_kind:
-            changes["host_dispatch_by_kind_s"] = by_kind
+        if by_kind:  # a category it did not measure keeps the default's, as in the saved file
+            changes["host_dispatch_by_kind_s"] = {**base.host_dispatch_by_kind_s, **by_kind}
         dtensor = cal.overhead.get("dtensor") or {}
         if dtensor:
             changes["host_dtensor_dispatch_s"] = max(0.0, dtensor["dispatch_s"]["median"])
@@ -212,6 +212,33 @@ def _kept(row: dict[str, Any]) -> float:
     """The causal pairs of a benchmark row, from its forward FLOPs (two products of q/k and v
     head dims per pair)."""
     return row["forward_flops"] / (2.0 * (row["head_dim"] + row["head_dim_v"]))
+
+
+#: ``measure.calibration.host_parts`` parts -> the profile field each one sets.
+HOST_PART_FIELDS = {
+    "python_call_s": "host_python_call_s", "autograd_record_s": "host_autograd_record_s",
+    "view_autograd_s": "host_view_autograd_s", "module_call_s": "host_module_call_s",
+    "module_hook_s": "host_module_hook_s", "autocast_op_s": "host_autocast_op_s",
+    "backward_node_s": "host_backward_node_s", "backward_call_s": "host_backward_call_s",
+    "zero_grad_param_s": "host_zero_grad_param_s",
+    "sync_s": "host_sync_s",
+}
+
+
+def host_part_fields(cal: Calibration) -> dict[str, Any]:
+    """Profile fields from the host-parts measurement (``cal.host_parts``): each part, floored
+    at 0 (a difference of two loops that noise made negative adds nothing), the in-context
+    ratio (at least 1) and the optimizer steps; parts it lacks keep their defaults."""
+    parts = (cal.host_parts or {}).get("parts", {})
+    out: dict[str, Any] = {field: max(0.0, parts[part]) for part, field in HOST_PART_FIELDS.items()
+                           if parts.get(part) is not None}
+    if parts.get("in_context") is not None:
+        out["host_in_context"] = max(1.0, parts["in_context"])
+    optimizers = (cal.host_parts or {}).get("optimizers", {})
+    if optimizers:
+        out["host_optimizer_step_s"] = {k: max(0.0, v["step_s"]) for k, v in optimizers.items()}
+        out["host_optimizer_param_s"] = {k: max(0.0, v["param_s"]) for k, v in optimizers.items()}
+    return out
 
 
 def host_costs_by_category(cal: Calibration) -> dict[str, float]:

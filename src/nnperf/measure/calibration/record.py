@@ -42,6 +42,9 @@ class Calibration:
     # SM clock (MHz) sampled while large GEMMs keep the GPU busy: the sustained clock the
     # datasheet peak (quoted at boost) does not state.
     clock_under_load_mhz: dict[str, Any] = field(default_factory=dict)
+    # The parts of an eager step's host work (``host_parts.HostParts`` as JSON; {} before
+    # calibrations measured them)
+    host_parts: dict[str, Any] = field(default_factory=dict)
     complete: bool = False
     # How short kernels were timed: ``TIMING_DEVICE`` (queued behind a sleep, the device's
     # time alone) or ``TIMING_HOST_EXPOSED`` (raw files from before 2026-11-28: a kernel

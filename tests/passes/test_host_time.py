@@ -1,0 +1,79 @@
+"""The host's time of an eager step from its parts (``passes.host_time``), checked by adding
+the parts up by hand from the trace's own counts and the profile's constants."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from nnperf.analysis import analyze
+from nnperf.hardware import default_profile, load_gpu
+from nnperf.passes.host_time import HostCosts
+from nnperf.passes.timing import simulate_step
+
+GPU = load_gpu("h100")
+
+
+def _profile(**changes):
+    """Round numbers, so each expected sum is plain arithmetic."""
+    base = default_profile(GPU)
+    return dataclasses.replace(
+        base, host_dispatch_s=10e-6, host_dispatch_by_kind_s={"gemm": 20e-6}, host_view_s=2e-6,
+        host_python_call_s=1e-6, host_autograd_record_s=0.5e-6, host_view_autograd_s=0.25e-6,
+        host_module_call_s=3e-6, host_module_hook_s=4e-6, host_autocast_op_s=0.0, host_backward_node_s=5e-6,
+        host_backward_call_s=40e-6, host_zero_grad_param_s=0.1e-6, host_sync_s=0.0, host_in_context=1.5,
+        kernel_overhead_s=0.0, host_dtensor_dispatch_s=0.0, host_dtensor_list_tensor_s=0.0, **changes)
+
+
+def _expected(trace, counts, profile, optimizer_step: float | None = None) -> float:
+    """The parts added up event by event, independently of ``HostCosts``."""
+    category = {c.event.index: c.category for c in counts}
+    total, node, in_backward = 0.0, -1, False
+    optimizer = [e for e in trace.events if e.phase == "optimizer"]
+    for e in trace.events:
+        if optimizer_step is not None and e.phase == "optimizer":
+            total += optimizer_step / len(optimizer)
+        elif e.free or e.name == "aten._local_scalar_dense":
+            total += (2e-6 if e.python_call else 1e-6) + (0.25e-6 if e.records_grad else 0.0)
+        else:
+            per_kind = 20e-6 if category[e.index] == "gemm" else 10e-6
+            total += (per_kind if e.python_call else per_kind - 1e-6) * 1.5 + (0.5e-6 if e.records_grad else 0.0)
+        total += e.module_calls * 3e-6 + e.module_hooks * 4e-6
+        if e.phase == "backward" and not in_backward:
+            total += 40e-6
+        in_backward = e.phase == "backward"
+        if e.backward_node >= 0 and e.backward_node != node:
+            node = e.backward_node
+            total += 5e-6
+    if optimizer:
+        total += 0.1e-6 * len(trace.param_storages)
+    return total
+
+
+def test_an_inference_step_adds_ops_views_and_module_calls():
+    analysis = analyze("mlp", batch=2, train=False)
+    profile = _profile()
+    step = simulate_step(analysis.trace, analysis.ops, GPU, profile)
+    assert step.host_s == pytest.approx(_expected(analysis.trace, analysis.ops, profile), rel=1e-12)
+    assert sum(e.module_calls for e in analysis.trace.events) > 0
+
+
+def test_a_training_step_adds_autograd_the_engine_and_zero_grad():
+    analysis = analyze("mlp", batch=2, optimizer="sgd-momentum")
+    profile = _profile()
+    step = simulate_step(analysis.trace, analysis.ops, GPU, profile)
+    assert step.host_s == pytest.approx(_expected(analysis.trace, analysis.ops, profile), rel=1e-12)
+    assert step.host_slices[-1].name == "zero_grad"
+
+
+def test_a_measured_optimizer_step_replaces_its_ops_prices():
+    analysis = analyze("mlp", batch=2, optimizer="adamw", optimizer_impl="fused")
+    params = len(analysis.trace.param_storages)
+    profile = _profile(host_optimizer_step_s={"adamw/fused": 30e-6}, host_optimizer_param_s={"adamw/fused": 2e-6})
+    step = simulate_step(analysis.trace, analysis.ops, GPU, profile)
+    expected = _expected(analysis.trace, analysis.ops, profile, optimizer_step=30e-6 + params * 2e-6)
+    assert step.host_s == pytest.approx(expected, rel=1e-12)
+    # another implementation has no measurement: its ops are priced one by one
+    assert HostCosts.of(profile).optimizer("adamw", "foreach") is None
+    assert HostCosts.of(profile).optimizer("adam", "fused").param_s == 2e-6  # Adam runs AdamW's code
