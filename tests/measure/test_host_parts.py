@@ -17,7 +17,7 @@ def test_a_quick_run_measures_every_part(tmp_path):
     seen = []
     result = host_parts.run(torch.device("cpu"), host_parts.Plan.quick(), seen.append)
     assert result.complete and seen == [name for name, _ in host_parts.PARTS]
-    expected = {*HOST_PART_FIELDS, "op_s", "view_s", "in_context", "backward_op_s"}
+    expected = {*HOST_PART_FIELDS, "op_s", "view_s", "in_context", "backward_op_s", "conv_op_s"}
     assert expected <= set(result.parts) and all(math.isfinite(v) for v in result.parts.values())
     assert set(result.optimizers) | set(result.skipped) == {f"{o}/{i}" for o, i in host_parts.OPTIMIZERS}
     out = tmp_path / "parts.json"
@@ -36,10 +36,11 @@ def test_a_file_of_another_kind_is_refused(tmp_path):
 def test_a_calibration_sets_the_host_fields_from_its_parts():
     cal = Calibration(device="cuda:0", device_name="x", quick=True, date="d", torch_version="t", threads=1)
     cal.host_parts = {"parts": {"module_call_s": 2e-6, "backward_node_s": -1e-7, "in_context": 0.9,
-                                "sync_s": 12e-6},
+                                "sync_s": 12e-6, "conv_op_s": 30e-6},
                       "optimizers": {"adamw/foreach": {"step_s": 80e-6, "param_s": 3e-6}}}
     profile = build_profile(cal, load_gpu("h100"))
     assert profile.host_module_call_s == 2e-6 and profile.host_sync_s == 12e-6
+    assert profile.host_dispatch_by_kind_s["conv"] == 30e-6  # cuDNN's call, measured on this host
     assert profile.host_backward_node_s == 0.0  # noise made it negative: it adds nothing
     assert profile.host_in_context == 1.0  # a stream of ops is never cheaper than a loop of one
     assert profile.host_optimizer_step_s == {"adamw/foreach": 80e-6}

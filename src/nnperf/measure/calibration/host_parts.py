@@ -28,6 +28,8 @@ what the trace counts:
                             ``torch.mul`` of a strided tensor against the per-tensor slope of
                             ``torch._foreach_mul`` over strided tensors (not dense, so its
                             slow path calls the same mul from C++ for each)
+``conv_op_s``               a small convolution called from Python (on a GPU, cuDNN's: its
+                            descriptors and execution plan looked up, its kernel launched)
 ``zero_grad_param_s``       ``optimizer.zero_grad(set_to_none=True)`` per parameter
 ``sync_s``                  ``.item()`` of a device scalar with the device idle (a round trip)
 ``in_context``              a kernel-launching op in a stream of different ops over the same
@@ -163,6 +165,8 @@ def measure_ops(result: HostParts, device: torch.device, plan: Plan) -> None:
     view = _per_call(lambda: a.view(64), device, plan)
     _record(result, "view_s", view)
     _record(result, "view_autograd_s", _difference(_per_call(lambda: leaf.view(64), device, plan), view))
+    image, kernel = torch.randn(1, 8, 8, 8, device=device), torch.randn(8, 8, 3, 3, device=device)
+    _record(result, "conv_op_s", _per_call(lambda: torch.nn.functional.conv2d(image, kernel, padding=1), device, plan))
     dtype = torch.bfloat16 if device.type == "cpu" or torch.cuda.is_bf16_supported() else torch.float16
     with torch.autocast(device.type, dtype=dtype):
         inside = _per_call(lambda: torch.add(a, b), device, plan)

@@ -73,6 +73,9 @@ def build_profile(cal: Calibration, gpu: GPU | None) -> DeviceProfile:
         if view:
             changes["host_view_s"] = view
         by_kind = host_costs_by_category(cal)
+        conv = (cal.host_parts or {}).get("parts", {}).get("conv_op_s")
+        if conv:  # a cuDNN convolution's call on this host (host_parts)
+            by_kind["conv"] = conv
         if by_kind:  # a category it did not measure keeps the default's, as in the saved file
             changes["host_dispatch_by_kind_s"] = {**base.host_dispatch_by_kind_s, **by_kind}
         dtensor = cal.overhead.get("dtensor") or {}
