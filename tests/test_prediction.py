@@ -225,3 +225,14 @@ def test_fp32_resnet50_mfu_is_against_tf32_and_below_one():
     t = p.totals
     assert t["mfu_math"].startswith("tf32")
     assert 0 < t["mfu"] < 0.5
+
+
+def test_cudnn_benchmark_reaches_the_timing_options_and_bad_values_are_refused():
+    from nnperf.errors import UsageError
+
+    p = nnperf.predict("mlp", "h100", batch=4, cudnn_benchmark=True)
+    assert p.timing.cudnn_benchmark is True and p.to_json()["timing_options"]["cudnn_benchmark"] is True
+    assert nnperf.predict("mlp", "h100", batch=4).timing.cudnn_benchmark is False
+    for bad in ("yes", "false", 1):
+        with pytest.raises(UsageError, match=r"cudnn_benchmark=.* expected True or False"):
+            nnperf.predict("mlp", "h100", batch=4, cudnn_benchmark=bad)

@@ -58,30 +58,45 @@ FRESH: tuple[Config, ...] = (
     Config("gpt2-medium", False, "bf16", 1),
 )
 
+#: Library decoders keep their layout (grouped-query heads, tied embeddings) at a CPU's size:
+#: one layer, width 256 in heads of 64, a 1024-token vocabulary (their full vocabularies alone
+#: are 16-262M parameters, minutes of AdamW on two cores).
+_SMALL_DECODER = (("num_hidden_layers", 1), ("hidden_size", 256), ("intermediate_size", 512),
+                  ("num_attention_heads", 4), ("num_key_value_heads", 2), ("vocab_size", 1024))
+
 #: CPU-sized stand-ins for a dry run of the same code paths (``--tiny``): each fresh
-#: configuration at batch 1-2 on a small input, library models cut to one or two layers.
+#: configuration at batch 1-2 on a small input, library models cut to one or two layers and
+#: token models to width 128-256 (fp16 matmuls have no fast CPU kernel: a full-width GPT-2
+#: block's training step took 16 s on two cores).
 TINY_OVERRIDES: dict[str, tuple[tuple[str, Any], ...]] = {
-    "hf:Qwen/Qwen2.5-0.5B": (("num_hidden_layers", 1),),
-    "hf:meta-llama/Llama-3.2-1B": (("num_hidden_layers", 1),),
-    "hf:mistralai/Mistral-7B-v0.1": (("num_hidden_layers", 1), ("intermediate_size", 512), ("hidden_size", 256),
-                                     ("num_attention_heads", 8), ("num_key_value_heads", 2)),
-    "hf:roberta-base": (("num_hidden_layers", 1),),
-    "hf:distilbert-base-uncased": (("n_layers", 1),),
+    "hf:Qwen/Qwen2.5-0.5B": _SMALL_DECODER,
+    "hf:meta-llama/Llama-3.2-1B": (*_SMALL_DECODER, ("head_dim", 64)),
+    "hf:mistralai/Mistral-7B-v0.1": _SMALL_DECODER,
+    "hf:roberta-base": (("num_hidden_layers", 1), ("hidden_size", 256), ("intermediate_size", 512),
+                        ("num_attention_heads", 4), ("vocab_size", 1024)),
+    "hf:distilbert-base-uncased": (("n_layers", 1), ("dim", 256), ("hidden_dim", 512), ("n_heads", 4),
+                                   ("vocab_size", 1024)),
+    "timm:vit_small_patch16_224": (("depth", 1),),
     "llama-7b": (("n_layer", 1), ("dim", 512), ("n_heads", 8), ("ffn_hidden", 1376), ("vocab", 4000)),
-    "gpt2": (("n_layer", 1),),
-    "gpt2-medium": (("n_layer", 1),),
-    "bert-base": (("n_layer", 1),),
+    "gpt2": (("n_layer", 1), ("n_embd", 128), ("n_head", 2), ("vocab", 4000)),
+    "gpt2-medium": (("n_layer", 1), ("n_embd", 128), ("n_head", 2), ("vocab", 4000)),
+    "bert-base": (("n_layer", 1), ("n_embd", 128), ("n_head", 2), ("intermediate", 512), ("vocab", 4000)),
     "resnet50": (("image_size", 64),),
     "vgg16": (("image_size", 32),),
     "efficientnet_b0": (("image_size", 64),),
 }
 
 
+#: Token models whose fresh configurations run at the zoo's default length (512-1024 tokens).
+TOKEN_MODELS = frozenset({"gpt2", "gpt2-medium", "bert-base"})
+
+
 def tiny(config: Config) -> Config:
     """The configuration's CPU-sized stand-in: batch at most 2, sequences of 64, fewer layers."""
+    seq = 64 if config.seq or config.model in TOKEN_MODELS else None
     return Config(config.model, config.train, config.precision, min(config.batch, 2),
-                  64 if config.seq else None, TINY_OVERRIDES.get(config.model, ()), tiny=True,
-                  channels_last=config.channels_last)
+                  seq, TINY_OVERRIDES.get(config.model, ()), tiny=True,
+                  channels_last=config.channels_last, cudnn_benchmark=config.cudnn_benchmark)
 
 
 def load(path: str | Path, tiny_configs: bool = False) -> list[Config]:
@@ -108,12 +123,11 @@ def predict_row(config: Config, profile_path: Path) -> dict[str, Any]:
     from nnperf.hardware import load_gpu
     from nnperf.hardware.profile import load_profile
     from nnperf.measure.runner import predicted_peak_memory
-    from nnperf.passes.timing import TimingOptions
     from nnperf.prediction import predict_analysis
 
     gpu = load_gpu("h200-sxm")
     analysis = analyze_request(config.request(), config.trace_options())
-    timing = TimingOptions(tf32_matmul=config.tf32)
+    timing = config.timing_options()
     datasheet = predict_analysis(analysis, gpu, timing=timing)
     calibrated = predict_analysis(analysis, gpu, load_profile(profile_path, gpu), timing)
     return {

@@ -3,6 +3,8 @@
     python validation/run.py --out $OUT/records.jsonl --budget-s 540       # on a lent GPU
     python validation/run.py --plan [--gpu h100] [--only resnet50]         # estimates, no run
     python validation/run.py --device cpu --tiny --out /tmp/dry.jsonl      # dry run on a CPU
+    python validation/run.py --fresh validation/fresh/frozen-2026-12-02.json --out ...  # the frozen set
+    python validation/run.py --configs cnn-pairs --out ...                 # another list (see --help)
 
 Configurations run most informative first (``nnperf.measure.validation_plan``: every model
 family at its larger batch in bf16 training before anything else). Each finished
@@ -12,11 +14,15 @@ is already there (``--redo`` runs it again). ``--budget-s`` stops starting confi
 whose estimated time no longer fits; ``--shard I/N`` splits the list across commands.
 
 Each record holds the device (GPU name, driver, CUDA, cuDNN and torch versions), the date,
-the measured step time (median and spread), per-module measured times, peak allocated and
-reserved memory and the device's used memory, nnperf's prediction (step time and peak
-memory) for the same configuration and, where a GPU is present, PyTorch's own
-RuntimeEstimator prediction. A configuration predicted not to fit is recorded as such
-without being run; one that runs out of memory is recorded with the error.
+the library settings the step ran with (TF32 matmuls, ``torch.backends.cudnn.benchmark``),
+the measured step time (median and spread, fastest as ``min``; with ``--back-to-back`` also
+the step timed over back-to-back steps with the host's clock and one synchronize), per-module
+measured times and the profiled time that could not be attributed (``unmatched_s``), peak
+allocated and reserved memory (both read right after the timed steps) and the device's used
+memory, nnperf's prediction (step time and peak memory) for the same configuration and, where
+a GPU is present, PyTorch's own RuntimeEstimator prediction. A configuration predicted not to
+fit is recorded as such without being run; one that runs out of memory is recorded with the
+error.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from nnperf.measure.validation import (
     runtime_estimator_s,
     select,
 )
-from nnperf.measure.validation_plan import FIXED_S, Estimate, estimate, ordered_configs, shard
+from nnperf.measure.validation_plan import CONFIG_SETS, FIXED_S, Estimate, estimate, shard
 
 
 def default_out() -> Path:
@@ -52,26 +58,41 @@ def default_out() -> Path:
     return Path("validation/results/records.jsonl")
 
 
-def cuda_memory_fields(device: Any) -> dict[str, Any]:
-    """The allocator's reserved peak and the device's used memory (the CUDA context and
-    library state live outside the allocator; ``nvidia-smi`` shows them)."""
+def cuda_memory_fields(m: Any, device: Any) -> dict[str, Any]:
+    """The allocator's reserved peak of the measured steps (read by ``measure`` with the
+    allocated peak, before anything reset it) and the device's used memory after the run (the
+    CUDA context and library state live outside the allocator; ``nvidia-smi`` shows them)."""
     import torch
 
     if device.type != "cuda":
         return {}
     free, total = torch.cuda.mem_get_info(device)
     return {
-        "measured_peak_reserved_bytes": int(torch.cuda.max_memory_reserved(device)),
+        "measured_peak_reserved_bytes": m.peak_reserved_bytes,
         "device_used_bytes_after": int(total - free),
         "reserved_bytes_after": int(torch.cuda.memory_reserved(device)),
         "device_total_bytes": int(total),
     }
 
 
-def run_one(config: Config, device: Any, steps: int, warmup: int, gpu: Any, analysis: Any = None) -> dict[str, Any]:
+def attribution_fields(m: Any) -> dict[str, Any]:
+    """What the profiler attributed and what it could not: ``unmatched_s`` (profiled op time
+    on no traced op, and on a GPU kernels no op of the step launched), the profiled step, and
+    on a GPU how the kernels were counted (kept, dropped by reason)."""
+    a = m.alignment
+    if a is None:
+        return {"unmatched_s": None}
+    doc = a.to_json()
+    return {"unmatched_s": a.unmatched_s, "matched_s": a.matched_s, "profiled_step_s": m.profiled_step_s,
+            "attributed_share_of_step": m.attributed_share_of_step,
+            "profiler_only_s": doc["profiler_only"], "trace_only": doc["trace_only"], "kernels": doc["kernels"]}
+
+
+def run_one(config: Config, device: Any, steps: int, warmup: int, gpu: Any, analysis: Any = None, *,
+            back_to_back: bool = False, profile_ops: bool = True, profile_repeats: int = 3,
+            runtime_estimator: bool = True) -> dict[str, Any]:
     """Measure ``config`` (traced already when ``analysis`` is given) and predict it."""
     from nnperf.measure.runner import measure, measured_by_module, predicted_peak_memory
-    from nnperf.passes.timing import TimingOptions
     from nnperf.prediction import predict_analysis
 
     record: dict[str, Any] = {
@@ -80,7 +101,9 @@ def run_one(config: Config, device: Any, steps: int, warmup: int, gpu: Any, anal
     }
     try:
         m, analysis = measure(config.request(), config.trace_options(), device=device, steps=steps,
-                              warmup=warmup, tf32=config.tf32, analysis=analysis)
+                              warmup=warmup, tf32=config.tf32, cudnn_benchmark=config.cudnn_benchmark,
+                              profile_ops=profile_ops, profile_repeats=profile_repeats,
+                              back_to_back=back_to_back, analysis=analysis)
     except ResourceError as err:
         record.update(error=str(err), fits=False)
         return record
@@ -89,24 +112,46 @@ def run_one(config: Config, device: Any, steps: int, warmup: int, gpu: Any, anal
         environment=m.environment,
         device=m.device,
         device_name=m.device_name,
+        measured_settings={"tf32_matmul": m.tf32, "cudnn_benchmark": m.cudnn_benchmark},
         measured_step_time_s=m.step.to_json(),
+        measured_step_time_back_to_back_s=m.back_to_back_step_s,
         measured_peak_memory_bytes=m.peak_memory_bytes,
         memory_method=m.memory_method,
         predicted_peak_memory_bytes=predicted_peak_memory(analysis, str(device)),
-        measured_modules_s=measured_by_module(m, analysis, depth=2),
-        attributed_share_of_step=m.attributed_share_of_step,
-        **cuda_memory_fields(device),
+        measured_modules_s=measured_by_module(m, analysis, depth=2) if m.alignment else None,
+        **attribution_fields(m),
+        **cuda_memory_fields(m, device),
     )
     if gpu is not None:
-        p = predict_analysis(analysis, gpu, timing=TimingOptions(tf32_matmul=config.tf32))
+        p = predict_analysis(analysis, gpu, timing=config.timing_options())
         record.update(gpu=gpu.id, predicted_step_time_s=p.step.step_s,
                       predicted_device_total_bytes=p.memory.device_total,
                       predicted_modules_s={k: v.time_s for k, v in p.by_module(2).items()})
+    if not runtime_estimator:
+        return record
     try:
         record["runtime_estimator_step_time_s"] = runtime_estimator_s(config, str(device))
     except Exception as err:  # a private PyTorch API: record why it failed, keep going
         record["runtime_estimator_error"] = f"{type(err).__name__}: {err}"
     return record
+
+
+def load_configs(args: argparse.Namespace) -> list[Config]:
+    """The configurations to run: a frozen fresh set (``--fresh FILE``) or a named list
+    (``--configs``), narrowed by ``--only`` and ``--shard``."""
+    if args.fresh is not None:
+        here = str(Path(__file__).resolve().parent)
+        if here not in sys.path:  # imported as a module (the tests), not run as a script
+            sys.path.insert(0, here)
+        from fresh import load  # beside this script
+
+        try:
+            configs = load(args.fresh, tiny_configs=args.tiny)
+        except (OSError, ValueError, KeyError) as err:
+            raise ValueError(f"--fresh {args.fresh}: {err}") from None
+    else:
+        configs = CONFIG_SETS[args.configs](args.tiny)
+    return shard(select(configs, args.only), args.shard)
 
 
 def append(out: Path, record: dict[str, Any]) -> None:
@@ -146,10 +191,29 @@ def main(argv: list[str] | None = None) -> int:
                         help="also skip configurations recorded here (an earlier command's records)")
     parser.add_argument("--list", action="store_true", help="print the selected configurations and exit")
     parser.add_argument("--plan", action="store_true", help="print each configuration's estimate and exit")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--configs", choices=sorted(CONFIG_SETS), default="zoo",
+                        help="which list: the zoo (default), the CNN runs with cudnn.benchmark off and "
+                             "on, the host-bound runs, the runs to profile again")
+    source.add_argument("--fresh", type=Path, metavar="FILE",
+                        help="the configurations a frozen file lists (validation/fresh.py)")
+    parser.add_argument("--back-to-back", action="store_true",
+                        help="also time --steps steps back to back (host clock, one synchronize)")
+    parser.add_argument("--no-ops", dest="ops", action="store_false",
+                        help="skip the profiled steps (no per-module times)")
+    parser.add_argument("--profile-repeats", type=int, default=3,
+                        help="profiled steps per configuration, each after a profiled warm-up (default 3: "
+                             "the per-op median resists a stall)")
+    parser.add_argument("--no-runtime-estimator", dest="runtime_estimator", action="store_false",
+                        help="skip PyTorch's RuntimeEstimator prediction")
     args = parser.parse_args(argv)
     started = time.monotonic()
+    if args.profile_repeats < 1:
+        print(f"error: --profile-repeats {args.profile_repeats}: give 1 or more (--no-ops profiles nothing)",
+              file=sys.stderr)
+        return 2
     try:
-        configs = shard(select(ordered_configs(tiny=args.tiny), args.only), args.shard)
+        configs = load_configs(args)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -170,7 +234,14 @@ def main(argv: list[str] | None = None) -> int:
         return err.exit_code
     plan_device = "cuda" if (device.type == "cuda" or args.plan) and not args.tiny else "cpu"
     if args.plan:
-        print_plan([estimate(c, gpu, plan_device, args.steps, args.warmup) for c in configs])
+        estimates = []
+        for c in configs:
+            try:
+                estimates.append(estimate(c, gpu, plan_device, args.steps, args.warmup, args.back_to_back,
+                                           args.profile_repeats if args.ops else 0))
+            except Exception as err:  # the others are still worth a plan
+                print(f"{c.name}: not traced, {type(err).__name__}: {str(err).splitlines()[0]}", file=sys.stderr)
+        print_plan(estimates)
         return 0
     out = args.out or default_out()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -183,7 +254,15 @@ def main(argv: list[str] | None = None) -> int:
         if left is not None and left < FIXED_S:
             print(f"budget spent: {len(todo) - i + 1} configurations left for the next command", flush=True)
             break
-        est = estimate(config, gpu, plan_device, args.steps, args.warmup)
+        try:
+            est = estimate(config, gpu, plan_device, args.steps, args.warmup, args.back_to_back,
+                           args.profile_repeats if args.ops else 0)
+        except Exception as err:  # cannot be traced here (a library missing, say): say why, go on
+            message = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            print(f"[{i}/{len(todo)}] {config.name}: not traced, {message}", flush=True)
+            append(out, {"schema": RECORD_SCHEMA, "config": config.name, "family": family_of(config.model),
+                         **config.to_json(), "error": message})
+            continue
         left = None if args.budget_s is None else args.budget_s - (time.monotonic() - started)
         head = f"[{i}/{len(todo)}] {config.name} (est. {est.seconds:.0f} s)"
         if not est.fits:
@@ -198,7 +277,9 @@ def main(argv: list[str] | None = None) -> int:
         print(head, flush=True)
         t0 = time.monotonic()
         try:
-            record = run_one(config, device, args.steps, args.warmup, gpu, est.analysis)
+            record = run_one(config, device, args.steps, args.warmup, gpu, est.analysis,
+                             back_to_back=args.back_to_back, profile_ops=args.ops,
+                             profile_repeats=args.profile_repeats, runtime_estimator=args.runtime_estimator)
         except Exception as err:
             traceback.print_exc()
             record = {"schema": RECORD_SCHEMA, "config": config.name, **config.to_json(),

@@ -154,7 +154,7 @@ class Prediction:
         doc["schema"] = SCHEMA_VERSION
         doc["gpu"] = self.gpu.to_dict()
         doc["timing_options"] = {"tf32_matmul": self.timing.tf32_matmul, "tf32_conv": self.timing.tf32_conv,
-                                 **self.profile.host_json()}
+                                 "cudnn_benchmark": self.timing.cudnn_benchmark, **self.profile.host_json()}
         mods = self.by_module(depth)
         for row in doc["modules"]:
             row.update(mods.get(row["name"], Estimates()).time_json())
@@ -204,13 +204,17 @@ def predict(
     *,
     profile: DeviceProfile | None = None,
     tf32: bool = False,
+    cudnn_benchmark: bool = False,
     gpu_overrides: dict[str, str] | None = None,
     **analyze_kwargs: Any,
 ) -> Prediction:
     """Predict one step of ``model`` on ``gpu`` (a catalog name or a GPU object).
 
+    ``tf32``: fp32 matmuls on TF32 tensor cores (``torch.backends.cuda.matmul.allow_tf32``);
+    ``cudnn_benchmark``: the step runs with ``torch.backends.cudnn.benchmark`` on.
     ``analyze_kwargs`` are those of ``nnperf.analyze`` (inputs, train, dtype, amp, batch, ...).
     """
+    timing = timing_options(tf32, cudnn_benchmark)
     if isinstance(model, Analysis) and analyze_kwargs:
         # An Analysis is already traced: batch, dtype, ... would silently not apply.
         raise UsageError(
@@ -221,4 +225,13 @@ def predict(
     if isinstance(gpu, str):
         gpu = load_gpu(gpu, overrides=gpu_overrides)
     analysis = model if isinstance(model, Analysis) else analyze(model, **analyze_kwargs)
-    return predict_analysis(analysis, gpu, profile, TimingOptions(tf32_matmul=tf32))
+    return predict_analysis(analysis, gpu, profile, timing)
+
+
+def timing_options(tf32: bool = False, cudnn_benchmark: bool = False) -> TimingOptions:
+    """The library settings a step runs with, checked: each one on or off (a string such as
+    "false" would otherwise read as on)."""
+    for name, value in (("tf32", tf32), ("cudnn_benchmark", cudnn_benchmark)):
+        if not isinstance(value, bool):
+            raise UsageError(f"{name}={value!r} is not a setting: expected True or False")
+    return TimingOptions(tf32_matmul=tf32, cudnn_benchmark=cudnn_benchmark)

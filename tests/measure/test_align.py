@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from nnperf.measure.align import ProfiledOp, align, flatten_profile
+from nnperf.measure.kernel_times import KernelTimes
 
 
 @dataclass
@@ -36,13 +37,14 @@ def test_flatten_keeps_outermost_known_op_and_leaf_aten_ops():
             [_Ev("AddmmBackward0", 69, 10, [_Ev("aten::mm", 60, 11, [], 55.0)])]),
         _Ev("ProfilerStep#1", 1, -1, []),  # not an aten op: ignored
     ]
-    ops = flatten_profile(roots, {"aten.addmm", "aten.mm", "aten.copy_"}, device_time=False)
+    ops = flatten_profile(roots, {"aten.addmm", "aten.mm", "aten.copy_"})
     assert [(o.name, o.time_s) for o in ops] == [
         ("aten.transpose", pytest.approx(3e-6)),
         ("aten.addmm", pytest.approx(90e-6)),  # copy_ inside addmm is not emitted again
         ("aten.mm", pytest.approx(60e-6)),
     ]
-    gpu = flatten_profile(roots, {"aten.mm"}, device_time=True)
+    mm = roots[1].cpu_children[0].cpu_children[0]
+    gpu = flatten_profile(roots, {"aten.mm"}, kernels=KernelTimes(own_s={id(mm): 55e-6}))
     assert [o.time_s for o in gpu if o.name == "aten.mm"] == [pytest.approx(55e-6)]
 
 
@@ -98,17 +100,36 @@ def test_every_op_matches_despite_random_insertions():
 
 
 def test_sdpa_kernels_are_the_traces_attention_ops():
-    roots = [_Ev("aten::scaled_dot_product_attention", 50, 0,
-                 [_Ev("aten::_scaled_dot_product_flash_attention", 45, 1, [], 40.0)], 40.0),
-             _Ev("autograd::engine::evaluate_function: ScaledDotProductFlashAttentionBackward0", 90, 5,
-                 [_Ev("aten::_scaled_dot_product_flash_attention_backward", 80, 6, [], 70.0)], 70.0)]
-    ops = flatten_profile(roots, {"nnperf.attention", "nnperf.attention_backward"}, device_time=True)
+    flash = _Ev("aten::_scaled_dot_product_flash_attention", 45, 1)
+    flash_bwd = _Ev("aten::_scaled_dot_product_flash_attention_backward", 80, 6)
+    roots = [_Ev("aten::scaled_dot_product_attention", 50, 0, [flash]),
+             _Ev("autograd::engine::evaluate_function: ScaledDotProductFlashAttentionBackward0", 90, 5, [flash_bwd])]
+    kernels = KernelTimes(own_s={id(flash): 40e-6, id(flash_bwd): 70e-6})
+    ops = flatten_profile(roots, {"nnperf.attention", "nnperf.attention_backward"}, kernels=kernels)
     assert [(o.name, o.time_s) for o in ops] == [
         ("nnperf.attention", pytest.approx(40e-6)), ("nnperf.attention_backward", pytest.approx(70e-6))]
 
 
 def test_kernels_launched_by_an_unknown_op_itself_are_kept():
     # an op the trace lacks launched 30 us of kernels itself and 20 us through a known child
-    roots = [_Ev("aten::_fused_thing", 100, 0, [_Ev("aten::mm", 40, 1, [], 20.0)], 50.0)]
-    ops = flatten_profile(roots, {"aten.mm"}, device_time=True)
+    mm = _Ev("aten::mm", 40, 1)
+    fused = _Ev("aten::_fused_thing", 100, 0, [mm])
+    ops = flatten_profile([fused], {"aten.mm"}, kernels=KernelTimes(own_s={id(fused): 30e-6, id(mm): 20e-6}))
     assert sorted((o.name, round(o.time_s * 1e6, 6)) for o in ops) == [("aten._fused_thing", 30.0), ("aten.mm", 20.0)]
+
+
+def test_cudnn_batch_norm_is_the_traces_native_batch_norm():
+    # fp32 NCHW on a GPU: batch_norm -> _batch_norm_impl_index -> cudnn_batch_norm, and the
+    # engine's CudnnBatchNormBackward0 -> cudnn_batch_norm_backward; the trace (CPU dispatch)
+    # has native_batch_norm and its backward
+    fwd = _Ev("aten::cudnn_batch_norm", 30, 2, [_Ev("aten::empty_like", 1, 3)])
+    bwd = _Ev("aten::cudnn_batch_norm_backward", 60, 11)
+    roots = [_Ev("aten::batch_norm", 40, 0, [_Ev("aten::_batch_norm_impl_index", 35, 1, [fwd])]),
+             _Ev("autograd::engine::evaluate_function: CudnnBatchNormBackward0", 70, 10,
+                 [_Ev("CudnnBatchNormBackward0", 65, 10, [bwd])])]
+    known = {"aten.native_batch_norm", "aten.native_batch_norm_backward"}
+    ops = flatten_profile(roots, known)
+    assert [(o.name, o.time_s) for o in ops] == [("aten.native_batch_norm", pytest.approx(30e-6)),
+                                                 ("aten.native_batch_norm_backward", pytest.approx(60e-6))]
+    a = align([(4, "aten.native_batch_norm"), (9, "aten.native_batch_norm_backward")], ops)
+    assert a.by_event == {4: pytest.approx(30e-6), 9: pytest.approx(60e-6)} and a.unmatched_s == 0.0

@@ -46,3 +46,47 @@ def test_cuda_events_time_a_known_sleep():
     dev = resolve_device("cuda")
     times = time_repeats(lambda: torch.cuda._sleep(int(1e7)), dev, warmup=1, repeats=3)
     assert all(t > 0 for t in times)
+
+
+class _FakeAllocator:
+    """The caching allocator's peak statistics as CUDA keeps them: a reset sets each peak to
+    what is held now; emptying the cache returns the unused reserve."""
+
+    def __init__(self) -> None:
+        self.allocated = self.reserved = self.peak_allocated = self.peak_reserved = 0
+
+    def alloc(self, n: int) -> None:
+        self.allocated += n
+        self.reserved = max(self.reserved, self.allocated)
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+
+    def free(self, n: int) -> None:
+        self.allocated -= n
+
+    def empty_cache(self) -> None:
+        self.reserved = self.allocated
+
+    def reset_peak_memory_stats(self, device=None) -> None:
+        self.peak_allocated, self.peak_reserved = self.allocated, self.reserved
+
+
+def test_both_peaks_are_read_before_freeing_resets_them(monkeypatch):
+    from nnperf.measure.device import cuda_peaks, free_memory
+
+    fake = _FakeAllocator()
+    for name in ("empty_cache", "reset_peak_memory_stats"):
+        monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: fake.peak_allocated)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: fake.peak_reserved)
+    cuda = torch.device("cuda")
+    fake.alloc(100)  # weights, held across steps
+    fake.reset_peak_memory_stats()
+    for _ in range(2):  # two steps: 300 bytes of activations each, freed at the step's end
+        fake.alloc(300)
+        fake.free(300)
+    peaks = cuda_peaks(cuda)
+    assert (peaks.allocated_bytes, peaks.reserved_bytes) == (400, 400)
+    free_memory(cuda)  # the runner frees after the run: empty_cache, then reset
+    # read here, as the first run did, the reserved "peak" is what is held after emptying
+    assert torch.cuda.max_memory_reserved(cuda) == 100 < peaks.allocated_bytes

@@ -125,3 +125,40 @@ def test_ops_the_device_runs_differently_are_not_matched_rather_than_zero():
     ops = {r["op"]: r for r in doc["ops"]}
     assert ops["aten.native_dropout"]["measured_time_s"] is None
     assert "aten.native_dropout" in doc["measurement"]["attribution"]["trace_only"]
+
+
+class _RecordsSettings(nn.Module):
+    """A linear layer that notes the cuDNN and TF32 switches each forward runs under."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 4)
+        self.seen: list[tuple[bool, bool]] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append((torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.allow_tf32))
+        return self.lin(x)
+
+
+def test_the_step_runs_with_cudnn_benchmark_and_it_is_restored_after():
+    model = _RecordsSettings()
+    before = (torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.allow_tf32)
+    m, _ = measure(ModelRequest(model, inputs=(torch.randn(2, 8),)), TraceOptions(train=False), device=CPU,
+                   steps=2, warmup=1, cudnn_benchmark=True, profile_ops=False, back_to_back=True)
+    # the real steps: warm-up, timed, back-to-back and the host-memory step (no profiled
+    # step); the trace's forward (fake tensors) ran before them
+    real = model.seen[-(1 + 2 + 2 + 1):]
+    assert len(model.seen) > len(real) and all(seen == (True, False) for seen in real)
+    assert m.cudnn_benchmark is True and m.tf32 is False
+    assert (torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.allow_tf32) == before
+    assert m.back_to_back_step_s is not None and m.back_to_back_step_s > 0
+    doc = m.to_json()
+    assert doc["cudnn_benchmark"] is True and doc["unmatched_s"] is None  # not profiled
+    assert doc["peak_reserved_bytes"] is None  # no caching allocator on the CPU
+
+
+def test_unattributed_time_is_in_the_measurement(mlp_train):
+    m, _ = mlp_train
+    doc = m.to_json()
+    assert doc["unmatched_s"] == m.alignment.unmatched_s >= 0.0
+    assert doc["attribution"]["matched_s"] + doc["unmatched_s"] == pytest.approx(m.alignment.total_s)

@@ -88,6 +88,70 @@ def test_tiny_config_round_trips_through_its_record():
 
 
 def test_harness_appends_resumes_and_keeps_to_its_budget(tmp_path, capsys):
+    harness = _harness()
+    out = tmp_path / "records.jsonl"
+    argv = ["--device", "cpu", "--tiny", "--only", "mlp-infer-fp32-b16-tiny", "--steps", "2",
+            "--warmup", "1", "--out", str(out)]
+    assert harness.main(argv) == 0
+    (record,) = load_records(out)
+    assert record["config"] == "mlp-infer-fp32-b16-tiny" and record["measured_peak_memory_bytes"] > 0
+    assert record["unmatched_s"] >= 0.0 and record["matched_s"] > 0.0  # profiled, what was not attributed
+    assert record["measured_settings"] == {"tf32_matmul": False, "cudnn_benchmark": False}
+    assert record["measured_step_time_back_to_back_s"] is None  # not asked for
+    assert harness.main(argv) == 0  # resumed: nothing left to run
+    assert len(out.read_text().splitlines()) == 1
+    other = tmp_path / "other.jsonl"
+    assert harness.main([*argv[:-1], str(other), "--budget-s", "0.001", "--only", "mlp-train-fp32-b16-tiny"]) == 0
+    assert not other.exists() or not load_records(other)
+    assert "budget spent: 2 configurations left" in capsys.readouterr().out
+
+
+def test_cudnn_benchmark_is_part_of_a_configuration_and_its_record():
+    on = Config("resnet50", True, "bf16", 64, cudnn_benchmark=True)
+    assert on.name == "resnet50-train-bf16-b64-cbm"
+    assert Config.from_record(on.to_json()) == on
+    old = {k: v for k, v in on.to_json().items() if k != "cudnn_benchmark"}  # a first-run record
+    assert Config.from_record(old).cudnn_benchmark is False
+    assert on.timing_options().cudnn_benchmark is True and on.timing_options().tf32_matmul is False
+    with pytest.raises(ValueError, match=r"cudnn_benchmark is 'yes'; expected true or false"):
+        Config.from_record(dict(on.to_json(), cudnn_benchmark="yes", config=on.name))
+
+
+def test_repredict_predicts_with_the_records_settings(monkeypatch):
+    import nnperf.prediction as prediction
+
+    seen = []
+    real = prediction.predict_analysis
+
+    def spy(analysis, gpu, profile=None, timing=None, memory=None):
+        seen.append(timing)
+        return real(analysis, gpu, profile, timing, memory)
+
+    monkeypatch.setattr(prediction, "predict_analysis", spy)
+    record = Config("mlp", False, "tf32", 16, cudnn_benchmark=True).to_json()
+    repredict(record, "h100")
+    assert [(t.tf32_matmul, t.cudnn_benchmark) for t in seen] == [(True, True)]
+
+
+def test_second_run_lists():
+    from nnperf.measure.validation_plan import CONFIG_SETS, cnn_pairs, host_bound, reprofile
+
+    pairs = cnn_pairs()
+    assert len(pairs) == 6 * 2 * 2  # six CNN steps x {bf16, fp16} x benchmark off/on
+    names = {c.name for c in pairs}
+    assert {"resnet50-train-bf16-b64", "resnet50-train-bf16-b64-cbm", "resnet50-infer-fp16-b64-cbm",
+            "convnext_tiny-train-fp16-b128-cbm", "vgg16-train-bf16-b64"} <= names
+    assert sum(c.cudnn_benchmark for c in pairs) == 12
+    assert [c.name for c in host_bound()] == [
+        "bert-base-train-bf16-b32", "bert-base-infer-bf16-b32", "bert-large-infer-bf16-b16",
+        "mlp-train-bf16-b1024", "mlp-infer-bf16-b1024", "mnist-cnn-train-bf16-b512", "mnist-cnn-infer-bf16-b512"]
+    assert [c.name for c in reprofile()] == ["llama-7b-infer-bf16-b2", "mixtral-8x7b-train-bf16-b2"]
+    assert dict(reprofile()[1].overrides) == {"n_layer": 2}  # as the first run measured it
+    assert all(c.tiny for c in cnn_pairs(tiny=True))
+    assert set(CONFIG_SETS) == {"zoo", "cnn-pairs", "host-bound", "reprofile"}
+
+
+def _harness():
     import sys
 
     sys.path.insert(0, str(ROOT / "validation"))
@@ -95,15 +159,17 @@ def test_harness_appends_resumes_and_keeps_to_its_budget(tmp_path, capsys):
         import run as harness
     finally:
         sys.path.remove(str(ROOT / "validation"))
-    out = tmp_path / "records.jsonl"
-    argv = ["--device", "cpu", "--tiny", "--only", "mlp-infer-fp32-b16-tiny", "--steps", "2",
-            "--warmup", "1", "--out", str(out)]
-    assert harness.main(argv) == 0
-    (record,) = load_records(out)
-    assert record["config"] == "mlp-infer-fp32-b16-tiny" and record["measured_peak_memory_bytes"] > 0
-    assert harness.main(argv) == 0  # resumed: nothing left to run
-    assert len(out.read_text().splitlines()) == 1
-    other = tmp_path / "other.jsonl"
-    assert harness.main([*argv[:-1], str(other), "--budget-s", "0.001", "--only", "mlp-train-fp32-b16-tiny"]) == 0
-    assert not other.exists() or not load_records(other)
-    assert "budget spent: 2 configurations left" in capsys.readouterr().out
+    return harness
+
+
+def test_fresh_configurations_are_listed_from_the_frozen_file(capsys):
+    harness = _harness()
+    frozen = ROOT / "validation" / "fresh" / "frozen-2026-12-02.json"
+    assert harness.main(["--fresh", str(frozen), "--list"]) == 0
+    names = capsys.readouterr().out.split()
+    assert len(names) == len(json.loads(frozen.read_text())["configs"]) == 22
+    assert names[0] == "hf:Qwen/Qwen2.5-0.5B-train-bf16-b8-s512"
+    assert harness.main(["--fresh", str(frozen), "--list", "--tiny"]) == 0
+    assert all(n.endswith("-tiny") for n in capsys.readouterr().out.split())
+    assert harness.main(["--fresh", str(ROOT / "validation" / "run.py"), "--list"]) == 2
+    assert "--fresh" in capsys.readouterr().err

@@ -11,7 +11,7 @@ from nnperf.cli.app import cli
 from nnperf.cli.gpu_options import gpu_options
 from nnperf.cli.limits import LimitedInt
 from nnperf.cli.paths import check_output, write_output
-from nnperf.cli.workload_options import pop_workload, workload_options
+from nnperf.cli.workload_options import cudnn_benchmark_option, pop_workload, workload_options
 from nnperf.errors import UsageError
 
 
@@ -26,14 +26,16 @@ from nnperf.errors import UsageError
               help="zero_grad(set_to_none=...) of the training loop as given.")
 @click.option("--tf32/--no-tf32", default=False, show_default=True,
               help="fp32 matmuls already on TF32 tensor cores.")
+@cudnn_benchmark_option
 @click.option("--html", "html_out", type=click.Path(dir_okay=False),
               help="Also write the HTML report with an advice section.")
 @click.option("--json", "as_json", is_flag=True, help="Print the advice as JSON.")
-def advise(gpu, profile, apply_names, global_batch, set_to_none, tf32, html_out, as_json, **kwargs: Any) -> None:
+def advise(gpu, profile, apply_names, global_batch, set_to_none, tf32, cudnn_benchmark, html_out, as_json,
+           **kwargs: Any) -> None:
     """Rank the changes that make one step of MODEL faster on a GPU (padding, batch size,
     precision, optimizer, CUDA graphs, torch.compile, memory format, fused attention,
     recomputation, other GPUs), each re-predicted on the same workload."""
-    from nnperf.passes.timing import TimingOptions
+    from nnperf.prediction import timing_options
     from nnperf.search.advise import advise_request
     from nnperf.search.memory_variants import MemoryOptions
 
@@ -46,7 +48,7 @@ def advise(gpu, profile, apply_names, global_batch, set_to_none, tf32, html_out,
         html_out = check_output(html_out, "--html")
     request, trace_options = pop_workload(kwargs)
     options = MemoryOptions(trace_options, set_to_none=set_to_none)
-    advice = advise_request(request, options, gpu, profile, TimingOptions(tf32_matmul=tf32),
+    advice = advise_request(request, options, gpu, profile, timing_options(tf32, cudnn_benchmark),
                             apply=names, global_batch=global_batch)
     if html_out:
         from nnperf.report.html import build_report

@@ -12,7 +12,7 @@ from rich.table import Table
 from nnperf.analysis import analyze_request
 from nnperf.cli.app import cli
 from nnperf.cli.gpu_options import GpuRequest, GpuTarget, gpu_options
-from nnperf.cli.workload_options import pop_workload, workload_options
+from nnperf.cli.workload_options import cudnn_benchmark_option, pop_workload, workload_options
 from nnperf.errors import UsageError, read_user_text, shown
 from nnperf.hardware import DeviceProfile
 from nnperf.hardware.schema import GPU_RANGES
@@ -53,18 +53,19 @@ def load_prices(path: str | None) -> dict[str, float]:
 @click.option("--tf32/--no-tf32", default=False, show_default=True,
               help="Let fp32 matmuls use TF32 tensor cores where the GPU has them "
                    "(torch.backends.cuda.matmul.allow_tf32).")
+@cudnn_benchmark_option
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON document instead of the table.")
-def compare(gpu_request: GpuRequest, prices_file, tf32, as_json, **kwargs) -> None:
+def compare(gpu_request: GpuRequest, prices_file, tf32, cudnn_benchmark, as_json, **kwargs) -> None:
     """Predict the same step of MODEL on several GPUs (--gpus a,b,...): time, throughput, bound and
     cost."""
-    from nnperf.passes.timing import TimingOptions
-    from nnperf.prediction import predict_analysis
+    from nnperf.prediction import predict_analysis, timing_options
 
     if not gpu_request.given:
         raise UsageError("compare needs the GPUs to compare: --gpus a100,h100 (see 'nnperf gpus')")
     targets = gpu_request.resolve()  # every name, file and what-if checked before the slow trace
     prices = load_prices(prices_file)
     analysis = analyze_request(*pop_workload(kwargs))
+    timing = timing_options(tf32, cudnn_benchmark)
     memory: dict[str | None, Any] = {}  # one memory replay per architecture, not per GPU
     rows = []
     refused: list[UsageError] = []
@@ -72,7 +73,7 @@ def compare(gpu_request: GpuRequest, prices_file, tf32, as_json, **kwargs) -> No
         gpu = target.gpu
         try:  # a GPU the step cannot run on (bf16 autocast on a V100) is a row saying why
             # the memory model depends on the architecture and nothing else of the GPU
-            p = predict_analysis(analysis, gpu, target.profile, timing=TimingOptions(tf32_matmul=tf32),
+            p = predict_analysis(analysis, gpu, target.profile, timing=timing,
                                  memory=memory.get(gpu.architecture))
         except UsageError as err:
             refused.append(err)

@@ -10,7 +10,7 @@ from nnperf.cli.app import cli
 from nnperf.cli.gpu_options import GpuRequest, GpuTarget, gpu_options
 from nnperf.cli.limits import LimitedInt
 from nnperf.cli.paths import check_output, write_output
-from nnperf.cli.workload_options import pop_workload, workload_options
+from nnperf.cli.workload_options import cudnn_benchmark_option, pop_workload, workload_options
 from nnperf.errors import UsageError
 
 
@@ -53,6 +53,7 @@ def prediction_target(device, request: GpuRequest) -> tuple[GpuTarget | None, st
 @gpu_options(resolve=False)
 @click.option("--tf32/--no-tf32", default=False, show_default=True,
               help="Let fp32 matmuls use TF32 (set for the measurement and the prediction).")
+@cudnn_benchmark_option
 @click.option("--ops/--no-ops", default=True, show_default=True,
               help="Profile one extra step to attribute time to modules and ops.")
 @click.option("--depth", type=LimitedInt("depth"), default=2, show_default=True,
@@ -62,11 +63,14 @@ def prediction_target(device, request: GpuRequest) -> tuple[GpuTarget | None, st
               help="Run the K-th ranked layout (default the winner) of 'nnperf plan --json' for real, one "
                    "process per rank under torchrun (NCCL on GPUs, gloo on CPUs), beside the plan's figures.")
 @click.option("--json", "as_json", is_flag=True, help="Print predict --json's document with measured values.")
-def measure(device_name, steps, warmup, gpu_request: GpuRequest, tf32, ops, depth,
+def measure(device_name, steps, warmup, gpu_request: GpuRequest, tf32, cudnn_benchmark, ops, depth,
             trace_out, layout, as_json, **kwargs) -> None:
     """Measure one step of MODEL on this machine (CPU or CUDA GPU) beside nnperf's prediction;
     with --layout, one rank of a planned multi-GPU layout under torchrun."""
     if layout:
+        if cudnn_benchmark:
+            raise UsageError("--cudnn-benchmark is not applied to a --layout run (its ranks run as "
+                             "torchrun starts them); drop one of the two")
         from nnperf.cli.measure_layout import measure_planned_layout
 
         measure_planned_layout(layout, device_name, steps, warmup, as_json, kwargs)
@@ -84,16 +88,15 @@ def measure(device_name, steps, warmup, gpu_request: GpuRequest, tf32, ops, dept
         trace_out = check_output(trace_out, "--trace-out")
         measurement, analysis = write_output(trace_out, "--trace-out", lambda tmp: run_measure(
             request, options, device=device, steps=steps, warmup=warmup, tf32=tf32,
-            profile_ops=ops, trace_out=str(tmp)))
+            cudnn_benchmark=cudnn_benchmark, profile_ops=ops, trace_out=str(tmp)))
     else:
-        measurement, analysis = run_measure(request, options, device=device, steps=steps,
-                                            warmup=warmup, tf32=tf32, profile_ops=ops)
+        measurement, analysis = run_measure(request, options, device=device, steps=steps, warmup=warmup,
+                                            tf32=tf32, cudnn_benchmark=cudnn_benchmark, profile_ops=ops)
     prediction = None
     if target is not None:
-        from nnperf.passes.timing import TimingOptions
-        from nnperf.prediction import predict_analysis
+        from nnperf.prediction import predict_analysis, timing_options
 
-        prediction = predict_analysis(analysis, target.gpu, target.profile, TimingOptions(tf32_matmul=tf32))
+        prediction = predict_analysis(analysis, target.gpu, target.profile, timing_options(tf32, cudnn_benchmark))
     doc = combined_json(measurement, analysis, prediction, depth)
     if note:
         doc["prediction_note"] = note

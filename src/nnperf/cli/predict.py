@@ -11,7 +11,7 @@ from nnperf.cli.app import cli
 from nnperf.cli.gpu_options import gpu_options
 from nnperf.cli.limits import LimitedInt
 from nnperf.cli.paths import check_output, write_output
-from nnperf.cli.workload_options import pop_workload, workload_options
+from nnperf.cli.workload_options import cudnn_benchmark_option, pop_workload, workload_options
 
 
 @cli.command()
@@ -19,6 +19,7 @@ from nnperf.cli.workload_options import pop_workload, workload_options
 @gpu_options
 @click.option("--tf32/--no-tf32", default=False, show_default=True,
               help="Let fp32 matmuls use TF32 tensor cores (torch.backends.cuda.matmul.allow_tf32).")
+@cudnn_benchmark_option
 @click.option("--by", type=click.Choice(["module", "op"]), default="module", show_default=True,
               help="Rows of the time table: modules (to --depth) or aten ops.")
 @click.option("--depth", type=LimitedInt("depth"), default=2, show_default=True,
@@ -27,15 +28,14 @@ from nnperf.cli.workload_options import pop_workload, workload_options
 @click.option("--trace-out", type=click.Path(dir_okay=False),
               help="Write the predicted timeline (host dispatch and device kernels) as a Chrome "
               "trace for Perfetto.")
-def predict(gpu, profile, tf32, by, depth, as_json, trace_out, **kwargs) -> None:
+def predict(gpu, profile, tf32, cudnn_benchmark, by, depth, as_json, trace_out, **kwargs) -> None:
     """Predict how long one step of MODEL takes on a GPU, and what bounds each layer."""
-    from nnperf.passes.timing import TimingOptions
-    from nnperf.prediction import predict_analysis
+    from nnperf.prediction import predict_analysis, timing_options
 
     if trace_out:
         trace_out = check_output(trace_out, "--trace-out")  # before the work, not after it
     analysis = analyze_request(*pop_workload(kwargs))
-    result = predict_analysis(analysis, gpu, profile, TimingOptions(tf32_matmul=tf32))
+    result = predict_analysis(analysis, gpu, profile, timing_options(tf32, cudnn_benchmark))
     if trace_out:
         from nnperf.report.chrome_trace import write_chrome_trace
 

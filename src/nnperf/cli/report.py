@@ -9,7 +9,7 @@ from nnperf.cli.app import cli
 from nnperf.cli.gpu_options import GpuTarget, gpu_options
 from nnperf.cli.limits import LimitedInt
 from nnperf.cli.paths import check_output, distinct_outputs, write_output
-from nnperf.cli.workload_options import pop_workload, workload_options
+from nnperf.cli.workload_options import cudnn_benchmark_option, pop_workload, workload_options
 from nnperf.errors import UsageError, read_user_text
 
 
@@ -29,11 +29,11 @@ from nnperf.errors import UsageError, read_user_text
               help="Run the memory model for the memory fit and timeline.")
 @click.option("--tf32/--no-tf32", default=False, show_default=True,
               help="Let fp32 matmuls use TF32 tensor cores.")
+@cudnn_benchmark_option
 def report(targets: list[GpuTarget], output, measured, png, svg, depth, points, memory, tf32,
-           **kwargs) -> None:
+           cudnn_benchmark, **kwargs) -> None:
     """Write an HTML report of MODEL on a GPU (or several with --gpus) that opens offline."""
-    from nnperf.passes.timing import TimingOptions
-    from nnperf.prediction import predict_analysis
+    from nnperf.prediction import predict_analysis, timing_options
     from nnperf.report.html import AUTO, build_compare_report, build_report, load_measured
     from nnperf.report.html.measured import check_comparable
 
@@ -47,7 +47,7 @@ def report(targets: list[GpuTarget], output, measured, png, svg, depth, points, 
         read_user_text(measured, "measurement file")  # a binary or unreadable file: one line
     overlay = load_measured(measured) if measured else None
     analysis = analyze_request(*pop_workload(kwargs))
-    timing = TimingOptions(tf32_matmul=tf32)
+    timing = timing_options(tf32, cudnn_benchmark)
     predictions = [predict_analysis(analysis, t.gpu, t.profile, timing) for t in targets]
     if overlay is not None:
         check_comparable(overlay, [p.gpu for p in predictions])

@@ -106,6 +106,16 @@ def workload_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def cudnn_benchmark_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Adds ``--cudnn-benchmark/--no-cudnn-benchmark``: a library setting of the step, like
+    ``--tf32``, that every command predicting or measuring a step takes the same way."""
+    return click.option(
+        "--cudnn-benchmark/--no-cudnn-benchmark", default=False, show_default=True,
+        help="The step runs with torch.backends.cudnn.benchmark on: cuDNN times its "
+             "convolution algorithms on each new shape and keeps the fastest (PyTorch's "
+             "default is off). measure sets it for its run.")(fn)
+
+
 def pop_workload(kwargs: dict[str, Any]) -> tuple[ModelRequest, TraceOptions]:
     """Take the workload options out of a command's arguments: what to build and how to run
     its step, parsed and checked the same way for every command."""

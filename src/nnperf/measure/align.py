@@ -12,14 +12,16 @@ missing ops on either side shift nothing else. Matched trace events receive the 
 time; unmatched time is reported, never silently spread, and the attributed share says how
 much was matched.
 
-On CUDA the time is kernel time, and a kernel counts toward the CPU op that launched it and
-every op above: when the flattening descends into an op the trace does not have, the kernel
-time that op launched itself (its total less its children's) stays as a "profiler only" entry
-under its name, so no device time is dropped.
+On CUDA the time is kernel time (``kernel_times``: each kernel of the profiled step once, to
+the op that launched it), and a kernel counts toward that op and every op above: when the
+flattening descends into an op the trace does not have, the kernel time that op launched
+itself stays as a "profiler only" entry under its name, so no device time is dropped.
 
 The trace records fused attention as ``nnperf.attention`` (and its backward); the profiler
-shows the kernel PyTorch picked (flash, memory-efficient, cuDNN, math for CPU):
-``TRACE_NAMES`` maps those back.
+shows the kernel PyTorch picked (flash, memory-efficient, cuDNN, math for CPU). fp32 batch
+norm in NCHW runs cuDNN's kernels on a GPU (``aten::cudnn_batch_norm``) where the trace, taken
+on the CPU's dispatch path, records ``aten.native_batch_norm``. ``TRACE_NAMES`` maps those
+back (the same pairs as ``op_lists.SAME_WORK``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import difflib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from nnperf.measure.kernel_times import KernelTimes
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,7 @@ class Alignment:
     matched_ops: int = 0
     profiled_ops: int = 0
     trace_ops: int = 0
+    kernels: KernelTimes | None = None  # on a GPU: how the kernels were counted
 
     @property
     def total_s(self) -> float:
@@ -71,6 +76,7 @@ class Alignment:
             "trace_ops": self.trace_ops,
             "profiler_only": dict(sorted(self.profiler_only.items(), key=lambda kv: -kv[1])[:20]),
             "trace_only": dict(sorted(self.trace_only.items(), key=lambda kv: -kv[1])[:20]),
+            "kernels": self.kernels.to_json() if self.kernels else None,
         }
 
 
@@ -89,6 +95,12 @@ TRACE_NAMES: dict[str, str] = {
          "aten._scaled_dot_product_flash_attention_for_cpu_backward",
          "aten._flash_attention_backward", "aten._efficient_attention_backward"],
         "nnperf.attention_backward"),
+    "aten.cudnn_batch_norm": "aten.native_batch_norm",
+    "aten.cudnn_batch_norm_backward": "aten.native_batch_norm_backward",
+    "aten.miopen_batch_norm": "aten.native_batch_norm",
+    "aten.miopen_batch_norm_backward": "aten.native_batch_norm_backward",
+    "aten._cudnn_rnn": "nnperf.cudnn_rnn",
+    "aten._cudnn_rnn_backward": "nnperf.cudnn_rnn_backward",
 }
 
 
@@ -99,36 +111,35 @@ def profiler_name(name: str) -> str:
     return TRACE_NAMES.get(dotted, dotted)
 
 
-def flatten_profile(roots: Iterable[Any], known: set[str], *, device_time: bool) -> list[ProfiledOp]:
+def flatten_profile(roots: Iterable[Any], known: set[str], *, kernels: KernelTimes | None = None) -> list[ProfiledOp]:
     """Outermost known ops of profiler event trees, in start order.
 
     ``roots`` are ``FunctionEvent``-like objects (``name``, ``cpu_children``,
-    ``cpu_time_total``/``device_time_total`` in microseconds, ``time_range.start``).
+    ``cpu_time_total`` in microseconds, ``time_range.start``). ``kernels``: time each op by
+    its kernels (a GPU step), else by its host time (a CPU step, where dispatch and math run
+    on the same thread).
     """
     out: list[ProfiledOp] = []
 
     def op_time(ev: Any) -> float:
-        us = getattr(ev, "device_time_total", 0.0) if device_time else ev.cpu_time_total
-        return float(us) * 1e-6
+        return kernels.inclusive_s(ev) if kernels is not None else float(ev.cpu_time_total) * 1e-6
 
     def start(ev: Any) -> float:
         return float(ev.time_range.start)
 
     def walk(ev: Any) -> None:
         name = profiler_name(ev.name)
-        if name in known:
+        if name not in known:  # a stand-in the trace does not have: the op's own name
+            name = ev.name.replace("::", ".")
+        children = sorted(ev.cpu_children, key=start)
+        if name in known or (not children and name.startswith("aten.")):
             out.append(ProfiledOp(name, op_time(ev), start(ev)))
             return
-        children = sorted(ev.cpu_children, key=start)
-        if children:
-            if device_time:  # kernels this op launched itself, outside any child
-                own = op_time(ev) - sum(op_time(c) for c in children)
-                if own > 1e-9:
-                    out.append(ProfiledOp(name, own, start(ev)))
-            for child in children:
-                walk(child)
-        elif name.startswith("aten."):
-            out.append(ProfiledOp(name, op_time(ev), start(ev)))
+        own = kernels.own_s.get(id(ev), 0.0) if kernels is not None else 0.0
+        if own > 0.0:  # kernels an op the trace lacks launched itself, outside any child
+            out.append(ProfiledOp(name, own, start(ev)))
+        for child in children:
+            walk(child)
 
     for root in sorted(roots, key=start):
         walk(root)
@@ -136,11 +147,20 @@ def flatten_profile(roots: Iterable[Any], known: set[str], *, device_time: bool)
     return out
 
 
-def align(trace_ops: Sequence[tuple[int, str]], profiled: Sequence[ProfiledOp]) -> Alignment:
-    """Match ``(event index, name)`` trace ops with profiled ops by name and order."""
+#: Where kernels that no op of the step launched are reported among the profiler-only time.
+UNLINKED_KERNELS = "(kernels no op of the step launched)"
+
+
+def align(trace_ops: Sequence[tuple[int, str]], profiled: Sequence[ProfiledOp],
+          kernels: KernelTimes | None = None) -> Alignment:
+    """Match ``(event index, name)`` trace ops with profiled ops by name and order; on a GPU
+    (``kernels``), kernel time no op claimed is unmatched too."""
     a = [name for _, name in trace_ops]
     b = [p.name for p in profiled]
-    result = Alignment(profiled_ops=len(profiled), trace_ops=len(trace_ops))
+    result = Alignment(profiled_ops=len(profiled), trace_ops=len(trace_ops), kernels=kernels)
+    if kernels is not None and kernels.unlinked_s > 0.0:
+        result.unmatched_s += kernels.unlinked_s
+        result.profiler_only[UNLINKED_KERNELS] = kernels.unlinked_s
     matched_b: set[int] = set()
     matched_a: set[int] = set()
     for ia, ib in common_subsequence(a, b):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -92,6 +93,35 @@ def time_repeats(
             fn()
             times.append(time.perf_counter() - t0)
     return times
+
+
+def time_back_to_back(fn: Callable[[], object], device: torch.device, steps: int) -> float:
+    """Seconds per call of ``steps`` calls run back to back, timed with the host's clock and
+    one synchronize at the end, as a training loop runs them: the host issues a step while the
+    device still runs the previous one, so a host-bound step shows its host time here, where
+    ``time_repeats`` (a synchronize before each call) shows host and device time in series."""
+    synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        fn()
+    synchronize(device)
+    return (time.perf_counter() - t0) / steps
+
+
+@dataclass(frozen=True)
+class CudaPeaks:
+    """The caching allocator's peaks since its statistics were last reset."""
+
+    allocated_bytes: int
+    reserved_bytes: int
+
+
+def cuda_peaks(device: torch.device) -> CudaPeaks:
+    """Both peaks of the steps just run, read together before anything resets them
+    (``free_memory`` does: the H200 run of 2026-11-28 read the reserved peak after it and
+    recorded what the allocator held after emptying its cache, below the allocated peak in
+    50 of 52 runs)."""
+    return CudaPeaks(int(torch.cuda.max_memory_allocated(device)), int(torch.cuda.max_memory_reserved(device)))
 
 
 def time_batched(

@@ -3,14 +3,19 @@
 What is measured, and how:
 
 * step time: ``steps`` steps after ``warmup`` steps, each timed alone (CUDA events after a
-  synchronize on GPU, ``perf_counter`` on CPU); the median and spread are reported;
+  synchronize on GPU, ``perf_counter`` on CPU); the median and spread are reported; with
+  ``back_to_back``, ``steps`` more run back to back under the host's clock with one
+  synchronize at the end (a loop's throughput: the host runs ahead of the device);
 * peak memory: ``torch.cuda.max_memory_allocated`` on GPU (the same quantity nnperf's memory
-  model predicts as ``peak_allocated``); on the CPU the peak of tensor memory during one more
-  step, from the CPU allocator's own allocation reports (``host_memory``), which the memory
-  model predicts exactly as ``passes.memory.host`` (no caching allocator on the CPU);
+  model predicts as ``peak_allocated``) and the allocator's reserved peak, both read right
+  after the timed steps; on the CPU the peak of tensor memory during one more step, from the
+  CPU allocator's own allocation reports (``host_memory``), which the memory model predicts
+  exactly as ``passes.memory.host`` (no caching allocator on the CPU);
 * time per op and module: one extra step under the PyTorch profiler (after a profiler warm-up
-  step), aligned with the trace's ops (see ``align``); the share of measured op time that
-  could be attributed is reported.
+  step), aligned with the trace's ops (see ``align``); the time that could not be attributed
+  is reported beside the attributed share;
+* the library settings the step ran with: TF32 matmuls and ``torch.backends.cudnn.benchmark``
+  (set for the run and restored after it).
 """
 
 from __future__ import annotations
@@ -30,12 +35,15 @@ from nnperf.loading import resolve
 from nnperf.measure import host_memory
 from nnperf.measure.align import Alignment, align, flatten_profile
 from nnperf.measure.device import (
+    cuda_peaks,
     device_name,
     free_memory,
     is_oom,
     synchronize,
+    time_back_to_back,
     time_repeats,
 )
+from nnperf.measure.kernel_times import KernelTimes, is_cpu
 from nnperf.measure.stats import Spread, percentile, relative_error
 from nnperf.measure.step import build_step
 from nnperf.passes.rollup import ancestors, depth_of
@@ -60,6 +68,10 @@ class Measurement:
     alignment: Alignment | None = None
     profiled_step_s: float | None = None
     environment: dict[str, Any] = field(default_factory=dict)
+    peak_reserved_bytes: int | None = None  # GPU: the caching allocator's reserved peak
+    back_to_back_step_s: float | None = None  # host clock over back-to-back steps, one sync
+    tf32: bool = False  # torch.backends.cuda.matmul.allow_tf32 during the steps
+    cudnn_benchmark: bool = False  # torch.backends.cudnn.benchmark during the steps
 
     @property
     def step(self) -> Spread:
@@ -81,8 +93,13 @@ class Measurement:
             "step_time_s": self.step.to_json(),
             "step_times_s": self.step_times_s,
             "peak_memory_bytes": self.peak_memory_bytes,
+            "peak_reserved_bytes": self.peak_reserved_bytes,
             "memory_method": self.memory_method,
+            "back_to_back_step_s": self.back_to_back_step_s,
+            "tf32": self.tf32,
+            "cudnn_benchmark": self.cudnn_benchmark,
             "profiled_step_s": self.profiled_step_s,
+            "unmatched_s": self.alignment.unmatched_s if self.alignment else None,
             "attribution": self.alignment.to_json() if self.alignment else None,
             "attributed_share_of_step": self.attributed_share_of_step,
             "environment": self.environment,
@@ -159,12 +176,19 @@ def measure(
     steps: int = 10,
     warmup: int = 3,
     tf32: bool = False,
+    cudnn_benchmark: bool = False,
     profile_ops: bool = True,
+    profile_repeats: int = 3,
+    back_to_back: bool = False,
     analysis: Analysis | None = None,
     trace_out: str | None = None,
 ) -> tuple[Measurement, Analysis]:
     """Measure one step of the requested workload on ``device``; returns the measurement and
     its trace (``analysis`` when given, traced with the same request and options).
+
+    ``tf32`` and ``cudnn_benchmark`` set ``torch.backends.cuda.matmul.allow_tf32`` and
+    ``torch.backends.cudnn.benchmark`` for the run (restored after it); ``back_to_back`` also
+    times ``steps`` steps back to back (``Measurement.back_to_back_step_s``).
 
     Raises ``ResourceError`` ("does not fit at batch N") on out-of-memory, after freeing what
     the failed run held so the caller can try a smaller batch in the same process.
@@ -175,8 +199,9 @@ def measure(
     if analysis is None:
         analysis = analyze_request(request, options)
     name, build = resolve(request)
-    previous_tf32 = torch.backends.cuda.matmul.allow_tf32
+    previous = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.benchmark)
     torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.benchmark = cudnn_benchmark
     step = None
     try:
         if device.type == "cuda":
@@ -186,15 +211,20 @@ def measure(
             torch.cuda.reset_peak_memory_stats(device)
         times = time_repeats(step.run, device, warmup=warmup, repeats=steps)
         synchronize(device)
+        settings = (bool(torch.backends.cuda.matmul.allow_tf32), bool(torch.backends.cudnn.benchmark))
+        reserved: int | None = None
         if device.type == "cuda":
             memory_method = "torch.cuda.max_memory_allocated"
-            peak: int | None = int(torch.cuda.max_memory_allocated(device))
+            peaks = cuda_peaks(device)  # before profiling or freeing resets them
+            peak: int | None = peaks.allocated_bytes
+            reserved = peaks.reserved_bytes
         else:
             memory_method = host_memory.METHOD
             peak = host_memory.peak_tensor_bytes(step.run, step.state_tensors)
+        wall = time_back_to_back(step.run, device, steps) if back_to_back else None
         alignment, profiled = (None, None)
         if profile_ops:
-            alignment, profiled = _profile_step(step.run, device, analysis, trace_out)
+            alignment, profiled = _profile_step(step.run, device, analysis, trace_out, profile_repeats)
     except NotImplementedError as err:  # PyTorch has no kernel for this dtype on this device
         step = None
         free_memory(device)
@@ -223,7 +253,7 @@ def measure(
             f"{binary(capacity) if capacity else 'n/a'}). Try a smaller --batch."
         ) from None
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = previous_tf32
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.benchmark = previous
     measurement = Measurement(
         model=name,
         device=str(device),
@@ -236,6 +266,10 @@ def measure(
         alignment=alignment,
         profiled_step_s=profiled,
         environment=environment(device),
+        peak_reserved_bytes=reserved,
+        back_to_back_step_s=wall,
+        tf32=settings[0],
+        cudnn_benchmark=settings[1],
     )
     del step
     free_memory(device)
@@ -249,7 +283,8 @@ def _profile_step(
     the trace, and keep the per-op median: one profiled step alone is at the mercy of a
     stall (another process, a page fault) landing inside it."""
     runs = [_profile_once(run, device, analysis, trace_out if i == repeats - 1 else None) for i in range(repeats)]
-    merged = Alignment(profiled_ops=runs[-1][0].profiled_ops, trace_ops=runs[-1][0].trace_ops)
+    merged = Alignment(profiled_ops=runs[-1][0].profiled_ops, trace_ops=runs[-1][0].trace_ops,
+                       kernels=runs[-1][0].kernels)
     for index in {i for a, _ in runs for i in a.by_event}:
         merged.by_event[index] = percentile([a.by_event.get(index, 0.0) for a, _ in runs], 50)
     merged.matched_s = sum(merged.by_event.values())
@@ -279,15 +314,15 @@ def _profile_once(run: Any, device: torch.device, analysis: Analysis, trace_out:
     if trace_out:
         prof.export_chrome_trace(trace_out)
     events = prof.events()
-    roots = [e for e in events if e.cpu_parent is None]
+    kernels = KernelTimes.of(events) if device.type == "cuda" else None
+    roots = [e for e in events if e.cpu_parent is None and is_cpu(e)]
     trace_ops = [(e.index, e.name) for e in analysis.trace.events if not e.free]
     known = {name for _, name in trace_ops}
-    profiled = flatten_profile(roots, known, device_time=device.type == "cuda")
-    result = align(trace_ops, profiled)
-    if device.type == "cuda":
-        # kernels only: compare with the device time of the step, never less than the ops' sum
-        busy = sum(p.time_s for p in profiled)
-        return result, max(wall, busy)
+    profiled = flatten_profile(roots, known, kernels=kernels)
+    result = align(trace_ops, profiled, kernels)
+    if kernels is not None:
+        # kernels only: compare with the device time of the step, never less than its busy time
+        return result, max(wall, kernels.busy_s)
     return result, wall
 
 

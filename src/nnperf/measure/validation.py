@@ -24,6 +24,7 @@ from nnperf.measure.stats import percentile
 
 if TYPE_CHECKING:  # imported where used: the error table needs no torch
     from nnperf.hardware import DeviceProfile
+    from nnperf.passes.timing import TimingOptions
     from nnperf.request import ModelRequest
     from nnperf.trace.options import TraceOptions
 
@@ -33,7 +34,8 @@ RECORD_SCHEMA = "nnperf.validation.record/1"
 @dataclass(frozen=True)
 class Config:
     """One validation run: a model (built-in, or a library model: ``hf:``, ``timm:``,
-    ``tv:``), a mode, a precision, a batch size and a memory format."""
+    ``tv:``), a mode, a precision, a batch size, a memory format and whether cuDNN picks its
+    convolution algorithms by timing them (``torch.backends.cudnn.benchmark``)."""
 
     model: str
     train: bool
@@ -43,13 +45,16 @@ class Config:
     overrides: tuple[tuple[str, int], ...] = ()  # the model's -O settings
     tiny: bool = False  # a CPU-sized version (dry runs of the GPU plan)
     channels_last: bool = False  # weights and 4-D inputs in torch.channels_last
+    cudnn_benchmark: bool = False  # torch.backends.cudnn.benchmark for the run
 
     @property
     def name(self) -> str:
         mode = "train" if self.train else "infer"
         seq = f"-s{self.seq}" if self.seq else ""
         layout = "-cl" if self.channels_last else ""
-        return f"{self.model}-{mode}-{self.precision}-b{self.batch}{seq}{layout}{'-tiny' if self.tiny else ''}"
+        benchmark = "-cbm" if self.cudnn_benchmark else ""
+        return (f"{self.model}-{mode}-{self.precision}-b{self.batch}{seq}{layout}{benchmark}"
+                f"{'-tiny' if self.tiny else ''}")
 
     def request(self) -> ModelRequest:
         """The workload this configuration builds: the zoo model at its batch and sequence."""
@@ -60,14 +65,17 @@ class Config:
     def to_json(self) -> dict[str, Any]:
         return {"model": self.model, "train": self.train, "precision": self.precision,
                 "batch": self.batch, "seq": self.seq, "overrides": dict(self.overrides),
-                "tiny": self.tiny, "channels_last": self.channels_last}
+                "tiny": self.tiny, "channels_last": self.channels_last,
+                "cudnn_benchmark": self.cudnn_benchmark}
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Config:
-        """The configuration a record was measured with."""
+        """The configuration a record was measured with (records written before a switch
+        existed ran with its default)."""
         return cls(record["model"], record["train"], record["precision"], record["batch"],
                    record.get("seq"), tuple(sorted((record.get("overrides") or {}).items())),
-                   bool(record.get("tiny")), bool(record.get("channels_last")))
+                   bool(record.get("tiny")), bool(record.get("channels_last")),
+                   record_flag(record, "cudnn_benchmark"))
 
     def trace_options(self) -> TraceOptions:
         """How its step runs: training or inference, with autocast for "bf16" and "fp16" (fp16
@@ -80,6 +88,21 @@ class Config:
     @property
     def tf32(self) -> bool:
         return self.precision == "tf32"
+
+    def timing_options(self) -> TimingOptions:
+        """The library settings its predicted step runs with, as its measured step does."""
+        from nnperf.passes.timing import TimingOptions
+
+        return TimingOptions(tf32_matmul=self.tf32, cudnn_benchmark=self.cudnn_benchmark)
+
+
+def record_flag(record: dict[str, Any], key: str) -> bool:
+    """A record's on/off setting: absent is off; anything but true or false is refused with
+    the record's name, the key and what is valid (a hand-edited "yes" would read as on)."""
+    value = record.get(key, False)
+    if not isinstance(value, bool):
+        raise ValueError(f"record {record.get('config', '?')!r}: {key} is {value!r}; expected true or false")
+    return value
 
 
 #: Two batch sizes per zoo model, sized for one 80 GB-class GPU (training the large decoders
@@ -256,7 +279,6 @@ def repredict(record: dict[str, Any], gpu_name: str | None, profile: DeviceProfi
     from nnperf.analysis import analyze_request
     from nnperf.hardware import load_gpu
     from nnperf.measure.runner import predicted_peak_memory
-    from nnperf.passes.timing import TimingOptions
     from nnperf.prediction import predict_analysis
 
     config = Config.from_record(record)
@@ -264,7 +286,7 @@ def repredict(record: dict[str, Any], gpu_name: str | None, profile: DeviceProfi
     record["predicted_peak_memory_bytes"] = predicted_peak_memory(analysis, record.get("device", "cuda"))
     record["predicted_step_time_s"] = None
     if gpu_name:
-        gpu, timing = load_gpu(gpu_name), TimingOptions(tf32_matmul=config.tf32)
+        gpu, timing = load_gpu(gpu_name), config.timing_options()
         record["predicted_step_time_s"] = predict_analysis(analysis, gpu, timing=timing).step.step_s
         if profile is not None:
             record["predicted_step_time_calibrated_s"] = predict_analysis(analysis, gpu, profile, timing).step.step_s

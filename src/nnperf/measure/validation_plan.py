@@ -9,7 +9,7 @@ writes one JSON line per finished configuration so a command cut at its limit ke
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -85,6 +85,54 @@ def ordered_configs(tiny: bool = False) -> list[Config]:
     return out
 
 
+def _sized(model: str, train: bool, precision: str, tiny: bool, cudnn_benchmark: bool = False) -> Config:
+    """``model`` at its larger batch (the size the first run measured), or its CPU-sized
+    version (at the smaller tiny batch: a dry run's only job is the code path)."""
+    if tiny:
+        batches, seq, overrides = TINY[model]
+        return Config(model, train, precision, batches[0], seq, tuple(sorted(overrides.items())), tiny=True,
+                      cudnn_benchmark=cudnn_benchmark)
+    return Config(model, train, precision, BATCHES[model][1], overrides=FULL_OVERRIDES.get(model, ()),
+                  cudnn_benchmark=cudnn_benchmark)
+
+
+#: The CNN steps measured with ``torch.backends.cudnn.benchmark`` off and on (published CNN
+#: numbers usually run with it on; the harness never set it): (model, train).
+CNN_PAIRS: tuple[tuple[str, bool], ...] = (
+    ("resnet50", True), ("resnet50", False), ("efficientnet_b0", True), ("mobilenet_v2", True),
+    ("vgg16", True), ("convnext_tiny", True),
+)
+#: Runs the first H200 run found host-bound (BERT, the MLP, mnist): measured again with more
+#: steps, their fastest and median step and back to back. (model, train).
+HOST_BOUND: tuple[tuple[str, bool], ...] = (
+    ("bert-base", True), ("bert-base", False), ("bert-large", False), ("mlp", True), ("mlp", False),
+    ("mnist-cnn", True), ("mnist-cnn", False),
+)
+#: Runs whose profiler attribution read more device time than the step had (2026-11-28),
+#: profiled again with each kernel counted once (``measure.kernel_times``).
+REPROFILE: tuple[tuple[str, bool], ...] = (("llama-7b", False), ("mixtral-8x7b", True))
+
+
+def cnn_pairs(tiny: bool = False) -> list[Config]:
+    """Each of ``CNN_PAIRS`` in bf16 and fp16 autocast, cudnn.benchmark off then on."""
+    return [_sized(model, train, precision, tiny, benchmark) for model, train in CNN_PAIRS
+            for precision in ("bf16", "fp16") for benchmark in (False, True)]
+
+
+def host_bound(tiny: bool = False) -> list[Config]:
+    return [_sized(model, train, "bf16", tiny) for model, train in HOST_BOUND]
+
+
+def reprofile(tiny: bool = False) -> list[Config]:
+    return [_sized(model, train, "bf16", tiny) for model, train in REPROFILE]
+
+
+#: The configuration lists ``validation/run.py --configs NAME`` runs.
+CONFIG_SETS: dict[str, Callable[[bool], list[Config]]] = {
+    "zoo": ordered_configs, "cnn-pairs": cnn_pairs, "host-bound": host_bound, "reprofile": reprofile,
+}
+
+
 def shard(configs: Sequence[Config], spec: str | None) -> list[Config]:
     """``"i/n"``: every n-th configuration from the i-th (1-based), so shards stay balanced
     in kind; None: all."""
@@ -120,20 +168,22 @@ class Estimate:
     analysis: Any = field(default=None, repr=False, compare=False)  # the trace, for the run
 
 
-def estimate(config: Config, gpu: GPU | None, device: str, steps: int, warmup: int) -> Estimate:
+def estimate(config: Config, gpu: GPU | None, device: str, steps: int, warmup: int,
+             back_to_back: bool = False, profile_repeats: int = 3) -> Estimate:
     """Trace the configuration once (the harness traces it anyway) and price its run:
-    building the weights, ``warmup + steps`` timed steps, one profiled step, and RuntimeEstimator."""
+    building the weights, ``warmup + steps`` timed steps (and ``steps`` more back to back),
+    the profiled steps (each after a profiled warm-up step), and RuntimeEstimator."""
     from nnperf.analysis import analyze_request
-    from nnperf.passes.timing import TimingOptions
     from nnperf.prediction import predict_analysis
 
     analysis = analyze_request(config.request(), config.trace_options())
     params = int(analysis.totals["params"])
     step_s, fits = 0.0, True
     if gpu is not None:
-        p = predict_analysis(analysis, gpu, timing=TimingOptions(tf32_matmul=config.tf32))
+        p = predict_analysis(analysis, gpu, timing=config.timing_options())
         step_s, fits = p.step.step_s, p.memory_fit.fits
     kind = "cuda" if device.startswith("cuda") else "cpu"
-    seconds = params / INIT_PARAMS_PER_S[kind] + (warmup + steps + 2) * step_s + FIXED_S
+    timed = warmup + steps * (2 if back_to_back else 1) + 2 * profile_repeats
+    seconds = params / INIT_PARAMS_PER_S[kind] + timed * step_s + FIXED_S
     return Estimate(config, params, step_s, fits, seconds, analysis)
 

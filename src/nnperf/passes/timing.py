@@ -71,6 +71,7 @@ class TimingOptions:
 
     tf32_matmul: bool = False  # torch.backends.cuda.matmul.allow_tf32
     tf32_conv: bool = True  # torch.backends.cudnn.allow_tf32
+    cudnn_benchmark: bool = False  # torch.backends.cudnn.benchmark
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,6 +48,10 @@ def print_measurement(doc: dict[str, Any], *, console: Console | None = None) ->
     summary.add_row("measured step time (median)", seconds(s["median"]))
     summary.add_row("spread: p10 / p90 (IQR)", f"{seconds(s['p10'])} / {seconds(s['p90'])} ({seconds(s['iqr'])})")
     summary.add_row("timed steps", str(s["n"]))
+    if m.get("back_to_back_step_s") is not None:
+        summary.add_row("step back to back (host clock, one sync)", seconds(m["back_to_back_step_s"]))
+    summary.add_row("library settings", f"TF32 matmuls {'on' if m.get('tf32') else 'off'}, "
+                                        f"cudnn.benchmark {'on' if m.get('cudnn_benchmark') else 'off'}")
     if has_pred:
         summary.add_row(f"predicted step time on {doc['gpu']['name']}", seconds(tot["step_time_s"]))
         summary.add_row("error (predicted vs measured)", _err(tot["step_time_error"]))
@@ -62,6 +66,7 @@ def print_measurement(doc: dict[str, Any], *, console: Console | None = None) ->
     att = m.get("attribution")
     if att:
         summary.add_row("op time attributed to traced ops", f"{att['attributed_share_of_op_time']:.1%}")
+        summary.add_row("op time not attributed", seconds(att["unmatched_s"]))
         share = m.get("attributed_share_of_step")
         if share is not None:
             summary.add_row("share of the profiled step attributed", f"{share:.1%}")

@@ -106,6 +106,14 @@ def memory_line(p: Prediction) -> str:
     return f"{binary(fit.device_total, digits)} of {binary(fit.capacity, digits)}: {fit.verdict}"
 
 
+def library_settings(p: Prediction) -> str:
+    """'TF32 matmuls off, cudnn.benchmark off': the PyTorch switches the prediction assumed
+    (``--tf32``, ``--cudnn-benchmark``)."""
+    timing = p.timing
+    return (f"TF32 matmuls {'on' if timing.tf32_matmul else 'off'}, "
+            f"cudnn.benchmark {'on' if timing.cudnn_benchmark else 'off'}")
+
+
 def summary_table(p: Prediction) -> Table:
     tot = p.totals
     t = Table(title="Step", title_justify="left", show_header=False)
@@ -120,6 +128,7 @@ def summary_table(p: Prediction) -> Table:
     t.add_row("host issue time (eager dispatch)", seconds(tot["host_s"]))
     t.add_row("device busy / idle", f"{seconds(tot['device_busy_s'])} / {seconds(tot['device_idle_s'])}")
     t.add_row("kernels", f"{tot['kernels']:,}")
+    t.add_row("library settings (assumed)", library_settings(p))
     cov = p.analysis.coverage
     t.add_row("ops with a cost formula", f"{cov['op_share']:.1%} of ops, {cov['byte_share']:.1%} of bytes")
     return t

@@ -58,6 +58,7 @@ def advise(
     global_batch: int | None = None,
     profile: DeviceProfile | None = None,
     tf32: bool = False,
+    cudnn_benchmark: bool = False,
     workers: int | None = None,
     batch: int | None = None,
     seq_len: int | None = None,
@@ -77,8 +78,10 @@ def advise(
                            overrides=overrides)
     options = MemoryOptions(TraceOptions(train=train, optimizer=optimizer, optimizer_impl=optimizer_impl,
                                          dtype=dtype, amp=amp, channels_last=channels_last, sdpa=sdpa))
+    from nnperf.prediction import timing_options
+
     target = load_gpu(gpu) if isinstance(gpu, str) else gpu
-    return advise_request(request, options, target, profile, TimingOptions(tf32_matmul=tf32),
+    return advise_request(request, options, target, profile, timing_options(tf32, cudnn_benchmark),
                           apply=apply, global_batch=global_batch, workers=workers)
 
 
