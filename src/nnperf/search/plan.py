@@ -33,6 +33,7 @@ from nnperf.hardware import GPU
 from nnperf.hardware.cluster import Cluster
 from nnperf.passes.memory.capacity import capacity, fits
 from nnperf.request import ModelRequest
+from nnperf.search.accumulation import local_batch, micro_batches
 from nnperf.search.memory_variants import apply_checkpointing
 from nnperf.search.plan_pipeline import pipeline_step
 from nnperf.search.plan_rank import SCALE_POINTS, RankCost, RoleCache, layers_of, scaled_cost
@@ -163,11 +164,11 @@ def _layouts_of(gpus: int, nodes_of: int, global_batch: int, tp: int, pp: int, c
     dp = gpus // (tp * pp * cp)
     if global_batch % dp:
         if tp == pp == cp == 1:
-            low, high = global_batch // gpus * gpus, (global_batch // gpus + 1) * gpus
-            batches = f"{low} or {high}" if low else str(high)
-            raise UsageError(f"--global-batch {global_batch} does not divide over {gpus} GPUs; nearest global "
-                             f"batches that do: {batches}; or GPU counts that divide it: "
-                             f"{_nearest_gpu_counts(gpus, global_batch)}")
+            try:
+                local_batch(global_batch, gpus)
+            except UsageError as err:
+                raise UsageError(f"{err}; or GPU counts that divide it: "
+                                 f"{_nearest_gpu_counts(gpus, global_batch)}") from None
         return []
     out: list[Execution] = []
     for data, shard in _data_shapes(dp, tp * cp, pp, nodes_of):
@@ -195,8 +196,8 @@ def _data_shapes(dp: int, tp: int, pp: int, nodes_of: int) -> list[tuple[str, in
 
 def _splits(common: dict[str, Any], pp: int, local: int, schedules: Iterable[str],
             layers: int | None) -> list[Execution]:
-    if pp == 1:
-        return [Execution(**common, micro_batch=local // a, grad_accum=a) for a in _divisors(local)]
+    if pp == 1:  # every accumulation of the local batch, fewest steps last: ascending micro-batches reversed
+        return [Execution(**common, micro_batch=m, grad_accum=local // m) for m in reversed(micro_batches(local))]
     out = []
     for schedule in schedules:
         virtual = INTERLEAVE if schedule in ("interleaved-1f1b", "zero-bubble") else 1
@@ -209,13 +210,6 @@ def _splits(common: dict[str, Any], pp: int, local: int, schedules: Iterable[str
                                      micro_batch=local // micro, grad_accum=micro,
                                      reshard_after_forward=False))  # torchtitan: no reshard under PP
     return out
-
-
-def _divisors(n: int) -> list[int]:
-    """Every gradient accumulation of a local batch of ``n`` (down to micro-batches of one),
-    ascending: the search bisects over them, so a long list costs a few traces more."""
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
 
 
 def shape_key(execution: Execution) -> tuple[Any, ...]:
