@@ -310,7 +310,9 @@ def search_axes(request: ModelRequest, gpus: int, nodes_of: int, layers: int | N
     if tensor is not None:
         tensor = list(tensor)
         for tp in tensor:
-            if tp > 1 and model_info is not None:
+            if tp > 1 and model_info is None:
+                raise UsageError(f"--tp {tp}: {NO_PLANS.format(name=request_name(request))}; give --tp 1")
+            if tp > 1:
                 from nnperf.trace.tensor_parallel import check_divisible
 
                 check_divisible(model_info[0], model_info[1], tp, True, request.seq_len or model_info[2])
@@ -337,6 +339,27 @@ def search_axes(request: ModelRequest, gpus: int, nodes_of: int, layers: int | N
     else:
         pipeline = [p for p in PIPELINE_DEGREES if p <= gpus and layers % p == 0 and p < layers]
     return tensor, pipeline
+
+
+#: Why a model gets no tensor or pipeline layouts (``axes_note``, and ``--tp`` refused for it).
+NO_PLANS = ("tensor and pipeline parallelism need nnperf's per-family plans (which Linear layers split by "
+            "column or by row, trace/tensor_parallel.py; how blocks split into stages, trace/pipeline.py), "
+            "written for the built-in gpt2, llama and bert (pipelines: gpt2 and llama), and {name} is not one")
+
+
+def axes_note(request: ModelRequest, gpus: int, asked: tuple[Any, Any], tensor: list[int],
+              pipeline: list[int], model_info: tuple[Any, dict[str, Any], int | None] | None) -> list[str]:
+    """A plan whose search left tensor and pipeline parallelism out although the user left them
+    to ``auto`` says so in its text, and why (an ``hf:`` model has no per-family plan)."""
+    if gpus == 1 or asked != (None, None) or tensor != [1] or pipeline != [1]:
+        return []
+    name = request_name(request)
+    why = (NO_PLANS.format(name=name) if model_info is None
+           else f"for {name} nnperf has no per-family plan (trace/tensor_parallel.py, trace/pipeline.py), or "
+                "no degree above 1 divides its heads, FFN and sequence within a node and no stage count its "
+                "layers")
+    return [f"tensor and pipeline parallelism were not searched: {why}; the layouts ranked are data "
+            "parallelism (DDP, ZeRO-1, FSDP2, HSDP) with checkpointing and gradient accumulation"]
 
 
 def chunked_loss_axes(options: TraceOptions, tensor: Iterable[int] | None,
@@ -482,6 +505,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     info = _model_info(request, layers)  # one meta build of one block, for the axes and the note
     tensor, pipeline = chunked_loss_axes(options, tensor, pipeline)
     tensor, pipeline = search_axes(request, gpus, nodes_of, layers, tensor, pipeline, info)  # the model's rules first
+    left_out = axes_note(request, gpus, asked, tensor, pipeline, info)
     check_degrees(gpus, nodes_of, *asked, context, expert)
     expert = expert_degrees(request, gpus, nodes_of, expert, info)
     kinds = set(DATA_KINDS if data is None else data)
@@ -549,7 +573,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
               "checkpoint": [names[CHECKPOINTS[i]] for i in levels],
               "reshard_after_forward": sorted(set(reshard), reverse=True)}
     return Plan(request_name(request), gpu, cluster, gpus, global_batch, ranked, rejected,
-                _notes(request, results, layers) + _routing_note(info, options), traces + cache.traces, layers,
+                left_out + _notes(request, results, layers) + _routing_note(info, options), traces + cache.traces,
+                layers,
                 options,
                 dict(request.overrides), request.seq_len or (info[2] if info else None), search)
 
