@@ -96,7 +96,7 @@ def read_layout(path: str) -> tuple[Execution, dict[str, Any], dict[str, Any]]:
             plan = json.load(f)
     except OSError as err:
         raise UsageError(f"--layout {path}: cannot read {file} ({err.strerror}); give the JSON of 'nnperf plan "
-                         "... --json > plan.json'") from None
+                         "... -o plan.json'") from None
     except json.JSONDecodeError:
         raise UsageError(f"--layout {path}: {file} is not JSON; give the output of 'nnperf plan ... --json'") from None
     if not isinstance(plan, dict) or plan.get("schema") != "nnperf.plan/1":
