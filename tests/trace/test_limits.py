@@ -80,7 +80,11 @@ def test_a_layer_count_beyond_this_machine_is_refused_before_building():
 
 
 def test_a_hugging_face_config_counts_layers_and_experts_nested_or_not():
-    limits.check_counts({"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 10**9}, "hf:x")
+    limits.check_counts({"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 10**9, "rope_theta": 1e12},
+                        "hf:x")
+    with pytest.raises(UsageError, match=r"hf:x: hidden_size=1,000,000,000,000 is too large; every size is at most "
+                                         r"2\*\*31 - 1"):
+        limits.check_counts({"hidden_size": "1000000000000"}, "hf:x")  # -O hidden_size=1000000000000
     with pytest.raises(UsageError, match=r"hf:x: num_hidden_layers=1,000,000,000 is more than this machine"):
         limits.check_counts({"model_type": "llama", "num_hidden_layers": 1_000_000_000}, "hf:x")
     with pytest.raises(UsageError, match=r"hf:x: n_routed_experts=10,000,000 is more"):

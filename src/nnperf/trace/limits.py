@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from nnperf.errors import UsageError
+from nnperf.request import INDEX_MAX
 
 #: Host memory per traced op, through the analysis passes: the slope of peak RSS over ops
 #: recorded, ``nnperf analyze gpt2 -O n_embd=64`` at 200 and 800 blocks (7.7 KB per op;
@@ -91,7 +92,12 @@ def _budget_text(per: int, what: str) -> str:
 
 def check_counts(fields: Mapping[str, Any], where: str) -> None:
     """Refuse a layer or expert count (``fields``: a config, or ``-O`` overrides; nested
-    configs searched too) that would build more modules than one trace may hold here."""
+    configs searched too) that would build more modules than one trace may hold here, and an
+    integer size above 2**31 - 1 (``request.INDEX_MAX``, the bound of every size the CLI takes)."""
+    for key, value in _integer_fields(fields):
+        if value > INDEX_MAX:
+            raise UsageError(f"{where}: {key}={_shown_number(value)} is too large; every size is at most "
+                             f"2**31 - 1 = {INDEX_MAX:,}")
     limit = max_modules()
     for key, value in _count_fields(fields):
         number = _as_number(value)
@@ -110,6 +116,17 @@ def _count_fields(fields: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
             yield key, value
 
 
+def _integer_fields(fields: Mapping[str, Any]) -> Iterator[tuple[str, float]]:
+    """Every integer field (an int, or text that reads as a whole number), nested configs too."""
+    for key, value in fields.items():
+        if isinstance(value, Mapping):
+            yield from _integer_fields(value)
+            continue
+        number = _as_number(value)
+        if number is not None and (isinstance(value, int) or (isinstance(value, str) and float(number).is_integer())):
+            yield str(key), number
+
+
 def _as_number(value: Any) -> float | None:
     if isinstance(value, bool):
         return None
@@ -124,9 +141,10 @@ def _as_number(value: Any) -> float | None:
 
 
 def _shown_number(number: float) -> str:
-    if isinstance(number, int) or (number == number and abs(number) < 1e18 and float(number).is_integer()):
+    """1,000,000,000 for a whole number a reader can count, else 1e+30."""
+    if abs(number) < 1e18 and float(number).is_integer():
         return f"{int(number):,}"
-    return f"{number:g}"
+    return f"{float(number):g}"
 
 
 class TooManyModules(UsageError):

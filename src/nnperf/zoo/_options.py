@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 from nnperf.errors import ModelOptionError
-from nnperf.request import INDEX_MAX
 from nnperf.trace.limits import check_counts
 
 
@@ -52,14 +51,11 @@ def resolve_options(
             config[key] = _as_bool(model, key, value)
         elif isinstance(default, int):
             config[key] = _as_int(model, key, value)
-            if config[key] > INDEX_MAX:
-                raise ModelOptionError(f"{model}: {key}={config[key]:.3g} is too large; every size is at most "
-                                       f"2**31 - 1 = {INDEX_MAX:,}")
         elif isinstance(default, float):
             config[key] = _as_float(model, key, value)
         else:
             config[key] = value
-    check_counts({k: config[k] for k in overrides}, model)
+    check_counts({k: config[k] for k in overrides}, model)  # sizes and layer counts this machine can trace
     return config
 
 
