@@ -258,3 +258,17 @@ def test_multihead_attention_without_weights_is_fused_attention():
         ("nnperf.attention", "forward", "bf16"), ("nnperf.attention_backward", "backward", "bf16")]
     # the functional module is left as it was found
     assert F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention
+
+
+def test_an_encoder_under_bf16_autocast_reports_mfu_against_the_bf16_peak():
+    """Its attention ran as fp32 batched GEMMs in the trace, so MFU was taken against a peak
+    mixed of bf16 and fp32 (471 of H100's 989 TFLOP/s for a 2-layer encoder)."""
+    from nnperf.hardware import load_gpu
+    from nnperf.prediction import predict_analysis
+
+    gpu = load_gpu("h100")
+    layer = nn.TransformerEncoderLayer(E, HEADS, dim_feedforward=128, batch_first=True)
+    a = analyze(layer, inputs=(torch.randn(B, T, E),), optimizer="sgd", amp="bf16")
+    totals = predict_analysis(a, gpu).totals
+    assert totals["mfu_math"] == "bf16"
+    assert totals["mfu_peak_flops"] == pytest.approx(gpu.matmul_peak("bf16").flops)
