@@ -23,11 +23,23 @@ from nnperf import hub
 from nnperf.errors import ModelLoadError, UsageError, shown
 from nnperf.request import ModelRequest
 from nnperf.trace.construction import build_as_user_code, reads_tensor_values, unwrap_compiled
+from nnperf.trace.limits import bounded_build
 from nnperf.workload import LossFn, Workload
 
 
 def resolve(request: ModelRequest) -> tuple[str, Callable[[], Workload]]:
-    """A display name and a builder for the requested workload."""
+    """A display name and a builder for the requested workload; the builder stops a build
+    that registers more modules than a trace may hold on this machine (``trace.limits``)."""
+    name, build = _resolve(request)
+
+    def bounded() -> Workload:
+        with bounded_build(name):
+            return build()
+
+    return name, bounded
+
+
+def _resolve(request: ModelRequest) -> tuple[str, Callable[[], Workload]]:
     target = request.target
     if isinstance(target, nn.Module):
         name = type(target).__name__

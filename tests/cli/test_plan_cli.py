@@ -276,3 +276,39 @@ def test_fsdp_without_reshard_after_forward_is_ranked_on_request():
     assert by[False]["per_rank_state_bytes"] == by[True]["per_rank_state_bytes"]  # sharded at rest both ways
     bad = CliRunner().invoke(cli, [*ARGS, "--gpus", "8", "--reshard", "sometimes"])
     assert bad.exit_code == 2 and "invalid --reshard 'sometimes': expected a list of always, never" in bad.output
+
+
+def test_output_file_holds_the_json_document_written_atomically(tmp_path):
+    path = tmp_path / "plan.json"
+    args = [*ARGS, "--gpus", "2", "--tp", "1", "--pp", "1", "--data", "fsdp", "--checkpoint", "none"]
+    result = CliRunner().invoke(cli, [*args, "--json", "-o", str(path)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(path.read_text()) == json.loads(result.output)
+    assert not [p for p in tmp_path.iterdir() if p != path]  # no temporary file left behind
+    missing = CliRunner().invoke(cli, [*args, "-o", str(tmp_path / "no" / "plan.json")])
+    assert missing.exit_code == 2 and "does not exist; create it first" in missing.output
+
+
+FACTORY = '''
+import torch
+from torch import nn
+
+
+def build(batch=4):
+    return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8)), (torch.randn(batch, 64),)
+'''
+
+
+def test_a_model_without_per_family_plans_says_why_tensor_and_pipelines_are_left_out(tmp_path):
+    """An hf: model (or any model but the built-in gpt2, llama, bert) is planned with data
+    parallelism only; the text used to be silent about it (only the JSON's search field showed it)."""
+    model = tmp_path / "tiny.py"
+    model.write_text(FACTORY)
+    base = ["plan", f"{model}:build", "--gpu", "h100", "--gpus", "2", "--checkpoint", "none"]
+    result = CliRunner().invoke(cli, base)
+    assert result.exit_code == 0, result.output
+    note = next(line for line in result.output.splitlines() if line.startswith("note: tensor and pipeline"))
+    assert "need nnperf's per-family plans" in note and f"{model}:build is not one" in note
+    refused = CliRunner().invoke(cli, [*base, "--tp", "2"])
+    assert refused.exit_code == 2 and "--tp 2: tensor and pipeline parallelism need" in refused.output
+    assert len(refused.output.strip().splitlines()) == 1

@@ -72,7 +72,7 @@ def test_a_layout_outside_torchrun_or_of_another_plan_is_one_line(plan_file, tmp
         ([*MODEL, "--layout", f"{plan_file}:9"], "valid indices: 0 to"),
         (["gpt2", "--layout", str(plan_file)], "is a plan of llama-7b"),
         ([*MODEL, "--amp", "bf16", "--layout", str(plan_file)], "planned with amp=None"),
-        ([*MODEL, "-O", "n_layer=2", "--layout", str(plan_file)], "measure the same model"),
+        ([*MODEL, "-O", "n_layer=2", "--layout", str(plan_file)], "was planned for another model: n_layer planned 1, got 2"),
         ([*MODEL, "--layout", str(tmp_path / "missing.json")], "cannot read"),
         ([*MODEL, "--layout", str(tmp_path / "a:b" / "plan.json:1")], "cannot read"),
     ]
@@ -98,3 +98,24 @@ def test_an_expert_parallel_layout_holds_the_planned_state_on_4_real_ranks(tmp_p
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = json.loads(done.stdout)["measured"]["ranks"]
     assert [r["state_bytes"] for r in ranks] == [row["per_rank_state_bytes"]] * 4
+
+
+def test_a_plan_is_measured_with_the_models_defaults_left_unspelled(tmp_path):
+    """The README's pair: ``plan gpt2 -O n_layer=2 --gpus 2 -o plan.json`` then ``measure gpt2
+    -O n_layer=2 --device cpu --layout plan.json``. The plan records the resolved sequence
+    (gpt2's 1024); the measurement left --seq out, which is the same model: it was refused
+    ("planned with --seq 1024 ... got --seq default"). Outside torchrun the only error left is
+    the missing torchrun, so every check of the plan against the command passed."""
+    path = tmp_path / "plan.json"
+    planned = CliRunner().invoke(cli, ["plan", "gpt2", "-O", "n_layer=2", "--gpus", "2", "--tp", "1", "--pp", "1",
+                                       "-o", str(path)])
+    assert planned.exit_code == 0, planned.output
+    plan = json.loads(path.read_text())
+    assert (plan["seq_len"], plan["model_options"]) == (1024, {"n_layer": 2})
+    env = {"WORLD_SIZE": None, "RANK": None, "LOCAL_RANK": None}
+    for spelled in (["-O", "n_layer=2"], ["-O", "n_layer=2", "--seq", "1024"], ["--seq", "1024", "-O", "n_layer=2.0"]):
+        result = CliRunner(env=env).invoke(cli, ["measure", "gpt2", *spelled, "--device", "cpu", "--layout", str(path)])
+        assert result.exit_code == 2 and "start it with torchrun" in result.output, (spelled, result.output)
+    other = CliRunner(env=env).invoke(cli, ["measure", "gpt2", "-O", "n_layer=2", "--seq", "512", "--device", "cpu",
+                                            "--layout", str(path)])
+    assert "seq_len planned 1024, got 512" in other.output

@@ -351,4 +351,51 @@ def test_accumulation_takes_out_the_optimizers_wall_time_once_per_extra_micro_ba
     assert optimizer_host > sum(t.kernel_s for t in step.ops if t.phase == "optimizer")
     # each further micro-batch adds the host's dispatch of its forward and backward
     four = accumulation(8, 2, out)
-    assert four["time_s"] == pytest.approx(out.step_s + 3 * (step.host_s - optimizer_host), rel=1e-9)
+    assert four.split.steps == 4 and four.split.global_batch == 8
+    assert four.time_s == pytest.approx(out.step_s + 3 * (step.host_s - optimizer_host), rel=1e-9)
+
+
+@pytest.mark.parametrize(("global_batch", "micro"), [(7, 7), (1000, None)])
+def test_global_batch_accumulation_adds_up_to_the_batch_asked_for(global_batch, micro):
+    """``--global-batch 7`` printed "2 x micro-batch 4" (8 samples) though a micro-batch of 7
+    fits, and 1000 became 15 x 70 = 1050: the split is now exact, its micro-batch a divisor
+    that fits (plan's rule, ``search.accumulation.BatchSplit``)."""
+    found = advise("mlp", "h100", global_batch=global_batch, widths="256,256")
+    split = found.accumulation.split
+    assert split.micro_batch * split.steps == global_batch
+    assert global_batch % split.micro_batch == 0 and split.micro_batch <= found.largest_batch
+    assert found.to_json()["accumulation"]["samples"] == global_batch
+    if micro is not None:
+        assert (split.micro_batch, split.steps) == (micro, 1)
+
+
+def test_an_applied_item_that_does_not_fit_is_never_ranked_as_a_gain():
+    """``--apply batch-99999999`` ranked first with "+20.7%" though it needs 89,790 TiB."""
+    from rich.console import Console
+
+    from nnperf.report.advice_tables import print_combination
+
+    found = advise("mlp", "h100", apply=["batch-99999999"], widths="256,256")
+    item = found.combination
+    assert item.after.fits is False and item.gain_share > 0  # faster per sample, and of no use
+    assert not item.ranked and item.to_json()["ranked"] is False
+    console = Console(width=300, record=True)
+    print_combination(found, console)
+    row = next(line for line in console.export_text().splitlines() if "batch-99999999" in line)
+    assert "none: does not fit" in row and "%" not in row
+    assert row.split("│")[1].strip() == ""  # no rank
+
+
+def test_pad_channels_says_the_channels_whose_kernels_give_the_padded_dimension():
+    """ResNet's stem convolution: K = 3 channels x 7 x 7 = 147. Its padding was shown as
+    147 -> 192 with "pad the input to 4 channels" (4 x 49 = 196): now the channel count whose
+    K is a multiple of 16 bytes (8 bf16 elements), and that K."""
+    setup = Setup(ModelRequest("resnet18", batch=2, overrides={"image_size": 64}),
+                  MemoryOptions(TraceOptions(amp="bf16")), A100, default_profile(A100), TimingOptions())
+    base, _ = base_of(setup)
+    channels = 8  # the fewest channels c >= 3 with c x 49 a multiple of 8: 49 is odd, so c = 8
+    assert channels * 49 % 8 == 0 and all(c * 49 % 8 for c in range(3, channels))
+    assert padding.families(base)["channels"] == {147: channels * 49}
+    item = next(c for c in padding.candidates(base) if c.name == "pad-channels")
+    assert item.change.pad == ((147, 392),)
+    assert "input channels 3 -> 8 (K = channels x 7 x 7 kernel: 147 -> 392)" in item.how

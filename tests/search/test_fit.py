@@ -82,6 +82,37 @@ def test_what_ifs_offer_the_memory_levers():
         "as given", "mixed precision (--amp bf16)"]
 
 
+def test_what_ifs_keep_the_users_optimizer_before_switching_it():
+    """Mixed precision, checkpointing and both come before SGD, which changes the training
+    (issue 39: fit suggested SGD for Llama-3.1-8B and never fused AdamW with checkpointing)."""
+    given = MemoryOptions(TraceOptions(optimizer_impl="fused"))
+    found = what_ifs(given, None, blocks=True)
+    assert [label for label, _ in found] == [
+        "as given", "mixed precision (--amp bf16)", "activation checkpointing per block",
+        "mixed precision and checkpointing, adamw (fused) kept", "--optimizer sgd (no state)", "all of the above"]
+    both = dict(found)["mixed precision and checkpointing, adamw (fused) kept"]
+    assert (both.trace.optimizer, both.trace.optimizer_impl, both.trace.amp, both.checkpoint) == (
+        "adamw", "fused", "bf16", True)
+    # amp given (Llama-3.1-8B's run): checkpointing with the optimizer kept, then SGD
+    amp_given = what_ifs(MemoryOptions(TraceOptions(amp="bf16", optimizer_impl="fused")), None, blocks=True)
+    assert [label for label, _ in amp_given] == [
+        "as given", "activation checkpointing per block", "--optimizer sgd (no state)", "all of the above"]
+
+
+def test_not_fitting_message_suggests_the_first_what_if_that_fits():
+    class Gpu:
+        name = "Toy GPU"
+        memory_bytes = usable_memory_bytes = 2**30
+
+    per_sample = {"as given": 3 * 2**30, "activation checkpointing per block": 2**28,
+                  "--optimizer sgd (no state)": 2**26}
+    results = [largest_batch(_measure(lambda b, n=n: per_sample[n] * b), 2**30, label=n, options=MemoryOptions())
+               for n in per_sample]
+    msg = not_fitting_message("toy", results, Gpu())  # type: ignore[arg-type]
+    assert msg.endswith("; try activation checkpointing per block, which fits batch 4 "
+                        "(--optimizer sgd (no state) fits batch 16)")
+
+
 def test_what_ifs_change_the_trace_options_and_the_loop_settings():
     given = MemoryOptions(TraceOptions(optimizer_impl="fused"), grad_accum=2)
     combined = dict(what_ifs(given, None, blocks=True))["all of the above"]

@@ -10,6 +10,7 @@ from torch import nn
 
 from nnperf.analysis import analyze
 from nnperf.trace.attention import fused_sdpa, unfused_sdpa
+from nnperf.trace.events import dtype_name
 
 B, H, S, D = 2, 4, 16, 8
 
@@ -194,3 +195,80 @@ def test_the_output_takes_the_layout_of_the_device_kernel(autocast_device, merge
     assert fused.outputs[0].stride == expected
     copies = [e for e in trace.events if e.name == "aten.clone" and e.phase == "forward" and "attn" in e.module]
     assert len(copies) == merge_copies
+
+
+class _SelfAttention(nn.Module):
+    """``nn.MultiheadAttention`` as models call it: weights asked for (its default) or not."""
+
+    def __init__(self, need_weights: bool):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(E, HEADS, batch_first=True, dropout=0.1)
+        self.need_weights = need_weights
+
+    def forward(self, x):
+        return self.attn(x, x, x, need_weights=self.need_weights)[0]
+
+
+E, HEADS, T = 64, 4, 32
+
+
+def _matrix_ops(model, amp="bf16", train=True):
+    a = analyze(model, inputs=(torch.randn(B, T, E),), optimizer="sgd", amp=amp, train=train)
+    return a, [(o.op, o.phase, dtype_name(o.event.inputs[0].dtype)) for o in a.ops
+               if o.category in ("gemm", "attention")]
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_transformer_encoder_layer_attends_with_the_fused_kernel_in_bf16(train):
+    """``nn.TransformerEncoderLayer`` calls ``F.multi_head_attention_forward`` with
+    ``need_weights=False``, which runs SDPA: on a GPU one fused kernel in bf16 under bf16
+    autocast (the fast path is off under autocast: activation.py). Before, the trace held the
+    CPU's math attention, its batched GEMMs in fp32."""
+    layer = nn.TransformerEncoderLayer(E, HEADS, dim_feedforward=128, batch_first=True)
+    a, ops = _matrix_ops(layer, train=train)
+    attention = [op for op in ops if op[0].startswith("nnperf.attention")]
+    assert attention == [("nnperf.attention", "forward", "bf16")] + (
+        [("nnperf.attention_backward", "backward", "bf16")] if train else [])
+    assert {dtype for _, _, dtype in ops} == {"bf16"}
+    names = {e.name for e in a.trace.events}
+    assert not names & {"aten._safe_softmax", "aten._softmax", "aten.bernoulli_"}
+    # no score matrix: the only batched GEMM is the in-projection of the (seq, batch, E) view
+    # against the broadcast weight, as at::linear runs a non-contiguous 3-D input on any device
+    scores = [e for e in a.trace.events if any(m.shape[-2:] == (T, T) for m in e.outputs)]
+    assert scores == []
+    fwd = next(o for o in a.ops if o.op == "nnperf.attention")
+    assert fwd.flops == 2 * B * HEADS * T * T * (2 * (E // HEADS))  # Q@K^T and P@V, every pair
+
+
+def test_attention_dropout_inside_multihead_attention_is_the_gpus_native_dropout():
+    """The attention weights' dropout of ``need_weights=True`` is CUDA's one ``native_dropout``
+    kernel, not the CPU's bernoulli_/div_/mul."""
+    a, ops = _matrix_ops(_SelfAttention(need_weights=True))
+    names = [e.name for e in a.trace.events]
+    assert "aten.native_dropout" in names
+    assert not {"aten.bernoulli_", "aten.div_"} & set(names)
+    # the score matrix is computed as written (bmm, softmax, bmm), the GEMMs in bf16 as autocast casts them
+    assert [op for op in ops if op[0] == "aten.bmm" and op[1] == "forward"] == [("aten.bmm", "forward", "bf16")] * 2
+    assert not any(op[0].startswith("nnperf.attention") for op in ops)
+
+
+def test_multihead_attention_without_weights_is_fused_attention():
+    _, ops = _matrix_ops(_SelfAttention(need_weights=False))
+    assert [op for op in ops if op[0].startswith("nnperf.attention")] == [
+        ("nnperf.attention", "forward", "bf16"), ("nnperf.attention_backward", "backward", "bf16")]
+    # the functional module is left as it was found
+    assert F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention
+
+
+def test_an_encoder_under_bf16_autocast_reports_mfu_against_the_bf16_peak():
+    """Its attention ran as fp32 batched GEMMs in the trace, so MFU was taken against a peak
+    mixed of bf16 and fp32 (471 of H100's 989 TFLOP/s for a 2-layer encoder)."""
+    from nnperf.hardware import load_gpu
+    from nnperf.prediction import predict_analysis
+
+    gpu = load_gpu("h100")
+    layer = nn.TransformerEncoderLayer(E, HEADS, dim_feedforward=128, batch_first=True)
+    a = analyze(layer, inputs=(torch.randn(B, T, E),), optimizer="sgd", amp="bf16")
+    totals = predict_analysis(a, gpu).totals
+    assert totals["mfu_math"] == "bf16"
+    assert totals["mfu_peak_flops"] == pytest.approx(gpu.matmul_peak("bf16").flops)

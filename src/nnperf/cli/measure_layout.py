@@ -15,7 +15,7 @@ from nnperf.units import binary
 
 def measure_planned_layout(layout: str, device: str | None, steps: int, warmup: int, as_json: bool,
                            workload_kwargs: dict[str, Any]) -> None:
-    from nnperf.measure.distributed import check_options, measure_layout, read_layout
+    from nnperf.measure.distributed import check_model, check_options, measure_layout, read_layout
     from nnperf.search.plan import request_name
 
     execution, planned, plan = read_layout(layout)
@@ -24,12 +24,7 @@ def measure_planned_layout(layout: str, device: str | None, steps: int, warmup: 
         raise UsageError(f"--layout {layout} is a plan of {plan.get('model')}; measure that model "
                          f"(got {request_name(request)})")
     check_options(options, plan, layout)
-    planned_model = (plan.get("model_options") or {}, plan.get("seq_len"))
-    if ({k: str(v) for k, v in request.overrides.items()}, request.seq_len) != \
-            ({k: str(v) for k, v in planned_model[0].items()}, planned_model[1]):
-        raise UsageError(f"--layout {layout} was planned with -O {planned_model[0] or 'none'} and --seq "
-                         f"{planned_model[1] or 'default'}; measure the same model (got -O "
-                         f"{dict(request.overrides) or 'none'}, --seq {request.seq_len or 'default'})")
+    check_model(request, plan, layout)
     if device not in (None, "cpu", "cuda"):
         raise UsageError(f"--device {device}: with --layout each rank takes its own GPU (LOCAL_RANK); "
                          "give cpu or cuda")

@@ -9,6 +9,7 @@ import click
 
 from nnperf.cli.app import cli
 from nnperf.cli.gpu_options import gpu_options
+from nnperf.cli.paths import check_output, write_output
 from nnperf.cli.workload_options import pop_workload, workload_options
 from nnperf.errors import ResourceError, UsageError
 from nnperf.hardware import GPU
@@ -80,11 +81,14 @@ def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> l
 @click.option("--cluster", "cluster_name", default=None,
               help="Built-in cluster (dgx-a100, dgx-h100, dgx-h200) or a cluster TOML file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON document.")
+@click.option("--output", "-o", "output", type=click.Path(dir_okay=False), default=None,
+              help="Write the JSON document to this file (atomically: an interrupted run leaves the old file), "
+                   "for 'nnperf measure --layout FILE'.")
 def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, tokens_per_step: int | None,
          tp_text: str, pp_text: str,
          cp_text: str, ep_text: str, data_text: str, checkpoint_text: str, reshard_text: str,
          schedules: tuple[str, ...],
-         cluster_name: str | None, as_json: bool, **kwargs: Any) -> None:
+         cluster_name: str | None, as_json: bool, output: str | None, **kwargs: Any) -> None:
     """Rank the layouts of MODEL on --gpus GPUs (data parallelism: DDP, ZeRO-1, FSDP2, HSDP; tensor
     parallelism with sequence parallelism; pipeline schedules; activation checkpointing and
     gradient accumulation; expert parallelism for mixture-of-experts models): step time, throughput, MFU, per-GPU memory, exposed communication,
@@ -94,6 +98,8 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
     from nnperf.search.plan import CHECKPOINT_NAMES, DATA_KINDS, DEFAULT_SCHEDULES, smallest_memory
     from nnperf.search.plan import plan as run_plan
 
+    if output is not None:
+        check_output(output, "--output")  # before minutes of tracing
     cluster = load_cluster(cluster_name) if cluster_name else cluster_for_gpu(gpu.id)
     if cluster is None:
         raise UsageError(f"no built-in cluster of {gpu.name}; give --cluster FILE "
@@ -125,8 +131,11 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
         result.notes.append(f"{result.cluster.name} is built of {result.cluster.gpu}, planned here with {gpu.id}: "
                             "its links, NICs and host CPU are taken as they are")
     configs = engine_configs(result, options, request.overrides)
+    document = json.dumps({**result.to_json(), **configs}, indent=2)
+    if output is not None:
+        write_output(output, "--output", lambda tmp: tmp.write_text(document + "\n", encoding="utf-8"))
     if as_json:
-        click.echo(json.dumps({**result.to_json(), **configs}, indent=2))
+        click.echo(document)
     else:
         _print(result, configs)
     if not result.ranked:

@@ -23,6 +23,7 @@ from types import ModuleType
 from typing import Any
 
 from nnperf.errors import ModelLoadError, shown
+from nnperf.trace.limits import check_counts
 
 try:
     import tomllib
@@ -88,6 +89,7 @@ def from_dict(config: dict[str, Any], name: str, transformers: ModuleType) -> An
             "(trust_remote_code): upgrade transformers if a newer release has it, or write a "
             "factory (PATH.py:FACTORY) that builds the model"
         )
+    check_counts(config, f"hf:{name}")  # before transformers builds per-layer lists from them
     try:
         return CONFIG_MAPPING[model_type].from_dict(config)
     except Exception as err:  # a config class validates as it likes

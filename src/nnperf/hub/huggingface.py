@@ -35,6 +35,7 @@ from nnperf.hub.hf_tasks import (
     labels_for,
 )
 from nnperf.trace.construction import build_as_user_code
+from nnperf.trace.limits import check_counts
 from nnperf.workload import Workload
 
 #: Batch and sequence length when not given: a fine-tuning run's size (zoo gpt2 also runs 8).
@@ -85,6 +86,7 @@ def builder(request: HubRequest) -> tuple[str, Callable[[], Workload]]:
 
 def _override(config: Any, overrides: dict[str, Any], target: str) -> None:
     """``-O key=value`` sets an existing config field; a typo is refused, not added."""
+    check_counts(overrides, target)
     for key, value in overrides.items():
         if not hasattr(config, key):
             raise ModelOptionError(f"-O {key}={shown(value)}: {type(config).__name__} of {target} "

@@ -96,7 +96,7 @@ def read_layout(path: str) -> tuple[Execution, dict[str, Any], dict[str, Any]]:
             plan = json.load(f)
     except OSError as err:
         raise UsageError(f"--layout {path}: cannot read {file} ({err.strerror}); give the JSON of 'nnperf plan "
-                         "... --json > plan.json'") from None
+                         "... -o plan.json'") from None
     except json.JSONDecodeError:
         raise UsageError(f"--layout {path}: {file} is not JSON; give the output of 'nnperf plan ... --json'") from None
     if not isinstance(plan, dict) or plan.get("schema") != "nnperf.plan/1":
@@ -127,6 +127,33 @@ def check_options(options: TraceOptions, plan: dict[str, Any], path: str) -> Non
         wanted = ", ".join(f"{k}={planned[k]!r}" for k in differ)
         raise UsageError(f"--layout {path} was planned with {wanted}; measure with the same workload options "
                          f"(got {', '.join(f'{k}={mine.get(k)!r}' for k in differ)})")
+
+
+def check_model(request: ModelRequest, plan: dict[str, Any], path: str) -> None:
+    """The measured model must be the planned one, compared as resolved, not as spelled: a
+    built-in's configuration and sequence length after its defaults and ``-O`` (``--seq`` left
+    out is gpt2's 1024, which the plan records; ``-O n_layer=2`` is the integer 2 however
+    written); another model's ``-O`` values and ``--seq`` as given."""
+    planned = _resolved_model(request.target, plan.get("model_options") or {}, plan.get("seq_len"))
+    mine = _resolved_model(request.target, dict(request.overrides), request.seq_len)
+    differ = [k for k in sorted(set(planned) | set(mine)) if planned.get(k) != mine.get(k)]
+    if differ:
+        raise UsageError(f"--layout {path} was planned for another model: "
+                         + "; ".join(f"{k} planned {planned.get(k)!r}, got {mine.get(k)!r}" for k in differ)
+                         + "; measure with the plan's -O and --seq")
+
+
+def _resolved_model(target: Any, overrides: dict[str, Any], seq_len: int | None) -> dict[str, Any]:
+    """The settings that make the model: a built-in's built config and sequence length (built
+    on the meta device at batch 1), else the ``-O`` values (as text) and ``--seq``."""
+    from nnperf.zoo import find_model
+
+    spec = find_model(target) if isinstance(target, str) else None
+    if spec is None:
+        return {**{f"-O {k}": str(v) for k, v in overrides.items()}, "--seq": seq_len}
+    with torch.device("meta"):
+        info = spec.build(1, seq_len, **overrides).info
+    return {**info.get("config", {}), "seq_len": info.get("seq_len")}
 
 
 def measure_layout(request: ModelRequest, options: TraceOptions, execution: Execution, device_kind: str | None,

@@ -55,7 +55,8 @@ def advice_table(advice: Any, rows: list[AdviceRow]) -> Table:
         after = seconds(r.after_s) if r.after_s is not None else "-"
         tput = rate(r.throughput_after, r.throughput_unit) if r.throughput_after is not None else "-"
         style = None if r.rank else "dim"
-        t.add_row(str(r.rank or ""), r.name, after, _gain(r), tput, _memory(r), r.bound,
+        gain = _gain(r) if r.fits is not False else "none: does not fit"
+        t.add_row(str(r.rank or ""), r.name, after, gain, tput, _memory(r), r.bound,
                   escape(r.change.splitlines()[0]), style=style)
     return t
 
@@ -93,9 +94,9 @@ def print_advice(advice: Any, console: Console) -> None:
                       + ", ".join(parts))
     if advice.accumulation:
         a = advice.accumulation
-        console.print(f"gradient accumulation: global batch {a['global_batch']} = {a['accumulation_steps']} x "
-                      f"micro-batch {a['micro_batch']}: {seconds(a['time_s'])} per optimizer step, "
-                      f"{a['samples_per_s']:.4g} samples/s")
+        console.print(f"gradient accumulation: global batch {a.split.global_batch} = {a.split.steps} x "
+                      f"micro-batch {a.split.micro_batch}: {seconds(a.time_s)} per optimizer step, "
+                      f"{a.samples_per_s:.4g} samples/s")
     gpus = advice_gpu_rows(advice)
     if gpus:
         console.print(gpu_table(advice, gpus))
@@ -118,7 +119,10 @@ class _Only:
     """An advice with one ranked item (the combination), for the same table."""
 
     def __init__(self, advice: Any, item: Any) -> None:
-        self.items, self.nothing, self.unpredicted = ([item], [], []) if item.after else ([], [], [item])
+        if item.after is None:
+            self.items, self.nothing, self.unpredicted = [], [], [item]
+        else:  # ranked as a gain by the rule the full advice ranks by: it saves time and fits
+            self.items, self.nothing, self.unpredicted = ([item], [], []) if item.ranked else ([], [item], [])
         self.gpus: list[Any] = []
         self.base, self.model, self.gpu = advice.base, advice.model, advice.gpu
         self.model_label = getattr(advice, "model_label", "")

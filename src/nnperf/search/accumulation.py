@@ -4,10 +4,17 @@ A traced step is one micro-batch with the optimizer. Accumulating ``n`` micro-ba
 forward and backward ``n`` times and runs the once-per-step ops (``trace.step.once_per_step``:
 gradient clipping, the optimizer) once; ``plan`` and ``advise`` both need the wall time those
 ops add to a step that one more micro-batch would not.
+
+Also here: how a global batch splits into ranks, micro-batches and accumulation steps
+(``BatchSplit``), the one rule both commands use.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
+from nnperf.errors import UsageError
 from nnperf.passes.comm_timeline import CommStep
 from nnperf.passes.timing import StepTime
 from nnperf.trace.step import once_per_step
@@ -28,3 +35,44 @@ def once_span(step: StepTime, comm: CommStep | None = None) -> float:
     if comm is not None:
         return end - comm.clock.get(step.ops[once[0]].index, end)
     return end - max((t.end_s for t in step.ops[:once[0]]), default=0.0)
+
+
+@dataclass(frozen=True)
+class BatchSplit:
+    """A global batch as data-parallel ranks x micro-batch x accumulation steps, exactly: the
+    one rule ``plan`` and ``advise`` split a ``--global-batch`` by, so a split one accepts the
+    other accepts too and a printed split adds up to the batch asked for."""
+
+    global_batch: int
+    ranks: int
+    micro_batch: int
+    steps: int
+
+    def __post_init__(self) -> None:
+        if self.ranks * self.micro_batch * self.steps != self.global_batch:
+            raise ValueError(f"{self.ranks} x {self.micro_batch} x {self.steps} is not {self.global_batch}")
+
+    @classmethod
+    def of(cls, global_batch: int, ranks: int, micro_batch: int) -> BatchSplit:
+        """The split with micro-batches of ``micro_batch`` (one of ``micro_batches``)."""
+        local = local_batch(global_batch, ranks)
+        return cls(global_batch, ranks, micro_batch, local // micro_batch)
+
+
+def local_batch(global_batch: int, ranks: int) -> int:
+    """Each data-parallel rank's share of the global batch; an uneven share is one line with
+    the nearest global batches that split evenly."""
+    if global_batch % ranks:
+        low, high = global_batch // ranks * ranks, (global_batch // ranks + 1) * ranks
+        batches = f"{low} or {high}" if low else str(high)
+        raise UsageError(f"--global-batch {global_batch} does not divide over {ranks} data-parallel ranks; "
+                         f"nearest global batches that do: {batches}")
+    return global_batch // ranks
+
+
+def micro_batches(local: int, largest: int | None = None) -> list[int]:
+    """Every micro-batch that splits a rank's ``local`` samples evenly (its divisors, down to
+    one), ascending; ``largest``: only those up to it (the largest that fits)."""
+    small = [d for d in range(1, math.isqrt(local) + 1) if local % d == 0]
+    found = sorted(set(small + [local // d for d in small]))
+    return [d for d in found if largest is None or d <= largest]

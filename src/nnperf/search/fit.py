@@ -50,23 +50,31 @@ __all__ = ["MAX_BATCH", "FitResult", "Probe", "Sample", "fit", "largest_batch", 
 
 
 def what_ifs(options: MemoryOptions, gpu: GPU | None, blocks: bool) -> list[tuple[str, MemoryOptions]]:
-    """The configuration as given plus the memory levers that apply to it."""
+    """The configuration as given plus the memory levers that apply to it: first those that
+    keep the user's optimizer (mixed precision, checkpointing, both), then SGD, which changes
+    the training itself, alone and with the others. The order is the order of advice: the
+    first what-if that fits is the one suggested (``not_fitting_message``)."""
     out = [("as given", options)]
-    changes: dict[str, Any] = {}
+    kept: dict[str, Any] = {}  # the levers that keep the optimizer
     step = options.trace
     if step.amp is None and step.dtype is None:
         amp = "bf16" if gpu is None or "bf16" in gpu.supported_dtypes() else "fp16"
         out.append((f"mixed precision (--amp {amp})", options.with_(amp=amp)))
-        changes["amp"] = amp
+        kept["amp"] = amp
     if step.train and blocks and not options.checkpoint:
         out.append(("activation checkpointing per block", options.with_(checkpoint=True)))
-        changes["checkpoint"] = True
+        kept["checkpoint"] = True
+    if len(kept) == 2:
+        out.append((f"mixed precision and checkpointing, {_optimizer(step)} kept", options.with_(**kept)))
     if step.train and step.optimizer not in ("sgd", "none"):
         out.append(("--optimizer sgd (no state)", options.with_(optimizer="sgd")))
-        changes["optimizer"] = "sgd"
-    if len(changes) >= 2:
-        out.append(("all of the above", options.with_(**changes)))
+        if kept:
+            out.append(("all of the above", options.with_(**kept, optimizer="sgd")))
     return out
+
+
+def _optimizer(step: Any) -> str:
+    return f"{step.optimizer} ({step.optimizer_impl})" if step.optimizer != "none" else "no optimizer"
 
 
 def trace_measure(
@@ -160,9 +168,11 @@ def not_fitting_message(model: str, results: list[FitResult], gpu: GPU) -> str:
         f"({summarize(rep)}); the {gpu.name} has {binary(usable_capacity(gpu))} usable"
     )
     fitting = [r for r in results[1:] if r.largest]
-    if fitting:
-        best = max(fitting, key=lambda r: r.largest or 0)
-        msg += f"; try {best.label}, which fits batch {best.largest}"
+    if fitting:  # in the what-ifs' order: the user's optimizer kept where that fits
+        first, most = fitting[0], max(fitting, key=lambda r: r.largest or 0)
+        msg += f"; try {first.label}, which fits batch {first.largest}"
+        if (most.largest or 0) > (first.largest or 0):
+            msg += f" ({most.label} fits batch {most.largest})"
     elif len(results) == 1:
         msg += "; the what-ifs (mixed precision, checkpointing, SGD) were not searched"
     else:

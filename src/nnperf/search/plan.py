@@ -33,6 +33,7 @@ from nnperf.hardware import GPU
 from nnperf.hardware.cluster import Cluster
 from nnperf.passes.memory.capacity import capacity, fits
 from nnperf.request import ModelRequest
+from nnperf.search.accumulation import local_batch, micro_batches
 from nnperf.search.memory_variants import apply_checkpointing
 from nnperf.search.plan_pipeline import pipeline_step
 from nnperf.search.plan_rank import SCALE_POINTS, RankCost, RoleCache, layers_of, scaled_cost
@@ -163,11 +164,11 @@ def _layouts_of(gpus: int, nodes_of: int, global_batch: int, tp: int, pp: int, c
     dp = gpus // (tp * pp * cp)
     if global_batch % dp:
         if tp == pp == cp == 1:
-            low, high = global_batch // gpus * gpus, (global_batch // gpus + 1) * gpus
-            batches = f"{low} or {high}" if low else str(high)
-            raise UsageError(f"--global-batch {global_batch} does not divide over {gpus} GPUs; nearest global "
-                             f"batches that do: {batches}; or GPU counts that divide it: "
-                             f"{_nearest_gpu_counts(gpus, global_batch)}")
+            try:
+                local_batch(global_batch, gpus)
+            except UsageError as err:
+                raise UsageError(f"{err}; or GPU counts that divide it: "
+                                 f"{_nearest_gpu_counts(gpus, global_batch)}") from None
         return []
     out: list[Execution] = []
     for data, shard in _data_shapes(dp, tp * cp, pp, nodes_of):
@@ -195,8 +196,8 @@ def _data_shapes(dp: int, tp: int, pp: int, nodes_of: int) -> list[tuple[str, in
 
 def _splits(common: dict[str, Any], pp: int, local: int, schedules: Iterable[str],
             layers: int | None) -> list[Execution]:
-    if pp == 1:
-        return [Execution(**common, micro_batch=local // a, grad_accum=a) for a in _divisors(local)]
+    if pp == 1:  # every accumulation of the local batch, fewest steps last: ascending micro-batches reversed
+        return [Execution(**common, micro_batch=m, grad_accum=local // m) for m in reversed(micro_batches(local))]
     out = []
     for schedule in schedules:
         virtual = INTERLEAVE if schedule in ("interleaved-1f1b", "zero-bubble") else 1
@@ -209,13 +210,6 @@ def _splits(common: dict[str, Any], pp: int, local: int, schedules: Iterable[str
                                      micro_batch=local // micro, grad_accum=micro,
                                      reshard_after_forward=False))  # torchtitan: no reshard under PP
     return out
-
-
-def _divisors(n: int) -> list[int]:
-    """Every gradient accumulation of a local batch of ``n`` (down to micro-batches of one),
-    ascending: the search bisects over them, so a long list costs a few traces more."""
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
 
 
 def shape_key(execution: Execution) -> tuple[Any, ...]:
@@ -316,7 +310,9 @@ def search_axes(request: ModelRequest, gpus: int, nodes_of: int, layers: int | N
     if tensor is not None:
         tensor = list(tensor)
         for tp in tensor:
-            if tp > 1 and model_info is not None:
+            if tp > 1 and model_info is None:
+                raise UsageError(f"--tp {tp}: {NO_PLANS.format(name=request_name(request))}; give --tp 1")
+            if tp > 1:
                 from nnperf.trace.tensor_parallel import check_divisible
 
                 check_divisible(model_info[0], model_info[1], tp, True, request.seq_len or model_info[2])
@@ -343,6 +339,27 @@ def search_axes(request: ModelRequest, gpus: int, nodes_of: int, layers: int | N
     else:
         pipeline = [p for p in PIPELINE_DEGREES if p <= gpus and layers % p == 0 and p < layers]
     return tensor, pipeline
+
+
+#: Why a model gets no tensor or pipeline layouts (``axes_note``, and ``--tp`` refused for it).
+NO_PLANS = ("tensor and pipeline parallelism need nnperf's per-family plans (which Linear layers split by "
+            "column or by row, trace/tensor_parallel.py; how blocks split into stages, trace/pipeline.py), "
+            "written for the built-in gpt2, llama and bert (pipelines: gpt2 and llama), and {name} is not one")
+
+
+def axes_note(request: ModelRequest, gpus: int, asked: tuple[Any, Any], tensor: list[int],
+              pipeline: list[int], model_info: tuple[Any, dict[str, Any], int | None] | None) -> list[str]:
+    """A plan whose search left tensor and pipeline parallelism out although the user left them
+    to ``auto`` says so in its text, and why (an ``hf:`` model has no per-family plan)."""
+    if gpus == 1 or asked != (None, None) or tensor != [1] or pipeline != [1]:
+        return []
+    name = request_name(request)
+    why = (NO_PLANS.format(name=name) if model_info is None
+           else f"for {name} nnperf has no per-family plan (trace/tensor_parallel.py, trace/pipeline.py), or "
+                "no degree above 1 divides its heads, FFN and sequence within a node and no stage count its "
+                "layers")
+    return [f"tensor and pipeline parallelism were not searched: {why}; the layouts ranked are data "
+            "parallelism (DDP, ZeRO-1, FSDP2, HSDP) with checkpointing and gradient accumulation"]
 
 
 def chunked_loss_axes(options: TraceOptions, tensor: Iterable[int] | None,
@@ -488,6 +505,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     info = _model_info(request, layers)  # one meta build of one block, for the axes and the note
     tensor, pipeline = chunked_loss_axes(options, tensor, pipeline)
     tensor, pipeline = search_axes(request, gpus, nodes_of, layers, tensor, pipeline, info)  # the model's rules first
+    left_out = axes_note(request, gpus, asked, tensor, pipeline, info)
     check_degrees(gpus, nodes_of, *asked, context, expert)
     expert = expert_degrees(request, gpus, nodes_of, expert, info)
     kinds = set(DATA_KINDS if data is None else data)
@@ -555,7 +573,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
               "checkpoint": [names[CHECKPOINTS[i]] for i in levels],
               "reshard_after_forward": sorted(set(reshard), reverse=True)}
     return Plan(request_name(request), gpu, cluster, gpus, global_batch, ranked, rejected,
-                _notes(request, results, layers) + _routing_note(info, options), traces + cache.traces, layers,
+                left_out + _notes(request, results, layers) + _routing_note(info, options), traces + cache.traces,
+                layers,
                 options,
                 dict(request.overrides), request.seq_len or (info[2] if info else None), search)
 

@@ -33,7 +33,7 @@ from torch.utils._python_dispatch import (
 from torch.utils._pytree import tree_flatten, tree_map
 
 from nnperf.trace import flex_attention as flex
-from nnperf.trace import meta_world, packing, routing
+from nnperf.trace import limits, meta_world, packing, routing
 from nnperf.trace.accumulation import ADD, AccumulationWatch
 from nnperf.trace.assumptions import assume
 from nnperf.trace.attention import traced_sdpa
@@ -168,6 +168,9 @@ class GraphLabeler(TorchFunctionMode):
             self.loss_cross_entropy_calls += 1
         if func in _SDPA:
             out = traced_sdpa(*args, **kwargs)
+        elif func is F.multi_head_attention_forward:
+            with _functional_calls_traced():
+                out = func(*args, **kwargs)
         elif func is F.dropout:
             out = _native_dropout(func, args, kwargs)
         elif func is F.cross_entropy and in_compiled_loss():
@@ -205,6 +208,33 @@ class GraphLabeler(TorchFunctionMode):
                 continue
             meta[_LABEL_KEY] = path
             pending.extend(nxt for nxt, _ in node.next_functions if nxt is not None)
+
+
+@contextlib.contextmanager
+def _functional_calls_traced() -> Iterator[None]:
+    """``F.multi_head_attention_forward`` (``nn.MultiheadAttention``, and so
+    ``nn.TransformerEncoderLayer`` and ``nn.Transformer``) calls SDPA and dropout through
+    ``torch.nn.functional``'s own globals while this mode is set aside for its handler, so
+    neither call would reach ``GraphLabeler``: the CPU's math attention (fp32 under bf16
+    autocast, the score matrix in memory) and CPU dropout would be traced where a GPU runs one
+    fused SDPA kernel and ``native_dropout``. For the call, those globals are the traced ones.
+
+    The GPU's choice, from ``torch/nn/modules/activation.py`` and ``F.multi_head_attention_forward``:
+    ``need_weights=False`` (what ``TransformerEncoderLayer`` passes) runs SDPA, fused on a GPU
+    (also inside the inference fast path, ``_native_multi_head_attention``, which calls
+    ``at::scaled_dot_product_attention`` when flash or memory-efficient attention serves);
+    ``need_weights=True`` (``MultiheadAttention``'s default) computes the score matrix with
+    ``bmm``, ``softmax`` and ``bmm``, traced as written. The fast path's fused bias, residual
+    and norm kernels (inference without autocast only) are not modelled: its GEMMs and
+    attention are these."""
+    saved = F.scaled_dot_product_attention, F.dropout
+    original_dropout = F.dropout
+    F.scaled_dot_product_attention = traced_sdpa
+    F.dropout = lambda *args, **kwargs: _native_dropout(original_dropout, args, kwargs)
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention, F.dropout = saved
 
 
 def _native_dropout(func, args, kwargs):
@@ -259,6 +289,7 @@ class OpRecorder(TorchDispatchMode):
         self.engine_sums: set[int] = set()  # events where autograd adds gradients (in place for real)
         self._known_kinds = storage_kinds  # params, buffers, inputs
         self.events: list[OpEvent] = []
+        self._max_ops = limits.max_traced_ops()  # this machine's bound on one trace
         self.storages: dict[int, StorageInfo] = {}
         self._sid_of: dict[int, int] = {}  # id(storage object) -> storage id, while alive
         self._holders: dict[int, int] = {}  # storage id -> live storage objects that are it
@@ -416,6 +447,8 @@ class OpRecorder(TorchDispatchMode):
             return func(*args, **kwargs)
         self.current_func = func
         index = len(self.events)
+        if index >= self._max_ops:
+            raise limits.too_many_ops(self._max_ops)
         meta_args, meta_kwargs, inputs = self._metas_in(args, kwargs)
         first_new = len(self.storages)
         if func in _SAME_DTYPE:

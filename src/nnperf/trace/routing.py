@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -32,7 +33,7 @@ from torch._subclasses.fake_tensor import CONSTANT_NUMEL_LIMIT, FakeTensor, Fake
 from torch.utils._python_dispatch import _disable_current_modes
 
 from nnperf.errors import UsageError
-from nnperf.trace import flex_attention
+from nnperf.trace import flex_attention, limits
 from nnperf.trace.assumptions import assume
 
 #: Elements a constant may hold in a trace's fake mode: routing tensors (tokens x top-k x
@@ -43,21 +44,41 @@ ROUTING_CONSTANT_LIMIT = 1 << 26
 
 class TraceFakeMode(FakeTensorMode):
     """The trace's fake tensor mode: constants up to ``ROUTING_CONSTANT_LIMIT`` elements stay
-    constants (see the module docstring)."""
+    constants (see the module docstring); fused optimizer updates do nothing, and an op with no
+    fake kernel runs for real only on small inputs (``trace.limits``)."""
 
     _in_view = 0
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._dispatching: list[tuple[Any, Any]] = []  # the arguments of the ops being dispatched
+
     def _dispatch_impl(self, func, types, args, kwargs):
-        # A view of a constant stays a view of its input (no new storage and no kernel, as the
-        # device runs it); the tracer gives it its values at the call (``shadowed``). Scalars
-        # keep PyTorch's own rule (a 0-dim step counter's detach stays a constant).
-        if not getattr(func, "is_view", False):
-            return super()._dispatch_impl(func, types, args, kwargs)
-        self._in_view += 1
+        if func in limits.FUSED_UPDATES:
+            return None  # values only: nothing for a fake tensor to do (and no real kernel run)
+        self._dispatching.append((args, kwargs))
         try:
-            return super()._dispatch_impl(func, types, args, kwargs)
+            # A view of a constant stays a view of its input (no new storage and no kernel, as
+            # the device runs it); the tracer gives it its values at the call (``shadowed``).
+            # Scalars keep PyTorch's own rule (a 0-dim step counter's detach stays a constant).
+            if not getattr(func, "is_view", False):
+                return super()._dispatch_impl(func, types, args, kwargs)
+            self._in_view += 1
+            try:
+                return super()._dispatch_impl(func, types, args, kwargs)
+            finally:
+                self._in_view -= 1
         finally:
-            self._in_view -= 1
+            self._dispatching.pop()
+
+    def can_run_unsafe_fallback(self, func) -> bool:
+        """PyTorch's rule, and the op's inputs within ``limits.FALLBACK_BYTES``: past that the
+        fallback would allocate them for real (``limits.check_fallback`` refuses it)."""
+        if not super().can_run_unsafe_fallback(func):
+            return False
+        if self._dispatching:
+            limits.check_fallback(func, *self._dispatching[-1])
+        return True
 
     def may_turn_const(self, t: Tensor) -> bool:
         limit = CONSTANT_NUMEL_LIMIT if self._in_view else ROUTING_CONSTANT_LIMIT  # PyTorch's for views

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from nnperf.errors import ModelOptionError
+from nnperf.trace.limits import check_counts
 
 
 def resolve_batch_seq(
@@ -54,6 +55,7 @@ def resolve_options(
             config[key] = _as_float(model, key, value)
         else:
             config[key] = value
+    check_counts({k: config[k] for k in overrides}, model)  # sizes and layer counts this machine can trace
     return config
 
 

@@ -10,8 +10,10 @@ little speed for its memory.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from nnperf.search.accumulation import BatchSplit, local_batch, micro_batches
 from nnperf.search.advise.change import Candidate, Change, Outcome
 
 if TYPE_CHECKING:
@@ -60,10 +62,32 @@ def candidates(base: Base, curve: dict[int, Outcome], largest: int) -> list[Cand
     return out
 
 
-def accumulation(global_batch: int, micro: int, outcome: Outcome) -> dict[str, float]:
-    """Micro-batches of ``micro`` accumulated to ``global_batch``: forward and backward each
-    micro-batch, the optimizer once."""
-    steps = math.ceil(global_batch / micro)
-    time = steps * outcome.step_s - (steps - 1) * outcome.optimizer_s
-    return {"global_batch": global_batch, "micro_batch": micro, "accumulation_steps": steps,
-            "samples": steps * micro, "time_s": time, "samples_per_s": steps * micro / time}
+@dataclass(frozen=True)
+class Accumulation:
+    """A global batch reached by accumulating micro-batches on one GPU, and its optimizer step's time."""
+
+    split: BatchSplit
+    time_s: float
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.split.global_batch / self.time_s
+
+    def to_json(self) -> dict[str, float]:
+        s = self.split
+        return {"global_batch": s.global_batch, "micro_batch": s.micro_batch, "accumulation_steps": s.steps,
+                "samples": s.global_batch, "time_s": self.time_s, "samples_per_s": self.samples_per_s}
+
+
+def accumulation(global_batch: int, micro: int, outcome: Outcome) -> Accumulation:
+    """Micro-batches of ``micro`` (a divisor of ``global_batch``: ``BatchSplit``'s rule, as
+    ``plan`` splits) accumulated to ``global_batch``: forward and backward each micro-batch,
+    the optimizer once."""
+    split = BatchSplit.of(global_batch, 1, micro)
+    return Accumulation(split, split.steps * outcome.step_s - (split.steps - 1) * outcome.optimizer_s)
+
+
+def accumulation_micro_batches(global_batch: int, largest: int) -> list[int]:
+    """The micro-batches that reach ``global_batch`` exactly on one GPU and fit (at most
+    ``largest``), ascending."""
+    return micro_batches(local_batch(global_batch, 1), largest)

@@ -150,7 +150,7 @@ def _place(advice: Advice, item: AdviceItem) -> None:
         advice.gpus.append(item)
     elif item.after is None:
         advice.unpredicted.append(item)
-    elif item.helps and item.after.fits is not False:
+    elif item.ranked:
         advice.items.append(item)
     else:
         advice.nothing.append(item)
@@ -187,9 +187,24 @@ def _batch_items(setup: Setup, base: Base, advice: Advice, results: dict[str, An
         candidates.append(c)
         outcomes[c.name] = curve[c.change.batch or given]
     if global_batch:
-        micro = max((b for b in curve if b <= global_batch), key=lambda b: curve[b].throughput, default=None)
-        if micro is not None:
-            advice.accumulation = batch.accumulation(global_batch, micro, curve[micro])
+        advice.accumulation = _accumulation(setup, curve, global_batch, int(largest), workers)
+
+
+def _accumulation(setup: Setup, curve: dict[int, Outcome], global_batch: int, largest: int,
+                  workers: int | None) -> batch.Accumulation | None:
+    """``global_batch`` reached exactly on one GPU: the fastest micro-batch among those that
+    divide it and fit, of the curve's points and the largest such (traced here unless the
+    curve has it). None where none of them could be predicted."""
+    micros = batch.accumulation_micro_batches(global_batch, largest)
+    options = {b: curve[b] for b in micros if b in curve}
+    if micros[-1] not in options:
+        found = run_parallel(setup, [("micro", Change(batch=micros[-1]))], workers).get("micro")
+        if isinstance(found, Outcome):
+            options[micros[-1]] = found
+    if not options:
+        return None
+    micro = max(options, key=lambda b: options[b].throughput)
+    return batch.accumulation(global_batch, micro, options[micro])
 
 
 def _combination(setup: Setup, base: Base, cache: dict[str, Any], candidates: list[Candidate],

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from nnperf.hardware import DTYPE_BYTES
 from nnperf.passes.costs import registry as cat
 from nnperf.search.advise.change import Candidate, Change
 from nnperf.search.advise.rewrite import Rewritten
+from nnperf.trace.events import OpEvent, TensorMeta
 
 if TYPE_CHECKING:
     from nnperf.analysis import Analysis
@@ -58,7 +59,10 @@ def families(base: Base) -> dict[str, dict[int, int]]:
     hidden = max(linear_dims, key=linear_dims.get) if linear_dims else None
     seq = base.analysis.workload.info.get("seq_len")
     out: dict[str, dict[int, int]] = defaultdict(dict)
+    channels = channel_pads(base)
     for t in base.prediction.step.ops:
+        if t.category == cat.CONV:  # a convolution pads its channels (``channel_pads``)
+            continue
         for gt in t.gemms:
             est = gt.estimate
             if est.math_unit != "tensor":
@@ -70,12 +74,79 @@ def families(base: Base) -> dict[str, dict[int, int]]:
                     continue
                 family = _family(dim, t.category, g, embedding_rows, hidden, seq, trace)
                 out[family][dim] = target(dim, mult)
+    out["channels"].update({dim: pad.padded for dim, pad in channels.items()})
     return {f: dims for f, dims in out.items() if dims}
 
 
+@dataclass(frozen=True)
+class ChannelPad:
+    """A convolution GEMM dimension padded by padding channels: the input channels (per group)
+    times the kernel's positions (K of the forward), or the output channels (N)."""
+
+    dim: int
+    padded: int
+    side: str  # "input" or "output"
+    channels: int
+    padded_channels: int
+    kernel: tuple[int, ...]  # the kernel's spatial size (input side)
+
+    def describe(self) -> str:
+        if self.side == "output":
+            return f"output channels {self.channels} -> {self.padded_channels}"
+        area = " x ".join(map(str, self.kernel))
+        return (f"input channels {self.channels} -> {self.padded_channels} (K = channels x {area} "
+                f"kernel: {self.dim} -> {self.padded})")
+
+
+def channel_pads(base: Base) -> dict[int, ChannelPad]:
+    """The convolution GEMM dimensions that are not tensor-core aligned, each with the channel
+    padding that aligns it: a convolution's dimensions are its channels, so only a channel
+    count can be padded, and K = C x R x S grows by whole kernels. NVIDIA's rule for
+    tensor-core convolutions is channels (and so K) a multiple of 16 bytes, 8 fp16/bf16
+    elements ("Convolutional Layers User's Guide"); the channels are padded to the smallest
+    count that makes the padded dimension such a multiple. Depthwise and transposed
+    convolutions, and M (images x output positions), are left out."""
+    out: dict[int, ChannelPad] = {}
+    for t in base.prediction.step.ops:
+        if t.category != cat.CONV:
+            continue
+        geometry = _conv_channels(t.count.event)
+        for gt in t.gemms:
+            if gt.estimate.math_unit != "tensor" or geometry is None:
+                continue
+            per16 = max(1, 16 // DTYPE_BYTES.get(gt.estimate.rate_dtype, 2))
+            cin, cout, kernel = geometry
+            area = math.prod(kernel)
+            g = gt.gemm
+            for dim in (g.m, g.n, g.k):
+                if dim % per16 == 0 or dim in out:
+                    continue
+                if dim == cin * area:
+                    step = per16 // math.gcd(area, per16)
+                    wide = target(cin, step)
+                    out[dim] = ChannelPad(dim, wide * area, "input", cin, wide, kernel)
+                elif dim == cout:
+                    out[dim] = ChannelPad(dim, target(cout, per16), "output", cout, target(cout, per16), kernel)
+    return out
+
+
+def _conv_channels(event: OpEvent) -> tuple[int, int, tuple[int, ...]] | None:
+    """(input channels per group, output channels per group, kernel size) of an ordinary
+    convolution's forward or backward event; None for a transposed or depthwise one."""
+    backward = event.name == "aten.convolution_backward"
+    args = event.args
+    weight = args[2] if backward else args[1]
+    transposed = bool(args[7] if backward else (args[6] if len(args) > 6 else False))
+    groups = int(args[9] if backward else (args[8] if len(args) > 8 else 1))
+    if transposed or not isinstance(weight, TensorMeta) or len(weight.shape) < 3:
+        return None
+    cin = weight.shape[1]
+    if groups > 1 and cin == 1:
+        return None  # depthwise: direct kernels, no tensor-core tiles
+    return cin, weight.shape[0] // groups, tuple(weight.shape[2:])
+
+
 def _family(dim, category, gemm, embedding_rows, hidden, seq, trace) -> str:  # type: ignore[no-untyped-def]
-    if category == cat.CONV:
-        return "channels"
     if dim in embedding_rows:
         return "vocabulary"
     if seq and (dim == seq or (dim % seq == 0 and gemm.m == dim and dim not in (hidden,))):
@@ -91,6 +162,7 @@ def _family(dim, category, gemm, embedding_rows, hidden, seq, trace) -> str:  # 
 
 def candidates(base: Base) -> list[Candidate]:
     out = []
+    channels = channel_pads(base)
     for family, dims in sorted(families(base).items()):
         pad = tuple(sorted(dims.items()))
         shown = ", ".join(f"{v} -> {p}" for v, p in pad)
@@ -99,7 +171,7 @@ def candidates(base: Base) -> list[Candidate]:
         out.append(Candidate(
             name=f"pad-{family.lower()}", family="padding",
             title=f"pad the {family} dimension{'s' if len(pad) > 1 else ''} to tensor-core multiples ({shown})",
-            change=Change(pad=pad), how=_how(family, pad), layers=layers,
+            change=Change(pad=pad), how=_how(family, pad, channels), layers=layers,
             assumptions=[
                 "every GEMM dimension equal to a padded value is padded (M, N or K), and the "
                 "padded rows/columns are computed and ignored (masked in the loss, never read)",
@@ -112,13 +184,13 @@ def candidates(base: Base) -> list[Candidate]:
     return out
 
 
-def _how(family: str, pad: tuple[tuple[int, int], ...]) -> str:
+def _how(family: str, pad: tuple[tuple[int, int], ...], channels: dict[int, ChannelPad]) -> str:
     (v, p), *_ = pad
     if family == "vocabulary":
         return f"vocab_size = {p}  # {v} padded to a multiple of {_pow2(p)}; targets never use the extra rows"
-    if family == "channels":
-        return ("pad the convolution channels: " + ", ".join(f"{a} -> {b}" for a, b in pad)
-                + " (e.g. the input image to 4 channels with F.pad, or wider conv layers)")
+    if family == "channels":  # the dimensions the rewrite pads, said as the channels that give them
+        return ("pad the convolution channels: " + "; ".join(channels[a].describe() for a, _ in pad)
+                + " (zero channels: the input image with F.pad, or wider conv layers)")
     if family == "sequence":
         return "pad the sequence length so batch x seq is a multiple of " + str(_pow2(p))
     return f"{family} size: " + ", ".join(f"{a} -> {b}" for a, b in pad)

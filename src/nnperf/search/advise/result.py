@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from nnperf.search.advise.batch import Accumulation
 from nnperf.search.advise.change import Candidate, Outcome
 
 SCHEMA_VERSION = "nnperf.advice/1"
@@ -62,13 +63,19 @@ class AdviceItem:
         share = self.gain_share
         return share is not None and share > NOTHING
 
+    @property
+    def ranked(self) -> bool:
+        """Whether the item ranks as a gain: it saves time and the step still fits (a batch
+        that needs 89,790 TiB is faster per sample, and of no use)."""
+        return self.helps and self.after is not None and self.after.fits is not False
+
     def to_json(self) -> dict[str, Any]:
         c = self.candidate
         doc = {
             "name": c.name, "family": c.family, "title": c.title, "change": c.how,
             "layers": self.layers, "assumptions": c.assumptions, "predicted": self.after is not None,
             "before": self.before.to_json(), "after": self.after.to_json() if self.after else None,
-            "gain_s": self.gain_s, "gain_share": self.gain_share, "speedup": self.speedup,
+            "gain_s": self.gain_s, "gain_share": self.gain_share, "speedup": self.speedup, "ranked": self.ranked,
             "bound": self.bound_move, "notes": list(self.after.notes) if self.after else [],
         }
         if self.error:
@@ -94,7 +101,7 @@ class Advice:
     curve: dict[int, Outcome] = field(default_factory=dict)  # batch -> outcome
     largest_batch: int | None = None
     knee: int | None = None
-    accumulation: dict[str, float] | None = None
+    accumulation: Accumulation | None = None  # --global-batch reached by gradient accumulation
     combination: AdviceItem | None = None  # --apply
     valid_names: list[str] = field(default_factory=list)
     prediction: Any = field(default=None, repr=False)  # the given workload's Prediction (reports)
@@ -113,7 +120,7 @@ class Advice:
             "gpus_not_compared": [{"gpu": g, "why": w} for g, w in self.gpus_not_compared],
             "already_done": [{"name": n, "why": w} for n, w in self.checked],
             "batch_curve": [{"batch": b, **o.to_json()} for b, o in sorted(self.curve.items())],
-            "largest_batch": self.largest_batch, "knee": self.knee, "accumulation": self.accumulation,
+            "largest_batch": self.largest_batch, "knee": self.knee, "accumulation": self.accumulation.to_json() if self.accumulation else None,
             "combination": self.combination.to_json() if self.combination else None,
             "valid_names": self.valid_names,
         }
