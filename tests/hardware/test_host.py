@@ -98,8 +98,25 @@ def test_a_profile_from_before_the_host_parts_still_loads(tmp_path):
     path.write_text("host_dispatch_s = 8e-6\nhost_dispatch_backward_s = 1.2e-5\nhost_dispatch_optimizer_s = 4e-6\n")
     profile = load_profile(path, load_gpu("h100"))
     assert profile.host_dispatch_s == 8e-6
-    # the parts it lacks keep the shipped defaults (the cloud VM's), stated in default_profile.toml
+    # the parts it lacks keep the shipped defaults (the cloud VM's), stated in default_profile.toml,
+    # and the prediction says so (never a silent default)
     assert profile.host_module_call_s == default_profile(load_gpu("h100")).host_module_call_s > 0
+    assert "host_module_call_s" in profile.unmeasured_host_parts
+    (note,) = profile.host_notes
+    assert "not python_call_s, autograd_record_s" in note and "defaults'" in note
+    doc = predict_analysis(analyze("mlp", batch=2, train=False), load_gpu("h100"), profile=profile).to_json()
+    assert doc["timing_options"]["host_notes"] == [note]
+    assert default_profile(load_gpu("h100")).host_notes == ()  # the defaults say where they come from
+
+
+def test_a_saved_profile_keeps_what_it_did_not_measure(tmp_path):
+    from nnperf.hardware.profile import save_profile
+
+    measured = default_profile(load_gpu("h100")).replace(
+        host_dispatch_s=7e-6, unmeasured_host_parts=("host_module_call_s",))
+    save_profile(measured, tmp_path / "p.toml")
+    again = load_profile(tmp_path / "p.toml", load_gpu("h100"))
+    assert again.unmeasured_host_parts == ("host_module_call_s",) and again.host_dispatch_s == 7e-6
 
 
 def test_an_unknown_optimizer_step_in_a_profile_is_one_line(tmp_path):

@@ -128,6 +128,9 @@ class DeviceProfile:
     gemm_efficiency: Mapping[str, Curve] = field(default_factory=dict, hash=False)
     gpu: str | None = None
     note: str = ""
+    # Parts of the host model (``HOST_PARTS``) a profile that measured its host's dispatch
+    # did not measure: they are the shipped defaults', which describe another host.
+    unmeasured_host_parts: tuple[str, ...] = ()
 
     # ---- what the models ask -----------------------------------------------------------
     def tiles(self) -> list[tuple[int, int]]:
@@ -194,7 +197,18 @@ class DeviceProfile:
     def host_json(self) -> dict[str, Any]:
         """The host the host costs describe, for a JSON document: its name (``cloud-vm`` for the
         shipped defaults; null where a profile names none) and its single-core clock."""
-        return {"host": self.host or None, "host_turbo_ghz": self.host_turbo_ghz}
+        return {"host": self.host or None, "host_turbo_ghz": self.host_turbo_ghz,
+                "host_notes": list(self.host_notes)}
+
+    @property
+    def host_notes(self) -> tuple[str, ...]:
+        """What a reader of the prediction must know about the host costs (never a silent
+        default): which parts came from the shipped defaults instead of this host."""
+        if not self.unmeasured_host_parts:
+            return ()
+        parts = ", ".join(f.removeprefix("host_") for f in self.unmeasured_host_parts)
+        return (f"the profile measured this host's op dispatch but not {parts}: those are the defaults' "
+                "(default_profile.toml: the cloud VM's); nnperf calibrate on the GPU's own host measures them",)
 
     def replace(self, **changes: Any) -> DeviceProfile:
         return dataclasses.replace(self, **changes)
@@ -268,6 +282,7 @@ _SCALARS = {
         "wide_head_attention",
         "host_optimizer_step_s",
         "host_optimizer_param_s",
+        "unmeasured_host_parts",
     }
 }
 _TABLES = ("tile_relative_efficiency", "ctas_per_sm", "alignment_penalty", "host_dispatch_by_kind_s",
@@ -422,7 +437,21 @@ def load_profile(path: str | Path, gpu: GPU | None = None) -> DeviceProfile:
     where = f"profile file {shown(path)}"
     if any(k in raw for k in _SECTIONS):
         return DeviceProfile(**_apply_sections(base, raw, where, gpu))
-    return DeviceProfile(**_apply(base, raw, where))
+    return DeviceProfile(**{**_apply(base, raw, where), "unmeasured_host_parts": unmeasured_host_parts(raw)})
+
+
+#: The parts of the host model beside each op's dispatch (``passes.host_time``).
+HOST_PARTS = ("host_python_call_s", "host_autograd_record_s", "host_view_autograd_s", "host_module_call_s",
+              "host_module_hook_s", "host_autocast_op_s", "host_backward_node_s", "host_backward_call_s",
+              "host_zero_grad_param_s", "host_sync_s", "host_in_context")
+
+
+def unmeasured_host_parts(measured: Mapping[str, Any]) -> tuple[str, ...]:
+    """The parts of the host model (``HOST_PARTS``) a profile lacks although it measured its
+    host's dispatch cost (``host_dispatch_s``): calibrated before those parts were measured."""
+    if "host_dispatch_s" not in measured:
+        return ()
+    return tuple(f for f in HOST_PARTS if f not in measured)
 
 
 def _toml_value(value: Any) -> str:
@@ -442,6 +471,8 @@ def save_profile(profile: DeviceProfile, path: str | Path) -> None:
     lines = ["# nnperf device profile (read by nnperf.hardware.profile.load_profile)"]
     for name in _SCALARS:
         value = getattr(profile, name)
+        if name in profile.unmeasured_host_parts:
+            continue  # left out, so the profile read back says it did not measure them
         if value is not None and value != "":
             lines.append(f"{name} = {_toml_value(value)}")
     if profile.bandwidth_curve:

@@ -125,7 +125,8 @@ def summary_table(p: Prediction) -> Table:
     t.add_row(mfu_label(tot), f"{tot['mfu']:.1%}")
     fit = p.memory_fit
     t.add_row("device memory at peak (predicted)", memory_line(p), style=None if fit.fits else "bold red")
-    t.add_row("host issue time (eager dispatch)", seconds(tot["host_s"]))
+    host = f", {p.profile.host}" if p.profile.host else ""
+    t.add_row(f"host issue time (eager dispatch{host})", seconds(tot["host_s"]))
     t.add_row("device busy / idle", f"{seconds(tot['device_busy_s'])} / {seconds(tot['device_idle_s'])}")
     t.add_row("kernels", f"{tot['kernels']:,}")
     t.add_row("library settings (assumed)", library_settings(p))
@@ -146,3 +147,5 @@ def print_prediction(p: Prediction, *, by: str = "module", depth: int | None = 2
         names = ", ".join(f"{u['op']} x{u['count']}" for u in uncovered[:8])
         console.print(f"[yellow]Ops without a cost formula (timed from the bytes they touch): {names}[/yellow]")
     print_assumptions(p.analysis, console)
+    for note in p.profile.host_notes:
+        console.print(f"[yellow]Note: {note}[/yellow]")

@@ -9,7 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from nnperf.hardware import GPU, DeviceProfile, default_profile
-from nnperf.hardware.profile import WIDE_HEAD_DIM, WIDE_HEAD_KERNELS, interpolate
+from nnperf.hardware.profile import (
+    WIDE_HEAD_DIM,
+    WIDE_HEAD_KERNELS,
+    interpolate,
+    unmeasured_host_parts,
+)
 from nnperf.measure.calibration.record import TIMING_HOST_EXPOSED, Calibration
 from nnperf.measure.device import cpu_name
 from nnperf.measure.stats import Spread
@@ -69,7 +74,10 @@ def build_profile(cal: Calibration, gpu: GPU | None) -> DeviceProfile:
             changes["kernel_overhead_s"] = device_kernel
         if host:
             changes["host_dispatch_s"] = host
-        changes.update(host_part_fields(cal))
+        parts = host_part_fields(cal)
+        changes.update(parts)
+        if host:
+            changes["unmeasured_host_parts"] = unmeasured_host_parts({"host_dispatch_s": host, **parts})
         if view:
             changes["host_view_s"] = view
         by_kind = host_costs_by_category(cal)
