@@ -1,7 +1,8 @@
 """The package's layers: a module imports only from its own layer or lower ones.
 
 Low to high: the package root and errors, formatting units and hardware facts; one-kernel
-models; the trace and what it is built from; passes over one trace; the two public results;
+models; the trace and what it is built from; passes over one trace; the two public results
+(and a prediction's track record, beside it);
 searches over many traces; measurement; reports; the command line. A lower layer never
 imports a higher one, so a pass cannot depend on how it is displayed and a kernel model
 cannot depend on a trace. The only exception is the notebook hook: ``_repr_html_`` imports
@@ -25,7 +26,7 @@ LAYERS: list[set[str]] = [
     {"loading"},
     {"passes"},
     {"analysis"},
-    {"prediction"},
+    {"prediction", "accuracy"},
     {"search"},
     {"measure"},
     {"report"},

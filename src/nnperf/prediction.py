@@ -9,6 +9,7 @@ from typing import Any
 
 from torch import nn
 
+from nnperf.accuracy import TrackRecord, prediction_traits, track_record
 from nnperf.analysis import Analysis, analyze
 from nnperf.errors import UsageError
 from nnperf.hardware import GPU, DeviceProfile, default_profile, load_gpu
@@ -111,6 +112,12 @@ class Prediction:
         at_peak_s = sum(f / peak for (_, peak), f in flops.items())
         return MfuPeak(sum(flops.values()) / at_peak_s, math)
 
+    @cached_property
+    def track_record(self) -> TrackRecord:
+        """How nnperf did on the measured runs most like this step (``nnperf.accuracy``): what
+        a reader needs to know how far to trust ``step.step_s``."""
+        return track_record(prediction_traits(self))
+
     @property
     def totals(self) -> dict[str, Any]:
         wl = self.analysis.workload
@@ -162,6 +169,7 @@ class Prediction:
         for row in doc["ops"]:
             row.update(ops.get(row["op"], Estimates()).time_json())
         doc["totals"].update(self.totals)
+        doc["track_record"] = self.track_record.to_json()
         return doc
 
     def _repr_html_(self) -> str:

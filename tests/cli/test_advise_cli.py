@@ -31,6 +31,9 @@ def test_json_ranks_items_by_gain_and_lists_what_gains_nothing(monkeypatch):
     assert not any(i["family"] == "gpu" for i in doc["items"] + doc["gains_nothing"] + doc["not_predicted"])
     gpu_gains = [g["gain_s"] for g in doc["gpus"]]
     assert gpu_gains == sorted(gpu_gains, reverse=True)
+    # how far to trust the given step's time: its track record, as predict --json gives it
+    given = CliRunner().invoke(cli, ["predict", "gpt2", *TINY, "--gpu", "a100", "--json"])
+    assert doc["track_record"] == json.loads(given.output)["track_record"]
 
 
 def test_terminal_and_html_show_other_gpus_in_their_own_table(monkeypatch, tmp_path):
@@ -44,6 +47,7 @@ def test_terminal_and_html_show_other_gpus_in_their_own_table(monkeypatch, tmp_p
     assert "h100-sxm" not in code and "gpu-" not in code  # no GPU row among the code changes
     # a change's text is printed as written: the compiled loss's "[compile]" is not rich markup
     assert 'torchtitan: [compile] components = ["loss"]' in code
+    assert "the given step: runs like this one:" in code  # under the headline step time
     html = page.read_text()
     code_html, _, gpu_html = html.partition("The same step on other GPUs")
     assert "h100-sxm" in gpu_html and "gpu-h100-sxm" not in code_html

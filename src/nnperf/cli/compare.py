@@ -9,6 +9,7 @@ from typing import Any
 import click
 from rich.table import Table
 
+from nnperf.accuracy import TrackRecord
 from nnperf.analysis import analyze_request
 from nnperf.cli.app import cli
 from nnperf.cli.gpu_options import GpuRequest, GpuTarget, gpu_options
@@ -68,6 +69,7 @@ def compare(gpu_request: GpuRequest, prices_file, tf32, cudnn_benchmark, as_json
     timing = timing_options(tf32, cudnn_benchmark)
     memory: dict[str | None, Any] = {}  # one memory replay per architecture, not per GPU
     rows = []
+    tracks: list[TrackRecord | None] = []
     refused: list[UsageError] = []
     for target in targets:
         gpu = target.gpu
@@ -78,9 +80,12 @@ def compare(gpu_request: GpuRequest, prices_file, tf32, cudnn_benchmark, as_json
         except UsageError as err:
             refused.append(err)
             rows.append({"gpu": target.asked or gpu.id, "id": gpu.id, "error": str(err)})
+            tracks.append(None)
             continue
         memory[gpu.architecture] = p.memory
-        rows.append(gpu_row(target.asked or gpu.id, gpu, p.totals, prices))
+        rows.append({**gpu_row(target.asked or gpu.id, gpu, p.totals, prices),
+                     "track_record": p.track_record.to_json()})
+        tracks.append(p.track_record)
     if len(refused) == len(targets):
         raise refused[0]
     if as_json:
@@ -88,7 +93,7 @@ def compare(gpu_request: GpuRequest, prices_file, tf32, cudnn_benchmark, as_json
                                "config": analysis.config, **_host(targets).host_json(), "gpus": rows},
                               indent=2))
         return
-    make_console().print(_table(analysis, rows, _host(targets).host_label))
+    make_console().print(_table(analysis, rows, tracks, _host(targets).host_label))
 
 
 def _host(targets: list[GpuTarget]) -> DeviceProfile:
@@ -102,23 +107,27 @@ def _cost(r: dict[str, Any]) -> str:
     return f"{r['usd_per_million_samples']:.3g}" if r["usd_per_million_samples"] else "-"
 
 
-def _table(analysis: Any, rows: list[dict[str, Any]], host: str = "") -> Table:
+def _table(analysis: Any, rows: list[dict[str, Any]], tracks: list[TrackRecord | None], host: str = "") -> Table:
+    """``tracks``: each row's track record (None for a GPU the step cannot run on)."""
     t = Table(title=f"{analysis.label} ({analysis.trace.mode}, batch {analysis.workload.samples}) across GPUs"
                     + (f", {host}" if host else ""),
               title_justify="left",
               caption="Memory: the memory model's device total (segments, CUDA context, workspaces) "
-                      "of GPU memory. Time and throughput assume the step runs.",
+                      "of GPU memory. Time and throughput assume the step runs. Runs like it: nnperf's "
+                      "median error on the measured runs most like this step on that GPU, and how many "
+                      "(--json: which runs, its bias).",
               caption_justify="left")
-    for col in ("GPU", "Step time", "Throughput", "Bound", "MFU", "Memory", "Fits", "USD/h (date)",
-                "USD per 1M samples"):
+    for col in ("GPU", "Step time", "Runs like it", "Throughput", "Bound", "MFU", "Memory", "Fits",
+                "USD/h (date)", "USD per 1M samples"):
         t.add_column(col, justify="left" if col in ("GPU", "Bound", "Fits") else "right")
-    for r in rows:
+    for r, track in zip(rows, tracks, strict=True):
         if "error" in r:
-            t.add_row(r["gpu"], "-", "-", f"cannot run: {r['error']}", "-", "-", "-", "-", "-", style="dim")
+            t.add_row(r["gpu"], "-", "-", "-", f"cannot run: {r['error']}", "-", "-", "-", "-", "-", style="dim")
             continue
         price = f"{r['usd_per_hour']:.2f} ({r['price_date'] or 'yours'})" if r["usd_per_hour"] else "-"
         style = None if r["fits_in_memory"] else "red"
-        t.add_row(r["gpu"], seconds(r["step_time_s"]), rate(r["throughput"], r["throughput_unit"]),
+        t.add_row(r["gpu"], seconds(r["step_time_s"]), track.cell() if track else "-",
+                  rate(r["throughput"], r["throughput_unit"]),
                   r["bound"], f"{r['mfu']:.1%}",
                   f"{binary(r['device_total_bytes'])} of {binary(r['gpu_memory_bytes'])}",
                   verdict(r["fits_in_memory"]), price, _cost(r), style=style)

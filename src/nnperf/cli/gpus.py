@@ -79,6 +79,7 @@ def _detail_table(g: GPU) -> Table:
     rows = [
         ("aliases", ", ".join(g.aliases)),
         ("vendor / architecture", f"{g.vendor} {g.architecture}"),
+        ("segment", g.segment or "-"),
         ("compute capability", g.compute_capability or "-"),
         ("SMs (CUs on AMD)", str(g.sm_count)),
         ("boost clock", f"{g.boost_clock_mhz:g} MHz"),

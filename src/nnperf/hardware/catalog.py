@@ -83,6 +83,8 @@ class GPU:
     aliases: tuple[str, ...] = ()
     compute_capability: str | None = None
     tensor_clock_mhz: float | None = None
+    #: The product line (``schema.SEGMENTS``); None for a GPU file that does not say.
+    segment: str | None = None
     # The clock the card holds under sustained load, where a measurement is published: the
     # datasheet peaks assume the clock they are quoted at, which power-limited cards do not
     # hold and consumer cards exceed (GPU Boost). None: the quoted clock.

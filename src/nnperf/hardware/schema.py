@@ -5,7 +5,7 @@ what-if overrides (``--set``), which are applied to the raw TOML table before va
 
 A GPU file is a TOML table with these keys (see any file in ``hardware/gpus/`` for an example)::
 
-    name, aliases, vendor, architecture, compute_capability, confidence, unverified, notes,
+    name, aliases, vendor, architecture, segment, compute_capability, confidence, unverified, notes,
     sm_count, boost_clock_mhz, tensor_clock_mhz, memory_gib, cuda_total_mib, memory_type,
     memory_bandwidth_gbs, l2_mb, l2_bandwidth_gbs, l2_reuse_mb, gpu_link_gbs, tdp_w,
     price_usd_per_hour, price_date,
@@ -35,6 +35,10 @@ else:  # pragma: no cover
 EXTRA_RATE_KEYS: tuple[str, ...] = ("fp16_acc16", "fp8_acc16")
 RATE_KEYS: tuple[str, ...] = COMPUTE_DTYPES + EXTRA_RATE_KEYS
 UNITS: tuple[str, ...] = ("tensor", "cuda")
+#: The product lines a GPU is sold in (the vendor's own division: NVIDIA's data-centre parts
+#: against GeForce). A prediction's track record (``nnperf.accuracy``) compares a GPU with
+#: measured ones of its segment: servers and desktops differ in host, clocks and cooling.
+SEGMENTS: tuple[str, ...] = ("data-centre", "workstation", "consumer")
 
 # kind: "str", "int", "float" (positive), "strlist". required: must be present.
 SCALAR_FIELDS: dict[str, tuple[str, bool, str]] = {
@@ -43,6 +47,7 @@ SCALAR_FIELDS: dict[str, tuple[str, bool, str]] = {
     "aliases": ("strlist", False, "a list of other spellings"),
     "vendor": ("str", True, "e.g. 'NVIDIA' or 'AMD'"),
     "architecture": ("str", True, "e.g. 'Hopper', 'Ampere', 'CDNA3'"),
+    "segment": ("str", False, "the product line: " + ", ".join(repr(s) for s in SEGMENTS)),
     "compute_capability": ("str", False, "e.g. '9.0' (NVIDIA) or 'gfx942' (AMD)"),
     "confidence": ("str", False, "'datasheet' or 'unverified'"),
     "unverified": ("strlist", False, "names of fields not checked against a primary source"),
@@ -274,6 +279,8 @@ def validate(raw: dict[str, Any], origin: str) -> dict[str, Any]:
             f"{', '.join([*SCALAR_FIELDS, *TABLES])}"
         )
     out = _fields(origin, raw, SCALAR_FIELDS)
+    if out.get("segment") is not None and out["segment"] not in SEGMENTS:
+        raise _bad(origin, "segment", SCALAR_FIELDS["segment"][2], out["segment"])
     link = raw.get("host_link")
     if link is not None:
         if not isinstance(link, dict):

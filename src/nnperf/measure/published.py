@@ -74,6 +74,14 @@ class Workload:
     sdpa: str = "fused"
 
 
+@dataclass(frozen=True)
+class PredictedStep:
+    """A row's predicted seconds per iteration and what bounds it (``StepTime.bound``)."""
+
+    step_s: float
+    bound: str
+
+
 #: What a ``memory`` row's value is: nvidia-smi's used memory, MiB.
 MEMORY = "memory"
 HF_MISSING = "needs transformers (pip install 'nnperf[hf]')"
@@ -211,27 +219,37 @@ class Predictor:
         return self._analyses[key]
 
     def step_s(self, row: dict[str, Any]) -> float:
-        """Predicted seconds per iteration. With gradient accumulation k the optimizer runs on
-        one iteration in k: the published average is ((k-1) * forward+backward + full) / k."""
+        """Predicted seconds per iteration (``step``)."""
+        if row["task"] == "gemm":
+            from nnperf.hardware import load_gpu
+
+            return self._gemm_s(row, load_gpu(row["gpu_catalog"]))
+        return self.step(row).step_s
+
+    def step(self, row: dict[str, Any]) -> PredictedStep:
+        """A training or inference row's predicted iteration. With gradient accumulation k the
+        optimizer runs on one iteration in k: the published average is ((k-1) *
+        forward+backward + full) / k, and its bound that of the iterations holding most of it."""
         from nnperf.hardware import load_gpu
         from nnperf.passes.timing import TimingOptions
         from nnperf.prediction import predict_analysis
 
         gpu = load_gpu(row["gpu_catalog"])
         profile = profile_for(row, gpu)
-        if row["task"] == "gemm":
-            return self._gemm_s(row, gpu)
         w = workload(row)
         timing = TimingOptions(tf32_matmul=w.tf32)  # convolutions: cuDNN's default, TF32 where it exists
 
-        def time_with(optimizer: str) -> float:
-            return predict_analysis(self._analysis(w, optimizer), gpu, profile=profile, timing=timing).step.step_s
+        def step_with(optimizer: str) -> PredictedStep:
+            step = predict_analysis(self._analysis(w, optimizer), gpu, profile=profile, timing=timing).step
+            return PredictedStep(step.step_s, str(step.bound))
 
-        full = time_with(w.optimizer if w.train else "none")
+        full = step_with(w.optimizer if w.train else "none")
         k = int(row.get("grad_accumulation") or 1)
         if not w.train or k == 1:
             return full
-        return ((k - 1) * time_with("none") + full) / k
+        backward_only = step_with("none")
+        bound = backward_only.bound if (k - 1) * backward_only.step_s >= full.step_s else full.bound
+        return PredictedStep(((k - 1) * backward_only.step_s + full.step_s) / k, bound)
 
     @staticmethod
     def memory_mib(row: dict[str, Any]) -> float:
@@ -275,7 +293,7 @@ def gemm_measured_s(row: dict[str, Any]) -> float:
 def records(rows: Iterable[dict[str, Any]], predictor: Predictor | None = None) -> list[dict[str, Any]]:
     """One record per row in the shape ``measure.validation.error_table`` reads: ``family`` is
     the task (training / inference / gemm), ``config`` the row id; rows nnperf cannot build
-    carry ``not_reproducible`` and no prediction."""
+    carry ``not_reproducible`` and no prediction; a step-time row also its ``predicted_bound``."""
     predictor = predictor or Predictor()
     out = []
     for row in rows:
@@ -289,8 +307,13 @@ def records(rows: Iterable[dict[str, Any]], predictor: Predictor | None = None) 
             out.append({**rec, "measured_memory_mib": float(row["value"]),
                         "predicted_memory_mib": predictor.memory_mib(row)})
             continue
-        measured = gemm_measured_s(row) if row["task"] == "gemm" else measured_step_s(row)
-        out.append({**rec, "measured_step_time_s": measured, "predicted_step_time_s": predictor.step_s(row)})
+        if row["task"] == "gemm":
+            out.append({**rec, "measured_step_time_s": gemm_measured_s(row),
+                        "predicted_step_time_s": predictor.step_s(row)})
+            continue
+        step = predictor.step(row)
+        out.append({**rec, "measured_step_time_s": measured_step_s(row), "predicted_step_time_s": step.step_s,
+                    "predicted_bound": step.bound})
     return out
 
 

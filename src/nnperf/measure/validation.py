@@ -275,7 +275,8 @@ def repredict(record: dict[str, Any], gpu_name: str | None, profile: DeviceProfi
     """Predict the record's configuration again with the current code: the step time on
     ``gpu_name`` (when given) from its datasheet entry, and from ``profile`` (a calibration of
     that GPU: ``predicted_step_time_calibrated_s``) when given, and the peak memory of what
-    the record measured, so a table of committed measurements follows the model as it changes."""
+    the record measured, so a table of committed measurements follows the model as it changes.
+    ``predicted_bound``: what bounds the datasheet prediction's step."""
     from nnperf.analysis import analyze_request
     from nnperf.hardware import load_gpu
     from nnperf.measure.runner import predicted_peak_memory
@@ -287,7 +288,8 @@ def repredict(record: dict[str, Any], gpu_name: str | None, profile: DeviceProfi
     record["predicted_step_time_s"] = None
     if gpu_name:
         gpu, timing = load_gpu(gpu_name), config.timing_options()
-        record["predicted_step_time_s"] = predict_analysis(analysis, gpu, timing=timing).step.step_s
+        step = predict_analysis(analysis, gpu, timing=timing).step
+        record["predicted_step_time_s"], record["predicted_bound"] = step.step_s, str(step.bound)
         if profile is not None:
             record["predicted_step_time_calibrated_s"] = predict_analysis(analysis, gpu, profile, timing).step.step_s
 

@@ -84,8 +84,16 @@ def gpu_table(advice: Any, rows: list[AdviceRow]) -> Table:
     return t
 
 
+def print_track_record(advice: Any, console: Console) -> None:
+    """Under the headline step time: how nnperf did on measured runs like it."""
+    if advice.prediction is not None:
+        record = advice.prediction.track_record
+        console.print(f"  the given step: {record.text()}", highlight=False, style=None if record.found else "yellow")
+
+
 def print_advice(advice: Any, console: Console) -> None:
     console.print(advice_table(advice, advice_rows(advice)))
+    print_track_record(advice, console)
     for name, why in advice.checked:
         console.print(f"  checked, gains nothing: {name}: {why}")
     if advice.curve:
@@ -108,6 +116,7 @@ def print_combination(advice: Any, console: Console) -> None:
     item = advice.combination
     rows = [r for r in advice_rows(_Only(advice, item))]
     console.print(advice_table(advice, rows))
+    print_track_record(advice, console)
     lines = item.candidate.how.splitlines()
     if len(lines) > 1:  # the table shows a change's first line; a combination has one per item
         console.print("  changes:\n" + "\n".join(f"    {escape(line)}" for line in lines))
@@ -127,3 +136,4 @@ class _Only:
         self.base, self.model, self.gpu = advice.base, advice.model, advice.gpu
         self.model_label = getattr(advice, "model_label", "")
         self.host = getattr(advice, "host", {})
+        self.prediction = getattr(advice, "prediction", None)

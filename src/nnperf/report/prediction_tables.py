@@ -139,6 +139,7 @@ def print_prediction(p: Prediction, *, by: str = "module", depth: int | None = 2
     console = console or make_console()
     console.print(module_time_table(p, depth) if by == "module" else op_time_table(p))
     console.print(summary_table(p))
+    console.print(p.track_record.text(), highlight=False, style=None if p.track_record.found else "yellow")
     if not p.memory_fit.fits:
         console.print(f"[bold red]The step does not fit in the {p.gpu.name}'s memory: the times above "
                       "assume it did (see nnperf fit / nnperf memory).[/bold red]")

@@ -49,11 +49,24 @@ def summary_section(run: Run) -> str:
         _card("MFU", esc(f"{tot['mfu']:.1%}"), esc(mfu_label(tot).removeprefix("MFU ").strip("()"))),
         _card("bound", esc(tot["bound"]),
               esc(f"host {seconds(tot['host_s'])}, device busy {seconds(tot['device_busy_s'])}")),
+        _track_card(run.prediction),
         _card("memory fit", esc(fit), fit_more, fit_cls),
         _card("kernels", esc(f"{tot['kernels']:,}"),
               esc(f"cost formulas for {cov['op_share']:.1%} of ops, {cov['byte_share']:.1%} of bytes")),
     ]
     return f'<div class="cards">{"".join(cards)}</div>'
+
+
+def _track_card(p: Prediction) -> str:
+    """nnperf's median error on measured runs like this one, and which runs: how far to
+    trust the step time beside it."""
+    record = p.track_record
+    if not record.found:
+        return _card("runs like this one", "none measured",
+                     esc(f"{record.description}: nnperf has not been checked on anything like this workload"), "bad")
+    bias = f"median {record.median_signed_error:+.0%} (negative: predicted faster than measured)"
+    return _card("runs like this one", esc(f"median error {record.median_abs_error:.0%}"),
+                 esc(f"n={record.n}: {record.description}; {bias}"))
 
 
 def _samples_line(tot: dict[str, Any]) -> str:
@@ -221,7 +234,7 @@ def uncovered_section(run: Run) -> str:
 
 
 def compare_section(runs: list[Run]) -> str:
-    cols = ["GPU", "Step time", "Measured", "Throughput", "MFU", "Bound", "Memory fit", "USD/h"]
+    cols = ["GPU", "Step time", "Runs like it", "Measured", "Throughput", "MFU", "Bound", "Memory fit", "USD/h"]
     head = "".join(f'<th class="{"l" if c in ("GPU", "Bound", "Memory fit") else ""}">{c}</th>' for c in cols)
     body = []
     for run in runs:
@@ -229,8 +242,10 @@ def compare_section(runs: list[Run]) -> str:
         fit, _, cls = memory_fit(run)
         m = run.measured.step_time_s if run.measured else None
         price = run.prediction.gpu.price_usd_per_hour
+        track = run.prediction.track_record
         body.append(
             f'<tr><td class="l">{esc(run.gpu_name)}</td><td data-v="{tot["step_time_s"]!r}">{esc(seconds(tot["step_time_s"]))}</td>'
+            f'<td title="{esc(track.text())}">{esc(track.cell())}</td>'
             f"<td>{esc(seconds(m)) if m else '-'}</td>"
             f'<td data-v="{tot["throughput"]!r}">{esc(rate(tot["throughput"], tot["throughput_unit"]))}</td>'
             f'<td data-v="{tot["mfu"]!r}">{tot["mfu"]:.1%}</td><td class="l">{esc(tot["bound"])}</td>'

@@ -113,6 +113,7 @@ class Advice:
         return {
             "schema": SCHEMA_VERSION, "model": self.model, "gpu": self.gpu, "config": self.config, **self.host,
             "before": self.base.to_json(),
+            "track_record": self.prediction.track_record.to_json() if self.prediction is not None else None,
             "items": [i.to_json() for i in self.items],
             "gains_nothing": [i.to_json() for i in self.nothing],
             "not_predicted": [i.to_json() for i in self.unpredicted],
