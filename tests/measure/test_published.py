@@ -158,4 +158,5 @@ def test_dgx_rows_run_on_their_datasheet_cpu(rows):
     v100 = by_id["rn50-train-dgx1v-fp32-1gpu"]  # "V100 16GB (DGX-1)": 2x Xeon E5-2698 v4
     assert profile_for(v100, load_gpu(v100["gpu_catalog"])).host == "xeon-e5-2698v4"
     timm = by_id["timm-infer-amp-nchw-pt240-cu124-rtx4090-resnet50-224"]  # host not stated
-    assert profile_for(timm, load_gpu(timm["gpu_catalog"])).host == ""
+    # host not stated: the default host, a rented GPU's cloud VM (default_profile.toml)
+    assert profile_for(timm, load_gpu(timm["gpu_catalog"])).host == "cloud-vm"
