@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from nnperf.analysis import analyze
 from nnperf.cli.app import cli
 from nnperf.errors import ModelLoadError, ModelOptionError, UsageError
+from nnperf.hub import hf_config
 from nnperf.hub.hf_config import shipped
 
 TINY_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 32,
@@ -35,6 +36,7 @@ def no_network(monkeypatch):
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", "/nonexistent-hf-cache")
+    monkeypatch.setattr(hf_config, "hub_unreachable", lambda: None)  # the download decides
 
 
 @pytest.mark.parametrize("entry", sorted({e.id: e for e in shipped().values()}.values(), key=lambda e: e.id),
@@ -105,11 +107,34 @@ def test_a_model_downloaded_from_the_hub(tmp_path, monkeypatch):
 
 
 def test_offline_and_not_cached_is_one_line_with_what_would_work():
-    with pytest.raises(ModelLoadError, match=r"hf:someone/unknown-model: no config found: not shipped "
+    with pytest.raises(ModelLoadError, match=r"hf:someone/unknown-model: not shipped "
                                              r"with nnperf, not in the Hugging Face cache, and the Hub "
                                              r"cannot be reached .*hf download someone/unknown-model "
                                              r"config.json"):
         analyze("hf:someone/unknown-model")
+
+
+@pytest.mark.parametrize("offline", ["HF_HUB_OFFLINE", "a closed port"])
+def test_offline_a_name_not_shipped_fails_before_any_download(offline, monkeypatch):
+    """The Hub client retries an unreachable host for about 25 s, logging each retry: nnperf
+    asks it nothing when HF_HUB_OFFLINE is set or the Hub's host refuses a connection."""
+    import huggingface_hub
+
+    monkeypatch.undo()  # the real probe, and a download that must not be called
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", "/nonexistent-hf-cache")
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda *a, **k: pytest.fail("the Hub was asked"))
+    if offline == "HF_HUB_OFFLINE":
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+        why = "HF_HUB_OFFLINE is set"
+    else:  # port 9 (discard) on the loopback: nothing listens there in a test
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")
+        why = "127.0.0.1 does not answer"
+    with pytest.raises(ModelLoadError, match=rf"hf:someone/x: not shipped .*\({why}.*\); shipped: "
+                                             r".*openai-community/gpt2.*; to add one, download its config "
+                                             r"once \(hf download someone/x config.json\)") as err:
+        analyze("hf:someone/x")
+    assert "\n" not in str(err.value)
 
 
 def test_a_near_miss_of_a_shipped_name_is_suggested():

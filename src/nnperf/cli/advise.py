@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from nnperf import progress
 from nnperf.cli.app import cli
 from nnperf.cli.gpu_options import gpu_options
 from nnperf.cli.limits import LimitedInt
@@ -46,8 +47,9 @@ def advise(gpu, profile, apply_names, global_batch, set_to_none, tf32, html_out,
         html_out = check_output(html_out, "--html")
     request, trace_options = pop_workload(kwargs)
     options = MemoryOptions(trace_options, set_to_none=set_to_none)
-    advice = advise_request(request, options, gpu, profile, TimingOptions(tf32_matmul=tf32),
-                            apply=names, global_batch=global_batch)
+    with progress.shown("advise: changes predicted", enabled=not as_json):
+        advice = advise_request(request, options, gpu, profile, TimingOptions(tf32_matmul=tf32),
+                                apply=names, global_batch=global_batch)
     if html_out:
         from nnperf.report.html import build_report
 

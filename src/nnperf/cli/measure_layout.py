@@ -15,16 +15,18 @@ from nnperf.units import binary
 
 def measure_planned_layout(layout: str, device: str | None, steps: int, warmup: int, as_json: bool,
                            workload_kwargs: dict[str, Any]) -> None:
-    from nnperf.measure.distributed import check_options, measure_layout, read_layout
+    from nnperf.measure.distributed import measure_layout
+    from nnperf.measure.plan_file import read_layout
     from nnperf.search.plan import request_name
 
-    execution, planned, plan = read_layout(layout)
+    layout_file = read_layout(layout)
+    execution, planned = layout_file.execution, layout_file.planned
     request, options = pop_workload(workload_kwargs)
-    if request_name(request) != plan.get("model"):
-        raise UsageError(f"--layout {layout} is a plan of {plan.get('model')}; measure that model "
+    if request_name(request) != layout_file.model:
+        raise UsageError(f"--layout {layout} is a plan of {layout_file.model}; measure that model "
                          f"(got {request_name(request)})")
-    check_options(options, plan, layout)
-    planned_model = (plan.get("model_options") or {}, plan.get("seq_len"))
+    layout_file.check_options(options, layout)
+    planned_model = (layout_file.model_options, layout_file.seq_len)
     if ({k: str(v) for k, v in request.overrides.items()}, request.seq_len) != \
             ({k: str(v) for k, v in planned_model[0].items()}, planned_model[1]):
         raise UsageError(f"--layout {layout} was planned with -O {planned_model[0] or 'none'} and --seq "
@@ -36,7 +38,7 @@ def measure_planned_layout(layout: str, device: str | None, steps: int, warmup: 
     measured = measure_layout(request, options, execution, device, steps, warmup)
     if measured is None:  # ranks other than 0 report through rank 0
         return
-    doc = {"schema": "nnperf.layout_measurement/1", "model": plan.get("model"), "planned_gpu": plan.get("gpu"),
+    doc = {"schema": "nnperf.layout_measurement/1", "model": layout_file.model, "planned_gpu": layout_file.gpu,
            "planned": planned, "measured": measured.to_json(),
            "comparable": measured.device == "cuda",
            "step_time_error": _error(planned.get("step_time_s"), measured.step_s) if measured.device == "cuda"

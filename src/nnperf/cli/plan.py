@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from nnperf import progress
 from nnperf.cli.app import cli
 from nnperf.cli.gpu_options import gpu_options
 from nnperf.cli.workload_options import pop_workload, workload_options
@@ -113,14 +114,15 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
         raise UsageError("nnperf plan lays out training steps (data, tensor, pipeline and context parallelism "
                          "of forward, backward and optimizer); for one GPU's inference use 'nnperf predict "
                          "--inference'")
-    result = run_plan(request, options, gpu, n_gpus, cluster, nodes, global_batch,
-                      tensor=_degrees(tp_text, "--tp"), pipeline=_degrees(pp_text, "--pp"),
-                      schedules=schedules or DEFAULT_SCHEDULES, context=_degrees(cp_text, "--cp") or [1],
-                      expert=_degrees(ep_text, "--ep"), data=_names(data_text, "--data", DATA_KINDS),
-                      checkpoints=[CHECKPOINT_NAMES[n] for n in _names(checkpoint_text, "--checkpoint",
-                                                                       tuple(CHECKPOINT_NAMES)) or CHECKPOINT_NAMES],
-                      reshard=[n == "always" for n in _names(reshard_text, "--reshard", ("always", "never"),
-                                                             auto=False) or ()])
+    axes = {"tensor": _degrees(tp_text, "--tp"), "pipeline": _degrees(pp_text, "--pp"),
+            "schedules": schedules or DEFAULT_SCHEDULES, "context": _degrees(cp_text, "--cp") or [1],
+            "expert": _degrees(ep_text, "--ep"), "data": _names(data_text, "--data", DATA_KINDS),
+            "checkpoints": [CHECKPOINT_NAMES[n] for n in _names(checkpoint_text, "--checkpoint",
+                                                                tuple(CHECKPOINT_NAMES)) or CHECKPOINT_NAMES],
+            "reshard": [n == "always" for n in _names(reshard_text, "--reshard", ("always", "never"),
+                                                      auto=False) or ()]}
+    with progress.shown(f"plan {n_gpus} GPUs: layout groups searched", enabled=not as_json):
+        result = run_plan(request, options, gpu, n_gpus, cluster, nodes, global_batch, **axes)
     if result.cluster.gpu and result.cluster.gpu != gpu.id:
         result.notes.append(f"{result.cluster.name} is built of {result.cluster.gpu}, planned here with {gpu.id}: "
                             "its links, NICs and host CPU are taken as they are")

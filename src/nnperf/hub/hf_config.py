@@ -5,7 +5,10 @@
    a Hub token (meta-llama's and Gemma's repositories are gated);
 3. the Hugging Face cache (``huggingface_hub.try_to_load_from_cache``: a model downloaded
    before);
-4. the Hub, when online (``hf_hub_download`` of ``config.json`` alone: no weights).
+4. the Hub, when online (``hf_hub_download`` of ``config.json`` alone: no weights). Offline
+   (``HF_HUB_OFFLINE``, or the Hub's host not answering a connection within
+   ``HUB_PROBE_TIMEOUT_S``) a name found nowhere above fails at once: the Hub client would
+   otherwise retry for about 25 s and log each retry before giving up.
 
 Only the config is read: the model is built from it on fake tensors. A config whose model
 type transformers does not know needs the repository's own Python code; nnperf never runs it
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -127,6 +131,11 @@ def _read_json(path: Path, name: str) -> dict[str, Any]:
     return data
 
 
+#: How long the Hub's host may take to accept a connection before it is called unreachable: a
+#: connection inside one region takes milliseconds, across the world a few hundred.
+HUB_PROBE_TIMEOUT_S = 2.0
+
+
 def _from_hub(name: str) -> tuple[str, str]:
     """``config.json`` from the cache, else downloaded; one line when neither works."""
     import huggingface_hub
@@ -138,6 +147,9 @@ def _from_hub(name: str) -> tuple[str, str]:
         cached = None
     if isinstance(cached, str):
         return cached, f"Hugging Face cache ({cached})"
+    why_offline = hub_unreachable()
+    if why_offline:
+        raise ModelLoadError(_unreachable(name, why_offline))
     try:
         return huggingface_hub.hf_hub_download(name, "config.json"), f"Hugging Face Hub ({name})"
     except errors.GatedRepoError:
@@ -145,19 +157,52 @@ def _from_hub(name: str) -> tuple[str, str]:
                              "(hf auth login), or give the path of its config.json") from None
     except (errors.RepositoryNotFoundError, errors.HFValidationError, errors.RevisionNotFoundError):
         raise ModelLoadError(f"hf:{name}: no such model on the Hugging Face Hub{_close(name)}") from None
-    except errors.LocalEntryNotFoundError as err:  # offline (HF_HUB_OFFLINE) and not cached
-        raise ModelLoadError(_unreachable(name, err)) from None
+    except errors.LocalEntryNotFoundError as err:  # offline and not cached
+        raise ModelLoadError(_unreachable(name, type(err).__name__)) from None
     except errors.EntryNotFoundError:
         raise ModelLoadError(f"hf:{name} has no config.json on the Hub (not a transformers "
                              "model?)") from None
     except Exception as err:  # DNS, proxy, timeout: all the same to the user
-        raise ModelLoadError(_unreachable(name, err)) from None
+        raise ModelLoadError(_unreachable(name, type(err).__name__)) from None
 
 
-def _unreachable(name: str, err: BaseException) -> str:
-    return (f"hf:{name}: no config found: not shipped with nnperf{_close(name)}, not in the "
-            f"Hugging Face cache, and the Hub cannot be reached ({type(err).__name__}); download "
-            f"it once (hf download {name} config.json) or give a path to its config.json")
+def hub_unreachable() -> str | None:
+    """Why the Hub cannot be asked now (``HF_HUB_OFFLINE``; its host not resolving or not
+    accepting a connection within ``HUB_PROBE_TIMEOUT_S``), or None when it can."""
+    import socket
+    import threading
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
+    if os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy"):
+        return None  # the proxy, not this host, connects: let the client try
+    url = urlsplit(constants.ENDPOINT)
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+    failed: list[str] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection((host, port), timeout=HUB_PROBE_TIMEOUT_S).close()
+        except OSError as err:
+            failed.append(err.strerror or type(err).__name__)
+
+    # in a thread: a name lookup has no timeout of its own, and a slow resolver can take long
+    probe = threading.Thread(target=connect, daemon=True)
+    probe.start()
+    probe.join(HUB_PROBE_TIMEOUT_S)
+    if probe.is_alive():
+        return f"{host} did not answer within {HUB_PROBE_TIMEOUT_S:g} s"
+    return f"{host} does not answer: {failed[0]}" if failed else None
+
+
+def _unreachable(name: str, why: str) -> str:
+    ids = sorted({entry.id for entry in shipped().values()}, key=str.lower)
+    return (f"hf:{name}: not shipped with nnperf{_close(name)}, not in the Hugging Face cache, and "
+            f"the Hub cannot be reached ({why}); shipped: {', '.join(ids)}; to add one, download "
+            f"its config once (hf download {name} config.json) or give the path of a config.json")
 
 
 def _close(name: str) -> str:

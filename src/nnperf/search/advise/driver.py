@@ -22,6 +22,7 @@ from typing import Any
 
 from torch import nn
 
+from nnperf import progress
 from nnperf.errors import UsageError
 from nnperf.hardware import GPU, DeviceProfile, default_profile, load_gpu
 from nnperf.passes.timing import TimingOptions
@@ -90,6 +91,7 @@ def advise_request(request: ModelRequest, options: MemoryOptions, gpu: GPU,
     options.validate()
     setup = Setup(request, options, gpu, profile or default_profile(gpu), timing or TimingOptions())
     prepare(workers if workers is not None else search_workers(options, 4))
+    progress.note("tracing the step as given")
     base, cache = base_of(setup)
     candidates = [c for family in FAMILIES for c in family.candidates(base)]
     advice = Advice(model=base.analysis.model, gpu=gpu.id, config=base.analysis.config, base=base.outcome,
@@ -101,6 +103,7 @@ def advise_request(request: ModelRequest, options: MemoryOptions, gpu: GPU,
         advice.combination = _combination(setup, base, cache, candidates, apply)
         return advice
     outcomes: dict[str, Outcome | str] = {}
+    progress.note("re-timing the step for changes that keep its trace")
     for c in candidates:  # re-timed here, in milliseconds each
         if c.predicted and not c.change.retraces:
             outcomes[c.name] = evaluate(setup, c.change, base.analysis, cache)
