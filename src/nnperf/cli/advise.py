@@ -40,9 +40,12 @@ def advise(gpu, profile, apply_names, global_batch, set_to_none, tf32, html_out,
 
     names = None
     if apply_names is not None:
+        from nnperf.search.advise.driver import check_apply
+
         names = [n.strip() for n in apply_names.split(",") if n.strip()]
         if not names:
             raise UsageError("--apply needs item names, e.g. --apply amp-bf16,optimizer-fused")
+        check_apply(names)
     if html_out:
         html_out = check_output(html_out, "--html")
     request, trace_options = pop_workload(kwargs)

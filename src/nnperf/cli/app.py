@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from nnperf.errors import NnperfError
+from nnperf.errors import NnperfError, UsageError
 
 # Sub-command modules; each defines its command(s) on ``cli`` when imported.
 COMMAND_MODULES = [
@@ -32,10 +32,30 @@ COMMAND_MODULES = [
 ]
 
 
+class _Command(click.Command):
+    """A sub-command that refuses an empty value where it takes one: ``--layout ''`` would
+    otherwise read as no ``--layout`` (a plain measurement of minutes instead of the planned
+    layout), ``--cluster ''`` as the default cluster."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        rest = super().parse_args(ctx, args)
+        for param in self.params:
+            if ctx.get_parameter_source(param.name or "") != click.core.ParameterSource.COMMANDLINE:
+                continue
+            value = ctx.params.get(param.name or "")
+            values = value if isinstance(value, tuple) else (value,)
+            if any(isinstance(v, str) and not v.strip() for v in values):
+                label = (param.name or "value").upper() if isinstance(param, click.Argument) else max(param.opts, key=len)
+                raise UsageError(f"{label} {value!r} is empty; give a value (see 'nnperf {ctx.info_name} --help')")
+        return rest
+
+
 class _Group(click.Group):
     """Turns every user error into one line on stderr and the documented exit code: nnperf's
     own (``NnperfError``) and click's (an unknown option or command, a missing argument, a
     value outside its choices), which click would print as a usage block."""
+
+    command_class = _Command
 
     def invoke(self, ctx: click.Context):  # type: ignore[override]
         try:

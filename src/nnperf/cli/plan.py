@@ -26,7 +26,15 @@ def _degrees(text: str | None, what: str) -> list[int] | None:
         raise UsageError(f"invalid {what} {text!r}: expected auto or integers like 1,2,4") from None
     if not values or any(v < 1 or v > 65536 for v in values):
         raise UsageError(f"invalid {what} {text!r}: every degree must be 1 to 65536")
+    _once(values, what, text)
     return values
+
+
+def _once(values: list[Any], what: str, text: str) -> None:
+    """A list option names each value once: ``--tp 1,1,1,1`` is a typo, not four searches."""
+    twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+    if twice is not None:
+        raise UsageError(f"invalid {what} {text!r}: {twice} is named {values.count(twice)} times; give each once")
 
 
 def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> list[str] | None:
@@ -38,6 +46,7 @@ def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> l
     if any(n not in valid for n in names):
         expected = f"{'auto or ' if auto else ''}a list of {', '.join(valid)}"
         raise UsageError(f"invalid {what} {text!r}: expected {expected}")
+    _once(names, what, text)
     return names
 
 
@@ -114,6 +123,7 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
         raise UsageError("nnperf plan lays out training steps (data, tensor, pipeline and context parallelism "
                          "of forward, backward and optimizer); for one GPU's inference use 'nnperf predict "
                          "--inference'")
+    _once(list(schedules), "--schedule", " ".join(schedules))
     axes = {"tensor": _degrees(tp_text, "--tp"), "pipeline": _degrees(pp_text, "--pp"),
             "schedules": schedules or DEFAULT_SCHEDULES, "context": _degrees(cp_text, "--cp") or [1],
             "expert": _degrees(ep_text, "--ep"), "data": _names(data_text, "--data", DATA_KINDS),

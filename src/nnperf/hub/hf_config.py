@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import os
 from dataclasses import dataclass
 from functools import cache
@@ -26,7 +27,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from nnperf.errors import ModelLoadError, shown
+from nnperf.errors import ModelLoadError, ModelOptionError, shown
+from nnperf.request import INDEX_MAX
 
 try:
     import tomllib
@@ -92,11 +94,46 @@ def from_dict(config: dict[str, Any], name: str, transformers: ModuleType) -> An
             "(trust_remote_code): upgrade transformers if a newer release has it, or write a "
             "factory (PATH.py:FACTORY) that builds the model"
         )
+    config_class = CONFIG_MAPPING[model_type]
     try:
-        return CONFIG_MAPPING[model_type].from_dict(config)
+        defaults = config_class()
+    except Exception:  # a class that needs arguments: its fields are checked by transformers only
+        defaults = None
+    if defaults is not None:
+        for key, value in config.items():
+            if hasattr(defaults, key):
+                config_value(getattr(defaults, key), value, f"hf:{name}: config field {key}")
+    try:
+        return config_class.from_dict(config)
     except Exception as err:  # a config class validates as it likes
         raise ModelLoadError(f"hf:{name}: transformers {transformers.__version__} cannot read this "
                              f"{model_type} config: {_one_line(err)}") from None
+
+
+def config_value(current: Any, value: Any, what: str) -> Any:
+    """``value`` for a config field that holds ``current``, of the same kind: a size stays a
+    whole number (``1e30`` layers or ``2.5`` heads are refused, not built for minutes or
+    truncated), a number stays finite, a switch stays true or false; a field of any other kind
+    (a string, a list, None) takes the value as given."""
+    if isinstance(current, bool):
+        if not isinstance(value, bool):
+            raise ModelOptionError(f"{what}: {shown(value)} is not true or false")
+        return value
+    if isinstance(current, int):
+        whole = int(value) if isinstance(value, float) and value.is_integer() else value
+        if isinstance(whole, bool) or not isinstance(whole, int) or abs(whole) > INDEX_MAX:
+            raise ModelOptionError(f"{what}: {shown(value)} is not a whole number from -{INDEX_MAX:,} to "
+                                   f"{INDEX_MAX:,}")
+        return whole
+    if isinstance(current, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ModelOptionError(f"{what}: {shown(value)} is not a finite number")
+        return float(value)
+    return value
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name}, which no config field may be")
 
 
 def _local_path(name: str) -> Path | None:
@@ -121,11 +158,13 @@ def _local_path(name: str) -> Path | None:
 
 def _read_json(path: Path, name: str) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant)
     except (OSError, UnicodeDecodeError) as err:
         raise ModelLoadError(f"hf:{name}: {shown(str(path))} cannot be read: {err}") from None
     except json.JSONDecodeError as err:
         raise ModelLoadError(f"hf:{name}: {shown(str(path))} is not JSON ({err})") from None
+    except ValueError as err:  # NaN, Infinity
+        raise ModelLoadError(f"hf:{name}: {shown(str(path))} holds {err}") from None
     if not isinstance(data, dict):
         raise ModelLoadError(f"hf:{name}: {shown(str(path))} is not a config (a JSON object)")
     return data
