@@ -137,6 +137,33 @@ def test_offline_a_name_not_shipped_fails_before_any_download(offline, monkeypat
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize(("change", "error", "message"), [
+    ({"num_hidden_layers": 1e30}, ModelOptionError, r"config field num_hidden_layers: '1e\+30' is not a whole number"),
+    ({"num_attention_heads": 2.5}, ModelOptionError, r"config field num_attention_heads: '2\.5' is not a whole number"),
+    ({"tie_word_embeddings": "yes"}, ModelOptionError, r"config field tie_word_embeddings: 'yes' is not true or false"),
+])
+def test_a_local_config_field_of_the_wrong_kind_is_refused_before_building(tmp_path, change, error, message):
+    (tmp_path / "config.json").write_text(json.dumps({**TINY_LLAMA, **change}))
+    with pytest.raises(error, match=message):
+        analyze(f"hf:{tmp_path}", batch=1, seq_len=8)
+
+
+def test_nan_in_a_local_config_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA).replace('"hidden_size": 32', '"hidden_size": NaN'))
+    with pytest.raises(ModelLoadError, match=r"holds NaN, which no config field may be"):
+        analyze(f"hf:{tmp_path}", batch=1, seq_len=8)
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    (1e30, r"-O num_hidden_layers='1e\+30': '1e\+30' is not a whole number"),
+    (2.5, r"'2\.5' is not a whole number"),
+])
+def test_an_override_keeps_the_fields_kind(tmp_path, value, message):
+    (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
+    with pytest.raises(ModelOptionError, match=message):
+        analyze(f"hf:{tmp_path}", batch=1, seq_len=8, num_hidden_layers=value)
+
+
 def test_a_near_miss_of_a_shipped_name_is_suggested():
     with pytest.raises(ModelLoadError, match=r"did you mean meta-llama/llama-3\.1-8b"):
         analyze("hf:meta-llama/Llama-3.1-8", batch=1)
@@ -214,7 +241,7 @@ def test_cli_predicts_an_hf_model_by_name():
 
 
 @pytest.mark.parametrize(("args", "code", "message"), [
-    (["hf:someone/unknown-model"], 3, "no config found"),
+    (["hf:someone/unknown-model"], 3, "not shipped with nnperf"),
     (["hf:gpt2", "-O", "n_layers=1"], 2, "has no field 'n_layers'"),
     (["mlp", "--task", "causal-lm"], 2, "--task causal-lm is not used"),
 ])
