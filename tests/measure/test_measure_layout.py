@@ -15,6 +15,8 @@ from click.testing import CliRunner
 
 from nnperf.cli.app import cli
 
+pytestmark = pytest.mark.process
+
 MODEL = ["llama-7b", "-O", "n_layer=1", "-O", "dim=64", "-O", "n_heads=4", "-O", "ffn_hidden=128",
          "-O", "vocab=256", "--seq", "32", "--batch", "2"]
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from nnperf import progress
 from nnperf.analysis import Analysis, analyze_request
 from nnperf.errors import ResourceError, UsageError
 from nnperf.loading import resolve
@@ -172,8 +173,11 @@ def measure(
     options = options or TraceOptions()
     if device.type == "cpu":  # the step runs CPU autocast: the trace beside it follows its lists
         options = replace(options, autocast_device="cpu")
+    progress.expect(3 if profile_ops else 2)  # the trace, the timed steps, the profiled step
     if analysis is None:
+        progress.note("tracing the step for the prediction")
         analysis = analyze_request(request, options)
+    progress.advance()
     name, build = resolve(request)
     previous_tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = tf32
@@ -184,8 +188,10 @@ def measure(
         step = build_step(build, options, device)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
+        progress.note(f"{warmup} warm-up and {steps} timed steps (a step's progress is not drawn while timed)")
         times = time_repeats(step.run, device, warmup=warmup, repeats=steps)
         synchronize(device)
+        progress.advance()
         if device.type == "cuda":
             memory_method = "torch.cuda.max_memory_allocated"
             peak: int | None = int(torch.cuda.max_memory_allocated(device))
@@ -194,7 +200,9 @@ def measure(
             peak = host_memory.peak_tensor_bytes(step.run, step.state_tensors)
         alignment, profiled = (None, None)
         if profile_ops:
+            progress.note("profiling a step's ops")
             alignment, profiled = _profile_step(step.run, device, analysis, trace_out)
+            progress.advance()
     except NotImplementedError as err:  # PyTorch has no kernel for this dtype on this device
         step = None
         free_memory(device)
