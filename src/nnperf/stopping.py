@@ -18,7 +18,9 @@ get in the way:
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -54,3 +56,16 @@ def handle_signals() -> None:
     the kernel gave them to."""
     if _MASKS:
         signal.pthread_sigmask(signal.SIG_BLOCK, ())
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when the process that started it dies: a killed
+    parent (SIGKILL, an out-of-memory kill, a stop that skipped the cleanup) must not leave
+    workers or a fork server working on their own."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+    with contextlib.suppress(OSError, AttributeError):  # no prctl: the parent still kills them
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)

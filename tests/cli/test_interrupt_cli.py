@@ -91,16 +91,16 @@ def _run_and_stop(args: list[str], tmp_path: Path, sig: int, ready: str, *, work
             os.killpg(proc.pid, sig)  # Ctrl-C: the terminal signals the whole foreground group
         else:
             os.kill(proc.pid, sig)
+        # read its terminal meanwhile, as a terminal does: a command whose progress line fills
+        # an unread pseudo-terminal blocks writing it and cannot end
+        while proc.poll() is None and time.monotonic() - sent < HANG_S:
+            if select.select([primary], [], [], 0.05)[0]:
+                try:
+                    shown += os.read(primary, 65536)
+                except OSError:
+                    break
         code = proc.wait(timeout=HANG_S)
         took = time.monotonic() - sent
-        while select.select([primary], [], [], 0.1)[0]:
-            try:
-                chunk = os.read(primary, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            shown += chunk
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

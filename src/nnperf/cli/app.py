@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import atexit
-import gc
+import contextlib
 import importlib
 import os
 import signal
@@ -107,19 +107,40 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 
 _MAIN_PID = os.getpid()
+#: The exit status ``main`` ends with (``_end``).
+_exit_code = 0
+
+
+def _end() -> None:
+    """The last thing done at exit (atexit runs the first registered last), once ``finally``
+    blocks, atexit handlers and the wait for threads have run: the process ends here, without
+    the interpreter's teardown. That teardown walks a traced model's millions of objects and
+    runs PyTorch's C++ destructors, seconds on a loaded machine (a CUDA build's, up to tens of
+    seconds): a Ctrl-C would take that long to end the process. Memory, files and the device
+    go back with the process."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe, a closed stream
+            stream.flush()
+    os._exit(_exit_code)
 
 
 def main() -> None:
-    global _MAIN_PID
+    global _MAIN_PID, _exit_code
     _MAIN_PID = os.getpid()
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    # The last thing done at exit (atexit runs the first registered last): what the process
-    # holds to the permanent generation, so that the interpreter's final collection does not
-    # walk a traced model's millions of objects (seconds on a loaded machine: a Ctrl-C would
-    # take that long to end the process); their memory goes back with the process.
-    atexit.register(gc.freeze)
+    atexit.register(_end)
     # The profiler's C++ side (Kineto) prints "USDT ... profiler_start/stop" lines to stderr
     # each time measure/calibrate profile a step; read when the profiler starts. A user's own
     # setting wins.
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-    cli()
+    try:
+        cli()
+    except SystemExit as stop:
+        _exit_code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+        raise
+    except KeyboardInterrupt:  # outside click's handling: as Python itself would exit
+        _exit_code = 128 + signal.SIGINT
+        raise
+    except BaseException:
+        _exit_code = 1
+        raise

@@ -28,7 +28,6 @@ Either way each result is the one the search gives on its own.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import multiprocessing
 import os
@@ -55,7 +54,7 @@ T = TypeVar("T")
 WORKERS_ENV = "NNPERF_FIT_WORKERS"
 #: What the fork server imports before it forks workers: everything a search needs, warmed
 #: up by one inference trace (see ``fit_server``).
-FORKSERVER_PRELOAD = ["nnperf.search.fit_server"]
+FORKSERVER_PRELOAD = ["nnperf.search.fit_server_first", "nnperf.search.fit_server"]
 #: The name PyTorch gives autograd's per-device worker threads (``Engine::thread_init``).
 _AUTOGRAD_THREAD = "pt_autograd_"
 
@@ -160,6 +159,8 @@ def in_processes(task: Callable[[int], T], order: list[int], workers: int, metho
     # handled inside the ``try`` that kills the workers whatever ends it (``nnperf.stopping``)
     pool = None
     try:
+        if method == "forkserver":
+            _served(context)
         with stopping.held():
             pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_setup,
                                        initargs=(channel, initializer, initargs))
@@ -191,6 +192,20 @@ def in_processes(task: Callable[[int], T], order: list[int], workers: int, metho
     return [results[i] for i in range(len(order))]
 
 
+def _served(context: Any) -> None:
+    """Wait until the fork server serves: it forks nothing before its preload (imports and a
+    warm-up trace, seconds) is done, and a pool started meanwhile would wait for it with the
+    stop signals held (``in_processes``). A process that does nothing, started here where a
+    Ctrl-C or SIGTERM still stops the wait."""
+    probe = context.Process(target=_nothing)
+    probe.start()
+    probe.join()
+
+
+def _nothing() -> None:
+    """What ``_served``'s process runs."""
+
+
 def _kill(processes: set[Any]) -> None:
     """Kill the workers and reap them (a killed worker left unreaped is a zombie)."""
     for process in processes:
@@ -207,23 +222,11 @@ def _worker_setup(channel: Any, initializer: Callable[..., None] | None, initarg
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     stopping.release()  # a forked worker inherits them held
-    _die_with_parent()
+    stopping.die_with_parent()
     progress.to_queue(channel)
     one_thread()
     if initializer is not None:
         initializer(*initargs)
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when the process that started it dies: a killed
-    parent (SIGKILL, an out-of-memory kill) must not leave workers tracing on their own."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-    with contextlib.suppress(OSError, AttributeError):  # no prctl: the parent still kills them
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def _searched(search: Search, label: str, options: MemoryOptions) -> FitResult:
@@ -239,9 +242,14 @@ def _context(method: str) -> Any:
     if method == "forkserver":
         # ignored once the server runs (a server someone else started: workers import more)
         context.set_forkserver_preload(FORKSERVER_PRELOAD)
-        from multiprocessing import forkserver
+        from multiprocessing import forkserver, resource_tracker
 
-        forkserver.ensure_running()
+        # started with the stop signals held, the server and the resource tracker (which
+        # the pool's queues start) never take them, so no Ctrl-C prints their tracebacks (the
+        # parent decides, and they end with it); one that comes meanwhile is handled here
+        with stopping.held():
+            resource_tracker.ensure_running()
+            forkserver.ensure_running()
     return context
 
 
