@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.process, pytest.mark.skipif(not sys.platform.startswith("linux"),
+pytestmark = [pytest.mark.process, pytest.mark.build, pytest.mark.skipif(not sys.platform.startswith("linux"),
                                                       reason="reads /proc and signals process groups")]
 
 #: A limit for a hang, not a measure: the commands stop within a second or two.

@@ -12,7 +12,7 @@ import torch
 
 from nnperf.search.fit_parallel import one_thread
 
-pytestmark = pytest.mark.process
+pytestmark = [pytest.mark.process, pytest.mark.build]
 
 
 def _histogram() -> list[float]:
