@@ -58,6 +58,14 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in text.split()]
 
 
+def _as_from_a_shell() -> None:
+    """In the child before it runs nnperf: Ctrl-C and SIGTERM as a shell leaves them to a
+    command it starts (pytest-xdist's workers ignore SIGINT, and a child inherits that)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
 def _run_and_stop(args: list[str], tmp_path: Path, sig: int, ready: str, *, workers: bool,
                   env: dict[str, str] | None = None) -> tuple[int, str, float]:
     """Start ``nnperf ARGS`` with stderr on a terminal, wait until its terminal shows
@@ -67,7 +75,7 @@ def _run_and_stop(args: list[str], tmp_path: Path, sig: int, ready: str, *, work
     environment = {**os.environ, "TERM": "xterm", "COLUMNS": "160", **(env or {})}
     proc = subprocess.Popen([sys.executable, "-m", "nnperf", *args], cwd=tmp_path, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=secondary, start_new_session=True,
-                            env=environment)
+                            env=environment, preexec_fn=_as_from_a_shell)
     os.close(secondary)
     shown = b""
     deadline = time.monotonic() + START_S
