@@ -19,7 +19,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "nnperf"
 
 LAYERS: list[set[str]] = [
-    {"", "errors", "units", "vocab", "special_files"},
+    {"", "errors", "units", "vocab", "special_files", "fields", "progress", "stopping"},
     {"hardware"},
     {"kernels"},
     {"workload", "request", "zoo", "trace", "hub"},

@@ -1,9 +1,8 @@
 """``nnperf gemm --sweep``: a sweep above the row cap is refused at once, before any row
-(or list of sizes) exists, naming its size and the cap."""
+(or list of sizes) exists, naming its size and the cap (a list of 10**18 sizes could not be made:
+the test would not end)."""
 
 from __future__ import annotations
-
-import time
 
 import pytest
 from click.testing import CliRunner
@@ -16,12 +15,10 @@ from nnperf.cli.app import cli
     ("k:1:1000000000000000000:1", "1,000,000,000,000,000,000"),  # a list this long cannot exist
 ])
 def test_a_sweep_above_the_cap_is_refused_before_any_row_is_made(spec, count):
-    start = time.perf_counter()
     result = CliRunner().invoke(cli, ["gemm", "64", "64", "64", "--sweep", spec])
     assert result.exit_code == 2, result.output
     assert count in result.output and "at most 5,000" in result.output
     assert "Traceback" not in result.output
-    assert time.perf_counter() - start < 10
 
 
 def test_a_sweep_at_the_cap_still_runs():

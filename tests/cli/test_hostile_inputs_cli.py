@@ -25,6 +25,11 @@ def files(tmp_path):
                        "curve": "bandwidth_curve = [[1, inf]]", "gemm": "[gemm_efficiency]\nbf16 = [[1e9, 3.0]]",
                        "gpu": "gpu = 5"}.items():
         (tmp_path / f"{name}.toml").write_text(line + "\n")
+    cluster = ('name = "x"\ngpu = "h100-sxm"\ngpus_per_node = 8\n[intra]\nlink_gbs = 450\nefficiency = 0.8\n'
+               'latency_us = 5\n[inter]\nlink_gbs = 50\nefficiency = 0.8\nlatency_us = 10\n')
+    (tmp_path / "string-node.toml").write_text(cluster.replace("gpus_per_node = 8", 'gpus_per_node = "8"'))
+    (tmp_path / "no-gpu.toml").write_text(cluster.replace('gpu = "h100-sxm"', 'gpu = "h900"'))
+    (tmp_path / "chars.toml").write_text('sources = "abc"\n' + cluster)
     return tmp_path
 
 
@@ -56,9 +61,9 @@ CASES = [
     (["predict", "mlp", "--set", "memory_bandwidth_gbs=nan"], 2, "--set memory_bandwidth_gbs='nan'"),
     (["predict", "mlp", "--set", "sm_count=1.5"], 2, "an integer from 1 to 100,000"),
     (["predict", "mlp", "--set", "memory_gib=1", "--set", "memory_gib=2"], 2, "--set memory_gib is given twice"),
-    (["predict", "mlp", "--gpu", ""], 2, "GPU name '' is empty"),
-    (["gemm", "8", "8", "8", "--gpu", " "], 2, "GPU name ' ' is empty"),
-    (["gpus", ""], 2, "GPU name '' is empty"),
+    (["predict", "mlp", "--gpu", ""], 2, "--gpu '' is empty"),
+    (["gemm", "8", "8", "8", "--gpu", " "], 2, "--gpu ' ' is empty"),
+    (["gpus", ""], 2, "NAME '' is empty"),
     (["fit", "mlp", "--batch", "0"], 2, "invalid --batch 0: expected an integer from 1 to 2,147,483,647"),
     (["fit", "mlp", "--max-batch", "0"], 2, "invalid --max-batch 0"),
     (["predict", "mlp", "--input-dtype", "fp16"], 2, "--input-dtype fp16 is not used"),
@@ -82,6 +87,27 @@ CASES = [
     (["report", "mlp", "-o", "{d}/same.html", "--svg", "{d}/same.html"], 2, "both name"),
     (["bench", "transfer", "--sizes", "64,,128"], 2, "invalid --sizes '64,,128'"),
     (["bench", "transfer", "--sizes", "1000000"], 2, "every n must be an integer from 1 to 65,536"),
+    # parsed into typed records before any work: each of these ran for minutes, crashed or was
+    # read as something else before (issue 38)
+    (["plan", "gpt2", "--gpu", "h100", "--gpus", "8", "--cluster", "{d}/string-node.toml"], 2,
+     "field 'gpus_per_node' is the string '8'; expected a whole number from 1 to 1,024"),
+    (["plan", "gpt2", "--gpu", "h100", "--gpus", "8", "--cluster", "{d}/no-gpu.toml"], 2,
+     "field 'gpu' is 'h900', which is no GPU of the catalog"),
+    (["plan", "gpt2", "--gpu", "h100", "--gpus", "8", "--cluster", "{d}/chars.toml"], 2,
+     "field 'sources' is the string 'abc'; expected a list"),
+    (["plan", "gpt2", "--gpu", "h100", "--gpus", "8", "--cluster", ""], 2, "--cluster '' is empty"),
+    (["plan", "gpt2", "--gpu", "h100", "--gpus", "8", "--tp", "1,1,1,1"], 2, "1 is named 4 times"),
+    (["plan", "gpt2", "--gpu", "h100", "--gpus", "8", "--data", "fsdp,fsdp"], 2, "fsdp is named 2 times"),
+    (["plan", "gpt2", "--gpu", "h100", "--gpus", "8", "--schedule", "1f1b", "--schedule", "1f1b"], 2,
+     "1f1b is named 2 times"),
+    (["measure", "gpt2", "--layout", ""], 2, "--layout '' is empty"),
+    (["predict", "mlp", "--gpu", "h100😀"], 2, "invalid GPU name 'h100😀': '😀' is in no GPU's name"),
+    (["predict", "gpt2", "-O", "n_layer=1e30"], 2, "n_layer must be an integer from -2,147,483,647 to 2,147,483,647"),
+    (["predict", "gpt2", "-O", "n_layer=nan"], 2, "invalid --model-opt 'n_layer=nan': nan is not a finite number"),
+    (["predict", "gpt2", "-O", "n_layer=-inf"], 2, "-inf is not a finite number"),
+    (["advise", "mlp", "--apply", "amp-bf16,amp-bf16"], 2, "--apply names 'amp-bf16' twice"),
+    (["advise", "mlp", "--apply", "batch-8,batch-16"], 2, "--apply names two batch sizes"),
+    (["advise", "mlp", "--apply", "batch-0"], 2, "--apply batch-0: batch 0: expected an integer from 1"),
 ]
 
 

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from nnperf.analysis import analyze
 from nnperf.cli.app import cli
 from nnperf.errors import ModelLoadError, ModelOptionError, UsageError
+from nnperf.hub import hf_config
 from nnperf.hub.hf_config import shipped
 
 TINY_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 32,
@@ -35,6 +36,7 @@ def no_network(monkeypatch):
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", "/nonexistent-hf-cache")
+    monkeypatch.setattr(hf_config, "hub_unreachable", lambda: None)  # the download decides
 
 
 @pytest.mark.parametrize("entry", sorted({e.id: e for e in shipped().values()}.values(), key=lambda e: e.id),
@@ -105,11 +107,61 @@ def test_a_model_downloaded_from_the_hub(tmp_path, monkeypatch):
 
 
 def test_offline_and_not_cached_is_one_line_with_what_would_work():
-    with pytest.raises(ModelLoadError, match=r"hf:someone/unknown-model: no config found: not shipped "
+    with pytest.raises(ModelLoadError, match=r"hf:someone/unknown-model: not shipped "
                                              r"with nnperf, not in the Hugging Face cache, and the Hub "
                                              r"cannot be reached .*hf download someone/unknown-model "
                                              r"config.json"):
         analyze("hf:someone/unknown-model")
+
+
+@pytest.mark.parametrize("offline", ["HF_HUB_OFFLINE", "a closed port"])
+def test_offline_a_name_not_shipped_fails_before_any_download(offline, monkeypatch):
+    """The Hub client retries an unreachable host for about 25 s, logging each retry: nnperf
+    asks it nothing when HF_HUB_OFFLINE is set or the Hub's host refuses a connection."""
+    import huggingface_hub
+
+    monkeypatch.undo()  # the real probe, and a download that must not be called
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", "/nonexistent-hf-cache")
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda *a, **k: pytest.fail("the Hub was asked"))
+    if offline == "HF_HUB_OFFLINE":
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+        why = "HF_HUB_OFFLINE is set"
+    else:  # port 9 (discard) on the loopback: nothing listens there in a test
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")
+        why = "127.0.0.1 does not answer"
+    with pytest.raises(ModelLoadError, match=rf"hf:someone/x: not shipped .*\({why}.*\); shipped: "
+                                             r".*openai-community/gpt2.*; to add one, download its config "
+                                             r"once \(hf download someone/x config.json\)") as err:
+        analyze("hf:someone/x")
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("change", "error", "message"), [
+    ({"num_hidden_layers": 1e30}, ModelOptionError, r"config field num_hidden_layers: '1e\+30' is not a whole number"),
+    ({"num_attention_heads": 2.5}, ModelOptionError, r"config field num_attention_heads: '2\.5' is not a whole number"),
+    ({"tie_word_embeddings": "yes"}, ModelOptionError, r"config field tie_word_embeddings: 'yes' is not true or false"),
+])
+def test_a_local_config_field_of_the_wrong_kind_is_refused_before_building(tmp_path, change, error, message):
+    (tmp_path / "config.json").write_text(json.dumps({**TINY_LLAMA, **change}))
+    with pytest.raises(error, match=message):
+        analyze(f"hf:{tmp_path}", batch=1, seq_len=8)
+
+
+def test_nan_in_a_local_config_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA).replace('"hidden_size": 32', '"hidden_size": NaN'))
+    with pytest.raises(ModelLoadError, match=r"holds NaN, which no config field may be"):
+        analyze(f"hf:{tmp_path}", batch=1, seq_len=8)
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    (1e30, r"-O num_hidden_layers='1e\+30': '1e\+30' is not a whole number"),
+    (2.5, r"'2\.5' is not a whole number"),
+])
+def test_an_override_keeps_the_fields_kind(tmp_path, value, message):
+    (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
+    with pytest.raises(ModelOptionError, match=message):
+        analyze(f"hf:{tmp_path}", batch=1, seq_len=8, num_hidden_layers=value)
 
 
 def test_a_near_miss_of_a_shipped_name_is_suggested():
@@ -189,7 +241,7 @@ def test_cli_predicts_an_hf_model_by_name():
 
 
 @pytest.mark.parametrize(("args", "code", "message"), [
-    (["hf:someone/unknown-model"], 3, "no config found"),
+    (["hf:someone/unknown-model"], 3, "not shipped with nnperf"),
     (["hf:gpt2", "-O", "n_layers=1"], 2, "has no field 'n_layers'"),
     (["mlp", "--task", "causal-lm"], 2, "--task causal-lm is not used"),
 ])

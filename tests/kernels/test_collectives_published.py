@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.accuracy
+
 _SPEC = importlib.util.spec_from_file_location(
     "nccl_compare", Path(__file__).resolve().parents[2] / "validation" / "nccl_compare.py")
 _COMPARE = importlib.util.module_from_spec(_SPEC)

@@ -24,6 +24,8 @@ from nnperf.analysis import analyze_request
 from nnperf.measure.validation import error_table
 from nnperf.passes.memory.host import predict_host_memory
 
+pytestmark = pytest.mark.accuracy
+
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "validation" / "data" / "cpu-memory.json"
 #: A few bytes: real kernels wrap Python numbers (lr, betas) in 0-dim tensors fake ones lack.

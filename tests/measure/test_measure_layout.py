@@ -15,6 +15,8 @@ from click.testing import CliRunner
 
 from nnperf.cli.app import cli
 
+pytestmark = pytest.mark.process
+
 MODEL = ["llama-7b", "-O", "n_layer=1", "-O", "dim=64", "-O", "n_heads=4", "-O", "ffn_hidden=128",
          "-O", "vocab=256", "--seq", "32", "--batch", "2"]
 
@@ -69,12 +71,12 @@ def test_a_layout_outside_torchrun_or_of_another_plan_is_one_line(plan_file, tmp
     env = {"WORLD_SIZE": None, "RANK": None, "LOCAL_RANK": None}  # not under torchrun, whatever runs the tests
     cases = [
         ([*MODEL, "--layout", str(plan_file)], "start it with torchrun"),
-        ([*MODEL, "--layout", f"{plan_file}:9"], "valid indices: 0 to"),
+        ([*MODEL, "--layout", f"{plan_file}:9"], "'9' is not a position in the plan's"),
         (["gpt2", "--layout", str(plan_file)], "is a plan of llama-7b"),
         ([*MODEL, "--amp", "bf16", "--layout", str(plan_file)], "planned with amp=None"),
         ([*MODEL, "-O", "n_layer=2", "--layout", str(plan_file)], "was planned for another model: n_layer planned 1, got 2"),
-        ([*MODEL, "--layout", str(tmp_path / "missing.json")], "cannot read"),
-        ([*MODEL, "--layout", str(tmp_path / "a:b" / "plan.json:1")], "cannot read"),
+        ([*MODEL, "--layout", str(tmp_path / "missing.json")], "does not exist"),
+        ([*MODEL, "--layout", str(tmp_path / "a:b" / "plan.json:1")], "does not exist"),
     ]
     for args, message in cases:
         result = CliRunner(env=env).invoke(cli, ["measure", *args, "--device", "cpu"])

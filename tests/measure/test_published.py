@@ -26,6 +26,8 @@ from nnperf.measure.published import (
 )
 from nnperf.measure.validation import regressions
 
+pytestmark = pytest.mark.accuracy
+
 FOLDER = Path(__file__).resolve().parents[2] / "validation" / "published"
 #: The memory rows build hf:bert-large-uncased with transformers (the extras); without it they
 #: say so and their table is not compared.

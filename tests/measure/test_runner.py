@@ -36,11 +36,11 @@ def test_step_time_of_a_known_sleep_and_attribution():
     m, _ = measure(ModelRequest(Sleepy(), input_spec=InputSpec(shapes=((4, 8),))),
                    TraceOptions(train=False), device=CPU, steps=3, warmup=1)
     assert m.step.n == 3
-    assert SLEEP_S <= m.step.median < SLEEP_S + 0.2
-    # the sleep is no aten op: almost all op time is attributed, but only a sliver of the step
+    assert m.step.median >= SLEEP_S  # a step sleeps at least that long, however busy the machine
+    # the sleep is no aten op: every traced op is found in the profile (how large a share of
+    # the step the ops are is a timing, which a busy machine moves)
     assert m.alignment.trace_only == {}
     assert m.alignment.attributed_share > 0.5
-    assert m.attributed_share_of_step < 0.5
     assert m.mode == "inference" and m.batch == 4
 
 

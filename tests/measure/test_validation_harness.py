@@ -20,6 +20,8 @@ from nnperf.measure.validation import (
 )
 from nnperf.measure.validation_plan import MODEL_PRIORITY, ordered_configs, shard
 
+pytestmark = pytest.mark.accuracy
+
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = Path(__file__).parent / "data" / "validation-dry-run"
 

@@ -14,6 +14,8 @@ from nnperf.prediction import predict
 from nnperf.report.html import build_report
 from nnperf.report.roofline import cut
 
+pytestmark = pytest.mark.browser
+
 
 def _expected_points(prediction, depth: int = 2) -> int:
     """Layer groups with FLOPs, computed from the raw op list (not through the report code)."""
@@ -105,13 +107,13 @@ def test_module_names_with_html_are_shown_as_text_and_never_run(page: Page, tmp_
 
 
 @pytest.mark.slow
-def test_gpt2_xl_training_report_renders_under_two_seconds(page: Page, tmp_path):
+def test_gpt2_xl_training_report_renders_every_block(page: Page, tmp_path):
+    """How long it takes is ``benchmarks/report_render.py``'s to measure (the 2 s bar): a unit
+    test must not fail because the machine is busy."""
     p = predict("gpt2-xl", "h100", batch=1, seq_len=1024)
     path = tmp_path / "gpt2-xl.html"
     path.write_text(build_report(p))
-    page.open(path)  # warm-up: first navigation pays the browser's own start-up
-    seconds = page.open(path)
+    page.open(path)
     n = page.eval("document.querySelectorAll('svg.roofline circle.pt').length")
     assert n == _expected_points(p) >= 48  # the 48 transformer blocks at least
-    assert seconds < 2.0, f"render took {seconds:.2f} s"
     page.screenshot(ARTIFACTS / "report-gpt2-xl.png")

@@ -12,6 +12,8 @@ import pytest
 
 from nnperf.search.advise.change import Change
 
+pytestmark = pytest.mark.accuracy
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "validation"))
 import advise_measure  # noqa: E402

@@ -12,6 +12,8 @@ import torch
 
 from nnperf.search.fit_parallel import one_thread
 
+pytestmark = [pytest.mark.process, pytest.mark.build]
+
 
 def _histogram() -> list[float]:
     torch.manual_seed(0)

@@ -4,6 +4,7 @@ fits is evaluated as without pruning."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from nnperf.hardware.catalog import load_gpu
 from nnperf.hardware.cluster import load_cluster
 from nnperf.request import ModelRequest
-from nnperf.search.plan import evaluate, same_work, work_bound
+from nnperf.search.plan import Planned, evaluate, same_work, work_bound
 from nnperf.search.plan_rank import RankCost, RoleCache, scaled_cost
 from nnperf.trace.distributed import Execution
 from nnperf.trace.options import TraceOptions
@@ -20,6 +21,15 @@ LLAMA = {"dim": 128, "n_heads": 4, "ffn_hidden": 256, "vocab": 512, "n_layer": 1
 GPU, CLUSTER = load_gpu("h100"), load_cluster("dgx-h100")
 OPTIONS = TraceOptions(amp="bf16")
 REQUEST = ModelRequest("llama-7b", batch=1, seq_len=64, overrides=LLAMA)
+
+
+@functools.cache
+def _evaluated(execution: Execution, layers: int = 16) -> Planned:
+    """``evaluate`` of a layout without pruning, from traces of its own, once per module: the
+    tests compare several bounds against the same composed layouts (a search's figures do not
+    depend on what was traced before, ``test_a_fitting_pipeline_is_not_pruned``)."""
+    request = replace(REQUEST, overrides={**LLAMA, "n_layer": layers})
+    return evaluate(request, OPTIONS, execution, GPU, CLUSTER, layers=layers, cache=RoleCache())
 
 
 def _pipeline(schedule: str, virtual: int) -> Execution:
@@ -31,7 +41,7 @@ def _pipeline(schedule: str, virtual: int) -> Execution:
 def test_a_pruned_pipeline_is_a_lower_bound_from_one_role(schedule, virtual):
     execution = _pipeline(schedule, virtual)
     whole = RoleCache()
-    exact = evaluate(REQUEST, OPTIONS, execution, GPU, CLUSTER, layers=16, cache=whole)
+    exact = evaluate(REQUEST, OPTIONS, execution, GPU, CLUSTER, layers=16, cache=whole)  # counts its traces
     small = load_gpu("h100", overrides={"memory_gib": str(exact.memory_bytes / 2**30 / 4)})
     first = RoleCache()
     pruned = evaluate(REQUEST, OPTIONS, execution, small, CLUSTER, layers=16, cache=first, prune=True)
@@ -44,7 +54,7 @@ def test_a_pruned_pipeline_is_a_lower_bound_from_one_role(schedule, virtual):
 
 def test_a_fitting_pipeline_is_not_pruned():
     execution = _pipeline("interleaved-1f1b", 2)
-    plain = evaluate(REQUEST, OPTIONS, execution, GPU, CLUSTER, layers=16, cache=RoleCache())
+    plain = _evaluated(execution)
     searched = evaluate(REQUEST, OPTIONS, execution, GPU, CLUSTER, layers=16, cache=RoleCache(), prune=True)
     assert plain.fits and not searched.memory_bound
     assert searched.to_json() == plain.to_json()
@@ -71,7 +81,7 @@ def test_a_pipeline_slower_than_the_best_is_cut_at_a_lower_bound_of_its_step(sch
     layers = 40
     execution = _pipeline(schedule, virtual)
     request = replace(REQUEST, overrides={**LLAMA, "n_layer": layers})
-    exact = evaluate(request, OPTIONS, execution, GPU, CLUSTER, layers=layers, cache=RoleCache())
+    exact = _evaluated(execution, layers)
     first = RoleCache()
     cut = evaluate(request, OPTIONS, execution, GPU, CLUSTER, layers=layers, cache=first, prune=True,
                    slower_than=1e-9)
@@ -101,8 +111,8 @@ def test_a_pipeline_is_no_faster_than_its_gpus_average_compute(schedule, virtual
     faster than that leaves the pipeline untraced."""
     execution = replace(_pipeline(schedule, virtual), checkpoint=checkpoint)
     flat = Execution(world=8, data="fsdp", shard=8, micro_batch=1, grad_accum=1, checkpoint=checkpoint)
-    exact = evaluate(REQUEST, OPTIONS, execution, GPU, CLUSTER, layers=16, cache=RoleCache())
-    same = evaluate(REQUEST, OPTIONS, flat, GPU, CLUSTER, layers=16, cache=RoleCache())
+    exact = _evaluated(execution)
+    same = _evaluated(flat)
     work = same_work([same])
     compute = same.split["compute_s"] - same.split["overlap_slowdown_s"]
     assert 0 < compute <= exact.step_s
@@ -126,14 +136,14 @@ def test_a_pipelines_memory_is_at_least_its_blocks_state_and_in_flight_activatio
     execution = _pipeline(schedule, virtual)
     request = replace(REQUEST, overrides={**LLAMA, "n_layer": layers})
     flat = Execution(world=8, data="fsdp", shard=8, micro_batch=1, grad_accum=1)
-    same = evaluate(request, OPTIONS, flat, GPU, CLUSTER, layers=layers, cache=RoleCache())
+    same = _evaluated(flat, layers)
     block = same.per_block
     in_flight = blocks_in_flight(execution, layers)
     if virtual == 1:
         assert in_flight == 4 * 10
     held = layers * (block["state.parameters"] + block["state.optimizer_state"]) + in_flight * block["saved_activations"]
     assert block["saved_activations"] > 0 and block["state.parameters"] > 0
-    exact = evaluate(request, OPTIONS, execution, GPU, CLUSTER, layers=layers, cache=RoleCache())
+    exact = _evaluated(execution, layers)
     assert held <= exact.memory_bytes
     cut = work_bound(execution, same_work([same]), None, capacity_bytes=held * 0.99, layers=layers)
     assert cut is not None and not cut.fits and cut.memory_bytes == int(held) and cut.memory_bound

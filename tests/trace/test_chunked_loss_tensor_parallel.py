@@ -13,6 +13,8 @@ from twin_models import twin_llamas
 from nnperf.trace.distributed import Execution, trace_rank
 from nnperf.trace.options import TraceOptions
 
+pytestmark = pytest.mark.process
+
 WORLD = 2
 #: an odd vocabulary: the ranks' slices are uneven (33 and 32 rows, as torch.chunk splits it)
 TINY = {"n_layer": 1, "dim": 16, "n_heads": 2, "n_kv_heads": 2, "ffn_hidden": 32, "vocab": 65}

@@ -17,6 +17,8 @@ from nnperf.trace.distributed import Execution, trace_rank
 from nnperf.trace.options import TraceOptions
 from nnperf.workload import Workload
 
+pytestmark = pytest.mark.process
+
 WORLD = 2
 
 

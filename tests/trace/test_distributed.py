@@ -15,6 +15,8 @@ from nnperf.trace.distributed import Execution, sharded_bytes, trace_rank
 from nnperf.trace.options import TraceOptions
 from nnperf.workload import Workload
 
+pytestmark = pytest.mark.process
+
 WORLD = 2
 BUCKET = 1000  # bytes: small enough that DDP makes two buckets of this model
 

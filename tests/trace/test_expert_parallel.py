@@ -19,6 +19,8 @@ from nnperf.trace.routing import assigned_experts
 from nnperf.workload import Workload
 from nnperf.zoo.moe import MoE
 
+pytestmark = pytest.mark.process
+
 WORLD, EP = 4, 2
 DIM, HIDDEN, EXPERTS, TOP_K, TOKENS = 16, 24, 8, 2, 12
 EXECUTION = Execution(world=WORLD, data="fsdp", shard=WORLD, expert=EP)

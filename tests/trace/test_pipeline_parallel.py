@@ -20,6 +20,8 @@ from nnperf.errors import UsageError
 from nnperf.trace.distributed import Execution, sharded_bytes, trace_rank
 from nnperf.trace.options import TraceOptions
 
+pytestmark = pytest.mark.process
+
 WORLD = 2
 MODEL = ("llama-7b", {"n_layer": 4, "dim": 32, "n_heads": 4, "ffn_hidden": 48, "vocab": 64})
 BATCH, SEQ, MICRO = 8, 8, 4  # 4 micro-batches of 2

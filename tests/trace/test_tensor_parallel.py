@@ -21,6 +21,8 @@ from nnperf.errors import UsageError
 from nnperf.trace.distributed import Execution, sharded_bytes, trace_rank
 from nnperf.trace.options import TraceOptions
 
+pytestmark = pytest.mark.process
+
 WORLD = 2
 CASES = {  # name: (zoo model, options, sequence parallel)
     "llama-tp": ("llama-7b", {"n_layer": 2, "dim": 32, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 48,

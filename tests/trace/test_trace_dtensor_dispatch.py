@@ -7,6 +7,7 @@ parallelism runs every split op on DTensors."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -66,12 +67,15 @@ def test_tensor_parallel_ops_carry_their_dtensor_host_time():
     assert with_.host_s - without.host_s == pytest.approx(expected)
 
 
-def test_the_dtensor_benchmark_measures_a_positive_cost():
-    """In a process of its own: it sets up its own fake world, which a trace's would be."""
+@pytest.mark.process
+def test_the_dtensor_benchmark_runs_and_counts_its_dispatches():
+    """In a process of its own: it sets up its own fake world, which a trace's would be. What it
+    measures (a difference of two timings, which a busy machine can make negative) is
+    ``benchmarks/dtensor_dispatch.py``'s to show; here, that it runs and what it counted."""
     code = ("import json; from nnperf.measure.calibration.dtensor_host import dtensor_overheads; "
             "print(json.dumps(dtensor_overheads(repeats=2, steps=3)))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     measured = json.loads(done.stdout.strip().splitlines()[-1])
     assert measured["dispatches"] > 100  # two tensor-parallel Llama blocks, forward and backward
-    assert measured["dispatch_s"]["median"] > 0
-    assert measured["list_tensor_s"]["n"] == 2
+    assert measured["dispatch_s"]["n"] == measured["list_tensor_s"]["n"] == 2
+    assert all(math.isfinite(measured[k][q]) for k in ("dispatch_s", "list_tensor_s") for q in ("median", "p10", "p90"))

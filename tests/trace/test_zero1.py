@@ -16,6 +16,8 @@ from nnperf.trace.distributed import Execution, sharded_bytes, trace_rank
 from nnperf.trace.options import TraceOptions
 from nnperf.workload import Workload
 
+pytestmark = pytest.mark.process
+
 WORLD = 3
 BUCKET = 1000  # bytes: two DDP buckets of this model
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from nnperf import progress
 from nnperf.cli.app import cli
 from nnperf.cli.gpu_options import gpu_options
 from nnperf.cli.limits import LimitedInt
@@ -41,15 +42,19 @@ def advise(gpu, profile, apply_names, global_batch, set_to_none, tf32, cudnn_ben
 
     names = None
     if apply_names is not None:
+        from nnperf.search.advise.driver import check_apply
+
         names = [n.strip() for n in apply_names.split(",") if n.strip()]
         if not names:
             raise UsageError("--apply needs item names, e.g. --apply amp-bf16,optimizer-fused")
+        check_apply(names)
     if html_out:
         html_out = check_output(html_out, "--html")
     request, trace_options = pop_workload(kwargs)
     options = MemoryOptions(trace_options, set_to_none=set_to_none)
-    advice = advise_request(request, options, gpu, profile, timing_options(tf32, cudnn_benchmark),
-                            apply=names, global_batch=global_batch)
+    with progress.shown("advise: changes predicted", enabled=not as_json):
+        advice = advise_request(request, options, gpu, profile, timing_options(tf32, cudnn_benchmark),
+                                apply=names, global_batch=global_batch)
     if html_out:
         from nnperf.report.html import build_report
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import importlib
 import os
 import signal
@@ -9,7 +11,7 @@ import sys
 
 import click
 
-from nnperf.errors import NnperfError
+from nnperf.errors import NnperfError, UsageError
 
 # Sub-command modules; each defines its command(s) on ``cli`` when imported.
 COMMAND_MODULES = [
@@ -30,10 +32,30 @@ COMMAND_MODULES = [
 ]
 
 
+class _Command(click.Command):
+    """A sub-command that refuses an empty value where it takes one: ``--layout ''`` would
+    otherwise read as no ``--layout`` (a plain measurement of minutes instead of the planned
+    layout), ``--cluster ''`` as the default cluster."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        rest = super().parse_args(ctx, args)
+        for param in self.params:
+            if ctx.get_parameter_source(param.name or "") != click.core.ParameterSource.COMMANDLINE:
+                continue
+            value = ctx.params.get(param.name or "")
+            values = value if isinstance(value, tuple) else (value,)
+            if any(isinstance(v, str) and not v.strip() for v in values):
+                label = (param.name or "value").upper() if isinstance(param, click.Argument) else max(param.opts, key=len)
+                raise UsageError(f"{label} {value!r} is empty; give a value (see 'nnperf {ctx.info_name} --help')")
+        return rest
+
+
 class _Group(click.Group):
     """Turns every user error into one line on stderr and the documented exit code: nnperf's
     own (``NnperfError``) and click's (an unknown option or command, a missing argument, a
     value outside its choices), which click would print as a usage block."""
+
+    command_class = _Command
 
     def invoke(self, ctx: click.Context):  # type: ignore[override]
         try:
@@ -85,14 +107,40 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 
 _MAIN_PID = os.getpid()
+#: The exit status ``main`` ends with (``_end``).
+_exit_code = 0
+
+
+def _end() -> None:
+    """The last thing done at exit (atexit runs the first registered last), once ``finally``
+    blocks, atexit handlers and the wait for threads have run: the process ends here, without
+    the interpreter's teardown. That teardown walks a traced model's millions of objects and
+    runs PyTorch's C++ destructors, seconds on a loaded machine (a CUDA build's, up to tens of
+    seconds): a Ctrl-C would take that long to end the process. Memory, files and the device
+    go back with the process."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe, a closed stream
+            stream.flush()
+    os._exit(_exit_code)
 
 
 def main() -> None:
-    global _MAIN_PID
+    global _MAIN_PID, _exit_code
     _MAIN_PID = os.getpid()
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    atexit.register(_end)
     # The profiler's C++ side (Kineto) prints "USDT ... profiler_start/stop" lines to stderr
     # each time measure/calibrate profile a step; read when the profiler starts. A user's own
     # setting wins.
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-    cli()
+    try:
+        cli()
+    except SystemExit as stop:
+        _exit_code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+        raise
+    except KeyboardInterrupt:  # outside click's handling: as Python itself would exit
+        _exit_code = 128 + signal.SIGINT
+        raise
+    except BaseException:
+        _exit_code = 1
+        raise

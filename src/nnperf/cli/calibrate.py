@@ -26,6 +26,7 @@ def calibrate(device_name, quick, output, device_file, gpu, as_json) -> None:
     """Microbenchmark GEMMs, convolutions, bandwidth, launch cost and (CUDA) host-device copies."""
     import json
 
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from nnperf.cli.gpu_options import resolve_gpu
@@ -57,7 +58,8 @@ def calibrate(device_name, quick, output, device_file, gpu, as_json) -> None:
     plan = plan_for(device, quick=quick)
     cal = new_calibration(device, quick)
     bars = Progress(TextColumn("{task.description:<10}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    transient=as_json, disable=as_json or not sys.stderr.isatty(), console=None)
+                    transient=as_json, disable=as_json or not sys.stderr.isatty(),
+                    console=Console(stderr=True))
     tasks = {}
     try:
         with bars:

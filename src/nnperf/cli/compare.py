@@ -9,6 +9,7 @@ from typing import Any
 import click
 from rich.table import Table
 
+from nnperf import progress
 from nnperf.accuracy import TrackRecord
 from nnperf.analysis import analyze_request
 from nnperf.cli.app import cli
@@ -59,20 +60,39 @@ def load_prices(path: str | None) -> dict[str, float]:
 def compare(gpu_request: GpuRequest, prices_file, tf32, cudnn_benchmark, as_json, **kwargs) -> None:
     """Predict the same step of MODEL on several GPUs (--gpus a,b,...): time, throughput, bound and
     cost."""
-    from nnperf.prediction import predict_analysis, timing_options
-
     if not gpu_request.given:
         raise UsageError("compare needs the GPUs to compare: --gpus a100,h100 (see 'nnperf gpus')")
     targets = gpu_request.resolve()  # every name, file and what-if checked before the slow trace
     prices = load_prices(prices_file)
-    analysis = analyze_request(*pop_workload(kwargs))
+    with progress.shown("compare: GPUs predicted", enabled=not as_json):
+        progress.expect(len(targets))
+        progress.note("tracing the step")
+        analysis = analyze_request(*pop_workload(kwargs))
+        rows, tracks, refused = _rows(analysis, targets, prices, tf32, cudnn_benchmark)
+    if len(refused) == len(targets):
+        raise refused[0]
+    if as_json:
+        click.echo(json.dumps({"schema": "nnperf.compare/1", "model": analysis.model,
+                               "config": analysis.config, **_host(targets).host_json(), "gpus": rows},
+                              indent=2))
+        return
+    make_console().print(_table(analysis, rows, tracks, _host(targets).host_label))
+
+
+def _rows(analysis: Any, targets: list[GpuTarget], prices: dict[str, float], tf32: bool,
+          cudnn_benchmark: bool) -> tuple[list[dict[str, Any]], list[TrackRecord | None], list[UsageError]]:
+    """A row per GPU with its track record, and the GPUs the step cannot run on (each a row
+    saying why too)."""
+    from nnperf.prediction import predict_analysis, timing_options
+
     timing = timing_options(tf32, cudnn_benchmark)
     memory: dict[str | None, Any] = {}  # one memory replay per architecture, not per GPU
     rows = []
     tracks: list[TrackRecord | None] = []
     refused: list[UsageError] = []
-    for target in targets:
+    for target in progress.counted(targets):
         gpu = target.gpu
+        progress.note(f"predicting on {gpu.name}")
         try:  # a GPU the step cannot run on (bf16 autocast on a V100) is a row saying why
             # the memory model depends on the architecture and nothing else of the GPU
             p = predict_analysis(analysis, gpu, target.profile, timing=timing,
@@ -86,14 +106,7 @@ def compare(gpu_request: GpuRequest, prices_file, tf32, cudnn_benchmark, as_json
         rows.append({**gpu_row(target.asked or gpu.id, gpu, p.totals, prices),
                      "track_record": p.track_record.to_json()})
         tracks.append(p.track_record)
-    if len(refused) == len(targets):
-        raise refused[0]
-    if as_json:
-        click.echo(json.dumps({"schema": "nnperf.compare/1", "model": analysis.model,
-                               "config": analysis.config, **_host(targets).host_json(), "gpus": rows},
-                              indent=2))
-        return
-    make_console().print(_table(analysis, rows, tracks, _host(targets).host_label))
+    return rows, tracks, refused
 
 
 def _host(targets: list[GpuTarget]) -> DeviceProfile:

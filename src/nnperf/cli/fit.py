@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from nnperf import progress
 from nnperf.cli.app import cli
 from nnperf.cli.gpu_options import gpu_options
 from nnperf.cli.limits import LimitedInt
@@ -47,8 +48,9 @@ def fit(gpu: GPU, **kwargs: Any) -> None:
             "'nnperf memory', or give a factory that takes a batch argument"
         )
     options = memory_options_from(trace_options, kwargs)
-    results = run_fit(request, gpu, options, include_what_ifs=not kwargs["no_what_ifs"],
-                      context_mib=context_mib_of(gpu, kwargs), max_batch=kwargs["max_batch"])
+    with progress.shown("fit: searches done", enabled=not kwargs["as_json"]):
+        results = run_fit(request, gpu, options, include_what_ifs=not kwargs["no_what_ifs"],
+                          context_mib=context_mib_of(gpu, kwargs), max_batch=kwargs["max_batch"])
     name = results[0].at_one.model
     if kwargs["as_json"]:
         click.echo(json.dumps({"model": name, "gpu": gpu.id, "capacity": capacity(gpu),

@@ -6,6 +6,7 @@ import json
 
 import click
 
+from nnperf import progress
 from nnperf.cli.app import cli
 from nnperf.cli.gpu_options import GpuRequest, GpuTarget, gpu_options
 from nnperf.cli.limits import LimitedInt
@@ -84,14 +85,16 @@ def measure(device_name, steps, warmup, gpu_request: GpuRequest, tf32, cudnn_ben
         raise UsageError("--trace-out needs the profiled step; drop --no-ops")
     target, note = prediction_target(device, gpu_request)
     request, options = pop_workload(kwargs)
-    if trace_out:  # the profiler writes it after the steps, to a temporary name renamed into place
+    if trace_out:
         trace_out = check_output(trace_out, "--trace-out")
-        measurement, analysis = write_output(trace_out, "--trace-out", lambda tmp: run_measure(
-            request, options, device=device, steps=steps, warmup=warmup, tf32=tf32,
-            cudnn_benchmark=cudnn_benchmark, profile_ops=ops, trace_out=str(tmp)))
-    else:
-        measurement, analysis = run_measure(request, options, device=device, steps=steps, warmup=warmup,
-                                            tf32=tf32, cudnn_benchmark=cudnn_benchmark, profile_ops=ops)
+    with progress.shown(f"measure on {device}: steps", enabled=not as_json):
+        if trace_out:  # the profiler writes it after the steps, to a temporary name renamed into place
+            measurement, analysis = write_output(trace_out, "--trace-out", lambda tmp: run_measure(
+                request, options, device=device, steps=steps, warmup=warmup, tf32=tf32,
+                cudnn_benchmark=cudnn_benchmark, profile_ops=ops, trace_out=str(tmp)))
+        else:
+            measurement, analysis = run_measure(request, options, device=device, steps=steps, warmup=warmup,
+                                                tf32=tf32, cudnn_benchmark=cudnn_benchmark, profile_ops=ops)
     prediction = None
     if target is not None:
         from nnperf.prediction import predict_analysis, timing_options

@@ -15,23 +15,25 @@ from nnperf.units import binary
 
 def measure_planned_layout(layout: str, device: str | None, steps: int, warmup: int, as_json: bool,
                            workload_kwargs: dict[str, Any]) -> None:
-    from nnperf.measure.distributed import check_model, check_options, measure_layout, read_layout
+    from nnperf.measure.distributed import check_model, measure_layout
+    from nnperf.measure.plan_file import read_layout
     from nnperf.search.plan import request_name
 
-    execution, planned, plan = read_layout(layout)
+    layout_file = read_layout(layout)
+    execution, planned = layout_file.execution, layout_file.planned
     request, options = pop_workload(workload_kwargs)
-    if request_name(request) != plan.get("model"):
-        raise UsageError(f"--layout {layout} is a plan of {plan.get('model')}; measure that model "
+    if request_name(request) != layout_file.model:
+        raise UsageError(f"--layout {layout} is a plan of {layout_file.model}; measure that model "
                          f"(got {request_name(request)})")
-    check_options(options, plan, layout)
-    check_model(request, plan, layout)
+    layout_file.check_options(options, layout)
+    check_model(request, {"model_options": layout_file.model_options, "seq_len": layout_file.seq_len}, layout)
     if device not in (None, "cpu", "cuda"):
         raise UsageError(f"--device {device}: with --layout each rank takes its own GPU (LOCAL_RANK); "
                          "give cpu or cuda")
     measured = measure_layout(request, options, execution, device, steps, warmup)
     if measured is None:  # ranks other than 0 report through rank 0
         return
-    doc = {"schema": "nnperf.layout_measurement/1", "model": plan.get("model"), "planned_gpu": plan.get("gpu"),
+    doc = {"schema": "nnperf.layout_measurement/1", "model": layout_file.model, "planned_gpu": layout_file.gpu,
            "planned": planned, "measured": measured.to_json(),
            "comparable": measured.device == "cuda",
            "step_time_error": _error(planned.get("step_time_s"), measured.step_s) if measured.device == "cuda"

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from nnperf import progress
 from nnperf.cli.app import cli
 from nnperf.cli.gpu_options import gpu_options
 from nnperf.cli.paths import check_output, write_output
@@ -26,7 +27,15 @@ def _degrees(text: str | None, what: str) -> list[int] | None:
         raise UsageError(f"invalid {what} {text!r}: expected auto or integers like 1,2,4") from None
     if not values or any(v < 1 or v > 65536 for v in values):
         raise UsageError(f"invalid {what} {text!r}: every degree must be 1 to 65536")
+    _once(values, what, text)
     return values
+
+
+def _once(values: list[Any], what: str, text: str) -> None:
+    """A list option names each value once: ``--tp 1,1,1,1`` is a typo, not four searches."""
+    twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+    if twice is not None:
+        raise UsageError(f"invalid {what} {text!r}: {twice} is named {values.count(twice)} times; give each once")
 
 
 def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> list[str] | None:
@@ -38,6 +47,7 @@ def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> l
     if any(n not in valid for n in names):
         expected = f"{'auto or ' if auto else ''}a list of {', '.join(valid)}"
         raise UsageError(f"invalid {what} {text!r}: expected {expected}")
+    _once(names, what, text)
     return names
 
 
@@ -119,14 +129,16 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
         raise UsageError("nnperf plan lays out training steps (data, tensor, pipeline and context parallelism "
                          "of forward, backward and optimizer); for one GPU's inference use 'nnperf predict "
                          "--inference'")
-    result = run_plan(request, options, gpu, n_gpus, cluster, nodes, global_batch,
-                      tensor=_degrees(tp_text, "--tp"), pipeline=_degrees(pp_text, "--pp"),
-                      schedules=schedules or DEFAULT_SCHEDULES, context=_degrees(cp_text, "--cp") or [1],
-                      expert=_degrees(ep_text, "--ep"), data=_names(data_text, "--data", DATA_KINDS),
-                      checkpoints=[CHECKPOINT_NAMES[n] for n in _names(checkpoint_text, "--checkpoint",
-                                                                       tuple(CHECKPOINT_NAMES)) or CHECKPOINT_NAMES],
-                      reshard=[n == "always" for n in _names(reshard_text, "--reshard", ("always", "never"),
-                                                             auto=False) or ()])
+    _once(list(schedules), "--schedule", " ".join(schedules))
+    axes = {"tensor": _degrees(tp_text, "--tp"), "pipeline": _degrees(pp_text, "--pp"),
+            "schedules": schedules or DEFAULT_SCHEDULES, "context": _degrees(cp_text, "--cp") or [1],
+            "expert": _degrees(ep_text, "--ep"), "data": _names(data_text, "--data", DATA_KINDS),
+            "checkpoints": [CHECKPOINT_NAMES[n] for n in _names(checkpoint_text, "--checkpoint",
+                                                                tuple(CHECKPOINT_NAMES)) or CHECKPOINT_NAMES],
+            "reshard": [n == "always" for n in _names(reshard_text, "--reshard", ("always", "never"),
+                                                      auto=False) or ()]}
+    with progress.shown(f"plan {n_gpus} GPUs: layout groups searched", enabled=not as_json):
+        result = run_plan(request, options, gpu, n_gpus, cluster, nodes, global_batch, **axes)
     if result.cluster.gpu and result.cluster.gpu != gpu.id:
         result.notes.append(f"{result.cluster.name} is built of {result.cluster.gpu}, planned here with {gpu.id}: "
                             "its links, NICs and host CPU are taken as they are")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -223,16 +224,21 @@ def parse_model_opts(items: tuple[str, ...]) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise UsageError(f"invalid --model-opt '{item}': expected KEY=VALUE such as n_layer=2")
-        out[key.strip()] = _literal(value.strip())
+        out[key.strip()] = _literal(value.strip(), item)
     return out
 
 
-def _literal(text: str) -> Any:
+def _literal(text: str, item: str) -> Any:
+    """The value of ``-O KEY=VALUE``: an integer, a finite number, true/false, else the text
+    (the model's own options check it against the field's type and range)."""
     for cast in (int, float):
         try:
-            return cast(text)
+            number = cast(text)
         except ValueError:
-            pass
+            continue
+        if not math.isfinite(number):
+            raise UsageError(f"invalid --model-opt '{item}': {text} is not a finite number")
+        return number
     if text.lower() in ("true", "false"):
         return text.lower() == "true"
     return text

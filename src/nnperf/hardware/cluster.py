@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nnperf import fields
 from nnperf.errors import UsageError
 from nnperf.hardware.schema import read_toml
 
@@ -89,31 +90,31 @@ def load_cluster(name_or_path: str) -> Cluster:
                              "or a TOML file")
     data = read_toml(path, "cluster file")
     origin = f"cluster file {path.name}"
-    try:
-        gpus_per_node = int(data["gpus_per_node"])
-        tiers = [_tier(origin, key, data[key]) for key in ("intra", "inter")]
-        name, gpu = str(data["name"]), str(data["gpu"])
-    except KeyError as err:
-        raise UsageError(f"{origin}: field {err} is missing; expected name, gpu, gpus_per_node, "
-                         "[intra] and [inter] with link_gbs, efficiency, latency_us") from None
-    if not 1 <= gpus_per_node <= 1024:
-        raise UsageError(f"{origin}: gpus_per_node {gpus_per_node} is outside 1..1024")
-    host_cpu = data.get("host_cpu", "intel")
-    if host_cpu not in HOST_CPUS:
-        raise UsageError(f"{origin}: host_cpu is {host_cpu!r}; expected one of {', '.join(HOST_CPUS)}")
+    missing = [key for key in ("name", "gpu", "gpus_per_node", "intra", "inter") if key not in data]
+    if missing:
+        raise UsageError(f"{origin}: field '{missing[0]}' is missing; expected name, gpu, gpus_per_node, "
+                         "[intra] and [inter] with link_gbs, efficiency, latency_us")
+    gpus_per_node = fields.integer(data["gpus_per_node"], f"{origin}: field 'gpus_per_node'", 1, 1024)
+    tiers = [_tier(origin, key, data[key]) for key in ("intra", "inter")]
+    name = fields.text(data["name"], f"{origin}: field 'name'")
+    gpu = fields.text(data["gpu"], f"{origin}: field 'gpu'")
+    host_cpu = fields.text(data.get("host_cpu", "intel"), f"{origin}: field 'host_cpu'", HOST_CPUS)
     return Cluster(path.stem, name, gpu, gpus_per_node, *tiers,
-                   tuple(data.get("unverified", ())), tuple(data.get("sources", ())),
-                   host_cpu, _generation(gpu))
+                   fields.texts(data.get("unverified", []), f"{origin}: field 'unverified'"),
+                   fields.texts(data.get("sources", []), f"{origin}: field 'sources'"),
+                   host_cpu, _generation(gpu, origin))
 
 
-def _generation(gpu_id: str) -> str:
-    """The cluster GPU's architecture, lower case; ``hopper`` for a GPU not in the catalog."""
-    from nnperf.hardware.catalog import load_gpu
+def _generation(gpu_id: str, origin: str) -> str:
+    """The cluster GPU's architecture, lower case: a GPU of the catalog, refused at once
+    otherwise (a typo would be planned as another GPU's links for minutes)."""
+    from nnperf.hardware.catalog import list_gpus, load_gpu
 
     try:
         return load_gpu(gpu_id).architecture.lower()
     except UsageError:
-        return "hopper"
+        raise UsageError(f"{origin}: field 'gpu' is {gpu_id!r}, which is no GPU of the catalog; give one "
+                         f"of its ids ({', '.join(g.id for g in list_gpus())})") from None
 
 
 def cluster_for_gpu(gpu_id: str) -> Cluster | None:

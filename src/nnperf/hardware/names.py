@@ -17,6 +17,8 @@ import re
 from nnperf.errors import UsageError
 
 _VENDOR_WORDS = re.compile(r"\b(nvidia|tesla|geforce|amd|instinct)\b")
+#: What a GPU name may hold besides letters and digits (PyTorch's device names, the catalog's).
+_STRAY = re.compile(r"[^A-Za-z0-9 _\-./()+]")
 
 
 def normalize(name: str) -> str:
@@ -42,6 +44,10 @@ def resolve(query: str, index: dict[str, list[str]]) -> str:
         for spelling in [gpu_id, *spellings[:1]]:
             for prefix in word_prefixes(spelling):
                 prefixes.setdefault(prefix, set()).add(gpu_id)
+    stray = _STRAY.findall(query)
+    if stray:  # normalize() would drop it: 'h100😀' would silently be the H100
+        raise UsageError(f"invalid GPU name {query!r}: {stray[0]!r} is in no GPU's name (letters, digits, "
+                         "spaces and - _ . / ( ) +); run 'nnperf gpus' for the list")
     q = normalize(query)
     if not q:
         raise UsageError(f"empty GPU name {query!r}; run 'nnperf gpus' for the list")

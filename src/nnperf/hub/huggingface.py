@@ -24,7 +24,7 @@ import torch
 from nnperf.errors import ModelLoadError, ModelOptionError, UsageError, shown
 from nnperf.hub import ATTN_IMPLEMENTATIONS, HubRequest
 from nnperf.hub.common import require
-from nnperf.hub.hf_config import find_config
+from nnperf.hub.hf_config import config_value, find_config
 from nnperf.hub.hf_tasks import (
     TASKS,
     HiddenStateSum,
@@ -91,7 +91,7 @@ def _override(config: Any, overrides: dict[str, Any], target: str) -> None:
         if not hasattr(config, key):
             raise ModelOptionError(f"-O {key}={shown(value)}: {type(config).__name__} of {target} "
                                    f"has no field {key!r} (see its config.json)")
-        setattr(config, key, value)
+        setattr(config, key, config_value(getattr(config, key), value, f"-O {key}={shown(value)}"))
 
 
 def _max_positions(config: Any) -> int | None:

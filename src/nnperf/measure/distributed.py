@@ -83,52 +83,6 @@ class LayoutMeasurement:
                 "backend": self.backend, "step_time_s": self.step_s, "ranks": [r.to_json() for r in self.ranks]}
 
 
-def read_layout(path: str) -> tuple[Execution, dict[str, Any], dict[str, Any]]:
-    """The layout ``PATH[:K]`` names: the K-th ranked layout (default 0, the winner) of a
-    ``nnperf plan --json`` document; returns it, its planned figures and the whole plan."""
-    import json
-
-    file, colon, index_text = path.rpartition(":")
-    if os.path.exists(path) or not colon or not index_text.isdigit():  # a path with ':' in it, no index
-        file, index_text = path, ""
-    try:
-        with open(file) as f:
-            plan = json.load(f)
-    except OSError as err:
-        raise UsageError(f"--layout {path}: cannot read {file} ({err.strerror}); give the JSON of 'nnperf plan "
-                         "... -o plan.json'") from None
-    except json.JSONDecodeError:
-        raise UsageError(f"--layout {path}: {file} is not JSON; give the output of 'nnperf plan ... --json'") from None
-    if not isinstance(plan, dict) or plan.get("schema") != "nnperf.plan/1":
-        raise UsageError(f"--layout {path}: {file} is not a plan (schema nnperf.plan/1); give the output of "
-                         "'nnperf plan ... --json'")
-    ranked = plan.get("ranked") or []
-    index = int(index_text) if index_text else 0
-    if not 0 <= index < len(ranked):
-        raise UsageError(f"--layout {path}: the plan ranks {len(ranked)} layouts; valid indices: "
-                         f"0 to {len(ranked) - 1}" if ranked else f"--layout {path}: the plan has no layout that fits")
-    row = ranked[index]
-    try:
-        fields = {k: v for k, v in row["execution"].items() if k in Execution.__dataclass_fields__}
-        execution = Execution(**fields)
-        execution.validate()
-    except (KeyError, TypeError, AttributeError):
-        raise UsageError(f"--layout {path}: ranked layout {index} has no valid 'execution' record; give the "
-                         "unedited output of 'nnperf plan ... --json'") from None
-    return execution, row, plan
-
-
-def check_options(options: TraceOptions, plan: dict[str, Any], path: str) -> None:
-    """The measured step must be the planned one: the same training step options."""
-    planned = plan.get("options") or {}
-    mine = options.to_json()
-    differ = [k for k, v in planned.items() if k not in ("autocast_device", "real") and mine.get(k) != v]
-    if differ:
-        wanted = ", ".join(f"{k}={planned[k]!r}" for k in differ)
-        raise UsageError(f"--layout {path} was planned with {wanted}; measure with the same workload options "
-                         f"(got {', '.join(f'{k}={mine.get(k)!r}' for k in differ)})")
-
-
 def check_model(request: ModelRequest, plan: dict[str, Any], path: str) -> None:
     """The measured model must be the planned one, compared as resolved, not as spelled: a
     built-in's configuration and sequence length after its defaults and ``-O`` (``--seq`` left

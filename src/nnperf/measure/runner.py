@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from nnperf import progress
 from nnperf.analysis import Analysis, analyze_request
 from nnperf.errors import ResourceError, UsageError
 from nnperf.loading import resolve
@@ -196,8 +197,11 @@ def measure(
     options = options or TraceOptions()
     if device.type == "cpu":  # the step runs CPU autocast: the trace beside it follows its lists
         options = replace(options, autocast_device="cpu")
+    progress.expect(3 if profile_ops else 2)  # the trace, the timed steps, the profiled step
     if analysis is None:
+        progress.note("tracing the step for the prediction")
         analysis = analyze_request(request, options)
+    progress.advance()
     name, build = resolve(request)
     previous = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.benchmark)
     torch.backends.cuda.matmul.allow_tf32 = tf32
@@ -209,10 +213,12 @@ def measure(
         step = build_step(build, options, device)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
+        progress.note(f"{warmup} warm-up and {steps} timed steps (a step's progress is not drawn while timed)")
         times = time_repeats(step.run, device, warmup=warmup, repeats=steps)
         synchronize(device)
         settings = (bool(torch.backends.cuda.matmul.allow_tf32), bool(torch.backends.cudnn.benchmark))
         reserved: int | None = None
+        progress.advance()
         if device.type == "cuda":
             memory_method = "torch.cuda.max_memory_allocated"
             peaks = cuda_peaks(device)  # before profiling or freeing resets them
@@ -224,7 +230,9 @@ def measure(
         wall = time_back_to_back(step.run, device, steps) if back_to_back else None
         alignment, profiled = (None, None)
         if profile_ops:
+            progress.note("profiling a step's ops")
             alignment, profiled = _profile_step(step.run, device, analysis, trace_out, profile_repeats)
+            progress.advance()
     except NotImplementedError as err:  # PyTorch has no kernel for this dtype on this device
         step = None
         free_memory(device)

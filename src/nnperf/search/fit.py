@@ -30,6 +30,7 @@ import functools
 from dataclasses import replace
 from typing import Any
 
+from nnperf import progress
 from nnperf.hardware import GPU
 from nnperf.loading import resolve
 from nnperf.passes.memory import MemoryReport, predict_memory
@@ -138,7 +139,12 @@ def fit(
 def _search(request: ModelRequest, gpu: GPU, capacity: int, context_mib: float | None,
             max_batch: int, label: str, opts: MemoryOptions) -> FitResult:
     """One search of ``fit``: a module-level function so that it pickles to a worker."""
-    measure = trace_measure(request, opts, architecture=gpu.architecture, context_mib=context_mib)
+    traced = trace_measure(request, opts, architecture=gpu.architecture, context_mib=context_mib)
+
+    def measure(batch: int) -> Sample:
+        progress.note(f"{label}: tracing batch {batch:,}")
+        return traced(batch)
+
     return largest_batch(measure, capacity, label=label, options=opts, max_batch=max_batch)
 
 

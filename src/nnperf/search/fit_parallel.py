@@ -32,12 +32,14 @@ import gc
 import multiprocessing
 import os
 import pickle
+import signal
 import sys
 from collections.abc import Callable
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from nnperf import progress, stopping
 from nnperf.errors import NnperfError
 
 if TYPE_CHECKING:
@@ -46,12 +48,13 @@ if TYPE_CHECKING:
 
 Job = tuple[str, "MemoryOptions"]
 Search = Callable[[str, "MemoryOptions"], "FitResult"]
+T = TypeVar("T")
 
 #: Set to a number of processes to override the choice (1: no processes).
 WORKERS_ENV = "NNPERF_FIT_WORKERS"
 #: What the fork server imports before it forks workers: everything a search needs, warmed
 #: up by one inference trace (see ``fit_server``).
-FORKSERVER_PRELOAD = ["nnperf.search.fit_server"]
+FORKSERVER_PRELOAD = ["nnperf.search.fit_server_first", "nnperf.search.fit_server"]
 #: The name PyTorch gives autograd's per-device worker threads (``Engine::thread_init``).
 _AUTOGRAD_THREAD = "pt_autograd_"
 
@@ -107,11 +110,13 @@ def run_searches(search: Search, jobs: list[Job], workers: int,
     first (their traces recompute every block, so they are the slow ones); results come back
     in the jobs' order. A search that fails with an nnperf error fails the fit with it, as it
     would here; any other failure in a worker (an error that cannot travel back, a worker
-    killed) reruns that search here, so the error, if it is one, is the search's own.
+    killed) reruns that search here, so the error, if it is one, is the search's own. Each
+    search is a unit of ``nnperf.progress``.
     """
     method = method or start_method()
+    progress.expect(len(jobs))
     if workers <= 1 or len(jobs) <= 1 or (method != "fork" and not _pickles(search, jobs)):
-        return [search(label, opts) for label, opts in jobs]
+        return [_searched(search, *job) for job in jobs]
     order = sorted(range(len(jobs)), key=lambda i: not jobs[i][1].checkpoint)
     global _search, _jobs
     _search, _jobs = search, list(jobs)  # what forked workers inherit
@@ -120,18 +125,116 @@ def run_searches(search: Search, jobs: list[Job], workers: int,
         # worker's collections never walk them again (a tenth of a trace's time otherwise)
         gc.freeze()
     try:
-        with ProcessPoolExecutor(
-            workers, mp_context=_context(method),
-            # a forked worker has them already; any other gets them pickled, once per worker
-            initializer=one_thread if method == "fork" else _install,
-            initargs=() if method == "fork" else (search, list(jobs)),
-        ) as pool:
-            futures = {i: pool.submit(_run, i) for i in order}
-            return [_result(futures, i, search, jobs[i]) for i in range(len(jobs))]
+        # a forked worker has the search already; any other gets it pickled, once per worker
+        return in_processes(_run, order, workers, method,
+                            initializer=None if method == "fork" else _install,
+                            initargs=() if method == "fork" else (search, list(jobs)),
+                            rerun=lambda i: search(*jobs[i]))
     finally:
         _search, _jobs = None, []
         if method == "fork":
             gc.unfreeze()  # collectable here again (a notebook goes on working)
+
+
+def in_processes(task: Callable[[int], T], order: list[int], workers: int, method: str, *,
+                 initializer: Callable[..., None] | None = None, initargs: tuple[Any, ...] = (),
+                 rerun: Callable[[int], T] | None = None) -> list[T]:
+    """``[task(i) for i in range(len(order))]``, submitted in ``order`` to ``workers``
+    processes started by ``method``; results in index order.
+
+    An nnperf error in a task is raised at once (the other tasks stopped); any other failure
+    is ``rerun(i)`` here, or raised where there is no ``rerun``. The wait wakes every tenth
+    of a second: a Ctrl-C or SIGTERM is handled within that, and whatever ends the wait
+    (those, an error) kills the workers before it goes on, so no worker outlives it or goes
+    on tracing for minutes. Workers ignore Ctrl-C (the terminal sends it to them too: the
+    parent decides), die of SIGTERM at once, and are killed when their parent dies
+    (``_worker_setup``). Their ``nnperf.progress`` reports reach this process's sink.
+    """
+    context = _context(method)
+    channel = context.Queue() if progress.watching() else None
+    before = set(multiprocessing.active_children())
+    results: dict[int, T] = {}
+    failed: list[int] = []
+    # a stop while the pool starts its processes and threads is held until they run, and
+    # handled inside the ``try`` that kills the workers whatever ends it (``nnperf.stopping``)
+    pool = None
+    try:
+        if method == "forkserver":
+            _served(context)
+        with stopping.held():
+            pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_setup,
+                                       initargs=(channel, initializer, initargs))
+            futures = {pool.submit(task, i): i for i in order}
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
+            stopping.handle_signals()
+            if channel is not None:
+                progress.drain(channel)
+            for future in done:
+                error = future.exception()
+                if error is None:
+                    results[futures[future]] = future.result()
+                elif isinstance(error, NnperfError) or rerun is None:
+                    raise error
+                else:
+                    failed.append(futures[future])
+        pool.shutdown()
+    except BaseException:
+        with stopping.held():  # a second Ctrl-C waits for this
+            _kill(set(multiprocessing.active_children()) - before)
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    for i in failed:
+        assert rerun is not None
+        results[i] = rerun(i)
+    return [results[i] for i in range(len(order))]
+
+
+def _served(context: Any) -> None:
+    """Wait until the fork server serves: it forks nothing before its preload (imports and a
+    warm-up trace, seconds) is done, and a pool started meanwhile would wait for it with the
+    stop signals held (``in_processes``). A process that does nothing, started here where a
+    Ctrl-C or SIGTERM still stops the wait."""
+    probe = context.Process(target=_nothing)
+    probe.start()
+    probe.join()
+
+
+def _nothing() -> None:
+    """What ``_served``'s process runs."""
+
+
+def _kill(processes: set[Any]) -> None:
+    """Kill the workers and reap them (a killed worker left unreaped is a zombie)."""
+    for process in processes:
+        process.kill()
+    for process in processes:
+        process.join(timeout=2)
+
+
+def _worker_setup(channel: Any, initializer: Callable[..., None] | None, initargs: tuple[Any, ...]) -> None:
+    """Every worker's start: Ctrl-C is the parent's to handle (it kills the workers), SIGTERM
+    kills at once (the CLI's handler, inherited by a fork, would unwind Python first), the
+    parent's death kills it too (Linux), its progress goes to the parent; then one intra-op
+    thread and the caller's own set-up."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    stopping.release()  # a forked worker inherits them held
+    stopping.die_with_parent()
+    progress.to_queue(channel)
+    one_thread()
+    if initializer is not None:
+        initializer(*initargs)
+
+
+def _searched(search: Search, label: str, options: MemoryOptions) -> FitResult:
+    """One search here, with its progress."""
+    progress.note(label)
+    result = search(label, options)
+    progress.advance()
+    return result
 
 
 def _context(method: str) -> Any:
@@ -139,9 +242,14 @@ def _context(method: str) -> Any:
     if method == "forkserver":
         # ignored once the server runs (a server someone else started: workers import more)
         context.set_forkserver_preload(FORKSERVER_PRELOAD)
-        from multiprocessing import forkserver
+        from multiprocessing import forkserver, resource_tracker
 
-        forkserver.ensure_running()
+        # started with the stop signals held, the server and the resource tracker (which
+        # the pool's queues start) never take them, so no Ctrl-C prints their tracebacks (the
+        # parent decides, and they end with it); one that comes meanwhile is handled here
+        with stopping.held():
+            resource_tracker.ensure_running()
+            forkserver.ensure_running()
     return context
 
 
@@ -154,7 +262,7 @@ def _pickles(search: Search, jobs: list[Job]) -> bool:
 
 
 def one_thread() -> None:
-    """A forked worker's set-up: one intra-op thread. A trace computes some values for real on
+    """A worker's set-up: one intra-op thread. A trace computes some values for real on
     the CPU (a mixture of experts' routing: ``histc``, ``argsort``), and OpenMP's thread team,
     once a parent has used it, hangs in a forked child (libgomp is not fork-safe: the child
     waits at a barrier for threads that were not forked); with one thread PyTorch runs such
@@ -170,18 +278,7 @@ def _install(search: Search, jobs: list[Job]) -> None:
     _search, _jobs = search, jobs
 
 
-def _result(futures: dict[int, Future], i: int, search: Search, job: Job) -> FitResult:
-    try:
-        return futures[i].result()
-    except NnperfError:
-        for f in futures.values():
-            f.cancel()
-        raise
-    except Exception:
-        return search(*job)
-
-
 def _run(i: int) -> FitResult:
     """A worker's job: the ``i``-th search."""
     assert _search is not None
-    return _search(*_jobs[i])
+    return _searched(_search, *_jobs[i])

@@ -28,6 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from nnperf import progress
 from nnperf.errors import UsageError
 from nnperf.hardware import GPU
 from nnperf.hardware.cluster import Cluster
@@ -235,6 +236,7 @@ def evaluate(request: ModelRequest, options: TraceOptions, execution: Execution,
     whose first stage alone cannot fit is left at that lower bound, untimed:
     ``search.plan_pipeline``)."""
     cache = cache or RoleCache()
+    progress.note(execution.describe())
     if execution.context > 1:
         from nnperf.search.plan_context import context_step
 
@@ -626,27 +628,21 @@ def _in_workers(request: ModelRequest, options: TraceOptions, gpu: GPU, cluster:
     """``_search`` of each group of candidates (they share no traced role), in forked worker
     processes where that is safe: each worker has its own traced roles; the results and the
     number of traces come back."""
-    import multiprocessing
     import os
     import sys
 
-    from nnperf.search.fit_parallel import fork_is_safe, one_thread
+    from nnperf.search.fit_parallel import fork_is_safe, in_processes
 
     groups = [g for g in groups if g]
     wanted = os.environ.get(WORKERS_ENV)
     workers = int(wanted) if wanted and wanted.isdigit() else min(2, os.cpu_count() or 1)
     workers = min(workers, len(groups))
     _TASKS[:] = [(request, options, gpu, cluster, layers, g, slower_than, work, levels) for g in groups]
+    progress.expect(sum(len({shape_key(e) for e in g}) for g in groups))  # ``_search``'s units
     if workers <= 1 or not sys.platform.startswith("linux") or not fork_is_safe():
         outputs = [_run_task(i) for i in range(len(groups))]
-    else:
-        with multiprocessing.get_context("fork").Pool(workers, initializer=one_thread) as pool:
-            outputs = pool.map(_run_task, range(len(groups)), chunksize=1)
-            # the workers exit on their own: the pool's terminate() (on leaving ``with``) sends
-            # SIGTERM, which a worker blocked on the task queue's lock can miss (the CLI's
-            # SIGTERM handler runs in Python, and the lock wait does not return), hanging the plan
-            pool.close()
-            pool.join()
+    else:  # forked workers inherit the tasks; a Ctrl-C or SIGTERM stops them (``in_processes``)
+        outputs = in_processes(_run_task, list(range(len(groups))), workers, "fork")
     results = [p for planned, _ in outputs for p in planned]
     return results, sum(t for _, t in outputs)
 
@@ -683,7 +679,7 @@ def _search(request: ModelRequest, options: TraceOptions, candidates: list[Execu
     order = sorted(groups, key=lambda k: k[0] != "fsdp")  # FSDP first: it bounds the others
     fsdp_fits: dict[tuple[Any, ...], dict[int, Planned]] = {}  # rest of the key -> fit per checkpoint level
     results: list[Planned] = []
-    for key in order:
+    for key in progress.counted(order):
         members = sorted(groups[key], key=lambda e: -e.micro_batch)
         rest = key[2:]
         levels: Iterable[int] = allowed

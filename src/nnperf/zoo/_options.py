@@ -7,9 +7,11 @@ is allowed.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from nnperf.errors import ModelOptionError
+from nnperf.request import INDEX_MAX
 from nnperf.trace.limits import check_counts
 
 
@@ -93,14 +95,20 @@ def _as_int(model: str, key: str, value: Any) -> int:
         if not number.is_integer():
             raise ModelOptionError(f"{model}: {key} must be an integer, got {value!r}")
         number = int(number)
+    if abs(number) > INDEX_MAX:  # 1e30 layers is a typo: refused before any block is built
+        raise ModelOptionError(f"{model}: {key} must be an integer from -{INDEX_MAX:,} to {INDEX_MAX:,}, "
+                               f"got {value!r}")
     return number
 
 
 def _as_float(model: str, key: str, value: Any) -> float:
     try:
-        return float(value)
+        number = float(value)
     except (TypeError, ValueError):
         raise ModelOptionError(f"{model}: {key} must be a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise ModelOptionError(f"{model}: {key} must be a finite number, got {value!r}")
+    return number
 
 
 def _as_bool(model: str, key: str, value: Any) -> bool:

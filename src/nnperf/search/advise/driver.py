@@ -22,10 +22,12 @@ from typing import Any
 
 from torch import nn
 
-from nnperf.errors import UsageError
+from nnperf import progress
+from nnperf.errors import ResourceError, UsageError
 from nnperf.hardware import GPU, DeviceProfile, default_profile, load_gpu
+from nnperf.passes.memory.capacity import capacity
 from nnperf.passes.timing import TimingOptions
-from nnperf.request import InputSpec, ModelRequest
+from nnperf.request import LIMITS, InputSpec, ModelRequest
 from nnperf.search.advise import (
     attention,
     batch,
@@ -91,8 +93,11 @@ def advise_request(request: ModelRequest, options: MemoryOptions, gpu: GPU,
                    workers: int | None = None) -> Advice:
     options.trace.validate()
     options.validate()
+    if apply is not None:
+        check_apply(apply)
     setup = Setup(request, options, gpu, profile or default_profile(gpu), timing or TimingOptions())
     prepare(workers if workers is not None else search_workers(options, 4))
+    progress.note("tracing the step as given")
     base, cache = base_of(setup)
     candidates = [c for family in FAMILIES for c in family.candidates(base)]
     advice = Advice(model=base.analysis.model, gpu=gpu.id, config=base.analysis.config, base=base.outcome,
@@ -104,6 +109,7 @@ def advise_request(request: ModelRequest, options: MemoryOptions, gpu: GPU,
         advice.combination = _combination(setup, base, cache, candidates, apply)
         return advice
     outcomes: dict[str, Outcome | str] = {}
+    progress.note("re-timing the step for changes that keep its trace")
     for c in candidates:  # re-timed here, in milliseconds each
         if c.predicted and not c.change.retraces:
             outcomes[c.name] = evaluate(setup, c.change, base.analysis, cache)
@@ -207,6 +213,30 @@ def _accumulation(setup: Setup, curve: dict[int, Outcome], global_batch: int, la
     return batch.accumulation(global_batch, micro, options[micro])
 
 
+def batch_item(name: str) -> int | None:
+    """N of an ``--apply`` item ``batch-N`` (checked: a batch the CLI takes), None for another name."""
+    if not name.startswith("batch-"):
+        return None
+    text = name[len("batch-"):]
+    if not text.isdigit():
+        raise UsageError(f"--apply {name!r}: expected batch-N with N {LIMITS['batch'].describe()}")
+    return LIMITS["batch"].check(int(text), f"--apply {name}: batch")
+
+
+def check_apply(names: list[str]) -> list[str]:
+    """``--apply``'s names as the user gave them, checked before any trace: each once, at most
+    one ``batch-N`` (names that the trace decides are checked against it later)."""
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise UsageError(f"--apply names {name!r} twice; give each item once")
+        seen.add(name)
+    batches = [n for n in names if batch_item(n) is not None]
+    if len(batches) > 1:
+        raise UsageError(f"--apply names two batch sizes ({', '.join(batches)}); give one")
+    return names
+
+
 def _combination(setup: Setup, base: Base, cache: dict[str, Any], candidates: list[Candidate],
                  names: list[str]) -> AdviceItem:
     by_name = {c.name: c for c in candidates if c.predicted}
@@ -214,14 +244,19 @@ def _combination(setup: Setup, base: Base, cache: dict[str, Any], candidates: li
     for name in names:
         if name in by_name:
             chosen.append(by_name[name])
-        elif name.startswith("batch-") and name[6:].isdigit() and int(name[6:]) > 0:
-            b = int(name[6:])
+        elif batch_item(name) is not None:
+            b = batch_item(name)
             chosen.append(Candidate(name=name, family="batch", title=f"batch size {b}", change=Change(batch=b),
                                     how=f"--batch {b}"))
         else:
             raise UsageError(f"unknown advice item {name!r}; valid: {', '.join(sorted(by_name))}, batch-N")
     change = functools.reduce(lambda a, b: a.merge(b), (c.change for c in chosen), Change())
     after = evaluate(setup, change, None if change.retraces else base.analysis, cache)
+    if change.batch is not None and after.fits is False and after.peak_bytes is not None:
+        # a batch-N item asks for that batch: a step that cannot run is no answer to give
+        raise ResourceError(f"--apply {'+'.join(names)}: batch {change.batch} does not fit on the "
+                            f"{setup.gpu.name} ({after.peak_bytes / 2**30:.1f} GiB > "
+                            f"{capacity(setup.gpu) / 2**30:.1f} GiB); 'nnperf fit' finds the largest that does")
     combined = Candidate(
         name="+".join(c.name for c in chosen), family="combination",
         title=" + ".join(c.title for c in chosen), change=change, how="\n".join(c.how for c in chosen),

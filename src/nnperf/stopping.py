@@ -1,0 +1,71 @@
+"""The signals that stop a command (Ctrl-C and ``kill``), held where a stop would leave a
+half-made thing behind, and handled where the main thread only waits.
+
+The CLI turns SIGTERM into ``SystemExit(143)`` and Ctrl-C into ``KeyboardInterrupt`` (exit
+130, ``cli.app``): both unwind, so ``finally`` blocks clean up (a half-written output file is
+removed, worker processes are killed: ``search.fit_parallel.in_processes``). Two things can
+get in the way:
+
+- a stop while a pool starts its processes and threads leaves it half made (a thread waited
+  for at exit that never started): ``held()`` defers the signals over such a block, and they
+  are handled when it ends;
+- before Python 3.12, a signal the kernel gives to a thread other than the main one (a
+  progress line's, PyTorch's) sets the flag its Python handler waits on, but the main thread
+  may not look at it for as long as it only waits (a Ctrl-C seen minutes later, or never).
+  Threads started inside ``held()`` never take them, and a waiting loop calls
+  ``handle_signals()`` to look.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+#: Ctrl-C and ``kill``'s default.
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+_MASKS = hasattr(signal, "pthread_sigmask")  # POSIX
+
+
+@contextmanager
+def held() -> Iterator[None]:
+    """Defer the stop signals in this thread (and the threads and processes it starts) over
+    the block; one that arrived meanwhile is handled as the block ends."""
+    if not _MASKS:
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def release() -> None:
+    """Take the stop signals again in a process started inside ``held()`` (a forked worker
+    inherits the mask)."""
+    if _MASKS:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def handle_signals() -> None:
+    """Run the Python handlers of stop signals that arrived, now: CPython's
+    ``signal.pthread_sigmask`` checks for pending signals after every call, whichever thread
+    the kernel gave them to."""
+    if _MASKS:
+        signal.pthread_sigmask(signal.SIG_BLOCK, ())
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when the process that started it dies: a killed
+    parent (SIGKILL, an out-of-memory kill, a stop that skipped the cleanup) must not leave
+    workers or a fork server working on their own."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+    with contextlib.suppress(OSError, AttributeError):  # no prctl: the parent still kills them
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
