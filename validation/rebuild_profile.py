@@ -1,6 +1,7 @@
 """Build a device profile again from a calibration's raw JSON, with the current derivation.
 
     python validation/rebuild_profile.py validation/data/h200-sxm/profile.json -o validation/data/h200-sxm/profile.toml
+    python validation/rebuild_profile.py RAW.json --kernel-bench kernel-bench.json -o profile.toml
 
 The microbenchmarks are the expensive, device-bound part of a calibration; how a profile is
 derived from them improves between GPU sessions (``measure.calibration.profile``). This turns a
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from nnperf.hardware import load_gpu
 from nnperf.measure.calibration.files import profile_text
+from nnperf.measure.calibration.kernel_bench import load_kernel_bench
 from nnperf.measure.calibration.record import Calibration
 
 
@@ -24,10 +26,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("raw", type=Path, help="the calibration's raw JSON (written beside its profile)")
     parser.add_argument("-o", "--output", type=Path, required=True, help="the profile TOML to write")
+    parser.add_argument("--kernel-bench", type=Path,
+                        help="a kernel-bench.json of the same GPU (validation/kernel_bench.py): its rows set "
+                             "the kernel constants it measures")
     args = parser.parse_args(argv)
     cal = Calibration.from_json(json.loads(args.raw.read_text()))
     gpu = load_gpu(cal.device_name) if cal.device.startswith("cuda") else None
-    args.output.write_text(profile_text(cal, gpu))
+    bench = load_kernel_bench(args.kernel_bench) if args.kernel_bench else None
+    args.output.write_text(profile_text(cal, gpu, bench))
     print(f"wrote {args.output} ({cal.device_name}, {cal.date}, timing {cal.timing})")
     return 0
 

@@ -41,3 +41,15 @@ def test_interrupt_writes_nothing_and_exits_nonzero(tmp_path, monkeypatch):
 def test_unknown_device():
     result = CliRunner().invoke(cli, ["calibrate", "--device", "npu"])
     assert result.exit_code == 2 and "unknown device" in result.output
+
+
+def test_a_kernel_bench_that_is_not_one_is_refused_before_measuring(tmp_path, monkeypatch):
+    def never(*args, **kwargs):
+        raise AssertionError("measured before checking --kernel-bench")
+
+    monkeypatch.setattr(calibration, "run_calibration", never)
+    bad = tmp_path / "bench.json"
+    bad.write_text(json.dumps({"schema": "something else"}))
+    result = CliRunner().invoke(cli, ["calibrate", "--device", "cpu", "--quick", "--kernel-bench", str(bad),
+                                      "-o", str(tmp_path / "p.toml")])
+    assert result.exit_code == 2 and "is not a kernel-bench file" in result.output

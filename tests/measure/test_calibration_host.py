@@ -79,6 +79,20 @@ def test_misaligned_gemms_measure_the_alignment_penalty():
     assert misaligned_penalty(cal, gpu, base) == pytest.approx(0.72)  # median of 0.70 and 0.74
     assert build_profile(cal, gpu).alignment_penalty["16B"] == pytest.approx(0.72)
     assert misaligned_penalty(_cal(), gpu, base) is None
+    # each dtype gets its own median beside the overall one (here the only dtype: the same)
+    assert build_profile(cal, gpu).alignment_penalty["16B.bf16"] == pytest.approx(0.72)
+
+
+def test_a_dtypes_own_alignment_penalty_wins_over_the_class():
+    from nnperf.hardware import default_profile
+    from nnperf.kernels.gemm import estimate_gemm
+
+    gpu = load_gpu("a100")
+    base = default_profile(gpu)
+    split = base.replace(alignment_penalty={**base.alignment_penalty, "16B": 0.5, "16B.tf32": 0.25})
+    odd = {"m": 8192, "n": 50257, "k": 768}  # GPT-2's vocabulary: N not a multiple of 8
+    assert estimate_gemm(**odd, dtype="fp32", tf32=True, gpu=gpu, profile=split).alignment_factor == 0.25
+    assert estimate_gemm(**odd, dtype="bf16", gpu=gpu, profile=split).alignment_factor == 0.5
 
 
 def test_measured_convolutions_scale_the_efficiency_table():

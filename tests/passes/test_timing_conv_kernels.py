@@ -42,24 +42,45 @@ def _ops(prediction, module: str) -> dict[str, object]:
     return {t.phase: t for t in prediction.step.ops if t.module == module and t.category == "conv"}
 
 
-def test_depthwise_is_bytes_at_achievable_bandwidth(prediction):
+def test_depthwise_runs_its_taps_at_the_measured_rate(prediction):
+    """fp32 NCHW: PyTorch's direct kernels. Forward: output elements x 9 taps at the profile's
+    rate for 9 taps (3.55 MACs per SM per clock on 108 SMs at 1410 MHz), unless its bytes take
+    longer. Backward: the input gradient's input elements x 9 taps at that rate, and the
+    weight gradient's loop: 64 x 9 blocks of min(32 x 32, 256) threads (one wave on 108 SMs of
+    8 such blocks), each warp walking 32 / 8 images of 3136 outputs 32 at a time: 4 x 98
+    iterations of one round trip."""
     gpu = A100_DRAM
     profile = default_profile(gpu)
     act = 32 * 64 * 56 * 56 * 4  # one fp32 activation of the block
     weight = 64 * 1 * 3 * 3 * 4
+    rate = 3.55 * 108 * 1410e6  # MACs/s at 9 taps ([default.depthwise_rate] native_fp32)
+    macs = 32 * 64 * 56 * 56 * 9
     dw = _ops(prediction, "dw")
     fwd, bwd = dw["forward"], dw["backward"]
-    # forward: read x and w, write y; one kernel
     assert fwd.kernels == 1
     assert fwd.kernel_s == pytest.approx(
-        profile.memory_time(gpu.memory_bandwidth, 2 * act + weight) + profile.kernel_overhead_s, rel=1e-9)
-    # backward: two kernels, grad_input (reads dy and w, writes dx) and grad_weight (reads dy
-    # and x, writes dw): dy is read twice
-    assert bwd.kernels == 2
-    assert bwd.kernel_s == pytest.approx(
-        profile.memory_time(gpu.memory_bandwidth, 4 * act + 2 * weight) + 2 * profile.kernel_overhead_s,
+        max(macs / rate, profile.memory_time(gpu.memory_bandwidth, 2 * act + weight)) + profile.kernel_overhead_s,
         rel=1e-9)
-    assert fwd.kernel_bound == "memory" and fwd.math == "fp32"
+    grad_input = max(macs / rate, profile.memory_time(gpu.memory_bandwidth, 2 * act))
+    grad_weight = max(4 * 98 * profile.loop_iteration_cycles / 1410e6, profile.memory_time(gpu.memory_bandwidth, 2 * act))
+    assert bwd.kernels == 2
+    assert bwd.kernel_s == pytest.approx(grad_input + grad_weight + 2 * profile.kernel_overhead_s, rel=1e-9)
+    assert fwd.kernel_bound == "compute" and fwd.math == "fp32"
+
+
+def test_depthwise_without_a_rate_is_bytes_at_achievable_bandwidth():
+    """A kernel family the profile has no rate for (cuDNN's, off Hopper): its tensors once
+    through DRAM, each gradient reading the output gradient (so it is read twice)."""
+    analysis = analyze(Block(), torch.randn(32, 64, 56, 56), train=True, optimizer="none", channels_last=True)
+    gpu = A100_DRAM
+    profile = default_profile(gpu)
+    dw = _ops(predict_analysis(analysis, gpu), "dw")
+    act, weight = 32 * 64 * 56 * 56 * 4, 64 * 9 * 4
+    assert dw["forward"].kernel_s == pytest.approx(
+        profile.memory_time(gpu.memory_bandwidth, 2 * act + weight) + profile.kernel_overhead_s, rel=1e-9)
+    assert dw["backward"].kernels == 2
+    assert dw["backward"].kernel_s == pytest.approx(
+        profile.memory_time(gpu.memory_bandwidth, 4 * act + 2 * weight) + 2 * profile.kernel_overhead_s, rel=1e-9)
 
 
 def test_pointwise_stays_an_implicit_gemm(prediction):
@@ -148,3 +169,24 @@ def test_fp32_3x3_runs_winograd_on_cuda_cores_only():
     assert tf32.model_compute_s == pytest.approx(
         estimate_gemm(m, n, k, dtype="fp32", tf32=True, gpu=a100).model_compute_s
         / default_profile(a100).conv_efficiency["stride1_large"], rel=1e-9)
+
+
+def test_hopper_transposes_run_at_the_measured_rate_and_skip_pointwise_forwards():
+    """On Hopper the profile has cuDNN's measured conversion rate: 4.13 bytes per SM and clock
+    (132 SMs at 1980 MHz: 1.08 TB/s, below DRAM), and a 1x1 stride-1 forward converts nothing."""
+    gpu = load_gpu("h100-sxm")
+    profile = default_profile(gpu)
+    assert profile.layout_transpose_bytes_per_clock_sm == pytest.approx(4.13)
+    nchw, nhwc = _dense("h100-sxm", False), _dense("h100-sxm", True)
+    act, weight = 32 * 64 * 56 * 56 * 2, 64 * 64 * 3 * 3 * 2
+    rate = 4.13 * 132 * 1980e6
+    fwd, fwd_cl = nchw[("b", "forward")], nhwc[("b", "forward")]
+    # the small filter's transpose is bound by DRAM's ramp for small transfers instead
+    filter_s = max(2 * weight / rate, profile.memory_time(gpu.memory_bandwidth, 2 * weight))
+    assert filter_s > 2 * weight / rate
+    assert fwd.layout_s == pytest.approx(2 * act / rate + filter_s, rel=1e-9) and fwd_cl.layout_s == 0.0
+    assert fwd.kernels - fwd_cl.kernels == 2
+    analysis = analyze(Block(), torch.randn(32, 64, 56, 56), train=True, optimizer="none", amp="fp16")
+    ops = {(t.module, t.phase): t for t in predict_analysis(analysis, gpu).step.ops if t.category == "conv"}
+    assert ops[("pw", "forward")].kernels == 1 and ops[("pw", "forward")].layout_s == 0.0
+    assert ops[("pw", "backward")].kernels > 2  # its gradients keep theirs: not measured

@@ -22,7 +22,10 @@ from nnperf.cli.paths import check_output, os_errors_as_usage
               help="CUDA only: the catalog GPU whose datasheet peaks the efficiencies are relative to "
                    "(default: the one matching the device name).")
 @click.option("--json", "as_json", is_flag=True, help="Print the raw measurements as JSON.")
-def calibrate(device_name, quick, output, device_file, gpu, as_json) -> None:
+@click.option("--kernel-bench", "kernel_bench", type=click.Path(dir_okay=False),
+              help="CUDA only: a kernel-bench.json (validation/kernel_bench.py) whose rows set the kernel "
+                   "constants it measures (batch norm's loop round trip, depthwise rates, the RGB stem).")
+def calibrate(device_name, quick, output, device_file, gpu, as_json, kernel_bench) -> None:
     """Microbenchmark GEMMs, convolutions, bandwidth, launch cost and (CUDA) host-device copies."""
     import json
 
@@ -38,8 +41,10 @@ def calibrate(device_name, quick, output, device_file, gpu, as_json) -> None:
         run_calibration,
         write_outputs,
     )
+    from nnperf.measure.calibration.kernel_bench import load_kernel_bench
     from nnperf.measure.device import resolve_device
 
+    bench_doc = load_kernel_bench(kernel_bench) if kernel_bench else None  # read before the minutes of measuring
     device = resolve_device(device_name)
     cuda = device.type == "cuda"
     target = None
@@ -49,6 +54,8 @@ def calibrate(device_name, quick, output, device_file, gpu, as_json) -> None:
         target = resolve_gpu(gpu if gpu is not None else torch.cuda.get_device_name(device))
     elif gpu is not None:
         click.echo("note: --gpu is ignored for a CPU calibration", err=True)
+    if bench_doc is not None and not cuda:
+        click.echo("note: --kernel-bench is ignored for a CPU calibration (its rows are a GPU's)", err=True)
     outputs = Outputs.for_profile(output or f"nnperf-profile-{device.type}.toml", device_file, cpu=not cuda)
     # checked before the minutes of measuring, written (folders created) after them
     for path, option in ((outputs.profile, "--output"), (outputs.raw, "--output (its raw JSON)"),
@@ -76,7 +83,7 @@ def calibrate(device_name, quick, output, device_file, gpu, as_json) -> None:
                     "saved as a profile)", fg="red", err=True)
         sys.exit(130)
     with os_errors_as_usage("--output", outputs.profile):  # atomic: temp files renamed together
-        write_outputs(cal, target, outputs)
+        write_outputs(cal, target, outputs, bench_doc)
     paths = [str(p) for p in outputs.paths()]
     noisy = cal.noisy()
     if noisy:

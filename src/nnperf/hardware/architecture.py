@@ -96,6 +96,23 @@ ALIASES = {"Ada": "Ada Lovelace"}
 UNKNOWN_CONTEXT_MIB = 512
 
 
+#: Resident threads and blocks per SM by compute capability (CUDA C++ Programming Guide,
+#: "Technical Specifications per Compute Capability": maximum resident threads / blocks per
+#: SM): 2048 threads on 5.x-7.0, 8.0, 8.7, 9.0 and 10.x; 1024 on 7.5 (Turing); 1536 on 8.6,
+#: 8.9 and 12.x (GeForce Ampere, Ada, Blackwell); 32 blocks, 16 on 7.5 and 8.6, 24 on 8.9.
+_RESIDENT_BY_CC: dict[str, tuple[int, int]] = {
+    "7.5": (1024, 16), "8.6": (1536, 16), "8.9": (1536, 24), "12.0": (1536, 32), "12.1": (1536, 32),
+}
+#: Other NVIDIA parts (and AMD CDNA, whose compute units hold 32 wavefronts of 64 = 2048
+#: threads): 2048 threads, 32 blocks.
+DEFAULT_RESIDENT = (2048, 32)
+
+
+def resident_limits(compute_capability: str | None) -> tuple[int, int]:
+    """(threads, blocks) one SM holds at once for ``compute_capability`` ("9.0")."""
+    return _RESIDENT_BY_CC.get((compute_capability or "").strip(), DEFAULT_RESIDENT)
+
+
 def architecture(name: str | None, compute_capability: str | None = None) -> Architecture:
     """The table's row for ``name``. An architecture the table does not know gets the
     assumed context size and, for an NVIDIA compute capability of 8 or more (what Ampere

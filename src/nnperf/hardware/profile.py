@@ -19,7 +19,7 @@ Profile file format (TOML; ``save_profile`` writes it, ``load_profile`` reads it
     [tile_relative_efficiency]       # "TmxTn" -> relative efficiency (also the candidate set)
     "256x128" = 1.0
     [ctas_per_sm]                    # "TmxTn" -> CTAs resident per SM (default 1)
-    [alignment_penalty]              # "16B" / "128B" -> efficiency factor
+    [alignment_penalty]              # "16B" / "128B" -> efficiency factor; "16B.bf16": one dtype's
     [conv_efficiency]                # convolution class (CONV_CLASSES) -> speed relative to a
                                      # cuBLAS GEMM of its implicit-GEMM shape
     [measured]                       # optional, ignored by the models: calibration's headline
@@ -110,6 +110,13 @@ class DeviceProfile:
     host_dtensor_dispatch_s: float = 0.0
     host_dtensor_list_tensor_s: float = 0.0
     foreach_tensors_per_kernel: float = 48.0
+    # SM cycles of one iteration of a latency-bound per-thread loop (``kernels.native_loops``:
+    # PyTorch's NCHW batch norm, max pooling, depthwise weight gradient): one memory round trip.
+    loop_iteration_cycles: float = 600.0
+    # Bytes per SM and boost clock (read and written) of cuDNN's NCHW <-> NHWC conversions
+    # around a tensor-core convolution (``passes.timing.transpose_time``); 0: not measured, at
+    # the achievable DRAM bandwidth.
+    layout_transpose_bytes_per_clock_sm: float = 0.0
     # The single-core clock (GHz, datasheet max turbo) of the host the host_* costs describe:
     # ``hardware.host.with_host`` rescales them to another CPU by the ratio of clocks.
     host_turbo_ghz: float = 3.5
@@ -126,6 +133,9 @@ class DeviceProfile:
     wide_head_attention: Mapping[str, float] = field(default_factory=dict, hash=False)
     bandwidth_curve: Curve | None = None
     gemm_efficiency: Mapping[str, Curve] = field(default_factory=dict, hash=False)
+    # Depthwise convolutions' tap loops (``kernels.depthwise``): per kernel family and dtype
+    # (``DEPTHWISE_RATE_KEYS``), [[taps per output (R*S), MACs per SM per clock], ...].
+    depthwise_rate: Mapping[str, Curve] = field(default_factory=dict, hash=False)
     gpu: str | None = None
     note: str = ""
     # Parts of the host model (``HOST_PARTS``) a profile that measured its host's dispatch
@@ -168,10 +178,13 @@ class DeviceProfile:
             return 1.0
         return self.wide_head_attention.get(f"{backend}_{'backward' if backward else 'forward'}", 1.0)
 
-    def conv_efficiency_of(self, stride: int, positions: int, role: str, unit: str = "tensor") -> float:
+    def conv_efficiency_of(self, stride: int, positions: int, role: str, unit: str = "tensor",
+                           channel_bytes: int | None = None) -> float:
         """A convolution pass's speed relative to a cuBLAS GEMM of its implicit-GEMM shape
         (``conv_efficiency_class`` for the arguments): its class's value times the scale."""
-        key = conv_efficiency_class(stride, positions, role, unit)
+        key = conv_efficiency_class(stride, positions, role, unit, channel_bytes)
+        if key not in self.conv_efficiency and key == "low_channel_forward":  # not measured here
+            key = conv_efficiency_class(stride, positions, role, unit)
         return self.conv_efficiency.get(key, 1.0) * self.conv_efficiency_scale
 
     def achievable_bandwidth(self, peak_bytes_per_s: float, nbytes: float) -> float:
@@ -221,16 +234,26 @@ CONV_LARGE_POSITIONS = 196
 #: The classes of ``conv_efficiency`` (``conv_efficiency_class``): stride-1 convolutions with
 #: large outputs in every pass; the others (strided or small outputs) per pass; convolutions on
 #: CUDA cores, whatever their shape.
-CONV_CLASSES = ("stride1_large", "other_forward", "other_grad_input", "other_grad_weight", "cuda_core")
+CONV_CLASSES = ("stride1_large", "other_forward", "other_grad_input", "other_grad_weight", "cuda_core",
+                "low_channel_forward")
+#: Input channels (per group) x element size below which a tensor-core convolution's forward
+#: pass is a ``low_channel_forward``: fewer than one 16-byte vector of channels per pixel (an RGB
+#: stem), which cuDNN's NHWC implicit-GEMM kernels load and pad element by element.
+LOW_CHANNEL_BYTES = 16
 
 
-def conv_efficiency_class(stride: int, positions: int, role: str, unit: str = "tensor") -> str:
+def conv_efficiency_class(stride: int, positions: int, role: str, unit: str = "tensor",
+                          channel_bytes: int | None = None) -> str:
     """The ``conv_efficiency`` class of a convolution pass: its largest stride, its output
     positions per image (P*Q; a backward pass: its output gradient's), the role of its implicit
-    GEMM (``grad_input``, ``grad_weight``; anything else is a forward) and the math unit it runs
-    on. Why these: the DeepBench derivation in ``default_profile.toml``."""
+    GEMM (``grad_input``, ``grad_weight``; anything else is a forward), the math unit it runs
+    on and, for a forward pass, its input channels per group times the element size. Why
+    these: the DeepBench derivation in ``default_profile.toml`` (the low-channel class: the
+    H200 calibration's RGB stem)."""
     if unit != "tensor":
         return "cuda_core"
+    if role not in ("grad_input", "grad_weight") and channel_bytes is not None and channel_bytes < LOW_CHANNEL_BYTES:
+        return "low_channel_forward"
     if stride <= 1 and positions >= CONV_LARGE_POSITIONS:
         return "stride1_large"
     return f"other_{role if role in CONV_PASSES else 'forward'}"
@@ -277,6 +300,7 @@ _SCALARS = {
         "alignment_penalty",
         "bandwidth_curve",
         "gemm_efficiency",
+        "depthwise_rate",
         "host_dispatch_by_kind_s",
         "conv_efficiency",
         "wide_head_attention",
@@ -299,6 +323,9 @@ HOST_KINDS = ("gemm", "conv", "attention", "elementwise", "reduction", "norm", "
 WIDE_HEAD_DIM = 128
 #: The kernels and passes ``wide_head_attention`` may name (``kernels.attention`` backends).
 WIDE_HEAD_KERNELS = ("efficient_forward", "efficient_backward", "flex_forward", "flex_backward")
+#: The kernel families of ``depthwise_rate`` (``kernels.depthwise.RATE_KEYS``): PyTorch's
+#: direct NCHW kernels or cuDNN's, 16-bit or 32-bit.
+DEPTHWISE_RATE_KEYS = ("native_bf16", "native_fp32", "cudnn_bf16", "cudnn_fp32")
 #: The alignment classes the GEMM model asks about (``kernels/gemm.py``).
 ALIGNMENT_CLASSES = ("16B", "128B")
 #: The sections of the shipped ``default_profile.toml``: generic values and per-architecture
@@ -345,9 +372,11 @@ def _apply(base: dict[str, Any], table: Mapping[str, Any], where: str) -> dict[s
                 raise UsageError(f"{here} must be a table")
             for name, v in value.items():
                 if key == "alignment_penalty":
-                    if name not in ALIGNMENT_CLASSES:
+                    per_dtype = name.startswith("16B.") and name[4:] in schema.COMPUTE_DTYPES
+                    if name not in ALIGNMENT_CLASSES and not per_dtype:
                         raise UsageError(f"{here}: unknown alignment class {shown(name)}; "
-                                         f"valid: {', '.join(ALIGNMENT_CLASSES)}")
+                                         f"valid: {', '.join(ALIGNMENT_CLASSES)}, or 16B.<dtype> "
+                                         f"({', '.join(schema.COMPUTE_DTYPES)})")
                 elif key == "host_dispatch_by_kind_s":
                     if name not in HOST_KINDS:
                         raise UsageError(f"{here}: unknown op category {shown(name)}; "
@@ -379,6 +408,17 @@ def _apply(base: dict[str, Any], table: Mapping[str, Any], where: str) -> dict[s
             continue  # headline figures written by `nnperf calibrate`, for display only
         elif key in _RETIRED:
             _number(here, value, schema.PROFILE_RANGES["host_dispatch_s"])
+        elif key == "depthwise_rate":
+            if not isinstance(value, dict):
+                raise UsageError(f"{here} must be a table of kind = [[taps, MACs per SM per clock], ...]")
+            unknown = sorted(set(value) - set(DEPTHWISE_RATE_KEYS))
+            if unknown:
+                raise UsageError(f"{here}: unknown kernel family {shown(unknown[0])}; valid: "
+                                 f"{', '.join(DEPTHWISE_RATE_KEYS)}")
+            merged = dict(out.get(key, {}))
+            merged.update({k: _curve(f"{here}.{k}", c, "depthwise_rate.taps", "depthwise_rate.macs")
+                           for k, c in value.items()})
+            out[key] = merged
         elif key == "gemm_efficiency":
             if not isinstance(value, dict):
                 raise UsageError(f"{here} must be a table of dtype = [[flops, fraction], ...]")
@@ -389,7 +429,7 @@ def _apply(base: dict[str, Any], table: Mapping[str, Any], where: str) -> dict[s
             out[key] = {d: _curve(f"{here}.{d}", c, "gemm_efficiency.flops", "gemm_efficiency.fraction")
                         for d, c in value.items()}
         else:
-            valid = [*_SCALARS, *_TABLES, "bandwidth_curve", "gemm_efficiency", "measured",
+            valid = [*_SCALARS, *_TABLES, "bandwidth_curve", "gemm_efficiency", "depthwise_rate", "measured",
                      "efficient_attention_scale"]
             raise UsageError(f"{where}: unknown field {shown(key)}; valid fields: {', '.join(valid)} "
                              "(or the [default] and [architecture.NAME] tables of default_profile.toml)")
@@ -478,7 +518,7 @@ def save_profile(profile: DeviceProfile, path: str | Path) -> None:
     if profile.bandwidth_curve:
         lines.append(f"bandwidth_curve = {_toml_value(profile.bandwidth_curve)}")
     tables = {t: getattr(profile, t) for t in _TABLES} | {
-        "gemm_efficiency": profile.gemm_efficiency
+        "gemm_efficiency": profile.gemm_efficiency, "depthwise_rate": profile.depthwise_rate,
     }
     for table, values in tables.items():
         lines += ["", f"[{table}]"]

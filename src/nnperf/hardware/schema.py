@@ -189,6 +189,8 @@ PROFILE_RANGES: dict[str, Range] = {
     "split_k_max": Range(1, 1024, integer=True, low_closed=True),
     "split_k_min_k": Range(1, 2**31 - 1, integer=True, low_closed=True),
     "foreach_tensors_per_kernel": Range(1, 1e6, low_closed=True),
+    "loop_iteration_cycles": Range(1, 1e6, low_closed=True),
+    "layout_transpose_bytes_per_clock_sm": Range(0, 1e4, low_closed=True),  # 0: DRAM speed
     "low_rate_flops_per_clock_sm": Range(1, 1e5, low_closed=True),
     "tile_relative_efficiency": FRACTION,  # per tile
     "alignment_penalty": FRACTION,  # per alignment class
@@ -197,6 +199,8 @@ PROFILE_RANGES: dict[str, Range] = {
     "bandwidth_curve.bytes": Range(0, 2**60),
     "bandwidth_curve.bytes_per_s": Range(0, 1e15),  # 1 PB/s, as memory_bandwidth_gbs
     "gemm_efficiency.flops": Range(0, 1e21),
+    "depthwise_rate.taps": Range(1, 1e6, low_closed=True),
+    "depthwise_rate.macs": Range(0, 1e5),
     "gemm_efficiency.fraction": FRACTION,
 }
 

@@ -111,7 +111,9 @@ def _alignment(
     if bad:
         verb = "is not a multiple" if len(bad) == 1 else "are not multiples"
         note = f"{', '.join(bad)} {verb} of {per16} {dtype} elements (16 bytes)"
-        return False, profile.alignment_penalty.get("16B", 1.0), note
+        # a dtype's own measured penalty where the profile has one (``16B.bf16``), else the class's
+        penalty = profile.alignment_penalty.get(f"16B.{dtype}", profile.alignment_penalty.get("16B", 1.0))
+        return False, penalty, note
     if gpu.arch.prefers_128_byte_alignment:
         per128 = 128 // size
         loose = [f"{name}={v}" for name, v in dims.items() if v % per128]

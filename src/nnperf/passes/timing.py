@@ -3,9 +3,16 @@
 Kernel time by category:
 - GEMM and convolution: the tile/wave/alignment model of ``kernels.gemm`` per lowered GEMM
   (convolutions through their implicit GEMM, each pass scaled by the profile's cuDNN
-  efficiency for its class: stride, output size, pass, math unit);
+  efficiency for its class: stride, output size, pass, math unit, an RGB stem's few channels;
+  NCHW tensors converted around tensor-core kernels: ``transpose_time``);
 - fused attention: executed FLOPs (flash backward recomputes Q@K^T) at the profile's
   attention fraction of the tensor peak, bounded by its bytes at achievable bandwidth;
+- batch norm: the kernels of the backend PyTorch picks (``kernels.batch_norm``): PyTorch's
+  native NCHW kernels (bf16 autocast) as the latency-bound per-thread loops they are
+  (``kernels.native_loops``), cuDNN's and the channels-last ones by their bytes;
+- NCHW max pooling: its window loops (``kernels.max_pool``);
+- depthwise convolutions: their tap loops at the profile's measured rate per kernel family
+  (``kernels.depthwise``), the NCHW weight gradient as a loop;
 - everything else: bytes at the size-dependent achievable bandwidth (or FLOPs at the CUDA
   core rate if larger), plus the per-kernel overhead; foreach ops launch one kernel per
   ``foreach_tensors_per_kernel`` tensors; a normalization's second sweep over inputs larger
@@ -33,6 +40,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nnperf.hardware import GPU, DeviceProfile
+from nnperf.kernels import batch_norm as bn_kernels
+from nnperf.kernels import depthwise as dw_kernels
+from nnperf.kernels import max_pool as pool_kernels
 from nnperf.kernels.attention import (
     EFFICIENT,
     FLEX,
@@ -45,6 +55,7 @@ from nnperf.kernels.attention import (
 )
 from nnperf.kernels.gemm import GemmEstimate, estimate_gemm
 from nnperf.kernels.grouped_gemm import GroupedGemmEstimate, estimate_grouped_gemm
+from nnperf.kernels.native_loops import LoopKernel, loop_kernel_time
 from nnperf.kernels.rnn import cudnn_algorithm, estimate_rnn
 from nnperf.passes.costs import grouped as grouped_costs
 from nnperf.passes.costs import norms as norm_costs
@@ -52,6 +63,7 @@ from nnperf.passes.costs import registry as cat
 from nnperf.passes.costs import rnn as rnn_costs
 from nnperf.passes.costs.matmul import (
     conv_geometry,
+    input_channel_bytes,
     is_depthwise,
     nchw_transposes,
     winograd_fraction,
@@ -226,6 +238,14 @@ class KernelModel:
             return self._matrix(count, base)
         if category == cat.ATTENTION:
             return self._attention(count, base)
+        if category == cat.NORM:
+            call = bn_kernels.call_of(count.event)
+            if call is not None:
+                return self._batch_norm(count, call, base)
+        if count.op in (pool_kernels.FORWARD, pool_kernels.BACKWARD):
+            call = pool_kernels.call_of(count.event)
+            if call is not None and not call.channels_last:
+                return self._max_pool(count, call, base)
         if category in (cat.ALLOC, cat.HOST, cat.COMMUNICATION):
             # no kernel on the compute stream (a collective runs on the communication
             # stream: passes.comm_timeline)
@@ -247,19 +267,23 @@ class KernelModel:
             # tensors (count.bytes), not the im2col matrix the GEMM shape implies. Each pass
             # runs at its class's efficiency relative to a cuBLAS GEMM of its shape.
             stride, positions = conv_geometry(count.event)
+            channel_bytes = input_channel_bytes(count.event)
             model_compute = sum(
                 e.model_compute_s * self._algorithm(count, g.gemm.role, e)
-                / self.profile.conv_efficiency_of(stride, positions, g.gemm.role, e.math_unit)
+                / self.profile.conv_efficiency_of(stride, positions, g.gemm.role, e.math_unit, channel_bytes)
                 for g, e in zip(gemms, ests, strict=True))
             memory, model_memory = self._traffic(count)
             reduction = sum(e.reduction_s for e in ests)
             # tensor-core kernels are NHWC: NCHW tensors are transposed in and out, each a
-            # read and a write at the achievable bandwidth, one kernel each
-            # (memory traffic of their own, reported in the modeled memory term)
-            moved = nchw_transposes(count.event) if ests and ests[0].math_unit == "tensor" else []
+            # read and a write at the rate cuDNN's layout conversions reach (``transpose_time``),
+            # one kernel each (memory traffic of their own, reported in the modeled memory term)
+            measured_layouts = self.profile.layout_transpose_bytes_per_clock_sm > 0
+            moved = (nchw_transposes(count.event, pointwise_native=measured_layouts)
+                     if ests and ests[0].math_unit == "tensor" else [])
             transposes = len(moved)
             overhead += transposes * self.profile.kernel_overhead_s
-            layout_s = sum(self.profile.memory_time(self.gpu.memory_bandwidth, 2 * b) for b in moved)
+            backward = count.op == "aten.convolution_backward"
+            layout_s = sum(transpose_time(2 * b, self.gpu, self.profile, backward) for b in moved)
             kernel = max(model_compute, model_memory) + reduction + layout_s + overhead
             model_memory += layout_s
         else:
@@ -346,15 +370,55 @@ class KernelModel:
         return min(1.0, fraction) if fraction is not None else 1.0
 
     def _direct_conv(self, count: OpCount, base: dict[str, Any]) -> OpTime:
-        """A depthwise convolution's direct kernels (``passes.costs.matmul.is_depthwise``):
-        its tensors once through DRAM at the achievable bandwidth, or its FMAs on the CUDA
-        cores in fp32 (the kernels' accumulate type), whichever is longer; one kernel per
-        gradient in backward. With K = R*S (9..49) MACs per output element and no reuse
-        across channels its arithmetic intensity is a few FLOP/byte, so it is bandwidth-bound
-        on every GPU in the catalog (an 8x8 tensor-core tile would sit 7/8 idle on it).
-        Each gradient is a kernel of its own that reads the output gradient (PyTorch's
-        ``conv_depthwise2d_backward_kernel`` and ``..._grad_weight_kernel``; cuDNN's
-        BackwardData and BackwardFilter), so with both it is read twice."""
+        """A depthwise convolution's direct kernels (``kernels.depthwise``): each tap loop at
+        the profile's measured rate for its kernel family (``depthwise_rate``), never faster
+        than its bytes at the achievable bandwidth; PyTorch's NCHW weight gradient as the
+        latency-bound loop it is (``kernels.native_loops``). cuDNN's gradient passes are
+        each one forward's taps. Without a rate for the family (or a call of another rank), the
+        op's tensors once through DRAM or its FMAs on the CUDA cores, whichever is longer."""
+        call = dw_kernels.call_of(count.event)
+        rate = dw_kernels.rate(call, self.gpu, self.profile) if call is not None else None
+        if call is None or rate is None:
+            return self._direct_conv_roofline(count, base)
+        grad_output = count.event.args[0] if call.backward else None
+        x = count.event.args[1] if call.backward else count.event.args[0]
+        loops: list[LoopKernel] = []
+        tap_s = 0.0
+        kernels = 0
+        if not call.backward:
+            tap_s = max(call.output_macs / rate, self.profile.memory_time(self.gpu.memory_bandwidth, count.bytes))
+            kernels = 1
+        elif call.path == "native":
+            if call.want_input_grad:  # reads dy, writes dx
+                moved = grad_output.nbytes + x.nbytes
+                tap_s += max(call.input_taps / rate, self.profile.memory_time(self.gpu.memory_bandwidth, moved))
+                kernels += 1
+            if call.want_weight_grad:
+                loops.append(dw_kernels.grad_weight_loop(call, grad_output.nbytes, x.nbytes))
+        else:
+            for wanted in (call.want_input_grad, call.want_weight_grad):
+                if wanted:  # each cuDNN gradient pass reads dy and one more tensor
+                    moved = grad_output.nbytes + x.nbytes
+                    tap_s += max(call.output_macs / rate, self.profile.memory_time(self.gpu.memory_bandwidth, moved))
+                    kernels += 1
+        loop_s = sum(loop_kernel_time(k, self.gpu, self.profile) for k in loops)
+        kernels += len(loops)
+        overhead = kernels * self.profile.kernel_overhead_s
+        model_compute = tap_s  # instruction-bound tap loops
+        model_memory = loop_s  # latency-bound weight-gradient loops
+        return OpTime(
+            kernels=kernels, kernel_s=model_compute + model_memory + overhead,
+            compute_s=count.flops / self._vector_peak, memory_s=count.bytes / self.gpu.memory_bandwidth,
+            peak_flops=self._vector_peak, math="fp32" if count.flops else "",
+            bound=_bound(model_compute, model_memory, overhead), model_compute_s=model_compute,
+            model_memory_s=model_memory, overhead_s=overhead, **base,
+        )
+
+    def _direct_conv_roofline(self, count: OpCount, base: dict[str, Any]) -> OpTime:
+        """A depthwise convolution without a measured rate: its tensors once through DRAM at
+        the achievable bandwidth, or its FMAs on the CUDA cores in fp32 (the kernels'
+        accumulate type), whichever is longer; one kernel per gradient in backward, each
+        reading the output gradient (so with both it is read twice)."""
         kernels = max(1, len(count.gemms))
         grad_output = count.event.args[0]
         reread = (kernels - 1) * grad_output.nbytes if count.op == "aten.convolution_backward" else 0.0
@@ -467,9 +531,59 @@ class KernelModel:
         sweep = float(sum(t.nbytes for t in norm_costs.second_reads(count.event)))
         return sweep if sweep > self._l2_holds else 0.0
 
-    def _streaming(self, count: OpCount, base: dict[str, Any]) -> OpTime:
-        tensors = int(count.info.get("tensors", 1))
-        kernels = max(1, math.ceil(tensors / self.profile.foreach_tensors_per_kernel))
+    def _batch_norm(self, count: OpCount, call: bn_kernels.BatchNormCall, base: dict[str, Any]) -> OpTime:
+        """A batch norm as the backend PyTorch picks runs it (``kernels.batch_norm``): cuDNN's
+        and the native channels-last kernels stream the op's bytes (a second sweep where the
+        first overflowed the L2); the native NCHW kernels are per-thread loops whose time is
+        their iterations' round trips (``kernels.native_loops``), plus the small kernels over
+        per-channel vectors beside them."""
+        rank = len(count.event.args[1 if call.backward else 0].shape)
+        plan = bn_kernels.launches(call, bn_kernels.uses_cudnn(call, rank))
+        if plan.streamed and not plan.loops:
+            t = self._streaming(count, base, kernels=plan.streamed)
+            extra = plan.small * self.profile.kernel_overhead_s
+            t.kernels += plan.small
+            t.kernel_s += extra
+            t.overhead_s += extra
+            return t
+        return self._loops(count, plan.loops, plan.streamed + plan.small, base)
+
+    def _max_pool(self, count: OpCount, call: pool_kernels.MaxPoolCall, base: dict[str, Any]) -> OpTime:
+        """NCHW max pooling (``kernels.max_pool``): the window loop of the forward, or the
+        backward's zero fill of the input gradient (a streaming write) and its loop over the
+        outputs covering each input element."""
+        t = self._loops(count, [pool_kernels.nchw_loop(call)], 0, base)
+        if call.backward:  # gradInput.zero_()
+            fill = self.profile.memory_time(self.gpu.memory_bandwidth, count.event.outputs[0].nbytes)
+            t.kernels += 1
+            t.model_memory_s += fill
+            t.overhead_s += self.profile.kernel_overhead_s
+            t.kernel_s += fill + self.profile.kernel_overhead_s
+        return t
+
+    def _loops(self, count: OpCount, loops: tuple[LoopKernel, ...] | list[LoopKernel], others: int,
+               base: dict[str, Any]) -> OpTime:
+        """An op run as per-thread loop kernels (``kernels.native_loops``) and ``others`` kernels
+        charged their launch only (the loops' bytes carry the op's traffic). The loops' time is
+        memory time (latency or bandwidth), reported as the modeled memory term."""
+        memory = count.bytes / self.gpu.memory_bandwidth
+        model_memory = sum(loop_kernel_time(k, self.gpu, self.profile) for k in loops)
+        model_compute = count.flops / (self._vector_peak * self.profile.cuda_core_fraction)
+        kernels = len(loops) + others
+        overhead = kernels * self.profile.kernel_overhead_s
+        return OpTime(
+            kernels=kernels, kernel_s=max(model_compute, model_memory) + overhead,
+            compute_s=count.flops / self._vector_peak, memory_s=memory, peak_flops=self._vector_peak,
+            bound=_bound(model_compute, model_memory, overhead), model_compute_s=model_compute,
+            model_memory_s=model_memory, overhead_s=overhead, **base,
+        )
+
+    def _streaming(self, count: OpCount, base: dict[str, Any], kernels: int | None = None) -> OpTime:
+        """Bytes at the achievable bandwidth (or FLOPs on the CUDA cores) in ``kernels`` equal
+        kernels: by default one, or one per ``foreach_tensors_per_kernel`` tensors of a foreach op."""
+        if kernels is None:
+            tensors = int(count.info.get("tensors", 1))
+            kernels = max(1, math.ceil(tensors / self.profile.foreach_tensors_per_kernel))
         memory, model_memory = self._traffic(count, kernels, reread=self._second_sweep_bytes(count))
         model_compute = count.flops / (self._vector_peak * self.profile.cuda_core_fraction)
         overhead = kernels * self.profile.kernel_overhead_s
@@ -485,6 +599,22 @@ class KernelModel:
             overhead_s=overhead,
             **base,
         )
+
+
+def transpose_time(moved: float, gpu: GPU, profile: DeviceProfile, backward: bool = False) -> float:
+    """Seconds of a cuDNN layout conversion reading and writing ``moved`` bytes in all: for a
+    forward pass at ``layout_transpose_bytes_per_clock_sm`` per SM and boost clock where
+    measured (the H200's conversions ran at a quarter of its DRAM bandwidth, so the SMs, not
+    DRAM, set their pace), never faster than the achievable DRAM bandwidth; at that bandwidth
+    where not measured (0) and for the gradients' conversions, which no microbenchmark has
+    timed yet (``validation/kernel_bench.py`` does). Where measured, the forward pass of a
+    pointwise convolution converts nothing (``passes.costs.matmul.nchw_transposes``), as the
+    same calibration found."""
+    dram = profile.memory_time(gpu.memory_bandwidth, moved)
+    per_clock = profile.layout_transpose_bytes_per_clock_sm
+    if per_clock <= 0 or backward:
+        return dram
+    return max(moved / (per_clock * gpu.sm_count * gpu.boost_clock_mhz * 1e6), dram)
 
 
 def _sdpa_call(event: OpEvent, backward: bool, train: bool) -> SdpaCall | None:

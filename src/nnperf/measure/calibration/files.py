@@ -66,20 +66,22 @@ class Outputs:
         return [p for p in (self.profile, self.raw, self.device) if p is not None]
 
 
-def profile_text(cal: Calibration, gpu: GPU | None) -> str:
-    """The profile TOML derived from ``cal``, with its ``[measured]`` headline table."""
+def profile_text(cal: Calibration, gpu: GPU | None, kernel_bench: dict[str, Any] | None = None) -> str:
+    """The profile TOML derived from ``cal`` (and a kernel-bench document's rows, if given),
+    with its ``[measured]`` headline table."""
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp) / "profile.toml"
-        save_profile(build_profile(cal, gpu), scratch)
+        save_profile(build_profile(cal, gpu, kernel_bench), scratch)
         return scratch.read_text() + "\n" + toml_text({"measured": measured_table(cal)})
 
 
-def write_outputs(cal: Calibration, gpu: GPU | None, outputs: Outputs) -> None:
+def write_outputs(cal: Calibration, gpu: GPU | None, outputs: Outputs,
+                  kernel_bench: dict[str, Any] | None = None) -> None:
     """Write every output atomically: temp files in the same folder, renamed only when all are
     written. An incomplete calibration is refused (nothing is ever written as if complete)."""
     if not cal.complete:
         raise ValueError("refusing to write an incomplete calibration as a profile")
-    texts: dict[Path, str] = {outputs.profile: profile_text(cal, gpu)}
+    texts: dict[Path, str] = {outputs.profile: profile_text(cal, gpu, kernel_bench)}
     texts[outputs.raw] = json.dumps(cal.to_json(), indent=2) + "\n"
     if outputs.device is not None:
         texts[outputs.device] = "# nnperf device description of this CPU (use with --gpu-file)\n" + toml_text(

@@ -10,8 +10,10 @@ from typing import Any
 
 from nnperf.hardware import GPU, DeviceProfile, default_profile
 from nnperf.hardware.profile import (
+    LOW_CHANNEL_BYTES,
     WIDE_HEAD_DIM,
     WIDE_HEAD_KERNELS,
+    Curve,
     interpolate,
     unmeasured_host_parts,
 )
@@ -36,8 +38,10 @@ def peak_for_fraction(cal: Calibration, dtype: str, gpu: GPU | None) -> float | 
     return cal.best_gemm_flops(dtype)
 
 
-def build_profile(cal: Calibration, gpu: GPU | None) -> DeviceProfile:
-    """A ``DeviceProfile`` from measurements; ``gpu`` None means a CPU calibration."""
+def build_profile(cal: Calibration, gpu: GPU | None, kernel_bench: dict[str, Any] | None = None) -> DeviceProfile:
+    """A ``DeviceProfile`` from measurements; ``gpu`` None means a CPU calibration.
+    ``kernel_bench``: a ``validation/kernel_bench.py`` document whose rows set the kernel
+    constants it measures (``kernel_bench.kernel_bench_changes``), on a GPU."""
     base = default_profile(gpu)
     changes: dict[str, Any] = {}
     curves = {}
@@ -101,13 +105,31 @@ def build_profile(cal: Calibration, gpu: GPU | None) -> DeviceProfile:
         changes.update(attention_fractions(cal, gpu))
         if "wide_head_attention" in changes:  # passes it did not measure keep the default
             changes["wide_head_attention"] = {**base.wide_head_attention, **changes["wide_head_attention"]}
+    if gpu is not None:
+        transposes = layout_transpose_rate(cal, gpu)
+        if transposes:
+            changes["layout_transpose_bytes_per_clock_sm"] = transposes
+        modeled = dataclasses.replace(base, **{k: v for k, v in changes.items() if k in (
+            "gemm_efficiency", "conv_efficiency_scale", "layout_transpose_bytes_per_clock_sm", "kernel_overhead_s")})
+        stem = low_channel_efficiency(cal, gpu, modeled)
+        if stem:
+            changes["conv_efficiency"] = {**base.conv_efficiency, "low_channel_forward": stem}
+        depthwise = depthwise_rates(cal, gpu)
+        if depthwise:  # families it did not measure keep the default
+            changes["depthwise_rate"] = {**base.depthwise_rate, **depthwise}
     misaligned = misaligned_penalty(cal, gpu, base) if gpu is not None else None
     if misaligned:
-        changes["alignment_penalty"] = {**base.alignment_penalty, "16B": misaligned}
+        changes["alignment_penalty"] = {**base.alignment_penalty, "16B": misaligned,
+                                        **misaligned_penalties(cal, gpu, base)}
     note = (
         f"measured by nnperf calibrate{' --quick' if cal.quick else ''} on {cal.device_name} "
         f"({cal.device}), {cal.date}, torch {cal.torch_version}"
     )
+    if gpu is not None and kernel_bench is not None:
+        from nnperf.measure.calibration.kernel_bench import kernel_bench_changes
+
+        changes.update(kernel_bench_changes(kernel_bench, gpu, dataclasses.replace(base, **changes)))
+        note += f"; kernels from kernel-bench ({kernel_bench.get('environment', {}).get('date', 'undated')})"
     return dataclasses.replace(base, gpu=gpu.id if gpu else "cpu", note=note, **changes)
 
 
@@ -269,16 +291,16 @@ TENSOR_DTYPES = ("fp16", "bf16", "tf32")
 MISALIGNED_MIN_N = 2048
 
 
-def misaligned_penalty(cal: Calibration, gpu: GPU, base: DeviceProfile) -> float | None:
-    """The 16-byte alignment penalty the GEMM model should use on this GPU, measured: the
-    (n+1)^3 GEMM's rate over the n^3 one's, divided by what the model gives that ratio with no
-    alignment penalty (the extra tile row/column of n+1 costs time too), median over tensor-core
-    dtypes and sizes >= ``MISALIGNED_MIN_N``; None without such pairs."""
+def misaligned_ratios(cal: Calibration, gpu: GPU, base: DeviceProfile) -> dict[str, list[float]]:
+    """Per tensor-core dtype, each (n+1)^3 GEMM's rate over the n^3 one's, divided by what the
+    model gives that ratio with no alignment penalty (the extra tile row/column of n+1 costs
+    time too), for sizes >= ``MISALIGNED_MIN_N``."""
     from nnperf.kernels.gemm import estimate_gemm
 
-    neutral = base.replace(alignment_penalty={**base.alignment_penalty, "16B": 1.0})
+    neutral = base.replace(alignment_penalty={k: 1.0 if k.startswith("16B") else v
+                                              for k, v in {**base.alignment_penalty, "16B": 1.0}.items()})
     square = {(g["dtype"], g["n"]): g for g in cal.gemm if g["kind"] == "square"}
-    ratios = []
+    ratios: dict[str, list[float]] = {}
     for g in cal.gemm:
         pair = square.get((g["dtype"], g["n"] - 1))
         if g["kind"] != "misaligned" or g["dtype"] not in TENSOR_DTYPES or pair is None or pair["n"] < MISALIGNED_MIN_N:
@@ -290,8 +312,23 @@ def misaligned_penalty(cal: Calibration, gpu: GPU, base: DeviceProfile) -> float
         except Exception:  # the GPU has no unit for this dtype
             continue
         measured = pair["time_s"] / g["time_s"]
-        ratios.append(min(1.0, max(0.05, measured / modeled)))
-    return Spread.of(ratios).median if ratios else None
+        ratios.setdefault(g["dtype"], []).append(min(1.0, max(0.05, measured / modeled)))
+    return ratios
+
+
+def misaligned_penalty(cal: Calibration, gpu: GPU, base: DeviceProfile) -> float | None:
+    """The 16-byte alignment penalty the GEMM model should use on this GPU for a dtype without
+    its own: the median of ``misaligned_ratios`` over every tensor-core dtype and size; None
+    without such pairs."""
+    every = [r for ratios in misaligned_ratios(cal, gpu, base).values() for r in ratios]
+    return Spread.of(every).median if every else None
+
+
+def misaligned_penalties(cal: Calibration, gpu: GPU, base: DeviceProfile) -> dict[str, float]:
+    """``alignment_penalty`` entries per dtype (``"16B.bf16"``...): each dtype's median of
+    ``misaligned_ratios``. cuBLAS's fallback kernels differ by dtype: on the H200 a misaligned
+    bf16 or fp16 GEMM kept 0.15-0.20 of the aligned rate, a TF32 one 0.24-0.32."""
+    return {f"16B.{dtype}": Spread.of(ratios).median for dtype, ratios in misaligned_ratios(cal, gpu, base).items()}
 
 
 def conv_efficiency_scale(cal: Calibration, gpu: GPU | None, base: DeviceProfile,
@@ -300,9 +337,11 @@ def conv_efficiency_scale(cal: Calibration, gpu: GPU | None, base: DeviceProfile
     imply. The table says how fast a convolution pass runs against a cuBLAS GEMM of its
     implicit-GEMM shape (M = batch x output positions, N = output channels, K = input channels
     x kernel area), so on a GPU each dense channels_last forward convolution of the variants
-    (no layout transposes, which the model charges apart) is set against the GEMM model's time
-    for that shape (``gemm_profile``: the profile with the measured GEMM curves): median of
-    (modeled GEMM time / measured time) over the table's value for its class. Where no such
+    (no layout transposes, which the model charges apart) is set against the GEMM model's
+    compute time for that shape (``gemm_profile``: the profile with the measured GEMM curves),
+    the term the time model divides by the class's efficiency (``passes.timing``; the GEMM's
+    own memory term counts the im2col matrix, which an implicit GEMM never writes): median of
+    (modeled compute time / measured time) over the table's value for its class. Where no such
     variant was measured (a CPU, older raw files), each convolution's rate against the GEMM
     rate at its FLOPs stands in. The table's shape (strided, small, backward) stays as derived."""
     ratios = []
@@ -320,7 +359,7 @@ def conv_efficiency_scale(cal: Calibration, gpu: GPU | None, base: DeviceProfile
                 continue
             table = (base.conv_efficiency_of(c["stride"], out_hw * out_hw, "forward", _math_unit(gpu, dtype))
                      / base.conv_efficiency_scale)
-            ratios.append(gemm.time_s / c["time_s"] / table)
+            ratios.append(gemm.model_compute_s / c["time_s"] / table)
     else:
         for c in cal.conv:
             curve = gemm_rates(cal, c["dtype"])
@@ -333,6 +372,93 @@ def conv_efficiency_scale(cal: Calibration, gpu: GPU | None, base: DeviceProfile
     if not ratios:
         return None
     return min(2.0, max(0.05, Spread.of(ratios).median))
+
+
+def low_channel_efficiency(cal: Calibration, gpu: GPU, profile: DeviceProfile) -> float | None:
+    """``conv_efficiency["low_channel_forward"]`` from the convolutions measured with fewer
+    input-channel bytes per pixel than one 16-byte vector (``LOW_CHANNEL_BYTES``: an RGB stem):
+    the GEMM model's compute time for the implicit GEMM (``profile``: the measured GEMM curves)
+    over the measured time less the NCHW transposes and launches the time model adds around it,
+    divided by ``conv_efficiency_scale`` (which multiplies every class); the median over such
+    rows, None without one."""
+    from nnperf.kernels.gemm import estimate_gemm
+    from nnperf.passes.timing import transpose_time
+
+    values = []
+    needed = ("dtype", "batch", "in_channels", "hw", "out_channels", "kernel", "stride", "time_s")
+    for c in [*cal.conv, *cal.conv_variants]:
+        if not all(k in c for k in needed):
+            continue  # an older raw file's row without the convolution's shape
+        itemsize = 2 if c["dtype"] in ("bf16", "fp16") else 4
+        groups = c.get("groups", 1)
+        if c["in_channels"] // groups * itemsize >= LOW_CHANNEL_BYTES or c.get("kind") == "depthwise":
+            continue
+        if c["dtype"] == "fp32" and not c.get("tf32", True):
+            continue  # CUDA cores: no tensor-core class
+        out_hw = _out_hw(c)
+        try:
+            gemm = estimate_gemm(c["batch"] * out_hw * out_hw, c["out_channels"] // groups,
+                                 c["in_channels"] // groups * c["kernel"] ** 2, batch=groups, dtype=c["dtype"],
+                                 gpu=gpu, profile=profile, tf32=bool(c.get("tf32", True)))
+        except Exception:  # the GPU has no unit for this dtype
+            continue
+        kernels, transposed = 1, 0.0
+        if c.get("layout", "nchw") == "nchw":
+            kernels = 3
+            moved = 2 * itemsize * (c["batch"] * c["in_channels"] * c["hw"] ** 2
+                                    + c["out_channels"] * c["in_channels"] // groups * c["kernel"] ** 2)
+            transposed = transpose_time(moved, gpu, profile)
+        own = c["time_s"] - transposed - kernels * profile.kernel_overhead_s
+        if own > 0:
+            values.append(gemm.model_compute_s / own / profile.conv_efficiency_scale)
+    return min(2.0, Spread.of(values).median) if values else None
+
+
+def layout_transpose_rate(cal: Calibration, gpu: GPU) -> float | None:
+    """``layout_transpose_bytes_per_clock_sm`` from the convolution variants measured in both layouts:
+    for each tensor-core convolution (dense or grouped, not depthwise or pointwise) timed on
+    NCHW and on channels-last tensors of the same shape, dtype and TF32 setting, the bytes
+    cuDNN transposes in the forward pass (input and filter, read and written:
+    ``passes.costs.matmul.nchw_transposes``) over the extra time, per SM and boost clock; the
+    median over pairs. None without a pair (or where NCHW was not slower)."""
+    def key(c: dict[str, Any]) -> tuple:
+        return c["kind"], c["dtype"], bool(c.get("tf32")), c["batch"], c["in_channels"], c["hw"], \
+            c["out_channels"], c["kernel"], c["stride"], c.get("groups", 1)
+
+    rows = [c for c in informative(cal.conv_variants, cal) if c["kind"] in ("dense", "grouped") and c["kernel"] > 1]
+    if not any(c["dtype"] != "fp32" or c.get("tf32") for c in rows):
+        return None
+    last = {key(c): c for c in rows if c.get("layout") == "channels_last"}
+    shares = []
+    for c in rows:
+        pair = last.get(key(c))
+        if c.get("layout") != "nchw" or pair is None or (c["dtype"] == "fp32" and not c.get("tf32")):
+            continue
+        extra = c["time_s"] - pair["time_s"]
+        itemsize = 2 if c["dtype"] in ("bf16", "fp16") else 4
+        moved = 2 * itemsize * (c["batch"] * c["in_channels"] * c["hw"] ** 2
+                                + c["out_channels"] * c["in_channels"] // c.get("groups", 1) * c["kernel"] ** 2)
+        if extra > 0:
+            shares.append(moved / extra / (gpu.sm_count * gpu.boost_clock_mhz * 1e6))
+    return Spread.of(shares).median if shares else None
+
+
+def depthwise_rates(cal: Calibration, gpu: GPU) -> dict[str, Curve]:
+    """``depthwise_rate`` from the depthwise convolution variants that timed the device: per
+    kernel family (``kernels.depthwise``: PyTorch's direct NCHW kernels for bf16 and fp32,
+    cuDNN's for channels-last and fp16) and kernel area, the median MACs (output elements x
+    R*S) per SM per clock at the GPU's boost clock."""
+    rows = informative([c for c in cal.conv_variants if c["kind"] == "depthwise"], cal)
+    rates: dict[str, dict[int, list[float]]] = {}
+    per_second = gpu.sm_count * gpu.boost_clock_mhz * 1e6
+    for c in rows:
+        path = "cudnn" if c.get("layout") == "channels_last" or c["dtype"] == "fp16" else "native"
+        key = f"{path}_{'fp32' if c['dtype'] in ('fp32', 'tf32') else 'bf16'}"
+        taps = c["kernel"] ** 2
+        macs = c["batch"] * c["out_channels"] * _out_hw(c) ** 2 * taps
+        rates.setdefault(key, {}).setdefault(taps, []).append(macs / c["time_s"] / per_second)
+    return {key: tuple((float(t), Spread.of(v).median) for t, v in sorted(by_taps.items()))
+            for key, by_taps in rates.items()}
 
 
 def _out_hw(conv: dict[str, Any]) -> int:

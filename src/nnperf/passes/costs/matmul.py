@@ -159,12 +159,25 @@ def conv_geometry(event: OpEvent) -> tuple[int, int]:
     return max((int(s) for s in stride), default=1), numel(out.shape[2:])
 
 
+def input_channel_bytes(event: OpEvent) -> int | None:
+    """Bytes of one pixel's input channels per group of a forward convolution on NCHW tensors
+    (3 x 2 for a bf16 RGB stem), what ``DeviceProfile.conv_efficiency_of`` asks; None for a
+    backward event, a transposed convolution or a channels-last input (the low-channel class
+    was measured on NCHW tensors only)."""
+    if event.name == "aten.convolution_backward":
+        return None
+    x, _w, transposed, groups = _conv_params(event)
+    if transposed or not _nchw(x):
+        return None
+    return x.shape[1] // max(1, groups) * x.itemsize
+
+
 def channels_last(t: TensorMeta) -> bool:
     """A 4-D tensor laid out NHWC in memory (``torch.channels_last``): its channel stride is 1."""
     return len(t.shape) == 4 and t.shape[1] > 1 and t.stride[1] == 1
 
 
-def nchw_transposes(event: OpEvent) -> list[int]:
+def nchw_transposes(event: OpEvent, pointwise_native: bool = False) -> list[int]:
     """Bytes of each tensor cuDNN transposes around a tensor-core convolution of NCHW tensors.
 
     Tensor-core convolutions run natively in NHWC: "Choose tensor layouts in memory to avoid
@@ -181,7 +194,14 @@ def nchw_transposes(event: OpEvent) -> list[int]:
     ``nhwcToNchwKernel`` turns back. So: forward, input and filter; backward, the output
     gradient, then the filter and the input gradient back (data gradient) and the input and
     the filter gradient back (weight gradient). Empty when the input is channels_last (PyTorch
-    hands cuDNN NHWC tensors) or not 4-D."""
+    hands cuDNN NHWC tensors) or not 4-D, and, with ``pointwise_native`` (where cuDNN's layout
+    handling was measured: ``passes.timing``), for the forward pass of a pointwise convolution
+    (1x1, stride 1, no padding, one group), a GEMM over each image's (C, H*W) matrix in NCHW as
+    it is: on the H200 (validation/data/h200-sxm/profile.json, conv rows) a bf16 NCHW 1x1
+    convolution 256 -> 64 at 56x56, batch 32, took 21.8 us, 2.9 TB/s over its own tensors,
+    where the transposes alone would take longer than that at the rate the 3x3 pairs measure
+    (``layout_transpose_bytes_per_clock_sm``). Its gradients keep their transposes: no
+    backward pass was measured."""
     if event.name == "aten.convolution_backward":
         grad_out, x, w = event.args[0], event.args[1], event.args[2]
         if not _nchw(x):
@@ -194,9 +214,18 @@ def nchw_transposes(event: OpEvent) -> list[int]:
             out += [x.nbytes, w.nbytes]  # input in, filter gradient back
         return out
     x, w = event.args[0], event.args[1]
-    if not _nchw(x):
+    stride = event.args[3] if len(event.args) > 3 else [1]
+    padding = event.args[4] if len(event.args) > 4 else [0]
+    if not _nchw(x) or (pointwise_native and _pointwise(w, stride, padding, _conv_params(event)[3])):
         return []
     return [x.nbytes, w.nbytes]
+
+
+def _pointwise(w: object, stride: object, padding: object, groups: int) -> bool:
+    """A 1x1 convolution with stride 1, no padding and one group."""
+    ones = isinstance(w, TensorMeta) and all(k == 1 for k in w.shape[2:])
+    return (ones and groups == 1 and all(int(s) == 1 for s in (stride or [1]))
+            and all(int(p) == 0 for p in (padding or [0])))
 
 
 #: Winograd F(2x2, 3x3): a 2x2 output tile from a 4x4 input tile costs 16 multiplies instead
