@@ -14,6 +14,7 @@ from nnperf.analysis import analyze
 from nnperf.hardware import default_profile, load_gpu
 from nnperf.kernels import batch_norm as bn
 from nnperf.kernels.native_loops import loop_kernel_time
+from nnperf.passes.kernel_calls import batch_norm_call
 from nnperf.prediction import predict_analysis
 
 
@@ -42,11 +43,11 @@ def bf16_train():
 
 
 def test_the_call_of_a_bf16_autocast_batch_norm(bf16_train):
-    fwd = bn.call_of(_events(bf16_train, "aten.native_batch_norm")[0])
+    fwd = batch_norm_call(_events(bf16_train, "aten.native_batch_norm")[0])
     assert (fwd.batch, fwd.channels, fwd.spatial, fwd.itemsize) == (64, 64, 112 * 112, 2)
     assert fwd.input_dtype == "bf16" and fwd.weight_dtype == "fp32" and fwd.training and not fwd.backward
     assert fwd.contiguous and not fwd.channels_last
-    bwd = bn.call_of(_events(bf16_train, "aten.native_batch_norm_backward")[0])
+    bwd = batch_norm_call(_events(bf16_train, "aten.native_batch_norm_backward")[0])
     # the convolution before it has weights, so its output (the input here) needs a gradient
     assert bwd.backward and bwd.want_input_grad and bwd.want_param_grads
 
@@ -114,7 +115,7 @@ def test_the_time_model_sums_the_loops_and_launches(bf16_train):
     profile = default_profile(gpu)
     prediction = predict_analysis(bf16_train, gpu, profile)
     fwd = next(t for t in prediction.step.ops if t.op == "aten.native_batch_norm")
-    call = bn.call_of(fwd.count.event)
+    call = batch_norm_call(fwd.count.event)
     stats, transform = bn.launches(call, cudnn=False).loops
     by_hand = sum(math.ceil(k.blocks / (4 * 132)) * k.iterations * profile.loop_iteration_cycles / 1980e6
                   for k in (stats, transform))

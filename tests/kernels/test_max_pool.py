@@ -10,6 +10,7 @@ from nnperf.analysis import analyze
 from nnperf.hardware import default_profile, load_gpu
 from nnperf.kernels import max_pool
 from nnperf.kernels.native_loops import loop_kernel_time
+from nnperf.passes.kernel_calls import max_pool_call
 from nnperf.prediction import predict_analysis
 
 
@@ -45,7 +46,7 @@ def resnet_stem():
 def test_the_calls_and_loops_of_resnets_stem_pool(resnet_stem):
     fwd_event = next(e for e in resnet_stem.trace.events if e.name == max_pool.FORWARD)
     bwd_event = next(e for e in resnet_stem.trace.events if e.name == max_pool.BACKWARD)
-    fwd, bwd = max_pool.call_of(fwd_event), max_pool.call_of(bwd_event)
+    fwd, bwd = max_pool_call(fwd_event), max_pool_call(bwd_event)
     assert (fwd.batch, fwd.channels, fwd.in_hw, fwd.out_hw) == (64, 64, (112, 112), (56, 56))
     assert fwd.kernel == (3, 3) and fwd.stride == (2, 2) and fwd.padding == (1, 1) and bwd.backward
     # mean taps per output: rows (2 + 55 x 3) / 56 squared
@@ -65,7 +66,7 @@ def test_the_backward_adds_its_zero_fill(resnet_stem):
     profile = default_profile(gpu)
     ops = {t.op: t for t in predict_analysis(resnet_stem, gpu, profile).step.ops}
     bwd = ops[max_pool.BACKWARD]
-    loop = max_pool.nchw_loop(max_pool.call_of(bwd.count.event))
+    loop = max_pool.nchw_loop(max_pool_call(bwd.count.event))
     fill = profile.memory_time(gpu.memory_bandwidth, 64 * 64 * 112 * 112 * 2)
     assert bwd.kernels == 2
     assert bwd.kernel_s == pytest.approx(loop_kernel_time(loop, gpu, profile) + fill + 2 * profile.kernel_overhead_s)

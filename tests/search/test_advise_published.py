@@ -91,9 +91,9 @@ def test_cuda_graphs_gpt_fast_graphed_step():
     assert abs(predicted / published - 1) <= 0.25, r.lines()
 
 
-@pytest.mark.xfail(strict=True, reason="known miss: eager decoding predicted 18 ms/token against the blog's "
-                                       "39 ms (the host's dispatch cost per op is under-predicted ~2x for "
-                                       "gpt-fast's eager loop), so the gain is +101% against +320%")
 def test_cuda_graphs_gpt_fast_gain():
+    """The blog's +320% within +-50%. The eager step is still predicted short (25.5 ms against
+    39.2 ms: the host model's per-op costs come from other hosts than the blog's), which is why
+    the predicted gain sits in the lower half of the tolerance."""
     r = GPT_FAST()
     assert _gain_within(r, 107.0 / 25.5, 107.0 / 25.5), r.lines()

@@ -35,7 +35,6 @@ import math
 from dataclasses import dataclass
 
 from nnperf.kernels.native_loops import LoopKernel
-from nnperf.trace.events import OpEvent, TensorMeta, dtype_name
 
 #: cuDNN's smallest batch-norm epsilon (``CUDNN_BN_MIN_EPSILON``, cudnn.h: 1e-5).
 CUDNN_MIN_EPSILON = 1e-5
@@ -49,13 +48,6 @@ MAX_GRID_SIZE = 65535
 
 BACKWARD_OPS = frozenset({"aten.native_batch_norm_backward", "aten.batch_norm_backward",
                           "aten.cudnn_batch_norm_backward", "aten.miopen_batch_norm_backward"})
-#: Forward ops that always train or never do when no ``training`` argument says.
-_TRAINS_BY_NAME = {
-    "aten._native_batch_norm_legit_no_training": False,
-    "aten._batch_norm_no_update": False,
-    "aten._batch_norm_with_update": True,
-    "aten._batch_norm_with_update_functional": True,
-}
 FORWARD_OPS = frozenset({"aten.native_batch_norm", "aten._native_batch_norm_legit",
                          "aten._native_batch_norm_legit_functional",
                          "aten._native_batch_norm_legit_no_training", "aten._batch_norm_with_update",
@@ -92,68 +84,6 @@ class BatchNormCall:
     def plane_bytes(self) -> float:
         """Bytes of one activation tensor (x, y, dy or dx)."""
         return float(self.elements * self.itemsize)
-
-
-def _layout(t: TensorMeta) -> tuple[bool, bool]:
-    """(channels-last, contiguous in some layout) of an N, C, ... tensor, as
-    ``batch_norm_choose_impl`` decides: contiguous with stride 1 on C also counts as
-    channels-last (C is then the innermost dimension)."""
-    shape, stride = t.shape, t.stride
-    if len(shape) < 2:
-        return False, True
-
-    def dense(order: list[int]) -> bool:
-        expected = 1
-        for d in reversed(order):
-            if shape[d] != 1 and stride[d] != expected:
-                return False
-            expected *= shape[d]
-        return True
-
-    dims = list(range(len(shape)))
-    if dense(dims):
-        return stride[1] == 1 and shape[1] > 1, True
-    last = [0, *dims[2:], 1]
-    return dense(last), dense(last)
-
-
-def call_of(event: OpEvent) -> BatchNormCall | None:
-    """The call ``event`` makes, or None for an op of another form (no tensor input of at
-    least two dimensions)."""
-    backward = event.name in BACKWARD_OPS
-    if not backward and event.name not in FORWARD_OPS:
-        return None
-    a = list(event.args) + [None] * 12
-    kw = event.kwargs
-    if backward:
-        # native_batch_norm_backward(grad_out, input, weight, running_mean, running_var,
-        #   save_mean, save_invstd, train, eps, output_mask)
-        x, weight, running = a[1], a[2], a[3]
-        training = bool(kw.get("train", a[7] if a[7] is not None else True))
-        eps = kw.get("eps", a[8] if isinstance(a[8], float) else 1e-5)
-        mask = kw.get("output_mask", a[9]) or [True, True, True]
-        bias_present = weight is not None  # the backward does not see the bias: affine BN has both
-    else:
-        # native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)
-        x, weight, bias, running = a[0], a[1], a[2], a[3]
-        trains = a[5] if isinstance(a[5], bool) else _TRAINS_BY_NAME.get(event.name, True)
-        training = bool(kw.get("training", trains))
-        floats = [v for v in a[5:8] if isinstance(v, float)]
-        eps = kw.get("eps", floats[-1] if floats else 1e-5)
-        mask = [True, True, True]
-        bias_present = isinstance(bias, TensorMeta)
-    if not isinstance(x, TensorMeta) or len(x.shape) < 2:
-        return None
-    channels_last, contiguous = _layout(x)
-    spatial = math.prod(x.shape[2:]) if len(x.shape) > 2 else 1
-    return BatchNormCall(
-        batch=x.shape[0], channels=x.shape[1], spatial=spatial, itemsize=x.itemsize,
-        input_dtype=dtype_name(x.dtype),
-        weight_dtype=dtype_name(weight.dtype) if isinstance(weight, TensorMeta) else None,
-        has_bias=bias_present, running_stats=isinstance(running, TensorMeta), training=training,
-        backward=backward, want_input_grad=bool(mask[0]), want_param_grads=bool(mask[1] or mask[2]),
-        channels_last=channels_last, contiguous=contiguous, eps=float(eps), numel=x.numel,
-    )
 
 
 def uses_cudnn(call: BatchNormCall, rank: int = 4) -> bool:

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from nnperf.hardware import GPU, DeviceProfile
 from nnperf.hardware.profile import interpolate
 from nnperf.kernels.native_loops import LoopKernel
-from nnperf.trace.events import OpEvent, TensorMeta, dtype_name
 
 #: ``getGradParamsNumThreads``' cap (DepthwiseConv2d.cu): "256 is better than 512 and 1024".
 GRAD_PARAMS_MAX_THREADS = 256
@@ -72,29 +71,6 @@ class DepthwiseCall:
         """Loop iterations of the native input gradient: input elements x R*S (a thread per
         input element tries every tap, stride permitting)."""
         return self.batch * self.channels * self.input_positions * self.taps
-
-
-def call_of(event: OpEvent) -> DepthwiseCall | None:
-    """The call of a depthwise ``aten.convolution`` / ``convolution_backward`` event (the
-    caller has checked ``passes.costs.matmul.is_depthwise``); None if it is not 4-D."""
-    backward = event.name == "aten.convolution_backward"
-    if backward:
-        grad_out, x, w = event.args[0], event.args[1], event.args[2]
-        mask = event.args[10]
-        out_shape = grad_out.shape
-    else:
-        x, w = event.args[0], event.args[1]
-        mask = [True, True, True]
-        out_shape = event.outputs[0].shape
-    if not isinstance(x, TensorMeta) or len(x.shape) != 4 or len(w.shape) != 4:
-        return None
-    return DepthwiseCall(
-        batch=x.shape[0], channels=w.shape[0], input_positions=x.shape[2] * x.shape[3],
-        output_positions=out_shape[2] * out_shape[3], taps=w.shape[2] * w.shape[3],
-        itemsize=x.itemsize, dtype=dtype_name(x.dtype),
-        channels_last=x.shape[1] > 1 and x.stride[1] == 1, backward=backward,
-        want_input_grad=bool(mask[0]), want_weight_grad=bool(mask[1]),
-    )
 
 
 def rate(call: DepthwiseCall, gpu: GPU, profile: DeviceProfile) -> float | None:

@@ -16,11 +16,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nnperf.kernels.native_loops import LoopKernel
-from nnperf.trace.events import OpEvent, TensorMeta
 
 #: ``BLOCK_THREADS`` of the NCHW kernels (the forward takes min(maxThreadsPerBlock, 256)).
 BLOCK_THREADS = 256
@@ -29,14 +27,6 @@ INDEX_BYTES = 8
 
 FORWARD = "aten.max_pool2d_with_indices"
 BACKWARD = "aten.max_pool2d_with_indices_backward"
-
-
-def _pair(value: Sequence[int] | int | None, default: Sequence[int]) -> tuple[int, int]:
-    if value is None or (isinstance(value, (list, tuple)) and not value):
-        return int(default[0]), int(default[-1])
-    if isinstance(value, int):
-        return value, value
-    return int(value[0]), int(value[-1])
 
 
 def window_taps(size: int, out: int, kernel: int, stride: int, pad: int, dilation: int) -> list[int]:
@@ -97,28 +87,6 @@ class MaxPoolCall:
         cols = covering(self.in_hw[1], self.out_hw[1], self.kernel[1], self.stride[1], self.padding[1],
                         self.dilation[1])
         return (sum(rows) / len(rows)) * (sum(cols) / len(cols)) if rows and cols else 0.0
-
-
-def call_of(event: OpEvent) -> MaxPoolCall | None:
-    """The call of a 2-D max pooling forward or backward event over a 4-D input; None else."""
-    backward = event.name == BACKWARD
-    if not backward and event.name != FORWARD:
-        return None
-    a = list(event.args) + [None] * 8
-    # forward: (self, kernel_size, stride, padding, dilation, ceil_mode)
-    # backward: (grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices)
-    x = a[1] if backward else a[0]
-    out = a[0] if backward else event.outputs[0]
-    params = a[2:6] if backward else a[1:5]
-    if not isinstance(x, TensorMeta) or not isinstance(out, TensorMeta) or len(x.shape) != 4:
-        return None
-    kernel = _pair(params[0], (1, 1))
-    return MaxPoolCall(
-        batch=x.shape[0], channels=x.shape[1], in_hw=(x.shape[2], x.shape[3]), out_hw=(out.shape[2], out.shape[3]),
-        kernel=kernel, stride=_pair(params[1], kernel), padding=_pair(params[2], (0, 0)),
-        dilation=_pair(params[3], (1, 1)), itemsize=x.itemsize,
-        channels_last=x.shape[1] > 1 and x.stride[1] == 1, backward=backward,
-    )
 
 
 def nchw_loop(call: MaxPoolCall) -> LoopKernel:

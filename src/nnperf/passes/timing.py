@@ -71,6 +71,7 @@ from nnperf.passes.costs.matmul import (
 from nnperf.passes.count import OpCount
 from nnperf.passes.gemms import Gemm, operand_dtype
 from nnperf.passes.host_time import HostCosts
+from nnperf.passes.kernel_calls import batch_norm_call, depthwise_call, max_pool_call
 from nnperf.passes.l2_reuse import l2_read_hits
 from nnperf.trace.events import KIND_OPT_STATE, OpEvent, Trace, dtype_name
 
@@ -239,11 +240,11 @@ class KernelModel:
         if category == cat.ATTENTION:
             return self._attention(count, base)
         if category == cat.NORM:
-            call = bn_kernels.call_of(count.event)
+            call = batch_norm_call(count.event)
             if call is not None:
                 return self._batch_norm(count, call, base)
         if count.op in (pool_kernels.FORWARD, pool_kernels.BACKWARD):
-            call = pool_kernels.call_of(count.event)
+            call = max_pool_call(count.event)
             if call is not None and not call.channels_last:
                 return self._max_pool(count, call, base)
         if category in (cat.ALLOC, cat.HOST, cat.COMMUNICATION):
@@ -376,7 +377,7 @@ class KernelModel:
         latency-bound loop it is (``kernels.native_loops``). cuDNN's gradient passes are
         each one forward's taps. Without a rate for the family (or a call of another rank), the
         op's tensors once through DRAM or its FMAs on the CUDA cores, whichever is longer."""
-        call = dw_kernels.call_of(count.event)
+        call = depthwise_call(count.event)
         rate = dw_kernels.rate(call, self.gpu, self.profile) if call is not None else None
         if call is None or rate is None:
             return self._direct_conv_roofline(count, base)
