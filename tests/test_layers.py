@@ -1,6 +1,7 @@
 """The package's layers: a module imports only from its own layer or lower ones.
 
-Low to high: the package root and errors, formatting units and hardware facts; one-kernel
+Low to high: the package root and errors, formatting units; the multi-GPU layout record;
+hardware facts; one-kernel
 models; the trace and what it is built from; passes over one trace; the two public results;
 searches over many traces; measurement; reports; the command line. A lower layer never
 imports a higher one, so a pass cannot depend on how it is displayed and a kernel model
@@ -19,6 +20,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "nnperf"
 
 LAYERS: list[set[str]] = [
     {"", "errors", "units", "vocab", "special_files"},
+    {"layout"},
     {"hardware"},
     {"kernels"},
     {"workload", "request", "zoo", "trace", "hub"},

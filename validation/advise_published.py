@@ -22,10 +22,10 @@ from pathlib import Path
 
 from nnperf.hardware import load_gpu
 from nnperf.hardware.cluster import cluster_for_gpu
+from nnperf.layout import Execution
 from nnperf.request import ModelRequest
 from nnperf.search.advise import Change, advise
 from nnperf.search.advise.sharded import evaluate_on_layout
-from nnperf.trace.distributed import Execution
 from nnperf.trace.options import TraceOptions
 
 TOLERANCE = 0.5  # of the published gain

@@ -30,10 +30,10 @@ import tomllib
 
 from nnperf.hardware.catalog import load_gpu
 from nnperf.hardware.cluster import load_cluster
+from nnperf.layout import Execution
 from nnperf.request import ModelRequest
 from nnperf.search.plan import evaluate
 from nnperf.search.plan_rank import RoleCache
-from nnperf.trace.distributed import Execution
 from nnperf.trace.options import TraceOptions
 
 ROWS = Path(__file__).parent / "multi_gpu" / "rows.toml"

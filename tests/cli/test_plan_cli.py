@@ -226,8 +226,8 @@ def test_each_engine_gets_the_fastest_layout_it_can_run():
     from types import SimpleNamespace
 
     from nnperf.cli.plan import engine_configs
+    from nnperf.layout import Execution
     from nnperf.search.plan import Planned
-    from nnperf.trace.distributed import Execution
     from nnperf.trace.options import TraceOptions
 
     winner = Execution(world=8, data="fsdp", shard=8, checkpoint="selective-op", micro_batch=1)

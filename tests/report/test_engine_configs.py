@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import sys
 
+from nnperf.layout import Execution
 from nnperf.report.engine_configs import torchtitan_toml
-from nnperf.trace.distributed import Execution
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -9,10 +9,10 @@ import pytest
 from nnperf.analysis import analyze_request
 from nnperf.hardware.catalog import load_gpu
 from nnperf.hardware.cluster import load_cluster
+from nnperf.layout import Execution
 from nnperf.prediction import predict_analysis
 from nnperf.request import ModelRequest
 from nnperf.search.plan import evaluate
-from nnperf.trace.distributed import Execution
 from nnperf.trace.options import TraceOptions
 from nnperf.trace.step import once_per_step
 

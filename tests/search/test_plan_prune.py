@@ -10,10 +10,10 @@ import pytest
 
 from nnperf.hardware.catalog import load_gpu
 from nnperf.hardware.cluster import load_cluster
+from nnperf.layout import Execution
 from nnperf.request import ModelRequest
 from nnperf.search.plan import evaluate, same_work, work_bound
 from nnperf.search.plan_rank import RankCost, RoleCache, scaled_cost
-from nnperf.trace.distributed import Execution
 from nnperf.trace.options import TraceOptions
 
 LLAMA = {"dim": 128, "n_heads": 4, "ffn_hidden": 256, "vocab": 512, "n_layer": 16}

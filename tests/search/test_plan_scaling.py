@@ -10,11 +10,11 @@ import pytest
 
 from nnperf.hardware.catalog import load_gpu
 from nnperf.hardware.cluster import load_cluster
+from nnperf.layout import Execution
 from nnperf.request import ModelRequest
 from nnperf.search.plan import collective_counts, evaluate, state_bytes
 from nnperf.search.plan_pipeline import traced_schedule_step
 from nnperf.search.plan_rank import RankCost, RoleCache, extrapolate, rank_cost, scaled_cost
-from nnperf.trace.distributed import Execution
 from nnperf.trace.options import TraceOptions
 
 LLAMA = {"dim": 128, "n_heads": 4, "ffn_hidden": 256, "vocab": 512}

@@ -9,11 +9,11 @@ import pytest
 from nnperf.errors import UsageError
 from nnperf.hardware.catalog import load_gpu
 from nnperf.hardware.cluster import load_cluster
+from nnperf.layout import Execution
 from nnperf.request import ModelRequest
 from nnperf.search.plan import _search, evaluate
 from nnperf.search.plan_rank import RoleCache
 from nnperf.search.plan_states import states_bound
-from nnperf.trace.distributed import Execution
 from nnperf.trace.options import TraceOptions
 
 GPU, CLUSTER = load_gpu("h100"), load_cluster("dgx-h100")

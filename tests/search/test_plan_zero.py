@@ -8,13 +8,14 @@ import pytest
 
 from nnperf.hardware.catalog import load_gpu
 from nnperf.hardware.cluster import load_cluster
+from nnperf.layout import Execution
 from nnperf.loading import resolve
 from nnperf.request import ModelRequest
 from nnperf.search.plan import plan
 from nnperf.search.plan_rank import rank_cost, scaled_cost
 from nnperf.search.plan_states import states_bound
 from nnperf.search.plan_zero import busiest_rank
-from nnperf.trace.distributed import Execution, trace_rank
+from nnperf.trace.distributed import trace_rank
 from nnperf.trace.options import TraceOptions
 
 GPU, CLUSTER = load_gpu("h100"), load_cluster("dgx-h100")

@@ -9,10 +9,11 @@ from __future__ import annotations
 import pytest
 from twin_models import twin_llamas
 
-from nnperf.trace.distributed import Execution, trace_rank
+from nnperf.layout import Execution
+from nnperf.trace.distributed import trace_rank
 from nnperf.trace.loss import ChunkedLoss
 from nnperf.trace.options import TraceOptions
-from nnperf.trace.pipeline import split
+from nnperf.trace.parallel.pipeline import split
 from nnperf.zoo.llama import build
 
 TINY = {"n_layer": 2, "dim": 16, "n_heads": 2, "n_kv_heads": 2, "ffn_hidden": 32, "vocab": 65}

@@ -12,8 +12,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from nnperf.analysis import analyze
 from nnperf.errors import UsageError
+from nnperf.layout import Execution
 from nnperf.trace.clip import CLIP_MODULE, clip_grad_norm
-from nnperf.trace.distributed import Execution, trace_rank
+from nnperf.trace.distributed import trace_rank
 from nnperf.trace.options import TraceOptions
 from nnperf.workload import Workload
 

@@ -12,7 +12,8 @@ from gloo_ranks import SeenCollectives, run_ranks
 from torch import nn
 
 from nnperf.errors import UsageError
-from nnperf.trace.distributed import Execution, sharded_bytes, trace_rank
+from nnperf.layout import Execution
+from nnperf.trace.distributed import sharded_bytes, trace_rank
 from nnperf.trace.options import TraceOptions
 from nnperf.workload import Workload
 

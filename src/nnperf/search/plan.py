@@ -31,6 +31,7 @@ from typing import Any
 from nnperf.errors import UsageError
 from nnperf.hardware import GPU
 from nnperf.hardware.cluster import Cluster
+from nnperf.layout import Execution
 from nnperf.passes.memory.capacity import capacity, fits
 from nnperf.request import ModelRequest
 from nnperf.search.memory_variants import apply_checkpointing
@@ -38,7 +39,6 @@ from nnperf.search.plan_pipeline import pipeline_step
 from nnperf.search.plan_rank import SCALE_POINTS, RankCost, RoleCache, layers_of, scaled_cost
 from nnperf.search.plan_states import WHAT as STATES_BOUND
 from nnperf.search.plan_states import states_bound
-from nnperf.trace.distributed import Execution
 from nnperf.trace.options import TraceOptions
 
 #: Checkpointing levels the search tries, the selective one torchtitan's per-op policy so the
@@ -311,19 +311,19 @@ def search_axes(request: ModelRequest, gpus: int, nodes_of: int, layers: int | N
     """The tensor and pipeline degrees to try: what the user gave (checked: a degree that does
     not divide the model is one line), else every degree the model and the nodes allow.
     ``model_info``: ``_model_info(request, layers)``."""
-    from nnperf.trace.pipeline import check_layers
+    from nnperf.trace.parallel.pipeline import check_layers
 
     if tensor is not None:
         tensor = list(tensor)
         for tp in tensor:
             if tp > 1 and model_info is not None:
-                from nnperf.trace.tensor_parallel import check_divisible
+                from nnperf.trace.parallel.tensor import check_divisible
 
                 check_divisible(model_info[0], model_info[1], tp, True, request.seq_len or model_info[2])
     elif model_info is None:
         tensor = [1]
     else:
-        from nnperf.trace.tensor_parallel import valid_degrees
+        from nnperf.trace.parallel.tensor import valid_degrees
 
         try:
             tensor = valid_degrees(model_info[0], model_info[1], True, request.seq_len or model_info[2],
@@ -392,7 +392,7 @@ def expert_degrees(request: ModelRequest, gpus: int, nodes_of: int, expert: Iter
     expert count), else for a mixture-of-experts model every power of two that divides its
     experts and stays inside a node (torchtitan keeps the expert all-to-all on NVLink).
     ``model_info``: ``_model_info(request, layers)``."""
-    from nnperf.trace.expert_parallel import has_experts
+    from nnperf.trace.parallel.expert import has_experts
 
     experts = has_experts(model_info[0]) if model_info is not None else 0
     if expert is not None:
@@ -415,10 +415,10 @@ def expert_degrees(request: ModelRequest, gpus: int, nodes_of: int, expert: Iter
 
 
 def _pipelines(model: Any) -> bool:
-    from nnperf.trace.pipeline import family_of
+    from nnperf.trace.parallel.pipeline import split_of
 
     try:
-        family_of(model)
+        split_of(model)
     except UsageError:
         return False
     return True
@@ -584,7 +584,7 @@ def _notes(request: ModelRequest, results: list[Planned], layers: int | None) ->
 
 def _routing_note(info: tuple[Any, dict[str, Any], int | None] | None, options: TraceOptions) -> list[str]:
     """A mixture-of-experts model's routing is an assumption of every traced rank: say which."""
-    from nnperf.trace.expert_parallel import has_experts
+    from nnperf.trace.parallel.expert import has_experts
     from nnperf.trace.routing import Routing
 
     experts = has_experts(info[0]) if info is not None else 0

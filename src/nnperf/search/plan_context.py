@@ -28,10 +28,10 @@ from nnperf.errors import UsageError
 from nnperf.hardware import GPU
 from nnperf.hardware.cluster import Cluster
 from nnperf.kernels.collectives import estimate_collective
+from nnperf.layout import Execution
 from nnperf.passes.memory.capacity import capacity, fits
 from nnperf.request import ModelRequest
 from nnperf.search.plan_rank import RoleCache, scaled_cost
-from nnperf.trace.distributed import Execution
 from nnperf.trace.options import TraceOptions
 
 

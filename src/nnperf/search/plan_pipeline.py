@@ -43,13 +43,13 @@ from typing import Any
 from nnperf.hardware import GPU
 from nnperf.hardware.cluster import Cluster
 from nnperf.kernels.collectives import estimate_collective
+from nnperf.layout import Execution
 from nnperf.passes.memory.capacity import capacity, fits
 from nnperf.passes.pipeline_timeline import Action, PipelineTime, in_flight, orders, simulate
 from nnperf.request import ModelRequest
 from nnperf.search.plan_rank import RankCost, RoleCache, scaled_cost
-from nnperf.trace.distributed import Execution
 from nnperf.trace.options import TraceOptions
-from nnperf.trace.pipeline import MULTI, schedule_order
+from nnperf.trace.parallel.pipeline import MULTI, schedule_order
 
 
 def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execution, gpu: GPU,

@@ -32,6 +32,7 @@ from nnperf.analysis import Analysis
 from nnperf.hardware import GPU
 from nnperf.hardware.cluster import Cluster
 from nnperf.kernels.collectives import bus_factor, estimate_collective, group_tier
+from nnperf.layout import Execution
 from nnperf.loading import resolve
 from nnperf.passes.comm_timeline import Contention, overlap
 from nnperf.prediction import predict_analysis
@@ -45,7 +46,7 @@ from nnperf.search.plan_zero import (
     to_average,
     to_busiest,
 )
-from nnperf.trace.distributed import Execution, sharded_bytes, trace_rank
+from nnperf.trace.distributed import sharded_bytes, trace_rank
 from nnperf.trace.options import TraceOptions
 from nnperf.trace.step import once_per_step
 from nnperf.vocab import Category

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nnperf.trace.distributed import Execution
+from nnperf.layout import Execution
 from nnperf.trace.events import Trace
 
 #: Per-parameter optimizer tensors shaped like the parameter, by ``TraceOptions.optimizer``.

@@ -17,7 +17,8 @@ from gloo_ranks import run_ranks
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from nnperf.errors import UsageError
-from nnperf.trace.distributed import Execution, sharded_bytes, trace_rank
+from nnperf.layout import Execution
+from nnperf.trace.distributed import sharded_bytes, trace_rank
 from nnperf.trace.options import TraceOptions
 
 WORLD = 2
@@ -84,7 +85,7 @@ def _worker(rank: int) -> dict:
         ScheduleInterleavedZeroBubble,
     )
 
-    from nnperf.trace.pipeline import split, stage_shapes
+    from nnperf.trace.parallel.pipeline import split, stage_shapes
     from nnperf.zoo import get_model
 
     results = {}
