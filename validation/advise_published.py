@@ -208,7 +208,7 @@ def fused_adamw_torchtitan() -> Reproduction:
         "full shard over 8 H100 SXM (DGX H100 links), selective activation checkpointing, bf16, AdamW",
         (1.0163, 1.0362), foreach.step_s / fused.step_s,
         details=[f"rank step {foreach.step_s:.3f} -> {fused.step_s:.3f} s; FSDP eager published +2.24%",
-                 f"per-rank optimizer state {foreach.state_bytes.get('optimizer_state', 0) / 2**30:.2f} GiB "
+                 f"per-rank optimizer state {foreach.state_bytes.optimizer_state / 2**30:.2f} GiB "
                  "(1/8 of the model's)"],
         assumptions=["the PR names no GPU; H100 SXM as issue 17 states",
                      "bf16 by autocast (torchtitan: FSDP2 MixedPrecisionPolicy, bf16 parameters, fp32 "

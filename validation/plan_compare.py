@@ -33,7 +33,7 @@ from nnperf.hardware.cluster import load_cluster
 from nnperf.layout import Execution
 from nnperf.request import ModelRequest
 from nnperf.search.plan import evaluate
-from nnperf.search.plan_rank import RoleCache
+from nnperf.search.plan.rank import RoleCache
 from nnperf.trace.options import TraceOptions
 
 ROWS = Path(__file__).parent / "multi_gpu" / "rows.toml"

@@ -207,16 +207,14 @@ def engine_configs(result: Any, options: TraceOptions, model_options: dict[str, 
     return out
 
 
-def _slowed(split: dict[str, Any]) -> str:
+def _slowed(split: Any) -> str:
     """The parts of the compute time that activation checkpointing's recomputation and
-    collectives running beside kernels added."""
+    collectives running beside kernels added (``split``: a ``TimeSplit``)."""
     parts = []
-    recomputed = split.get("recomputation_s") or 0.0
-    if recomputed > 0:
-        parts.append(f"{recomputed * 1e3:.2f} ms of it recomputation")
-    slowed = split.get("overlap_slowdown_s") or 0.0
-    if slowed > 0:
-        parts.append(f"{slowed * 1e3:.2f} ms slowed by overlapping collectives")
+    if split.recomputation_s > 0:
+        parts.append(f"{split.recomputation_s * 1e3:.2f} ms of it recomputation")
+    if split.overlap_slowdown_s > 0:
+        parts.append(f"{split.overlap_slowdown_s * 1e3:.2f} ms slowed by overlapping collectives")
     return f" ({'; '.join(parts)})" if parts else ""
 
 
@@ -229,14 +227,14 @@ def _print(result: Any, configs: dict[str, Any]) -> None:
                f"global batch {result.global_batch} ({result.options.describe()}); "
                f"{result.traces} rank roles traced")
     for i, p in enumerate(result.ranked, 1):
-        exposed = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in p.split["exposed_communication_s"].items()) or "none"
-        bubble = p.split.get("pipeline_bubble_s")
+        exposed = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in p.split.exposed_communication_s.items()) or "none"
+        bubble = p.split.pipeline_bubble_s
         extra = f", bubble {bubble * 1e3:.2f} ms" if bubble is not None else ""
         click.echo(f"{i}. {p.execution.describe()}: step {p.step_s * 1e3:.2f} ms, "
                    f"{rate(p.throughput, p.throughput_unit)}, MFU {p.mfu:.1%}, "
-                   f"{p.memory_bytes / 2**30:.2f} GiB/GPU; compute {p.split['compute_s'] * 1e3:.2f} ms"
+                   f"{p.memory_bytes / 2**30:.2f} GiB/GPU; compute {p.split.compute_s * 1e3:.2f} ms"
                    f"{_slowed(p.split)}, "
-                   f"exposed communication: {exposed}{extra}; host {p.split['host_s'] * 1e3:.2f} ms — {p.reason}")
+                   f"exposed communication: {exposed}{extra}; host {p.split.host_s * 1e3:.2f} ms — {p.reason}")
     for p in result.rejected:
         click.echo(f"rejected: {p.execution.describe()}: {p.reason}")
     for note in result.notes:

@@ -8,9 +8,11 @@ from __future__ import annotations
 import pytest
 
 from nnperf.layout import Execution
-from nnperf.search import plan as plan_module
-from nnperf.search.plan import Planned, _search, layouts
-from nnperf.search.plan_rank import RoleCache
+from nnperf.search.plan import Planned
+from nnperf.search.plan import search as plan_module
+from nnperf.search.plan.layouts import layouts
+from nnperf.search.plan.rank import RoleCache
+from nnperf.search.plan.search import _search
 
 #: The largest micro-batch each checkpointing level fits, by this test's memory model.
 FITS = {None: 2, "selective-op": 4, "full": 16}

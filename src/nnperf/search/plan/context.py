@@ -31,7 +31,8 @@ from nnperf.kernels.collectives import estimate_collective
 from nnperf.layout import Execution
 from nnperf.passes.memory.capacity import capacity, fits
 from nnperf.request import ModelRequest
-from nnperf.search.plan_rank import RoleCache, scaled_cost
+from nnperf.search.plan.rank import RoleCache, scaled_cost
+from nnperf.search.plan.results import CollectiveTotals, Planned, TimeSplit, collective_totals
 from nnperf.trace.options import TraceOptions
 
 
@@ -42,9 +43,7 @@ def context_group(execution: Execution) -> tuple[int, ...]:
 
 
 def context_step(request: ModelRequest, options: TraceOptions, execution: Execution, gpu: GPU,
-                 cluster: Cluster, layers: int | None, cache: RoleCache, prepare: Any, seq: int) -> Any:
-    from nnperf.search.plan import Planned, collective_counts, state_bytes
-
+                 cluster: Cluster, layers: int | None, cache: RoleCache, prepare: Any, seq: int) -> Planned:
     cp = execution.context
     if seq % (2 * cp):
         valid = [d for d in range(1, 65) if seq % (2 * d) == 0]
@@ -58,37 +57,38 @@ def context_step(request: ModelRequest, options: TraceOptions, execution: Execut
     traced = replace(execution, context=1, shard=execution.shard * cp, data=data)
     cost = scaled_cost(replace(request, batch=execution.micro_batch, seq_len=seq // cp), options, traced, gpu,
                        cluster, 0, layers, cache, prepare)
+    f = cost.figures
     group = context_group(execution)
-    layer_kv = cost.get("kv_bytes") / cost.get("attention_layers") if cost.get("attention_layers") else 0.0
+    layer_kv = f.kv_bytes / f.attention_layers if f.attention_layers else 0.0
     gathered = int(layer_kv * cp)
     per_layer = (2 * estimate_collective("all_gather", gathered, group, cluster).time_s
                  + estimate_collective("reduce_scatter", gathered, group, cluster).time_s)
-    comm = per_layer * cost.get("attention_layers")
-    attention_extra = cost.get("attention_s") * (cp - 1)
+    comm = per_layer * f.attention_layers
+    attention_extra = f.attention_s * (cp - 1)
     accum = execution.grad_accum
-    once = cost.get("once_span_s")  # the optimizer and clipping: once per step
-    micro_step = cost.get("step_s") - once + attention_extra + comm
+    once = f.once_span_s  # the optimizer and clipping: once per step
+    micro_step = f.step_s - once + attention_extra + comm
     step = accum * micro_step + once
-    exposed = {k: v * accum for k, v in cost.prefixed("exposed.").items() if v > 0}
+    exposed = {k: v * accum for k, v in f.exposed_s.items() if v > 0}
     exposed["context_all_gather_reduce_scatter"] = comm * accum
-    counts = collective_counts(cost)
-    layers_n = round(cost.get("attention_layers"))
-    counts["context_all_gather"] = {"count": 2 * layers_n, "bytes": 2 * layers_n * gathered}
-    counts["context_reduce_scatter"] = {"count": layers_n, "bytes": layers_n * gathered}
+    counts = collective_totals(f)
+    layers_n = round(f.attention_layers)
+    counts["context_all_gather"] = CollectiveTotals(2 * layers_n, 2 * layers_n * gathered)
+    counts["context_reduce_scatter"] = CollectiveTotals(layers_n, layers_n * gathered)
     # a CP group of cp ranks runs one micro-batch's whole sequence, each rank seq / cp of it
     tokens = cost.per_micro * accum * execution.data_parallel * cp
-    flops = cost.get("flops") + cost.get("attention_flops") * (cp - 1)
+    flops = f.flops + f.attention_flops * (cp - 1)
     planned = Planned(
         execution, step_s=step, throughput=tokens / step if step else 0.0, throughput_unit=cost.unit,
         mfu=flops * accum / step / cost.mfu_peak if step and cost.mfu_peak else 0.0,
-        memory_bytes=int(cost.get("memory") + 2 * gathered), context_bytes=int(cost.get("mem_context")),
-        split={"compute_s": (cost.get("compute_s") + attention_extra) * accum,
-               "recomputation_s": cost.get("recompute_s") * accum,
-               "communication_s": (cost.get("comm_s") + comm) * accum, "exposed_communication_s": exposed,
-               "overlap_slowdown_s": cost.get("slowdown_s") * accum,
-               "host_s": cost.get("host_s") * accum,
-               "context_parallel": "closed form (search.plan_context): ring attention not traced"},
-        state_bytes=state_bytes(cost), collectives=counts,
+        memory_bytes=int(f.memory + 2 * gathered), context_bytes=int(f.mem_context),
+        split=TimeSplit(compute_s=(f.compute_s + attention_extra) * accum,
+                        recomputation_s=f.recompute_s * accum,
+                        communication_s=(f.comm_s + comm) * accum, exposed_communication_s=exposed,
+                        overlap_slowdown_s=f.slowdown_s * accum,
+                        host_s=f.host_s * accum,
+                        context_parallel="closed form (search.plan.context): ring attention not traced"),
+        state_bytes=replace(f.states), collectives=counts,
     )
     planned.fits = fits(planned.memory_bytes, capacity(gpu))
     return planned

@@ -18,14 +18,14 @@ largest at the real depth) plus the allocator's and device's overhead of the dee
 (tests check the extrapolation against direct traces).
 Ranks of the same role (the same trace) are traced once per search (``RoleCache``). ZeRO-1's
 ranks hold different shares of the optimizer state: its busiest rank is traced, or for a deep
-stack estimated (``search.plan_zero``): its optimizer bytes are then not exact.
+stack estimated (``search.plan.zero``): its optimizer bytes are then not exact.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from nnperf.analysis import Analysis
@@ -38,8 +38,9 @@ from nnperf.passes.comm_timeline import Contention, overlap
 from nnperf.prediction import predict_analysis
 from nnperf.request import ModelRequest
 from nnperf.search.accumulation import once_span
-from nnperf.search.plan_states import param_row_bytes
-from nnperf.search.plan_zero import (
+from nnperf.search.plan.results import RankCost, RankFigures, StateBytes
+from nnperf.search.plan.states import param_row_bytes
+from nnperf.search.plan.zero import (
     busiest_rank,
     optimizer_transient_bytes,
     optimizer_update_s,
@@ -56,31 +57,6 @@ from nnperf.vocab import Category
 #: embedding's and the head's tensors or a recomputed block's overlap the peak differently;
 #: measured on a 70B-wide Llama under FSDP2 with and without full checkpointing).
 SCALE_POINTS = (3, 4)
-
-
-@dataclass
-class RankCost:
-    """A traced rank as numbers (``values``, all additive over blocks) and what is not a number."""
-
-    values: dict[str, float] = field(default_factory=dict)
-    mfu_peak: float = 0.0
-    per_micro: int = 0  # tokens (or samples) of one micro-batch
-    unit: str = "samples/s"
-    stages: tuple[int, ...] = ()  # pipeline stages this rank holds
-    pipeline_order: dict[int, list[str]] = field(default_factory=dict)
-    #: ZeRO-1: the parameter elements of each rank's optimizer share, by rank (empty otherwise)
-    optimizer_shares: tuple[int, ...] = ()
-    largest_parameter: int = 0  # ZeRO-1: the elements of the largest (the first handed out)
-    rank: int | None = 0  # the rank traced (None: ZeRO-1's estimated average or busiest, search.plan_zero)
-    #: what one more block adds to each value, where the cost is a deep stack extrapolated from
-    #: two shallow traces (``extrapolate``); empty for a stack traced as it is
-    per_block: dict[str, float] = field(default_factory=dict)
-
-    def get(self, key: str) -> float:
-        return self.values.get(key, 0.0)
-
-    def prefixed(self, prefix: str) -> dict[str, float]:
-        return {k[len(prefix):]: v for k, v in self.values.items() if k.startswith(prefix)}
 
 
 def _timed(cluster: Cluster, collectives: dict[int, Any], p2p_free: bool) -> Callable[[int], tuple[str, int, float]]:
@@ -123,37 +99,37 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
     comm = overlap(prediction.step, traced.trace, _timed(cluster, by_index, pipelined),
                    _contention(cluster, gpu, by_index), stream_of=lambda index: by_index[index].stream)
     once = [t for t in prediction.step.ops if once_per_step(t.count.event)]
-    values: dict[str, float] = {
-        "step_s": comm.step_s, "compute_s": comm.compute_s, "comm_s": comm.comm_s,
-        "slowdown_s": comm.slowdown_s,
-        "host_s": prediction.step.host_s,
-        "optimizer_s": sum(t.kernel_s for t in once),
-        "optimizer_host_s": sum(t.host_s for t in once),
-        "recompute_s": sum(t.kernel_s for t in prediction.step.ops if t.count.event.recomputed),
-        "memory": float(prediction.memory.device_total or 0),
-        "flops": prediction.model_flops,
-    }
-    values["once_span_s"] = once_span(prediction.step, comm)
-    if execution.data == "zero1":  # what a rank's share of the update runs and allocates (search.plan_zero)
-        values["optimizer_update_s"] = optimizer_update_s(prediction.step)
-        values["optimizer_transient"] = optimizer_transient_bytes(traced.trace)
-    values.update(_memory_by_phase(prediction.memory))
-    values["saved_activations"] = float(sum(prediction.memory.saved_activations.values()))
-    values["loss_saved"] = float(prediction.memory.saved_activations.get("(loss)", 0))
     attention = [t for t in prediction.step.ops if t.category == Category.ATTENTION]
-    values["attention_s"] = sum(t.kernel_s for t in attention)
-    values["attention_flops"] = float(sum(t.count.flops for t in attention  # the model's: MFU's numerator
-                                          if t.phase in ("forward", "backward") and not t.count.event.recomputed))
     forward = [t.count.event for t in attention if t.phase == "forward"]
-    values["attention_layers"] = float(len(forward))
-    values["kv_bytes"] = float(sum(e.inputs[1].nbytes + e.inputs[2].nbytes for e in forward if len(e.inputs) >= 3))
-    values["model_states"] = float(sum(prediction.memory.model_states.values()))
-    values["param_row_bytes"] = param_row_bytes(traced.trace)
-    values.update({f"exposed.{k}": v for k, v in comm.exposed_s.items()})
-    values.update({f"state.{k}": float(v) for k, v in sharded_bytes(traced).items()})
+    memory = prediction.memory
+    figures = RankFigures(
+        step_s=comm.step_s, compute_s=comm.compute_s, comm_s=comm.comm_s, slowdown_s=comm.slowdown_s,
+        host_s=prediction.step.host_s,
+        optimizer_s=sum(t.kernel_s for t in once),
+        optimizer_host_s=sum(t.host_s for t in once),
+        recompute_s=sum(t.kernel_s for t in prediction.step.ops if t.count.event.recomputed),
+        memory=float(memory.device_total or 0),
+        flops=prediction.model_flops,
+        once_span_s=once_span(prediction.step, comm),
+        saved_activations=float(sum(memory.saved_activations.values())),
+        loss_saved=float(memory.saved_activations.get("(loss)", 0)),
+        attention_s=sum(t.kernel_s for t in attention),
+        attention_flops=float(sum(t.count.flops for t in attention  # the model's: MFU's numerator
+                                  if t.phase in ("forward", "backward") and not t.count.event.recomputed)),
+        attention_layers=float(len(forward)),
+        kv_bytes=float(sum(e.inputs[1].nbytes + e.inputs[2].nbytes for e in forward if len(e.inputs) >= 3)),
+        model_states=float(sum(memory.model_states.values())),
+        param_row_bytes=param_row_bytes(traced.trace),
+        exposed_s=dict(comm.exposed_s),
+        states=StateBytes(**{k: float(v) for k, v in sharded_bytes(traced).items()}),
+    )
+    _memory_by_phase(memory, figures)
+    if execution.shards_optimizer_only:  # what a rank's share of the update runs and allocates (search.plan.zero)
+        figures.optimizer_update_s = optimizer_update_s(prediction.step)
+        figures.optimizer_transient = optimizer_transient_bytes(traced.trace)
     for c in traced.collectives:
-        values[f"count.{c.kind}"] = values.get(f"count.{c.kind}", 0.0) + 1
-        values[f"bytes.{c.kind}"] = values.get(f"bytes.{c.kind}", 0.0) + c.bytes
+        figures.collective_count[c.kind] = figures.collective_count.get(c.kind, 0.0) + 1
+        figures.collective_bytes[c.kind] = figures.collective_bytes.get(c.kind, 0.0) + c.bytes
     config = traced.trace.config
     actions = config.get("pipeline_actions") or []
     if actions:
@@ -167,15 +143,15 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
         sums: dict[str, list[float]] = {}
         for label, start, end in actions:
             kind, stage = label[0], label.split("@")[1]
-            sums.setdefault(f"action.{kind}@{stage}", []).append(clock_before(end) - clock_before(start))
-        values.update({k: sum(v) / len(v) for k, v in sums.items()})
-        values["head_s"] = clock_before(actions[0][1])
-        values["tail_s"] = comm.step_s - clock_before(actions[-1][2])
+            sums.setdefault(f"{kind}@{stage}", []).append(clock_before(end) - clock_before(start))
+        figures.action_s = {k: sum(v) / len(v) for k, v in sums.items()}
+        figures.head_s = clock_before(actions[0][1])
+        figures.tail_s = comm.step_s - clock_before(actions[-1][2])
         sends = [c for c in traced.collectives if c.kind == "send_recv" and c.phase == "forward"
                  and c.group_ranks[0] == rank]
-        values["p2p_bytes"] = float(max((c.bytes for c in sends), default=0))
+        figures.p2p_bytes = float(max((c.bytes for c in sends), default=0))
     workload = analysis.workload
-    return RankCost(values, prediction.mfu_peak.flops, (workload.tokens or workload.samples) or 0,
+    return RankCost(figures, prediction.mfu_peak.flops, (workload.tokens or workload.samples) or 0,
                     "tokens/s" if workload.tokens else "samples/s",
                     tuple(config.get("pipeline_stages", ())),
                     {int(k): v for k, v in (config.get("pipeline_order") or {}).items()},
@@ -183,20 +159,19 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
                     largest_parameter=int(config.get("optimizer_largest", 0)), rank=rank)
 
 
-def _memory_by_phase(report: Any) -> dict[str, float]:
+def _memory_by_phase(report: Any, figures: RankFigures) -> None:
     """The highest allocated memory of each phase of the step, and what the device holds beyond
     it (allocator segments, CUDA context, workspaces): each phase's peak is affine in the depth
     of a stack of identical blocks, while the step's peak can move from one phase to another (an
     embedding gradient in backward of a shallow trace, the saved activations at the start of
     backward of a deep one), so depth is extrapolated per phase."""
-    peaks: dict[str, float] = {}
+    peaks = figures.memory_by_phase
     for point in report.timeline:
-        peaks[f"mem.{point.phase}"] = max(peaks.get(f"mem.{point.phase}", 0.0), float(point.allocated))
+        peaks[point.phase] = max(peaks.get(point.phase, 0.0), float(point.allocated))
     if report.device_total is not None and report.peak_allocated is not None:
-        peaks["mem_outside"] = float(report.device_total - report.peak_allocated)
+        figures.mem_outside = float(report.device_total - report.peak_allocated)
     if report.device_total is not None and report.peak_reserved is not None:
-        peaks["mem_context"] = float(report.device_total - report.peak_reserved)
-    return peaks
+        figures.mem_context = float(report.device_total - report.peak_reserved)
 
 
 def layers_of(request: ModelRequest) -> int | None:
@@ -221,20 +196,18 @@ def layers_of(request: ModelRequest) -> int | None:
 
 def extrapolate(low: RankCost, high: RankCost, k_low: int, k_high: int, k: int) -> RankCost:
     """The line through two traced depths (blocks per chunk), read at ``k``."""
-    keys = set(low.values) | set(high.values)
-    per_block = {key: (high.get(key) - low.get(key)) / (k_high - k_low) for key in keys}
-    values = {key: low.get(key) + (k - k_low) * per_block[key] for key in keys}
+    per_block = low.figures.combine(high.figures, lambda a, b: (b - a) / (k_high - k_low))
+    figures = low.figures.combine(per_block, lambda a, slope: a + (k - k_low) * slope)
     # the allocator's segments beyond the allocated bytes do not add up per block: the larger
-    values["mem_outside"] = max(low.get("mem_outside"), high.get("mem_outside"))
-    values["mem_context"] = max(low.get("mem_context"), high.get("mem_context"))
+    figures.mem_outside = max(low.figures.mem_outside, high.figures.mem_outside)
+    figures.mem_context = max(low.figures.mem_context, high.figures.mem_context)
     # each line is exact where the step's bound stays the same, but a host that falls behind
     # the device only in the deeper stack (its cost per block the larger) bends the step's
     # line: the step cannot end before the host has issued it or the device has run it
-    values["step_s"] = max(values.get("step_s", 0.0), values.get("host_s", 0.0), values.get("compute_s", 0.0))
-    phases = [v for key, v in values.items() if key.startswith("mem.")]
-    if phases:  # the step's peak: the highest phase at this depth
-        values["memory"] = max(phases) + values["mem_outside"]
-    return replace(high, values=values, per_block=per_block)
+    figures.step_s = max(figures.step_s, figures.host_s, figures.compute_s)
+    if figures.memory_by_phase:  # the step's peak: the highest phase at this depth
+        figures.memory = max(figures.memory_by_phase.values()) + figures.mem_outside
+    return replace(high, figures=figures, per_block=per_block)
 
 
 class RoleCache:
@@ -260,7 +233,7 @@ def scaled_cost(request: ModelRequest, options: TraceOptions, execution: Executi
     the model as it is when it is shallow or not a built-in stack. ``per_chunk``: the blocks
     per pipeline chunk to extrapolate to (default: ``layers`` over the execution's chunks).
     ZeRO-1's ranks differ in their optimizer share: the busiest rank of a model traced whole,
-    the average share of an extrapolated one (``search.plan_zero``)."""
+    the average share of an extrapolated one (``search.plan.zero``)."""
     cache = cache or RoleCache()
     chunks = execution.pipeline * max(1, execution.virtual_stages)
     key = (repr(request), options, execution, gpu.id, cluster.id)
@@ -275,10 +248,10 @@ def scaled_cost(request: ModelRequest, options: TraceOptions, execution: Executi
     if not layers or per_chunk <= SCALE_POINTS[-1]:
         depth = None if not layers or per_chunk * chunks == layers else per_chunk
         cost = at(depth)
-        if execution.data == "zero1" and busiest_rank(cost) != rank:
+        if execution.shards_optimizer_only and busiest_rank(cost) != rank:
             cost = at(depth, busiest_rank(cost))
         return cost
     low, high = (at(k) for k in SCALE_POINTS)
-    if execution.data == "zero1":
+    if execution.shards_optimizer_only:
         return to_busiest(extrapolate(to_average(low), to_average(high), *SCALE_POINTS, per_chunk))
     return extrapolate(low, high, *SCALE_POINTS, per_chunk)

@@ -1,4 +1,4 @@
-"""Context parallelism's closed form on a traced rank (search.plan_context): the ring's
+"""Context parallelism's closed form on a traced rank (search.plan.context): the ring's
 all-gathers carry the whole sequence's K and V per attention layer (sizes by hand), the rank's
 attention does cp times the causal pairs of its chunk, and a sequence that does not split into
 2 x cp chunks is one line."""
@@ -13,7 +13,7 @@ from nnperf.hardware.cluster import load_cluster
 from nnperf.layout import Execution
 from nnperf.request import ModelRequest
 from nnperf.search.plan import evaluate
-from nnperf.search.plan_rank import RoleCache
+from nnperf.search.plan.rank import RoleCache
 from nnperf.trace.options import TraceOptions
 
 GPU, CLUSTER = load_gpu("h100"), load_cluster("dgx-h100")
@@ -33,7 +33,7 @@ def test_ring_attention_collectives_by_hand():
     plain = evaluate(REQUEST, TraceOptions(amp="bf16"), Execution(world=8, data="fsdp", shard=8), GPU, CLUSTER,
                      cache=RoleCache())
     assert planned.state_bytes == plain.state_bytes
-    assert planned.split["exposed_communication_s"]["context_all_gather_reduce_scatter"] > 0
+    assert planned.split.exposed_communication_s["context_all_gather_reduce_scatter"] > 0
 
 
 def test_a_sequence_that_does_not_split_is_one_line():

@@ -12,9 +12,9 @@ from nnperf.layout import Execution
 from nnperf.loading import resolve
 from nnperf.request import ModelRequest
 from nnperf.search.plan import plan
-from nnperf.search.plan_rank import rank_cost, scaled_cost
-from nnperf.search.plan_states import states_bound
-from nnperf.search.plan_zero import busiest_rank
+from nnperf.search.plan.rank import rank_cost, scaled_cost
+from nnperf.search.plan.states import states_bound
+from nnperf.search.plan.zero import busiest_rank
 from nnperf.trace.distributed import trace_rank
 from nnperf.trace.options import TraceOptions
 
@@ -41,10 +41,11 @@ def test_a_deep_stack_is_its_busiest_rank(overrides):
     direct = rank_cost(request, OPTIONS, ZERO1, GPU, CLUSTER, rank=busiest_rank(direct_rank0))
     scaled = scaled_cost(request, OPTIONS, ZERO1, GPU, CLUSTER, 0, layers=7, per_chunk=7)
     assert scaled is not direct and scaled.per_block  # extrapolated, not traced whole
-    assert abs(scaled.get("state.optimizer_state") - direct.get("state.optimizer_state")) <= 8 * 128 * 256
-    assert scaled.get("state.parameters") == direct.get("state.parameters")
-    assert scaled.get("step_s") == pytest.approx(direct.get("step_s"), rel=0.01)
-    assert scaled.get("memory") == pytest.approx(direct.get("memory"), rel=0.01)
+    s, d = scaled.figures, direct.figures
+    assert abs(s.states.optimizer_state - d.states.optimizer_state) <= 8 * 128 * 256
+    assert s.states.parameters == d.states.parameters
+    assert s.step_s == pytest.approx(d.step_s, rel=0.01)
+    assert s.memory == pytest.approx(d.memory, rel=0.01)
 
 
 def test_a_deep_stack_whose_update_sets_the_peak_and_accumulates():
@@ -52,13 +53,13 @@ def test_a_deep_stack_whose_update_sets_the_peak_and_accumulates():
     temporaries on top of the states), 8 blocks from 3 and 4 against 8 traced whole: memory
     within 1%; the step within 2% with 1 and with 4 micro-batches (the update runs once)."""
     from nnperf.search.plan import evaluate
-    from nnperf.search.plan_rank import RoleCache
+    from nnperf.search.plan.rank import RoleCache
 
     request = _request({"dim": 1024, "n_heads": 8, "ffn_hidden": 2816, "vocab": 32768}, 8)
     request = ModelRequest(request.target, batch=1, seq_len=64, overrides=request.overrides)
     whole = rank_cost(request, OPTIONS, ZERO1, GPU, CLUSTER, rank=0)
-    phases = {k: v for k, v in whole.values.items() if k.startswith("mem.")}
-    assert max(phases, key=phases.get) == "mem.optimizer"
+    phases = whole.figures.memory_by_phase
+    assert max(phases, key=phases.get) == "optimizer"
     for accum in (1, 4):
         execution = Execution(world=WORLD, data="zero1", micro_batch=1, grad_accum=accum)
         scaled = evaluate(request, OPTIONS, execution, GPU, CLUSTER, layers=8, cache=RoleCache())
@@ -140,7 +141,7 @@ def test_the_plan_searches_zero1_and_bounds_it_from_fsdp():
     by_kind = {p.execution.data: p for p in found.ranked if p.execution.micro_batch == 2}
     assert set(by_kind) == {"ddp", "zero1", "fsdp"}
     ddp, zero1, fsdp = by_kind["ddp"], by_kind["zero1"], by_kind["fsdp"]
-    assert zero1.state_bytes["parameters"] == ddp.state_bytes["parameters"]
-    assert zero1.state_bytes["optimizer_state"] < ddp.state_bytes["optimizer_state"] / 2
+    assert zero1.state_bytes.parameters == ddp.state_bytes.parameters
+    assert zero1.state_bytes.optimizer_state < ddp.state_bytes.optimizer_state / 2
     bound = states_bound(fsdp, fsdp.execution.shard, zero1.execution, "adamw")
     assert bound is not None and bound <= zero1.memory_bytes

@@ -8,7 +8,7 @@ the most elements to update and broadcast, and that rank holds the most memory.
 
 - A model traced whole: the trace records every rank's share (``trace.config``'s
   ``optimizer_shares``); the plan traces the busiest rank (``busiest_rank``).
-- A deep stack extrapolated from shallow traces (``plan_rank.scaled_cost``): a shallow stack
+- A deep stack extrapolated from shallow traces (``plan.rank.scaled_cost``): a shallow stack
   has few parameters, so the busiest rank may hold just the embedding, and a line through two
   such shares says nothing of the deep stack's. The average share grows by the same amount per
   block, though: each shallow trace is turned into the average rank (``to_average``), the line
@@ -37,7 +37,7 @@ from nnperf.vocab import Category, Phase
 
 if TYPE_CHECKING:
     from nnperf.passes.timing import StepTime
-    from nnperf.search.plan_rank import RankCost
+    from nnperf.search.plan.results import RankCost
     from nnperf.trace.events import Trace
 
 
@@ -57,7 +57,7 @@ def to_average(cost: RankCost) -> RankCost:
 
 def to_busiest(cost: RankCost) -> RankCost:
     """``cost``, the average rank of a deep stack (``to_average``, extrapolated), as its busiest."""
-    average = cost.values["optimizer_share"]
+    average = cost.figures.optimizer_share
     busiest = _rescaled(cost, average, max(average, float(cost.largest_parameter)))
     # rank 0 takes the largest parameter; where that outweighs the average it takes nothing else
     return replace(busiest, rank=0 if cost.largest_parameter >= average else None)
@@ -87,20 +87,25 @@ def optimizer_transient_bytes(trace: Trace) -> float:
 
 def _rescaled(cost: RankCost, elements: float, to: float) -> RankCost:
     factor = to / elements
-    values = dict(cost.values)
-    extra_s = (factor - 1) * values.get("optimizer_update_s", 0.0)
-    extra_bytes = (factor - 1) * values.get("state.optimizer_state", 0.0)
-    extra_transient = (factor - 1) * values.get("optimizer_transient", 0.0)
-    for key in ("step_s", "compute_s", "optimizer_s", "optimizer_update_s", "once_span_s"):
-        values[key] = values.get(key, 0.0) + extra_s
-    phases = [k for k in values if k.startswith("mem.")]
-    for key in [*phases, "model_states", "state.optimizer_state"]:
-        values[key] = values.get(key, 0.0) + extra_bytes
-    if "mem.optimizer" in values:
-        values["mem.optimizer"] += extra_transient
-    # the step's peak: the highest phase (plan_rank.extrapolate's rule)
-    values["memory"] = (max(values[k] for k in phases) + values.get("mem_outside", 0.0) if phases
-                        else values.get("memory", 0.0) + extra_bytes)
-    values["optimizer_transient"] = values.get("optimizer_transient", 0.0) + extra_transient
-    values["optimizer_share"] = to
-    return replace(cost, values=values)
+    f = replace(cost.figures, memory_by_phase=dict(cost.figures.memory_by_phase),
+                states=replace(cost.figures.states))
+    extra_s = (factor - 1) * f.optimizer_update_s
+    extra_bytes = (factor - 1) * f.states.optimizer_state
+    extra_transient = (factor - 1) * f.optimizer_transient
+    f.step_s += extra_s
+    f.compute_s += extra_s
+    f.optimizer_s += extra_s
+    f.optimizer_update_s += extra_s
+    f.once_span_s += extra_s
+    phases = f.memory_by_phase
+    for phase in phases:
+        phases[phase] += extra_bytes
+    f.model_states += extra_bytes
+    f.states.optimizer_state += extra_bytes
+    if Phase.OPTIMIZER in phases:
+        phases[Phase.OPTIMIZER] += extra_transient
+    # the step's peak: the highest phase (plan.rank.extrapolate's rule)
+    f.memory = max(phases.values()) + f.mem_outside if phases else f.memory + extra_bytes
+    f.optimizer_transient += extra_transient
+    f.optimizer_share = to
+    return replace(cost, figures=f)

@@ -1,0 +1,118 @@
+"""The candidate layouts of a plan: every (tensor, pipeline, context, expert) degree with data
+parallelism over the rest of the GPUs, each data-parallel engine that can run it, and every
+split of the global batch into micro-batches. Grouped by ``shape_key``: within a group only the
+micro-batch and checkpointing differ, and the search bisects over the micro-batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
+
+from nnperf.errors import UsageError
+from nnperf.layout import DATA_ENGINES, DEFAULT_SCHEDULES, INTERLEAVE, SCHEDULES, Execution
+
+
+def _nearest_gpu_counts(gpus: int, global_batch: int) -> str:
+    valid = sorted({d for d in range(1, gpus * 2 + 1) if global_batch % d == 0}, key=lambda d: abs(d - gpus))[:2]
+    return ", ".join(map(str, sorted(valid)))
+
+
+def layouts(gpus: int, nodes_of: int, global_batch: int, *, tensor: Iterable[int] = (1,),
+            pipeline: Iterable[int] = (1,), schedules: Iterable[str] = DEFAULT_SCHEDULES,
+            layers: int | None = None, checkpoints: Iterable[str | None] = (None,),
+            context: Iterable[int] = (1,), expert: Iterable[int] = (1,),
+            reshard: Iterable[bool] = (True,)) -> list[Execution]:
+    """Every layout of ``gpus`` GPUs over the given tensor and pipeline degrees (sequence
+    parallel with TP), data parallelism over the rest, and the micro-batch splits of the global
+    batch; with the defaults, the data-parallel layouts only. Grouped: within a group (one
+    ``shape_key``) the micro-batch shrinks, so the first that fits is the group's best. An
+    expert-parallel degree above 1 takes the FSDP/HSDP layouts whose shard group it divides,
+    without tensor or context parallelism (``Execution._validate_expert``). ``reshard``: whether
+    FSDP/HSDP frees a block's gathered parameters after its forward (FSDP2's
+    ``reshard_after_forward``; pipelines keep them, as torchtitan's)."""
+    out: list[Execution] = []
+    expert = list(expert)
+    for tp in tensor:
+        for pp in pipeline:
+            for cp in context:
+                found = _layouts_of(gpus, nodes_of, global_batch, tp, pp, cp, schedules, layers, checkpoints,
+                                    tuple(reshard))
+                out += found
+                out += [replace(e, expert=ep) for ep in expert if ep > 1 for e in found
+                        if not e.replicates_parameters and e.shard % ep == 0 and e.tensor == e.context == 1]
+    return out
+
+
+def _layouts_of(gpus: int, nodes_of: int, global_batch: int, tp: int, pp: int, cp: int,
+                schedules: Iterable[str], layers: int | None, checkpoints: Iterable[str | None],
+                reshard: tuple[bool, ...] = (True,)) -> list[Execution]:
+    """The layouts of one (tensor, pipeline, context) degree: data parallelism over the rest."""
+    if gpus % (tp * pp * cp) or (tp > 1 and nodes_of % tp) or (cp > 1 and pp > 1):
+        return []
+    dp = gpus // (tp * pp * cp)
+    if global_batch % dp:
+        if tp == pp == cp == 1:
+            low, high = global_batch // gpus * gpus, (global_batch // gpus + 1) * gpus
+            batches = f"{low} or {high}" if low else str(high)
+            raise UsageError(f"--global-batch {global_batch} does not divide over {gpus} GPUs; nearest global "
+                             f"batches that do: {batches}; or GPU counts that divide it: "
+                             f"{_nearest_gpu_counts(gpus, global_batch)}")
+        return []
+    out: list[Execution] = []
+    for data, shard in _data_shapes(dp, tp * cp, pp, nodes_of):
+        if cp > 1 and DATA_ENGINES[data].replicates_parameters and dp > 1:
+            continue  # torchtitan shards over the data and context ranks together
+        for checkpoint in checkpoints:
+            common = {"world": gpus, "data": data, "shard": shard, "gpus_per_node": nodes_of,
+                      "checkpoint": checkpoint, "tensor": tp, "sequence_parallel": tp > 1, "context": cp}
+            shards = not DATA_ENGINES[data].replicates_parameters
+            for keep in sorted({not r for r in reshard} if shards and pp == 1 else {False}):
+                out.extend(_splits(common | ({"reshard_after_forward": False} if keep else {}), pp,
+                                   global_batch // dp, schedules, layers))
+    return out
+
+
+def _data_shapes(dp: int, tp: int, pp: int, nodes_of: int) -> list[tuple[str, int]]:
+    if dp == 1:
+        return [("ddp", 1)]  # no data parallelism
+    shapes = [("ddp", 1), ("zero1", 1)] if tp == pp == 1 else []
+    shapes.append(("fsdp", dp))
+    inside = max(1, nodes_of // tp)  # HSDP: shard inside a node, replicate across
+    if 1 < inside < dp and dp % inside == 0:
+        shapes.append(("hsdp", inside))
+    return shapes
+
+
+def _splits(common: dict[str, Any], pp: int, local: int, schedules: Iterable[str],
+            layers: int | None) -> list[Execution]:
+    if pp == 1:
+        return [Execution(**common, micro_batch=local // a, grad_accum=a) for a in _divisors(local)]
+    out = []
+    for schedule in schedules:
+        virtual = INTERLEAVE if SCHEDULES[schedule].multi_chunk else 1
+        if layers is not None and layers % (pp * virtual):
+            continue
+        counts = range(1, local + 1) if schedule == "gpipe" else range(pp, local + 1, pp)
+        for micro in counts:
+            if local % micro == 0:
+                out.append(Execution(**common, pipeline=pp, pipeline_schedule=schedule, virtual_stages=virtual,
+                                     micro_batch=local // micro, grad_accum=micro,
+                                     reshard_after_forward=False))  # torchtitan: no reshard under PP
+    return out
+
+
+def _divisors(n: int) -> list[int]:
+    """Every gradient accumulation of a local batch of ``n`` (down to micro-batches of one),
+    ascending: the search bisects over them, so a long list costs a few traces more."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def shape_key(execution: Execution) -> tuple[Any, ...]:
+    """What a group of layouts shares: all but the micro-batch split and checkpointing."""
+    e = execution
+    return (e.data, e.shard, e.tensor, e.sequence_parallel, e.pipeline, e.pipeline_schedule, e.virtual_stages,
+            e.context, e.expert, e.reshard_after_forward)
