@@ -41,7 +41,8 @@ class DataEngine:
 #: The data-parallel engines, by the name ``--data`` and the JSON give them.
 DATA_ENGINES: dict[str, DataEngine] = {
     "ddp": DataEngine("ddp", replicates_parameters=True, shards_optimizer=False, mesh=("replicate",)),
-    # DDP with the optimizer state sharded (PyTorch's ZeroRedundancyOptimizer)
+    # DDP with the optimizer state sharded: Megatron-LM's distributed optimizer (buckets
+    # reduce-scattered, each rank's even share updated, the parameters all-gathered)
     "zero1": DataEngine("zero1", replicates_parameters=True, shards_optimizer=True, mesh=("replicate",)),
     "fsdp": DataEngine("fsdp", replicates_parameters=False, shards_optimizer=True, mesh=("shard",)),
     "hsdp": DataEngine("hsdp", replicates_parameters=False, shards_optimizer=True, mesh=("replicate", "shard")),
@@ -117,6 +118,10 @@ class Execution:
     bucket_bytes: int = DDP_BUCKET_BYTES
     virtual_stages: int = 1  # model chunks per pipeline rank (interleaved schedules)
     loss_parallel: bool = True  # TP without PP: logits split over the vocabulary for the loss
+    #: an uneven pipeline: the blocks of the model's first and last chunk (None: as the others;
+    #: both None: an even split), the other chunks splitting the rest evenly (``chunk_layers``)
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
 
     @property
     def engine(self) -> DataEngine:
@@ -169,6 +174,19 @@ class Execution:
         """Model chunks of the whole pipeline (1 without one)."""
         return self.pipeline * self.chunks_per_rank
 
+    @property
+    def uneven(self) -> bool:
+        """The pipeline's first or last chunk is shortened (``first_stage_layers``...)."""
+        return self.first_stage_layers is not None or self.last_stage_layers is not None
+
+    def chunk_layers(self, layers: int) -> tuple[int, ...]:
+        """The blocks of each model chunk, in stage order (``split_layers``): the one place a
+        pipeline's split is decided, so no caller can drop or invent a block."""
+        if self.pipeline == 1:
+            return (layers,)
+        return split_layers(layers, self.pipeline, self.chunks_per_rank, self.first_stage_layers,
+                            self.last_stage_layers)
+
     def validate(self) -> None:
         if self.checkpoint is not None and self.checkpoint not in CHECKPOINTS:
             raise UsageError(f"unknown activation checkpointing {self.checkpoint!r}; valid: {', '.join(CHECKPOINTS)}")
@@ -189,6 +207,8 @@ class Execution:
             if schedule.name != "gpipe" and self.grad_accum < self.pipeline:
                 raise UsageError(f"{schedule.name} needs at least as many micro-batches as stages: "
                                  f"{self.grad_accum} < {self.pipeline}")
+        if self.uneven and self.pipeline == 1:
+            raise UsageError("first_stage_layers and last_stage_layers shorten pipeline stages: they need pipeline > 1")
         if self.sequence_parallel and self.tensor < 2:
             raise UsageError("sequence parallelism splits what tensor parallelism replicates: it needs tensor > 1")
         if self.tensor < 1 or self.world < 1 or self.world % self.model_parallel:
@@ -202,9 +222,9 @@ class Execution:
             raise UsageError(f"{self.data} does not shard parameters: shard must be 1")
         if self.shards_optimizer_only and data_parallel < 2:
             raise UsageError("zero1 shards the optimizer state over the data-parallel ranks: it needs 2 or more")
-        if self.replicates_parameters and (self.tensor > 1 or self.pipeline > 1) and data_parallel > 1:
-            raise UsageError(f"{self.data} is traced for data parallelism alone; use fsdp or hsdp with tensor or "
-                             "pipeline parallelism (torchtitan's composition)")
+        if self.replicates_parameters and data_parallel > 1 and self.pipeline_schedule == "zero-bubble":
+            raise UsageError(f"{self.data} with a zero-bubble schedule is not modelled (DDP's reducer and a split "
+                             "backward); use 1f1b or interleaved-1f1b, as Megatron-LM runs them, or fsdp")
         if self.data == "fsdp" and self.shard != data_parallel:
             raise UsageError(f"fsdp shards over every data-parallel rank: shard must be {data_parallel}")
         if self.data == "hsdp" and not 1 < self.shard < data_parallel:
@@ -266,3 +286,75 @@ class Execution:
             else:
                 dims.append((name, sizes[name]))
         return [("pipeline", self.pipeline), *dims, ("tensor", self.tensor)]
+
+
+def split_layers(layers: int, pipeline: int, virtual: int = 1, first: int | None = None,
+                 last: int | None = None) -> tuple[int, ...]:
+    """The blocks of each of the ``pipeline x virtual`` model chunks, in stage order: evenly, or
+    with the first and last chunk holding ``first`` and ``last`` blocks (Megatron-LM's
+    ``--decoder-first/last-pipeline-num-layers``, torchtitan's first/last stage "less layers":
+    the chunks that also hold the embedding and the head shortened, as Llama 3 405B's 126
+    layers over 16 stages: 7, 8 x 14, 7) and the chunks between splitting the rest evenly.
+    A split that cannot hold the layers is one line naming valid ones."""
+    chunks = pipeline * virtual
+    what = f"{pipeline} pipeline stages" + (f" x {virtual} virtual stages" if virtual > 1 else "")
+    if first is None and last is None:
+        if layers % chunks == 0 and layers >= chunks:
+            return (layers // chunks,) * chunks
+        if virtual > 1 and layers % pipeline == 0:
+            per_stage = layers // pipeline
+            valid = [v for v in range(2, per_stage + 1) if per_stage % v == 0]
+            raise UsageError(f"{virtual} virtual stages do not divide the {per_stage} layers per pipeline stage "
+                             f"({layers} layers over {pipeline} stages); valid: "
+                             f"{', '.join(map(str, valid)) or 'none (use a 1-chunk schedule)'}")
+        valid = [d for d in range(1, layers + 1) if layers % d == 0 and d % virtual == 0]
+        below = max((d // virtual for d in valid if d < chunks), default=None)
+        above = min((d // virtual for d in valid if d > chunks), default=None)
+        nearest = " or ".join(str(d) for d in (below, above) if d is not None)
+        examples = _uneven_examples(layers, chunks)
+        shorten = (f"; or shorten the first and last stages (--first-stage-layers, --last-stage-layers: "
+                   f"{examples})") if examples else ""
+        raise UsageError(f"{layers} layers do not split evenly into {what}; nearest valid pipeline degrees: "
+                         f"{nearest or 'none'}{shorten}")
+    if chunks == 1:
+        raise UsageError("first and last stage layers need two or more pipeline stages")
+    inner = chunks - 2
+    if chunks == 2:
+        f = first if first is not None else layers - (last or 0)
+        l_ = last if last is not None else layers - f
+        middle = None
+    elif first is not None and last is not None:
+        rest = layers - first - last
+        middle = rest // inner if rest > 0 and rest % inner == 0 else None
+        f, l_ = first, last
+    else:  # one given: the other as the chunks between
+        given = first if first is not None else last
+        assert given is not None
+        rest = layers - given
+        middle = rest // (inner + 1) if rest > 0 and rest % (inner + 1) == 0 else None
+        f = first if first is not None else middle
+        l_ = last if last is not None else middle
+    ok = f is not None and l_ is not None and f >= 1 and l_ >= 1 and f + l_ <= layers and \
+        ((chunks == 2 and f + l_ == layers) or (middle is not None and middle >= 1))
+    if not ok:
+        asked = ", ".join(f"{n} stage layers {v}" for n, v in (("first", first), ("last", last)) if v is not None)
+        raise UsageError(f"an uneven split with {asked} cannot hold {layers} layers in {what} (the stages "
+                         f"between must split the rest evenly, each at least 1); valid: "
+                         f"{_uneven_examples(layers, chunks) or 'none'}")
+    assert f is not None and l_ is not None
+    return (f, *((middle,) * inner if middle else ()), l_)
+
+
+def _uneven_examples(layers: int, chunks: int) -> str:
+    """Shortened first and last chunks (both the same) that split ``layers`` into ``chunks``,
+    the least shortened first."""
+    found = []
+    for k in range(1, layers):
+        if chunks == 2:
+            if 2 * k == layers:
+                found.append(f"first = last = {k}")
+        elif layers - 2 * k > 0 and (layers - 2 * k) % (chunks - 2) == 0:
+            middle = (layers - 2 * k) // (chunks - 2)
+            if middle >= k:
+                found.append(f"first = last = {k} ({middle} in each other stage)")
+    return "; ".join(found[-3:][::-1])

@@ -66,7 +66,7 @@ def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> l
                    "inside a node) or a list, e.g. 1,8.")
 @click.option("--data", "data_text", default="auto", show_default=True,
               help="Data-parallel engines to try: auto (ddp, zero1, fsdp, hsdp) or a list, e.g. fsdp,hsdp. "
-                   "zero1: DDP with the optimizer state sharded (PyTorch's ZeroRedundancyOptimizer).")
+                   "zero1: DDP with the optimizer state sharded (Megatron-LM's distributed optimizer).")
 @click.option("--checkpoint", "checkpoint_text", default="auto", show_default=True,
               help="Activation checkpointing the search may use: auto (none, selective-op, full) or a "
                    "list, e.g. none or none,full; tried from none to full while a layout does not fit.")
@@ -77,13 +77,23 @@ def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> l
 @click.option("--schedule", "schedules", multiple=True,
               type=click.Choice(["1f1b", "interleaved-1f1b", "gpipe", "zero-bubble"]),
               help="Pipeline schedules to try (repeatable; default: 1f1b and interleaved-1f1b).")
+@click.option("--vpp", "vpp_text", default="2", show_default=True,
+              help="Model chunks per rank of the interleaved schedules (Megatron-LM's virtual pipeline stages), "
+                   "e.g. 2 or 2,4: each must divide the layers of a pipeline stage.")
+@click.option("--first-stage-layers", type=click.IntRange(1, 1 << 20), default=None,
+              help="Blocks of the pipeline's first stage, shorter than the others as it also holds the "
+                   "embedding (Megatron-LM's --decoder-first-pipeline-num-layers); the stages between split "
+                   "the rest evenly.")
+@click.option("--last-stage-layers", type=click.IntRange(1, 1 << 20), default=None,
+              help="Blocks of the pipeline's last stage, which also holds the head and the loss "
+                   "(--decoder-last-pipeline-num-layers).")
 @click.option("--cluster", "cluster_name", default=None,
               help="Built-in cluster (dgx-a100, dgx-h100, dgx-h200) or a cluster TOML file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON document.")
 def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, tokens_per_step: int | None,
          tp_text: str, pp_text: str,
          cp_text: str, ep_text: str, data_text: str, checkpoint_text: str, reshard_text: str,
-         schedules: tuple[str, ...],
+         schedules: tuple[str, ...], vpp_text: str, first_stage_layers: int | None, last_stage_layers: int | None,
          cluster_name: str | None, as_json: bool, **kwargs: Any) -> None:
     """Rank the layouts of MODEL on --gpus GPUs (data parallelism: DDP, ZeRO-1, FSDP2, HSDP; tensor
     parallelism with sequence parallelism; pipeline schedules; activation checkpointing and
@@ -91,8 +101,10 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
     pipeline bubble; and the winner as a torchtitan config with its torchrun command, Megatron-LM
     arguments and a DeepSpeed config where those engines have the layout."""
     from nnperf.hardware.cluster import cluster_for_gpu, load_cluster
+    from nnperf.layout import INTERLEAVE
     from nnperf.search.plan import CHECKPOINT_NAMES, DATA_KINDS, DEFAULT_SCHEDULES, smallest_memory
     from nnperf.search.plan import plan as run_plan
+    from nnperf.search.plan.layouts import PipelineSplitChoice
 
     cluster = load_cluster(cluster_name) if cluster_name else cluster_for_gpu(gpu.id)
     if cluster is None:
@@ -120,7 +132,9 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
                       checkpoints=[CHECKPOINT_NAMES[n] for n in _names(checkpoint_text, "--checkpoint",
                                                                        tuple(CHECKPOINT_NAMES)) or CHECKPOINT_NAMES],
                       reshard=[n == "always" for n in _names(reshard_text, "--reshard", ("always", "never"),
-                                                             auto=False) or ()])
+                                                             auto=False) or ()],
+                      split=PipelineSplitChoice(tuple(_degrees(vpp_text, "--vpp") or (INTERLEAVE,)),
+                                                first_stage_layers, last_stage_layers))
     if result.cluster.gpu and result.cluster.gpu != gpu.id:
         result.notes.append(f"{result.cluster.name} is built of {result.cluster.gpu}, planned here with {gpu.id}: "
                             "its links, NICs and host CPU are taken as they are")
@@ -176,12 +190,13 @@ def engine_configs(result: Any, options: TraceOptions, model_options: dict[str, 
 
     def torchtitan(execution: Any) -> str:
         check_torchtitan_model(result.model)
-        return torchtitan_toml(execution, amp, dtype, sdpa, options.loss, attention, documents, seq, clip)
+        return torchtitan_toml(execution, amp, dtype, sdpa, options.loss, attention, documents, seq, clip,
+                               result.layers)
 
     def torchtitan_function(execution: Any) -> str:
         check_torchtitan_model(result.model)
         return torchtitan_python(execution, result.model, seq, amp, dtype, sdpa, options.loss, attention, documents,
-                                 clip)
+                                 clip, result.layers)
 
     writers = {"torchtitan": torchtitan, "torchtitan_python": torchtitan_function,
                "megatron": lambda e: megatron_args(e, result.layers, amp, dtype, sdpa, attention, seq, clip),

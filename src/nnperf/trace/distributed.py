@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch.distributed as dist
 from torch import nn
 
 from nnperf.errors import UsageError
@@ -29,7 +30,6 @@ from nnperf.trace.fake_world import session
 from nnperf.trace.fsdp_shards import one_rank_chunks
 from nnperf.trace.options import TraceOptions
 from nnperf.trace.parallel import apply_layout, build_meshes
-from nnperf.trace.step import OPTIMIZER_SHARES
 from nnperf.workload import Workload
 
 
@@ -89,13 +89,27 @@ def trace_rank(
         collectives = collectives_of(trace)
     trace.config["execution"] = execution.to_json()
     trace.config["rank"] = rank
-    if hasattr(workload.model, OPTIMIZER_SHARES):
-        trace.config["optimizer_shares"] = getattr(workload.model, OPTIMIZER_SHARES)
-        trace.config["optimizer_largest"] = max(p.numel() for p in workload.model.parameters() if p.requires_grad)
+    if execution.pipeline > 1 and execution.data_parallel > 1:
+        # the data-parallel engine's process groups: a pipeline synchronizes over them once per
+        # step (DDP's reduction in the last micro-batch's backward, ZeRO-1's all-gather before
+        # the first forward; FSDP2, which pipelines never reshard, gathers once and
+        # reduce-scatters after the schedule), not once per micro-batch
+        trace.config["data_parallel_groups"] = _data_parallel_groups(execution, world["meshes"][shape])
     if execution.pipeline > 1:
         trace.config["pipeline_order"] = workload.model.pipeline_order
         trace.config["pipeline_stages"] = list(workload.model.stage_indices)
     return RankTrace(execution, trace, workload, collectives)
+
+
+def _data_parallel_groups(execution: Execution, meshes: tuple[Any, ...]) -> list[str]:
+    """The names of the process groups the layout's data-parallel engine communicates over."""
+    _, dp_mesh, _, _, experts_mesh = meshes
+    if execution.replicates_parameters and execution.data_parallel == execution.world:
+        return [dist.group.WORLD.group_name]  # DDP alone runs on the default group
+    names = [dp_mesh.get_group(i).group_name for i in range(dp_mesh.ndim)]
+    if experts_mesh is not None:
+        names += [experts_mesh.get_group(i).group_name for i in range(experts_mesh.ndim)]
+    return names
 
 
 def sharded_bytes(trace: RankTrace) -> dict[str, int]:

@@ -27,8 +27,8 @@ def test_ring_attention_collectives_by_hand():
     planned = evaluate(REQUEST, TraceOptions(amp="bf16"), Execution(world=8, data="fsdp", shard=2, context=cp),
                        GPU, CLUSTER, cache=RoleCache())
     kv = 2 * SEQ * KV * (DIM // HEADS) * 2  # K and V of the whole sequence, bf16
-    assert planned.collectives["context_all_gather"] == {"count": 2 * LAYERS, "bytes": 2 * LAYERS * kv}
-    assert planned.collectives["context_reduce_scatter"] == {"count": LAYERS, "bytes": LAYERS * kv}
+    assert planned.collectives["context_all_gather"].to_json() == {"count": 2 * LAYERS, "bytes": 2 * LAYERS * kv}
+    assert planned.collectives["context_reduce_scatter"].to_json() == {"count": LAYERS, "bytes": LAYERS * kv}
     # FSDP shards over the data and context ranks together (8 ranks), as torchtitan's dp_shard_cp
     plain = evaluate(REQUEST, TraceOptions(amp="bf16"), Execution(world=8, data="fsdp", shard=8), GPU, CLUSTER,
                      cache=RoleCache())

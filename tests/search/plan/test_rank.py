@@ -52,7 +52,7 @@ def test_a_pipeline_from_its_stage_roles(schedule, virtual):
     traced = traced_schedule_step(request, OPTIONS, execution, GPU, CLUSTER, 8, RoleCache(), None)
     assert composed.step_s == pytest.approx(traced.step_s, rel=0.05)
     assert composed.memory_bytes == pytest.approx(traced.memory_bytes, rel=0.10)
-    assert composed.pipeline["in_flight"] == traced.pipeline["in_flight"]
+    assert composed.pipeline.in_flight == traced.pipeline.in_flight
 
 
 def test_any_stage_roles_are_three_stage_roles():
@@ -103,7 +103,7 @@ def test_fsdp_gathered_parameters_are_not_per_micro_batch(reshard):
     request = ModelRequest("llama-7b", batch=8, seq_len=64, overrides=wide)
     composed = evaluate(request, OPTIONS, execution, GPU, CLUSTER, layers=8, cache=RoleCache())
     traced = traced_schedule_step(request, OPTIONS, execution, GPU, CLUSTER, 8, RoleCache(), prepare_for(execution))
-    assert composed.pipeline["in_flight"] == traced.pipeline["in_flight"]
+    assert composed.pipeline.in_flight == traced.pipeline.in_flight
     assert composed.memory_bytes == pytest.approx(traced.memory_bytes, rel=0.10)
 
 

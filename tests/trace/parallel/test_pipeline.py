@@ -85,7 +85,8 @@ def _worker(rank: int) -> dict:
         ScheduleInterleavedZeroBubble,
     )
 
-    from nnperf.trace.parallel.pipeline import split, stage_shapes
+    from nnperf.layout import split_layers
+    from nnperf.trace.parallel.pipeline import block_count, split, stage_shapes
     from nnperf.zoo import get_model
 
     results = {}
@@ -94,7 +95,7 @@ def _worker(rank: int) -> dict:
         name, options = MODEL
         workload = get_model(name).build(batch=BATCH, seq_len=SEQ, **options)
         tokens, targets = workload.inputs[0], workload.loss_fn.targets
-        chunks = split(workload.model, WORLD * virtual)
+        chunks = split(workload.model, split_layers(block_count(workload.model), WORLD, virtual))
         shapes = stage_shapes(chunks, (tokens,), BATCH // MICRO, contextlib.nullcontext)
         mine = [rank + k * WORLD for k in range(virtual)]
         stages = [PipelineStage(chunks[i], i, WORLD * virtual, torch.device("cpu"), input_args=shapes[i][0],

@@ -1,7 +1,7 @@
 """``nnperf plan``: layouts of a model on N GPUs, each traced one rank role at a time.
 
-The package, lowest first: ``results`` (what a plan computes, as records), ``states`` and
-``zero`` (model-state bounds and ZeRO-1's shares), ``rank`` (one rank traced and reduced to
+The package, lowest first: ``results`` (what a plan computes, as records), ``states``
+(model-state bounds), ``rank`` (one rank traced and reduced to
 its figures, deep stacks from two shallow traces), the compositions of a layout's step from
 its rank roles (``pipeline``, ``context``; ``evaluate`` chooses among them and composes data
 and tensor parallelism itself), ``layouts`` (the candidates), ``axes`` (the degrees searched),

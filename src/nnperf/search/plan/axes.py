@@ -10,8 +10,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from nnperf.errors import UsageError
-from nnperf.layout import PIPELINE_DEGREES
+from nnperf.layout import PIPELINE_DEGREES, SCHEDULES, split_layers
 from nnperf.request import ModelRequest
+from nnperf.search.plan.layouts import PipelineSplitChoice
 from nnperf.search.plan.rank import SCALE_POINTS
 from nnperf.trace.options import TraceOptions
 
@@ -22,11 +23,13 @@ def request_name(request: ModelRequest) -> str:
 
 def search_axes(request: ModelRequest, gpus: int, nodes_of: int, layers: int | None,
                 tensor: Iterable[int] | None, pipeline: Iterable[int] | None,
-                model_info: tuple[Any, dict[str, Any], int | None] | None) -> tuple[list[int], list[int]]:
+                model_info: tuple[Any, dict[str, Any], int | None] | None,
+                split: PipelineSplitChoice | None = None) -> tuple[list[int], list[int]]:
     """The tensor and pipeline degrees to try: what the user gave (checked: a degree that does
     not divide the model is one line), else every degree the model and the nodes allow.
-    ``model_info``: ``model_info(request, layers)``."""
-    from nnperf.trace.parallel.pipeline import check_layers
+    ``model_info``: ``model_info(request, layers)``; ``split``: an uneven first and last stage
+    the pipelines must hold."""
+    split = split or PipelineSplitChoice()
 
     if tensor is not None:
         tensor = list(tensor)
@@ -52,12 +55,31 @@ def search_axes(request: ModelRequest, gpus: int, nodes_of: int, layers: int | N
             if pp > 1:
                 if layers is None:
                     raise UsageError("pipeline parallelism needs a built-in gpt2 or llama model (a stage split)")
-                check_layers(layers, pp)
+                split_layers(layers, pp, 1, split.first, split.last)  # one line where it cannot hold them
     elif layers is None or model_info is None or not _pipelines(model_info[0]):
         pipeline = [1]
     else:
-        pipeline = [p for p in PIPELINE_DEGREES if p <= gpus and layers % p == 0 and p < layers]
+        pipeline = [p for p in PIPELINE_DEGREES if p <= gpus and p < layers and split.holds(layers, p)]
+    if split.first is not None or split.last is not None:
+        if not any(p > 1 for p in pipeline):
+            raise UsageError("--first-stage-layers/--last-stage-layers shorten pipeline stages: give --pp 2 or more "
+                             "(a built-in gpt2 or llama model)")
+        pipeline = [p for p in pipeline if p > 1]  # an uneven split is a pipeline's
     return tensor, pipeline
+
+
+def check_virtual_stages(layers: int | None, pipeline: Iterable[int], schedules: Iterable[str],
+                         split: PipelineSplitChoice) -> None:
+    """Virtual stages the user asked for (``--vpp``) must split each pipeline degree's stages:
+    one line naming the valid counts otherwise."""
+    if layers is None or not any(SCHEDULES[s].multi_chunk for s in schedules):
+        return
+    for pp in pipeline:
+        if pp > 1:
+            for virtual in split.virtual:
+                if virtual < 2:
+                    raise UsageError(f"--vpp {virtual}: interleaved schedules run 2 or more model chunks per rank")
+                split_layers(layers, pp, virtual, split.first, split.last)
 
 
 def chunked_loss_axes(options: TraceOptions, tensor: Iterable[int] | None,

@@ -28,13 +28,6 @@ def notes(request: ModelRequest, results: list[Planned], layers: int | None) -> 
     if any(p.execution.tensor > 1 and p.execution.pipeline > 1 for p in results):
         notes.append("tensor x pipeline layouts gather the logits for the loss (no loss parallelism on the "
                      "last stage)")
-    if any(p.execution.shards_optimizer_only for p in results):
-        deep = layers and layers > SCALE_POINTS[-1]
-        notes.append("ZeRO-1 is PyTorch's ZeroRedundancyOptimizer: whole parameters handed out per rank, the "
-                     "busiest rank's figures shown" + (" (the deep stack's busiest estimated from the shallow "
-                     "traces: the larger of the largest parameter and the average share)" if deep else "")
-                     + "; DeepSpeed's stage 1 and Megatron-LM's distributed optimizer split a flat buffer evenly "
-                     "and reduce-scatter and all-gather it: less state on the busiest rank, less traffic")
     return notes
 
 

@@ -41,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from nnperf.errors import UsageError
 from nnperf.hardware import GPU
 from nnperf.hardware.cluster import Cluster
 from nnperf.kernels.collectives import estimate_collective
@@ -81,14 +82,18 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
     # the one- and two-chunk pipelines of two ranks share their roles too
     traced_p = 3
     traced = replace(execution, world=traced_p * stride, pipeline=traced_p, pipeline_schedule="gpipe",
-                     virtual_stages=1, grad_accum=1)
-    per_chunk = layers // stages if layers else None
+                     virtual_stages=1, grad_accum=1, first_stage_layers=None, last_stage_layers=None)
+    # each role's chunk at its own depth (an uneven pipeline's first and last are shorter):
+    # a role's trace is its own chunk, whatever the depth of the others
+    depths = execution.chunk_layers(layers) if layers else None
     used = {"first", "last", *(["middle"] if stages > 2 else [])}
     role_ranks = {name: r for name, r in {"first": 0, "last": traced_p - 1, "middle": 1}.items() if name in used}
+    role_chunk = {"first": 0, "last": stages - 1, "middle": 1}
 
     def traced_role(name: str) -> RankCost:
         return scaled_cost(replace(request, batch=execution.micro_batch), options, traced, gpu, cluster,
-                           role_ranks[name] * stride, layers, cache, prepare, per_chunk=per_chunk)
+                           role_ranks[name] * stride, layers, cache, prepare,
+                           per_chunk=depths[role_chunk[name]] if depths else None)
 
     def role_of(stage: int) -> str:
         return "first" if stage == 0 else "last" if stage == stages - 1 else "middle"
@@ -112,7 +117,7 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
     if prune and slower_than is not None:
         first = roles["first"]
         transfer_first = _transfer(first.figures.p2p_bytes, p, stride, cluster)
-        at_least = replay_lower_bound(first, order, stages, per_chunk or 0, transfer_first)
+        at_least = replay_lower_bound(first, order, stages, depths or (0,) * stages, transfer_first)
         if at_least >= slower_than:
             return Planned(execution, step_s=at_least, fits=True, memory_bytes=int(memory(0, roles)),
                            memory_bound="its first pipeline stage alone", time_bound=REPLAY_BOUND)
@@ -138,19 +143,20 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
 
 def blocks_in_flight(execution: Execution, layers: int) -> int:
     """The most blocks whose saved activations rank 0 holds at once under the layout's schedule:
-    its forwards not yet matched by a backward (``B``, or ``I`` of a split backward), counted
-    over every chunk it holds, times the blocks of a chunk."""
+    its forwards not yet matched by a backward (``B``, or ``I`` of a split backward), each
+    counting its chunk's blocks (``Execution.chunk_layers``)."""
     p, micro = execution.pipeline, execution.grad_accum
     virtual = execution.chunks_per_rank
+    depths = execution.chunk_layers(layers)
     ir = schedule_order(execution.pipeline_schedule or "", p, virtual, micro) if virtual > 1 else None
     live = peak = 0
     for action in orders(execution.pipeline_schedule or "", p, micro, ir)[0]:
         if action.kind == "F":
-            live += 1
+            live += depths[action.stage]
             peak = max(peak, live)
         elif action.kind in ("B", "I"):
-            live -= 1
-    return peak * (layers // (p * virtual))
+            live -= depths[action.stage]
+    return peak
 
 
 def _transfer(activation: float, p: int, stride: int, cluster: Cluster) -> Any:
@@ -167,12 +173,12 @@ REPLAY_BOUND = ("the schedule replayed with its first stage as traced and every 
                 "alone")
 
 
-def replay_lower_bound(first: RankCost, order: dict[int, list[Action]], stages: int, per_chunk: int,
+def replay_lower_bound(first: RankCost, order: dict[int, list[Action]], stages: int, depths: tuple[int, ...],
                        transfer: Any) -> float:
     """A lower bound of a pipeline's step from its first stage's role alone: the schedule's
     replay (``passes.pipeline_timeline.simulate``) with the first stage's actions, head and
     tail as traced and every other stage's action at its blocks' share of the first stage's
-    (``per_chunk`` blocks at what one more block adds to the traced first stage, ``RankCost.
+    (``depths[stage]`` blocks at what one more block adds to the traced first stage, ``RankCost.
     per_block``), which leaves out only what a stage does besides its blocks (the head and the
     loss of the last stage, receiving its input), and the other ranks' heads and tails (their
     optimizer steps) left out. A replay's end only grows with any action's duration (each
@@ -184,7 +190,7 @@ def replay_lower_bound(first: RankCost, order: dict[int, list[Action]], stages: 
         if action.stage == 0:
             return first.figures.action(action.kind, 0)
         per_block = first.per_block.action(action.kind, 0) if first.per_block else 0.0
-        return per_chunk * max(0.0, per_block)
+        return depths[action.stage] * max(0.0, per_block)
 
     def head(rank: int) -> float:
         return first.figures.head_s if rank == 0 else 0.0
@@ -230,6 +236,9 @@ def traced_schedule_step(request: ModelRequest, options: TraceOptions, execution
     """The first, a middle and the last rank traced running the real schedule over ``p``
     micro-batches (every action of each, their in-flight activations included), the schedule
     replayed with all micro-batches."""
+    if execution.uneven:
+        raise UsageError("zero-bubble schedules of uneven stages are not modelled (their real schedule is "
+                         "traced with every chunk at one depth); use 1f1b or interleaved-1f1b")
     p, micro = execution.pipeline, execution.grad_accum
     virtual = execution.chunks_per_rank
     stages = p * virtual

@@ -16,9 +16,8 @@ time are affine in the depth once a block's neighbours are blocks; memory is ext
 phase (forward, backward, optimizer: each phase's peak is affine, the step's peak is their
 largest at the real depth) plus the allocator's and device's overhead of the deeper trace
 (tests check the extrapolation against direct traces).
-Ranks of the same role (the same trace) are traced once per search (``RoleCache``). ZeRO-1's
-ranks hold different shares of the optimizer state: its busiest rank is traced, or for a deep
-stack estimated (``search.plan.zero``): its optimizer bytes are then not exact.
+Ranks of the same role (the same trace) are traced once per search (``RoleCache``); ZeRO-1's
+ranks hold even shares of every bucket, so one of them is every one's role.
 """
 
 from __future__ import annotations
@@ -40,13 +39,6 @@ from nnperf.request import ModelRequest
 from nnperf.search.accumulation import once_span
 from nnperf.search.plan.results import RankCost, RankFigures, StateBytes
 from nnperf.search.plan.states import param_row_bytes
-from nnperf.search.plan.zero import (
-    busiest_rank,
-    optimizer_transient_bytes,
-    optimizer_update_s,
-    to_average,
-    to_busiest,
-)
 from nnperf.trace.distributed import sharded_bytes, trace_rank
 from nnperf.trace.options import TraceOptions
 from nnperf.trace.step import once_per_step
@@ -124,9 +116,6 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
         states=StateBytes(**{k: float(v) for k, v in sharded_bytes(traced).items()}),
     )
     _memory_by_phase(memory, figures)
-    if execution.shards_optimizer_only:  # what a rank's share of the update runs and allocates (search.plan.zero)
-        figures.optimizer_update_s = optimizer_update_s(prediction.step)
-        figures.optimizer_transient = optimizer_transient_bytes(traced.trace)
     for c in traced.collectives:
         figures.collective_count[c.kind] = figures.collective_count.get(c.kind, 0.0) + 1
         figures.collective_bytes[c.kind] = figures.collective_bytes.get(c.kind, 0.0) + c.bytes
@@ -140,13 +129,24 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
             at = bisect.bisect_left(indices, index)
             return clocks[at - 1] if at else 0.0
 
+        # the data-parallel synchronization runs once per step (DDP's reduction in the last
+        # micro-batch's backward, ZeRO-1's and FSDP2's parameter all-gathers before the first
+        # forward): what the traced micro-batch waits for it is the step's head or tail, not
+        # every action's
+        once = _data_parallel_once(traced, comm, prediction.step, config.get("data_parallel_groups", []))
         sums: dict[str, list[float]] = {}
+        head = tail = 0.0
         for label, start, end in actions:
             kind, stage = label[0], label.split("@")[1]
-            sums.setdefault(f"{kind}@{stage}", []).append(clock_before(end) - clock_before(start))
+            waited = sum(w for index, w in once if start <= index < end)
+            sums.setdefault(f"{kind}@{stage}", []).append(clock_before(end) - clock_before(start) - waited)
+            if kind == "F":
+                head += waited
+            else:
+                tail += waited
         figures.action_s = {k: sum(v) / len(v) for k, v in sums.items()}
-        figures.head_s = clock_before(actions[0][1])
-        figures.tail_s = comm.step_s - clock_before(actions[-1][2])
+        figures.head_s = clock_before(actions[0][1]) + head
+        figures.tail_s = comm.step_s - clock_before(actions[-1][2]) + tail
         sends = [c for c in traced.collectives if c.kind == "send_recv" and c.phase == "forward"
                  and c.group_ranks[0] == rank]
         figures.p2p_bytes = float(max((c.bytes for c in sends), default=0))
@@ -154,9 +154,25 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
     return RankCost(figures, prediction.mfu_peak.flops, (workload.tokens or workload.samples) or 0,
                     "tokens/s" if workload.tokens else "samples/s",
                     tuple(config.get("pipeline_stages", ())),
-                    {int(k): v for k, v in (config.get("pipeline_order") or {}).items()},
-                    optimizer_shares=tuple(config.get("optimizer_shares", ())),
-                    largest_parameter=int(config.get("optimizer_largest", 0)), rank=rank)
+                    {int(k): v for k, v in (config.get("pipeline_order") or {}).items()}, rank=rank)
+
+
+def _data_parallel_once(traced: Any, comm: Any, step: Any, groups: list[str]) -> list[tuple[int, float]]:
+    """What the traced micro-batch spends, at each event, on the data-parallel engine's
+    once-per-step synchronization over ``groups`` (process group names): the compute stream's
+    waits for those collectives, and the kernels reading or writing their buffers (DDP's copies
+    of the gradients into its buckets and back, its division of a bucket: what micro-batches
+    under no_sync skip)."""
+    synchronizing = {c.index for c in traced.collectives if c.group in set(groups)}
+    if not synchronizing:
+        return []
+    buffers = {m.storage for index in synchronizing for m in traced.trace.events[index].inputs}
+    # each op lengthens the timeline by its kernel, or by issuing it where the host is behind
+    kernels = [(t.index, max(t.kernel_s, t.host_s)) for t in step.ops if t.index not in synchronizing
+               and t.phase == "backward"
+               and any(m.storage in buffers for m in (*t.count.event.inputs, *t.count.event.outputs))]
+    waits = [(index, seconds) for index, collective, seconds in comm.waits if collective in synchronizing]
+    return kernels + waits
 
 
 def _memory_by_phase(report: Any, figures: RankFigures) -> None:
@@ -231,27 +247,23 @@ def scaled_cost(request: ModelRequest, options: TraceOptions, execution: Executi
                 prepare: Callable[[Any], Any] | None = None, per_chunk: int | None = None) -> RankCost:
     """``rank_cost`` of a deep stack from two shallow traces (see the module docstring), or of
     the model as it is when it is shallow or not a built-in stack. ``per_chunk``: the blocks
-    per pipeline chunk to extrapolate to (default: ``layers`` over the execution's chunks).
-    ZeRO-1's ranks differ in their optimizer share: the busiest rank of a model traced whole,
-    the average share of an extrapolated one (``search.plan.zero``)."""
+    per pipeline chunk to extrapolate to (default: ``layers`` over the execution's chunks)."""
     cache = cache or RoleCache()
-    chunks = execution.pipeline * max(1, execution.virtual_stages)
+    chunks = execution.chunks
     key = (repr(request), options, execution, gpu.id, cluster.id)
 
-    def at(k: int | None, traced_rank: int = rank) -> RankCost:
+    def at(k: int | None) -> RankCost:
         req = request if k is None else replace(request, overrides={**request.overrides, "n_layer": k * chunks})
-        return cache.get((*key, traced_rank, k),
-                         lambda: rank_cost(req, options, execution, gpu, cluster, traced_rank, prepare))
+        return cache.get((*key, rank, k), lambda: rank_cost(req, options, execution, gpu, cluster, rank, prepare))
 
-    if per_chunk is None:
-        per_chunk = layers // chunks if layers else 0
+    if per_chunk is None and layers:
+        depths = set(execution.chunk_layers(layers))  # refused where the chunks cannot split the layers
+        if len(depths) > 1:
+            raise ValueError("an uneven pipeline is composed per stage role: give per_chunk")
+        per_chunk = depths.pop()
+    per_chunk = per_chunk or 0
     if not layers or per_chunk <= SCALE_POINTS[-1]:
         depth = None if not layers or per_chunk * chunks == layers else per_chunk
-        cost = at(depth)
-        if execution.shards_optimizer_only and busiest_rank(cost) != rank:
-            cost = at(depth, busiest_rank(cost))
-        return cost
+        return at(depth)
     low, high = (at(k) for k in SCALE_POINTS)
-    if execution.shards_optimizer_only:
-        return to_busiest(extrapolate(to_average(low), to_average(high), *SCALE_POINTS, per_chunk))
     return extrapolate(low, high, *SCALE_POINTS, per_chunk)

@@ -74,10 +74,6 @@ class RankFigures:
     head_s: float = 0.0  # before a pipeline rank's first action
     tail_s: float = 0.0  # after its last (optimizer, gradient synchronization)
     p2p_bytes: float = 0.0  # the activation a pipeline stage sends forward
-    #: ZeRO-1 (search.plan.zero): the update's kernels and temporaries, the share's elements
-    optimizer_update_s: float = 0.0
-    optimizer_transient: float = 0.0
-    optimizer_share: float = 0.0
 
     def action(self, kind: str, stage: int) -> float:
         """The mean time of a pipeline action of this rank (``F``, ``B``, ``I``, ``W``)."""
@@ -111,10 +107,7 @@ class RankCost:
     unit: str = "samples/s"
     stages: tuple[int, ...] = ()  # pipeline stages this rank holds
     pipeline_order: dict[int, list[str]] = field(default_factory=dict)
-    #: ZeRO-1: the parameter elements of each rank's optimizer share, by rank (empty otherwise)
-    optimizer_shares: tuple[int, ...] = ()
-    largest_parameter: int = 0  # ZeRO-1: the elements of the largest (the first handed out)
-    rank: int | None = 0  # the rank traced (None: ZeRO-1's estimated average or busiest, search.plan.zero)
+    rank: int = 0  # the rank traced
     #: what one more block adds to each figure, where the cost is a deep stack extrapolated from
     #: two shallow traces (``extrapolate``); None for a stack traced as it is
     per_block: RankFigures | None = None
@@ -218,10 +211,8 @@ class Planned:
     memory_bound: str = ""  # what memory_bytes counts when it is a lower bound (pruned unfit: not timed)
     time_bound: str = ""  # what step_s counts when it is a lower bound (pruned slower: not traced further)
     param_row_bytes: float = 0.0  # per-rank parameter row bytes (search.plan.states)
-    #: the rank whose figures these are: the first of its role (a pipeline's critical stage),
-    #: ZeRO-1's busiest (None: not known, a deep stack's busiest ZeRO-1 rank estimated from
-    #: shallow traces, ``search.plan.zero``, or a ZeRO-1 layout ruled out by its states' bound)
-    rank: int | None = 0
+    #: the rank whose figures these are: the first of its role (a pipeline's critical stage)
+    rank: int = 0
     loss_saved_bytes: int = 0  # what the loss keeps for backward (an eager cross entropy's copies of the logits)
     #: what one more block adds to the traced rank (``RankCost.per_block``): its persistent state
     #: (parameters and optimizer state) and its saved activations (``search.plan.bounds``)

@@ -41,6 +41,7 @@ from nnperf.passes.memory.capacity import capacity
 from nnperf.request import ModelRequest
 from nnperf.search.plan.axes import (
     check_degrees,
+    check_virtual_stages,
     chunked_loss_axes,
     default_batch,
     expert_degrees,
@@ -51,7 +52,7 @@ from nnperf.search.plan.axes import (
 )
 from nnperf.search.plan.bounds import same_work, work_bound
 from nnperf.search.plan.evaluate import evaluate
-from nnperf.search.plan.layouts import layouts, shape_key
+from nnperf.search.plan.layouts import PipelineSplitChoice, layouts, shape_key
 from nnperf.search.plan.notes import notes, routing_note, why
 from nnperf.search.plan.rank import RoleCache, layers_of
 from nnperf.search.plan.results import Plan, Planned
@@ -70,7 +71,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
          tensor: Iterable[int] | None = (1,), pipeline: Iterable[int] | None = (1,),
          schedules: Iterable[str] = DEFAULT_SCHEDULES, context: Iterable[int] = (1,),
          expert: Iterable[int] | None = (1,), data: Iterable[str] | None = None,
-         checkpoints: Iterable[str | None] | None = None, reshard: Iterable[bool] = (True,)) -> Plan:
+         checkpoints: Iterable[str | None] | None = None, reshard: Iterable[bool] = (True,),
+         split: PipelineSplitChoice | None = None) -> Plan:
     """Rank the layouts of ``request`` on ``gpus`` GPUs of ``gpu``. ``tensor``/``pipeline``/
     ``expert``: the degrees to try (None: every degree the model and nodes allow; the default,
     1, keeps the data-parallel search; ``context``: context-parallel degrees, modelled in
@@ -78,7 +80,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     data parallelism has none and stays); ``checkpoints``: the checkpointing levels the search
     may use (``CHECKPOINTS``); None: all of them. ``reshard``: FSDP2's reshard after forward,
     True (torchtitan's default without pipelines), False (the gathered parameters kept until
-    backward: no backward all-gather, ZeRO-2's traffic), or both.
+    backward: no backward all-gather, ZeRO-2's traffic), or both. ``split``: the chunks per rank
+    of the interleaved schedules and an uneven first and last stage (default: 2, even).
 
     The search runs in two passes so that a large cluster is planned in seconds: data and
     tensor parallelism over every degree, then pipeline parallelism at the tensor-parallel
@@ -91,8 +94,11 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     asked = (tensor, pipeline)
     info = model_info(request, layers)  # one meta build of one block, for the axes and the note
     tensor, pipeline = chunked_loss_axes(options, tensor, pipeline)
-    tensor, pipeline = search_axes(request, gpus, nodes_of, layers, tensor, pipeline, info)  # the model's rules first
+    split = split or PipelineSplitChoice()
+    tensor, pipeline = search_axes(request, gpus, nodes_of, layers, tensor, pipeline, info, split)  # the model's rules first
     check_degrees(gpus, nodes_of, *asked, context, expert)
+    if split.virtual != PipelineSplitChoice().virtual:  # asked for: each must split the stages
+        check_virtual_stages(layers, pipeline, schedules, split)
     expert = expert_degrees(request, gpus, nodes_of, expert, info)
     kinds = set(DATA_KINDS if data is None else data)
     if options.optimizer == "none":  # no optimizer state to shard: ZeRO-1 is DDP
@@ -106,7 +112,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
 
     first = engines(layouts(gpus, nodes_of, global_batch, tensor=tensor,
                             pipeline=[1] if 1 in pipeline else pipeline[:1], schedules=schedules, layers=layers,
-                            context=context, expert=expert, reshard=reshard))
+                            context=context, expert=expert, reshard=reshard, split=split))
     results, traces = _in_workers(request, options, gpu, cluster, layers,
                                   [[e for e in first if e.tensor == tp] for tp in tensor], levels=levels)
     deeper = [p for p in pipeline if p > 1 and p not in {e.execution.pipeline for e in results}]
@@ -114,7 +120,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         fitting = sorted((p for p in results if p.fits), key=lambda p: p.step_s)
         best_tp = fitting[0].execution.tensor if fitting else max(tensor)
         second = engines(layouts(gpus, nodes_of, global_batch, tensor=[best_tp], pipeline=deeper,
-                                 schedules=schedules, layers=layers, expert=expert))
+                                 schedules=schedules, layers=layers, expert=expert, split=split))
         more, more_traces = _in_workers(request, options, gpu, cluster, layers,
                                         [[e for e in second if e.pipeline == pp] for pp in deeper],
                                         fitting[0].step_s if fitting else None, same_work(results), levels)
@@ -155,7 +161,9 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         rejected += slower
     names = {level: name for name, level in CHECKPOINT_NAMES.items()}
     search = {"tensor": list(tensor), "pipeline": list(pipeline), "context": context, "expert": list(expert),
-              "schedules": list(schedules), "data": [k for k in DATA_KINDS if k in kinds],
+              "schedules": list(schedules), "virtual_stages": list(split.virtual),
+              "first_stage_layers": split.first, "last_stage_layers": split.last,
+              "data": [k for k in DATA_KINDS if k in kinds],
               "checkpoint": [names[CHECKPOINTS[i]] for i in levels],
               "reshard_after_forward": sorted(set(reshard), reverse=True)}
     return Plan(request_name(request), gpu, cluster, gpus, global_batch, ranked, rejected,
@@ -251,8 +259,7 @@ def _search(request: ModelRequest, options: TraceOptions, candidates: list[Execu
                      if e.micro_batch <= largest[levels[0]]]
             bound = states_bound(sibling, sibling.execution.shard, first[0], options.optimizer) if first else None
             if bound is not None and bound > capacity(gpu):
-                results.append(Planned(first[0], memory_bytes=bound, memory_bound=STATES_BOUND,
-                                       rank=None if first[0].shards_optimizer_only else 0))  # ZeRO-1's: an average
+                results.append(Planned(first[0], memory_bytes=bound, memory_bound=STATES_BOUND))
                 continue
         above = 0  # micro-batches at or below this one are not worth recomputing for
         for level in levels:

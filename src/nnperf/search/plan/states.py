@@ -18,10 +18,10 @@ rejected without a trace, whatever its checkpointing and micro-batch:
 - All of them are alive together at the optimizer step, so rank 0's memory is at least
   ``m (2 + MIRRORS) (P - R)``: ``P`` the FSDP rank's parameter bytes, ``R`` the sum of its
   parameters' row bytes (``param_row_bytes``), both exact per block at any depth.
-- ZeRO-1 (DDP with the optimizer state sharded over its ``m`` ranks, ``search.plan.zero``)
-  holds the whole parameters and gradients, at least ``m (P - R)`` bytes each, and at least the
-  average share of the state, ``MIRRORS`` times the whole parameters over ``m``: at least
-  ``(2 m + MIRRORS) (P - R)``.
+- ZeRO-1 (DDP with the optimizer state sharded over its ``m`` ranks, Megatron-LM's distributed
+  optimizer: ``trace.parallel.distributed_optimizer``) holds the whole parameters and gradients,
+  at least ``m (P - R)`` bytes each, and its even share of the state, ``MIRRORS`` times the
+  whole parameters over ``m``: at least ``(2 m + MIRRORS) (P - R)``.
 """
 
 from __future__ import annotations
@@ -60,6 +60,6 @@ def states_bound(sibling: Planned, shard: int, execution: Execution, optimizer: 
             or optimizer_state < mirrors * params or shard % own_shard):
         return None
     m, least = shard // own_shard, max(0.0, params - sibling.param_row_bytes)
-    if execution.shards_optimizer_only:  # whole parameters and gradients, an average share of the state
+    if execution.shards_optimizer_only:  # whole parameters and gradients, an even share of the state
         return int((2 * m + mirrors) * least)
     return int(m * (2 + mirrors) * least)

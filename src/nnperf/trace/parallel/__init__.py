@@ -66,11 +66,11 @@ def apply_layout(workload: Workload, execution: Execution, options: TraceOptions
 
         for part in parts:
             shard_experts(part, experts_dp_mesh, execution, options.amp)
-        apply_data_parallel(workload, parts, execution, options.amp, dp_mesh, units, real)
+        apply_data_parallel(workload, parts, execution, options.amp, dp_mesh, units, real, tp_mesh)
         for part in parts:
             explicit_prefetch(part, units(part))
         return workload
-    apply_data_parallel(workload, parts, execution, options.amp, dp_mesh, units, real)
+    apply_data_parallel(workload, parts, execution, options.amp, dp_mesh, units, real, tp_mesh)
     return workload
 
 

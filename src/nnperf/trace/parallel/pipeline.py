@@ -25,7 +25,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,17 +74,6 @@ def chunks_per_rank(schedule: str, virtual: int) -> int:
     return virtual if schedule in MULTI else 1
 
 
-def check_layers(n_layers: int, stages: int, what: str = "pipeline stages") -> None:
-    """One line when ``stages`` chunks do not split ``n_layers`` blocks evenly."""
-    if n_layers % stages == 0:
-        return
-    divisors = [d for d in range(1, n_layers + 1) if n_layers % d == 0]
-    below = max((d for d in divisors if d < stages), default=None)
-    above = min((d for d in divisors if d > stages), default=None)
-    nearest = " or ".join(str(d) for d in (below, above) if d is not None)
-    raise UsageError(f"{n_layers} layers do not split evenly into {stages} {what}; nearest valid: {nearest}")
-
-
 class Chunk(nn.Module):
     """Consecutive blocks of a model, with the embeddings when first and the head when last."""
 
@@ -110,13 +100,20 @@ class Chunk(nn.Module):
         return x
 
 
-def split(model: nn.Module, stages: int) -> list[Chunk]:
-    """All ``stages`` chunks of ``model`` (equal numbers of blocks)."""
+def block_count(model: nn.Module) -> int:
+    """The repeated blocks a pipeline splits (the model's declared ``pipeline_split``)."""
+    return len(getattr(model, split_of(model).blocks))
+
+
+def split(model: nn.Module, layers: Sequence[int]) -> list[Chunk]:
+    """The chunks of ``model``, the ``i``-th holding ``layers[i]`` consecutive blocks (the
+    layout's ``Execution.chunk_layers``)."""
     family = split_of(model)
     n = len(getattr(model, family.blocks))
-    check_layers(n, stages)
-    per = n // stages
-    return [Chunk(model, family, s * per, (s + 1) * per, s == 0, s == stages - 1) for s in range(stages)]
+    if sum(layers) != n or min(layers) < 1:
+        raise UsageError(f"a split of {'+'.join(map(str, layers))} blocks does not hold the model's {n} blocks")
+    starts = [0, *itertools.accumulate(layers)]
+    return [Chunk(model, family, starts[s], starts[s + 1], s == 0, s == len(layers) - 1) for s in range(len(layers))]
 
 
 class _MicroLoss:
@@ -311,8 +308,8 @@ def pipeline_rank(workload: Workload, execution: Execution, options: TraceOption
             return contextlib.nullcontext()
         return torch.autocast("cpu", dtype=AMP_DTYPES[options.amp])
 
-    stages = execution.pipeline * (execution.virtual_stages if execution.virtual_stages > 1 else 1)
-    chunks = split(workload.model, stages)
+    stages = execution.chunks
+    chunks = split(workload.model, execution.chunk_layers(block_count(workload.model)))
     batch = workload.inputs[0].shape[0]
     if batch % execution.grad_accum:
         raise UsageError(f"a batch of {batch} does not split into {execution.grad_accum} micro-batches")
@@ -329,5 +326,5 @@ def pipeline_rank(workload: Workload, execution: Execution, options: TraceOption
                         [shapes[i] for i in mine])
 
 
-__all__ = ["Chunk", "PipelineRank", "PipelineSplit", "check_layers", "pipeline_rank", "rank_stages",
+__all__ = ["Chunk", "PipelineRank", "PipelineSplit", "block_count", "pipeline_rank", "rank_stages",
            "schedule_order", "split", "split_of", "stage_shapes"]
