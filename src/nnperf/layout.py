@@ -194,9 +194,6 @@ class Execution:
             raise UsageError(f"unknown data parallelism '{self.data}'; valid: {', '.join(DATA_ENGINES)}")
         if self.expert != 1:
             self._validate_expert()
-        if self.context > 1 and (self.pipeline > 1 or (self.replicates_parameters and self.world > self.model_parallel)):
-            raise UsageError("context parallelism is modelled with FSDP/HSDP or alone (torchtitan's "
-                             "dp_shard x cp mesh), without pipeline parallelism")
         if self.pipeline > 1:
             schedule = SCHEDULES.get(self.pipeline_schedule or "")
             if schedule is None:

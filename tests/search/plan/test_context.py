@@ -53,3 +53,23 @@ def test_mfu_counts_the_same_model_flops_with_full_checkpointing():
         return planned.mfu / planned.throughput
 
     assert per_token("full") == pytest.approx(per_token(None), rel=1e-6)
+
+
+def test_context_parallelism_in_a_pipeline():
+    """2 stages x CP 2: each stage's role is traced on half the sequence and its actions take the
+    ring attention's collectives (per attention layer of the stage: two all-gathers of the whole
+    sequence's K and V and a reduce-scatter of their gradients, sizes by hand); against the
+    pipeline of half sequences over the same GPUs (twice the data-parallel ranks), the same tokens
+    a step, in a longer one (attention over the whole sequence, the ring's collectives)."""
+    from dataclasses import replace
+
+    execution = Execution(world=8, data="fsdp", shard=2, context=2, pipeline=2, pipeline_schedule="1f1b",
+                          micro_batch=1, grad_accum=2, reshard_after_forward=False)
+    planned = evaluate(REQUEST, TraceOptions(amp="bf16"), execution, GPU, CLUSTER, layers=LAYERS, cache=RoleCache())
+    kv = 2 * SEQ * KV * (DIM // HEADS) * 2
+    per_stage = LAYERS // 2
+    assert planned.collectives["context_all_gather"].to_json() == {"count": 2 * per_stage, "bytes": 2 * per_stage * kv}
+    half = evaluate(replace(REQUEST, seq_len=SEQ // 2), TraceOptions(amp="bf16"),
+                    replace(execution, context=1, shard=4), GPU, CLUSTER, layers=LAYERS, cache=RoleCache())
+    assert planned.step_s > half.step_s
+    assert planned.throughput * planned.step_s == pytest.approx(half.throughput * half.step_s, rel=1e-9)

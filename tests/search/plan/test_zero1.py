@@ -161,3 +161,18 @@ def test_a_pipeline_synchronizes_its_data_parallel_ranks_once_per_step():
     plain = scaled_cost(request, OPTIONS, alone, GPU, CLUSTER, 0, 12, RoleCache(), per_chunk=4)
     assert ddp.figures.action("B", 0) == pytest.approx(plain.figures.action("B", 0), rel=0.03)
     assert ddp.figures.tail_s > plain.figures.tail_s  # the synchronization, once
+
+
+def test_a_pipeline_stage_with_zero1_runs_the_same_blocks_as_with_ddp():
+    """ZeRO-1's once-per-step work is its buckets' reduction and its parameters' all-gather:
+    every other kernel of a micro-batch (the blocks reading the gathered parameters) stays in its
+    actions, which run what DDP's do (within 3%)."""
+    from nnperf.search.plan.rank import RoleCache, scaled_cost
+
+    request = _request(SMALL_VOCAB, 12)
+    for_kind = {}
+    for data in ("ddp", "zero1"):
+        role = Execution(world=6, data=data, pipeline=3, pipeline_schedule="gpipe", micro_batch=2)
+        for_kind[data] = scaled_cost(request, OPTIONS, role, GPU, CLUSTER, 0, 12, RoleCache(), per_chunk=4).figures
+    for kind in ("F", "B"):
+        assert for_kind["zero1"].action(kind, 0) == pytest.approx(for_kind["ddp"].action(kind, 0), rel=0.03)

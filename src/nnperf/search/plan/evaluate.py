@@ -1,7 +1,8 @@
 """One layout traced, timed and sized: each way a layout's step is composed from its traced
-rank roles in one place, chosen here (``evaluate``): context parallelism in closed form on a
-traced rank (``plan.context``), a pipeline replayed from its stage roles (``plan.pipeline``),
-and data and tensor parallelism from the one rank role they have (``data_tensor_step``).
+rank roles in one place, chosen here (``evaluate``): a pipeline replayed from its stage roles
+(``plan.pipeline``; with context parallelism, each role with its ring attention), context
+parallelism in closed form on a traced rank (``plan.context``), and data and tensor
+parallelism from the one rank role they have (``data_tensor_step``).
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ def evaluate(request: ModelRequest, options: TraceOptions, execution: Execution,
         seq = request.seq_len or (info[2] if info else None)
         if not seq:
             raise UsageError("context parallelism needs a sequence length (--seq)")
+        if execution.pipeline > 1:
+            return pipeline_step(replace(request, seq_len=seq), options, execution, gpu, cluster, layers, cache,
+                                 prepare_for(execution), prune, slower_than)
         return context_step(request, options, execution, gpu, cluster, layers, cache, prepare_for(execution), seq)
     if execution.pipeline > 1:
         return pipeline_step(request, options, execution, gpu, cluster, layers, cache, prepare_for(execution), prune,

@@ -83,7 +83,7 @@ def _layouts_of(gpus: int, nodes_of: int, global_batch: int, tp: int, pp: int, c
                 refuse: bool = False) -> list[Execution]:
     """The layouts of one (tensor, pipeline, context) degree: data parallelism over the rest
     (``refuse``: a global batch the data-parallel ranks cannot split is one line, not none)."""
-    if gpus % (tp * pp * cp) or (tp > 1 and nodes_of % tp) or (cp > 1 and pp > 1):
+    if gpus % (tp * pp * cp) or (tp > 1 and nodes_of % tp):
         return []
     dp = gpus // (tp * pp * cp)
     if global_batch % dp:
@@ -96,8 +96,6 @@ def _layouts_of(gpus: int, nodes_of: int, global_batch: int, tp: int, pp: int, c
         return []
     out: list[Execution] = []
     for data, shard in _data_shapes(dp, tp * cp, pp, nodes_of):
-        if cp > 1 and DATA_ENGINES[data].replicates_parameters and dp > 1:
-            continue  # torchtitan shards over the data and context ranks together
         for checkpoint in checkpoints:
             common = {"world": gpus, "data": data, "shard": shard, "gpus_per_node": nodes_of,
                       "checkpoint": checkpoint, "tensor": tp, "sequence_parallel": tp > 1, "context": cp}

@@ -49,6 +49,7 @@ from nnperf.layout import Execution
 from nnperf.passes.memory.capacity import capacity, fits
 from nnperf.passes.pipeline_timeline import Action, PipelineTime, in_flight, orders, simulate
 from nnperf.request import ModelRequest
+from nnperf.search.plan.context import check_sequence, traced_as, with_ring_attention
 from nnperf.search.plan.rank import RoleCache, scaled_cost
 from nnperf.search.plan.results import (
     PipelineFigures,
@@ -83,6 +84,13 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
     traced_p = 3
     traced = replace(execution, world=traced_p * stride, pipeline=traced_p, pipeline_schedule="gpipe",
                      virtual_stages=1, grad_accum=1, first_stage_layers=None, last_stage_layers=None)
+    role_request = replace(request, batch=execution.micro_batch)
+    if execution.context > 1:  # each stage's role traced on its sequence chunk, ring attention added
+        if not request.seq_len:
+            raise UsageError("context parallelism needs a sequence length (--seq)")
+        check_sequence(request.seq_len, execution.context)
+        traced = traced_as(traced)
+        role_request = replace(role_request, seq_len=request.seq_len // execution.context)
     # each role's chunk at its own depth (an uneven pipeline's first and last are shorter):
     # a role's trace is its own chunk, whatever the depth of the others
     depths = execution.chunk_layers(layers) if layers else None
@@ -91,9 +99,9 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
     role_chunk = {"first": 0, "last": stages - 1, "middle": 1}
 
     def traced_role(name: str) -> RankCost:
-        return scaled_cost(replace(request, batch=execution.micro_batch), options, traced, gpu, cluster,
-                           role_ranks[name] * stride, layers, cache, prepare,
-                           per_chunk=depths[role_chunk[name]] if depths else None)
+        cost = scaled_cost(role_request, options, traced, gpu, cluster, role_ranks[name] * stride, layers, cache,
+                           prepare, per_chunk=depths[role_chunk[name]] if depths else None)
+        return with_ring_attention(cost, execution, cluster) if execution.context > 1 else cost
 
     def role_of(stage: int) -> str:
         return "first" if stage == 0 else "last" if stage == stages - 1 else "middle"
@@ -236,6 +244,9 @@ def traced_schedule_step(request: ModelRequest, options: TraceOptions, execution
     """The first, a middle and the last rank traced running the real schedule over ``p``
     micro-batches (every action of each, their in-flight activations included), the schedule
     replayed with all micro-batches."""
+    if execution.context > 1:
+        raise UsageError("context parallelism with a zero-bubble schedule is not modelled; use 1f1b or "
+                         "interleaved-1f1b")
     if execution.uneven:
         raise UsageError("zero-bubble schedules of uneven stages are not modelled (their real schedule is "
                          "traced with every chunk at one depth); use 1f1b or interleaved-1f1b")

@@ -106,6 +106,7 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
         saved_activations=float(sum(memory.saved_activations.values())),
         loss_saved=float(memory.saved_activations.get("(loss)", 0)),
         attention_s=sum(t.kernel_s for t in attention),
+        attention_forward_s=sum(t.kernel_s for t in attention if t.phase == "forward"),
         attention_flops=float(sum(t.count.flops for t in attention  # the model's: MFU's numerator
                                   if t.phase in ("forward", "backward") and not t.count.event.recomputed)),
         attention_layers=float(len(forward)),
@@ -166,7 +167,11 @@ def _data_parallel_once(traced: Any, comm: Any, step: Any, groups: list[str]) ->
     synchronizing = {c.index for c in traced.collectives if c.group in set(groups)}
     if not synchronizing:
         return []
-    buffers = {m.storage for index in synchronizing for m in traced.trace.events[index].inputs}
+    # the gradients' buckets: what the reductions read (an all-gather's input is a parameter
+    # buffer every kernel reads)
+    reductions = {c.index for c in traced.collectives if c.index in synchronizing
+                  and c.kind in ("all_reduce", "reduce_scatter")}
+    buffers = {m.storage for index in reductions for m in traced.trace.events[index].inputs}
     # each op lengthens the timeline by its kernel, or by issuing it where the host is behind
     kernels = [(t.index, max(t.kernel_s, t.host_s)) for t in step.ops if t.index not in synchronizing
                and t.phase == "backward"

@@ -61,6 +61,7 @@ class RankFigures:
     loss_saved: float = 0.0  # what the loss keeps for backward
     model_states: float = 0.0  # parameters, gradients and optimizer state in the memory pass
     attention_s: float = 0.0
+    attention_forward_s: float = 0.0  # of it, in forward (the rest: backward and recomputation)
     attention_flops: float = 0.0
     attention_layers: float = 0.0
     kv_bytes: float = 0.0  # the keys and values attention's forward reads

@@ -131,11 +131,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
             f"no layout of {request_name(request)} on {gpus} GPUs with tensor degrees {listed(tensor)}, "
             f"pipeline degrees {listed(pipeline)}, context degrees {listed(context)}, expert degrees "
             f"{listed(expert)} and data parallelism {', '.join(k for k in DATA_KINDS if k in kinds)}: the global batch "
-            f"{global_batch} must divide over the data-parallel ranks (GPUs / (tp x pp x cp)), context "
-            "parallelism does not combine with pipelines, and stages must split the layers; try other "
-            "degrees or --global-batch a multiple of the GPU count"
-            + ("" if kinds & {"fsdp", "hsdp"} else " (pipelines and tensor parallelism shard their data-parallel "
-                                                 "ranks: FSDP or HSDP, not DDP)"))
+            f"{global_batch} must divide over the data-parallel ranks (GPUs / (tp x pp x cp)) and stages must "
+            "split the layers; try other degrees or --global-batch a multiple of the GPU count")
     cache = RoleCache()
     slower = [p for p in results if p.time_bound]
     results = [p for p in results if not p.time_bound]
