@@ -3,7 +3,7 @@ under ``torchrun``, its per-rank figures beside the plan's.
 
 Every rank builds the model (the same seed everywhere), applies the layout's engines with the
 code the planner traces them with (``trace.parallel.apply_layout``: ``parallelize_module``,
-expert parallelism, FSDP2 or DDP, ZeRO-1's ``ZeroRedundancyOptimizer`` over DDP, on a device
+expert parallelism, FSDP2 or DDP, ZeRO-1's distributed optimizer over DDP, on a device
 mesh of the real process group: NCCL on GPUs, gloo on CPUs) and runs the step: ``grad_accum``
 micro-batches' forward and backward, then the optimizer. What each rank measures, gathered on rank 0:
 

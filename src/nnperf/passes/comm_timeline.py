@@ -21,9 +21,9 @@ Each process group has its own stream: ProcessGroupNCCL runs a communicator's co
 that communicator's stream, so collectives of one group run in issue order, and those of
 different groups (an FSDP all-gather and an expert-parallel all-to-all, a tensor-parallel
 reduce-scatter and a pipeline send) may run at once. FSDP2's copy into its all-gather buffer
-runs on the stream of the all-gather it feeds. A collective of the optimizer phase (ZeRO-1's
-broadcasts of each rank's updated share; DTensor's all-reduces of replicated parameters' partial
-gradients, which the optimizer's first read of them issues) is issued from the compute stream, and
+runs on the stream of the all-gather it feeds. A collective of the optimizer phase (DTensor's
+all-reduces of replicated parameters' partial gradients, which the optimizer's first read of
+them issues; a norm's all-reduce for gradient clipping) is issued from the compute stream, and
 ProcessGroupNCCL makes its stream wait for every kernel issued there before it (an event
 recorded at issue): it starts after them, not when its buffer was last written. The
 other collectives start when their inputs are ready. What is not modelled yet: wave quantization on
@@ -164,7 +164,7 @@ def overlap(
             kind, nbytes, seconds = collective_time(t.index)
             stream = streams.get(t.index)
             if event.phase == Phase.OPTIMIZER:
-                # issued from the compute stream (ZeroRedundancyOptimizer's broadcasts,
+                # issued from the compute stream (a broadcast of updated parameters,
                 # DTensor's redistribution of partial gradients):
                 # ProcessGroupNCCL makes its stream wait for every kernel issued before
                 ready = max(ready, compute_free)
