@@ -166,7 +166,7 @@ def test_layers_that_do_not_split_are_one_line():
 
     name, options = MODEL
     execution = Execution(world=3, pipeline=3, pipeline_schedule="1f1b", micro_batch=2, grad_accum=4)
-    with pytest.raises(UsageError, match="4 layers do not split evenly into 3 pipeline stages; nearest valid: 2 or 4"):
+    with pytest.raises(UsageError, match="4 layers do not split evenly into 3 pipeline stages; nearest valid pipeline degrees: 2 or 4"):
         trace_rank(lambda: get_model(name).build(batch=BATCH, seq_len=SEQ, **options),
                    TraceOptions(optimizer="adamw"), execution, lambda model: [])
 

@@ -83,10 +83,11 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     backward: no backward all-gather, ZeRO-2's traffic), or both. ``split``: the chunks per rank
     of the interleaved schedules and an uneven first and last stage (default: 2, even).
 
-    The search runs in two passes so that a large cluster is planned in seconds: data and
-    tensor parallelism over every degree, then pipeline parallelism at the tensor-parallel
-    degree of the best layout of the first pass (the largest degree if none fit), then that
-    winner's degree without sequence parallelism."""
+    The search runs in passes so that a large cluster is planned in seconds: data and tensor
+    parallelism over every degree; then pipeline parallelism at the tensor-parallel degree of
+    the best layout of the first pass (the largest degree if none fit), FSDP at every pipeline
+    degree, schedule and split, the other data-parallel engines at the one FSDP does best with;
+    then that winner's degree without sequence parallelism."""
     nodes_of = nodes_of or cluster.gpus_per_node
     global_batch = global_batch or gpus * (request.batch or default_batch(request))
     context = list(context)
@@ -120,12 +121,28 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         fitting = sorted((p for p in results if p.fits), key=lambda p: p.step_s)
         best_tp = fitting[0].execution.tensor if fitting else max(tensor)
         second = engines(layouts(gpus, nodes_of, global_batch, tensor=[best_tp], pipeline=deeper,
-                                 schedules=schedules, layers=layers, expert=expert, split=split))
+                                 schedules=schedules, layers=layers, context=context, expert=expert, split=split))
+        # FSDP (and pipelines without data parallelism) at every pipeline shape; the other engines
+        # at the shape FSDP does best with: the degree, schedule and chunks that set a pipeline's
+        # bubble are the same whichever engine reduces its gradients
+        narrowed = "fsdp" in kinds
+        lead = [e for e in second if not narrowed or e.data == "fsdp" or e.data_parallel == 1]
         more, more_traces = _in_workers(request, options, gpu, cluster, layers,
-                                        [[e for e in second if e.pipeline == pp] for pp in deeper],
+                                        [[e for e in lead if e.pipeline == pp] for pp in deeper],
                                         fitting[0].step_s if fitting else None, same_work(results), levels)
         results += more
         traces += more_traces
+        piped = sorted((p for p in more if p.fits and not p.time_bound and p.execution.data == "fsdp"),
+                       key=lambda p: p.step_s)
+        if narrowed and piped:
+            shape = _pipeline_shape(piped[0].execution)
+            # FSDP's members of that shape again: the other engines are searched where it fits
+            rest = [e for e in second if _pipeline_shape(e) == shape and (e.data == "fsdp" or e not in lead)]
+            fastest = min((p.step_s for p in results if p.fits and not p.time_bound), default=None)
+            extra, extra_traces = _in_workers(request, options, gpu, cluster, layers, [rest], fastest,
+                                              same_work(results), levels)
+            results += [p for p in extra if p.execution.data != "fsdp"]
+            traces += extra_traces
     if not results:
         raise UsageError(
             f"no layout of {request_name(request)} on {gpus} GPUs with tensor degrees {listed(tensor)}, "
@@ -174,6 +191,12 @@ WORKERS_ENV = "NNPERF_PLAN_WORKERS"
 
 
 _TASKS: list[Any] = []  # what a forked worker runs (inherited, nothing pickled)
+
+
+def _pipeline_shape(execution: Execution) -> tuple[Any, ...]:
+    """What sets a pipeline's bubble: its degree, schedule, chunks per rank and split."""
+    e = execution
+    return e.pipeline, e.pipeline_schedule, e.virtual_stages, e.first_stage_layers, e.last_stage_layers, e.context
 
 
 def _in_workers(request: ModelRequest, options: TraceOptions, gpu: GPU, cluster: Cluster, layers: int | None,

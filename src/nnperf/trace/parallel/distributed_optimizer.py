@@ -179,6 +179,10 @@ class DistributedOptimizer:
     def state(self) -> Any:
         return self.optimizer.state
 
+    def register_step_pre_hook(self, hook: Any) -> Any:
+        """``torch.optim.Optimizer``'s hook before each step, called with this optimizer."""
+        return self.optimizer.register_step_pre_hook(lambda _, args, kwargs: hook(self, args, kwargs))
+
     def step(self, closure: Any = None) -> Any:
         missing = [p for p in self.shares(self.sharded) if p.grad is None]
         for p in missing:  # a warm-up step before any backward (trace.capture): zero gradients
