@@ -1,6 +1,7 @@
 """The package's layers: a module imports only from its own layer or lower ones.
 
-Low to high: the package root and errors, formatting units and hardware facts; one-kernel
+Low to high: the package root and errors, formatting units; the multi-GPU layout record;
+hardware facts; one-kernel
 models; the trace and what it is built from; passes over one trace; the two public results
 (and a prediction's track record, beside it);
 searches over many traces; measurement; reports; the command line. A lower layer never
@@ -20,6 +21,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "nnperf"
 
 LAYERS: list[set[str]] = [
     {"", "errors", "units", "vocab", "special_files", "fields", "progress", "stopping"},
+    {"layout"},
     {"hardware"},
     {"kernels"},
     {"workload", "request", "zoo", "trace", "hub"},

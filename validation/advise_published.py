@@ -22,10 +22,10 @@ from pathlib import Path
 
 from nnperf.hardware import load_gpu
 from nnperf.hardware.cluster import cluster_for_gpu
+from nnperf.layout import Execution
 from nnperf.request import ModelRequest
 from nnperf.search.advise import Change, advise
 from nnperf.search.advise.sharded import evaluate_on_layout
-from nnperf.trace.distributed import Execution
 from nnperf.trace.options import TraceOptions
 
 TOLERANCE = 0.5  # of the published gain
@@ -208,7 +208,7 @@ def fused_adamw_torchtitan() -> Reproduction:
         "full shard over 8 H100 SXM (DGX H100 links), selective activation checkpointing, bf16, AdamW",
         (1.0163, 1.0362), foreach.step_s / fused.step_s,
         details=[f"rank step {foreach.step_s:.3f} -> {fused.step_s:.3f} s; FSDP eager published +2.24%",
-                 f"per-rank optimizer state {foreach.state_bytes.get('optimizer_state', 0) / 2**30:.2f} GiB "
+                 f"per-rank optimizer state {foreach.state_bytes.optimizer_state / 2**30:.2f} GiB "
                  "(1/8 of the model's)"],
         assumptions=["the PR names no GPU; H100 SXM as issue 17 states",
                      "bf16 by autocast (torchtitan: FSDP2 MixedPrecisionPolicy, bf16 parameters, fp32 "

@@ -1,8 +1,10 @@
 """nnperf plan's step time against published multi-GPU training measurements.
 
-    python validation/plan_compare.py [--only ID_PREFIX] [--json]
+    python validation/plan_compare.py [--rows FILE] [--only ID_PREFIX] [--json]
 
-Every reproducible row of ``validation/multi_gpu/rows.toml`` is predicted on the layout the
+Every reproducible row of ``validation/multi_gpu/rows.toml`` (or ``--rows``: e.g.
+``validation/multi_gpu/megatron_runs.toml``, Megatron-LM's data parallelism beside tensor and
+pipeline parallelism) is predicted on the layout the
 source states (``search.plan.evaluate``: the rank roles traced with the real engines, no search)
 on its GPU and cluster, and compared on the source's metric (iteration time, or tokens per
 second per GPU); rows nnperf cannot build are counted with the reason. Each row has a grade:
@@ -30,10 +32,10 @@ import tomllib
 
 from nnperf.hardware.catalog import load_gpu
 from nnperf.hardware.cluster import load_cluster
+from nnperf.layout import Execution
 from nnperf.request import ModelRequest
 from nnperf.search.plan import evaluate
-from nnperf.search.plan_rank import RoleCache
-from nnperf.trace.distributed import Execution
+from nnperf.search.plan.rank import RoleCache
 from nnperf.trace.options import TraceOptions
 
 ROWS = Path(__file__).parent / "multi_gpu" / "rows.toml"
@@ -88,10 +90,11 @@ def spearman(measured: list[float], predicted: list[float]) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=Path, default=ROWS, help="the rows file (default: rows.toml)")
     parser.add_argument("--only", default="", help="rows whose id starts with this")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
-    rows = [r for r in tomllib.loads(ROWS.read_text())["row"] if r["id"].startswith(args.only)]
+    rows = [r for r in tomllib.loads(args.rows.read_text())["row"] if r["id"].startswith(args.only)]
     results, skipped = [], []
     for row in rows:
         if not row.get("reproducible", True):

@@ -119,4 +119,8 @@ def test_malformed_invocation_is_one_line(files, argv, code, words):
     assert res.exception is None or isinstance(res.exception, SystemExit)
     lines = res.output.strip().splitlines()
     assert len(lines) == 1, res.output
-    assert words.replace("{d}", str(files)) in lines[0]
+    # a long temporary path (pytest-xdist's) is cut in the middle of the quoted name
+    # (``errors.shown``), so the words around it are checked, and the path's start
+    assert all(part in lines[0] for part in words.split("{d}")), lines[0]
+    if "{d}" in words:
+        assert str(files)[:20] in lines[0]

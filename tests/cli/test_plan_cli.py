@@ -25,12 +25,17 @@ def test_plan_ranks_layouts_and_emits_torchtitan():
     assert ddp["collectives"]["all_reduce"]["bytes"] == ddp["per_rank_state_bytes"]["gradients"]
     # FSDP2 keeps 1/16 of the state DDP keeps on each GPU (padding aside)
     assert fsdp["per_rank_state_bytes"]["optimizer_state"] < ddp["per_rank_state_bytes"]["optimizer_state"] / 15
-    # ZeRO-1 keeps DDP's parameters and gradients; its busiest rank, rank 0, holds the optimizer
-    # state of the largest parameter alone: the 50257 x 768 token embedding (AdamW: two fp32
-    # moments per element and a 4-byte step), more than a 16th of the model
+    # ZeRO-1 keeps DDP's parameters and gradients and a 16th of every bucket's optimizer state
+    # (AdamW: two fp32 moments per element), the few elements 16 does not divide in each
+    # bucket on every rank, and a 4-byte step per share
     zero1 = next(r for r in doc["ranked"] if r["execution"]["data"] == "zero1")
     assert zero1["per_rank_state_bytes"]["parameters"] == ddp["per_rank_state_bytes"]["parameters"]
-    assert zero1["per_rank_state_bytes"]["optimizer_state"] == 50257 * 768 * 8 + 4 and zero1["rank"] == 0
+    elements = ddp["per_rank_state_bytes"]["parameters"] // 4
+    buckets = zero1["collectives"]["reduce_scatter"]["count"]
+    tails = zero1["collectives"].get("all_reduce", {}).get("bytes", 0)  # what 16 does not divide
+    assert zero1["collectives"]["reduce_scatter"]["bytes"] + tails == 4 * elements  # each gradient reduced once
+    assert 8 * elements / 16 <= zero1["per_rank_state_bytes"]["optimizer_state"] <= \
+        8 * elements / 16 + buckets * (8 * 16 + 8) and zero1["rank"] == 0
     assert "data_parallel_shard_degree" in doc["torchtitan"]
     assert doc["torchrun"].startswith("torchrun --nnodes=2 --nproc_per_node=8")
 
@@ -71,7 +76,27 @@ def test_a_tensor_degree_the_heads_do_not_allow_is_one_line():
 def test_a_pipeline_the_layers_do_not_allow_is_one_line():
     result = CliRunner().invoke(cli, [*ARGS, "--gpus", "8", "--pp", "3"])
     assert result.exit_code == 2
-    assert "2 layers do not split evenly into 3 pipeline stages; nearest valid: 2" in result.output
+    assert result.output.strip().endswith("2 layers do not split evenly into 3 pipeline stages; nearest valid "
+                                          "pipeline degrees: 2"), result.output
+
+
+def test_pipeline_splits_that_cannot_hold_the_layers_are_one_line():
+    """10 blocks: no even split over 4 stages (the shortened first and last stages that would hold
+    them named); an uneven split whose middle stages cannot share the rest; interleaving whose
+    chunks do not divide a stage's 4 blocks (12 blocks over 3 stages)."""
+    cases = [
+        (["--gpus", "8", "-O", "n_layer=10", "--pp", "4"], "10 layers do not split evenly into 4 pipeline stages; nearest valid "
+         "pipeline degrees: 2 or 5; or shorten the first and last stages (--first-stage-layers, --last-stage-layers: "
+         "first = last = 2 (3 in each other stage); first = last = 1 (4 in each other stage))"),
+        (["--gpus", "8", "-O", "n_layer=10", "--pp", "4", "--first-stage-layers", "3"], "an uneven split with first stage layers 3 "
+         "cannot hold 10 layers in 4 pipeline stages"),
+        (["--gpus", "24", "-O", "n_layer=12", "--pp", "3", "--vpp", "3", "--schedule", "interleaved-1f1b"],
+         "3 virtual stages do not divide the 4 layers per pipeline stage (12 layers over 3 stages); valid: 2, 4"),
+    ]
+    for extra, words in cases:
+        result = CliRunner().invoke(cli, [*ARGS, *extra])
+        assert result.exit_code == 2 and words in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1, result.output
 
 
 def test_degrees_no_layout_of_the_gpus_can_have_are_one_line():
@@ -226,8 +251,8 @@ def test_each_engine_gets_the_fastest_layout_it_can_run():
     from types import SimpleNamespace
 
     from nnperf.cli.plan import engine_configs
+    from nnperf.layout import Execution
     from nnperf.search.plan import Planned
-    from nnperf.trace.distributed import Execution
     from nnperf.trace.options import TraceOptions
 
     winner = Execution(world=8, data="fsdp", shard=8, checkpoint="selective-op", micro_batch=1)

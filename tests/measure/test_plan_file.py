@@ -9,8 +9,8 @@ import json
 import pytest
 
 from nnperf.errors import UsageError
+from nnperf.layout import Execution
 from nnperf.measure.plan_file import read_layout
-from nnperf.trace.distributed import Execution
 
 
 def _plan(**execution) -> dict:

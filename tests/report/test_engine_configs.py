@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 
+from nnperf.layout import Execution
 from nnperf.report.engine_configs import torchtitan_toml
-from nnperf.trace.distributed import Execution
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -160,8 +161,9 @@ def test_fsdp_kept_after_forward_is_torchtitans_never_and_no_deepspeed_stage():
 
 def test_zero1_is_deepspeeds_stage_1_megatrons_distributed_optimizer_and_not_torchtitan():
     """ZeRO-1 (the optimizer state sharded, parameters and gradients whole): DeepSpeed's
-    zero_optimization.stage 1; Megatron-LM's --use-distributed-optimizer, whose different
-    traffic is named; torchtitan has no such data parallelism."""
+    zero_optimization.stage 1; Megatron-LM's distributed optimizer with the overlaps planned
+    (gradients reduce-scattered as backward fills a bucket, parameters gathered as the next
+    forward starts) and the plan's bucket size; torchtitan has no such data parallelism."""
     import pytest
 
     from nnperf.report.engine_configs import NotExpressible, deepspeed_json, megatron_args
@@ -173,6 +175,45 @@ def test_zero1_is_deepspeeds_stage_1_megatrons_distributed_optimizer_and_not_tor
     args = megatron_args(e, 32, amp="bf16")
     assert "--use-distributed-optimizer" in args.split("\n#")[0].split(" \\\n  ")
     assert "--use-torch-fsdp2" not in args
-    assert "reduce-scatters the gradients" in args
+    flags = args.split("\n#")[0].split(" \\\n  ")
+    assert {"--overlap-grad-reduce", "--overlap-param-gather"} <= set(flags)
+    assert f"--ddp-bucket-size {e.bucket_bytes // 4}" in flags  # elements of fp32 main gradients
     with pytest.raises(NotExpressible, match="no ZeRO-1"):
         torchtitan_toml(e, amp="bf16")
+
+
+def test_megatron_data_parallelism_beside_tensor_and_pipeline_parallelism():
+    """DDP beside TP 8 x PP 4 with 3 virtual stages of 60 layers: Megatron-LM's DDP with its
+    gradient reduction overlapped, 60 / (4 x 3) = 5 layers per virtual stage."""
+    from nnperf.report.engine_configs import megatron_args
+
+    e = Execution(world=128, data="ddp", tensor=8, sequence_parallel=True, pipeline=4,
+                  pipeline_schedule="interleaved-1f1b", virtual_stages=3, micro_batch=1, grad_accum=8)
+    flags = megatron_args(e, 60, amp="bf16").split("\n#")[0].split(" \\\n  ")
+    assert {"--tensor-model-parallel-size 8", "--pipeline-model-parallel-size 4", "--sequence-parallel",
+            "--num-layers-per-virtual-pipeline-stage 5", "--overlap-grad-reduce"} <= set(flags)
+    assert "--use-distributed-optimizer" not in flags
+
+
+def test_uneven_stages_in_megatron_and_torchtitan():
+    """126 layers over 16 stages with the first and last shortened to 7 (Llama 3 405B): Megatron-
+    LM's first/last pipeline stage layers; torchtitan's split of 8 layers a stage, one fewer on
+    each end. An even split says torchtitan's default one-fewer is off."""
+    import pytest
+
+    from nnperf.report.engine_configs import NotExpressible, megatron_args
+
+    e = Execution(world=128, data="fsdp", shard=8, pipeline=16, pipeline_schedule="1f1b", grad_accum=16,
+                  reshard_after_forward=False, first_stage_layers=7, last_stage_layers=7)
+    flags = megatron_args(e, 126, amp="bf16").split("\n#")[0].split(" \\\n  ")
+    assert {"--decoder-first-pipeline-num-layers 7", "--decoder-last-pipeline-num-layers 7"} <= set(flags)
+    parallelism = tomllib.loads(torchtitan_toml(e, amp="bf16", layers=126))["parallelism"]
+    assert parallelism["pipeline_parallel_layers_per_stage"] == 8
+    assert parallelism["pipeline_parallel_first_stage_less_layers"] == 1
+    assert parallelism["pipeline_parallel_last_stage_less_layers"] == 1
+    even = tomllib.loads(torchtitan_toml(replace(e, first_stage_layers=None, last_stage_layers=None), amp="bf16",
+                                         layers=128))["parallelism"]
+    assert even["pipeline_parallel_first_stage_less_layers"] == even["pipeline_parallel_last_stage_less_layers"] == 0
+    interleaved = replace(e, pipeline_schedule="interleaved-1f1b", virtual_stages=2)
+    with pytest.raises(NotExpressible, match="virtual chunks"):
+        megatron_args(interleaved, 126 + 16 * 8, amp="bf16")

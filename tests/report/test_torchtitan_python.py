@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from nnperf.layout import Execution
 from nnperf.report.engine_configs import NotExpressible
 from nnperf.report.torchtitan_python import FUNCTION, torchrun_python_command, torchtitan_python
-from nnperf.trace.distributed import Execution
 
 FIELDS = json.loads((Path(__file__).parent / "data" / "torchtitan_config_fields.json").read_text())
 

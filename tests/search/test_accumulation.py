@@ -9,10 +9,10 @@ import pytest
 from nnperf.analysis import analyze_request
 from nnperf.hardware.catalog import load_gpu
 from nnperf.hardware.cluster import load_cluster
+from nnperf.layout import Execution
 from nnperf.prediction import predict_analysis
 from nnperf.request import ModelRequest
 from nnperf.search.plan import evaluate
-from nnperf.trace.distributed import Execution
 from nnperf.trace.options import TraceOptions
 from nnperf.trace.step import once_per_step
 
@@ -39,7 +39,7 @@ def test_one_split_rule_for_plan_and_advise():
     from nnperf.errors import UsageError
     from nnperf.search.accumulation import BatchSplit, local_batch, micro_batches
     from nnperf.search.advise.batch import accumulation_micro_batches
-    from nnperf.search.plan import layouts
+    from nnperf.search.plan.layouts import layouts
 
     assert micro_batches(1000) == [1, 2, 4, 5, 8, 10, 20, 25, 40, 50, 100, 125, 200, 250, 500, 1000]
     assert micro_batches(1000, largest=70) == [1, 2, 4, 5, 8, 10, 20, 25, 40, 50]

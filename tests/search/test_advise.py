@@ -267,9 +267,9 @@ def test_conflicting_changes_are_refused():
 def test_an_item_on_one_fsdp_rank_is_plans_rank_step_with_the_change():
     from nnperf.errors import UsageError
     from nnperf.hardware.cluster import cluster_for_gpu
+    from nnperf.layout import Execution
     from nnperf.search import plan
     from nnperf.search.advise.sharded import evaluate_on_layout
-    from nnperf.trace.distributed import Execution
 
     gpu = load_gpu("h100-sxm")
     cluster = cluster_for_gpu(gpu.id)

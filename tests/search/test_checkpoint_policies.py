@@ -9,9 +9,10 @@ from collections import Counter
 import pytest
 
 from nnperf.errors import UsageError
+from nnperf.layout import Execution
 from nnperf.report.engine_configs import NotExpressible, megatron_args, torchtitan_toml
 from nnperf.search.memory_variants import apply_checkpointing, checkpoint_blocks
-from nnperf.trace.distributed import Execution, trace_rank
+from nnperf.trace.distributed import trace_rank
 from nnperf.trace.options import TraceOptions
 from nnperf.workload import Workload
 from nnperf.zoo import get_model

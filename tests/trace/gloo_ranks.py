@@ -74,17 +74,33 @@ _KIND = {"c10d.allreduce_": "all_reduce", "c10d._allgather_base_": "all_gather",
          "c10d.broadcast_": "broadcast"}
 
 
+#: DTensor's functional collectives (tensor parallelism), by the same kinds.
+_FUNCTIONAL = {"_c10d_functional.all_reduce": "all_reduce", "_c10d_functional.all_gather_into_tensor": "all_gather",
+               "_c10d_functional.reduce_scatter_tensor": "reduce_scatter"}
+
+
 class SeenCollectives(TorchDispatchMode):
     """The collectives a real rank issues, as (kind, nccl-tests bytes), counted from the op's
     own arguments: the buffer an all-reduce or a broadcast writes, the gathered output, a reduce-scatter's
-    input (N x its output), the larger of an all-to-all's sent and received rows."""
+    input (N x its output), the larger of an all-to-all's sent and received rows. ``functional``:
+    also DTensor's functional collectives (seen on the local tensors, not on the DTensors)."""
 
-    def __init__(self) -> None:
+    def __init__(self, functional: bool = False) -> None:
         super().__init__()
         self.seen: list[tuple[str, int]] = []
+        self.functional = functional
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch.utils._python_dispatch import is_traceable_wrapper_subclass_type
+
+        if self.functional and any(is_traceable_wrapper_subclass_type(t) for t in types):
+            return NotImplemented  # a DTensor: its collectives are seen on its local tensors
         name = f"{func.namespace}.{func._schema.name.split('::')[1]}"
+        if self.functional and name in _FUNCTIONAL:
+            out = func(*args, **(kwargs or {}))
+            tensor = out if _FUNCTIONAL[name] == "all_gather" else args[0]  # (input, ..., group name) -> output
+            self.seen.append((_FUNCTIONAL[name], tensor.numel() * tensor.element_size()))
+            return out
         if name in _KIND:
             if name == "c10d._reduce_scatter_base_":
                 nbytes = args[1].numel() * args[1].element_size()

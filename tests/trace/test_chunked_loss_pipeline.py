@@ -9,10 +9,11 @@ from __future__ import annotations
 import pytest
 from twin_models import twin_llamas
 
-from nnperf.trace.distributed import Execution, trace_rank
+from nnperf.layout import Execution, split_layers
+from nnperf.trace.distributed import trace_rank
 from nnperf.trace.loss import ChunkedLoss
 from nnperf.trace.options import TraceOptions
-from nnperf.trace.pipeline import split
+from nnperf.trace.parallel.pipeline import split
 from nnperf.zoo.llama import build
 
 TINY = {"n_layer": 2, "dim": 16, "n_heads": 2, "n_kv_heads": 2, "ffn_hidden": 32, "vocab": 65}
@@ -22,7 +23,7 @@ def test_stages_with_a_chunked_loss_match_eager_cross_entropy():
     reference, staged = twin_llamas(TINY)
     expected = reference.loss_fn(reference.model(*reference.inputs))
     expected.backward()
-    first, last = split(staged.model, 2)
+    first, last = split(staged.model, split_layers(TINY["n_layer"], 2))
     loss = ChunkedLoss(staged.loss_fn, last, chunks=4)
     assert last.skip_head and last(first(*reference.inputs)).shape[-1] == TINY["dim"]  # the final norm's output
     got = loss(last(first(*reference.inputs)))

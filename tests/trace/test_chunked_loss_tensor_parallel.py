@@ -10,7 +10,8 @@ import pytest
 from gloo_ranks import run_ranks
 from twin_models import twin_llamas
 
-from nnperf.trace.distributed import Execution, trace_rank
+from nnperf.layout import Execution
+from nnperf.trace.distributed import trace_rank
 from nnperf.trace.options import TraceOptions
 
 pytestmark = pytest.mark.process
@@ -24,7 +25,7 @@ def _worker(rank: int) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
     from nnperf.trace.loss import ChunkedLoss
-    from nnperf.trace.tensor_parallel import apply_tensor_parallel
+    from nnperf.trace.parallel.tensor import apply_tensor_parallel
 
     mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("tensor",))
     out = {}

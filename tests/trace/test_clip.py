@@ -12,8 +12,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from nnperf.analysis import analyze
 from nnperf.errors import UsageError
+from nnperf.layout import Execution
 from nnperf.trace.clip import CLIP_MODULE, clip_grad_norm
-from nnperf.trace.distributed import Execution, trace_rank
+from nnperf.trace.distributed import trace_rank
 from nnperf.trace.options import TraceOptions
 from nnperf.workload import Workload
 
@@ -154,7 +155,7 @@ def test_an_accumulated_step_clips_once():
     from nnperf.hardware.cluster import load_cluster
     from nnperf.request import ModelRequest
     from nnperf.search.plan import evaluate
-    from nnperf.search.plan_rank import RoleCache
+    from nnperf.search.plan.rank import RoleCache
 
     request = ModelRequest("llama-7b", batch=2, seq_len=64,
                            overrides={"n_layer": 2, "dim": 64, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 128,
@@ -170,4 +171,4 @@ def test_an_accumulated_step_clips_once():
     four_clipped, four = planned(4, 1.0), planned(4, None)
     assert one > 0
     assert four_clipped.step_s - four.step_s == pytest.approx(one, rel=0.05)
-    assert four.step_s == pytest.approx(four.split["host_s"], rel=0.01)
+    assert four.step_s == pytest.approx(four.split.host_s, rel=0.01)

@@ -11,7 +11,8 @@ import torch
 from gloo_ranks import SeenCollectives, run_ranks, wrap_data_parallel
 from torch import nn
 
-from nnperf.trace.distributed import Execution, sharded_bytes, trace_rank
+from nnperf.layout import Execution
+from nnperf.trace.distributed import sharded_bytes, trace_rank
 from nnperf.trace.options import TraceOptions
 from nnperf.workload import Workload
 

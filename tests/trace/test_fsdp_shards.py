@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.distributed.fsdp._fully_shard._fsdp_common import _chunk_with_empty
 
-from nnperf.trace.distributed import fake_process_group
+from nnperf.trace.fake_world import fake_process_group
 from nnperf.trace.fsdp_shards import LazyChunks, one_rank_chunks
 
 

@@ -16,9 +16,10 @@ import pytest
 from nnperf.analysis import Analysis
 from nnperf.hardware import default_profile
 from nnperf.hardware.catalog import load_gpu
+from nnperf.layout import Execution
 from nnperf.passes.timing import simulate_step
 from nnperf.search.memory_variants import checkpoint_blocks
-from nnperf.trace.distributed import Execution, trace_rank
+from nnperf.trace.distributed import trace_rank
 from nnperf.trace.options import TraceOptions
 from nnperf.zoo import get_model
 

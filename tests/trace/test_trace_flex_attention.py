@@ -187,8 +187,9 @@ def test_a_rank_of_a_parallel_layout_attends_with_its_share(layout):
     """Tensor parallelism splits the heads (2 of 4 per rank); a pipeline stage runs its own
     layer's attention for each of its micro-batches (the compiled flex_attention runs eagerly,
     also where the stage's shapes are inferred outside the recorder)."""
+    from nnperf.layout import Execution
     from nnperf.search.memory_variants import checkpoint_blocks
-    from nnperf.trace.distributed import Execution, trace_rank
+    from nnperf.trace.distributed import trace_rank
     from nnperf.trace.options import TraceOptions
     from nnperf.zoo import get_model
 

@@ -13,9 +13,10 @@ import pytest
 
 from nnperf.analysis import Analysis
 from nnperf.hardware.catalog import load_gpu
+from nnperf.layout import Execution
 from nnperf.prediction import predict_analysis
 from nnperf.search.memory_variants import apply_checkpointing, checkpoint_blocks
-from nnperf.trace.distributed import Execution, trace_rank
+from nnperf.trace.distributed import trace_rank
 from nnperf.trace.options import TraceOptions
 from nnperf.zoo import get_model
 

@@ -77,7 +77,7 @@ def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> l
                    "inside a node) or a list, e.g. 1,8.")
 @click.option("--data", "data_text", default="auto", show_default=True,
               help="Data-parallel engines to try: auto (ddp, zero1, fsdp, hsdp) or a list, e.g. fsdp,hsdp. "
-                   "zero1: DDP with the optimizer state sharded (PyTorch's ZeroRedundancyOptimizer).")
+                   "zero1: DDP with the optimizer state sharded (Megatron-LM's distributed optimizer).")
 @click.option("--checkpoint", "checkpoint_text", default="auto", show_default=True,
               help="Activation checkpointing the search may use: auto (none, selective-op, full) or a "
                    "list, e.g. none or none,full; tried from none to full while a layout does not fit.")
@@ -88,6 +88,16 @@ def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> l
 @click.option("--schedule", "schedules", multiple=True,
               type=click.Choice(["1f1b", "interleaved-1f1b", "gpipe", "zero-bubble"]),
               help="Pipeline schedules to try (repeatable; default: 1f1b and interleaved-1f1b).")
+@click.option("--vpp", "vpp_text", default="2", show_default=True,
+              help="Model chunks per rank of the interleaved schedules (Megatron-LM's virtual pipeline stages), "
+                   "e.g. 2 or 2,4: each must divide the layers of a pipeline stage.")
+@click.option("--first-stage-layers", type=click.IntRange(1, 1 << 20), default=None,
+              help="Blocks of the pipeline's first stage, shorter than the others as it also holds the "
+                   "embedding (Megatron-LM's --decoder-first-pipeline-num-layers); the stages between split "
+                   "the rest evenly.")
+@click.option("--last-stage-layers", type=click.IntRange(1, 1 << 20), default=None,
+              help="Blocks of the pipeline's last stage, which also holds the head and the loss "
+                   "(--decoder-last-pipeline-num-layers).")
 @click.option("--cluster", "cluster_name", default=None,
               help="Built-in cluster (dgx-a100, dgx-h100, dgx-h200) or a cluster TOML file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON document.")
@@ -97,7 +107,7 @@ def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> l
 def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, tokens_per_step: int | None,
          tp_text: str, pp_text: str,
          cp_text: str, ep_text: str, data_text: str, checkpoint_text: str, reshard_text: str,
-         schedules: tuple[str, ...],
+         schedules: tuple[str, ...], vpp_text: str, first_stage_layers: int | None, last_stage_layers: int | None,
          cluster_name: str | None, as_json: bool, output: str | None, **kwargs: Any) -> None:
     """Rank the layouts of MODEL on --gpus GPUs (data parallelism: DDP, ZeRO-1, FSDP2, HSDP; tensor
     parallelism with sequence parallelism; pipeline schedules; activation checkpointing and
@@ -105,8 +115,10 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
     pipeline bubble; and the winner as a torchtitan config with its torchrun command, Megatron-LM
     arguments and a DeepSpeed config where those engines have the layout."""
     from nnperf.hardware.cluster import cluster_for_gpu, load_cluster
+    from nnperf.layout import INTERLEAVE
     from nnperf.search.plan import CHECKPOINT_NAMES, DATA_KINDS, DEFAULT_SCHEDULES, smallest_memory
     from nnperf.search.plan import plan as run_plan
+    from nnperf.search.plan.layouts import PipelineSplitChoice
 
     if output is not None:
         check_output(output, "--output")  # before minutes of tracing
@@ -136,7 +148,9 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
             "checkpoints": [CHECKPOINT_NAMES[n] for n in _names(checkpoint_text, "--checkpoint",
                                                                 tuple(CHECKPOINT_NAMES)) or CHECKPOINT_NAMES],
             "reshard": [n == "always" for n in _names(reshard_text, "--reshard", ("always", "never"),
-                                                      auto=False) or ()]}
+                                                      auto=False) or ()],
+            "split": PipelineSplitChoice(tuple(_degrees(vpp_text, "--vpp") or (INTERLEAVE,)),
+                                         first_stage_layers, last_stage_layers)}
     with progress.shown(f"plan {n_gpus} GPUs: layout groups searched", enabled=not as_json):
         result = run_plan(request, options, gpu, n_gpus, cluster, nodes, global_batch, **axes)
     if result.cluster.gpu and result.cluster.gpu != gpu.id:
@@ -197,12 +211,13 @@ def engine_configs(result: Any, options: TraceOptions, model_options: dict[str, 
 
     def torchtitan(execution: Any) -> str:
         check_torchtitan_model(result.model)
-        return torchtitan_toml(execution, amp, dtype, sdpa, options.loss, attention, documents, seq, clip)
+        return torchtitan_toml(execution, amp, dtype, sdpa, options.loss, attention, documents, seq, clip,
+                               result.layers)
 
     def torchtitan_function(execution: Any) -> str:
         check_torchtitan_model(result.model)
         return torchtitan_python(execution, result.model, seq, amp, dtype, sdpa, options.loss, attention, documents,
-                                 clip)
+                                 clip, result.layers)
 
     writers = {"torchtitan": torchtitan, "torchtitan_python": torchtitan_function,
                "megatron": lambda e: megatron_args(e, result.layers, amp, dtype, sdpa, attention, seq, clip),
@@ -228,16 +243,14 @@ def engine_configs(result: Any, options: TraceOptions, model_options: dict[str, 
     return out
 
 
-def _slowed(split: dict[str, Any]) -> str:
+def _slowed(split: Any) -> str:
     """The parts of the compute time that activation checkpointing's recomputation and
-    collectives running beside kernels added."""
+    collectives running beside kernels added (``split``: a ``TimeSplit``)."""
     parts = []
-    recomputed = split.get("recomputation_s") or 0.0
-    if recomputed > 0:
-        parts.append(f"{recomputed * 1e3:.2f} ms of it recomputation")
-    slowed = split.get("overlap_slowdown_s") or 0.0
-    if slowed > 0:
-        parts.append(f"{slowed * 1e3:.2f} ms slowed by overlapping collectives")
+    if split.recomputation_s > 0:
+        parts.append(f"{split.recomputation_s * 1e3:.2f} ms of it recomputation")
+    if split.overlap_slowdown_s > 0:
+        parts.append(f"{split.overlap_slowdown_s * 1e3:.2f} ms slowed by overlapping collectives")
     return f" ({'; '.join(parts)})" if parts else ""
 
 
@@ -250,14 +263,14 @@ def _print(result: Any, configs: dict[str, Any]) -> None:
                f"global batch {result.global_batch} ({result.options.describe()}); "
                f"{result.traces} rank roles traced")
     for i, p in enumerate(result.ranked, 1):
-        exposed = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in p.split["exposed_communication_s"].items()) or "none"
-        bubble = p.split.get("pipeline_bubble_s")
+        exposed = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in p.split.exposed_communication_s.items()) or "none"
+        bubble = p.split.pipeline_bubble_s
         extra = f", bubble {bubble * 1e3:.2f} ms" if bubble is not None else ""
         click.echo(f"{i}. {p.execution.describe()}: step {p.step_s * 1e3:.2f} ms, "
                    f"{rate(p.throughput, p.throughput_unit)}, MFU {p.mfu:.1%}, "
-                   f"{p.memory_bytes / 2**30:.2f} GiB/GPU; compute {p.split['compute_s'] * 1e3:.2f} ms"
+                   f"{p.memory_bytes / 2**30:.2f} GiB/GPU; compute {p.split.compute_s * 1e3:.2f} ms"
                    f"{_slowed(p.split)}, "
-                   f"exposed communication: {exposed}{extra}; host {p.split['host_s'] * 1e3:.2f} ms — {p.reason}")
+                   f"exposed communication: {exposed}{extra}; host {p.split.host_s * 1e3:.2f} ms — {p.reason}")
     for p in result.rejected:
         click.echo(f"rejected: {p.execution.describe()}: {p.reason}")
     for note in result.notes:

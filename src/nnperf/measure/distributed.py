@@ -2,8 +2,8 @@
 under ``torchrun``, its per-rank figures beside the plan's.
 
 Every rank builds the model (the same seed everywhere), applies the layout's engines with the
-code the planner traces them with (``trace.distributed.wrap_workload``: ``parallelize_module``,
-expert parallelism, FSDP2 or DDP, ZeRO-1's ``ZeroRedundancyOptimizer`` over DDP, on a device
+code the planner traces them with (``trace.parallel.apply_layout``: ``parallelize_module``,
+expert parallelism, FSDP2 or DDP, ZeRO-1's distributed optimizer over DDP, on a device
 mesh of the real process group: NCCL on GPUs, gloo on CPUs) and runs the step: ``grad_accum``
 micro-batches' forward and backward, then the optimizer. What each rank measures, gathered on rank 0:
 
@@ -33,11 +33,11 @@ import torch
 import torch.distributed as dist
 
 from nnperf.errors import UsageError
+from nnperf.layout import Execution
 from nnperf.loading import resolve
 from nnperf.measure.device import device_name, synchronize, time_repeats
 from nnperf.measure.stats import Spread
 from nnperf.request import ModelRequest
-from nnperf.trace.distributed import Execution
 from nnperf.trace.options import TraceOptions
 from nnperf.trace.step import optimizer_state
 
@@ -159,15 +159,15 @@ def _measure_rank(request: ModelRequest, options: TraceOptions, execution: Execu
     from nnperf.measure.step import build_step
     from nnperf.search.memory_variants import checkpoint_blocks
     from nnperf.search.plan import prepare_for
-    from nnperf.trace.distributed import _meshes, wrap_workload
+    from nnperf.trace.parallel import apply_layout, build_meshes
 
     if device.type == "cpu":
         options = replace(options, autocast_device="cpu")
-    meshes = _meshes(execution, device.type)
+    meshes = build_meshes(execution, device.type)
     contexts = contextlib.ExitStack()
     _, build = resolve(replace(request, batch=execution.micro_batch))
     torch.manual_seed(0)  # every rank builds the same weights; the engines shard them
-    step = build_step(build, options, device, wrap=lambda w: wrap_workload(
+    step = build_step(build, options, device, wrap=lambda w: apply_layout(
         w, execution, options, meshes, checkpoint_blocks, prepare_for(execution), contexts, real=True))
     grads = _GradientBytes(step.optimizer)
     run = _accumulating(step, execution.grad_accum)

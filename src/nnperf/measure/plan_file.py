@@ -16,8 +16,8 @@ from typing import Any
 
 from nnperf import fields
 from nnperf.errors import UsageError, read_user_text
+from nnperf.layout import CHECKPOINTS, DATA_PARALLEL, Execution
 from nnperf.request import INDEX_MAX, LIMITS
-from nnperf.trace.distributed import CHECKPOINTS, DATA_PARALLEL, Execution
 from nnperf.trace.options import TraceOptions
 
 #: The most ranks or GPUs a plan lays out (``nnperf plan --gpus``).
@@ -109,6 +109,8 @@ def execution_of(record: Any, what: str) -> Execution:
         value, field_what = record[name], f"{what}.{name}"
         if name in counts:
             values[name] = fields.integer(value, field_what, *counts[name])
+        elif name in ("first_stage_layers", "last_stage_layers"):  # null: an even split
+            values[name] = None if value is None else fields.integer(value, field_what, 1, INDEX_MAX)
         elif spec.type in ("bool", bool):
             values[name] = fields.flag(value, field_what)
         elif name == "data":

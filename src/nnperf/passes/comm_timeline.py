@@ -21,9 +21,9 @@ Each process group has its own stream: ProcessGroupNCCL runs a communicator's co
 that communicator's stream, so collectives of one group run in issue order, and those of
 different groups (an FSDP all-gather and an expert-parallel all-to-all, a tensor-parallel
 reduce-scatter and a pipeline send) may run at once. FSDP2's copy into its all-gather buffer
-runs on the stream of the all-gather it feeds. A collective of the optimizer phase (ZeRO-1's
-broadcasts of each rank's updated share; DTensor's all-reduces of replicated parameters' partial
-gradients, which the optimizer's first read of them issues) is issued from the compute stream, and
+runs on the stream of the all-gather it feeds. A collective of the optimizer phase (DTensor's
+all-reduces of replicated parameters' partial gradients, which the optimizer's first read of
+them issues; a norm's all-reduce for gradient clipping) is issued from the compute stream, and
 ProcessGroupNCCL makes its stream wait for every kernel issued there before it (an event
 recorded at issue): it starts after them, not when its buffer was last written. The
 other collectives start when their inputs are ready. What is not modelled yet: wave quantization on
@@ -91,6 +91,9 @@ class CommStep:
     #: event index -> when the compute stream is done with everything up to that event (its
     #: clock: an action's time in a pipeline schedule is the difference across its events)
     clock: dict[int, float] = field(default_factory=dict)
+    #: each wait of the compute stream for a collective: (the waiting op's event index, the
+    #: collective's event index, seconds), so a wait can be told apart by its collective
+    waits: list[tuple[int, int, float]] = field(default_factory=list)
 
     @property
     def exposed_total_s(self) -> float:
@@ -138,29 +141,30 @@ def overlap(
     it takes from compute kernels beside it (None, or no function: nothing); ``stream_of(index)``
     its stream, its process group (None, or no function: one stream for all)."""
     issued = {s.index: s.end_s for s in step.host_slices}
-    produced: dict[int, tuple[float, str | None]] = {}  # storage -> (ready time, kind if comm)
+    produced: dict[int, tuple[float, str | None, int | None]] = {}  # storage -> (ready, kind, collective) if comm
     compute_free = compute_busy = comm_busy = slowdown = 0.0
     streams = _streams(step, stream_of)
     comm_free: dict[Hashable, float] = defaultdict(float)
     exposed: dict[str, float] = defaultdict(float)
     slices: list[CommSlice] = []
     clock: dict[int, float] = {}
+    waits: list[tuple[int, int, float]] = []
     busy = _Busy()
     last: OpTime | None = None  # the compute stream's latest kernel
     for t in step.ops:
         clock[t.index] = compute_free
         event = t.count.event
         issue = issued.get(t.index, 0.0)
-        ready, waited_on = 0.0, None
+        ready, waited_on, waited_index = 0.0, None, None
         for m in event.inputs:
-            when, kind = produced.get(m.storage, (0.0, None))
+            when, kind, index = produced.get(m.storage, (0.0, None, None))
             if when > ready:
-                ready, waited_on = when, kind
+                ready, waited_on, waited_index = when, kind, index
         if t.category == Category.COMMUNICATION:
             kind, nbytes, seconds = collective_time(t.index)
             stream = streams.get(t.index)
             if event.phase == Phase.OPTIMIZER:
-                # issued from the compute stream (ZeroRedundancyOptimizer's broadcasts,
+                # issued from the compute stream (a broadcast of updated parameters,
                 # DTensor's redistribution of partial gradients):
                 # ProcessGroupNCCL makes its stream wait for every kernel issued before
                 ready = max(ready, compute_free)
@@ -169,7 +173,7 @@ def overlap(
             comm_busy += seconds
             slices.append(CommSlice(t.index, kind, nbytes, start, end))
             for m in event.inputs + event.outputs:
-                produced[m.storage] = (end, kind)
+                produced[m.storage] = (end, kind, t.index)
             taken = contention(t.index) if contention is not None and seconds > 0 else None
             if taken is not None:
                 busy.add(start, end, taken)
@@ -187,8 +191,8 @@ def overlap(
             # no kernel (a functional collective's stream wait, an allocation): what it
             # returns is ready when what it reads is, so a reader still waits for the collective
             for m in event.outputs:
-                if ready > produced.get(m.storage, (0.0, None))[0]:
-                    produced[m.storage] = (ready, waited_on)
+                if ready > produced.get(m.storage, (0.0, None, None))[0]:
+                    produced[m.storage] = (ready, waited_on, waited_index)
             continue
         if event.name in _ON_COMM_STREAM:
             stream = streams.get(t.index)
@@ -200,20 +204,22 @@ def overlap(
             start = max(free, ready)
             if start > free and waited_on is not None:
                 exposed[waited_on] += start - free
+                if waited_index is not None:
+                    waits.append((t.index, waited_index, start - free))
             compute_free = end = busy.finish(start, t)
             compute_busy += end - start
             slowdown += end - start - t.kernel_s
             clock[t.index] = compute_free
             last = t
         for m in event.outputs:
-            produced[m.storage] = (end, None)
+            produced[m.storage] = (end, None, None)
     comm_end = max(comm_free.values(), default=0.0)
     if comm_end > compute_free:  # the step ends when the last collective does
         last = max(slices, key=lambda c: c.end_s).kind if slices else "communication"
         exposed[last] += max(0.0, comm_end - max(compute_free, step.host_s))
     end = max(compute_free, comm_end, step.host_s)
     return CommStep(end, compute_busy, comm_busy, {k: v for k, v in exposed.items() if v > 0}, slices,
-                    slowdown_s=slowdown, clock=clock)
+                    slowdown_s=slowdown, clock=clock, waits=waits)
 
 
 def _streams(step: StepTime, stream_of: Callable[[int], Hashable] | None) -> dict[int, Hashable]:

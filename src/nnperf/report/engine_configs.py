@@ -20,11 +20,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from nnperf.errors import UsageError
+from nnperf.layout import SCHEDULES
 from nnperf.trace.loss import DEFAULT_CHUNKS
 from nnperf.trace.options import CHUNKED_LOSSES
 
-SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
-                  "zero-bubble": "InterleavedZeroBubble"}
+SCHEDULE_NAMES = {name: schedule.torchtitan for name, schedule in SCHEDULES.items()}
 
 
 class NotExpressible(Exception):
@@ -53,7 +54,7 @@ def check_torchtitan_model(model: str) -> None:
 
 def torchtitan_toml(execution: Any, amp: str | None = None, dtype: str | None = None,
                     sdpa: str = "fused", loss: str = "eager", attention: str = "sdpa", doc_len: int = 0,
-                    seq_len: int | None = None, clip: float | None = None) -> str:
+                    seq_len: int | None = None, clip: float | None = None, layers: int | None = None) -> str:
     """The [training], [parallelism] and [activation_checkpoint] tables torchtitan reads, and
     [compile] for a compiled loss (``--loss compiled``: torchtitan compiles the components named);
     a chunked loss, and FlexAttention (a built-in decoder's ``-O attention=flex``), are comments
@@ -94,6 +95,7 @@ def torchtitan_toml(execution: Any, amp: str | None = None, dtype: str | None = 
     if e.pipeline > 1:
         lines += [f'pipeline_parallel_schedule = "{SCHEDULE_NAMES[e.pipeline_schedule]}"',
                   f"pipeline_parallel_microbatch_size = {e.micro_batch}"]
+        lines += [f"{name} = {value}" for name, value in torchtitan_pipeline_split(e, layers)]
     lines.append(f"context_parallel_degree = {e.context}")
     if e.expert > 1:
         lines.append(f"expert_parallel_degree = {e.expert}")
@@ -116,6 +118,31 @@ def torchtitan_toml(execution: Any, amp: str | None = None, dtype: str | None = 
                   f'# use_flex_attn = True, attn_mask_type = "{mask}"'
                   + (f" (documents of {doc_len} tokens assumed)" if doc_len else "")]
     return "\n".join(lines)
+
+
+def torchtitan_pipeline_split(execution: Any, layers: int | None) -> list[tuple[str, int]]:
+    """torchtitan's settings for the layout's split of the blocks over the pipeline's chunks.
+    Its default shortens the first and the last chunk by one block each (the embedding and the
+    head counted as a block: ``pipeline_parallel_first_stage_less_layers = 1``, ``..._last_...``,
+    ``generate_llm_fqn_per_model_part``), so an even split says 0 and 0; an uneven one the
+    blocks of the chunks between (``pipeline_parallel_layers_per_stage``, which also sets the
+    chunks per rank) and how many fewer the first and last hold."""
+    e = execution
+    if layers is None:
+        if e.uneven or e.chunks_per_rank not in (1, 2):
+            raise NotExpressible("the layout's pipeline split needs the model's block count")
+        return [("pipeline_parallel_first_stage_less_layers", 0), ("pipeline_parallel_last_stage_less_layers", 0)]
+    try:
+        depths = e.chunk_layers(layers)
+    except UsageError as why:
+        raise NotExpressible(str(why)) from None
+    middle = max(depths) if len(depths) == 2 else depths[1]
+    fewer_first, fewer_last = middle - depths[0], middle - depths[-1]
+    if fewer_first < 0 or fewer_last < 0:
+        raise NotExpressible("torchtitan shortens the first and last pipeline stages; it does not lengthen them")
+    return [("pipeline_parallel_layers_per_stage", middle),
+            ("pipeline_parallel_first_stage_less_layers", fewer_first),
+            ("pipeline_parallel_last_stage_less_layers", fewer_last)]
 
 
 def torchtitan_refusals(e: Any, amp: str | None, dtype: str | None, sdpa: str) -> None:
@@ -194,17 +221,31 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
     args = [f"--tensor-model-parallel-size {e.tensor}", f"--pipeline-model-parallel-size {e.pipeline}"]
     if e.context > 1:
         args.append(f"--context-parallel-size {e.context}")
-    if e.pipeline > 1 and e.virtual_stages > 1:
+    if e.pipeline > 1 and (e.virtual_stages > 1 or e.uneven):
         if not layers:
-            raise NotExpressible("the interleaved schedule needs the layer count")
-        args.append(f"--num-layers-per-virtual-pipeline-stage {layers // (e.pipeline * e.virtual_stages)}")
+            raise NotExpressible("the pipeline's split needs the layer count")
+        depths = e.chunk_layers(layers)
+        if e.uneven and e.virtual_stages > 1:
+            raise NotExpressible("Megatron-LM's --decoder-first/last-pipeline-num-layers shorten a pipeline rank's "
+                                 "layers across its virtual chunks, not the model's first and last chunk as planned")
+        if e.uneven:
+            args += [f"--decoder-first-pipeline-num-layers {depths[0]}",
+                     f"--decoder-last-pipeline-num-layers {depths[-1]}"]
+        else:
+            args.append(f"--num-layers-per-virtual-pipeline-stage {depths[0]}")
     if e.sequence_parallel:
         args.append("--sequence-parallel")
     args += [f"--micro-batch-size {e.micro_batch}", f"--global-batch-size {e.global_batch}"]
     if seq_len:
         args.append(f"--seq-length {seq_len}")
-    if e.data == "zero1":
-        args.append("--use-distributed-optimizer")
+    if e.replicates_parameters and e.data_parallel > 1:
+        # Megatron-LM's DDP as planned: buckets reduced as backward fills them; ZeRO-1 its
+        # distributed optimizer, the parameters gathered as the next forward starts; buckets of
+        # the plan's size (its gradients' elements: fp32, Megatron-LM's main gradients)
+        args.append("--overlap-grad-reduce")
+        if e.data == "zero1":
+            args += ["--use-distributed-optimizer", "--overlap-param-gather"]
+        args.append(f"--ddp-bucket-size {e.bucket_bytes // 4}")
     if e.data == "fsdp" and e.data_parallel > 1:
         args += ["--use-torch-fsdp2", "--no-gradient-accumulation-fusion", "--ckpt-format torch_dist"]
         if not e.reshard_after_forward:
@@ -227,11 +268,6 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
     if clip is not None:
         args.append(f"--clip-grad {float(clip)!r}")
     text = " \\\n  ".join(args)
-    if e.data == "zero1":
-        text += ("\n# --use-distributed-optimizer: Megatron-LM's ZeRO-1 splits a flat buffer of the optimizer state "
-                 "evenly and reduce-scatters the gradients and all-gathers the parameters, where PyTorch's "
-                 "ZeroRedundancyOptimizer (planned) hands out whole parameters, all-reduces and broadcasts: "
-                 "less state on the busiest rank and less traffic than planned")
     if clip is None:  # a plan never switches a user's clipping off
         text += ("\n# --clip-grad: Megatron-LM clips the gradients to 1.0 by default, which this plan did not "
                  "count: plan with --clip-grad-norm 1.0 to include it")

@@ -25,6 +25,7 @@ from nnperf.report.engine_configs import (
     torchtitan_clipping,
     torchtitan_launch,
     torchtitan_param_dtype,
+    torchtitan_pipeline_split,
     torchtitan_refusals,
 )
 from nnperf.trace.loss import DEFAULT_CHUNKS
@@ -45,7 +46,8 @@ MODULE, FUNCTION = "nnperf_plan", "nnperf_plan"
 
 def torchtitan_python(execution: Any, model: str, seq_len: int | None, amp: str | None = None,
                       dtype: str | None = None, sdpa: str = "fused", loss: str = "eager",
-                      attention: str = "sdpa", doc_len: int = 0, clip: float | None = None) -> str:
+                      attention: str = "sdpa", doc_len: int = 0, clip: float | None = None,
+                      layers: int | None = None) -> str:
     """The config function (a file ``nnperf_plan.py``) that sets every field the plan depends
     on over the shipped config of the model's family, torchtitan's defaults included."""
     e = execution
@@ -88,6 +90,7 @@ def torchtitan_python(execution: Any, model: str, seq_len: int | None, amp: str 
     if e.pipeline > 1:
         lines += [f'    config.parallelism.pipeline_parallel_schedule = "{SCHEDULE_NAMES[e.pipeline_schedule]}"',
                   f"    config.parallelism.num_pp_microbatches = {e.grad_accum}"]
+        lines += [f"    config.parallelism.{name} = {value}" for name, value in torchtitan_pipeline_split(e, layers)]
     lines += [f"    config.parallelism.context_parallel_degree = {e.context}",
               f"    config.parallelism.expert_parallel_degree = {e.expert}",
               f"    config.activation_checkpoint = {checkpoint}"]

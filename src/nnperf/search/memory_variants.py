@@ -152,7 +152,7 @@ RECOMPUTED_BY_MEGATRON = frozenset({
 })
 
 #: The selective policies by the name a layout gives them (``Execution.checkpoint``); the
-#: names themselves live with ``Execution`` (``trace.distributed.CHECKPOINTS``).
+#: names themselves live with ``Execution`` (``nnperf.layout.CHECKPOINTS``).
 SELECTIVE_POLICIES = ("selective", "selective-op", "selective-op-recompute-a2a", "selective-attention")
 _ALL_TO_ALL = "_c10d_functional.all_to_all_single.default"
 

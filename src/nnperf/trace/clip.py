@@ -25,6 +25,11 @@ from nnperf.errors import UsageError
 
 #: The pseudo-module clipping's ops are recorded under.
 CLIP_MODULE = "(clip_grad_norm)"
+#: Set on a model whose ranks each hold a part of the gradients as plain tensors (ZeRO-1's
+#: shares, tensor parallelism's shards under DDP): the process groups the squared norm is
+#: summed over (``trace.parallel.data``). The value counts a tensor-parallel rank's replicated
+#: parameters once per rank (Megatron-LM's leaves its duplicates out); the work is the same.
+NORM_GROUPS = "nnperf_norm_groups"
 NORM_TYPE = 2.0
 
 
@@ -54,15 +59,17 @@ def _quiet_redistribute() -> contextlib.AbstractContextManager[None]:
 
 
 @torch.no_grad()
-def clip_grad_norm(params: list[torch.Tensor], max_norm: float, pipeline_group: Any = None) -> torch.Tensor:
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float, pipeline_group: Any = None,
+                   reduce_groups: tuple[Any, ...] = ()) -> torch.Tensor:
     """Scale the gradients of ``params`` so their global 2-norm is at most ``max_norm``; returns
-    the norm (a 0-dim device tensor)."""
+    the norm (a 0-dim device tensor). ``pipeline_group`` and ``reduce_groups``: the ranks whose
+    gradients' squared norms are summed with this one's."""
     with_grads = [p for p in params if p.grad is not None]
     if not with_grads:
         return torch.zeros(())
     dtensor = _dtensor_type()
     if not hasattr(torch.nn.utils, "get_total_norm"):  # torch < 2.6: its one-call form, plain gradients only
-        if pipeline_group is not None or any(_mesh_key(p.grad, dtensor) is not None for p in with_grads):
+        if pipeline_group is not None or reduce_groups or any(_mesh_key(p.grad, dtensor) is not None for p in with_grads):
             raise UsageError("--clip-grad-norm on sharded gradients or pipeline stages needs torch >= 2.6 "
                              "(torch.nn.utils.get_total_norm, as torchtitan uses)")
         return torch.nn.utils.clip_grad_norm_(with_grads, max_norm, NORM_TYPE, foreach=True)
@@ -76,14 +83,14 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float, pipeline_group: 
             if dtensor is not None and isinstance(norm, dtensor):
                 norm = norm.full_tensor()
         norms.append(norm)
-    if len(norms) == 1 and pipeline_group is None:
+    if len(norms) == 1 and pipeline_group is None and not reduce_groups:
         total = norms[0]
     else:  # the sum of squares over meshes and pipeline stages
         squares = norms[0] ** NORM_TYPE
         for norm in norms[1:]:
             squares = squares + norm**NORM_TYPE
-        if pipeline_group is not None:
-            torch.distributed.all_reduce(squares, op=torch.distributed.ReduceOp.SUM, group=pipeline_group)
+        for group in (*reduce_groups, *([pipeline_group] if pipeline_group is not None else [])):
+            torch.distributed.all_reduce(squares, op=torch.distributed.ReduceOp.SUM, group=group)
         total = squares ** (1.0 / NORM_TYPE)
     for members in groups.values():
         torch.nn.utils.clip_grads_with_norm_(members, max_norm, total, True)

@@ -1,4 +1,5 @@
-"""Which dispatched ops are collectives, their kind, and their size as nccl-tests counts it.
+"""Which dispatched ops are collectives, their kind, and their size as nccl-tests counts it;
+a traced step's collectives as records (``Collective``, ``collectives_of``).
 
 Read by the tracer of a rank (``trace.distributed``) and the cost formulas
 (``passes.costs.communication``): all-reduce: the buffer; all-gather: the gathered output;
@@ -9,7 +10,13 @@ parallelism's are when one rank's experts draw more tokens: it waits for the lar
 
 from __future__ import annotations
 
-from nnperf.trace.events import OpEvent, TensorMeta
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from nnperf.trace.events import OpEvent, TensorMeta, Trace
 
 #: c10d op -> (collective kind, which tensors give its nccl-tests size)
 COLLECTIVES: dict[str, tuple[str, str]] = {
@@ -56,3 +63,65 @@ def collective_bytes(event: OpEvent, side: str) -> int:
     return sum(t.nbytes for t in chosen)
 
 
+@dataclass(frozen=True)
+class Collective:
+    """One collective of the traced step, as the engine issued it."""
+
+    index: int  # its event in the trace
+    kind: str  # all_reduce | all_gather | reduce_scatter | all_to_all | broadcast | send_recv
+    bytes: int  # nccl-tests size (see passes.costs.communication)
+    group_size: int
+    group_ranks: tuple[int, ...]
+    phase: str
+    module: str
+    group: str = ""  # the process group's name: one NCCL communicator, one stream
+
+    @property
+    def stream(self) -> tuple[str, tuple[int, ...]]:
+        """The stream it runs on: its communicator's (a point-to-point pair has its own)."""
+        return (self.group, tuple(sorted(self.group_ranks)) if self.kind == "send_recv" else ())
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "bytes": self.bytes, "group_size": self.group_size,
+                "phase": self.phase, "module": self.module, "index": self.index}
+
+
+def collectives_of(trace: Trace) -> list[Collective]:
+    """The trace's collectives with their groups (resolved while the process group lives)."""
+    out = []
+    for event in trace.events:
+        spec = COLLECTIVES.get(event.name)
+        if spec is None:
+            continue
+        ranks, name = _group_of(event)
+        if spec[0] == "send_recv":  # (tensors, group, peer's rank in the group, tag): the pair
+            me, peer = dist.get_rank(), ranks[event.args[2]]
+            ranks = (me, peer) if event.name == "c10d.send" else (peer, me)
+        out.append(Collective(event.index, spec[0], collective_bytes(event, spec[1]), len(ranks),
+                              ranks, event.phase, event.module, name))
+    return out
+
+
+def _group_of(event: Any) -> tuple[tuple[int, ...], str]:
+    """The ranks and name of the process group a collective ran on."""
+    for value in list(event.args) + list(event.kwargs.values()):
+        group = _as_group(value)
+        if group is not None:
+            return tuple(dist.get_process_group_ranks(group)), group.group_name
+    return tuple(range(dist.get_world_size())), dist.group.WORLD.group_name
+
+
+def _as_group(value: Any) -> Any:
+    if isinstance(value, dist.ProcessGroup):
+        return value
+    if isinstance(value, torch.ScriptObject):
+        try:
+            return dist.ProcessGroup.unbox(value)
+        except (RuntimeError, TypeError):
+            return None
+    if isinstance(value, str):  # functional collectives name their group
+        try:
+            return dist.distributed_c10d._resolve_process_group(value)
+        except (RuntimeError, ValueError, KeyError):
+            return None
+    return None

@@ -592,7 +592,7 @@ _UNRECORDED = [0]
 
 def _is_collective(func: Any) -> bool:
     """A collective's values on a fake process group are none a trace could use (expert
-    parallelism sets its received counts itself: ``trace.expert_parallel``), so it is not run on
+    parallelism sets its received counts itself: ``trace.parallel.expert``), so it is not run on
     constants' values too."""
     return str(getattr(func, "_qualified_op_name", None) or func).startswith(("_c10d_functional", "c10d"))
 

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from nnperf.errors import UsageError
-from nnperf.trace.clip import CLIP_MODULE, clip_grad_norm
+from nnperf.trace.clip import CLIP_MODULE, NORM_GROUPS, clip_grad_norm
 from nnperf.trace.grad_scaler import TracedGradScaler
 from nnperf.trace.loss import ChunkedLoss, loss_for
 from nnperf.trace.options import AMP_DTYPES, TraceOptions
@@ -63,20 +63,10 @@ def to_channels_last(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[Any, ..
     )
 
 
-#: Set on a DDP module whose optimizer is sharded over its ranks (``Execution.data`` "zero1"):
-#: ``make_optimizer`` wraps the optimizer in ``ZeroRedundancyOptimizer``, in the trace and in a
-#: measured run alike.
-SHARDS_OPTIMIZER = "nnperf_shards_optimizer"
-#: Set beside it by ``make_optimizer``: the parameter elements each rank's share holds, by rank
-#: (ZeroRedundancyOptimizer's own partition), so a plan can tell the busiest rank.
-OPTIMIZER_SHARES = "nnperf_optimizer_shares"
-
-
-def make_optimizer(model: nn.Module, options: TraceOptions) -> torch.optim.Optimizer | None:
+def make_optimizer(model: nn.Module, options: TraceOptions) -> Any:
     """The optimizer of the step (None: ``--optimizer none``, or nothing to train). On a model
-    the layout marks (``SHARDS_OPTIMIZER``: ZeRO-1) PyTorch's
-    ``ZeroRedundancyOptimizer`` wraps it: this rank keeps the state of its share of the
-    parameters only, and broadcasts that share after its update."""
+    a ZeRO-1 layout wrapped (``SHARDED_BUCKETS``: Megatron-LM's distributed optimizer,
+    ``trace.parallel.distributed_optimizer``) it updates this rank's share of each bucket only."""
     params = [p for p in model.parameters() if p.requires_grad]
     if options.optimizer == "none" or not params:
         return None
@@ -87,24 +77,16 @@ def make_optimizer(model: nn.Module, options: TraceOptions) -> torch.optim.Optim
     else:
         optimizer_class = torch.optim.SGD
         kwargs["momentum"] = 0.9 if options.optimizer == "sgd-momentum" else 0.0
-    if getattr(model, SHARDS_OPTIMIZER, False):
-        from torch.distributed.optim import ZeroRedundancyOptimizer
+    from nnperf.trace.parallel.distributed_optimizer import SHARDED_BUCKETS, DistributedOptimizer
 
-        sharded = ZeroRedundancyOptimizer(params, optimizer_class=optimizer_class, **kwargs)
-        # the engine's own partition (private, but in ZeroRedundancyOptimizer since torch 1.8)
-        setattr(model, OPTIMIZER_SHARES, [sum(p.numel() for group in share for p in group["params"])
-                                          for share in sharded._partition_parameters()])
-        return sharded
+    sharded = getattr(model, SHARDED_BUCKETS, None)
+    if sharded:
+        return DistributedOptimizer(optimizer_class(DistributedOptimizer.shares(sharded), **kwargs), sharded)
     return optimizer_class(params, **kwargs)
 
 
-def optimizer_state(optimizer: torch.optim.Optimizer) -> dict[Any, dict[str, Any]]:
-    """The per-parameter state this rank holds: a ``ZeroRedundancyOptimizer``'s is its local
-    optimizer's (its share of the parameters), not the wrapper's, which stays empty."""
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-
-    if isinstance(optimizer, ZeroRedundancyOptimizer):
-        return optimizer.optim.state
+def optimizer_state(optimizer: Any) -> dict[Any, dict[str, Any]]:
+    """The per-parameter state this rank holds (a distributed optimizer's: its shares')."""
     return optimizer.state
 
 
@@ -212,7 +194,8 @@ class Step:
                 scaler.unscale_(optimizer)
             params = [p for group in optimizer.param_groups for p in group["params"]]
             clip_grad_norm(params, self.options.clip_grad_norm,
-                           getattr(self.model, "group", None) if run_pipeline is not None else None)
+                           getattr(self.model, "group", None) if run_pipeline is not None else None,
+                           tuple(getattr(self.model, NORM_GROUPS, ())))
             watch.clip_ends()
         if optimizer is not None and scaler is not None:
             watch.scaler_starts()

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nnperf.errors import ModelOptionError
+from nnperf.trace.parallel.tensor import TensorParallelPlan, gather_input, styles
 from nnperf.workload import Workload
 
 from ._attention import attention, merge_heads, split_heads
@@ -195,9 +196,46 @@ class BertForPreTraining(nn.Module):
         self.bert = BertModel(c)
         self.cls = PreTrainingHeads(c["n_embd"], self.bert.embeddings.word_embeddings)
 
+    def tensor_parallel_plan(self) -> TensorParallelPlan:
+        """Megatron's split, written for BERT's module names (``_tensor_parallel``); the MLM head
+        adds its own bias after the decoder, so the logits are gathered (no loss parallelism)."""
+        return TensorParallelPlan("bert", _tensor_parallel, lambda c: {
+            "n_head": c["n_head"], "intermediate": c["intermediate"]}, loss_parallel=False)
+
     def forward(self, input_ids: Tensor) -> tuple[Tensor, Tensor]:
         x, pooled = self.bert(input_ids)
         return self.cls(x, pooled)
+
+
+def _tensor_parallel(model: nn.Module, mesh: Any, sp: bool, loss_parallel: bool) -> None:
+    """Logits gathered (the MLM head adds its own bias after the decoder; no loss parallelism)."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    Replicate, Shard, Colwise, Rowwise, SequenceParallel, _, PrepareModuleOutput = styles()
+    seq = Shard(1) if sp else Replicate()
+    for layer in model.bert.encoder.layer:
+        plan: dict[str, Any] = {
+            "attention.self.query": Colwise(), "attention.self.key": Colwise(),
+            "attention.self.value": Colwise(), "attention.output.dense": Rowwise(output_layouts=seq),
+            "intermediate.dense": Colwise(), "output.dense": Rowwise(output_layouts=seq),
+        }
+        if sp:  # post-norm: the norms' outputs are the residuals, kept as local shards
+            plan.update({"attention.output.LayerNorm": SequenceParallel(use_local_output=True),
+                         "output.LayerNorm": SequenceParallel(use_local_output=True),
+                         "attention.self": gather_input(), "intermediate": gather_input()})
+        parallelize_module(layer, mesh, plan)
+    top: dict[str, Any] = {
+        "bert.embeddings.word_embeddings": Rowwise(input_layouts=Replicate(), output_layouts=Replicate()),
+        # a DTensor, so the head's own (replicated) bias adds to it
+        "cls.predictions.decoder": Colwise(output_layouts=Replicate(), use_local_output=False),
+    }
+    if sp:
+        top["bert.embeddings"] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1),
+                                                     use_local_output=True)
+        top["bert.pooler"] = gather_input(local=True)
+        top["cls"] = gather_input(2, local=True)
+    parallelize_module(model, mesh, top)
+    model.cls.predictions.decoder.weight = model.bert.embeddings.word_embeddings.weight
 
 
 def build(batch: int | None = None, seq_len: int | None = None, **overrides: Any) -> Workload:

@@ -14,6 +14,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nnperf.errors import ModelOptionError
+from nnperf.trace.parallel.pipeline import PipelineSplit
+from nnperf.trace.parallel.tensor import TensorParallelPlan, gather_input, logits_layout, styles
 from nnperf.workload import Workload
 
 from ._attention import attention, merge_heads, split_heads
@@ -83,6 +85,12 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+def _embed(chunk: nn.Module, idx: Tensor) -> Tensor:
+    """A first pipeline chunk's forward up to its blocks (``pipeline_split``)."""
+    positions = torch.arange(idx.shape[1], device=idx.device)
+    return chunk.drop(chunk.wte(idx) + chunk.wpe(positions))
+
+
 class GPT2(nn.Module):
     """Token + learned position embeddings, blocks ``h.N``, ``ln_f``, tied ``lm_head``."""
 
@@ -109,12 +117,48 @@ class GPT2(nn.Module):
             elif p.dim() == 2:
                 nn.init.normal_(p, std=0.02)
 
+    def tensor_parallel_plan(self) -> TensorParallelPlan:
+        """Megatron's split, written for GPT-2's module names (``_tensor_parallel``)."""
+        return TensorParallelPlan("gpt2", _tensor_parallel, lambda c: {
+            "n_head": c["n_head"], "4 x n_embd (MLP)": 4 * c["n_embd"]})
+
+    def pipeline_split(self) -> PipelineSplit:
+        """Token and position embeddings (and their dropout) before the blocks, the final norm
+        and the tied head after (one copy on each end, as Megatron-LM keeps them)."""
+        return PipelineSplit(("wte", "wpe", "drop"), "h", "ln_f", "lm_head", _embed)
+
     def forward(self, idx: Tensor) -> Tensor:
         positions = torch.arange(idx.shape[1], device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(positions))
         for block in self.h:
             x = block(x)
         return self.lm_head(self.ln_f(x))
+
+
+def _tensor_parallel(model: nn.Module, mesh: Any, sp: bool, loss_parallel: bool) -> None:
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    Replicate, Shard, Colwise, Rowwise, SequenceParallel, _, PrepareModuleOutput = styles()
+    seq = Shard(1) if sp else Replicate()
+    for block in model.h:
+        plan: dict[str, Any] = {
+            "attn.c_attn": Colwise(), "attn.c_proj": Rowwise(output_layouts=seq),
+            "mlp.c_fc": Colwise(), "mlp.c_proj": Rowwise(output_layouts=seq),
+        }
+        if sp:
+            plan.update({"ln_1": SequenceParallel(), "ln_2": SequenceParallel(),
+                         "attn": gather_input(), "mlp": gather_input()})
+        parallelize_module(block, mesh, plan)
+    top: dict[str, Any] = {
+        "wte": Rowwise(input_layouts=Replicate(), output_layouts=seq),
+        "lm_head": Colwise(input_layouts=seq, **logits_layout(loss_parallel)),
+    }
+    if sp:
+        top["ln_f"] = SequenceParallel()
+        top["wpe"] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(0),
+                                         use_local_output=True)
+    parallelize_module(model, mesh, top)
+    model.lm_head.weight = model.wte.weight  # both Shard(0) over the vocabulary: still tied
 
 
 def _builder(name: str, n_layer: int, n_embd: int, n_head: int):

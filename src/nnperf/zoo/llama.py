@@ -16,7 +16,9 @@ from torch import Tensor, nn
 if TYPE_CHECKING:
     from torch.nn.attention.flex_attention import BlockMask
 
-from nnperf.errors import ModelOptionError
+from nnperf.errors import ModelOptionError, UsageError
+from nnperf.trace.parallel.pipeline import PipelineSplit
+from nnperf.trace.parallel.tensor import TensorParallelPlan, gather_input, logits_layout, styles
 from nnperf.workload import Workload
 
 from ._attention import ATTENTION_KINDS, attention, causal_block_mask, merge_heads, split_heads
@@ -197,6 +199,27 @@ class Llama(nn.Module):
     def chunkable_head(self) -> nn.Linear:
         return self.output
 
+    def tensor_parallel_plan(self) -> TensorParallelPlan:
+        """torchtitan's ``apply_tp`` for Llama (``_tensor_parallel``); none for mixture-of-experts
+        layers (torchtitan's expert tensor parallelism) or multi-head latent attention."""
+        from .mla import MultiHeadLatentAttention
+
+        if any(isinstance(m, MoE) for m in self.modules()):
+            raise UsageError("tensor parallelism of mixture-of-experts layers (torchtitan's expert tensor "
+                             "parallelism) is not modelled; lay the experts out with expert parallelism (--ep) "
+                             "and data parallelism")
+        if any(isinstance(m, MultiHeadLatentAttention) for m in self.modules()):
+            raise UsageError("tensor parallelism of multi-head latent attention (DeepSeek's) has no plan here; "
+                             "use data, pipeline or expert parallelism")
+        return TensorParallelPlan("llama", _tensor_parallel, lambda c: {
+            "n_heads": c["n_heads"], "n_kv_heads": c["n_kv_heads"], "ffn_hidden": c["ffn_hidden"]})
+
+    def pipeline_split(self) -> PipelineSplit:
+        """torchtitan's manual split: the embedding before the blocks, the norm and the output
+        projection after (a chunked loss may take the projection over)."""
+        return PipelineSplit(("tok_embeddings",), "layers", "norm", "output", lambda c, t: c.tok_embeddings(t),
+                             chunkable=True)
+
     def forward(self, tokens: Tensor) -> Tensor:
         x = self.tok_embeddings(tokens)
         # FlexAttention: one mask for every layer, forward and backward (torchtitan builds it
@@ -206,6 +229,32 @@ class Llama(nn.Module):
             x = layer(x, block_mask=block_mask)
         x = self.norm(x)
         return x if self.skip_head else self.output(x)
+
+
+def _tensor_parallel(model: nn.Module, mesh: Any, sp: bool, loss_parallel: bool) -> None:
+    """torchtitan's ``apply_tp`` for Llama."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    Replicate, Shard, Colwise, Rowwise, SequenceParallel, *_ = styles()
+    seq = Shard(1) if sp else Replicate()
+    for layer in model.layers:
+        plan: dict[str, Any] = {
+            "attention.wq": Colwise(), "attention.wk": Colwise(), "attention.wv": Colwise(),
+            "attention.wo": Rowwise(output_layouts=seq),
+            "feed_forward.w1": Colwise(), "feed_forward.w3": Colwise(),
+            "feed_forward.w2": Rowwise(output_layouts=seq),
+        }
+        if sp:
+            plan.update({"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel(),
+                         "attention": gather_input(), "feed_forward": gather_input()})
+        parallelize_module(layer, mesh, plan)
+    top: dict[str, Any] = {
+        "tok_embeddings": Rowwise(input_layouts=Replicate(), output_layouts=seq),
+        "output": Colwise(input_layouts=seq, **logits_layout(loss_parallel)),
+    }
+    if sp:
+        top["norm"] = SequenceParallel()
+    parallelize_module(model, mesh, top)
 
 
 def build(batch: int | None = None, seq_len: int | None = None, **overrides: Any) -> Workload:

@@ -62,7 +62,7 @@ def dtensor_overheads(repeats: int = 7, steps: int = 20) -> dict[str, Any]:
 
 
 def _per_dispatch(mesh: Any, repeats: int, steps: int) -> tuple[Spread, int]:
-    from nnperf.trace.tensor_parallel import apply_tensor_parallel
+    from nnperf.trace.parallel.tensor import apply_tensor_parallel
     from nnperf.zoo import get_model
 
     def build(split: bool) -> Callable[[], None]:

@@ -178,6 +178,9 @@ def allocation_program(
     persistent = {s for s, r in device.items() if r.category in _PERSISTENT}
     if options.get("grads_persist"):
         persistent |= {s for s, r in device.items() if r.category == Mem.GRADIENTS}
+    # gradients that were there before the step are views of a buffer another owner keeps (DDP's
+    # buckets with gradient_as_bucket_view, ZeRO-1's): zero_grad drops the views, not the buffer
+    persistent |= {s for s, r in device.items() if r.category == Mem.GRADIENTS and storages[s].created_by is None}
     cublas = [e.name in device_terms.CUBLAS_OPS for e in trace.events]
     for iteration in (1, 2):
         recording = iteration == 2

@@ -16,10 +16,10 @@ from dataclasses import fields, replace
 from nnperf.errors import UsageError
 from nnperf.hardware import GPU
 from nnperf.hardware.cluster import Cluster
+from nnperf.layout import Execution
 from nnperf.request import ModelRequest
 from nnperf.search import plan
 from nnperf.search.advise.change import Change
-from nnperf.trace.distributed import Execution
 from nnperf.trace.options import TraceOptions
 
 _TRACE_FIELDS = {f.name for f in fields(TraceOptions)}

@@ -18,7 +18,8 @@ from torch.distributed.tensor.parallel import loss_parallel
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 
 from nnperf.errors import UsageError
-from nnperf.trace.distributed import Execution, sharded_bytes, trace_rank
+from nnperf.layout import Execution
+from nnperf.trace.distributed import sharded_bytes, trace_rank
 from nnperf.trace.options import TraceOptions
 
 pytestmark = pytest.mark.process
@@ -90,7 +91,7 @@ def _storage_bytes(model, optimizer) -> dict[str, int]:
 def _worker(rank: int) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
-    from nnperf.trace.tensor_parallel import apply_tensor_parallel
+    from nnperf.trace.parallel.tensor import apply_tensor_parallel
     from nnperf.zoo import get_model
 
     mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("tensor",))
@@ -195,7 +196,7 @@ def _worker_2d(rank: int) -> tuple:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from nnperf.trace.tensor_parallel import apply_tensor_parallel
+    from nnperf.trace.parallel.tensor import apply_tensor_parallel
     from nnperf.zoo import get_model
 
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("shard", "tensor"))

@@ -22,9 +22,11 @@ their gradient all-reduce between the two stages is not traced (listed in the pl
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,20 +34,20 @@ import torch
 from torch import nn
 
 from nnperf.errors import UsageError
+from nnperf.layout import MULTI, Execution
 from nnperf.trace.diagnosis import quiet_fsdp_view_warning
+from nnperf.trace.options import TraceOptions
 from nnperf.trace.recorder import unrecorded
-
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
-#: Chunks per rank of each schedule (interleaved ones: ``virtual`` stages per rank).
-MULTI = {"interleaved-1f1b", "zero-bubble"}
+from nnperf.workload import Workload, default_loss
 
 
 @dataclass(frozen=True)
-class PipelineFamily:
-    """How a model family splits: the modules before the blocks (``pre``), the blocks' list,
-    the modules after (``post``: the final ``norm`` and the output ``projection``), and the
-    first chunk's forward. ``chunkable``: a chunked loss may take the projection over
-    (torchtitan's ChunkedLossWrapper; the families whose whole model offers it too)."""
+class PipelineSplit:
+    """How a model splits into pipeline chunks, declared with the model (its
+    ``pipeline_split()``): the modules before the blocks (``pre``), the blocks' list, the
+    modules after (``post``: the final ``norm`` and the output ``projection``), and the first
+    chunk's forward up to its blocks. ``chunkable``: a chunked loss may take the projection over
+    (torchtitan's ChunkedLossWrapper; the models whose whole forward offers it too)."""
 
     pre: tuple[str, ...]
     blocks: str
@@ -59,49 +61,23 @@ class PipelineFamily:
         return self.norm, self.projection
 
 
-def _gpt2_embed(chunk: nn.Module, idx: torch.Tensor) -> torch.Tensor:
-    positions = torch.arange(idx.shape[1], device=idx.device)
-    return chunk.drop(chunk.wte(idx) + chunk.wpe(positions))
-
-
-def _families() -> dict[type, PipelineFamily]:
-    from nnperf.zoo.gpt2 import GPT2
-    from nnperf.zoo.llama import Llama
-
-    return {
-        Llama: PipelineFamily(("tok_embeddings",), "layers", "norm", "output", lambda c, t: c.tok_embeddings(t),
-                              chunkable=True),
-        GPT2: PipelineFamily(("wte", "wpe", "drop"), "h", "ln_f", "lm_head", _gpt2_embed),
-    }
-
-
-def family_of(model: nn.Module) -> PipelineFamily:
-    family = _families().get(type(model))
-    if family is None:
+def split_of(model: nn.Module) -> PipelineSplit:
+    """The split ``model`` declares, or one line saying it has none."""
+    declared = getattr(model, "pipeline_split", None)
+    if declared is None:
         raise UsageError(f"pipeline parallelism needs a stage split for {type(model).__name__}; "
                          "splits exist for the built-in gpt2 and llama families")
-    return family
+    return declared()
 
 
 def chunks_per_rank(schedule: str, virtual: int) -> int:
     return virtual if schedule in MULTI else 1
 
 
-def check_layers(n_layers: int, stages: int, what: str = "pipeline stages") -> None:
-    """One line when ``stages`` chunks do not split ``n_layers`` blocks evenly."""
-    if n_layers % stages == 0:
-        return
-    divisors = [d for d in range(1, n_layers + 1) if n_layers % d == 0]
-    below = max((d for d in divisors if d < stages), default=None)
-    above = min((d for d in divisors if d > stages), default=None)
-    nearest = " or ".join(str(d) for d in (below, above) if d is not None)
-    raise UsageError(f"{n_layers} layers do not split evenly into {stages} {what}; nearest valid: {nearest}")
-
-
 class Chunk(nn.Module):
     """Consecutive blocks of a model, with the embeddings when first and the head when last."""
 
-    def __init__(self, model: nn.Module, family: PipelineFamily, start: int, end: int,
+    def __init__(self, model: nn.Module, family: PipelineSplit, start: int, end: int,
                  first: bool, last: bool) -> None:
         super().__init__()
         self.first, self.last, self._family = first, last, family
@@ -124,13 +100,20 @@ class Chunk(nn.Module):
         return x
 
 
-def split(model: nn.Module, stages: int) -> list[Chunk]:
-    """All ``stages`` chunks of ``model`` (equal numbers of blocks)."""
-    family = family_of(model)
+def block_count(model: nn.Module) -> int:
+    """The repeated blocks a pipeline splits (the model's declared ``pipeline_split``)."""
+    return len(getattr(model, split_of(model).blocks))
+
+
+def split(model: nn.Module, layers: Sequence[int]) -> list[Chunk]:
+    """The chunks of ``model``, the ``i``-th holding ``layers[i]`` consecutive blocks (the
+    layout's ``Execution.chunk_layers``)."""
+    family = split_of(model)
     n = len(getattr(model, family.blocks))
-    check_layers(n, stages)
-    per = n // stages
-    return [Chunk(model, family, s * per, (s + 1) * per, s == 0, s == stages - 1) for s in range(stages)]
+    if sum(layers) != n or min(layers) < 1:
+        raise UsageError(f"a split of {'+'.join(map(str, layers))} blocks does not hold the model's {n} blocks")
+    starts = [0, *itertools.accumulate(layers)]
+    return [Chunk(model, family, starts[s], starts[s + 1], s == 0, s == len(layers) - 1) for s in range(len(layers))]
 
 
 class _MicroLoss:
@@ -315,5 +298,33 @@ def rank_stages(rank: int, pipeline: int, schedule: str, virtual: int) -> list[i
     return [rank + k * pipeline for k in range(chunks_per_rank(schedule, virtual))]
 
 
-__all__ = ["SCHEDULES", "Chunk", "PipelineRank", "check_layers", "family_of", "rank_stages", "schedule_order",
-           "split", "stage_shapes"]
+def pipeline_rank(workload: Workload, execution: Execution, options: TraceOptions, pp_mesh: Any) -> nn.Module:
+    """This rank's pipeline chunks and the schedule that runs them over the pipeline group."""
+    from nnperf.trace.loss import loss_for
+    from nnperf.trace.options import AMP_DTYPES
+
+    def autocast() -> Any:
+        if not options.amp:
+            return contextlib.nullcontext()
+        return torch.autocast("cpu", dtype=AMP_DTYPES[options.amp])
+
+    stages = execution.chunks
+    chunks = split(workload.model, execution.chunk_layers(block_count(workload.model)))
+    batch = workload.inputs[0].shape[0]
+    if batch % execution.grad_accum:
+        raise UsageError(f"a batch of {batch} does not split into {execution.grad_accum} micro-batches")
+    mine = rank_stages(pp_mesh.get_local_rank(), execution.pipeline, execution.pipeline_schedule or "",
+                       execution.virtual_stages)
+    # a chunked loss runs the last chunk's output projection (torchtitan's ChunkedLossWrapper on
+    # the last stage); on the other ranks no loss runs
+    last = stages - 1 in mine
+    loss = loss_for(workload.loss_fn or default_loss, options.loss if last else "eager", chunks[-1])
+    # the shapes of this rank's chunks need the forward up to its last chunk only
+    shapes = stage_shapes(chunks[:max(mine) + 1], tuple(workload.inputs), batch // execution.grad_accum, autocast)
+    return PipelineRank([chunks[i] for i in mine], mine, stages, execution.pipeline_schedule or "",
+                        execution.grad_accum, tuple(workload.inputs), loss, pp_mesh.get_group(),
+                        [shapes[i] for i in mine])
+
+
+__all__ = ["Chunk", "PipelineRank", "PipelineSplit", "block_count", "pipeline_rank", "rank_stages",
+           "schedule_order", "split", "split_of", "stage_shapes"]

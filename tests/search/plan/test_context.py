@@ -1,4 +1,4 @@
-"""Context parallelism's closed form on a traced rank (search.plan_context): the ring's
+"""Context parallelism's closed form on a traced rank (search.plan.context): the ring's
 all-gathers carry the whole sequence's K and V per attention layer (sizes by hand), the rank's
 attention does cp times the causal pairs of its chunk, and a sequence that does not split into
 2 x cp chunks is one line."""
@@ -10,10 +10,10 @@ import pytest
 from nnperf.errors import UsageError
 from nnperf.hardware.catalog import load_gpu
 from nnperf.hardware.cluster import load_cluster
+from nnperf.layout import Execution
 from nnperf.request import ModelRequest
 from nnperf.search.plan import evaluate
-from nnperf.search.plan_rank import RoleCache
-from nnperf.trace.distributed import Execution
+from nnperf.search.plan.rank import RoleCache
 from nnperf.trace.options import TraceOptions
 
 GPU, CLUSTER = load_gpu("h100"), load_cluster("dgx-h100")
@@ -27,13 +27,13 @@ def test_ring_attention_collectives_by_hand():
     planned = evaluate(REQUEST, TraceOptions(amp="bf16"), Execution(world=8, data="fsdp", shard=2, context=cp),
                        GPU, CLUSTER, cache=RoleCache())
     kv = 2 * SEQ * KV * (DIM // HEADS) * 2  # K and V of the whole sequence, bf16
-    assert planned.collectives["context_all_gather"] == {"count": 2 * LAYERS, "bytes": 2 * LAYERS * kv}
-    assert planned.collectives["context_reduce_scatter"] == {"count": LAYERS, "bytes": LAYERS * kv}
+    assert planned.collectives["context_all_gather"].to_json() == {"count": 2 * LAYERS, "bytes": 2 * LAYERS * kv}
+    assert planned.collectives["context_reduce_scatter"].to_json() == {"count": LAYERS, "bytes": LAYERS * kv}
     # FSDP shards over the data and context ranks together (8 ranks), as torchtitan's dp_shard_cp
     plain = evaluate(REQUEST, TraceOptions(amp="bf16"), Execution(world=8, data="fsdp", shard=8), GPU, CLUSTER,
                      cache=RoleCache())
     assert planned.state_bytes == plain.state_bytes
-    assert planned.split["exposed_communication_s"]["context_all_gather_reduce_scatter"] > 0
+    assert planned.split.exposed_communication_s["context_all_gather_reduce_scatter"] > 0
 
 
 def test_a_sequence_that_does_not_split_is_one_line():
@@ -53,3 +53,23 @@ def test_mfu_counts_the_same_model_flops_with_full_checkpointing():
         return planned.mfu / planned.throughput
 
     assert per_token("full") == pytest.approx(per_token(None), rel=1e-6)
+
+
+def test_context_parallelism_in_a_pipeline():
+    """2 stages x CP 2: each stage's role is traced on half the sequence and its actions take the
+    ring attention's collectives (per attention layer of the stage: two all-gathers of the whole
+    sequence's K and V and a reduce-scatter of their gradients, sizes by hand); against the
+    pipeline of half sequences over the same GPUs (twice the data-parallel ranks), the same tokens
+    a step, in a longer one (attention over the whole sequence, the ring's collectives)."""
+    from dataclasses import replace
+
+    execution = Execution(world=8, data="fsdp", shard=2, context=2, pipeline=2, pipeline_schedule="1f1b",
+                          micro_batch=1, grad_accum=2, reshard_after_forward=False)
+    planned = evaluate(REQUEST, TraceOptions(amp="bf16"), execution, GPU, CLUSTER, layers=LAYERS, cache=RoleCache())
+    kv = 2 * SEQ * KV * (DIM // HEADS) * 2
+    per_stage = LAYERS // 2
+    assert planned.collectives["context_all_gather"].to_json() == {"count": 2 * per_stage, "bytes": 2 * per_stage * kv}
+    half = evaluate(replace(REQUEST, seq_len=SEQ // 2), TraceOptions(amp="bf16"),
+                    replace(execution, context=1, shard=4), GPU, CLUSTER, layers=LAYERS, cache=RoleCache())
+    assert planned.step_s > half.step_s
+    assert planned.throughput * planned.step_s == pytest.approx(half.throughput * half.step_s, rel=1e-9)

@@ -11,10 +11,12 @@ import pytest
 
 from nnperf.hardware.catalog import load_gpu
 from nnperf.hardware.cluster import load_cluster
+from nnperf.layout import Execution
 from nnperf.request import ModelRequest
-from nnperf.search.plan import Planned, evaluate, same_work, work_bound
-from nnperf.search.plan_rank import RankCost, RoleCache, scaled_cost
-from nnperf.trace.distributed import Execution
+from nnperf.search.plan import Planned, evaluate
+from nnperf.search.plan.bounds import same_work, work_bound
+from nnperf.search.plan.rank import RoleCache, scaled_cost
+from nnperf.search.plan.results import RankCost
 from nnperf.trace.options import TraceOptions
 
 LLAMA = {"dim": 128, "n_heads": 4, "ffn_hidden": 256, "vocab": 512, "n_layer": 16}
@@ -86,15 +88,16 @@ def test_a_pipeline_slower_than_the_best_is_cut_at_a_lower_bound_of_its_step(sch
     cut = evaluate(request, OPTIONS, execution, GPU, CLUSTER, layers=layers, cache=first, prune=True,
                    slower_than=1e-9)
     role = _first_role(execution, layers)
-    own = role.get("head_s") + 4 * (role.get("action.F@0") + role.get("action.B@0")) + role.get("tail_s")
+    f = role.figures
+    own = f.head_s + 4 * (f.action("F", 0) + f.action("B", 0)) + f.tail_s
     assert cut.time_bound and first.traces == 2  # the first role at 3 and 4 blocks
     assert own < cut.step_s <= exact.step_s
     if virtual == 1:
         # rank 0 runs micro-batch 0's forward, waits for the 3 other stages' forward and
         # backward of it (10 blocks each at the first stage's per-block time), then runs the
         # 4 backwards: its warm-up forwards hide in that wait, the chain does not
-        chain = 3 * 10 * (role.per_block["action.F@0"] + role.per_block["action.B@0"])
-        fill = role.get("head_s") + role.get("action.F@0") + chain + 4 * role.get("action.B@0") + role.get("tail_s")
+        chain = 3 * 10 * (role.per_block.action("F", 0) + role.per_block.action("B", 0))
+        fill = f.head_s + f.action("F", 0) + chain + 4 * f.action("B", 0) + f.tail_s
         assert cut.step_s >= fill * (1 - 1e-9) and fill > own
     assert cut.memory_bound and cut.memory_bytes <= exact.memory_bytes
     kept = evaluate(request, OPTIONS, execution, GPU, CLUSTER, layers=layers, cache=RoleCache(), prune=True,
@@ -114,7 +117,7 @@ def test_a_pipeline_is_no_faster_than_its_gpus_average_compute(schedule, virtual
     exact = _evaluated(execution)
     same = _evaluated(flat)
     work = same_work([same])
-    compute = same.split["compute_s"] - same.split["overlap_slowdown_s"]
+    compute = same.split.compute_s - same.split.overlap_slowdown_s
     assert 0 < compute <= exact.step_s
     cut = work_bound(execution, work, slower_than=compute)
     assert cut is not None and cut.step_s == compute and cut.time_bound
@@ -130,7 +133,7 @@ def test_a_pipelines_memory_is_at_least_its_blocks_state_and_in_flight_activatio
     10 blocks, worked out here), each block's bytes as FSDP over 8 at the same micro-batch
     traces them; the composed layout holds at least that, and a GPU smaller than it is
     rejected untraced."""
-    from nnperf.search.plan_pipeline import blocks_in_flight
+    from nnperf.search.plan.pipeline import blocks_in_flight
 
     layers = 40
     execution = _pipeline(schedule, virtual)
@@ -141,8 +144,8 @@ def test_a_pipelines_memory_is_at_least_its_blocks_state_and_in_flight_activatio
     in_flight = blocks_in_flight(execution, layers)
     if virtual == 1:
         assert in_flight == 4 * 10
-    held = layers * (block["state.parameters"] + block["state.optimizer_state"]) + in_flight * block["saved_activations"]
-    assert block["saved_activations"] > 0 and block["state.parameters"] > 0
+    held = layers * (block.states.parameters + block.states.optimizer_state) + in_flight * block.saved_activations
+    assert block.saved_activations > 0 and block.states.parameters > 0
     exact = _evaluated(execution, layers)
     assert held <= exact.memory_bytes
     cut = work_bound(execution, same_work([same]), None, capacity_bytes=held * 0.99, layers=layers)
@@ -150,5 +153,5 @@ def test_a_pipelines_memory_is_at_least_its_blocks_state_and_in_flight_activatio
     assert work_bound(execution, same_work([same]), None, capacity_bytes=held * 1.01, layers=layers) is None
     # DDP's blocks save more (autocast's casts of its whole weights): no bound from it
     ddp = evaluate(request, OPTIONS, replace(flat, data="ddp", shard=1), GPU, CLUSTER, layers=layers, cache=RoleCache())
-    assert ddp.per_block["saved_activations"] > block["saved_activations"]
+    assert ddp.per_block.saved_activations > block.saved_activations
     assert work_bound(execution, same_work([ddp]), None, capacity_bytes=0.0, layers=layers) is None

@@ -1,4 +1,4 @@
-"""The model-state bound of HSDP and DDP layouts from their FSDP sibling (search.plan_states)
+"""The model-state bound of HSDP and DDP layouts from their FSDP sibling (search.plan.states)
 against the layouts traced: at most their traced state bytes and memory; and the search skips
 a layout whose bound cannot fit, tracing FSDP only."""
 
@@ -9,11 +9,12 @@ import pytest
 from nnperf.errors import UsageError
 from nnperf.hardware.catalog import load_gpu
 from nnperf.hardware.cluster import load_cluster
+from nnperf.layout import Execution
 from nnperf.request import ModelRequest
-from nnperf.search.plan import _search, evaluate
-from nnperf.search.plan_rank import RoleCache
-from nnperf.search.plan_states import states_bound
-from nnperf.trace.distributed import Execution
+from nnperf.search.plan import evaluate
+from nnperf.search.plan.rank import RoleCache
+from nnperf.search.plan.search import _search
+from nnperf.search.plan.states import states_bound
 from nnperf.trace.options import TraceOptions
 
 GPU, CLUSTER = load_gpu("h100"), load_cluster("dgx-h100")
@@ -33,7 +34,7 @@ def test_the_bound_is_below_the_traced_states(tensor, optimizer):
     for execution in others:
         bound = states_bound(sibling, fsdp.shard, execution, optimizer)
         traced = evaluate(REQUEST, options, execution, GPU, CLUSTER)
-        states = sum(traced.state_bytes.values())
+        states = traced.state_bytes.total
         assert bound is not None and 0.9 * states < bound <= states <= traced.memory_bytes, execution.describe()
 
 
@@ -69,14 +70,14 @@ def test_with_accumulation_the_optimizer_runs_once_in_every_part_of_the_split(da
     one = evaluate(request, options, Execution(world=2, data=data, shard=shard, micro_batch=2), gpu, cluster)
     four = evaluate(request, options, Execution(world=2, data=data, shard=shard, micro_batch=2, grad_accum=4),
                     gpu, cluster)
-    exposed = sum(four.split["exposed_communication_s"].values())
-    assert four.split["compute_s"] + exposed <= four.step_s * (1 + 1e-9)
-    assert four.split["compute_s"] < 4 * one.split["compute_s"]  # the optimizer's kernels once, not 4x
-    assert four.split["host_s"] < 4 * one.split["host_s"]
+    exposed = four.split.exposed_s
+    assert four.split.compute_s + exposed <= four.step_s * (1 + 1e-9)
+    assert four.split.compute_s < 4 * one.split.compute_s  # the optimizer's kernels once, not 4x
+    assert four.split.host_s < 4 * one.split.host_s
 
 
 def test_nothing_fits_names_only_remedies_not_already_in_use():
-    from nnperf.search.plan import _remedies
+    from nnperf.search.plan.notes import _remedies
 
     used = _remedies(TraceOptions(amp="bf16", optimizer="adamw"), Execution(world=1, data="fsdp", shard=1))
     assert used[0] == "more GPUs to shard over" and "tensor/pipeline parallelism" in used
@@ -98,7 +99,7 @@ def test_the_reserved_peak_is_the_device_total_less_the_cuda_context():
 
 
 def test_an_eager_loss_that_keeps_gibibytes_is_named_as_a_remedy():
-    from nnperf.search.plan import _remedies
+    from nnperf.search.plan.notes import _remedies
 
     fsdp = Execution(world=2, data="fsdp", shard=2)
     tokens, vocab = 16, WIDE["vocab"]
@@ -117,7 +118,7 @@ def test_a_chunked_loss_plans_tensor_splits_and_pipelines():
     """An eager inner cross entropy runs over a split vocabulary (torchtitan's loss-parallel
     one) and on a pipeline's last stage; a compiled one over a split vocabulary is not
     modelled: one tensor degree, and a degree asked for is one line."""
-    from nnperf.search.plan import chunked_loss_axes
+    from nnperf.search.plan.axes import chunked_loss_axes
 
     chunked = TraceOptions(amp="bf16", loss="chunked")
     assert chunked_loss_axes(chunked, None, None) == (None, None)  # auto: every degree

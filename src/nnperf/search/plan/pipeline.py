@@ -5,7 +5,7 @@ the schedule), whatever the schedule; so the plan traces each distinct stage *ro
 the real ``PipelineStage`` on the fake process group running one micro-batch through one chunk
 (``ScheduleGPipe``, one micro-batch): the first stage (embeddings + blocks), a middle stage
 (blocks) and the last stage (blocks + head + loss), each with the layout's tensor- and
-data-parallel engines, deep chunks from two shallow traces (``search.plan_rank``). The roles
+data-parallel engines, deep chunks from two shallow traces (``search.plan.rank``). The roles
 serve every schedule and interleaving of the same pipeline degree. Then:
 
 - time: every rank's actions in the schedule's own order (``passes.pipeline_timeline``; torch's
@@ -37,24 +37,35 @@ blocks' time, so the bound holds the bubble).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from nnperf.errors import UsageError
 from nnperf.hardware import GPU
 from nnperf.hardware.cluster import Cluster
 from nnperf.kernels.collectives import estimate_collective
+from nnperf.layout import Execution
 from nnperf.passes.memory.capacity import capacity, fits
 from nnperf.passes.pipeline_timeline import Action, PipelineTime, in_flight, orders, simulate
 from nnperf.request import ModelRequest
-from nnperf.search.plan_rank import RankCost, RoleCache, scaled_cost
-from nnperf.trace.distributed import Execution
+from nnperf.search.plan.context import check_sequence, traced_as, with_ring_attention
+from nnperf.search.plan.rank import RoleCache, scaled_cost
+from nnperf.search.plan.results import (
+    PipelineFigures,
+    Planned,
+    RankCost,
+    RankFigures,
+    TimeSplit,
+    collective_totals,
+)
 from nnperf.trace.options import TraceOptions
-from nnperf.trace.pipeline import MULTI, schedule_order
+from nnperf.trace.parallel.pipeline import schedule_order
 
 
 def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execution, gpu: GPU,
                   cluster: Cluster, layers: int | None, cache: RoleCache, prepare: Any, prune: bool = False,
-                  slower_than: float | None = None) -> Any:
+                  slower_than: float | None = None) -> Planned:
     """The layout's step and memory from its stage roles; ``prune``: a layout whose first stage
     alone does not fit the GPU is returned unfit with that lower bound, its other roles untraced;
     ``slower_than``: so is one whose ``replay_lower_bound`` from its first stage's role alone
@@ -62,7 +73,7 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
     if execution.pipeline_schedule == "zero-bubble":
         return traced_schedule_step(request, options, execution, gpu, cluster, layers, cache, prepare)
     p, micro = execution.pipeline, execution.grad_accum
-    virtual = execution.virtual_stages if execution.pipeline_schedule in MULTI else 1
+    virtual = execution.chunks_per_rank
     stages = p * virtual
     stride = execution.world // p
     # roles: a GPipe pipeline of one micro-batch of three stages, whatever the degree: a stage's
@@ -72,14 +83,25 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
     # the one- and two-chunk pipelines of two ranks share their roles too
     traced_p = 3
     traced = replace(execution, world=traced_p * stride, pipeline=traced_p, pipeline_schedule="gpipe",
-                     virtual_stages=1, grad_accum=1)
-    per_chunk = layers // stages if layers else None
+                     virtual_stages=1, grad_accum=1, first_stage_layers=None, last_stage_layers=None)
+    role_request = replace(request, batch=execution.micro_batch)
+    if execution.context > 1:  # each stage's role traced on its sequence chunk, ring attention added
+        if not request.seq_len:
+            raise UsageError("context parallelism needs a sequence length (--seq)")
+        check_sequence(request.seq_len, execution.context)
+        traced = traced_as(traced)
+        role_request = replace(role_request, seq_len=request.seq_len // execution.context)
+    # each role's chunk at its own depth (an uneven pipeline's first and last are shorter):
+    # a role's trace is its own chunk, whatever the depth of the others
+    depths = execution.chunk_layers(layers) if layers else None
     used = {"first", "last", *(["middle"] if stages > 2 else [])}
     role_ranks = {name: r for name, r in {"first": 0, "last": traced_p - 1, "middle": 1}.items() if name in used}
+    role_chunk = {"first": 0, "last": stages - 1, "middle": 1}
 
     def traced_role(name: str) -> RankCost:
-        return scaled_cost(replace(request, batch=execution.micro_batch), options, traced, gpu, cluster,
-                           role_ranks[name] * stride, layers, cache, prepare, per_chunk=per_chunk)
+        cost = scaled_cost(role_request, options, traced, gpu, cluster, role_ranks[name] * stride, layers, cache,
+                           prepare, per_chunk=depths[role_chunk[name]] if depths else None)
+        return with_ring_attention(cost, execution, cluster) if execution.context > 1 else cost
 
     def role_of(stage: int) -> str:
         return "first" if stage == 0 else "last" if stage == stages - 1 else "middle"
@@ -92,60 +114,57 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
     def memory(rank: int, roles: dict[str, RankCost]) -> float:
         """Rank ``rank``'s memory; the terms of roles not in ``roles`` left out."""
         own = roles.get(role_of(held[rank][0]))
-        others = sum(roles[role_of(s)].get("model_states") for s in held[rank][1:] if role_of(s) in roles)
-        extra = sum((flight[s] - (1 if s == held[rank][0] else 0)) * roles[role_of(s)].get("saved_activations")
+        others = sum(roles[role_of(s)].figures.model_states for s in held[rank][1:] if role_of(s) in roles)
+        extra = sum((flight[s] - (1 if s == held[rank][0] else 0)) * roles[role_of(s)].figures.saved_activations
                     for s in held[rank] if role_of(s) in roles)
-        return (own.get("memory") if own else 0.0) + others + extra
+        return (own.figures.memory if own else 0.0) + others + extra
 
     roles = {"first": traced_role("first")}
     if prune and (bound := int(memory(0, roles))) > capacity(gpu):  # a lower bound (module docstring)
-        from nnperf.search.plan import Planned
-
         return Planned(execution, memory_bytes=bound, memory_bound="its first pipeline stage alone")
     if prune and slower_than is not None:
         first = roles["first"]
-        transfer_first = _transfer(first.get("p2p_bytes"), p, stride, cluster)
-        at_least = replay_lower_bound(first, order, stages, per_chunk or 0, transfer_first)
+        transfer_first = _transfer(first.figures.p2p_bytes, p, stride, cluster)
+        at_least = replay_lower_bound(first, order, stages, depths or (0,) * stages, transfer_first)
         if at_least >= slower_than:
-            from nnperf.search.plan import Planned
-
             return Planned(execution, step_s=at_least, fits=True, memory_bytes=int(memory(0, roles)),
                            memory_bound="its first pipeline stage alone", time_bound=REPLAY_BOUND)
     roles.update({name: traced_role(name) for name in role_ranks if name != "first"})
 
     def action_s(stage: int, kind: str) -> float:
         name = role_of(stage)
-        return roles[name].get(f"action.{kind}@{role_ranks[name]}")
+        return roles[name].figures.action(kind, role_ranks[name])
 
-    activation = max(c.get("p2p_bytes") for c in roles.values())
+    activation = max(c.figures.p2p_bytes for c in roles.values())
 
-    def per_rank(rank: int, key: str) -> float:
-        return sum(roles[role_of(s)].get(key) for s in held[rank])
+    def per_rank(rank: int, figure: Callable[[RankFigures], float]) -> float:
+        return sum(figure(roles[role_of(s)].figures) for s in held[rank])
 
     sim = simulate(order, stages, lambda r, a: action_s(a.stage, a.kind), _transfer(activation, p, stride, cluster),
-                   lambda r: per_rank(r, "head_s"), lambda r: per_rank(r, "tail_s"))
-    flops = sum(per_rank(r, "flops") for r in range(p)) * micro * stride
+                   lambda r: per_rank(r, lambda f: f.head_s), lambda r: per_rank(r, lambda f: f.tail_s))
+    flops = sum(per_rank(r, lambda f: f.flops) for r in range(p)) * micro * stride
     return _planned(execution, gpu, sim, roles[role_of(held[sim.critical_rank][0])], flops,
                     max(memory(r, roles) for r in range(p)), micro, order, flight, activation,
-                    {r: per_rank(r, "state.parameters") for r in range(p)})
+                    {r: per_rank(r, lambda f: f.states.parameters) for r in range(p)})
 
 
 
 def blocks_in_flight(execution: Execution, layers: int) -> int:
     """The most blocks whose saved activations rank 0 holds at once under the layout's schedule:
-    its forwards not yet matched by a backward (``B``, or ``I`` of a split backward), counted
-    over every chunk it holds, times the blocks of a chunk."""
+    its forwards not yet matched by a backward (``B``, or ``I`` of a split backward), each
+    counting its chunk's blocks (``Execution.chunk_layers``)."""
     p, micro = execution.pipeline, execution.grad_accum
-    virtual = execution.virtual_stages if execution.pipeline_schedule in MULTI else 1
+    virtual = execution.chunks_per_rank
+    depths = execution.chunk_layers(layers)
     ir = schedule_order(execution.pipeline_schedule or "", p, virtual, micro) if virtual > 1 else None
     live = peak = 0
     for action in orders(execution.pipeline_schedule or "", p, micro, ir)[0]:
         if action.kind == "F":
-            live += 1
+            live += depths[action.stage]
             peak = max(peak, live)
         elif action.kind in ("B", "I"):
-            live -= 1
-    return peak * (layers // (p * virtual))
+            live -= depths[action.stage]
+    return peak
 
 
 def _transfer(activation: float, p: int, stride: int, cluster: Cluster) -> Any:
@@ -162,12 +181,12 @@ REPLAY_BOUND = ("the schedule replayed with its first stage as traced and every 
                 "alone")
 
 
-def replay_lower_bound(first: RankCost, order: dict[int, list[Action]], stages: int, per_chunk: int,
+def replay_lower_bound(first: RankCost, order: dict[int, list[Action]], stages: int, depths: tuple[int, ...],
                        transfer: Any) -> float:
     """A lower bound of a pipeline's step from its first stage's role alone: the schedule's
     replay (``passes.pipeline_timeline.simulate``) with the first stage's actions, head and
     tail as traced and every other stage's action at its blocks' share of the first stage's
-    (``per_chunk`` blocks at what one more block adds to the traced first stage, ``RankCost.
+    (``depths[stage]`` blocks at what one more block adds to the traced first stage, ``RankCost.
     per_block``), which leaves out only what a stage does besides its blocks (the head and the
     loss of the last stage, receiving its input), and the other ranks' heads and tails (their
     optimizer steps) left out. A replay's end only grows with any action's duration (each
@@ -177,58 +196,62 @@ def replay_lower_bound(first: RankCost, order: dict[int, list[Action]], stages: 
     the other stages count zero, and the bound is rank 0's own work."""
     def duration(_rank: int, action: Action) -> float:
         if action.stage == 0:
-            return first.get(f"action.{action.kind}@0")
-        return per_chunk * max(0.0, first.per_block.get(f"action.{action.kind}@0", 0.0))
+            return first.figures.action(action.kind, 0)
+        per_block = first.per_block.action(action.kind, 0) if first.per_block else 0.0
+        return depths[action.stage] * max(0.0, per_block)
 
     def head(rank: int) -> float:
-        return first.get("head_s") if rank == 0 else 0.0
+        return first.figures.head_s if rank == 0 else 0.0
 
     def tail(rank: int) -> float:
-        return first.get("tail_s") if rank == 0 else 0.0
+        return first.figures.tail_s if rank == 0 else 0.0
 
     return simulate(order, stages, duration, transfer, head, tail).step_s
 
 
 def _planned(execution: Execution, gpu: GPU, sim: PipelineTime, critical: RankCost, flops: float,
              memory: float, micro: int, order: dict[int, list[Action]], flight: dict[int, int],
-             activation: float, parameters: dict[int, float], traced_micro: int = 1) -> Any:
-    from nnperf.search.plan import Planned, collective_counts, state_bytes
-
+             activation: float, parameters: dict[int, float], traced_micro: int = 1) -> Planned:
     scale = micro / traced_micro
     peak = critical.mfu_peak
+    f = critical.figures
     tokens = critical.per_micro / traced_micro * micro * execution.data_parallel
     planned = Planned(
         execution, step_s=sim.step_s,
         throughput=tokens / sim.step_s if sim.step_s else 0.0, throughput_unit=critical.unit,
         mfu=flops / sim.step_s / (peak * execution.world) if sim.step_s and peak else 0.0,
-        memory_bytes=int(memory), context_bytes=int(critical.get("mem_context")),
-        split={"compute_s": sim.busy_s[sim.critical_rank],
-               "recomputation_s": critical.get("recompute_s") * scale,
-               "pipeline_bubble_s": sim.bubble_s[sim.critical_rank],
-               "after_schedule_s": sim.step_s - sim.end_s[sim.critical_rank],
-               "communication_s": critical.get("comm_s") * scale,
-               "overlap_slowdown_s": critical.get("slowdown_s") * scale,
-               "exposed_communication_s": {k: v * scale for k, v in critical.prefixed("exposed.").items() if v > 0},
-               "host_s": critical.get("host_s") * scale},
-        state_bytes=state_bytes(critical), collectives=collective_counts(critical),
+        memory_bytes=int(memory), context_bytes=int(f.mem_context),
+        split=TimeSplit(compute_s=sim.busy_s[sim.critical_rank],
+                        recomputation_s=f.recompute_s * scale,
+                        pipeline_bubble_s=sim.bubble_s[sim.critical_rank],
+                        after_schedule_s=sim.step_s - sim.end_s[sim.critical_rank],
+                        communication_s=f.comm_s * scale,
+                        overlap_slowdown_s=f.slowdown_s * scale,
+                        exposed_communication_s={k: v * scale for k, v in f.exposed_s.items() if v > 0},
+                        host_s=f.host_s * scale),
+        state_bytes=replace(f.states), collectives=collective_totals(f),
         # the critical stage's first rank (the pipeline is the mesh's outermost dimension)
         rank=sim.critical_rank * (execution.world // execution.pipeline),
-        pipeline={"stages": len(flight), "micro_batches": micro, "bubble_fraction": sim.bubble_fraction,
-                  "critical_rank": sim.critical_rank, "in_flight": {str(s): n for s, n in sorted(flight.items())},
-                  "transfer_bytes": int(activation),
-                  "parameter_bytes_per_rank": {str(r): int(v) for r, v in parameters.items()}},
+        pipeline=PipelineFigures(len(flight), micro, sim.bubble_fraction, sim.critical_rank, flight,
+                                 int(activation), parameters),
     )
     planned.fits = fits(planned.memory_bytes, capacity(gpu))
     return planned
 
 
 def traced_schedule_step(request: ModelRequest, options: TraceOptions, execution: Execution, gpu: GPU,
-                         cluster: Cluster, layers: int | None, cache: RoleCache, prepare: Any) -> Any:
+                         cluster: Cluster, layers: int | None, cache: RoleCache, prepare: Any) -> Planned:
     """The first, a middle and the last rank traced running the real schedule over ``p``
     micro-batches (every action of each, their in-flight activations included), the schedule
     replayed with all micro-batches."""
+    if execution.context > 1:
+        raise UsageError("context parallelism with a zero-bubble schedule is not modelled; use 1f1b or "
+                         "interleaved-1f1b")
+    if execution.uneven:
+        raise UsageError("zero-bubble schedules of uneven stages are not modelled (their real schedule is "
+                         "traced with every chunk at one depth); use 1f1b or interleaved-1f1b")
     p, micro = execution.pipeline, execution.grad_accum
-    virtual = execution.virtual_stages if execution.pipeline_schedule in MULTI else 1
+    virtual = execution.chunks_per_rank
     stages = p * virtual
     traced_micro = min(micro, p)
     traced_execution = replace(execution, grad_accum=traced_micro)
@@ -242,7 +265,7 @@ def traced_schedule_step(request: ModelRequest, options: TraceOptions, execution
 
     times: dict[tuple[str, int], float] = {}
     for cost in costs.values():
-        for key, seconds in cost.prefixed("action.").items():
+        for key, seconds in cost.figures.action_s.items():
             kind, stage = key.split("@")
             times[(kind, int(stage))] = seconds
     middle: dict[str, list[float]] = {}
@@ -254,13 +277,13 @@ def traced_schedule_step(request: ModelRequest, options: TraceOptions, execution
         found = times.get((action.kind, action.stage))
         return found if found is not None else sum(middle[action.kind]) / len(middle[action.kind])
 
-    activation = max(c.get("p2p_bytes") for c in costs.values())
+    activation = max(c.figures.p2p_bytes for c in costs.values())
     ir = schedule_order(execution.pipeline_schedule or "", p, virtual, micro) if virtual > 1 else None
     order = orders(execution.pipeline_schedule or "", p, micro, ir)
-    sim = simulate(order, stages, duration, _transfer(activation, p, stride, cluster), lambda r: role(r).get("head_s"),
-                   lambda r: role(r).get("tail_s"))
+    sim = simulate(order, stages, duration, _transfer(activation, p, stride, cluster),
+                   lambda r: role(r).figures.head_s, lambda r: role(r).figures.tail_s)
     flight = {s: n for acts in order.values() for s, n in in_flight([a.label for a in acts]).items()}
-    flops = sum(role(r).get("flops") for r in range(p)) * micro / traced_micro * stride
+    flops = sum(role(r).figures.flops for r in range(p)) * micro / traced_micro * stride
     return _planned(execution, gpu, sim, role(sim.critical_rank), flops,
-                    max(c.get("memory") for c in costs.values()), micro, order, flight, activation,
-                    {r: role(r).get("state.parameters") for r in range(p)}, traced_micro)
+                    max(c.figures.memory for c in costs.values()), micro, order, flight, activation,
+                    {r: role(r).figures.states.parameters for r in range(p)}, traced_micro)

@@ -17,7 +17,8 @@ from gloo_ranks import run_ranks
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from nnperf.errors import UsageError
-from nnperf.trace.distributed import Execution, sharded_bytes, trace_rank
+from nnperf.layout import Execution
+from nnperf.trace.distributed import sharded_bytes, trace_rank
 from nnperf.trace.options import TraceOptions
 
 pytestmark = pytest.mark.process
@@ -86,7 +87,8 @@ def _worker(rank: int) -> dict:
         ScheduleInterleavedZeroBubble,
     )
 
-    from nnperf.trace.pipeline import split, stage_shapes
+    from nnperf.layout import split_layers
+    from nnperf.trace.parallel.pipeline import block_count, split, stage_shapes
     from nnperf.zoo import get_model
 
     results = {}
@@ -95,7 +97,7 @@ def _worker(rank: int) -> dict:
         name, options = MODEL
         workload = get_model(name).build(batch=BATCH, seq_len=SEQ, **options)
         tokens, targets = workload.inputs[0], workload.loss_fn.targets
-        chunks = split(workload.model, WORLD * virtual)
+        chunks = split(workload.model, split_layers(block_count(workload.model), WORLD, virtual))
         shapes = stage_shapes(chunks, (tokens,), BATCH // MICRO, contextlib.nullcontext)
         mine = [rank + k * WORLD for k in range(virtual)]
         stages = [PipelineStage(chunks[i], i, WORLD * virtual, torch.device("cpu"), input_args=shapes[i][0],
@@ -166,7 +168,7 @@ def test_layers_that_do_not_split_are_one_line():
 
     name, options = MODEL
     execution = Execution(world=3, pipeline=3, pipeline_schedule="1f1b", micro_batch=2, grad_accum=4)
-    with pytest.raises(UsageError, match="4 layers do not split evenly into 3 pipeline stages; nearest valid: 2 or 4"):
+    with pytest.raises(UsageError, match="4 layers do not split evenly into 3 pipeline stages; nearest valid pipeline degrees: 2 or 4"):
         trace_rank(lambda: get_model(name).build(batch=BATCH, seq_len=SEQ, **options),
                    TraceOptions(optimizer="adamw"), execution, lambda model: [])
 

@@ -1,4 +1,4 @@
-"""Expert parallelism (``trace.expert_parallel``): one rank's step traced on a fake process group
+"""Expert parallelism (``trace.parallel.expert``): one rank's step traced on a fake process group
 against the same step run for real on 4 gloo ranks (FSDP2 over 4, experts split over 2), and the
 real run's outputs and gradients against the same MoE layer run whole on one process.
 
@@ -13,7 +13,8 @@ import torch
 from gloo_ranks import SeenCollectives, run_ranks
 
 from nnperf.errors import UsageError
-from nnperf.trace.distributed import Execution, sharded_bytes, trace_rank
+from nnperf.layout import Execution
+from nnperf.trace.distributed import sharded_bytes, trace_rank
 from nnperf.trace.options import TraceOptions
 from nnperf.trace.routing import assigned_experts
 from nnperf.workload import Workload
@@ -44,18 +45,20 @@ def _tokens() -> torch.Tensor:
 
 
 def _worker(rank: int) -> dict:
-    from nnperf.trace import distributed as engine
+    from nnperf.trace.parallel import build_meshes
+    from nnperf.trace.parallel.data import fully_shard_blocks
+    from nnperf.trace.parallel.expert import apply_experts, shard_experts
 
     # gloo has no pre-multiplied sum, which the experts' divide factor uses, so on gloo they are
     # averaged over the 2 ranks they are reduced over instead of the 4 data-parallel ranks: their
     # gradients come out EP times the whole layer's (their tokens arrive from EP ranks)
     execution = EXECUTION
-    _, dp_mesh, _, ep_mesh, experts_mesh = engine._meshes(execution)
+    _, dp_mesh, _, ep_mesh, experts_mesh = build_meshes(execution)
     model = _model()
     whole = _model()
-    engine._apply_expert_parallel(model, EP, ep_mesh)
-    engine._shard_experts(model, experts_mesh, execution, None)
-    engine._fully_shard(model, dp_mesh, [], execution.reshard_after_forward)
+    apply_experts(model, EP, ep_mesh)
+    shard_experts(model, experts_mesh, execution, None)
+    fully_shard_blocks(model, dp_mesh, [], execution.reshard_after_forward)
     optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
     x = _tokens()
     out = model(x)  # the first step against the same tokens through the whole layer
@@ -189,6 +192,6 @@ def test_checkpointing_recomputes_what_its_policy_does_not_save(policy, recomput
 def test_received_rows_are_regrouped_expert_by_expert():
     """From source 0: 2 rows for expert 0, none for 1, 3 for 2; from source 1: 1, 4, 0. Expert
     0's rows are 0-1 then 5, expert 1's 6-9, expert 2's 2-4."""
-    from nnperf.trace.expert_parallel import _expert_major
+    from nnperf.trace.parallel.expert import _expert_major
 
     assert _expert_major([[2, 0, 3], [1, 4, 0]], torch.device("cpu")).tolist() == [0, 1, 5, 6, 7, 8, 9, 2, 3, 4]

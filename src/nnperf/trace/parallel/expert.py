@@ -26,12 +26,16 @@ busiest expert: the traced rank is the slowest, as the step waits for it.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
+from nnperf.errors import UsageError
+from nnperf.layout import Execution
 from nnperf.trace.assumptions import assume
 
 
@@ -196,3 +200,57 @@ def _assume_symmetric(received: Tensor, sent: Tensor, ep: int, rank: int) -> Ten
     assume(f"expert parallelism over {ep} ranks: every rank routes its tokens as the traced one does, so "
            f"a rank receives from each the rows routed to its experts")
     return received
+
+
+def apply_experts(model: nn.Module, expert: int, mesh: Any) -> None:
+    experts = has_experts(model)
+    if not experts:
+        raise UsageError(f"expert parallelism ({expert}) needs a mixture-of-experts model; this one has no "
+                         "experts (zoo: mixtral-8x7b, or llama-7b -O n_experts=N)")
+    if experts % expert:
+        valid = [d for d in range(1, experts + 1) if experts % d == 0]
+        raise UsageError(f"{experts} experts do not divide over expert parallelism {expert}; "
+                         f"valid: {', '.join(map(str, valid))}")
+    apply_expert_parallel(model, mesh)
+
+
+def shard_experts(model: nn.Module, mesh: Any, execution: Execution, amp: str | None) -> None:
+    """FSDP2 over each expert group's local weights on the ranks outside the expert group, on
+    their hidden dimension where their experts are fewer than those ranks (torchtitan's
+    ``apply_fsdp`` with ``dp_mod_ep_mesh``). An expert's gradient sums the tokens of every rank
+    of its expert group, so it is divided by all the data-parallel ranks, not only the ones it
+    is reduced over (torchtitan's ``set_gradient_divide_factor``)."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Shard
+
+    from nnperf.trace.parallel.data import mixed_precision
+    from nnperf.zoo.moe import GroupedExperts
+
+    policy = mixed_precision(amp)
+    for module in model.modules():
+        if isinstance(module, GroupedExperts):
+            local = module.w1.shape[0] // execution.expert
+            placement = (lambda p: Shard(1)) if mesh.size() > local else None
+            fully_shard(module, mesh=mesh, reshard_after_forward=execution.reshard_after_forward,
+                        mp_policy=policy, shard_placement_fn=placement)
+            if dist.get_backend() != "gloo":  # gloo has no pre-multiplied sum (ReduceOp.PREMUL_SUM):
+                # on CPUs the experts' gradients are averaged over their FSDP group only, EP times
+                # the whole layer's; the step's work, bytes and collectives are the same
+                module.set_gradient_divide_factor(float(execution.data_parallel))
+
+
+def explicit_prefetch(model: nn.Module, blocks: list[str]) -> None:
+    """torchtitan's explicit FSDP2 prefetch under expert parallelism (``apply_fsdp``: the
+    dispatch's device-to-host read would hold back FSDP's implicit prefetch): each block
+    gathers the next block and its experts in forward, the previous ones in backward."""
+    from nnperf.zoo.moe import GroupedExperts
+
+    modules = dict(model.named_modules())
+    wrapped = [modules[name] for name in blocks]
+
+    def with_experts(block: nn.Module) -> list[nn.Module]:
+        return [block] + [m for m in block.modules() if isinstance(m, GroupedExperts)]
+
+    for block, after in itertools.pairwise(wrapped):
+        block.set_modules_to_forward_prefetch(with_experts(after))
+        after.set_modules_to_backward_prefetch(with_experts(block))

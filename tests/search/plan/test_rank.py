@@ -10,11 +10,12 @@ import pytest
 
 from nnperf.hardware.catalog import load_gpu
 from nnperf.hardware.cluster import load_cluster
+from nnperf.layout import Execution
 from nnperf.request import ModelRequest
-from nnperf.search.plan import collective_counts, evaluate, state_bytes
-from nnperf.search.plan_pipeline import traced_schedule_step
-from nnperf.search.plan_rank import RankCost, RoleCache, extrapolate, rank_cost, scaled_cost
-from nnperf.trace.distributed import Execution
+from nnperf.search.plan import evaluate
+from nnperf.search.plan.pipeline import traced_schedule_step
+from nnperf.search.plan.rank import RoleCache, extrapolate, rank_cost, scaled_cost
+from nnperf.search.plan.results import RankCost, RankFigures, collective_totals
 from nnperf.trace.options import TraceOptions
 
 LLAMA = {"dim": 128, "n_heads": 4, "ffn_hidden": 256, "vocab": 512}
@@ -32,11 +33,11 @@ def test_a_deep_stack_from_two_shallow_traces(execution):
     request = ModelRequest("llama-7b", batch=2, seq_len=64, overrides={**LLAMA, "n_layer": 7})
     scaled = scaled_cost(request, OPTIONS, execution, GPU, CLUSTER, 0, layers=7)
     direct = rank_cost(request, OPTIONS, execution, GPU, CLUSTER)
-    assert state_bytes(scaled) == state_bytes(direct)
-    assert collective_counts(scaled) == collective_counts(direct)
-    assert scaled.get("flops") == pytest.approx(direct.get("flops"), rel=1e-9)
-    assert scaled.get("step_s") == pytest.approx(direct.get("step_s"), rel=0.01)
-    assert scaled.get("memory") == pytest.approx(direct.get("memory"), rel=0.01)
+    assert scaled.figures.states.to_json() == direct.figures.states.to_json()
+    assert collective_totals(scaled.figures) == collective_totals(direct.figures)
+    assert scaled.figures.flops == pytest.approx(direct.figures.flops, rel=1e-9)
+    assert scaled.figures.step_s == pytest.approx(direct.figures.step_s, rel=0.01)
+    assert scaled.figures.memory == pytest.approx(direct.figures.memory, rel=0.01)
 
 
 @pytest.mark.parametrize(("schedule", "virtual"), [("1f1b", 1), ("interleaved-1f1b", 2)])
@@ -51,7 +52,7 @@ def test_a_pipeline_from_its_stage_roles(schedule, virtual):
     traced = traced_schedule_step(request, OPTIONS, execution, GPU, CLUSTER, 8, RoleCache(), None)
     assert composed.step_s == pytest.approx(traced.step_s, rel=0.05)
     assert composed.memory_bytes == pytest.approx(traced.memory_bytes, rel=0.10)
-    assert composed.pipeline["in_flight"] == traced.pipeline["in_flight"]
+    assert composed.pipeline.in_flight == traced.pipeline.in_flight
 
 
 def test_any_stage_roles_are_three_stage_roles():
@@ -68,8 +69,9 @@ def test_any_stage_roles_are_three_stage_roles():
         roles = (("first", 0), ("last", stages - 1)) + ((("middle", 1),) if stages > 2 else ())
         for role, stage in roles:
             cost = rank_cost(request, OPTIONS, execution, GPU, CLUSTER, 2 * stage)
-            costs[stages, role] = {k.replace(f"@{stage}", "@last" if role == "last" else f"@{stage}"): v
-                                   for k, v in cost.values.items()}
+            own = "@last" if role == "last" else f"@{stage}"
+            costs[stages, role] = replace(cost.figures, action_s={k.replace(f"@{stage}", own): v
+                                                                 for k, v in cost.figures.action_s.items()})
     assert costs[2, "first"] == costs[3, "first"] == costs[5, "first"]
     assert costs[2, "last"] == costs[3, "last"] == costs[5, "last"]
     assert costs[3, "middle"] == costs[5, "middle"]
@@ -101,7 +103,7 @@ def test_fsdp_gathered_parameters_are_not_per_micro_batch(reshard):
     request = ModelRequest("llama-7b", batch=8, seq_len=64, overrides=wide)
     composed = evaluate(request, OPTIONS, execution, GPU, CLUSTER, layers=8, cache=RoleCache())
     traced = traced_schedule_step(request, OPTIONS, execution, GPU, CLUSTER, 8, RoleCache(), prepare_for(execution))
-    assert composed.pipeline["in_flight"] == traced.pipeline["in_flight"]
+    assert composed.pipeline.in_flight == traced.pipeline.in_flight
     assert composed.memory_bytes == pytest.approx(traced.memory_bytes, rel=0.10)
 
 
@@ -109,9 +111,9 @@ def test_an_extrapolated_step_is_never_shorter_than_its_host_or_device_time():
     """At 3 and 4 blocks the device sets the step (10 and 12 ms) while the host, slower per
     block, catches up (9 and 12 ms): at 12 blocks the lines give a step of 28 ms and a host of
     36 ms, and the step is the host's."""
-    low = RankCost({"step_s": 10e-3, "host_s": 9e-3, "compute_s": 8e-3})
-    high = RankCost({"step_s": 12e-3, "host_s": 12e-3, "compute_s": 9e-3})
-    deep = extrapolate(low, high, 3, 4, 12)
-    assert deep.get("host_s") == pytest.approx(36e-3)
-    assert deep.get("step_s") == pytest.approx(36e-3)
-    assert deep.get("compute_s") == pytest.approx(17e-3)
+    low = RankCost(RankFigures(step_s=10e-3, host_s=9e-3, compute_s=8e-3))
+    high = RankCost(RankFigures(step_s=12e-3, host_s=12e-3, compute_s=9e-3))
+    deep = extrapolate(low, high, 3, 4, 12).figures
+    assert deep.host_s == pytest.approx(36e-3)
+    assert deep.step_s == pytest.approx(36e-3)
+    assert deep.compute_s == pytest.approx(17e-3)

@@ -16,36 +16,30 @@ time are affine in the depth once a block's neighbours are blocks; memory is ext
 phase (forward, backward, optimizer: each phase's peak is affine, the step's peak is their
 largest at the real depth) plus the allocator's and device's overhead of the deeper trace
 (tests check the extrapolation against direct traces).
-Ranks of the same role (the same trace) are traced once per search (``RoleCache``). ZeRO-1's
-ranks hold different shares of the optimizer state: its busiest rank is traced, or for a deep
-stack estimated (``search.plan_zero``): its optimizer bytes are then not exact.
+Ranks of the same role (the same trace) are traced once per search (``RoleCache``); ZeRO-1's
+ranks hold even shares of every bucket, so one of them is every one's role.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from nnperf.analysis import Analysis
 from nnperf.hardware import GPU
 from nnperf.hardware.cluster import Cluster
 from nnperf.kernels.collectives import bus_factor, estimate_collective, group_tier
+from nnperf.layout import Execution
 from nnperf.loading import resolve
 from nnperf.passes.comm_timeline import Contention, overlap
 from nnperf.prediction import predict_analysis
 from nnperf.request import ModelRequest
 from nnperf.search.accumulation import once_span
-from nnperf.search.plan_states import param_row_bytes
-from nnperf.search.plan_zero import (
-    busiest_rank,
-    optimizer_transient_bytes,
-    optimizer_update_s,
-    to_average,
-    to_busiest,
-)
-from nnperf.trace.distributed import Execution, sharded_bytes, trace_rank
+from nnperf.search.plan.results import RankCost, RankFigures, StateBytes
+from nnperf.search.plan.states import param_row_bytes
+from nnperf.trace.distributed import sharded_bytes, trace_rank
 from nnperf.trace.options import TraceOptions
 from nnperf.trace.step import once_per_step
 from nnperf.vocab import Category
@@ -55,31 +49,6 @@ from nnperf.vocab import Category
 #: embedding's and the head's tensors or a recomputed block's overlap the peak differently;
 #: measured on a 70B-wide Llama under FSDP2 with and without full checkpointing).
 SCALE_POINTS = (3, 4)
-
-
-@dataclass
-class RankCost:
-    """A traced rank as numbers (``values``, all additive over blocks) and what is not a number."""
-
-    values: dict[str, float] = field(default_factory=dict)
-    mfu_peak: float = 0.0
-    per_micro: int = 0  # tokens (or samples) of one micro-batch
-    unit: str = "samples/s"
-    stages: tuple[int, ...] = ()  # pipeline stages this rank holds
-    pipeline_order: dict[int, list[str]] = field(default_factory=dict)
-    #: ZeRO-1: the parameter elements of each rank's optimizer share, by rank (empty otherwise)
-    optimizer_shares: tuple[int, ...] = ()
-    largest_parameter: int = 0  # ZeRO-1: the elements of the largest (the first handed out)
-    rank: int | None = 0  # the rank traced (None: ZeRO-1's estimated average or busiest, search.plan_zero)
-    #: what one more block adds to each value, where the cost is a deep stack extrapolated from
-    #: two shallow traces (``extrapolate``); empty for a stack traced as it is
-    per_block: dict[str, float] = field(default_factory=dict)
-
-    def get(self, key: str) -> float:
-        return self.values.get(key, 0.0)
-
-    def prefixed(self, prefix: str) -> dict[str, float]:
-        return {k[len(prefix):]: v for k, v in self.values.items() if k.startswith(prefix)}
 
 
 def _timed(cluster: Cluster, collectives: dict[int, Any], p2p_free: bool) -> Callable[[int], tuple[str, int, float]]:
@@ -122,37 +91,35 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
     comm = overlap(prediction.step, traced.trace, _timed(cluster, by_index, pipelined),
                    _contention(cluster, gpu, by_index), stream_of=lambda index: by_index[index].stream)
     once = [t for t in prediction.step.ops if once_per_step(t.count.event)]
-    values: dict[str, float] = {
-        "step_s": comm.step_s, "compute_s": comm.compute_s, "comm_s": comm.comm_s,
-        "slowdown_s": comm.slowdown_s,
-        "host_s": prediction.step.host_s,
-        "optimizer_s": sum(t.kernel_s for t in once),
-        "optimizer_host_s": sum(t.host_s for t in once),
-        "recompute_s": sum(t.kernel_s for t in prediction.step.ops if t.count.event.recomputed),
-        "memory": float(prediction.memory.device_total or 0),
-        "flops": prediction.model_flops,
-    }
-    values["once_span_s"] = once_span(prediction.step, comm)
-    if execution.data == "zero1":  # what a rank's share of the update runs and allocates (search.plan_zero)
-        values["optimizer_update_s"] = optimizer_update_s(prediction.step)
-        values["optimizer_transient"] = optimizer_transient_bytes(traced.trace)
-    values.update(_memory_by_phase(prediction.memory))
-    values["saved_activations"] = float(sum(prediction.memory.saved_activations.values()))
-    values["loss_saved"] = float(prediction.memory.saved_activations.get("(loss)", 0))
     attention = [t for t in prediction.step.ops if t.category == Category.ATTENTION]
-    values["attention_s"] = sum(t.kernel_s for t in attention)
-    values["attention_flops"] = float(sum(t.count.flops for t in attention  # the model's: MFU's numerator
-                                          if t.phase in ("forward", "backward") and not t.count.event.recomputed))
     forward = [t.count.event for t in attention if t.phase == "forward"]
-    values["attention_layers"] = float(len(forward))
-    values["kv_bytes"] = float(sum(e.inputs[1].nbytes + e.inputs[2].nbytes for e in forward if len(e.inputs) >= 3))
-    values["model_states"] = float(sum(prediction.memory.model_states.values()))
-    values["param_row_bytes"] = param_row_bytes(traced.trace)
-    values.update({f"exposed.{k}": v for k, v in comm.exposed_s.items()})
-    values.update({f"state.{k}": float(v) for k, v in sharded_bytes(traced).items()})
+    memory = prediction.memory
+    figures = RankFigures(
+        step_s=comm.step_s, compute_s=comm.compute_s, comm_s=comm.comm_s, slowdown_s=comm.slowdown_s,
+        host_s=prediction.step.host_s,
+        optimizer_s=sum(t.kernel_s for t in once),
+        optimizer_host_s=sum(t.host_s for t in once),
+        recompute_s=sum(t.kernel_s for t in prediction.step.ops if t.count.event.recomputed),
+        memory=float(memory.device_total or 0),
+        flops=prediction.model_flops,
+        once_span_s=once_span(prediction.step, comm),
+        saved_activations=float(sum(memory.saved_activations.values())),
+        loss_saved=float(memory.saved_activations.get("(loss)", 0)),
+        attention_s=sum(t.kernel_s for t in attention),
+        attention_forward_s=sum(t.kernel_s for t in attention if t.phase == "forward"),
+        attention_flops=float(sum(t.count.flops for t in attention  # the model's: MFU's numerator
+                                  if t.phase in ("forward", "backward") and not t.count.event.recomputed)),
+        attention_layers=float(len(forward)),
+        kv_bytes=float(sum(e.inputs[1].nbytes + e.inputs[2].nbytes for e in forward if len(e.inputs) >= 3)),
+        model_states=float(sum(memory.model_states.values())),
+        param_row_bytes=param_row_bytes(traced.trace),
+        exposed_s=dict(comm.exposed_s),
+        states=StateBytes(**{k: float(v) for k, v in sharded_bytes(traced).items()}),
+    )
+    _memory_by_phase(memory, figures)
     for c in traced.collectives:
-        values[f"count.{c.kind}"] = values.get(f"count.{c.kind}", 0.0) + 1
-        values[f"bytes.{c.kind}"] = values.get(f"bytes.{c.kind}", 0.0) + c.bytes
+        figures.collective_count[c.kind] = figures.collective_count.get(c.kind, 0.0) + 1
+        figures.collective_bytes[c.kind] = figures.collective_bytes.get(c.kind, 0.0) + c.bytes
     config = traced.trace.config
     actions = config.get("pipeline_actions") or []
     if actions:
@@ -163,39 +130,69 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
             at = bisect.bisect_left(indices, index)
             return clocks[at - 1] if at else 0.0
 
+        # the data-parallel synchronization runs once per step (DDP's reduction in the last
+        # micro-batch's backward, ZeRO-1's and FSDP2's parameter all-gathers before the first
+        # forward): what the traced micro-batch waits for it is the step's head or tail, not
+        # every action's
+        once = _data_parallel_once(traced, comm, prediction.step, config.get("data_parallel_groups", []))
         sums: dict[str, list[float]] = {}
+        head = tail = 0.0
         for label, start, end in actions:
             kind, stage = label[0], label.split("@")[1]
-            sums.setdefault(f"action.{kind}@{stage}", []).append(clock_before(end) - clock_before(start))
-        values.update({k: sum(v) / len(v) for k, v in sums.items()})
-        values["head_s"] = clock_before(actions[0][1])
-        values["tail_s"] = comm.step_s - clock_before(actions[-1][2])
+            waited = sum(w for index, w in once if start <= index < end)
+            sums.setdefault(f"{kind}@{stage}", []).append(clock_before(end) - clock_before(start) - waited)
+            if kind == "F":
+                head += waited
+            else:
+                tail += waited
+        figures.action_s = {k: sum(v) / len(v) for k, v in sums.items()}
+        figures.head_s = clock_before(actions[0][1]) + head
+        figures.tail_s = comm.step_s - clock_before(actions[-1][2]) + tail
         sends = [c for c in traced.collectives if c.kind == "send_recv" and c.phase == "forward"
                  and c.group_ranks[0] == rank]
-        values["p2p_bytes"] = float(max((c.bytes for c in sends), default=0))
+        figures.p2p_bytes = float(max((c.bytes for c in sends), default=0))
     workload = analysis.workload
-    return RankCost(values, prediction.mfu_peak.flops, (workload.tokens or workload.samples) or 0,
+    return RankCost(figures, prediction.mfu_peak.flops, (workload.tokens or workload.samples) or 0,
                     "tokens/s" if workload.tokens else "samples/s",
                     tuple(config.get("pipeline_stages", ())),
-                    {int(k): v for k, v in (config.get("pipeline_order") or {}).items()},
-                    optimizer_shares=tuple(config.get("optimizer_shares", ())),
-                    largest_parameter=int(config.get("optimizer_largest", 0)), rank=rank)
+                    {int(k): v for k, v in (config.get("pipeline_order") or {}).items()}, rank=rank)
 
 
-def _memory_by_phase(report: Any) -> dict[str, float]:
+def _data_parallel_once(traced: Any, comm: Any, step: Any, groups: list[str]) -> list[tuple[int, float]]:
+    """What the traced micro-batch spends, at each event, on the data-parallel engine's
+    once-per-step synchronization over ``groups`` (process group names): the compute stream's
+    waits for those collectives, and the kernels reading or writing their buffers (DDP's copies
+    of the gradients into its buckets and back, its division of a bucket: what micro-batches
+    under no_sync skip)."""
+    synchronizing = {c.index for c in traced.collectives if c.group in set(groups)}
+    if not synchronizing:
+        return []
+    # the gradients' buckets: what the reductions read (an all-gather's input is a parameter
+    # buffer every kernel reads)
+    reductions = {c.index for c in traced.collectives if c.index in synchronizing
+                  and c.kind in ("all_reduce", "reduce_scatter")}
+    buffers = {m.storage for index in reductions for m in traced.trace.events[index].inputs}
+    # each op lengthens the timeline by its kernel, or by issuing it where the host is behind
+    kernels = [(t.index, max(t.kernel_s, t.host_s)) for t in step.ops if t.index not in synchronizing
+               and t.phase == "backward"
+               and any(m.storage in buffers for m in (*t.count.event.inputs, *t.count.event.outputs))]
+    waits = [(index, seconds) for index, collective, seconds in comm.waits if collective in synchronizing]
+    return kernels + waits
+
+
+def _memory_by_phase(report: Any, figures: RankFigures) -> None:
     """The highest allocated memory of each phase of the step, and what the device holds beyond
     it (allocator segments, CUDA context, workspaces): each phase's peak is affine in the depth
     of a stack of identical blocks, while the step's peak can move from one phase to another (an
     embedding gradient in backward of a shallow trace, the saved activations at the start of
     backward of a deep one), so depth is extrapolated per phase."""
-    peaks: dict[str, float] = {}
+    peaks = figures.memory_by_phase
     for point in report.timeline:
-        peaks[f"mem.{point.phase}"] = max(peaks.get(f"mem.{point.phase}", 0.0), float(point.allocated))
+        peaks[point.phase] = max(peaks.get(point.phase, 0.0), float(point.allocated))
     if report.device_total is not None and report.peak_allocated is not None:
-        peaks["mem_outside"] = float(report.device_total - report.peak_allocated)
+        figures.mem_outside = float(report.device_total - report.peak_allocated)
     if report.device_total is not None and report.peak_reserved is not None:
-        peaks["mem_context"] = float(report.device_total - report.peak_reserved)
-    return peaks
+        figures.mem_context = float(report.device_total - report.peak_reserved)
 
 
 def layers_of(request: ModelRequest) -> int | None:
@@ -220,20 +217,18 @@ def layers_of(request: ModelRequest) -> int | None:
 
 def extrapolate(low: RankCost, high: RankCost, k_low: int, k_high: int, k: int) -> RankCost:
     """The line through two traced depths (blocks per chunk), read at ``k``."""
-    keys = set(low.values) | set(high.values)
-    per_block = {key: (high.get(key) - low.get(key)) / (k_high - k_low) for key in keys}
-    values = {key: low.get(key) + (k - k_low) * per_block[key] for key in keys}
+    per_block = low.figures.combine(high.figures, lambda a, b: (b - a) / (k_high - k_low))
+    figures = low.figures.combine(per_block, lambda a, slope: a + (k - k_low) * slope)
     # the allocator's segments beyond the allocated bytes do not add up per block: the larger
-    values["mem_outside"] = max(low.get("mem_outside"), high.get("mem_outside"))
-    values["mem_context"] = max(low.get("mem_context"), high.get("mem_context"))
+    figures.mem_outside = max(low.figures.mem_outside, high.figures.mem_outside)
+    figures.mem_context = max(low.figures.mem_context, high.figures.mem_context)
     # each line is exact where the step's bound stays the same, but a host that falls behind
     # the device only in the deeper stack (its cost per block the larger) bends the step's
     # line: the step cannot end before the host has issued it or the device has run it
-    values["step_s"] = max(values.get("step_s", 0.0), values.get("host_s", 0.0), values.get("compute_s", 0.0))
-    phases = [v for key, v in values.items() if key.startswith("mem.")]
-    if phases:  # the step's peak: the highest phase at this depth
-        values["memory"] = max(phases) + values["mem_outside"]
-    return replace(high, values=values, per_block=per_block)
+    figures.step_s = max(figures.step_s, figures.host_s, figures.compute_s)
+    if figures.memory_by_phase:  # the step's peak: the highest phase at this depth
+        figures.memory = max(figures.memory_by_phase.values()) + figures.mem_outside
+    return replace(high, figures=figures, per_block=per_block)
 
 
 class RoleCache:
@@ -257,27 +252,23 @@ def scaled_cost(request: ModelRequest, options: TraceOptions, execution: Executi
                 prepare: Callable[[Any], Any] | None = None, per_chunk: int | None = None) -> RankCost:
     """``rank_cost`` of a deep stack from two shallow traces (see the module docstring), or of
     the model as it is when it is shallow or not a built-in stack. ``per_chunk``: the blocks
-    per pipeline chunk to extrapolate to (default: ``layers`` over the execution's chunks).
-    ZeRO-1's ranks differ in their optimizer share: the busiest rank of a model traced whole,
-    the average share of an extrapolated one (``search.plan_zero``)."""
+    per pipeline chunk to extrapolate to (default: ``layers`` over the execution's chunks)."""
     cache = cache or RoleCache()
-    chunks = execution.pipeline * max(1, execution.virtual_stages)
+    chunks = execution.chunks
     key = (repr(request), options, execution, gpu.id, cluster.id)
 
-    def at(k: int | None, traced_rank: int = rank) -> RankCost:
+    def at(k: int | None) -> RankCost:
         req = request if k is None else replace(request, overrides={**request.overrides, "n_layer": k * chunks})
-        return cache.get((*key, traced_rank, k),
-                         lambda: rank_cost(req, options, execution, gpu, cluster, traced_rank, prepare))
+        return cache.get((*key, rank, k), lambda: rank_cost(req, options, execution, gpu, cluster, rank, prepare))
 
-    if per_chunk is None:
-        per_chunk = layers // chunks if layers else 0
+    if per_chunk is None and layers:
+        depths = set(execution.chunk_layers(layers))  # refused where the chunks cannot split the layers
+        if len(depths) > 1:
+            raise ValueError("an uneven pipeline is composed per stage role: give per_chunk")
+        per_chunk = depths.pop()
+    per_chunk = per_chunk or 0
     if not layers or per_chunk <= SCALE_POINTS[-1]:
         depth = None if not layers or per_chunk * chunks == layers else per_chunk
-        cost = at(depth)
-        if execution.data == "zero1" and busiest_rank(cost) != rank:
-            cost = at(depth, busiest_rank(cost))
-        return cost
+        return at(depth)
     low, high = (at(k) for k in SCALE_POINTS)
-    if execution.data == "zero1":
-        return to_busiest(extrapolate(to_average(low), to_average(high), *SCALE_POINTS, per_chunk))
     return extrapolate(low, high, *SCALE_POINTS, per_chunk)

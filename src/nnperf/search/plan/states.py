@@ -18,17 +18,16 @@ rejected without a trace, whatever its checkpointing and micro-batch:
 - All of them are alive together at the optimizer step, so rank 0's memory is at least
   ``m (2 + MIRRORS) (P - R)``: ``P`` the FSDP rank's parameter bytes, ``R`` the sum of its
   parameters' row bytes (``param_row_bytes``), both exact per block at any depth.
-- ZeRO-1 (DDP with the optimizer state sharded over its ``m`` ranks, ``search.plan_zero``)
-  holds the whole parameters and gradients, at least ``m (P - R)`` bytes each, and at least the
-  average share of the state, ``MIRRORS`` times the whole parameters over ``m``: at least
-  ``(2 m + MIRRORS) (P - R)``.
+- ZeRO-1 (DDP with the optimizer state sharded over its ``m`` ranks, Megatron-LM's distributed
+  optimizer: ``trace.parallel.distributed_optimizer``) holds the whole parameters and gradients,
+  at least ``m (P - R)`` bytes each, and its even share of the state, ``MIRRORS`` times the
+  whole parameters over ``m``: at least ``(2 m + MIRRORS) (P - R)``.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from nnperf.trace.distributed import Execution
+from nnperf.layout import Execution
+from nnperf.search.plan.results import Planned, StateBytes
 from nnperf.trace.events import Trace
 
 #: Per-parameter optimizer tensors shaped like the parameter, by ``TraceOptions.optimizer``.
@@ -47,18 +46,20 @@ def param_row_bytes(trace: Trace) -> float:
     return total
 
 
-def states_bound(sibling: Any, shard: int, execution: Execution, optimizer: str) -> int | None:
+def states_bound(sibling: Planned, shard: int, execution: Execution, optimizer: str) -> int | None:
     """The lower bound (bytes) of ``execution``'s memory from ``sibling``, the planned FSDP
     layout of the same shape over ``shard`` ranks; None where the module docstring's
     conditions do not hold."""
     mirrors = MIRRORS.get(optimizer)
-    states = sibling.state_bytes
-    params = states.get("parameters", 0)
+    states = sibling.state_bytes or StateBytes()
+    # whole bytes, as the plan reports them (an extrapolated figure is a float)
+    params, gradients, optimizer_state = (round(states.parameters), round(states.gradients),
+                                          round(states.optimizer_state))
     own_shard = 1 if execution.replicates_parameters else execution.shard
-    if (mirrors is None or not params or states.get("gradients") != params
-            or states.get("optimizer_state", 0) < mirrors * params or shard % own_shard):
+    if (mirrors is None or not params or gradients != params
+            or optimizer_state < mirrors * params or shard % own_shard):
         return None
     m, least = shard // own_shard, max(0.0, params - sibling.param_row_bytes)
-    if execution.data == "zero1":  # whole parameters and gradients, an average share of the state
+    if execution.shards_optimizer_only:  # whole parameters and gradients, an even share of the state
         return int((2 * m + mirrors) * least)
     return int(m * (2 + mirrors) * least)

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from nnperf.search import plan as plan_module
-from nnperf.search.plan import Planned, _search, layouts
-from nnperf.search.plan_rank import RoleCache
-from nnperf.trace.distributed import Execution
+from nnperf.layout import Execution
+from nnperf.search.plan import Planned
+from nnperf.search.plan import search as plan_module
+from nnperf.search.plan.layouts import layouts
+from nnperf.search.plan.rank import RoleCache
+from nnperf.search.plan.search import _search
 
 #: The largest micro-batch each checkpointing level fits, by this test's memory model.
 FITS = {None: 2, "selective-op": 4, "full": 16}
@@ -58,3 +60,33 @@ def test_only_the_allowed_levels_are_timed(evaluated):
     assert {(p.execution.checkpoint, p.execution.micro_batch) for p in results if p.fits} == {(None, 2), ("full", 16)}
     assert {e.checkpoint for e in evaluated} == {None, "full"}
     assert not any(e.checkpoint == "full" and e.micro_batch <= 2 for e in evaluated)
+
+
+def test_other_engines_pipelines_are_searched_at_fsdps_best_pipeline(evaluated, monkeypatch):
+    """Pipelines after the first pass (no pipeline): FSDP at every degree and schedule; DDP, ZeRO-1 and HSDP at
+    the one where FSDP is fastest (here 4 stages interleaved, by this test's step times)."""
+    from nnperf.hardware.catalog import load_gpu
+    from nnperf.hardware.cluster import load_cluster
+    from nnperf.request import ModelRequest
+    from nnperf.search.plan import plan
+    from nnperf.search.plan.results import TimeSplit
+    from nnperf.trace.options import TraceOptions
+
+    def step(execution):
+        return 1.0 + (execution.pipeline != 4) + (execution.pipeline_schedule == "1f1b") + (execution.data != "fsdp")
+
+    def fake_evaluate(request, options, execution, gpu, cluster, **kwargs):
+        evaluated.append(execution)
+        # compute well below every step: no pipeline is cut by a flat layout's compute
+        return Planned(execution, step_s=step(execution), fits=True, split=TimeSplit(0.1, 0.0, 0.0, 0.0, {}, 0.0))
+
+    monkeypatch.setattr(plan_module, "evaluate", fake_evaluate)
+    monkeypatch.setenv("NNPERF_PLAN_WORKERS", "1")
+    plan(ModelRequest("gpt2", seq_len=64, overrides={"n_layer": 8, "n_embd": 64, "n_head": 2, "vocab": 128}),
+         TraceOptions(), load_gpu("h100"), 16, load_cluster("dgx-h100"), global_batch=64, tensor=[1],
+         pipeline=[1, 2, 4], checkpoints=[None])
+    piped = {(e.data, e.pipeline, e.pipeline_schedule) for e in evaluated if e.pipeline > 1}
+    assert {(d, p, s) for d, p, s in piped if d == "fsdp"} == {
+        ("fsdp", p, s) for p in (2, 4) for s in ("1f1b", "interleaved-1f1b")}
+    assert {(p, s) for d, p, s in piped if d != "fsdp"} == {(4, "interleaved-1f1b")}
+    assert {d for d, _, _ in piped} >= {"ddp", "zero1"}

@@ -1,0 +1,357 @@
+"""A multi-GPU layout as one plain record, and the names of its choices as data.
+
+``Execution`` is the one explicit record of a layout (as Calculon keeps one, as torchtitan's
+``ParallelDims`` does): world size, how the data-parallel degree is split into replicas and
+shards, the tensor-parallel degree (with or without sequence parallelism), pipeline, context
+and expert parallelism, and the loop settings that change the step (micro-batch, accumulation,
+activation checkpointing). It validates itself, so every caller (the plan's search, a measured
+run, the engines' configs) refuses the same layouts with the same line.
+
+The choices a layout names are records here too, not string literals spread over the code:
+each data-parallel engine (``DATA_ENGINES``: what it replicates or shards, how its mesh is
+laid out, how a plan describes it), each pipeline schedule (``SCHEDULES``: whether it runs
+several chunks per rank, its name in torchtitan), and the activation-checkpointing policies
+(``CHECKPOINTS``). Adding a strategy starts here; where it is applied to a workload is
+``trace.parallel`` (one module per strategy).
+
+This module imports nothing of nnperf but its errors, so every layer can use it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from nnperf.errors import UsageError
+
+
+@dataclass(frozen=True)
+class DataEngine:
+    """A data-parallel engine: what each of its ranks holds and how it communicates."""
+
+    name: str
+    #: every rank holds the whole parameters and gradients (DDP, and ZeRO-1 beside it)
+    replicates_parameters: bool
+    #: each rank keeps the optimizer state of its share only (ZeRO-1)
+    shards_optimizer: bool
+    #: its device mesh, outermost first: "replicate" (replicas) and/or "shard" (shard group)
+    mesh: tuple[str, ...]
+
+
+#: The data-parallel engines, by the name ``--data`` and the JSON give them.
+DATA_ENGINES: dict[str, DataEngine] = {
+    "ddp": DataEngine("ddp", replicates_parameters=True, shards_optimizer=False, mesh=("replicate",)),
+    # DDP with the optimizer state sharded: Megatron-LM's distributed optimizer (buckets
+    # reduce-scattered, each rank's even share updated, the parameters all-gathered)
+    "zero1": DataEngine("zero1", replicates_parameters=True, shards_optimizer=True, mesh=("replicate",)),
+    "fsdp": DataEngine("fsdp", replicates_parameters=False, shards_optimizer=True, mesh=("shard",)),
+    "hsdp": DataEngine("hsdp", replicates_parameters=False, shards_optimizer=True, mesh=("replicate", "shard")),
+}
+DATA_PARALLEL = tuple(DATA_ENGINES)
+#: DDP's defaults (torch.nn.parallel.DistributedDataParallel): 25 MiB buckets, the first 1 MiB.
+DDP_BUCKET_BYTES = 25 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A pipeline schedule of ``torch.distributed.pipelining``."""
+
+    name: str
+    #: runs two or more model chunks per rank (``virtual_stages``), placed in a loop
+    multi_chunk: bool
+    torchtitan: str  # its name in torchtitan's ``pipeline_parallel_schedule``
+
+
+SCHEDULES: dict[str, Schedule] = {
+    "gpipe": Schedule("gpipe", False, "GPipe"),
+    "1f1b": Schedule("1f1b", False, "1F1B"),
+    "interleaved-1f1b": Schedule("interleaved-1f1b", True, "Interleaved1F1B"),
+    "zero-bubble": Schedule("zero-bubble", True, "InterleavedZeroBubble"),
+}
+#: The schedules that run several chunks per rank.
+MULTI = frozenset(name for name, s in SCHEDULES.items() if s.multi_chunk)
+
+#: Activation checkpointing of every repeated block: "full" recomputes the whole block in
+#: backward; the selective policies recompute part of it (search.memory_variants): "selective"
+#: nnperf's (weight matmuls and fused attention kept, the rest recomputed), "selective-op"
+#: torchtitan's per-op policy (every second matmul of a block recomputed too),
+#: "selective-op-recompute-a2a" the same list as torchtitan ran it before it saved the expert
+#: all-to-alls (2025; they and their host syncs run again in backward),
+#: "selective-attention" Megatron-LM's --recompute-activations (the core attention only).
+CHECKPOINTS = ("full", "selective", "selective-op", "selective-op-recompute-a2a", "selective-attention")
+
+#: What the plan's search tries and what a user may restrict it to (``nnperf plan --data``,
+#: ``--checkpoint``, ``--schedule``): the checkpointing levels in the order the search tries
+#: them (the selective one torchtitan's per-op policy, so the winner is one torchtitan runs),
+#: by name ("none" for None); the schedules tried by default; the pipeline degrees of an
+#: automatic search; the chunks per rank of an interleaved schedule.
+SEARCHED_CHECKPOINTS = (None, "selective-op", "full")
+CHECKPOINT_NAMES = {"none": None, "selective-op": "selective-op", "full": "full"}
+DEFAULT_SCHEDULES = ("1f1b", "interleaved-1f1b")
+PIPELINE_DEGREES = (1, 2, 4, 8, 16)
+INTERLEAVE = 2
+
+
+@dataclass(frozen=True)
+class Execution:
+    """How a step runs on many GPUs: the layout and the loop settings that change it.
+
+    ``world = replicate * shard * tensor * pipeline * context``; DDP: ``shard = 1``; FSDP
+    (full shard): ``replicate = 1``; HSDP: both above 1 (shard inside a node, replicate
+    across). ``expert`` divides the data-parallel ranks of expert layers (MoE).
+    """
+
+    world: int
+    data: str = "ddp"  # one of DATA_ENGINES
+    shard: int = 1
+    reshard_after_forward: bool = True  # FSDP2: free gathered parameters after forward
+    gpus_per_node: int = 8
+    micro_batch: int = 1  # samples per rank per micro-batch
+    grad_accum: int = 1  # micro-batches per optimizer step
+    checkpoint: str | None = None  # None or one of CHECKPOINTS (per repeated block)
+    tensor: int = 1
+    sequence_parallel: bool = False
+    pipeline: int = 1
+    pipeline_schedule: str | None = None  # one of SCHEDULES
+    context: int = 1
+    expert: int = 1
+    bucket_bytes: int = DDP_BUCKET_BYTES
+    virtual_stages: int = 1  # model chunks per pipeline rank (interleaved schedules)
+    loss_parallel: bool = True  # TP without PP: logits split over the vocabulary for the loss
+    #: an uneven pipeline: the blocks of the model's first and last chunk (None: as the others;
+    #: both None: an even split), the other chunks splitting the rest evenly (``chunk_layers``)
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
+
+    @property
+    def engine(self) -> DataEngine:
+        """The data-parallel engine's record (``validate`` refuses an unknown name)."""
+        return DATA_ENGINES[self.data]
+
+    @property
+    def replicate(self) -> int:
+        return self.world // (self.shard * self.tensor * self.pipeline * self.context)
+
+    @property
+    def replicates_parameters(self) -> bool:
+        """Every data-parallel rank holds the whole parameters and gradients (DDP, and DDP with
+        the optimizer state sharded: ZeRO-1)."""
+        return self.engine.replicates_parameters
+
+    @property
+    def shards_optimizer_only(self) -> bool:
+        """ZeRO-1: whole parameters and gradients on every rank, the optimizer state sharded."""
+        return self.engine.replicates_parameters and self.engine.shards_optimizer
+
+    @property
+    def data_parallel(self) -> int:
+        """Ranks that each see a different slice of the batch."""
+        return self.replicate * self.shard
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch * self.grad_accum * self.data_parallel
+
+    @property
+    def splits_logits(self) -> bool:
+        """torchtitan's loss parallelism: the logits stay split over the vocabulary for the loss
+        (tensor parallelism without a pipeline)."""
+        return self.tensor > 1 and self.pipeline == 1 and self.loss_parallel
+
+    @property
+    def model_parallel(self) -> int:
+        """Ranks that hold different parts of one model replica (tensor x pipeline x context)."""
+        return self.tensor * self.pipeline * self.context
+
+    @property
+    def chunks_per_rank(self) -> int:
+        """Model chunks each pipeline rank holds (1 without a multi-chunk schedule)."""
+        schedule = SCHEDULES.get(self.pipeline_schedule or "")
+        return self.virtual_stages if schedule is not None and schedule.multi_chunk else 1
+
+    @property
+    def chunks(self) -> int:
+        """Model chunks of the whole pipeline (1 without one)."""
+        return self.pipeline * self.chunks_per_rank
+
+    @property
+    def uneven(self) -> bool:
+        """The pipeline's first or last chunk is shortened (``first_stage_layers``...)."""
+        return self.first_stage_layers is not None or self.last_stage_layers is not None
+
+    def chunk_layers(self, layers: int) -> tuple[int, ...]:
+        """The blocks of each model chunk, in stage order (``split_layers``): the one place a
+        pipeline's split is decided, so no caller can drop or invent a block."""
+        if self.pipeline == 1:
+            return (layers,)
+        return split_layers(layers, self.pipeline, self.chunks_per_rank, self.first_stage_layers,
+                            self.last_stage_layers)
+
+    def validate(self) -> None:
+        if self.checkpoint is not None and self.checkpoint not in CHECKPOINTS:
+            raise UsageError(f"unknown activation checkpointing {self.checkpoint!r}; valid: {', '.join(CHECKPOINTS)}")
+        if self.data not in DATA_ENGINES:
+            raise UsageError(f"unknown data parallelism '{self.data}'; valid: {', '.join(DATA_ENGINES)}")
+        if self.expert != 1:
+            self._validate_expert()
+        if self.pipeline > 1:
+            schedule = SCHEDULES.get(self.pipeline_schedule or "")
+            if schedule is None:
+                raise UsageError(f"unknown pipeline schedule {self.pipeline_schedule!r}; valid: {', '.join(SCHEDULES)}")
+            if self.virtual_stages < 1 or (self.virtual_stages > 1) != schedule.multi_chunk:
+                raise UsageError(f"{schedule.name} runs {'2 or more' if schedule.multi_chunk else '1'}"
+                                 " model chunks per rank (virtual_stages)")
+            if schedule.name != "gpipe" and self.grad_accum < self.pipeline:
+                raise UsageError(f"{schedule.name} needs at least as many micro-batches as stages: "
+                                 f"{self.grad_accum} < {self.pipeline}")
+        if self.uneven and self.pipeline == 1:
+            raise UsageError("first_stage_layers and last_stage_layers shorten pipeline stages: they need pipeline > 1")
+        if self.sequence_parallel and self.tensor < 2:
+            raise UsageError("sequence parallelism splits what tensor parallelism replicates: it needs tensor > 1")
+        if self.tensor < 1 or self.world < 1 or self.world % self.model_parallel:
+            raise UsageError(f"{self.world} GPUs are not a multiple of tensor x pipeline x context = "
+                             f"{self.model_parallel}")
+        data_parallel = self.world // self.model_parallel
+        if self.shard < 1 or data_parallel % self.shard:
+            raise UsageError(f"the shard group ({self.shard}) does not divide the {data_parallel} "
+                             "data-parallel ranks")
+        if self.replicates_parameters and self.shard != 1:
+            raise UsageError(f"{self.data} does not shard parameters: shard must be 1")
+        if self.shards_optimizer_only and data_parallel < 2:
+            raise UsageError("zero1 shards the optimizer state over the data-parallel ranks: it needs 2 or more")
+        if self.replicates_parameters and data_parallel > 1 and self.pipeline_schedule == "zero-bubble":
+            raise UsageError(f"{self.data} with a zero-bubble schedule is not modelled (DDP's reducer and a split "
+                             "backward); use 1f1b or interleaved-1f1b, as Megatron-LM runs them, or fsdp")
+        if self.data == "fsdp" and self.shard != data_parallel:
+            raise UsageError(f"fsdp shards over every data-parallel rank: shard must be {data_parallel}")
+        if self.data == "hsdp" and not 1 < self.shard < data_parallel:
+            raise UsageError("hsdp shards inside a group and replicates across groups: "
+                             f"1 < shard < {data_parallel}")
+
+    def _validate_expert(self) -> None:
+        """torchtitan's expert parallelism: the expert group is carved out of the FSDP shard
+        group (``dp_shard_in_ep``), the experts' weights sharded over the rest of it."""
+        if self.expert < 1:
+            raise UsageError(f"expert parallelism must be 1 or more, got {self.expert}")
+        if self.replicates_parameters:
+            raise UsageError("expert parallelism shards experts inside the FSDP shard group: use fsdp or hsdp")
+        if self.tensor > 1 or self.context > 1:
+            raise UsageError("expert parallelism is modelled with data and pipeline parallelism; "
+                             "with tensor or context parallelism it is not")
+        if self.shard % self.expert:
+            divisors = [d for d in range(1, self.shard + 1) if self.shard % d == 0]
+            raise UsageError(f"expert parallelism {self.expert} does not divide the shard group of {self.shard} "
+                             f"ranks; valid: {', '.join(map(str, divisors))}")
+
+    def describe(self) -> str:
+        parts = {"ddp": [f"DDP x{self.replicate}"] if self.replicate > 1 else [],
+                 "zero1": [f"DDP x{self.replicate} + ZeRO-1 (optimizer state sharded)"],
+                 "fsdp": [f"FSDP2 full shard x{self.shard}"],
+                 "hsdp": [f"HSDP {self.replicate} replicas x {self.shard} shards"]}[self.data]
+        if self.tensor > 1:
+            parts.append(f"TP x{self.tensor}" + (" + SP" if self.sequence_parallel else ""))
+        if self.pipeline > 1:
+            chunks = f", {self.virtual_stages} chunks/rank" if self.virtual_stages > 1 else ""
+            parts.append(f"PP x{self.pipeline} {self.pipeline_schedule}{chunks}")
+        if self.context > 1:
+            parts.append(f"CP x{self.context}")
+        if self.expert > 1:
+            parts.append(f"EP x{self.expert}")
+        if not parts:
+            parts.append("1 GPU")
+        if not self.replicates_parameters and not self.reshard_after_forward:
+            parts.append("no reshard after forward")
+        if self.checkpoint:
+            parts.append(f"{self.checkpoint} checkpointing")
+        parts.append(f"micro-batch {self.micro_batch}")
+        if self.grad_accum > 1:
+            parts.append(f"{'micro-batches' if self.pipeline > 1 else 'accumulation'} x{self.grad_accum}")
+        return ", ".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "replicate": self.replicate, "data_parallel": self.data_parallel,
+                "global_batch": self.global_batch}
+
+    def mesh_shape(self) -> list[tuple[str, int]]:
+        """The device mesh, outermost first (torchtitan's order: data, then tensor innermost so
+        a tensor-parallel group is consecutive ranks, inside a node)."""
+        sizes = {"replicate": self.replicate, "shard": self.shard}
+        dims: list[tuple[str, int]] = []
+        for name in self.engine.mesh:
+            if name == "shard" and self.expert > 1:
+                dims += [("shard_mod_expert", self.shard // self.expert), ("expert", self.expert)]
+            else:
+                dims.append((name, sizes[name]))
+        return [("pipeline", self.pipeline), *dims, ("tensor", self.tensor)]
+
+
+def split_layers(layers: int, pipeline: int, virtual: int = 1, first: int | None = None,
+                 last: int | None = None) -> tuple[int, ...]:
+    """The blocks of each of the ``pipeline x virtual`` model chunks, in stage order: evenly, or
+    with the first and last chunk holding ``first`` and ``last`` blocks (Megatron-LM's
+    ``--decoder-first/last-pipeline-num-layers``, torchtitan's first/last stage "less layers":
+    the chunks that also hold the embedding and the head shortened, as Llama 3 405B's 126
+    layers over 16 stages: 7, 8 x 14, 7) and the chunks between splitting the rest evenly.
+    A split that cannot hold the layers is one line naming valid ones."""
+    chunks = pipeline * virtual
+    what = f"{pipeline} pipeline stages" + (f" x {virtual} virtual stages" if virtual > 1 else "")
+    if first is None and last is None:
+        if layers % chunks == 0 and layers >= chunks:
+            return (layers // chunks,) * chunks
+        if virtual > 1 and layers % pipeline == 0:
+            per_stage = layers // pipeline
+            valid = [v for v in range(2, per_stage + 1) if per_stage % v == 0]
+            raise UsageError(f"{virtual} virtual stages do not divide the {per_stage} layers per pipeline stage "
+                             f"({layers} layers over {pipeline} stages); valid: "
+                             f"{', '.join(map(str, valid)) or 'none (use a 1-chunk schedule)'}")
+        valid = [d for d in range(1, layers + 1) if layers % d == 0 and d % virtual == 0]
+        below = max((d // virtual for d in valid if d < chunks), default=None)
+        above = min((d // virtual for d in valid if d > chunks), default=None)
+        nearest = " or ".join(str(d) for d in (below, above) if d is not None)
+        examples = _uneven_examples(layers, chunks)
+        shorten = (f"; or shorten the first and last stages (--first-stage-layers, --last-stage-layers: "
+                   f"{examples})") if examples else ""
+        raise UsageError(f"{layers} layers do not split evenly into {what}; nearest valid pipeline degrees: "
+                         f"{nearest or 'none'}{shorten}")
+    if chunks == 1:
+        raise UsageError("first and last stage layers need two or more pipeline stages")
+    inner = chunks - 2
+    if chunks == 2:
+        f = first if first is not None else layers - (last or 0)
+        l_ = last if last is not None else layers - f
+        middle = None
+    elif first is not None and last is not None:
+        rest = layers - first - last
+        middle = rest // inner if rest > 0 and rest % inner == 0 else None
+        f, l_ = first, last
+    else:  # one given: the other as the chunks between
+        given = first if first is not None else last
+        assert given is not None
+        rest = layers - given
+        middle = rest // (inner + 1) if rest > 0 and rest % (inner + 1) == 0 else None
+        f = first if first is not None else middle
+        l_ = last if last is not None else middle
+    ok = f is not None and l_ is not None and f >= 1 and l_ >= 1 and f + l_ <= layers and \
+        ((chunks == 2 and f + l_ == layers) or (middle is not None and middle >= 1))
+    if not ok:
+        asked = ", ".join(f"{n} stage layers {v}" for n, v in (("first", first), ("last", last)) if v is not None)
+        raise UsageError(f"an uneven split with {asked} cannot hold {layers} layers in {what} (the stages "
+                         f"between must split the rest evenly, each at least 1); valid: "
+                         f"{_uneven_examples(layers, chunks) or 'none'}")
+    assert f is not None and l_ is not None
+    return (f, *((middle,) * inner if middle else ()), l_)
+
+
+def _uneven_examples(layers: int, chunks: int) -> str:
+    """Shortened first and last chunks (both the same) that split ``layers`` into ``chunks``,
+    the least shortened first."""
+    found = []
+    for k in range(1, layers):
+        if chunks == 2:
+            if 2 * k == layers:
+                found.append(f"first = last = {k}")
+        elif layers - 2 * k > 0 and (layers - 2 * k) % (chunks - 2) == 0:
+            middle = (layers - 2 * k) // (chunks - 2)
+            if middle >= k:
+                found.append(f"first = last = {k} ({middle} in each other stage)")
+    return "; ".join(found[-3:][::-1])

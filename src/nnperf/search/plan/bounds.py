@@ -1,0 +1,84 @@
+"""Pipelines left untraced where traced layouts already rule them out (the search's second
+pass): a layout doing the same kernels per GPU (``same_work``) bounds a pipeline's memory from
+below and its compute from below (``work_bound``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from nnperf.layout import Execution
+from nnperf.search.plan.pipeline import blocks_in_flight
+from nnperf.search.plan.results import Planned
+
+
+def _work_key(execution: Execution) -> tuple[Any, ...]:
+    """What decides the kernels a GPU runs over a step, whatever the data and pipeline layout:
+    the tensor split, the checkpointing and the micro-batch (``same_work``)."""
+    e = execution
+    return e.tensor, e.sequence_parallel, e.context, e.expert, e.checkpoint, e.micro_batch
+
+
+def same_work(results: Iterable[Planned]) -> dict[tuple[Any, ...], list[Planned]]:
+    """The traced layouts without a pipeline, by the work their GPUs do (``_work_key``).
+
+    A pipeline of ``p`` stages over the same GPUs, tensor split, checkpointing and micro-batch
+    does the same kernels per GPU on average: each rank runs ``1/p`` of the blocks for ``p``
+    times the samples (its data-parallel group is ``p`` times smaller), the embedding and the
+    head run on one rank in ``p`` for ``p`` times the samples, and FSDP's shards (of ``1/p`` of
+    the parameters over ``1/p`` of the ranks) give each GPU the same optimizer step. Its step
+    is at least its busiest rank's compute, so at least that average: the layout's compute
+    without what overlapping collectives slowed (which the layouts' communication decides)."""
+    out: dict[tuple[Any, ...], list[Planned]] = {}
+    for p in results:
+        if p.execution.pipeline > 1 or p.time_bound or p.memory_bound or not p.split:
+            continue
+        out.setdefault(_work_key(p.execution), []).append(p)
+    return out
+
+
+def work_bound(execution: Execution, work: dict[tuple[Any, ...], list[Planned]], slower_than: float | None,
+               capacity_bytes: float | None = None, layers: int | None = None) -> Planned | None:
+    """``execution`` (a pipeline) left untraced at a bound that a traced layout doing the same
+    work per GPU gives (``same_work``), or None where neither bound rules it out:
+
+    - memory, where it exceeds ``capacity_bytes``: rank 0 holds its blocks' parameters and
+      optimizer state (``layers / p`` blocks sharded over its shard group, each block's bytes
+      those of an FSDP layout's shard times its shard group) and the saved activations of the
+      blocks its schedule keeps in flight (``blocks_in_flight``), each block's as in that FSDP
+      layout (the same micro-batch, tensor split and checkpointing; the pipelines are FSDP's
+      too: DDP's blocks save autocast's weight casts besides, 419 against 337 KB a block of a
+      small Llama); everything else it holds only adds;
+    - time, where it is no faster than ``slower_than``: the least compute of those layouts."""
+    same = work.get(_work_key(execution), []) if execution.pipeline > 1 else []
+    sharded = next((p for p in same if p.execution.data == "fsdp" and p.per_block is not None), None)
+    if capacity_bytes is not None and layers and sharded is not None and not execution.replicates_parameters:
+        block = sharded.per_block
+        # the layout's per-GPU bytes of a block, times its shard group, are the block's (per
+        # tensor-parallel rank); rank 0 holds layers / p of them over its own shard group
+        whole = (block.states.parameters + block.states.optimizer_state) * _shards(sharded.execution)
+        states = layers / execution.pipeline * whole / _shards(execution)
+        held = states + blocks_in_flight(execution, layers) * block.saved_activations
+        if held > capacity_bytes:
+            return Planned(execution, memory_bytes=int(held),
+                           memory_bound="its blocks' parameters, optimizer state and in-flight saved activations "
+                                        f"alone, each block's as in {sharded.execution.describe()}")
+    if slower_than is None or not same:
+        return None
+    least = min(same, key=_compute_alone)
+    if _compute_alone(least) < slower_than:
+        return None
+    return Planned(execution, step_s=_compute_alone(least), fits=True, memory_bound="not traced",
+                   time_bound=f"its GPUs' compute: the same kernels per GPU as {least.execution.describe()}")
+
+
+def _shards(execution: Execution) -> int:
+    """The ranks a layout shards its parameters and optimizer state over (DDP: none; only
+    pipelines ask, and ZeRO-1 runs none)."""
+    return 1 if execution.replicates_parameters else execution.shard
+
+
+def _compute_alone(planned: Planned) -> float:
+    assert planned.split is not None  # same_work keeps timed layouts only
+    return planned.split.compute_alone_s

@@ -1,0 +1,97 @@
+"""One layout traced, timed and sized: each way a layout's step is composed from its traced
+rank roles in one place, chosen here (``evaluate``): a pipeline replayed from its stage roles
+(``plan.pipeline``; with context parallelism, each role with its ring attention), context
+parallelism in closed form on a traced rank (``plan.context``), and data and tensor
+parallelism from the one rank role they have (``data_tensor_step``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from nnperf import progress
+from nnperf.errors import UsageError
+from nnperf.hardware import GPU
+from nnperf.hardware.cluster import Cluster
+from nnperf.layout import Execution
+from nnperf.passes.memory.capacity import capacity, fits
+from nnperf.request import ModelRequest
+from nnperf.search.memory_variants import apply_checkpointing
+from nnperf.search.plan.axes import model_info
+from nnperf.search.plan.context import context_step
+from nnperf.search.plan.pipeline import pipeline_step
+from nnperf.search.plan.rank import RoleCache, scaled_cost
+from nnperf.search.plan.results import Planned, TimeSplit, collective_totals
+from nnperf.trace.options import TraceOptions
+
+
+def prepare_for(execution: Execution) -> Any:
+    """What the layout's activation checkpointing does to a built workload (None: nothing)."""
+    if not execution.checkpoint:
+        return None
+    policy = execution.checkpoint if execution.checkpoint != "full" else False
+    return lambda workload: apply_checkpointing(workload, selective=policy)
+
+
+def evaluate(request: ModelRequest, options: TraceOptions, execution: Execution, gpu: GPU,
+             cluster: Cluster, *, layers: int | None = None, cache: RoleCache | None = None,
+             prune: bool = False, slower_than: float | None = None) -> Planned:
+    """Trace, time and size one layout (``layers``: the depth of a built-in stack, to trace it
+    shallow and extrapolate; ``cache``: traced roles shared by a search; ``prune``: a pipeline
+    whose first stage alone cannot fit is left at that lower bound, untimed:
+    ``search.plan.pipeline``)."""
+    cache = cache or RoleCache()
+    progress.note(execution.describe())
+    if execution.context > 1:
+        info = model_info(request, layers)
+        seq = request.seq_len or (info[2] if info else None)
+        if not seq:
+            raise UsageError("context parallelism needs a sequence length (--seq)")
+        if execution.pipeline > 1:
+            return pipeline_step(replace(request, seq_len=seq), options, execution, gpu, cluster, layers, cache,
+                                 prepare_for(execution), prune, slower_than)
+        return context_step(request, options, execution, gpu, cluster, layers, cache, prepare_for(execution), seq)
+    if execution.pipeline > 1:
+        return pipeline_step(request, options, execution, gpu, cluster, layers, cache, prepare_for(execution), prune,
+                             slower_than)
+    return data_tensor_step(request, options, execution, gpu, cluster, layers, cache)
+
+
+def data_tensor_step(request: ModelRequest, options: TraceOptions, execution: Execution, gpu: GPU,
+                     cluster: Cluster, layers: int | None, cache: RoleCache) -> Planned:
+    """A layout without pipeline or context parallelism: its one rank role traced with one
+    micro-batch, the micro-batches accumulated around the optimizer, which runs once."""
+    cost = scaled_cost(replace(request, batch=execution.micro_batch), options, execution, gpu, cluster, 0,
+                       layers, cache, prepare_for(execution))
+    f = cost.figures
+    accum = execution.grad_accum
+
+    def once_per_step(total: float, optimizer: float) -> float:
+        """A micro-batch's figure over the accumulated step: the optimizer and gradient clipping
+        run once (``trace.step.once_per_step``)."""
+        return accum * (total - optimizer) + optimizer
+
+    host = once_per_step(f.host_s, f.optimizer_host_s)
+    compute = once_per_step(f.compute_s, f.optimizer_s)
+    # the host's and the device's totals bound the accumulated step from below: a traced
+    # micro-batch bound by one may be bound by the other once its optimizer share is taken out
+    step = max(once_per_step(f.step_s, f.once_span_s), host, compute)
+    planned = Planned(
+        execution, step_s=step,
+        throughput=cost.per_micro * accum * execution.data_parallel / step if step else 0.0,
+        throughput_unit=cost.unit,
+        mfu=f.flops * accum / step / cost.mfu_peak if step and cost.mfu_peak else 0.0,
+        memory_bytes=int(f.memory), context_bytes=int(f.mem_context),
+        split=TimeSplit(compute_s=compute,
+                        recomputation_s=f.recompute_s * accum,
+                        communication_s=f.comm_s * accum,
+                        overlap_slowdown_s=f.slowdown_s * accum,
+                        exposed_communication_s={k: v * accum for k, v in f.exposed_s.items() if v > 0},
+                        host_s=host),
+        state_bytes=replace(f.states), collectives=collective_totals(f),
+        param_row_bytes=f.param_row_bytes, loss_saved_bytes=int(f.loss_saved),
+        per_block=cost.per_block, rank=cost.rank,
+    )
+    planned.fits = fits(planned.memory_bytes, capacity(gpu))
+    return planned

@@ -1,0 +1,147 @@
+"""The candidate layouts of a plan: every (tensor, pipeline, context, expert) degree with data
+parallelism over the rest of the GPUs, each data-parallel engine that can run it, and every
+split of the global batch into micro-batches. Grouped by ``shape_key``: within a group only the
+micro-batch and checkpointing differ, and the search bisects over the micro-batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from nnperf.errors import UsageError
+from nnperf.layout import (
+    DATA_ENGINES,
+    DEFAULT_SCHEDULES,
+    INTERLEAVE,
+    SCHEDULES,
+    Execution,
+    split_layers,
+)
+from nnperf.search.accumulation import local_batch, micro_batches
+
+
+@dataclass(frozen=True)
+class PipelineSplitChoice:
+    """How the searched pipelines split the layers: the chunks per rank the multi-chunk
+    schedules try (``--vpp``), and an uneven first and last stage (``--first-stage-layers``,
+    ``--last-stage-layers``; None: as the other stages)."""
+
+    virtual: tuple[int, ...] = (INTERLEAVE,)
+    first: int | None = None
+    last: int | None = None
+
+    def holds(self, layers: int, pipeline: int, virtual: int = 1) -> bool:
+        try:
+            split_layers(layers, pipeline, virtual, self.first, self.last)
+        except UsageError:
+            return False
+        return True
+
+
+def _nearest_gpu_counts(gpus: int, global_batch: int) -> str:
+    valid = sorted({d for d in range(1, gpus * 2 + 1) if global_batch % d == 0}, key=lambda d: abs(d - gpus))[:2]
+    return ", ".join(map(str, sorted(valid)))
+
+
+def layouts(gpus: int, nodes_of: int, global_batch: int, *, tensor: Iterable[int] = (1,),
+            pipeline: Iterable[int] = (1,), schedules: Iterable[str] = DEFAULT_SCHEDULES,
+            layers: int | None = None, checkpoints: Iterable[str | None] = (None,),
+            context: Iterable[int] = (1,), expert: Iterable[int] = (1,),
+            reshard: Iterable[bool] = (True,), split: PipelineSplitChoice | None = None) -> list[Execution]:
+    """Every layout of ``gpus`` GPUs over the given tensor and pipeline degrees (sequence
+    parallel with TP), data parallelism over the rest, and the micro-batch splits of the global
+    batch; with the defaults, the data-parallel layouts only. Grouped: within a group (one
+    ``shape_key``) the micro-batch shrinks, so the first that fits is the group's best. An
+    expert-parallel degree above 1 takes the FSDP/HSDP layouts whose shard group it divides,
+    without tensor or context parallelism (``Execution._validate_expert``). ``reshard``: whether
+    FSDP/HSDP frees a block's gathered parameters after its forward (FSDP2's
+    ``reshard_after_forward``; pipelines keep them, as torchtitan's). ``split``: the virtual
+    stages of the multi-chunk schedules and an uneven first and last stage (default: 2 chunks
+    per rank, even stages); a schedule whose split cannot hold the layers is left out."""
+    split = split or PipelineSplitChoice()
+    out: list[Execution] = []
+    expert = list(expert)
+    tensor, pipeline, context = list(tensor), list(pipeline), list(context)
+    # data parallelism alone is the only candidate: a global batch it cannot split is one line
+    alone = tensor == pipeline == context == [1]
+    for tp in tensor:
+        for pp in pipeline:
+            for cp in context:
+                found = _layouts_of(gpus, nodes_of, global_batch, tp, pp, cp, schedules, layers, checkpoints,
+                                    tuple(reshard), split, refuse=alone)
+                out += found
+                out += [replace(e, expert=ep) for ep in expert if ep > 1 for e in found
+                        if not e.replicates_parameters and e.shard % ep == 0 and e.tensor == e.context == 1]
+    return out
+
+
+def _layouts_of(gpus: int, nodes_of: int, global_batch: int, tp: int, pp: int, cp: int,
+                schedules: Iterable[str], layers: int | None, checkpoints: Iterable[str | None],
+                reshard: tuple[bool, ...] = (True,), split: PipelineSplitChoice | None = None,
+                refuse: bool = False) -> list[Execution]:
+    """The layouts of one (tensor, pipeline, context) degree: data parallelism over the rest
+    (``refuse``: a global batch the data-parallel ranks cannot split is one line, not none)."""
+    if gpus % (tp * pp * cp) or (tp > 1 and nodes_of % tp):
+        return []
+    dp = gpus // (tp * pp * cp)
+    if global_batch % dp:
+        if refuse:
+            try:
+                local_batch(global_batch, gpus)
+            except UsageError as err:
+                raise UsageError(f"{err}; or GPU counts that divide it: "
+                                 f"{_nearest_gpu_counts(gpus, global_batch)}") from None
+        return []
+    out: list[Execution] = []
+    for data, shard in _data_shapes(dp, tp * cp, pp, nodes_of):
+        for checkpoint in checkpoints:
+            common = {"world": gpus, "data": data, "shard": shard, "gpus_per_node": nodes_of,
+                      "checkpoint": checkpoint, "tensor": tp, "sequence_parallel": tp > 1, "context": cp}
+            shards = not DATA_ENGINES[data].replicates_parameters
+            for keep in sorted({not r for r in reshard} if shards and pp == 1 else {False}):
+                out.extend(_splits(common | ({"reshard_after_forward": False} if keep else {}), pp,
+                                   global_batch // dp, schedules, layers, split or PipelineSplitChoice()))
+    return out
+
+
+def _data_shapes(dp: int, tp: int, pp: int, nodes_of: int) -> list[tuple[str, int]]:
+    if dp == 1:
+        return [("ddp", 1)]  # no data parallelism
+    shapes = [("ddp", 1), ("zero1", 1)]  # Megatron-LM's data parallelism beside any tensor x pipeline
+    shapes.append(("fsdp", dp))
+    inside = max(1, nodes_of // tp)  # HSDP: shard inside a node, replicate across
+    if 1 < inside < dp and dp % inside == 0:
+        shapes.append(("hsdp", inside))
+    return shapes
+
+
+def _splits(common: dict[str, Any], pp: int, local: int, schedules: Iterable[str],
+            layers: int | None, split: PipelineSplitChoice) -> list[Execution]:
+    if pp == 1:  # every accumulation of the local batch, fewest steps last: ascending micro-batches reversed
+        return [Execution(**common, micro_batch=m, grad_accum=local // m) for m in reversed(micro_batches(local))]
+    out = []
+    for schedule in schedules:
+        data_parallel = common["world"] // (common["tensor"] * pp * common["context"])
+        if schedule == "zero-bubble" and DATA_ENGINES[common["data"]].replicates_parameters and data_parallel > 1:
+            continue  # not with DDP's reducer (Execution.validate)
+        for virtual in split.virtual if SCHEDULES[schedule].multi_chunk else (1,):
+            if layers is not None and not split.holds(layers, pp, virtual):
+                continue
+            counts = range(1, local + 1) if schedule == "gpipe" else range(pp, local + 1, pp)
+            for micro in counts:
+                if local % micro == 0:
+                    out.append(Execution(**common, pipeline=pp, pipeline_schedule=schedule, virtual_stages=virtual,
+                                         micro_batch=local // micro, grad_accum=micro,
+                                         reshard_after_forward=False,  # torchtitan: no reshard under PP
+                                         first_stage_layers=split.first, last_stage_layers=split.last))
+    return out
+
+
+def shape_key(execution: Execution) -> tuple[Any, ...]:
+    """What a group of layouts shares: all but the micro-batch split and checkpointing."""
+    e = execution
+    return (e.data, e.shard, e.tensor, e.sequence_parallel, e.pipeline, e.pipeline_schedule, e.virtual_stages,
+            e.first_stage_layers, e.last_stage_layers,
+            e.context, e.expert, e.reshard_after_forward)

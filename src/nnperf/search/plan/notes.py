@@ -1,0 +1,100 @@
+"""What a plan says besides its numbers: why the winner wins (``why``), the notes on what a
+layout leaves out (``notes``, ``routing_note``), and where nothing fits, the smallest memory
+reached and what could still shrink it (``smallest_memory``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nnperf.layout import Execution
+from nnperf.passes.memory.capacity import capacity
+from nnperf.request import ModelRequest
+from nnperf.search.plan.axes import request_name
+from nnperf.search.plan.rank import SCALE_POINTS
+from nnperf.search.plan.results import Plan, Planned
+from nnperf.trace.options import TraceOptions
+
+
+def notes(request: ModelRequest, results: list[Planned], layers: int | None) -> list[str]:
+    notes = []
+    if layers and layers > SCALE_POINTS[-1]:
+        notes.append(f"the {layers}-block stack is traced with {SCALE_POINTS[0]} and {SCALE_POINTS[1]} blocks "
+                     "per stage and extrapolated linearly (exact for state bytes, collectives and FLOPs; "
+                     "per phase for memory)")
+    if any(p.execution.pipeline > 1 for p in results) and request_name(request).startswith("gpt2"):
+        notes.append("tied embeddings under pipeline parallelism: their gradient all-reduce between the "
+                     "first and last stage is not traced")
+    if any(p.execution.tensor > 1 and p.execution.pipeline > 1 for p in results):
+        notes.append("tensor x pipeline layouts gather the logits for the loss (no loss parallelism on the "
+                     "last stage)")
+    return notes
+
+
+def routing_note(info: tuple[Any, dict[str, Any], int | None] | None, options: TraceOptions) -> list[str]:
+    """A mixture-of-experts model's routing is an assumption of every traced rank: say which."""
+    from nnperf.trace.parallel.expert import has_experts
+    from nnperf.trace.routing import Routing
+
+    experts = has_experts(info[0]) if info is not None else 0
+    if not experts:
+        return []
+    routing = Routing(options.moe_load, options.moe_capacity_factor)
+    return [routing.describe(experts, info[1].get("top_k", 1)) + "; under expert parallelism every rank routes "
+            "as the traced one (rank 0, holding the busiest experts)"]
+
+
+#: The share of the step the host's issuing takes from which a layout is called host-bound (the
+#: device idles between the host's launches).
+HOST_BOUND = 0.9
+
+
+def why(best: Planned, others: list[Planned]) -> str:
+    split = best.split
+    assert split is not None  # a ranked layout is timed
+    exposed = split.exposed_s
+    text = f"fastest: {split.compute_s / best.step_s:.0%} of the step is compute, " \
+           f"{exposed / best.step_s:.0%} exposed communication"
+    bubble = split.pipeline_bubble_s
+    if bubble:
+        text += f", {bubble / best.step_s:.0%} pipeline bubble"
+    host = split.host_s
+    if host >= HOST_BOUND * best.step_s:
+        text += f"; host-bound: issuing the ops takes the host {host / best.step_s:.0%} of the step"
+    if others:
+        text += f"; next best {others[0].execution.describe()} is {others[0].step_s / best.step_s - 1:.1%} slower"
+    return text
+
+
+def smallest_memory(plan_: Plan) -> str:
+    """Nothing fits: the smallest per-GPU memory any layout reached and what would make it fit."""
+    least = min((p for p in plan_.rejected if not p.time_bound), key=lambda p: p.memory_bytes)
+    need = least.memory_bytes / capacity(plan_.gpu)
+    at_least = "at least " if least.memory_bound else ""
+    return (f"no layout of {plan_.model} fits on {plan_.gpus} x {plan_.gpu.name}: the smallest is "
+            f"{at_least}{least.memory_bytes / 2**30:.1f} GiB per GPU ({least.execution.describe()}) against "
+            f"{capacity(plan_.gpu) / 2**30:.1f} GiB; it needs {at_least}{need:.1f}x the memory: "
+            + ", ".join(_remedies(plan_.options, least.execution, least.loss_saved_bytes)))
+
+
+#: Below this, what an eager loss keeps is not worth naming as a remedy.
+_LOSS_REMEDY_BYTES = 2**30
+
+
+def _remedies(options: TraceOptions, smallest: Execution, loss_saved: int = 0) -> list[str]:
+    """What could still shrink the smallest layout: only what the plan did not already use."""
+    out = ["more GPUs to shard over"]
+    if options.loss == "eager" and loss_saved >= _LOSS_REMEDY_BYTES:
+        out.append(f"a compiled or chunked loss (--loss compiled: torchtitan's [compile] components = [\"loss\"]; "
+                   f"--loss chunked: its ChunkedLossWrapper): the eager cross entropy keeps "
+                   f"{loss_saved / 2**30:.1f} GiB of copies of the logits for backward")
+    if smallest.micro_batch > 1:
+        out.append("a smaller micro-batch")
+    if options.amp is None and options.dtype in (None, "fp32", "fp64"):
+        out.append("bf16 (--amp bf16)")
+    if options.train and options.optimizer in ("adamw", "adam"):
+        out.append(f"an optimizer with less state than {options.optimizer} (two fp32 moments per "
+                   "parameter; --optimizer sgd keeps none)")
+    if smallest.model_parallel == 1:
+        out.append("tensor/pipeline parallelism")
+    return out

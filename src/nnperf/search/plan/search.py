@@ -1,0 +1,317 @@
+"""``nnperf plan``: layouts of a model on N GPUs, each traced one rank role at a time.
+
+A candidate ``Execution`` combines data parallelism (DDP; ZeRO-1, DDP with the optimizer state
+sharded; FSDP2 full shard; HSDP sharded inside a node and replicated across), tensor parallelism (with sequence parallelism by
+default, torchtitan's composition; without it for the winner's degree, for comparison),
+pipeline parallelism (1F1B and interleaved 1F1B by default; GPipe and zero-bubble on request),
+activation checkpointing (none, then selective, then full, only while a layout does not fit)
+and gradient accumulation / micro-batches to reach the global batch. Each rank role of the
+layout (the one rank of a data/tensor-parallel layout; the first, a middle and the last stage
+of a pipeline) is traced with the real engines on a fake process group (``search.plan.rank``,
+deep stacks from two shallow traces), timed on the GPU with its collectives on the cluster
+beside the compute, and its memory predicted by the memory pass. A pipeline's step is the
+replay of its schedule (``passes.pipeline_timeline``) from the traced per-action times, with
+the bubble explicit. Layouts that fit are ranked by step time; the others are listed with
+the reason.
+
+Gradient accumulation without a pipeline: every micro-batch is timed as the traced one (with
+its gradient synchronization); the optimizer runs once. DDP's ``no_sync`` micro-batches skip
+their all-reduce, so for DDP (and ZeRO-1) this is an upper bound on the step. A pipeline's micro-batches
+are traced ``p`` at a time (the schedules' in-flight peak for micro-batch counts that are
+multiples of ``p``; GPipe: all of them) and the schedule replayed with all of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
+
+from nnperf import progress
+from nnperf.errors import UsageError
+from nnperf.hardware import GPU
+from nnperf.hardware.cluster import Cluster
+from nnperf.layout import (
+    CHECKPOINT_NAMES,
+    DATA_PARALLEL,
+    DEFAULT_SCHEDULES,
+    SEARCHED_CHECKPOINTS,
+    Execution,
+)
+from nnperf.passes.memory.capacity import capacity
+from nnperf.request import ModelRequest
+from nnperf.search.plan.axes import (
+    axes_note,
+    check_degrees,
+    check_virtual_stages,
+    chunked_loss_axes,
+    default_batch,
+    expert_degrees,
+    listed,
+    model_info,
+    request_name,
+    search_axes,
+)
+from nnperf.search.plan.bounds import same_work, work_bound
+from nnperf.search.plan.evaluate import evaluate
+from nnperf.search.plan.layouts import PipelineSplitChoice, layouts, shape_key
+from nnperf.search.plan.notes import notes, routing_note, why
+from nnperf.search.plan.rank import RoleCache, layers_of
+from nnperf.search.plan.results import Plan, Planned
+from nnperf.search.plan.states import WHAT as STATES_BOUND
+from nnperf.search.plan.states import states_bound
+from nnperf.trace.options import TraceOptions
+
+#: The checkpointing levels the search tries, in order (``nnperf.layout``).
+CHECKPOINTS = SEARCHED_CHECKPOINTS
+#: The data-parallel engines a user may restrict the search to (``nnperf plan --data``).
+DATA_KINDS = DATA_PARALLEL
+
+
+def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, cluster: Cluster,
+         nodes_of: int | None = None, global_batch: int | None = None, *,
+         tensor: Iterable[int] | None = (1,), pipeline: Iterable[int] | None = (1,),
+         schedules: Iterable[str] = DEFAULT_SCHEDULES, context: Iterable[int] = (1,),
+         expert: Iterable[int] | None = (1,), data: Iterable[str] | None = None,
+         checkpoints: Iterable[str | None] | None = None, reshard: Iterable[bool] = (True,),
+         split: PipelineSplitChoice | None = None) -> Plan:
+    """Rank the layouts of ``request`` on ``gpus`` GPUs of ``gpu``. ``tensor``/``pipeline``/
+    ``expert``: the degrees to try (None: every degree the model and nodes allow; the default,
+    1, keeps the data-parallel search; ``context``: context-parallel degrees, modelled in
+    closed form). ``data``: the data-parallel engines to try (``DATA_KINDS``; a layout without
+    data parallelism has none and stays); ``checkpoints``: the checkpointing levels the search
+    may use (``CHECKPOINTS``); None: all of them. ``reshard``: FSDP2's reshard after forward,
+    True (torchtitan's default without pipelines), False (the gathered parameters kept until
+    backward: no backward all-gather, ZeRO-2's traffic), or both. ``split``: the chunks per rank
+    of the interleaved schedules and an uneven first and last stage (default: 2, even).
+
+    The search runs in passes so that a large cluster is planned in seconds: data and tensor
+    parallelism over every degree; then pipeline parallelism at the tensor-parallel degree of
+    the best layout of the first pass (the largest degree if none fit), FSDP at every pipeline
+    degree, schedule and split, the other data-parallel engines at the one FSDP does best with;
+    then that winner's degree without sequence parallelism."""
+    nodes_of = nodes_of or cluster.gpus_per_node
+    global_batch = global_batch or gpus * (request.batch or default_batch(request))
+    context = list(context)
+    layers = layers_of(request)
+    asked = (tensor, pipeline)
+    info = model_info(request, layers)  # one meta build of one block, for the axes and the note
+    tensor, pipeline = chunked_loss_axes(options, tensor, pipeline)
+    split = split or PipelineSplitChoice()
+    tensor, pipeline = search_axes(request, gpus, nodes_of, layers, tensor, pipeline, info, split)  # the model's rules first
+    left_out = axes_note(request, gpus, asked, tensor, pipeline, info)
+    check_degrees(gpus, nodes_of, *asked, context, expert)
+    if split.virtual != PipelineSplitChoice().virtual:  # asked for: each must split the stages
+        check_virtual_stages(layers, pipeline, schedules, split)
+    expert = expert_degrees(request, gpus, nodes_of, expert, info)
+    kinds = set(DATA_KINDS if data is None else data)
+    if options.optimizer == "none":  # no optimizer state to shard: ZeRO-1 is DDP
+        if data is not None and "zero1" in kinds:
+            raise UsageError("--data zero1 shards the optimizer state, and --optimizer none has none: use ddp")
+        kinds.discard("zero1")
+    levels = tuple(i for i, level in enumerate(CHECKPOINTS) if checkpoints is None or level in set(checkpoints))
+
+    def engines(found: list[Execution]) -> list[Execution]:
+        return [e for e in found if e.data_parallel == 1 or e.data in kinds]
+
+    first = engines(layouts(gpus, nodes_of, global_batch, tensor=tensor,
+                            pipeline=[1] if 1 in pipeline else pipeline[:1], schedules=schedules, layers=layers,
+                            context=context, expert=expert, reshard=reshard, split=split))
+    results, traces = _in_workers(request, options, gpu, cluster, layers,
+                                  [[e for e in first if e.tensor == tp] for tp in tensor], levels=levels)
+    deeper = [p for p in pipeline if p > 1 and p not in {e.execution.pipeline for e in results}]
+    if deeper:
+        fitting = sorted((p for p in results if p.fits), key=lambda p: p.step_s)
+        best_tp = fitting[0].execution.tensor if fitting else max(tensor)
+        second = engines(layouts(gpus, nodes_of, global_batch, tensor=[best_tp], pipeline=deeper,
+                                 schedules=schedules, layers=layers, context=context, expert=expert, split=split))
+        # FSDP (and pipelines without data parallelism) at every pipeline shape; the other engines
+        # at the shape FSDP does best with: the degree, schedule and chunks that set a pipeline's
+        # bubble are the same whichever engine reduces its gradients
+        narrowed = "fsdp" in kinds
+        lead = [e for e in second if not narrowed or e.data == "fsdp" or e.data_parallel == 1]
+        more, more_traces = _in_workers(request, options, gpu, cluster, layers,
+                                        [[e for e in lead if e.pipeline == pp] for pp in deeper],
+                                        fitting[0].step_s if fitting else None, same_work(results), levels)
+        results += more
+        traces += more_traces
+        piped = sorted((p for p in more if p.fits and not p.time_bound and p.execution.data == "fsdp"),
+                       key=lambda p: p.step_s)
+        if narrowed and piped:
+            shape = _pipeline_shape(piped[0].execution)
+            # FSDP's members of that shape again: the other engines are searched where it fits
+            rest = [e for e in second if _pipeline_shape(e) == shape and (e.data == "fsdp" or e not in lead)]
+            fastest = min((p.step_s for p in results if p.fits and not p.time_bound), default=None)
+            extra, extra_traces = _in_workers(request, options, gpu, cluster, layers, [rest], fastest,
+                                              same_work(results), levels)
+            results += [p for p in extra if p.execution.data != "fsdp"]
+            traces += extra_traces
+    if not results:
+        raise UsageError(
+            f"no layout of {request_name(request)} on {gpus} GPUs with tensor degrees {listed(tensor)}, "
+            f"pipeline degrees {listed(pipeline)}, context degrees {listed(context)}, expert degrees "
+            f"{listed(expert)} and data parallelism {', '.join(k for k in DATA_KINDS if k in kinds)}: the global batch "
+            f"{global_batch} must divide over the data-parallel ranks (GPUs / (tp x pp x cp)) and stages must "
+            "split the layers; try other degrees or --global-batch a multiple of the GPU count")
+    cache = RoleCache()
+    slower = [p for p in results if p.time_bound]
+    results = [p for p in results if not p.time_bound]
+    ranked = sorted((p for p in results if p.fits), key=lambda p: p.step_s)
+    if ranked and ranked[0].execution.tensor > 1:  # the winner's degree without sequence parallelism
+        plain = replace(ranked[0].execution, sequence_parallel=False)
+        results.append(evaluate(request, options, plain, gpu, cluster, layers=layers, cache=cache))
+        ranked = sorted((p for p in results if p.fits), key=lambda p: p.step_s)
+    rejected = [p for p in results if not p.fits]
+    for p in rejected:
+        at_least = "at least " if p.memory_bound else ""
+        p.reason = f"does not fit: {at_least}{p.memory_bytes / 2**30:.1f} GiB > {capacity(gpu) / 2**30:.1f} GiB"
+        if p.memory_bound:
+            p.reason += f" ({p.memory_bound}; not traced)"
+    if ranked:
+        best = ranked[0]
+        best.reason = why(best, ranked[1:])
+        for p in ranked[1:]:
+            p.reason = f"slower by {p.step_s / best.step_s - 1:.1%}"
+        for p in slower:
+            p.reason = (f"slower by at least {p.step_s / best.step_s - 1:.1%}: at least {p.step_s * 1e3:.2f} ms "
+                        f"({p.time_bound}; not traced further)")
+        rejected += slower
+    names = {level: name for name, level in CHECKPOINT_NAMES.items()}
+    search = {"tensor": list(tensor), "pipeline": list(pipeline), "context": context, "expert": list(expert),
+              "schedules": list(schedules), "virtual_stages": list(split.virtual),
+              "first_stage_layers": split.first, "last_stage_layers": split.last,
+              "data": [k for k in DATA_KINDS if k in kinds],
+              "checkpoint": [names[CHECKPOINTS[i]] for i in levels],
+              "reshard_after_forward": sorted(set(reshard), reverse=True)}
+    return Plan(request_name(request), gpu, cluster, gpus, global_batch, ranked, rejected,
+                left_out + notes(request, results, layers) + routing_note(info, options), traces + cache.traces, layers,
+                options,
+                dict(request.overrides), request.seq_len or (info[2] if info else None), search)
+
+
+#: Processes a plan's searches run in (default: 2 where a fork is safe, else 1).
+WORKERS_ENV = "NNPERF_PLAN_WORKERS"
+
+
+_TASKS: list[Any] = []  # what a forked worker runs (inherited, nothing pickled)
+
+
+def _pipeline_shape(execution: Execution) -> tuple[Any, ...]:
+    """What sets a pipeline's bubble: its degree, schedule, chunks per rank and split."""
+    e = execution
+    return e.pipeline, e.pipeline_schedule, e.virtual_stages, e.first_stage_layers, e.last_stage_layers, e.context
+
+
+def _in_workers(request: ModelRequest, options: TraceOptions, gpu: GPU, cluster: Cluster, layers: int | None,
+                groups: list[list[Execution]], slower_than: float | None = None,
+                work: dict[tuple[Any, ...], list[Planned]] | None = None,
+                levels: tuple[int, ...] = tuple(range(len(CHECKPOINTS)))) -> tuple[list[Planned], int]:
+    """``_search`` of each group of candidates (they share no traced role), in forked worker
+    processes where that is safe: each worker has its own traced roles; the results and the
+    number of traces come back."""
+    import os
+    import sys
+
+    from nnperf.search.fit_parallel import fork_is_safe, in_processes
+
+    groups = [g for g in groups if g]
+    wanted = os.environ.get(WORKERS_ENV)
+    workers = int(wanted) if wanted and wanted.isdigit() else min(2, os.cpu_count() or 1)
+    workers = min(workers, len(groups))
+    _TASKS[:] = [(request, options, gpu, cluster, layers, g, slower_than, work, levels) for g in groups]
+    progress.expect(sum(len({shape_key(e) for e in g}) for g in groups))  # ``_search``'s units
+    if workers <= 1 or not sys.platform.startswith("linux") or not fork_is_safe():
+        outputs = [_run_task(i) for i in range(len(groups))]
+    else:  # forked workers inherit the tasks; a Ctrl-C or SIGTERM stops them (``in_processes``)
+        outputs = in_processes(_run_task, list(range(len(groups))), workers, "fork")
+    results = [p for planned, _ in outputs for p in planned]
+    return results, sum(t for _, t in outputs)
+
+
+def _run_task(index: int) -> tuple[list[Planned], int]:
+    request, options, gpu, cluster, layers, group, slower_than, work, levels = _TASKS[index]
+    cache = RoleCache()
+    return _search(request, options, group, gpu, cluster, layers, cache, slower_than, work, levels), cache.traces
+
+
+def _search(request: ModelRequest, options: TraceOptions, candidates: list[Execution], gpu: GPU,
+            cluster: Cluster, layers: int | None, cache: RoleCache, slower_than: float | None = None,
+            work: dict[tuple[Any, ...], list[Planned]] | None = None,
+            allowed: tuple[int, ...] = tuple(range(len(CHECKPOINTS)))) -> list[Planned]:
+    """Per group (one ``shape_key``), the largest micro-batch that fits, found by bisection
+    (memory only grows with the micro-batch), without checkpointing and then with each
+    checkpointing level in turn while it lets a larger micro-batch fit: recomputation only
+    pays for itself through the larger micro-batch it makes room for, so a level is tried
+    only where the one before it could not fit the whole local batch at once, and only for
+    micro-batches larger than the one that level fitted. Which of them is fastest the ranking
+    decides.
+
+    Data-parallel kinds dominate one another in memory: HSDP, ZeRO-1 and DDP hold at least FSDP's
+    per-GPU state with the same activations, so they are searched only where FSDP fits, at
+    FSDP's checkpointing levels and micro-batches or smaller; a layout they cannot fit is not
+    traced, nor one whose model states alone cannot fit (``search.plan.states``, from FSDP's
+    trace). ``slower_than``: the fastest step found so far, below which a pipeline's first stage
+    must keep it to be traced to the end (``search.plan.pipeline``), and its GPUs' work (``work``,
+    ``same_work``) to be traced at all. ``allowed``: the indices of ``CHECKPOINTS`` the search
+    may use, in that order."""
+    groups: dict[tuple[Any, ...], list[Execution]] = {}
+    for execution in candidates:
+        groups.setdefault(shape_key(execution), []).append(execution)
+    order = sorted(groups, key=lambda k: k[0] != "fsdp")  # FSDP first: it bounds the others
+    fsdp_fits: dict[tuple[Any, ...], dict[int, Planned]] = {}  # rest of the key -> fit per checkpoint level
+    results: list[Planned] = []
+    for key in progress.counted(order):
+        members = sorted(groups[key], key=lambda e: -e.micro_batch)
+        rest = key[2:]
+        levels: Iterable[int] = allowed
+        largest: dict[int, int] = {}  # level -> the largest micro-batch FSDP fitted there
+        if key[0] != "fsdp" and any(k[0] == "fsdp" and k[2:] == rest for k in groups):
+            sibling_fits = fsdp_fits.get(rest)
+            if not sibling_fits:
+                continue  # FSDP of this shape fits nowhere: neither does HSDP/DDP
+            levels = sorted(sibling_fits)
+            largest = {level: fit.execution.micro_batch for level, fit in sibling_fits.items()}
+            sibling = sibling_fits[levels[0]]
+            first = [replace(e, checkpoint=CHECKPOINTS[levels[0]]) for e in members
+                     if e.micro_batch <= largest[levels[0]]]
+            bound = states_bound(sibling, sibling.execution.shard, first[0], options.optimizer) if first else None
+            if bound is not None and bound > capacity(gpu):
+                results.append(Planned(first[0], memory_bytes=bound, memory_bound=STATES_BOUND))
+                continue
+        above = 0  # micro-batches at or below this one are not worth recomputing for
+        for level in levels:
+            tried = [replace(e, checkpoint=CHECKPOINTS[level]) for e in members
+                     if above < e.micro_batch <= largest.get(level, e.micro_batch)]
+            if not tried:
+                continue
+            fit = _first_fit(tried, request, options, gpu, cluster, layers, cache, results, slower_than, work)
+            if fit is None:
+                continue
+            if key[0] == "fsdp":
+                fsdp_fits.setdefault(rest, {})[level] = fit
+            above = fit.execution.micro_batch
+            if above == members[0].micro_batch:
+                break  # the whole local batch at once: more recomputation only slows it down
+    return results
+
+
+def _first_fit(members: list[Execution], request: ModelRequest, options: TraceOptions, gpu: GPU,
+               cluster: Cluster, layers: int | None, cache: RoleCache, results: list[Planned],
+               slower_than: float | None = None, work: dict[tuple[Any, ...], list[Planned]] | None = None) -> Planned | None:
+    """The first of ``members`` (largest micro-batch first) that fits, by bisection; the layouts
+    that do not fit and the one found are added to ``results`` (a fitting one with more
+    accumulation than needed is only slower)."""
+    low, high, best = 0, len(members) - 1, None
+    while low <= high:
+        mid = (low + high) // 2
+        planned = (work and work_bound(members[mid], work, slower_than, capacity(gpu), layers)) or evaluate(
+            request, options, members[mid], gpu, cluster, layers=layers, cache=cache, prune=True,
+            slower_than=slower_than)
+        if planned.fits:
+            best, high = planned, mid - 1
+        else:
+            results.append(planned)
+            low = mid + 1
+    if best is not None:
+        results.append(best)
+    return best

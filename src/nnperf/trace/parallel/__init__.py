@@ -1,0 +1,101 @@
+"""Each parallelism strategy applied to a built workload, one module per strategy, and the
+one function that applies a layout's strategies in order (``apply_layout``).
+
+- ``tensor``: tensor (and sequence) parallelism, ``parallelize_module`` with the plan the model
+  declares (``tensor_parallel_plan()``), and torchtitan's loss parallelism;
+- ``expert``: expert parallelism of the zoo's mixture-of-experts layers (torchtitan's, on
+  DTensor), and FSDP2 over the experts' weights outside the expert group;
+- ``pipeline``: ``torch.distributed.pipelining`` stages and schedules over the split the model
+  declares (``pipeline_split()``);
+- ``data``: DDP (ZeRO-1 beside it) or FSDP2 / HSDP.
+
+Context parallelism is not applied to a workload: the plan models it in closed form on a traced
+rank (``search.plan.context``). The layout itself, and the names of its choices, are
+``nnperf.layout``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+from nnperf.layout import Execution
+from nnperf.trace.options import TraceOptions
+from nnperf.workload import Workload
+
+
+def apply_layout(workload: Workload, execution: Execution, options: TraceOptions, meshes: tuple[Any, ...],
+                 units: Callable[[nn.Module], list[str]], prepare: Callable[[Workload], Any] | None,
+                 step_contexts: contextlib.ExitStack, real: bool = False) -> Workload:
+    """Apply the layout's engines to a built workload, in torchtitan's order: tensor and expert
+    parallelism, activation checkpointing (``prepare``), the pipeline stages, then DDP or FSDP2.
+    ``meshes``: ``build_meshes(execution)``; ``step_contexts`` receives what the step must run
+    under (loss parallelism); ``real``: a real process group (``measure.distributed``), where
+    DDP runs as users run it, not with the fake process group's steady-state reducer and hook."""
+    from nnperf.trace.parallel.data import apply_data_parallel
+
+    tp_mesh, dp_mesh, pp_mesh, ep_mesh, experts_dp_mesh = meshes
+    if execution.tensor > 1:
+        from nnperf.trace.parallel.tensor import apply_tensor_parallel, check_divisible
+
+        check_divisible(workload.model, workload.info.get("config", {}), execution.tensor,
+                        execution.sequence_parallel, workload.info.get("seq_len"))
+        if apply_tensor_parallel(workload.model, tp_mesh, execution.sequence_parallel,
+                                 loss_parallel=execution.splits_logits):
+            step_contexts.enter_context(_loss_parallel())
+    if execution.expert > 1:
+        from nnperf.trace.parallel.expert import apply_experts
+
+        apply_experts(workload.model, execution.expert, ep_mesh)
+    if prepare is not None:
+        prepare(workload)
+    parts = [workload.model]
+    if execution.pipeline > 1:
+        from nnperf.trace.parallel.pipeline import pipeline_rank
+
+        workload.model = pipeline_rank(workload, execution, options, pp_mesh)
+        parts = list(workload.model.stages)
+    if execution.data_parallel == 1 and execution.data != "fsdp":
+        return workload
+    if execution.expert > 1:
+        from nnperf.trace.parallel.expert import explicit_prefetch, shard_experts
+
+        for part in parts:
+            shard_experts(part, experts_dp_mesh, execution, options.amp)
+        apply_data_parallel(workload, parts, execution, options.amp, dp_mesh, units, real, tp_mesh)
+        for part in parts:
+            explicit_prefetch(part, units(part))
+        return workload
+    apply_data_parallel(workload, parts, execution, options.amp, dp_mesh, units, real, tp_mesh)
+    return workload
+
+
+def _loss_parallel() -> Any:
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    return loss_parallel()
+
+
+def build_meshes(execution: Execution, device_type: str = "cpu") -> tuple[Any, Any, Any, Any, Any]:
+    """The tensor-, data- and pipeline-parallel (sub)meshes, sliced from one device mesh, and
+    with expert parallelism the expert group and the data-parallel mesh of the experts' weights
+    (torchtitan's ``ep`` and ``dp_shard_mod_ep``). A mesh reads its rank table with real
+    tensors: made and sliced before the fake mode starts."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    names, sizes = zip(*execution.mesh_shape(), strict=True)
+    mesh = init_device_mesh(device_type, sizes, mesh_dim_names=names)
+    expert_mesh = experts_data = None
+    if execution.expert > 1:
+        mesh["shard_mod_expert", "expert"]._flatten("shard")
+        expert_mesh = mesh["expert"]
+        experts_data = mesh[("replicate", "shard_mod_expert") if execution.data == "hsdp" else "shard_mod_expert"]
+    data = ("replicate", "shard") if execution.data == "hsdp" else ("shard" if execution.expert > 1 else names[1:2])
+    with warnings.catch_warnings():
+        # torchtitan slices its flattened data mesh ("dp_shard" over dp_shard_mod_ep x ep) the same way
+        warnings.filterwarnings("ignore", "Slicing a flattened dim", UserWarning)
+        return mesh["tensor"], mesh[data], mesh["pipeline"], expert_mesh, experts_data

@@ -1,0 +1,232 @@
+"""Data parallelism applied to a workload: DDP (and ZeRO-1 beside it) or FSDP2 (full shard, or
+HSDP over a replicate x shard mesh), with PyTorch's own engines.
+
+On a fake process group (one process tracing one rank) two things DDP does on real tensors
+only are done the engine's own way:
+- DDP checks that every rank has the same parameter shapes by reading their data; on a fake
+  process group every rank is this one, so the check is skipped.
+- DDP's C++ all-reduce hook reads its future's value, which a fake collective has none of:
+  a Python hook does the same all-reduce (``c10d.allreduce_`` on the bucket, then DDP
+  divides by the world size as its default hook does).
+- DDP rebuilds its buckets after the first step in the order gradients became ready;
+  ``_steady_state_reducer`` computes that order on a warm-up backward and builds the reducer
+  with the engine's own bucket assignment (``dist._compute_bucket_assignment_by_size``), so
+  the traced step is the steady state a real run reaches from its second step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from nnperf.layout import DDP_BUCKET_BYTES, Execution
+from nnperf.trace.clip import NORM_GROUPS
+from nnperf.trace.parallel.distributed_optimizer import (
+    SHARDED_BUCKETS,
+    ShardedBuckets,
+    gather_before_forward,
+    reduce_scatter_hook,
+    shard_buckets,
+)
+from nnperf.trace.recorder import GraphLabeler, ModuleStack
+from nnperf.workload import Workload, default_loss
+
+
+def apply_data_parallel(workload: Workload, parts: list[nn.Module], execution: Execution, amp: str | None,
+                        mesh: Any, units: Any, real: bool = False, tp_mesh: Any = None) -> None:
+    """DDP (ZeRO-1: with Megatron-LM's distributed optimizer on it) or FSDP2 over each of
+    ``parts`` (a pipeline rank's chunks; the model otherwise), on the data-parallel ``mesh``;
+    FSDP2 with ``units(part)`` its blocks. ``real``: a real process group
+    (``measure.distributed``), where DDP builds its first-step reducer and rebuilds it as users
+    run it, not the steady-state reducer a fake process group needs from the start."""
+    if not execution.replicates_parameters:
+        for part in parts:
+            fully_shard_blocks(part, mesh, units(part), execution.reshard_after_forward, amp)
+        return
+    # DDP over the data-parallel group of each (tensor, pipeline) coordinate; alone, that is
+    # every rank: the default group, as plain DDP runs
+    group = None if execution.data_parallel == execution.world else mesh.get_group()
+    sharded: list[ShardedBuckets] = []
+    if execution.pipeline > 1:
+        rank = workload.model
+        for i, chunk in enumerate(list(rank.stages)):
+            def ready(chunk: nn.Module = chunk, i: int = i) -> list[int]:
+                # the stage's input (the first's: a micro-batch of the samples), a backward from its output
+                tokens = rank.pipeline_inputs[0]
+                inputs = tokens[:tokens.shape[0] // rank.micro_batches] if chunk.first else rank.shapes[i][0]
+                return _gradient_ready_order(chunk, (inputs,), lambda out: out.float().sum())
+            rank.stages[i] = _ddp(chunk, ready, execution, group, real, sharded)
+    else:
+        def ready() -> list[int]:
+            return _gradient_ready_order(workload.model, workload.inputs, workload.loss_fn or default_loss)
+        workload.model = _ddp(workload.model, ready, execution, group, real, sharded)
+    # gradient clipping's norm: summed over what each rank holds a part of (ZeRO-1's shares,
+    # tensor parallelism's shards), as Megatron-LM's all-reduces of the squared norm
+    groups = []
+    if sharded:
+        setattr(workload.model, SHARDED_BUCKETS, sharded)
+        groups.append(group if group is not None else dist.group.WORLD)
+    if execution.tensor > 1:
+        groups.append(tp_mesh.get_group())
+    setattr(workload.model, NORM_GROUPS, [*getattr(workload.model, NORM_GROUPS, []), *groups])
+
+
+def mixed_precision(amp: str | None) -> Any:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from nnperf.trace.options import AMP_DTYPES
+
+    return MixedPrecisionPolicy(param_dtype=AMP_DTYPES[amp], reduce_dtype=torch.float32) if amp else \
+        MixedPrecisionPolicy()
+
+
+def fully_shard_blocks(model: nn.Module, mesh: Any, blocks: list[str], reshard: bool, amp: str | None = None) -> None:
+    """FSDP2 per block, then the root. With mixed precision (``--amp``) the parameters are
+    gathered in the compute dtype and gradients reduced in fp32 (``MixedPrecisionPolicy``, as
+    torchtitan's ``mixed_precision_param`` / ``mixed_precision_reduce`` defaults do)."""
+    from torch.distributed.fsdp import fully_shard
+
+    policy = mixed_precision(amp)
+    modules = dict(model.named_modules())
+    for name in blocks:
+        fully_shard(modules[name], mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+    # torchtitan leaves the root gathered after forward: backward needs it first
+    fully_shard(model, mesh=mesh, reshard_after_forward=False if blocks else reshard, mp_policy=policy)
+
+
+def _ddp(module: nn.Module, ready: Callable[[], list[int]], execution: Execution, group: Any, real: bool,
+         sharded: list[ShardedBuckets]) -> nn.Module:
+    """``module`` under DDP over ``group``: its tensor-parallel parameters made local first
+    (``localize_tensor_parallel``), its buckets those DDP rebuilds after its first step (``ready``:
+    the order backward finishes the gradients), on a fake process group built so from the start
+    (``_steady_state_reducer``); ZeRO-1 adds Megatron-LM's distributed optimizer
+    (``trace.parallel.distributed_optimizer``): its parameters laid out per bucket, the buckets
+    reduce-scattered, the parameters all-gathered as the next forward starts."""
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.nn.parallel import distributed as ddp_module
+
+    localize_tensor_parallel(module)
+    zero1 = execution.shards_optimizer_only
+    steady = not real or zero1  # ZeRO-1's parameter layout needs the steady-state buckets from the start
+    buckets, limits, first = _bucket_assignment(module, ready(), execution.bucket_bytes) if steady else ([], [], 0)
+    shards = shard_buckets(module, buckets, group) if zero1 else None
+    verify = ddp_module._verify_param_shape_across_processes
+    if not real:  # every rank of a fake process group is this one: nothing to compare
+        ddp_module._verify_param_shape_across_processes = lambda *a, **k: None
+    try:
+        ddp = DistributedDataParallel(module, bucket_cap_mb=execution.bucket_bytes / 2**20, process_group=group,
+                                      gradient_as_bucket_view=zero1)
+    finally:
+        ddp_module._verify_param_shape_across_processes = verify
+    if steady:
+        _steady_state_reducer(ddp, buckets, limits, first, execution.bucket_bytes, zero1)
+    if shards is not None:
+        ddp.register_comm_hook(shards, reduce_scatter_hook)
+        gather_before_forward(ddp, shards)
+        sharded.append(shards)
+    elif not real:
+        ddp.register_comm_hook(ddp.process_group, _allreduce_hook)
+    return ddp
+
+
+def _bucket_assignment(module: nn.Module, order: list[int], bucket_bytes: int) -> tuple[list[list[int]], list[int], int]:
+    """The buckets DDP rebuilds after its first step (trainable parameters' indices, each
+    bucket in gradient-ready order), their size limits and the first bucket's cap: filled in
+    ``order``, the first capped at ``dist._DEFAULT_FIRST_BUCKET_BYTES`` when the cap is DDP's
+    default (as ``_BucketCapacityConfig`` and the C++ rebuild do)."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    first = dist._DEFAULT_FIRST_BUCKET_BYTES if bucket_bytes == DDP_BUCKET_BYTES else bucket_bytes
+    ordered = [params[i] for i in order]
+    limits = [first, bucket_bytes] if first < bucket_bytes else [bucket_bytes]
+    buckets, per_bucket = dist._compute_bucket_assignment_by_size(ordered, limits, [False] * len(ordered))
+    return [[order[i] for i in bucket] for bucket in buckets], per_bucket, first
+
+
+def _gradient_ready_order(model: nn.Module, inputs: tuple[Any, ...], loss_fn: Any) -> list[int]:
+    """Indices of the trainable parameters in the order backward finishes their gradients
+    (what DDP's reducer records in its first step and rebuilds its buckets by)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    index = {id(p): i for i, p in enumerate(params)}
+    order: list[int] = []
+    handles = [p.register_post_accumulate_grad_hook(lambda p: order.append(index[id(p)])) for p in params]
+    try:
+        # under the tracer's substitutions (fused attention, native dropout), as the traced step
+        # and a checkpointed block's recomputation run
+        with GraphLabeler(ModuleStack({})):
+            output = model(*inputs)
+            loss_fn(output).backward()
+    finally:
+        for h in handles:
+            h.remove()
+        for p in params:
+            p.grad = None
+    return list(dict.fromkeys(order)) + [i for i in range(len(params)) if i not in set(order)]
+
+
+def _steady_state_reducer(ddp: Any, buckets: list[list[int]], limits: list[int], first: int, bucket_bytes: int,
+                          as_views: bool) -> None:
+    """Replace the first-step reducer (one bucket) by the one DDP rebuilds after step 1
+    (``_bucket_assignment``); ``as_views``: the gradients are views of the buckets."""
+    params = [p for p in ddp.module.parameters() if p.requires_grad]
+    reducer = dist.Reducer(
+        params, buckets, limits, ddp.process_group, [False] * len(params), bucket_bytes,
+        False, as_views, {}, first, False, False, [], False,
+    )
+    ddp.reducer = reducer
+    ddp.logger = dist.Logger(reducer)
+    reducer.set_logger(ddp.logger)
+
+
+def _allreduce_hook(group: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP's default all-reduce (sum over the group, divided by its size), completed at once."""
+    buffer = bucket.buffer()
+    buffer.div_(dist.get_world_size(group))
+    dist.all_reduce(buffer, group=group)
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    future.set_result(buffer)
+    return future
+
+
+# DDP checks a hook's annotations as objects (this module's are strings: __future__).
+_allreduce_hook.__annotations__.update(group=Any, bucket=dist.GradBucket, return_=None)
+_allreduce_hook.__annotations__["return"] = torch.futures.Future[torch.Tensor]
+del _allreduce_hook.__annotations__["return_"]
+
+
+def localize_tensor_parallel(module: nn.Module) -> None:
+    """DDP buckets and reduces plain tensors: each DTensor parameter of ``module`` (tensor
+    parallelism's) becomes a parameter holding its local shard, and is made the same DTensor
+    again (``DTensor.from_local``, differentiable: its gradient reaches the local parameter) for
+    each forward of the module that owns it, shadowing the parameter in the module's
+    ``__dict__`` while it runs. What ``torch.distributed.tensor.parallel.ddp.
+    _pre_dp_module_transform`` does for TP with DDP, kept across steps (its version drops the
+    parameters after the first forward). A replicated parameter whose gradient is partial (a
+    sequence-parallel norm's) gets it all-reduced over the tensor-parallel group there, as
+    DTensor does."""
+    from torch.distributed.tensor import DTensor
+
+    for sub in module.modules():
+        owned = {name: p for name, p in sub._parameters.items() if isinstance(p, DTensor)}
+        if not owned:
+            continue
+        specs = {}
+        for name, p in owned.items():
+            local = nn.Parameter(p._local_tensor, requires_grad=p.requires_grad)
+            sub._parameters[name] = local
+            specs[name] = (p.device_mesh, p.placements, p.shape, p.stride())
+
+        def to_dtensor(m: nn.Module, args: Any, specs: dict[str, Any] = specs) -> None:
+            for name, (mesh, placements, shape, stride) in specs.items():
+                m.__dict__[name] = DTensor.from_local(m._parameters[name], mesh, placements, run_check=False,
+                                                      shape=shape, stride=stride)
+
+        def to_local(m: nn.Module, args: Any, output: Any, specs: dict[str, Any] = specs) -> None:
+            for name in specs:
+                m.__dict__.pop(name, None)
+
+        sub.register_forward_pre_hook(to_dtensor)
+        sub.register_forward_hook(to_local)

@@ -1,0 +1,215 @@
+"""ZeRO-1 as Megatron-LM's distributed optimizer runs it, on PyTorch's DDP.
+
+Megatron-LM (``megatron/core/distributed/param_and_grad_buffer.py``,
+``megatron/core/optimizer/distrib_optimizer.py``) keeps each model chunk's gradients in one
+contiguous buffer split into buckets; with ``--use-distributed-optimizer`` a bucket whose
+gradients are all ready is reduce-scattered over the data-parallel group (overlapped with
+backward: ``--overlap-grad-reduce``), each rank owning an even share of every bucket; each rank
+updates the optimizer state and the parameters of its share only, and the parameters are
+all-gathered bucket by bucket before the next forward needs them (``--overlap-param-gather``:
+dispatched as the forward starts, waited per bucket). PyTorch has no such engine; it is written
+here on PyTorch's own pieces:
+
+- the gradient buffer and its buckets are DDP's (``gradient_as_bucket_view``: the gradients
+  are views of the buckets, one copy as in Megatron), with the steady-state bucket order DDP
+  rebuilds after its first step (``trace.parallel.data``), and the reduce-scatter a DDP
+  communication hook (``reduce_scatter_hook``);
+- each bucket's parameters are views of one flat buffer laid out as the bucket is, so the
+  all-gather writes them in place (``ShardedBuckets``);
+- the optimizer is the step's own (``torch.optim.AdamW`` ...) over this rank's share of each
+  bucket (``DistributedOptimizer``).
+
+A bucket's share is ``n // dp`` elements per rank. Megatron pads its buffers so every bucket
+divides; DDP's do not, so the last ``n % dp`` elements (fewer than ``dp``) of such a bucket are
+all-reduced and updated by every rank: one small all-reduce more per such bucket, and at most
+``dp - 1`` elements of replicated optimizer state. The optimizer state is in the parameters'
+dtype, as every other engine here runs the optimizer (Megatron's fp32 master copy of a bf16
+model's share is not modelled).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+#: Set on the model a layout wraps for ZeRO-1: the ``ShardedBuckets`` of each of its DDP modules
+#: (a pipeline rank has one per chunk); ``trace.step.make_optimizer`` builds the optimizer on them.
+SHARDED_BUCKETS = "nnperf_sharded_buckets"
+
+
+@dataclass
+class Bucket:
+    """One DDP bucket's parameters, their flat buffer and this rank's share of it."""
+
+    params: list[nn.Parameter]
+    flat: torch.Tensor  # the parameters' storage, in the bucket's order
+    share: nn.Parameter  # flat[rank * per : (rank + 1) * per]: updated here
+    tail: nn.Parameter | None  # flat[dp * per:], fewer than dp elements: updated by every rank
+    per: int  # elements of one rank's share
+
+
+@dataclass
+class ShardedBuckets:
+    """A DDP module's buckets over its data-parallel ``group``; ``needs_gather``: the shares
+    were updated since the parameters were last all-gathered."""
+
+    group: Any
+    rank: int
+    size: int
+    buckets: list[Bucket] = field(default_factory=list)
+    needs_gather: bool = True
+
+    def optimized(self) -> Iterator[nn.Parameter]:
+        for bucket in self.buckets:
+            yield bucket.share
+            if bucket.tail is not None:
+                yield bucket.tail
+
+    def gather(self) -> None:
+        """All-gather every bucket's updated shares into its flat buffer (the parameters), in
+        forward order (DDP's buckets are in backward order)."""
+        self.needs_gather = False
+        for bucket in reversed(self.buckets):
+            if bucket.per:
+                with warnings.catch_warnings():  # renamed all_gather_single in recent torch; same op
+                    warnings.simplefilter("ignore", FutureWarning)
+                    dist.all_gather_into_tensor(bucket.flat[:self.size * bucket.per], bucket.share.data,
+                                                group=self.group)
+
+
+def shard_buckets(module: nn.Module, buckets: list[list[int]], group: Any) -> ShardedBuckets:
+    """Lay each bucket's parameters (indices into ``module``'s trainable parameters, in the
+    bucket's order) out in one flat buffer, rebinding the module's parameters to views of it,
+    and cut this rank's share. Called before DDP wraps ``module``, which then holds the views."""
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    params = [p for p in module.parameters() if p.requires_grad]
+    owners = {id(p): [] for p in params}
+    for sub in module.modules():
+        for name, p in sub._parameters.items():
+            if p is not None and id(p) in owners:
+                owners[id(p)].append((sub, name))
+    sharded = ShardedBuckets(group, rank, size)
+    for indices in buckets:
+        members = [params[i] for i in indices]
+        numel = sum(p.numel() for p in members)
+        flat = torch.empty(numel, dtype=members[0].dtype, device=members[0].device)
+        views = []
+        offset = 0
+        for p in members:
+            with torch.no_grad():
+                view = flat[offset:offset + p.numel()].view_as(p)
+                view.copy_(p)
+            new = nn.Parameter(view, requires_grad=p.requires_grad)
+            for sub, name in owners[id(p)]:  # tied weights stay one parameter
+                sub._parameters[name] = new
+            views.append(new)
+            offset += p.numel()
+        per = numel // size
+        share = nn.Parameter(flat[rank * per:(rank + 1) * per], requires_grad=True)
+        tail = nn.Parameter(flat[size * per:], requires_grad=True) if numel % size else None
+        sharded.buckets.append(Bucket(views, flat, share, tail, per))
+    return sharded
+
+
+def reduce_scatter_hook(state: ShardedBuckets, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Average the bucket's gradients and reduce-scatter them: this rank's share of the bucket's
+    buffer holds the sum of every rank's (and the tail, fewer than ``dp`` elements, is
+    all-reduced); the share's gradient is that part of the buffer."""
+    buffer = bucket.buffer()
+    mine = state.buckets[bucket.index()]
+    got, want = bucket.parameters(), mine.params
+    if len(got) != len(want) or any(a is not b for a, b in zip(got, want, strict=True)):
+        raise RuntimeError("DDP's bucket is not the one the distributed optimizer laid out")
+    buffer.div_(state.size)  # Megatron scales by 1 / dp before reducing
+    per, size, rank = mine.per, state.size, state.rank
+    if per:
+        with warnings.catch_warnings():  # renamed reduce_scatter_single in recent torch; same op
+            warnings.simplefilter("ignore", FutureWarning)
+            dist.reduce_scatter_tensor(buffer[rank * per:(rank + 1) * per], buffer[:size * per], group=state.group)
+        mine.share.grad = buffer[rank * per:(rank + 1) * per]
+    if mine.tail is not None:
+        dist.all_reduce(buffer[size * per:], group=state.group)
+        mine.tail.grad = buffer[size * per:]
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    future.set_result(buffer)
+    return future
+
+
+# DDP checks a hook's annotations as objects (this module's are strings: __future__).
+reduce_scatter_hook.__annotations__.update(state=ShardedBuckets, bucket=dist.GradBucket,
+                                           **{"return": torch.futures.Future[torch.Tensor]})
+
+
+def gather_before_forward(ddp: nn.Module, sharded: ShardedBuckets) -> None:
+    """Megatron's ``--overlap-param-gather``: the parameters updated by the last step are
+    all-gathered as the next forward starts (every bucket's issued at once, in forward order;
+    each compute kernel waits for the bucket it reads), once per step however many
+    micro-batches run forward."""
+    def gather(module: nn.Module, args: Any) -> None:
+        if sharded.needs_gather:
+            sharded.gather()
+
+    ddp.register_forward_pre_hook(gather)
+
+
+class DistributedOptimizer:
+    """The step's optimizer over this rank's share of every bucket (``optimizer``: built by
+    ``trace.step.make_optimizer`` over ``shares``). ``step`` updates the shares and marks the
+    parameters for the all-gather before the next forward (``gather_before_forward``)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, sharded: list[ShardedBuckets]) -> None:
+        self.optimizer = optimizer
+        self.sharded = sharded
+
+    @staticmethod
+    def shares(sharded: list[ShardedBuckets]) -> list[nn.Parameter]:
+        return [p for s in sharded for p in s.optimized()]
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    @property
+    def state(self) -> Any:
+        return self.optimizer.state
+
+    def register_step_pre_hook(self, hook: Any) -> Any:
+        """``torch.optim.Optimizer``'s hook before each step, called with this optimizer."""
+        return self.optimizer.register_step_pre_hook(lambda _, args, kwargs: hook(self, args, kwargs))
+
+    def step(self, closure: Any = None) -> Any:
+        missing = [p for p in self.shares(self.sharded) if p.grad is None]
+        for p in missing:  # a warm-up step before any backward (trace.capture): zero gradients
+            p.grad = torch.zeros_like(p)
+        result = self.optimizer.step(closure)
+        for p in missing:
+            p.grad = None
+        for s in self.sharded:
+            s.needs_gather = True
+        return result
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """The shares' gradients (views of DDP's buckets, bound again by the next reduce-scatter)
+        dropped, and the model's: set to None, or zeroed in their buckets, as Megatron-LM zeroes
+        its gradient buffer."""
+        for p in self.shares(self.sharded):
+            p.grad = None
+        for s in self.sharded:
+            for bucket in s.buckets:
+                for p in bucket.params:
+                    if set_to_none:
+                        p.grad = None
+                    elif p.grad is not None:
+                        p.grad.zero_()
+
+    def finish(self) -> None:
+        """All-gather the last update now (where no forward follows: a check of the weights)."""
+        for s in self.sharded:
+            if s.needs_gather:
+                s.gather()

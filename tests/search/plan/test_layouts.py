@@ -1,0 +1,40 @@
+"""The candidate layouts (search.plan.layouts): which engines each tensor x pipeline degree gets,
+which splits of the layers the pipelines take, and a global batch the data-parallel ranks cannot
+split."""
+
+from __future__ import annotations
+
+import pytest
+
+from nnperf.errors import UsageError
+from nnperf.search.plan.layouts import PipelineSplitChoice, layouts
+
+
+def test_megatrons_data_parallelism_beside_tensor_and_pipeline_parallelism():
+    """DDP and ZeRO-1 now go with every tensor x pipeline degree, as FSDP and HSDP do (8 GPUs of
+    node each: HSDP shards over the 4 tensor-parallel groups of a node)."""
+    found = layouts(32, 8, 64, tensor=[2], pipeline=[2], schedules=["1f1b"])
+    assert {e.data for e in found} == {"ddp", "zero1", "fsdp", "hsdp"}
+    assert all(e.tensor == 2 and e.pipeline == 2 for e in found)
+
+
+def test_a_global_batch_only_model_parallelism_can_split():
+    """12 sequences over 8 GPUs: no data parallelism alone (one line naming valid batches), but
+    tensor parallelism 2 leaves 4 data-parallel ranks of 3 sequences each."""
+    with pytest.raises(UsageError, match="--global-batch 12 does not divide over 8 data-parallel ranks"):
+        layouts(8, 8, 12)
+    found = layouts(8, 8, 12, tensor=[1, 2])
+    assert found and {e.tensor for e in found} == {2} and {e.global_batch for e in found} == {12}
+
+
+def test_virtual_stages_and_shortened_stages_the_layers_allow():
+    """24 layers over 4 stages, 6 a rank: interleaving with 2 or 3 chunks per rank (3 or 2 layers
+    a chunk); 5 chunks do not divide them and are left out. 12 layers with the first and last
+    stages shortened to 2 need the 2 between at 4 each: 2 + 4 + 4 + 2; with 5 and 4, the 3 left do not
+    split over the 2 between."""
+    split = PipelineSplitChoice(virtual=(2, 3, 5))
+    found = layouts(8, 8, 16, pipeline=[4], schedules=["interleaved-1f1b"], layers=24, split=split)
+    assert {e.virtual_stages for e in found} == {2, 3}
+    uneven = layouts(8, 8, 16, pipeline=[4], schedules=["1f1b"], layers=12, split=PipelineSplitChoice(first=2, last=2))
+    assert uneven and all(e.chunk_layers(12) == (2, 4, 4, 2) for e in uneven)
+    assert not layouts(8, 8, 16, pipeline=[4], schedules=["1f1b"], layers=12, split=PipelineSplitChoice(first=5, last=4))

@@ -1,0 +1,41 @@
+"""The layout record's split of a pipeline's blocks (nnperf.layout.split_layers): the one place
+every caller gets its chunks from, so an uneven request is modelled or refused, never floored."""
+
+from __future__ import annotations
+
+import pytest
+
+from nnperf.errors import UsageError
+from nnperf.layout import Execution, split_layers
+
+
+def test_an_even_split_and_llama3_405b_shortened_first_and_last_stages():
+    assert split_layers(12, 4) == (3, 3, 3, 3)
+    assert split_layers(12, 2, 3) == (2,) * 6  # 2 stages x 3 virtual chunks
+    # Llama 3 405B: 126 layers over 16 stages, one layer fewer on the first and the last
+    assert split_layers(126, 16, 1, 7, 7) == (7, *(8,) * 14, 7)
+    assert split_layers(10, 4, 1, 2, 2) == (2, 3, 3, 2)
+    assert split_layers(10, 4, 1, 1, None) == (1, 3, 3, 3)  # the last as the stages between
+    assert split_layers(9, 2, 1, None, 4) == (5, 4)
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    ((10, 4), "10 layers do not split evenly into 4 pipeline stages; nearest valid pipeline degrees: 2 or 5"),
+    ((126, 16), "first = last = 7 (8 in each other stage)"),
+    ((12, 4, 2), "2 virtual stages do not divide the 3 layers per pipeline stage"),
+    ((10, 4, 1, 3, None), "an uneven split with first stage layers 3 cannot hold 10 layers in 4 pipeline stages"),
+    ((10, 4, 1, 5, 5), "valid: first = last = 2 (3 in each other stage)"),
+])
+def test_a_split_that_cannot_hold_the_layers_names_valid_ones(args, words):
+    with pytest.raises(UsageError, match=None) as raised:
+        split_layers(*args)
+    assert words in str(raised.value)
+
+
+def test_the_layout_gives_each_chunk_and_refuses_stage_layers_without_a_pipeline():
+    e = Execution(world=8, pipeline=4, pipeline_schedule="interleaved-1f1b", virtual_stages=2, grad_accum=4)
+    assert e.chunk_layers(16) == (2,) * 8 and e.chunks == 8
+    assert Execution(world=4, pipeline=4, pipeline_schedule="1f1b", grad_accum=4, first_stage_layers=2,
+                     last_stage_layers=2).chunk_layers(10) == (2, 3, 3, 2)
+    with pytest.raises(UsageError, match="need pipeline > 1"):
+        Execution(world=2, data="ddp", first_stage_layers=2).validate()

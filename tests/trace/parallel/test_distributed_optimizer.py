@@ -1,0 +1,149 @@
+"""ZeRO-1 as Megatron-LM's distributed optimizer on DDP (trace.parallel.distributed_optimizer),
+data parallelism alone: one rank traced on a fake process group against the same step run for
+real by torch.distributed on CPU with gloo in 3 processes (buckets that 3 ranks do not divide),
+per rank its parameter, gradient and optimizer-state bytes and every collective, in order; the
+update against one AdamW step of the whole model on the ranks' averaged gradients, computed on
+one process; each rank's share of every bucket."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from gloo_ranks import SeenCollectives, run_ranks
+from torch import nn
+
+from nnperf.errors import UsageError
+from nnperf.layout import Execution
+from nnperf.trace.distributed import sharded_bytes, trace_rank
+from nnperf.trace.options import TraceOptions
+from nnperf.workload import Workload
+
+pytestmark = pytest.mark.process
+
+WORLD = 3
+EXECUTION = Execution(world=WORLD, data="zero1", bucket_bytes=400)  # buckets of 100 fp32 elements
+OPTIONS = TraceOptions(optimizer="adamw")
+
+
+def _workload() -> Workload:
+    return Workload(model=_small(), inputs=(torch.zeros(4, 16),), loss_fn=lambda out: out.sum())
+
+
+def _real_step(execution: Execution):
+    from nnperf.measure.step import build_step
+    from nnperf.trace.parallel import apply_layout, build_meshes
+
+    meshes = build_meshes(execution)
+    torch.manual_seed(0)
+    return build_step(_workload, OPTIONS, torch.device("cpu"), wrap=lambda w: apply_layout(
+        w, execution, OPTIONS, meshes, lambda m: [], None, contextlib.ExitStack(), real=True))
+
+
+def _worker(rank: int) -> tuple[list[tuple[str, int]], dict[str, int]]:
+    step = _real_step(EXECUTION)
+    step.step.zero_grad = False
+
+    def storage_bytes(tensors):
+        return sum({id(t.untyped_storage()): t.untyped_storage().nbytes() for t in tensors}.values())
+
+    for n in range(3):  # the third step is the steady state (DDP rebuilds its buckets after the first)
+        step.step.inputs = (_samples(rank, n),)
+        seen = SeenCollectives()
+        with seen:
+            step.run()
+        params = list(step.workload.model.parameters())
+        state = {"parameters": storage_bytes(params), "gradients": storage_bytes(p.grad for p in params),
+                 "optimizer_state": storage_bytes(v for s in step.optimizer.state.values() for v in s.values())}
+        step.optimizer.zero_grad(set_to_none=True)
+    return seen.seen, state
+
+
+@pytest.fixture(scope="module")
+def real_runs():
+    return run_ranks(_worker, WORLD, timeout_s=120)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rank", range(WORLD))
+def test_fake_process_group_reproduces_gloo(real_runs, rank):
+    real_collectives, real_bytes = real_runs[rank]
+    traced = trace_rank(_workload, OPTIONS, EXECUTION, lambda m: [], rank=rank)
+    assert [(c.kind, c.bytes) for c in traced.collectives] == real_collectives
+    assert sharded_bytes(traced) == real_bytes
+
+
+@pytest.mark.slow
+def test_zero1_is_one_adamw_step_on_the_averaged_gradients():
+    """3 steps on 2 ranks, each fed its own samples, against AdamW on one process over the mean
+    of the two ranks' gradients (its weights 16x33 and 33x5: the bias of 33 elements leaves a
+    bucket of an odd size, whose last element every rank updates)."""
+    results = run_ranks(_zero1_worker, 2, timeout_s=120)
+    torch.manual_seed(0)
+    reference = _small()
+    optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-3)
+    for step in range(3):
+        grads = []
+        for rank in range(2):
+            reference.zero_grad()
+            reference(_samples(rank, step)).sum().backward()
+            grads.append([p.grad.clone() for p in reference.parameters()])
+        for p, a, b in zip(reference.parameters(), *grads, strict=True):
+            p.grad = (a + b) / 2
+        optimizer.step()
+    expected = [p.detach() for p in reference.parameters()]
+    for rank in range(2):
+        for got, want in zip(results[rank], expected, strict=True):
+            torch.testing.assert_close(got, want)
+
+
+def _small() -> nn.Module:
+    return nn.Sequential(nn.Linear(16, 33), nn.ReLU(), nn.Linear(33, 5))
+
+
+def _samples(rank: int, step: int) -> torch.Tensor:
+    return torch.randn(4, 16, generator=torch.Generator().manual_seed(100 * step + rank))
+
+
+def _zero1_worker(rank: int) -> list[torch.Tensor]:
+    step = _real_step(Execution(world=2, data="zero1", bucket_bytes=400))
+    for n in range(3):
+        step.step.inputs = (_samples(rank, n),)
+        step.run()
+    step.optimizer.finish()
+    return [p.detach().clone() for p in step.workload.model.module.parameters()]
+
+
+def test_zero1_shares_each_bucket_evenly():
+    """The 16x33 + 33 + 33x5 + 5 elements of the small model in buckets of at most 100 elements,
+    2 ranks: each rank's optimizer state is its half of every bucket (an odd bucket's last
+    element on both), 2 fp32 moments per element and AdamW's 4-byte step per share."""
+    traced = trace_rank(_workload, OPTIONS, Execution(world=2, data="zero1", bucket_bytes=400), lambda m: [])
+    sizes = [b.bytes // 4 for b in traced.collectives if b.kind == "reduce_scatter"]
+    assert sum(sizes) + sum(c.bytes // 4 for c in traced.collectives if c.kind == "all_reduce") == 16 * 33 + 33 + 33 * 5 + 5
+    shares = sum(n // 2 + n % 2 for n in _bucket_sizes(traced))
+    tensors = len(_bucket_sizes(traced)) + sum(n % 2 for n in _bucket_sizes(traced))
+    assert sharded_bytes(traced)["optimizer_state"] == 8 * shares + 4 * tensors
+
+
+def _bucket_sizes(traced) -> list[int]:
+    """Each bucket's elements: a reduce-scatter's input, and the odd element all-reduced after it."""
+    sizes: list[int] = []
+    for c in traced.collectives:
+        if c.kind == "reduce_scatter":
+            sizes.append(c.bytes // 4)
+        elif c.kind == "all_reduce" and c.phase == "backward":
+            sizes[-1] += c.bytes // 4
+    return sizes
+
+
+
+
+def test_zero1_needs_data_parallel_ranks_and_a_schedule_ddp_can_run():
+    with pytest.raises(UsageError, match="zero1 shards the optimizer state"):
+        Execution(world=1, data="zero1").validate()
+    with pytest.raises(UsageError, match="zero-bubble schedule is not modelled"):
+        Execution(world=4, data="zero1", pipeline=2, pipeline_schedule="zero-bubble", virtual_stages=2,
+                  grad_accum=2).validate()
+    Execution(world=8, data="zero1", tensor=2, pipeline=2, pipeline_schedule="1f1b", grad_accum=2).validate()
