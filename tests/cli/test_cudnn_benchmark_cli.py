@@ -32,17 +32,8 @@ def test_predict_json_and_text_state_the_setting():
     assert "TF32 matmuls off, cudnn.benchmark on" in text
 
 
-def test_compare_passes_it_to_every_gpu(monkeypatch):
-    import nnperf.prediction as prediction
-
-    seen = []
-    real = prediction.predict_analysis
-
-    def spy(analysis, gpu, profile=None, timing=None, memory=None):
-        seen.append(timing)
-        return real(analysis, gpu, profile, timing, memory)
-
-    monkeypatch.setattr(prediction, "predict_analysis", spy)
+def test_compare_passes_it_to_every_gpu(predicted_timings):
+    seen = predicted_timings
     result = run("compare", *MLP, "--gpus", "a100,h100", "--cudnn-benchmark", "--json")
     assert result.exit_code == 0, result.output
     assert len(seen) == 2 and all(t.cudnn_benchmark for t in seen)

@@ -119,17 +119,8 @@ def test_cudnn_benchmark_is_part_of_a_configuration_and_its_record():
         Config.from_record(dict(on.to_json(), cudnn_benchmark="yes", config=on.name))
 
 
-def test_repredict_predicts_with_the_records_settings(monkeypatch):
-    import nnperf.prediction as prediction
-
-    seen = []
-    real = prediction.predict_analysis
-
-    def spy(analysis, gpu, profile=None, timing=None, memory=None):
-        seen.append(timing)
-        return real(analysis, gpu, profile, timing, memory)
-
-    monkeypatch.setattr(prediction, "predict_analysis", spy)
+def test_repredict_predicts_with_the_records_settings(predicted_timings):
+    seen = predicted_timings
     record = Config("mlp", False, "tf32", 16, cudnn_benchmark=True).to_json()
     repredict(record, "h100")
     assert [(t.tf32_matmul, t.cudnn_benchmark) for t in seen] == [(True, True)]
