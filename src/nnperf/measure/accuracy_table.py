@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from nnperf.accuracy import MeasuredRun, RunTraits, gpu_traits
 
@@ -23,6 +24,8 @@ ERROR_DIGITS = 4
 #: of the last stored digit (a value on a rounding boundary may round either way).
 TOLERANCE = 10.0 ** -ERROR_DIGITS * 1.001
 PUBLISHED_PRECISION = {"amp-fp16": "fp16", "amp-bf16": "bf16"}
+#: How a published row's ``MeasuredRun.source`` starts (then the rows' file).
+PUBLISHED_SOURCE = "published:"
 
 
 def _error(predicted: float, measured: float) -> float:
@@ -55,21 +58,23 @@ def harness_runs(folder: Path) -> list[MeasuredRun]:
     return out
 
 
-def published_runs(folder: Path) -> list[MeasuredRun]:
-    """The published single-GPU training and inference rows nnperf can build, re-predicted."""
+def published_runs(folder: Path, recs: list[dict[str, Any]] | None = None) -> list[MeasuredRun]:
+    """The published single-GPU training and inference rows nnperf can build, re-predicted
+    (``recs``: ``published.records`` of the folder's rows where the caller has them already:
+    the rows' error tables and this table are then one prediction, not minutes of CPU twice)."""
     from nnperf.measure.published import load_rows, records, zoo_model
     from nnperf.measure.validation import family_of
 
     rows = {row["id"]: row for row in load_rows(folder) if row.get("task") in ("training", "inference")}
     out = []
-    for rec in records(rows.values()):
-        if "not_reproducible" in rec:
+    for rec in records(rows.values()) if recs is None else recs:
+        if "not_reproducible" in rec or rec["config"] not in rows:
             continue
         row = rows[rec["config"]]
         precision = PUBLISHED_PRECISION.get(row["nnperf_precision"], row["nnperf_precision"])
         traits = _traits(row["gpu_catalog"], family_of(zoo_model(row) or ""), precision,
                          row["task"] == "training", rec["predicted_bound"])
-        out.append(MeasuredRun(row["id"], f"published:{row['file']}", row.get("grade"), traits,
+        out.append(MeasuredRun(row["id"], f"{PUBLISHED_SOURCE}{row['file']}", row.get("grade"), traits,
                                _error(rec["predicted_step_time_s"], rec["measured_step_time_s"])))
     return out
 
@@ -81,6 +86,11 @@ def build_table(validation: Path) -> list[MeasuredRun]:
     for baseline in sorted((validation / "data").glob("*/baseline.json")):
         runs += harness_runs(baseline.parent)
     return runs + published_runs(validation / "published")
+
+
+def is_published(run: MeasuredRun) -> bool:
+    """A published row's run (``published_runs``), not one of nnperf's own (``harness_runs``)."""
+    return run.source.startswith(PUBLISHED_SOURCE)
 
 
 def stale_rows(committed: Iterable[MeasuredRun], fresh: Iterable[MeasuredRun]) -> list[str]:
