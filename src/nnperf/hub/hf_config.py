@@ -95,16 +95,16 @@ def from_dict(config: dict[str, Any], name: str, transformers: ModuleType) -> An
             "(trust_remote_code): upgrade transformers if a newer release has it, or write a "
             "factory (PATH.py:FACTORY) that builds the model"
         )
-    check_counts(config, f"hf:{name}")  # before transformers builds per-layer lists from them
     config_class = CONFIG_MAPPING[model_type]
     try:
         defaults = config_class()
     except Exception:  # a class that needs arguments: its fields are checked by transformers only
         defaults = None
-    if defaults is not None:
+    if defaults is not None:  # each field's kind first: 1e30 layers is not a whole number
         for key, value in config.items():
             if hasattr(defaults, key):
                 config_value(getattr(defaults, key), value, f"hf:{name}: config field {key}")
+    check_counts(config, f"hf:{name}")  # then the sizes, before transformers builds per-layer lists
     try:
         return config_class.from_dict(config)
     except Exception as err:  # a config class validates as it likes

@@ -86,12 +86,15 @@ def builder(request: HubRequest) -> tuple[str, Callable[[], Workload]]:
 
 def _override(config: Any, overrides: dict[str, Any], target: str) -> None:
     """``-O key=value`` sets an existing config field; a typo is refused, not added."""
-    check_counts(overrides, target)
-    for key, value in overrides.items():
+    values = {}
+    for key, value in overrides.items():  # each one's name and kind first, then the sizes
         if not hasattr(config, key):
             raise ModelOptionError(f"-O {key}={shown(value)}: {type(config).__name__} of {target} "
                                    f"has no field {key!r} (see its config.json)")
-        setattr(config, key, config_value(getattr(config, key), value, f"-O {key}={shown(value)}"))
+        values[key] = config_value(getattr(config, key), value, f"-O {key}={shown(value)}")
+    check_counts(values, target)
+    for key, value in values.items():
+        setattr(config, key, value)
 
 
 def _max_positions(config: Any) -> int | None:

@@ -247,7 +247,7 @@ def _context(method: str) -> Any:
         # started with the stop signals held, the server and the resource tracker (which
         # the pool's queues start) never take them, so no Ctrl-C prints their tracebacks (the
         # parent decides, and they end with it); one that comes meanwhile is handled here
-        with stopping.held():
+        with stopping.held(), stopping.unheard_by_children():
             resource_tracker.ensure_running()
             forkserver.ensure_running()
     return context
