@@ -5,14 +5,16 @@ Why the careful exit: a rank that leaves through interpreter finalization while 
 still hold work can abort ("terminate called without an active exception", SIGABRT; seen in CI
 on torch 2.14.1+cu130; pytorch/pytorch#179291, an abandoned PR, describes the same crash for
 processes that leave without destroying their group). Every rank therefore hands its result over
-first, waits for the others at a barrier, destroys the group and leaves with ``os._exit``: nothing
-is left for finalization to tear down. A rank that fails or hangs past the deadline fails the
+first (pickled by value, so nothing of it depends on the rank still running), waits for the
+others at a barrier, destroys the group and leaves with ``os._exit``: nothing is left for
+finalization to tear down. A rank that fails or hangs past the deadline fails the
 test and the others are killed, so pytest never waits on them.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import queue as queue_module
 import socket
 import time
@@ -40,7 +42,7 @@ def run_ranks(worker: Callable[[int], Any], world: int, timeout_s: float) -> dic
         while len(results) < world:  # read while the ranks run: a large result cannot fill the pipe
             try:
                 rank, value = results_queue.get(timeout=1)
-                results[rank] = value
+                results[rank] = pickle.loads(value)
             except queue_module.Empty:
                 ranks.join(timeout=0)  # raises with the rank's own error when one failed
                 if time.monotonic() > deadline:
@@ -60,7 +62,10 @@ def _rank_main(rank: int, worker: Callable[[int], Any], world: int, port: int, r
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    results_queue.put((rank, worker(rank)))
+    # pickled here, by value: a tensor put on a torch.multiprocessing queue as it is travels as a
+    # shared-memory handle that its rank must still serve when the parent reads it, and this rank
+    # exits right after the barrier (seen in CI: ConnectionResetError in the parent's get)
+    results_queue.put((rank, pickle.dumps(worker(rank))))
     results_queue.close()
     results_queue.join_thread()
     dist.barrier()
