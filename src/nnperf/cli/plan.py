@@ -179,10 +179,10 @@ def _global_batch_of(tokens: int, global_batch: int | None, request: Any) -> int
     if not seq:
         raise UsageError(f"--tokens-per-step {tokens}: give the sequence length (--seq) to divide it by")
     if tokens % seq:
-        low, high = tokens // seq * seq, (tokens // seq + 1) * seq
-        nearest = f"{low} or {high}" if low else str(high)
+        from nnperf.search.accumulation import nearest_multiples
+
         raise UsageError(f"--tokens-per-step {tokens} is not a whole number of {seq}-token sequences; "
-                         f"nearest: {nearest} (or --global-batch in sequences)")
+                         f"nearest: {nearest_multiples(tokens, seq)} (or --global-batch in sequences)")
     return tokens // seq
 
 

@@ -59,14 +59,19 @@ class BatchSplit:
         return cls(global_batch, ranks, micro_batch, local // micro_batch)
 
 
+def nearest_multiples(value: int, step: int) -> str:
+    """The multiples of ``step`` either side of ``value``, as a refusal names them ("8 or 16";
+    only the upper one when the lower is 0)."""
+    low, high = value // step * step, (value // step + 1) * step
+    return f"{low} or {high}" if low else str(high)
+
+
 def local_batch(global_batch: int, ranks: int) -> int:
     """Each data-parallel rank's share of the global batch; an uneven share is one line with
     the nearest global batches that split evenly."""
     if global_batch % ranks:
-        low, high = global_batch // ranks * ranks, (global_batch // ranks + 1) * ranks
-        batches = f"{low} or {high}" if low else str(high)
         raise UsageError(f"--global-batch {global_batch} does not divide over {ranks} data-parallel ranks; "
-                         f"nearest global batches that do: {batches}")
+                         f"nearest global batches that do: {nearest_multiples(global_batch, ranks)}")
     return global_batch // ranks
 
 
