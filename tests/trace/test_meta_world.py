@@ -173,3 +173,54 @@ def test_an_accelerator_factory_builds_on_meta_in_a_meta_trace():
 
     meta, fake = _both(lambda: build_as_user_code(build))
     _assert_same(meta, fake)
+
+
+CONV = torch.ops.aten.convolution.default
+BATCH_NORM = torch.ops.aten.native_batch_norm.default
+
+
+def _conv_args(x: torch.Tensor, w: torch.Tensor) -> tuple:
+    return (x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+
+
+@pytest.mark.parametrize("channels_last", [False, True, False], ids=["nchw", "nhwc", "nchw-again"])
+def test_a_cpu_shaped_op_answers_as_the_cpu_kernel_each_time_its_inputs_layout_comes_back(channels_last):
+    """The CPU-shaped ops' output layouts are kept by their inputs' shapes, strides and
+    arguments: the same shapes in another memory format are another call (the NHWC case between
+    two NCHW ones would be answered wrongly by a key of shapes alone), each against the real CPU
+    kernel's output."""
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    real = CONV(*_conv_args(torch.randn(2, 3, 8, 8).to(memory_format=fmt), torch.randn(4, 3, 3, 3)))
+    x = torch.empty(2, 3, 8, 8, device="meta").to(memory_format=fmt)
+    for _ in range(2):  # a kept answer is a fresh tensor of the same layout
+        out = meta_world.call(CONV, _conv_args(x, torch.empty(4, 3, 3, 3, device="meta")), {})
+        assert out.is_meta and (tuple(out.shape), out.stride()) == (tuple(real.shape), real.stride())
+
+
+def test_batch_norm_in_eval_keeps_the_cpu_kernels_empty_statistics():
+    def args(x, running):
+        return (x, torch.ones(3) if not x.is_meta else torch.empty(3, device="meta"), None, running,
+                running.clone(), False, 0.1, 1e-5)
+
+    real = BATCH_NORM(*args(torch.randn(4, 3, 5, 5), torch.zeros(3)))
+    for _ in range(2):
+        out = meta_world.call(BATCH_NORM, args(torch.empty(4, 3, 5, 5, device="meta"),
+                                               torch.empty(3, device="meta")), {})
+        assert [tuple(t.shape) for t in out] == [tuple(t.shape) for t in real]
+
+
+def test_a_request_the_step_refuses_on_meta_tensors_is_not_traced_again_on_fakes(monkeypatch):
+    """An option the step cannot use (``--sdpa unfused`` on a model that calls no SDPA) is the
+    request's mistake, the same on fakes: it is said at once, not after a second trace."""
+    import nnperf.trace.capture as capture
+    from nnperf.errors import UsageError
+    from nnperf.trace.attention import NO_SDPA_CALLED
+
+    def no_fakes(*args, **kwargs):
+        raise AssertionError("traced again on fake tensors")
+
+    monkeypatch.setattr(capture, "TraceFakeMode", no_fakes)
+    with pytest.raises(UsageError) as refused:
+        trace_workload(lambda: Workload(nn.Sequential(nn.Linear(8, 8)), (torch.randn(2, 8),)),
+                       TraceOptions(sdpa="unfused"))
+    assert str(refused.value) == NO_SDPA_CALLED

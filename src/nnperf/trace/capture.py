@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from nnperf.errors import NnperfError
+from nnperf.errors import NnperfError, UsageError
 from nnperf.trace import flex_attention, meta_world
 from nnperf.trace import loss as traced_loss
 from nnperf.trace.accumulation import AccumulationWatch, fold_inplace_accumulations
@@ -71,6 +71,8 @@ def trace_workload(build: Callable[[], Workload], options: TraceOptions, *,
             with quiet_fake_tensor_log(), meta_world.meta_world(options):
                 on_meta = _Private(meta_world.on_meta, meta_world.on_meta)
                 return _build_and_record(build, options, on_meta, "meta")
+        except UsageError:  # the request itself (an option the step cannot use): fakes say the same
+            raise
         except Exception as err:  # the fake trace decides, and explains a failure
             _log.debug("recording on meta tensors stopped (%s); recording on fake tensors", err)
     # Non-fake tensors a user model keeps as plain attributes (not buffers) become fakes on use.

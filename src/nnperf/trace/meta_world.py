@@ -137,18 +137,92 @@ def call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 
 def _on_cpu_fakes(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The op's outputs as its CPU kernel shapes them, on the meta device. What a CPU kernel
+    returns depends on its inputs' shapes, strides and dtypes and on the other arguments only,
+    so the layouts are kept by that key (``_CPU_LAYOUTS``): the fake run (~4 ms an op) happens
+    once per distinct call, and a network's repeated blocks, its backward and the next trace
+    of the same model get fresh meta tensors of the kept layouts (tens of microseconds)."""
+    key = _layout_key(func, args, kwargs)
+    if key is None:
+        return _run_on_cpu_fakes(func, args, kwargs)
+    layouts = _CPU_LAYOUTS.get(key)
+    if layouts is None:
+        out = _run_on_cpu_fakes(func, args, kwargs)
+        layouts = tree_map(_layout_of, out)
+        if len(_CPU_LAYOUTS) >= _CPU_LAYOUTS_KEPT:
+            _CPU_LAYOUTS.clear()
+        _CPU_LAYOUTS[key] = layouts
+        return out
+    return tree_map(_from_layout, layouts)
+
+
+#: Output layouts of ``_CPU_SHAPED`` calls by their inputs' layouts and arguments (see
+#: ``_on_cpu_fakes``); emptied when it holds this many, which bounds it without bookkeeping.
+_CPU_LAYOUTS: dict[tuple[Any, ...], Any] = {}
+_CPU_LAYOUTS_KEPT = 4096
+
+
+class _Layout(tuple):
+    """A meta tensor's shape, strides, dtype and whether it requires grad."""
+
+
+def _layout_of(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return _Layout((tuple(x.shape), x.stride(), x.dtype, x.requires_grad))
+    return x
+
+
+def _from_layout(x: Any) -> Any:
+    if isinstance(x, _Layout):
+        shape, stride, dtype, requires_grad = x
+        out = torch.empty_strided(shape, stride, dtype=dtype, device=META)
+        return out.requires_grad_() if requires_grad else out
+    return x
+
+
+def _layout_key(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+    """The call's inputs as layouts and plain values, or None where an argument is neither a
+    meta tensor nor a hashable plain value (such a call is not kept)."""
+    parts: list[Any] = [func]
+    for x in (*args, *sorted(kwargs.items())):
+        part = _key_part(x)
+        if part is _UNKEPT:
+            return None
+        parts.append(part)
+    return tuple(parts)
+
+
+_UNKEPT = object()
+
+
+def _key_part(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        if not x.is_meta:
+            return _UNKEPT
+        return ("tensor", tuple(x.shape), x.stride(), x.dtype, x.requires_grad)
+    if isinstance(x, (list, tuple)):
+        parts = tuple(_key_part(v) for v in x)
+        return _UNKEPT if any(p is _UNKEPT for p in parts) else (type(x).__name__, parts)
+    if x is None or isinstance(x, (bool, int, float, str, torch.dtype, torch.device, torch.memory_format,
+                                   torch.layout)):
+        return (type(x).__name__, x)
+    return _UNKEPT
+
+
+def _run_on_cpu_fakes(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
     mode = getattr(_STATE, "fake_mode", None) or FakeTensorMode()
     _STATE.fake_mode = mode
 
-    def to_fake(x: Any) -> Any:
+    def to_fake(x: Any) -> Any:  # made under the mode: a fake, no host memory behind it
         if isinstance(x, torch.Tensor) and x.is_meta:
             return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="cpu")
         return x
 
     with mode:
-        out = func(*tree_map(to_fake, args), **tree_map(to_fake, kwargs))
+        args, kwargs = tree_map(to_fake, args), tree_map(to_fake, kwargs)
+        out = func(*args, **kwargs)
     return tree_map(lambda x: on_meta(x) if isinstance(x, FakeTensor) else x, out)
 
 
