@@ -118,3 +118,72 @@ def test_the_recorded_step_is_the_optimizers_second(meta_first):
     div = next(e for e in trace.events if e.name == "aten._foreach_div_" and e.phase == "optimizer")
     beta2 = torch.optim.AdamW([torch.nn.Parameter(torch.ones(1))]).defaults["betas"][1]
     assert div.args[1] == pytest.approx([(1 - beta2 ** 2) ** 0.5] * 6)  # 6 parameters
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_a_sharded_ranks_step_is_the_one_after_a_full_warm_up(monkeypatch, optimizer):
+    """FSDP2 and tensor parallelism hold parameters, gradients and state as DTensors over fakes:
+    their in-place math is skipped before the DTensor dispatches it, and the rank's recorded
+    step (its ops and collectives) is the one recorded after a warm-up that ran everything."""
+    from nnperf.layout import Execution
+    from nnperf.search.memory_variants import checkpoint_blocks
+    from nnperf.trace.distributed import trace_rank
+    from nnperf.zoo import get_model
+
+    execution = Execution(world=4, data="fsdp", shard=2, tensor=2, micro_batch=1, grad_accum=1)
+
+    def rank_events(shortcut: bool) -> list[tuple]:
+        if not shortcut:
+            monkeypatch.setattr(capture, "skip_inplace_math", contextlib.nullcontext)
+        traced = trace_rank(lambda: get_model("llama-7b").build(batch=1, seq_len=16, n_layer=2, dim=64, n_heads=4,
+                                                                ffn_hidden=128, vocab=256),
+                            TraceOptions(optimizer=optimizer), execution, checkpoint_blocks)
+        monkeypatch.undo()
+        return [(e.name, e.phase, [(tuple(t.shape), t.dtype) for t in e.outputs]) for e in traced.trace.events]
+
+    fast, full = rank_events(True), rank_events(False)
+    assert fast == full
+    assert any(phase == "optimizer" and name.startswith("aten._foreach_") for name, phase, _ in fast)
+
+
+def test_inplace_math_on_a_wrapper_over_fakes_is_skipped_before_it_dispatches():
+    """A wrapper subclass (DTensor is one) whose inner tensors are fakes without values: its
+    in-place math never reaches its own dispatch (a DTensor's sharding propagation); an op that
+    creates a tensor still does."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._pytree import tree_map
+
+    seen: list[str] = []
+
+    class Wrapper(torch.Tensor):
+        @staticmethod
+        def __new__(cls, inner):
+            return torch.Tensor._make_wrapper_subclass(cls, inner.shape, dtype=inner.dtype, device=inner.device)
+
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __tensor_flatten__(self):
+            return ["inner"], None
+
+        @staticmethod
+        def __tensor_unflatten__(inner_tensors, meta, outer_size, outer_stride):
+            return Wrapper(inner_tensors["inner"])
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            unwrap = lambda x: x.inner if isinstance(x, Wrapper) else x  # noqa: E731
+            out = func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))
+            return tree_map(lambda x: Wrapper(x) if isinstance(x, torch.Tensor) else x, out)
+
+    with FakeTensorMode():
+        inner = torch.empty(3)
+    w = Wrapper(inner)
+    with skip_inplace_math():
+        assert w.mul_(2) is w
+        torch._foreach_add_([w, w], 1.0)
+        root = torch.sqrt(w)
+    assert isinstance(root, Wrapper) and tuple(root.shape) == (3,)
+    assert not any("mul_" in s or "_foreach_add_" in s for s in seen), seen
+    assert any("sqrt" in s for s in seen)

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 
 
@@ -45,7 +45,15 @@ def _skippable(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool
 
 
 def _valueless(t: torch.Tensor) -> bool:
-    """A fake without a constant, or a meta tensor (a fake says its device is the CPU)."""
+    """A fake without a constant, or a meta tensor (a fake says its device is the CPU), or a
+    wrapper subclass (a DTensor: FSDP2's and tensor parallelism's parameters, their gradients
+    and optimizer state) whose inner tensors all are: skipped before the subclass dispatches
+    it, where a DTensor's sharding propagation of each foreach op was most of a sharded rank's
+    warm-up."""
+    if is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()
+        inner = [x for x in (getattr(t, name) for name in names) if isinstance(x, torch.Tensor)]
+        return bool(inner) and all(_valueless(x) for x in inner)
     return t.constant is None if isinstance(t, FakeTensor) else t.device.type == "meta"
 
 
