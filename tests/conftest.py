@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
@@ -29,3 +30,39 @@ def predicted_timings(monkeypatch):
 
     monkeypatch.setattr(prediction, "predict_analysis", spy)
     return seen
+
+
+#: Modules whose tests share a module fixture that costs seconds to minutes (the published
+#: rows' predictions, the CPU memory measurements re-predicted, gloo ranks started once): under
+#: pytest-xdist each runs on one worker, so the fixture is built once, and first (the largest
+#: groups start first), so that the longest work does not start last.
+SHARED_FIXTURE_MODULES = frozenset({
+    "tests/measure/test_published.py",
+    "tests/measure/test_cpu_memory_validation.py",
+    "tests/measure/test_validation_harness.py",
+    "tests/trace/parallel/test_data.py",
+    "tests/trace/parallel/test_tensor.py",
+    "tests/trace/parallel/test_expert.py",
+    "tests/trace/parallel/test_pipeline.py",
+    "tests/trace/parallel/test_distributed_optimizer.py",
+    "tests/trace/test_chunked_loss_tensor_parallel.py",
+    "tests/trace/test_clip.py",
+    "tests/trace/test_distributed.py",
+})
+
+
+if importlib.util.find_spec("xdist") is not None:
+
+    def pytest_xdist_make_scheduler(config, log):
+        """xdist's default distribution (``-n N``), test by test, except that the tests of a
+        ``SHARED_FIXTURE_MODULES`` module go to one worker together."""
+        if config.getvalue("dist") != "load":
+            return None
+        from xdist.scheduler import LoadScopeScheduling
+
+        class SharedFixtureScheduling(LoadScopeScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                module = nodeid.split("::", 1)[0]
+                return module if module in SHARED_FIXTURE_MODULES else nodeid
+
+        return SharedFixtureScheduling(config, log)

@@ -39,15 +39,19 @@ def _traits(gpu_id: str, family: str, precision: str, train: bool, bound: str) -
                      mode="train" if train else "inference", bound=bound)
 
 
-def harness_runs(folder: Path) -> list[MeasuredRun]:
-    """nnperf's own runs of one GPU (a ``validation/data/<gpu>`` folder), re-predicted."""
+def harness_runs(folder: Path, records: list[dict[str, Any]] | None = None) -> list[MeasuredRun]:
+    """nnperf's own runs of one GPU (a ``validation/data/<gpu>`` folder), re-predicted
+    (``records``: the folder's records already re-predicted on their GPU by
+    ``validation.repredict``, where the caller has them: the folder's error tables and this
+    table are then one prediction, not two)."""
     from nnperf.measure.validation import Config, family_of, load_records, repredict
 
     out = []
-    for record in load_records(folder):
+    for record in load_records(folder) if records is None else records:
         if not record.get("fits", True) or "measured_step_time_s" not in record or record.get("tiny"):
             continue
-        repredict(record, record["gpu"])
+        if records is None:
+            repredict(record, record["gpu"])
         config = Config.from_record(record)
         measured = record["measured_step_time_s"]
         measured = measured["median"] if isinstance(measured, dict) else measured
