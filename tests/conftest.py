@@ -32,9 +32,10 @@ def predicted_timings(monkeypatch):
     return seen
 
 
-#: Modules whose tests share a module fixture that costs seconds to minutes (the published
-#: rows' predictions, the CPU memory measurements re-predicted, gloo ranks started once): under
-#: pytest-xdist each runs on one worker, so the fixture is built once, and first (the largest
+#: Modules whose tests share work that costs seconds to minutes, in a module fixture or a cached
+#: function (the published rows' predictions, the CPU memory measurements re-predicted, gloo
+#: ranks started once, traced pipeline layouts): under
+#: pytest-xdist each runs on one worker, so that work is done once, and first (the largest
 #: groups start first), so that the longest work does not start last.
 SHARED_FIXTURE_MODULES = frozenset({
     "tests/measure/test_published.py",
@@ -48,6 +49,9 @@ SHARED_FIXTURE_MODULES = frozenset({
     "tests/trace/test_chunked_loss_tensor_parallel.py",
     "tests/trace/test_clip.py",
     "tests/trace/test_distributed.py",
+    "tests/search/plan/test_bounds.py",
+    "tests/search/test_advise_published.py",
+    "tests/search/test_fit.py",
 })
 
 

@@ -16,13 +16,13 @@ def _suite_conftest():
     return module
 
 
-def test_every_module_kept_on_one_worker_exists_and_has_a_module_fixture():
-    """A module renamed or moved would silently lose its grouping (its fixture built once per
-    worker again); one without a module-scoped fixture gains nothing from it."""
+def test_every_module_kept_on_one_worker_exists_and_shares_work_between_its_tests():
+    """A module renamed or moved would silently lose its grouping (its shared work done once per
+    worker again); one without a module-scoped fixture or a cached function gains nothing."""
     modules = _suite_conftest().SHARED_FIXTURE_MODULES
     assert modules
     for module in modules:
         path = ROOT / module
         assert path.is_file(), module
         text = path.read_text()
-        assert 'scope="module"' in text, module
+        assert 'scope="module"' in text or "functools.cache" in text, module
