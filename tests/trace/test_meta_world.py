@@ -224,3 +224,37 @@ def test_a_request_the_step_refuses_on_meta_tensors_is_not_traced_again_on_fakes
         trace_workload(lambda: Workload(nn.Sequential(nn.Linear(8, 8)), (torch.randn(2, 8),)),
                        TraceOptions(sdpa="unfused"))
     assert str(refused.value) == NO_SDPA_CALLED
+
+
+def test_an_op_with_fresh_outputs_answers_as_its_meta_kernel_each_time():
+    """A pointwise op between a channels-last and a broadcast tensor, twice, against what the
+    meta kernel itself gives (its output strides follow the first input's memory format)."""
+    add = torch.ops.aten.add.Tensor
+    x = torch.empty(2, 3, 4, 4, device="meta").to(memory_format=torch.channels_last)
+    y = torch.empty(3, 1, 1, device="meta")
+    expected = add(x, y)
+    for _ in range(2):
+        out = meta_world.call(add, (x, y), {})
+        assert out is not x and (tuple(out.shape), out.stride(), out.dtype) == (
+            tuple(expected.shape), expected.stride(), expected.dtype)
+
+
+def test_an_alias_its_schema_does_not_declare_is_never_a_kept_answer():
+    """``_unsafe_view`` returns a view of its input without saying so in its schema: each call
+    must share the input's storage, as the fake trace records it."""
+    view = torch.ops.aten._unsafe_view.default
+    x = torch.empty(2, 6, device="meta")
+    for _ in range(2):
+        out = meta_world.call(view, (x, [12]), {})
+        assert out.untyped_storage()._cdata == x.untyped_storage()._cdata
+
+
+def test_a_factory_without_a_dtype_follows_the_default_dtype_of_each_call():
+    ones = torch.ops.aten.ones.default
+    before = torch.get_default_dtype()
+    try:
+        for default in (torch.float32, torch.float64, torch.float32):
+            torch.set_default_dtype(default)
+            assert meta_world.call(ones, ([2],), {"device": torch.device("meta")}).dtype == default
+    finally:
+        torch.set_default_dtype(before)

@@ -34,6 +34,14 @@ What fake tensors have and meta tensors lack, and how the meta world stands in f
   shape, a CPU tensor met in the step) ends the meta attempt too: ``trace.capture`` then
   records the step on fakes, whose failure, if it fails again, is the one explained.
 
+Answers kept (``call``): an op's output layout is a function of its inputs' shapes, strides
+and dtypes and its other arguments, so the CPU-shaped ops' fake runs and the ATen meta kernels
+written in Python (``torch._refs``: most pointwise ops) run once per distinct call; a
+repeated call gets fresh meta tensors of the kept layouts. What could break that is left out:
+ops that mutate or alias (including an alias the schema does not declare, checked on the
+first run), seeded and data-dependent ops, other namespaces' ops, and calls with an argument
+that is neither a meta tensor nor a plain value. The default dtype is part of the key.
+
 Fused optimizers refuse meta parameters, and tensor-parallel and sharded ranks
 (``trace.distributed``) are recorded on fakes: DTensor and the fake process group are
 PyTorch's tested path there.
@@ -49,7 +57,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._device import _device_constructors
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
 from nnperf.trace.options import TraceOptions
 
@@ -121,45 +129,89 @@ def on_meta(t: torch.Tensor) -> torch.Tensor:
 
 def handles(func: Any) -> bool:
     """Whether the recorder runs ``func`` through ``call`` (a meta recording's literals and
-    CPU-shaped ops); every other op it runs itself, so a failing op's frame is its own
-    (``trace.diagnosis``). The set first: this runs for every recorded op."""
-    return func in _HANDLED and active()
+    CPU-shaped ops, and ops whose outputs are fresh tensors: see ``call``); every other op it
+    runs itself, so a failing op's frame is its own (``trace.diagnosis``). The set first: this
+    runs for every recorded op."""
+    return (func in _HANDLED or _fresh_outputs(func)) and active()
 
 
 def call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Run an op that ``handles`` names as the fake trace has it (see the docstring)."""
+    """Run an op that ``handles`` names as the fake trace has it (see the docstring). An op
+    whose outputs are fresh tensors (no input mutated or aliased) answers from ``_LAYOUTS``
+    where the same call was answered before: many meta kernels are Python decompositions
+    (``torch._refs``: a pointwise op's broadcasting, type promotion and output strides, about
+    a fifth of a millisecond each), and a network repeats its blocks' calls."""
     if func in _CPU_SHAPED:
-        return _on_cpu_fakes(func, args, kwargs)
+        return _kept(func, args, kwargs, _run_on_cpu_fakes)
+    if func not in _LIFTS:
+        return _kept(func, args, kwargs, _run)
     out = func(*args, **kwargs)
-    if func not in _LIFTS or not isinstance(out, torch.Tensor) or out.is_meta:
+    if not isinstance(out, torch.Tensor) or out.is_meta:
         return out
     return on_meta(out) if out.dim() > 0 else out.clone()  # a tensor of its own, as a fake
 
 
-def _on_cpu_fakes(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """The op's outputs as its CPU kernel shapes them, on the meta device. What a CPU kernel
-    returns depends on its inputs' shapes, strides and dtypes and on the other arguments only,
-    so the layouts are kept by that key (``_CPU_LAYOUTS``): the fake run (~4 ms an op) happens
-    once per distinct call, and a network's repeated blocks, its backward and the next trace
-    of the same model get fresh meta tensors of the kept layouts (tens of microseconds)."""
+def _run(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return func(*args, **kwargs)
+
+
+_FRESH: dict[Any, bool] = {}
+#: Tags of ops whose outputs are not a function of their inputs' layouts and arguments.
+_UNKEPT_TAGS = (torch.Tag.nondeterministic_seeded, torch.Tag.dynamic_output_shape,
+                torch.Tag.data_dependent_output, torch.Tag.inplace_view)
+
+
+def _fresh_outputs(func: Any) -> bool:
+    """An ATen op that mutates and aliases nothing and returns tensors only (kept per op). Not
+    another namespace's: nnperf's attention op lays its output out by the trace's mode."""
+    fresh = _FRESH.get(func)
+    if fresh is None:
+        schema = getattr(func, "_schema", None)
+        fresh = (schema is not None and func.namespace == "aten"  # others' kernels may read state of their own
+                 and not schema.is_mutable and bool(schema.returns)
+                 and all(r.alias_info is None and str(r.type) in ("Tensor", "Tensor[]") for r in schema.returns)
+                 and not any(tag in func.tags for tag in _UNKEPT_TAGS))
+        _FRESH[func] = fresh
+    return fresh
+
+
+def _kept(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], run: Any) -> Any:
+    """``run``'s outputs for the call, on the meta device: computed once per distinct call
+    (the inputs' shapes, strides and dtypes and the other arguments: what a kernel's output
+    layout depends on), then fresh meta tensors of the kept layouts. For the CPU-shaped ops
+    ``run`` is the fake run (~4 ms an op), for the rest the meta kernel itself."""
     key = _layout_key(func, args, kwargs)
     if key is None:
-        return _run_on_cpu_fakes(func, args, kwargs)
-    layouts = _CPU_LAYOUTS.get(key)
+        return run(func, args, kwargs)
+    layouts = _LAYOUTS.get(key)
     if layouts is None:
-        out = _run_on_cpu_fakes(func, args, kwargs)
+        out = run(func, args, kwargs)
+        outputs = tree_flatten(out)[0]
+        if not all(x is None or (isinstance(x, torch.Tensor) and x.is_meta) for x in outputs):
+            return out  # a host scalar or an unexpected output: not kept
+        if _aliases_an_input(outputs, args, kwargs):  # an alias its schema does not say
+            _FRESH[func] = False  # (``_unsafe_view``): never kept
+            return out
         layouts = tree_map(_layout_of, out)
-        if len(_CPU_LAYOUTS) >= _CPU_LAYOUTS_KEPT:
-            _CPU_LAYOUTS.clear()
-        _CPU_LAYOUTS[key] = layouts
+        if len(_LAYOUTS) >= _LAYOUTS_KEPT:
+            _LAYOUTS.clear()
+        _LAYOUTS[key] = layouts
         return out
     return tree_map(_from_layout, layouts)
 
 
-#: Output layouts of ``_CPU_SHAPED`` calls by their inputs' layouts and arguments (see
-#: ``_on_cpu_fakes``); emptied when it holds this many, which bounds it without bookkeeping.
-_CPU_LAYOUTS: dict[tuple[Any, ...], Any] = {}
-_CPU_LAYOUTS_KEPT = 4096
+def _aliases_an_input(outputs: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    inputs = {StorageWeakRef(t.untyped_storage()) for t in tree_flatten((args, kwargs))[0]
+              if isinstance(t, torch.Tensor)}
+    return any(StorageWeakRef(t.untyped_storage()) in inputs for t in outputs if isinstance(t, torch.Tensor))
+
+
+#: Output layouts of calls by their inputs' layouts and arguments (``_kept``); emptied when it
+#: holds this many (a few MB), which bounds it without bookkeeping.
+_LAYOUTS: dict[tuple[Any, ...], Any] = {}
+_LAYOUTS_KEPT = 65536
 
 
 class _Layout(tuple):
@@ -183,7 +235,7 @@ def _from_layout(x: Any) -> Any:
 def _layout_key(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
     """The call's inputs as layouts and plain values, or None where an argument is neither a
     meta tensor nor a hashable plain value (such a call is not kept)."""
-    parts: list[Any] = [func]
+    parts: list[Any] = [func, torch.get_default_dtype()]  # a factory's dtype when none is given
     for x in (*args, *sorted(kwargs.items())):
         part = _key_part(x)
         if part is _UNKEPT:
