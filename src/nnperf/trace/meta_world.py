@@ -130,9 +130,9 @@ def on_meta(t: torch.Tensor) -> torch.Tensor:
 def handles(func: Any) -> bool:
     """Whether the recorder runs ``func`` through ``call`` (a meta recording's literals and
     CPU-shaped ops, and ops whose outputs are fresh tensors: see ``call``); every other op it
-    runs itself, so a failing op's frame is its own (``trace.diagnosis``). The set first: this
-    runs for every recorded op."""
-    return (func in _HANDLED or _fresh_outputs(func)) and active()
+    runs itself, so a failing op's frame is its own (``trace.diagnosis``). This runs for every
+    recorded op: a trace on fakes or real tensors stops at ``active``."""
+    return active() and (func in _HANDLED or _fresh_outputs(func))
 
 
 def call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

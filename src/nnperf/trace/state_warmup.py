@@ -48,8 +48,7 @@ def _valueless(t: torch.Tensor) -> bool:
     """A fake without a constant, or a meta tensor (a fake says its device is the CPU), or a
     wrapper subclass (a DTensor: FSDP2's and tensor parallelism's parameters, their gradients
     and optimizer state) whose inner tensors all are: skipped before the subclass dispatches
-    it, where a DTensor's sharding propagation of each foreach op was most of a sharded rank's
-    warm-up."""
+    it (a DTensor propagates its sharding for each op before its local shard's op runs)."""
     if is_traceable_wrapper_subclass(t):
         names, _ = t.__tensor_flatten__()
         inner = [x for x in (getattr(t, name) for name in names) if isinstance(x, torch.Tensor)]
