@@ -46,17 +46,40 @@ def test_an_op_waits_for_the_collective_that_wrote_its_input():
     assert result.clock[3] == pytest.approx(7 * MS) and result.clock[2] == pytest.approx(3 * MS)
 
 
-@pytest.mark.parametrize(("phase", "step_ms"), [("optimizer", 3), ("forward", 2)])
-def test_an_optimizer_collective_waits_for_the_kernels_issued_before_it(phase, step_ms):
+@pytest.mark.parametrize("phase", ["optimizer", "forward", "backward"])
+def test_a_collective_waits_for_the_kernels_issued_before_it(phase):
     """ZeRO-1's broadcast of another rank's share reads nothing this step wrote, but it is issued
     from the compute stream after the update (2 ms), and ProcessGroupNCCL's stream waits for
-    what was issued there: it runs from 2 to 3 ms, exposed. A collective of another phase starts
-    when its inputs are ready (here at once, hidden under the update)."""
-    ops = [_op(0, "_foreach_add_", [1], [1], 2 * MS, phase="optimizer"),
+    what was issued there: it runs from 2 to 3 ms, exposed. So does any collective issued from
+    the compute stream, whatever its phase."""
+    ops = [_op(0, "_foreach_add_", [1], [1], 2 * MS, phase=phase),
            _op(1, "c10d.broadcast_", [0], [0], 0, comm=True, phase=phase)]
     result = overlap(_step(ops), None, lambda i: ("broadcast", 100, 1 * MS))
-    assert result.step_s == pytest.approx(step_ms * MS)
-    assert result.slices[0].start_s == pytest.approx((2 if phase == "optimizer" else 0) * MS)
+    assert result.step_s == pytest.approx(3 * MS)
+    assert result.slices[0].start_s == pytest.approx(2 * MS)
+
+
+def test_an_fsdp_all_gather_starts_when_its_input_is_ready():
+    """FSDP2 issues its all-gathers from streams of its own (copy-in, then all-gather), which
+    wait for no compute kernel: the gather starts at once, hidden under the 2 ms update."""
+    ops = [_op(0, "_foreach_add_", [1], [1], 2 * MS), _op(1, "fsdp.all_gather_copy_in", [0], [2], 0),
+           _op(2, "c10d._allgather_base_", [2], [3], 0, comm=True)]
+    result = overlap(_step(ops), None, lambda i: ("all_gather", 100, 1 * MS))
+    assert result.step_s == pytest.approx(2 * MS)
+    assert result.slices[0].start_s == pytest.approx(0.0)
+
+
+def test_an_input_gradient_all_reduce_waits_for_the_weight_gradient_issued_first():
+    """Tensor parallelism's backward: autograd runs a linear's input-gradient GEMM (A, 1 ms)
+    and its weight-gradient GEMM (B, 2 ms), then DTensor issues the all-reduce of the input
+    gradient (2 ms); the norm's backward (C, 1 ms) reads it. The all-reduce starts after B (3 ms),
+    not after A, so C waits from 3 to 5 ms: exposed."""
+    ops = [_op(0, "mm", [0], [1], 1 * MS, phase="backward"), _op(1, "mm", [0], [2], 2 * MS, phase="backward"),
+           _op(2, "_c10d_functional.all_reduce", [1], [3], 0, comm=True, phase="backward"),
+           _op(3, "native_layer_norm_backward", [3], [4], 1 * MS, phase="backward")]
+    result = overlap(_step(ops), None, lambda i: ("all_reduce", 100, 2 * MS))
+    assert result.step_s == pytest.approx(6 * MS)
+    assert result.exposed_s == pytest.approx({"all_reduce": 2 * MS})
 
 
 def test_a_collective_nobody_waits_for_is_hidden_until_the_step_ends():
@@ -126,14 +149,29 @@ def test_the_overlapped_part_of_a_later_kernel_runs_slower():
 
 
 def test_a_collective_started_under_a_running_kernel_slows_its_rest():
-    # B (compute-bound, 4 ms) is issued first and runs 0-4 ms; an independent all-reduce (2 ms,
-    # half the SMs) is issued next and starts at 0: B does 1 ms of work in those 2 ms and the
-    # remaining 3 ms alone, ending at 5 ms
-    ops = [_op(0, "b", [0], [1], 4 * MS), _op(1, "c10d.allreduce_", [2], [2], 0, comm=True)]
-    result = overlap(_step(ops), None, lambda i: ("all_reduce", 100, 2 * MS),
+    # B (compute-bound, 4 ms) is issued first and runs 0-4 ms; FSDP's all-gather of an
+    # independent buffer (2 ms, half the SMs, on its own stream) is issued next and starts at 0:
+    # B does 1 ms of work in those 2 ms and the remaining 3 ms alone, ending at 5 ms
+    ops = [_op(0, "b", [0], [1], 4 * MS), _op(1, "fsdp.all_gather_copy_in", [2], [3], 0),
+           _op(2, "c10d._allgather_base_", [3], [4], 0, comm=True)]
+    result = overlap(_step(ops), None, lambda i: ("all_gather", 100, 2 * MS),
                      lambda i: Contention(sm_share=0.5, dram_share=0.0))
     assert result.step_s == pytest.approx(5 * MS) and result.slowdown_s == pytest.approx(1 * MS)
     assert result.clock[0] == pytest.approx(5 * MS)
+
+
+def test_a_kernel_beside_collectives_of_two_streams_is_never_sped_up():
+    # FSDP gathers on two streams: X runs 0-2 ms; Y's copy-in takes 1 ms, so Y runs 1-1.5 ms,
+    # inside X. B (compute-bound, 4 ms alone, half the SMs taken by either) runs 0-2 ms at half
+    # speed (1 ms of work) and the other 3 ms alone: it ends at 5 ms, 1 ms late
+    ops = [_op(0, "fsdp.all_gather_copy_in", [10], [11], 0), _op(1, "c10d._allgather_base_", [11], [12], 0, comm=True),
+           _op(2, "fsdp.all_gather_copy_in", [13], [14], 1 * MS),
+           _op(3, "c10d._allgather_base_", [14], [15], 0, comm=True), _op(4, "b", [0], [1], 4 * MS)]
+    seconds = {1: 2 * MS, 3: 0.5 * MS}
+    result = overlap(_step(ops), None, lambda i: ("all_gather", 100, seconds[i]),
+                     lambda i: Contention(sm_share=0.5, dram_share=0.0), stream_of=lambda i: "x" if i < 2 else "y")
+    assert [t for c in result.slices for t in (c.start_s, c.end_s)] == pytest.approx([0, 2 * MS, 1 * MS, 1.5 * MS])
+    assert result.clock[4] == pytest.approx(5 * MS) and result.slowdown_s == pytest.approx(1 * MS)
 
 
 def test_no_contention_leaves_the_replay_as_it_was():

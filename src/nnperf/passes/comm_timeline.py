@@ -21,14 +21,22 @@ Each process group has its own stream: ProcessGroupNCCL runs a communicator's co
 that communicator's stream, so collectives of one group run in issue order, and those of
 different groups (an FSDP all-gather and an expert-parallel all-to-all, a tensor-parallel
 reduce-scatter and a pipeline send) may run at once. FSDP2's copy into its all-gather buffer
-runs on the stream of the all-gather it feeds. A collective of the optimizer phase (DTensor's
-all-reduces of replicated parameters' partial gradients, which the optimizer's first read of
-them issues; a norm's all-reduce for gradient clipping) is issued from the compute stream, and
-ProcessGroupNCCL makes its stream wait for every kernel issued there before it (an event
-recorded at issue): it starts after them, not when its buffer was last written. The
-other collectives start when their inputs are ready. What is not modelled yet: wave quantization on
-the SMs left (a one-wave GEMM can need a second wave), the collective's own slowdown, two
-concurrent collectives sharing a link, and the host cost of the collectives.
+runs on the stream of the all-gather it feeds.
+
+When a collective starts: ProcessGroupNCCL records an event on the stream current at issue and
+makes the communicator's stream wait for it (``syncStream`` in ProcessGroupNCCL.cpp), so a
+collective issued from the compute stream starts only after every kernel issued there before
+it, not when its buffer was last written: DDP's bucket all-reduce after the backward kernels
+issued before its hook, a tensor-parallel all-reduce of an input gradient after the weight
+gradient's GEMM that autograd ran first in the same node, ZeRO-1's broadcast after the update.
+FSDP2's reduce-scatter stream waits for the compute stream explicitly (``foreach_reduce``), the
+same rule. Only FSDP2's all-gathers are issued from streams of their own (the copy-in stream,
+then the all-gather stream, which wait for no compute kernel): they start when their inputs
+are ready, under compute already placed (implicit forward and explicit backward prefetch).
+What is not modelled yet: wave quantization on the SMs left (a one-wave GEMM can need a second
+wave), the collective's own slowdown, two concurrent collectives sharing a link (a kernel
+beside two runs at the slowdown of the one that started first), and the host cost of the
+collectives.
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ from dataclasses import dataclass, field
 
 from nnperf.passes.timing import OpTime, StepTime
 from nnperf.trace.events import Trace
-from nnperf.vocab import Category, Phase
+from nnperf.vocab import Category
 
 #: Copies FSDP2 runs on its all-gather stream, not on the compute stream.
 _ON_COMM_STREAM = {"fsdp.all_gather_copy_in"}
@@ -101,23 +109,34 @@ class CommStep:
 
 
 class _Busy:
-    """The communication stream's collectives in time order, with what each takes from compute."""
+    """The collectives in start order (those of several streams can overlap one another), with
+    what each takes from compute."""
 
     def __init__(self) -> None:
         self.starts: list[float] = []
         self.ends: list[float] = []
         self.contention: list[Contention] = []
+        #: the latest end among the collectives up to each position: the first position whose
+        #: running end lies after a time is the first that can still be running then
+        self.reach: list[float] = []
 
     def add(self, start: float, end: float, contention: Contention) -> None:
-        self.starts.append(start)
-        self.ends.append(end)
-        self.contention.append(contention)
+        at = bisect.bisect_right(self.starts, start)
+        self.starts.insert(at, start)
+        self.ends.insert(at, end)
+        self.contention.insert(at, contention)
+        self.reach.insert(at, 0.0)
+        for i in range(at, len(self.reach)):
+            self.reach[i] = max(self.reach[i - 1] if i else 0.0, self.ends[i])
 
     def finish(self, start: float, t: OpTime) -> float:
         """When ``t``'s kernel, started at ``start``, ends: ``t.kernel_s`` of work, done
-        ``slowdown`` times slower while a collective runs."""
+        ``slowdown`` times slower while a collective runs (while two run, at the slowdown of
+        the one that started first)."""
         now, left = start, t.kernel_s
-        for i in range(bisect.bisect_right(self.ends, start), len(self.ends)):
+        for i in range(bisect.bisect_right(self.reach, start), len(self.starts)):
+            if self.ends[i] <= now:  # over before the kernel got here (another stream's)
+                continue
             if self.starts[i] > now:  # a gap without communication first
                 if left <= self.starts[i] - now:
                     break
@@ -143,7 +162,7 @@ def overlap(
     issued = {s.index: s.end_s for s in step.host_slices}
     produced: dict[int, tuple[float, str | None, int | None]] = {}  # storage -> (ready, kind, collective) if comm
     compute_free = compute_busy = comm_busy = slowdown = 0.0
-    streams = _streams(step, stream_of)
+    streams, own_stream = _streams(step, stream_of)
     comm_free: dict[Hashable, float] = defaultdict(float)
     exposed: dict[str, float] = defaultdict(float)
     slices: list[CommSlice] = []
@@ -163,10 +182,9 @@ def overlap(
         if t.category == Category.COMMUNICATION:
             kind, nbytes, seconds = collective_time(t.index)
             stream = streams.get(t.index)
-            if event.phase == Phase.OPTIMIZER:
-                # issued from the compute stream (a broadcast of updated parameters,
-                # DTensor's redistribution of partial gradients):
-                # ProcessGroupNCCL makes its stream wait for every kernel issued before
+            if t.index not in own_stream:
+                # issued from the compute stream: ProcessGroupNCCL's stream waits for every
+                # kernel issued there before it (the module docstring)
                 ready = max(ready, compute_free)
             start = max(issue, comm_free[stream], ready)
             end = comm_free[stream] = start + seconds
@@ -222,19 +240,22 @@ def overlap(
                     slowdown_s=slowdown, clock=clock, waits=waits)
 
 
-def _streams(step: StepTime, stream_of: Callable[[int], Hashable] | None) -> dict[int, Hashable]:
+def _streams(step: StepTime, stream_of: Callable[[int], Hashable] | None) -> tuple[dict[int, Hashable], set[int]]:
     """Each collective's stream, and each FSDP copy-in's: the stream of the next collective
-    (the all-gather it fills)."""
-    if stream_of is None:
-        return {}
+    (the all-gather it fills); and the collectives issued from streams of their own, not the
+    compute stream: those a copy-in feeds (FSDP2's all-gathers)."""
     out: dict[int, Hashable] = {}
+    own: set[int] = set()
     waiting: list[int] = []
     for t in step.ops:
         if t.category == Category.COMMUNICATION:
-            out[t.index] = stream_of(t.index)
-            for index in waiting:
-                out[index] = out[t.index]
+            if waiting:
+                own.add(t.index)
+            if stream_of is not None:
+                out[t.index] = stream_of(t.index)
+                for index in waiting:
+                    out[index] = out[t.index]
             waiting.clear()
         elif t.count.event.name in _ON_COMM_STREAM:
             waiting.append(t.index)
-    return out
+    return out, own
