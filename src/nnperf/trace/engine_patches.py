@@ -49,7 +49,7 @@ def engines_on_fake_tensors(memo: dict[Any, Any]) -> Iterator[None]:
     propagator = sharding_propagator()
     uncached = propagator.propagate_op_sharding_non_cached
 
-    def memoized(op_schema: Any) -> Any:
+    def decided(op_schema: Any) -> Any:
         # Under a fake mode DTensor skips its sharding cache (it assumes a compiler traces
         # symbolic shapes); a trace's shapes are concrete, so a decision is reused as a real
         # run's cache reuses it (for this process group only: the cache is per rank)
@@ -61,6 +61,17 @@ def engines_on_fake_tensors(memo: dict[Any, Any]) -> Iterator[None]:
         except TypeError:  # an unhashable schema
             return uncached(op_schema)
 
+    def memoized(op_schema: Any) -> Any:
+        try:
+            return memo[op_schema]
+        except (KeyError, TypeError):
+            pass
+        per_element = foreach_by_element(op_schema, decided)
+        if per_element is None:
+            return decided(op_schema)
+        memo[op_schema] = per_element
+        return per_element
+
     propagator.propagate_op_sharding_non_cached = memoized
     try:
         with _follow_fsdp_storage(), fsdp_gathers_outside_selective_checkpointing():
@@ -69,6 +80,43 @@ def engines_on_fake_tensors(memo: dict[Any, Any]) -> Iterator[None]:
         ShardingPropagator._propagate_tensor_meta_non_cached = original
         DeviceMesh._concatenate = concatenate
         del propagator.propagate_op_sharding_non_cached
+
+
+def foreach_by_element(op_schema: Any, decide: Any) -> Any:
+    """The sharding decision of a foreach op (an optimizer's ``_foreach_mul_`` over every
+    parameter) from ``decide`` of each element's one-element op, or None where that does not
+    give the whole decision (a redistribution, keyword arguments, lists of unequal length).
+
+    DTensor decides a foreach op element by element (``expanded_foreach_strategy``), but over
+    the whole list at once, so a step's optimizer over hundreds of parameters of a dozen shapes
+    is decided anew for every list, every depth and every layout; one element's decision
+    (``decide``: memoized) is the same wherever that element recurs: a stack's blocks hold the
+    same parameters. Each element's decision is DTensor's own on the one-element list."""
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec
+    from torch.distributed.tensor._op_schema import OpSchema, OutputSharding
+
+    if not str(op_schema.op).startswith("aten._foreach_") or op_schema.kwargs_schema:
+        return None
+    args = op_schema.args_schema
+    lists = [a for a in args if isinstance(a, (list, tuple))]
+    if not lists or not isinstance(args[0], (list, tuple)) or not all(isinstance(x, DTensorSpec) for x in args[0]):
+        return None
+    count = len(args[0])
+    if count < 2 or any(len(a) != count for a in lists):
+        return None
+    outputs = []
+    for i in range(count):
+        element = OpSchema(op_schema.op, tuple([a[i]] if isinstance(a, (list, tuple)) else a for a in args),
+                           {}, schema_info=op_schema.schema_info)
+        decision = decide(element)
+        if decision.needs_redistribute or decision.redistribute_schema is not None:
+            return None
+        outputs.append(decision.output_spec)
+    if all(o is None for o in outputs):  # in place: no output
+        return OutputSharding(None)
+    if not all(isinstance(o, (list, tuple)) and len(o) == 1 for o in outputs):
+        return None
+    return OutputSharding(type(outputs[0])(o[0] for o in outputs))
 
 
 @contextlib.contextmanager
