@@ -101,6 +101,21 @@ def trace_rank(
     return RankTrace(execution, trace, workload, collectives)
 
 
+def import_engines() -> None:
+    """Import what the first trace of a rank would import on first use: the engines (DTensor's
+    parallel styles, FSDP2, DDP's hooks, pipelining), TorchDynamo (which ``torch._disable_dynamo``
+    wrappers on those engines' functions import when first called) and the data-parallel
+    appliers. A search imports them once before it forks its workers, which then share them,
+    instead of each worker importing them again (about a second each)."""
+    import importlib
+
+    for name in ("torch._dynamo", "torch._subclasses.schema_check_mode", "torch.utils.checkpoint",
+                 "torch.distributed.tensor.parallel", "torch.distributed.fsdp", "torch.distributed.pipelining",
+                 "torch.distributed.algorithms.ddp_comm_hooks", "nnperf.trace.parallel.data",
+                 "nnperf.trace.parallel.distributed_optimizer"):
+        importlib.import_module(name)
+
+
 def _data_parallel_groups(execution: Execution, meshes: tuple[Any, ...]) -> list[str]:
     """The names of the process groups the layout's data-parallel engine communicates over."""
     _, dp_mesh, _, _, experts_mesh = meshes
@@ -125,4 +140,4 @@ def sharded_bytes(trace: RankTrace) -> dict[str, int]:
     return totals
 
 
-__all__ = ["RankTrace", "sharded_bytes", "trace_rank"]
+__all__ = ["RankTrace", "import_engines", "sharded_bytes", "trace_rank"]

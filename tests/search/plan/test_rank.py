@@ -117,3 +117,14 @@ def test_an_extrapolated_step_is_never_shorter_than_its_host_or_device_time():
     assert deep.host_s == pytest.approx(36e-3)
     assert deep.step_s == pytest.approx(36e-3)
     assert deep.compute_s == pytest.approx(17e-3)
+
+
+def test_a_cache_started_from_known_roles_traces_only_the_others():
+    made = RoleCache()
+    first = made.get("a", lambda: "traced a")
+    worker = RoleCache(made.known)  # a later pass's task
+    assert worker.get("a", lambda: pytest.fail("traced again")) == first
+    assert worker.get("b", lambda: "traced b") == "traced b"
+    assert worker.made == {"b": "traced b"} and worker.traces == 1
+    made.adopt(worker.made)
+    assert made.known == {"a": "traced a", "b": "traced b"} and made.traces == 2

@@ -90,3 +90,34 @@ def test_other_engines_pipelines_are_searched_at_fsdps_best_pipeline(evaluated, 
         ("fsdp", p, s) for p in (2, 4) for s in ("1f1b", "interleaved-1f1b")}
     assert {(p, s) for d, p, s in piped if d != "fsdp"} == {(4, "interleaved-1f1b")}
     assert {d for d, _, _ in piped} >= {"ddp", "zero1"}
+
+
+@pytest.mark.slow
+def test_a_search_traces_each_rank_role_once(monkeypatch):
+    """Each pass's tasks start from the roles the passes before traced: FSDP's pipeline roles
+    searched again beside the other engines, and the winner without sequence parallelism
+    evaluated ahead, are not traced twice (the tasks run here one after the other, through the
+    same hand-over of traced roles as forked workers)."""
+    from nnperf.hardware.catalog import load_gpu
+    from nnperf.hardware.cluster import load_cluster
+    from nnperf.request import ModelRequest
+    from nnperf.search.plan import plan
+    from nnperf.search.plan import rank as rank_module
+    from nnperf.trace.options import TraceOptions
+
+    traced: list[tuple] = []
+    real = rank_module.rank_cost
+
+    def counted(request, options, execution, gpu, cluster, rank=0, prepare=None, units=None):
+        traced.append((repr(request), options, execution, rank, prepare is None))
+        return real(request, options, execution, gpu, cluster, rank, prepare, units)
+
+    monkeypatch.setattr(rank_module, "rank_cost", counted)
+    monkeypatch.setenv("NNPERF_PLAN_WORKERS", "1")
+    result = plan(ModelRequest("gpt2", seq_len=32, overrides={"n_layer": 4, "n_embd": 32, "n_head": 2, "vocab": 64}),
+                  TraceOptions(), load_gpu("h100"), 8, load_cluster("dgx-h100"), global_batch=16, tensor=[2],
+                  pipeline=[1, 2], checkpoints=[None])
+    assert {p.execution.data for p in result.ranked if p.execution.pipeline > 1} > {"fsdp"}  # a third pass ran
+    assert not result.ranked[0].execution.sequence_parallel or any(
+        not p.execution.sequence_parallel for p in result.ranked)  # the winner without SP is there
+    assert len(traced) == len(set(traced)) == result.traces

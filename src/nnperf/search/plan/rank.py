@@ -233,18 +233,31 @@ def extrapolate(low: RankCost, high: RankCost, k_low: int, k_high: int, k: int) 
 
 class RoleCache:
     """Traced ranks by everything that decides their trace, so layouts sharing a rank role
-    trace it once."""
+    trace it once. A search's worker processes each fill a cache of their own; what they
+    traced comes back (``made``) and is ``adopt``ed by the search's, which the next pass's
+    workers start from: a role traced in one pass is not traced again in the next."""
 
-    def __init__(self) -> None:
-        self._costs: dict[Any, RankCost] = {}
-        self.traces = 0
+    def __init__(self, known: dict[Any, RankCost] | None = None) -> None:
+        self._costs: dict[Any, RankCost] = dict(known or {})
+        self.made: dict[Any, RankCost] = {}  # traced here, not known at the start
+        self.traces = 0  # the traces made for this cache, here or by the workers it adopted from
 
     def get(self, key: Any, make: Callable[[], RankCost]) -> RankCost:
         cost = self._costs.get(key)
         if cost is None:
-            cost = self._costs[key] = make()
+            cost = self._costs[key] = self.made[key] = make()
             self.traces += 1
         return cost
+
+    @property
+    def known(self) -> dict[Any, RankCost]:
+        """Every traced rank this cache holds."""
+        return dict(self._costs)
+
+    def adopt(self, made: dict[Any, RankCost]) -> None:
+        """Take in the ranks a worker traced (``made`` of its cache), counting its traces."""
+        self._costs.update(made)
+        self.traces += len(made)
 
 
 def scaled_cost(request: ModelRequest, options: TraceOptions, execution: Execution, gpu: GPU,

@@ -24,7 +24,7 @@ multiples of ``p``; GPipe: all of them) and the schedule replayed with all of th
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from nnperf import progress
@@ -60,6 +60,7 @@ from nnperf.search.plan.rank import RoleCache, layers_of
 from nnperf.search.plan.results import Plan, Planned
 from nnperf.search.plan.states import WHAT as STATES_BOUND
 from nnperf.search.plan.states import states_bound
+from nnperf.trace.distributed import import_engines
 from nnperf.trace.options import TraceOptions
 
 #: The checkpointing levels the search tries, in order (``nnperf.layout``).
@@ -117,8 +118,9 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     first = engines(layouts(gpus, nodes_of, global_batch, tensor=tensor,
                             pipeline=[1] if 1 in pipeline else pipeline[:1], schedules=schedules, layers=layers,
                             context=context, expert=expert, reshard=reshard, split=split))
-    results, traces = _in_workers(request, options, gpu, cluster, layers,
-                                  [[e for e in first if e.tensor == tp] for tp in tensor], levels=levels)
+    cache = RoleCache()  # every role the passes trace, each pass's workers starting from it
+    results = _in_workers(request, options, gpu, cluster, layers,
+                          [[e for e in first if e.tensor == tp] for tp in tensor], cache, levels=levels)
     deeper = [p for p in pipeline if p > 1 and p not in {e.execution.pipeline for e in results}]
     if deeper:
         fitting = sorted((p for p in results if p.fits), key=lambda p: p.step_s)
@@ -130,22 +132,28 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         # bubble are the same whichever engine reduces its gradients
         narrowed = "fsdp" in kinds
         lead = [e for e in second if not narrowed or e.data == "fsdp" or e.data_parallel == 1]
-        more, more_traces = _in_workers(request, options, gpu, cluster, layers,
-                                        [[e for e in lead if e.pipeline == pp] for pp in deeper],
-                                        fitting[0].step_s if fitting else None, same_work(results), levels)
+        more = _in_workers(request, options, gpu, cluster, layers,
+                           [[e for e in lead if e.pipeline == pp] for pp in deeper], cache,
+                           fitting[0].step_s if fitting else None, same_work(results), levels)
         results += more
-        traces += more_traces
         piped = sorted((p for p in more if p.fits and not p.time_bound and p.execution.data == "fsdp"),
                        key=lambda p: p.step_s)
         if narrowed and piped:
             shape = _pipeline_shape(piped[0].execution)
-            # FSDP's members of that shape again: the other engines are searched where it fits
+            # each other engine beside FSDP's members of that shape, searched where FSDP fits
+            # (FSDP's roles are the last pass's, in the cache: not traced again), one engine
+            # per task so that the workers share them
             rest = [e for e in second if _pipeline_shape(e) == shape and (e.data == "fsdp" or e not in lead)]
-            fastest = min((p.step_s for p in results if p.fits and not p.time_bound), default=None)
-            extra, extra_traces = _in_workers(request, options, gpu, cluster, layers, [rest], fastest,
-                                              same_work(results), levels)
+            others = sorted({e.data for e in rest if e.data != "fsdp"})
+            done = sorted((p for p in results if p.fits and not p.time_bound), key=lambda p: p.step_s)
+            fastest = done[0].step_s if done else None
+            # the fastest so far without sequence parallelism, evaluated beside them: the winner
+            # (below) most often, whose roles are then traced already
+            plain = [replace(done[0].execution, sequence_parallel=False)] if done and done[0].execution.tensor > 1 else []
+            extra = _in_workers(request, options, gpu, cluster, layers,
+                                [[e for e in rest if e.data in ("fsdp", kind)] for kind in others], cache, fastest,
+                                same_work(results), levels, ahead=plain)
             results += [p for p in extra if p.execution.data != "fsdp"]
-            traces += extra_traces
     if not results:
         raise UsageError(
             f"no layout of {request_name(request)} on {gpus} GPUs with tensor degrees {listed(tensor)}, "
@@ -153,7 +161,6 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
             f"{listed(expert)} and data parallelism {', '.join(k for k in DATA_KINDS if k in kinds)}: the global batch "
             f"{global_batch} must divide over the data-parallel ranks (GPUs / (tp x pp x cp)) and stages must "
             "split the layers; try other degrees or --global-batch a multiple of the GPU count")
-    cache = RoleCache()
     slower = [p for p in results if p.time_bound]
     results = [p for p in results if not p.time_bound]
     ranked = sorted((p for p in results if p.fits), key=lambda p: p.step_s)
@@ -184,7 +191,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
               "checkpoint": [names[CHECKPOINTS[i]] for i in levels],
               "reshard_after_forward": sorted(set(reshard), reverse=True)}
     return Plan(request_name(request), gpu, cluster, gpus, global_batch, ranked, rejected,
-                left_out + notes(request, results, layers) + routing_note(info, options), traces + cache.traces, layers,
+                left_out + notes(request, results, layers) + routing_note(info, options), cache.traces, layers,
                 options,
                 dict(request.overrides), request.seq_len or (info[2] if info else None), search)
 
@@ -193,7 +200,26 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
 WORKERS_ENV = "NNPERF_PLAN_WORKERS"
 
 
-_TASKS: list[Any] = []  # what a forked worker runs (inherited, nothing pickled)
+@dataclass(frozen=True)
+class _Task:
+    """What a forked worker runs (inherited, nothing pickled): ``_search`` of ``group`` from the
+    roles ``known``, or (``exact``) the evaluation of its layouts as they are, for the roles it
+    traces."""
+
+    request: ModelRequest
+    options: TraceOptions
+    gpu: GPU
+    cluster: Cluster
+    layers: int | None
+    group: list[Execution]
+    slower_than: float | None
+    work: dict[tuple[Any, ...], list[Planned]] | None
+    levels: tuple[int, ...]
+    known: dict[Any, Any]
+    exact: bool = False
+
+
+_TASKS: list[_Task] = []
 
 
 def _pipeline_shape(execution: Execution) -> tuple[Any, ...]:
@@ -203,12 +229,14 @@ def _pipeline_shape(execution: Execution) -> tuple[Any, ...]:
 
 
 def _in_workers(request: ModelRequest, options: TraceOptions, gpu: GPU, cluster: Cluster, layers: int | None,
-                groups: list[list[Execution]], slower_than: float | None = None,
+                groups: list[list[Execution]], cache: RoleCache, slower_than: float | None = None,
                 work: dict[tuple[Any, ...], list[Planned]] | None = None,
-                levels: tuple[int, ...] = tuple(range(len(CHECKPOINTS)))) -> tuple[list[Planned], int]:
-    """``_search`` of each group of candidates (they share no traced role), in forked worker
-    processes where that is safe: each worker has its own traced roles; the results and the
-    number of traces come back."""
+                levels: tuple[int, ...] = tuple(range(len(CHECKPOINTS))), ahead: Iterable[Execution] = ()) -> list[Planned]:
+    """``_search`` of each group of candidates, in forked worker processes where that is safe:
+    each task starts from the roles ``cache`` holds and traces the others into a cache of its
+    own; the results come back, and the roles traced are adopted by ``cache``. ``ahead``:
+    layouts evaluated as they are beside the searches, for the roles they trace (what a later
+    ``evaluate`` on ``cache`` will need; their results are not returned)."""
     import os
     import sys
 
@@ -217,21 +245,33 @@ def _in_workers(request: ModelRequest, options: TraceOptions, gpu: GPU, cluster:
     groups = [g for g in groups if g]
     wanted = os.environ.get(WORKERS_ENV)
     workers = int(wanted) if wanted and wanted.isdigit() else min(2, os.cpu_count() or 1)
-    workers = min(workers, len(groups))
-    _TASKS[:] = [(request, options, gpu, cluster, layers, g, slower_than, work, levels) for g in groups]
+    known = cache.known
+    _TASKS[:] = [_Task(request, options, gpu, cluster, layers, g, slower_than, work, levels, known) for g in groups]
+    _TASKS.extend(_Task(request, options, gpu, cluster, layers, [e], None, None, levels, known, exact=True)
+                  for e in ahead)
+    workers = min(workers, len(_TASKS))
     progress.expect(sum(len({shape_key(e) for e in g}) for g in groups))  # ``_search``'s units
     if workers <= 1 or not sys.platform.startswith("linux") or not fork_is_safe():
-        outputs = [_run_task(i) for i in range(len(groups))]
+        outputs = [_run_task(i) for i in range(len(_TASKS))]
     else:  # forked workers inherit the tasks; a Ctrl-C or SIGTERM stops them (``in_processes``)
-        outputs = in_processes(_run_task, list(range(len(groups))), workers, "fork")
-    results = [p for planned, _ in outputs for p in planned]
-    return results, sum(t for _, t in outputs)
+        import_engines()  # once here, not in every worker
+        # the largest groups first, so that the last one to start is a small one
+        largest_first = sorted(range(len(_TASKS)), key=lambda i: -len(_TASKS[i].group))
+        outputs = in_processes(_run_task, largest_first, workers, "fork")
+    for _, made in outputs:
+        cache.adopt(made)
+    return [p for planned, _ in outputs for p in planned]
 
 
-def _run_task(index: int) -> tuple[list[Planned], int]:
-    request, options, gpu, cluster, layers, group, slower_than, work, levels = _TASKS[index]
-    cache = RoleCache()
-    return _search(request, options, group, gpu, cluster, layers, cache, slower_than, work, levels), cache.traces
+def _run_task(index: int) -> tuple[list[Planned], dict[Any, Any]]:
+    t = _TASKS[index]
+    cache = RoleCache(t.known)
+    if t.exact:
+        for execution in t.group:
+            evaluate(t.request, t.options, execution, t.gpu, t.cluster, layers=t.layers, cache=cache)
+        return [], cache.made
+    return (_search(t.request, t.options, t.group, t.gpu, t.cluster, t.layers, cache, t.slower_than, t.work, t.levels),
+            cache.made)
 
 
 def _search(request: ModelRequest, options: TraceOptions, candidates: list[Execution], gpu: GPU,
