@@ -49,28 +49,19 @@ def engines_on_fake_tensors(memo: dict[Any, Any]) -> Iterator[None]:
     propagator = sharding_propagator()
     uncached = propagator.propagate_op_sharding_non_cached
 
-    def decided(op_schema: Any) -> Any:
+    def memoized(op_schema: Any) -> Any:
         # Under a fake mode DTensor skips its sharding cache (it assumes a compiler traces
         # symbolic shapes); a trace's shapes are concrete, so a decision is reused as a real
-        # run's cache reuses it (for this process group only: the cache is per rank)
+        # run's cache reuses it (for this process group only: the cache is per rank); a foreach
+        # op's from its elements' (``foreach_by_element``)
         try:
             return memo[op_schema]
         except KeyError:
-            result = memo[op_schema] = uncached(op_schema)
+            result = foreach_by_element(op_schema, memoized)
+            result = memo[op_schema] = uncached(op_schema) if result is None else result
             return result
         except TypeError:  # an unhashable schema
             return uncached(op_schema)
-
-    def memoized(op_schema: Any) -> Any:
-        try:
-            return memo[op_schema]
-        except (KeyError, TypeError):
-            pass
-        per_element = foreach_by_element(op_schema, decided)
-        if per_element is None:
-            return decided(op_schema)
-        memo[op_schema] = per_element
-        return per_element
 
     propagator.propagate_op_sharding_non_cached = memoized
     try:

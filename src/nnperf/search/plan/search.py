@@ -145,11 +145,11 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
             # per task so that the workers share them
             rest = [e for e in second if _pipeline_shape(e) == shape and (e.data == "fsdp" or e not in lead)]
             others = sorted({e.data for e in rest if e.data != "fsdp"})
-            done = sorted((p for p in results if p.fits and not p.time_bound), key=lambda p: p.step_s)
-            fastest = done[0].step_s if done else None
+            best = min((p for p in results if p.fits and not p.time_bound), key=lambda p: p.step_s, default=None)
+            fastest = best.step_s if best else None
             # the fastest so far without sequence parallelism, evaluated beside them: the winner
             # (below) most often, whose roles are then traced already
-            plain = [replace(done[0].execution, sequence_parallel=False)] if done and done[0].execution.tensor > 1 else []
+            plain = [replace(best.execution, sequence_parallel=False)] if best and best.execution.tensor > 1 else []
             extra = _in_workers(request, options, gpu, cluster, layers,
                                 [[e for e in rest if e.data in ("fsdp", kind)] for kind in others], cache, fastest,
                                 same_work(results), levels, ahead=plain)
