@@ -88,7 +88,8 @@ def test_pipeline_splits_that_cannot_hold_the_layers_are_one_line():
         (["--gpus", "8", "-O", "n_layer=10", "--pp", "4"], "10 layers do not split evenly into 4 pipeline stages; nearest valid "
          "pipeline degrees: 2 or 5; or shorten the first and last stages (--first-stage-layers, --last-stage-layers: "
          "first = last = 2 (3 in each other stage); first = last = 1 (4 in each other stage))"),
-        (["--gpus", "8", "-O", "n_layer=10", "--pp", "4", "--first-stage-layers", "3"], "an uneven split with first stage layers 3 "
+        (["--gpus", "8", "-O", "n_layer=10", "--pp", "4", "--first-stage-layers", "3", "--schedule", "1f1b"],
+         "an uneven split with first stage layers 3 "
          "cannot hold 10 layers in 4 pipeline stages"),
         (["--gpus", "24", "-O", "n_layer=12", "--pp", "3", "--vpp", "3", "--schedule", "interleaved-1f1b"],
          "3 virtual stages do not divide the 4 layers per pipeline stage (12 layers over 3 stages); valid: 2, 4"),
@@ -337,3 +338,20 @@ def test_a_model_without_per_family_plans_says_why_tensor_and_pipelines_are_left
     refused = CliRunner().invoke(cli, [*base, "--tp", "2"])
     assert refused.exit_code == 2 and "--tp 2: tensor and pipeline parallelism need" in refused.output
     assert len(refused.output.strip().splitlines()) == 1
+
+
+def test_an_uneven_split_only_an_interleaved_schedule_holds_is_planned_with_it():
+    """10 blocks over 2 stages with the first and last chunk holding 1: two chunks per rank
+    hold them (1, 4, 4, 1); one chunk per rank cannot (1 + 1 < 10). Asked for with the
+    interleaved schedule, the plan runs it (it used to refuse, checking a one-chunk split);
+    asked for with 1F1B, it is refused in one line."""
+    uneven = ["--gpus", "8", "-O", "n_layer=10", "--pp", "2", "--tp", "1", "--data", "fsdp",
+              "--first-stage-layers", "1", "--last-stage-layers", "1"]
+    result = CliRunner().invoke(cli, [*ARGS, *uneven, "--schedule", "interleaved-1f1b", "--vpp", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    planned = [r["execution"] for r in json.loads(result.output)["ranked"]]
+    assert planned and all((e["pipeline"], e["virtual_stages"], e["first_stage_layers"], e["last_stage_layers"])
+                           == (2, 2, 1, 1) for e in planned)
+    result = CliRunner().invoke(cli, [*ARGS, *uneven, "--schedule", "1f1b"])
+    assert result.exit_code == 2 and "cannot hold 10 layers in 2 pipeline stages" in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from nnperf.errors import UsageError
-from nnperf.layout import PIPELINE_DEGREES, SCHEDULES, split_layers
+from nnperf.layout import DEFAULT_SCHEDULES, PIPELINE_DEGREES, SCHEDULES, split_layers
 from nnperf.request import ModelRequest
 from nnperf.search.plan.layouts import PipelineSplitChoice
 from nnperf.search.plan.rank import SCALE_POINTS
@@ -24,11 +24,12 @@ def request_name(request: ModelRequest) -> str:
 def search_axes(request: ModelRequest, gpus: int, nodes_of: int, layers: int | None,
                 tensor: Iterable[int] | None, pipeline: Iterable[int] | None,
                 model_info: tuple[Any, dict[str, Any], int | None] | None,
-                split: PipelineSplitChoice | None = None) -> tuple[list[int], list[int]]:
+                split: PipelineSplitChoice | None = None,
+                schedules: Iterable[str] = DEFAULT_SCHEDULES) -> tuple[list[int], list[int]]:
     """The tensor and pipeline degrees to try: what the user gave (checked: a degree that does
     not divide the model is one line), else every degree the model and the nodes allow.
     ``model_info``: ``model_info(request, layers)``; ``split``: an uneven first and last stage
-    the pipelines must hold."""
+    the pipelines must hold with one of ``schedules``."""
     split = split or PipelineSplitChoice()
 
     if tensor is not None:
@@ -57,11 +58,11 @@ def search_axes(request: ModelRequest, gpus: int, nodes_of: int, layers: int | N
             if pp > 1:
                 if layers is None:
                     raise UsageError("pipeline parallelism needs a built-in gpt2 or llama model (a stage split)")
-                split_layers(layers, pp, 1, split.first, split.last)  # one line where it cannot hold them
+                split.check(layers, pp, schedules)  # one line where it cannot hold them
     elif layers is None or model_info is None or not _pipelines(model_info[0]):
         pipeline = [1]
     else:
-        pipeline = [p for p in PIPELINE_DEGREES if p <= gpus and p < layers and split.holds(layers, p)]
+        pipeline = [p for p in PIPELINE_DEGREES if p <= gpus and p < layers and split.holds_any(layers, p, schedules)]
     if split.first is not None or split.last is not None:
         if not any(p > 1 for p in pipeline):
             raise UsageError("--first-stage-layers/--last-stage-layers shorten pipeline stages: give --pp 2 or more "

@@ -39,6 +39,24 @@ class PipelineSplitChoice:
             return False
         return True
 
+    def chunks_per_rank(self, schedules: Iterable[str]) -> list[int]:
+        """The chunks per rank the given schedules run: 1 for a one-chunk schedule, each of
+        ``virtual`` for a multi-chunk one."""
+        counts = {v for s in schedules for v in (self.virtual if SCHEDULES[s].multi_chunk else (1,))}
+        return sorted(counts)
+
+    def holds_any(self, layers: int, pipeline: int, schedules: Iterable[str]) -> bool:
+        """Some schedule of ``schedules`` can split ``layers`` over ``pipeline`` stages (the first
+        and last chunk of an interleaved one are shorter than a stage)."""
+        return any(self.holds(layers, pipeline, v) for v in self.chunks_per_rank(schedules))
+
+    def check(self, layers: int, pipeline: int, schedules: Iterable[str]) -> None:
+        """One line naming the valid splits where no schedule of ``schedules`` can hold the
+        layers over ``pipeline`` stages (the one-chunk schedule's line where one was asked for)."""
+        counts = self.chunks_per_rank(schedules)
+        if not any(self.holds(layers, pipeline, v) for v in counts):
+            split_layers(layers, pipeline, counts[0], self.first, self.last)
+
 
 def _nearest_gpu_counts(gpus: int, global_batch: int) -> str:
     valid = sorted({d for d in range(1, gpus * 2 + 1) if global_batch % d == 0}, key=lambda d: abs(d - gpus))[:2]

@@ -99,7 +99,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     info = model_info(request, layers)  # one meta build of one block, for the axes and the note
     tensor, pipeline = chunked_loss_axes(options, tensor, pipeline)
     split = split or PipelineSplitChoice()
-    tensor, pipeline = search_axes(request, gpus, nodes_of, layers, tensor, pipeline, info, split)  # the model's rules first
+    tensor, pipeline = search_axes(request, gpus, nodes_of, layers, tensor, pipeline, info, split,
+                                   schedules)  # the model's rules first
     left_out = axes_note(request, gpus, asked, tensor, pipeline, info)
     check_degrees(gpus, nodes_of, *asked, context, expert)
     if split.virtual != PipelineSplitChoice().virtual:  # asked for: each must split the stages
