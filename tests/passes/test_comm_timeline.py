@@ -141,6 +141,8 @@ def test_the_overlapped_part_of_a_later_kernel_runs_slower():
                      lambda i: Contention(sm_share=0.5, dram_share=0.0))
     assert result.step_s == pytest.approx(6 * MS) and result.slowdown_s == pytest.approx(1 * MS)
     assert result.compute_s == pytest.approx(6 * MS) and result.exposed_s == {}
+    assert [(k, c) for k, c, _ in result.slowed] == [(2, 1)]  # B, stretched by the all-reduce
+    assert result.slowed[0][2] == pytest.approx(1 * MS)
     # a memory-bound B is untouched by the SMs the collective holds
     ops[2] = _op(2, "b", [0], [2], 4 * MS, memory_bound=True)
     alone = overlap(_step(ops), None, lambda i: ("all_reduce", 100, 2 * MS),
@@ -204,3 +206,22 @@ def test_fsdp_copy_in_runs_on_the_stream_of_the_gather_it_feeds():
     seconds = {0: 4 * MS, 2: 2 * MS}
     result = overlap(_step(ops), None, lambda i: ("x", 0, seconds[i]), stream_of=lambda i: "y" if i == 0 else "x")
     assert result.clock[3] == pytest.approx(6 * MS)
+
+
+def test_each_stretch_is_told_by_the_collective_beside_the_kernel():
+    """Two collectives of two streams, one after the other beside one long kernel: A (1 ms)
+    writes g and h; the all-reduce of g runs 1-3 ms holding half the SMs, the all-gather of h
+    (another stream, issued after it) starts at 1 ms too and runs to 5 ms holding a fifth.
+    B (compute-bound, 6 ms alone) starts at 1 ms: beside the all-reduce for 2 ms (1 ms of work,
+    1 ms added), then beside the all-gather alone (2 ms: 1.6 ms of work, 0.4 ms added), then
+    alone for the 3.4 ms left: it ends at 8.4 ms, the 1.4 ms added told 1 ms to the all-reduce
+    and 0.4 ms to the all-gather."""
+    ops = [_op(0, "a", [0], [1, 2], 1 * MS), _op(1, "c10d.allreduce_", [1], [1], 0, comm=True),
+           _op(2, "c10d.allgather_", [2], [2], 0, comm=True), _op(3, "b", [0], [3], 6 * MS)]
+    seconds, share = {1: 2 * MS, 2: 4 * MS}, {1: 0.5, 2: 0.2}
+    result = overlap(_step(ops), None, lambda i: ("x", 100, seconds[i]),
+                     lambda i: Contention(sm_share=share[i], dram_share=0.0), stream_of=lambda i: i)
+    assert result.step_s == pytest.approx(8.4 * MS) and result.slowdown_s == pytest.approx(1.4 * MS)
+    told = {collective: added for _, collective, added in result.slowed}
+    assert told == pytest.approx({1: 1 * MS, 2: 0.4 * MS})
+    assert {kernel for kernel, _, _ in result.slowed} == {3}

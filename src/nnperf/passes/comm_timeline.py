@@ -102,6 +102,9 @@ class CommStep:
     #: each wait of the compute stream for a collective: (the waiting op's event index, the
     #: collective's event index, seconds), so a wait can be told apart by its collective
     waits: list[tuple[int, int, float]] = field(default_factory=list)
+    #: each stretch of a kernel by a collective beside it: (the kernel's event index, the
+    #: collective's event index, seconds added), summing to ``slowdown_s``
+    slowed: list[tuple[int, int, float]] = field(default_factory=list)
 
     @property
     def exposed_total_s(self) -> float:
@@ -116,24 +119,28 @@ class _Busy:
         self.starts: list[float] = []
         self.ends: list[float] = []
         self.contention: list[Contention] = []
+        self.indices: list[int] = []  # each collective's event index
         #: the latest end among the collectives up to each position: the first position whose
         #: running end lies after a time is the first that can still be running then
         self.reach: list[float] = []
 
-    def add(self, start: float, end: float, contention: Contention) -> None:
+    def add(self, start: float, end: float, contention: Contention, index: int) -> None:
         at = bisect.bisect_right(self.starts, start)
         self.starts.insert(at, start)
         self.ends.insert(at, end)
         self.contention.insert(at, contention)
+        self.indices.insert(at, index)
         self.reach.insert(at, 0.0)
         for i in range(at, len(self.reach)):
             self.reach[i] = max(self.reach[i - 1] if i else 0.0, self.ends[i])
 
-    def finish(self, start: float, t: OpTime) -> float:
+    def finish(self, start: float, t: OpTime) -> tuple[float, list[tuple[int, float]]]:
         """When ``t``'s kernel, started at ``start``, ends: ``t.kernel_s`` of work, done
         ``slowdown`` times slower while a collective runs (while two run, at the slowdown of
-        the one that started first)."""
+        the one that started first); and what each collective added to it (its event index,
+        seconds)."""
         now, left = start, t.kernel_s
+        added: list[tuple[int, float]] = []
         for i in range(bisect.bisect_right(self.reach, start), len(self.starts)):
             if self.ends[i] <= now:  # over before the kernel got here (another stream's)
                 continue
@@ -144,10 +151,13 @@ class _Busy:
                 now = self.starts[i]
             k = self.contention[i].slowdown(t)
             if left * k <= self.ends[i] - now:
-                return now + left * k
-            left -= (self.ends[i] - now) / k
+                added.append((self.indices[i], left * (k - 1)))
+                return now + left * k, added
+            beside = self.ends[i] - now
+            added.append((self.indices[i], beside - beside / k))
+            left -= beside / k
             now = self.ends[i]
-        return now + left
+        return now + left, added
 
 
 def overlap(
@@ -168,6 +178,7 @@ def overlap(
     slices: list[CommSlice] = []
     clock: dict[int, float] = {}
     waits: list[tuple[int, int, float]] = []
+    slowed: list[tuple[int, int, float]] = []
     busy = _Busy()
     last: OpTime | None = None  # the compute stream's latest kernel
     for t in step.ops:
@@ -194,7 +205,7 @@ def overlap(
                 produced[m.storage] = (end, kind, t.index)
             taken = contention(t.index) if contention is not None and seconds > 0 else None
             if taken is not None:
-                busy.add(start, end, taken)
+                busy.add(start, end, taken, t.index)
                 if last is not None and start < compute_free:
                     # it began under compute already placed: the rest of that work (from its
                     # start on, at the latest kernel's slowdown) runs slower while it lasts
@@ -203,6 +214,7 @@ def overlap(
                     compute_free += extra
                     compute_busy += extra
                     slowdown += extra
+                    slowed.append((last.index, t.index, extra))
                     clock[last.index] = compute_free
             continue
         if not t.kernels:
@@ -224,9 +236,11 @@ def overlap(
                 exposed[waited_on] += start - free
                 if waited_index is not None:
                     waits.append((t.index, waited_index, start - free))
-            compute_free = end = busy.finish(start, t)
+            compute_free, added = busy.finish(start, t)
+            end = compute_free
             compute_busy += end - start
             slowdown += end - start - t.kernel_s
+            slowed.extend((t.index, index, seconds) for index, seconds in added)
             clock[t.index] = compute_free
             last = t
         for m in event.outputs:
@@ -237,7 +251,7 @@ def overlap(
         exposed[last] += max(0.0, comm_end - max(compute_free, step.host_s))
     end = max(compute_free, comm_end, step.host_s)
     return CommStep(end, compute_busy, comm_busy, {k: v for k, v in exposed.items() if v > 0}, slices,
-                    slowdown_s=slowdown, clock=clock, waits=waits)
+                    slowdown_s=slowdown, clock=clock, waits=waits, slowed=slowed)
 
 
 def _streams(step: StepTime, stream_of: Callable[[int], Hashable] | None) -> tuple[dict[int, Hashable], set[int]]:

@@ -89,11 +89,13 @@ def trace_rank(
         collectives = collectives_of(trace)
     trace.config["execution"] = execution.to_json()
     trace.config["rank"] = rank
-    if execution.pipeline > 1 and execution.data_parallel > 1:
+    if execution.data_parallel > 1:
         # the data-parallel engine's process groups: a pipeline synchronizes over them once per
         # step (DDP's reduction in the last micro-batch's backward, ZeRO-1's all-gather before
         # the first forward; FSDP2, which pipelines never reshard, gathers once and
-        # reduce-scatters after the schedule), not once per micro-batch
+        # reduce-scatters after the schedule), not once per micro-batch; so does DDP (and
+        # ZeRO-1) accumulating without a pipeline (``no_sync`` micro-batches, Megatron-LM's
+        # reduction in the last one)
         trace.config["data_parallel_groups"] = _data_parallel_groups(execution, world["meshes"][shape])
     if execution.pipeline > 1:
         trace.config["pipeline_order"] = workload.model.pipeline_order

@@ -46,3 +46,53 @@ def test_shortened_first_and_last_stages_hold_every_block():
                 3: 2 * block + size(model.ln_f) + 4 * model.lm_head.weight.numel()}
     assert planned.pipeline.parameter_bytes_per_rank == expected
     assert planned.fits and planned.step_s > 0
+
+
+def _contended() -> object:
+    """A cluster whose collectives are slow and hold most of the SMs: a reduction beside the
+    backward stretches its kernels by far more than the tolerance of the tests below."""
+    from dataclasses import replace
+
+    slow = replace(CLUSTER.intra, link_bytes_per_s=2e9, nvls_busbw=0.0, collective_ctas=100)
+    return replace(CLUSTER, intra=slow)
+
+
+LLAMA = {"n_layer": 4, "dim": 2048, "n_heads": 16, "ffn_hidden": 5632, "vocab": 512}  # kernels, not the host, bound the step
+
+
+def test_ddp_accumulating_reduces_once_per_step():
+    """DDP over 2 GPUs accumulating 4 micro-batches: the 3 micro-batches under ``no_sync``
+    neither wait for the gradients' all-reduce nor run beside it, so 4 micro-batches take 3 of
+    one GPU's micro-batches longer than 1 does, as without data parallelism (within 3%: DDP's
+    hooks still cost the host); the exposed all-reduce is the same once-per-step wait. (Timed
+    as the traced micro-batch, the step grew by 3 reductions.)"""
+    cluster = _contended()
+    request = ModelRequest("llama-7b", batch=2, seq_len=2048, overrides=LLAMA)
+
+    def step(world: int, accum: int):
+        execution = Execution(world=world, data="ddp", micro_batch=2, grad_accum=accum)
+        return evaluate(request, OPTIONS, execution, GPU, cluster, layers=4, cache=RoleCache())
+
+    one, four = step(2, 1), step(2, 4)
+    alone = step(1, 4).step_s - step(1, 1).step_s
+    assert one.split.exposed_communication_s["all_reduce"] > 0.5 * one.step_s  # the reduction dominates
+    assert four.step_s - one.step_s == pytest.approx(alone, rel=0.03)
+    assert four.split.exposed_communication_s["all_reduce"] == pytest.approx(
+        one.split.exposed_communication_s["all_reduce"])
+
+
+def test_a_pipeline_backward_is_not_stretched_by_the_once_per_step_reduction():
+    """3 stages, DDP over 2 ranks per stage, on links slow enough that the gradients' all-reduce
+    runs beside most of the traced backward holding most of the SMs: the backward action is the
+    one ``no_sync`` runs, as without data parallelism (within 3%), every micro-batch's but the
+    last; the stretch goes to the step's tail with the reduction."""
+    from nnperf.search.plan.rank import scaled_cost
+
+    cluster = _contended()
+    request = ModelRequest("llama-7b", batch=2, seq_len=2048, overrides={**LLAMA, "n_layer": 12})
+    ddp = Execution(world=6, data="ddp", pipeline=3, pipeline_schedule="gpipe", micro_batch=2)
+    alone = Execution(world=3, data="ddp", pipeline=3, pipeline_schedule="gpipe", micro_batch=2)
+    with_ddp = scaled_cost(request, OPTIONS, ddp, GPU, cluster, 0, 12, RoleCache(), per_chunk=4).figures
+    plain = scaled_cost(request, OPTIONS, alone, GPU, cluster, 0, 12, RoleCache(), per_chunk=4).figures
+    assert with_ddp.sync_slowdown_s > 0.1 * plain.action("B", 0)  # the stretch the test is about
+    assert with_ddp.action("B", 0) == pytest.approx(plain.action("B", 0), rel=0.03)

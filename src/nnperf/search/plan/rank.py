@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from nnperf.analysis import Analysis
@@ -122,6 +122,18 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
         figures.collective_bytes[c.kind] = figures.collective_bytes.get(c.kind, 0.0) + c.bytes
     config = traced.trace.config
     actions = config.get("pipeline_actions") or []
+    # the data-parallel synchronization a pipeline runs once per step, whatever its
+    # micro-batches (DDP's reduction in the last micro-batch's backward, ZeRO-1's and FSDP2's
+    # parameter all-gathers before the first forward), and the reduction that DDP and ZeRO-1
+    # accumulating without a pipeline run in the last micro-batch only (``no_sync`` before it)
+    sync = _data_parallel_once(traced, comm, prediction.step, config.get("data_parallel_groups", []))
+    if not actions:
+        sync = sync.before(once[0].index if execution.replicates_parameters and once else -1)
+    for _, kind, seconds in sync.waits:
+        figures.sync_exposed_s[kind] = figures.sync_exposed_s.get(kind, 0.0) + seconds
+    figures.sync_kernel_s = sum(seconds for _, seconds in sync.kernels)
+    figures.sync_slowdown_s = sum(seconds for _, seconds in sync.slowed)
+    figures.sync_comm_s = sum(seconds for _, seconds in sync.collectives)
     if actions:
         indices = sorted(comm.clock)
         clocks = [comm.clock[i] for i in indices]
@@ -130,11 +142,9 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
             at = bisect.bisect_left(indices, index)
             return clocks[at - 1] if at else 0.0
 
-        # the data-parallel synchronization runs once per step (DDP's reduction in the last
-        # micro-batch's backward, ZeRO-1's and FSDP2's parameter all-gathers before the first
-        # forward): what the traced micro-batch waits for it is the step's head or tail, not
-        # every action's
-        once = _data_parallel_once(traced, comm, prediction.step, config.get("data_parallel_groups", []))
+        # what the traced micro-batch spends on the once-per-step synchronization is the step's
+        # head or tail, not every action's
+        once = sync.at()
         sums: dict[str, list[float]] = {}
         head = tail = 0.0
         for label, start, end in actions:
@@ -158,15 +168,37 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
                     {int(k): v for k, v in (config.get("pipeline_order") or {}).items()}, rank=rank)
 
 
-def _data_parallel_once(traced: Any, comm: Any, step: Any, groups: list[str]) -> list[tuple[int, float]]:
-    """What the traced micro-batch spends, at each event, on the data-parallel engine's
-    once-per-step synchronization over ``groups`` (process group names): the compute stream's
-    waits for those collectives, and the kernels reading or writing their buffers (DDP's copies
-    of the gradients into its buckets and back, its division of a bucket: what micro-batches
-    under no_sync skip)."""
+@dataclass(frozen=True)
+class _Sync:
+    """What the traced micro-batch spends on the data-parallel engine's once-per-step
+    synchronization, each part at the event it lengthens: the compute stream's waits for those
+    collectives (with the collective's kind), the kernels reading or writing their buffers, and
+    what the collectives beside the compute kernels stretch them by (``Contention``)."""
+
+    waits: list[tuple[int, str, float]]
+    kernels: list[tuple[int, float]]
+    slowed: list[tuple[int, float]]
+    collectives: list[tuple[int, float]]  # the collectives themselves: event index, duration
+
+    def at(self) -> list[tuple[int, float]]:
+        """Every part as (event index, seconds)."""
+        return [(i, s) for i, _, s in self.waits] + self.kernels + self.slowed
+
+    def before(self, index: int) -> _Sync:
+        """The parts at events before ``index``."""
+        return _Sync([w for w in self.waits if w[0] < index], [k for k in self.kernels if k[0] < index],
+                     [x for x in self.slowed if x[0] < index], [c for c in self.collectives if c[0] < index])
+
+
+def _data_parallel_once(traced: Any, comm: Any, step: Any, groups: list[str]) -> _Sync:
+    """What the traced micro-batch spends on the data-parallel engine's once-per-step
+    synchronization over ``groups`` (process group names): the compute stream's waits for those
+    collectives, the kernels reading or writing their buffers (DDP's copies of the gradients
+    into its buckets and back, its division of a bucket: what micro-batches under no_sync
+    skip), and the stretch of the compute kernels they run beside."""
     synchronizing = {c.index for c in traced.collectives if c.group in set(groups)}
     if not synchronizing:
-        return []
+        return _Sync([], [], [], [])
     # the gradients' buckets: what the reductions read (an all-gather's input is a parameter
     # buffer every kernel reads)
     reductions = {c.index for c in traced.collectives if c.index in synchronizing
@@ -176,8 +208,12 @@ def _data_parallel_once(traced: Any, comm: Any, step: Any, groups: list[str]) ->
     kernels = [(t.index, max(t.kernel_s, t.host_s)) for t in step.ops if t.index not in synchronizing
                and t.phase == "backward"
                and any(m.storage in buffers for m in (*t.count.event.inputs, *t.count.event.outputs))]
-    waits = [(index, seconds) for index, collective, seconds in comm.waits if collective in synchronizing]
-    return kernels + waits
+    kinds = {c.index: c.kind for c in traced.collectives}
+    waits = [(index, kinds[collective], seconds) for index, collective, seconds in comm.waits
+             if collective in synchronizing]
+    slowed = [(index, seconds) for index, collective, seconds in comm.slowed if collective in synchronizing]
+    durations = [(c.index, c.end_s - c.start_s) for c in comm.slices if c.index in synchronizing]
+    return _Sync(waits, kernels, slowed, durations)
 
 
 def _memory_by_phase(report: Any, figures: RankFigures) -> None:

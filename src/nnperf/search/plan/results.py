@@ -68,6 +68,13 @@ class RankFigures:
     param_row_bytes: float = 0.0  # search.plan.states
     states: StateBytes = field(default_factory=StateBytes)
     exposed_s: dict[str, float] = field(default_factory=dict)  # collective kind -> compute waited
+    #: of the micro-batch before the once-per-step ops, what only the last micro-batch of an
+    #: accumulating step spends (DDP's and ZeRO-1's gradient reduction; ``no_sync`` before it):
+    #: the compute stream's waits for it by kind, its kernels, its stretch of the kernels beside
+    sync_exposed_s: dict[str, float] = field(default_factory=dict)
+    sync_kernel_s: float = 0.0
+    sync_slowdown_s: float = 0.0
+    sync_comm_s: float = 0.0  # and its collectives' time on their stream
     collective_count: dict[str, float] = field(default_factory=dict)  # by collective kind
     collective_bytes: dict[str, float] = field(default_factory=dict)  # by collective kind
     #: a pipeline rank's actions: the mean time of each kind of action of each stage ("F@0")
@@ -75,6 +82,11 @@ class RankFigures:
     head_s: float = 0.0  # before a pipeline rank's first action
     tail_s: float = 0.0  # after its last (optimizer, gradient synchronization)
     p2p_bytes: float = 0.0  # the activation a pipeline stage sends forward
+
+    @property
+    def sync_s(self) -> float:
+        """The wall time only the last micro-batch of an accumulating step spends reducing."""
+        return sum(self.sync_exposed_s.values()) + self.sync_kernel_s + self.sync_slowdown_s
 
     def action(self, kind: str, stage: int) -> float:
         """The mean time of a pipeline action of this rank (``F``, ``B``, ``I``, ``W``)."""

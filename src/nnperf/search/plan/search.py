@@ -14,9 +14,11 @@ replay of its schedule (``passes.pipeline_timeline``) from the traced per-action
 the bubble explicit. Layouts that fit are ranked by step time; the others are listed with
 the reason.
 
-Gradient accumulation without a pipeline: every micro-batch is timed as the traced one (with
-its gradient synchronization); the optimizer runs once. DDP's ``no_sync`` micro-batches skip
-their all-reduce, so for DDP (and ZeRO-1) this is an upper bound on the step. A pipeline's micro-batches
+Gradient accumulation without a pipeline: every micro-batch is timed as the traced one; the
+optimizer runs once, and so does DDP's (ZeRO-1's) gradient reduction, which only the last
+micro-batch runs (``no_sync`` before it): its waits, its bucket copies and the stretch of the
+kernels it runs beside count once. FSDP2 reduce-scatters every micro-batch, as torchtitan runs
+it. A pipeline's micro-batches
 are traced ``p`` at a time (the schedules' in-flight peak for micro-batch counts that are
 multiples of ``p``; GPipe: all of them) and the schedule replayed with all of them.
 """
