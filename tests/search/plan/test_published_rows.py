@@ -23,7 +23,7 @@ def _rows(name: str) -> list[dict]:
     return tomllib.loads((FOLDER / name).read_text())["row"]
 
 
-@pytest.mark.parametrize("name", ["rows.toml", "megatron_runs.toml"])
+@pytest.mark.parametrize("name", ["rows.toml", "megatron_runs.toml", "vtrain_runs.toml"])
 def test_every_reproducible_row_is_a_layout_the_plan_accepts(name):
     for row in _rows(name):
         if not row.get("reproducible", True):
@@ -34,7 +34,7 @@ def test_every_reproducible_row_is_a_layout_the_plan_accepts(name):
         if layers and execution.pipeline > 1:
             assert sum(execution.chunk_layers(layers)) == layers
         batch = re.search(r"batch (\d+)", row["quote"])
-        if batch and name == "megatron_runs.toml":
+        if batch and name != "rows.toml":
             assert execution.global_batch == int(batch.group(1)), row["id"]
 
 
