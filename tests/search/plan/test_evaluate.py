@@ -60,25 +60,43 @@ def _contended() -> object:
 LLAMA = {"n_layer": 4, "dim": 2048, "n_heads": 16, "ffn_hidden": 5632, "vocab": 512}  # kernels, not the host, bound the step
 
 
+def _ddp_steps(data_parallel: int, context: int = 1) -> tuple:
+    """One and four micro-batches of DDP over ``data_parallel`` ranks (each of ``context``
+    GPUs) on the contended cluster."""
+    cluster = _contended()
+    request = ModelRequest("llama-7b", batch=2, seq_len=2048, overrides=LLAMA)
+
+    def step(accum: int):
+        execution = Execution(world=data_parallel * context, data="ddp", context=context, micro_batch=2,
+                              grad_accum=accum)
+        return evaluate(request, OPTIONS, execution, GPU, cluster, layers=4, cache=RoleCache())
+
+    return step(1), step(4)
+
+
 def test_ddp_accumulating_reduces_once_per_step():
     """DDP over 2 GPUs accumulating 4 micro-batches: the 3 micro-batches under ``no_sync``
     neither wait for the gradients' all-reduce nor run beside it, so 4 micro-batches take 3 of
     one GPU's micro-batches longer than 1 does, as without data parallelism (within 3%: DDP's
     hooks still cost the host); the exposed all-reduce is the same once-per-step wait. (Timed
     as the traced micro-batch, the step grew by 3 reductions.)"""
-    cluster = _contended()
-    request = ModelRequest("llama-7b", batch=2, seq_len=2048, overrides=LLAMA)
-
-    def step(world: int, accum: int):
-        execution = Execution(world=world, data="ddp", micro_batch=2, grad_accum=accum)
-        return evaluate(request, OPTIONS, execution, GPU, cluster, layers=4, cache=RoleCache())
-
-    one, four = step(2, 1), step(2, 4)
-    alone = step(1, 4).step_s - step(1, 1).step_s
+    one, four = _ddp_steps(2)
+    plain_one, plain_four = _ddp_steps(1)
     assert one.split.exposed_communication_s["all_reduce"] > 0.5 * one.step_s  # the reduction dominates
-    assert four.step_s - one.step_s == pytest.approx(alone, rel=0.03)
+    assert four.step_s - one.step_s == pytest.approx(plain_four.step_s - plain_one.step_s, rel=0.03)
     assert four.split.exposed_communication_s["all_reduce"] == pytest.approx(
         one.split.exposed_communication_s["all_reduce"])
+
+
+def test_ddp_beside_context_parallelism_reduces_once_per_step():
+    """The same beside context parallelism (2 GPUs share each sequence; DDP over the 4 reduces
+    the gradients): the all-reduce's wait is the step's once, and each further micro-batch adds
+    less than the traced one without it (its ring attention's exchange added each time)."""
+    one, four = _ddp_steps(2, context=2)
+    wait = one.split.exposed_communication_s["all_reduce"]
+    assert wait > 0.5 * one.step_s
+    assert four.split.exposed_communication_s["all_reduce"] == pytest.approx(wait)
+    assert 0 < four.step_s - one.step_s < 3 * (one.step_s - wait)
 
 
 def test_a_pipeline_backward_is_not_stretched_by_the_once_per_step_reduction():

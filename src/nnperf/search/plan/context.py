@@ -32,7 +32,7 @@ from nnperf.layout import Execution
 from nnperf.passes.memory.capacity import capacity, fits
 from nnperf.request import ModelRequest
 from nnperf.search.plan.rank import RoleCache, scaled_cost
-from nnperf.search.plan.results import Planned, RankCost, TimeSplit, collective_totals
+from nnperf.search.plan.results import Planned, RankCost, TimeSplit, collective_totals, per_step
 from nnperf.trace.options import TraceOptions
 
 
@@ -112,18 +112,18 @@ def context_step(request: ModelRequest, options: TraceOptions, execution: Execut
     cost = with_ring_attention(base, execution, cluster)
     f, plain = cost.figures, base.figures
     accum = execution.grad_accum
-    once = f.once_span_s  # the optimizer and clipping: once per step
-    step = accum * (f.step_s - once) + once
-    exposed = {k: v * accum for k, v in f.exposed_s.items() if v > 0}
+    # the optimizer and clipping once per step, and DDP's (ZeRO-1's) reduction (``no_sync``)
+    step = per_step(accum, f.step_s, f.once_span_s + f.sync_s)
+    exposed = {k: per_step(accum, v, f.sync_exposed_s.get(k, 0.0)) for k, v in f.exposed_s.items() if v > 0}
     tokens = cost.per_micro * accum * execution.data_parallel
     planned = Planned(
         execution, step_s=step, throughput=tokens / step if step else 0.0, throughput_unit=cost.unit,
         mfu=f.flops * accum / step / cost.mfu_peak if step and cost.mfu_peak else 0.0,
         memory_bytes=int(f.memory), context_bytes=int(f.mem_context),
-        split=TimeSplit(compute_s=f.compute_s * accum,
+        split=TimeSplit(compute_s=per_step(accum, f.compute_s, f.sync_kernel_s + f.sync_slowdown_s),
                         recomputation_s=f.recompute_s * accum,
-                        communication_s=f.comm_s * accum, exposed_communication_s=exposed,
-                        overlap_slowdown_s=f.slowdown_s * accum,
+                        communication_s=per_step(accum, f.comm_s, f.sync_comm_s), exposed_communication_s=exposed,
+                        overlap_slowdown_s=per_step(accum, f.slowdown_s, f.sync_slowdown_s),
                         host_s=f.host_s * accum,
                         context_parallel="closed form (search.plan.context): ring attention not traced"),
         state_bytes=replace(plain.states), collectives=collective_totals(f),

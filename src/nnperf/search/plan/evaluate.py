@@ -22,7 +22,7 @@ from nnperf.search.plan.axes import model_info
 from nnperf.search.plan.context import context_step
 from nnperf.search.plan.pipeline import pipeline_step
 from nnperf.search.plan.rank import RoleCache, scaled_cost
-from nnperf.search.plan.results import Planned, TimeSplit, collective_totals
+from nnperf.search.plan.results import Planned, TimeSplit, collective_totals, per_step
 from nnperf.trace.options import TraceOptions
 
 
@@ -71,7 +71,7 @@ def data_tensor_step(request: ModelRequest, options: TraceOptions, execution: Ex
         """A micro-batch's figure over the accumulated step: the optimizer and gradient clipping
         run once (``trace.step.once_per_step``), and so does DDP's (ZeRO-1's) reduction, which
         only the last micro-batch runs (``RankFigures.sync_s``)."""
-        return accum * (total - once) + once
+        return per_step(accum, total, once)
 
     host = once_per_step(f.host_s, f.optimizer_host_s)
     compute = once_per_step(f.compute_s, f.optimizer_s + f.sync_kernel_s + f.sync_slowdown_s)

@@ -58,6 +58,7 @@ from nnperf.search.plan.results import (
     RankFigures,
     TimeSplit,
     collective_totals,
+    per_step,
 )
 from nnperf.trace.options import TraceOptions
 from nnperf.trace.parallel.pipeline import schedule_order
@@ -215,11 +216,6 @@ def _planned(execution: Execution, gpu: GPU, sim: PipelineTime, critical: RankCo
     scale = micro / traced_micro
     peak = critical.mfu_peak
     f = critical.figures
-
-    def per_step(figure: float, once: float) -> float:
-        """A traced figure over the step's micro-batches, its once-per-step synchronization part
-        (``RankFigures.sync_s``) counted once."""
-        return (figure - once) * scale + once
     tokens = critical.per_micro / traced_micro * micro * execution.data_parallel
     planned = Planned(
         execution, step_s=sim.step_s,
@@ -230,9 +226,9 @@ def _planned(execution: Execution, gpu: GPU, sim: PipelineTime, critical: RankCo
                         recomputation_s=f.recompute_s * scale,
                         pipeline_bubble_s=sim.bubble_s[sim.critical_rank],
                         after_schedule_s=sim.step_s - sim.end_s[sim.critical_rank],
-                        communication_s=per_step(f.comm_s, f.sync_comm_s),
-                        overlap_slowdown_s=per_step(f.slowdown_s, f.sync_slowdown_s),
-                        exposed_communication_s={k: per_step(v, f.sync_exposed_s.get(k, 0.0))
+                        communication_s=per_step(scale, f.comm_s, f.sync_comm_s),
+                        overlap_slowdown_s=per_step(scale, f.slowdown_s, f.sync_slowdown_s),
+                        exposed_communication_s={k: per_step(scale, v, f.sync_exposed_s.get(k, 0.0))
                                                  for k, v in f.exposed_s.items() if v > 0},
                         host_s=f.host_s * scale),
         state_bytes=replace(f.states), collectives=collective_totals(f),

@@ -38,6 +38,13 @@ class StateBytes:
                 "optimizer_state": round(self.optimizer_state)}
 
 
+def per_step(micro_batches: float, figure: float, once: float) -> float:
+    """A traced micro-batch's ``figure`` over a step of ``micro_batches``, its ``once`` part
+    (the optimizer, clipping, the data-parallel reduction of ``RankFigures.sync_s``: what runs
+    once per step) counted once."""
+    return micro_batches * (figure - once) + once
+
+
 @dataclass
 class RankFigures:
     """A traced rank as numbers, each additive over the blocks of a stack (``combine``)."""
