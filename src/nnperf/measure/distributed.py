@@ -192,17 +192,25 @@ def _measure_rank(request: ModelRequest, options: TraceOptions, execution: Execu
 
 def _accumulating(real: Any, accum: int) -> Any:
     """The planned step: ``accum - 1`` micro-batches' forward and backward, then the last one
-    with the optimizer (gradients reduced every micro-batch, as FSDP2 and DDP do by default)."""
-    from nnperf.trace.step import _sdpa_backend
+    with the optimizer. DDP (and ZeRO-1 on it) runs the first ones under ``no_sync``, so the
+    gradients are reduced once, in the last micro-batch's backward, as Megatron-LM's data
+    parallelism does and the plan times it; FSDP2 reduce-scatters every micro-batch, as
+    torchtitan runs it."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from nnperf.trace.step import sdpa_backend
 
     step = real.step
+    model = step.model
+    quiet = model.no_sync if isinstance(model, DistributedDataParallel) else contextlib.nullcontext
 
     def run() -> None:
-        with _sdpa_backend(step.options.sdpa):  # as Step.run runs the last micro-batch
+        with sdpa_backend(step.options.sdpa):  # as Step.run runs the last micro-batch
             for _ in range(accum - 1):
-                with step.autocast():
-                    loss = step.loss_fn(step.model(*step.inputs))
-                (step.scaler.scale(loss) if step.scaler is not None else loss).backward()
+                with quiet():
+                    with step.autocast():
+                        loss = step.loss_fn(model(*step.inputs))
+                    (step.scaler.scale(loss) if step.scaler is not None else loss).backward()
         real.run()
     return run
 

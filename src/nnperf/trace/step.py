@@ -163,7 +163,7 @@ class Step:
     def run(self, watch: StepWatch = _QUIET) -> Any:
         """One step. Returns an inference step's output (None for training): the caller
         decides when it is dropped (a trace keeps it past the end of the recording)."""
-        with _sdpa_backend(self.options.sdpa):
+        with sdpa_backend(self.options.sdpa):
             return self._run(watch)
 
     def _run(self, watch: StepWatch) -> Any:
@@ -222,7 +222,7 @@ def _quiet_head_view(loss_fn: Any) -> contextlib.AbstractContextManager[Any]:
 
 
 @contextlib.contextmanager
-def _sdpa_backend(mode: str) -> Iterator[None]:
+def sdpa_backend(mode: str) -> Iterator[None]:
     """``--sdpa unfused`` on a device: PyTorch's math backend, in the input's dtype (what the
     trace records, ``trace.attention``). A trace routes SDPA before any backend is chosen."""
     if mode != "unfused":
