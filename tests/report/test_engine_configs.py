@@ -30,6 +30,16 @@ def test_accumulation_keeps_the_micro_batch_as_local_batch():
     assert training["global_batch_size"] // (training["local_batch_size"] * 2) == 2
 
 
+def test_ddp_accumulating_names_the_reductions_the_plan_left_out():
+    """The plan reduces DDP's gradients once per step; the TOML says what a trainer reducing
+    every micro-batch adds (3 more of 4), and an FSDP layout or a single micro-batch says none."""
+    text = torchtitan_toml(Execution(world=2, data="ddp", micro_batch=4, grad_accum=4), amp="bf16")
+    assert "before the last of the 4 micro-batches" in text and "3 reductions more" in text
+    for quiet in (Execution(world=2, data="fsdp", shard=2, micro_batch=4, grad_accum=4),
+                  Execution(world=2, data="ddp", micro_batch=16)):
+        assert "reductions more" not in torchtitan_toml(quiet, amp="bf16")
+
+
 def test_a_pipeline_rank_feeds_all_its_micro_batches_as_its_local_batch():
     e = Execution(world=4, data="fsdp", shard=2, pipeline=2, pipeline_schedule="1f1b", micro_batch=2,
                   grad_accum=4)

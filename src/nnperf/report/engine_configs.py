@@ -96,6 +96,9 @@ def torchtitan_toml(execution: Any, amp: str | None = None, dtype: str | None = 
         lines += [f'pipeline_parallel_schedule = "{SCHEDULE_NAMES[e.pipeline_schedule]}"',
                   f"pipeline_parallel_microbatch_size = {e.micro_batch}"]
         lines += [f"{name} = {value}" for name, value in torchtitan_pipeline_split(e, layers)]
+    if e.replicates_parameters and e.data_parallel > 1 and e.pipeline == 1 and e.grad_accum > 1:
+        lines.append(f"# the plan reduces DDP's gradients once per step (no_sync before the last of the {e.grad_accum} "
+                     f"micro-batches, as Megatron-LM); reduced every micro-batch, {e.grad_accum - 1} reductions more")
     lines.append(f"context_parallel_degree = {e.context}")
     if e.expert > 1:
         lines.append(f"expert_parallel_degree = {e.expert}")
