@@ -32,8 +32,8 @@ def once_span(step: StepTime, comm: CommStep | None = None) -> float:
     end = comm.step_s if comm is not None else step.step_s
     if step.bound == "host" and not (comm is not None and comm.exposed_s):
         return end - (step.host_s - sum(step.ops[i].host_s for i in once))
-    if comm is not None:
-        return end - comm.clock.get(step.ops[once[0]].index, end)
+    if comm is not None:  # the clock after the op before the first (the first's own: after it)
+        return end - (comm.clock.get(step.ops[once[0] - 1].index, end) if once[0] else 0.0)
     return end - max((t.end_s for t in step.ops[:once[0]]), default=0.0)
 
 

@@ -114,7 +114,8 @@ def context_step(request: ModelRequest, options: TraceOptions, execution: Execut
     accum = execution.grad_accum
     # the optimizer and clipping once per step, and DDP's (ZeRO-1's) reduction (``no_sync``)
     step = per_step(accum, f.step_s, f.once_span_s + f.sync_s)
-    exposed = {k: per_step(accum, v, f.sync_exposed_s.get(k, 0.0)) for k, v in f.exposed_s.items() if v > 0}
+    exposed = {k: per_step(accum, v, f.sync_exposed_s.get(k, 0.0) + f.once_exposed_s.get(k, 0.0))
+               for k, v in f.exposed_s.items() if v > 0}
     tokens = cost.per_micro * accum * execution.data_parallel
     planned = Planned(
         execution, step_s=step, throughput=tokens / step if step else 0.0, throughput_unit=cost.unit,

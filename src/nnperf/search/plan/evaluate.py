@@ -67,19 +67,17 @@ def data_tensor_step(request: ModelRequest, options: TraceOptions, execution: Ex
     f = cost.figures
     accum = execution.grad_accum
 
-    def once_per_step(total: float, once: float) -> float:
-        """A micro-batch's figure over the accumulated step: the optimizer and gradient clipping
-        run once (``trace.step.once_per_step``), and so does DDP's (ZeRO-1's) reduction, which
-        only the last micro-batch runs (``RankFigures.sync_s``)."""
-        return per_step(accum, total, once)
-
-    host = once_per_step(f.host_s, f.optimizer_host_s)
-    compute = once_per_step(f.compute_s, f.optimizer_s + f.sync_kernel_s + f.sync_slowdown_s)
-    slowdown = once_per_step(f.slowdown_s, f.sync_slowdown_s)
-    exposed = {k: once_per_step(v, f.sync_exposed_s.get(k, 0.0)) for k, v in f.exposed_s.items()}
+    # over the accumulated step, what runs once counted once (``per_step``): the optimizer and
+    # gradient clipping (``trace.step.once_per_step``), and DDP's (ZeRO-1's) reduction, which
+    # only the last micro-batch runs (``RankFigures.sync_s``)
+    host = per_step(accum, f.host_s, f.optimizer_host_s)
+    compute = per_step(accum, f.compute_s, f.optimizer_s + f.sync_kernel_s + f.sync_slowdown_s)
+    slowdown = per_step(accum, f.slowdown_s, f.sync_slowdown_s)
+    exposed = {k: per_step(accum, v, f.sync_exposed_s.get(k, 0.0) + f.once_exposed_s.get(k, 0.0))
+               for k, v in f.exposed_s.items()}
     # the host's and the device's totals bound the accumulated step from below: a traced
     # micro-batch bound by one may be bound by the other once its optimizer share is taken out
-    step = max(once_per_step(f.step_s, f.once_span_s + f.sync_s), host, compute)
+    step = max(per_step(accum, f.step_s, f.once_span_s + f.sync_s), host, compute)
     planned = Planned(
         execution, step_s=step,
         throughput=cost.per_micro * accum * execution.data_parallel / step if step else 0.0,
@@ -88,7 +86,7 @@ def data_tensor_step(request: ModelRequest, options: TraceOptions, execution: Ex
         memory_bytes=int(f.memory), context_bytes=int(f.mem_context),
         split=TimeSplit(compute_s=compute,
                         recomputation_s=f.recompute_s * accum,
-                        communication_s=once_per_step(f.comm_s, f.sync_comm_s),
+                        communication_s=per_step(accum, f.comm_s, f.sync_comm_s),
                         overlap_slowdown_s=slowdown,
                         exposed_communication_s={k: v for k, v in exposed.items() if v > 0},
                         host_s=host),

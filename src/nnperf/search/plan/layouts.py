@@ -53,9 +53,8 @@ class PipelineSplitChoice:
     def check(self, layers: int, pipeline: int, schedules: Iterable[str]) -> None:
         """One line naming the valid splits where no schedule of ``schedules`` can hold the
         layers over ``pipeline`` stages (the one-chunk schedule's line where one was asked for)."""
-        counts = self.chunks_per_rank(schedules)
-        if not any(self.holds(layers, pipeline, v) for v in counts):
-            split_layers(layers, pipeline, counts[0], self.first, self.last)
+        if not self.holds_any(layers, pipeline, schedules):
+            split_layers(layers, pipeline, (self.chunks_per_rank(schedules) or [1])[0], self.first, self.last)
 
 
 def _nearest_gpu_counts(gpus: int, global_batch: int) -> str:

@@ -125,15 +125,16 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
     # the data-parallel synchronization a pipeline runs once per step, whatever its
     # micro-batches (DDP's reduction in the last micro-batch's backward, ZeRO-1's and FSDP2's
     # parameter all-gathers before the first forward), and the reduction that DDP and ZeRO-1
-    # accumulating without a pipeline run in the last micro-batch only (``no_sync`` before it)
+    # accumulating without a pipeline run in the last micro-batch only (``no_sync`` before it;
+    # from the first once-per-step op on, the step's tail holds it: ``once_span_s``)
     sync = _data_parallel_once(traced, comm, prediction.step, config.get("data_parallel_groups", []))
     if not actions:
         sync = sync.before(once[0].index if execution.replicates_parameters and once else -1)
-    for _, kind, seconds in sync.waits:
-        figures.sync_exposed_s[kind] = figures.sync_exposed_s.get(kind, 0.0) + seconds
-    figures.sync_kernel_s = sum(seconds for _, seconds in sync.kernels)
-    figures.sync_slowdown_s = sum(seconds for _, seconds in sync.slowed)
-    figures.sync_comm_s = sum(seconds for _, seconds in sync.collectives)
+        kinds = {c.index: c.kind for c in traced.collectives}
+        for index, collective, seconds in comm.waits:
+            if once and index >= once[0].index:
+                figures.once_exposed_s[kinds[collective]] = figures.once_exposed_s.get(kinds[collective], 0.0) + seconds
+    _set_sync(figures, sync)
     if actions:
         indices = sorted(comm.clock)
         clocks = [comm.clock[i] for i in indices]
@@ -144,12 +145,12 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
 
         # what the traced micro-batch spends on the once-per-step synchronization is the step's
         # head or tail, not every action's
-        once = sync.at()
+        sync_parts = sync.at()
         sums: dict[str, list[float]] = {}
         head = tail = 0.0
         for label, start, end in actions:
             kind, stage = label[0], label.split("@")[1]
-            waited = sum(w for index, w in once if start <= index < end)
+            waited = sum(w for index, w in sync_parts if start <= index < end)
             sums.setdefault(f"{kind}@{stage}", []).append(clock_before(end) - clock_before(start) - waited)
             if kind == "F":
                 head += waited
@@ -176,13 +177,15 @@ class _Sync:
     what the collectives beside the compute kernels stretch them by (``Contention``)."""
 
     waits: list[tuple[int, str, float]]
-    kernels: list[tuple[int, float]]
+    #: event index, the kernel's time, and the time it lengthens the timeline by (its kernel,
+    #: or its dispatch where the host is behind)
+    kernels: list[tuple[int, float, float]]
     slowed: list[tuple[int, float]]
     collectives: list[tuple[int, float]]  # the collectives themselves: event index, duration
 
     def at(self) -> list[tuple[int, float]]:
-        """Every part as (event index, seconds)."""
-        return [(i, s) for i, _, s in self.waits] + self.kernels + self.slowed
+        """Every part as (event index, seconds it lengthens the timeline by)."""
+        return [(i, s) for i, _, s in self.waits] + [(i, s) for i, _, s in self.kernels] + self.slowed
 
     def before(self, index: int) -> _Sync:
         """The parts at events before ``index``."""
@@ -205,7 +208,7 @@ def _data_parallel_once(traced: Any, comm: Any, step: Any, groups: list[str]) ->
                   and c.kind in ("all_reduce", "reduce_scatter")}
     buffers = {m.storage for index in reductions for m in traced.trace.events[index].inputs}
     # each op lengthens the timeline by its kernel, or by issuing it where the host is behind
-    kernels = [(t.index, max(t.kernel_s, t.host_s)) for t in step.ops if t.index not in synchronizing
+    kernels = [(t.index, t.kernel_s, max(t.kernel_s, t.host_s)) for t in step.ops if t.index not in synchronizing
                and t.phase == "backward"
                and any(m.storage in buffers for m in (*t.count.event.inputs, *t.count.event.outputs))]
     kinds = {c.index: c.kind for c in traced.collectives}
@@ -214,6 +217,15 @@ def _data_parallel_once(traced: Any, comm: Any, step: Any, groups: list[str]) ->
     slowed = [(index, seconds) for index, collective, seconds in comm.slowed if collective in synchronizing]
     durations = [(c.index, c.end_s - c.start_s) for c in comm.slices if c.index in synchronizing]
     return _Sync(waits, kernels, slowed, durations)
+
+
+def _set_sync(figures: RankFigures, sync: _Sync) -> None:
+    """``figures``' once-per-step synchronization figures (``RankFigures.sync_*``) from its parts."""
+    for _, kind, seconds in sync.waits:
+        figures.sync_exposed_s[kind] = figures.sync_exposed_s.get(kind, 0.0) + seconds
+    figures.sync_kernel_s = sum(kernel for _, kernel, _ in sync.kernels)
+    figures.sync_slowdown_s = sum(seconds for _, seconds in sync.slowed)
+    figures.sync_comm_s = sum(seconds for _, seconds in sync.collectives)
 
 
 def _memory_by_phase(report: Any, figures: RankFigures) -> None:

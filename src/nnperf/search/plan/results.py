@@ -42,7 +42,7 @@ def per_step(micro_batches: float, figure: float, once: float) -> float:
     """A traced micro-batch's ``figure`` over a step of ``micro_batches``, its ``once`` part
     (the optimizer, clipping, the data-parallel reduction of ``RankFigures.sync_s``: what runs
     once per step) counted once."""
-    return micro_batches * (figure - once) + once
+    return micro_batches * max(0.0, figure - once) + once  # an extrapolated part can pass its whole
 
 
 @dataclass
@@ -75,13 +75,19 @@ class RankFigures:
     param_row_bytes: float = 0.0  # search.plan.states
     states: StateBytes = field(default_factory=StateBytes)
     exposed_s: dict[str, float] = field(default_factory=dict)  # collective kind -> compute waited
-    #: of the micro-batch before the once-per-step ops, what only the last micro-batch of an
-    #: accumulating step spends (DDP's and ZeRO-1's gradient reduction; ``no_sync`` before it):
-    #: the compute stream's waits for it by kind, its kernels, its stretch of the kernels beside
+    #: what the data-parallel engine's once-per-step synchronization costs the traced
+    #: micro-batch: on a pipeline rank all of it (DDP's or ZeRO-1's reduction in the last
+    #: micro-batch's backward, ZeRO-1's and FSDP2's parameter all-gathers before the first
+    #: forward); without a pipeline, DDP's and ZeRO-1's reduction before the once-per-step ops
+    #: (``no_sync`` micro-batches skip it). The compute stream's waits for it by kind, its
+    #: kernels, its stretch of the kernels beside it, its collectives' time on their stream.
     sync_exposed_s: dict[str, float] = field(default_factory=dict)
     sync_kernel_s: float = 0.0
     sync_slowdown_s: float = 0.0
-    sync_comm_s: float = 0.0  # and its collectives' time on their stream
+    sync_comm_s: float = 0.0
+    #: without a pipeline, the compute stream's waits from the first once-per-step op on, by
+    #: kind: inside ``once_span_s``, so once per step
+    once_exposed_s: dict[str, float] = field(default_factory=dict)
     collective_count: dict[str, float] = field(default_factory=dict)  # by collective kind
     collective_bytes: dict[str, float] = field(default_factory=dict)  # by collective kind
     #: a pipeline rank's actions: the mean time of each kind of action of each stage ("F@0")
@@ -92,7 +98,7 @@ class RankFigures:
 
     @property
     def sync_s(self) -> float:
-        """The wall time only the last micro-batch of an accumulating step spends reducing."""
+        """The wall time the once-per-step synchronization adds to the traced micro-batch."""
         return sum(self.sync_exposed_s.values()) + self.sync_kernel_s + self.sync_slowdown_s
 
     def action(self, kind: str, stage: int) -> float:
