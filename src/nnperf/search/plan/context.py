@@ -114,8 +114,6 @@ def context_step(request: ModelRequest, options: TraceOptions, execution: Execut
     accum = execution.grad_accum
     # the optimizer and clipping once per step, and DDP's (ZeRO-1's) reduction (``no_sync``)
     step = per_step(accum, f.step_s, f.once_span_s + f.sync_s)
-    exposed = {k: per_step(accum, v, f.sync_exposed_s.get(k, 0.0) + f.once_exposed_s.get(k, 0.0))
-               for k, v in f.exposed_s.items() if v > 0}
     tokens = cost.per_micro * accum * execution.data_parallel
     planned = Planned(
         execution, step_s=step, throughput=tokens / step if step else 0.0, throughput_unit=cost.unit,
@@ -123,8 +121,8 @@ def context_step(request: ModelRequest, options: TraceOptions, execution: Execut
         memory_bytes=int(f.memory), context_bytes=int(f.mem_context),
         split=TimeSplit(compute_s=per_step(accum, f.compute_s, f.sync_kernel_s + f.sync_slowdown_s),
                         recomputation_s=f.recompute_s * accum,
-                        communication_s=per_step(accum, f.comm_s, f.sync_comm_s), exposed_communication_s=exposed,
-                        overlap_slowdown_s=per_step(accum, f.slowdown_s, f.sync_slowdown_s),
+                        communication_s=f.comm_over(accum), exposed_communication_s=f.exposed_over(accum),
+                        overlap_slowdown_s=f.slowdown_over(accum),
                         host_s=f.host_s * accum,
                         context_parallel="closed form (search.plan.context): ring attention not traced"),
         state_bytes=replace(plain.states), collectives=collective_totals(f),

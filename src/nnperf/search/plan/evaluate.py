@@ -72,9 +72,6 @@ def data_tensor_step(request: ModelRequest, options: TraceOptions, execution: Ex
     # only the last micro-batch runs (``RankFigures.sync_s``)
     host = per_step(accum, f.host_s, f.optimizer_host_s)
     compute = per_step(accum, f.compute_s, f.optimizer_s + f.sync_kernel_s + f.sync_slowdown_s)
-    slowdown = per_step(accum, f.slowdown_s, f.sync_slowdown_s)
-    exposed = {k: per_step(accum, v, f.sync_exposed_s.get(k, 0.0) + f.once_exposed_s.get(k, 0.0))
-               for k, v in f.exposed_s.items()}
     # the host's and the device's totals bound the accumulated step from below: a traced
     # micro-batch bound by one may be bound by the other once its optimizer share is taken out
     step = max(per_step(accum, f.step_s, f.once_span_s + f.sync_s), host, compute)
@@ -86,9 +83,9 @@ def data_tensor_step(request: ModelRequest, options: TraceOptions, execution: Ex
         memory_bytes=int(f.memory), context_bytes=int(f.mem_context),
         split=TimeSplit(compute_s=compute,
                         recomputation_s=f.recompute_s * accum,
-                        communication_s=per_step(accum, f.comm_s, f.sync_comm_s),
-                        overlap_slowdown_s=slowdown,
-                        exposed_communication_s={k: v for k, v in exposed.items() if v > 0},
+                        communication_s=f.comm_over(accum),
+                        overlap_slowdown_s=f.slowdown_over(accum),
+                        exposed_communication_s=f.exposed_over(accum),
                         host_s=host),
         state_bytes=replace(f.states), collectives=collective_totals(f),
         param_row_bytes=f.param_row_bytes, loss_saved_bytes=int(f.loss_saved),

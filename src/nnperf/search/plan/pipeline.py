@@ -58,7 +58,6 @@ from nnperf.search.plan.results import (
     RankFigures,
     TimeSplit,
     collective_totals,
-    per_step,
 )
 from nnperf.trace.options import TraceOptions
 from nnperf.trace.parallel.pipeline import schedule_order
@@ -226,10 +225,9 @@ def _planned(execution: Execution, gpu: GPU, sim: PipelineTime, critical: RankCo
                         recomputation_s=f.recompute_s * scale,
                         pipeline_bubble_s=sim.bubble_s[sim.critical_rank],
                         after_schedule_s=sim.step_s - sim.end_s[sim.critical_rank],
-                        communication_s=per_step(scale, f.comm_s, f.sync_comm_s),
-                        overlap_slowdown_s=per_step(scale, f.slowdown_s, f.sync_slowdown_s),
-                        exposed_communication_s={k: per_step(scale, v, f.sync_exposed_s.get(k, 0.0))
-                                                 for k, v in f.exposed_s.items() if v > 0},
+                        communication_s=f.comm_over(scale),
+                        overlap_slowdown_s=f.slowdown_over(scale),
+                        exposed_communication_s=f.exposed_over(scale),
                         host_s=f.host_s * scale),
         state_bytes=replace(f.states), collectives=collective_totals(f),
         # the critical stage's first rank (the pipeline is the mesh's outermost dimension)

@@ -127,13 +127,15 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
     # parameter all-gathers before the first forward), and the reduction that DDP and ZeRO-1
     # accumulating without a pipeline run in the last micro-batch only (``no_sync`` before it;
     # from the first once-per-step op on, the step's tail holds it: ``once_span_s``)
-    sync = _data_parallel_once(traced, comm, prediction.step, config.get("data_parallel_groups", []))
-    if not actions:
-        sync = sync.before(once[0].index if execution.replicates_parameters and once else -1)
-        kinds = {c.index: c.kind for c in traced.collectives}
-        for index, collective, seconds in comm.waits:
-            if once and index >= once[0].index:
-                figures.once_exposed_s[kinds[collective]] = figures.once_exposed_s.get(kinds[collective], 0.0) + seconds
+    groups = config.get("data_parallel_groups", [])
+    if actions:
+        sync = _data_parallel_once(traced, comm, prediction.step, groups, by_index)
+    elif execution.replicates_parameters and once:
+        sync = _data_parallel_once(traced, comm, prediction.step, groups, by_index).before(once[0].index)
+    else:  # FSDP2 reduce-scatters every micro-batch
+        sync = _Sync([], [], [], [])
+    if not actions and once:
+        figures.once_exposed_s = _waits_by_kind(comm, by_index, since=once[0].index)
     _set_sync(figures, sync)
     if actions:
         indices = sorted(comm.clock)
@@ -193,7 +195,18 @@ class _Sync:
                      [x for x in self.slowed if x[0] < index], [c for c in self.collectives if c[0] < index])
 
 
-def _data_parallel_once(traced: Any, comm: Any, step: Any, groups: list[str]) -> _Sync:
+def _waits_by_kind(comm: Any, collectives: dict[int, Any], since: int) -> dict[str, float]:
+    """The compute stream's waits at events from ``since`` on, by the kind of the collective
+    waited for (``collectives``: by event index)."""
+    waited: dict[str, float] = {}
+    for index, collective, seconds in comm.waits:
+        if index >= since:
+            kind = collectives[collective].kind
+            waited[kind] = waited.get(kind, 0.0) + seconds
+    return waited
+
+
+def _data_parallel_once(traced: Any, comm: Any, step: Any, groups: list[str], collectives: dict[int, Any]) -> _Sync:
     """What the traced micro-batch spends on the data-parallel engine's once-per-step
     synchronization over ``groups`` (process group names): the compute stream's waits for those
     collectives, the kernels reading or writing their buffers (DDP's copies of the gradients
@@ -211,8 +224,7 @@ def _data_parallel_once(traced: Any, comm: Any, step: Any, groups: list[str]) ->
     kernels = [(t.index, t.kernel_s, max(t.kernel_s, t.host_s)) for t in step.ops if t.index not in synchronizing
                and t.phase == "backward"
                and any(m.storage in buffers for m in (*t.count.event.inputs, *t.count.event.outputs))]
-    kinds = {c.index: c.kind for c in traced.collectives}
-    waits = [(index, kinds[collective], seconds) for index, collective, seconds in comm.waits
+    waits = [(index, collectives[collective].kind, seconds) for index, collective, seconds in comm.waits
              if collective in synchronizing]
     slowed = [(index, seconds) for index, collective, seconds in comm.slowed if collective in synchronizing]
     durations = [(c.index, c.end_s - c.start_s) for c in comm.slices if c.index in synchronizing]

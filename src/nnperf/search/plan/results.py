@@ -101,6 +101,21 @@ class RankFigures:
         """The wall time the once-per-step synchronization adds to the traced micro-batch."""
         return sum(self.sync_exposed_s.values()) + self.sync_kernel_s + self.sync_slowdown_s
 
+    def exposed_over(self, micro_batches: float) -> dict[str, float]:
+        """The compute stream's waits by kind over a step of ``micro_batches``, the
+        once-per-step synchronization's and the once-per-step tail's counted once."""
+        return {k: per_step(micro_batches, v, self.sync_exposed_s.get(k, 0.0) + self.once_exposed_s.get(k, 0.0))
+                for k, v in self.exposed_s.items() if v > 0}
+
+    def comm_over(self, micro_batches: float) -> float:
+        """The collectives' time over a step of ``micro_batches``, the synchronization's once."""
+        return per_step(micro_batches, self.comm_s, self.sync_comm_s)
+
+    def slowdown_over(self, micro_batches: float) -> float:
+        """The stretch of compute by collectives over a step of ``micro_batches``, the
+        synchronization's once."""
+        return per_step(micro_batches, self.slowdown_s, self.sync_slowdown_s)
+
     def action(self, kind: str, stage: int) -> float:
         """The mean time of a pipeline action of this rank (``F``, ``B``, ``I``, ``W``)."""
         return self.action_s.get(f"{kind}@{stage}", 0.0)
