@@ -39,18 +39,19 @@ def apply_layout(workload: Workload, execution: Execution, options: TraceOptions
     from nnperf.trace.parallel.data import apply_data_parallel
 
     tp_mesh, dp_mesh, pp_mesh, ep_mesh, experts_dp_mesh = meshes
-    if execution.tensor > 1:
-        from nnperf.trace.parallel.tensor import apply_tensor_parallel, check_divisible
+    with _rank_blocks(workload.model, execution, pp_mesh):
+        if execution.tensor > 1:
+            from nnperf.trace.parallel.tensor import apply_tensor_parallel, check_divisible
 
-        check_divisible(workload.model, workload.info.get("config", {}), execution.tensor,
-                        execution.sequence_parallel, workload.info.get("seq_len"))
-        if apply_tensor_parallel(workload.model, tp_mesh, execution.sequence_parallel,
-                                 loss_parallel=execution.splits_logits):
-            step_contexts.enter_context(_loss_parallel())
-    if execution.expert > 1:
-        from nnperf.trace.parallel.expert import apply_experts
+            check_divisible(workload.model, workload.info.get("config", {}), execution.tensor,
+                            execution.sequence_parallel, workload.info.get("seq_len"))
+            if apply_tensor_parallel(workload.model, tp_mesh, execution.sequence_parallel,
+                                     loss_parallel=execution.splits_logits):
+                step_contexts.enter_context(_loss_parallel())
+        if execution.expert > 1:
+            from nnperf.trace.parallel.expert import apply_experts
 
-        apply_experts(workload.model, execution.expert, ep_mesh)
+            apply_experts(workload.model, execution.expert, ep_mesh)
     if prepare is not None:
         prepare(workload)
     parts = [workload.model]
@@ -72,6 +73,16 @@ def apply_layout(workload: Workload, execution: Execution, options: TraceOptions
         return workload
     apply_data_parallel(workload, parts, execution, options.amp, dp_mesh, units, real, tp_mesh)
     return workload
+
+
+def _rank_blocks(model: nn.Module, execution: Execution, pp_mesh: Any) -> Any:
+    """With pipeline parallelism, only the blocks of this rank's chunks while tensor and expert
+    parallelism apply (``pipeline.held_blocks_only``)."""
+    if execution.pipeline == 1:
+        return contextlib.nullcontext()
+    from nnperf.trace.parallel.pipeline import held_blocks_only
+
+    return held_blocks_only(model, execution, pp_mesh.get_local_rank())
 
 
 def _loss_parallel() -> Any:

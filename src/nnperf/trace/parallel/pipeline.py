@@ -26,7 +26,7 @@ import contextlib
 import copy
 import functools
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,6 +103,35 @@ class Chunk(nn.Module):
 def block_count(model: nn.Module) -> int:
     """The repeated blocks a pipeline splits (the model's declared ``pipeline_split``)."""
     return len(getattr(model, split_of(model).blocks))
+
+
+class _StandIn(nn.Module):
+    """A block of a chunk this rank does not hold: its input passes through unchanged (a block
+    keeps its input's shape, which ``stage_shapes`` checks on the blocks the rank holds)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+@contextlib.contextmanager
+def held_blocks_only(model: nn.Module, execution: Execution, rank: int) -> Iterator[None]:
+    """Inside: ``model``'s blocks are only those of the chunks pipeline rank ``rank`` holds, so
+    the engines applied before the split (tensor and expert parallelism) touch nothing else.
+    After: the blocks of the other chunks stand in as ``_StandIn`` (the rank traces its own
+    chunks; the chunks before them only carry the stage shapes through). Why: a traced stage
+    is built from the whole model, and tensor parallelism over the blocks of every chunk cost
+    a plan's search as much again as over the rank's own."""
+    family = split_of(model)
+    blocks = getattr(model, family.blocks)
+    starts = [0, *itertools.accumulate(execution.chunk_layers(len(blocks)))]
+    mine = rank_stages(rank, execution.pipeline, execution.pipeline_schedule or "", execution.virtual_stages)
+    held = [i for s in mine for i in range(starts[s], starts[s + 1])]
+    setattr(model, family.blocks, nn.ModuleList([blocks[i] for i in held]))
+    try:
+        yield
+    finally:
+        applied = dict(zip(held, getattr(model, family.blocks), strict=True))
+        setattr(model, family.blocks, nn.ModuleList([applied.get(i, _StandIn()) for i in range(len(blocks))]))
 
 
 def split(model: nn.Module, layers: Sequence[int]) -> list[Chunk]:
@@ -256,11 +285,15 @@ def _watch_actions(stage: Any, watch: Any, autocast: Callable[[], Any]) -> None:
 def stage_shapes(chunks: list[Chunk], inputs: tuple[Any, ...], micro: int,
                  autocast: Callable[[], Any]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Each chunk's (input, output) on one micro-batch, from a forward through all chunks under
-    ``no_grad``, unrecorded (placeholders no GPU runs)."""
+    ``no_grad``, unrecorded (placeholders no GPU runs). The blocks of chunks the rank does not
+    hold pass their input through (``held_blocks_only``): checked here on every chunk but the last
+    whose blocks the rank holds, that its blocks keep their input's shape, dtype and strides."""
     def like(t: torch.Tensor) -> torch.Tensor:  # an activation carries a gradient back
         return torch.empty_like(t).requires_grad_(t.is_floating_point())
 
-    shapes = []
+    def meta(t: torch.Tensor) -> tuple[Any, ...]:
+        return type(t), t.shape, t.dtype, t.stride()
+
     x = inputs[0][:micro]
     with unrecorded():
         with torch.no_grad(), autocast():
@@ -268,9 +301,16 @@ def stage_shapes(chunks: list[Chunk], inputs: tuple[Any, ...], micro: int,
             for chunk in chunks:
                 out = chunk(x)
                 outputs.append((x, out))
+                held = [b for b in chunk.layers if not isinstance(b, _StandIn)]
+                if held and not chunk.last:
+                    entry = chunk._family.embed(chunk, x) if chunk.first else x
+                    if meta(out) != meta(entry):
+                        raise RuntimeError(
+                            f"{type(held[0]).__name__} blocks turned {tuple(entry.shape)} {entry.dtype} into "
+                            f"{tuple(out.shape)} {out.dtype}: the stage shapes of the chunks a pipeline rank "
+                            "does not hold assume a block keeps its input's shape")
                 x = out
-        shapes = [(like(a), like(b)) for a, b in outputs]
-    return shapes
+        return [(like(a), like(b)) for a, b in outputs]
 
 
 def schedule_order(schedule: str, pipeline: int, virtual: int, micro: int) -> dict[int, list[str]]:
@@ -326,5 +366,6 @@ def pipeline_rank(workload: Workload, execution: Execution, options: TraceOption
                         [shapes[i] for i in mine])
 
 
-__all__ = ["Chunk", "PipelineRank", "PipelineSplit", "block_count", "pipeline_rank", "rank_stages",
+__all__ = ["Chunk", "PipelineRank", "PipelineSplit", "block_count", "held_blocks_only", "pipeline_rank",
+           "rank_stages",
            "schedule_order", "split", "split_of", "stage_shapes"]
