@@ -15,7 +15,9 @@ the step-time simulation (``passes.pipeline_timeline``) replays.
 
 Stage shapes are given to ``PipelineStage`` (its own shape inference exchanges metadata with the
 neighbours, which a fake process group cannot answer): one micro-batch runs through the chunks
-up to the rank's last one under ``no_grad`` before the step, unrecorded. Tied input/output
+up to the rank's last one under ``no_grad`` before the step, unrecorded; the blocks of chunks
+the rank does not hold pass their input through (``held_blocks_only``: tensor and expert
+parallelism apply to the rank's own blocks only). Tied input/output
 embeddings (GPT-2) become one copy on the first and one on the last stage, as in Megatron-LM;
 their gradient all-reduce between the two stages is not traced (listed in the plan's notes).
 """
