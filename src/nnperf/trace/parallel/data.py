@@ -75,6 +75,16 @@ def apply_data_parallel(workload: Workload, parts: list[nn.Module], execution: E
     setattr(workload.model, NORM_GROUPS, [*getattr(workload.model, NORM_GROUPS, []), *groups])
 
 
+def forward_dtype(execution: Execution, amp: str | None) -> torch.dtype | None:
+    """The dtype the data-parallel engine runs a forward in, its outputs too: FSDP2's
+    mixed-precision parameters (``mixed_precision``: gathered in the autocast dtype, the inputs
+    cast to it); None where the parameters' own dtype and autocast decide (DDP, ZeRO-1, none)."""
+    from nnperf.trace.options import AMP_DTYPES
+
+    sharded = not execution.replicates_parameters and (execution.data_parallel > 1 or execution.data == "fsdp")
+    return AMP_DTYPES[amp] if amp and sharded else None
+
+
 def mixed_precision(amp: str | None) -> Any:
     from torch.distributed.fsdp import MixedPrecisionPolicy
 

@@ -15,9 +15,9 @@ the step-time simulation (``passes.pipeline_timeline``) replays.
 
 Stage shapes are given to ``PipelineStage`` (its own shape inference exchanges metadata with the
 neighbours, which a fake process group cannot answer): one micro-batch runs through the chunks
-up to the rank's last one under ``no_grad`` before the step, unrecorded; the blocks of chunks
-the rank does not hold pass their input through (``held_blocks_only``: tensor and expert
-parallelism apply to the rank's own blocks only). Tied input/output
+up to the rank's last one under ``no_grad`` before the step, unrecorded, without their blocks
+(a block keeps its input's shape: each traced forward checks it), so tensor and expert
+parallelism apply to the rank's own blocks only (``held_blocks_only``). Tied input/output
 embeddings (GPT-2) become one copy on the first and one on the last stage, as in Megatron-LM;
 their gradient all-reduce between the two stages is not traced (listed in the plan's notes).
 """
@@ -91,9 +91,14 @@ class Chunk(nn.Module):
             self.chunkable_head = functools.partial(getattr, self, family.projection)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ends(x, blocks=True)
+
+    def ends(self, x: torch.Tensor, blocks: bool = False) -> torch.Tensor:
+        """The forward; without ``blocks``, only what comes before and after them: the stage
+        shapes, when blocks keep their input's shape (``stage_shapes``)."""
         if self.first:
             x = self._family.embed(self, x)
-        for layer in self.layers:
+        for layer in self.layers if blocks else ():
             x = layer(x)
         if self.last:
             x = getattr(self, self._family.norm)(x)
@@ -107,22 +112,16 @@ def block_count(model: nn.Module) -> int:
     return len(getattr(model, split_of(model).blocks))
 
 
-class _StandIn(nn.Module):
-    """A block of a chunk this rank does not hold: its input passes through unchanged (a block
-    keeps its input's shape, which ``stage_shapes`` checks on the blocks the rank holds)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x
-
-
 @contextlib.contextmanager
 def held_blocks_only(model: nn.Module, execution: Execution, rank: int) -> Iterator[None]:
     """Inside: ``model``'s blocks are only those of the chunks pipeline rank ``rank`` holds, so
     the engines applied before the split (tensor and expert parallelism) touch nothing else.
-    After: the blocks of the other chunks stand in as ``_StandIn`` (the rank traces its own
-    chunks; the chunks before them only carry the stage shapes through). Why: a traced stage
-    is built from the whole model, and tensor parallelism over the blocks of every chunk cost
-    a plan's search as much again as over the rank's own."""
+    After: every block is back in its place, the others as they were built, and no rank runs
+    them (the stage shapes need no block: ``stage_shapes``); they stay blocks of the model's
+    class, so that what finds the repeated blocks (activation checkpointing's
+    ``checkpoint_blocks``) finds the same ones. Why: a traced stage is built from the whole
+    model, and tensor parallelism over the blocks of every chunk cost a plan's search as much
+    again as over the rank's own."""
     family = split_of(model)
     blocks = getattr(model, family.blocks)
     starts = [0, *itertools.accumulate(execution.chunk_layers(len(blocks)))]
@@ -133,7 +132,7 @@ def held_blocks_only(model: nn.Module, execution: Execution, rank: int) -> Itera
         yield
     finally:
         applied = dict(zip(held, getattr(model, family.blocks), strict=True))
-        setattr(model, family.blocks, nn.ModuleList([applied.get(i, _StandIn()) for i in range(len(blocks))]))
+        setattr(model, family.blocks, nn.ModuleList([applied.get(i, b) for i, b in enumerate(blocks)]))
 
 
 def split(model: nn.Module, layers: Sequence[int]) -> list[Chunk]:
@@ -225,8 +224,8 @@ class PipelineRank(nn.Module):
     def run_pipeline(self, autocast: Callable[[], Any], watch: Any) -> None:
         schedule, stages, loss = self.build_schedule(autocast)
         loss.watch = watch
-        for stage in stages:
-            _watch_actions(stage, watch, autocast)
+        for stage, (_, output) in zip(stages, self.shapes, strict=True):
+            _watch_actions(stage, watch, autocast, output)
         batch = self.pipeline_inputs[0].shape[0]
         first = any(s.is_first for s in stages)
         last = any(s.is_last for s in stages)
@@ -246,10 +245,11 @@ def _static_shapes(stages: list[Any], has_backward: bool, p2p_done: bool) -> Non
         stage._inference_mode = InferenceMode.STATIC
 
 
-def _watch_actions(stage: Any, watch: Any, autocast: Callable[[], Any]) -> None:
+def _watch_actions(stage: Any, watch: Any, autocast: Callable[[], Any], output: torch.Tensor) -> None:
     """Tell the recorder where each forward, backward and weight-gradient chunk starts and
     ends (``F3@1``: stage 1's forward of micro-batch 3; ``B`` full backward, ``I`` input
-    gradients only, ``W`` weight gradients), forward under autocast as a training step runs it."""
+    gradients only, ``W`` weight gradients), forward under autocast as a training step runs it;
+    each forward's output checked against the stage's declared ``output``."""
     index = stage.stage_index
     forward, backward, weight = stage.forward_one_chunk, stage.backward_one_chunk, stage.backward_weight_one_chunk
 
@@ -258,9 +258,11 @@ def _watch_actions(stage: Any, watch: Any, autocast: Callable[[], Any]) -> None:
         watch.action_starts(f"F{chunk_id}@{index}", "forward")
         try:
             with autocast():
-                return forward(chunk_id, *args, **kwargs)
+                produced = forward(chunk_id, *args, **kwargs)
         finally:
             watch.action_ends()
+        _check_shape(index, produced, output)
+        return produced
 
     @functools.wraps(backward)
     def backward_chunk(chunk_id: int, loss: Any = None, full_backward: bool = True, **kwargs: Any) -> Any:
@@ -284,35 +286,38 @@ def _watch_actions(stage: Any, watch: Any, autocast: Callable[[], Any]) -> None:
     stage.backward_weight_one_chunk = weight_chunk
 
 
-def stage_shapes(chunks: list[Chunk], inputs: tuple[Any, ...], micro: int,
-                 autocast: Callable[[], Any]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Each chunk's (input, output) on one micro-batch, from a forward through all chunks under
-    ``no_grad``, unrecorded (placeholders no GPU runs). The blocks of chunks the rank does not
-    hold pass their input through (``held_blocks_only``): checked here on every chunk but the last
-    whose blocks the rank holds, that its blocks keep their input's shape, dtype and strides."""
+def stage_shapes(chunks: list[Chunk], inputs: tuple[Any, ...], micro: int, autocast: Callable[[], Any],
+                 dtype: torch.dtype | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each chunk's (input, output) on one micro-batch, from a forward through the chunks'
+    ends (``Chunk.ends``: embeddings, final norm and head) under ``no_grad``, unrecorded
+    (placeholders no GPU runs): a block keeps its input's shape, dtype and strides (the residual
+    stream), which each traced forward checks (``_watch_actions``), so no block runs here.
+    ``dtype``: the data-parallel engine's forward dtype (``data.forward_dtype``, applied after
+    this runs), the floating tensors' between stages."""
     def like(t: torch.Tensor) -> torch.Tensor:  # an activation carries a gradient back
-        return torch.empty_like(t).requires_grad_(t.is_floating_point())
-
-    def meta(t: torch.Tensor) -> tuple[Any, ...]:
-        return type(t), t.shape, t.dtype, t.stride()
+        floating = t.is_floating_point()
+        return torch.empty_like(t, dtype=dtype if dtype and floating else t.dtype).requires_grad_(floating)
 
     x = inputs[0][:micro]
     with unrecorded():
         with torch.no_grad(), autocast():
             outputs = []
             for chunk in chunks:
-                out = chunk(x)
+                out = chunk.ends(x)
                 outputs.append((x, out))
-                held = [b for b in chunk.layers if not isinstance(b, _StandIn)]
-                if held and not chunk.last:
-                    entry = chunk._family.embed(chunk, x) if chunk.first else x
-                    if meta(out) != meta(entry):
-                        raise RuntimeError(
-                            f"{type(held[0]).__name__} blocks turned {tuple(entry.shape)} {entry.dtype} into "
-                            f"{tuple(out.shape)} {out.dtype}: the stage shapes of the chunks a pipeline rank "
-                            "does not hold assume a block keeps its input's shape")
                 x = out
         return [(like(a), like(b)) for a, b in outputs]
+
+
+def _check_shape(stage: int, output: Any, expected: torch.Tensor) -> None:
+    """One line where a chunk's output is not what its stage declared (``stage_shapes``)."""
+    def meta(t: Any) -> tuple[Any, ...]:
+        return (tuple(t.shape), t.dtype, t.stride()) if isinstance(t, torch.Tensor) else (type(t).__name__,)
+
+    if meta(output) != meta(expected):
+        raise RuntimeError(f"pipeline stage {stage} produced {meta(output)}, not the {meta(expected)} its "
+                           "stage shapes declared: the split assumes its blocks keep their input's shape, "
+                           "dtype and strides")
 
 
 def schedule_order(schedule: str, pipeline: int, virtual: int, micro: int) -> dict[int, list[str]]:
@@ -344,6 +349,7 @@ def pipeline_rank(workload: Workload, execution: Execution, options: TraceOption
     """This rank's pipeline chunks and the schedule that runs them over the pipeline group."""
     from nnperf.trace.loss import loss_for
     from nnperf.trace.options import AMP_DTYPES
+    from nnperf.trace.parallel.data import forward_dtype
 
     def autocast() -> Any:
         if not options.amp:
@@ -362,7 +368,8 @@ def pipeline_rank(workload: Workload, execution: Execution, options: TraceOption
     last = stages - 1 in mine
     loss = loss_for(workload.loss_fn or default_loss, options.loss if last else "eager", chunks[-1])
     # the shapes of this rank's chunks need the forward up to its last chunk only
-    shapes = stage_shapes(chunks[:max(mine) + 1], tuple(workload.inputs), batch // execution.grad_accum, autocast)
+    shapes = stage_shapes(chunks[:max(mine) + 1], tuple(workload.inputs), batch // execution.grad_accum, autocast,
+                          forward_dtype(execution, options.amp))
     return PipelineRank([chunks[i] for i in mine], mine, stages, execution.pipeline_schedule or "",
                         execution.grad_accum, tuple(workload.inputs), loss, pp_mesh.get_group(),
                         [shapes[i] for i in mine])
