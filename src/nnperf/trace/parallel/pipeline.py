@@ -91,11 +91,14 @@ class Chunk(nn.Module):
             self.chunkable_head = functools.partial(getattr, self, family.projection)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.ends(x, blocks=True)
+        return self._run(x, blocks=True)
 
-    def ends(self, x: torch.Tensor, blocks: bool = False) -> torch.Tensor:
-        """The forward; without ``blocks``, only what comes before and after them: the stage
-        shapes, when blocks keep their input's shape (``stage_shapes``)."""
+    def without_blocks(self, x: torch.Tensor) -> torch.Tensor:
+        """The forward without the blocks, only what comes before and after them: the stage
+        shapes, a block keeping its input's shape (``stage_shapes``)."""
+        return self._run(x, blocks=False)
+
+    def _run(self, x: torch.Tensor, blocks: bool) -> torch.Tensor:
         if self.first:
             x = self._family.embed(self, x)
         for layer in self.layers if blocks else ():
@@ -288,12 +291,12 @@ def _watch_actions(stage: Any, watch: Any, autocast: Callable[[], Any], output: 
 
 def stage_shapes(chunks: list[Chunk], inputs: tuple[Any, ...], micro: int, autocast: Callable[[], Any],
                  dtype: torch.dtype | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Each chunk's (input, output) on one micro-batch, from a forward through the chunks'
-    ends (``Chunk.ends``: embeddings, final norm and head) under ``no_grad``, unrecorded
-    (placeholders no GPU runs): a block keeps its input's shape, dtype and strides (the residual
-    stream), which each traced forward checks (``_watch_actions``), so no block runs here.
-    ``dtype``: the data-parallel engine's forward dtype (``data.forward_dtype``, applied after
-    this runs), the floating tensors' between stages."""
+    """Each chunk's (input, output) on one micro-batch, from a forward through the chunks
+    without their blocks (``Chunk.without_blocks``: embeddings, final norm and head) under
+    ``no_grad``, unrecorded (placeholders no GPU runs): a block keeps its input's shape, dtype
+    and strides (the residual stream), which each traced forward checks (``_watch_actions``), so
+    no block runs here. ``dtype``: the data-parallel engine's forward dtype
+    (``data.forward_dtype``, applied after this runs), the floating tensors' between stages."""
     def like(t: torch.Tensor) -> torch.Tensor:  # an activation carries a gradient back
         floating = t.is_floating_point()
         return torch.empty_like(t, dtype=dtype if dtype and floating else t.dtype).requires_grad_(floating)
@@ -303,7 +306,7 @@ def stage_shapes(chunks: list[Chunk], inputs: tuple[Any, ...], micro: int, autoc
         with torch.no_grad(), autocast():
             outputs = []
             for chunk in chunks:
-                out = chunk.ends(x)
+                out = chunk.without_blocks(x)
                 outputs.append((x, out))
                 x = out
         return [(like(a), like(b)) for a, b in outputs]
@@ -376,5 +379,4 @@ def pipeline_rank(workload: Workload, execution: Execution, options: TraceOption
 
 
 __all__ = ["Chunk", "PipelineRank", "PipelineSplit", "block_count", "held_blocks_only", "pipeline_rank",
-           "rank_stages",
-           "schedule_order", "split", "split_of", "stage_shapes"]
+           "rank_stages", "schedule_order", "split", "split_of", "stage_shapes"]
