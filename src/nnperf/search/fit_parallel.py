@@ -184,7 +184,10 @@ def in_processes(task: Callable[[int], T], order: list[int], workers: int, metho
         with stopping.held():  # a second Ctrl-C waits for this
             _kill(set(multiprocessing.active_children()) - before)
             if pool is not None:
-                pool.shutdown(wait=False, cancel_futures=True)
+                # its workers killed, the pool's manager thread closes its wake-up pipe at once:
+                # waited for here, because CPython 3.11's exit hook writes to that pipe without
+                # the pool's lock, and one closing meanwhile printed a traceback as the CLI exited
+                pool.shutdown(wait=True, cancel_futures=True)
         raise
     for i in failed:
         assert rerun is not None
