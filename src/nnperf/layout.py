@@ -153,6 +153,12 @@ class Execution:
         return self.micro_batch * self.grad_accum * self.data_parallel
 
     @property
+    def applies_data_engine(self) -> bool:
+        """Whether the data-parallel engine wraps the model: over more than one rank, or FSDP2
+        alone (its mixed precision and per-block units apply on one rank too)."""
+        return self.data_parallel > 1 or self.data == "fsdp"
+
+    @property
     def splits_logits(self) -> bool:
         """torchtitan's loss parallelism: the logits stay split over the vocabulary for the loss
         (tensor parallelism without a pipeline)."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nnperf.analysis import Analysis
@@ -133,7 +133,7 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
     elif execution.replicates_parameters and once:
         sync = _data_parallel_once(traced, comm, prediction.step, groups, by_index).before(once[0].index)
     else:  # FSDP2 reduce-scatters every micro-batch
-        sync = _Sync([], [], [], [])
+        sync = _Sync()
     if not actions and once:
         figures.once_exposed_s = _waits_by_kind(comm, by_index, since=once[0].index)
     _set_sync(figures, sync)
@@ -178,12 +178,13 @@ class _Sync:
     collectives (with the collective's kind), the kernels reading or writing their buffers, and
     what the collectives beside the compute kernels stretch them by (``Contention``)."""
 
-    waits: list[tuple[int, str, float]]
+    waits: list[tuple[int, str, float]] = field(default_factory=list)
     #: event index, the kernel's time, and the time it lengthens the timeline by (its kernel,
     #: or its dispatch where the host is behind)
-    kernels: list[tuple[int, float, float]]
-    slowed: list[tuple[int, float]]
-    collectives: list[tuple[int, float]]  # the collectives themselves: event index, duration
+    kernels: list[tuple[int, float, float]] = field(default_factory=list)
+    slowed: list[tuple[int, float]] = field(default_factory=list)
+    #: the collectives themselves: event index, duration
+    collectives: list[tuple[int, float]] = field(default_factory=list)
 
     def at(self) -> list[tuple[int, float]]:
         """Every part as (event index, seconds it lengthens the timeline by)."""
@@ -214,7 +215,7 @@ def _data_parallel_once(traced: Any, comm: Any, step: Any, groups: list[str], co
     skip), and the stretch of the compute kernels they run beside."""
     synchronizing = {c.index for c in traced.collectives if c.group in set(groups)}
     if not synchronizing:
-        return _Sync([], [], [], [])
+        return _Sync()
     # the gradients' buckets: what the reductions read (an all-gather's input is a parameter
     # buffer every kernel reads)
     reductions = {c.index for c in traced.collectives if c.index in synchronizing

@@ -60,7 +60,7 @@ def apply_layout(workload: Workload, execution: Execution, options: TraceOptions
 
         workload.model = pipeline_rank(workload, execution, options, pp_mesh)
         parts = list(workload.model.stages)
-    if execution.data_parallel == 1 and execution.data != "fsdp":
+    if not execution.applies_data_engine:
         return workload
     if execution.expert > 1:
         from nnperf.trace.parallel.expert import explicit_prefetch, shard_experts

@@ -81,7 +81,7 @@ def forward_dtype(execution: Execution, amp: str | None) -> torch.dtype | None:
     cast to it); None where the parameters' own dtype and autocast decide (DDP, ZeRO-1, none)."""
     from nnperf.trace.options import AMP_DTYPES
 
-    sharded = not execution.replicates_parameters and (execution.data_parallel > 1 or execution.data == "fsdp")
+    sharded = execution.applies_data_engine and not execution.replicates_parameters
     return AMP_DTYPES[amp] if amp and sharded else None
 
 
