@@ -15,7 +15,8 @@ from nnperf.passes.memory import (
     segment_size,
 )
 from nnperf.request import ModelRequest
-from nnperf.search.memory_variants import MemoryOptions, checkpoint_blocks, trace_memory
+from nnperf.search.memory_variants import MemoryOptions, trace_memory
+from nnperf.trace.blocks import repeated_blocks
 
 MiB = 2**20
 
@@ -149,7 +150,7 @@ class _Blocks(nn.Module):
 
 def test_checkpointing_keeps_only_block_inputs():
     b = 16
-    assert checkpoint_blocks(_Blocks()) == ["blocks.0", "blocks.1"]
+    assert repeated_blocks(_Blocks()) == ["blocks.0", "blocks.1"]
     x = (torch.randn(b, 8),)
     plain = predict_memory(trace_memory(ModelRequest(_Blocks(), inputs=x), MemoryOptions())[1])
     ckpt = predict_memory(

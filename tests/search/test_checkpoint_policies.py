@@ -11,7 +11,8 @@ import pytest
 from nnperf.errors import UsageError
 from nnperf.layout import Execution
 from nnperf.report.engine_configs import NotExpressible, megatron_args, torchtitan_toml
-from nnperf.search.memory_variants import apply_checkpointing, checkpoint_blocks
+from nnperf.search.memory_variants import apply_checkpointing
+from nnperf.trace.blocks import repeated_blocks
 from nnperf.trace.distributed import trace_rank
 from nnperf.trace.options import TraceOptions
 from nnperf.workload import Workload
@@ -30,7 +31,7 @@ def _backward(policy: str | None, attention: str = "sdpa", **options) -> tuple[C
     """Output shapes of the backward's matrix products, and the backward's op names."""
     execution = Execution(world=2, data="fsdp", shard=2, checkpoint=policy)
     prepare = None if policy is None else (lambda w: apply_checkpointing(w, selective=policy))
-    events = trace_rank(lambda: _build(attention), TraceOptions(**options), execution, checkpoint_blocks,
+    events = trace_rank(lambda: _build(attention), TraceOptions(**options), execution, repeated_blocks,
                         prepare).trace.events
     backward = [e for e in events if e.phase == "backward"]
     return (Counter(tuple(e.outputs[0].shape) for e in backward if e.name == "aten.mm"),
@@ -144,7 +145,7 @@ def test_megatron_policy_traces_pipeline_stages_under_autocast():
 
     execution = Execution(world=4, tensor=2, sequence_parallel=True, pipeline=2, pipeline_schedule="1f1b",
                           grad_accum=2, checkpoint="selective-attention")
-    traced = trace_rank(build, TraceOptions(amp="bf16"), execution, checkpoint_blocks,
+    traced = trace_rank(build, TraceOptions(amp="bf16"), execution, repeated_blocks,
                         lambda w: apply_checkpointing(w, selective="selective-attention"))
     names = Counter((e.phase, e.name) for e in traced.trace.events)
     blocks_here, micro_batches = 2, 2  # rank 0 holds the first of two stages of four blocks

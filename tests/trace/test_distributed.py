@@ -103,7 +103,8 @@ def test_ddp_all_reduces_every_gradient_once():
 def test_activation_checkpointing_inside_a_layout(kind, selective):
     """Checkpointed blocks under DDP/FSDP2: the blocks' forward runs again in backward (more
     matrix products there), the collectives are those of the plain step."""
-    from nnperf.search.memory_variants import apply_checkpointing, checkpoint_blocks
+    from nnperf.search.memory_variants import apply_checkpointing
+    from nnperf.trace.blocks import repeated_blocks
     from nnperf.zoo import get_model
 
     def build() -> Workload:
@@ -111,8 +112,8 @@ def test_activation_checkpointing_inside_a_layout(kind, selective):
 
     execution = Execution(world=WORLD, data=kind, shard=1 if kind == "ddp" else WORLD)
     options = TraceOptions(optimizer="adamw")
-    plain = trace_rank(build, options, execution, checkpoint_blocks)
-    checkpointed = trace_rank(build, options, execution, checkpoint_blocks,
+    plain = trace_rank(build, options, execution, repeated_blocks)
+    checkpointed = trace_rank(build, options, execution, repeated_blocks,
                               prepare=lambda w: apply_checkpointing(w, selective=selective))
 
     def backward_mms(rank):

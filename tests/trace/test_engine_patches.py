@@ -10,8 +10,8 @@ import pytest
 from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
 from nnperf.layout import Execution
-from nnperf.search.memory_variants import checkpoint_blocks
 from nnperf.trace import engine_patches
+from nnperf.trace.blocks import repeated_blocks
 from nnperf.trace.distributed import trace_rank
 from nnperf.trace.fake_world import sharding_propagator
 from nnperf.trace.options import TraceOptions
@@ -43,7 +43,7 @@ def test_foreach_decisions_by_element_are_dtensors_own(monkeypatch):
         return result
 
     monkeypatch.setattr(engine_patches, "foreach_by_element", checking)
-    trace_rank(_build, TraceOptions(), LAYOUT, checkpoint_blocks)
+    trace_rank(_build, TraceOptions(), LAYOUT, repeated_blocks)
     ops = {op for op, _, _ in compared}
     # AdamW's foreach ops, in place (no output) and not (the square roots)
     assert {"aten._foreach_lerp_.Scalar", "aten._foreach_addcdiv_.ScalarList", "aten._foreach_sqrt.default"} <= ops
@@ -52,9 +52,9 @@ def test_foreach_decisions_by_element_are_dtensors_own(monkeypatch):
 
 
 def test_a_trace_is_the_same_with_decisions_by_element(monkeypatch):
-    fast = trace_rank(_build, TraceOptions(), LAYOUT, checkpoint_blocks).trace
+    fast = trace_rank(_build, TraceOptions(), LAYOUT, repeated_blocks).trace
     monkeypatch.setattr(engine_patches, "foreach_by_element", lambda op_schema, decide: None)
-    whole = trace_rank(_build, TraceOptions(), LAYOUT, checkpoint_blocks).trace
+    whole = trace_rank(_build, TraceOptions(), LAYOUT, repeated_blocks).trace
     assert any(e.name.startswith("aten._foreach_") for e in fast.events)
     assert _events(fast) == _events(whole)
 

@@ -126,7 +126,7 @@ def test_a_sharded_ranks_step_is_the_one_after_a_full_warm_up(monkeypatch, optim
     their in-place math is skipped before the DTensor dispatches it, and the rank's recorded
     step (its ops and collectives) is the one recorded after a warm-up that ran everything."""
     from nnperf.layout import Execution
-    from nnperf.search.memory_variants import checkpoint_blocks
+    from nnperf.trace.blocks import repeated_blocks
     from nnperf.trace.distributed import trace_rank
     from nnperf.zoo import get_model
 
@@ -137,7 +137,7 @@ def test_a_sharded_ranks_step_is_the_one_after_a_full_warm_up(monkeypatch, optim
             monkeypatch.setattr(capture, "skip_inplace_math", contextlib.nullcontext)
         traced = trace_rank(lambda: get_model("llama-7b").build(batch=1, seq_len=16, n_layer=2, dim=64, n_heads=4,
                                                                 ffn_hidden=128, vocab=256),
-                            TraceOptions(optimizer=optimizer), execution, checkpoint_blocks)
+                            TraceOptions(optimizer=optimizer), execution, repeated_blocks)
         monkeypatch.undo()
         return [(e.name, e.phase, [(tuple(t.shape), t.dtype) for t in e.outputs]) for e in traced.trace.events]
 

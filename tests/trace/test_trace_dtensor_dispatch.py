@@ -18,7 +18,7 @@ from nnperf.hardware import default_profile
 from nnperf.hardware.catalog import load_gpu
 from nnperf.layout import Execution
 from nnperf.passes.timing import simulate_step
-from nnperf.search.memory_variants import checkpoint_blocks
+from nnperf.trace.blocks import repeated_blocks
 from nnperf.trace.distributed import trace_rank
 from nnperf.trace.options import TraceOptions
 from nnperf.zoo import get_model
@@ -30,7 +30,7 @@ def _build():
 
 
 def _analysis(execution: Execution) -> Analysis:
-    traced = trace_rank(_build, TraceOptions(), execution, checkpoint_blocks)
+    traced = trace_rank(_build, TraceOptions(), execution, repeated_blocks)
     return Analysis.from_trace("llama-7b", TraceOptions(), traced.trace, traced.workload)
 
 

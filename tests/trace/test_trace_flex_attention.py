@@ -188,7 +188,7 @@ def test_a_rank_of_a_parallel_layout_attends_with_its_share(layout):
     layer's attention for each of its micro-batches (the compiled flex_attention runs eagerly,
     also where the stage's shapes are inferred outside the recorder)."""
     from nnperf.layout import Execution
-    from nnperf.search.memory_variants import checkpoint_blocks
+    from nnperf.trace.blocks import repeated_blocks
     from nnperf.trace.distributed import trace_rank
     from nnperf.trace.options import TraceOptions
     from nnperf.zoo import get_model
@@ -197,7 +197,7 @@ def test_a_rank_of_a_parallel_layout_attends_with_its_share(layout):
         return get_model("llama-7b").build(batch=2, seq_len=256, n_layer=2, dim=64, n_heads=4, n_kv_heads=2,
                                            ffn_hidden=96, vocab=64, attention="flex")
 
-    events = trace_rank(build, TraceOptions(), Execution(world=2, **layout), checkpoint_blocks, None).trace.events
+    events = trace_rank(build, TraceOptions(), Execution(world=2, **layout), repeated_blocks, None).trace.events
     forwards = [e for e in events if e.name == "higher_order.flex_attention"]
     heads, batch, calls = (2, 2, 2) if "tensor" in layout else (4, 1, 2)  # 2 layers; 1 layer x 2 micro-batches
     assert len(forwards) == calls

@@ -15,7 +15,8 @@ from nnperf.analysis import Analysis
 from nnperf.hardware.catalog import load_gpu
 from nnperf.layout import Execution
 from nnperf.prediction import predict_analysis
-from nnperf.search.memory_variants import apply_checkpointing, checkpoint_blocks
+from nnperf.search.memory_variants import apply_checkpointing
+from nnperf.trace.blocks import repeated_blocks
 from nnperf.trace.distributed import trace_rank
 from nnperf.trace.options import TraceOptions
 from nnperf.zoo import get_model
@@ -29,7 +30,7 @@ def _build():
 def _analysis(policy: str | None) -> Analysis:
     execution = Execution(world=2, data="fsdp", shard=2, checkpoint=policy)
     prepare = None if policy is None else (lambda w: apply_checkpointing(w, selective=policy != "full" and policy))
-    traced = trace_rank(_build, TraceOptions(), execution, checkpoint_blocks, prepare)
+    traced = trace_rank(_build, TraceOptions(), execution, repeated_blocks, prepare)
     return Analysis.from_trace("llama-7b", TraceOptions(), traced.trace, traced.workload)
 
 

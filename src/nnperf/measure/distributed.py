@@ -157,8 +157,8 @@ def _measure_rank(request: ModelRequest, options: TraceOptions, execution: Execu
                   rank: int, steps: int, warmup: int) -> RankMeasurement:
     from nnperf.measure import host_memory
     from nnperf.measure.step import build_step
-    from nnperf.search.memory_variants import checkpoint_blocks
     from nnperf.search.plan import prepare_for
+    from nnperf.trace.blocks import repeated_blocks
     from nnperf.trace.parallel import apply_layout, build_meshes
 
     if device.type == "cpu":
@@ -168,7 +168,7 @@ def _measure_rank(request: ModelRequest, options: TraceOptions, execution: Execu
     _, build = resolve(replace(request, batch=execution.micro_batch))
     torch.manual_seed(0)  # every rank builds the same weights; the engines shard them
     step = build_step(build, options, device, wrap=lambda w: apply_layout(
-        w, execution, options, meshes, checkpoint_blocks, prepare_for(execution), contexts, real=True))
+        w, execution, options, meshes, repeated_blocks, prepare_for(execution), contexts, real=True))
     grads = _GradientBytes(step.optimizer)
     run = _accumulating(step, execution.grad_accum)
     with contexts:  # what the step runs under (loss parallelism), entered while the engines wrapped it

@@ -42,7 +42,8 @@ from nnperf.request import ModelRequest
 from nnperf.search.fit_batch import MAX_BATCH, FitResult, Measure, Probe, Sample, largest_batch
 from nnperf.search.fit_parallel import prepare, run_searches, search_workers
 from nnperf.search.fit_replay import Footprint
-from nnperf.search.memory_variants import MemoryOptions, checkpoint_blocks, trace_memory
+from nnperf.search.memory_variants import MemoryOptions, trace_memory
+from nnperf.trace.blocks import repeated_blocks
 from nnperf.trace.events import Trace
 from nnperf.units import binary
 
@@ -154,7 +155,7 @@ def _has_blocks(request: ModelRequest) -> bool:
 
     _, build = resolve(replace(request, batch=1))
     with FakeTensorMode(allow_non_fake_inputs=True):
-        return bool(checkpoint_blocks(build().model))
+        return bool(repeated_blocks(build().model))
 
 
 def summarize(report: MemoryReport, top: int = 4) -> str:

@@ -14,13 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from nnperf.errors import UsageError
 from nnperf.loading import resolve
 from nnperf.request import ModelRequest
 from nnperf.trace.attention import inside_unfused_attention
+from nnperf.trace.blocks import repeated_blocks
 from nnperf.trace.capture import trace_workload
 from nnperf.trace.events import Trace, op_name
 from nnperf.trace.options import TraceOptions
@@ -70,32 +70,6 @@ class MemoryOptions:
         if not self.set_to_none:
             parts.append("zero_grad(set_to_none=False)")
         return ", ".join(parts)
-
-
-def checkpoint_blocks(model: nn.Module) -> list[str]:
-    """The repeated blocks worth checkpointing: children of a ModuleList/Sequential that share
-    their class with a sibling and have submodules (transformer layers, residual blocks).
-
-    Leaf layers (a VGG's convs) are not blocks: checkpointing them saves nothing.
-    """
-    blocks: list[str] = []
-
-    def visit(prefix: str, module: nn.Module) -> None:
-        children = list(module.named_children())
-        if isinstance(module, (nn.ModuleList, nn.Sequential)):
-            classes = Counter(type(c) for _, c in children)
-            chosen = [n for n, c in children if classes[type(c)] > 1 and any(True for _ in c.children())]
-            if chosen:
-                blocks.extend(f"{prefix}{n}" for n in chosen)
-                for n, c in children:
-                    if n not in chosen:
-                        visit(f"{prefix}{n}.", c)
-                return
-        for n, c in children:
-            visit(f"{prefix}{n}.", c)
-
-    visit("", model)
-    return blocks
 
 
 #: What selective checkpointing keeps: the outputs of matrix products with weights and of
@@ -249,7 +223,7 @@ def apply_checkpointing(workload: Workload, selective: bool | str = False) -> li
     kind = "selective" if selective is True else selective
     if kind:
         _policy(kind)  # an unknown name is one line, before any block is wrapped
-    blocks = checkpoint_blocks(workload.model)
+    blocks = repeated_blocks(workload.model)
     modules = dict(workload.model.named_modules())
     for name in blocks:
         module = modules[name]

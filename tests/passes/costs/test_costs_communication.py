@@ -9,7 +9,7 @@ from nnperf.analysis import Analysis
 from nnperf.hardware.catalog import load_gpu
 from nnperf.layout import Execution
 from nnperf.prediction import predict_analysis
-from nnperf.search.memory_variants import checkpoint_blocks
+from nnperf.trace.blocks import repeated_blocks
 from nnperf.trace.distributed import trace_rank
 from nnperf.trace.options import TraceOptions
 from nnperf.vocab import Category
@@ -22,7 +22,7 @@ def test_waits_of_functional_collectives_cost_no_device_time():
                                        n_positions=16)
 
     execution = Execution(world=2, tensor=2, sequence_parallel=True)
-    traced = trace_rank(build, TraceOptions(), execution, checkpoint_blocks)
+    traced = trace_rank(build, TraceOptions(), execution, repeated_blocks)
     analysis = Analysis.from_trace("gpt2", TraceOptions(), traced.trace, traced.workload)
     ops = predict_analysis(analysis, load_gpu("h100-sxm")).step.ops
     waits = [t for t in ops if t.count.event.name == "_c10d_functional.wait_tensor"]

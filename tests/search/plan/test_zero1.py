@@ -88,9 +88,9 @@ def test_the_shares_add_up_to_ddp_state():
 
 
 def _traced(build, execution, rank):
-    from nnperf.search.memory_variants import checkpoint_blocks
+    from nnperf.trace.blocks import repeated_blocks
 
-    return trace_rank(build, OPTIONS, execution, checkpoint_blocks, rank=rank)
+    return trace_rank(build, OPTIONS, execution, repeated_blocks, rank=rank)
 
 
 def _state(build, execution, rank):
@@ -106,12 +106,12 @@ def test_the_parameters_are_gathered_as_the_next_forward_needs_them():
     from nnperf.analysis import Analysis
     from nnperf.passes.comm_timeline import overlap
     from nnperf.prediction import predict_analysis
-    from nnperf.search.memory_variants import checkpoint_blocks
+    from nnperf.trace.blocks import repeated_blocks
 
     request = _request(SMALL_VOCAB, 3)
     name, build = resolve(request)
     execution = Execution(world=WORLD, data="zero1", micro_batch=2, bucket_bytes=2**20)  # several buckets
-    traced = trace_rank(build, OPTIONS, execution, checkpoint_blocks)
+    traced = trace_rank(build, OPTIONS, execution, repeated_blocks)
     by_index = {c.index: c for c in traced.collectives}
     prediction = predict_analysis(Analysis.from_trace(name, OPTIONS, traced.trace, traced.workload), GPU)
     comm = overlap(prediction.step, traced.trace, lambda i: (by_index[i].kind, by_index[i].bytes, 1e-3),

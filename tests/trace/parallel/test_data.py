@@ -46,7 +46,7 @@ def _build(execution: Execution) -> Workload:
 
 def _real(execution: Execution) -> tuple[list[tuple[str, int]], dict[str, int]]:
     from nnperf.measure.step import build_step
-    from nnperf.search.memory_variants import checkpoint_blocks
+    from nnperf.trace.blocks import repeated_blocks
     from nnperf.trace.parallel import apply_layout, build_meshes
     from nnperf.trace.step import optimizer_state
 
@@ -54,7 +54,7 @@ def _real(execution: Execution) -> tuple[list[tuple[str, int]], dict[str, int]]:
     meshes = build_meshes(execution)
     contexts = contextlib.ExitStack()
     step = build_step(lambda: _build(execution), OPTIONS, torch.device("cpu"), wrap=lambda w: apply_layout(
-        w, execution, OPTIONS, meshes, checkpoint_blocks, None, contexts, real=True))
+        w, execution, OPTIONS, meshes, repeated_blocks, None, contexts, real=True))
 
     def storage_bytes(tensors):
         return sum({id(t.untyped_storage()): t.untyped_storage().nbytes() for t in tensors}.values())

@@ -97,12 +97,12 @@ def test_stages_pass_what_the_data_parallel_engine_computes_in(data, element_byt
     # stages pass bf16; under DDP the parameters stay fp32 and so does the residual stream. Rank 0
     # of 2 stages, one micro-batch of 2 x 8 tokens of width 32: it sends the activation and
     # receives its gradient, 2 x 8 x 32 elements each
-    from nnperf.search.memory_variants import checkpoint_blocks
+    from nnperf.trace.blocks import repeated_blocks
 
     execution = Execution(world=4, data=data, shard=2 if data == "fsdp" else 1, pipeline=2,
                           pipeline_schedule="gpipe", grad_accum=1)
     traced = trace_rank(lambda: _llama(4), TraceOptions(optimizer="adamw", amp="bf16"), execution,
-                        checkpoint_blocks, rank=0)
+                        repeated_blocks, rank=0)
     (_, produced), = traced.workload.model.shapes
     assert produced.dtype == (torch.bfloat16 if data == "fsdp" else torch.float32)
     sends = [c.bytes for c in traced.collectives if c.kind == "send_recv"]

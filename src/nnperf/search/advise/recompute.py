@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from nnperf.search.advise.change import Candidate, Change
-from nnperf.search.memory_variants import checkpoint_blocks
+from nnperf.trace.blocks import repeated_blocks
 
 if TYPE_CHECKING:
     from nnperf.search.advise.evaluate import Base
@@ -26,7 +26,7 @@ HOW = {
 
 
 def blocks(base: Base) -> list[str]:
-    return checkpoint_blocks(base.analysis.workload.model)
+    return repeated_blocks(base.analysis.workload.model)
 
 
 def candidates(base: Base) -> list[Candidate]:

@@ -80,10 +80,10 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
               units: Callable[[Any], list[str]] | None = None) -> RankCost:
     """Trace rank ``rank`` of ``execution`` for ``request`` (its batch: one rank's micro-batches)
     and reduce it to numbers."""
-    from nnperf.search.memory_variants import checkpoint_blocks
+    from nnperf.trace.blocks import repeated_blocks
 
     name, build = resolve(request)
-    traced = trace_rank(build, options, execution, units or checkpoint_blocks, prepare, rank=rank)
+    traced = trace_rank(build, options, execution, units or repeated_blocks, prepare, rank=rank)
     analysis = Analysis.from_trace(name, options, traced.trace, traced.workload)
     prediction = predict_analysis(analysis, gpu)
     by_index = {c.index: c for c in traced.collectives}

@@ -122,7 +122,7 @@ def held_blocks_only(model: nn.Module, execution: Execution, rank: int) -> Itera
     After: every block is back in its place, the others as they were built, and no rank runs
     them (the stage shapes need no block: ``stage_shapes``); they stay blocks of the model's
     class, so that what finds the repeated blocks (activation checkpointing's
-    ``checkpoint_blocks``) finds the same ones. Why: a traced stage is built from the whole
+    ``repeated_blocks``) finds the same ones. Why: a traced stage is built from the whole
     model, and tensor parallelism over the blocks of every chunk cost a plan's search as much
     again as over the rank's own."""
     family = split_of(model)
