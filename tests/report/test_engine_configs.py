@@ -227,3 +227,22 @@ def test_uneven_stages_in_megatron_and_torchtitan():
     interleaved = replace(e, pipeline_schedule="interleaved-1f1b", virtual_stages=2)
     with pytest.raises(NotExpressible, match="virtual chunks"):
         megatron_args(interleaved, 126 + 16 * 8, amp="bf16")
+
+
+def test_fp8_linears_in_each_engine():
+    """FP8 linears: Megatron-LM's Transformer Engine FP8 with per-tensor current scaling (E4M3
+    forward, E5M2 gradients); torchtitan's float8 converter with the output head left out;
+    DeepSpeed's JSON has no such setting."""
+    import pytest
+
+    from nnperf.report.engine_configs import NotExpressible, deepspeed_json, megatron_args
+
+    e = Execution(world=8, data="fsdp", shard=8, micro_batch=1, grad_accum=1)
+    flags = megatron_args(e, 32, amp="bf16", fp8=True).split("\n#")[0].split(" \\\n  ")
+    assert {"--bf16", "--fp8-format hybrid", "--fp8-recipe tensorwise"} <= set(flags)
+    assert not any("fp8" in f for f in megatron_args(e, 32, amp="bf16").split(" \\\n  "))
+    toml = torchtitan_toml(e, amp="bf16", fp8=True)
+    assert tomllib.loads(toml)["float8"] == {"filter_fqns": ["output"]}
+    assert 'converters = ["float8"]' in toml  # for the run's own [model] table
+    with pytest.raises(NotExpressible, match="no FP8"):
+        deepspeed_json(e, amp="bf16", fp8=True)

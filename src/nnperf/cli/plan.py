@@ -212,16 +212,17 @@ def engine_configs(result: Any, options: TraceOptions, model_options: dict[str, 
     def torchtitan(execution: Any) -> str:
         check_torchtitan_model(result.model)
         return torchtitan_toml(execution, amp, dtype, sdpa, options.loss, attention, documents, seq, clip,
-                               result.layers)
+                               result.layers, fp8=options.fp8)
 
     def torchtitan_function(execution: Any) -> str:
         check_torchtitan_model(result.model)
         return torchtitan_python(execution, result.model, seq, amp, dtype, sdpa, options.loss, attention, documents,
-                                 clip, result.layers)
+                                 clip, result.layers, fp8=options.fp8)
 
     writers = {"torchtitan": torchtitan, "torchtitan_python": torchtitan_function,
-               "megatron": lambda e: megatron_args(e, result.layers, amp, dtype, sdpa, attention, seq, clip),
-               "deepspeed": lambda e: deepspeed_json(e, amp, dtype, clip)}
+               "megatron": lambda e: megatron_args(e, result.layers, amp, dtype, sdpa, attention, seq, clip,
+                                                   fp8=options.fp8),
+               "deepspeed": lambda e: deepspeed_json(e, amp, dtype, clip, fp8=options.fp8)}
     best = result.ranked[0]
     chosen: dict[str, Any] = {}
     for name, write in writers.items():

@@ -28,7 +28,7 @@ _WORKLOAD_KEYS = (
     "model", "batch", "seq", "train", "dtype", "amp", "grad_scaler", "optimizer", "optimizer_impl",
     "input_shape", "input_dtype", "tokens", "vocab", "real", "model_opt", "channels_last",
     "task", "attn_implementation", "moe_load", "moe_capacity_factor", "sdpa",
-    "loss", "clip_grad_norm",
+    "loss", "clip_grad_norm", "fp8",
 )
 
 
@@ -46,6 +46,13 @@ def workload_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="Mixed precision: autocast to this dtype."),
         click.option("--grad-scaler/--no-grad-scaler", default=None,
                      help="Run torch.amp.GradScaler in the training step (default: with --amp fp16 only)."),
+        click.option("--fp8", is_flag=True,
+                     help="FP8 training of the linear layers inside the repeated blocks (with --amp "
+                          "bf16), as Transformer Engine runs Megatron-LM's transformer layers "
+                          "(--fp8-format hybrid, per-tensor current scaling) and torchao's float8 "
+                          "runs torchtitan's: their GEMMs at the FP8 tensor rate, each 16-bit input "
+                          "and output gradient scaled and cast first; the head, embedding and "
+                          "attention stay 16-bit."),
         click.option("--optimizer", type=click.Choice(list(OPTIMIZERS)), default="adamw", show_default=True),
         click.option("--optimizer-impl", type=click.Choice(list(OPTIMIZER_IMPLS)), default="foreach",
                      show_default=True, help="PyTorch optimizer implementation."),
@@ -146,6 +153,7 @@ def pop_workload(kwargs: dict[str, Any]) -> tuple[ModelRequest, TraceOptions]:
         sdpa=opts["sdpa"],
         loss=opts["loss"],
         clip_grad_norm=opts["clip_grad_norm"],
+        fp8=opts["fp8"],
     )
     return request, options
 

@@ -39,6 +39,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from nnperf.errors import UsageError
 from nnperf.hardware import GPU, DeviceProfile
 from nnperf.kernels import batch_norm as bn_kernels
 from nnperf.kernels import depthwise as dw_kernels
@@ -75,6 +76,8 @@ from nnperf.passes.kernel_calls import batch_norm_call, depthwise_call, max_pool
 from nnperf.passes.l2_reuse import l2_read_hits
 from nnperf.trace.events import KIND_OPT_STATE, OpEvent, Trace, dtype_name
 
+#: The GEMMs of a linear layer that FP8 training runs in FP8: all three of training's.
+FP8_ROLES = ("forward", "grad_input", "grad_weight")
 _MEMORY_BOUND = {cat.ELEMENTWISE, cat.REDUCTION, cat.NORM, cat.MEMORY, cat.OPTIMIZER, "uncovered"}
 
 
@@ -193,7 +196,8 @@ class KernelModel:
     """Per-op kernel times on one GPU with one profile (GEMM estimates are cached)."""
 
     def __init__(self, gpu: GPU, profile: DeviceProfile, options: TimingOptions | None = None,
-                 train: bool = False, l2_hits: dict[int, float] | None = None):
+                 train: bool = False, l2_hits: dict[int, float] | None = None,
+                 fp8_linears: frozenset[str] = frozenset()):
         self.gpu = gpu
         self.profile = profile
         self.options = options or TimingOptions()
@@ -202,6 +206,11 @@ class KernelModel:
         if self.l2_hits and gpu.l2_reuse is None:
             raise ValueError(f"L2 hits given for {gpu.id}, which has no measured L2 (GPU.l2_reuse)")
         self._gemm_cache: dict[tuple, GemmEstimate] = {}
+        # the linear layers whose GEMMs run in FP8 (``TraceOptions.fp8``: the trace names them)
+        self.fp8_linears = fp8_linears
+        if fp8_linears and "fp8" not in gpu.tensor_tflops:
+            raise UsageError(f"--fp8: {gpu.name} has no FP8 tensor cores (Hopper, Ada Lovelace and "
+                             "Blackwell GPUs have them); leave --fp8 out")
         self._vector_peak = gpu.peak_flops("fp32", tensor_cores=False, fallback=True)
         # what the L2 holds of a normalization's first sweep: its measured reuse capacity, else
         # the datasheet size (``_second_sweep_bytes``)
@@ -287,6 +296,8 @@ class KernelModel:
             layout_s = sum(transpose_time(2 * b, self.gpu, self.profile, backward) for b in moved)
             kernel = max(model_compute, model_memory) + reduction + layout_s + overhead
             model_memory += layout_s
+        elif self._runs_fp8(count, dtype):
+            return self._fp8_linear(count, base)
         else:
             transposes, layout_s = 0, 0.0
             memory = sum(e.memory_s for e in ests)
@@ -300,6 +311,39 @@ class KernelModel:
             math=ests[0].rate_dtype if ests else "",
             model_compute_s=model_compute, model_memory_s=model_memory, overhead_s=overhead,
             layout_s=layout_s, **base,
+        )
+
+    def _runs_fp8(self, count: OpCount, dtype: str) -> bool:
+        return (count.event.module in self.fp8_linears and dtype in ("bf16", "fp16") and bool(count.gemms)
+                and all(g.role in FP8_ROLES for g in count.gemms))
+
+    def _fp8_linear(self, count: OpCount, base: dict[str, Any]) -> OpTime:
+        """A linear layer's GEMM in FP8 with per-tensor current scaling, as Transformer Engine
+        runs it (``transformer_engine/pytorch/module/linear.py``, ``Float8CurrentScalingQuantizer``):
+        the GEMM at the FP8 tensor rate, after the 16-bit operand it brings is quantized by two
+        kernels: one reads it for its absolute maximum (the scale), one reads it again and
+        writes it in FP8, row-wise for this GEMM and, in training, column-wise too for the
+        weight-gradient GEMM (Hopper's FP8 GEMMs take only the "TN" layout), which therefore
+        casts nothing. The forward GEMM brings its input, the input-gradient GEMM the output's
+        gradient; the weight's cast, once per step, is not timed (``trace.capture``'s FP8
+        assumption)."""
+        gemms = [GemmTime(g, self.gemm(g.m, g.n, g.k, g.batch, "fp8", False)) for g in count.gemms]
+        ests = [g.estimate for g in gemms]
+        itemsize = 2  # the 16-bit operand (``_runs_fp8``)
+        written = 2 if self.train else 1  # FP8 bytes written per element: row-wise, column-wise
+        cast = [g.m * g.k * g.batch * (2 * itemsize + written) for g in count.gemms if g.role != "grad_weight"]
+        cast_bytes = float(sum(cast))
+        cast_memory = self.profile.memory_time(self.gpu.memory_bandwidth, cast_bytes)
+        cast_overhead = 2 * len(cast) * self.profile.kernel_overhead_s
+        model_compute = sum(e.model_compute_s for e in ests)
+        model_memory = sum(e.model_memory_s for e in ests) + cast_memory
+        overhead = sum(e.overhead_s for e in ests) + cast_overhead
+        return OpTime(
+            kernels=len(ests) + 2 * len(cast), kernel_s=sum(e.time_s for e in ests) + cast_memory + cast_overhead,
+            compute_s=sum(e.compute_s for e in ests),
+            memory_s=sum(e.memory_s for e in ests) + cast_bytes / self.gpu.memory_bandwidth,
+            peak_flops=ests[0].peak_flops, bound=_bound(model_compute, model_memory, overhead), gemms=gemms,
+            math="fp8", model_compute_s=model_compute, model_memory_s=model_memory, overhead_s=overhead, **base,
         )
 
     def _rnn(self, count: OpCount, base: dict[str, Any]) -> OpTime:
@@ -679,7 +723,8 @@ def simulate_step(
     over its ops); ``zero_grad`` after the optimizer."""
     reuse = gpu.l2_reuse
     hits = l2_read_hits(counts, reuse[1]) if reuse else None
-    model = KernelModel(gpu, profile, options, train=trace.mode == "train", l2_hits=hits)
+    model = KernelModel(gpu, profile, options, train=trace.mode == "train", l2_hits=hits,
+                        fp8_linears=frozenset(trace.config.get("fp8_linears", ())))
     costs = HostCosts.of(profile)
     step_options = trace.config.get("options", {})
     autocast = bool(step_options.get("amp"))

@@ -54,8 +54,10 @@ def check_torchtitan_model(model: str) -> None:
 
 def torchtitan_toml(execution: Any, amp: str | None = None, dtype: str | None = None,
                     sdpa: str = "fused", loss: str = "eager", attention: str = "sdpa", doc_len: int = 0,
-                    seq_len: int | None = None, clip: float | None = None, layers: int | None = None) -> str:
-    """The [training], [parallelism] and [activation_checkpoint] tables torchtitan reads, and
+                    seq_len: int | None = None, clip: float | None = None, layers: int | None = None,
+                    fp8: bool = False) -> str:
+    """The [training], [parallelism] and [activation_checkpoint] tables torchtitan reads, [float8]
+    for FP8 linears (its converter, named in the run's own [model] table), and
     [compile] for a compiled loss (``--loss compiled``: torchtitan compiles the components named);
     a chunked loss, and FlexAttention (a built-in decoder's ``-O attention=flex``), are comments
     naming the Python settings torchtitan has for them. Every setting the plan depends on is
@@ -115,6 +117,9 @@ def torchtitan_toml(execution: Any, amp: str | None = None, dtype: str | None = 
                   f"# loss = ChunkedLossWrapper.Config(num_chunks={DEFAULT_CHUNKS})"]
         if loss == "chunked-compiled":
             lines += ["", "[compile]", "enable = true", 'components = ["loss"]']
+    if fp8:  # torchao's float8 linears, tensorwise dynamic scaling (the era's default recipe)
+        lines += ["", '# FP8: add converters = ["float8"] to the run\'s [model] table', "[float8]",
+                  'filter_fqns = ["output"]']
     if attention == "flex":  # torchtitan's ModelArgs of the flavor (2025: use_flex_attn, attn_mask_type)
         mask = "block_causal" if doc_len else "causal"
         lines += ["", "# attention: FlexAttention, set in the model flavor's args:",
@@ -205,10 +210,12 @@ def torchrun_command(execution: Any) -> str:
 
 def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
                   dtype: str | None = None, sdpa: str = "fused", attention: str = "sdpa",
-                  seq_len: int | None = None, clip: float | None = None) -> str:
+                  seq_len: int | None = None, clip: float | None = None, fp8: bool = False) -> str:
     """Megatron-LM's parallelism, batch, recomputation, precision and clipping arguments for the
     layout. Its ``--bf16``/``--fp16`` hold the model in half precision with fp32 master weights
-    in the optimizer: the nearest to both ``--amp`` and ``--dtype``. Its ``--clip-grad``
+    in the optimizer: the nearest to both ``--amp`` and ``--dtype``; ``--fp8`` adds Transformer
+    Engine's FP8 with per-tensor current scaling (``--fp8-recipe tensorwise``, E4M3 forward and
+    E5M2 gradients: ``--fp8-format hybrid``). Its ``--clip-grad``
     defaults to 1.0: a plan without clipping leaves it and says so in a comment line."""
     e = execution
     if attention == "flex":
@@ -266,6 +273,8 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
     half = _half_precision(amp, dtype)
     if half:
         args.append(f"--{half}")
+    if fp8:
+        args += ["--fp8-format hybrid", "--fp8-recipe tensorwise"]
     if sdpa == "unfused":
         args.append("--attention-backend unfused")
     if clip is not None:
@@ -284,13 +293,16 @@ def _half_precision(amp: str | None, dtype: str | None) -> str | None:
 
 
 def deepspeed_json(execution: Any, amp: str | None = None, dtype: str | None = None,
-                   clip: float | None = None) -> str:
+                   clip: float | None = None, fp8: bool = False) -> str:
     """DeepSpeed's config: ZeRO stage 0 (DDP), 1 (ZeRO-1: the optimizer state sharded), 3 (FSDP
     full shard) or 3 with MiCS (HSDP);
     ``bf16``/``fp16`` (a half-precision model, fp32 master weights) for ``--amp`` or
     ``--dtype``; ``gradient_clipping`` (default 0: off) for ``--clip-grad-norm``. Attention is
     the model code's, not the JSON's."""
     e = execution
+    if fp8:
+        raise NotExpressible("DeepSpeed's JSON has no FP8 training: its FP8 runs Transformer Engine's layers, "
+                             "put in the model code")
     if e.expert > 1:
         raise NotExpressible("DeepSpeed's expert parallelism is set in the model code "
                              "(deepspeed.moe.layer.MoE(ep_size=...)), not its JSON")

@@ -47,9 +47,10 @@ MODULE, FUNCTION = "nnperf_plan", "nnperf_plan"
 def torchtitan_python(execution: Any, model: str, seq_len: int | None, amp: str | None = None,
                       dtype: str | None = None, sdpa: str = "fused", loss: str = "eager",
                       attention: str = "sdpa", doc_len: int = 0, clip: float | None = None,
-                      layers: int | None = None) -> str:
+                      layers: int | None = None, fp8: bool = False) -> str:
     """The config function (a file ``nnperf_plan.py``) that sets every field the plan depends
-    on over the shipped config of the model's family, torchtitan's defaults included."""
+    on over the shipped config of the model's family, torchtitan's defaults included. FP8 is a
+    comment: where a model converter goes has moved between torchtitan's versions."""
     e = execution
     torchtitan_refusals(e, amp, dtype, sdpa)
     if not seq_len:
@@ -107,6 +108,9 @@ def torchtitan_python(execution: Any, model: str, seq_len: int | None, amp: str 
     if attention == "flex":
         mask = "block_causal" if doc_len else "causal"
         lines.append(f"    # attention: FlexAttention with a {mask} mask, in the model spec of {base}")
+    if fp8:
+        lines.append("    # FP8: Float8LinearConverter.Config(filter_fqns=[\"output\"]) (tensorwise) among the model's "
+                     "converters")
     lines.append("    return config")
     return "\n".join(lines)
 

@@ -35,10 +35,37 @@ def repeated_blocks(model: nn.Module) -> list[str]:
     return blocks
 
 
+#: FP8 GEMMs need both dimensions of the weight to be multiples of 16 (cuBLASLt's FP8 matmul;
+#: torchao's float8 conversion and Transformer Engine refuse other shapes).
+FP8_ALIGNMENT = 16
+
+
 def linears_in_blocks(model: nn.Module) -> list[str]:
-    """The names of the ``nn.Linear`` layers inside ``model``'s repeated blocks: what
-    Transformer Engine's layers replace in Megatron-LM's transformer layers and what torchtao's
-    float8 conversion takes in torchtitan (which leaves the output head out by default)."""
+    """The names of the ``nn.Linear`` layers inside ``model``'s repeated blocks that an FP8 GEMM
+    can run: what Transformer Engine's layers replace in Megatron-LM's transformer layers and
+    what torchao's float8 conversion takes in torchtitan (which leaves the output head out by
+    default)."""
     blocks = tuple(f"{b}." for b in repeated_blocks(model))
     return [name for name, m in model.named_modules()
-            if isinstance(m, nn.Linear) and name.startswith(blocks)]
+            if isinstance(m, nn.Linear) and name.startswith(blocks)
+            and m.in_features % FP8_ALIGNMENT == 0 and m.out_features % FP8_ALIGNMENT == 0]
+
+
+#: The attribute that marks a linear layer FP8 training converts (``mark_fp8_linears``).
+_FP8_MARK = "_nnperf_fp8_linear"
+
+
+def mark_fp8_linears(model: nn.Module) -> None:
+    """Mark the linear layers of ``model``'s repeated blocks as FP8 ones while the model is
+    whole: a pipeline stage holds some of its blocks, maybe one per chunk, and one block is not
+    a repeated one."""
+    modules = dict(model.named_modules())
+    for name in linears_in_blocks(model):
+        setattr(modules[name], _FP8_MARK, True)
+
+
+def fp8_linear_names(model: nn.Module) -> list[str]:
+    """The names, in ``model``, of the linear layers FP8 training converts: those marked while
+    the model was whole (``mark_fp8_linears``), else those of its repeated blocks."""
+    marked = [name for name, m in model.named_modules() if getattr(m, _FP8_MARK, False)]
+    return marked or linears_in_blocks(model)

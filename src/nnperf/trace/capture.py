@@ -30,6 +30,7 @@ from nnperf.trace.accumulation import AccumulationWatch, fold_inplace_accumulati
 from nnperf.trace.assumptions import collecting
 from nnperf.trace.attention import sdpa_mode
 from nnperf.trace.autocast_cuda import CudaAutocast
+from nnperf.trace.blocks import fp8_linear_names
 from nnperf.trace.clip import CLIP_MODULE
 from nnperf.trace.diagnosis import (
     DATA_DEPENDENT,
@@ -298,6 +299,9 @@ def _record(workload: Workload, step: Step) -> Trace:
     recorder.active = False
     del output
     module_types = {names[id(m)]: type(m).__name__ for m in model.modules()}
+    fp8_linears = _fp8_linears(model, workload) if options.fp8 else []
+    if fp8_linears:
+        assumptions = [*assumptions, FP8_ASSUMPTION.format(count=len(fp8_linears))]
     module_params = {
         names[id(m)]: sum(local(p).numel() for p in m.parameters(recurse=False)) for m in model.modules()
     }
@@ -324,10 +328,29 @@ def _record(workload: Workload, step: Step) -> Trace:
             "loss_cross_entropy_calls": labeler.loss_cross_entropy_calls,
             # a pipeline schedule's actions: (label, first event, end event)
             **({"pipeline_actions": [tuple(a) for a in watch.actions]} if watch.actions else {}),
+            **({"fp8_linears": fp8_linears} if fp8_linears else {}),
         },
     )
     fold_inplace_accumulations(trace, recorder.engine_sums)
     return trace
+
+
+#: What an FP8 step's figures rest on beyond the GEMMs and casts ``passes.timing`` times.
+FP8_ASSUMPTION = (
+    "FP8: {count} linear layers inside the repeated blocks run their GEMMs in FP8 with per-tensor "
+    "current scaling (the 16-bit input and output gradient each scaled and cast first); not "
+    "counted: their weights' casts (once per step: Transformer Engine keeps the first "
+    "micro-batch's), the scale's all-reduce over tensor-parallel ranks, and the FP8 copies "
+    "of saved inputs (counted in 16 bits)"
+)
+
+
+def _fp8_linears(model: torch.nn.Module, workload: Workload) -> list[str]:
+    linears = fp8_linear_names(model)
+    if not linears:
+        raise UsageError(f"--fp8 converts the linear layers inside the repeated blocks of a model, and "
+                         f"{workload.name} has none (transformer layers are such blocks)")
+    return linears
 
 
 def _input_descriptions(inputs: tuple[Any, ...]) -> list[dict[str, Any]]:

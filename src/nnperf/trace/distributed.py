@@ -22,6 +22,7 @@ from torch import nn
 
 from nnperf.errors import UsageError
 from nnperf.layout import Execution
+from nnperf.trace.blocks import mark_fp8_linears
 from nnperf.trace.capture import cast_workload, trace_workload
 from nnperf.trace.collectives import Collective, collectives_of
 from nnperf.trace.engine_patches import engines_on_fake_tensors
@@ -81,6 +82,8 @@ def trace_rank(
             # --dtype casts the model before the engines wrap it, as Megatron-LM's Float16Module
             # does: their shards, stage shapes and buckets are in that dtype
             workload = cast_workload(build(), options.dtype)
+            if options.fp8:  # while every block is in the model
+                mark_fp8_linears(workload.model)
             return apply_layout(workload, execution, options, world["meshes"][shape], units, prepare,
                                 step_contexts)
 

@@ -69,6 +69,13 @@ class TraceOptions:
     # (trace.clip: torchtitan's clip_grad_norm_; Hugging Face's Trainer, torchtitan and
     # Megatron-LM clip to 1.0 by default). None: no clipping.
     clip_grad_norm: float | None = None
+    # FP8 training of the linear layers inside the repeated blocks (trace.blocks), as
+    # Transformer Engine runs Megatron-LM's transformer layers (--fp8-format hybrid,
+    # --fp8-recipe tensorwise: per-tensor current scaling) and torchao's float8 training runs
+    # torchtitan's (tensorwise dynamic scaling, the output head left out): their three GEMMs
+    # at the FP8 tensor rate, each 16-bit operand scaled and cast first
+    # (passes.timing); the head, the embedding and the attention core stay 16-bit.
+    fp8: bool = False
 
     def uses_grad_scaler(self) -> bool:
         """Whether the step runs a GradScaler (``grad_scaler`` resolved)."""
@@ -123,6 +130,9 @@ class TraceOptions:
             if not self.train or self.optimizer == "none":
                 raise UsageError("--clip-grad-norm clips gradients before an optimizer step: it needs a training "
                                  "step with an optimizer (leave --optimizer none out, or drop --clip-grad-norm)")
+        if self.fp8 and not (self.amp in ("bf16", "fp16") or self.dtype in ("bf16", "fp16")):
+            raise UsageError("--fp8 casts the 16-bit inputs of the linear layers to FP8: add --amp bf16 "
+                             "(or --dtype bf16)")
         if self.grad_scaler:
             if not self.train or self.optimizer == "none":
                 raise UsageError("a gradient scaler needs a training step with an optimizer")
@@ -141,6 +151,8 @@ class TraceOptions:
             parts.append(self.dtype)
         if self.amp:
             parts.append(f"amp {self.amp}")
+        if self.fp8:
+            parts.append("FP8 linears")
         if self.channels_last:
             parts.append("channels_last")
         if self.sdpa != "fused":

@@ -107,3 +107,22 @@ def test_stages_pass_what_the_data_parallel_engine_computes_in(data, element_byt
     assert produced.dtype == (torch.bfloat16 if data == "fsdp" else torch.float32)
     sends = [c.bytes for c in traced.collectives if c.kind == "send_recv"]
     assert sends == [2 * SEQ * DIM * element_bytes] * 2
+
+
+def test_fp8_converts_the_linears_of_a_one_block_chunk():
+    # 3 blocks over 3 stages: a stage holds one block, no repeated block of its own; its
+    # linears are marked as FP8 ones while the model is whole (trace.blocks.mark_fp8_linears)
+    def build():
+        from nnperf.zoo import get_model
+
+        return get_model("llama-7b").build(batch=2, seq_len=SEQ, n_layer=3, dim=64, n_heads=4, ffn_hidden=128,
+                                           vocab=VOCAB)
+
+    execution = Execution(world=3, pipeline=3, pipeline_schedule="gpipe", grad_accum=1)
+    traced = trace_rank(build, TraceOptions(amp="bf16", fp8=True), execution, lambda model: [], rank=1)
+    converted = set(traced.trace.config["fp8_linears"])
+    # the block's attention (wq, wk, wv, wo) and feed-forward (w1, w2, w3) linears
+    ran = {e.module for e in traced.trace.events if e.name in ("aten.mm", "aten.addmm")
+           and e.module.split(".")[-1] in ("wq", "wk", "wv", "wo", "w1", "w2", "w3")}
+    assert len(ran) == 7
+    assert ran <= converted

@@ -60,7 +60,7 @@ def candidates(base: Base) -> list[Candidate]:
             assumptions=["convolutions already use TF32 (cuDNN's default)",
                          "TF32's 10-bit mantissa is accurate enough (not predicted)"],
         ))
-    if "fp8" in gpu.tensor_tflops and _FP8 is not None and step.train:
+    if "fp8" in gpu.tensor_tflops and _FP8 is not None and step.train and not step.fp8:
         amp = () if step.amp or step.dtype in ("bf16", "fp16") else (("amp", "bf16"),)
         out.append(Candidate(
             name="fp8-linears", family="precision",

@@ -194,7 +194,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
               "checkpoint": [names[CHECKPOINTS[i]] for i in levels],
               "reshard_after_forward": sorted(set(reshard), reverse=True)}
     return Plan(request_name(request), gpu, cluster, gpus, global_batch, ranked, rejected,
-                left_out + notes(request, results, layers) + routing_note(info, options), cache.traces, layers,
+                left_out + notes(request, options, results, layers) + routing_note(info, options), cache.traces, layers,
                 options,
                 dict(request.overrides), request.seq_len or (info[2] if info else None), search)
 

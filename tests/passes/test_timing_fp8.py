@@ -1,0 +1,88 @@
+"""FP8 linears (``TraceOptions.fp8``): which layers convert, what their GEMMs and casts cost,
+and the one-line refusals. Traces a 2-block Llama on fake tensors (about a second each)."""
+
+from __future__ import annotations
+
+import pytest
+
+import nnperf
+from nnperf.errors import UsageError
+from nnperf.hardware import default_profile, load_gpu
+from nnperf.kernels.gemm import estimate_gemm
+from nnperf.passes.costs import registry as cat
+
+SMALL = {"n_layer": 2, "dim": 512, "n_heads": 8, "n_kv_heads": 4, "ffn_hidden": 1024, "vocab": 4096}
+#: torchtitan's Llama block: attention (wq, wk, wv, wo) and SwiGLU feed-forward (w1, w2, w3)
+BLOCK_LINEARS = ("attention.wq", "attention.wk", "attention.wv", "attention.wo",
+                 "feed_forward.w1", "feed_forward.w2", "feed_forward.w3")
+
+
+@pytest.fixture(scope="module")
+def fp8_analysis():
+    return nnperf.analyze("llama-7b", batch=2, seq_len=1024, amp="bf16", fp8=True, **SMALL)
+
+
+def test_the_linears_inside_the_blocks_convert_and_the_head_does_not(fp8_analysis):
+    expected = {f"layers.{i}.{name}" for i in range(SMALL["n_layer"]) for name in BLOCK_LINEARS}
+    assert set(fp8_analysis.trace.config["fp8_linears"]) == expected
+    assert any("FP8" in note for note in fp8_analysis.trace.config["assumptions"])
+
+
+def test_a_converted_gemm_costs_its_fp8_gemm_and_the_casts_of_its_16_bit_operand(fp8_analysis):
+    gpu = load_gpu("h100-sxm")
+    profile = default_profile(gpu)
+    prediction = nnperf.predict(fp8_analysis, gpu)
+    converted = set(fp8_analysis.trace.config["fp8_linears"])
+    checked = {"forward": 0, "grad_input": 0, "grad_weight": 0}
+    for t in prediction.step.ops:
+        if t.category != cat.GEMM or t.count.event.module not in converted:
+            continue
+        (g,) = t.count.gemms
+        gemm = estimate_gemm(g.m, g.n, g.k, batch=g.batch, dtype="fp8", gpu=gpu, profile=profile)
+        if g.role == "grad_weight":  # reads the column-wise copies made for it: nothing to cast
+            cast_s, kernels = 0.0, 1
+        else:
+            # the operand it brings (tokens x contraction): an amax read and a cast read in 16
+            # bits, row-wise and column-wise FP8 writes, in two kernels
+            elements = g.m * g.k * g.batch
+            cast_s = profile.memory_time(gpu.memory_bandwidth, elements * (2 + 2 + 1 + 1)) \
+                + 2 * profile.kernel_overhead_s
+            kernels = 3
+        assert t.math == "fp8"
+        assert t.kernels == kernels
+        assert t.kernel_s == pytest.approx(gemm.time_s + cast_s, rel=1e-9)
+        checked[g.role] += 1
+    layers = SMALL["n_layer"] * len(BLOCK_LINEARS)
+    assert checked == {"forward": layers, "grad_input": layers, "grad_weight": layers}
+    head = [t for t in prediction.step.ops if t.category == cat.GEMM and t.count.event.module == "output"]
+    assert head and all(t.math == "bf16" for t in head)
+
+
+def test_fp8_shortens_the_block_gemms_of_a_large_layer():
+    shape = {**SMALL, "dim": 4096, "n_heads": 32, "n_kv_heads": 8, "ffn_hidden": 14336}
+    gpu = load_gpu("h100-sxm")
+
+    def block_gemm_s(fp8: bool) -> float:
+        analysis = nnperf.analyze("llama-7b", batch=1, seq_len=4096, amp="bf16", fp8=fp8, **shape)
+        step = nnperf.predict(analysis, gpu).step
+        return sum(t.kernel_s for t in step.ops if t.category == cat.GEMM
+                   and t.count.event.module.startswith("layers.") and "attention.sdpa" not in t.count.event.module)
+
+    # twice the tensor rate, less the casts: faster, but not twice as fast
+    bf16, fp8 = block_gemm_s(False), block_gemm_s(True)
+    assert 0.5 * bf16 < fp8 < 0.8 * bf16
+
+
+def test_fp8_needs_a_16_bit_step():
+    with pytest.raises(UsageError, match="--amp bf16"):
+        nnperf.analyze("llama-7b", batch=1, seq_len=128, fp8=True, **SMALL)
+
+
+def test_fp8_on_a_gpu_without_fp8_tensor_cores_is_refused(fp8_analysis):
+    with pytest.raises(UsageError, match="no FP8 tensor cores"):
+        nnperf.predict(fp8_analysis, "a100-80gb-sxm")
+
+
+def test_fp8_on_a_model_without_repeated_blocks_is_refused():
+    with pytest.raises(UsageError, match="repeated blocks"):
+        nnperf.analyze("mlp", batch=16, amp="bf16", fp8=True)
