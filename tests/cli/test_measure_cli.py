@@ -44,3 +44,11 @@ def test_bad_devices():
     if not torch.cuda.is_available():
         missing = run("measure", "mlp", "--device", "cuda")
         assert missing.exit_code == 5 and "no CUDA GPU" in missing.output
+
+
+def test_fp8_is_predicted_not_measured():
+    # nnperf measures the model's own layers: an FP8 step would be a bf16 one, measured as FP8
+    result = run("measure", "llama-7b", "-O", "n_layer=2", "-O", "dim=64", "-O", "n_heads=4", "-O", "ffn_hidden=128",
+                 "--seq", "16", "-b", "1", "--amp", "bf16", "--fp8", "--device", "cpu")
+    assert result.exit_code == 2
+    assert "--fp8 is predicted, not measured" in result.output and "Traceback" not in result.output

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from nnperf.errors import UsageError
 from nnperf.trace.grad_scaler import TracedGradScaler
 from nnperf.trace.options import DTYPES, TraceOptions
 from nnperf.trace.rebind import rebind_tensors
@@ -80,6 +81,9 @@ def build_step(build: Callable[[], Workload], options: TraceOptions, device: tor
     still creates elsewhere is moved. Tensors are rebound rather than moved with
     ``Module.to``, which also works under a fake mode (PyTorch's RuntimeEstimator)."""
     options.validate()
+    if options.fp8:
+        raise UsageError("--fp8 is predicted, not measured: nnperf runs the step with the model's own layers, "
+                         "and FP8 linears are Transformer Engine's or torchao's; measure without --fp8")
     with torch.device(device):
         workload = build()
     dtype = DTYPES[options.dtype] if options.dtype else None

@@ -348,8 +348,9 @@ FP8_ASSUMPTION = (
 def _fp8_linears(model: torch.nn.Module, workload: Workload) -> list[str]:
     linears = fp8_linear_names(model)
     if not linears:
-        raise UsageError(f"--fp8 converts the linear layers inside the repeated blocks of a model, and "
-                         f"{workload.name} has none (transformer layers are such blocks)")
+        raise UsageError(f"--fp8 converts the linear layers inside the repeated blocks of a model (two or more "
+                         f"layers of one class in a ModuleList or Sequential: a transformer's), and {workload.name} "
+                         "has none")
     return linears
 
 
