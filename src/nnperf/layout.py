@@ -117,7 +117,7 @@ class Execution:
     expert: int = 1
     bucket_bytes: int = DDP_BUCKET_BYTES
     virtual_stages: int = 1  # model chunks per pipeline rank (interleaved schedules)
-    loss_parallel: bool = True  # TP without PP: logits split over the vocabulary for the loss
+    loss_parallel: bool = True  # TP: logits split over the vocabulary for the loss
     #: an uneven pipeline: the blocks of the model's first and last chunk (None: as the others;
     #: both None: an even split), the other chunks splitting the rest evenly (``chunk_layers``)
     first_stage_layers: int | None = None
@@ -160,9 +160,10 @@ class Execution:
 
     @property
     def splits_logits(self) -> bool:
-        """torchtitan's loss parallelism: the logits stay split over the vocabulary for the loss
-        (tensor parallelism without a pipeline)."""
-        return self.tensor > 1 and self.pipeline == 1 and self.loss_parallel
+        """Loss parallelism: with tensor parallelism the logits stay split over the vocabulary for
+        the loss, on a pipeline's last stage too (torchtitan's ``loss_parallel_enabled`` is
+        ``tp > 1`` whatever the pipeline; Megatron-LM's cross entropy is always vocabulary-parallel)."""
+        return self.tensor > 1 and self.loss_parallel
 
     @property
     def model_parallel(self) -> int:

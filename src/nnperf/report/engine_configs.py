@@ -91,7 +91,7 @@ def torchtitan_toml(execution: Any, amp: str | None = None, dtype: str | None = 
         f"data_parallel_shard_degree = {shard}",
         f'fsdp_reshard_after_forward = "{"always" if e.reshard_after_forward else "never"}"',
         f"tensor_parallel_degree = {e.tensor}",
-        f"disable_loss_parallel = {'false' if e.loss_parallel and e.pipeline == 1 else 'true'}",
+        f"disable_loss_parallel = {'false' if e.loss_parallel else 'true'}",
         f"pipeline_parallel_degree = {e.pipeline}",
     ]
     if e.pipeline > 1:

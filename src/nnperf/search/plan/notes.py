@@ -28,9 +28,6 @@ def notes(request: ModelRequest, options: TraceOptions, results: list[Planned], 
     if any(p.execution.pipeline > 1 for p in results) and request_name(request).startswith("gpt2"):
         notes.append("tied embeddings under pipeline parallelism: their gradient all-reduce between the "
                      "first and last stage is not traced")
-    if any(p.execution.tensor > 1 and p.execution.pipeline > 1 for p in results):
-        notes.append("tensor x pipeline layouts gather the logits for the loss (no loss parallelism on the "
-                     "last stage)")
     return notes
 
 
