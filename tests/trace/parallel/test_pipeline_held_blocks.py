@@ -126,3 +126,26 @@ def test_fp8_converts_the_linears_of_a_one_block_chunk():
            and e.module.split(".")[-1] in ("wq", "wk", "wv", "wo", "w1", "w2", "w3")}
     assert len(ran) == 7
     assert ran <= converted
+
+
+def test_the_last_stage_keeps_the_logits_split_for_the_loss():
+    # TP 2 x PP 2: the last stage's cross entropy runs on each rank's half of the vocabulary
+    # (torchtitan's loss parallelism, Megatron-LM's vocabulary-parallel cross entropy): no
+    # gather of the logits, no op over the whole vocabulary after the head
+    vocab, batch = 256, 2
+
+    def build():
+        from nnperf.zoo import get_model
+
+        return get_model("llama-7b").build(batch=batch, seq_len=SEQ, n_layer=2, dim=64, n_heads=4, n_kv_heads=2,
+                                           ffn_hidden=128, vocab=vocab)
+
+    execution = Execution(world=4, tensor=2, sequence_parallel=True, pipeline=2, pipeline_schedule="1f1b",
+                          micro_batch=1, grad_accum=2)
+    traced = trace_rank(build, TraceOptions(dtype="bf16"), execution, lambda model: [], rank=2)  # last stage
+    logits_bytes = 1 * SEQ * vocab * 2  # one micro-batch's logits in bf16
+    assert not [c for c in traced.collectives if c.kind == "all_gather" and c.bytes == logits_bytes]
+    after_head = [e for e in traced.trace.events if e.module in ("(loss)", "") or e.module.startswith("(loss)")]
+    shapes = [tuple(t.shape) for e in after_head for t in e.inputs if len(t.shape) >= 2]
+    assert any(s[-1] == vocab // 2 for s in shapes)
+    assert not any(s[-1] == vocab for s in shapes)
