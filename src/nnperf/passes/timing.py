@@ -267,6 +267,8 @@ class KernelModel:
         is_conv = count.category == cat.CONV
         if is_conv and is_depthwise(count.event):
             return self._direct_conv(count, base)
+        if not is_conv and self._runs_fp8(count, dtype):  # before its 16-bit GEMMs are estimated
+            return self._fp8_linear(count, base)
         tf32 = self.options.tf32_conv if is_conv else self.options.tf32_matmul
         gemms = [GemmTime(g, self.gemm(g.m, g.n, g.k, g.batch, dtype, tf32)) for g in count.gemms]
         ests = [g.estimate for g in gemms]
@@ -296,8 +298,6 @@ class KernelModel:
             layout_s = sum(transpose_time(2 * b, self.gpu, self.profile, backward) for b in moved)
             kernel = max(model_compute, model_memory) + reduction + layout_s + overhead
             model_memory += layout_s
-        elif self._runs_fp8(count, dtype):
-            return self._fp8_linear(count, base)
         else:
             transposes, layout_s = 0, 0.0
             memory = sum(e.memory_s for e in ests)
