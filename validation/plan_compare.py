@@ -30,6 +30,7 @@ from pathlib import Path
 
 import tomllib
 
+from nnperf.errors import NnperfError
 from nnperf.hardware.catalog import load_gpu
 from nnperf.hardware.cluster import load_cluster
 from nnperf.layout import Execution
@@ -96,13 +97,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
     rows = [r for r in tomllib.loads(args.rows.read_text())["row"] if r["id"].startswith(args.only)]
-    results, skipped = [], []
+    results, skipped, refused = [], [], []
     for row in rows:
         if not row.get("reproducible", True):
             skipped.append((row["id"], row["why_not"]))
             continue
         start = time.perf_counter()
-        value, layout = predict(row)
+        try:
+            value, layout = predict(row)
+        except NnperfError as exc:  # a layout nnperf cannot build: counted, the rest still run
+            refused.append((row["id"], str(exc)))
+            if not args.json:
+                print(f"{row['id']:<36} refused: {exc}", flush=True)
+            continue
         error = value / row["measured"] - 1
         results.append({"id": row["id"], "group": row["group"], "grade": row["grade"],
                         "source": re.split(r"[,(;]", row["source"])[0].strip(),
@@ -119,12 +126,13 @@ def main(argv: list[str] | None = None) -> int:
                       f"  predicted {memory['memory_predicted_gib']:>6.2f} GiB  error {memory['memory_error']:+7.1%}")
     summary = _summary(results)
     if args.json:
-        print(json.dumps({"rows": results, "not_reproducible": skipped, **summary}, indent=2))
+        print(json.dumps({"rows": results, "not_reproducible": skipped, "refused": refused, **summary}, indent=2))
         return 0
     for row_id, why in skipped:
         print(f"{row_id:<36} not reproducible: {why}")
     print(f"\nmedian |error| over {len(results)} rows: {summary['median_abs_error']:.1%} "
-          f"(target <= {TARGET_MEDIAN:.0%})")
+          f"(target <= {TARGET_MEDIAN:.0%})" + (f"; {len(refused)} of {len(results) + len(refused)} rows "
+                                              f"refused" if refused else ""))
     for grade, median in summary["median_by_grade"].items():
         print(f"  {grade} rows: median |error| {median:.1%}")
     for source, median in summary["median_by_source"].items():

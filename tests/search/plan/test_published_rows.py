@@ -23,7 +23,7 @@ def _rows(name: str) -> list[dict]:
     return tomllib.loads((FOLDER / name).read_text())["row"]
 
 
-@pytest.mark.parametrize("name", ["rows.toml", "megatron_runs.toml", "vtrain_runs.toml"])
+@pytest.mark.parametrize("name", ["rows.toml", "megatron_runs.toml", "vtrain_runs.toml", "megatron_bridge_runs.toml"])
 def test_every_reproducible_row_is_a_layout_the_plan_accepts(name):
     for row in _rows(name):
         if not row.get("reproducible", True):
@@ -38,12 +38,36 @@ def test_every_reproducible_row_is_a_layout_the_plan_accepts(name):
             assert execution.global_batch == int(batch.group(1)), row["id"]
 
 
-@pytest.mark.slow
-@pytest.mark.accuracy
-def test_the_larger_megatron_turing_runs_are_predicted_faster():
+def _plan_compare():
     spec = importlib.util.spec_from_file_location("plan_compare", FOLDER.parent / "plan_compare.py")
     compare = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(compare)
+    return compare
+
+
+def test_a_refused_row_is_counted_and_the_others_still_run(tmp_path, capsys):
+    """A row whose stages cannot hold its layers (10 over 4 stages) is reported with its reason
+    and counted; it does not stop the table (no row here is predicted: both are refused
+    before any trace)."""
+    row = ('[[row]]\nid = "{id}"\ngroup = "g"\nsource = "s"\nmodel = "gpt2"\n'
+           'overrides = {{ n_layer = 10, n_embd = 64, n_head = 4, vocab = 128 }}\nseq = 64\n'
+           'gpu = "h100-sxm"\ncluster = "dgx-h100"\n'
+           'execution = {{ world = 4, pipeline = 4, micro_batch = 1, grad_accum = 4, {extra} }}\n'
+           'metric = "step_time_s"\nmeasured = 1.0\ngrade = "approximate"\n')
+    rows = tmp_path / "rows.toml"
+    rows.write_text(row.format(id="uneven", extra='pipeline_schedule = "1f1b"')
+                    + row.format(id="too-short", extra='pipeline_schedule = "1f1b", first_stage_layers = 9'))
+    assert _plan_compare().main(["--rows", str(rows)]) == 0
+    out = capsys.readouterr().out
+    assert "uneven" in out and "10 layers do not split evenly into 4 pipeline stages" in out
+    assert "too-short" in out and "cannot hold 10 layers" in out
+    assert "2 of 2 rows refused" in out
+
+
+@pytest.mark.slow
+@pytest.mark.accuracy
+def test_the_larger_megatron_turing_runs_are_predicted_faster():
+    compare = _plan_compare()
     rows = [r for r in _rows("megatron_runs.toml") if r["id"].startswith("mtnlg")]
     predicted = [compare.predict(row)[0] for row in rows]
     measured = [row["measured"] for row in rows]
