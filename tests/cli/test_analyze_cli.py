@@ -171,7 +171,7 @@ def test_sdpa_unfused_traces_the_attention_as_its_kernels():
 def test_an_unknown_sdpa_mode_is_one_line_with_the_valid_ones():
     result, out = run(*MLP, "--sdpa", "flash")
     assert result.exit_code == 2
-    assert "'flash' is not one of 'fused', 'unfused'" in out
+    assert "'flash' is not one of 'fused', 'cudnn', 'unfused'" in out
 
 
 def test_what_the_trace_assumed_is_printed_under_the_tables():

@@ -105,9 +105,9 @@ def test_noisy_measurements_are_named_worst_first():
 
 
 def test_the_attention_benchmark_times_flex_attention_on_cuda_only():
-    """One row per kernel and shape: SDPA's flash and memory-efficient backends, then compiled
-    FlexAttention, which has neither fused kernels nor a backward on a CPU: recorded as skipped,
+    """One row per kernel and shape: SDPA's flash, memory-efficient and cuDNN backends, then
+    compiled FlexAttention, which has neither fused kernels nor a backward on a CPU: recorded as skipped,
     with the reason, so a CPU calibration leaves the published share in place."""
     rows = list(calib_benchmarks._attention_rows((1, 2, 256, 16, 16), torch.device("cpu"), repeats=2))
-    assert [r["backend"] for r in rows] == ["flash", "efficient", "flex"]
-    assert "CUDA" in rows[2]["skipped"] and "forward_s" not in rows[2]
+    assert [r["backend"] for r in rows] == ["flash", "efficient", "cudnn", "flex"]
+    assert "CUDA" in rows[3]["skipped"] and "forward_s" not in rows[3]

@@ -162,6 +162,13 @@ def test_measured_attention_sets_the_fractions_and_the_efficient_share():
     assert measured.flex_attention_forward_scale == pytest.approx(executed / kept / 0.8)
     assert measured.flex_attention_backward_scale == pytest.approx(executed / kept / 1.25)
     assert measured_table(cal)["flex_d128_128_s4096_forward_tflops"] == pytest.approx(0.40 / 0.8 * peak / 1e12)
+    # cuDNN: forward in 0.6 of flash's time, backward in 0.5 of it: shares 1/0.6 and 2, above 1
+    cal.attention.append({**flash, "backend": "cudnn", "forward_s": 0.6 * flash["forward_s"],
+                          "backward_s": 0.5 * flash["backward_s"]})
+    with_cudnn = build_profile(cal, gpu)
+    assert with_cudnn.cudnn_attention_forward_scale == pytest.approx(1 / 0.6)
+    assert with_cudnn.cudnn_attention_backward_scale == pytest.approx(2.0)
+    assert measured.cudnn_attention_forward_scale == 1.74  # nothing measured: Hopper's default
     unmeasured = build_profile(_cal(), gpu)  # the defaults stand: Hopper's
     assert (unmeasured.attention_forward_fraction, unmeasured.attention_backward_fraction,
             unmeasured.efficient_attention_forward_scale, unmeasured.efficient_attention_backward_scale) == \

@@ -163,3 +163,12 @@ def test_engine_configs_say_where_flex_attention_is_set():
     assert 'use_flex_attn = True, attn_mask_type = "block_causal" (documents of 512 tokens assumed)' in documents
     with pytest.raises(NotExpressible, match="FlexAttention is not one of Megatron-LM's attention backends"):
         megatron_args(fsdp, layers=32, attention="flex")
+
+
+def test_cudnn_attention_is_megatron_lms_fused_backend_and_not_a_torchtitan_setting():
+    """--sdpa cudnn: Megatron-LM's --attention-backend fused (Transformer Engine's cuDNN
+    attention); torchtitan picks SDPA's order itself."""
+    tp = Execution(world=8, tensor=8, sequence_parallel=True)
+    assert "--attention-backend fused" in megatron_args(tp, layers=32, dtype="bf16", sdpa="cudnn")
+    with pytest.raises(NotExpressible, match="cuDNN attention first"):
+        torchtitan_toml(tp, amp="bf16", sdpa="cudnn")

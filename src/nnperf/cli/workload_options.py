@@ -79,7 +79,9 @@ def workload_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--sdpa", type=click.Choice(list(SDPA_MODES), case_sensitive=False), default="fused",
                      show_default=True,
                      help="How F.scaled_dot_product_attention runs: one fused kernel (flash or "
-                          "memory-efficient), or unfused (GEMM, masked softmax, dropout, GEMM in "
+                          "memory-efficient, as PyTorch picks), cudnn (cuDNN's fused kernel first where "
+                          "it applies: SDPA with cuDNN first in its priority order, and what Transformer "
+                          "Engine, so Megatron-Core and NeMo, runs on Hopper), or unfused (GEMM, masked softmax, dropout, GEMM in "
                           "the input's dtype, the score matrix in memory: Megatron-LM's core "
                           "attention before flash attention, GPUs or dtypes no fused kernel serves)."),
         click.option("--loss", type=click.Choice(list(LOSS_MODES), case_sensitive=False), default="eager",

@@ -77,6 +77,10 @@ class DeviceProfile:
     efficient_attention_backward_scale: float = 1.0
     flex_attention_forward_scale: float = 1.0
     flex_attention_backward_scale: float = 1.0
+    # cuDNN's fused attention (SDPA's cuDNN backend, Transformer Engine's fused attention)
+    # against flash's fraction, per pass (``kernels.attention``: chosen with ``--sdpa cudnn``)
+    cudnn_attention_forward_scale: float = 1.0
+    cudnn_attention_backward_scale: float = 1.0
     # cuDNN convolutions relative to a cuBLAS GEMM of their implicit-GEMM shape, per class of
     # ``conv_efficiency_class``; a class left out is 1. ``conv_efficiency_scale`` multiplies
     # every class (``nnperf calibrate`` measures it).

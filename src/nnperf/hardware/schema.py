@@ -162,6 +162,8 @@ PROFILE_RANGES: dict[str, Range] = {
     "efficient_attention_scale": FRACTION,  # both of them (profiles calibrated before they were split)
     "flex_attention_forward_scale": RELATIVE_SPEED,
     "flex_attention_backward_scale": RELATIVE_SPEED,
+    "cudnn_attention_forward_scale": RELATIVE_SPEED,
+    "cudnn_attention_backward_scale": RELATIVE_SPEED,
     "wide_head_attention": RELATIVE_SPEED,  # per kernel pass
     "conv_efficiency": Range(0, 2),  # per convolution class
     "conv_efficiency_scale": Range(0, 2),

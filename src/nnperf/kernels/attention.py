@@ -64,10 +64,12 @@ def capability(gpu: GPU) -> tuple[int, int]:
     return int(parts[0]), int(parts[1])
 
 
-def select_backend(call: SdpaCall, gpu: GPU, cudnn_runtime: int = 0) -> str:
+def select_backend(call: SdpaCall, gpu: GPU, cudnn_runtime: int = 0, cudnn_first: bool = False) -> str:
     """The backend ``select_sdp_backend`` takes for ``call`` on ``gpu`` (``cudnn_runtime``: the
-    cuDNN runtime version as ``versionRuntimeCuDNN`` reports it, e.g. 91600; 0 unknown)."""
-    order = CUDNN_FIRST if prefers_cudnn(gpu, cudnn_runtime) else DEFAULT_ORDER
+    cuDNN runtime version as ``versionRuntimeCuDNN`` reports it, e.g. 91600; 0 unknown);
+    ``cudnn_first``: cuDNN put first in the priority order (``--sdpa cudnn``:
+    ``sdpa_kernel([CUDNN_ATTENTION, ...], set_priority=True)``)."""
+    order = CUDNN_FIRST if cudnn_first or prefers_cudnn(gpu, cudnn_runtime) else DEFAULT_ORDER
     checks = {FLASH: can_use_flash, EFFICIENT: can_use_efficient,
               CUDNN: lambda c, g: can_use_cudnn(c, g, cudnn_runtime), MATH: lambda c, g: True}
     for backend in order:

@@ -45,6 +45,7 @@ from nnperf.kernels import batch_norm as bn_kernels
 from nnperf.kernels import depthwise as dw_kernels
 from nnperf.kernels import max_pool as pool_kernels
 from nnperf.kernels.attention import (
+    CUDNN,
     EFFICIENT,
     FLEX,
     FLEX_OPS,
@@ -197,7 +198,7 @@ class KernelModel:
 
     def __init__(self, gpu: GPU, profile: DeviceProfile, options: TimingOptions | None = None,
                  train: bool = False, l2_hits: dict[int, float] | None = None,
-                 fp8_linears: frozenset[str] = frozenset()):
+                 fp8_linears: frozenset[str] = frozenset(), cudnn_attention_first: bool = False):
         self.gpu = gpu
         self.profile = profile
         self.options = options or TimingOptions()
@@ -208,6 +209,8 @@ class KernelModel:
         self._gemm_cache: dict[tuple, GemmEstimate] = {}
         # the linear layers whose GEMMs run in FP8 (``TraceOptions.fp8``: the trace names them)
         self.fp8_linears = fp8_linears
+        # SDPA with cuDNN's kernel first where it applies (``TraceOptions.sdpa == "cudnn"``)
+        self.cudnn_attention_first = cudnn_attention_first
         if fp8_linears and "fp8" not in gpu.tensor_tflops:
             raise UsageError(f"--fp8: {gpu.name} has no FP8 tensor cores (Hopper, Ada Lovelace and "
                              "Blackwell GPUs have them); leave --fp8 out")
@@ -492,12 +495,14 @@ class KernelModel:
         FlexAttention's at ``flex_attention_forward_scale`` / ``_backward_scale`` of it, over the
         pairs of the blocks it computes; either at its ``wide_head_attention`` share above head
         dim 128), bounded by its bytes. An SDPA call
-        (``nnperf.attention``) first gets the backend PyTorch would pick on this GPU (``kernels.attention.select_backend``); the math
+        (``nnperf.attention``) first gets the backend PyTorch would pick on this GPU (``kernels.attention.select_backend``;
+        cuDNN's at ``cudnn_attention_forward_scale`` / ``_backward_scale`` of flash's fraction); the math
         fallback is timed as the GEMMs and elementwise kernels it runs."""
         event = count.event
         backward = count.op.endswith("_backward")
         call = _sdpa_call(event, backward, self.train)
-        backend = select_backend(call, self.gpu) if call is not None else FLEX if count.op in FLEX_OPS else ""
+        backend = (select_backend(call, self.gpu, cudnn_first=self.cudnn_attention_first) if call is not None
+                   else FLEX if count.op in FLEX_OPS else "")
         if backend == MATH:
             return self._math_attention(count, call, backward, base)
         dtype = dtype_name(event.inputs[1].dtype if count.phase == "backward" else event.inputs[0].dtype)
@@ -514,6 +519,9 @@ class KernelModel:
         if backend == EFFICIENT:
             fraction *= (self.profile.efficient_attention_backward_scale if backward  # the CUTLASS kernel
                          else self.profile.efficient_attention_forward_scale)  # against flash
+        elif backend == CUDNN:  # cuDNN's fused kernel against flash
+            fraction *= (self.profile.cudnn_attention_backward_scale if backward
+                         else self.profile.cudnn_attention_forward_scale)
         elif backend == FLEX:  # inductor's Triton template against flash
             fraction *= (self.profile.flex_attention_backward_scale if backward
                          else self.profile.flex_attention_forward_scale)
@@ -724,7 +732,8 @@ def simulate_step(
     reuse = gpu.l2_reuse
     hits = l2_read_hits(counts, reuse[1]) if reuse else None
     model = KernelModel(gpu, profile, options, train=trace.mode == "train", l2_hits=hits,
-                        fp8_linears=frozenset(trace.config.get("fp8_linears", ())))
+                        fp8_linears=frozenset(trace.config.get("fp8_linears", ())),
+                        cudnn_attention_first=trace.config.get("options", {}).get("sdpa") == "cudnn")
     costs = HostCosts.of(profile)
     step_options = trace.config.get("options", {})
     autocast = bool(step_options.get("amp"))

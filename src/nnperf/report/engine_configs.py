@@ -177,6 +177,9 @@ def torchtitan_refusals(e: Any, amp: str | None, dtype: str | None, sdpa: str) -
     if sdpa == "unfused":
         missing.append("torchtitan's attention is SDPA's fused kernels; unfused attention is not "
                        "one of its settings")
+    if sdpa == "cudnn":
+        missing.append("torchtitan sets SDPA's backend order itself (cuDNN first only on compute capability "
+                       "10.x, flash first before it); cuDNN attention first is not one of its settings")
     if missing:
         raise NotExpressible("; ".join(missing))
 
@@ -277,6 +280,8 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
         args += ["--fp8-format hybrid", "--fp8-recipe tensorwise"]
     if sdpa == "unfused":
         args.append("--attention-backend unfused")
+    elif sdpa == "cudnn":  # Transformer Engine's fused attention: cuDNN's kernel
+        args.append("--attention-backend fused")
     if clip is not None:
         args.append(f"--clip-grad {float(clip)!r}")
     text = " \\\n  ".join(args)

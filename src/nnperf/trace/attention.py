@@ -7,7 +7,8 @@ picks a CPU-only kernel. The tracer therefore routes every SDPA call through
 backward record with every argument the cost formulas need (causal, mask, GQA, scale).
 Real implementations exist too, so tracing on small real tensors gives correct values.
 
-``TraceOptions.sdpa == "unfused"`` (``--sdpa unfused``) traces SDPA as the unfused kernels
+``TraceOptions.sdpa == "cudnn"`` records the same calls: which kernel runs them is the timing's
+choice (``kernels.attention.select_backend`` with cuDNN first). ``"unfused"`` (``--sdpa unfused``) traces SDPA as the unfused kernels
 instead (``unfused_sdpa``): the query scaled, one batched GEMM for the scores, the causal or
 given mask, softmax, dropout (CUDA's ``native_dropout``), one GEMM with the values, all in the
 input's dtype, the score matrix written to memory and kept for backward. That is PyTorch's
@@ -188,24 +189,31 @@ _MODE = ["fused"]  # a TraceOptions.sdpa value
 _CPU_KERNELS = [False]  # the step runs the CPU's fused kernel (its output layout differs)
 _INSIDE_UNFUSED = [0]
 _CALLS = [0]
-NO_SDPA_CALLED = ("--sdpa unfused changes nothing here: the step calls no F.scaled_dot_product_attention "
-                  "(a model without attention, or attention written out as GEMMs and softmax, e.g. "
-                  "--attn-implementation eager, which is traced as written); leave it out")
+
+
+def no_sdpa_called(mode: str) -> str:
+    """The refusal of an SDPA mode the step never reached."""
+    return (f"--sdpa {mode} changes nothing here: the step calls no F.scaled_dot_product_attention "
+            "(a model without attention, or attention written out as GEMMs and softmax, e.g. "
+            "--attn-implementation eager, which is traced as written); leave it out")
+
+
+NO_SDPA_CALLED = no_sdpa_called("unfused")
 
 
 @contextlib.contextmanager
 def sdpa_mode(mode: str, cpu_kernels: bool = False) -> Iterator[None]:
     """Trace SDPA calls as ``mode`` (``TraceOptions.sdpa``) for the duration: the recording and the
     recomputations of checkpointed blocks within it; ``cpu_kernels``: as the CPU's fused kernel
-    lays its output out (``_kernel_layout``). An unfused mode the step never used is
-    refused, like ``--channels-last`` on a model without 4-D tensors: a setting that would not
+    lays its output out (``_kernel_layout``). A mode other than the default that the step
+    never used is refused, like ``--channels-last`` on a model without 4-D tensors: a setting that would not
     reach the model (whether the step calls SDPA is known only once it has run)."""
     before, before_cpu, calls = _MODE[0], _CPU_KERNELS[0], _CALLS[0]
     _MODE[0], _CPU_KERNELS[0] = mode, cpu_kernels
     try:
         yield
-        if mode == "unfused" and _CALLS[0] == calls:
-            raise UsageError(NO_SDPA_CALLED)
+        if mode != "fused" and _CALLS[0] == calls:
+            raise UsageError(no_sdpa_called(mode))
     finally:
         _MODE[0], _CPU_KERNELS[0] = before, before_cpu
 

@@ -19,7 +19,7 @@ OPTIMIZER_IMPLS = ("foreach", "single", "fused")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 AUTOCAST_DEVICES = ("cuda", "cpu")
-SDPA_MODES = ("fused", "unfused")  # trace.attention
+SDPA_MODES = ("fused", "cudnn", "unfused")  # trace.attention
 CHUNKED_LOSSES = ("chunked", "chunked-compiled")  # trace.loss.ChunkedLoss: the model stops before its head
 LOSS_MODES = ("eager", "compiled", *CHUNKED_LOSSES)  # trace.loss
 
@@ -55,9 +55,12 @@ class TraceOptions:
     # default, trace.autocast_cuda) or "cpu" (a step measured on the CPU).
     autocast_device: str = "cuda"
     # How scaled_dot_product_attention runs (trace.attention): "fused" (one flash-style
-    # kernel, what PyTorch picks on a GPU that has one) or "unfused" (GEMM, masked softmax,
-    # dropout, GEMM with the score matrix in memory: Megatron-LM's core attention before
-    # flash attention, or a GPU/dtype no fused kernel serves).
+    # kernel, what PyTorch picks on a GPU that has one), "cudnn" (one fused kernel with cuDNN's
+    # first where it applies: PyTorch's SDPA with cuDNN first in its priority order, and the
+    # kernel Transformer Engine's fused attention runs, which Megatron-Core and NeMo prefer on
+    # Hopper and later) or "unfused" (GEMM, masked softmax, dropout, GEMM with the score matrix
+    # in memory: Megatron-LM's core attention before flash attention, or a GPU/dtype no fused
+    # kernel serves).
     sdpa: str = "fused"
     # How the loss function runs (trace.loss): "eager" (as written), "compiled"
     # (torch.compile(loss_fn), as torchtitan's compile.components = ["loss"]: cross entropy as

@@ -224,11 +224,25 @@ def _quiet_head_view(loss_fn: Any) -> contextlib.AbstractContextManager[Any]:
 @contextlib.contextmanager
 def sdpa_backend(mode: str) -> Iterator[None]:
     """``--sdpa unfused`` on a device: PyTorch's math backend, in the input's dtype (what the
-    trace records, ``trace.attention``). A trace routes SDPA before any backend is chosen."""
+    trace records, ``trace.attention``); ``--sdpa cudnn``: cuDNN's kernel first in SDPA's
+    priority order, the others after it in their default order (``kernels.attention``). A
+    trace routes SDPA before any backend is chosen."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if mode == "cudnn":
+        order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                 SDPBackend.MATH]
+        try:
+            chosen = sdpa_kernel(order, set_priority=True)
+        except TypeError as err:  # torch < 2.6: no priority order to set
+            raise UsageError(f"--sdpa cudnn needs PyTorch 2.6 or later to put cuDNN first (this is "
+                             f"{torch.__version__})") from err
+        with chosen:
+            yield
+        return
     if mode != "unfused":
         yield
         return
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     allow = getattr(torch.backends.cuda, "allow_fp16_bf16_reduction_math_sdp", None)
     before = torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed() if allow else None

@@ -368,17 +368,40 @@ def _attention_rows(shape: tuple[int, int, int, int, int], device: torch.device,
         q.grad = k.grad = v.grad = None
         F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
 
-    for name in ATTENTION_BACKENDS:
-        row = {"backend": "flash" if name == "FLASH_ATTENTION" else "efficient", **facts}
+    for name, backend in ATTENTION_BACKENDS.items():
+        row = {"backend": backend, **facts}
         try:
             with sdpa_kernel(getattr(SDPBackend, name)):
-                fwd, both = _timed(forward, device, repeats), _timed(step, device, repeats)
+                timed = (_projected_layout(q, k, v, grad) if name == "CUDNN_ATTENTION"
+                         else (forward, step))
+                fwd, both = _timed(timed[0], device, repeats), _timed(timed[1], device, repeats)
         except RuntimeError as err:  # this backend does not take the shape
             row["skipped"] = str(err).strip().splitlines()[0][:200]
         else:
             _record_times(row, fwd, both)
         yield row
     yield _flex_row(facts, (q, k, v, grad), device, repeats)
+
+
+def _projected_layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      grad: torch.Tensor) -> tuple[Callable[[], None], Callable[[], None]]:
+    """The forward and the step on copies of q, k, v laid out as a model's projections give
+    them, [B, H, S, D] views of [B, S, H, D]: cuDNN's kernel takes no other layout
+    (``check_cudnn_layout``, ``kernels.attention``)."""
+    def projected(t: torch.Tensor) -> torch.Tensor:
+        return t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
+
+    q2, k2, v2 = projected(q), projected(k), projected(v)
+
+    def forward() -> None:
+        with torch.no_grad():
+            F.scaled_dot_product_attention(q2, k2, v2, is_causal=True)
+
+    def step() -> None:
+        q2.grad = k2.grad = v2.grad = None
+        F.scaled_dot_product_attention(q2, k2, v2, is_causal=True).backward(grad)
+
+    return forward, step
 
 
 def _record_times(row: dict, forward: Spread, both: Spread) -> None:

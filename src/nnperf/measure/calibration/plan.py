@@ -53,7 +53,8 @@ class Plan:
 
 
 #: The SDPA backends the attention benchmark times (``torch.nn.attention.SDPBackend`` names).
-ATTENTION_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION")
+#: SDPA's fused backends the calibration times, and the name each row records.
+ATTENTION_BACKENDS = {"FLASH_ATTENTION": "flash", "EFFICIENT_ATTENTION": "efficient", "CUDNN_ATTENTION": "cudnn"}
 
 #: How each ``conv_variants`` shape runs: (memory format, dtype, TF32 allowed). fp32 with
 #: and without TF32 shows what cuDNN's default (TF32 on) buys; bf16 is the AMP case.

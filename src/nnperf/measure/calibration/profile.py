@@ -181,8 +181,8 @@ def attention_fractions(cal: Calibration, gpu: GPU) -> dict[str, Any]:
     FLOP rates (backward with its recomputed Q@K^T, as the time model counts it) over the bf16
     tensor peak, medians over the shapes; the efficient kernel's forward and backward shares of
     flash (``efficient_attention_*_scale``), the medians of flash's time over the efficient
-    kernel's on the same shapes (the same work); and FlexAttention's
-    (``flex_attention_*_scale``)."""
+    kernel's on the same shapes (the same work), cuDNN's likewise (``cudnn_attention_*_scale``);
+    and FlexAttention's (``flex_attention_*_scale``)."""
     try:
         peak = gpu.matmul_peak("bf16").flops
     except Exception:  # no bf16 tensor rate: nothing to be a fraction of
@@ -205,6 +205,10 @@ def attention_fractions(cal: Calibration, gpu: GPU) -> dict[str, Any]:
                   for r in timed if r["backend"] == "efficient" and key(r) in flash_by_shape]
         if shares:
             out[f"efficient_attention_{phase}_scale"] = min(1.0, Spread.of(shares).median)
+        cudnn_shares = [flash_by_shape[key(r)][f"{phase}_s"] / r[f"{phase}_s"]
+                        for r in timed if r["backend"] == "cudnn" and key(r) in flash_by_shape]
+        if cudnn_shares:
+            out[f"cudnn_attention_{phase}_scale"] = Spread.of(cudnn_shares).median
         # FlexAttention is charged for the pairs of its computed blocks, flash for the kept
         # pairs: its share is flash's time over its own, times the ratio of those pair counts
         flex_shares = [flash_by_shape[key(r)][f"{phase}_s"] / r[f"{phase}_s"] * r["executed_pairs"] / _kept(r)
