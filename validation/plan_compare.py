@@ -55,7 +55,7 @@ def predict(row: dict) -> tuple[float, dict]:
     request = ModelRequest(row["model"], batch=local_batch, seq_len=row.get("seq"), overrides=overrides)
     options = TraceOptions(amp=row.get("amp"), dtype=row.get("dtype"), sdpa=row.get("sdpa", "fused"),
                            loss=row.get("loss", "eager"), clip_grad_norm=row.get("clip_grad_norm"),
-                           fp8=row.get("fp8", False))
+                           fp8=row.get("fp8", False), pointwise=row.get("pointwise", "eager"))
     planned = evaluate(request, options, execution, gpu, cluster,
                        layers=overrides.get("n_layer"), cache=RoleCache())
     if row["metric"] == "step_time_s":

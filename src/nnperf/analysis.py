@@ -186,6 +186,7 @@ def analyze(
     loss: str = "eager",
     clip_grad_norm: float | None = None,
     fp8: bool = False,
+    pointwise: str = "eager",
     **overrides: Any,
 ) -> Analysis:
     """Trace one step of ``model`` on meta or fake tensors and count it.
@@ -199,7 +200,8 @@ def analyze(
     ``loss="compiled"``: the loss as ``torch.compile(loss_fn)`` runs it (``trace.loss``);
     ``clip_grad_norm``: the gradients clipped to that norm before the optimizer (``trace.clip``);
     ``fp8``: the linear layers of the repeated blocks in FP8, as Transformer Engine runs them
-    (``TraceOptions.fp8``; with ``amp="bf16"``).
+    (``TraceOptions.fp8``; with ``amp="bf16"``); ``pointwise="fused"``: the pointwise ops of
+    the repeated blocks between two other kernels as one kernel each (``passes.fusion``).
     The keywords are spelled out for notebook use; they make a ``ModelRequest`` (what to
     build) and ``TraceOptions`` (how to run the step) for ``analyze_request``.
     """
@@ -219,7 +221,7 @@ def analyze(
         real=real, channels_last=channels_last,
         moe_load=tuple(moe_load) if moe_load is not None else None,
         moe_capacity_factor=moe_capacity_factor, sdpa=sdpa, loss=loss, clip_grad_norm=clip_grad_norm,
-        fp8=fp8,
+        fp8=fp8, pointwise=pointwise,
     )
     return analyze_request(request, options)
 

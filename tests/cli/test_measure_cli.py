@@ -52,3 +52,11 @@ def test_fp8_is_predicted_not_measured():
                  "--seq", "16", "-b", "1", "--amp", "bf16", "--fp8", "--device", "cpu")
     assert result.exit_code == 2
     assert "--fp8 is predicted, not measured" in result.output and "Traceback" not in result.output
+
+
+def test_fused_pointwise_is_predicted_not_measured():
+    # nnperf measures the blocks as written: a fused prediction would be compared with eager kernels
+    result = run("measure", "llama-7b", "-O", "n_layer=2", "-O", "dim=64", "-O", "n_heads=4", "-O", "ffn_hidden=128",
+                 "--seq", "16", "-b", "1", "--pointwise", "fused", "--device", "cpu")
+    assert result.exit_code == 2
+    assert "--pointwise fused is predicted, not measured" in result.output and "Traceback" not in result.output

@@ -172,3 +172,15 @@ def test_cudnn_attention_is_megatron_lms_fused_backend_and_not_a_torchtitan_sett
     assert "--attention-backend fused" in megatron_args(tp, layers=32, dtype="bf16", sdpa="cudnn")
     with pytest.raises(NotExpressible, match="cuDNN attention first"):
         torchtitan_toml(tp, amp="bf16", sdpa="cudnn")
+
+
+def test_fused_pointwise_is_torchtitans_compiled_model():
+    """--pointwise fused: torchtitan's [compile] with the model among its components."""
+    from nnperf.report.torchtitan_python import torchtitan_python
+
+    fsdp = Execution(world=8, data="fsdp", shard=8)
+    toml = torchtitan_toml(fsdp, amp="bf16", pointwise="fused", loss="compiled")
+    assert '[compile]\nenable = true\ncomponents = ["model", "loss"]' in toml
+    assert "[compile]" not in torchtitan_toml(fsdp, amp="bf16")
+    python = torchtitan_python(fsdp, "llama-7b", 2048, amp="bf16", pointwise="fused")
+    assert "config.compile.components = ['model']" in python

@@ -212,12 +212,12 @@ def engine_configs(result: Any, options: TraceOptions, model_options: dict[str, 
     def torchtitan(execution: Any) -> str:
         check_torchtitan_model(result.model)
         return torchtitan_toml(execution, amp, dtype, sdpa, options.loss, attention, documents, seq, clip,
-                               result.layers, fp8=options.fp8)
+                               result.layers, fp8=options.fp8, pointwise=options.pointwise)
 
     def torchtitan_function(execution: Any) -> str:
         check_torchtitan_model(result.model)
         return torchtitan_python(execution, result.model, seq, amp, dtype, sdpa, options.loss, attention, documents,
-                                 clip, result.layers, fp8=options.fp8)
+                                 clip, result.layers, fp8=options.fp8, pointwise=options.pointwise)
 
     writers = {"torchtitan": torchtitan, "torchtitan_python": torchtitan_function,
                "megatron": lambda e: megatron_args(e, result.layers, amp, dtype, sdpa, attention, seq, clip,

@@ -20,6 +20,7 @@ from nnperf.trace.options import (
     LOSS_MODES,
     OPTIMIZER_IMPLS,
     OPTIMIZERS,
+    POINTWISE_MODES,
     SDPA_MODES,
     TraceOptions,
 )
@@ -28,7 +29,7 @@ _WORKLOAD_KEYS = (
     "model", "batch", "seq", "train", "dtype", "amp", "grad_scaler", "optimizer", "optimizer_impl",
     "input_shape", "input_dtype", "tokens", "vocab", "real", "model_opt", "channels_last",
     "task", "attn_implementation", "moe_load", "moe_capacity_factor", "sdpa",
-    "loss", "clip_grad_norm", "fp8",
+    "pointwise", "loss", "clip_grad_norm", "fp8",
 )
 
 
@@ -84,6 +85,15 @@ def workload_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                           "Engine, so Megatron-Core and NeMo, runs on Hopper), or unfused (GEMM, masked softmax, dropout, GEMM in "
                           "the input's dtype, the score matrix in memory: Megatron-LM's core "
                           "attention before flash attention, GPUs or dtypes no fused kernel serves)."),
+        click.option("--pointwise", type=click.Choice(list(POINTWISE_MODES), case_sensitive=False),
+                     default="eager", show_default=True,
+                     help="How the pointwise, reduction and norm ops inside the model's repeated blocks "
+                          "run: one kernel each as written (eager), or fused: those between two GEMMs, "
+                          "attention or collectives as one kernel that reads what enters them and "
+                          "writes what leaves them, as torch.compile of each block (torchtitan's "
+                          "compile) and Transformer Engine / Megatron-Core's fused norm, RoPE, SwiGLU "
+                          "and bias-dropout-add kernels run them; refused for a model without "
+                          "repeated blocks."),
         click.option("--loss", type=click.Choice(list(LOSS_MODES), case_sensitive=False), default="eager",
                      show_default=True,
                      help="How the loss function runs: as written; compiled (torch.compile(loss_fn), "
@@ -153,6 +163,7 @@ def pop_workload(kwargs: dict[str, Any]) -> tuple[ModelRequest, TraceOptions]:
         moe_load=parse_moe_load(opts["moe_load"]),
         moe_capacity_factor=opts["moe_capacity_factor"],
         sdpa=opts["sdpa"],
+        pointwise=opts["pointwise"],
         loss=opts["loss"],
         clip_grad_norm=opts["clip_grad_norm"],
         fp8=opts["fp8"],

@@ -84,6 +84,9 @@ def build_step(build: Callable[[], Workload], options: TraceOptions, device: tor
     if options.fp8:
         raise UsageError("--fp8 is predicted, not measured: nnperf runs the step with the model's own layers, "
                          "and FP8 linears are Transformer Engine's or torchao's; measure without --fp8")
+    if options.pointwise != "eager":
+        raise UsageError(f"--pointwise {options.pointwise} is predicted, not measured: nnperf runs the model's "
+                         "blocks eagerly, as written; measure without --pointwise")
     with torch.device(device):
         workload = build()
     dtype = DTYPES[options.dtype] if options.dtype else None

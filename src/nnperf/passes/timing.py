@@ -71,6 +71,7 @@ from nnperf.passes.costs.matmul import (
     winograd_fraction,
 )
 from nnperf.passes.count import OpCount
+from nnperf.passes.fusion import FusedGroup, fused_groups
 from nnperf.passes.gemms import Gemm, operand_dtype
 from nnperf.passes.host_time import HostCosts
 from nnperf.passes.kernel_calls import batch_norm_call, depthwise_call, max_pool_call
@@ -135,6 +136,9 @@ class OpTime:
     # "fp32" on CUDA cores; "" without FLOPs on a math unit (MFU's peak is built from it).
     math: str = ""
     gemms: list[GemmTime] = field(default_factory=list)
+    # Ops this one kernel runs (``passes.fusion``): the group's first op carries its time, the
+    # others none; 0 for an op run as written.
+    fused_ops: int = 0
 
     @property
     def index(self) -> int:
@@ -631,6 +635,28 @@ class KernelModel:
             model_memory_s=model_memory, overhead_s=overhead, **base,
         )
 
+    def fused_group(self, count: OpCount, group: FusedGroup, host_s: float) -> OpTime:
+        """A group of pointwise ops run as one kernel (``passes.fusion``), on its first op's
+        count: its external bytes at the achievable bandwidth, or its FLOPs on the CUDA cores,
+        and one launch."""
+        model_memory = self.profile.memory_time(self.gpu.memory_bandwidth, group.bytes)
+        model_compute = group.flops / (self._vector_peak * self.profile.cuda_core_fraction)
+        overhead = self.profile.kernel_overhead_s
+        return OpTime(
+            count=count,
+            host_s=host_s,
+            kernels=1,
+            kernel_s=max(model_compute, model_memory) + overhead,
+            compute_s=group.flops / self._vector_peak,
+            memory_s=group.bytes / self.gpu.memory_bandwidth,
+            peak_flops=self._vector_peak,
+            bound=_bound(model_compute, model_memory, overhead),
+            model_compute_s=model_compute,
+            model_memory_s=model_memory,
+            overhead_s=overhead,
+            fused_ops=len(group.members),
+        )
+
     def _streaming(self, count: OpCount, base: dict[str, Any], kernels: int | None = None) -> OpTime:
         """Bytes at the achievable bandwidth (or FLOPs on the CUDA cores) in ``kernels`` equal
         kernels: by default one, or one per ``foreach_tensors_per_kernel`` tensors of a foreach op."""
@@ -731,6 +757,7 @@ def simulate_step(
     over its ops); ``zero_grad`` after the optimizer."""
     reuse = gpu.l2_reuse
     hits = l2_read_hits(counts, reuse[1]) if reuse else None
+    groups = fused_groups(trace, counts)
     model = KernelModel(gpu, profile, options, train=trace.mode == "train", l2_hits=hits,
                         fp8_linears=frozenset(trace.config.get("fp8_linears", ())),
                         cudnn_attention_first=trace.config.get("options", {}).get("sdpa") == "cudnn")
@@ -771,7 +798,15 @@ def simulate_step(
             host += cost
             slices.append(HostSlice(event.index, event.name, event.module, event.phase, issued, host, False))
             continue
-        t = model.time_op(count, cost)
+        group = groups.get(event.index)
+        if group is None:
+            t = model.time_op(count, cost)
+        elif group.first == event.index:
+            t = model.fused_group(count, group, cost)
+        else:  # run by its group's kernel, launched once
+            cost = 0.0
+            t = OpTime(kernels=0, kernel_s=0.0, compute_s=0.0, memory_s=0.0, peak_flops=0.0, count=count,
+                       host_s=cost)
         count = next(pending, None)
         if t.host_sync:
             host = max(host, device)

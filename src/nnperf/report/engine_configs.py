@@ -55,10 +55,11 @@ def check_torchtitan_model(model: str) -> None:
 def torchtitan_toml(execution: Any, amp: str | None = None, dtype: str | None = None,
                     sdpa: str = "fused", loss: str = "eager", attention: str = "sdpa", doc_len: int = 0,
                     seq_len: int | None = None, clip: float | None = None, layers: int | None = None,
-                    fp8: bool = False) -> str:
+                    fp8: bool = False, pointwise: str = "eager") -> str:
     """The [training], [parallelism] and [activation_checkpoint] tables torchtitan reads, [float8]
     for FP8 linears (its converter, named in the run's own [model] table), and
-    [compile] for a compiled loss (``--loss compiled``: torchtitan compiles the components named);
+    [compile] for a compiled loss (``--loss compiled``) or model (``--pointwise fused``: each
+    block compiled; torchtitan compiles the components named, ``compile_components``);
     a chunked loss, and FlexAttention (a built-in decoder's ``-O attention=flex``), are comments
     naming the Python settings torchtitan has for them. Every setting the plan depends on is
     written, torchtitan's defaults included (its mixed_precision_param defaults to bfloat16, its
@@ -110,13 +111,12 @@ def torchtitan_toml(execution: Any, amp: str | None = None, dtype: str | None = 
         lines.append('selective_ac_option = "op"')
     if e.tensor > 1 and not e.sequence_parallel:
         raise NotExpressible("torchtitan always uses sequence parallelism with tensor parallelism")
-    if loss == "compiled":
-        lines += ["", "[compile]", "enable = true", 'components = ["loss"]']
-    elif loss in CHUNKED_LOSSES:  # no TOML key: torchtitan's trainers set it in their Python config
+    if loss in CHUNKED_LOSSES:  # no TOML key: torchtitan's trainers set it in their Python config
         lines += ["", "# loss: torchtitan's ChunkedLossWrapper, set in the trainer's Python config:",
                   f"# loss = ChunkedLossWrapper.Config(num_chunks={DEFAULT_CHUNKS})"]
-        if loss == "chunked-compiled":
-            lines += ["", "[compile]", "enable = true", 'components = ["loss"]']
+    components = compile_components(loss, pointwise)
+    if components:
+        lines += ["", "[compile]", "enable = true", f"components = {json.dumps(components)}"]
     if fp8:  # torchao's float8 linears, tensorwise dynamic scaling (the era's default recipe)
         lines += ["", '# FP8: add converters = ["float8"] to the run\'s [model] table', "[float8]",
                   'filter_fqns = ["output"]']
@@ -151,6 +151,13 @@ def torchtitan_pipeline_split(execution: Any, layers: int | None) -> list[tuple[
     return [("pipeline_parallel_layers_per_stage", middle),
             ("pipeline_parallel_first_stage_less_layers", fewer_first),
             ("pipeline_parallel_last_stage_less_layers", fewer_last)]
+
+
+def compile_components(loss: str, pointwise: str) -> list[str]:
+    """What torchtitan's [compile] names: "model" (each transformer block compiled: the plan's
+    fused pointwise ops, ``passes.fusion``) and "loss" (a compiled cross entropy)."""
+    return ([*(["model"] if pointwise == "fused" else []),
+             *(["loss"] if loss in ("compiled", "chunked-compiled") else [])])
 
 
 def torchtitan_refusals(e: Any, amp: str | None, dtype: str | None, sdpa: str) -> None:

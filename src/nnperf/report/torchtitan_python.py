@@ -22,6 +22,7 @@ from typing import Any
 from nnperf.report.engine_configs import (
     SCHEDULE_NAMES,
     NotExpressible,
+    compile_components,
     torchtitan_clipping,
     torchtitan_launch,
     torchtitan_param_dtype,
@@ -47,7 +48,7 @@ MODULE, FUNCTION = "nnperf_plan", "nnperf_plan"
 def torchtitan_python(execution: Any, model: str, seq_len: int | None, amp: str | None = None,
                       dtype: str | None = None, sdpa: str = "fused", loss: str = "eager",
                       attention: str = "sdpa", doc_len: int = 0, clip: float | None = None,
-                      layers: int | None = None, fp8: bool = False) -> str:
+                      layers: int | None = None, fp8: bool = False, pointwise: str = "eager") -> str:
     """The config function (a file ``nnperf_plan.py``) that sets every field the plan depends
     on over the shipped config of the model's family, torchtitan's defaults included. FP8 is a
     comment: where a model converter goes has moved between torchtitan's versions."""
@@ -101,8 +102,9 @@ def torchtitan_python(execution: Any, model: str, seq_len: int | None, amp: str 
     else:  # the shipped configs chunk their loss; the plan's is one cross entropy
         lines += ["    if isinstance(config.loss, ChunkedLossWrapper.Config):",
                   "        config.loss = config.loss.loss_fn"]
-    if loss in ("compiled", "chunked-compiled"):
-        lines += ["    config.compile.enable = True", '    config.compile.components = ["loss"]']
+    components = compile_components(loss, pointwise)
+    if components:
+        lines += ["    config.compile.enable = True", f"    config.compile.components = {components!r}"]
     else:
         lines.append("    config.compile.enable = False")
     if attention == "flex":

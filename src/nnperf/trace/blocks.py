@@ -64,6 +64,25 @@ def mark_fp8_linears(model: nn.Module) -> None:
         setattr(modules[name], _FP8_MARK, True)
 
 
+#: The attribute that marks a repeated block while the model is whole (``mark_blocks``).
+_BLOCK_MARK = "_nnperf_repeated_block"
+
+
+def mark_blocks(model: nn.Module) -> None:
+    """Mark ``model``'s repeated blocks while it is whole: a pipeline stage may hold one block
+    per chunk, which alone is not a repeated one (``block_names``)."""
+    modules = dict(model.named_modules())
+    for name in repeated_blocks(model):
+        setattr(modules[name], _BLOCK_MARK, True)
+
+
+def block_names(model: nn.Module) -> list[str]:
+    """The names, in ``model``, of its repeated blocks: those marked while the model was whole
+    (``mark_blocks``), else those ``repeated_blocks`` finds."""
+    marked = [name for name, m in model.named_modules() if getattr(m, _BLOCK_MARK, False)]
+    return marked or repeated_blocks(model)
+
+
 def fp8_linear_names(model: nn.Module) -> list[str]:
     """The names, in ``model``, of the linear layers FP8 training converts: those marked while
     the model was whole (``mark_fp8_linears``), else those of its repeated blocks."""

@@ -30,7 +30,7 @@ from nnperf.trace.accumulation import AccumulationWatch, fold_inplace_accumulati
 from nnperf.trace.assumptions import collecting
 from nnperf.trace.attention import sdpa_mode
 from nnperf.trace.autocast_cuda import CudaAutocast
-from nnperf.trace.blocks import fp8_linear_names
+from nnperf.trace.blocks import block_names, fp8_linear_names
 from nnperf.trace.clip import CLIP_MODULE
 from nnperf.trace.diagnosis import (
     DATA_DEPENDENT,
@@ -300,6 +300,7 @@ def _record(workload: Workload, step: Step) -> Trace:
     del output
     module_types = {names[id(m)]: type(m).__name__ for m in model.modules()}
     fp8_linears = _fp8_linears(model, workload) if options.fp8 else []
+    fused_blocks = _fused_blocks(model, workload) if options.pointwise == "fused" else []
     if fp8_linears:
         assumptions = [*assumptions, FP8_ASSUMPTION.format(count=len(fp8_linears))]
     module_params = {
@@ -329,6 +330,8 @@ def _record(workload: Workload, step: Step) -> Trace:
             # a pipeline schedule's actions: (label, first event, end event)
             **({"pipeline_actions": [tuple(a) for a in watch.actions]} if watch.actions else {}),
             **({"fp8_linears": fp8_linears} if fp8_linears else {}),
+            # the blocks whose pointwise ops run fused (passes.fusion)
+            **({"fused_blocks": fused_blocks} if fused_blocks else {}),
         },
     )
     fold_inplace_accumulations(trace, recorder.engine_sums)
@@ -352,6 +355,15 @@ def _fp8_linears(model: torch.nn.Module, workload: Workload) -> list[str]:
                          f"layers of one class in a ModuleList or Sequential: a transformer's), and {workload.name} "
                          "has none")
     return linears
+
+
+def _fused_blocks(model: torch.nn.Module, workload: Workload) -> list[str]:
+    blocks = block_names(model)
+    if not blocks:
+        raise UsageError(f"--pointwise fused fuses the pointwise ops inside the repeated blocks of a model (two or "
+                         f"more layers of one class in a ModuleList or Sequential: a transformer's), and "
+                         f"{workload.name} has none")
+    return blocks
 
 
 def _input_descriptions(inputs: tuple[Any, ...]) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 AUTOCAST_DEVICES = ("cuda", "cpu")
 SDPA_MODES = ("fused", "cudnn", "unfused")  # trace.attention
+POINTWISE_MODES = ("eager", "fused")  # passes.fusion
 CHUNKED_LOSSES = ("chunked", "chunked-compiled")  # trace.loss.ChunkedLoss: the model stops before its head
 LOSS_MODES = ("eager", "compiled", *CHUNKED_LOSSES)  # trace.loss
 
@@ -62,6 +63,12 @@ class TraceOptions:
     # in memory: Megatron-LM's core attention before flash attention, or a GPU/dtype no fused
     # kernel serves).
     sdpa: str = "fused"
+    # How the pointwise, reduction and normalization ops inside the repeated blocks run
+    # (passes.fusion): "eager" (one kernel each, as written) or "fused" (those between two
+    # kernels of another kind as one kernel reading what enters the group and writing what
+    # leaves it: torch.compile of each block, as torchtitan compiles the model, and Transformer
+    # Engine / Megatron-Core's fused norm, RoPE, SwiGLU and bias-dropout-add kernels).
+    pointwise: str = "eager"
     # How the loss function runs (trace.loss): "eager" (as written), "compiled"
     # (torch.compile(loss_fn), as torchtitan's compile.components = ["loss"]: cross entropy as
     # one fused kernel each way, no fp32 copy of the logits kept) or "chunked" (torchtitan's
@@ -108,6 +115,8 @@ class TraceOptions:
             )
         if self.sdpa not in SDPA_MODES:
             raise UsageError(f"unknown SDPA mode '{self.sdpa}'; valid: {', '.join(SDPA_MODES)}")
+        if self.pointwise not in POINTWISE_MODES:
+            raise UsageError(f"unknown pointwise mode '{self.pointwise}'; valid: {', '.join(POINTWISE_MODES)}")
         if self.loss not in LOSS_MODES:
             raise UsageError(f"unknown loss mode '{self.loss}'; valid: {', '.join(LOSS_MODES)}")
         if self.loss != "eager" and not self.train:
@@ -160,6 +169,8 @@ class TraceOptions:
             parts.append("channels_last")
         if self.sdpa != "fused":
             parts.append(f"{self.sdpa} attention")
+        if self.pointwise != "eager":
+            parts.append(f"{self.pointwise} pointwise")
         if self.loss != "eager":
             parts.append(f"{self.loss} loss")
         if self.clip_grad_norm is not None:
