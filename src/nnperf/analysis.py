@@ -110,6 +110,7 @@ class Analysis:
             "inputs": shapes,
             **({"channels_last": True} if self.options.channels_last else {}),
             **({"sdpa": self.options.sdpa} if self.options.sdpa != "fused" else {}),
+            **({"pointwise": self.options.pointwise} if self.options.pointwise != "eager" else {}),
             **({"assumptions": self.trace.config["assumptions"]} if self.trace.config.get("assumptions") else {}),
             **self.workload.info,
         }

@@ -167,6 +167,21 @@ def test_fusion_reads_inputs_once_and_launches_fewer_kernels():
     assert kernels(rw.counts) == kernels(base.analysis.ops) - sum(len(c) - 1 for c in chains)
 
 
+def test_a_step_already_fused_is_not_offered_torch_compile():
+    """--pointwise fused already times the blocks' pointwise ops as inductor's kernels: offering
+    torch.compile on top would count the same fusion twice."""
+    def setup(pointwise: str) -> Setup:
+        request = ModelRequest("gpt2", batch=2, seq_len=64, overrides={**TINY_GPT, "n_layer": 2})
+        return Setup(request, MemoryOptions(TraceOptions(amp="bf16", pointwise=pointwise)), A100,
+                     default_profile(A100), TimingOptions())
+
+    eager, _ = base_of(setup("eager"))
+    assert inductor.candidates(eager)[-1].name == "torch-compile"
+    fused, _ = base_of(setup("fused"))
+    assert "torch-compile" not in [c.name for c in inductor.candidates(fused)]
+    assert ("torch-compile", "the step's pointwise ops already run fused (--pointwise fused)") in fused.checked
+
+
 class HandAttention(nn.Module):
     """Attention written by hand: scores, causal mask, softmax, weighted sum."""
 

@@ -184,3 +184,9 @@ def test_fused_pointwise_is_torchtitans_compiled_model():
     assert "[compile]" not in torchtitan_toml(fsdp, amp="bf16")
     python = torchtitan_python(fsdp, "llama-7b", 2048, amp="bf16", pointwise="fused")
     assert "config.compile.components = ['model']" in python
+
+
+def test_megatron_args_say_its_default_fusions_were_not_timed_in_an_eager_plan():
+    tp = Execution(world=8, tensor=8, sequence_parallel=True)
+    assert "plan with --pointwise fused" in megatron_args(tp, layers=32, amp="bf16")
+    assert "--pointwise" not in megatron_args(tp, layers=32, amp="bf16", pointwise="fused")

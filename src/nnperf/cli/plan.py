@@ -221,7 +221,7 @@ def engine_configs(result: Any, options: TraceOptions, model_options: dict[str, 
 
     writers = {"torchtitan": torchtitan, "torchtitan_python": torchtitan_function,
                "megatron": lambda e: megatron_args(e, result.layers, amp, dtype, sdpa, attention, seq, clip,
-                                                   fp8=options.fp8),
+                                                   fp8=options.fp8, pointwise=options.pointwise),
                "deepspeed": lambda e: deepspeed_json(e, amp, dtype, clip, fp8=options.fp8)}
     best = result.ranked[0]
     chosen: dict[str, Any] = {}

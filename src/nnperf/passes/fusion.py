@@ -1,47 +1,57 @@
-"""Pointwise fusion inside a model's repeated blocks (``TraceOptions.pointwise == "fused"``).
+"""Pointwise fusion: runs of pointwise ops as one kernel over the bytes entering and leaving them.
 
-torch.compile of each transformer block (torchtitan's ``[compile] components = ["model"]``)
-lowers the pointwise, reduction and normalization ops that run between two kernels of another
-kind (GEMMs, attention, collectives) into fused kernels that read what enters the group once
-and write what leaves it; Transformer Engine's layers and Megatron-Core's fusions do the same
-by hand for the same groups (RMSNorm, RoPE, SwiGLU, bias-dropout-add). Modelled here, from the
-trace's data flow alone: in trace order, within one block and one phase, each maximal run of
-two or more such ops with no other kernel between them is one group, timed as one kernel
-(``passes.timing.KernelModel.fused_group``) over its external bytes: each storage the group
-reads that none of its ops wrote (read once), and each storage it writes that an op after it
-outside the group reads (written once; what backward keeps is read there). An op of no
-kernel (an allocation) does not end a run.
+torch.compile lowers the pointwise, reduction and normalization ops that run between two
+kernels of another kind (GEMMs, attention, collectives) into fused kernels that read what
+enters the run once and write what leaves it; Transformer Engine's layers and Megatron-Core's
+fusions do the same by hand for the same runs (RMSNorm, RoPE, SwiGLU, bias-dropout-add). Two
+users, one accounting (``run_bytes``):
 
-Not modelled: a fusion across a GEMM the group does not depend on (``silu(w1 x) * w3 x``
-stays two groups), activation memory that fusion no longer keeps (memory is the eager
-step's), and a compiled region's one host launch for its GEMMs (each keeps its dispatch;
-a group costs its first op's).
+- ``TraceOptions.pointwise == "fused"`` (``fused_groups``, timed by
+  ``passes.timing.KernelModel.fused_group``): the runs inside the model's repeated blocks
+  (``config["fused_blocks"]``: torchtitan compiles each block), within one phase and one
+  pipeline action (a micro-batch's forward or backward of a stage, ``config["pipeline_actions"]``,
+  which the plan times one by one), recomputed ops apart from the rest;
+- advise's ``torch-compile`` candidate (``search.advise.inductor``): the runs anywhere in the
+  compiled model.
+
+A run is two or more such ops with no other kernel between them; an allocation (no kernel)
+does not end it, a host op (a stream wait, a sync) does. An op that reads a parameter's
+gradient (the autograd engine adding into ``.grad`` outside a compiled region, which
+Megatron-Core fuses into the weight-gradient GEMM; a data-parallel engine copying it into its
+bucket) or is FSDP2's own copy (``fsdp.*``) is not taken in; one that produces a gradient
+(a norm's weight gradient) is.
+
+Not modelled: a fusion across a GEMM the run does not depend on (``silu(w1 x) * w3 x`` stays
+two runs), and activation memory that fusion no longer keeps (memory is the eager step's).
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from nnperf.passes.costs import registry as cat
 from nnperf.passes.count import OpCount
-from nnperf.trace.events import TensorMeta, Trace
+from nnperf.trace.events import KIND_GRAD, Trace
 
 #: The op categories a fused kernel takes in.
 FUSABLE = frozenset({cat.ELEMENTWISE, cat.REDUCTION, cat.NORM, cat.MEMORY})
-#: Categories that launch no kernel on the compute stream: they do not end a run.
-NO_KERNEL = frozenset({cat.ALLOC, cat.HOST})
+#: An op of this category launches no kernel and does not end a run.
+NO_KERNEL = frozenset({cat.ALLOC})
+#: FSDP2's copy-in and copy-out kernels (``fsdp.all_gather_copy_in``, ``fsdp.split_with_sizes_copy``).
+ENGINE_NAMESPACES = ("fsdp.",)
 
 
 @dataclass(frozen=True, slots=True)
 class FusedGroup:
-    """Ops of one block and phase run as one kernel: their event indices in trace order, the
-    bytes the kernel reads and writes, and the FLOPs of its ops."""
+    """Ops run as one kernel: their event indices in trace order, the bytes the kernel reads
+    and writes, and the FLOPs of its ops."""
 
     members: tuple[int, ...]
-    read_bytes: int
-    write_bytes: int
+    read_bytes: float
+    write_bytes: float
     flops: float
 
     @property
@@ -49,58 +59,67 @@ class FusedGroup:
         return self.members[0]
 
     @property
-    def bytes(self) -> int:
+    def bytes(self) -> float:
         return self.read_bytes + self.write_bytes
 
 
-def fused_groups(trace: Trace, counts: Sequence[OpCount]) -> dict[int, FusedGroup]:
-    """Each fused op's group, by its event index: empty unless the trace names the blocks whose
-    pointwise ops run fused (``config["fused_blocks"]``)."""
-    blocks = tuple(trace.config.get("fused_blocks", ()))
-    if not blocks:
-        return {}
-    runs = _runs(counts, _block_of(blocks))
-    consumers: dict[int, list[int]] = defaultdict(list)
-    producer: dict[int, int] = {}
-    for event in trace.events:
-        if event.free:
-            continue
-        for meta in event.inputs:
-            consumers[meta.storage].append(event.index)
-        for meta in event.outputs:
-            producer.setdefault(meta.storage, event.index)
-    groups: dict[int, FusedGroup] = {}
-    for run in runs:
-        group = _group(run, consumers, producer)
-        for index in group.members:
-            groups[index] = group
-    return groups
+class DataFlow:
+    """Which ops read each storage, from the ops that launch kernels (views and allocations
+    read nothing), and which storages live past the step."""
+
+    def __init__(self, trace: Trace, counts: Sequence[OpCount]) -> None:
+        self.consumers: dict[int, list[int]] = defaultdict(list)
+        for c in counts:
+            if c.category not in NO_KERNEL:
+                for m in c.event.inputs:
+                    self.consumers[m.storage].append(c.index)
+        self.alive_at_end = {s for s, info in trace.storages.items() if info.released_after is None}
+
+    def read_after(self, storage: int, index: int, inside: set[int]) -> bool:
+        """Read by an op after ``index`` outside ``inside``, or alive at the end of the step."""
+        return storage in self.alive_at_end or any(
+            i not in inside and i > index for i in self.consumers.get(storage, ()))
 
 
-def _block_of(blocks: tuple[str, ...]):
-    """module name -> the block it runs in ("" outside every block), cached."""
-    cache: dict[str, str] = {}
+def run_bytes(run: Sequence[OpCount], flow: DataFlow) -> tuple[float, float]:
+    """(read, written) bytes of ``run`` as one kernel: each op's own counted bytes (a gather reads
+    rows, not its whole table), kept for the share of its tensors that come from outside the run
+    (each view of a storage once: two halves of one projection are two reads) and for the share
+    of its outputs read after the run or alive at its end."""
+    inside = {c.index for c in run}
+    produced = {m.storage for c in run for m in c.event.outputs}
+    seen: set[tuple] = set()
+    reads = writes = 0.0
+    last = run[-1].index
+    for c in run:
+        metas = c.event.inputs
+        external = [m for m in metas if m.storage not in produced
+                    and (m.storage, m.storage_offset, m.shape, m.stride) not in seen]
+        seen.update((m.storage, m.storage_offset, m.shape, m.stride) for m in external)
+        total = sum(m.nbytes for m in metas)
+        if total:
+            reads += (c.bytes_in + c.bytes_weights) * sum(m.nbytes for m in external) / total
+        outs = c.event.outputs
+        live = [m for m in outs if c.index == last or flow.read_after(m.storage, c.index, inside)]
+        total = sum(m.nbytes for m in outs)
+        if total:
+            writes += c.bytes_out * sum(m.nbytes for m in live) / total
+    return reads, writes
 
-    def block(module: str) -> str:
-        if module not in cache:
-            inside = [b for b in blocks if module == b or module.startswith(b + ".")]
-            cache[module] = max(inside, key=len, default="")
-        return cache[module]
 
-    return block
-
-
-def _runs(counts: Sequence[OpCount], block_of) -> list[list[OpCount]]:
-    """The maximal runs of fusable ops of one block and phase, two ops or more."""
+def fusable_runs(counts: Sequence[OpCount], region: Callable[[OpCount], object | None],
+                 taken: Callable[[OpCount], bool] = lambda c: True) -> list[list[OpCount]]:
+    """The runs of two or more fusable ops with one ``region`` (None: outside every fused
+    region), in trace order; ``taken`` excludes ops beyond the rules above."""
     runs: list[list[OpCount]] = []
     current: list[OpCount] = []
-    key: tuple[str, str] | None = None
+    key: object | None = None
     for count in counts:
         if count.category in NO_KERNEL:
             continue
-        block = block_of(count.module or "")
-        here = (block, count.phase)
-        if count.category in FUSABLE and block:
+        here = region(count)
+        if (here is not None and count.category in FUSABLE and count.covered
+                and not count.op.startswith(ENGINE_NAMESPACES) and taken(count)):
             if current and here == key:
                 current.append(count)
                 continue
@@ -116,26 +135,62 @@ def _runs(counts: Sequence[OpCount], block_of) -> list[list[OpCount]]:
     return runs
 
 
-def extent_bytes(meta: TensorMeta) -> int:
-    """The bytes a view's elements occupy: a broadcast dimension (stride 0, as ``expand``
-    makes) is read once, not once per index."""
-    elements = 1
-    for size, stride in zip(meta.shape, meta.stride, strict=True):
-        if stride != 0:
-            elements *= size
-    return elements * meta.itemsize
+def gradient_storages(trace: Trace) -> set[int]:
+    return {s for s, info in trace.storages.items() if info.kind == KIND_GRAD}
 
 
-def _group(run: list[OpCount], consumers: dict[int, list[int]], producer: dict[int, int]) -> FusedGroup:
-    members = tuple(c.index for c in run)
-    inside = set(members)
-    reads: dict[int, int] = {}
-    writes: dict[int, int] = {}
-    for count in run:
-        for meta in count.event.inputs:
-            if producer.get(meta.storage) not in inside:
-                reads[meta.storage] = max(reads.get(meta.storage, 0), extent_bytes(meta))
-        for meta in count.event.outputs:
-            if any(i not in inside and i > members[0] for i in consumers.get(meta.storage, ())):
-                writes[meta.storage] = max(writes.get(meta.storage, 0), extent_bytes(meta))
-    return FusedGroup(members, sum(reads.values()), sum(writes.values()), sum(c.flops for c in run))
+def reads_gradient(count: OpCount, gradients: set[int]) -> bool:
+    """Whether the op reads a parameter's gradient: what stays outside a fused run."""
+    return any(m.storage in gradients for m in count.event.inputs)
+
+
+def fused_groups(trace: Trace, counts: Sequence[OpCount]) -> dict[int, FusedGroup]:
+    """Each fused op's group, by its event index: empty unless the trace names the blocks whose
+    pointwise ops run fused (``config["fused_blocks"]``)."""
+    blocks = tuple(trace.config.get("fused_blocks", ()))
+    if not blocks:
+        return {}
+    block_of = _block_of(blocks)
+    action_of = _action_of(trace.config.get("pipeline_actions") or [])
+    gradients = gradient_storages(trace)
+
+    def region(c: OpCount) -> object | None:
+        block = block_of(c.module or "")
+        return (block, c.phase, action_of(c.index), c.event.recomputed) if block else None
+
+    def taken(c: OpCount) -> bool:
+        return not reads_gradient(c, gradients)
+
+    flow = DataFlow(trace, counts)
+    groups: dict[int, FusedGroup] = {}
+    for run in fusable_runs(counts, region, taken):
+        reads, writes = run_bytes(run, flow)
+        group = FusedGroup(tuple(c.index for c in run), reads, writes, sum(c.flops for c in run))
+        for index in group.members:
+            groups[index] = group
+    return groups
+
+
+def _block_of(blocks: tuple[str, ...]) -> Callable[[str], str]:
+    """module name -> the block it runs in ("" outside every block), cached."""
+    cache: dict[str, str] = {}
+
+    def block(module: str) -> str:
+        if module not in cache:
+            inside = [b for b in blocks if module == b or module.startswith(b + ".")]
+            cache[module] = max(inside, key=len, default="")
+        return cache[module]
+
+    return block
+
+
+def _action_of(actions: Sequence[tuple[str, int, int]]) -> Callable[[int], int]:
+    """event index -> the pipeline action it runs in (-1 outside every action)."""
+    spans = sorted((start, end, n) for n, (_, start, end) in enumerate(actions))
+    starts = [s for s, _, _ in spans]
+
+    def action(index: int) -> int:
+        at = bisect.bisect_right(starts, index) - 1
+        return spans[at][2] if at >= 0 and index < spans[at][1] else -1
+
+    return action

@@ -779,6 +779,7 @@ def simulate_step(
     slices: list[HostSlice] = []
     for event in trace.events:
         counted = count is not None and count.event is event
+        group = groups.get(event.index) if counted else None
         if measured_optimizer is not None and event.phase == "optimizer":
             cost = optimizer_share
         else:
@@ -798,12 +799,14 @@ def simulate_step(
             host += cost
             slices.append(HostSlice(event.index, event.name, event.module, event.phase, issued, host, False))
             continue
-        group = groups.get(event.index)
         if group is None:
             t = model.time_op(count, cost)
         elif group.first == event.index:
             t = model.fused_group(count, group, cost)
-        else:  # run by its group's kernel, launched once
+        else:
+            # run by its group's kernel, which the host launches once: a compiled block runs
+            # the group's ops inside one graph (their module calls and autograd nodes with
+            # them), Transformer Engine's fused layers launch one kernel
             cost = 0.0
             t = OpTime(kernels=0, kernel_s=0.0, compute_s=0.0, memory_s=0.0, peak_flops=0.0, count=count,
                        host_s=cost)

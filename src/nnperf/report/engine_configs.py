@@ -220,7 +220,8 @@ def torchrun_command(execution: Any) -> str:
 
 def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
                   dtype: str | None = None, sdpa: str = "fused", attention: str = "sdpa",
-                  seq_len: int | None = None, clip: float | None = None, fp8: bool = False) -> str:
+                  seq_len: int | None = None, clip: float | None = None, fp8: bool = False,
+                  pointwise: str = "eager") -> str:
     """Megatron-LM's parallelism, batch, recomputation, precision and clipping arguments for the
     layout. Its ``--bf16``/``--fp16`` hold the model in half precision with fp32 master weights
     in the optimizer: the nearest to both ``--amp`` and ``--dtype``; ``--fp8`` adds Transformer
@@ -295,6 +296,10 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
     if clip is None:  # a plan never switches a user's clipping off
         text += ("\n# --clip-grad: Megatron-LM clips the gradients to 1.0 by default, which this plan did not "
                  "count: plan with --clip-grad-norm 1.0 to include it")
+    if pointwise == "eager":  # its defaults: --bias-dropout-fusion, --bias-swiglu-fusion, --rope-fusion...
+        text += ("\n# fusions: Megatron-LM fuses bias-dropout-add, SwiGLU/GeLU, RoPE and the masked softmax by "
+                 "default (Transformer Engine's layers the norms too), which this plan timed as separate "
+                 "kernels: plan with --pointwise fused to count them")
     return text
 
 

@@ -301,6 +301,8 @@ def _record(workload: Workload, step: Step) -> Trace:
     module_types = {names[id(m)]: type(m).__name__ for m in model.modules()}
     fp8_linears = _fp8_linears(model, workload) if options.fp8 else []
     fused_blocks = _fused_blocks(model, workload) if options.pointwise == "fused" else []
+    if fused_blocks:
+        assumptions = [*assumptions, FUSED_ASSUMPTION.format(count=len(fused_blocks))]
     if fp8_linears:
         assumptions = [*assumptions, FP8_ASSUMPTION.format(count=len(fp8_linears))]
     module_params = {
@@ -336,6 +338,15 @@ def _record(workload: Workload, step: Step) -> Trace:
     )
     fold_inplace_accumulations(trace, recorder.engine_sums)
     return trace
+
+
+#: What a step with fused pointwise ops rests on (``passes.fusion``).
+FUSED_ASSUMPTION = (
+    "fused pointwise: in {count} repeated blocks, the pointwise, reduction and norm ops "
+    "between two other kernels run as one kernel over the bytes entering and leaving them "
+    "(torch.compile of each block; Transformer Engine's fused layers); memory is the eager "
+    "step's (what fusion no longer keeps for backward is still counted)"
+)
 
 
 #: What an FP8 step's figures rest on beyond the GEMMs and casts ``passes.timing`` times.

@@ -24,6 +24,7 @@ the optimizer, and to switch the phase); ``StepWatch`` is told, and does nothing
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -232,12 +233,10 @@ def sdpa_backend(mode: str) -> Iterator[None]:
     if mode == "cudnn":
         order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
                  SDPBackend.MATH]
-        try:
-            chosen = sdpa_kernel(order, set_priority=True)
-        except TypeError as err:  # torch < 2.6: no priority order to set
+        if "set_priority" not in inspect.signature(sdpa_kernel).parameters:  # torch < 2.6
             raise UsageError(f"--sdpa cudnn needs PyTorch 2.6 or later to put cuDNN first (this is "
-                             f"{torch.__version__})") from err
-        with chosen:
+                             f"{torch.__version__})")
+        with sdpa_kernel(order, set_priority=True):
             yield
         return
     if mode != "unfused":

@@ -1,4 +1,4 @@
-"""``torch.compile``: a model of what inductor fuses.
+"""``torch.compile``: a model of what inductor fuses (``passes.fusion``'s runs and bytes).
 
 Inductor turns each chain of pointwise, reduction and normalization ops between two matrix
 ops (GEMMs, convolutions, attention) into one generated kernel that reads the chain's
@@ -11,20 +11,25 @@ achievable bandwidth, one launch each), the step by the same eager timeline.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import TYPE_CHECKING
 
 from nnperf.passes.costs import registry as cat
 from nnperf.passes.count import OpCount
+from nnperf.passes.fusion import (
+    DataFlow,
+    fusable_runs,
+    gradient_storages,
+    reads_gradient,
+    run_bytes,
+)
 from nnperf.search.advise.change import Candidate, Change
 from nnperf.search.advise.padding import families
 from nnperf.search.advise.rewrite import Rewritten, rebuild
-from nnperf.trace.events import OpEvent
+from nnperf.trace.events import OpEvent, Trace
 
 if TYPE_CHECKING:
     from nnperf.search.advise.evaluate import Base
 
-FUSIBLE = frozenset({cat.ELEMENTWISE, cat.REDUCTION, cat.NORM, cat.MEMORY})
 #: Phases inside the compiled region (the model's forward and its AOT backward). The loss
 #: outside the model and the optimizer step are not compiled by ``torch.compile(model)``.
 COMPILED_PHASES = ("forward", "backward")
@@ -57,6 +62,9 @@ def _compile_loss(base: Base) -> list[Candidate]:
 
 
 def _compile_model(base: Base) -> list[Candidate]:
+    if base.options.trace.pointwise != "eager":
+        base.checked.append(("torch-compile", "the step's pointwise ops already run fused (--pointwise fused)"))
+        return []
     chains = fusion_chains(base.analysis.trace, base.analysis.ops)
     if not chains:
         base.checked.append(("torch-compile", "no chain of two or more pointwise/reduction ops to fuse"))
@@ -80,61 +88,34 @@ def _compile_model(base: Base) -> list[Candidate]:
     )]
 
 
-def fusion_chains(trace, counts: list[OpCount]) -> list[list[OpCount]]:  # type: ignore[no-untyped-def]
-    """Runs of two or more fusible ops of one phase in the compiled region, in trace order."""
-    chains: list[list[OpCount]] = []
-    run: list[OpCount] = []
-    for c in counts:
-        fusible = (c.category in FUSIBLE and c.phase in COMPILED_PHASES and c.module not in ("(loss)", "")
-                   and c.covered)
-        if fusible and run and run[-1].phase == c.phase:
-            run.append(c)
-            continue
-        if len(run) > 1:
-            chains.append(run)
-        run = [c] if fusible else []
-    if len(run) > 1:
-        chains.append(run)
-    return chains
+def fusion_chains(trace: Trace, counts: list[OpCount]) -> list[list[OpCount]]:
+    """Runs of two or more fusible ops of one phase in the compiled region (the model's
+    forward and backward, not the loss or the optimizer), in trace order
+    (``passes.fusion.fusable_runs``; gradients' accumulation stays the autograd engine's)."""
+    gradients = gradient_storages(trace)
+
+    def region(c: OpCount) -> str | None:
+        return c.phase if c.phase in COMPILED_PHASES and c.module not in ("(loss)", "") else None
+
+    return fusable_runs(counts, region, lambda c: not reads_gradient(c, gradients))
 
 
 def rewrite(rw: Rewritten) -> None:
-    """Replace each chain by one fused kernel (its external reads and its live writes)."""
-    consumers: dict[int, list[int]] = defaultdict(list)
-    for ev in rw.trace.events:
-        for m in ev.inputs:
-            consumers[m.storage].append(ev.index)
+    """Replace each chain by one fused kernel (its external reads and its live writes:
+    ``passes.fusion.run_bytes``)."""
+    flow = DataFlow(rw.trace, rw.counts)
     edits: dict[int, list[OpCount]] = {}
     drop: set[int] = set()
     for chain in fusion_chains(rw.trace, rw.counts):
-        edits.update(_fuse(chain, consumers, rw))
+        edits.update(_fuse(chain, flow))
     for ev in rw.trace.events:  # views in the compiled region
         if ev.free and ev.phase in COMPILED_PHASES and ev.module not in ("(loss)", ""):
             drop.add(ev.index)
     rw.trace, rw.counts = rebuild(rw.trace, rw.counts, edits, drop)
 
 
-def _fuse(chain: list[OpCount], consumers: dict[int, list[int]], rw: Rewritten) -> dict[int, list[OpCount]]:
-    inside = {c.index for c in chain}
-    produced = {m.storage for c in chain for m in c.event.outputs}
-    seen: set[tuple] = set()
-    reads = writes = 0.0
-    last = chain[-1].index
-    for c in chain:
-        # each op's own counted bytes (a gather reads rows, not its whole table), kept for
-        # the share of its tensors that come from outside the chain / are used after it
-        metas = c.event.inputs
-        external = [m for m in metas if m.storage not in produced
-                    and (m.storage, m.storage_offset, m.shape) not in seen]
-        seen.update((m.storage, m.storage_offset, m.shape) for m in external)
-        total = sum(m.nbytes for m in metas)
-        if total:
-            reads += (c.bytes_in + c.bytes_weights) * sum(m.nbytes for m in external) / total
-        outs = c.event.outputs
-        live = [m for m in outs if c.index == last or _used_after(m, c.index, inside, consumers, rw)]
-        total = sum(m.nbytes for m in outs)
-        if total:
-            writes += c.bytes_out * sum(m.nbytes for m in live) / total
+def _fuse(chain: list[OpCount], flow: DataFlow) -> dict[int, list[OpCount]]:
+    reads, writes = run_bytes(chain, flow)
     first = chain[0]
     ev = OpEvent(index=first.index, func=_FUSED, args=(), kwargs={}, inputs=[], outputs=[],
                  phase=first.phase, module=first.module)
@@ -145,15 +126,6 @@ def _fuse(chain: list[OpCount], consumers: dict[int, list[int]], rw: Rewritten) 
     for c in chain[1:]:
         out[c.index] = []
     return out
-
-
-def _used_after(m, index: int, inside: set[int], consumers: dict[int, list[int]],  # type: ignore[no-untyped-def]
-                rw: Rewritten) -> bool:
-    """Read by an op after the chain (or saved for backward), or alive at the end of the step."""
-    if any(i not in inside and i > index for i in consumers.get(m.storage, ())):
-        return True
-    info = rw.trace.storages.get(m.storage)
-    return info is not None and info.released_after is None
 
 
 class _Fused:

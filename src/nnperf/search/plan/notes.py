@@ -13,7 +13,7 @@ from nnperf.request import ModelRequest
 from nnperf.search.plan.axes import request_name
 from nnperf.search.plan.rank import SCALE_POINTS
 from nnperf.search.plan.results import Plan, Planned
-from nnperf.trace.capture import FP8_ASSUMPTION
+from nnperf.trace.capture import FP8_ASSUMPTION, FUSED_ASSUMPTION
 from nnperf.trace.options import TraceOptions
 
 
@@ -21,6 +21,8 @@ def notes(request: ModelRequest, options: TraceOptions, results: list[Planned], 
     notes = []
     if options.fp8:
         notes.append(FP8_ASSUMPTION.format(count="the"))
+    if options.pointwise == "fused":
+        notes.append(FUSED_ASSUMPTION.format(count="the"))
     if layers and layers > SCALE_POINTS[-1]:
         notes.append(f"the {layers}-block stack is traced with {SCALE_POINTS[0]} and {SCALE_POINTS[1]} blocks "
                      "per stage and extrapolated linearly (exact for state bytes, collectives and FLOPs; "
