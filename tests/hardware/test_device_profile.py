@@ -149,3 +149,20 @@ def test_wide_heads_scale_only_the_kernels_measured_wide(tmp_path):
     path.write_text("[wide_head_attention]\nflash_forward = 0.5\n")
     with pytest.raises(UsageError, match=r"unknown kernel pass .flash_forward.*efficient_forward"):
         load_profile(path)
+
+
+def test_hopper_fp8_gemms_reach_bf16s_fraction_scaled_by_the_published_ratio():
+    """FP8 on Hopper: bf16's fraction times MAMF's H100 SXM float8 efficiency over its bf16 one
+    (validation/published/mamf.toml, the quoted rows); other dtypes and GPUs unchanged."""
+    from pathlib import Path
+
+    import tomllib
+
+    rows = {r["id"]: r for r in tomllib.loads(
+        (Path(__file__).resolve().parents[2] / "validation" / "published" / "mamf.toml").read_text())["measurement"]}
+    fp8, bf16 = rows["mamf-float8-h100-sxm"], rows["mamf-bf16-h100-sxm"]
+    ratio = (fp8["value"] / fp8["datasheet_tflops"]) / (bf16["value"] / bf16["datasheet_tflops"])
+    hopper = default_profile(load_gpu("h100"))
+    assert hopper.math_fraction("tensor", "fp8", 1e12) == pytest.approx(hopper.gemm_peak_fraction * ratio, abs=0.005)
+    assert hopper.math_fraction("tensor", "bf16", 1e12) == hopper.gemm_peak_fraction
+    assert default_profile(load_gpu("a100")).gemm_peak_fraction_by_dtype == {}

@@ -137,6 +137,9 @@ class DeviceProfile:
     wide_head_attention: Mapping[str, float] = field(default_factory=dict, hash=False)
     bandwidth_curve: Curve | None = None
     gemm_efficiency: Mapping[str, Curve] = field(default_factory=dict, hash=False)
+    # The tensor cores' achievable fraction for a dtype whose measurement differs from
+    # ``gemm_peak_fraction``'s (FP8 on Hopper), dtype -> fraction; a dtype left out takes it.
+    gemm_peak_fraction_by_dtype: Mapping[str, float] = field(default_factory=dict, hash=False)
     # Depthwise convolutions' tap loops (``kernels.depthwise``): per kernel family and dtype
     # (``DEPTHWISE_RATE_KEYS``), [[taps per output (R*S), MACs per SM per clock], ...].
     depthwise_rate: Mapping[str, Curve] = field(default_factory=dict, hash=False)
@@ -170,6 +173,8 @@ class DeviceProfile:
             return min(1.0, interpolate(curve, flops))
         if unit != "tensor":
             return self.cuda_core_fraction
+        if dtype in self.gemm_peak_fraction_by_dtype:
+            return self.gemm_peak_fraction_by_dtype[dtype]
         if flops_per_clock_sm is not None and flops_per_clock_sm <= self.low_rate_flops_per_clock_sm * 1.01:
             return self.low_rate_tensor_fraction
         return self.gemm_peak_fraction
@@ -308,13 +313,14 @@ _SCALARS = {
         "host_dispatch_by_kind_s",
         "conv_efficiency",
         "wide_head_attention",
+        "gemm_peak_fraction_by_dtype",
         "host_optimizer_step_s",
         "host_optimizer_param_s",
         "unmeasured_host_parts",
     }
 }
 _TABLES = ("tile_relative_efficiency", "ctas_per_sm", "alignment_penalty", "host_dispatch_by_kind_s",
-           "conv_efficiency", "wide_head_attention", "host_optimizer_step_s", "host_optimizer_param_s")
+           "conv_efficiency", "wide_head_attention", "gemm_peak_fraction_by_dtype", "host_optimizer_step_s", "host_optimizer_param_s")
 #: Fields of older profiles that the host model no longer reads: a backward or optimizer op's
 #: share of a forward op's cost (``passes.host_time`` prices their parts instead). Accepted and
 #: left unused, so a profile calibrated before stays loadable.
@@ -397,6 +403,10 @@ def _apply(base: dict[str, Any], table: Mapping[str, Any], where: str) -> dict[s
                     if name not in WIDE_HEAD_KERNELS:
                         raise UsageError(f"{here}: unknown kernel pass {shown(name)}; "
                                          f"valid: {', '.join(WIDE_HEAD_KERNELS)}")
+                elif key == "gemm_peak_fraction_by_dtype":
+                    if name not in schema.COMPUTE_DTYPES:
+                        raise UsageError(f"{here}: unknown dtype {shown(name)}; "
+                                         f"valid: {', '.join(schema.COMPUTE_DTYPES)}")
                 else:
                     _parse_tile(name)
                 _number(f"{here}.{name}", v, schema.PROFILE_RANGES[key])

@@ -165,6 +165,7 @@ PROFILE_RANGES: dict[str, Range] = {
     "cudnn_attention_forward_scale": RELATIVE_SPEED,
     "cudnn_attention_backward_scale": RELATIVE_SPEED,
     "wide_head_attention": RELATIVE_SPEED,  # per kernel pass
+    "gemm_peak_fraction_by_dtype": FRACTION,  # per dtype
     "conv_efficiency": Range(0, 2),  # per convolution class
     "conv_efficiency_scale": Range(0, 2),
     "bandwidth_half_bytes": Range(0, 2**50),

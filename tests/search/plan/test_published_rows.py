@@ -23,7 +23,8 @@ def _rows(name: str) -> list[dict]:
     return tomllib.loads((FOLDER / name).read_text())["row"]
 
 
-@pytest.mark.parametrize("name", ["rows.toml", "megatron_runs.toml", "vtrain_runs.toml", "megatron_bridge_runs.toml"])
+@pytest.mark.parametrize("name", ["rows.toml", "megatron_runs.toml", "vtrain_runs.toml", "megatron_bridge_runs.toml",
+                                  "nemo_runs.toml"])
 def test_every_reproducible_row_is_a_layout_the_plan_accepts(name):
     for row in _rows(name):
         if not row.get("reproducible", True):
