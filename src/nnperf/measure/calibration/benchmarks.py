@@ -360,21 +360,15 @@ def _attention_rows(shape: tuple[int, int, int, int, int], device: torch.device,
              "head_dim_v": ev, "causal": True, "forward_flops": 2.0 * pairs * (e + ev),
              "backward_flops": 4.0 * pairs * (e + ev), "recompute_flops": 2.0 * pairs * e}
 
-    def forward() -> None:
-        with torch.no_grad():
-            F.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-    def step() -> None:
-        q.grad = k.grad = v.grad = None
-        F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
-
     for name, backend in ATTENTION_BACKENDS.items():
         row = {"backend": backend, **facts}
+        # cuDNN's kernel takes only a model's projection layout, [B, H, S, D] views of
+        # [B, S, H, D] (``check_cudnn_layout``, ``kernels.attention``): copies laid out so
+        tensors = [_projected(t) for t in (q, k, v)] if name == "CUDNN_ATTENTION" else [q, k, v]
+        forward, step = _sdpa_steps(*tensors, grad)
         try:
             with sdpa_kernel(getattr(SDPBackend, name)):
-                timed = (_projected_layout(q, k, v, grad) if name == "CUDNN_ATTENTION"
-                         else (forward, step))
-                fwd, both = _timed(timed[0], device, repeats), _timed(timed[1], device, repeats)
+                fwd, both = _timed(forward, device, repeats), _timed(step, device, repeats)
         except RuntimeError as err:  # this backend does not take the shape
             row["skipped"] = str(err).strip().splitlines()[0][:200]
         else:
@@ -383,23 +377,21 @@ def _attention_rows(shape: tuple[int, int, int, int, int], device: torch.device,
     yield _flex_row(facts, (q, k, v, grad), device, repeats)
 
 
-def _projected_layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      grad: torch.Tensor) -> tuple[Callable[[], None], Callable[[], None]]:
-    """The forward and the step on copies of q, k, v laid out as a model's projections give
-    them, [B, H, S, D] views of [B, S, H, D]: cuDNN's kernel takes no other layout
-    (``check_cudnn_layout``, ``kernels.attention``)."""
-    def projected(t: torch.Tensor) -> torch.Tensor:
-        return t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
+def _projected(t: torch.Tensor) -> torch.Tensor:
+    """A copy of [B, H, S, D] ``t`` as a [B, H, S, D] view of [B, S, H, D] memory."""
+    return t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
 
-    q2, k2, v2 = projected(q), projected(k), projected(v)
 
+def _sdpa_steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                grad: torch.Tensor) -> tuple[Callable[[], None], Callable[[], None]]:
+    """Causal SDPA forward alone (no grad), and forward with backward."""
     def forward() -> None:
         with torch.no_grad():
-            F.scaled_dot_product_attention(q2, k2, v2, is_causal=True)
+            F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
     def step() -> None:
-        q2.grad = k2.grad = v2.grad = None
-        F.scaled_dot_product_attention(q2, k2, v2, is_causal=True).backward(grad)
+        q.grad = k.grad = v.grad = None
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
 
     return forward, step
 
