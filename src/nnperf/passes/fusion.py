@@ -107,10 +107,11 @@ def run_bytes(run: Sequence[OpCount], flow: DataFlow) -> tuple[float, float]:
     return reads, writes
 
 
-def fusable_runs(counts: Sequence[OpCount], region: Callable[[OpCount], object | None],
-                 taken: Callable[[OpCount], bool] = lambda c: True) -> list[list[OpCount]]:
+def fusable_runs(trace: Trace, counts: Sequence[OpCount],
+                 region: Callable[[OpCount], object | None]) -> list[list[OpCount]]:
     """The runs of two or more fusable ops with one ``region`` (None: outside every fused
-    region), in trace order; ``taken`` excludes ops beyond the rules above."""
+    region), in trace order, by the rules above."""
+    gradients = {s for s, info in trace.storages.items() if info.kind == KIND_GRAD}
     runs: list[list[OpCount]] = []
     current: list[OpCount] = []
     key: object | None = None
@@ -119,7 +120,8 @@ def fusable_runs(counts: Sequence[OpCount], region: Callable[[OpCount], object |
             continue
         here = region(count)
         if (here is not None and count.category in FUSABLE and count.covered
-                and not count.op.startswith(ENGINE_NAMESPACES) and taken(count)):
+                and not count.op.startswith(ENGINE_NAMESPACES)
+                and not any(m.storage in gradients for m in count.event.inputs)):
             if current and here == key:
                 current.append(count)
                 continue
@@ -135,15 +137,6 @@ def fusable_runs(counts: Sequence[OpCount], region: Callable[[OpCount], object |
     return runs
 
 
-def gradient_storages(trace: Trace) -> set[int]:
-    return {s for s, info in trace.storages.items() if info.kind == KIND_GRAD}
-
-
-def reads_gradient(count: OpCount, gradients: set[int]) -> bool:
-    """Whether the op reads a parameter's gradient: what stays outside a fused run."""
-    return any(m.storage in gradients for m in count.event.inputs)
-
-
 def fused_groups(trace: Trace, counts: Sequence[OpCount]) -> dict[int, FusedGroup]:
     """Each fused op's group, by its event index: empty unless the trace names the blocks whose
     pointwise ops run fused (``config["fused_blocks"]``)."""
@@ -152,18 +145,14 @@ def fused_groups(trace: Trace, counts: Sequence[OpCount]) -> dict[int, FusedGrou
         return {}
     block_of = _block_of(blocks)
     action_of = _action_of(trace.config.get("pipeline_actions") or [])
-    gradients = gradient_storages(trace)
 
     def region(c: OpCount) -> object | None:
         block = block_of(c.module or "")
         return (block, c.phase, action_of(c.index), c.event.recomputed) if block else None
 
-    def taken(c: OpCount) -> bool:
-        return not reads_gradient(c, gradients)
-
     flow = DataFlow(trace, counts)
     groups: dict[int, FusedGroup] = {}
-    for run in fusable_runs(counts, region, taken):
+    for run in fusable_runs(trace, counts, region):
         reads, writes = run_bytes(run, flow)
         group = FusedGroup(tuple(c.index for c in run), reads, writes, sum(c.flops for c in run))
         for index in group.members:

@@ -40,30 +40,6 @@ def repeated_blocks(model: nn.Module) -> list[str]:
 FP8_ALIGNMENT = 16
 
 
-def linears_in_blocks(model: nn.Module) -> list[str]:
-    """The names of the ``nn.Linear`` layers inside ``model``'s repeated blocks that an FP8 GEMM
-    can run: what Transformer Engine's layers replace in Megatron-LM's transformer layers and
-    what torchao's float8 conversion takes in torchtitan (which leaves the output head out by
-    default)."""
-    blocks = tuple(f"{b}." for b in repeated_blocks(model))
-    return [name for name, m in model.named_modules()
-            if isinstance(m, nn.Linear) and name.startswith(blocks)
-            and m.in_features % FP8_ALIGNMENT == 0 and m.out_features % FP8_ALIGNMENT == 0]
-
-
-#: The attribute that marks a linear layer FP8 training converts (``mark_fp8_linears``).
-_FP8_MARK = "_nnperf_fp8_linear"
-
-
-def mark_fp8_linears(model: nn.Module) -> None:
-    """Mark the linear layers of ``model``'s repeated blocks as FP8 ones while the model is
-    whole: a pipeline stage holds some of its blocks, maybe one per chunk, and one block is not
-    a repeated one."""
-    modules = dict(model.named_modules())
-    for name in linears_in_blocks(model):
-        setattr(modules[name], _FP8_MARK, True)
-
-
 #: The attribute that marks a repeated block while the model is whole (``mark_blocks``).
 _BLOCK_MARK = "_nnperf_repeated_block"
 
@@ -83,8 +59,12 @@ def block_names(model: nn.Module) -> list[str]:
     return marked or repeated_blocks(model)
 
 
-def fp8_linear_names(model: nn.Module) -> list[str]:
-    """The names, in ``model``, of the linear layers FP8 training converts: those marked while
-    the model was whole (``mark_fp8_linears``), else those of its repeated blocks."""
-    marked = [name for name, m in model.named_modules() if getattr(m, _FP8_MARK, False)]
-    return marked or linears_in_blocks(model)
+def linears_in_blocks(model: nn.Module) -> list[str]:
+    """The names of the ``nn.Linear`` layers inside ``model``'s repeated blocks (``block_names``)
+    that an FP8 GEMM can run: what Transformer Engine's layers replace in Megatron-LM's
+    transformer layers and what torchao's float8 conversion takes in torchtitan (which leaves
+    the output head out by default)."""
+    blocks = tuple(f"{b}." for b in block_names(model))
+    return [name for name, m in model.named_modules()
+            if isinstance(m, nn.Linear) and name.startswith(blocks)
+            and m.in_features % FP8_ALIGNMENT == 0 and m.out_features % FP8_ALIGNMENT == 0]

@@ -30,7 +30,7 @@ from nnperf.trace.accumulation import AccumulationWatch, fold_inplace_accumulati
 from nnperf.trace.assumptions import collecting
 from nnperf.trace.attention import sdpa_mode
 from nnperf.trace.autocast_cuda import CudaAutocast
-from nnperf.trace.blocks import block_names, fp8_linear_names
+from nnperf.trace.blocks import block_names, linears_in_blocks
 from nnperf.trace.clip import CLIP_MODULE
 from nnperf.trace.diagnosis import (
     DATA_DEPENDENT,
@@ -360,7 +360,7 @@ FP8_ASSUMPTION = (
 
 
 def _fp8_linears(model: torch.nn.Module, workload: Workload) -> list[str]:
-    linears = fp8_linear_names(model)
+    linears = linears_in_blocks(model)
     if not linears:
         raise UsageError(f"--fp8 converts the linear layers inside the repeated blocks of a model (two or more "
                          f"layers of one class in a ModuleList or Sequential: a transformer's), and {workload.name} "

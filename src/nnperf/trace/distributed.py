@@ -22,7 +22,7 @@ from torch import nn
 
 from nnperf.errors import UsageError
 from nnperf.layout import Execution
-from nnperf.trace.blocks import mark_blocks, mark_fp8_linears
+from nnperf.trace.blocks import mark_blocks
 from nnperf.trace.capture import cast_workload, trace_workload
 from nnperf.trace.collectives import Collective, collectives_of
 from nnperf.trace.engine_patches import engines_on_fake_tensors
@@ -82,9 +82,7 @@ def trace_rank(
             # --dtype casts the model before the engines wrap it, as Megatron-LM's Float16Module
             # does: their shards, stage shapes and buckets are in that dtype
             workload = cast_workload(build(), options.dtype)
-            if options.fp8:  # while every block is in the model
-                mark_fp8_linears(workload.model)
-            if options.pointwise == "fused":
+            if options.fp8 or options.pointwise == "fused":  # while every block is in the model
                 mark_blocks(workload.model)
             return apply_layout(workload, execution, options, world["meshes"][shape], units, prepare,
                                 step_contexts)

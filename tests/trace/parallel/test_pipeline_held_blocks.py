@@ -111,7 +111,7 @@ def test_stages_pass_what_the_data_parallel_engine_computes_in(data, element_byt
 
 def test_fp8_converts_the_linears_of_a_one_block_chunk():
     # 3 blocks over 3 stages: a stage holds one block, no repeated block of its own; its
-    # linears are marked as FP8 ones while the model is whole (trace.blocks.mark_fp8_linears)
+    # linears are marked as FP8 ones while the model is whole (trace.blocks.mark_blocks)
     def build():
         from nnperf.zoo import get_model
 

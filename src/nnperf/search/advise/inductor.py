@@ -15,13 +15,7 @@ from typing import TYPE_CHECKING
 
 from nnperf.passes.costs import registry as cat
 from nnperf.passes.count import OpCount
-from nnperf.passes.fusion import (
-    DataFlow,
-    fusable_runs,
-    gradient_storages,
-    reads_gradient,
-    run_bytes,
-)
+from nnperf.passes.fusion import DataFlow, fusable_runs, run_bytes
 from nnperf.search.advise.change import Candidate, Change
 from nnperf.search.advise.padding import families
 from nnperf.search.advise.rewrite import Rewritten, rebuild
@@ -92,12 +86,10 @@ def fusion_chains(trace: Trace, counts: list[OpCount]) -> list[list[OpCount]]:
     """Runs of two or more fusible ops of one phase in the compiled region (the model's
     forward and backward, not the loss or the optimizer), in trace order
     (``passes.fusion.fusable_runs``; gradients' accumulation stays the autograd engine's)."""
-    gradients = gradient_storages(trace)
-
     def region(c: OpCount) -> str | None:
         return c.phase if c.phase in COMPILED_PHASES and c.module not in ("(loss)", "") else None
 
-    return fusable_runs(counts, region, lambda c: not reads_gradient(c, gradients))
+    return fusable_runs(trace, counts, region)
 
 
 def rewrite(rw: Rewritten) -> None:
