@@ -19,12 +19,29 @@ def test_an_even_split_and_llama3_405b_shortened_first_and_last_stages():
     assert split_layers(9, 2, 1, None, 4) == (5, 4)
 
 
+def test_an_end_stage_splits_its_blocks_over_its_chunks():
+    """With interleaving the first and last stage's blocks are the stage's, over its chunks (chunk
+    c on rank c mod p): evenly where the chunks divide them (Megatron-LM: 20 blocks, 4 stages x 2,
+    end stages of 4: 2 + 2 on rank 0, 3 in every middle chunk); else the chunk with the embedding
+    (the head) is the shorter: Llama 3 405B, 16 stages x 2, end stages of 7, is 3 + 4 on rank 0,
+    4 + 3 on rank 15; Megatron-Bridge's Llama 3.1 405B, 8 x 8 chunks, end stages of 15, is 1 block
+    in the model's first and last chunk and 2 in every other."""
+    assert split_layers(20, 4, 2, 4, 4) == (2, 3, 3, 2, 2, 3, 3, 2)
+    llama3 = split_layers(126, 16, 2, 7, 7)
+    assert llama3 == (3, *(4,) * 30, 3) and sum(llama3[0::16]) == sum(llama3[15::16]) == 7
+    assert split_layers(126, 8, 8, 15, 15) == (1, *(2,) * 62, 1)
+    assert split_layers(21, 3, 2, 5, None) == (2, 4, 4, 3, 4, 4)  # the last stage as the middle one: 8
+
+
 @pytest.mark.parametrize(("args", "words"), [
     ((10, 4), "10 layers do not split evenly into 4 pipeline stages; nearest valid pipeline degrees: 2 or 5"),
     ((126, 16), "first = last = 7 (8 in each other stage)"),
     ((12, 4, 2), "2 virtual stages do not divide the 3 layers per pipeline stage"),
     ((10, 4, 1, 3, None), "an uneven split with first stage layers 3 cannot hold 10 layers in 4 pipeline stages"),
     ((10, 4, 1, 5, 5), "valid: first = last = 2 (3 in each other stage)"),
+    ((10, 4, 2, 2, 2), "cannot hold 10 layers in 4 pipeline stages x 2 virtual stages (the stages between must "
+                       "split the rest evenly, each chunk at least 1)"),
+    ((12, 4, 2, 1, 1), "valid: first = last = 2 (4 in each other stage)"),  # a chunk of each end stage empty
 ])
 def test_a_split_that_cannot_hold_the_layers_names_valid_ones(args, words):
     with pytest.raises(UsageError, match=None) as raised:

@@ -118,8 +118,9 @@ class Execution:
     bucket_bytes: int = DDP_BUCKET_BYTES
     virtual_stages: int = 1  # model chunks per pipeline rank (interleaved schedules)
     loss_parallel: bool = True  # TP: logits split over the vocabulary for the loss
-    #: an uneven pipeline: the blocks of the model's first and last chunk (None: as the others;
-    #: both None: an even split), the other chunks splitting the rest evenly (``chunk_layers``)
+    #: an uneven pipeline: the blocks of its first and last stage, over each one's chunks (None:
+    #: as the others; both None: an even split), the stages between splitting the rest evenly
+    #: (``chunk_layers``, ``split_layers``: Megatron-LM's --decoder-first/last-pipeline-num-layers)
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
 
@@ -183,7 +184,7 @@ class Execution:
 
     @property
     def uneven(self) -> bool:
-        """The pipeline's first or last chunk is shortened (``first_stage_layers``...)."""
+        """The pipeline's first or last stage is shortened (``first_stage_layers``...)."""
         return self.first_stage_layers is not None or self.last_stage_layers is not None
 
     def chunk_layers(self, layers: int) -> tuple[int, ...]:
@@ -294,11 +295,17 @@ class Execution:
 
 def split_layers(layers: int, pipeline: int, virtual: int = 1, first: int | None = None,
                  last: int | None = None) -> tuple[int, ...]:
-    """The blocks of each of the ``pipeline x virtual`` model chunks, in stage order: evenly, or
-    with the first and last chunk holding ``first`` and ``last`` blocks (Megatron-LM's
-    ``--decoder-first/last-pipeline-num-layers``, torchtitan's first/last stage "less layers":
-    the chunks that also hold the embedding and the head shortened, as Llama 3 405B's 126
-    layers over 16 stages: 7, 8 x 14, 7) and the chunks between splitting the rest evenly.
+    """The blocks of each of the ``pipeline x virtual`` model chunks, in model order (chunk ``c``
+    on pipeline rank ``c mod pipeline``, the loop placement of every schedule here): evenly, or
+    with the first and last pipeline *stage* (rank) holding ``first`` and ``last`` blocks over
+    their ``virtual`` chunks and the stages between splitting the rest evenly, every chunk of
+    theirs alike: Megatron-LM's ``--decoder-first/last-pipeline-num-layers``, as Llama 3 405B's
+    126 layers over 16 stages, one fewer on the first and last (7, 8 x 14, 7). An end stage's
+    blocks split over its chunks evenly where ``virtual`` divides them (Megatron-LM requires
+    that of its flags); otherwise the chunk that also holds the embedding (rank 0's first) or
+    the head (the last rank's last) is the shorter, which is what shortening those stages is
+    for: Llama 3 405B with two chunks per rank is 3 + 4 blocks on rank 0, 4 + 3 on rank 15, 4 in
+    every other chunk (Megatron-Core's ``--pipeline-model-parallel-layout`` expresses it).
     A split that cannot hold the layers is one line naming valid ones."""
     chunks = pipeline * virtual
     what = f"{pipeline} pipeline stages" + (f" x {virtual} virtual stages" if virtual > 1 else "")
@@ -315,50 +322,58 @@ def split_layers(layers: int, pipeline: int, virtual: int = 1, first: int | None
         below = max((d // virtual for d in valid if d < chunks), default=None)
         above = min((d // virtual for d in valid if d > chunks), default=None)
         nearest = " or ".join(str(d) for d in (below, above) if d is not None)
-        examples = _uneven_examples(layers, chunks)
+        examples = _uneven_examples(layers, pipeline, virtual)
         shorten = (f"; or shorten the first and last stages (--first-stage-layers, --last-stage-layers: "
                    f"{examples})") if examples else ""
         raise UsageError(f"{layers} layers do not split evenly into {what}; nearest valid pipeline degrees: "
                          f"{nearest or 'none'}{shorten}")
-    if chunks == 1:
+    if pipeline == 1:
         raise UsageError("first and last stage layers need two or more pipeline stages")
-    inner = chunks - 2
-    if chunks == 2:
-        f = first if first is not None else layers - (last or 0)
-        l_ = last if last is not None else layers - f
-        middle = None
-    elif first is not None and last is not None:
-        rest = layers - first - last
-        middle = rest // inner if rest > 0 and rest % inner == 0 else None
-        f, l_ = first, last
-    else:  # one given: the other as the chunks between
-        given = first if first is not None else last
+    f, l_ = first, last
+    if f is None or l_ is None:  # one given: the other as the stages between
+        given = f if f is not None else l_
         assert given is not None
-        rest = layers - given
-        middle = rest // (inner + 1) if rest > 0 and rest % (inner + 1) == 0 else None
-        f = first if first is not None else middle
-        l_ = last if last is not None else middle
-    ok = f is not None and l_ is not None and f >= 1 and l_ >= 1 and f + l_ <= layers and \
-        ((chunks == 2 and f + l_ == layers) or (middle is not None and middle >= 1))
+        rest, between = layers - given, (pipeline - 1) * virtual
+        other = rest // between * virtual if rest > 0 and rest % between == 0 else None
+        f, l_ = (f, other) if f is not None else (other, l_)
+    middle: int | None = None
+    ok = f is not None and l_ is not None and f >= virtual and l_ >= virtual
+    if ok and pipeline == 2:
+        ok = f + l_ == layers
+    elif ok:
+        rest = layers - f - l_
+        between = (pipeline - 2) * virtual
+        ok = rest > 0 and rest % between == 0
+        middle = rest // between if ok else None
     if not ok:
         asked = ", ".join(f"{n} stage layers {v}" for n, v in (("first", first), ("last", last)) if v is not None)
         raise UsageError(f"an uneven split with {asked} cannot hold {layers} layers in {what} (the stages "
-                         f"between must split the rest evenly, each at least 1); valid: "
-                         f"{_uneven_examples(layers, chunks) or 'none'}")
+                         f"between must split the rest evenly, each chunk at least 1); valid: "
+                         f"{_uneven_examples(layers, pipeline, virtual) or 'none'}")
     assert f is not None and l_ is not None
-    return (f, *((middle,) * inner if middle else ()), l_)
+    firsts, lasts = _end_stage(f, virtual, short_first=True), _end_stage(l_, virtual, short_first=False)
+    return tuple(firsts[c // pipeline] if c % pipeline == 0 else lasts[c // pipeline]
+                 if c % pipeline == pipeline - 1 else middle or 0 for c in range(chunks))
 
 
-def _uneven_examples(layers: int, chunks: int) -> str:
-    """Shortened first and last chunks (both the same) that split ``layers`` into ``chunks``,
-    the least shortened first."""
+def _end_stage(blocks: int, virtual: int, short_first: bool) -> list[int]:
+    """An end stage's ``blocks`` over its ``virtual`` chunks, evenly where they divide; else the
+    shorter chunks first (the first stage's: its first chunk holds the embedding) or last."""
+    base, extra = divmod(blocks, virtual)
+    long = range(virtual - extra, virtual) if short_first else range(extra)
+    return [base + (k in long) for k in range(virtual)]
+
+
+def _uneven_examples(layers: int, pipeline: int, virtual: int = 1) -> str:
+    """Shortened first and last stages (both the same) that split ``layers`` over ``pipeline``
+    stages of ``virtual`` chunks, the least shortened first."""
     found = []
-    for k in range(1, layers):
-        if chunks == 2:
+    for k in range(virtual, layers):
+        if pipeline == 2:
             if 2 * k == layers:
                 found.append(f"first = last = {k}")
-        elif layers - 2 * k > 0 and (layers - 2 * k) % (chunks - 2) == 0:
-            middle = (layers - 2 * k) // (chunks - 2)
+        elif layers - 2 * k > 0 and (layers - 2 * k) % ((pipeline - 2) * virtual) == 0:
+            middle = (layers - 2 * k) // (pipeline - 2)
             if middle >= k:
                 found.append(f"first = last = {k} ({middle} in each other stage)")
     return "; ".join(found[-3:][::-1])

@@ -340,18 +340,20 @@ def test_a_model_without_per_family_plans_says_why_tensor_and_pipelines_are_left
     assert len(refused.output.strip().splitlines()) == 1
 
 
-def test_an_uneven_split_only_an_interleaved_schedule_holds_is_planned_with_it():
-    """10 blocks over 2 stages with the first and last chunk holding 1: two chunks per rank
-    hold them (1, 4, 4, 1); one chunk per rank cannot (1 + 1 < 10). Asked for with the
-    interleaved schedule, the plan runs it (it used to refuse, checking a one-chunk split);
-    asked for with 1F1B, it is refused in one line."""
-    uneven = ["--gpus", "8", "-O", "n_layer=10", "--pp", "2", "--tp", "1", "--data", "fsdp",
-              "--first-stage-layers", "1", "--last-stage-layers", "1"]
-    result = CliRunner().invoke(cli, [*ARGS, *uneven, "--schedule", "interleaved-1f1b", "--vpp", "2", "--json"])
+def test_an_uneven_split_is_planned_with_the_schedules_that_hold_it():
+    """10 blocks over 4 stages with end stages of 2: 1F1B holds them (2, 3, 3, 2); two chunks per
+    rank cannot (the 6 blocks between over 4 chunks). Asked for with both schedules, the plan runs
+    1F1B only (it used to refuse, checking one schedule's split); with the interleaved schedule
+    alone, it is refused in one line."""
+    uneven = ["--gpus", "8", "-O", "n_layer=10", "--pp", "4", "--tp", "1", "--data", "fsdp",
+              "--first-stage-layers", "2", "--last-stage-layers", "2"]
+    result = CliRunner().invoke(cli, [*ARGS, *uneven, "--schedule", "1f1b", "--schedule", "interleaved-1f1b",
+                                      "--json"])
     assert result.exit_code == 0, result.output
     planned = [r["execution"] for r in json.loads(result.output)["ranked"]]
-    assert planned and all((e["pipeline"], e["virtual_stages"], e["first_stage_layers"], e["last_stage_layers"])
-                           == (2, 2, 1, 1) for e in planned)
-    result = CliRunner().invoke(cli, [*ARGS, *uneven, "--schedule", "1f1b"])
-    assert result.exit_code == 2 and "cannot hold 10 layers in 2 pipeline stages" in result.output, result.output
+    assert planned and all((e["pipeline"], e["pipeline_schedule"], e["first_stage_layers"], e["last_stage_layers"])
+                           == (4, "1f1b", 2, 2) for e in planned)
+    result = CliRunner().invoke(cli, [*ARGS, *uneven, "--schedule", "interleaved-1f1b"])
+    assert result.exit_code == 2, result.output
+    assert "cannot hold 10 layers in 4 pipeline stages x 2 virtual stages" in result.output, result.output
     assert len(result.output.strip().splitlines()) == 1

@@ -224,9 +224,40 @@ def test_uneven_stages_in_megatron_and_torchtitan():
     even = tomllib.loads(torchtitan_toml(replace(e, first_stage_layers=None, last_stage_layers=None), amp="bf16",
                                          layers=128))["parallelism"]
     assert even["pipeline_parallel_first_stage_less_layers"] == even["pipeline_parallel_last_stage_less_layers"] == 0
+    # interleaved, 2 chunks per rank: 7 blocks do not split evenly over an end stage's chunks,
+    # which Megatron-LM's flags require: the layout string, each chunk's blocks in model order
     interleaved = replace(e, pipeline_schedule="interleaved-1f1b", virtual_stages=2)
-    with pytest.raises(NotExpressible, match="virtual chunks"):
-        megatron_args(interleaved, 126 + 16 * 8, amp="bf16")
+    flags = megatron_args(interleaved, 126, amp="bf16").split("\n#")[0].split(" \\\n  ")
+    layout = next(f for f in flags if f.startswith("--pipeline-model-parallel-layout"))
+    assert not any(f.startswith("--decoder-") for f in flags)
+    chunks = _unrolled(layout.split(" ", 1)[1].strip('"'))
+    assert [c.count("t") for c in chunks] == [3, *[4] * 30, 3]
+    assert chunks[0].startswith("E") and chunks[-1].endswith("L") and "".join(chunks).count("E") == 1
+    # end stages of 8 blocks over 2 chunks (4 each; 110 between): Megatron-LM's own flags
+    even_ends = replace(interleaved, first_stage_layers=8, last_stage_layers=8)
+    flags = megatron_args(even_ends, 128, amp="bf16").split("\n#")[0].split(" \\\n  ")
+    assert {"--decoder-first-pipeline-num-layers 8", "--decoder-last-pipeline-num-layers 8",
+            "--num-virtual-stages-per-pipeline-rank 2"} <= set(flags)
+    # torchtitan shortens the model's first and last chunk only: 3 + 4 on rank 0 is that; 2 + 2
+    # (20 blocks, 4 stages x 2, end stages of 4, 3 in each chunk between) is not
+    parallelism = tomllib.loads(torchtitan_toml(interleaved, amp="bf16", layers=126))["parallelism"]
+    assert (parallelism["pipeline_parallel_layers_per_stage"], parallelism["pipeline_parallel_first_stage_less_layers"]) \
+        == (4, 1)
+    with pytest.raises(NotExpressible, match="module_fqns_per_model_part"):
+        torchtitan_toml(replace(interleaved, world=32, pipeline=4, first_stage_layers=4, last_stage_layers=4),
+                        amp="bf16", layers=20)
+
+
+def _unrolled(layout: str) -> list[str]:
+    """Megatron-Core's layout string as its chunks, unrolled by hand: ``(x|)*n`` repeats x|, ``t*n``
+    repeats t, commas are cosmetic."""
+    import re
+
+    text = layout.replace(",", "")
+    while "(" in text:
+        text = re.sub(r"\(([^()]*)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    text = re.sub(r"t\*(\d+)", lambda m: "t" * int(m.group(1)), text)
+    return text.split("|")
 
 
 def test_fp8_linears_in_each_engine():

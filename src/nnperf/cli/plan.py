@@ -94,7 +94,8 @@ def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> l
 @click.option("--first-stage-layers", type=click.IntRange(1, 1 << 20), default=None,
               help="Blocks of the pipeline's first stage, shorter than the others as it also holds the "
                    "embedding (Megatron-LM's --decoder-first-pipeline-num-layers); the stages between split "
-                   "the rest evenly.")
+                   "the rest evenly. With interleaving, over the stage's chunks: evenly where they divide, "
+                   "else its first chunk is the shorter (Llama 3 405B, 7 over 2 chunks: 3 + 4).")
 @click.option("--last-stage-layers", type=click.IntRange(1, 1 << 20), default=None,
               help="Blocks of the pipeline's last stage, which also holds the head and the loss "
                    "(--decoder-last-pipeline-num-layers).")

@@ -148,6 +148,10 @@ def torchtitan_pipeline_split(execution: Any, layers: int | None) -> list[tuple[
     fewer_first, fewer_last = middle - depths[0], middle - depths[-1]
     if fewer_first < 0 or fewer_last < 0:
         raise NotExpressible("torchtitan shortens the first and last pipeline stages; it does not lengthen them")
+    if any(d != middle for d in depths[1:-1]):
+        raise NotExpressible("torchtitan's first/last_stage_less_layers shorten the model's first and last chunk "
+                             "only; this split shortens other chunks of the end stages (name each chunk's modules "
+                             "in module_fqns_per_model_part)")
     return [("pipeline_parallel_layers_per_stage", middle),
             ("pipeline_parallel_first_stage_less_layers", fewer_first),
             ("pipeline_parallel_last_stage_less_layers", fewer_last)]
@@ -218,6 +222,25 @@ def torchrun_command(execution: Any) -> str:
     return f"{torchtitan_launch(execution)} --job.config_file plan.toml"
 
 
+def megatron_layout(depths: tuple[int, ...]) -> str:
+    """Megatron-Core's ``--pipeline-model-parallel-layout`` of the chunks' block counts, in model
+    order: ``E`` the embedding, ``t`` a transformer block, ``L`` the loss, ``|`` between chunks,
+    ``(x|)*n`` a repeated chunk (megatron/core/transformer/pipeline_parallel_layer_layout.py,
+    ``parse_str_to_list``): the one way its arguments split an end stage's blocks unevenly over
+    its virtual chunks (its --decoder-first/last-pipeline-num-layers need them divisible)."""
+    chunks = [f"t*{d}" for d in depths]
+    chunks[0], chunks[-1] = "E" + chunks[0], chunks[-1] + "L"
+    runs: list[str] = []
+    i = 0
+    while i < len(chunks):
+        j = i
+        while j + 1 < len(chunks) and chunks[j + 1] == chunks[i]:
+            j += 1
+        runs.append(f"({chunks[i]}|)*{j - i + 1}," if j > i else f"{chunks[i]}|")
+        i = j + 1
+    return "".join(runs).rstrip("|,")
+
+
 def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
                   dtype: str | None = None, sdpa: str = "fused", attention: str = "sdpa",
                   seq_len: int | None = None, clip: float | None = None, fp8: bool = False,
@@ -246,12 +269,14 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
         if not layers:
             raise NotExpressible("the pipeline's split needs the layer count")
         depths = e.chunk_layers(layers)
-        if e.uneven and e.virtual_stages > 1:
-            raise NotExpressible("Megatron-LM's --decoder-first/last-pipeline-num-layers shorten a pipeline rank's "
-                                 "layers across its virtual chunks, not the model's first and last chunk as planned")
-        if e.uneven:
-            args += [f"--decoder-first-pipeline-num-layers {depths[0]}",
-                     f"--decoder-last-pipeline-num-layers {depths[-1]}"]
+        v = e.chunks_per_rank
+        first, last = sum(depths[::e.pipeline]), sum(depths[e.pipeline - 1::e.pipeline])
+        if e.uneven and (first % v or last % v):  # the end stages' chunks differ: a layout string
+            args.append(f'--pipeline-model-parallel-layout "{megatron_layout(depths)}"')
+        elif e.uneven:
+            args += [f"--decoder-first-pipeline-num-layers {first}", f"--decoder-last-pipeline-num-layers {last}"]
+            if v > 1:
+                args.append(f"--num-virtual-stages-per-pipeline-rank {v}")
         else:
             args.append(f"--num-layers-per-virtual-pipeline-stage {depths[0]}")
     if e.sequence_parallel:

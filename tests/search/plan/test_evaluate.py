@@ -48,6 +48,27 @@ def test_shortened_first_and_last_stages_hold_every_block():
     assert planned.fits and planned.step_s > 0
 
 
+def test_an_interleaved_end_stage_holds_its_blocks_in_each_of_its_chunks():
+    """20 blocks, 4 stages x 2 chunks, end stages of 4: 2 + 2 blocks on rank 0 and rank 3, 3 + 3
+    on the others. Rank 0's second chunk is a middle chunk of 2 blocks, not the 3 of the chunks
+    between (a plan that timed every middle chunk at one depth gave rank 0 five blocks)."""
+    request = ModelRequest("gpt2", batch=4, seq_len=32, overrides={**GPT2, "n_layer": 20})
+    uneven = Execution(world=4, pipeline=4, pipeline_schedule="interleaved-1f1b", virtual_stages=2, micro_batch=1,
+                       grad_accum=4, first_stage_layers=4, last_stage_layers=4)
+    planned = evaluate(request, OPTIONS, uneven, GPU, CLUSTER, layers=20, cache=RoleCache())
+    with torch.device("meta"):
+        model = get_model("gpt2").build(batch=1, seq_len=32, **{**GPT2, "n_layer": 20}).model
+
+    def size(*modules):
+        return 4 * sum(p.numel() for m in modules for p in m.parameters())
+
+    block = size(model.h[0])
+    expected = {0: size(model.wte, model.wpe) + 4 * block, 1: 6 * block, 2: 6 * block,
+                3: 4 * block + size(model.ln_f) + 4 * model.lm_head.weight.numel()}
+    assert planned.pipeline.parameter_bytes_per_rank == expected
+    assert planned.fits and planned.step_s > 0
+
+
 def _contended() -> object:
     """A cluster whose collectives are slow and hold most of the SMs: a reduction beside the
     backward stretches its kernels by far more than the tolerance of the tests below."""

@@ -46,8 +46,9 @@ class PipelineSplitChoice:
         return sorted(counts)
 
     def holds_any(self, layers: int, pipeline: int, schedules: Iterable[str]) -> bool:
-        """Some schedule of ``schedules`` can split ``layers`` over ``pipeline`` stages (the first
-        and last chunk of an interleaved one are shorter than a stage)."""
+        """Some schedule of ``schedules`` can split ``layers`` over ``pipeline`` stages (an
+        interleaved one needs each of its chunks alike between the end stages, and at least
+        one block in each chunk of those)."""
         return any(self.holds(layers, pipeline, v) for v in self.chunks_per_rank(schedules))
 
     def check(self, layers: int, pipeline: int, schedules: Iterable[str]) -> None:

@@ -91,27 +91,28 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
         check_sequence(request.seq_len, execution.context)
         traced = traced_as(traced)
         role_request = replace(role_request, seq_len=request.seq_len // execution.context)
-    # each role's chunk at its own depth (an uneven pipeline's first and last are shorter):
-    # a role's trace is its own chunk, whatever the depth of the others
+    # each chunk's role at the chunk's own depth (an uneven pipeline's end stages are shorter):
+    # a role's trace is its own chunk, whatever the depth of the others; a rank's other chunks
+    # are middle roles, at their own depth where an end stage's chunks differ from the middle's
     depths = execution.chunk_layers(layers) if layers else None
-    used = {"first", "last", *(["middle"] if stages > 2 else [])}
-    role_ranks = {name: r for name, r in {"first": 0, "last": traced_p - 1, "middle": 1}.items() if name in used}
-    role_chunk = {"first": 0, "last": stages - 1, "middle": 1}
+    role_ranks = {"first": 0, "last": traced_p - 1, "middle": 1}
 
-    def traced_role(name: str) -> RankCost:
+    def role_of(stage: int) -> tuple[str, int | None]:
+        name = "first" if stage == 0 else "last" if stage == stages - 1 else "middle"
+        return name, depths[stage] if depths else None
+
+    def traced_role(role: tuple[str, int | None]) -> RankCost:
+        name, depth = role
         cost = scaled_cost(role_request, options, traced, gpu, cluster, role_ranks[name] * stride, layers, cache,
-                           prepare, per_chunk=depths[role_chunk[name]] if depths else None)
+                           prepare, per_chunk=depth)
         return with_ring_attention(cost, execution, cluster) if execution.context > 1 else cost
-
-    def role_of(stage: int) -> str:
-        return "first" if stage == 0 else "last" if stage == stages - 1 else "middle"
 
     ir = schedule_order(execution.pipeline_schedule or "", p, virtual, micro) if virtual > 1 else None
     order = orders(execution.pipeline_schedule or "", p, micro, ir)
     held = {r: sorted({a.stage for a in acts}) for r, acts in order.items()}
     flight = {s: n for acts in order.values() for s, n in in_flight([a.label for a in acts]).items()}
 
-    def memory(rank: int, roles: dict[str, RankCost]) -> float:
+    def memory(rank: int, roles: dict[tuple[str, int | None], RankCost]) -> float:
         """Rank ``rank``'s memory; the terms of roles not in ``roles`` left out."""
         own = roles.get(role_of(held[rank][0]))
         others = sum(roles[role_of(s)].figures.model_states for s in held[rank][1:] if role_of(s) in roles)
@@ -119,21 +120,23 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
                     for s in held[rank] if role_of(s) in roles)
         return (own.figures.memory if own else 0.0) + others + extra
 
-    roles = {"first": traced_role("first")}
+    roles = {role_of(0): traced_role(role_of(0))}
     if prune and (bound := int(memory(0, roles))) > capacity(gpu):  # a lower bound (module docstring)
         return Planned(execution, memory_bytes=bound, memory_bound="its first pipeline stage alone")
     if prune and slower_than is not None:
-        first = roles["first"]
+        first = roles[role_of(0)]
         transfer_first = _transfer(first.figures.p2p_bytes, p, stride, cluster)
         at_least = replay_lower_bound(first, order, stages, depths or (0,) * stages, transfer_first)
         if at_least >= slower_than:
             return Planned(execution, step_s=at_least, fits=True, memory_bytes=int(memory(0, roles)),
                            memory_bound="its first pipeline stage alone", time_bound=REPLAY_BOUND)
-    roles.update({name: traced_role(name) for name in role_ranks if name != "first"})
+    for stage in range(stages):
+        if role_of(stage) not in roles:
+            roles[role_of(stage)] = traced_role(role_of(stage))
 
     def action_s(stage: int, kind: str) -> float:
-        name = role_of(stage)
-        return roles[name].figures.action(kind, role_ranks[name])
+        role = role_of(stage)
+        return roles[role].figures.action(kind, role_ranks[role[0]])
 
     activation = max(c.figures.p2p_bytes for c in roles.values())
 
