@@ -42,11 +42,20 @@ from nnperf.trace.options import TraceOptions
 ROWS = Path(__file__).parent / "multi_gpu" / "rows.toml"
 TARGET_MEDIAN, TARGET_SPEARMAN = 0.10, 0.9
 _EXECUTION = {f.name for f in fields(Execution)}
+#: What a row's ``metric`` names, read off the plan of its layout.
+METRICS = {"step_time_s": lambda planned, execution: planned.step_s,
+           "tokens_per_s_per_gpu": lambda planned, execution: planned.throughput / execution.world}
 
 
 def predict(row: dict) -> tuple[float, dict]:
     """The row's metric as nnperf predicts it, and the planned layout's JSON (its
     ``reserved_bytes``: the peak the caching allocator reserves, what torchtitan logs)."""
+    if row["metric"] not in METRICS:  # before any trace
+        raise ValueError(f"{row['id']}: unknown metric {row['metric']} (valid: {', '.join(METRICS)})")
+    unknown = sorted(set(row["execution"]) - _EXECUTION)
+    if unknown:  # said, not silently dropped: the row is planned without them
+        print(f"{row['id']:<36} note: execution fields not in nnperf.layout.Execution, ignored: "
+              f"{', '.join(unknown)}", file=sys.stderr, flush=True)
     execution = Execution(**{k: v for k, v in row["execution"].items() if k in _EXECUTION})
     gpu = load_gpu(row["gpu"], overrides=row.get("gpu_set"))
     cluster = load_cluster(row["cluster"])
@@ -58,13 +67,7 @@ def predict(row: dict) -> tuple[float, dict]:
                            fp8=row.get("fp8", False), pointwise=row.get("pointwise", "eager"))
     planned = evaluate(request, options, execution, gpu, cluster,
                        layers=overrides.get("n_layer"), cache=RoleCache())
-    if row["metric"] == "step_time_s":
-        value = planned.step_s
-    elif row["metric"] == "tokens_per_s_per_gpu":
-        value = planned.throughput / execution.world
-    else:
-        raise ValueError(f"{row['id']}: unknown metric {row['metric']}")
-    return value, planned.to_json()
+    return METRICS[row["metric"]](planned, execution), planned.to_json()
 
 
 def spearman(measured: list[float], predicted: list[float]) -> float:
@@ -97,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
     rows = [r for r in tomllib.loads(args.rows.read_text())["row"] if r["id"].startswith(args.only)]
-    results, skipped, refused = [], [], []
+    results, skipped, refused, failed = [], [], [], []
     for row in rows:
         if not row.get("reproducible", True):
             skipped.append((row["id"], row["why_not"]))
@@ -109,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
             refused.append((row["id"], str(exc)))
             if not args.json:
                 print(f"{row['id']:<36} refused: {exc}", flush=True)
+            continue
+        except Exception as exc:  # a bug (nnperf's or the row's): said, and the other rows still run
+            failed.append((row["id"], f"{type(exc).__name__}: {exc}"))
+            print(f"{row['id']:<36} FAILED: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
             continue
         error = value / row["measured"] - 1
         results.append({"id": row["id"], "group": row["group"], "grade": row["grade"],
@@ -126,13 +133,15 @@ def main(argv: list[str] | None = None) -> int:
                       f"  predicted {memory['memory_predicted_gib']:>6.2f} GiB  error {memory['memory_error']:+7.1%}")
     summary = _summary(results)
     if args.json:
-        print(json.dumps({"rows": results, "not_reproducible": skipped, "refused": refused, **summary}, indent=2))
-        return 0
+        print(json.dumps({"rows": results, "not_reproducible": skipped, "refused": refused, "failed": failed,
+                          **summary}, indent=2))
+        return 1 if failed else 0
     for row_id, why in skipped:
         print(f"{row_id:<36} not reproducible: {why}")
     print(f"\nmedian |error| over {len(results)} rows: {summary['median_abs_error']:.1%} "
           f"(target <= {TARGET_MEDIAN:.0%})" + (f"; {len(refused)} of {len(results) + len(refused)} rows "
-                                              f"refused" if refused else ""))
+                                              f"refused" if refused else "")
+          + (f"; {len(failed)} rows FAILED (an error, not a refusal: see above)" if failed else ""))
     for grade, median in summary["median_by_grade"].items():
         print(f"  {grade} rows: median |error| {median:.1%}")
     for source, median in summary["median_by_source"].items():
@@ -144,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     if memory:
         print(f"memory: median |error| {statistics.median(abs(r['memory_error']) for r in memory):.1%} over "
               f"{len(memory)} rows that state it (no target: a check of the per-GPU peak the plan reports)")
-    return 0
+    return 1 if failed else 0
 
 
 def _memory(row: dict, layout: dict) -> dict:

@@ -65,6 +65,35 @@ def test_a_refused_row_is_counted_and_the_others_still_run(tmp_path, capsys):
     assert "2 of 2 rows refused" in out
 
 
+def test_a_failing_row_is_said_and_the_others_still_run(tmp_path, capsys):
+    """A row that errors (a metric plan_compare does not know, found before any trace) is
+    reported as FAILED with the error, the table goes on and exits 1; an execution field
+    nnperf's layout does not have is named, not silently dropped."""
+    row = ('[[row]]\nid = "{id}"\ngroup = "g"\nsource = "s"\nmodel = "gpt2"\n'
+           'overrides = {{ n_layer = 10, n_embd = 64, n_head = 4, vocab = 128 }}\nseq = 64\n'
+           'gpu = "h100-sxm"\ncluster = "dgx-h100"\n'
+           'execution = {{ world = 4, pipeline = 4, micro_batch = 1, grad_accum = 4, {extra} }}\n'
+           'metric = "{metric}"\nmeasured = 1.0\ngrade = "approximate"\n')
+    rows = tmp_path / "rows.toml"
+    rows.write_text(row.format(id="odd-field", extra='pipeline_schedule = "1f1b", recompute_method = "uniform"',
+                               metric="step_time_s")
+                    + row.format(id="odd-metric", extra='pipeline_schedule = "1f1b", first_stage_layers = 1',
+                                 metric="mfu"))
+    compare = _plan_compare()
+    compare.evaluate = _refuse  # no trace: the row's handling is what is tested
+    assert compare.main(["--rows", str(rows)]) == 1
+    captured = capsys.readouterr()
+    assert "odd-field" in captured.err and "ignored: recompute_method" in captured.err
+    assert "odd-metric" in captured.err and "FAILED: ValueError: odd-metric: unknown metric mfu (valid: step_time_s, " in captured.err
+    assert "1 of 1 rows refused" in captured.out and "1 rows FAILED" in captured.out
+
+
+def _refuse(*args, **kwargs):
+    from nnperf.errors import UsageError
+
+    raise UsageError("not traced in this test")
+
+
 @pytest.mark.slow
 @pytest.mark.accuracy
 def test_the_larger_megatron_turing_runs_are_predicted_faster():
