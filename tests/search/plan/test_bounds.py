@@ -128,11 +128,12 @@ def test_a_pipeline_is_no_faster_than_its_gpus_average_compute(schedule, virtual
 @pytest.mark.parametrize(("schedule", "virtual"), [("1f1b", 1), ("interleaved-1f1b", 2)])
 def test_a_pipelines_memory_is_at_least_its_blocks_state_and_in_flight_activations(schedule, virtual):
     """40 blocks on 4 stages: rank 0 holds the parameters and optimizer state of its blocks (per
-    GPU the bytes of all 40 blocks under FSDP over 8, as 1/4 of them sharded over 2) and the
+    GPU the bytes of all 40 blocks under FSDP over 8, as 1/4 of them sharded over 2), the
     saved activations of the blocks its schedule keeps in flight (1F1B: 4 micro-batches of its
     10 blocks, worked out here), each block's bytes as FSDP over 8 at the same micro-batch
-    traces them; the composed layout holds at least that, and a GPU smaller than it is
-    rejected untraced."""
+    traces them, and, not resharding after forward, its 10 blocks' gathered parameters when
+    its first backward starts (in bf16 under --amp bf16: half the fp32 shards' bytes); the
+    composed layout holds at least that, and a GPU smaller than it is rejected untraced."""
     from nnperf.search.plan.pipeline import blocks_in_flight
 
     layers = 40
@@ -145,12 +146,18 @@ def test_a_pipelines_memory_is_at_least_its_blocks_state_and_in_flight_activatio
     if virtual == 1:
         assert in_flight == 4 * 10
     held = layers * (block.states.parameters + block.states.optimizer_state) + in_flight * block.saved_activations
+    gathered = 10 * block.states.parameters * 8 / 2
     assert block.saved_activations > 0 and block.states.parameters > 0
     exact = _evaluated(execution, layers)
-    assert held <= exact.memory_bytes
+    assert held + gathered <= exact.memory_bytes
     cut = work_bound(execution, same_work([same]), None, capacity_bytes=held * 0.99, layers=layers)
     assert cut is not None and not cut.fits and cut.memory_bytes == int(held) and cut.memory_bound
     assert work_bound(execution, same_work([same]), None, capacity_bytes=held * 1.01, layers=layers) is None
+    cut = work_bound(execution, same_work([same]), None, capacity_bytes=(held + gathered) * 0.99, layers=layers,
+                     options=OPTIONS)
+    assert cut is not None and cut.memory_bytes == int(held + gathered) and "gathered" in cut.memory_bound
+    assert work_bound(execution, same_work([same]), None, capacity_bytes=(held + gathered) * 1.01, layers=layers,
+                      options=OPTIONS) is None
     # DDP's blocks save more (autocast's casts of its whole weights): no bound from it
     ddp = evaluate(request, OPTIONS, replace(flat, data="ddp", shard=1), GPU, CLUSTER, layers=layers, cache=RoleCache())
     assert ddp.per_block.saved_activations > block.saved_activations

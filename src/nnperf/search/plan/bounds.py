@@ -11,6 +11,7 @@ from typing import Any
 from nnperf.layout import Execution
 from nnperf.search.plan.pipeline import blocks_in_flight
 from nnperf.search.plan.results import Planned
+from nnperf.trace.options import AMP_DTYPES, DTYPES, TraceOptions
 
 
 def _work_key(execution: Execution) -> tuple[Any, ...]:
@@ -39,7 +40,8 @@ def same_work(results: Iterable[Planned]) -> dict[tuple[Any, ...], list[Planned]
 
 
 def work_bound(execution: Execution, work: dict[tuple[Any, ...], list[Planned]], slower_than: float | None,
-               capacity_bytes: float | None = None, layers: int | None = None) -> Planned | None:
+               capacity_bytes: float | None = None, layers: int | None = None,
+               options: TraceOptions | None = None) -> Planned | None:
     """``execution`` (a pipeline) left untraced at a bound that a traced layout doing the same
     work per GPU gives (``same_work``), or None where neither bound rules it out:
 
@@ -49,7 +51,12 @@ def work_bound(execution: Execution, work: dict[tuple[Any, ...], list[Planned]],
       blocks its schedule keeps in flight (``blocks_in_flight``), each block's as in that FSDP
       layout (the same micro-batch, tensor split and checkpointing; the pipelines are FSDP's
       too: DDP's blocks save autocast's weight casts besides, 419 against 337 KB a block of a
-      small Llama); everything else it holds only adds;
+      small Llama); an FSDP/HSDP pipeline, which does not reshard after forward, also holds the
+      gathered copy of every block of rank 0 when its first backward starts (each chunk has run
+      a forward by then, and FSDP2 frees a gathered block only after its backward): a block's
+      parameters in the dtype FSDP2 gathers them in (``options``: MixedPrecisionPolicy's
+      param_dtype under --amp; the model's own dtype otherwise); everything else it holds only
+      adds;
     - time, where it is no faster than ``slower_than``: the least compute of those layouts."""
     same = work.get(_work_key(execution), []) if execution.pipeline > 1 else []
     sharded = next((p for p in same if p.execution.data == "fsdp" and p.per_block is not None), None)
@@ -60,10 +67,14 @@ def work_bound(execution: Execution, work: dict[tuple[Any, ...], list[Planned]],
         whole = (block.states.parameters + block.states.optimizer_state) * _shards(sharded.execution)
         states = layers / execution.pipeline * whole / _shards(execution)
         held = states + blocks_in_flight(execution, layers) * block.saved_activations
+        what = "its blocks' parameters, optimizer state and in-flight saved activations"
+        if options is not None and not execution.reshard_after_forward:
+            own = sum(execution.chunk_layers(layers)[::execution.pipeline])  # rank 0's blocks
+            held += own * block.states.parameters * _shards(sharded.execution) * _gathered_per_stored(options)
+            what = "its blocks' parameters (sharded and gathered), optimizer state and in-flight saved activations"
         if held > capacity_bytes:
             return Planned(execution, memory_bytes=int(held),
-                           memory_bound="its blocks' parameters, optimizer state and in-flight saved activations "
-                                        f"alone, each block's as in {sharded.execution.describe()}")
+                           memory_bound=f"{what} alone, each block's as in {sharded.execution.describe()}")
     if slower_than is None or not same:
         return None
     least = min(same, key=_compute_alone)
@@ -71,6 +82,14 @@ def work_bound(execution: Execution, work: dict[tuple[Any, ...], list[Planned]],
         return None
     return Planned(execution, step_s=_compute_alone(least), fits=True, memory_bound="not traced",
                    time_bound=f"its GPUs' compute: the same kernels per GPU as {least.execution.describe()}")
+
+
+def _gathered_per_stored(options: TraceOptions) -> float:
+    """Bytes of a parameter FSDP2 gathers per byte of its stored shard: the autocast dtype's
+    over the model's (``trace.parallel.data.mixed_precision``: bf16 gathers of fp32 shards under
+    --amp bf16, 0.5)."""
+    stored = DTYPES[options.dtype or "fp32"].itemsize
+    return (AMP_DTYPES[options.amp].itemsize if options.amp else stored) / stored
 
 
 def _shards(execution: Execution) -> int:

@@ -347,7 +347,7 @@ def _first_fit(members: list[Execution], request: ModelRequest, options: TraceOp
     low, high, best = 0, len(members) - 1, None
     while low <= high:
         mid = (low + high) // 2
-        planned = (work and work_bound(members[mid], work, slower_than, capacity(gpu), layers)) or evaluate(
+        planned = (work and work_bound(members[mid], work, slower_than, capacity(gpu), layers, options)) or evaluate(
             request, options, members[mid], gpu, cluster, layers=layers, cache=cache, prune=True,
             slower_than=slower_than)
         if planned.fits:
