@@ -158,6 +158,15 @@ def test_a_pipelines_memory_is_at_least_its_blocks_state_and_in_flight_activatio
     assert cut is not None and cut.memory_bytes == int(held + gathered) and "gathered" in cut.memory_bound
     assert work_bound(execution, same_work([same]), None, capacity_bytes=(held + gathered) * 1.01, layers=layers,
                       options=OPTIONS) is None
+    # at another micro-batch and checkpointing no FSDP layout does the same work: one of the same
+    # tensor split bounds the states alone (the same per block at any micro-batch)
+    other = replace(execution, micro_batch=2, checkpoint="full")
+    states = held - in_flight * block.saved_activations + gathered
+    assert states <= _evaluated(other, layers).memory_bytes
+    cut = work_bound(other, same_work([same]), None, capacity_bytes=states * 0.99, layers=layers, options=OPTIONS)
+    assert cut is not None and cut.memory_bytes == int(states) and "in-flight" not in cut.memory_bound
+    assert work_bound(other, same_work([same]), None, capacity_bytes=states * 1.01, layers=layers,
+                      options=OPTIONS) is None
     # DDP's blocks save more (autocast's casts of its whole weights): no bound from it
     ddp = evaluate(request, OPTIONS, replace(flat, data="ddp", shard=1), GPU, CLUSTER, layers=layers, cache=RoleCache())
     assert ddp.per_block.saved_activations > block.saved_activations

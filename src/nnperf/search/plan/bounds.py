@@ -46,7 +46,7 @@ def work_bound(execution: Execution, work: dict[tuple[Any, ...], list[Planned]],
     work per GPU gives (``same_work``), or None where neither bound rules it out:
 
     - memory, where it exceeds ``capacity_bytes``: rank 0 holds its blocks' parameters and
-      optimizer state (``layers / p`` blocks sharded over its shard group, each block's bytes
+      optimizer state (its chunks' blocks sharded over its shard group, each block's bytes
       those of an FSDP layout's shard times its shard group) and the saved activations of the
       blocks its schedule keeps in flight (``blocks_in_flight``), each block's as in that FSDP
       layout (the same micro-batch, tensor split and checkpointing; the pipelines are FSDP's
@@ -56,25 +56,33 @@ def work_bound(execution: Execution, work: dict[tuple[Any, ...], list[Planned]],
       a forward by then, and FSDP2 frees a gathered block only after its backward): a block's
       parameters in the dtype FSDP2 gathers them in (``options``: MixedPrecisionPolicy's
       param_dtype under --amp; the model's own dtype otherwise); everything else it holds only
-      adds;
+      adds. Without an FSDP layout of the same work, one of the same tensor split (whose blocks'
+      parameters and optimizer state are the same at any micro-batch and checkpointing) bounds
+      the states alone, the activations left out;
     - time, where it is no faster than ``slower_than``: the least compute of those layouts."""
     same = work.get(_work_key(execution), []) if execution.pipeline > 1 else []
     sharded = next((p for p in same if p.execution.data == "fsdp" and p.per_block is not None), None)
-    if capacity_bytes is not None and layers and sharded is not None and not execution.replicates_parameters:
-        block = sharded.per_block
+    split = None if sharded or execution.pipeline == 1 else next(
+        (p for group in work.values() for p in group if p.execution.data == "fsdp" and p.per_block is not None
+         and _split_key(p.execution) == _split_key(execution)), None)
+    if capacity_bytes is not None and layers and (sharded or split) and not execution.replicates_parameters:
+        block = (sharded or split).per_block
+        shards = _shards((sharded or split).execution)
+        own = sum(execution.chunk_layers(layers)[::execution.pipeline])  # rank 0's blocks
         # the layout's per-GPU bytes of a block, times its shard group, are the block's (per
-        # tensor-parallel rank); rank 0 holds layers / p of them over its own shard group
-        whole = (block.states.parameters + block.states.optimizer_state) * _shards(sharded.execution)
-        states = layers / execution.pipeline * whole / _shards(execution)
-        held = states + blocks_in_flight(execution, layers) * block.saved_activations
-        what = "its blocks' parameters, optimizer state and in-flight saved activations"
+        # tensor-parallel rank); rank 0 holds its own blocks over its own shard group
+        held = own * (block.states.parameters + block.states.optimizer_state) * shards / _shards(execution)
+        parts = ["parameters", "optimizer state"]
+        if sharded:
+            held += blocks_in_flight(execution, layers) * block.saved_activations
+            parts.append("in-flight saved activations")
         if options is not None and not execution.reshard_after_forward:
-            own = sum(execution.chunk_layers(layers)[::execution.pipeline])  # rank 0's blocks
-            held += own * block.states.parameters * _shards(sharded.execution) * _gathered_per_stored(options)
-            what = "its blocks' parameters (sharded and gathered), optimizer state and in-flight saved activations"
+            held += own * block.states.parameters * shards * _gathered_per_stored(options)
+            parts[0] = "parameters (sharded and gathered)"
         if held > capacity_bytes:
             return Planned(execution, memory_bytes=int(held),
-                           memory_bound=f"{what} alone, each block's as in {sharded.execution.describe()}")
+                           memory_bound=f"its blocks' {', '.join(parts[:-1])} and {parts[-1]} alone, each block's "
+                                        f"as in {(sharded or split).execution.describe()}")
     if slower_than is None or not same:
         return None
     least = min(same, key=_compute_alone)
@@ -82,6 +90,13 @@ def work_bound(execution: Execution, work: dict[tuple[Any, ...], list[Planned]],
         return None
     return Planned(execution, step_s=_compute_alone(least), fits=True, memory_bound="not traced",
                    time_bound=f"its GPUs' compute: the same kernels per GPU as {least.execution.describe()}")
+
+
+def _split_key(execution: Execution) -> tuple[Any, ...]:
+    """What decides a GPU's share of a block's parameters and optimizer state, whatever the
+    micro-batch and checkpointing."""
+    e = execution
+    return e.tensor, e.sequence_parallel, e.context, e.expert
 
 
 def _gathered_per_stored(options: TraceOptions) -> float:
