@@ -32,41 +32,40 @@ def test_ten_layers_on_four_even_stages_are_refused():
 def test_shortened_first_and_last_stages_hold_every_block():
     """2, 3, 3 and 2 blocks: each rank's parameters are its blocks' (and the embeddings', the
     final norm's and the head's on the ends), counted here from the model itself, in fp32."""
-    request = ModelRequest("gpt2", batch=4, seq_len=32, overrides=GPT2)
     uneven = FOUR.__class__(**{**FOUR.__dict__, "first_stage_layers": 2, "last_stage_layers": 2})
-    planned = evaluate(request, OPTIONS, uneven, GPU, CLUSTER, layers=10, cache=RoleCache())
-    with torch.device("meta"):
-        model = get_model("gpt2").build(batch=1, seq_len=32, **GPT2).model
-
-    def size(*modules):
-        return 4 * sum(p.numel() for m in modules for p in m.parameters())
-
-    block = size(model.h[0])
-    expected = {0: size(model.wte, model.wpe) + 2 * block, 1: 3 * block, 2: 3 * block,
-                3: 2 * block + size(model.ln_f) + 4 * model.lm_head.weight.numel()}
-    assert planned.pipeline.parameter_bytes_per_rank == expected
-    assert planned.fits and planned.step_s > 0
+    assert _parameter_bytes_per_rank(uneven, 10) == _expected_bytes(10, (2, 3, 3, 2))
 
 
 def test_an_interleaved_end_stage_holds_its_blocks_in_each_of_its_chunks():
     """20 blocks, 4 stages x 2 chunks, end stages of 4: 2 + 2 blocks on rank 0 and rank 3, 3 + 3
     on the others. Rank 0's second chunk is a middle chunk of 2 blocks, not the 3 of the chunks
     between (a plan that timed every middle chunk at one depth gave rank 0 five blocks)."""
-    request = ModelRequest("gpt2", batch=4, seq_len=32, overrides={**GPT2, "n_layer": 20})
     uneven = Execution(world=4, pipeline=4, pipeline_schedule="interleaved-1f1b", virtual_stages=2, micro_batch=1,
                        grad_accum=4, first_stage_layers=4, last_stage_layers=4)
-    planned = evaluate(request, OPTIONS, uneven, GPU, CLUSTER, layers=20, cache=RoleCache())
+    assert _parameter_bytes_per_rank(uneven, 20) == _expected_bytes(20, (4, 6, 6, 4))
+
+
+def _parameter_bytes_per_rank(execution: Execution, layers: int) -> dict[int, float]:
+    """The plan's parameter bytes of each pipeline rank of a GPT-2 of ``layers`` blocks."""
+    request = ModelRequest("gpt2", batch=4, seq_len=32, overrides={**GPT2, "n_layer": layers})
+    planned = evaluate(request, OPTIONS, execution, GPU, CLUSTER, layers=layers, cache=RoleCache())
+    assert planned.fits and planned.step_s > 0
+    return planned.pipeline.parameter_bytes_per_rank
+
+
+def _expected_bytes(layers: int, blocks: tuple[int, ...]) -> dict[int, int]:
+    """Each rank's fp32 parameter bytes counted from the model: ``blocks[r]`` blocks, the
+    embeddings on the first rank, the final norm and the (untied) head on the last."""
     with torch.device("meta"):
-        model = get_model("gpt2").build(batch=1, seq_len=32, **{**GPT2, "n_layer": 20}).model
+        model = get_model("gpt2").build(batch=1, seq_len=32, **{**GPT2, "n_layer": layers}).model
 
     def size(*modules):
         return 4 * sum(p.numel() for m in modules for p in m.parameters())
 
-    block = size(model.h[0])
-    expected = {0: size(model.wte, model.wpe) + 4 * block, 1: 6 * block, 2: 6 * block,
-                3: 4 * block + size(model.ln_f) + 4 * model.lm_head.weight.numel()}
-    assert planned.pipeline.parameter_bytes_per_rank == expected
-    assert planned.fits and planned.step_s > 0
+    out = {r: n * size(model.h[0]) for r, n in enumerate(blocks)}
+    out[0] += size(model.wte, model.wpe)
+    out[len(blocks) - 1] += size(model.ln_f) + 4 * model.lm_head.weight.numel()
+    return out
 
 
 def _contended() -> object:
