@@ -31,6 +31,7 @@ def test_an_end_stage_splits_its_blocks_over_its_chunks():
     assert llama3 == (3, *(4,) * 30, 3) and sum(llama3[0::16]) == sum(llama3[15::16]) == 7
     assert split_layers(126, 8, 8, 15, 15) == (1, *(2,) * 62, 1)
     assert split_layers(21, 3, 2, 5, None) == (2, 4, 4, 3, 4, 4)  # the last stage as the middle one: 8
+    assert split_layers(16, 2, 2, 7, None) == (3, 5, 4, 4)  # two stages: the last holds the other 9
 
 
 @pytest.mark.parametrize(("args", "words"), [
@@ -42,6 +43,8 @@ def test_an_end_stage_splits_its_blocks_over_its_chunks():
     ((10, 4, 2, 2, 2), "cannot hold 10 layers in 4 pipeline stages x 2 virtual stages (the stages between must "
                        "split the rest evenly, each chunk at least 1)"),
     ((12, 4, 2, 1, 1), "valid: first = last = 2 (4 in each other stage)"),  # a chunk of each end stage empty
+    ((10, 4, 2, 2, 2), "valid: first = last = 3 (2 in each other stage)"),  # none shorter: a longer one named
+    ((15, 2), "first = 7, last = 8"),
 ])
 def test_a_split_that_cannot_hold_the_layers_names_valid_ones(args, words):
     with pytest.raises(UsageError, match=None) as raised:

@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     for row_id, why in skipped:
         print(f"{row_id:<36} not reproducible: {why}")
     print(f"\nmedian |error| over {len(results)} rows: {summary['median_abs_error']:.1%} "
-          f"(target <= {TARGET_MEDIAN:.0%})" + (f"; {len(refused)} of {len(results) + len(refused)} rows "
+          f"(target <= {TARGET_MEDIAN:.0%})" + (f"; {len(refused)} of {len(results) + len(refused) + len(failed)} rows "
                                               f"refused" if refused else "")
           + (f"; {len(failed)} rows FAILED (an error, not a refusal: see above)" if failed else ""))
     for grade, median in summary["median_by_grade"].items():

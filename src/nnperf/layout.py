@@ -334,7 +334,10 @@ def split_layers(layers: int, pipeline: int, virtual: int = 1, first: int | None
         given = f if f is not None else l_
         assert given is not None
         rest, between = layers - given, (pipeline - 1) * virtual
-        other = rest // between * virtual if rest > 0 and rest % between == 0 else None
+        if pipeline == 2:  # the other end stage holds the rest
+            other = rest if rest > 0 else None
+        else:
+            other = rest // between * virtual if rest > 0 and rest % between == 0 else None
         f, l_ = (f, other) if f is not None else (other, l_)
     middle: int | None = None
     ok = f is not None and l_ is not None and f >= virtual and l_ >= virtual
@@ -367,13 +370,12 @@ def _end_stage(blocks: int, virtual: int, short_first: bool) -> list[int]:
 def _uneven_examples(layers: int, pipeline: int, virtual: int = 1) -> str:
     """Shortened first and last stages (both the same) that split ``layers`` over ``pipeline``
     stages of ``virtual`` chunks, the least shortened first."""
-    found = []
+    if pipeline == 2:
+        half = layers // 2
+        return f"first = {half}, last = {layers - half}" if half >= virtual else ""
+    shorter, longer = [], []
     for k in range(virtual, layers):
-        if pipeline == 2:
-            if 2 * k == layers:
-                found.append(f"first = last = {k}")
-        elif layers - 2 * k > 0 and (layers - 2 * k) % ((pipeline - 2) * virtual) == 0:
+        if layers - 2 * k > 0 and (layers - 2 * k) % ((pipeline - 2) * virtual) == 0:
             middle = (layers - 2 * k) // (pipeline - 2)
-            if middle >= k:
-                found.append(f"first = last = {k} ({middle} in each other stage)")
-    return "; ".join(found[-3:][::-1])
+            (shorter if middle >= k else longer).append(f"first = last = {k} ({middle} in each other stage)")
+    return "; ".join(shorter[-3:][::-1] or longer[:3])

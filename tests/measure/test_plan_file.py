@@ -18,7 +18,7 @@ def _plan(**execution) -> dict:
     row = {"execution": layout.to_json(), "step_time_s": 0.01, "memory_bytes": 2**30,
            "per_rank_state_bytes": {"parameters": 1000}, "time_split_s": {"exposed_communication_s": {}},
            "rank": 0}
-    return {"schema": "nnperf.plan/1", "model": "llama-7b", "model_options": {"n_layer": 2}, "seq_len": 16,
+    return {"schema": "nnperf.plan/2", "model": "llama-7b", "model_options": {"n_layer": 2}, "seq_len": 16,
             "gpu": "h100-sxm", "options": {"train": True}, "ranked": [row, row]}
 
 
@@ -33,6 +33,20 @@ def test_an_unedited_plan_reads_back_its_layout(tmp_path):
     read = read_layout(f"{path}:1")
     assert read.execution == Execution(world=2, micro_batch=2)
     assert (read.model, read.model_options, read.seq_len, read.gpu) == ("llama-7b", {"n_layer": 2}, 16, "h100-sxm")
+
+
+def test_a_first_schema_plan_of_uneven_interleaved_stages_is_refused(tmp_path):
+    """Schema 1 counted first/last_stage_layers as the model's first and last chunk: with two
+    chunks per rank it names another split now, so it is one line asking for a new plan; its
+    even and one-chunk layouts read as they did."""
+    uneven = {"pipeline": 2, "pipeline_schedule": "interleaved-1f1b", "virtual_stages": 2, "grad_accum": 2,
+              "first_stage_layers": 2}
+    four = {"model_options": {"n_layer": 4}}
+    with pytest.raises(UsageError, match=r"schema nnperf\.plan/1 counted first/last_stage_layers as the model.s first"):
+        read_layout(_write(tmp_path, _plan(**uneven) | four | {"schema": "nnperf.plan/1"}))
+    assert read_layout(_write(tmp_path, _plan(**uneven) | four)).execution.first_stage_layers == 2
+    assert read_layout(_write(tmp_path, _plan() | {"schema": "nnperf.plan/1"})).execution == \
+        Execution(world=2, micro_batch=2)
 
 
 def _edited(path_of, change) -> str:

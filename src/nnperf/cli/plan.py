@@ -98,7 +98,8 @@ def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> l
                    "else its first chunk is the shorter (Llama 3 405B, 7 over 2 chunks: 3 + 4).")
 @click.option("--last-stage-layers", type=click.IntRange(1, 1 << 20), default=None,
               help="Blocks of the pipeline's last stage, which also holds the head and the loss "
-                   "(--decoder-last-pipeline-num-layers).")
+                   "(--decoder-last-pipeline-num-layers). With interleaving, over the stage's chunks: evenly "
+                   "where they divide, else its last chunk is the shorter.")
 @click.option("--cluster", "cluster_name", default=None,
               help="Built-in cluster (dgx-a100, dgx-h100, dgx-h200) or a cluster TOML file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON document.")

@@ -18,6 +18,7 @@ from nnperf import fields
 from nnperf.errors import UsageError, read_user_text
 from nnperf.layout import CHECKPOINTS, DATA_PARALLEL, Execution
 from nnperf.request import INDEX_MAX, LIMITS
+from nnperf.search.plan.results import PLAN_SCHEMA
 from nnperf.trace.options import TraceOptions
 
 #: The most ranks or GPUs a plan lays out (``nnperf plan --gpus``).
@@ -57,8 +58,8 @@ def read_layout(path: str) -> PlannedLayout:
         raise UsageError(f"--layout {path}: {file} is not JSON; {_FROM_PLAN}") from None
     except ValueError as err:  # NaN, Infinity: no field of a plan holds one
         raise UsageError(f"--layout {path}: {file} holds {err}; {_FROM_PLAN}") from None
-    if not isinstance(plan, dict) or plan.get("schema") != "nnperf.plan/1":
-        raise UsageError(f"--layout {path}: {file} is not a plan (schema nnperf.plan/1); {_FROM_PLAN}")
+    if not isinstance(plan, dict) or plan.get("schema") not in (PLAN_SCHEMA, "nnperf.plan/1"):
+        raise UsageError(f"--layout {path}: {file} is not a plan (schema {PLAN_SCHEMA}); {_FROM_PLAN}")
     where = f"--layout {path}:"
     ranked = fields.items(plan.get("ranked"), f"{where} ranked")
     if not ranked:
@@ -70,6 +71,9 @@ def read_layout(path: str) -> PlannedLayout:
     at = f"{where} ranked[{index}]"
     row = dict(fields.table(ranked[index], at))
     execution = execution_of(row.get("execution"), f"{at}.execution")
+    if plan["schema"] == "nnperf.plan/1" and execution.uneven and execution.chunks_per_rank > 1:
+        raise UsageError(f"--layout {path}: a plan of schema nnperf.plan/1 counted first/last_stage_layers as the "
+                         "model's first and last chunk, not its end stages; re-run 'nnperf plan ... --json'")
     _check_figures(row, at)
     options = dict(fields.table(plan.get("options"), f"{where} options"))
     model_options = dict(fields.table(plan.get("model_options", {}), f"{where} model_options"))

@@ -131,8 +131,9 @@ def test_a_pipelines_memory_is_at_least_its_blocks_state_and_in_flight_activatio
     GPU the bytes of all 40 blocks under FSDP over 8, as 1/4 of them sharded over 2), the
     saved activations of the blocks its schedule keeps in flight (1F1B: 4 micro-batches of its
     10 blocks, worked out here), each block's bytes as FSDP over 8 at the same micro-batch
-    traces them, and, not resharding after forward, its 10 blocks' gathered parameters when
-    its first backward starts (in bf16 under --amp bf16: half the fp32 shards' bytes); the
+    traces them (less one row of each parameter per GPU: FSDP2's padding), and, not resharding
+    after forward, its first chunk's gathered parameters when its first backward starts (10
+    blocks, or 5 of 2 chunks; in bf16 under --amp bf16: half the fp32 shards' bytes); the
     composed layout holds at least that, and a GPU smaller than it is rejected untraced."""
     from nnperf.search.plan.pipeline import blocks_in_flight
 
@@ -145,9 +146,11 @@ def test_a_pipelines_memory_is_at_least_its_blocks_state_and_in_flight_activatio
     in_flight = blocks_in_flight(execution, layers)
     if virtual == 1:
         assert in_flight == 4 * 10
-    held = layers * (block.states.parameters + block.states.optimizer_state) + in_flight * block.saved_activations
-    gathered = 10 * block.states.parameters * 8 / 2
-    assert block.saved_activations > 0 and block.states.parameters > 0
+    params = block.states.parameters - block.param_row_bytes
+    assert block.saved_activations > 0 and params > 0 and block.param_row_bytes > 0
+    held = layers * params * (1 + block.states.optimizer_state / block.states.parameters) \
+        + in_flight * block.saved_activations
+    gathered = (10 if virtual == 1 else 5) * params * 8 / 2
     exact = _evaluated(execution, layers)
     assert held + gathered <= exact.memory_bytes
     cut = work_bound(execution, same_work([same]), None, capacity_bytes=held * 0.99, layers=layers)
@@ -171,3 +174,20 @@ def test_a_pipelines_memory_is_at_least_its_blocks_state_and_in_flight_activatio
     ddp = evaluate(request, OPTIONS, replace(flat, data="ddp", shard=1), GPU, CLUSTER, layers=layers, cache=RoleCache())
     assert ddp.per_block.saved_activations > block.saved_activations
     assert work_bound(execution, same_work([ddp]), None, capacity_bytes=0.0, layers=layers) is None
+
+
+def test_a_many_chunk_pipelines_bound_stays_below_its_composed_memory():
+    """8 chunks per rank (a 4096-wide Llama of 64 blocks, 4 stages, FSDP over 64): the gathered
+    copies the bound counts are rank 0's first chunk's, as the composed pipeline counts them;
+    with every chunk's the bound was 1.13x this layout's composed memory and would have rejected
+    layouts that fit."""
+    wide = {"dim": 4096, "n_heads": 32, "ffn_hidden": 11008, "vocab": 512, "n_layer": 64}
+    request = replace(REQUEST, overrides=wide)
+    execution = Execution(world=256, data="fsdp", shard=64, pipeline=4, pipeline_schedule="interleaved-1f1b",
+                          virtual_stages=8, micro_batch=1, grad_accum=4, reshard_after_forward=False)
+    flat = Execution(world=256, data="fsdp", shard=256, micro_batch=1, grad_accum=1)
+    same = evaluate(request, OPTIONS, flat, GPU, CLUSTER, layers=64, cache=RoleCache())
+    bound = work_bound(execution, same_work([same]), None, capacity_bytes=0.0, layers=64, options=OPTIONS)
+    assert bound is not None and "gathered" in bound.memory_bound
+    assert bound.memory_bytes <= evaluate(request, OPTIONS, execution, GPU, CLUSTER, layers=64,
+                                          cache=RoleCache()).memory_bytes

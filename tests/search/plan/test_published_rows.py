@@ -85,7 +85,7 @@ def test_a_failing_row_is_said_and_the_others_still_run(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "odd-field" in captured.err and "ignored: recompute_method" in captured.err
     assert "odd-metric" in captured.err and "FAILED: ValueError: odd-metric: unknown metric mfu (valid: step_time_s, " in captured.err
-    assert "1 of 1 rows refused" in captured.out and "1 rows FAILED" in captured.out
+    assert "1 of 2 rows refused" in captured.out and "1 rows FAILED" in captured.out
 
 
 def _refuse(*args, **kwargs):

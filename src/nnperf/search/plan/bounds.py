@@ -1,6 +1,6 @@
 """Pipelines left untraced where traced layouts already rule them out (the search's second
 pass): a layout doing the same kernels per GPU (``same_work``) bounds a pipeline's memory from
-below and its compute from below (``work_bound``).
+below and its compute from below, one of the same tensor split its memory (``work_bound``).
 """
 
 from __future__ import annotations
@@ -52,11 +52,13 @@ def work_bound(execution: Execution, work: dict[tuple[Any, ...], list[Planned]],
       layout (the same micro-batch, tensor split and checkpointing; the pipelines are FSDP's
       too: DDP's blocks save autocast's weight casts besides, 419 against 337 KB a block of a
       small Llama); an FSDP/HSDP pipeline, which does not reshard after forward, also holds the
-      gathered copy of every block of rank 0 when its first backward starts (each chunk has run
-      a forward by then, and FSDP2 frees a gathered block only after its backward): a block's
-      parameters in the dtype FSDP2 gathers them in (``options``: MixedPrecisionPolicy's
-      param_dtype under --amp; the model's own dtype otherwise); everything else it holds only
-      adds. Without an FSDP layout of the same work, one of the same tensor split (whose blocks'
+      gathered copy of every block of its first chunk when its first backward starts (FSDP2
+      frees a gathered block only after its backward): a block's parameters in the dtype FSDP2
+      gathers them in (``options``: MixedPrecisionPolicy's param_dtype under --amp; the model's
+      own dtype otherwise); everything else it holds only adds. (Its later chunks' gathered
+      copies are alive then too, but the composed pipeline, ``plan.pipeline``, counts those
+      chunks' model states only: a bound above what ``evaluate`` predicts would reject layouts
+      it fits.) Without an FSDP layout of the same work, one of the same tensor split (whose blocks'
       parameters and optimizer state are the same at any micro-batch and checkpointing) bounds
       the states alone, the activations left out;
     - time, where it is no faster than ``slower_than``: the least compute of those layouts."""
@@ -68,16 +70,22 @@ def work_bound(execution: Execution, work: dict[tuple[Any, ...], list[Planned]],
     if capacity_bytes is not None and layers and (sharded or split) and not execution.replicates_parameters:
         block = (sharded or split).per_block
         shards = _shards((sharded or split).execution)
-        own = sum(execution.chunk_layers(layers)[::execution.pipeline])  # rank 0's blocks
-        # the layout's per-GPU bytes of a block, times its shard group, are the block's (per
-        # tensor-parallel rank); rank 0 holds its own blocks over its own shard group
-        held = own * (block.states.parameters + block.states.optimizer_state) * shards / _shards(execution)
+        depths = execution.chunk_layers(layers)
+        own = sum(depths[::execution.pipeline])  # rank 0's blocks
+        # the layout's per-GPU bytes of a block, less FSDP2's padding (at most one row of each
+        # parameter per rank), times its shard group, are at most the block's (per tensor-
+        # parallel rank); rank 0 holds its own blocks over its own shard group
+        params = max(0.0, block.states.parameters - block.param_row_bytes)
+        optimizer = block.states.optimizer_state * params / block.states.parameters if block.states.parameters else 0.0
+        held = own * (params + optimizer) * shards / _shards(execution)
         parts = ["parameters", "optimizer state"]
         if sharded:
             held += blocks_in_flight(execution, layers) * block.saved_activations
             parts.append("in-flight saved activations")
         if options is not None and not execution.reshard_after_forward:
-            held += own * block.states.parameters * shards * _gathered_per_stored(options)
+            # its first chunk's, as ``plan.pipeline`` composes rank 0 (its other chunks add
+            # their model states, not their gathered copies)
+            held += depths[0] * params * shards * _gathered_per_stored(options)
             parts[0] = "parameters (sharded and gathered)"
         if held > capacity_bytes:
             return Planned(execution, memory_bytes=int(held),

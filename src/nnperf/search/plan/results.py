@@ -20,6 +20,9 @@ from nnperf.hardware.cluster import Cluster
 from nnperf.layout import Execution
 from nnperf.trace.options import TraceOptions
 
+#: The plan document's schema. 2: ``first_stage_layers``/``last_stage_layers`` are an end
+#: stage's blocks over its chunks (1 read them as the model's first and last chunk).
+PLAN_SCHEMA = "nnperf.plan/2"
 
 @dataclass
 class StateBytes:
@@ -293,7 +296,7 @@ class Plan:
     search: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema": "nnperf.plan/1", "model": self.model, "model_options": self.model_options,
+        return {"schema": PLAN_SCHEMA, "model": self.model, "model_options": self.model_options,
                 "seq_len": self.seq_len, "gpu": self.gpu.id,
                 "cluster": self.cluster.to_json(), "gpus": self.gpus, "global_batch": self.global_batch,
                 "options": self.options.to_json(), "search": self.search,
