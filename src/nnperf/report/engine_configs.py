@@ -17,6 +17,7 @@ group and replicating across, ``train_micro_batch_size_per_gpu``,
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -230,15 +231,8 @@ def megatron_layout(depths: tuple[int, ...]) -> str:
     its virtual chunks (its --decoder-first/last-pipeline-num-layers need them divisible)."""
     chunks = [f"t*{d}" for d in depths]
     chunks[0], chunks[-1] = "E" + chunks[0], chunks[-1] + "L"
-    runs: list[str] = []
-    i = 0
-    while i < len(chunks):
-        j = i
-        while j + 1 < len(chunks) and chunks[j + 1] == chunks[i]:
-            j += 1
-        runs.append(f"({chunks[i]}|)*{j - i + 1}," if j > i else f"{chunks[i]}|")
-        i = j + 1
-    return "".join(runs).rstrip("|,")
+    runs = [(chunk, len(list(same))) for chunk, same in itertools.groupby(chunks)]
+    return "".join(f"({chunk}|)*{n}," if n > 1 else f"{chunk}|" for chunk, n in runs).rstrip("|,")
 
 
 def megatron_args(execution: Any, layers: int | None, amp: str | None = None,

@@ -17,8 +17,7 @@ from nnperf.trace.options import AMP_DTYPES, DTYPES, TraceOptions
 def _work_key(execution: Execution) -> tuple[Any, ...]:
     """What decides the kernels a GPU runs over a step, whatever the data and pipeline layout:
     the tensor split, the checkpointing and the micro-batch (``same_work``)."""
-    e = execution
-    return e.tensor, e.sequence_parallel, e.context, e.expert, e.checkpoint, e.micro_batch
+    return *_split_key(execution), execution.checkpoint, execution.micro_batch
 
 
 def same_work(results: Iterable[Planned]) -> dict[tuple[Any, ...], list[Planned]]:
@@ -67,9 +66,10 @@ def work_bound(execution: Execution, work: dict[tuple[Any, ...], list[Planned]],
     split = None if sharded or execution.pipeline == 1 else next(
         (p for group in work.values() for p in group if p.execution.data == "fsdp" and p.per_block is not None
          and _split_key(p.execution) == _split_key(execution)), None)
-    if capacity_bytes is not None and layers and (sharded or split) and not execution.replicates_parameters:
-        block = (sharded or split).per_block
-        shards = _shards((sharded or split).execution)
+    source = sharded or split
+    if capacity_bytes is not None and layers and source and not execution.replicates_parameters:
+        block = source.per_block
+        shards = _shards(source.execution)
         depths = execution.chunk_layers(layers)
         own = sum(depths[::execution.pipeline])  # rank 0's blocks
         # the layout's per-GPU bytes of a block, less FSDP2's padding (at most one row of each
@@ -90,7 +90,7 @@ def work_bound(execution: Execution, work: dict[tuple[Any, ...], list[Planned]],
         if held > capacity_bytes:
             return Planned(execution, memory_bytes=int(held),
                            memory_bound=f"its blocks' {', '.join(parts[:-1])} and {parts[-1]} alone, each block's "
-                                        f"as in {(sharded or split).execution.describe()}")
+                                        f"as in {source.execution.describe()}")
     if slower_than is None or not same:
         return None
     least = min(same, key=_compute_alone)
