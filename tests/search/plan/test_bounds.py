@@ -177,17 +177,34 @@ def test_a_pipelines_memory_is_at_least_its_blocks_state_and_in_flight_activatio
 
 
 def test_a_many_chunk_pipelines_bound_stays_below_its_composed_memory():
-    """8 chunks per rank (a 4096-wide Llama of 64 blocks, 4 stages, FSDP over 64): the gathered
-    copies the bound counts are rank 0's first chunk's, as the composed pipeline counts them;
-    with every chunk's the bound was 1.13x this layout's composed memory and would have rejected
-    layouts that fit."""
+    """8 chunks per rank (a 4096-wide Llama of 64 blocks, 4 stages, FSDP over 64): with as many
+    micro-batches as stages the gathered copies the bound counts are rank 0's first chunk's, as
+    the composed pipeline counts them (with every chunk's the bound was 1.13x this layout's
+    composed memory and would have rejected layouts that fit); with twice as many, its chunks
+    take turns at their backwards and each later chunk (14 of rank 0's 16 blocks) adds its
+    gathered blocks (bf16: half the fp32 shards' bytes over the group) and its accumulated fp32
+    gradient (the shards' bytes over the group), and the bound stays below the composed memory."""
+    from nnperf.search.plan.pipeline import blocks_in_flight
+
     wide = {"dim": 4096, "n_heads": 32, "ffn_hidden": 11008, "vocab": 512, "n_layer": 64}
     request = replace(REQUEST, overrides=wide)
     execution = Execution(world=256, data="fsdp", shard=64, pipeline=4, pipeline_schedule="interleaved-1f1b",
                           virtual_stages=8, micro_batch=1, grad_accum=4, reshard_after_forward=False)
     flat = Execution(world=256, data="fsdp", shard=256, micro_batch=1, grad_accum=1)
-    same = evaluate(request, OPTIONS, flat, GPU, CLUSTER, layers=64, cache=RoleCache())
-    bound = work_bound(execution, same_work([same]), None, capacity_bytes=0.0, layers=64, options=OPTIONS)
-    assert bound is not None and "gathered" in bound.memory_bound
-    assert bound.memory_bytes <= evaluate(request, OPTIONS, execution, GPU, CLUSTER, layers=64,
-                                          cache=RoleCache()).memory_bytes
+    cache = RoleCache()
+    same = evaluate(request, OPTIONS, flat, GPU, CLUSTER, layers=64, cache=cache)
+    bounds = {}
+    for micro_batches in (4, 8):
+        layout = replace(execution, grad_accum=micro_batches)
+        bound = work_bound(layout, same_work([same]), None, capacity_bytes=0.0, layers=64, options=OPTIONS)
+        assert bound is not None and "gathered" in bound.memory_bound
+        assert bound.memory_bytes <= evaluate(request, OPTIONS, layout, GPU, CLUSTER, layers=64,
+                                              cache=cache).memory_bytes
+        bounds[micro_batches] = bound
+    assert "accumulated gradients" in bounds[8].memory_bound and "accumulated" not in bounds[4].memory_bound
+    block = same.per_block
+    params = block.states.parameters - block.param_row_bytes
+    activations = (blocks_in_flight(replace(execution, grad_accum=8), 64)
+                   - blocks_in_flight(execution, 64)) * block.saved_activations
+    later = 14 * params * 256 * (0.5 + 1.0)
+    assert bounds[8].memory_bytes - bounds[4].memory_bytes == pytest.approx(activations + later, abs=2)

@@ -107,6 +107,26 @@ def test_fsdp_gathered_parameters_are_not_per_micro_batch(reshard):
     assert composed.memory_bytes == pytest.approx(traced.memory_bytes, rel=0.10)
 
 
+def test_fsdp_chunks_taking_turns_hold_their_gathered_parameters_and_gradients():
+    """Under FSDP2 a pipeline stage's backwards neither reshard nor reduce until its last
+    micro-batch (``PipelineStage.backward_maybe_with_nosync``, then ``REDUCE_GRAD``): with 8
+    micro-batches on 4 ranks of 2 chunks, rank 0's chunks take turns at their backwards, so
+    while one peaks the other holds its gathered blocks and its fp32 accumulated gradient. The
+    real interleaved schedule traced over all 8 micro-batches on rank 0 against the composed
+    pipeline: within 5% (composed without those copies: 1268 MB against the schedule's 1393 MB,
+    9% short)."""
+    from nnperf.search.plan import prepare_for
+
+    execution = Execution(world=8, data="fsdp", shard=2, pipeline=4, pipeline_schedule="interleaved-1f1b",
+                          virtual_stages=2, micro_batch=1, grad_accum=8, checkpoint="full",
+                          reshard_after_forward=False)
+    wide = {**LLAMA, "dim": 1024, "n_heads": 8, "ffn_hidden": 2816, "n_layer": 16}  # parameters >> activations
+    request = ModelRequest("llama-7b", batch=8, seq_len=64, overrides=wide)
+    composed = evaluate(request, OPTIONS, execution, GPU, CLUSTER, layers=16, cache=RoleCache())
+    rank0 = scaled_cost(request, OPTIONS, execution, GPU, CLUSTER, 0, 16, RoleCache(), prepare_for(execution))
+    assert composed.memory_bytes == pytest.approx(rank0.figures.memory, rel=0.05)
+
+
 def test_an_extrapolated_step_is_never_shorter_than_its_host_or_device_time():
     """At 3 and 4 blocks the device sets the step (10 and 12 ms) while the host, slower per
     block, catches up (9 and 12 ms): at 12 blocks the lines give a step of 28 ms and a host of

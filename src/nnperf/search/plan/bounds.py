@@ -9,9 +9,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from nnperf.layout import Execution
-from nnperf.search.plan.pipeline import blocks_in_flight
+from nnperf.search.plan.pipeline import blocks_in_flight, gathered_per_stored, unsharded_per_stored
 from nnperf.search.plan.results import Planned
-from nnperf.trace.options import AMP_DTYPES, DTYPES, TraceOptions
+from nnperf.trace.options import TraceOptions
 
 
 def _work_key(execution: Execution) -> tuple[Any, ...]:
@@ -52,12 +52,12 @@ def work_bound(execution: Execution, work: dict[tuple[Any, ...], list[Planned]],
       too: DDP's blocks save autocast's weight casts besides, 419 against 337 KB a block of a
       small Llama); an FSDP/HSDP pipeline, which does not reshard after forward, also holds the
       gathered copy of every block of its first chunk when its first backward starts (FSDP2
-      frees a gathered block only after its backward): a block's parameters in the dtype FSDP2
+      frees a pipeline stage's gathered blocks only at its ``REDUCE_GRAD``): a block's parameters in the dtype FSDP2
       gathers them in (``options``: MixedPrecisionPolicy's param_dtype under --amp; the model's
-      own dtype otherwise); everything else it holds only adds. (Its later chunks' gathered
-      copies are alive then too, but the composed pipeline, ``plan.pipeline``, counts those
-      chunks' model states only: a bound above what ``evaluate`` predicts would reject layouts
-      it fits.) Without an FSDP layout of the same work, one of the same tensor split (whose blocks'
+      own dtype otherwise), and where its chunks take turns at their backwards, each later
+      chunk's gathered blocks and accumulated gradients (``plan.pipeline.unsharded_per_stored``,
+      as the composed pipeline counts them); everything else it holds only adds. Without an
+      FSDP layout of the same work, one of the same tensor split (whose blocks'
       parameters and optimizer state are the same at any micro-batch and checkpointing) bounds
       the states alone, the activations left out;
     - time, where it is no faster than ``slower_than``: the least compute of those layouts."""
@@ -83,10 +83,14 @@ def work_bound(execution: Execution, work: dict[tuple[Any, ...], list[Planned]],
             held += blocks_in_flight(execution, layers) * block.saved_activations
             parts.append("in-flight saved activations")
         if options is not None and not execution.reshard_after_forward:
-            # its first chunk's, as ``plan.pipeline`` composes rank 0 (its other chunks add
-            # their model states, not their gathered copies)
-            held += depths[0] * params * shards * _gathered_per_stored(options)
+            # its first chunk's, in its traced role as ``plan.pipeline`` composes rank 0
+            held += depths[0] * params * shards * gathered_per_stored(options)
             parts[0] = "parameters (sharded and gathered)"
+        if options is not None and (unsharded := unsharded_per_stored(execution, options)):
+            # its later chunks', whole (per tensor-parallel rank) as in their shard group
+            held += (own - depths[0]) * params * shards / _shards(execution) * unsharded
+            parts[0] = "parameters (sharded and gathered)"
+            parts.insert(1, "accumulated gradients")
         if held > capacity_bytes:
             return Planned(execution, memory_bytes=int(held),
                            memory_bound=f"its blocks' {', '.join(parts[:-1])} and {parts[-1]} alone, each block's "
@@ -105,14 +109,6 @@ def _split_key(execution: Execution) -> tuple[Any, ...]:
     micro-batch and checkpointing."""
     e = execution
     return e.tensor, e.sequence_parallel, e.context, e.expert
-
-
-def _gathered_per_stored(options: TraceOptions) -> float:
-    """Bytes of a parameter FSDP2 gathers per byte of its stored shard: the autocast dtype's
-    over the model's (``trace.parallel.data.mixed_precision``: bf16 gathers of fp32 shards under
-    --amp bf16, 0.5)."""
-    stored = DTYPES[options.dtype or "fp32"].itemsize
-    return (AMP_DTYPES[options.amp].itemsize if options.amp else stored) / stored
 
 
 def _shards(execution: Execution) -> int:

@@ -17,7 +17,12 @@ serve every schedule and interleaving of the same pipeline degree. Then:
   other chunks, plus the saved activations of the micro-batches the schedule keeps in flight
   beyond the traced one (``in_flight`` of the real order, per stage): affine in the in-flight
   count, which holds when the peak is the start of a backward (tests compare with direct traces
-  of the real schedules).
+  of the real schedules). Under FSDP2 a stage's backward runs without resharding or reducing
+  (``PipelineStage.backward_maybe_with_nosync``); its gradients are reduced, and its gathered
+  parameters freed, only by the stage's ``REDUCE_GRAD`` after its last micro-batch. Where a
+  rank's chunks take turns at their backwards (more micro-batches than stages), each of its
+  other chunks is therefore gathered, with its whole gradient accumulated, while one chunk's
+  peak is reached: those copies are added too (``unsharded_per_stored``).
 
 Zero-bubble schedules split the backward into input and weight gradients, which one traced
 micro-batch of GPipe does not time apart: they run their real schedule over ``p`` micro-batches
@@ -59,7 +64,7 @@ from nnperf.search.plan.results import (
     TimeSplit,
     collective_totals,
 )
-from nnperf.trace.options import TraceOptions
+from nnperf.trace.options import AMP_DTYPES, DTYPES, TraceOptions
 from nnperf.trace.parallel.pipeline import schedule_order
 
 
@@ -112,10 +117,14 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
     held = {r: sorted({a.stage for a in acts}) for r, acts in order.items()}
     flight = {s: n for acts in order.values() for s, n in in_flight([a.label for a in acts]).items()}
 
+    # bytes an other chunk holds unsharded per byte of its stored shard of parameters
+    unsharded = unsharded_per_stored(execution, options)
+
     def memory(rank: int, roles: dict[tuple[str, int | None], RankCost]) -> float:
         """Rank ``rank``'s memory; the terms of roles not in ``roles`` left out."""
         own = roles.get(role_of(held[rank][0]))
-        others = sum(roles[role_of(s)].figures.model_states for s in held[rank][1:] if role_of(s) in roles)
+        others = sum(roles[role_of(s)].figures.model_states + unsharded * roles[role_of(s)].figures.states.parameters
+                     for s in held[rank][1:] if role_of(s) in roles)
         extra = sum((flight[s] - (1 if s == held[rank][0] else 0)) * roles[role_of(s)].figures.saved_activations
                     for s in held[rank] if role_of(s) in roles)
         return (own.figures.memory if own else 0.0) + others + extra
@@ -150,6 +159,36 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
                     max(memory(r, roles) for r in range(p)), micro, order, flight, activation,
                     {r: per_rank(r, lambda f: f.states.parameters) for r in range(p)})
 
+
+
+def gathered_per_stored(options: TraceOptions) -> float:
+    """Bytes of a parameter FSDP2 gathers per byte of its stored shard: the autocast dtype's
+    over the model's (``trace.parallel.data.mixed_precision``: bf16 gathers of fp32 shards under
+    --amp bf16, 0.5)."""
+    stored = DTYPES[options.dtype or "fp32"].itemsize
+    return (AMP_DTYPES[options.amp].itemsize if options.amp else stored) / stored
+
+
+def accumulated_per_stored(options: TraceOptions) -> float:
+    """Bytes of the unsharded gradient FSDP2 accumulates across micro-batches without a
+    reduction, per byte of the parameter's stored shard: in the reduce dtype where it differs
+    from the gathered one (``FSDPParam.to_accumulated_grad_if_needed``: fp32 under --amp, as
+    ``MixedPrecisionPolicy(reduce_dtype=float32)``), else the parameter's own dtype."""
+    stored = DTYPES[options.dtype or "fp32"].itemsize
+    return (4 if options.amp else stored) / stored
+
+
+def unsharded_per_stored(execution: Execution, options: TraceOptions) -> float:
+    """What one of a pipeline rank's chunks holds unsharded while another chunk peaks, per byte
+    of its stored shard of parameters (module docstring): its gathered parameters and its
+    accumulated gradient, both as whole as its shard group's (FSDP2 gathers the padded shards);
+    none where the chunks do not take turns (one chunk per rank, no more micro-batches than
+    stages: each chunk's backwards end before the next chunk's begin) or the parameters are
+    not sharded (DDP's and ZeRO-1's gradients are model states)."""
+    if (execution.replicates_parameters or execution.chunks_per_rank == 1
+            or execution.grad_accum <= execution.pipeline):
+        return 0.0
+    return execution.shard * (gathered_per_stored(options) + accumulated_per_stored(options))
 
 
 def blocks_in_flight(execution: Execution, layers: int) -> int:
