@@ -67,6 +67,24 @@ def test_gpt2_lm_head_is_tied() -> None:
     assert model.lm_head.weight is model.wte.weight
 
 
+def test_nemotron_4_15b_block_shape() -> None:
+    """llama-7b with Nemotron-4 15B's block (Parmar et al. 2024, Nemotron-4 15B Technical Report,
+    Table 1 and section 2: 32 blocks of 6144, 48 heads with 8 key/value heads, squared-ReLU MLP of
+    4 x 6144, LayerNorm, no bias, untied 256000-token embeddings): per block the four attention
+    projections, two MLP matrices (no gate) and two LayerNorms with their bias, 12.5B in all (the
+    report's non-embedding count); its embedding and output projection 256000 x 6144 each."""
+    options = {"n_layer": 32, "dim": 6144, "n_heads": 48, "n_kv_heads": 8, "ffn_hidden": 24576,
+               "vocab": 256000, "mlp": "squared-relu", "norm": "layernorm"}
+    with FakeTensorMode():
+        model = get_model("llama-7b").build(1, 8, **options).model
+    kv = 8 * 6144 // 48
+    block = 2 * 6144 * 6144 + 2 * 6144 * kv + 2 * 6144 * 24576 + 2 * 2 * 6144
+    assert count(model.layers) == 32 * block
+    assert round(count(model.layers) / 1e9, 1) == 12.5
+    assert count(model) == 32 * block + 2 * 256000 * 6144 + 2 * 6144  # the final LayerNorm's too
+    assert not hasattr(model.layers[0].feed_forward, "w3")
+
+
 def test_mlp_and_mnist_counts_from_layer_shapes() -> None:
     with FakeTensorMode():
         mlp = get_model("mlp").build(1).model

@@ -40,6 +40,19 @@ DEFAULTS: dict[str, Any] = {
     "moe_hidden": 0,
     "attention": "sdpa",
     "doc_len": 0,
+    "mlp": "swiglu",
+    "norm": "rmsnorm",
+}
+#: The dense feed-forwards and norms a block may have (``mlp``, ``norm``).
+MLP_KINDS = ("swiglu", "squared-relu")
+NORM_KINDS = ("rmsnorm", "layernorm")
+#: The block's shape beyond its sizes: the feed-forward and the norms.
+BLOCK_OPTIONS = {
+    "mlp": "the dense feed-forward: swiglu (w2(silu(w1 x) * w3 x), LLaMA's) or squared-relu "
+           "(w2(relu(w1 x)^2), Nemotron-4's and Megatron-LM's --squared-relu: two matrices, "
+           "ffn_hidden wide)",
+    "norm": "rmsnorm (LLaMA's) or layernorm (Nemotron-4's, with a bias; Megatron-LM's "
+            "--normalization LayerNorm)",
 }
 #: How every zoo decoder may attend (``zoo._attention``): its ``attention`` and ``doc_len``.
 ATTENTION_OPTIONS = {
@@ -60,6 +73,7 @@ OPTIONS = {
     "top_k": "experts each token is routed to (with n_experts)",
     "moe_hidden": "each expert's SwiGLU hidden size (0: ffn_hidden)",
     **ATTENTION_OPTIONS,
+    **BLOCK_OPTIONS,
 }
 #: Mixtral 8x7B (Jiang et al. 2024, "Mixtral of Experts", Table 1; its config.json): Llama-2's
 #: block with grouped-query attention and 8 SwiGLU experts, 2 per token.
@@ -144,6 +158,30 @@ class FeedForward(nn.Module):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
+class SquaredReluFeedForward(nn.Module):
+    """Nemotron-4's feed-forward (Megatron-LM's ``--squared-relu``, no gate): w2(relu(w1 x)^2)."""
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(torch.square(F.relu(self.w1(x))))
+
+
+def dense_feed_forward(c: dict[str, Any]) -> nn.Module:
+    """The block's dense feed-forward of kind ``c["mlp"]`` (``MLP_KINDS``)."""
+    kind = c.get("mlp", "swiglu")
+    return SquaredReluFeedForward(c["dim"], c["ffn_hidden"]) if kind == "squared-relu" else \
+        FeedForward(c["dim"], c["ffn_hidden"])
+
+
+def block_norm(c: dict[str, Any]) -> nn.Module:
+    """A norm of kind ``c["norm"]`` (``NORM_KINDS``) over the hidden size."""
+    return nn.LayerNorm(c["dim"], eps=NORM_EPS) if c.get("norm", "rmsnorm") == "layernorm" else RMSNorm(c["dim"])
+
+
 class TransformerBlock(nn.Module):
     """Attention (grouped-query, or DeepSeek's latent attention when the config has a
     ``kv_lora``) and a feed-forward: dense (``feed_forward``) or a mixture of experts (``moe``,
@@ -168,9 +206,9 @@ class TransformerBlock(nn.Module):
                            score_before_experts=c.get("score_before_experts", True),
                            expert_bias=c.get("expert_bias", False))
         else:
-            self.feed_forward = FeedForward(c["dim"], c["ffn_hidden"])
-        self.attention_norm = RMSNorm(c["dim"])
-        self.ffn_norm = RMSNorm(c["dim"])
+            self.feed_forward = dense_feed_forward(c)
+        self.attention_norm = block_norm(c)
+        self.ffn_norm = block_norm(c)
 
     def forward(self, x: Tensor, block_mask: BlockMask | None = None) -> Tensor:
         x = x + self.attention(self.attention_norm(x), block_mask=block_mask)
@@ -179,13 +217,14 @@ class TransformerBlock(nn.Module):
 
 
 class Llama(nn.Module):
-    """Embedding, blocks, final RMSNorm, untied ``output`` projection to the vocabulary."""
+    """Embedding, blocks, final norm (RMSNorm unless ``norm``), untied ``output`` projection to
+    the vocabulary."""
 
     def __init__(self, c: dict[str, Any]) -> None:
         super().__init__()
         self.tok_embeddings = nn.Embedding(c["vocab"], c["dim"])
         self.layers = nn.ModuleList(TransformerBlock(c, i) for i in range(c["n_layer"]))
-        self.norm = RMSNorm(c["dim"])
+        self.norm = block_norm(c)
         self.output = nn.Linear(c["dim"], c["vocab"], bias=False)
         self.flex_doc_len = flex_doc_len(c)
         for p in self.parameters():  # LLaMA-style small init keeps real runs' loss finite
@@ -241,9 +280,10 @@ def _tensor_parallel(model: nn.Module, mesh: Any, sp: bool, loss_parallel: bool)
         plan: dict[str, Any] = {
             "attention.wq": Colwise(), "attention.wk": Colwise(), "attention.wv": Colwise(),
             "attention.wo": Rowwise(output_layouts=seq),
-            "feed_forward.w1": Colwise(), "feed_forward.w3": Colwise(),
-            "feed_forward.w2": Rowwise(output_layouts=seq),
+            "feed_forward.w1": Colwise(), "feed_forward.w2": Rowwise(output_layouts=seq),
         }
+        if isinstance(layer.feed_forward, FeedForward):  # the gate (SwiGLU's w3)
+            plan["feed_forward.w3"] = Colwise()
         if sp:
             plan.update({"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel(),
                          "attention": gather_input(), "feed_forward": gather_input()})
@@ -285,8 +325,10 @@ def _build(name: str, defaults: dict[str, Any], batch: int | None, seq_len: int 
     c = resolve_options(name, overrides, defaults)
     if not user_set_kv and name == "llama-7b":
         c["n_kv_heads"] = c["n_heads"]  # plain multi-head attention unless asked otherwise
-    require_positive(name, c, *(k for k in defaults if k not in MAY_BE_ZERO and k not in ATTENTION_OPTIONS))
+    require_positive(name, c, *(k for k in defaults
+                                if k not in MAY_BE_ZERO and k not in ATTENTION_OPTIONS and k not in BLOCK_OPTIONS))
     _check_attention(name, c)
+    _check_block(name, c)
     for key in MAY_BE_ZERO & set(defaults):
         if c[key] < 0:
             raise ModelOptionError(f"{name}: {key} must be 0 or more, got {c[key]}")
@@ -304,6 +346,15 @@ def _build(name: str, defaults: dict[str, Any], batch: int | None, seq_len: int 
     tokens = random_tokens(batch, seq, c["vocab"])
     loss = TokenCrossEntropy(random_tokens(batch, seq, c["vocab"]))
     return token_workload(name, model, tokens, loss, c)
+
+
+def _check_block(name: str, c: dict[str, Any]) -> None:
+    for key, kinds in (("mlp", MLP_KINDS), ("norm", NORM_KINDS)):
+        if c.get(key, kinds[0]) not in kinds:
+            raise ModelOptionError(f"{name}: {key} must be one of {', '.join(kinds)}, got {c[key]!r}")
+    if c.get("mlp", "swiglu") != "swiglu" and c["n_experts"]:
+        raise ModelOptionError(f"{name}: mlp={c['mlp']} is the dense feed-forward's; the experts (n_experts) are "
+                               "SwiGLU: set n_experts=0 or leave mlp out")
 
 
 def _check_attention(name: str, c: dict[str, Any]) -> None:

@@ -30,6 +30,8 @@ CASES = {  # name: (zoo model, options, sequence parallel)
                               "vocab": 101}, False),
     "llama-tp-sp": ("llama-7b", {"n_layer": 2, "dim": 32, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 48,
                                  "vocab": 101}, True),
+    "nemotron-tp-sp": ("llama-7b", {"n_layer": 2, "dim": 32, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 48,
+                                    "vocab": 101, "mlp": "squared-relu", "norm": "layernorm"}, True),
     "gpt2-tp-sp": ("gpt2", {"n_layer": 1, "n_embd": 32, "n_head": 4, "vocab": 100, "n_positions": 16}, True),
     "bert-tp": ("bert-base", {"n_layer": 1, "n_embd": 32, "n_head": 4, "intermediate": 64, "vocab": 100,
                               "max_positions": 16}, False),
