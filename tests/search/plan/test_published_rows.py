@@ -37,6 +37,9 @@ def test_every_reproducible_row_is_a_layout_the_plan_accepts(name):
         batch = re.search(r"batch (\d+)", row["quote"])
         if batch and name != "rows.toml":
             assert execution.global_batch == int(batch.group(1)), row["id"]
+        if "(Model, #-GPUs, GBS," in row["quote"]:  # a row of NeMo's table: its third column
+            cells = [c.strip() for c in row["quote"].split("|")[1:]]
+            assert (execution.world, execution.global_batch) == (int(cells[1]), int(cells[2])), row["id"]
 
 
 def _plan_compare():

@@ -9,7 +9,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from nnperf.layout import Execution
-from nnperf.search.plan.pipeline import blocks_in_flight, gathered_per_stored, unsharded_per_stored
+from nnperf.search.plan.pipeline import (
+    blocks_in_flight,
+    rank_orders,
+    unsharded_extra,
+    unsharded_per_stored,
+)
 from nnperf.search.plan.results import Planned
 from nnperf.trace.options import TraceOptions
 
@@ -51,13 +56,13 @@ def work_bound(execution: Execution, work: dict[tuple[Any, ...], list[Planned]],
       layout (the same micro-batch, tensor split and checkpointing; the pipelines are FSDP's
       too: DDP's blocks save autocast's weight casts besides, 419 against 337 KB a block of a
       small Llama); an FSDP/HSDP pipeline, which does not reshard after forward, also holds the
-      gathered copy of every block of its first chunk when its first backward starts (FSDP2
-      frees a pipeline stage's gathered blocks only at its ``REDUCE_GRAD``): a block's parameters in the dtype FSDP2
-      gathers them in (``options``: MixedPrecisionPolicy's param_dtype under --amp; the model's
-      own dtype otherwise), and where its chunks take turns at their backwards, each later
-      chunk's gathered blocks and accumulated gradients (``plan.pipeline.unsharded_per_stored``,
-      as the composed pipeline counts them); everything else it holds only adds. Without an
-      FSDP layout of the same work, one of the same tensor split (whose blocks'
+      gathered copy of every block of its first chunk when its first backward starts (its
+      traced role's): a block's parameters in the dtype FSDP2 gathers them in (``options``:
+      MixedPrecisionPolicy's param_dtype under --amp; the model's own dtype otherwise), and
+      the gathered blocks and accumulated gradients of its later chunks where its real order
+      keeps them (``plan.pipeline.unsharded_extra``, as the composed pipeline counts them; not
+      with experts, whose shard group is smaller); everything else it holds only adds. Without
+      an FSDP layout of the same work, one of the same tensor split (whose blocks'
       parameters and optimizer state are the same at any micro-batch and checkpointing) bounds
       the states alone, the activations left out;
     - time, where it is no faster than ``slower_than``: the least compute of those layouts."""
@@ -82,15 +87,21 @@ def work_bound(execution: Execution, work: dict[tuple[Any, ...], list[Planned]],
         if sharded:
             held += blocks_in_flight(execution, layers) * block.saved_activations
             parts.append("in-flight saved activations")
-        if options is not None and not execution.reshard_after_forward:
+        # per byte of a stored shard: FSDP2's gathered copy, its accumulated gradient
+        gathered, accumulated = unsharded_per_stored(execution, options) if options else (0.0, 0.0)
+
+        def stored(stage: int) -> float:  # a chunk's shard of its blocks over this layout's group
+            return depths[stage] * params * shards / _shards(execution)
+
+        if gathered and not execution.reshard_after_forward:
             # its first chunk's, in its traced role as ``plan.pipeline`` composes rank 0
-            held += depths[0] * params * shards * gathered_per_stored(options)
+            held += gathered * stored(0)
             parts[0] = "parameters (sharded and gathered)"
-        if options is not None and (unsharded := unsharded_per_stored(execution, options)):
-            # its later chunks', whole (per tensor-parallel rank) as in their shard group
-            held += (own - depths[0]) * params * shards / _shards(execution) * unsharded
-            parts[0] = "parameters (sharded and gathered)"
-            parts.insert(1, "accumulated gradients")
+        later = unsharded_extra(rank_orders(execution)[0], 0, lambda s: gathered * stored(s),
+                                lambda s: accumulated * stored(s)) if gathered else 0.0
+        if later:
+            held += later
+            parts.insert(1, "its later chunks' gathered blocks and gradients")
         if held > capacity_bytes:
             return Planned(execution, memory_bytes=int(held),
                            memory_bound=f"its blocks' {', '.join(parts[:-1])} and {parts[-1]} alone, each block's "

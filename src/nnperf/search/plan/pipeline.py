@@ -17,12 +17,13 @@ serve every schedule and interleaving of the same pipeline degree. Then:
   other chunks, plus the saved activations of the micro-batches the schedule keeps in flight
   beyond the traced one (``in_flight`` of the real order, per stage): affine in the in-flight
   count, which holds when the peak is the start of a backward (tests compare with direct traces
-  of the real schedules). Under FSDP2 a stage's backward runs without resharding or reducing
-  (``PipelineStage.backward_maybe_with_nosync``); its gradients are reduced, and its gathered
-  parameters freed, only by the stage's ``REDUCE_GRAD`` after its last micro-batch. Where a
-  rank's chunks take turns at their backwards (more micro-batches than stages), each of its
-  other chunks is therefore gathered, with its whole gradient accumulated, while one chunk's
-  peak is reached: those copies are added too (``unsharded_per_stored``).
+  of the real schedules). Under FSDP2 a stage's backward neither reshards nor reduces
+  (``PipelineStage.backward_maybe_with_nosync``): its whole gradient accumulates until the
+  stage's ``REDUCE_GRAD`` after its last micro-batch, and torch's runtime keeps the next three
+  stages a rank computes gathered (``_add_unshard_reshard``). Where a rank's chunks take turns at
+  their backwards (two rounds of micro-batches or more), its other chunks' gathered blocks and
+  accumulated gradients are alive while a chunk runs its backward; the most of them at any
+  backward of the real order is added too (``unsharded_extra``).
 
 Zero-bubble schedules split the backward into input and weight gradients, which one traced
 micro-batch of GPipe does not time apart: they run their real schedule over ``p`` micro-batches
@@ -112,22 +113,25 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
                            prepare, per_chunk=depth)
         return with_ring_attention(cost, execution, cluster) if execution.context > 1 else cost
 
-    ir = schedule_order(execution.pipeline_schedule or "", p, virtual, micro) if virtual > 1 else None
-    order = orders(execution.pipeline_schedule or "", p, micro, ir)
+    order = rank_orders(execution)
     held = {r: sorted({a.stage for a in acts}) for r, acts in order.items()}
     flight = {s: n for acts in order.values() for s, n in in_flight([a.label for a in acts]).items()}
 
-    # bytes an other chunk holds unsharded per byte of its stored shard of parameters
-    unsharded = unsharded_per_stored(execution, options)
+    gathered, accumulated = unsharded_per_stored(execution, options)
 
     def memory(rank: int, roles: dict[tuple[str, int | None], RankCost]) -> float:
         """Rank ``rank``'s memory; the terms of roles not in ``roles`` left out."""
         own = roles.get(role_of(held[rank][0]))
-        others = sum(roles[role_of(s)].figures.model_states + unsharded * roles[role_of(s)].figures.states.parameters
-                     for s in held[rank][1:] if role_of(s) in roles)
+        others = sum(roles[role_of(s)].figures.model_states for s in held[rank][1:] if role_of(s) in roles)
         extra = sum((flight[s] - (1 if s == held[rank][0] else 0)) * roles[role_of(s)].figures.saved_activations
                     for s in held[rank] if role_of(s) in roles)
-        return (own.figures.memory if own else 0.0) + others + extra
+
+        def stored(stage: int) -> float:
+            return roles[role_of(stage)].figures.states.parameters if role_of(stage) in roles else 0.0
+
+        unsharded = unsharded_extra(order[rank], held[rank][0], lambda s: gathered * stored(s),
+                                    lambda s: accumulated * stored(s)) if gathered else 0.0
+        return (own.figures.memory if own else 0.0) + others + extra + unsharded
 
     roles = {role_of(0): traced_role(role_of(0))}
     if prune and (bound := int(memory(0, roles))) > capacity(gpu):  # a lower bound (module docstring)
@@ -160,7 +164,6 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
                     {r: per_rank(r, lambda f: f.states.parameters) for r in range(p)})
 
 
-
 def gathered_per_stored(options: TraceOptions) -> float:
     """Bytes of a parameter FSDP2 gathers per byte of its stored shard: the autocast dtype's
     over the model's (``trace.parallel.data.mixed_precision``: bf16 gathers of fp32 shards under
@@ -178,29 +181,63 @@ def accumulated_per_stored(options: TraceOptions) -> float:
     return (4 if options.amp else stored) / stored
 
 
-def unsharded_per_stored(execution: Execution, options: TraceOptions) -> float:
-    """What one of a pipeline rank's chunks holds unsharded while another chunk peaks, per byte
-    of its stored shard of parameters (module docstring): its gathered parameters and its
-    accumulated gradient, both as whole as its shard group's (FSDP2 gathers the padded shards);
-    none where the chunks do not take turns (one chunk per rank, no more micro-batches than
-    stages: each chunk's backwards end before the next chunk's begin) or the parameters are
-    not sharded (DDP's and ZeRO-1's gradients are model states)."""
-    if (execution.replicates_parameters or execution.chunks_per_rank == 1
-            or execution.grad_accum <= execution.pipeline):
-        return 0.0
-    return execution.shard * (gathered_per_stored(options) + accumulated_per_stored(options))
+def unsharded_per_stored(execution: Execution, options: TraceOptions) -> tuple[float, float]:
+    """Bytes of a chunk's gathered parameters and of its accumulated gradient per byte of its
+    stored shard of parameters: each as whole as its shard group's (FSDP2 gathers the padded
+    shards); none where the parameters are not sharded (DDP's and ZeRO-1's gradients are model
+    states) or where experts are (their shard group is smaller than the others'; not counted)."""
+    if execution.replicates_parameters or execution.expert > 1:
+        return 0.0, 0.0
+    return execution.shard * gathered_per_stored(options), execution.shard * accumulated_per_stored(options)
+
+
+#: The stages of a rank torch's pipeline runtime keeps gathered under FSDP: the one computing and
+#: the next it prefetches (``_add_unshard_reshard``'s ``max_active_stages``).
+ACTIVE_STAGES = 3
+
+
+def unsharded_extra(actions: list[Action], traced: int, gathered: Callable[[int], float],
+                    accumulated: Callable[[int], float]) -> float:
+    """The most bytes a rank's other chunks hold unsharded at any of its backwards, in the
+    order ``actions`` (module docstring): at a backward of stage ``s``, the gathered blocks
+    (``gathered(stage)``) of the other stages among the next ``ACTIVE_STAGES`` it computes, and
+    the accumulated gradient (``accumulated(stage)``) of every other stage between its first
+    and last backward; ``traced``, whose trace holds its own, and ``s`` left out."""
+    backwards = [i for i, a in enumerate(actions) if a.kind in ("B", "I")]
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for i in backwards:
+        first.setdefault(actions[i].stage, i)
+        last[actions[i].stage] = i
+    most = 0.0
+    for i in backwards:
+        own = {actions[i].stage, traced}
+        active: list[int] = []
+        for later in actions[i:]:
+            if later.stage not in active:
+                active.append(later.stage)
+                if len(active) == ACTIVE_STAGES:
+                    break
+        held = sum(accumulated(s) for s in first if s not in own and first[s] < i < last[s])
+        most = max(most, held + sum(gathered(s) for s in active if s not in own))
+    return most
+
+
+def rank_orders(execution: Execution) -> dict[int, list[Action]]:
+    """Each pipeline rank's actions in the layout's schedule (torch's ``pipeline_order`` for
+    the interleaved schedules)."""
+    p, micro, virtual = execution.pipeline, execution.grad_accum, execution.chunks_per_rank
+    ir = schedule_order(execution.pipeline_schedule or "", p, virtual, micro) if virtual > 1 else None
+    return orders(execution.pipeline_schedule or "", p, micro, ir)
 
 
 def blocks_in_flight(execution: Execution, layers: int) -> int:
     """The most blocks whose saved activations rank 0 holds at once under the layout's schedule:
     its forwards not yet matched by a backward (``B``, or ``I`` of a split backward), each
     counting its chunk's blocks (``Execution.chunk_layers``)."""
-    p, micro = execution.pipeline, execution.grad_accum
-    virtual = execution.chunks_per_rank
     depths = execution.chunk_layers(layers)
-    ir = schedule_order(execution.pipeline_schedule or "", p, virtual, micro) if virtual > 1 else None
     live = peak = 0
-    for action in orders(execution.pipeline_schedule or "", p, micro, ir)[0]:
+    for action in rank_orders(execution)[0]:
         if action.kind == "F":
             live += depths[action.stage]
             peak = max(peak, live)
@@ -320,8 +357,7 @@ def traced_schedule_step(request: ModelRequest, options: TraceOptions, execution
         return found if found is not None else sum(middle[action.kind]) / len(middle[action.kind])
 
     activation = max(c.figures.p2p_bytes for c in costs.values())
-    ir = schedule_order(execution.pipeline_schedule or "", p, virtual, micro) if virtual > 1 else None
-    order = orders(execution.pipeline_schedule or "", p, micro, ir)
+    order = rank_orders(execution)
     sim = simulate(order, stages, duration, _transfer(activation, p, stride, cluster),
                    lambda r: role(r).figures.head_s, lambda r: role(r).figures.tail_s)
     flight = {s: n for acts in order.values() for s, n in in_flight([a.label for a in acts]).items()}
