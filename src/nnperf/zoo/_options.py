@@ -76,6 +76,13 @@ def positive_int(model: str, key: str, value: Any) -> int:
     return number
 
 
+def require_choice(model: str, config: dict[str, Any], key: str, kinds: tuple[str, ...]) -> None:
+    """A named choice (an attention kernel, a feed-forward) is one the model builds; an unset one
+    (a model without the option) is its first."""
+    if config.get(key, kinds[0]) not in kinds:
+        raise ModelOptionError(f"{model}: {key} must be one of {', '.join(kinds)}, got {config[key]!r}")
+
+
 def require_divisible(model: str, config: dict[str, Any], num: str, den: str) -> None:
     """Attention splits ``num`` evenly into ``den`` parts; say so before torch does, obscurely."""
     if config[num] % config[den]:

@@ -23,7 +23,13 @@ from nnperf.workload import Workload
 
 from ._attention import ATTENTION_KINDS, attention, causal_block_mask, merge_heads, split_heads
 from ._losses import TokenCrossEntropy, random_tokens
-from ._options import require_divisible, require_positive, resolve_batch_seq, resolve_options
+from ._options import (
+    require_choice,
+    require_divisible,
+    require_positive,
+    resolve_batch_seq,
+    resolve_options,
+)
 from ._spec import ModelSpec
 from ._workloads import token_workload
 from .moe import MoE
@@ -325,8 +331,8 @@ def _build(name: str, defaults: dict[str, Any], batch: int | None, seq_len: int 
     c = resolve_options(name, overrides, defaults)
     if not user_set_kv and name == "llama-7b":
         c["n_kv_heads"] = c["n_heads"]  # plain multi-head attention unless asked otherwise
-    require_positive(name, c, *(k for k in defaults
-                                if k not in MAY_BE_ZERO and k not in ATTENTION_OPTIONS and k not in BLOCK_OPTIONS))
+    # sizes and counts (the named choices are strings)
+    require_positive(name, c, *(k for k, v in defaults.items() if isinstance(v, int) and k not in MAY_BE_ZERO))
     _check_attention(name, c)
     _check_block(name, c)
     for key in MAY_BE_ZERO & set(defaults):
@@ -349,17 +355,15 @@ def _build(name: str, defaults: dict[str, Any], batch: int | None, seq_len: int 
 
 
 def _check_block(name: str, c: dict[str, Any]) -> None:
-    for key, kinds in (("mlp", MLP_KINDS), ("norm", NORM_KINDS)):
-        if c.get(key, kinds[0]) not in kinds:
-            raise ModelOptionError(f"{name}: {key} must be one of {', '.join(kinds)}, got {c[key]!r}")
+    require_choice(name, c, "mlp", MLP_KINDS)
+    require_choice(name, c, "norm", NORM_KINDS)
     if c.get("mlp", "swiglu") != "swiglu" and c["n_experts"]:
         raise ModelOptionError(f"{name}: mlp={c['mlp']} is the dense feed-forward's; the experts (n_experts) are "
                                "SwiGLU: set n_experts=0 or leave mlp out")
 
 
 def _check_attention(name: str, c: dict[str, Any]) -> None:
-    if c.get("attention", "sdpa") not in ATTENTION_KINDS:
-        raise ModelOptionError(f"{name}: attention must be one of {', '.join(ATTENTION_KINDS)}, got {c['attention']!r}")
+    require_choice(name, c, "attention", ATTENTION_KINDS)
     if c.get("doc_len", 0) < 0:
         raise ModelOptionError(f"{name}: doc_len must be 0 or more, got {c['doc_len']}")
     if c.get("doc_len", 0) and c["attention"] != "flex":
