@@ -237,19 +237,28 @@ class Execution:
                              f"1 < shard < {data_parallel}")
 
     def _validate_expert(self) -> None:
-        """torchtitan's expert parallelism: the expert group is carved out of the FSDP shard
-        group (``dp_shard_in_ep``), the experts' weights sharded over the rest of it."""
+        """Expert parallelism carves the expert group out of the data-parallel ranks: out of
+        FSDP's shard group as torchtitan does (``dp_shard_in_ep``), the experts' weights sharded
+        over the rest of it; out of DDP's (ZeRO-1's) replicas as Megatron-LM does
+        (``--expert-model-parallel-size``), the experts' gradients reduced over the rest of them
+        (its expert-data-parallel group)."""
         if self.expert < 1:
             raise UsageError(f"expert parallelism must be 1 or more, got {self.expert}")
-        if self.replicates_parameters:
-            raise UsageError("expert parallelism shards experts inside the FSDP shard group: use fsdp or hsdp")
         if self.tensor > 1 or self.context > 1:
             raise UsageError("expert parallelism is modelled with data and pipeline parallelism; "
                              "with tensor or context parallelism it is not")
-        if self.shard % self.expert:
-            divisors = [d for d in range(1, self.shard + 1) if self.shard % d == 0]
-            raise UsageError(f"expert parallelism {self.expert} does not divide the shard group of {self.shard} "
+        group, what = ((self.replicate, "data-parallel ranks") if self.replicates_parameters
+                       else (self.shard, "shard group"))
+        if group % self.expert:
+            divisors = [d for d in range(1, group + 1) if group % d == 0]
+            raise UsageError(f"expert parallelism {self.expert} does not divide the {what} of {group} "
                              f"ranks; valid: {', '.join(map(str, divisors))}")
+
+    @property
+    def expert_carved_from(self) -> str:
+        """The mesh dimension the expert group is carved out of: DDP's and ZeRO-1's replicas
+        (Megatron-LM), FSDP's and HSDP's shard group (torchtitan)."""
+        return "replicate" if self.replicates_parameters else "shard"
 
     def describe(self) -> str:
         parts = {"ddp": [f"DDP x{self.replicate}"] if self.replicate > 1 else [],
@@ -286,8 +295,8 @@ class Execution:
         sizes = {"replicate": self.replicate, "shard": self.shard}
         dims: list[tuple[str, int]] = []
         for name in self.engine.mesh:
-            if name == "shard" and self.expert > 1:
-                dims += [("shard_mod_expert", self.shard // self.expert), ("expert", self.expert)]
+            if name == self.expert_carved_from and self.expert > 1:
+                dims += [(f"{name}_mod_expert", sizes[name] // self.expert), ("expert", self.expert)]
             else:
                 dims.append((name, sizes[name]))
         return [("pipeline", self.pipeline), *dims, ("tensor", self.tensor)]

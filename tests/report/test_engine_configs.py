@@ -63,6 +63,21 @@ def test_expert_parallelism_is_torchtitans_degree_and_no_other_engines_json():
         megatron_args(e, 4, amp="bf16")
 
 
+def test_expert_parallelism_with_ddp_or_zero1_is_megatrons_and_not_torchtitans():
+    """Megatron-LM carves --expert-model-parallel-size out of its data-parallel ranks (DDP or the
+    distributed optimizer); torchtitan only out of the FSDP shard group."""
+    import pytest
+
+    from nnperf.report.engine_configs import NotExpressible, megatron_args, torchtitan_refusals
+
+    e = Execution(world=16, data="zero1", pipeline=2, pipeline_schedule="1f1b", grad_accum=4, expert=4)
+    args = megatron_args(e, 4, amp="bf16")
+    assert "--expert-model-parallel-size 4" in args and "--use-distributed-optimizer" in args
+    assert "--expert-model-parallel-size 2" in megatron_args(replace(e, data="ddp", expert=2), 4, amp="bf16")
+    with pytest.raises(NotExpressible, match="out of DDP's replicas"):
+        torchtitan_refusals(replace(e, data="ddp"), "bf16", None, "flash")
+
+
 def test_a_compiled_loss_is_torchtitans_compile_of_the_loss_component_only():
     e = Execution(world=8, data="fsdp", shard=8, micro_batch=2)
     compiled = tomllib.loads(torchtitan_toml(e, amp="bf16", loss="compiled"))["compile"]

@@ -72,8 +72,8 @@ def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> l
               help="Context-parallel degrees to try (ring attention over the sequence, modelled in closed "
                    "form on a traced rank), e.g. 1,2,4.")
 @click.option("--ep", "ep_text", default="auto", show_default=True,
-              help="Expert-parallel degrees to try for a mixture-of-experts model (experts split over the "
-                   "FSDP shard group, tokens sent by all-to-all): auto (powers of two dividing the experts, "
+              help="Expert-parallel degrees to try for a mixture-of-experts model (experts split over "
+                   "FSDP's shard group or DDP's and ZeRO-1's replicas, tokens sent by all-to-all): auto (powers of two dividing the experts, "
                    "inside a node) or a list, e.g. 1,8.")
 @click.option("--data", "data_text", default="auto", show_default=True,
               help="Data-parallel engines to try: auto (ddp, zero1, fsdp, hsdp) or a list, e.g. fsdp,hsdp. "

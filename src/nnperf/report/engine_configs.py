@@ -171,6 +171,9 @@ def torchtitan_refusals(e: Any, amp: str | None, dtype: str | None, sdpa: str) -
     if e.data == "zero1":
         missing.append("torchtitan has no ZeRO-1 (the optimizer state sharded over DDP's ranks): its data "
                        "parallelism replicates (DDP) or shards parameters too (FSDP2, HSDP)")
+    if e.expert > 1 and e.replicates_parameters:
+        missing.append("torchtitan carves its expert group out of the FSDP shard group (dp_shard x cp x tp), "
+                       "not out of DDP's replicas")
     if dtype not in (None, "fp32"):
         missing.append(f"torchtitan keeps fp32 parameters and computes in {dtype} through "
                        f"mixed_precision_param (plan with --amp); a model cast to {dtype} is not "
@@ -251,7 +254,7 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
                              "flash, fused, unfused, local, auto)")
     if e.data == "hsdp":
         raise NotExpressible("Megatron-LM's torch FSDP2 path shards over the whole data-parallel group (no HSDP)")
-    if e.expert > 1:
+    if e.expert > 1 and not e.replicates_parameters:
         raise NotExpressible("Megatron-LM's expert parallelism (--expert-model-parallel-size) runs with its own "
                              "data-parallel engine and distributed optimizer, not the torch FSDP2 sharding planned here")
     if e.pipeline > 1 and e.pipeline_schedule not in ("1f1b", "interleaved-1f1b"):
@@ -259,6 +262,8 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
     args = [f"--tensor-model-parallel-size {e.tensor}", f"--pipeline-model-parallel-size {e.pipeline}"]
     if e.context > 1:
         args.append(f"--context-parallel-size {e.context}")
+    if e.expert > 1:  # carved out of the data-parallel ranks, the experts' gradients reduced over the rest
+        args.append(f"--expert-model-parallel-size {e.expert}")
     if e.pipeline > 1 and (e.virtual_stages > 1 or e.uneven):
         if not layers:
             raise NotExpressible("the pipeline's split needs the layer count")

@@ -38,3 +38,13 @@ def test_virtual_stages_and_shortened_stages_the_layers_allow():
     uneven = layouts(8, 8, 16, pipeline=[4], schedules=["1f1b"], layers=12, split=PipelineSplitChoice(first=2, last=2))
     assert uneven and all(e.chunk_layers(12) == (2, 4, 4, 2) for e in uneven)
     assert not layouts(8, 8, 16, pipeline=[4], schedules=["1f1b"], layers=12, split=PipelineSplitChoice(first=5, last=4))
+
+
+def test_expert_parallelism_divides_ddp_and_zero1_replicas_as_fsdps_shard_group():
+    """16 GPUs, pipeline 2: 8 data-parallel ranks. EP 4 takes DDP and ZeRO-1 (8 replicas) and
+    FSDP (a shard group of 8); no layout with tensor parallelism takes it."""
+    found = layouts(16, 8, 32, tensor=[1, 2], pipeline=[2], schedules=["1f1b"], expert=[1, 4])
+    with_experts = [e for e in found if e.expert == 4]
+    assert {e.data for e in with_experts} >= {"ddp", "zero1", "fsdp"}
+    assert all(e.tensor == 1 for e in with_experts)
+    assert all((e.replicate if e.replicates_parameters else e.shard) % 4 == 0 for e in with_experts)

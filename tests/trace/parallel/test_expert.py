@@ -136,8 +136,6 @@ def test_collectives_by_hand():
 
 
 def test_layouts_expert_parallelism_refuses():
-    with pytest.raises(UsageError, match="fsdp or hsdp"):
-        Execution(world=4, data="ddp", expert=2).validate()
     with pytest.raises(UsageError, match="valid: 1, 2, 4"):
         Execution(world=4, data="fsdp", shard=4, expert=3).validate()
     with pytest.raises(UsageError, match="tensor or context"):

@@ -72,8 +72,9 @@ def layouts(gpus: int, nodes_of: int, global_batch: int, *, tensor: Iterable[int
     parallel with TP), data parallelism over the rest, and the micro-batch splits of the global
     batch; with the defaults, the data-parallel layouts only. Grouped: within a group (one
     ``shape_key``) the micro-batch shrinks, so the first that fits is the group's best. An
-    expert-parallel degree above 1 takes the FSDP/HSDP layouts whose shard group it divides,
-    without tensor or context parallelism (``Execution._validate_expert``). ``reshard``: whether
+    expert-parallel degree above 1 takes the FSDP/HSDP layouts whose shard group it divides
+    and the DDP/ZeRO-1 layouts whose data-parallel ranks it divides, without tensor or context
+    parallelism (``Execution._validate_expert``). ``reshard``: whether
     FSDP/HSDP frees a block's gathered parameters after its forward (FSDP2's
     ``reshard_after_forward``; pipelines keep them, as torchtitan's). ``split``: the virtual
     stages of the multi-chunk schedules and an uneven first and last stage (default: 2 chunks
@@ -91,7 +92,8 @@ def layouts(gpus: int, nodes_of: int, global_batch: int, *, tensor: Iterable[int
                                     tuple(reshard), split, refuse=alone)
                 out += found
                 out += [replace(e, expert=ep) for ep in expert if ep > 1 for e in found
-                        if not e.replicates_parameters and e.shard % ep == 0 and e.tensor == e.context == 1]
+                        if e.tensor == e.context == 1
+                        and (e.replicate if e.replicates_parameters else e.shard) % ep == 0]
     return out
 
 

@@ -56,6 +56,8 @@ def states_bound(sibling: Planned, shard: int, execution: Execution, optimizer: 
     params, gradients, optimizer_state = (round(states.parameters), round(states.gradients),
                                           round(states.optimizer_state))
     own_shard = 1 if execution.replicates_parameters else execution.shard
+    if execution.replicates_parameters and execution.expert > 1:
+        return None  # the sibling shards its experts over its whole shard group, DDP over the expert group only
     if (mirrors is None or not params or gradients != params
             or optimizer_state < mirrors * params or shard % own_shard):
         return None

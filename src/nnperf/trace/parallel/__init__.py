@@ -62,7 +62,7 @@ def apply_layout(workload: Workload, execution: Execution, options: TraceOptions
         parts = list(workload.model.stages)
     if not execution.applies_data_engine:
         return workload
-    if execution.expert > 1:
+    if execution.expert > 1 and not execution.replicates_parameters:
         from nnperf.trace.parallel.expert import explicit_prefetch, shard_experts
 
         for part in parts:
@@ -70,6 +70,10 @@ def apply_layout(workload: Workload, execution: Execution, options: TraceOptions
         apply_data_parallel(workload, parts, execution, options.amp, dp_mesh, units, real, tp_mesh)
         for part in parts:
             explicit_prefetch(part, units(part))
+        return workload
+    if execution.expert > 1:  # DDP / ZeRO-1: the experts' gradients reduced over their own group
+        apply_data_parallel(workload, parts, execution, options.amp, dp_mesh, units, real, tp_mesh,
+                            experts_mesh=experts_dp_mesh)
         return workload
     apply_data_parallel(workload, parts, execution, options.amp, dp_mesh, units, real, tp_mesh)
     return workload
@@ -94,18 +98,20 @@ def _loss_parallel() -> Any:
 def build_meshes(execution: Execution, device_type: str = "cpu") -> tuple[Any, Any, Any, Any, Any]:
     """The tensor-, data- and pipeline-parallel (sub)meshes, sliced from one device mesh, and
     with expert parallelism the expert group and the data-parallel mesh of the experts' weights
-    (torchtitan's ``ep`` and ``dp_shard_mod_ep``). A mesh reads its rank table with real
+    (torchtitan's ``ep`` and ``dp_shard_mod_ep``; under DDP or ZeRO-1, Megatron-LM's expert
+    model-parallel and expert-data-parallel groups). A mesh reads its rank table with real
     tensors: made and sliced before the fake mode starts."""
     from torch.distributed.device_mesh import init_device_mesh
 
     names, sizes = zip(*execution.mesh_shape(), strict=True)
     mesh = init_device_mesh(device_type, sizes, mesh_dim_names=names)
     expert_mesh = experts_data = None
+    carved = execution.expert_carved_from
     if execution.expert > 1:
-        mesh["shard_mod_expert", "expert"]._flatten("shard")
+        mesh[f"{carved}_mod_expert", "expert"]._flatten(carved)
         expert_mesh = mesh["expert"]
-        experts_data = mesh[("replicate", "shard_mod_expert") if execution.data == "hsdp" else "shard_mod_expert"]
-    data = ("replicate", "shard") if execution.data == "hsdp" else ("shard" if execution.expert > 1 else names[1:2])
+        experts_data = mesh[("replicate", "shard_mod_expert") if execution.data == "hsdp" else f"{carved}_mod_expert"]
+    data = ("replicate", "shard") if execution.data == "hsdp" else (carved if execution.expert > 1 else names[1:2])
     with warnings.catch_warnings():
         # torchtitan slices its flattened data mesh ("dp_shard" over dp_shard_mod_ep x ep) the same way
         warnings.filterwarnings("ignore", "Slicing a flattened dim", UserWarning)

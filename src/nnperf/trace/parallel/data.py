@@ -16,13 +16,16 @@ only are done the engine's own way:
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from nnperf.errors import UsageError
 from nnperf.layout import DDP_BUCKET_BYTES, Execution
 from nnperf.trace.clip import NORM_GROUPS
 from nnperf.trace.parallel.distributed_optimizer import (
@@ -37,12 +40,16 @@ from nnperf.workload import Workload, default_loss
 
 
 def apply_data_parallel(workload: Workload, parts: list[nn.Module], execution: Execution, amp: str | None,
-                        mesh: Any, units: Any, real: bool = False, tp_mesh: Any = None) -> None:
+                        mesh: Any, units: Any, real: bool = False, tp_mesh: Any = None,
+                        experts_mesh: Any = None) -> None:
     """DDP (ZeRO-1: with Megatron-LM's distributed optimizer on it) or FSDP2 over each of
     ``parts`` (a pipeline rank's chunks; the model otherwise), on the data-parallel ``mesh``;
     FSDP2 with ``units(part)`` its blocks. ``real``: a real process group
     (``measure.distributed``), where DDP builds its first-step reducer and rebuilds it as users
-    run it, not the steady-state reducer a fake process group needs from the start."""
+    run it, not the steady-state reducer a fake process group needs from the start.
+    ``experts_mesh``: under expert parallelism with DDP or ZeRO-1, the experts' data-parallel
+    ranks (Megatron-LM's expert-data-parallel group), which their gradients are reduced over in
+    buckets of their own (``_ddp``)."""
     if not execution.replicates_parameters:
         for part in parts:
             fully_shard_blocks(part, mesh, units(part), execution.reshard_after_forward, amp)
@@ -50,6 +57,7 @@ def apply_data_parallel(workload: Workload, parts: list[nn.Module], execution: E
     # DDP over the data-parallel group of each (tensor, pipeline) coordinate; alone, that is
     # every rank: the default group, as plain DDP runs
     group = None if execution.data_parallel == execution.world else mesh.get_group()
+    experts_group = experts_mesh.get_group() if experts_mesh is not None else None
     sharded: list[ShardedBuckets] = []
     if execution.pipeline > 1:
         rank = workload.model
@@ -59,11 +67,11 @@ def apply_data_parallel(workload: Workload, parts: list[nn.Module], execution: E
                 tokens = rank.pipeline_inputs[0]
                 inputs = tokens[:tokens.shape[0] // rank.micro_batches] if chunk.first else rank.shapes[i][0]
                 return _gradient_ready_order(chunk, (inputs,), lambda out: out.float().sum())
-            rank.stages[i] = _ddp(chunk, ready, execution, group, real, sharded)
+            rank.stages[i] = _ddp(chunk, ready, execution, group, real, sharded, experts_group)
     else:
         def ready() -> list[int]:
             return _gradient_ready_order(workload.model, workload.inputs, workload.loss_fn or default_loss)
-        workload.model = _ddp(workload.model, ready, execution, group, real, sharded)
+        workload.model = _ddp(workload.model, ready, execution, group, real, sharded, experts_group)
     # gradient clipping's norm: summed over what each rank holds a part of (ZeRO-1's shares,
     # tensor parallelism's shards), as Megatron-LM's all-reduces of the squared norm
     groups = []
@@ -72,6 +80,8 @@ def apply_data_parallel(workload: Workload, parts: list[nn.Module], execution: E
         groups.append(group if group is not None else dist.group.WORLD)
     if execution.tensor > 1:
         groups.append(tp_mesh.get_group())
+    if experts_group is not None and sharded:  # the experts' shares: over their own data-parallel group
+        groups.append(experts_group)
     setattr(workload.model, NORM_GROUPS, [*getattr(workload.model, NORM_GROUPS, []), *groups])
 
 
@@ -109,27 +119,45 @@ def fully_shard_blocks(model: nn.Module, mesh: Any, blocks: list[str], reshard: 
 
 
 def _ddp(module: nn.Module, ready: Callable[[], list[int]], execution: Execution, group: Any, real: bool,
-         sharded: list[ShardedBuckets]) -> nn.Module:
+         sharded: list[ShardedBuckets], experts_group: Any = None) -> nn.Module:
     """``module`` under DDP over ``group``: its tensor-parallel parameters made local first
     (``localize_tensor_parallel``), its buckets those DDP rebuilds after its first step (``ready``:
     the order backward finishes the gradients), on a fake process group built so from the start
     (``_steady_state_reducer``); ZeRO-1 adds Megatron-LM's distributed optimizer
     (``trace.parallel.distributed_optimizer``): its parameters laid out per bucket, the buckets
-    reduce-scattered, the parameters all-gathered as the next forward starts."""
+    reduce-scattered, the parameters all-gathered as the next forward starts.
+
+    ``experts_group``: the experts' weights (expert parallelism) are bucketed apart and reduced
+    over that group, as Megatron-LM keeps them in a buffer of their own reduced over its
+    expert-data-parallel group; every gradient is divided by the whole data-parallel size (its
+    ``expert_gradient_scaling_factor``: an expert's tokens come from every rank of its expert
+    group). DDP reduces over one group, so both kinds of bucket go through this module's hook,
+    on a real process group too."""
     from torch.nn.parallel import DistributedDataParallel
     from torch.nn.parallel import distributed as ddp_module
 
     localize_tensor_parallel(module)
     zero1 = execution.shards_optimizer_only
-    steady = not real or zero1  # ZeRO-1's parameter layout needs the steady-state buckets from the start
-    buckets, limits, first = _bucket_assignment(module, ready(), execution.bucket_bytes) if steady else ([], [], 0)
-    shards = shard_buckets(module, buckets, group) if zero1 else None
+    apart = _expert_parameters(module) if experts_group is not None else frozenset()
+    if real and zero1 and apart:
+        raise UsageError("ZeRO-1 with expert parallelism is traced and planned, not run on GPUs: DDP rebuilds its "
+                         "buckets after the first step without the experts' own group; run it with --data ddp")
+    # ZeRO-1's parameter layout and the experts' own buckets need the steady-state buckets from the start
+    steady = not real or zero1 or bool(apart)
+    buckets, limits, first = (_bucket_assignment(module, ready(), execution.bucket_bytes, apart) if steady
+                              else ([], [], 0))
     verify = ddp_module._verify_param_shape_across_processes
     if not real:  # every rank of a fake process group is this one: nothing to compare
         ddp_module._verify_param_shape_across_processes = lambda *a, **k: None
+    dense = group if group is not None else dist.group.WORLD
+    groups = [experts_group if bucket[0] in apart else dense for bucket in buckets]
+    shards = shard_buckets(module, buckets, dense, groups) if zero1 else None
+    if apart and real:
+        _sync_apart(module, dense, experts_group, apart)
     try:
+        # DDP's own first sync would copy rank 0's experts over every rank's (``_sync_apart``)
         ddp = DistributedDataParallel(module, bucket_cap_mb=execution.bucket_bytes / 2**20, process_group=group,
-                                      gradient_as_bucket_view=zero1)
+                                      gradient_as_bucket_view=zero1, init_sync=not apart)
     finally:
         ddp_module._verify_param_shape_across_processes = verify
     if steady:
@@ -138,22 +166,63 @@ def _ddp(module: nn.Module, ready: Callable[[], list[int]], execution: Execution
         ddp.register_comm_hook(shards, reduce_scatter_hook)
         gather_before_forward(ddp, shards)
         sharded.append(shards)
-    elif not real:
-        ddp.register_comm_hook(ddp.process_group, _allreduce_hook)
+    elif not real or apart:
+        experts = frozenset(id(p) for i, p in enumerate(_trainable(module)) if i in apart)
+        ddp.register_comm_hook(BucketGroups(dense, dist.get_world_size(dense), experts, experts_group),
+                               _allreduce_hook)
     return ddp
 
 
-def _bucket_assignment(module: nn.Module, order: list[int], bucket_bytes: int) -> tuple[list[list[int]], list[int], int]:
+def _expert_parameters(module: nn.Module) -> frozenset[int]:
+    """Indices (into ``module``'s trainable parameters) of its experts' weights."""
+    from nnperf.zoo.moe import GroupedExperts
+
+    experts = {id(p) for m in module.modules() if isinstance(m, GroupedExperts) for p in m.parameters()}
+    return frozenset(i for i, p in enumerate(_trainable(module)) if id(p) in experts)
+
+
+def _sync_apart(module: nn.Module, group: Any, experts_group: Any, apart: frozenset[int]) -> None:
+    """What DDP's first sync does (every rank starts from rank 0's weights), with the experts
+    apart: the other parameters and the buffers broadcast over the data-parallel group, each
+    rank's experts over the ranks that hold the same ones (its expert-data-parallel group)."""
+    from torch.distributed.utils import _sync_module_states
+
+    experts = {id(p) for i, p in enumerate(_trainable(module)) if i in apart}
+    expert_names = {name for name, p in module.named_parameters() if id(p) in experts}
+    others = {name for name, _ in module.named_parameters() if name not in expert_names}
+    _sync_module_states(module, group, _BROADCAST_BYTES, 0, expert_names)
+    _sync_module_states(module, experts_group, _BROADCAST_BYTES, 0, others, broadcast_buffers=False)
+
+
+#: DDP's bucket for its first broadcast (``DistributedDataParallel.broadcast_bucket_size``).
+_BROADCAST_BYTES = 250 * 2**20
+
+
+def _trainable(module: nn.Module) -> list[nn.Parameter]:
+    return [p for p in module.parameters() if p.requires_grad]
+
+
+def _bucket_assignment(module: nn.Module, order: list[int], bucket_bytes: int,
+                       apart: frozenset[int] = frozenset()) -> tuple[list[list[int]], list[int], int]:
     """The buckets DDP rebuilds after its first step (trainable parameters' indices, each
     bucket in gradient-ready order), their size limits and the first bucket's cap: filled in
     ``order``, the first capped at ``dist._DEFAULT_FIRST_BUCKET_BYTES`` when the cap is DDP's
-    default (as ``_BucketCapacityConfig`` and the C++ rebuild do)."""
+    default (as ``_BucketCapacityConfig`` and the C++ rebuild do). The parameters ``apart``
+    (experts') fill buckets of their own the same way; the two kinds are interleaved in the
+    order their buckets become ready (their last gradient), which DDP's reducer launches them in."""
     params = [p for p in module.parameters() if p.requires_grad]
     first = dist._DEFAULT_FIRST_BUCKET_BYTES if bucket_bytes == DDP_BUCKET_BYTES else bucket_bytes
-    ordered = [params[i] for i in order]
     limits = [first, bucket_bytes] if first < bucket_bytes else [bucket_bytes]
-    buckets, per_bucket = dist._compute_bucket_assignment_by_size(ordered, limits, [False] * len(ordered))
-    return [[order[i] for i in bucket] for bucket in buckets], per_bucket, first
+    position = {i: n for n, i in enumerate(order)}
+    assigned: list[tuple[list[int], int]] = []
+    for kind in ([i for i in order if i not in apart], [i for i in order if i in apart]):
+        if not kind:
+            continue
+        found, per_bucket = dist._compute_bucket_assignment_by_size([params[i] for i in kind], limits,
+                                                                    [False] * len(kind))
+        assigned += [([kind[i] for i in bucket], limit) for bucket, limit in zip(found, per_bucket, strict=True)]
+    assigned.sort(key=lambda b: max(position[i] for i in b[0]))
+    return [b for b, _ in assigned], [limit for _, limit in assigned], first
 
 
 def _gradient_ready_order(model: nn.Module, inputs: tuple[Any, ...], loss_fn: Any) -> list[int]:
@@ -191,20 +260,40 @@ def _steady_state_reducer(ddp: Any, buckets: list[list[int]], limits: list[int],
     reducer.set_logger(ddp.logger)
 
 
-def _allreduce_hook(group: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP's default all-reduce (sum over the group, divided by its size), completed at once."""
+@dataclass(frozen=True)
+class BucketGroups:
+    """What DDP's hook reduces a bucket's gradients over: the data-parallel ``group``, or for
+    the experts' weights (``experts``: their ids) ``experts_group``; every gradient divided by
+    ``divisor``, the whole data-parallel size."""
+
+    group: Any
+    divisor: int
+    experts: frozenset[int] = frozenset()
+    experts_group: Any = None
+
+
+def _allreduce_hook(state: BucketGroups, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP's default all-reduce (divided by the data-parallel size, summed over the group),
+    completed at once. The experts' buckets are reduced over their own group; a bucket that
+    holds both kinds (DDP rebuilds its buckets from the first step's order on a real process
+    group, without knowing the kinds) is reduced run by run, each over its group."""
     buffer = bucket.buffer()
-    buffer.div_(dist.get_world_size(group))
-    dist.all_reduce(buffer, group=group)
+    buffer.div_(state.divisor)
+    start = 0
+    for expert, run in itertools.groupby(bucket.parameters(), key=lambda p: id(p) in state.experts):
+        size = sum(p.numel() for p in run)
+        whole = start == 0 and size == buffer.numel()
+        dist.all_reduce(buffer if whole else buffer[start:start + size],
+                        group=state.experts_group if expert else state.group)
+        start += size
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     future.set_result(buffer)
     return future
 
 
 # DDP checks a hook's annotations as objects (this module's are strings: __future__).
-_allreduce_hook.__annotations__.update(group=Any, bucket=dist.GradBucket, return_=None)
-_allreduce_hook.__annotations__["return"] = torch.futures.Future[torch.Tensor]
-del _allreduce_hook.__annotations__["return_"]
+_allreduce_hook.__annotations__.update(state=BucketGroups, bucket=dist.GradBucket,
+                                       **{"return": torch.futures.Future[torch.Tensor]})
 
 
 def localize_tensor_parallel(module: nn.Module) -> None:

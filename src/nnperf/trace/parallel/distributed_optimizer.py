@@ -45,19 +45,25 @@ SHARDED_BUCKETS = "nnperf_sharded_buckets"
 
 @dataclass
 class Bucket:
-    """One DDP bucket's parameters, their flat buffer and this rank's share of it."""
+    """One DDP bucket's parameters, their flat buffer and this rank's share of it, over the
+    ``size`` ranks of ``group`` it is sharded over (the data-parallel group; an expert's bucket,
+    its expert-data-parallel group)."""
 
     params: list[nn.Parameter]
     flat: torch.Tensor  # the parameters' storage, in the bucket's order
     share: nn.Parameter  # flat[rank * per : (rank + 1) * per]: updated here
-    tail: nn.Parameter | None  # flat[dp * per:], fewer than dp elements: updated by every rank
+    tail: nn.Parameter | None  # flat[size * per:], fewer than size elements: updated by every rank
     per: int  # elements of one rank's share
+    group: Any
+    rank: int
+    size: int
 
 
 @dataclass
 class ShardedBuckets:
-    """A DDP module's buckets over its data-parallel ``group``; ``needs_gather``: the shares
-    were updated since the parameters were last all-gathered."""
+    """A DDP module's buckets, its data-parallel ``group`` (of ``size`` ranks: every gradient is
+    averaged over them); ``needs_gather``: the shares were updated since the parameters were
+    last all-gathered."""
 
     group: Any
     rank: int
@@ -79,15 +85,18 @@ class ShardedBuckets:
             if bucket.per:
                 with warnings.catch_warnings():  # renamed all_gather_single in recent torch; same op
                     warnings.simplefilter("ignore", FutureWarning)
-                    dist.all_gather_into_tensor(bucket.flat[:self.size * bucket.per], bucket.share.data,
-                                                group=self.group)
+                    dist.all_gather_into_tensor(bucket.flat[:bucket.size * bucket.per], bucket.share.data,
+                                                group=bucket.group)
 
 
-def shard_buckets(module: nn.Module, buckets: list[list[int]], group: Any) -> ShardedBuckets:
+def shard_buckets(module: nn.Module, buckets: list[list[int]], group: Any,
+                  bucket_groups: list[Any] | None = None) -> ShardedBuckets:
     """Lay each bucket's parameters (indices into ``module``'s trainable parameters, in the
     bucket's order) out in one flat buffer, rebinding the module's parameters to views of it,
-    and cut this rank's share. Called before DDP wraps ``module``, which then holds the views."""
+    and cut this rank's share over ``bucket_groups[i]`` (default: every bucket over ``group``,
+    the data-parallel group). Called before DDP wraps ``module``, which then holds the views."""
     rank, size = dist.get_rank(group), dist.get_world_size(group)
+    bucket_groups = bucket_groups or [group] * len(buckets)
     params = [p for p in module.parameters() if p.requires_grad]
     owners = {id(p): [] for p in params}
     for sub in module.modules():
@@ -95,7 +104,7 @@ def shard_buckets(module: nn.Module, buckets: list[list[int]], group: Any) -> Sh
             if p is not None and id(p) in owners:
                 owners[id(p)].append((sub, name))
     sharded = ShardedBuckets(group, rank, size)
-    for indices in buckets:
+    for indices, over in zip(buckets, bucket_groups, strict=True):
         members = [params[i] for i in indices]
         numel = sum(p.numel() for p in members)
         flat = torch.empty(numel, dtype=members[0].dtype, device=members[0].device)
@@ -110,10 +119,11 @@ def shard_buckets(module: nn.Module, buckets: list[list[int]], group: Any) -> Sh
                 sub._parameters[name] = new
             views.append(new)
             offset += p.numel()
-        per = numel // size
-        share = nn.Parameter(flat[rank * per:(rank + 1) * per], requires_grad=True)
-        tail = nn.Parameter(flat[size * per:], requires_grad=True) if numel % size else None
-        sharded.buckets.append(Bucket(views, flat, share, tail, per))
+        mine, ranks = dist.get_rank(over), dist.get_world_size(over)
+        per = numel // ranks
+        share = nn.Parameter(flat[mine * per:(mine + 1) * per], requires_grad=True)
+        tail = nn.Parameter(flat[ranks * per:], requires_grad=True) if numel % ranks else None
+        sharded.buckets.append(Bucket(views, flat, share, tail, per, over, mine, ranks))
     return sharded
 
 
@@ -126,15 +136,15 @@ def reduce_scatter_hook(state: ShardedBuckets, bucket: dist.GradBucket) -> torch
     got, want = bucket.parameters(), mine.params
     if len(got) != len(want) or any(a is not b for a, b in zip(got, want, strict=True)):
         raise RuntimeError("DDP's bucket is not the one the distributed optimizer laid out")
-    buffer.div_(state.size)  # Megatron scales by 1 / dp before reducing
-    per, size, rank = mine.per, state.size, state.rank
+    buffer.div_(state.size)  # Megatron scales by 1 / dp before reducing (an expert's bucket too)
+    per, size, rank = mine.per, mine.size, mine.rank
     if per:
         with warnings.catch_warnings():  # renamed reduce_scatter_single in recent torch; same op
             warnings.simplefilter("ignore", FutureWarning)
-            dist.reduce_scatter_tensor(buffer[rank * per:(rank + 1) * per], buffer[:size * per], group=state.group)
+            dist.reduce_scatter_tensor(buffer[rank * per:(rank + 1) * per], buffer[:size * per], group=mine.group)
         mine.share.grad = buffer[rank * per:(rank + 1) * per]
     if mine.tail is not None:
-        dist.all_reduce(buffer[size * per:], group=state.group)
+        dist.all_reduce(buffer[size * per:], group=mine.group)
         mine.tail.grad = buffer[size * per:]
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     future.set_result(buffer)
