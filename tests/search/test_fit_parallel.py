@@ -30,3 +30,25 @@ def test_a_worker_forked_after_openmp_runs_a_parallel_loop():
     finally:
         pool.terminate()
         pool.join()
+
+
+def test_a_later_search_never_ignores_ctrl_c(monkeypatch):
+    """The fork server and the resource tracker are spawned with Ctrl-C ignored (their start
+    would print tracebacks otherwise); once this process has started them, a later search
+    spawns nothing and never sets SIGINT to be ignored, so a Ctrl-C then is always heard."""
+    import signal
+
+    from nnperf.search import fit_parallel
+
+    fit_parallel._context("forkserver")
+    ignored = []
+    original = signal.signal
+
+    def recording(signum, handler):
+        if signum == signal.SIGINT and handler is signal.SIG_IGN:
+            ignored.append(signum)
+        return original(signum, handler)
+
+    monkeypatch.setattr(signal, "signal", recording)
+    fit_parallel._context("forkserver")
+    assert ignored == []

@@ -61,6 +61,9 @@ _AUTOGRAD_THREAD = "pt_autograd_"
 # What a worker runs: inherited by a forked worker, installed by ``_install`` otherwise.
 _search: Search | None = None
 _jobs: list[Job] = []
+#: The process that started the fork server and the resource tracker (None: none yet); later
+#: searches of that process reuse them without blocking Ctrl-C again (``_context``).
+_servers_of: int | None = None
 
 
 def search_workers(options: MemoryOptions, jobs: int) -> int:
@@ -249,10 +252,14 @@ def _context(method: str) -> Any:
 
         # started with the stop signals held, the server and the resource tracker (which
         # the pool's queues start) never take them, so no Ctrl-C prints their tracebacks (the
-        # parent decides, and they end with it); one that comes meanwhile is handled here
-        with stopping.held(), stopping.unheard_by_children():
-            resource_tracker.ensure_running()
-            forkserver.ensure_running()
+        # parent decides, and they end with it); one that comes meanwhile is handled here.
+        # Once they run, nothing is spawned: a Ctrl-C is never ignored for a search of their own
+        global _servers_of
+        if _servers_of != os.getpid():
+            with stopping.held(), stopping.unheard_by_children():
+                resource_tracker.ensure_running()
+                forkserver.ensure_running()
+            _servers_of = os.getpid()
     return context
 
 
