@@ -73,6 +73,7 @@ def test_expert_parallelism_with_ddp_or_zero1_is_megatrons_and_not_torchtitans()
     e = Execution(world=16, data="zero1", pipeline=2, pipeline_schedule="1f1b", grad_accum=4, expert=4)
     args = megatron_args(e, 4, amp="bf16")
     assert "--expert-model-parallel-size 4" in args and "--use-distributed-optimizer" in args
+    assert "--moe-token-dispatcher-type alltoall" in args  # as planned; Megatron-LM's default is allgather
     assert "--expert-model-parallel-size 2" in megatron_args(replace(e, data="ddp", expert=2), 4, amp="bf16")
     with pytest.raises(NotExpressible, match="out of DDP's replicas"):
         torchtitan_refusals(replace(e, data="ddp"), "bf16", None, "flash")

@@ -262,8 +262,9 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
     args = [f"--tensor-model-parallel-size {e.tensor}", f"--pipeline-model-parallel-size {e.pipeline}"]
     if e.context > 1:
         args.append(f"--context-parallel-size {e.context}")
-    if e.expert > 1:  # carved out of the data-parallel ranks, the experts' gradients reduced over the rest
-        args.append(f"--expert-model-parallel-size {e.expert}")
+    if e.expert > 1:  # carved out of the data-parallel ranks, the experts' gradients reduced over the rest;
+        # tokens sent to their experts by all-to-all, as planned (Megatron-LM's default is allgather)
+        args += [f"--expert-model-parallel-size {e.expert}", "--moe-token-dispatcher-type alltoall"]
     if e.pipeline > 1 and (e.virtual_stages > 1 or e.uneven):
         if not layers:
             raise NotExpressible("the pipeline's split needs the layer count")

@@ -125,8 +125,9 @@ def _data_parallel_groups(execution: Execution, meshes: tuple[Any, ...]) -> list
     """The names of the process groups the layout's data-parallel engine communicates over."""
     _, dp_mesh, _, _, experts_mesh = meshes
     if execution.replicates_parameters and execution.data_parallel == execution.world:
-        return [dist.group.WORLD.group_name]  # DDP alone runs on the default group
-    names = [dp_mesh.get_group(i).group_name for i in range(dp_mesh.ndim)]
+        names = [dist.group.WORLD.group_name]  # DDP alone runs on the default group
+    else:
+        names = [dp_mesh.get_group(i).group_name for i in range(dp_mesh.ndim)]
     if experts_mesh is not None:
         names += [experts_mesh.get_group(i).group_name for i in range(experts_mesh.ndim)]
     return names

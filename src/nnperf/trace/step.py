@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from nnperf.errors import UsageError
-from nnperf.trace.clip import CLIP_MODULE, NORM_GROUPS, clip_grad_norm
+from nnperf.trace.clip import APART_NORM, CLIP_MODULE, NORM_GROUPS, clip_grad_norm
 from nnperf.trace.grad_scaler import TracedGradScaler
 from nnperf.trace.loss import ChunkedLoss, loss_for
 from nnperf.trace.options import AMP_DTYPES, TraceOptions
@@ -196,7 +196,7 @@ class Step:
             params = [p for group in optimizer.param_groups for p in group["params"]]
             clip_grad_norm(params, self.options.clip_grad_norm,
                            getattr(self.model, "group", None) if run_pipeline is not None else None,
-                           tuple(getattr(self.model, NORM_GROUPS, ())))
+                           tuple(getattr(self.model, NORM_GROUPS, ())), getattr(self.model, APART_NORM, None))
             watch.clip_ends()
         if optimizer is not None and scaler is not None:
             watch.scaler_starts()

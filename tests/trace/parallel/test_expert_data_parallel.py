@@ -30,6 +30,7 @@ WORLD, EP = 4, 2
 BUCKET = 4000  # bytes: each expert weight (4 local experts of 24 x 16 fp32: 6144 bytes) a bucket of its own
 OPTIONS = TraceOptions(optimizer="adamw")
 ENGINES = ("ddp", "zero1")
+MAX_NORM = 1e-3  # below the gradients' norm: the first step's update is clipped
 
 
 def _execution(data: str) -> Execution:
@@ -59,6 +60,7 @@ def _worker(rank: int) -> dict:
         whole(x).sum().backward()
         grads = {n: p.grad.clone() for n, p in model.named_parameters()}
         wanted = {n: p.grad.clone() for n, p in whole.named_parameters()}
+        norms = []
         for step in range(3):  # the third step is the steady state (DDP rebuilds its buckets after the first)
             if step:
                 seen = SeenCollectives()
@@ -67,6 +69,8 @@ def _worker(rank: int) -> dict:
                     optimizer.step()
                 whole(x).sum().backward()
             else:
+                norms.append(_clip(workload.model, optimizer))
+                norms.append(float(torch.nn.utils.clip_grad_norm_(list(whole.parameters()), MAX_NORM)))
                 optimizer.step()
             reference.step()
             if step < 2:
@@ -78,9 +82,19 @@ def _worker(rank: int) -> dict:
         if hasattr(optimizer, "finish"):
             optimizer.finish()
         updated = {n: p.detach().clone() for n, p in model.named_parameters()}
-        results[data] = {"collectives": seen.seen, "bytes": state, "grads": grads, "wanted": wanted,
+        results[data] = {"norms": norms, "collectives": seen.seen, "bytes": state, "grads": grads, "wanted": wanted,
                          "updated": updated, "reference": {n: p.detach().clone() for n, p in whole.named_parameters()}}
     return results
+
+
+def _clip(model, optimizer) -> float:
+    """The first step's clipping as the traced step runs it (``trace.step``), on what the optimizer
+    updates (ZeRO-1: this rank's shares)."""
+    from nnperf.trace.clip import APART_NORM, NORM_GROUPS, clip_grad_norm
+
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    return float(clip_grad_norm(params, MAX_NORM, None, tuple(getattr(model, NORM_GROUPS, ())),
+                                getattr(model, APART_NORM, None)))
 
 
 @pytest.fixture(scope="module")
@@ -128,6 +142,17 @@ def test_ddp_gradients_are_the_whole_layers(real_runs):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("data", ENGINES)
+def test_the_clipped_norm_is_the_whole_layers(real_runs, data):
+    """Every rank's gradient norm is the whole layer's: DDP's dense gradients whole on each rank
+    with each rank's own experts summed over the expert group; ZeRO-1's shares summed over the
+    data-parallel group."""
+    for rank, result in real_runs.items():
+        ours, whole = result[data]["norms"]
+        assert ours == pytest.approx(whole, rel=1e-5), (rank, data)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("data", ENGINES)
 def test_three_steps_update_as_adamw_on_the_whole_layer(real_runs, data):
     for rank, result in real_runs.items():
         run = result[data]
@@ -166,3 +191,31 @@ def test_expert_parallelism_divides_the_data_parallel_ranks():
     with pytest.raises(UsageError, match="tensor or context"):
         Execution(world=8, data="zero1", tensor=2, expert=2).validate()
     Execution(world=8, data="zero1", pipeline=2, pipeline_schedule="1f1b", grad_accum=2, expert=4).validate()
+
+
+def test_clipping_sums_the_norm_once_over_the_right_ranks():
+    """--clip-grad-norm: DDP all-reduces the experts' squared norm (4 bytes) over the expert group
+    (0, 1), the dense gradients being whole on every rank; ZeRO-1 the sum of its shares' over the
+    data-parallel ranks, once."""
+    def build() -> Workload:
+        return Workload(model=_model(), inputs=(torch.randn(1, TOKENS, DIM),), loss_fn=lambda out: out.sum())
+
+    options = TraceOptions(optimizer="adamw", clip_grad_norm=1.0)
+    for data, groups in (("ddp", [(0, 1)]), ("zero1", [(0, 1, 2, 3)])):
+        traced = trace_rank(build, options, _execution(data), lambda model: [], rank=0)
+        norms = [c.group_ranks for c in traced.collectives if c.kind == "all_reduce" and c.bytes == 4]
+        assert norms == groups, data
+
+
+def test_accumulation_reduces_the_experts_once_per_step():
+    """With 2 micro-batches every gradient collective, the experts' too, is over a group the
+    step's data-parallel reduction runs on (its groups: reduced once per step, not per micro-batch)."""
+    def build() -> Workload:
+        return Workload(model=_model(), inputs=(torch.randn(1, TOKENS, DIM),), loss_fn=lambda out: out.sum())
+
+    for data in ENGINES:
+        execution = Execution(world=WORLD, data=data, expert=EP, bucket_bytes=BUCKET, grad_accum=2)
+        traced = trace_rank(build, OPTIONS, execution, lambda model: [], rank=0)
+        reducing = {c.group for c in traced.collectives if c.kind in ("all_reduce", "reduce_scatter")}
+        assert len(reducing) == 2  # the dense gradients' group and the experts' own
+        assert reducing <= set(traced.trace.config["data_parallel_groups"]), data

@@ -27,7 +27,7 @@ from torch import nn
 
 from nnperf.errors import UsageError
 from nnperf.layout import DDP_BUCKET_BYTES, Execution
-from nnperf.trace.clip import NORM_GROUPS
+from nnperf.trace.clip import APART_NORM, NORM_GROUPS, ApartNorm
 from nnperf.trace.parallel.distributed_optimizer import (
     SHARDED_BUCKETS,
     ShardedBuckets,
@@ -41,7 +41,7 @@ from nnperf.workload import Workload, default_loss
 
 def apply_data_parallel(workload: Workload, parts: list[nn.Module], execution: Execution, amp: str | None,
                         mesh: Any, units: Any, real: bool = False, tp_mesh: Any = None,
-                        experts_mesh: Any = None) -> None:
+                        experts_mesh: Any = None, expert_mesh: Any = None) -> None:
     """DDP (ZeRO-1: with Megatron-LM's distributed optimizer on it) or FSDP2 over each of
     ``parts`` (a pipeline rank's chunks; the model otherwise), on the data-parallel ``mesh``;
     FSDP2 with ``units(part)`` its blocks. ``real``: a real process group
@@ -49,7 +49,8 @@ def apply_data_parallel(workload: Workload, parts: list[nn.Module], execution: E
     run it, not the steady-state reducer a fake process group needs from the start.
     ``experts_mesh``: under expert parallelism with DDP or ZeRO-1, the experts' data-parallel
     ranks (Megatron-LM's expert-data-parallel group), which their gradients are reduced over in
-    buckets of their own (``_ddp``)."""
+    buckets of their own (``_ddp``); ``expert_mesh``, the expert group (clipping sums the
+    experts' squared norm over it under DDP)."""
     if not execution.replicates_parameters:
         for part in parts:
             fully_shard_blocks(part, mesh, units(part), execution.reshard_after_forward, amp)
@@ -80,9 +81,13 @@ def apply_data_parallel(workload: Workload, parts: list[nn.Module], execution: E
         groups.append(group if group is not None else dist.group.WORLD)
     if execution.tensor > 1:
         groups.append(tp_mesh.get_group())
-    if experts_group is not None and sharded:  # the experts' shares: over their own data-parallel group
-        groups.append(experts_group)
     setattr(workload.model, NORM_GROUPS, [*getattr(workload.model, NORM_GROUPS, []), *groups])
+    if experts_group is not None and not sharded:
+        # DDP: whole dense gradients on every rank, each rank of the expert group its own experts'
+        # (ZeRO-1's shares, experts' and others', sum to the whole over the data-parallel group)
+        setattr(workload.model, APART_NORM, ApartNorm(_expert_ids(parts if execution.pipeline == 1
+                                                                  else list(workload.model.stages)),
+                                                      expert_mesh.get_group()))
 
 
 def forward_dtype(execution: Execution, amp: str | None) -> torch.dtype | None:
@@ -152,14 +157,17 @@ def _ddp(module: nn.Module, ready: Callable[[], list[int]], execution: Execution
     dense = group if group is not None else dist.group.WORLD
     groups = [experts_group if bucket[0] in apart else dense for bucket in buckets]
     shards = shard_buckets(module, buckets, dense, groups) if zero1 else None
-    if apart and real:
-        _sync_apart(module, dense, experts_group, apart)
+    sync = ddp_module._sync_module_states
+    if apart:  # DDP's own first sync would copy rank 0's experts over every rank's
+        ddp_module._sync_module_states = lambda *a, **k: None
+        if real:
+            _sync_apart(module, dense, experts_group, apart)
     try:
-        # DDP's own first sync would copy rank 0's experts over every rank's (``_sync_apart``)
         ddp = DistributedDataParallel(module, bucket_cap_mb=execution.bucket_bytes / 2**20, process_group=group,
-                                      gradient_as_bucket_view=zero1, init_sync=not apart)
+                                      gradient_as_bucket_view=zero1)
     finally:
         ddp_module._verify_param_shape_across_processes = verify
+        ddp_module._sync_module_states = sync
     if steady:
         _steady_state_reducer(ddp, buckets, limits, first, execution.bucket_bytes, zero1)
     if shards is not None:
@@ -171,6 +179,14 @@ def _ddp(module: nn.Module, ready: Callable[[], list[int]], execution: Execution
         ddp.register_comm_hook(BucketGroups(dense, dist.get_world_size(dense), experts, experts_group),
                                _allreduce_hook)
     return ddp
+
+
+def _expert_ids(parts: list[nn.Module]) -> frozenset[int]:
+    """The ids of the experts' weights in ``parts`` (as wrapped: the optimizer's parameters)."""
+    from nnperf.zoo.moe import GroupedExperts
+
+    return frozenset(id(p) for part in parts for m in part.modules() if isinstance(m, GroupedExperts)
+                     for p in m.parameters())
 
 
 def _expert_parameters(module: nn.Module) -> frozenset[int]:
@@ -208,17 +224,19 @@ def _bucket_assignment(module: nn.Module, order: list[int], bucket_bytes: int,
     bucket in gradient-ready order), their size limits and the first bucket's cap: filled in
     ``order``, the first capped at ``dist._DEFAULT_FIRST_BUCKET_BYTES`` when the cap is DDP's
     default (as ``_BucketCapacityConfig`` and the C++ rebuild do). The parameters ``apart``
-    (experts') fill buckets of their own the same way; the two kinds are interleaved in the
-    order their buckets become ready (their last gradient), which DDP's reducer launches them in."""
+    (experts') fill buckets of their own, all of the full size (Megatron-LM's expert buffer; no
+    first bucket is capped there); the two kinds are interleaved in the order their buckets
+    become ready (their last gradient), which DDP's reducer launches them in."""
     params = [p for p in module.parameters() if p.requires_grad]
     first = dist._DEFAULT_FIRST_BUCKET_BYTES if bucket_bytes == DDP_BUCKET_BYTES else bucket_bytes
     limits = [first, bucket_bytes] if first < bucket_bytes else [bucket_bytes]
     position = {i: n for n, i in enumerate(order)}
     assigned: list[tuple[list[int], int]] = []
-    for kind in ([i for i in order if i not in apart], [i for i in order if i in apart]):
+    for kind, kind_limits in (([i for i in order if i not in apart], limits),
+                              ([i for i in order if i in apart], [bucket_bytes])):
         if not kind:
             continue
-        found, per_bucket = dist._compute_bucket_assignment_by_size([params[i] for i in kind], limits,
+        found, per_bucket = dist._compute_bucket_assignment_by_size([params[i] for i in kind], kind_limits,
                                                                     [False] * len(kind))
         assigned += [([kind[i] for i in bucket], limit) for bucket, limit in zip(found, per_bucket, strict=True)]
     assigned.sort(key=lambda b: max(position[i] for i in b[0]))
