@@ -38,6 +38,20 @@ def test_the_bound_is_below_the_traced_states(tensor, optimizer):
         assert bound is not None and 0.9 * states < bound <= states <= traced.memory_bytes, execution.describe()
 
 
+@pytest.mark.parametrize("data", ["ddp", "zero1"])
+def test_with_experts_the_bound_is_below_the_traced_states(data):
+    """Expert parallelism 2 of 4 experts on 8 GPUs: the FSDP sibling shards the experts over all
+    8 ranks, a DDP / ZeRO-1 rank holds 2 of them whole; the bound stays below what is traced."""
+    options = TraceOptions(amp="bf16")
+    request = ModelRequest("llama-7b", batch=1, seq_len=16, overrides={**WIDE, "n_experts": 4, "top_k": 2})
+    fsdp = Execution(world=8, data="fsdp", shard=8, expert=2)
+    sibling = evaluate(request, options, fsdp, GPU, CLUSTER)
+    execution = Execution(world=8, data=data, expert=2)
+    bound = states_bound(sibling, fsdp.shard, execution, "adamw")
+    traced = evaluate(request, options, execution, GPU, CLUSTER)
+    assert bound is not None and 0 < bound <= traced.state_bytes.total <= traced.memory_bytes
+
+
 def test_the_search_skips_hsdp_whose_states_cannot_fit():
     request = ModelRequest("llama-7b", batch=1, seq_len=16, overrides={**WIDE, "dim": 2048, "ffn_hidden": 8192, "n_layer": 8})
     options = TraceOptions(amp="bf16")

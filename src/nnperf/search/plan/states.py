@@ -22,6 +22,10 @@ rejected without a trace, whatever its checkpointing and micro-batch:
   optimizer: ``trace.parallel.distributed_optimizer``) holds the whole parameters and gradients,
   at least ``m (P - R)`` bytes each, and its even share of the state, ``MIRRORS`` times the
   whole parameters over ``m``: at least ``(2 m + MIRRORS) (P - R)``.
+- With expert parallelism ``ep`` (the sibling's experts sharded over its whole shard group, a
+  DDP / ZeRO-1 rank's over the expert group only) a rank holds its dense parameters whole and
+  ``1 / ep`` of the experts: at least ``1 / ep`` of the whole, so ``m`` is ``S / ep``; ZeRO-1's
+  share of the state is still at least the sibling's (the experts' over ``dp / ep`` ranks).
 """
 
 from __future__ import annotations
@@ -56,8 +60,8 @@ def states_bound(sibling: Planned, shard: int, execution: Execution, optimizer: 
     params, gradients, optimizer_state = (round(states.parameters), round(states.gradients),
                                           round(states.optimizer_state))
     own_shard = 1 if execution.replicates_parameters else execution.shard
-    if execution.replicates_parameters and execution.expert > 1:
-        return None  # the sibling shards its experts over its whole shard group, DDP over the expert group only
+    if execution.replicates_parameters and execution.expert > 1:  # module docstring
+        own_shard *= execution.expert
     if (mirrors is None or not params or gradients != params
             or optimizer_state < mirrors * params or shard % own_shard):
         return None
