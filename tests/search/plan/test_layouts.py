@@ -48,3 +48,12 @@ def test_expert_parallelism_divides_ddp_and_zero1_replicas_as_fsdps_shard_group(
     assert {e.data for e in with_experts} >= {"ddp", "zero1", "fsdp"}
     assert all(e.tensor == 1 for e in with_experts)
     assert all((e.replicate if e.replicates_parameters else e.shard) % 4 == 0 for e in with_experts)
+
+
+def test_only_the_expert_degrees_asked_for():
+    """--ep 4 tries expert parallelism 4 only, as --tp 2 tries tensor parallelism 2 only; 1 is
+    one of the degrees when asked for (the default, and auto)."""
+    assert {e.expert for e in layouts(16, 8, 32, pipeline=[2], schedules=["1f1b"], expert=[4])} == {4}
+    assert {e.expert for e in layouts(16, 8, 32, pipeline=[2], schedules=["1f1b"], expert=[1, 4])} == {1, 4}
+    # 8 GPUs over 2 stages: 4 data-parallel ranks, which expert parallelism 8 cannot divide
+    assert layouts(8, 8, 8, pipeline=[2], schedules=["1f1b"], expert=[8]) == []

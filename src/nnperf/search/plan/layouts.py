@@ -90,7 +90,8 @@ def layouts(gpus: int, nodes_of: int, global_batch: int, *, tensor: Iterable[int
             for cp in context:
                 found = _layouts_of(gpus, nodes_of, global_batch, tp, pp, cp, schedules, layers, checkpoints,
                                     tuple(reshard), split, refuse=alone)
-                out += found
+                if 1 in expert:  # the degrees asked for only, as every other axis
+                    out += found
                 out += [replace(e, expert=ep) for ep in expert if ep > 1 for e in found
                         if e.tensor == e.context == 1
                         and (e.replicate if e.replicates_parameters else e.shard) % ep == 0]

@@ -162,8 +162,11 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
             f"no layout of {request_name(request)} on {gpus} GPUs with tensor degrees {listed(tensor)}, "
             f"pipeline degrees {listed(pipeline)}, context degrees {listed(context)}, expert degrees "
             f"{listed(expert)} and data parallelism {', '.join(k for k in DATA_KINDS if k in kinds)}: the global batch "
-            f"{global_batch} must divide over the data-parallel ranks (GPUs / (tp x pp x cp)) and stages must "
-            "split the layers; try other degrees or --global-batch a multiple of the GPU count")
+            f"{global_batch} must divide over the data-parallel ranks (GPUs / (tp x pp x cp)), stages must "
+            "split the layers" + (", and an expert degree above 1 must divide the data-parallel ranks (ddp, zero1) "
+                                  "or the shard group (fsdp, hsdp), without tensor or context parallelism"
+                                  if max(expert) > 1 else "")
+            + "; try other degrees or --global-batch a multiple of the GPU count")
     slower = [p for p in results if p.time_bound]
     results = [p for p in results if not p.time_bound]
     ranked = sorted((p for p in results if p.fits), key=lambda p: p.step_s)
