@@ -84,13 +84,17 @@ def test_a_layout_outside_torchrun_or_of_another_plan_is_one_line(plan_file, tmp
         assert message in result.output and len(result.output.strip().splitlines()) == 1, result.output
 
 
-def test_an_expert_parallel_layout_holds_the_planned_state_on_4_real_ranks(tmp_path):
-    """FSDP2 over 4 ranks with 8 experts over 2 of them, bf16 autocast: the real router is not the
-    uniform one the plan assumes, but what each rank holds does not depend on it."""
-    moe = ["mixtral-8x7b", "-O", "n_layer=1", "-O", "dim=64", "-O", "n_heads=4", "-O", "n_kv_heads=2",
-           "-O", "ffn_hidden=64", "-O", "vocab=256", "--seq", "32", "--batch", "1", "--amp", "bf16"]
+MOE = ["mixtral-8x7b", "-O", "n_layer=1", "-O", "dim=64", "-O", "n_heads=4", "-O", "n_kv_heads=2",
+       "-O", "ffn_hidden=64", "-O", "vocab=256", "--seq", "32", "--batch", "1", "--amp", "bf16"]
+
+
+@pytest.mark.parametrize("data", ["fsdp", "ddp"])
+def test_an_expert_parallel_layout_holds_the_planned_state_on_4_real_ranks(tmp_path, data):
+    """FSDP2 or DDP over 4 ranks with 8 experts over 2 of them, bf16 autocast: the real router is
+    not the uniform one the plan assumes, but what each rank holds does not depend on it."""
+    moe = MOE
     planned = CliRunner().invoke(cli, ["plan", *moe, "--gpu", "h100", "--gpus", "4", "--tp", "1", "--pp", "1",
-                                       "--ep", "2", "--json"])
+                                       "--ep", "2", "--data", data, "--json"])
     assert planned.exit_code == 0, planned.output
     plan = json.loads(planned.output)
     index, row = next((i, r) for i, r in enumerate(plan["ranked"]) if r["execution"]["expert"] == 2)
@@ -121,3 +125,14 @@ def test_a_plan_is_measured_with_the_models_defaults_left_unspelled(tmp_path):
     other = CliRunner(env=env).invoke(cli, ["measure", "gpt2", "-O", "n_layer=2", "--seq", "512", "--device", "cpu",
                                             "--layout", str(path)])
     assert "seq_len planned 1024, got 512" in other.output
+
+
+def test_zero1_with_experts_is_planned_not_measured(tmp_path):
+    path = tmp_path / "plan.json"
+    planned = CliRunner().invoke(cli, ["plan", *MOE, "--gpu", "h100", "--gpus", "4", "--tp", "1", "--pp", "1",
+                                       "--ep", "2", "--data", "zero1", "-o", str(path)])
+    assert planned.exit_code == 0, planned.output
+    env = {"WORLD_SIZE": None, "RANK": None, "LOCAL_RANK": None}
+    result = CliRunner(env=env).invoke(cli, ["measure", *MOE, "--device", "cpu", "--layout", str(path)])
+    assert result.exit_code == 2 and "ZeRO-1 with expert parallelism is planned, not run" in result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output

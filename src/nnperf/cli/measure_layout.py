@@ -21,6 +21,9 @@ def measure_planned_layout(layout: str, device: str | None, steps: int, warmup: 
 
     layout_file = read_layout(layout)
     execution, planned = layout_file.execution, layout_file.planned
+    if execution.shards_optimizer_only and execution.expert > 1:
+        raise UsageError(f"--layout {layout}: ZeRO-1 with expert parallelism is planned, not run (DDP rebuilds its "
+                         "buckets after the first step without the experts' own group); measure a ddp or fsdp layout")
     request, options = pop_workload(workload_kwargs)
     if request_name(request) != layout_file.model:
         raise UsageError(f"--layout {layout} is a plan of {layout_file.model}; measure that model "
