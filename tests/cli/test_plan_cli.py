@@ -160,7 +160,8 @@ def test_expert_parallel_layouts_of_a_mixture_of_experts_model():
 def test_expert_degrees_the_model_does_not_allow_are_one_line():
     for args, message in (([*MOE, "--ep", "3"], "--ep 3 does not divide the 8 GPUs"),
                           ([*ARGS, "--ep", "2"], "gpt2 has no experts"),
-                          ([*MOE, "-O", "n_experts=6", "--ep", "4"], "--ep 4 does not divide the model's 6 experts"),
+                          ([*MOE, "-O", "n_experts=6", "--ep", "4"],
+                           "--ep 4 does not divide the model's 6 experts; valid (dividing them and the 8 GPUs): 1, 2\n"),
                           ([*MOE, "--tp", "2"], "tensor parallelism of mixture-of-experts layers")):
         result = CliRunner().invoke(cli, [*args, "--gpus", "8", "--pp", "1"] + ([] if "--tp" in args else ["--tp", "1"]))
         assert result.exit_code == 2, result.output
@@ -357,3 +358,13 @@ def test_an_uneven_split_is_planned_with_the_schedules_that_hold_it():
     assert result.exit_code == 2, result.output
     assert "cannot hold 10 layers in 4 pipeline stages x 2 virtual stages" in result.output, result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+def test_the_note_on_axes_left_out_names_the_experts():
+    """With --tp and --pp left to auto, a MoE model's plan says why tensor parallelism was not
+    searched: its experts (not a missing plan for its family, which llama has)."""
+    result = CliRunner().invoke(cli, [*MOE, "--gpus", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    notes = json.loads(result.output)["notes"]
+    assert any("mixture-of-experts layers is not modelled (expert parallelism, --ep, is searched instead)" in n
+               for n in notes), notes

@@ -97,11 +97,18 @@ def axes_note(request: ModelRequest, gpus: int, asked: tuple[Any, Any], tensor: 
     to ``auto`` says so in its text, and why (an ``hf:`` model has no per-family plan)."""
     if gpus == 1 or asked != (None, None) or tensor != [1] or pipeline != [1]:
         return []
+    from nnperf.trace.parallel.expert import has_experts
+
     name = request_name(request)
-    why = (NO_PLANS.format(name=name) if model_info is None
-           else f"for {name} nnperf has no per-family plan (trace/tensor_parallel.py, trace/pipeline.py), or "
-                "no degree above 1 divides its heads, FFN and sequence within a node and no stage count its "
-                "layers")
+    if model_info is None:
+        why = NO_PLANS.format(name=name)
+    elif has_experts(model_info[0]):
+        why = (f"tensor parallelism of {name}'s mixture-of-experts layers is not modelled (expert parallelism, "
+               "--ep, is searched instead), and the automatic pipeline degrees left none for its layers")
+    else:
+        why = (f"for {name} nnperf has no per-family plan (trace/tensor_parallel.py, trace/pipeline.py), or "
+               "no degree above 1 divides its heads, FFN and sequence within a node and no stage count its "
+               "layers")
     return [f"tensor and pipeline parallelism were not searched: {why}; the layouts ranked are data "
             "parallelism (DDP, ZeRO-1, FSDP2, HSDP) with checkpointing and gradient accumulation"]
 
@@ -128,7 +135,7 @@ def listed(degrees: Iterable[int]) -> str:
 
 
 def check_degrees(gpus: int, nodes_of: int, tensor: Iterable[int] | None, pipeline: Iterable[int] | None,
-                  context: Iterable[int], expert: Iterable[int] | None = None) -> None:
+                  context: Iterable[int]) -> None:
     """A degree the user asked for that no layout of ``gpus`` GPUs can have is one line with the
     valid ones (it used to leave nothing to search, or only the other axes' layouts): tensor
     parallelism stays inside a node, so it divides the GPUs per node and the GPU count; pipeline
@@ -141,7 +148,7 @@ def check_degrees(gpus: int, nodes_of: int, tensor: Iterable[int] | None, pipeli
         if tp < 1 or per_node % tp:
             raise UsageError(f"--tp {tp}: tensor parallelism stays inside a node, so its degree divides the "
                              f"{nodes_of} GPUs per node and the {gpus} GPUs; valid: {divisors(per_node)}")
-    for option, degrees in (("--pp", pipeline or ()), ("--cp", context), ("--ep", expert or ())):
+    for option, degrees in (("--pp", pipeline or ()), ("--cp", context)):  # --ep: expert_degrees
         for d in degrees:
             if d < 1 or gpus % d:
                 raise UsageError(f"{option} {d} does not divide the {gpus} GPUs; valid: {divisors(gpus)}")
@@ -165,10 +172,15 @@ def expert_degrees(request: ModelRequest, gpus: int, nodes_of: int, expert: Iter
             if not experts:
                 raise UsageError(f"--ep: {request_name(request)} has no experts; expert parallelism needs a "
                                  "mixture-of-experts model (mixtral-8x7b, or llama-7b -O n_experts=N)")
+            both = math.gcd(experts, gpus)  # a degree divides the experts and the GPUs
+            valid = ", ".join(str(d) for d in range(1, both + 1) if both % d == 0)
             for ep in expert:
+                if ep < 1 or gpus % ep:
+                    raise UsageError(f"--ep {ep} does not divide the {gpus} GPUs; valid (dividing the GPUs and "
+                                     f"the model's {experts} experts): {valid}")
                 if experts % ep:
-                    valid = ", ".join(str(d) for d in range(1, experts + 1) if experts % d == 0)
-                    raise UsageError(f"--ep {ep} does not divide the model's {experts} experts; valid: {valid}")
+                    raise UsageError(f"--ep {ep} does not divide the model's {experts} experts; valid (dividing "
+                                     f"them and the {gpus} GPUs): {valid}")
         return expert
     if not experts:
         return [1]

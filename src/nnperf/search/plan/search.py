@@ -104,7 +104,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     tensor, pipeline = search_axes(request, gpus, nodes_of, layers, tensor, pipeline, info, split,
                                    schedules)  # the model's rules first
     left_out = axes_note(request, gpus, asked, tensor, pipeline, info)
-    check_degrees(gpus, nodes_of, *asked, context, expert)
+    check_degrees(gpus, nodes_of, *asked, context)
     if split.virtual != PipelineSplitChoice().virtual:  # asked for: each must split the stages
         check_virtual_stages(layers, pipeline, schedules, split)
     expert = expert_degrees(request, gpus, nodes_of, expert, info)
