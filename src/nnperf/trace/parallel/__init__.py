@@ -71,11 +71,9 @@ def apply_layout(workload: Workload, execution: Execution, options: TraceOptions
         for part in parts:
             explicit_prefetch(part, units(part))
         return workload
-    if execution.expert > 1:  # DDP / ZeRO-1: the experts' gradients reduced over their own group
-        apply_data_parallel(workload, parts, execution, options.amp, dp_mesh, units, real, tp_mesh,
-                            experts_mesh=experts_dp_mesh, expert_mesh=ep_mesh)
-        return workload
-    apply_data_parallel(workload, parts, execution, options.amp, dp_mesh, units, real, tp_mesh)
+    # DDP / ZeRO-1 with experts: their gradients reduced over their own group (None without)
+    apply_data_parallel(workload, parts, execution, options.amp, dp_mesh, units, real, tp_mesh,
+                        experts_mesh=experts_dp_mesh, expert_mesh=ep_mesh)
     return workload
 
 

@@ -143,7 +143,8 @@ def _ddp(module: nn.Module, ready: Callable[[], list[int]], execution: Execution
 
     localize_tensor_parallel(module)
     zero1 = execution.shards_optimizer_only
-    apart = _expert_parameters(module) if experts_group is not None else frozenset()
+    expert_ids = _expert_ids([module]) if experts_group is not None else frozenset()
+    apart = frozenset(i for i, p in enumerate(_trainable(module)) if id(p) in expert_ids)
     if real and zero1 and apart:
         raise UsageError("ZeRO-1 with expert parallelism is traced and planned, not run on GPUs: DDP rebuilds its "
                          "buckets after the first step without the experts' own group; run it with --data ddp")
@@ -161,7 +162,7 @@ def _ddp(module: nn.Module, ready: Callable[[], list[int]], execution: Execution
     if apart:  # DDP's own first sync would copy rank 0's experts over every rank's
         ddp_module._sync_module_states = lambda *a, **k: None
         if real:
-            _sync_apart(module, dense, experts_group, apart)
+            _sync_apart(module, dense, experts_group, expert_ids)
     try:
         ddp = DistributedDataParallel(module, bucket_cap_mb=execution.bucket_bytes / 2**20, process_group=group,
                                       gradient_as_bucket_view=zero1)
@@ -175,8 +176,7 @@ def _ddp(module: nn.Module, ready: Callable[[], list[int]], execution: Execution
         gather_before_forward(ddp, shards)
         sharded.append(shards)
     elif not real or apart:
-        experts = frozenset(id(p) for i, p in enumerate(_trainable(module)) if i in apart)
-        ddp.register_comm_hook(BucketGroups(dense, dist.get_world_size(dense), experts, experts_group),
+        ddp.register_comm_hook(BucketGroups(dense, dist.get_world_size(dense), expert_ids, experts_group),
                                _allreduce_hook)
     return ddp
 
@@ -189,22 +189,14 @@ def _expert_ids(parts: list[nn.Module]) -> frozenset[int]:
                      for p in m.parameters())
 
 
-def _expert_parameters(module: nn.Module) -> frozenset[int]:
-    """Indices (into ``module``'s trainable parameters) of its experts' weights."""
-    from nnperf.zoo.moe import GroupedExperts
-
-    experts = {id(p) for m in module.modules() if isinstance(m, GroupedExperts) for p in m.parameters()}
-    return frozenset(i for i, p in enumerate(_trainable(module)) if id(p) in experts)
-
-
-def _sync_apart(module: nn.Module, group: Any, experts_group: Any, apart: frozenset[int]) -> None:
+def _sync_apart(module: nn.Module, group: Any, experts_group: Any, expert_ids: frozenset[int]) -> None:
     """What DDP's first sync does (every rank starts from rank 0's weights), with the experts
-    apart: the other parameters and the buffers broadcast over the data-parallel group, each
-    rank's experts over the ranks that hold the same ones (its expert-data-parallel group)."""
+    (``expert_ids``) apart: the other parameters and the buffers broadcast over the
+    data-parallel group, each rank's experts over the ranks that hold the same ones (its
+    expert-data-parallel group)."""
     from torch.distributed.utils import _sync_module_states
 
-    experts = {id(p) for i, p in enumerate(_trainable(module)) if i in apart}
-    expert_names = {name for name, p in module.named_parameters() if id(p) in experts}
+    expert_names = {name for name, p in module.named_parameters() if id(p) in expert_ids}
     others = {name for name, _ in module.named_parameters() if name not in expert_names}
     _sync_module_states(module, group, _BROADCAST_BYTES, 0, expert_names)
     _sync_module_states(module, experts_group, _BROADCAST_BYTES, 0, others, broadcast_buffers=False)
@@ -297,6 +289,9 @@ def _allreduce_hook(state: BucketGroups, bucket: dist.GradBucket) -> torch.futur
     group, without knowing the kinds) is reduced run by run, each over its group."""
     buffer = bucket.buffer()
     buffer.div_(state.divisor)
+    if not state.experts:  # plain DDP: one group
+        dist.all_reduce(buffer, group=state.group)
+        return _done(buffer)
     start = 0
     for expert, run in itertools.groupby(bucket.parameters(), key=lambda p: id(p) in state.experts):
         size = sum(p.numel() for p in run)
@@ -304,6 +299,11 @@ def _allreduce_hook(state: BucketGroups, bucket: dist.GradBucket) -> torch.futur
         dist.all_reduce(buffer if whole else buffer[start:start + size],
                         group=state.experts_group if expert else state.group)
         start += size
+    return _done(buffer)
+
+
+def _done(buffer: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+    """A completed future of the reduced bucket, as DDP's hook returns it."""
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     future.set_result(buffer)
     return future
