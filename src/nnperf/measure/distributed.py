@@ -39,7 +39,7 @@ from nnperf.measure.device import device_name, synchronize, time_repeats
 from nnperf.measure.stats import Spread
 from nnperf.request import ModelRequest
 from nnperf.trace.options import TraceOptions
-from nnperf.trace.step import optimizer_state
+from nnperf.trace.step import gradient_params, optimizer_state
 
 
 @dataclass
@@ -225,7 +225,7 @@ class _GradientBytes:
             optimizer.register_step_pre_hook(self._seen)
 
     def _seen(self, optimizer: torch.optim.Optimizer, *args: Any) -> None:
-        self.bytes = _storage_bytes(p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None)
+        self.bytes = _storage_bytes(p.grad for p in gradient_params(optimizer) if p.grad is not None)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

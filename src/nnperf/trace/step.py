@@ -82,8 +82,19 @@ def make_optimizer(model: nn.Module, options: TraceOptions) -> Any:
 
     sharded = getattr(model, SHARDED_BUCKETS, None)
     if sharded:
-        return DistributedOptimizer(optimizer_class(DistributedOptimizer.shares(sharded), **kwargs), sharded)
+        return DistributedOptimizer(optimizer_class, kwargs, sharded)
     return optimizer_class(params, **kwargs)
+
+
+def gradient_params(optimizer: Any) -> list[torch.Tensor]:
+    """The parameters whose gradients backward leaves for the optimizer step (what clipping
+    scales): the optimizer's own, or a distributed optimizer's shares of the model's buckets
+    (its fp32 main parameters get theirs inside its step, as Megatron-LM's do)."""
+    from nnperf.trace.parallel.distributed_optimizer import DistributedOptimizer
+
+    if isinstance(optimizer, DistributedOptimizer):
+        return list(optimizer.shares)
+    return [p for group in optimizer.param_groups for p in group["params"]]
 
 
 def optimizer_state(optimizer: Any) -> dict[Any, dict[str, Any]]:
@@ -193,8 +204,7 @@ class Step:
             watch.clip_starts()
             if scaler is not None:  # the norm of the true gradients: unscaled first
                 scaler.unscale_(optimizer)
-            params = [p for group in optimizer.param_groups for p in group["params"]]
-            clip_grad_norm(params, self.options.clip_grad_norm,
+            clip_grad_norm(gradient_params(optimizer), self.options.clip_grad_norm,
                            getattr(self.model, "group", None) if run_pipeline is not None else None,
                            tuple(getattr(self.model, NORM_GROUPS, ())), getattr(self.model, APART_NORM, None))
             watch.clip_ends()

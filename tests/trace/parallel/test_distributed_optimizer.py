@@ -31,14 +31,14 @@ def _workload() -> Workload:
     return Workload(model=_small(), inputs=(torch.zeros(4, 16),), loss_fn=lambda out: out.sum())
 
 
-def _real_step(execution: Execution):
+def _real_step(execution: Execution, options: TraceOptions = OPTIONS):
     from nnperf.measure.step import build_step
     from nnperf.trace.parallel import apply_layout, build_meshes
 
     meshes = build_meshes(execution)
     torch.manual_seed(0)
-    return build_step(_workload, OPTIONS, torch.device("cpu"), wrap=lambda w: apply_layout(
-        w, execution, OPTIONS, meshes, lambda m: [], None, contextlib.ExitStack(), real=True))
+    return build_step(_workload, options, torch.device("cpu"), wrap=lambda w: apply_layout(
+        w, execution, options, meshes, lambda m: [], None, contextlib.ExitStack(), real=True))
 
 
 def _worker(rank: int) -> tuple[list[tuple[str, int]], dict[str, int]]:
@@ -127,15 +127,76 @@ def test_zero1_shares_each_bucket_evenly():
     assert sharded_bytes(traced)["optimizer_state"] == 8 * shares + 4 * tensors
 
 
-def _bucket_sizes(traced) -> list[int]:
+def _bucket_sizes(traced, itemsize: int = 4) -> list[int]:
     """Each bucket's elements: a reduce-scatter's input, and the odd element all-reduced after it."""
     sizes: list[int] = []
     for c in traced.collectives:
         if c.kind == "reduce_scatter":
-            sizes.append(c.bytes // 4)
+            sizes.append(c.bytes // itemsize)
         elif c.kind == "all_reduce" and c.phase == "backward":
-            sizes[-1] += c.bytes // 4
+            sizes[-1] += c.bytes // itemsize
     return sizes
+
+
+BF16 = TraceOptions(optimizer="adamw", dtype="bf16")
+
+
+def test_zero1_of_a_bf16_model_keeps_fp32_main_parameters():
+    """Megatron-LM's distributed optimizer on a bf16 model: the parameters, gradients and
+    collectives in bf16 (2 bytes an element, 731 of them), and per element of this rank's
+    shares an fp32 main parameter and two fp32 moments (12 bytes), besides AdamW's 4-byte step
+    per share."""
+    traced = trace_rank(_workload, BF16, Execution(world=2, data="zero1", bucket_bytes=200), lambda m: [])
+    total = 16 * 33 + 33 + 33 * 5 + 5
+    sizes = _bucket_sizes(traced, itemsize=2)
+    assert sum(sizes) == total
+    shares = sum(n // 2 + n % 2 for n in sizes)
+    tensors = len(sizes) + sum(n % 2 for n in sizes)
+    assert sharded_bytes(traced) == {"parameters": 2 * total, "gradients": 2 * total,
+                                     "optimizer_state": 12 * shares + 4 * tensors}
+
+
+@pytest.mark.slow
+def test_zero1_of_a_bf16_model_steps_its_fp32_main_parameters():
+    """3 steps of the bf16 model on 2 ranks against AdamW on one process over fp32 copies of
+    the weights, fed the two ranks' bf16 gradients averaged as the buckets average them
+    (each halved, then summed, in bf16), the weights the fp32 copies rounded to bf16. The
+    same steps with AdamW on the bf16 weights themselves (no main parameters) end elsewhere."""
+    results = run_ranks(_bf16_worker, 2, timeout_s=120)
+    torch.manual_seed(0)
+    model = _small().to(torch.bfloat16)
+    main = [p.detach().float().requires_grad_() for p in model.parameters()]
+    optimizer = torch.optim.AdamW(main, lr=1e-3)
+    plain = [p.detach().clone().requires_grad_() for p in model.parameters()]
+    plain_optimizer = torch.optim.AdamW(plain, lr=1e-3)
+    for step in range(3):
+        grads = []
+        for rank in range(2):
+            model.zero_grad()
+            model(_samples(rank, step).to(torch.bfloat16)).sum().backward()
+            grads.append([p.grad.clone() for p in model.parameters()])
+        for m, q, a, b in zip(main, plain, *grads, strict=True):
+            averaged = a / 2 + b / 2
+            m.grad, q.grad = averaged.float(), averaged
+        optimizer.step()
+        plain_optimizer.step()
+        with torch.no_grad():
+            for p, m in zip(model.parameters(), main, strict=True):
+                p.copy_(m)
+    expected = [m.detach().to(torch.bfloat16) for m in main]
+    for rank in range(2):
+        for got, want in zip(results[rank], expected, strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert any(not torch.equal(got, q.detach()) for got, q in zip(results[0], plain, strict=True))
+
+
+def _bf16_worker(rank: int) -> list[torch.Tensor]:
+    step = _real_step(Execution(world=2, data="zero1", bucket_bytes=200), BF16)
+    for n in range(3):
+        step.step.inputs = (_samples(rank, n).to(torch.bfloat16),)
+        step.run()
+    step.optimizer.finish()
+    return [p.detach().clone() for p in step.workload.model.module.parameters()]
 
 
 

@@ -22,9 +22,17 @@ here on PyTorch's own pieces:
 A bucket's share is ``n // dp`` elements per rank. Megatron pads its buffers so every bucket
 divides; DDP's do not, so the last ``n % dp`` elements (fewer than ``dp``) of such a bucket are
 all-reduced and updated by every rank: one small all-reduce more per such bucket, and at most
-``dp - 1`` elements of replicated optimizer state. The optimizer state is in the parameters'
-dtype, as every other engine here runs the optimizer (Megatron's fp32 master copy of a bf16
-model's share is not modelled).
+``dp - 1`` elements of replicated optimizer state.
+
+A model in bf16 or fp16 (``--dtype``) is optimized as Megatron-LM's mixed-precision optimizers
+do (``megatron/core/optimizer/distrib_optimizer.py``: ``shard_fp32_from_float16_groups``): each
+rank keeps an fp32 copy of its shares (the main parameters), the optimizer and its state are
+over those, and each step casts the shares' gradients to fp32 first
+(``_copy_model_grads_to_main_grads``) and the updated main parameters back into the shares
+after (``_copy_main_params_to_model_params``), which the all-gather then spreads. Per element of
+its shares a rank holds 4 bytes of main parameter and Adam's two fp32 moments: the 12 bytes of
+Megatron's distributed-optimizer memory formula. Gradient clipping reads the shares' own
+gradients (Megatron clips the fp32 copies: the same elements at twice the bytes).
 """
 
 from __future__ import annotations
@@ -168,36 +176,56 @@ def gather_before_forward(ddp: nn.Module, sharded: ShardedBuckets) -> None:
     ddp.register_forward_pre_hook(gather)
 
 
+#: The dtypes whose shares get fp32 main parameters (Megatron-LM's ``--bf16`` and ``--fp16``).
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
 class DistributedOptimizer:
-    """The step's optimizer over this rank's share of every bucket (``optimizer``: built by
-    ``trace.step.make_optimizer`` over ``shares``). ``step`` updates the shares and marks the
-    parameters for the all-gather before the next forward (``gather_before_forward``)."""
+    """The step's optimizer (``optimizer_class`` with ``kwargs``, from
+    ``trace.step.make_optimizer``) over this rank's share of every bucket, or over fp32 main
+    copies of the shares where the model is in bf16 or fp16 (module docstring). ``step``
+    updates the shares and marks the parameters for the all-gather before the next forward
+    (``gather_before_forward``)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, sharded: list[ShardedBuckets]) -> None:
-        self.optimizer = optimizer
+    def __init__(self, optimizer_class: type[torch.optim.Optimizer], kwargs: dict[str, Any],
+                 sharded: list[ShardedBuckets]) -> None:
         self.sharded = sharded
-
-    @staticmethod
-    def shares(sharded: list[ShardedBuckets]) -> list[nn.Parameter]:
-        return [p for s in sharded for p in s.optimized()]
+        self.shares = [p for s in sharded for p in s.optimized()]
+        low = bool(self.shares) and self.shares[0].dtype in LOW_PRECISION
+        #: the fp32 main parameter of each share (None: the shares are optimized themselves)
+        self.main: list[nn.Parameter] | None = (
+            [nn.Parameter(s.detach().to(torch.float32), requires_grad=True) for s in self.shares] if low else None)
+        self.optimizer = optimizer_class(self.main if self.main is not None else self.shares, **kwargs)
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
         return self.optimizer.param_groups
 
     @property
-    def state(self) -> Any:
-        return self.optimizer.state
+    def state(self) -> dict[nn.Parameter, dict[str, Any]]:
+        """What this rank holds for each share: the optimizer's state, and its fp32 main
+        parameter where it has one (Megatron counts it as optimizer state)."""
+        if self.main is None:
+            return self.optimizer.state
+        return {share: {**self.optimizer.state.get(main, {}), "main_param": main}
+                for share, main in zip(self.shares, self.main, strict=True)}
 
     def register_step_pre_hook(self, hook: Any) -> Any:
         """``torch.optim.Optimizer``'s hook before each step, called with this optimizer."""
         return self.optimizer.register_step_pre_hook(lambda _, args, kwargs: hook(self, args, kwargs))
 
     def step(self, closure: Any = None) -> Any:
-        missing = [p for p in self.shares(self.sharded) if p.grad is None]
+        missing = [p for p in self.shares if p.grad is None]
         for p in missing:  # a warm-up step before any backward (trace.capture): zero gradients
             p.grad = torch.zeros_like(p)
+        if self.main is not None:  # Megatron's _copy_model_grads_to_main_grads
+            for share, main in zip(self.shares, self.main, strict=True):
+                main.grad = share.grad.to(main.dtype)
         result = self.optimizer.step(closure)
+        if self.main is not None:  # and _copy_main_params_to_model_params
+            with torch.no_grad():
+                for share, main in zip(self.shares, self.main, strict=True):
+                    share.copy_(main)
         for p in missing:
             p.grad = None
         for s in self.sharded:
@@ -208,7 +236,7 @@ class DistributedOptimizer:
         """The shares' gradients (views of DDP's buckets, bound again by the next reduce-scatter)
         dropped, and the model's: set to None, or zeroed in their buckets, as Megatron-LM zeroes
         its gradient buffer."""
-        for p in self.shares(self.sharded):
+        for p in [*self.shares, *(self.main or ())]:
             p.grad = None
         for s in self.sharded:
             for bucket in s.buckets:
