@@ -77,6 +77,22 @@ def test_point_to_point_keeps_the_tier_latency():
     assert est.time_s == pytest.approx(cluster.intra.latency_s + 2**20 * 7 / 8 / cluster.intra.busbw)
 
 
+def test_an_all_to_all_across_nodes_leaves_through_each_gpus_nic():
+    """16 GPUs on 2 DGX H100 nodes: each rank's 8/16 of S for the other node through its own
+    NIC's share (0.8 x 50 GB/s, beside its 7/16 over NVLink at 0.82 x 450 GB/s), not the
+    node's 8 rails a ring spreads over; 4 GPUs in each of 4 nodes: 12/16 over the network."""
+    cluster = load_cluster("dgx-h100")
+    size = 8 * 2**20
+    two = estimate_collective("all_to_all", size, tuple(range(16)), cluster)
+    assert two.tier == "inter"
+    assert two.time_s == pytest.approx(25e-6 + size * 8 / 16 / (50e9 * 0.8))
+    four = estimate_collective("all_to_all", size, tuple(r for node in range(4) for r in range(8 * node, 8 * node + 4)),
+                               cluster)
+    assert four.time_s == pytest.approx(25e-6 + size * 12 / 16 / (50e9 * 0.8))
+    # nccl-tests' busbw of the two-node case: S x 15/16 over the time moving bytes
+    assert two.busbw == pytest.approx(size * 15 / 16 / (size * 8 / 16 / (50e9 * 0.8)))
+
+
 def test_every_cluster_file_loads_with_sources():
     for name in list_clusters():
         cluster = load_cluster(name)

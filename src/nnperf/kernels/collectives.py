@@ -21,6 +21,16 @@ DGX H100 nodes reach 8 x 50 GB/s x 0.8 = 320 GB/s, below the 360 GB/s reported f
 HGX test in NCCL issue #1277. S is the nccl-tests size (all-gather: the gathered output;
 reduce-scatter: the input).
 
+An all-to-all has no ring to split over the rails: every rank sends S/n to each other rank,
+so of its S the (n - g)/n bound for the other nodes (g: the group's GPUs in its node) leave
+through the node's NICs, which its g GPUs share evenly, while the (g - 1)/n for its own node
+go over NVLink at the same time: ``t = latency + max(S (n - g)/n / nic, S (g - 1)/n /
+intra)``, ``nic`` one NIC's bus bandwidth. For 16 GPUs on two DGX H100 nodes that is half of
+S at 40 GB/s, where the ring formula would give 320 GB/s for all of it; DeepEP's README
+(deepseek-ai/DeepEP, H800 with ConnectX-7 400 Gb/s) measures its internode dispatch and combine,
+NCCL-free kernels built to fill the network, at a bottleneck of 43-58 GB/s per GPU of RDMA
+for 16 to 64 ranks.
+
 The latency is NCCL's own model (``kernels.nccl_tuning``): all-reduce, all-gather and
 reduce-scatter run with the algorithm and protocol NCCL's tuner picks for the size and the
 group (ring, tree, PAT, NVLS or NVLS tree; LL, LL128 or Simple), each with its latency, which grows with the
@@ -95,6 +105,11 @@ def estimate_collective(kind: str, nbytes: int, group_ranks: tuple[int, ...], cl
     busbw = tier.busbw
     if tier is cluster.inter:  # one ring per NIC (rail): as many as the group's fewest GPUs in a node
         busbw = min(cluster.intra.busbw, min(per_node.values()) * tier.busbw)
+    if kind == "all_to_all" and tier is cluster.inter:  # module docstring
+        g = min(per_node.values())
+        moving = max(nbytes * (n - g) / n / tier.busbw, nbytes * (g - 1) / n / cluster.intra.busbw)
+        return CollectiveEstimate(kind, nbytes, n, tier.name, nbytes * bus_factor(kind, n) / moving,
+                                  tier.latency_s, tier.latency_s + moving)
     if kind not in TUNED_KINDS:
         time = tier.latency_s + nbytes * bus_factor(kind, n) / busbw
         return CollectiveEstimate(kind, nbytes, n, tier.name, busbw, tier.latency_s, time)
