@@ -162,8 +162,11 @@ def test_expert_degrees_the_model_does_not_allow_are_one_line():
                           ([*ARGS, "--ep", "2"], "gpt2 has no experts"),
                           ([*MOE, "-O", "n_experts=6", "--ep", "4"],
                            "--ep 4 does not divide the model's 6 experts; valid (dividing them and the 8 GPUs): 1, 2\n"),
-                          ([*MOE, "--tp", "2"], "tensor parallelism of mixture-of-experts layers")):
-        result = CliRunner().invoke(cli, [*args, "--gpus", "8", "--pp", "1"] + ([] if "--tp" in args else ["--tp", "1"]))
+                          ([*MOE, "--tp", "2"], "tensor parallelism of mixture-of-experts layers"),
+                          ([*MOE, "--ep", "8", "--data", "ddp", "--pp", "2"],
+                           "--ep 8 divides none of the groups the experts can spread over")):
+        result = CliRunner().invoke(cli, [*args, "--gpus", "8"] + ([] if "--pp" in args else ["--pp", "1"])
+                                    + ([] if "--tp" in args else ["--tp", "1"]))
         assert result.exit_code == 2, result.output
         assert message in result.output and len(result.output.strip().splitlines()) == 1
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from nnperf.errors import UsageError
-from nnperf.search.plan.layouts import PipelineSplitChoice, layouts
+from nnperf.search.plan.layouts import PipelineSplitChoice, check_expert_degrees, layouts
 
 
 def test_megatrons_data_parallelism_beside_tensor_and_pipeline_parallelism():
@@ -57,3 +57,20 @@ def test_only_the_expert_degrees_asked_for():
     assert {e.expert for e in layouts(16, 8, 32, pipeline=[2], schedules=["1f1b"], expert=[1, 4])} == {1, 4}
     # 8 GPUs over 2 stages: 4 data-parallel ranks, which expert parallelism 8 cannot divide
     assert layouts(8, 8, 8, pipeline=[2], schedules=["1f1b"], expert=[8]) == []
+
+
+def test_an_expert_degree_no_group_can_carry_is_one_line():
+    """16 GPUs over 4 stages leave 4 data-parallel ranks (DDP's replicas, FSDP's shard group):
+    --ep 8 divides none, and the line names 4 and what divides it and the 8 experts. With
+    every layout tensor-parallel, the line says expert parallelism is planned without it."""
+    common = dict(schedules=["1f1b"], kinds={"ddp", "zero1", "fsdp"}, experts=8)
+    with pytest.raises(UsageError, match=r"--ep 8 divides none .*: 4 here; valid: 2, 4$"):
+        check_expert_degrees(16, 8, 32, [1], [4], [1], [8], **common)
+    with pytest.raises(UsageError, match="--ep 2: expert parallelism is planned without tensor"):
+        check_expert_degrees(16, 8, 32, [2], [1], [1], [2], **common)
+    # one degree some group divides, or 1 among them: the search goes on
+    check_expert_degrees(16, 8, 32, [1], [4], [1], [4, 8], **common)
+    check_expert_degrees(16, 8, 32, [1], [4], [1], [1, 8], **common)
+    # 4 experts: 4 divides the groups and the experts; 8 GPUs over 4 stages leave 2
+    with pytest.raises(UsageError, match="2 here; valid: 2$"):
+        check_expert_degrees(8, 8, 8, [1], [4], [1], [4], **common)

@@ -56,7 +56,7 @@ from nnperf.search.plan.axes import (
 )
 from nnperf.search.plan.bounds import same_work, work_bound
 from nnperf.search.plan.evaluate import evaluate
-from nnperf.search.plan.layouts import PipelineSplitChoice, layouts, shape_key
+from nnperf.search.plan.layouts import PipelineSplitChoice, check_expert_degrees, layouts, shape_key
 from nnperf.search.plan.notes import notes, routing_note, why
 from nnperf.search.plan.rank import RoleCache, layers_of
 from nnperf.search.plan.results import Plan, Planned
@@ -114,6 +114,11 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
             raise UsageError("--data zero1 shards the optimizer state, and --optimizer none has none: use ddp")
         kinds.discard("zero1")
     levels = tuple(i for i, level in enumerate(CHECKPOINTS) if checkpoints is None or level in set(checkpoints))
+    if info is not None:
+        from nnperf.trace.parallel.expert import has_experts
+
+        check_expert_degrees(gpus, nodes_of, global_batch, tensor, pipeline, context, expert, kinds,
+                             has_experts(info[0]), layers, schedules, split)
 
     def engines(found: list[Execution]) -> list[Execution]:
         return [e for e in found if e.data_parallel == 1 or e.data in kinds]
