@@ -208,6 +208,21 @@ def test_zero1_is_deepspeeds_stage_1_megatrons_distributed_optimizer_and_not_tor
         torchtitan_toml(e, amp="bf16")
 
 
+def test_megatron_reduces_the_gradients_a_16_bit_model_was_planned_with():
+    """A --dtype bf16 plan reduces bf16 gradients: Megatron-LM's --bf16 alone would reduce fp32
+    main gradients, so --grad-reduce-in-bf16 is added and the bucket counts 2-byte elements; fp16
+    reduces in fp16 by default; an --amp plan's gradients are fp32, as Megatron-LM's default."""
+    from nnperf.report.engine_configs import megatron_args
+
+    e = Execution(world=8, data="zero1", micro_batch=4, grad_accum=2)
+    for dtype, amp, extra, itemsize in (("bf16", None, True, 2), ("fp16", None, False, 2), (None, "bf16", False, 4)):
+        flags = megatron_args(e, 32, amp=amp, dtype=dtype).split("\n#")[0].split(" \\\n  ")
+        assert ("--grad-reduce-in-bf16" in flags) is extra
+        assert f"--ddp-bucket-size {e.bucket_bytes // itemsize}" in flags
+    fsdp = megatron_args(Execution(world=8, data="fsdp"), 32, dtype="bf16")
+    assert "--grad-reduce-in-bf16" not in fsdp
+
+
 def test_megatron_data_parallelism_beside_tensor_and_pipeline_parallelism():
     """DDP beside TP 8 x PP 4 with 3 virtual stages of 60 layers: Megatron-LM's DDP with its
     gradient reduction overlapped, 60 / (4 x 3) = 5 layers per virtual stage."""

@@ -244,7 +244,8 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
                   pointwise: str = "eager") -> str:
     """Megatron-LM's parallelism, batch, recomputation, precision and clipping arguments for the
     layout. Its ``--bf16``/``--fp16`` hold the model in half precision with fp32 master weights
-    in the optimizer: the nearest to both ``--amp`` and ``--dtype``; ``--fp8`` adds Transformer
+    in the optimizer: the nearest to both ``--amp`` and ``--dtype`` (a ``--dtype bf16`` plan's
+    gradients are reduced in bf16: ``--grad-reduce-in-bf16``); ``--fp8`` adds Transformer
     Engine's FP8 with per-tensor current scaling (``--fp8-recipe tensorwise``, E4M3 forward and
     E5M2 gradients: ``--fp8-format hybrid``). Its ``--clip-grad``
     defaults to 1.0: a plan without clipping leaves it and says so in a comment line."""
@@ -287,11 +288,16 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
     if e.replicates_parameters and e.data_parallel > 1:
         # Megatron-LM's DDP as planned: buckets reduced as backward fills them; ZeRO-1 its
         # distributed optimizer, the parameters gathered as the next forward starts; buckets of
-        # the plan's size (its gradients' elements: fp32, Megatron-LM's main gradients)
+        # the plan's size in its gradients' elements: fp32 main gradients (what --bf16 makes of
+        # them, and --amp plans), or a --dtype plan's 16 bits (fp16's default; bf16 with
+        # --grad-reduce-in-bf16)
         args.append("--overlap-grad-reduce")
         if e.data == "zero1":
             args += ["--use-distributed-optimizer", "--overlap-param-gather"]
-        args.append(f"--ddp-bucket-size {e.bucket_bytes // 4}")
+        half_gradients = amp is None and dtype in ("bf16", "fp16")
+        if half_gradients and dtype == "bf16":
+            args.append("--grad-reduce-in-bf16")
+        args.append(f"--ddp-bucket-size {e.bucket_bytes // (2 if half_gradients else 4)}")
     if e.data == "fsdp" and e.data_parallel > 1:
         args += ["--use-torch-fsdp2", "--no-gradient-accumulation-fusion", "--ckpt-format torch_dist"]
         if not e.reshard_after_forward:
