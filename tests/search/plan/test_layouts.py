@@ -71,6 +71,6 @@ def test_an_expert_degree_no_group_can_carry_is_one_line():
     # one degree some group divides, or 1 among them: the search goes on
     check_expert_degrees(16, 8, 32, [1], [4], [1], [4, 8], **common)
     check_expert_degrees(16, 8, 32, [1], [4], [1], [1, 8], **common)
-    # 4 experts: 4 divides the groups and the experts; 8 GPUs over 4 stages leave 2
-    with pytest.raises(UsageError, match="2 here; valid: 2$"):
+    # 8 GPUs over 4 stages leave 2 replicas: --ep 4 divides none, 2 would
+    with pytest.raises(UsageError, match=r"2 here; valid: 2$"):
         check_expert_degrees(8, 8, 8, [1], [4], [1], [4], **common)
