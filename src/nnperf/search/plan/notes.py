@@ -16,6 +16,17 @@ from nnperf.search.plan.results import Plan, Planned
 from nnperf.trace.capture import FP8_ASSUMPTION, FUSED_ASSUMPTION
 from nnperf.trace.options import TraceOptions
 
+#: DDP and ZeRO-1 beside sequence parallelism are Megatron-LM's layouts (torchtitan runs DDP
+#: alone); Megatron-LM's column-parallel linears (``LinearWithGradAccumulationAndAsyncCommunication``,
+#: Transformer Engine's ``ln_out_needs_gather``) keep their sequence shard for backward.
+MEGATRON_SEQUENCE_PARALLEL = (
+    "DDP and ZeRO-1 beside sequence parallelism are Megatron-LM's layouts, traced with PyTorch's "
+    "DTensor sequence parallelism: each column-parallel linear saves its all-gathered input for "
+    "backward, where Megatron-LM saves its own 1/tp of it (Transformer Engine's FP8 linears in 8 "
+    "bits) and gathers it again in backward, beside the input-gradient GEMM; those layouts' saved "
+    "activations are over-counted by (tp-1)/tp of those inputs, and the backward all-gathers are "
+    "not timed")
+
 
 def notes(request: ModelRequest, options: TraceOptions, results: list[Planned], layers: int | None) -> list[str]:
     notes = []
@@ -27,6 +38,9 @@ def notes(request: ModelRequest, options: TraceOptions, results: list[Planned], 
         notes.append(f"the {layers}-block stack is traced with {SCALE_POINTS[0]} and {SCALE_POINTS[1]} blocks "
                      "per stage and extrapolated linearly (exact for state bytes, collectives and FLOPs; "
                      "per phase for memory)")
+    if any(p.execution.replicates_parameters and p.execution.data_parallel > 1 and p.execution.sequence_parallel
+           for p in results):
+        notes.append(MEGATRON_SEQUENCE_PARALLEL)
     if any(p.execution.pipeline > 1 for p in results) and request_name(request).startswith("gpt2"):
         notes.append("tied embeddings under pipeline parallelism: their gradient all-reduce between the "
                      "first and last stage is not traced")
