@@ -55,7 +55,7 @@ from nnperf.trace.rebind import rebind_tensors
 from nnperf.trace.recorder import GraphLabeler, KnownStorages, ModuleStack, OpRecorder
 from nnperf.trace.routing import Routing, TraceFakeMode
 from nnperf.trace.state_warmup import skip_inplace_math
-from nnperf.trace.step import Step, StepWatch, optimizer_state, to_channels_last
+from nnperf.trace.step import Step, StepWatch, gradient_params, optimizer_state, to_channels_last
 from nnperf.workload import Workload, default_loss
 
 _log = logging.getLogger(__name__)
@@ -470,7 +470,8 @@ def _initialize_state(model: torch.nn.Module, optimizer: Any, scaler: TracedGrad
     """Run one unrecorded step so the traced step is the steady state (state already exists,
     and a GradScaler's scale and growth tracker too)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    for p in params:
+    # a distributed optimizer's shares are parameters of their own (a GradScaler unscales them)
+    for p in dict.fromkeys([*params, *gradient_params(optimizer)]):
         p.grad = torch.zeros_like(p)
     with skip_inplace_math():
         if scaler is None:
@@ -478,6 +479,7 @@ def _initialize_state(model: torch.nn.Module, optimizer: Any, scaler: TracedGrad
         else:
             with scaler.finite:
                 scaler.warm_up(optimizer, like=params[0])
+    optimizer.zero_grad(set_to_none=True)  # a distributed optimizer's fp32 main gradients too
     for p in params:
         p.grad = None
 

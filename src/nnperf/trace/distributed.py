@@ -58,6 +58,9 @@ def trace_rank(
     if execution.context > 1:
         raise UsageError("context parallelism is not traced: nnperf plan models its ring attention in "
                          "closed form on a traced rank (search.plan.context)")
+    if execution.shards_optimizer_only and options.uses_grad_scaler() and options.dtype in ("bf16", "fp16"):
+        raise UsageError("zero1 of a 16-bit model (--dtype) with a GradScaler is not traced: its fp32 main "
+                         "gradients exist only inside the optimizer's step; use --amp fp16 on the fp32 model, or ddp")
     if execution.pipeline > 1 and options.uses_grad_scaler():
         raise UsageError("pipeline parallelism with fp16 autocast (a GradScaler) is not traced; use --amp bf16")
 

@@ -199,6 +199,19 @@ def _bf16_worker(rank: int) -> list[torch.Tensor]:
     return [p.detach().clone() for p in step.workload.model.module.parameters()]
 
 
+def test_zero1_runs_with_a_grad_scaler_on_an_fp32_model():
+    """--amp fp16 keeps the fp32 weights (no main copies) and scales the loss: the shares are
+    unscaled like any parameter, so the step traces, holding the fp32 layout's bytes (2 fp32
+    moments per share element, AdamW's step per share). A 16-bit model's main gradients exist
+    only inside the step: that with a GradScaler is one line."""
+    execution = Execution(world=2, data="zero1", bucket_bytes=400)
+    traced = trace_rank(_workload, TraceOptions(optimizer="adamw", amp="fp16"), execution, lambda m: [])
+    sizes = _bucket_sizes(traced)
+    shares = sum(n // 2 + n % 2 for n in sizes)
+    assert sharded_bytes(traced)["optimizer_state"] == 8 * shares + 4 * (len(sizes) + sum(n % 2 for n in sizes))
+    with pytest.raises(UsageError, match="zero1 of a 16-bit model"):
+        trace_rank(_workload, TraceOptions(optimizer="adamw", dtype="bf16", grad_scaler=True), execution,
+                   lambda m: [])
 
 
 def test_zero1_needs_data_parallel_ranks_and_a_schedule_ddp_can_run():

@@ -30,8 +30,8 @@ rank keeps an fp32 copy of its shares (the main parameters), the optimizer and i
 over those, and each step casts the shares' gradients to fp32 first
 (``_copy_model_grads_to_main_grads``) and the updated main parameters back into the shares
 after (``_copy_main_params_to_model_params``), which the all-gather then spreads. Per element of
-its shares a rank holds 4 bytes of main parameter and Adam's two fp32 moments: the 12 bytes of
-Megatron's distributed-optimizer memory formula. Gradient clipping reads the shares' own
+its shares a rank holds 4 bytes of main parameter and, with Adam, two fp32 moments: the 12 bytes
+of Megatron's distributed-optimizer memory formula. Gradient clipping reads the shares' own
 gradients (Megatron clips the fp32 copies: the same elements at twice the bytes).
 """
 
@@ -182,20 +182,19 @@ LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 class DistributedOptimizer:
     """The step's optimizer (``optimizer_class`` with ``kwargs``, from
-    ``trace.step.make_optimizer``) over this rank's share of every bucket, or over fp32 main
-    copies of the shares where the model is in bf16 or fp16 (module docstring). ``step``
-    updates the shares and marks the parameters for the all-gather before the next forward
-    (``gather_before_forward``)."""
+    ``trace.step.make_optimizer``) over this rank's share of every bucket, each bf16 or fp16
+    share through an fp32 main copy (module docstring; an fp32 share is optimized itself, as
+    Megatron-LM's ``shard_fp32_groups``). ``step`` updates the shares and marks the parameters
+    for the all-gather before the next forward (``gather_before_forward``)."""
 
     def __init__(self, optimizer_class: type[torch.optim.Optimizer], kwargs: dict[str, Any],
                  sharded: list[ShardedBuckets]) -> None:
         self.sharded = sharded
         self.shares = [p for s in sharded for p in s.optimized()]
-        low = bool(self.shares) and self.shares[0].dtype in LOW_PRECISION
-        #: the fp32 main parameter of each share (None: the shares are optimized themselves)
-        self.main: list[nn.Parameter] | None = (
-            [nn.Parameter(s.detach().to(torch.float32), requires_grad=True) for s in self.shares] if low else None)
-        self.optimizer = optimizer_class(self.main if self.main is not None else self.shares, **kwargs)
+        #: the fp32 main parameter of each bf16 or fp16 share, by its position in ``shares``
+        self.main = {i: nn.Parameter(s.detach().to(torch.float32), requires_grad=True)
+                     for i, s in enumerate(self.shares) if s.dtype in LOW_PRECISION}
+        self.optimizer = optimizer_class([self.main.get(i, s) for i, s in enumerate(self.shares)], **kwargs)
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -205,38 +204,46 @@ class DistributedOptimizer:
     def state(self) -> dict[nn.Parameter, dict[str, Any]]:
         """What this rank holds for each share: the optimizer's state, and its fp32 main
         parameter where it has one (Megatron counts it as optimizer state)."""
-        if self.main is None:
+        if not self.main:
             return self.optimizer.state
-        return {share: {**self.optimizer.state.get(main, {}), "main_param": main}
-                for share, main in zip(self.shares, self.main, strict=True)}
+        out = {}
+        for i, share in enumerate(self.shares):
+            main = self.main.get(i)
+            state = self.optimizer.state.get(main if main is not None else share, {})
+            out[share] = {**state, "main_param": main} if main is not None else state
+        return out
 
     def register_step_pre_hook(self, hook: Any) -> Any:
         """``torch.optim.Optimizer``'s hook before each step, called with this optimizer."""
         return self.optimizer.register_step_pre_hook(lambda _, args, kwargs: hook(self, args, kwargs))
 
+    def register_step_post_hook(self, hook: Any) -> Any:
+        """``torch.optim.Optimizer``'s hook after each step (a GradScaler's callbacks)."""
+        return self.optimizer.register_step_post_hook(lambda _, args, kwargs: hook(self, args, kwargs))
+
     def step(self, closure: Any = None) -> Any:
-        missing = [p for p in self.shares if p.grad is None]
-        for p in missing:  # a warm-up step before any backward (trace.capture): zero gradients
-            p.grad = torch.zeros_like(p)
-        if self.main is not None:  # Megatron's _copy_model_grads_to_main_grads
-            for share, main in zip(self.shares, self.main, strict=True):
-                main.grad = share.grad.to(main.dtype)
+        missing = [i for i, p in enumerate(self.shares) if p.grad is None]
+        for i in missing:  # a warm-up step before any backward (trace.capture): zero gradients
+            self.shares[i].grad = torch.zeros_like(self.shares[i])
+        for i, main in self.main.items():  # Megatron's _copy_model_grads_to_main_grads
+            main.grad = self.shares[i].grad.to(main.dtype)
         result = self.optimizer.step(closure)
-        if self.main is not None:  # and _copy_main_params_to_model_params
-            with torch.no_grad():
-                for share, main in zip(self.shares, self.main, strict=True):
-                    share.copy_(main)
-        for p in missing:
-            p.grad = None
+        with torch.no_grad():  # and _copy_main_params_to_model_params
+            for i, main in self.main.items():
+                self.shares[i].copy_(main)
+        for i in missing:
+            self.shares[i].grad = None
+            if i in self.main:
+                self.main[i].grad = None
         for s in self.sharded:
             s.needs_gather = True
         return result
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """The shares' gradients (views of DDP's buckets, bound again by the next reduce-scatter)
-        dropped, and the model's: set to None, or zeroed in their buckets, as Megatron-LM zeroes
-        its gradient buffer."""
-        for p in [*self.shares, *(self.main or ())]:
+        and the main parameters' (made again by the next step) dropped, and the model's: set to
+        None, or zeroed in their buckets, as Megatron-LM zeroes its gradient buffer."""
+        for p in [*self.shares, *self.main.values()]:
             p.grad = None
         for s in self.sharded:
             for bucket in s.buckets:
