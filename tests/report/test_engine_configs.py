@@ -215,7 +215,8 @@ def test_megatron_reduces_the_gradients_a_16_bit_model_was_planned_with():
     from nnperf.report.engine_configs import megatron_args
 
     e = Execution(world=8, data="zero1", micro_batch=4, grad_accum=2)
-    for dtype, amp, extra, itemsize in (("bf16", None, True, 2), ("fp16", None, False, 2), (None, "bf16", False, 4)):
+    for dtype, amp, extra, itemsize in (("bf16", None, True, 2), ("fp16", None, False, 2), (None, "bf16", False, 4),
+                                        ("bf16", "bf16", True, 2)):
         flags = megatron_args(e, 32, amp=amp, dtype=dtype).split("\n#")[0].split(" \\\n  ")
         assert ("--grad-reduce-in-bf16" in flags) is extra
         assert f"--ddp-bucket-size {e.bucket_bytes // itemsize}" in flags

@@ -24,8 +24,9 @@ reduce-scatter: the input).
 An all-to-all has no ring to split over the rails: every rank sends S/n to each other rank,
 so of its S the (n - g)/n bound for the other nodes (g: the group's GPUs in its node) leave
 through the node's NICs, which its g GPUs share evenly, while the (g - 1)/n for its own node
-go over NVLink at the same time: ``t = latency + max(S (n - g)/n / nic, S (g - 1)/n /
-intra)``, ``nic`` one NIC's bus bandwidth. For 16 GPUs on two DGX H100 nodes that is half of
+go over NVLink at the same time: ``t = latency + max(S (n - g)/n / nic, S (g' - 1)/n /
+intra)``, ``nic`` one NIC's bus bandwidth, g the fewest of the group's GPUs in a node and g'
+the most (the slowest rank of each kind). For 16 GPUs on two DGX H100 nodes that is half of
 S at 40 GB/s, where the ring formula would give 320 GB/s for all of it; DeepEP's README
 (deepseek-ai/DeepEP, H800 with ConnectX-7 400 Gb/s) measures its internode dispatch and combine,
 NCCL-free kernels built to fill the network, at a bottleneck of 43-58 GB/s per GPU of RDMA
@@ -106,8 +107,8 @@ def estimate_collective(kind: str, nbytes: int, group_ranks: tuple[int, ...], cl
     if tier is cluster.inter:  # one ring per NIC (rail): as many as the group's fewest GPUs in a node
         busbw = min(cluster.intra.busbw, min(per_node.values()) * tier.busbw)
     if kind == "all_to_all" and tier is cluster.inter:  # module docstring
-        g = min(per_node.values())
-        moving = max(nbytes * (n - g) / n / tier.busbw, nbytes * (g - 1) / n / cluster.intra.busbw)
+        fewest, most = min(per_node.values()), max(per_node.values())
+        moving = max(nbytes * (n - fewest) / n / tier.busbw, nbytes * (most - 1) / n / cluster.intra.busbw)
         return CollectiveEstimate(kind, nbytes, n, tier.name, nbytes * bus_factor(kind, n) / moving,
                                   tier.latency_s, tier.latency_s + moving)
     if kind not in TUNED_KINDS:

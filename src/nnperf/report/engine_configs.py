@@ -294,7 +294,7 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
         args.append("--overlap-grad-reduce")
         if e.data == "zero1":
             args += ["--use-distributed-optimizer", "--overlap-param-gather"]
-        half_gradients = amp is None and dtype in ("bf16", "fp16")
+        half_gradients = dtype in ("bf16", "fp16")  # the weights' dtype, autocast or not
         if half_gradients and dtype == "bf16":
             args.append("--grad-reduce-in-bf16")
         args.append(f"--ddp-bucket-size {e.bucket_bytes // (2 if half_gradients else 4)}")

@@ -63,14 +63,24 @@ def test_an_expert_degree_no_group_can_carry_is_one_line():
     """16 GPUs over 4 stages leave 4 data-parallel ranks (DDP's replicas, FSDP's shard group):
     --ep 8 divides none, and the line names 4 and what divides it and the 8 experts. With
     every layout tensor-parallel, the line says expert parallelism is planned without it."""
-    common = dict(schedules=["1f1b"], kinds={"ddp", "zero1", "fsdp"}, experts=8)
+    common = dict(schedules=["1f1b"], kinds={"ddp", "zero1", "fsdp"}, expert_count=8)
+
+    def check(gpus, batch, tp, pp, ep):
+        check_expert_degrees(gpus, 8, batch, tensor=tp, pipeline=pp, context=[1], expert=ep, **common)
+
     with pytest.raises(UsageError, match=r"--ep 8 divides none .*: 4 here; valid: 2, 4$"):
-        check_expert_degrees(16, 8, 32, [1], [4], [1], [8], **common)
+        check(16, 32, [1], [4], [8])
     with pytest.raises(UsageError, match="--ep 2: expert parallelism is planned without tensor"):
-        check_expert_degrees(16, 8, 32, [2], [1], [1], [2], **common)
+        check(16, 32, [2], [1], [2])
     # one degree some group divides, or 1 among them: the search goes on
-    check_expert_degrees(16, 8, 32, [1], [4], [1], [4, 8], **common)
-    check_expert_degrees(16, 8, 32, [1], [4], [1], [1, 8], **common)
+    check(16, 32, [1], [4], [4, 8])
+    check(16, 32, [1], [4], [1, 8])
     # 8 GPUs over 4 stages leave 2 replicas: --ep 4 divides none, 2 would
     with pytest.raises(UsageError, match=r"2 here; valid: 2$"):
-        check_expert_degrees(8, 8, 8, [1], [4], [1], [4], **common)
+        check(8, 8, [1], [4], [4])
+    # --tp 1,2 asked, TP 1's layouts lost to the global batch (8 over 16 replicas): the
+    # search's own line says that, not this one
+    check(16, 8, [1, 2], [1], [2])
+    # every GPU a stage: no replica to spread the experts over
+    with pytest.raises(UsageError, match="1 here; valid: none above 1"):
+        check(8, 8, [1], [8], [2])

@@ -98,33 +98,34 @@ def layouts(gpus: int, nodes_of: int, global_batch: int, *, tensor: Iterable[int
     return out
 
 
-def check_expert_degrees(gpus: int, nodes_of: int, global_batch: int, tensor: Iterable[int],
+def check_expert_degrees(gpus: int, nodes_of: int, global_batch: int, *, tensor: Iterable[int],
                          pipeline: Iterable[int], context: Iterable[int], expert: Iterable[int],
-                         kinds: set[str], experts: int, layers: int | None = None,
+                         kinds: set[str], expert_count: int, layers: int | None = None,
                          schedules: Iterable[str] = DEFAULT_SCHEDULES,
                          split: PipelineSplitChoice | None = None) -> None:
     """Expert degrees (all above 1: ``--ep``) that no layout of the other degrees and the
     data-parallel ``kinds`` can carry are one line, before any trace: the groups an expert
     degree must divide (``layouts``' rule) and the degrees that divide them and the model's
-    ``experts``. Layouts that fail for another reason (the global batch, the stages) are left
-    to the search's own message."""
-    expert = list(expert)
+    ``expert_count`` experts. Layouts that fail for another reason (the global batch, the
+    stages) are left to the search's own message."""
+    expert, tensor, context = list(expert), list(tensor), list(context)
     if not expert or 1 in expert:
         return
     found = [e for tp in tensor for pp in pipeline for cp in context
              for e in _layouts_of(gpus, nodes_of, global_batch, tp, pp, cp, schedules, layers, (None,), (True,), split)
              if e.data_parallel == 1 or e.data in kinds]
-    if not found:
-        return
     carried = [e for e in found if e.tensor == e.context == 1]
     asked = ",".join(map(str, expert))
     if not carried:
-        raise UsageError(f"--ep {asked}: expert parallelism is planned without tensor or context parallelism "
-                         "(Megatron-Core's expert tensor parallelism is not modelled yet); with it, ask --tp 1 --cp 1")
+        if found and not (1 in tensor and 1 in context):  # else what fails is the search's to say
+            raise UsageError(f"--ep {asked}: expert parallelism is planned without tensor or context parallelism "
+                             "(Megatron-Core's expert tensor parallelism is not modelled yet); with it, ask --tp 1 "
+                             "--cp 1")
+        return
     groups = sorted({e.replicate if e.replicates_parameters else e.shard for e in carried})
     if any(group % ep == 0 for group in groups for ep in expert):
         return
-    valid = sorted({d for g in groups for d in range(2, g + 1) if g % d == 0 and experts % d == 0})
+    valid = sorted({d for g in groups for d in range(2, g + 1) if g % d == 0 and expert_count % d == 0})
     raise UsageError(f"--ep {asked} divides none of the groups the experts can spread over, the data-parallel "
                      f"ranks (ddp, zero1) or the shard group (fsdp, hsdp): {', '.join(map(str, groups))} here; valid: "
                      + (", ".join(map(str, valid)) if valid else "none above 1 (ask fewer tensor, pipeline or "

@@ -117,8 +117,9 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     if info is not None:
         from nnperf.trace.parallel.expert import has_experts
 
-        check_expert_degrees(gpus, nodes_of, global_batch, tensor, pipeline, context, expert, kinds,
-                             has_experts(info[0]), layers, schedules, split)
+        check_expert_degrees(gpus, nodes_of, global_batch, tensor=tensor, pipeline=pipeline, context=context,
+                             expert=expert, kinds=kinds, expert_count=has_experts(info[0]), layers=layers,
+                             schedules=schedules, split=split)
 
     def engines(found: list[Execution]) -> list[Execution]:
         return [e for e in found if e.data_parallel == 1 or e.data in kinds]
