@@ -28,6 +28,14 @@ MEGATRON_SEQUENCE_PARALLEL = (
     "not timed")
 
 
+#: DDP's optimizer is PyTorch's on the model's own weights; ZeRO-1's keeps Megatron-LM's fp32 main
+#: copies (``trace.parallel.distributed_optimizer``).
+DDP_HALF_PRECISION = (
+    "DDP runs the optimizer on the {dtype} weights themselves, as PyTorch does (Adam's moments in {dtype}), "
+    "where ZeRO-1 keeps Megatron-LM's fp32 main parameters and moments; Megatron-LM's own DDP would hold "
+    "those too, 12 bytes per parameter where this plan counts 4")
+
+
 def notes(request: ModelRequest, options: TraceOptions, results: list[Planned], layers: int | None) -> list[str]:
     notes = []
     if options.fp8:
@@ -41,6 +49,9 @@ def notes(request: ModelRequest, options: TraceOptions, results: list[Planned], 
     if any(p.execution.replicates_parameters and p.execution.data_parallel > 1 and p.execution.sequence_parallel
            for p in results):
         notes.append(MEGATRON_SEQUENCE_PARALLEL)
+    if options.dtype in ("bf16", "fp16") and any(p.execution.data == "ddp" and p.execution.data_parallel > 1
+                                                  for p in results):
+        notes.append(DDP_HALF_PRECISION.format(dtype=options.dtype))
     if any(p.execution.pipeline > 1 for p in results) and request_name(request).startswith("gpt2"):
         notes.append("tied embeddings under pipeline parallelism: their gradient all-reduce between the "
                      "first and last stage is not traced")
