@@ -294,10 +294,9 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
         args.append("--overlap-grad-reduce")
         if e.data == "zero1":
             args += ["--use-distributed-optimizer", "--overlap-param-gather"]
-        half_gradients = dtype in ("bf16", "fp16")  # the weights' dtype, autocast or not
-        if half_gradients and dtype == "bf16":
+        if dtype == "bf16":  # the weights' dtype, autocast or not
             args.append("--grad-reduce-in-bf16")
-        args.append(f"--ddp-bucket-size {e.bucket_bytes // (2 if half_gradients else 4)}")
+        args.append(f"--ddp-bucket-size {e.bucket_bytes // (2 if dtype in ('bf16', 'fp16') else 4)}")
     if e.data == "fsdp" and e.data_parallel > 1:
         args += ["--use-torch-fsdp2", "--no-gradient-accumulation-fusion", "--ckpt-format torch_dist"]
         if not e.reshard_after_forward:

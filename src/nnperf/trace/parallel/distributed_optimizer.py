@@ -204,8 +204,6 @@ class DistributedOptimizer:
     def state(self) -> dict[nn.Parameter, dict[str, Any]]:
         """What this rank holds for each share: the optimizer's state, and its fp32 main
         parameter where it has one (Megatron counts it as optimizer state)."""
-        if not self.main:
-            return self.optimizer.state
         out = {}
         for i, share in enumerate(self.shares):
             main = self.main.get(i)
@@ -222,19 +220,14 @@ class DistributedOptimizer:
         return self.optimizer.register_step_post_hook(lambda _, args, kwargs: hook(self, args, kwargs))
 
     def step(self, closure: Any = None) -> Any:
-        missing = [i for i, p in enumerate(self.shares) if p.grad is None]
-        for i in missing:  # a warm-up step before any backward (trace.capture): zero gradients
-            self.shares[i].grad = torch.zeros_like(self.shares[i])
+        """The shares' gradients are set: by the reduce-scatter, or before the trace's warm-up
+        step (``trace.capture``, through ``trace.step.gradient_params``)."""
         for i, main in self.main.items():  # Megatron's _copy_model_grads_to_main_grads
             main.grad = self.shares[i].grad.to(main.dtype)
         result = self.optimizer.step(closure)
         with torch.no_grad():  # and _copy_main_params_to_model_params
             for i, main in self.main.items():
                 self.shares[i].copy_(main)
-        for i in missing:
-            self.shares[i].grad = None
-            if i in self.main:
-                self.main[i].grad = None
         for s in self.sharded:
             s.needs_gather = True
         return result
