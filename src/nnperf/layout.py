@@ -145,6 +145,14 @@ class Execution:
         return self.engine.replicates_parameters and self.engine.shards_optimizer
 
     @property
+    def keeps_sequence_shards(self) -> bool:
+        """Megatron-LM's layout (DDP or ZeRO-1 beside sequence parallelism; torchtitan runs DDP
+        alone): the column-parallel linears save their sequence shard for backward and gather
+        it again there, unless the blocks are checkpointed (``trace.parallel.sequence_shards``)."""
+        return (self.sequence_parallel and self.replicates_parameters and self.data_parallel > 1
+                and self.checkpoint is None)
+
+    @property
     def data_parallel(self) -> int:
         """Ranks that each see a different slice of the batch."""
         return self.replicate * self.shard

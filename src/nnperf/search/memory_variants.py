@@ -118,11 +118,15 @@ SAVED_BY_TORCHTITAN_OP = frozenset({
 #: casts are recomputed too (one read and one write each): Megatron's fp16 model has none, and
 #: under autocast a recomputed forward need not issue the forward's casts one for one (autocast
 #: caches casts per autocast region), so a cached cast could be handed to another cast (seen
-#: with pipeline stages under autocast: a local tensor where DTensor expects its own).
+#: with pipeline stages under autocast: a local tensor where DTensor expects its own). So is
+#: sequence parallelism's all-gather before each column-parallel linear (with the wait that
+#: hands its buffer on): Megatron-LM's linears keep their sequence shard, not the gathered
+#: input, and gather it again in backward (``trace.parallel.sequence_shards``).
 RECOMPUTED_BY_MEGATRON = frozenset({
     "nnperf.attention", "aten._scaled_dot_product_flash_attention",
     "aten._scaled_dot_product_efficient_attention", "aten._scaled_dot_product_cudnn_attention",
     "higher_order.flex_attention", "aten._to_copy",
+    "_c10d_functional.all_gather_into_tensor", "_c10d_functional.wait_tensor",
 })
 
 #: The selective policies by the name a layout gives them (``Execution.checkpoint``); the

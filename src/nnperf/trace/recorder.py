@@ -194,10 +194,11 @@ class GraphLabeler(TorchFunctionMode):
         else:
             out = func(*args, **kwargs)
         if torch.is_grad_enabled():
-            self._label(out)
+            self.label(out)
         return out
 
-    def _label(self, out: Any) -> None:
+    def label(self, out: Any) -> None:
+        """Stamp the autograd nodes behind ``out`` not stamped yet with the module running now."""
         path = self._modules.current()
         flat, _ = tree_flatten(out)
         pending = [t.grad_fn for t in flat if isinstance(t, torch.Tensor) and t.grad_fn is not None]
@@ -208,6 +209,17 @@ class GraphLabeler(TorchFunctionMode):
                 continue
             meta[_LABEL_KEY] = path
             pending.extend(nxt for nxt, _ in node.next_functions if nxt is not None)
+
+
+def label_nodes(out: Any) -> None:
+    """Stamp the autograd nodes behind ``out`` with the module running now, where a trace runs:
+    for the output of a custom ``autograd.Function``, whose ``apply`` the function mode does not
+    see (its backward's ops would be attributed to whichever module next used the output)."""
+    from torch.overrides import _get_current_function_mode_stack
+
+    for mode in _get_current_function_mode_stack():
+        if isinstance(mode, GraphLabeler):
+            mode.label(out)
 
 
 @contextlib.contextmanager

@@ -16,16 +16,12 @@ from nnperf.search.plan.results import Plan, Planned
 from nnperf.trace.capture import FP8_ASSUMPTION, FUSED_ASSUMPTION
 from nnperf.trace.options import TraceOptions
 
-#: DDP and ZeRO-1 beside sequence parallelism are Megatron-LM's layouts (torchtitan runs DDP
-#: alone); Megatron-LM's column-parallel linears (``LinearWithGradAccumulationAndAsyncCommunication``,
-#: Transformer Engine's ``ln_out_needs_gather``) keep their sequence shard for backward.
-MEGATRON_SEQUENCE_PARALLEL = (
-    "DDP and ZeRO-1 beside sequence parallelism are Megatron-LM's layouts, traced with PyTorch's "
-    "DTensor sequence parallelism: each column-parallel linear saves its all-gathered input for "
-    "backward, where Megatron-LM saves its own 1/tp of it (Transformer Engine's FP8 linears in 8 "
-    "bits) and gathers it again in backward, beside the input-gradient GEMM; those layouts' saved "
-    "activations are over-counted by (tp-1)/tp of those inputs, and the backward all-gathers are "
-    "not timed")
+#: Megatron-LM's column-parallel linears keep their sequence shard (``trace.parallel.sequence_shards``)
+#: in a cast model, which is how Megatron-LM runs 16 bits; under autocast the plan keeps DTensor's.
+AUTOCAST_SEQUENCE_PARALLEL = (
+    "DDP and ZeRO-1 beside sequence parallelism under --amp: the column-parallel linears save their "
+    "all-gathered input, as DTensor's do; Megatron-LM, which casts the model instead (plan with --dtype), "
+    "saves each rank's 1/tp of it and gathers it again in backward")
 
 
 #: DDP's optimizer is PyTorch's on the model's own weights; ZeRO-1's keeps Megatron-LM's fp32 main
@@ -46,9 +42,8 @@ def notes(request: ModelRequest, options: TraceOptions, results: list[Planned], 
         notes.append(f"the {layers}-block stack is traced with {SCALE_POINTS[0]} and {SCALE_POINTS[1]} blocks "
                      "per stage and extrapolated linearly (exact for state bytes, collectives and FLOPs; "
                      "per phase for memory)")
-    if any(p.execution.replicates_parameters and p.execution.data_parallel > 1 and p.execution.sequence_parallel
-           for p in results):
-        notes.append(MEGATRON_SEQUENCE_PARALLEL)
+    if options.amp and any(p.execution.keeps_sequence_shards for p in results):
+        notes.append(AUTOCAST_SEQUENCE_PARALLEL)
     if options.dtype in ("bf16", "fp16") and any(p.execution.data == "ddp" and p.execution.data_parallel > 1
                                                   for p in results):
         notes.append(DDP_HALF_PRECISION.format(dtype=options.dtype))

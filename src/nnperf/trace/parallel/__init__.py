@@ -46,7 +46,8 @@ def apply_layout(workload: Workload, execution: Execution, options: TraceOptions
             check_divisible(workload.model, workload.info.get("config", {}), execution.tensor,
                             execution.sequence_parallel, workload.info.get("seq_len"))
             if apply_tensor_parallel(workload.model, tp_mesh, execution.sequence_parallel,
-                                     loss_parallel=execution.splits_logits):
+                                     loss_parallel=execution.splits_logits,
+                                     keep_shards=execution.keeps_sequence_shards):
                 step_contexts.enter_context(_loss_parallel())
         if execution.expert > 1:
             from nnperf.trace.parallel.expert import apply_experts

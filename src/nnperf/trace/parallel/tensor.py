@@ -26,7 +26,9 @@ sequence first.
 
 from __future__ import annotations
 
+import functools
 import math
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -63,12 +65,35 @@ def styles() -> Any:
             PrepareModuleInput, PrepareModuleOutput)
 
 
+#: The modules whose first input a ``gather_input()`` style all-gathers over the sequence
+#: (the column-parallel linears of a block behind them), by module, with their tensor mesh:
+#: where Megatron-LM's layouts keep only the sequence shard for backward
+#: (``sequence_shards.keep_sequence_shards``).
+SEQUENCE_GATHERS: weakref.WeakKeyDictionary[nn.Module, Any] = weakref.WeakKeyDictionary()
+
+
 def gather_input(n_inputs: int = 1, local: bool = False) -> Any:
     """Sequence-sharded input -> replicated (the all-gather before a column-parallel linear)."""
-    Replicate, Shard, *_, PrepareModuleInput, _ = styles()
+    Replicate, Shard, *_ = styles()
     rest = (None,) * (n_inputs - 1)
-    return PrepareModuleInput(input_layouts=(Shard(1), *rest), desired_input_layouts=(Replicate(), *rest),
+    return _sequence_gather()(input_layouts=(Shard(1), *rest), desired_input_layouts=(Replicate(), *rest),
                               use_local_output=local)
+
+
+@functools.cache
+def _sequence_gather() -> type:
+    """``PrepareModuleInput`` that also records its module in ``SEQUENCE_GATHERS`` (made once:
+    ``torch.distributed`` is imported only when tensor parallelism is applied)."""
+    *_, PrepareModuleInput, _ = styles()
+
+    class SequenceGather(PrepareModuleInput):
+        def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
+            applied = super()._apply(module, device_mesh)
+            if not self.use_local_output:  # a block's linears, not a head's local inputs
+                SEQUENCE_GATHERS[module] = device_mesh
+            return applied
+
+    return SequenceGather
 
 
 def logits_layout(loss_parallel: bool) -> dict[str, Any]:
@@ -124,15 +149,25 @@ def uses_loss_parallel(model: nn.Module, wanted: bool) -> bool:
     return wanted and plan_of(model).loss_parallel
 
 
-def apply_tensor_parallel(model: nn.Module, mesh: Any, sequence_parallel: bool, loss_parallel: bool = False) -> bool:
+def apply_tensor_parallel(model: nn.Module, mesh: Any, sequence_parallel: bool, loss_parallel: bool = False,
+                          keep_shards: bool = False) -> bool:
     """Split ``model`` over the 1-D tensor-parallel ``mesh`` with its family's plan, then
     replicate every parameter the plan left alone (``replicate_rest``). ``loss_parallel``: keep
     the logits split over the vocabulary (the loss and its backward must then run under
-    ``torch.distributed.tensor.parallel.loss_parallel()``); returns whether it does."""
+    ``torch.distributed.tensor.parallel.loss_parallel()``); returns whether it does.
+    ``keep_shards``: the blocks' column-parallel linears save their sequence shard for backward
+    and gather it again there, as Megatron-LM's do (``sequence_shards``), not the gathered input
+    DTensor's autograd keeps."""
     plan = plan_of(model)
     loss_parallel = uses_loss_parallel(model, loss_parallel)
     plan.apply(model, mesh, sequence_parallel, loss_parallel)
     replicate_rest(model, mesh)
+    if sequence_parallel and keep_shards:
+        from nnperf.trace.parallel.sequence_shards import keep_sequence_shards
+
+        for module in model.modules():
+            if module in SEQUENCE_GATHERS:
+                keep_sequence_shards(module, SEQUENCE_GATHERS[module])
     return loss_parallel
 
 
