@@ -21,8 +21,9 @@ Megatron-Core fuses into the weight-gradient GEMM; a data-parallel engine copyin
 bucket) or is FSDP2's own copy (``fsdp.*``) is not taken in; one that produces a gradient
 (a norm's weight gradient) is.
 
-Not modelled: a fusion across a GEMM the run does not depend on (``silu(w1 x) * w3 x`` stays
-two runs), and activation memory that fusion no longer keeps (memory is the eager step's).
+Not modelled in time: a fusion across a GEMM the run does not depend on (``silu(w1 x) * w3 x``
+stays two runs). Memory counts every op a fused kernel takes in as one kernel's insides,
+whatever runs between them (``fused_ops``, read by ``passes.memory.fused``).
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ def fusable_runs(trace: Trace, counts: Sequence[OpCount],
                  region: Callable[[OpCount], object | None]) -> list[list[OpCount]]:
     """The runs of two or more fusable ops with one ``region`` (None: outside every fused
     region), in trace order, by the rules above."""
-    gradients = {s for s, info in trace.storages.items() if info.kind == KIND_GRAD}
+    takes_in = _taken_in(trace)
     runs: list[list[OpCount]] = []
     current: list[OpCount] = []
     key: object | None = None
@@ -119,9 +120,7 @@ def fusable_runs(trace: Trace, counts: Sequence[OpCount],
         if count.category in NO_KERNEL:
             continue
         here = region(count)
-        if (here is not None and count.category in FUSABLE and count.covered
-                and not count.op.startswith(ENGINE_NAMESPACES)
-                and not any(m.storage in gradients for m in count.event.inputs)):
+        if here is not None and takes_in(count):
             if current and here == key:
                 current.append(count)
                 continue
@@ -135,6 +134,28 @@ def fusable_runs(trace: Trace, counts: Sequence[OpCount],
     if len(current) > 1:
         runs.append(current)
     return runs
+
+
+def _taken_in(trace: Trace) -> Callable[[OpCount], bool]:
+    """Whether a fused kernel may take an op in, by the rules above (its region apart)."""
+    gradients = {s for s, info in trace.storages.items() if info.kind == KIND_GRAD}
+
+    def takes_in(count: OpCount) -> bool:
+        return (count.category in FUSABLE and count.covered and not count.op.startswith(ENGINE_NAMESPACES)
+                and not any(m.storage in gradients for m in count.event.inputs))
+
+    return takes_in
+
+
+def fused_ops(trace: Trace, counts: Sequence[OpCount]) -> set[int]:
+    """The event indices of the ops inside the fused blocks (``config["fused_blocks"]``) that a
+    fused kernel takes in, whatever kernels run between them: what ``passes.memory.fused``
+    treats as one kernel's insides."""
+    blocks = tuple(trace.config.get("fused_blocks", ()))
+    if not blocks:
+        return set()
+    block_of, takes_in = _block_of(blocks), _taken_in(trace)
+    return {c.index for c in counts if block_of(c.module or "") and c.category not in NO_KERNEL and takes_in(c)}
 
 
 def fused_groups(trace: Trace, counts: Sequence[OpCount]) -> dict[int, FusedGroup]:

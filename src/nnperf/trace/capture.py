@@ -344,8 +344,9 @@ def _record(workload: Workload, step: Step) -> Trace:
 FUSED_ASSUMPTION = (
     "fused pointwise: in {count} repeated blocks, the pointwise, reduction and norm ops "
     "between two other kernels run as one kernel over the bytes entering and leaving them "
-    "(torch.compile of each block; Transformer Engine's fused layers); memory is the eager "
-    "step's (what fusion no longer keeps for backward is still counted)"
+    "(torch.compile of each block; Transformer Engine's fused layers); for backward they keep what "
+    "enters and leaves them, not what they compute inside (recomputed in backward: its transient "
+    "is not counted)"
 )
 
 

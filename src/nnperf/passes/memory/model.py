@@ -52,8 +52,11 @@ class StorageRole:
     module: str
 
 
-def classify(trace: Trace, optimizer_impl: str | None = None) -> dict[int, StorageRole]:
-    """Decide, for every storage of the trace, whether it is on the GPU and what it is.
+def classify(trace: Trace, optimizer_impl: str | None = None,
+             releases: dict[int, int | None] | None = None) -> dict[int, StorageRole]:
+    """Decide, for every storage of the trace, whether it is on the GPU and what it is
+    (``releases``: see ``allocation_program``; a storage released in forward is no saved
+    activation).
 
     Everything is on the CPU fake device in the trace, so host-resident tensors of a real GPU
     run are recognized by rule: the 0-dim ``step`` counters of non-fused optimizers and 0-dim
@@ -89,7 +92,8 @@ def classify(trace: Trace, optimizer_impl: str | None = None) -> dict[int, Stora
             if from_param or sid in gathered:
                 cat = Mem.AMP_WEIGHT_CASTS
             elif trace.mode == "train" and (
-                info.released_after is None or info.released_after > last_forward
+                (released := releases.get(sid, info.released_after) if releases else info.released_after) is None
+                or released > last_forward
             ):
                 cat = Mem.SAVED_ACTIVATIONS
             else:
@@ -145,10 +149,24 @@ class AllocationProgram:
 
 
 def allocation_program(
-    trace: Trace, roles: dict[int, StorageRole] | None = None, architecture: str | None = None
+    trace: Trace, roles: dict[int, StorageRole] | None = None, architecture: str | None = None,
+    releases: dict[int, int | None] | None = None,
 ) -> AllocationProgram:
-    """The requests of a two-iteration replay of ``trace`` (see the module docstring)."""
-    roles = classify(trace) if roles is None else roles
+    """The requests of a two-iteration replay of ``trace`` (see the module docstring).
+    ``releases``: storages released after another event than the trace's (None: kept past the
+    step), as fused pointwise kernels keep them (``passes.memory.fused``; worked out here for a
+    trace with fused blocks when not given)."""
+    if releases is None and trace.config.get("fused_blocks"):
+        from nnperf.passes.count import count_ops
+        from nnperf.passes.memory.fused import fused_releases
+
+        releases = fused_releases(trace, count_ops(trace))
+    roles = classify(trace, releases=releases) if roles is None else roles
+    releases = releases or {}
+    released_at: dict[int, list[int]] = defaultdict(list)
+    for sid, index in releases.items():
+        if index is not None:
+            released_at[index].append(sid)
     options = trace.config.get("options", {})
     storages = trace.storages
     ops: list[tuple[int, Any, int, str]] = []
@@ -202,7 +220,7 @@ def allocation_program(
             # Frees of one event commute (the allocator merges free neighbours whatever the
             # order); sorting them makes the program independent of the order in which
             # Python happened to finalize the storages.
-            for sid in sorted(e.releases):
+            for sid in sorted({*(s for s in e.releases if s not in releases), *released_at.get(e.index, ())}):
                 role = device.get(sid)
                 if role is not None:
                     give(sid, storages[sid].nbytes, role.category)
@@ -224,14 +242,16 @@ def predict_memory(
     context_mib: float | None = None,
     max_points: int = MAX_TIMELINE_POINTS,
     program: AllocationProgram | None = None,
+    releases: dict[int, int | None] | None = None,
 ) -> MemoryReport:
     """Replay ``trace`` through the allocator simulation and report peaks and breakdown.
 
     ``program``: the trace's ``allocation_program`` for ``architecture`` when the caller has
-    already built it (``search.fit`` keeps it to interpolate between batches).
+    already built it (``search.fit`` keeps it to interpolate between batches); ``releases``:
+    see ``allocation_program``.
     """
     if program is None:
-        program = allocation_program(trace, None, architecture)
+        program = allocation_program(trace, None, architecture, releases)
     roles = program.roles
     alloc = CachingAllocator()
     live_by_cat: dict[str, int] = defaultdict(int)
