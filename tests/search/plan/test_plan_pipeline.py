@@ -31,3 +31,20 @@ def test_other_chunks_unsharded_as_torch_lowers_the_schedule(pipeline, virtual, 
     held = unsharded_extra(order[0], 0, lambda s: GATHERED, lambda s: GRADIENT)
     assert (held >= GRADIENT) == (micro >= 2 * pipeline)
     assert held % GRADIENT <= 2 * GATHERED
+
+
+def test_a_rank_holds_its_chunks_micro_batches_at_once_not_each_chunks_peak():
+    """Two chunks (stages 0 and 1) on one rank, two micro-batches: each chunk reaches 2 in
+    flight, never both at once. By hand, micro-batch chunks held after each action: 1, 2, 3, 2,
+    3, 2, 1, 0: at most 3, where the chunks' own peaks add up to 4."""
+    from nnperf.passes.pipeline_timeline import parse
+    from nnperf.search.plan.pipeline import peak_saved
+
+    actions = [parse(label) for label in ("F0@0", "F1@0", "F0@1", "B0@1", "F1@1", "B0@0", "B1@1", "B1@0")]
+    assert peak_saved(actions, lambda stage: 1.0) == 3
+    assert peak_saved(actions, lambda stage: 10.0 if stage == 1 else 1.0) == 12  # F0@0 F1@0 F0@1
+    # the interleaved schedule of 8 stages x 5 chunks and 64 micro-batches: rank 0's warm-up is
+    # (5 - 1) x 8 + 2 x (8 - 1) = 46 forwards (torch's ScheduleInterleaved1F1B), then 1F1B
+    execution = Execution(world=8, pipeline=8, pipeline_schedule="interleaved-1f1b", virtual_stages=5,
+                          micro_batch=1, grad_accum=64)
+    assert peak_saved(rank_orders(execution)[0], lambda stage: 1.0) == 46 + 1

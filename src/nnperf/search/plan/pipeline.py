@@ -15,7 +15,8 @@ serve every schedule and interleaving of the same pipeline degree. Then:
   action (its chunks' traced tails); the bubble is what the replay leaves idle;
 - memory: the role's traced peak with one micro-batch, plus the model states of the rank's
   other chunks, plus the saved activations of the micro-batches the schedule keeps in flight
-  beyond the traced one (``in_flight`` of the real order, per stage): affine in the in-flight
+  beyond the traced one (the most the rank holds at once over its chunks in the real order,
+  ``peak_saved``): affine in the in-flight
   count, which holds when the peak is the start of a backward (tests compare with direct traces
   of the real schedules). Under FSDP2 a stage's backward neither reshards nor reduces
   (``PipelineStage.backward_maybe_with_nosync``): its whole gradient accumulates until the
@@ -123,8 +124,11 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
         """Rank ``rank``'s memory; the terms of roles not in ``roles`` left out."""
         own = roles.get(role_of(held[rank][0]))
         others = sum(roles[role_of(s)].figures.model_states for s in held[rank][1:] if role_of(s) in roles)
-        extra = sum((flight[s] - (1 if s == held[rank][0] else 0)) * roles[role_of(s)].figures.saved_activations
-                    for s in held[rank] if role_of(s) in roles)
+        def saved(stage: int) -> float:
+            return roles[role_of(stage)].figures.saved_activations if role_of(stage) in roles else 0.0
+
+        # the traced role holds one micro-batch of its own stage already
+        extra = peak_saved(order[rank], saved) - (saved(held[rank][0]) if own else 0.0)
 
         def stored(stage: int) -> float:
             return roles[role_of(stage)].figures.states.parameters if role_of(stage) in roles else 0.0
@@ -229,6 +233,23 @@ def rank_orders(execution: Execution) -> dict[int, list[Action]]:
     p, micro, virtual = execution.pipeline, execution.grad_accum, execution.chunks_per_rank
     ir = schedule_order(execution.pipeline_schedule or "", p, virtual, micro) if virtual > 1 else None
     return orders(execution.pipeline_schedule or "", p, micro, ir)
+
+
+def peak_saved(actions: list[Action], saved: Callable[[int], float]) -> float:
+    """The most saved activations a rank holds at once: at each of its forwards, the
+    micro-batches of every chunk whose forward ran and whose backward (``B``, or ``I`` of a
+    split backward) has not, each its stage's ``saved`` bytes. Not the sum of each chunk's own
+    most in flight: an interleaved schedule's chunks reach theirs at different times (rank 0 of
+    8 stages x 5 chunks and 64 micro-batches holds 47 chunk micro-batches at once, where the
+    chunks' own peaks add up to 63)."""
+    live = peak = 0.0
+    for action in actions:
+        if action.kind == "F":
+            live += saved(action.stage)
+            peak = max(peak, live)
+        elif action.kind in ("B", "I"):
+            live -= saved(action.stage)
+    return peak
 
 
 def blocks_in_flight(execution: Execution, layers: int) -> int:
