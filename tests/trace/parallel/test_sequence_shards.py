@@ -131,22 +131,27 @@ def test_megatrons_linears_compute_dtensors_gradients():
 
 
 @pytest.mark.parametrize("batch", [1, 2])
-def test_the_input_gradient_gemm_runs_before_the_gathered_shard_is_waited_for(batch):
+def test_the_gathered_shard_is_waited_for_after_the_input_gradient_gemm(batch):
     """Megatron-LM's order: all-gather issued, input-gradient GEMM, wait, weight-gradient GEMM
-    (autograd's own ``mm`` computes the weight gradient first), whatever the micro-batch."""
+    (autograd's own ``mm`` computes the weight gradient first), whatever the micro-batch; the
+    all-gather issued once backward has the block's row-parallel linear's input gradient."""
     from nnperf.zoo import get_model
 
     execution = Execution(world=2 * TP, data="zero1", tensor=TP, sequence_parallel=True, micro_batch=batch)
     megatron = trace_rank(lambda: get_model("llama-7b").build(batch=batch, seq_len=SEQ, **LLAMA),
                           TraceOptions(optimizer="adamw"), execution, lambda model: [])
     events = megatron.trace.events
-    regathers = [e for e in events if e.phase == "backward" and e.name == "_c10d_functional.all_gather_into_tensor"
-                 and e.module.rsplit(".", 1)[-1] in ("wq", "wk", "wv", "w1", "w3")]
+    gathers = {e.outputs[0].storage: e for e in events
+               if e.phase == "backward" and e.name == "_c10d_functional.all_gather_into_tensor"}
+    first_reads = {}
+    for e in events:
+        if e.name == "_c10d_functional.wait_tensor" and e.inputs[0].storage in gathers:
+            first_reads.setdefault(e.inputs[0].storage, e)
+    regathers = {s: w for s, w in first_reads.items() if w.module.rsplit(".", 1)[-1] in ("wv", "w3")}
     assert len(regathers) == 2 * LLAMA["n_layer"]
-    for gather in regathers:
-        after = events[gather.index + 1:]
-        wait = next(e for e in after if e.name == "_c10d_functional.wait_tensor"
-                    and e.inputs[0].storage == gather.outputs[0].storage)
-        first_gemm = next(e for e in after if e.name == "aten.mm")
-        assert first_gemm.index < wait.index
-        assert gather.outputs[0].storage not in {m.storage for m in first_gemm.inputs}
+    for storage, wait in regathers.items():
+        gather = gathers[storage]
+        assert gather.module.rsplit(".", 1)[-1] in ("wo", "w2")
+        between = [e for e in events[gather.index + 1:wait.index] if e.name == "aten.mm"]
+        input_gradient = [e for e in between if e.module == wait.module]
+        assert input_gradient and all(storage not in {m.storage for m in e.inputs} for e in between)

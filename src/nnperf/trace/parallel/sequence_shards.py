@@ -14,13 +14,19 @@ in all: once in forward, once in backward.
 With DTensor, the all-gather is ``PrepareModuleInput``'s, and ``aten.mm``'s autograd saves the
 gathered input and computes the weight gradient first. Here each column-parallel linear the
 gathered input feeds runs as ``_ColumnLinear``, Megatron-LM's function: it saves nothing of
-the input but the module's shared record of the shard (``_Shard``); in backward it issues the
-all-gather (once per module call: the other linears of the block reuse the gathered copy,
-which lives until the last of them has run), computes the input gradient, and only then reads
-the gathered input. The comm timeline (``passes.comm_timeline``) overlaps the all-gather with
-that GEMM. Where Megatron-LM's one linear computes q, k and v, the zoo's Llama has three,
-backpropagated v first: the all-gather overlaps v's input-gradient GEMM only, with
-grouped-query attention a fraction of Megatron-LM's.
+the input but the module's shared record of the shard (``_Shard``); in backward it computes
+the input gradient before it reads the gathered input (one all-gather per module call: the
+other linears of the block reuse the gathered copy, which lives until the last of them has
+run). The comm timeline (``passes.comm_timeline``) overlaps the all-gather with what runs
+before that read.
+
+Where the all-gather is issued differs. Megatron-LM issues it when its one q-k-v linear's
+backward starts, and the input-gradient GEMM of q, k and v together hides it. The zoo's Llama
+has three linears, backpropagated v first, and v's input-gradient GEMM alone (with
+grouped-query attention a small fraction of the three) would leave most of it exposed, a
+cost of the zoo's split that Megatron-LM does not pay. So it is issued earlier: once backward
+has the input gradient of the block's row-parallel linear (``wo``, ``w2``), beside the
+attention's (the activation's) backward; the gathered copy lives that much longer.
 
 Not applied under activation checkpointing (``Execution.keeps_sequence_shards``): a fully
 checkpointed block saves nothing inside; Megatron-LM's selective recomputation recomputes
@@ -31,6 +37,7 @@ save what DTensor's save (``search.plan.notes.AUTOCAST_SEQUENCE_PARALLEL``).
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -157,12 +164,23 @@ def _column_forward(linear: nn.Linear, keeper: _ShardKeeper, x: Any) -> Any:
     return out
 
 
+def _row_forward(linear: nn.Linear, keeper: _ShardKeeper, x: Any) -> Any:
+    """A row-parallel linear of the block: once backward has its input gradient, the block's
+    shard is gathered again (see ``keep_sequence_shards``)."""
+    shard = keeper.current
+    if shard is not None and x.requires_grad and not torch.is_autocast_enabled(x.device.type):
+        x.register_hook(partial(_prefetch, shard))
+    return F.linear(x, linear.weight, linear.bias)
+
+
+def _prefetch(shard: _Shard, grad: Any) -> None:
+    shard.gathered()
+
+
 def keep_sequence_shards(module: nn.Module, mesh: Any) -> None:
     """Make the column-parallel linears inside ``module`` (whose first input
     ``parallelize_module`` all-gathers over the sequence) Megatron-LM's: they keep the sequence
     shard for backward in place of the gathered input."""
-    from functools import partial
-
     from torch.distributed.tensor import DTensor, Shard
 
     keeper = _ShardKeeper()
@@ -171,5 +189,8 @@ def keep_sequence_shards(module: nn.Module, mesh: Any) -> None:
     module.register_forward_hook(keeper.after_forward, always_call=True)
     for linear in module.modules():
         weight = getattr(linear, "weight", None)
-        if isinstance(linear, nn.Linear) and isinstance(weight, DTensor) and weight.placements == (Shard(0),):
-            linear.forward = partial(_column_forward, linear, keeper)
+        if isinstance(linear, nn.Linear) and isinstance(weight, DTensor):
+            if weight.placements == (Shard(0),):
+                linear.forward = partial(_column_forward, linear, keeper)
+            elif weight.placements == (Shard(1),):
+                linear.forward = partial(_row_forward, linear, keeper)
