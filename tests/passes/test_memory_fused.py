@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from test_fusion import Net  # two blocks in a ModuleList: the repeated blocks fusion works in
 from torch import nn
 
 from nnperf.analysis import analyze
@@ -29,20 +30,9 @@ class NormGluBlock(nn.Module):
         return self.b(F.silu(self.a(n)) * self.c(n))
 
 
-class Net(nn.Module):
-    def __init__(self, block: type[nn.Module] = NormGluBlock) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList([block(), block()])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return x
-
-
 def _saved(pointwise: str) -> int:
     torch.manual_seed(0)
-    analysis = analyze(Net(), inputs=(torch.randn(B, H),), optimizer="sgd", pointwise=pointwise)
+    analysis = analyze(Net(NormGluBlock), inputs=(torch.randn(B, H),), optimizer="sgd", pointwise=pointwise)
     return sum(predict(analysis, H100).memory.saved_activations.values())
 
 
