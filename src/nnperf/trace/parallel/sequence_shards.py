@@ -177,7 +177,7 @@ def _prefetch(shard: _Shard, grad: Any) -> None:
     shard.gathered()
 
 
-def keep_sequence_shards(module: nn.Module, mesh: Any) -> None:
+def keep_sequence_shards(module: nn.Module) -> None:
     """Make the column-parallel linears inside ``module`` (whose first input
     ``parallelize_module`` all-gathers over the sequence) Megatron-LM's: they keep the sequence
     shard for backward in place of the gathered input."""

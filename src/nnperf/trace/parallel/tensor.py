@@ -66,10 +66,9 @@ def styles() -> Any:
 
 
 #: The modules whose first input a ``gather_input()`` style all-gathers over the sequence
-#: (the column-parallel linears of a block behind them), by module, with their tensor mesh:
-#: where Megatron-LM's layouts keep only the sequence shard for backward
-#: (``sequence_shards.keep_sequence_shards``).
-SEQUENCE_GATHERS: weakref.WeakKeyDictionary[nn.Module, Any] = weakref.WeakKeyDictionary()
+#: (the column-parallel linears of a block behind them): where Megatron-LM's layouts keep only
+#: the sequence shard for backward (``sequence_shards.keep_sequence_shards``).
+SEQUENCE_GATHERS: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 
 def gather_input(n_inputs: int = 1, local: bool = False) -> Any:
@@ -90,7 +89,7 @@ def _sequence_gather() -> type:
         def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
             applied = super()._apply(module, device_mesh)
             if not self.use_local_output:  # a block's linears, not a head's local inputs
-                SEQUENCE_GATHERS[module] = device_mesh
+                SEQUENCE_GATHERS.add(module)
             return applied
 
     return SequenceGather
@@ -167,7 +166,7 @@ def apply_tensor_parallel(model: nn.Module, mesh: Any, sequence_parallel: bool, 
 
         for module in model.modules():
             if module in SEQUENCE_GATHERS:
-                keep_sequence_shards(module, SEQUENCE_GATHERS[module])
+                keep_sequence_shards(module)
     return loss_parallel
 
 
