@@ -48,3 +48,31 @@ def test_a_rank_holds_its_chunks_micro_batches_at_once_not_each_chunks_peak():
     execution = Execution(world=8, pipeline=8, pipeline_schedule="interleaved-1f1b", virtual_stages=5,
                           micro_batch=1, grad_accum=64)
     assert peak_saved(rank_orders(execution)[0], lambda stage: 1.0) == 46 + 1
+
+
+@pytest.mark.slow
+def test_an_interleaved_ranks_time_split_counts_every_chunk():
+    """A rank runs each of its chunks for every micro-batch: its host time and communication
+    over the step are its chunks' together. Two stages of a tiny Llama's 8 blocks: 4 blocks a
+    rank either way, as one chunk (1F1B) or four of one block (interleaved); the same ops are
+    issued, so the host times agree up to the chunks' own overhead (before, the interleaved
+    split counted one chunk: a quarter)."""
+    from nnperf.hardware.catalog import load_gpu
+    from nnperf.hardware.cluster import load_cluster
+    from nnperf.request import ModelRequest
+    from nnperf.search.plan import evaluate
+    from nnperf.search.plan.rank import RoleCache
+    from nnperf.trace.options import TraceOptions
+
+    request = ModelRequest("llama-7b", batch=8, seq_len=64, overrides={
+        "n_layer": 8, "dim": 64, "n_heads": 4, "n_kv_heads": 4, "ffn_hidden": 128, "vocab": 256})
+    gpu, cluster = load_gpu("h100-sxm"), load_cluster("dgx-h100")
+    splits = {}
+    for schedule, chunks in (("1f1b", 1), ("interleaved-1f1b", 4)):
+        execution = Execution(world=4, data="ddp", pipeline=2, pipeline_schedule=schedule, virtual_stages=chunks,
+                              micro_batch=1, grad_accum=8)
+        splits[schedule] = evaluate(request, TraceOptions(), execution, gpu, cluster, layers=8,
+                                    cache=RoleCache()).split
+    ratio = splits["interleaved-1f1b"].host_s / splits["1f1b"].host_s
+    assert 1.0 <= ratio < 1.25
+    assert splits["interleaved-1f1b"].communication_s > splits["1f1b"].communication_s

@@ -165,7 +165,8 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
     flops = sum(per_rank(r, lambda f: f.flops) for r in range(p)) * micro * stride
     return _planned(execution, gpu, sim, roles[role_of(held[sim.critical_rank][0])], flops,
                     max(memory(r, roles) for r in range(p)), micro, order, flight, activation,
-                    {r: per_rank(r, lambda f: f.states.parameters) for r in range(p)})
+                    {r: per_rank(r, lambda f: f.states.parameters) for r in range(p)},
+                    chunks=[roles[role_of(s)].figures for s in held[sim.critical_rank]])
 
 
 def gathered_per_stored(options: TraceOptions) -> float:
@@ -311,10 +312,18 @@ def replay_lower_bound(first: RankCost, order: dict[int, list[Action]], stages: 
 
 def _planned(execution: Execution, gpu: GPU, sim: PipelineTime, critical: RankCost, flops: float,
              memory: float, micro: int, order: dict[int, list[Action]], flight: dict[int, int],
-             activation: float, parameters: dict[int, float], traced_micro: int = 1) -> Planned:
+             activation: float, parameters: dict[int, float], traced_micro: int = 1,
+             chunks: list[RankFigures] | None = None) -> Planned:
+    """``chunks``: the figures of each chunk the critical rank holds (one micro-batch each), whose
+    sums over the step make its time split; by default the critical role's alone."""
     scale = micro / traced_micro
     peak = critical.mfu_peak
     f = critical.figures
+    chunks = chunks or [f]
+    exposed: dict[str, float] = {}
+    for chunk in chunks:
+        for kind, seconds in chunk.exposed_over(scale).items():
+            exposed[kind] = exposed.get(kind, 0.0) + seconds
     tokens = critical.per_micro / traced_micro * micro * execution.data_parallel
     planned = Planned(
         execution, step_s=sim.step_s,
@@ -322,13 +331,13 @@ def _planned(execution: Execution, gpu: GPU, sim: PipelineTime, critical: RankCo
         mfu=flops / sim.step_s / (peak * execution.world) if sim.step_s and peak else 0.0,
         memory_bytes=int(memory), context_bytes=int(f.mem_context),
         split=TimeSplit(compute_s=sim.busy_s[sim.critical_rank],
-                        recomputation_s=f.recompute_s * scale,
+                        recomputation_s=sum(c.recompute_s for c in chunks) * scale,
                         pipeline_bubble_s=sim.bubble_s[sim.critical_rank],
                         after_schedule_s=sim.step_s - sim.end_s[sim.critical_rank],
-                        communication_s=f.comm_over(scale),
-                        overlap_slowdown_s=f.slowdown_over(scale),
-                        exposed_communication_s=f.exposed_over(scale),
-                        host_s=f.host_s * scale),
+                        communication_s=sum(c.comm_over(scale) for c in chunks),
+                        overlap_slowdown_s=sum(c.slowdown_over(scale) for c in chunks),
+                        exposed_communication_s=exposed,
+                        host_s=sum(c.host_s for c in chunks) * scale),
         state_bytes=replace(f.states), collectives=collective_totals(f),
         # the critical stage's first rank (the pipeline is the mesh's outermost dimension)
         rank=sim.critical_rank * (execution.world // execution.pipeline),
