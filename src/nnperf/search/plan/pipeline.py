@@ -258,14 +258,7 @@ def blocks_in_flight(execution: Execution, layers: int) -> int:
     its forwards not yet matched by a backward (``B``, or ``I`` of a split backward), each
     counting its chunk's blocks (``Execution.chunk_layers``)."""
     depths = execution.chunk_layers(layers)
-    live = peak = 0
-    for action in rank_orders(execution)[0]:
-        if action.kind == "F":
-            live += depths[action.stage]
-            peak = max(peak, live)
-        elif action.kind in ("B", "I"):
-            live -= depths[action.stage]
-    return peak
+    return int(peak_saved(rank_orders(execution)[0], lambda stage: depths[stage]))
 
 
 def _transfer(activation: float, p: int, stride: int, cluster: Cluster) -> Any:

@@ -129,7 +129,8 @@ class _ShardKeeper:
 
         gathered, shard = args[0], self._shard
         self._shard = None
-        if torch.is_grad_enabled() and isinstance(gathered, DTensor) and isinstance(shard, DTensor):
+        if (torch.is_grad_enabled() and isinstance(gathered, DTensor) and isinstance(shard, DTensor)
+                and not torch.is_autocast_enabled(gathered.device.type)):  # see _column_forward
             self.current = _Shard(shard, tuple(gathered.placements))
             self._storage = _storage_of(gathered)
 
@@ -145,17 +146,19 @@ class _ShardKeeper:
 
 def _storage_of(tensor: Any) -> Any:
     """The identity of a DTensor's local storage (a view shares its base's), held weakly so it
-    keeps nothing alive."""
+    keeps nothing alive. Read off the wrapper (``_local_tensor``), not through ``to_local()``:
+    that is an op of its own, which the trace would record and time as the step's work."""
     from torch.multiprocessing.reductions import StorageWeakRef
 
-    return StorageWeakRef(tensor.to_local().untyped_storage())
+    return StorageWeakRef(tensor._local_tensor.untyped_storage())
 
 
 def _column_forward(linear: nn.Linear, keeper: _ShardKeeper, x: Any) -> Any:
-    """Megatron-LM's function for the gathered input, without autocast (Megatron-LM casts the
-    model instead: the function would otherwise have to keep autocast's weight casts)."""
+    """Megatron-LM's function for the gathered input. Not under autocast (the keeper then records
+    no shard): Megatron-LM casts the model instead, and the function would have to keep
+    autocast's weight casts."""
     shard = keeper.shard_of(x)
-    if shard is None or torch.is_autocast_enabled(x.device.type):
+    if shard is None:
         return F.linear(x, linear.weight, linear.bias)
     from nnperf.trace.recorder import label_nodes
 
@@ -168,7 +171,7 @@ def _row_forward(linear: nn.Linear, keeper: _ShardKeeper, x: Any) -> Any:
     """A row-parallel linear of the block: once backward has its input gradient, the block's
     shard is gathered again (see ``keep_sequence_shards``)."""
     shard = keeper.current
-    if shard is not None and x.requires_grad and not torch.is_autocast_enabled(x.device.type):
+    if shard is not None and x.requires_grad:
         x.register_hook(partial(_prefetch, shard))
     return F.linear(x, linear.weight, linear.bias)
 
