@@ -123,6 +123,10 @@ class Execution:
     #: (``chunk_layers``, ``split_layers``: Megatron-LM's --decoder-first/last-pipeline-num-layers)
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
+    #: Megatron-LM's --tp-comm-overlap: Transformer Engine's userbuffers run each sequence-parallel
+    #: all-gather and reduce-scatter of a block in chunks with the GEMM it feeds or follows
+    #: (``passes.comm_timeline``), instead of before or after it
+    tp_comm_overlap: bool = False
 
     @property
     def engine(self) -> DataEngine:
@@ -145,12 +149,19 @@ class Execution:
         return self.engine.replicates_parameters and self.engine.shards_optimizer
 
     @property
+    def megatron_sequence_parallel(self) -> bool:
+        """Megatron-LM's layout: DDP or ZeRO-1 beside sequence parallelism (torchtitan runs DDP
+        alone), or its --tp-comm-overlap asked for. Its linear layers reduce-scatter an input
+        gradient while the weight gradient's GEMM runs (``search.plan.rank``)."""
+        return self.sequence_parallel and self.replicates_parameters and (
+            self.data_parallel > 1 or self.tp_comm_overlap)
+
+    @property
     def keeps_sequence_shards(self) -> bool:
-        """Megatron-LM's layout (DDP or ZeRO-1 beside sequence parallelism; torchtitan runs DDP
-        alone): the column-parallel linears save their sequence shard for backward and gather
-        it again there, unless the blocks are checkpointed (``trace.parallel.sequence_shards``)."""
-        return (self.sequence_parallel and self.replicates_parameters and self.data_parallel > 1
-                and self.checkpoint is None)
+        """Megatron-LM's layout (``megatron_sequence_parallel``): the column-parallel linears save
+        their sequence shard for backward and gather it again there, unless the blocks are
+        checkpointed (``trace.parallel.sequence_shards``)."""
+        return self.megatron_sequence_parallel and self.checkpoint is None
 
     @property
     def data_parallel(self) -> int:
@@ -224,6 +235,9 @@ class Execution:
             raise UsageError("first_stage_layers and last_stage_layers shorten pipeline stages: they need pipeline > 1")
         if self.sequence_parallel and self.tensor < 2:
             raise UsageError("sequence parallelism splits what tensor parallelism replicates: it needs tensor > 1")
+        if self.tp_comm_overlap and not (self.sequence_parallel and self.replicates_parameters):
+            raise UsageError("tp_comm_overlap is Megatron-LM's --tp-comm-overlap: it needs tensor > 1 with "
+                             "sequence parallelism and Megatron-LM's data parallelism (ddp or zero1)")
         if self.tensor < 1 or self.world < 1 or self.world % self.model_parallel:
             raise UsageError(f"{self.world} GPUs are not a multiple of tensor x pipeline x context = "
                              f"{self.model_parallel}")
@@ -274,7 +288,8 @@ class Execution:
                  "fsdp": [f"FSDP2 full shard x{self.shard}"],
                  "hsdp": [f"HSDP {self.replicate} replicas x {self.shard} shards"]}[self.data]
         if self.tensor > 1:
-            parts.append(f"TP x{self.tensor}" + (" + SP" if self.sequence_parallel else ""))
+            parts.append(f"TP x{self.tensor}" + (" + SP" if self.sequence_parallel else "")
+                         + (" (comm overlapped)" if self.tp_comm_overlap else ""))
         if self.pipeline > 1:
             chunks = f", {self.virtual_stages} chunks/rank" if self.virtual_stages > 1 else ""
             parts.append(f"PP x{self.pipeline} {self.pipeline_schedule}{chunks}")

@@ -371,3 +371,34 @@ def test_the_note_on_axes_left_out_names_the_experts():
     notes = json.loads(result.output)["notes"]
     assert any("mixture-of-experts layers is not modelled (expert parallelism, --ep, is searched instead)" in n
                for n in notes), notes
+
+
+def test_megatron_layouts_with_tp_comm_overlap():
+    """--tp-comm-overlap: ZeRO-1 beside TP 2 with sequence parallelism runs Megatron-LM's
+    --tp-comm-overlap (the JSON says so), its block collectives beside their GEMMs: less
+    exposed than without, the same collectives."""
+    args = ["plan", "gpt2", "-O", "n_layer=4", "-O", "n_head=16", "-O", "n_embd=2048", "--batch", "8", "--seq",
+            "1024", "--amp", "bf16", "--gpu", "h100", "--gpus", "8", "--tp", "2", "--pp", "1", "--data", "zero1",
+            "--json"]
+    docs = []
+    for extra in ([], ["--tp-comm-overlap"]):
+        result = CliRunner().invoke(cli, [*args, *extra])
+        assert result.exit_code == 0, result.output
+        docs.append(json.loads(result.output))
+    plain, overlapped = docs
+    assert overlapped["search"]["tp_comm_overlap"] and not plain["search"]["tp_comm_overlap"]
+    sequence_parallel = [r for r in overlapped["ranked"] if r["execution"]["sequence_parallel"]]
+    assert sequence_parallel and all(r["execution"]["tp_comm_overlap"] for r in sequence_parallel)
+    assert not any(r["execution"]["tp_comm_overlap"] for r in overlapped["ranked"] if not r["execution"]["sequence_parallel"])
+
+    def tensor_parallel_exposed(doc, execution):
+        row = next(r for r in doc["ranked"] + doc["rejected"]
+                   if {**r["execution"], "tp_comm_overlap": False} == {**execution, "tp_comm_overlap": False})
+        exposed = row["time_split_s"]["exposed_communication_s"]
+        return row, exposed.get("all_gather", 0.0) + exposed.get("reduce_scatter", 0.0)
+
+    first = sequence_parallel[0]["execution"]
+    with_overlap, hidden = tensor_parallel_exposed(overlapped, first)
+    without, shown = tensor_parallel_exposed(plain, first)
+    assert hidden < shown and with_overlap["collectives"] == without["collectives"]
+

@@ -136,3 +136,20 @@ def test_zero1_with_experts_is_planned_not_measured(tmp_path):
     result = CliRunner(env=env).invoke(cli, ["measure", *MOE, "--device", "cpu", "--layout", str(path)])
     assert result.exit_code == 2 and "ZeRO-1 with expert parallelism is planned, not run" in result.output
     assert len(result.output.strip().splitlines()) == 1, result.output
+
+
+def test_tp_comm_overlap_is_planned_not_measured(tmp_path):
+    """The ranks run DTensor's collectives, not Transformer Engine's userbuffers: a layout
+    planned with --tp-comm-overlap is one line, not a measurement of something else."""
+    path = tmp_path / "plan.json"
+    planned = CliRunner().invoke(cli, ["plan", "gpt2", "-O", "n_layer=2", "--seq", "128", "--gpu", "h100", "--gpus", "4",
+                                       "--tp", "2", "--pp", "1", "--data", "zero1", "--tp-comm-overlap", "-o", str(path)])
+    assert planned.exit_code == 0, planned.output
+    ranked = json.loads(path.read_text())["ranked"]
+    at = next(i for i, r in enumerate(ranked) if r["execution"]["tp_comm_overlap"])
+    env = {"WORLD_SIZE": None, "RANK": None, "LOCAL_RANK": None}
+    result = CliRunner(env=env).invoke(cli, ["measure", "gpt2", "-O", "n_layer=2", "--seq", "128", "--device", "cpu",
+                                             "--layout", f"{path}:{at}"])
+    assert result.exit_code == 2 and "--tp-comm-overlap is planned, not run" in result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+

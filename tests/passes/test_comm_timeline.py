@@ -16,15 +16,22 @@ MS = 1e-3
 
 
 def _op(index: int, name: str, reads: list[int], writes: list[int], seconds: float, comm: bool = False,
-        memory_bound: bool = False, phase: str = "forward"):
-    """An op whose kernel takes ``seconds``: all compute (or all memory traffic), no overhead."""
+        memory_bound: bool = False, phase: str = "forward", category: Category | None = None,
+        role: str = "forward"):
+    """An op whose kernel takes ``seconds``: all compute (or all memory traffic), no overhead;
+    a GEMM (``category``) of one ``role``."""
     event = SimpleNamespace(name=name, inputs=[SimpleNamespace(storage=s) for s in reads],
                             outputs=[SimpleNamespace(storage=s) for s in writes], phase=phase)
     kernel = 0.0 if comm else seconds
     return SimpleNamespace(index=index, count=SimpleNamespace(event=event), kernels=0 if comm else 1,
                            kernel_s=kernel, model_compute_s=0.0 if memory_bound else kernel,
                            model_memory_s=kernel if memory_bound else 0.0, overhead_s=0.0,
-                           category=Category.COMMUNICATION if comm else Category.ELEMENTWISE)
+                           category=Category.COMMUNICATION if comm else category or Category.ELEMENTWISE,
+                           gemms=[SimpleNamespace(gemm=SimpleNamespace(role=role))])
+
+
+def _gemm(index: int, reads: list[int], writes: list[int], seconds: float, role: str = "forward"):
+    return _op(index, "aten.mm", reads, writes, seconds, category=Category.GEMM, role=role)
 
 
 def _step(ops, host_s: float = 0.0):
@@ -225,3 +232,96 @@ def test_each_stretch_is_told_by_the_collective_beside_the_kernel():
     told = {collective: added for _, collective, added in result.slowed}
     assert told == pytest.approx({1: 1 * MS, 2: 0.4 * MS})
     assert {kernel for kernel, _, _ in result.slowed} == {3}
+
+
+# --- a collective pipelined with its GEMM (Transformer Engine's userbuffers overlap) ---
+
+def test_a_ring_exchange_all_gather_feeds_its_gemm_from_the_first_chunk():
+    """An all-gather of 4 ms in 4 chunks before a GEMM of 8 ms: the GEMM starts with the rank's
+    own chunk at 0 and its last chunk (2 ms) follows the last arrival at 4 ms: done at 8 ms,
+    nothing exposed. Unpipelined the GEMM waits the 4 ms: 12 ms."""
+    ops = [_op(0, "all_gather", [0], [1], 0, comm=True), _gemm(1, [1], [2], 8 * MS)]
+    timed = lambda i: ("all_gather", 100, 4 * MS)  # noqa: E731
+    assert overlap(_step(ops), None, timed).step_s == pytest.approx(12 * MS)
+    result = overlap(_step(ops), None, timed, pipelined=lambda i: 4)
+    assert result.step_s == pytest.approx(8 * MS) and result.exposed_s == {}
+
+
+def test_a_slow_all_gather_holds_back_the_last_chunk_of_its_gemms():
+    """A 10 ms all-gather in 4 chunks, a copy of 1 ms (DTensor's cat) and two GEMMs of 4 ms
+    reading it (q and k: one fused GEMM in Transformer Engine), an unrelated op between them:
+    the copy and q start at 0 (1 + 4 = 5 ms), the other op runs to 6 ms, k to 10 ms, but the
+    GEMMs' last chunk (8 / 4 = 2 ms) follows the last arrival at 10 ms: 12 ms, 2 ms exposed."""
+    ops = [_op(0, "all_gather", [0], [1], 0, comm=True), _op(1, "aten.cat", [1], [2], 1 * MS, category=Category.MEMORY),
+           _gemm(2, [2], [3], 4 * MS), _op(3, "aten.silu", [3], [4], 1 * MS), _gemm(4, [2], [5], 4 * MS)]
+    result = overlap(_step(ops), None, lambda i: ("all_gather", 100, 10 * MS), pipelined=lambda i: 4)
+    assert result.step_s == pytest.approx(12 * MS)
+    assert result.exposed_s == pytest.approx({"all_gather": 2 * MS})
+    assert result.waits == [(4, 0, pytest.approx(2 * MS))]
+
+
+def test_an_all_gather_with_other_work_before_its_gemm_is_not_pipelined():
+    """Megatron-LM's regather, waited for later: another kernel runs first, so the GEMM waits
+    for the whole all-gather (2 ms beside the 1 ms kernel: 1 ms exposed), pipelined or not."""
+    ops = [_op(0, "all_gather", [0], [1], 0, comm=True), _op(1, "aten.mul", [5], [6], 1 * MS),
+           _gemm(2, [1], [2], 3 * MS)]
+    for pipelined in (None, lambda i: 4):
+        result = overlap(_step(ops), None, lambda i: ("all_gather", 100, 2 * MS), pipelined=pipelined)
+        assert result.step_s == pytest.approx(5 * MS)
+        assert result.exposed_s == pytest.approx({"all_gather": 1 * MS})
+
+
+@pytest.mark.parametrize("weight_first", [False, True])
+def test_a_weight_gradient_reading_the_gathered_tensor_waits_for_all_of_it(weight_first):
+    """Backward of a row-parallel linear: the gathered output gradient (4 ms, 2 chunks) feeds
+    the input gradient's GEMM (2 ms), pipelined, and the weight gradient's (6 ms), which
+    Transformer Engine runs after it on the whole tensor: 4 + 2 / 2 + 6 = 11 ms, 3 ms exposed,
+    in either order (PyTorch's mm backward computes the weight gradient first)."""
+    dgrad, wgrad = _gemm(1, [1, 7], [2], 2 * MS, role="grad_input"), _gemm(2, [1, 8], [3], 6 * MS, role="grad_weight")
+    if weight_first:
+        dgrad.index, wgrad.index = 2, 1
+    ops = [_op(0, "all_gather", [0], [1], 0, comm=True), *((wgrad, dgrad) if weight_first else (dgrad, wgrad))]
+    result = overlap(_step(ops), None, lambda i: ("all_gather", 100, 4 * MS), pipelined=lambda i: 2)
+    assert result.step_s == pytest.approx(11 * MS)
+    assert result.exposed_s == pytest.approx({"all_gather": 3 * MS})
+
+
+def test_a_pipelined_reduce_scatter_follows_its_gemm_chunk_by_chunk():
+    """A GEMM of 8 ms, DTensor's copy (1 ms), a 4 ms reduce-scatter in 4 chunks, then its
+    reader: the reduce-scatter starts after the GEMM's first chunk (2 ms), its last chunk
+    (1 ms) after the GEMM's last: done at 9 ms, the copy ends at 9 too: nothing exposed.
+    Unpipelined it runs 9 to 13 ms: 4 ms exposed."""
+    ops = [_gemm(0, [0], [1], 8 * MS), _op(1, "aten.cat", [1], [2], 1 * MS, category=Category.MEMORY),
+           _op(2, "reduce_scatter", [2], [3], 0, comm=True), _op(3, "aten.add", [3], [4], 1 * MS)]
+    timed = lambda i: ("reduce_scatter", 100, 4 * MS)  # noqa: E731
+    plain = overlap(_step(ops), None, timed)
+    assert plain.step_s == pytest.approx(14 * MS) and plain.exposed_s == pytest.approx({"reduce_scatter": 4 * MS})
+    result = overlap(_step(ops), None, timed, pipelined=lambda i: 4)
+    assert result.slices[0].start_s == pytest.approx(2 * MS) and result.slices[0].end_s == pytest.approx(9 * MS)
+    assert result.step_s == pytest.approx(10 * MS) and result.exposed_s == {}
+
+
+def test_an_input_gradient_is_reduce_scattered_beside_the_weight_gradient():
+    """Megatron-LM's column-parallel backward: the input gradients of two linears (2 ms each)
+    added together, the weight gradient (5 ms) between them in autograd's order. The
+    reduce-scatter (4 ms, one piece) starts when the last input-gradient GEMM ends (2 + 5 + 2
+    = 9 ms: what the trace orders first) and ends at 13 ms; the add (1 ms) and cat (1 ms) end
+    at 11 ms; its reader waits 2 ms. Unpipelined it starts after the cat: 11 to 15 ms."""
+    ops = [_gemm(0, [0], [1], 2 * MS, role="grad_input"), _gemm(1, [0], [9], 5 * MS, role="grad_weight"),
+           _gemm(2, [0], [2], 2 * MS, role="grad_input"), _op(3, "aten.add_", [1, 2], [1], 1 * MS),
+           _op(4, "aten.cat", [1], [3], 1 * MS, category=Category.MEMORY),
+           _op(5, "reduce_scatter", [3], [4], 0, comm=True, phase="backward"), _op(6, "aten.mul", [4], [5], 1 * MS)]
+    timed = lambda i: ("reduce_scatter", 100, 4 * MS)  # noqa: E731
+    assert overlap(_step(ops), None, timed).step_s == pytest.approx(16 * MS)
+    result = overlap(_step(ops), None, timed, pipelined=lambda i: 1)
+    assert result.slices[0].start_s == pytest.approx(9 * MS)
+    assert result.step_s == pytest.approx(14 * MS) and result.exposed_s == pytest.approx({"reduce_scatter": 2 * MS})
+
+
+def test_a_reduce_scatter_of_something_no_gemm_wrote_is_not_pipelined():
+    ops = [_gemm(0, [0], [1], 4 * MS), _op(1, "aten.gelu", [1], [2], 2 * MS),
+           _op(2, "reduce_scatter", [2], [3], 0, comm=True), _op(3, "aten.add", [3], [4], 1 * MS)]
+    timed = lambda i: ("reduce_scatter", 100, 3 * MS)  # noqa: E731
+    assert (overlap(_step(ops), None, timed, pipelined=lambda i: 4).step_s
+            == pytest.approx(overlap(_step(ops), None, timed).step_s) == pytest.approx(10 * MS))
+

@@ -8,6 +8,8 @@ import json
 import sys
 from dataclasses import replace
 
+import pytest
+
 from nnperf.layout import Execution
 from nnperf.report.engine_configs import torchtitan_toml
 
@@ -309,3 +311,15 @@ def test_fp8_linears_in_each_engine():
     assert 'converters = ["float8"]' in toml  # for the run's own [model] table
     with pytest.raises(NotExpressible, match="no FP8"):
         deepspeed_json(e, amp="bf16", fp8=True)
+
+
+def test_tp_comm_overlap_is_megatrons_and_not_torchtitans():
+    from nnperf.report.engine_configs import NotExpressible, megatron_args, torchtitan_toml
+
+    e = Execution(world=16, data="ddp", tensor=8, sequence_parallel=True, tp_comm_overlap=True, micro_batch=1)
+    flags = megatron_args(e, 32, amp="bf16").split("\n#")[0].split(" \\\n  ")
+    assert {"--sequence-parallel", "--tp-comm-overlap"} <= set(flags)
+    assert "--tp-comm-overlap" not in megatron_args(replace(e, tp_comm_overlap=False), 32, amp="bf16")
+    with pytest.raises(NotExpressible, match="userbuffers"):
+        torchtitan_toml(e, amp="bf16")
+

@@ -24,6 +24,9 @@ def measure_planned_layout(layout: str, device: str | None, steps: int, warmup: 
     if execution.shards_optimizer_only and execution.expert > 1:
         raise UsageError(f"--layout {layout}: ZeRO-1 with expert parallelism is planned, not run (DDP rebuilds its "
                          "buckets after the first step without the experts' own group); measure a ddp or fsdp layout")
+    if execution.tp_comm_overlap:
+        raise UsageError(f"--layout {layout}: --tp-comm-overlap is planned, not run (the ranks run DTensor's "
+                         "collectives, not Transformer Engine's userbuffers); measure a plan without it")
     request, options = pop_workload(workload_kwargs)
     if request_name(request) != layout_file.model:
         raise UsageError(f"--layout {layout} is a plan of {layout_file.model}; measure that model "

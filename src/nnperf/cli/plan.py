@@ -100,6 +100,10 @@ def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> l
               help="Blocks of the pipeline's last stage, which also holds the head and the loss "
                    "(--decoder-last-pipeline-num-layers). With interleaving, over the stage's chunks: evenly "
                    "where they divide, else its last chunk is the shorter.")
+@click.option("--tp-comm-overlap", is_flag=True,
+              help="Megatron-LM's --tp-comm-overlap on its layouts (ddp or zero1 with tensor parallelism): "
+                   "Transformer Engine's userbuffers run each block's sequence-parallel all-gather and "
+                   "reduce-scatter in chunks beside the GEMM it feeds or follows.")
 @click.option("--cluster", "cluster_name", default=None,
               help="Built-in cluster (dgx-a100, dgx-h100, dgx-h200) or a cluster TOML file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON document.")
@@ -110,7 +114,7 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
          tp_text: str, pp_text: str,
          cp_text: str, ep_text: str, data_text: str, checkpoint_text: str, reshard_text: str,
          schedules: tuple[str, ...], vpp_text: str, first_stage_layers: int | None, last_stage_layers: int | None,
-         cluster_name: str | None, as_json: bool, output: str | None, **kwargs: Any) -> None:
+         tp_comm_overlap: bool, cluster_name: str | None, as_json: bool, output: str | None, **kwargs: Any) -> None:
     """Rank the layouts of MODEL on --gpus GPUs (data parallelism: DDP, ZeRO-1, FSDP2, HSDP; tensor
     parallelism with sequence parallelism; pipeline schedules; activation checkpointing and
     gradient accumulation; expert parallelism for mixture-of-experts models): step time, throughput, MFU, per-GPU memory, exposed communication,
@@ -154,7 +158,8 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
             "split": PipelineSplitChoice(tuple(_degrees(vpp_text, "--vpp") or (INTERLEAVE,)),
                                          first_stage_layers, last_stage_layers)}
     with progress.shown(f"plan {n_gpus} GPUs: layout groups searched", enabled=not as_json):
-        result = run_plan(request, options, gpu, n_gpus, cluster, nodes, global_batch, **axes)
+        result = run_plan(request, options, gpu, n_gpus, cluster, nodes, global_batch, **axes,
+                          tp_comm_overlap=tp_comm_overlap)
     if result.cluster.gpu and result.cluster.gpu != gpu.id:
         result.notes.append(f"{result.cluster.name} is built of {result.cluster.gpu}, planned here with {gpu.id}: "
                             "its links, NICs and host CPU are taken as they are")

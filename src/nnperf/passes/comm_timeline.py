@@ -33,15 +33,27 @@ FSDP2's reduce-scatter stream waits for the compute stream explicitly (``foreach
 same rule. Only FSDP2's all-gathers are issued from streams of their own (the copy-in stream,
 then the all-gather stream, which wait for no compute kernel): they start when their inputs
 are ready, under compute already placed (implicit forward and explicit backward prefetch).
+Pipelined with a GEMM (``pipelined``): Transformer Engine's userbuffers overlap
+(Megatron-LM's ``--tp-comm-overlap``) splits a sequence-parallel all-gather and the GEMM it
+feeds, or a GEMM and the reduce-scatter it feeds, into chunks that overlap one another
+(``_pair_with_gemms`` finds the pairs). An all-gather in ``n`` chunks (a ring exchange: the
+first chunk is the rank's own) lets its GEMMs start when it starts and finish no earlier than
+``G / n`` after the last chunk arrives (then a weight gradient's GEMM reading it, whole); a
+reduce-scatter in ``n`` chunks starts once the first chunk of its GEMM is done (``G / n`` after
+the GEMM starts; with one chunk, when the GEMM ends: Megatron-LM's reduce-scatter of an input
+gradient beside the weight gradient's GEMM) and ends no earlier than ``C / n`` after the
+GEMM's last chunk.
+
 What is not modelled yet: wave quantization on the SMs left (a one-wave GEMM can need a second
-wave), the collective's own slowdown, two concurrent collectives sharing a link (a kernel
-beside two runs at the slowdown of the one that started first), and the host cost of the
-collectives.
+wave), a GEMM's efficiency in chunks, the collective's own slowdown, two concurrent
+collectives sharing a link (a kernel beside two runs at the slowdown of the one that started
+first), and the host cost of the collectives.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections import defaultdict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -52,6 +64,11 @@ from nnperf.vocab import Category
 
 #: Copies FSDP2 runs on its all-gather stream, not on the compute stream.
 _ON_COMM_STREAM = {"fsdp.all_gather_copy_in"}
+
+
+#: The ops that add a linear's input gradients together (q, k and v into one) on their way from
+#: the GEMMs to the reduce-scatter pipelined with them (``_writer_gemm``).
+_ACCUMULATE = frozenset({"aten.add", "aten.add_"})
 
 
 #: The most of the SMs or of the DRAM bandwidth a collective is taken to hold, so a what-if with
@@ -164,12 +181,19 @@ def overlap(
     step: StepTime, trace: Trace, collective_time: Callable[[int], tuple[str, int, float]],
     contention: Callable[[int], Contention | None] | None = None,
     stream_of: Callable[[int], Hashable] | None = None,
+    pipelined: Callable[[int], int | None] | None = None,
 ) -> CommStep:
     """Replay ``step`` with collectives on their own streams. ``collective_time(index)`` gives
     the kind, bytes and time of the collective at that event index; ``contention(index)`` what
     it takes from compute kernels beside it (None, or no function: nothing); ``stream_of(index)``
-    its stream, its process group (None, or no function: one stream for all)."""
+    its stream, its process group (None, or no function: one stream for all); ``pipelined(index)``
+    the chunks an all-gather or reduce-scatter runs in with its GEMM (None: not pipelined; the
+    module docstring)."""
     issued = {s.index: s.end_s for s in step.host_slices}
+    pairs = _pair_with_gemms(step, collective_time, pipelined) if pipelined is not None else {}
+    spans: dict[int, tuple[float, float]] = {}  # a paired GEMM's event index -> (start, end)
+    gathering: dict[int, int] = {}  # storage -> the pipelined all-gather it comes from
+    gathered: dict[int, tuple[_Pair, CommSlice]] = {}  # a pipelined all-gather's index -> it
     produced: dict[int, tuple[float, str | None, int | None]] = {}  # storage -> (ready, kind, collective) if comm
     compute_free = compute_busy = comm_busy = slowdown = 0.0
     streams, own_stream = _streams(step, stream_of)
@@ -197,12 +221,28 @@ def overlap(
                 # issued from the compute stream: ProcessGroupNCCL's stream waits for every
                 # kernel issued there before it (the module docstring)
                 ready = max(ready, compute_free)
-            start = max(issue, comm_free[stream], ready)
-            end = comm_free[stream] = start + seconds
+            pair = pairs.get(t.index)
+            if pair is not None and pair.scatters and pair.gemms[0] in spans:
+                # its chunks follow the GEMM's: the first once the GEMM's first chunk is done, the
+                # last after the GEMM's last (what moves or adds its output on the way is this
+                # trace's, not Transformer Engine's, which writes into the collective's buffer)
+                gemm_start, gemm_end = spans[pair.gemms[0]]
+                start = max(issue, comm_free[stream], gemm_start + (gemm_end - gemm_start) / pair.chunks)
+                end = max(start + seconds, gemm_end + seconds / pair.chunks)
+            else:
+                start = max(issue, comm_free[stream], ready)
+                end = start + seconds
+            comm_free[stream] = end
             comm_busy += seconds
             slices.append(CommSlice(t.index, kind, nbytes, start, end))
             for m in event.inputs + event.outputs:
                 produced[m.storage] = (end, kind, t.index)
+            if pair is not None and not pair.scatters:
+                # its GEMMs start on the first chunk, the rank's own (and end after the last: below)
+                gathered[t.index] = (pair, slices[-1])
+                for m in event.outputs:
+                    produced[m.storage] = (start, kind, t.index)
+                    gathering[m.storage] = t.index
             taken = contention(t.index) if contention is not None and seconds > 0 else None
             if taken is not None:
                 busy.add(start, end, taken, t.index)
@@ -217,12 +257,21 @@ def overlap(
                     slowed.append((last.index, t.index, extra))
                     clock[last.index] = compute_free
             continue
+        source = next((gathering[m.storage] for m in event.inputs if m.storage in gathering), None)
+        if source is not None and t.index not in gathered[source][0].gemms and not _moves(t):
+            # a reader that is not pipelined with it waits for the whole of it
+            gather = gathered[source][1]
+            if gather.end_s > ready:
+                ready, waited_on, waited_index = gather.end_s, gather.kind, source
+            source = None
         if not t.kernels:
             # no kernel (a functional collective's stream wait, an allocation): what it
             # returns is ready when what it reads is, so a reader still waits for the collective
             for m in event.outputs:
                 if ready > produced.get(m.storage, (0.0, None, None))[0]:
                     produced[m.storage] = (ready, waited_on, waited_index)
+                if source is not None:
+                    gathering[m.storage] = source
             continue
         if event.name in _ON_COMM_STREAM:
             stream = streams.get(t.index)
@@ -241,10 +290,23 @@ def overlap(
             compute_busy += end - start
             slowdown += end - start - t.kernel_s
             slowed.extend((t.index, index, seconds) for index, seconds in added)
+            if source is not None and t.index in gathered[source][0].gemms:  # one of the GEMMs it feeds
+                pair, gather = gathered[source]
+                if t.index == pair.gemms[-1]:
+                    # the GEMMs' last chunk runs after the all-gather's last chunk arrives
+                    floor = gather.end_s + pair.after_s
+                    if floor > end:
+                        exposed[gather.kind] += floor - end
+                        waits.append((t.index, source, floor - end))
+                        end = compute_free = floor
+                source = None  # what the GEMM writes is its own
+            spans[t.index] = (start, end)
             clock[t.index] = compute_free
             last = t
         for m in event.outputs:
             produced[m.storage] = (end, None, None)
+            if source is not None:  # moved on its way to the GEMM (DTensor's cat)
+                gathering[m.storage] = source
     comm_end = max(comm_free.values(), default=0.0)
     if comm_end > compute_free:  # the step ends when the last collective does
         last = max(slices, key=lambda c: c.end_s).kind if slices else "communication"
@@ -252,6 +314,94 @@ def overlap(
     end = max(compute_free, comm_end, step.host_s)
     return CommStep(end, compute_busy, comm_busy, {k: v for k, v in exposed.items() if v > 0}, slices,
                     slowdown_s=slowdown, clock=clock, waits=waits, slowed=slowed)
+
+
+@dataclass(frozen=True)
+class _Pair:
+    """A collective pipelined with a GEMM: the GEMMs it feeds (an all-gather: those that take
+    what it gathers, as one GEMM, the way Transformer Engine's fused q-k-v and gate-up linears
+    take it) or the GEMM whose output it reduces (a reduce-scatter), and the chunks they run in."""
+
+    gemms: tuple[int, ...]  # the GEMMs' event indices, in order
+    #: an all-gather's: how long after its last chunk arrives its GEMMs can be done at the
+    #: earliest: the pipelined GEMMs' last chunk, then whole any weight gradient's GEMM reading
+    #: it (Transformer Engine runs that after the input gradient's, on the whole gathered tensor)
+    after_s: float
+    chunks: int
+    scatters: bool  # a reduce-scatter after its GEMM; else an all-gather before them
+
+
+def _pair_with_gemms(step: StepTime, collective_time: Callable[[int], tuple[str, int, float]],
+                     pipelined: Callable[[int], int | None]) -> dict[int, _Pair]:
+    """Each pipelined collective's GEMMs. An all-gather's are the GEMMs reading what it gathered
+    (through ops that only move it) before the next collective, the first of them the first
+    kernel after it: Transformer Engine's ring exchange feeds the GEMM right after the gather, so
+    a gather with other work first (Megatron-LM's regathered input, waited for later) is already
+    overlapped and stays as it is. A reduce-scatter's is the latest GEMM that wrote what it
+    reduces, through ops that move it or add input gradients together; other GEMMs between them
+    (the weight gradients autograd runs in the same node) run beside it."""
+    ops = step.ops
+    pairs: dict[int, _Pair] = {}
+    for at, t in enumerate(ops):
+        if t.category != Category.COMMUNICATION:
+            continue
+        chunks = pipelined(t.index)
+        kind = collective_time(t.index)[0] if chunks else ""
+        if kind == "all_gather":
+            gemms = _reader_gemms(ops, at)
+        elif kind == "reduce_scatter":
+            gemms = _writer_gemm(ops, at)
+        else:
+            continue
+        if gemms:
+            after = sum(u.kernel_s / (1 if _weight_gradient(u) else chunks) for u in gemms)
+            pairs[t.index] = _Pair(tuple(u.index for u in gemms), after, chunks, kind == "reduce_scatter")
+    return pairs
+
+
+def _moves(t: OpTime) -> bool:
+    """An op that only moves or views data (no kernel, or a copy)."""
+    return not t.kernels or t.category == Category.MEMORY
+
+
+def _weight_gradient(t: OpTime) -> bool:
+    return any(g.gemm.role == "grad_weight" for g in t.gemms)
+
+
+def _reader_gemms(ops: list[OpTime], at: int) -> tuple[OpTime, ...]:
+    """The GEMMs that take what the all-gather at ``at`` gathers, up to the next collective:
+    none unless the first kernel after it that is not a move is one of them."""
+    lineage = {m.storage for m in ops[at].count.event.outputs}
+    gemms: list[OpTime] = []
+    for t in itertools.islice(ops, at + 1, None):
+        if t.category == Category.COMMUNICATION:
+            break
+        event = t.count.event
+        reads = any(m.storage in lineage for m in event.inputs)
+        if reads and t.category == Category.GEMM:
+            gemms.append(t)
+        elif reads and _moves(t):
+            lineage.update(m.storage for m in event.outputs)
+        elif t.kernels and not gemms:
+            return ()  # other work first (or a reader that is not a GEMM)
+    return tuple(gemms)
+
+
+def _writer_gemm(ops: list[OpTime], at: int) -> tuple[OpTime, ...]:
+    """The latest GEMM that wrote what the reduce-scatter at ``at`` reduces (none if something
+    else computed it)."""
+    wanted = {m.storage for m in ops[at].count.event.inputs}
+    for t in map(ops.__getitem__, range(at - 1, -1, -1)):
+        event = t.count.event
+        if not any(m.storage in wanted for m in event.outputs):
+            continue
+        if t.category == Category.GEMM:
+            return (t,)
+        if _moves(t) or (t.category == Category.ELEMENTWISE and event.name in _ACCUMULATE):
+            wanted.update(m.storage for m in event.inputs)
+        else:
+            return ()
+    return ()
 
 
 def _streams(step: StepTime, stream_of: Callable[[int], Hashable] | None) -> tuple[dict[int, Hashable], set[int]]:

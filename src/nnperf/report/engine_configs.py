@@ -186,6 +186,9 @@ def torchtitan_refusals(e: Any, amp: str | None, dtype: str | None, sdpa: str) -
                        "second matmul")
     if e.checkpoint == "selective-attention":
         missing.append("torchtitan has no attention-only recomputation (Megatron-LM's --recompute-activations)")
+    if e.tp_comm_overlap:
+        missing.append("Transformer Engine's userbuffers overlap (Megatron-LM's --tp-comm-overlap) is not "
+                       "torchtitan's; its async tensor parallelism (with torch.compile) is not modelled")
     if e.checkpoint == "selective-op-recompute-a2a":
         missing.append("today's torchtitan saves the expert all-to-alls under selective op checkpointing; "
                        "its earlier list that recomputed them is not a setting")
@@ -282,6 +285,8 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
             args.append(f"--num-layers-per-virtual-pipeline-stage {depths[0]}")
     if e.sequence_parallel:
         args.append("--sequence-parallel")
+    if e.tp_comm_overlap:
+        args.append("--tp-comm-overlap")
     args += [f"--micro-batch-size {e.micro_batch}", f"--global-batch-size {e.global_batch}"]
     if seq_len:
         args.append(f"--seq-length {seq_len}")

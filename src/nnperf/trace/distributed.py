@@ -22,7 +22,7 @@ from torch import nn
 
 from nnperf.errors import UsageError
 from nnperf.layout import Execution
-from nnperf.trace.blocks import mark_blocks
+from nnperf.trace.blocks import block_names, mark_blocks
 from nnperf.trace.capture import cast_workload, trace_workload
 from nnperf.trace.collectives import Collective, collectives_of
 from nnperf.trace.engine_patches import engines_on_fake_tensors
@@ -95,6 +95,11 @@ def trace_rank(
         collectives = collectives_of(trace)
     trace.config["execution"] = execution.to_json()
     trace.config["rank"] = rank
+    if execution.tensor > 1:
+        # the tensor-parallel group and the repeated blocks (as the trace names modules): what
+        # Transformer Engine's userbuffers overlap pipelines (``search.plan.rank``)
+        trace.config["tensor_parallel_group"] = world["meshes"][shape][0].get_group().group_name
+        trace.config["blocks"] = block_names(workload.model)
     if execution.data_parallel > 1:
         # the data-parallel engine's process groups: a pipeline synchronizes over them once per
         # step (DDP's reduction in the last micro-batch's backward, ZeRO-1's all-gather before

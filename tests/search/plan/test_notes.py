@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from nnperf.layout import Execution
 from nnperf.request import ModelRequest
-from nnperf.search.plan.notes import AUTOCAST_SEQUENCE_PARALLEL, DDP_HALF_PRECISION, notes
+from nnperf.search.plan.notes import (
+    AUTOCAST_SEQUENCE_PARALLEL,
+    DDP_HALF_PRECISION,
+    EXPOSED_TENSOR_PARALLEL,
+    notes,
+)
 from nnperf.search.plan.results import Planned
 from nnperf.trace.options import TraceOptions
 
@@ -31,3 +36,13 @@ def test_megatrons_layouts_under_autocast_say_the_gathered_inputs_are_saved():
     assert AUTOCAST_SEQUENCE_PARALLEL not in _notes(megatron, options=TraceOptions(dtype="bf16"))
     fsdp = Execution(world=8, data="fsdp", tensor=4, sequence_parallel=True)
     assert AUTOCAST_SEQUENCE_PARALLEL not in _notes(fsdp, options=TraceOptions(amp="bf16"))
+
+
+def test_megatrons_layouts_without_tp_comm_overlap_say_how_to_time_it():
+    megatron = Execution(world=8, data="zero1", tensor=4, sequence_parallel=True)
+    assert EXPOSED_TENSOR_PARALLEL in _notes(megatron)
+    assert EXPOSED_TENSOR_PARALLEL not in _notes(Execution(world=8, data="zero1", tensor=4, sequence_parallel=True,
+                                                           tp_comm_overlap=True))
+    assert EXPOSED_TENSOR_PARALLEL not in _notes(Execution(world=8, data="fsdp", shard=2, tensor=4,
+                                                           sequence_parallel=True))
+

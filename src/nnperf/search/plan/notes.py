@@ -24,6 +24,14 @@ AUTOCAST_SEQUENCE_PARALLEL = (
     "saves each rank's 1/tp of it and gathers it again in backward")
 
 
+#: Megatron-LM's layouts with tensor parallelism, planned without its --tp-comm-overlap: the blocks'
+#: sequence-parallel collectives wait before or after their GEMMs (``passes.comm_timeline``).
+EXPOSED_TENSOR_PARALLEL = (
+    "DDP and ZeRO-1 beside sequence parallelism: each block's all-gathers and forward reduce-scatters "
+    "are timed before or after their GEMMs; Megatron-LM's --tp-comm-overlap (Transformer Engine's "
+    "userbuffers) runs them in chunks beside the GEMMs: plan with --tp-comm-overlap to time that")
+
+
 #: DDP's optimizer is PyTorch's on the model's own weights; ZeRO-1's keeps Megatron-LM's fp32 main
 #: copies (``trace.parallel.distributed_optimizer``).
 DDP_HALF_PRECISION = (
@@ -44,6 +52,8 @@ def notes(request: ModelRequest, options: TraceOptions, results: list[Planned], 
                      "per phase for memory)")
     if options.amp and any(p.execution.keeps_sequence_shards for p in results):
         notes.append(AUTOCAST_SEQUENCE_PARALLEL)
+    if any(p.execution.megatron_sequence_parallel and not p.execution.tp_comm_overlap for p in results):
+        notes.append(EXPOSED_TENSOR_PARALLEL)
     if options.dtype in ("bf16", "fp16") and any(p.execution.data == "ddp" and p.execution.data_parallel > 1
                                                   for p in results):
         notes.append(DDP_HALF_PRECISION.format(dtype=options.dtype))

@@ -75,6 +75,40 @@ def _contention(cluster: Cluster, gpu: GPU, collectives: dict[int, Any]) -> Call
     return taken
 
 
+#: Chunks of Transformer Engine's userbuffers overlap (``initialize_ub``'s defaults,
+#: transformer_engine/pytorch/module/base.py): its ring exchange splits the all-gathers of
+#: qkv_fprop, fc1_fprop, proj_dgrad and fc2_dgrad into one chunk per tensor-parallel rank, its
+#: pipeline the reduce-scatters of proj_fprop and fc2_fprop into ``num_splits`` = 4.
+PIPELINE_SPLITS = 4
+
+
+def tensor_parallel_chunks(execution: Execution, config: dict[str, Any],
+               collectives: dict[int, Any]) -> Callable[[int], int | None] | None:
+    """The chunks each tensor-parallel collective runs in with its GEMM (``comm_timeline``):
+    Megatron-LM's linear layers reduce-scatter an input gradient in one piece beside the weight
+    gradient's GEMM (``LinearWithGradAccumulationAndAsyncCommunication``, and Transformer
+    Engine's layers with or without userbuffers); with --tp-comm-overlap, Transformer Engine's
+    userbuffers pipeline the blocks' forward all-gathers and reduce-scatters and backward
+    all-gathers too (``PIPELINE_SPLITS``); the output layer is not Transformer Engine's."""
+    group = config.get("tensor_parallel_group")
+    if group is None or not execution.megatron_sequence_parallel:
+        return None
+    blocks = tuple(config.get("blocks", ()))
+
+    def chunks(index: int) -> int | None:
+        c = collectives[index]
+        if c.group != group:
+            return None
+        if c.kind == "reduce_scatter" and c.phase == "backward":
+            return 1
+        if not execution.tp_comm_overlap or not any(c.module == b or c.module.startswith(f"{b}.") for b in blocks):
+            return None
+        if c.kind == "all_gather":
+            return execution.tensor
+        return PIPELINE_SPLITS if c.kind == "reduce_scatter" else None
+    return chunks
+
+
 def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution, gpu: GPU,
               cluster: Cluster, rank: int = 0, prepare: Callable[[Any], Any] | None = None,
               units: Callable[[Any], list[str]] | None = None) -> RankCost:
@@ -89,7 +123,8 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
     by_index = {c.index: c for c in traced.collectives}
     pipelined = execution.pipeline > 1
     comm = overlap(prediction.step, traced.trace, _timed(cluster, by_index, pipelined),
-                   _contention(cluster, gpu, by_index), stream_of=lambda index: by_index[index].stream)
+                   _contention(cluster, gpu, by_index), stream_of=lambda index: by_index[index].stream,
+                   pipelined=tensor_parallel_chunks(execution, traced.trace.config, by_index))
     once = [t for t in prediction.step.ops if once_per_step(t.count.event)]
     attention = [t for t in prediction.step.ops if t.category == Category.ATTENTION]
     forward = [t.count.event for t in attention if t.phase == "forward"]

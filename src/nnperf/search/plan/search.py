@@ -77,7 +77,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
          schedules: Iterable[str] = DEFAULT_SCHEDULES, context: Iterable[int] = (1,),
          expert: Iterable[int] | None = (1,), data: Iterable[str] | None = None,
          checkpoints: Iterable[str | None] | None = None, reshard: Iterable[bool] = (True,),
-         split: PipelineSplitChoice | None = None) -> Plan:
+         split: PipelineSplitChoice | None = None, tp_comm_overlap: bool = False) -> Plan:
     """Rank the layouts of ``request`` on ``gpus`` GPUs of ``gpu``. ``tensor``/``pipeline``/
     ``expert``: the degrees to try (None: every degree the model and nodes allow; the default,
     1, keeps the data-parallel search; ``context``: context-parallel degrees, modelled in
@@ -87,6 +87,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     True (torchtitan's default without pipelines), False (the gathered parameters kept until
     backward: no backward all-gather, ZeRO-2's traffic), or both. ``split``: the chunks per rank
     of the interleaved schedules and an uneven first and last stage (default: 2, even).
+    ``tp_comm_overlap``: Megatron-LM's layouts (DDP or ZeRO-1 with sequence parallelism) run
+    --tp-comm-overlap (``Execution.tp_comm_overlap``).
 
     The search runs in passes so that a large cluster is planned in seconds: data and tensor
     parallelism over every degree; then pipeline parallelism at the tensor-parallel degree of
@@ -122,7 +124,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
                              schedules=schedules, split=split)
 
     def engines(found: list[Execution]) -> list[Execution]:
-        return [e for e in found if e.data_parallel == 1 or e.data in kinds]
+        return [_overlapped(e, tp_comm_overlap) for e in found if e.data_parallel == 1 or e.data in kinds]
 
     first = engines(layouts(gpus, nodes_of, global_batch, tensor=tensor,
                             pipeline=[1] if 1 in pipeline else pipeline[:1], schedules=schedules, layers=layers,
@@ -158,7 +160,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
             fastest = best.step_s if best else None
             # the fastest so far without sequence parallelism, evaluated beside them: the winner
             # (below) most often, whose roles are then traced already
-            plain = [replace(best.execution, sequence_parallel=False)] if best and best.execution.tensor > 1 else []
+            plain = [replace(best.execution, sequence_parallel=False, tp_comm_overlap=False)] if best and best.execution.tensor > 1 else []
             extra = _in_workers(request, options, gpu, cluster, layers,
                                 [[e for e in rest if e.data in ("fsdp", kind)] for kind in others], cache, fastest,
                                 same_work(results), levels, ahead=plain)
@@ -177,7 +179,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     results = [p for p in results if not p.time_bound]
     ranked = sorted((p for p in results if p.fits), key=lambda p: p.step_s)
     if ranked and ranked[0].execution.tensor > 1:  # the winner's degree without sequence parallelism
-        plain = replace(ranked[0].execution, sequence_parallel=False)
+        plain = replace(ranked[0].execution, sequence_parallel=False, tp_comm_overlap=False)
         results.append(evaluate(request, options, plain, gpu, cluster, layers=layers, cache=cache))
         ranked = sorted((p for p in results if p.fits), key=lambda p: p.step_s)
     rejected = [p for p in results if not p.fits]
@@ -201,7 +203,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
               "first_stage_layers": split.first, "last_stage_layers": split.last,
               "data": [k for k in DATA_KINDS if k in kinds],
               "checkpoint": [names[CHECKPOINTS[i]] for i in levels],
-              "reshard_after_forward": sorted(set(reshard), reverse=True)}
+              "reshard_after_forward": sorted(set(reshard), reverse=True), "tp_comm_overlap": tp_comm_overlap}
     return Plan(request_name(request), gpu, cluster, gpus, global_batch, ranked, rejected,
                 left_out + notes(request, options, results, layers) + routing_note(info, options), cache.traces, layers,
                 options,
@@ -367,3 +369,11 @@ def _first_fit(members: list[Execution], request: ModelRequest, options: TraceOp
     if best is not None:
         results.append(best)
     return best
+
+
+def _overlapped(execution: Execution, tp_comm_overlap: bool) -> Execution:
+    """``execution`` with Megatron-LM's --tp-comm-overlap where asked and it applies (DDP or
+    ZeRO-1 beside sequence parallelism)."""
+    if tp_comm_overlap and execution.sequence_parallel and execution.replicates_parameters:
+        return replace(execution, tp_comm_overlap=True)
+    return execution
