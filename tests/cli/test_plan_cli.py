@@ -402,3 +402,14 @@ def test_megatron_layouts_with_tp_comm_overlap():
     without, shown = tensor_parallel_exposed(plain, first)
     assert hidden < shown and with_overlap["collectives"] == without["collectives"]
 
+
+def test_tp_comm_overlap_with_context_parallelism_and_no_data_parallel_ranks():
+    """TP 2 x CP 2 on 4 GPUs has no data-parallel ranks: Megatron-LM's layout (DDP over the
+    context ranks) with --tp-comm-overlap is planned, not refused halfway through the search."""
+    result = CliRunner().invoke(cli, ["plan", "gpt2", "-O", "n_layer=2", "-O", "n_head=4", "-O", "n_embd=128",
+                                      "--batch", "4", "--seq", "256", "--gpu", "h100", "--gpus", "4", "--tp", "2",
+                                      "--cp", "2", "--pp", "1", "--tp-comm-overlap", "--json"])
+    assert result.exit_code == 0, result.output
+    ranked = [r["execution"] for r in json.loads(result.output)["ranked"]]
+    assert any(e["context"] == 2 and e["tp_comm_overlap"] for e in ranked)
+

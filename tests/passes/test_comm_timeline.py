@@ -250,14 +250,27 @@ def test_a_ring_exchange_all_gather_feeds_its_gemm_from_the_first_chunk():
 def test_a_slow_all_gather_holds_back_the_last_chunk_of_its_gemms():
     """A 10 ms all-gather in 4 chunks, a copy of 1 ms (DTensor's cat) and two GEMMs of 4 ms
     reading it (q and k: one fused GEMM in Transformer Engine), an unrelated op between them:
-    the copy and q start at 0 (1 + 4 = 5 ms), the other op runs to 6 ms, k to 10 ms, but the
-    GEMMs' last chunk (8 / 4 = 2 ms) follows the last arrival at 10 ms: 12 ms, 2 ms exposed."""
+    the copy runs from 0 to 1 ms, q to 5, the other op to 6, k to 10, but the GEMMs' last chunk
+    (8 / 4 = 2 ms) follows the last arrival at 10 ms: 12 ms, 2 ms exposed."""
     ops = [_op(0, "all_gather", [0], [1], 0, comm=True), _op(1, "aten.cat", [1], [2], 1 * MS, category=Category.MEMORY),
-           _gemm(2, [2], [3], 4 * MS), _op(3, "aten.silu", [3], [4], 1 * MS), _gemm(4, [2], [5], 4 * MS)]
+           _gemm(2, [2], [3], 4 * MS), _op(3, "aten.silu", [9], [4], 1 * MS), _gemm(4, [2], [5], 4 * MS)]
     result = overlap(_step(ops), None, lambda i: ("all_gather", 100, 10 * MS), pipelined=lambda i: 4)
     assert result.step_s == pytest.approx(12 * MS)
     assert result.exposed_s == pytest.approx({"all_gather": 2 * MS})
     assert result.waits == [(4, 0, pytest.approx(2 * MS))]
+
+
+def test_what_reads_a_pipelined_gemms_output_ends_the_pipeline():
+    """The zoo's SwiGLU: the gate's GEMM (4 ms), its activation (1 ms, reading it), the up
+    projection's GEMM (4 ms), all after a 10 ms all-gather in 4 chunks. Transformer Engine's
+    fused GEMM has both projections before the activation; here the activation needs the gate's
+    whole output, so the pipeline ends with the gate: it ends at 10 + 4 / 4 = 11 ms, the
+    activation at 12, and the up projection, on the whole gathered tensor, at 16 ms."""
+    ops = [_op(0, "all_gather", [0], [1], 0, comm=True), _gemm(1, [1], [2], 4 * MS),
+           _op(2, "aten.silu", [2], [3], 1 * MS), _gemm(3, [1], [4], 4 * MS)]
+    result = overlap(_step(ops), None, lambda i: ("all_gather", 100, 10 * MS), pipelined=lambda i: 4)
+    assert result.clock[1] == pytest.approx(11 * MS) and result.step_s == pytest.approx(16 * MS)
+    assert result.exposed_s == pytest.approx({"all_gather": 7 * MS})
 
 
 def test_an_all_gather_with_other_work_before_its_gemm_is_not_pipelined():
@@ -276,7 +289,8 @@ def test_a_weight_gradient_reading_the_gathered_tensor_waits_for_all_of_it(weigh
     """Backward of a row-parallel linear: the gathered output gradient (4 ms, 2 chunks) feeds
     the input gradient's GEMM (2 ms), pipelined, and the weight gradient's (6 ms), which
     Transformer Engine runs after it on the whole tensor: 4 + 2 / 2 + 6 = 11 ms, 3 ms exposed,
-    in either order (PyTorch's mm backward computes the weight gradient first)."""
+    in either order (PyTorch's mm backward, as DTensor's row-parallel linear runs it, computes
+    the weight gradient first)."""
     dgrad, wgrad = _gemm(1, [1, 7], [2], 2 * MS, role="grad_input"), _gemm(2, [1, 8], [3], 6 * MS, role="grad_weight")
     if weight_first:
         dgrad.index, wgrad.index = 2, 1
@@ -302,20 +316,21 @@ def test_a_pipelined_reduce_scatter_follows_its_gemm_chunk_by_chunk():
 
 
 def test_an_input_gradient_is_reduce_scattered_beside_the_weight_gradient():
-    """Megatron-LM's column-parallel backward: the input gradients of two linears (2 ms each)
-    added together, the weight gradient (5 ms) between them in autograd's order. The
-    reduce-scatter (4 ms, one piece) starts when the last input-gradient GEMM ends (2 + 5 + 2
-    = 9 ms: what the trace orders first) and ends at 13 ms; the add (1 ms) and cat (1 ms) end
-    at 11 ms; its reader waits 2 ms. Unpipelined it starts after the cat: 11 to 15 ms."""
-    ops = [_gemm(0, [0], [1], 2 * MS, role="grad_input"), _gemm(1, [0], [9], 5 * MS, role="grad_weight"),
-           _gemm(2, [0], [2], 2 * MS, role="grad_input"), _op(3, "aten.add_", [1, 2], [1], 1 * MS),
+    """Megatron-LM's column-parallel backward: the input gradients of two linears (2 ms each),
+    then the weight gradient (5 ms), then the input gradients added (1 ms) and DTensor's cat
+    (1 ms). The reduce-scatter (4 ms, one piece) starts when the last input-gradient GEMM ends
+    (4 ms), beside the weight gradient, and ends at 8 ms; its reader runs after the cat, 11 to
+    12 ms, nothing exposed. Unpipelined it starts after the cat: 11 to 15 ms, 4 ms exposed."""
+    ops = [_gemm(0, [0], [1], 2 * MS, role="grad_input"), _gemm(1, [0], [2], 2 * MS, role="grad_input"),
+           _gemm(2, [0], [9], 5 * MS, role="grad_weight"), _op(3, "aten.add_", [1, 2], [1], 1 * MS),
            _op(4, "aten.cat", [1], [3], 1 * MS, category=Category.MEMORY),
            _op(5, "reduce_scatter", [3], [4], 0, comm=True, phase="backward"), _op(6, "aten.mul", [4], [5], 1 * MS)]
     timed = lambda i: ("reduce_scatter", 100, 4 * MS)  # noqa: E731
-    assert overlap(_step(ops), None, timed).step_s == pytest.approx(16 * MS)
+    plain = overlap(_step(ops), None, timed)
+    assert plain.step_s == pytest.approx(16 * MS) and plain.exposed_s == pytest.approx({"reduce_scatter": 4 * MS})
     result = overlap(_step(ops), None, timed, pipelined=lambda i: 1)
-    assert result.slices[0].start_s == pytest.approx(9 * MS)
-    assert result.step_s == pytest.approx(14 * MS) and result.exposed_s == pytest.approx({"reduce_scatter": 2 * MS})
+    assert result.slices[0].start_s == pytest.approx(4 * MS) and result.slices[0].end_s == pytest.approx(8 * MS)
+    assert result.step_s == pytest.approx(12 * MS) and result.exposed_s == {}
 
 
 def test_a_reduce_scatter_of_something_no_gemm_wrote_is_not_pipelined():

@@ -369,17 +369,27 @@ def _weight_gradient(t: OpTime) -> bool:
 
 
 def _reader_gemms(ops: list[OpTime], at: int) -> tuple[OpTime, ...]:
-    """The GEMMs that take what the all-gather at ``at`` gathers, up to the next collective:
-    none unless the first kernel after it that is not a move is one of them."""
+    """The GEMMs that take what the all-gather at ``at`` gathers, as one GEMM: none unless the
+    first kernel after it that is not a move is one of them; up to the next collective or the
+    first kernel reading what one of them wrote (SwiGLU's activation between the zoo's gate and
+    up projections, which Transformer Engine's fused GEMM has before it: the GEMMs after it
+    wait for the whole gathered tensor)."""
     lineage = {m.storage for m in ops[at].count.event.outputs}
     gemms: list[OpTime] = []
+    written: set[int] = set()
     for t in itertools.islice(ops, at + 1, None):
         if t.category == Category.COMMUNICATION:
             break
         event = t.count.event
         reads = any(m.storage in lineage for m in event.inputs)
+        if any(m.storage in written for m in event.inputs):
+            if t.kernels:
+                break
+            written.update(m.storage for m in event.outputs)  # a view of a GEMM's output
+            continue
         if reads and t.category == Category.GEMM:
             gemms.append(t)
+            written.update(m.storage for m in event.outputs)
         elif reads and _moves(t):
             lineage.update(m.storage for m in event.outputs)
         elif t.kernels and not gemms:
