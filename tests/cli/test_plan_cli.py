@@ -413,3 +413,18 @@ def test_tp_comm_overlap_with_context_parallelism_and_no_data_parallel_ranks():
     ranked = [r["execution"] for r in json.loads(result.output)["ranked"]]
     assert any(e["context"] == 2 and e["tp_comm_overlap"] for e in ranked)
 
+
+def test_a_pipeline_searches_smaller_micro_batches_while_they_are_faster():
+    """4 stages of 1F1B, 8 samples a rank: micro-batches of 2 fit, but 4 of them leave 3 of 7
+    slots per stage idle, where 8 micro-batches of 1 leave 3 of 11; on a compute-bound model
+    the smaller one wins (about 11/14 of the step), and the search must time it, not stop at
+    the largest micro-batch that fits."""
+    result = CliRunner().invoke(cli, ["plan", "llama-7b", "-O", "n_layer=8", "-O", "dim=4096", "-O", "n_heads=32",
+                                      "-O", "n_kv_heads=8", "-O", "ffn_hidden=14336", "--seq", "4096", "--global-batch",
+                                      "8", "--dtype", "bf16", "--gpu", "h100", "--gpus", "4", "--tp", "1", "--pp", "4",
+                                      "--schedule", "1f1b", "--checkpoint", "none", "--json"])
+    assert result.exit_code == 0, result.output
+    ranked = json.loads(result.output)["ranked"]
+    assert [r["execution"]["micro_batch"] for r in ranked] == [1, 2]
+    assert ranked[0]["pipeline"]["bubble_fraction"] < ranked[1]["pipeline"]["bubble_fraction"]
+
