@@ -83,7 +83,7 @@ PIPELINE_SPLITS = 4
 
 
 def tensor_parallel_chunks(execution: Execution, config: dict[str, Any],
-               collectives: dict[int, Any]) -> Callable[[int], int | None] | None:
+                           collectives: dict[int, Any]) -> Callable[[int], int | None] | None:
     """The chunks each tensor-parallel collective runs in with its GEMM (``comm_timeline``):
     Megatron-LM's linear layers reduce-scatter an input gradient in one piece beside the weight
     gradient's GEMM (``LinearWithGradAccumulationAndAsyncCommunication``, and Transformer
