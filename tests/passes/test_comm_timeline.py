@@ -300,6 +300,13 @@ def test_a_weight_gradient_reading_the_gathered_tensor_waits_for_all_of_it(weigh
     assert result.exposed_s == pytest.approx({"all_gather": 3 * MS})
 
 
+def _reduce_scatter_both_ways(ops, seconds: float, chunks: int):
+    """The replay of ``ops`` with their reduce-scatter of ``seconds`` after its GEMM, and
+    pipelined with it in ``chunks``."""
+    timed = lambda i: ("reduce_scatter", 100, seconds)  # noqa: E731
+    return overlap(_step(ops), None, timed), overlap(_step(ops), None, timed, pipelined=lambda i: chunks)
+
+
 def test_a_pipelined_reduce_scatter_follows_its_gemm_chunk_by_chunk():
     """A GEMM of 8 ms, DTensor's copy (1 ms), a 4 ms reduce-scatter in 4 chunks, then its
     reader: the reduce-scatter starts after the GEMM's first chunk (2 ms), its last chunk
@@ -307,10 +314,8 @@ def test_a_pipelined_reduce_scatter_follows_its_gemm_chunk_by_chunk():
     Unpipelined it runs 9 to 13 ms: 4 ms exposed."""
     ops = [_gemm(0, [0], [1], 8 * MS), _op(1, "aten.cat", [1], [2], 1 * MS, category=Category.MEMORY),
            _op(2, "reduce_scatter", [2], [3], 0, comm=True), _op(3, "aten.add", [3], [4], 1 * MS)]
-    timed = lambda i: ("reduce_scatter", 100, 4 * MS)  # noqa: E731
-    plain = overlap(_step(ops), None, timed)
+    plain, result = _reduce_scatter_both_ways(ops, 4 * MS, chunks=4)
     assert plain.step_s == pytest.approx(14 * MS) and plain.exposed_s == pytest.approx({"reduce_scatter": 4 * MS})
-    result = overlap(_step(ops), None, timed, pipelined=lambda i: 4)
     assert result.slices[0].start_s == pytest.approx(2 * MS) and result.slices[0].end_s == pytest.approx(9 * MS)
     assert result.step_s == pytest.approx(10 * MS) and result.exposed_s == {}
 
@@ -325,10 +330,8 @@ def test_an_input_gradient_is_reduce_scattered_beside_the_weight_gradient():
            _gemm(2, [0], [9], 5 * MS, role="grad_weight"), _op(3, "aten.add_", [1, 2], [1], 1 * MS),
            _op(4, "aten.cat", [1], [3], 1 * MS, category=Category.MEMORY),
            _op(5, "reduce_scatter", [3], [4], 0, comm=True, phase="backward"), _op(6, "aten.mul", [4], [5], 1 * MS)]
-    timed = lambda i: ("reduce_scatter", 100, 4 * MS)  # noqa: E731
-    plain = overlap(_step(ops), None, timed)
+    plain, result = _reduce_scatter_both_ways(ops, 4 * MS, chunks=1)
     assert plain.step_s == pytest.approx(16 * MS) and plain.exposed_s == pytest.approx({"reduce_scatter": 4 * MS})
-    result = overlap(_step(ops), None, timed, pipelined=lambda i: 1)
     assert result.slices[0].start_s == pytest.approx(4 * MS) and result.slices[0].end_s == pytest.approx(8 * MS)
     assert result.step_s == pytest.approx(12 * MS) and result.exposed_s == {}
 
