@@ -95,9 +95,10 @@ def trace_rank(
         collectives = collectives_of(trace)
     trace.config["execution"] = execution.to_json()
     trace.config["rank"] = rank
-    if execution.tensor > 1:
+    if execution.megatron_sequence_parallel:
         # the tensor-parallel group and the repeated blocks (as the trace names modules): what
-        # Transformer Engine's userbuffers overlap pipelines (``search.plan.rank``)
+        # Megatron-LM's linears and Transformer Engine's userbuffers overlap with their GEMMs
+        # (``search.plan.rank.tensor_parallel_chunks``)
         trace.config["tensor_parallel_group"] = world["meshes"][shape][0].get_group().group_name
         trace.config["blocks"] = block_names(workload.model)
     if execution.data_parallel > 1:

@@ -160,7 +160,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
             fastest = best.step_s if best else None
             # the fastest so far without sequence parallelism, evaluated beside them: the winner
             # (below) most often, whose roles are then traced already
-            plain = [replace(best.execution, sequence_parallel=False, tp_comm_overlap=False)] if best and best.execution.tensor > 1 else []
+            plain = ([replace(best.execution, sequence_parallel=False, tp_comm_overlap=False)]
+                     if best and best.execution.tensor > 1 else [])
             extra = _in_workers(request, options, gpu, cluster, layers,
                                 [[e for e in rest if e.data in ("fsdp", kind)] for kind in others], cache, fastest,
                                 same_work(results), levels, ahead=plain)
@@ -365,9 +366,7 @@ def _smaller_while_faster(members: list[Execution], fit: Planned, request: Model
     Each is added to ``results``."""
     best = fit
     for execution in (e for e in members if e.micro_batch < fit.execution.micro_batch):
-        planned = (work and work_bound(execution, work, slower_than, capacity(gpu), layers, options)) or evaluate(
-            request, options, execution, gpu, cluster, layers=layers, cache=cache, prune=True,
-            slower_than=slower_than)
+        planned = _bounded_or_evaluated(execution, request, options, gpu, cluster, layers, cache, slower_than, work)
         results.append(planned)
         if not planned.fits or planned.time_bound or planned.step_s >= best.step_s:
             return
@@ -383,9 +382,8 @@ def _first_fit(members: list[Execution], request: ModelRequest, options: TraceOp
     low, high, best = 0, len(members) - 1, None
     while low <= high:
         mid = (low + high) // 2
-        planned = (work and work_bound(members[mid], work, slower_than, capacity(gpu), layers, options)) or evaluate(
-            request, options, members[mid], gpu, cluster, layers=layers, cache=cache, prune=True,
-            slower_than=slower_than)
+        planned = _bounded_or_evaluated(members[mid], request, options, gpu, cluster, layers, cache, slower_than,
+                                        work)
         if planned.fits:
             best, high = planned, mid - 1
         else:
@@ -394,6 +392,16 @@ def _first_fit(members: list[Execution], request: ModelRequest, options: TraceOp
     if best is not None:
         results.append(best)
     return best
+
+
+def _bounded_or_evaluated(execution: Execution, request: ModelRequest, options: TraceOptions, gpu: GPU,
+                          cluster: Cluster, layers: int | None, cache: RoleCache, slower_than: float | None,
+                          work: dict[tuple[Any, ...], list[Planned]] | None) -> Planned:
+    """``execution`` bounded from a traced layout doing the same work per GPU where that shows it
+    cannot win or fit (``work_bound``), else evaluated (its pipeline pruned past ``slower_than``)."""
+    bound = work and work_bound(execution, work, slower_than, capacity(gpu), layers, options)
+    return bound or evaluate(request, options, execution, gpu, cluster, layers=layers, cache=cache, prune=True,
+                             slower_than=slower_than)
 
 
 def _overlapped(execution: Execution, tp_comm_overlap: bool) -> Execution:
