@@ -149,12 +149,19 @@ class Execution:
         return self.engine.replicates_parameters and self.engine.shards_optimizer
 
     @property
-    def megatron_sequence_parallel(self) -> bool:
-        """Megatron-LM's layout: DDP or ZeRO-1 beside sequence parallelism (torchtitan runs DDP
-        alone), or its --tp-comm-overlap asked for. Its linear layers reduce-scatter an input
-        gradient while the weight gradient's GEMM runs (``search.plan.rank``)."""
-        return self.sequence_parallel and self.replicates_parameters and (
+    def megatron_tensor_parallel(self) -> bool:
+        """Megatron-LM's layout: DDP or ZeRO-1 beside tensor parallelism (torchtitan runs DDP
+        alone), or its --tp-comm-overlap asked for. Its cross entropy is Megatron-Core's over the
+        vocabulary slices (``trace.parallel.vocab_parallel_loss``)."""
+        return self.tensor > 1 and self.replicates_parameters and (
             self.data_parallel > 1 or self.tp_comm_overlap)
+
+    @property
+    def megatron_sequence_parallel(self) -> bool:
+        """Megatron-LM's layout with sequence parallelism (``megatron_tensor_parallel``). Its
+        linear layers reduce-scatter an input gradient while the weight gradient's GEMM runs
+        (``search.plan.rank``)."""
+        return self.sequence_parallel and self.megatron_tensor_parallel
 
     @property
     def keeps_sequence_shards(self) -> bool:

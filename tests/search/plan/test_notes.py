@@ -8,6 +8,7 @@ from nnperf.search.plan.notes import (
     AUTOCAST_SEQUENCE_PARALLEL,
     DDP_HALF_PRECISION,
     EXPOSED_TENSOR_PARALLEL,
+    MEGATRON_CROSS_ENTROPY,
     notes,
 )
 from nnperf.search.plan.results import Planned
@@ -46,3 +47,13 @@ def test_megatrons_layouts_without_tp_comm_overlap_say_how_to_time_it():
     assert EXPOSED_TENSOR_PARALLEL not in _notes(Execution(world=8, data="fsdp", shard=2, tensor=4,
                                                            sequence_parallel=True))
 
+
+
+def test_megatrons_layouts_say_whose_cross_entropy_they_run():
+    """DDP or ZeRO-1 beside tensor parallelism runs Megatron-Core's cross entropy; FSDP's (torchtitan's),
+    a loss the user compiles or chunks, and logits gathered for the loss do not."""
+    megatron = Execution(world=8, data="ddp", tensor=2)
+    assert MEGATRON_CROSS_ENTROPY in _notes(megatron)
+    assert MEGATRON_CROSS_ENTROPY not in _notes(Execution(world=8, data="fsdp", shard=4, tensor=2))
+    assert MEGATRON_CROSS_ENTROPY not in _notes(megatron, options=TraceOptions(loss="compiled"))
+    assert MEGATRON_CROSS_ENTROPY not in _notes(Execution(world=8, data="ddp", tensor=2, loss_parallel=False))

@@ -32,6 +32,14 @@ EXPOSED_TENSOR_PARALLEL = (
     "userbuffers) runs them in chunks beside the GEMMs: plan with --tp-comm-overlap to time that")
 
 
+#: Megatron-LM's layouts compute the loss with Megatron-Core's function, torchtitan's with DTensor's
+#: loss parallelism (``trace.parallel.vocab_parallel_loss``).
+MEGATRON_CROSS_ENTROPY = (
+    "DDP and ZeRO-1 beside tensor parallelism: cross entropy over logits split by vocabulary runs as "
+    "Megatron-Core's vocab_parallel_cross_entropy (the rank's slice upcast once to fp32 and turned into its "
+    "softmax and gradient in place); FSDP layouts run torchtitan's loss_parallel")
+
+
 #: DDP's optimizer is PyTorch's on the model's own weights; ZeRO-1's keeps Megatron-LM's fp32 main
 #: copies (``trace.parallel.distributed_optimizer``).
 DDP_HALF_PRECISION = (
@@ -54,6 +62,9 @@ def notes(request: ModelRequest, options: TraceOptions, results: list[Planned], 
         notes.append(AUTOCAST_SEQUENCE_PARALLEL)
     if any(p.execution.megatron_sequence_parallel and not p.execution.tp_comm_overlap for p in results):
         notes.append(EXPOSED_TENSOR_PARALLEL)
+    if options.loss == "eager" and any(p.execution.megatron_tensor_parallel and p.execution.splits_logits
+                                       for p in results):
+        notes.append(MEGATRON_CROSS_ENTROPY)
     if options.dtype in ("bf16", "fp16") and any(p.execution.data == "ddp" and p.execution.data_parallel > 1
                                                   for p in results):
         notes.append(DDP_HALF_PRECISION.format(dtype=options.dtype))

@@ -2,7 +2,8 @@
 one function that applies a layout's strategies in order (``apply_layout``).
 
 - ``tensor``: tensor (and sequence) parallelism, ``parallelize_module`` with the plan the model
-  declares (``tensor_parallel_plan()``), and torchtitan's loss parallelism;
+  declares (``tensor_parallel_plan()``), and torchtitan's loss parallelism (Megatron-Core's
+  cross entropy for Megatron-LM's layouts: ``vocab_parallel_loss``);
 - ``expert``: expert parallelism of the zoo's mixture-of-experts layers (torchtitan's, on
   DTensor), and FSDP2 over the experts' weights outside the expert group;
 - ``pipeline``: ``torch.distributed.pipelining`` stages and schedules over the split the model
@@ -49,6 +50,10 @@ def apply_layout(workload: Workload, execution: Execution, options: TraceOptions
                                      loss_parallel=execution.splits_logits,
                                      keep_shards=execution.keeps_sequence_shards):
                 step_contexts.enter_context(_loss_parallel())
+                if execution.megatron_tensor_parallel and options.loss == "eager":
+                    from nnperf.trace.parallel.vocab_parallel_loss import MegatronCrossEntropy
+
+                    step_contexts.enter_context(MegatronCrossEntropy())
         if execution.expert > 1:
             from nnperf.trace.parallel.expert import apply_experts
 

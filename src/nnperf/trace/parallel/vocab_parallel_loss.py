@@ -1,0 +1,130 @@
+"""Megatron-LM's cross entropy over logits split across the vocabulary, for Megatron-LM's layouts.
+
+Why it is not PyTorch's: torchtitan's loss parallelism (``loss_parallel()``) runs DTensor's
+log-softmax and NLL over the local vocabulary slice, which keeps several tensors of the logits'
+size alive (an fp32 log-softmax kept for backward, and in backward a zero-filled gradient, the
+log-softmax's gradient and its cast back). Megatron-Core's ``vocab_parallel_cross_entropy``
+(megatron/core/tensor_parallel/cross_entropy.py, ``_VocabParallelCrossEntropy``) upcasts the
+logits once and then works in place: it subtracts the rows' maxima, exponentiates, divides by
+the sums and keeps that softmax for backward, where it becomes the gradient in place (the
+picked entries less one, times the output gradient). With a 256k-token vocabulary that is the
+difference between fitting and not fitting Nemotron-4's layouts on 80 GB.
+
+Its three all-reduces over the tensor-parallel group are Megatron's too: the rows' maxima
+(MAX), the picked logits and the sums of exponentials (SUM), one fp32 per token each.
+
+``MegatronCrossEntropy`` is a ``TorchFunctionMode`` that runs this function for every
+``F.cross_entropy`` over logits split by vocabulary columns (a ``DTensor`` sharded on its last
+dimension over the tensor-parallel mesh) with class-index targets, no class weights and no label
+smoothing; any other call runs as written (loss parallelism stays on beside it). The loss comes
+back as a plain tensor (Megatron's is); its gradient reaches the logits' ``DTensor`` through
+``to_local``. The mean over the targets not ignored is the caller's ``loss_mask`` average.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor
+from torch.overrides import TorchFunctionMode
+
+_PARAMS = ("input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction",
+           "label_smoothing")
+_REDUCTIONS = ("mean", "sum", "none")
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    """Megatron-Core's ``_VocabParallelCrossEntropy`` without label smoothing: per-token losses
+    of the local vocabulary slice ``[start, start + local columns)``."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: Tensor, target: Tensor, start: int, group: Any) -> Tensor:
+        # the one fp32 copy (Megatron works on fp32 logits in place: autograd forbids that on
+        # ``to_local``'s view, so they are copied too)
+        logits = logits.to(torch.float32, copy=True)
+        row_max = torch.max(logits, dim=-1)[0]
+        dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=group)
+        logits -= row_max.unsqueeze(-1)
+        outside = (target < start) | (target >= start + logits.size(-1))
+        local_target = target.clone() - start
+        local_target[outside] = 0
+        rows = torch.arange(logits.size(0), device=logits.device)
+        picked = logits[rows, local_target].clone().contiguous()
+        picked[outside] = 0.0
+        torch.exp(logits, out=logits)
+        sum_exp = logits.sum(dim=-1)
+        dist.all_reduce(picked, op=dist.ReduceOp.SUM, group=group)
+        dist.all_reduce(sum_exp, op=dist.ReduceOp.SUM, group=group)
+        loss = torch.log(sum_exp) - picked
+        logits.div_(sum_exp.unsqueeze(-1))  # the softmax, kept for backward
+        ctx.save_for_backward(logits, outside, local_target)
+        return loss
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: Tensor) -> tuple[Tensor, None, None, None]:
+        softmax, outside, local_target = ctx.saved_tensors
+        rows = torch.arange(softmax.size(0), device=softmax.device)
+        softmax[rows, local_target] -= 1.0 - outside.float()
+        softmax.mul_(grad_loss.unsqueeze(-1))
+        return softmax, None, None, None
+
+
+def vocab_parallel_cross_entropy(logits: Any, target: Tensor, ignore_index: int = -100,
+                                 reduction: str = "mean") -> Tensor:
+    """``F.cross_entropy(logits, target)`` of (N, V) logits split by vocabulary columns over a
+    1-D mesh, as Megatron-Core computes it (module docstring): a plain tensor."""
+    mesh = logits.device_mesh
+    local = logits.to_local()
+    # DTensor's Shard splits as torch.chunk does: ceil(V / n) columns per rank, the last ones fewer
+    columns = -(-logits.shape[-1] // mesh.size())
+    start = min(mesh.get_local_rank() * columns, logits.shape[-1])
+    if isinstance(target, _dtensor_type()):
+        target = target.full_tensor()
+    per_token = _VocabParallelCrossEntropy.apply(local, target, start, mesh.get_group())
+    keep = target != ignore_index
+    per_token = torch.where(keep, per_token, 0.0)
+    if reduction == "none":
+        return per_token
+    if reduction == "sum":
+        return per_token.sum()
+    return per_token.sum() / keep.sum()
+
+
+class MegatronCrossEntropy(TorchFunctionMode):
+    """Runs ``F.cross_entropy`` over vocabulary-split logits as Megatron-Core does (module
+    docstring); any other call as written."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.cross_entropy:
+            bound = dict(zip(_PARAMS, args, strict=False)) | kwargs
+            if _megatron_applies(bound):
+                return vocab_parallel_cross_entropy(bound["input"], bound["target"],
+                                                    int(bound.get("ignore_index", -100)),
+                                                    str(bound.get("reduction", "mean")))
+        return func(*args, **kwargs)
+
+
+def _megatron_applies(bound: dict[str, Any]) -> bool:
+    """Whether Megatron's function computes this call: (N, V) logits sharded by columns over one
+    mesh dimension, class-index targets, nothing Megatron's unfused function leaves out."""
+    from torch.distributed.tensor import Shard
+
+    logits, target = bound["input"], bound["target"]
+    if not isinstance(logits, _dtensor_type()) or logits.dim() != 2 or logits.device_mesh.ndim != 1:
+        return False
+    if logits.placements != (Shard(1),) and logits.placements != (Shard(-1),):
+        return False
+    if target.is_floating_point() or target.dim() != 1:
+        return False
+    return (bound.get("weight") is None and bound.get("size_average") is None and bound.get("reduce") is None
+            and not bound.get("label_smoothing") and bound.get("reduction", "mean") in _REDUCTIONS)
+
+
+def _dtensor_type() -> type:
+    from torch.distributed.tensor import DTensor
+
+    return DTensor
