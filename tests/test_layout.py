@@ -59,3 +59,23 @@ def test_the_layout_gives_each_chunk_and_refuses_stage_layers_without_a_pipeline
                      last_stage_layers=2).chunk_layers(10) == (2, 3, 3, 2)
     with pytest.raises(UsageError, match="need pipeline > 1"):
         Execution(world=2, data="ddp", first_stage_layers=2).validate()
+
+
+def test_megatron_lms_layouts_are_its_data_parallelism_or_its_own_settings_beside_tensor_parallelism():
+    """Which tensor-parallel layouts run as Megatron-LM runs them (its cross entropy, its linears
+    keeping sequence shards): DDP or ZeRO-1 over 2+ ranks beside TP (torchtitan runs DDP alone),
+    or TP with a setting only Megatron-LM has (--tp-comm-overlap, its attention-only
+    recomputation), whatever the data parallelism; never FSDP's (torchtitan's), never TP alone."""
+    megatron = [Execution(world=8, data="ddp", tensor=4),
+                Execution(world=8, data="zero1", tensor=4, sequence_parallel=True),
+                Execution(world=4, tensor=4, sequence_parallel=True, checkpoint="selective-attention"),
+                Execution(world=4, tensor=4, sequence_parallel=True, tp_comm_overlap=True)]
+    torchtitan = [Execution(world=4, tensor=4, sequence_parallel=True),
+                  Execution(world=8, data="fsdp", shard=2, tensor=4, sequence_parallel=True),
+                  Execution(world=8, data="fsdp", shard=2, tensor=4, checkpoint="selective-op"),
+                  Execution(world=8, data="ddp")]
+    assert all(e.megatron_tensor_parallel for e in megatron)
+    assert not any(e.megatron_tensor_parallel for e in torchtitan)
+    # the linears keep their shards where Megatron-LM's blocks are not checkpointed beyond the core attention
+    assert [e.keeps_sequence_shards for e in megatron] == [False, True, True, True]
+    assert not Execution(world=8, data="zero1", tensor=4, sequence_parallel=True, checkpoint="full").keeps_sequence_shards

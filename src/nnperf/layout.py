@@ -149,12 +149,19 @@ class Execution:
         return self.engine.replicates_parameters and self.engine.shards_optimizer
 
     @property
+    def megatron_settings(self) -> bool:
+        """One of Megatron-LM's own settings is asked for, which torchtitan has not: its
+        --tp-comm-overlap, or its selective recomputation of the core attention alone."""
+        return self.tp_comm_overlap or self.checkpoint == "selective-attention"
+
+    @property
     def megatron_tensor_parallel(self) -> bool:
         """Megatron-LM's layout: DDP or ZeRO-1 beside tensor parallelism (torchtitan runs DDP
-        alone), or its --tp-comm-overlap asked for. Its cross entropy is Megatron-Core's over the
-        vocabulary slices (``trace.parallel.vocab_parallel_loss``)."""
+        alone), or tensor parallelism with one of its own settings (``megatron_settings``). Its
+        cross entropy is Megatron-Core's over the vocabulary slices
+        (``trace.parallel.vocab_parallel_loss``)."""
         return self.tensor > 1 and self.replicates_parameters and (
-            self.data_parallel > 1 or self.tp_comm_overlap)
+            self.data_parallel > 1 or self.megatron_settings)
 
     @property
     def megatron_sequence_parallel(self) -> bool:
@@ -167,8 +174,8 @@ class Execution:
     def keeps_sequence_shards(self) -> bool:
         """Megatron-LM's layout (``megatron_sequence_parallel``): the column-parallel linears save
         their sequence shard for backward and gather it again there, unless the blocks are
-        checkpointed (``trace.parallel.sequence_shards``)."""
-        return self.megatron_sequence_parallel and self.checkpoint is None
+        checkpointed beyond Megatron-LM's core attention (``trace.parallel.sequence_shards``)."""
+        return self.megatron_sequence_parallel and self.checkpoint in (None, "selective-attention")
 
     @property
     def data_parallel(self) -> int:

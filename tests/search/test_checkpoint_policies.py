@@ -89,9 +89,15 @@ def test_flex_attention_is_saved_by_the_selective_policies(policy):
     assert names["higher_order.flex_attention_backward"] == BLOCKS
 
 
-def test_flex_attention_is_the_core_attention_megatrons_policy_recomputes():
-    _, names = _backward("selective-attention", attention="flex")
-    assert names["higher_order.flex_attention"] == BLOCKS
+def test_megatrons_policy_says_it_recomputes_no_flex_attention():
+    """Megatron-LM's core-attention checkpoint wraps SDPA; FlexAttention (no Megatron-LM backend)
+    runs once, and the trace says what was not recomputed."""
+    execution = Execution(world=2, data="fsdp", shard=2, checkpoint="selective-attention")
+    trace = trace_rank(lambda: _build("flex"), TraceOptions(), execution, repeated_blocks,
+                       lambda w: apply_checkpointing(w, selective="selective-attention")).trace
+    backward = Counter(e.name for e in trace.events if e.phase == "backward")
+    assert backward["higher_order.flex_attention"] == 0
+    assert any("calls no F.scaled_dot_product_attention" in a for a in trace.config["assumptions"])
 
 
 def test_unknown_checkpointing_is_one_line():

@@ -14,12 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+import torch.nn.functional as F
+from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from nnperf.errors import UsageError
 from nnperf.loading import resolve
 from nnperf.request import ModelRequest
-from nnperf.trace.attention import inside_unfused_attention
+from nnperf.trace.assumptions import assume
 from nnperf.trace.blocks import repeated_blocks
 from nnperf.trace.capture import trace_workload
 from nnperf.trace.events import Trace, op_name
@@ -110,25 +112,6 @@ SAVED_BY_TORCHTITAN_OP = frozenset({
     "_c10d_functional.all_to_all_single.default", "higher_order.flex_attention",
 })
 
-#: Megatron-LM's selective recomputation (``--recompute-activations``, i.e.
-#: ``--recompute-granularity selective``; Korthikanti et al. 2022, section 5): only the core
-#: attention (scores, softmax, dropout, weighted sum; Megatron-LM transformer.py
-#: ``_checkpointed_attention_forward`` around ``CoreAttention``) runs again in backward,
-#: everything else is kept. In the trace the core attention is the fused attention op. Dtype
-#: casts are recomputed too (one read and one write each): Megatron's fp16 model has none, and
-#: under autocast a recomputed forward need not issue the forward's casts one for one (autocast
-#: caches casts per autocast region), so a cached cast could be handed to another cast (seen
-#: with pipeline stages under autocast: a local tensor where DTensor expects its own). So is
-#: sequence parallelism's all-gather before each column-parallel linear (with the wait that
-#: hands its buffer on): Megatron-LM's linears keep their sequence shard, not the gathered
-#: input, and gather it again in backward (``trace.parallel.sequence_shards``).
-RECOMPUTED_BY_MEGATRON = frozenset({
-    "nnperf.attention", "aten._scaled_dot_product_flash_attention",
-    "aten._scaled_dot_product_efficient_attention", "aten._scaled_dot_product_cudnn_attention",
-    "higher_order.flex_attention", "aten._to_copy",
-    "_c10d_functional.all_gather_into_tensor", "_c10d_functional.wait_tensor",
-})
-
 #: The selective policies by the name a layout gives them (``Execution.checkpoint``); the
 #: names themselves live with ``Execution`` (``nnperf.layout.CHECKPOINTS``).
 SELECTIVE_POLICIES = ("selective", "selective-op", "selective-op-recompute-a2a", "selective-attention")
@@ -152,9 +135,6 @@ def _policy(kind: str) -> Callable[..., Any]:
     save, recompute = CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE
     if kind == "selective":
         return lambda ctx, op, *args, **kwargs: save if _op_name(op) in SAVED_BY_SELECTIVE else recompute
-    if kind == "selective-attention":
-        return lambda ctx, op, *args, **kwargs: (
-            recompute if _op_name(op) in RECOMPUTED_BY_MEGATRON or inside_unfused_attention() else save)
     if kind not in ("selective-op", "selective-op-recompute-a2a"):
         raise UsageError(f"unknown selective checkpointing policy {kind!r}; valid: {', '.join(SELECTIVE_POLICIES)}")
     saved = SAVED_BY_TORCHTITAN_OP - ({_ALL_TO_ALL} if kind == "selective-op-recompute-a2a" else set())
@@ -218,19 +198,82 @@ class _Both(contextlib.AbstractContextManager):
         self._stack.close()
 
 
+#: Megatron-LM's selective recomputation (``--recompute-activations``, i.e.
+#: ``--recompute-granularity selective``; Korthikanti et al. 2022, section 5): the core attention
+#: alone (scores, softmax, dropout, weighted sum) is checkpointed and runs again in backward;
+#: the rest of the block is plain autograd, so it keeps what it would keep without
+#: recomputation (Megatron-LM's ``_checkpointed_attention_forward`` around ``CoreAttention``;
+#: Megatron-Core's ``TransformerBlock`` checkpoints ``core_attention`` the same way).
+CORE_ATTENTION = "selective-attention"
+
+
+class CoreAttention(nn.Module):
+    """A block's core attention as a module of its own (``block.core_attention``), so its
+    recomputation in backward is a module's forward the trace attributes and marks recomputed,
+    as Megatron-LM's ``CoreAttention`` module is. It holds no parameters."""
+
+    def forward(self, attend: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return attend(*args, **kwargs)
+
+
+class _CheckpointedAttention(TorchFunctionMode):
+    """Inside one block's forward: every ``F.scaled_dot_product_attention`` runs in
+    non-reentrant ``torch.utils.checkpoint`` through the block's ``CoreAttention``, which keeps
+    only the attention's inputs (the attention's own backward keeps them anyway) and recomputes
+    its output in backward, under the tracer's substitutions (``_recompute_context``). Whole:
+    Megatron-LM's checkpoint is reentrant and runs the function to its end (unfused, the
+    product with the values too), where a non-reentrant one would stop at the last tensor
+    backward needs."""
+
+    def __init__(self, core: CoreAttention) -> None:
+        super().__init__()
+        self.core = core
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
+
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            self.calls += 1
+            with set_checkpoint_early_stop(False):
+                return checkpoint(self.core, func, *args, use_reentrant=False, context_fn=_recompute_context,
+                                  **kwargs)
+        return func(*args, **kwargs)
+
+
+def _core_attention_checkpointed(forward: Callable[..., Any], core: CoreAttention, block: str,
+                                 *args: Any, **kwargs: Any) -> Any:
+    """A block's forward with its core attention checkpointed; a block that attends some other
+    way (FlexAttention, matrix products of its own) recomputes nothing, and the trace says so."""
+    mode = _CheckpointedAttention(core)
+    with mode:
+        out = forward(*args, **kwargs)
+    if not mode.calls:
+        assume(f"{CORE_ATTENTION} checkpointing: block {block} calls no F.scaled_dot_product_attention, "
+               "so nothing of it is recomputed")
+    return out
+
+
 def apply_checkpointing(workload: Workload, selective: bool | str = False) -> list[str]:
     """Wrap each block's forward in non-reentrant ``torch.utils.checkpoint``; returns the blocks.
     ``selective``: False recomputes each block whole, True or a name in ``SELECTIVE_POLICIES``
-    recomputes part of it (True: nnperf's "selective")."""
+    recomputes part of it (True: nnperf's "selective"); ``CORE_ATTENTION`` checkpoints each
+    block's attention alone (``CoreAttention``)."""
     from torch.utils.checkpoint import checkpoint
 
     kind = "selective" if selective is True else selective
-    if kind:
+    if kind and kind != CORE_ATTENTION:
         _policy(kind)  # an unknown name is one line, before any block is wrapped
     blocks = repeated_blocks(workload.model)
     modules = dict(workload.model.named_modules())
     for name in blocks:
         module = modules[name]
+        if kind == CORE_ATTENTION:
+            module.core_attention = CoreAttention()
+            module.forward = functools.partial(_core_attention_checkpointed, module.forward,  # type: ignore[method-assign]
+                                               module.core_attention, name)
+            continue
         module.forward = functools.partial(  # type: ignore[method-assign]
             checkpoint, module.forward, use_reentrant=False,
             context_fn=functools.partial(_selective_context, kind) if kind else _recompute_context,

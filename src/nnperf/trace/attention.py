@@ -187,7 +187,6 @@ def fused_sdpa(
 
 _MODE = ["fused"]  # a TraceOptions.sdpa value
 _CPU_KERNELS = [False]  # the step runs the CPU's fused kernel (its output layout differs)
-_INSIDE_UNFUSED = [0]
 _CALLS = [0]
 
 
@@ -224,12 +223,6 @@ def traced_sdpa(*args, **kwargs) -> Tensor:
     return (unfused_sdpa if _MODE[0] == "unfused" else fused_sdpa)(*args, **kwargs)
 
 
-def inside_unfused_attention() -> bool:
-    """Whether an op runs inside ``unfused_sdpa``: the core attention that Megatron-LM's
-    selective recomputation recomputes (``search.memory_variants``)."""
-    return _INSIDE_UNFUSED[0] > 0
-
-
 def unfused_sdpa(
     query: Tensor,
     key: Tensor,
@@ -241,24 +234,20 @@ def unfused_sdpa(
     enable_gqa: bool = False,
 ) -> Tensor:
     """SDPA as the unfused kernels, in the input's dtype (module docstring)."""
-    _INSIDE_UNFUSED[0] += 1
-    try:
-        k = _expand_kv(query, key, enable_gqa)
-        v = _expand_kv(query, value, enable_gqa)
-        scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
-        scores = torch.matmul(query * scale, k.transpose(-2, -1))
-        if is_causal:
-            L, S = query.shape[-2], k.shape[-2]
-            future = torch.ones(L, S, dtype=torch.bool, device=query.device).triu(1)
-            scores = scores.masked_fill(future, float("-inf"))
-        if attn_mask is not None:
-            if attn_mask.dtype == torch.bool:
-                scores = scores.masked_fill(attn_mask.logical_not(), float("-inf"))
-            else:
-                scores = scores + attn_mask
-        probs = torch.softmax(scores, dim=-1)
-        if dropout_p > 0.0:
-            probs = torch.ops.aten.native_dropout(probs, float(dropout_p), True)[0]
-        return torch.matmul(probs, v)
-    finally:
-        _INSIDE_UNFUSED[0] -= 1
+    k = _expand_kv(query, key, enable_gqa)
+    v = _expand_kv(query, value, enable_gqa)
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    scores = torch.matmul(query * scale, k.transpose(-2, -1))
+    if is_causal:
+        L, S = query.shape[-2], k.shape[-2]
+        future = torch.ones(L, S, dtype=torch.bool, device=query.device).triu(1)
+        scores = scores.masked_fill(future, float("-inf"))
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(attn_mask.logical_not(), float("-inf"))
+        else:
+            scores = scores + attn_mask
+    probs = torch.softmax(scores, dim=-1)
+    if dropout_p > 0.0:
+        probs = torch.ops.aten.native_dropout(probs, float(dropout_p), True)[0]
+    return torch.matmul(probs, v)

@@ -73,3 +73,19 @@ def test_context_parallelism_in_a_pipeline():
                     replace(execution, context=1, shard=4), GPU, CLUSTER, layers=LAYERS, cache=RoleCache())
     assert planned.step_s > half.step_s
     assert planned.throughput * planned.step_s == pytest.approx(half.throughput * half.step_s, rel=1e-9)
+
+
+def test_a_context_rank_is_traced_in_its_engines_data_parallel_group():
+    """A context-parallel rank is traced on its share of the sequence with the context ranks in
+    its data-parallel group: torchtitan shards FSDP over them (``dp_shard_cp``), with DDP alone
+    too; Megatron-LM keeps its DDP or ZeRO-1 over data x context ranks, also where one of its own
+    settings marks the layout as Megatron-LM's without other data parallelism."""
+    from nnperf.search.plan.context import traced_as
+
+    torchtitan = traced_as(Execution(world=8, tensor=2, sequence_parallel=True, context=4))
+    assert (torchtitan.data, torchtitan.shard, torchtitan.context, torchtitan.data_parallel) == ("fsdp", 4, 1, 4)
+    zero1 = traced_as(Execution(world=16, data="zero1", tensor=2, sequence_parallel=True, context=4))
+    assert (zero1.data, zero1.shard, zero1.context, zero1.data_parallel) == ("zero1", 1, 1, 8)
+    for own in ({"checkpoint": "selective-attention"}, {"tp_comm_overlap": True}):
+        megatron = traced_as(Execution(world=8, tensor=2, sequence_parallel=True, context=4, **own))
+        assert (megatron.data, megatron.shard, megatron.data_parallel) == ("ddp", 1, 4)

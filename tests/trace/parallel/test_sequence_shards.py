@@ -76,22 +76,26 @@ def test_checkpointed_blocks_keep_their_own_policy():
     assert not Execution(world=4, data="fsdp", shard=2, tensor=2, sequence_parallel=True).keeps_sequence_shards
 
 
-def test_megatrons_selective_recomputation_gathers_the_shard_again_too(traced):
-    """Megatron-LM's --recompute-activations keeps everything but the core attention; its
-    linears still keep the shard, so the policy recomputes the sequence all-gathers: in
-    backward, each block's two inputs are gathered again, as without checkpointing."""
+def test_megatrons_selective_recomputation_keeps_the_shards_too(traced):
+    """Megatron-LM's --recompute-activations checkpoints the core attention alone
+    (``search.memory_variants.CORE_ATTENTION``): its linears keep their shards and gather them
+    again in backward exactly as without recomputation, and the blocks keep what they keep
+    without it but the attention's log-sum-exp (fp32, one per query row of the rank's heads),
+    which the recomputed attention makes again."""
     from nnperf.search.memory_variants import apply_checkpointing
     from nnperf.trace.blocks import repeated_blocks
     from nnperf.zoo import get_model
 
-    _, torchtitan = traced
-    execution = Execution(world=TP, tensor=TP, sequence_parallel=True, micro_batch=BATCH,
+    megatron, _ = traced
+    execution = Execution(world=2 * TP, data="zero1", tensor=TP, sequence_parallel=True, micro_batch=BATCH,
                           checkpoint="selective-attention")
+    assert execution.keeps_sequence_shards
     recomputed = trace_rank(lambda: get_model("llama-7b").build(batch=BATCH, seq_len=SEQ, **LLAMA),
                             TraceOptions(optimizer="adamw"), execution, repeated_blocks,
                             lambda w: apply_checkpointing(w, selective="selective-attention"))
-    plain = _block_all_gathers(torchtitan, "backward")
-    assert sorted(_block_all_gathers(recomputed, "backward")) == sorted(plain + [GATHERED] * 2 * LLAMA["n_layer"])
+    assert sorted(_block_all_gathers(recomputed, "backward")) == sorted(_block_all_gathers(megatron, "backward"))
+    log_sum_exp = BATCH * (LLAMA["n_heads"] // TP) * SEQ * 4
+    assert _saved_activations(megatron) - _saved_activations(recomputed) == LLAMA["n_layer"] * log_sum_exp
 
 
 def _gradients_worker(rank: int) -> dict[str, dict[str, torch.Tensor]]:

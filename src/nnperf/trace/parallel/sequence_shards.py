@@ -28,9 +28,10 @@ cost of the zoo's split that Megatron-LM does not pay. So it is issued earlier: 
 has the input gradient of the block's row-parallel linear (``wo``, ``w2``), beside the
 attention's (the activation's) backward; the gathered copy lives that much longer.
 
-Not applied under activation checkpointing (``Execution.keeps_sequence_shards``): a fully
-checkpointed block saves nothing inside; Megatron-LM's selective recomputation recomputes
-the all-gather instead (``search.memory_variants.RECOMPUTED_BY_MEGATRON``). Nor under
+Not applied under activation checkpointing of whole blocks or torchtitan's selective policies
+(``Execution.keeps_sequence_shards``): a checkpointed block saves nothing inside but what its
+policy keeps. Megatron-LM's selective recomputation checkpoints the core attention alone
+(``search.memory_variants.CORE_ATTENTION``): its linears keep their shards as here. Nor under
 autocast, which Megatron-LM does not run (it casts the model: ``--dtype``); there the linears
 save what DTensor's save (``search.plan.notes.AUTOCAST_SEQUENCE_PARALLEL``).
 """
