@@ -113,3 +113,31 @@ def test_roles_survive_low_precision(precision):
         {"forward": 3, "grad_input": 2, "grad_weight": 3}
     )
     assert {g.dtype for g in a.gemms} == {"bf16"}
+
+
+@pytest.mark.parametrize("data", ["zero1", "fsdp"])
+def test_a_data_parallel_ranks_backward_gemms_keep_their_roles(data):
+    """Every linear of a traced Llama rank has one input-gradient and one weight-gradient GEMM in
+    backward (the first, wq/wk/wv, too: the embedding's output needs its gradient), under DDP's
+    ZeRO-1 and under FSDP2 alike. Under FSDP2 the GEMMs read the gathered weight (its copy-out's
+    storage, not the shard the module holds) and the weight gradient has the gathered shape."""
+    from nnperf.analysis import Analysis
+    from nnperf.layout import Execution
+    from nnperf.trace.blocks import repeated_blocks
+    from nnperf.trace.distributed import trace_rank
+    from nnperf.trace.options import TraceOptions
+    from nnperf.zoo.llama import build
+
+    dim, ffn, layers = 64, 96, 2
+    options = TraceOptions(optimizer="adamw", dtype="bf16")
+    execution = Execution(world=4, data=data, shard=4 if data == "fsdp" else 1)
+    traced = trace_rank(lambda: build(2, 16, n_layer=layers, dim=dim, n_heads=4, n_kv_heads=4, ffn_hidden=ffn,
+                                      vocab=128), options, execution, repeated_blocks)
+    gemms = Analysis.from_trace("llama", options, traced.trace, traced.workload).gemms
+    linears = {"attention.wq", "attention.wk", "attention.wv", "attention.wo", "feed_forward.w1", "feed_forward.w2",
+               "feed_forward.w3"}
+    in_blocks = [g for g in gemms if g.phase == "backward" and g.module.removeprefix("module.").split(".", 2)[-1]
+                 in linears]
+    assert Counter(g.role for g in in_blocks) == Counter({"grad_input": 7 * layers, "grad_weight": 7 * layers})
+    w2 = {(g.m, g.n) for g in in_blocks if g.role == "grad_weight" and g.module.endswith("w2")}
+    assert w2 <= {(dim, ffn), (ffn, dim)}  # the whole weight's gradient, not a shard's

@@ -18,6 +18,10 @@ from nnperf.passes.gemms import Gemm, GemmLowering
 from nnperf.trace.events import KIND_PARAM, OfEvent, OpEvent, TensorMeta, Trace
 
 _WEIGHT_PRESERVING = {"aten._to_copy", "aten.clone", "aten.copy", "aten.contiguous", "aten.t"}
+#: FSDP2's copy-out of an all-gather (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py,
+#: ``foreach_all_gather_copy_out``): ``split_with_sizes_copy(all_gather_output, ..., out=...)``
+#: writes each parameter's gathered (unsharded) storage, the weight the module's GEMMs read.
+_GATHERED_PARAMETERS = "fsdp.split_with_sizes_copy"
 
 
 class BytesMoved:
@@ -60,11 +64,14 @@ class OpCount(OfEvent, BytesMoved):
 
 
 def weight_storages(trace: Trace) -> set[int]:
-    """Parameter storages plus copies/casts made from them."""
+    """Parameter storages plus copies/casts made from them, and FSDP2's gathered parameters
+    (the ``out`` tensors of its copy-out, which the trace records after the gathered input)."""
     weights = {sid for sid, info in trace.storages.items() if info.kind == KIND_PARAM}
     for ev in trace.events:
         if ev.name in _WEIGHT_PRESERVING and ev.inputs and ev.outputs and ev.inputs[0].storage in weights:
             weights.update(t.storage for t in ev.outputs)
+        elif ev.name == _GATHERED_PARAMETERS:
+            weights.update(t.storage for t in ev.inputs[1:])
     return weights
 
 

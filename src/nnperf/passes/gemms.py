@@ -50,7 +50,7 @@ class GemmLowering:
 
     def __init__(self, trace: Trace, weights: set[int]):
         self.weights = weights
-        self.shapes_by_module = _weight_shapes_by_module(trace)
+        self.shapes_by_module = _weight_shapes_by_module(trace, weights)
 
     def __call__(self, ev: OpEvent) -> tuple[Gemm, ...]:
         shapes = gemm_shapes(ev)
@@ -69,11 +69,18 @@ def step_gemms(ops: list) -> list[Gemm]:
     return [g for op in ops for g in op.gemms]
 
 
-def _weight_shapes_by_module(trace: Trace) -> dict[str, set[tuple[int, ...]]]:
+def _weight_shapes_by_module(trace: Trace, weights: set[int]) -> dict[str, set[tuple[int, ...]]]:
+    """Per module, the shapes (either way round) of its weights as it holds them and as its
+    forward's matrix products read them: under FSDP2 the parameters are shards and the products
+    read the gathered weights, whose gradient is what the weight-gradient GEMM writes."""
     by_module: dict[str, set[tuple[int, ...]]] = {}
     for name, shape in trace.param_shapes.items():
         module = name.rsplit(".", 1)[0] if "." in name else ""
         by_module.setdefault(module, set()).update({shape, tuple(reversed(shape))})
+    for ev in trace.events:
+        if ev.phase == "forward" and gemm_shapes(ev):
+            read = {tuple(t.shape) for t in ev.inputs if t.storage in weights}
+            by_module.setdefault(ev.module, set()).update(read | {tuple(reversed(s)) for s in read})
     return by_module
 
 
