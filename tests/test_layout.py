@@ -79,3 +79,19 @@ def test_megatron_lms_layouts_are_its_data_parallelism_or_its_own_settings_besid
     # the linears keep their shards where Megatron-LM's blocks are not checkpointed beyond the core attention
     assert [e.keeps_sequence_shards for e in megatron] == [False, True, True, True]
     assert not Execution(world=8, data="zero1", tensor=4, sequence_parallel=True, checkpoint="full").keeps_sequence_shards
+
+
+def test_a_layouts_selective_recomputation_is_its_engines():
+    """The plan's selective level: Megatron-LM's core attention for the layouts only Megatron-LM
+    runs (ZeRO-1; DDP beside tensor, pipeline or context parallelism), torchtitan's per-op policy
+    for the rest (FSDP, HSDP, DDP alone, a single data-parallel rank); other levels as named."""
+    from nnperf.layout import ENGINE_SELECTIVE
+
+    megatron = [Execution(world=8, data="zero1"), Execution(world=8, data="ddp", tensor=2),
+                Execution(world=8, data="ddp", pipeline=2, pipeline_schedule="1f1b", grad_accum=2)]
+    torchtitan = [Execution(world=8, data="fsdp", shard=8), Execution(world=8, data="hsdp", shard=4),
+                  Execution(world=8, data="ddp"), Execution(world=2, tensor=2)]
+    assert [e.with_checkpoint(ENGINE_SELECTIVE).checkpoint for e in megatron] == ["selective-attention"] * 3
+    assert [e.with_checkpoint(ENGINE_SELECTIVE).checkpoint for e in torchtitan] == ["selective-op"] * 4
+    assert Execution(world=8, data="zero1").with_checkpoint("selective-op").checkpoint == "selective-op"
+    assert Execution(world=8, data="zero1").with_checkpoint(None).checkpoint is None

@@ -19,7 +19,7 @@ This module imports nothing of nnperf but its errors, so every layer can use it.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from nnperf.errors import UsageError
@@ -80,13 +80,20 @@ MULTI = frozenset(name for name, s in SCHEDULES.items() if s.multi_chunk)
 #: "selective-attention" Megatron-LM's --recompute-activations (the core attention only).
 CHECKPOINTS = ("full", "selective", "selective-op", "selective-op-recompute-a2a", "selective-attention")
 
+#: The plan's selective tier: each layout's engine's own selective recomputation
+#: (``Execution.engine_selective``), so the winner is a layout its engine runs. A search level,
+#: never an ``Execution.checkpoint``.
+ENGINE_SELECTIVE = "selective"
+
 #: What the plan's search tries and what a user may restrict it to (``nnperf plan --data``,
 #: ``--checkpoint``, ``--schedule``): the checkpointing levels in the order the search tries
-#: them (the selective one torchtitan's per-op policy, so the winner is one torchtitan runs),
-#: by name ("none" for None); the schedules tried by default; the pipeline degrees of an
-#: automatic search; the chunks per rank of an interleaved schedule.
-SEARCHED_CHECKPOINTS = (None, "selective-op", "full")
-CHECKPOINT_NAMES = {"none": None, "selective-op": "selective-op", "full": "full"}
+#: them (``CHECKPOINT_LEVELS``; ``SEARCHED_CHECKPOINTS`` by default: none, the engine's
+#: selective policy, full), by name ("none" for None); the schedules tried by default; the
+#: pipeline degrees of an automatic search; the chunks per rank of an interleaved schedule.
+CHECKPOINT_LEVELS = (None, ENGINE_SELECTIVE, "selective-op", "selective-attention", "full")
+SEARCHED_CHECKPOINTS = (None, ENGINE_SELECTIVE, "full")
+CHECKPOINT_NAMES = {"none": None, ENGINE_SELECTIVE: ENGINE_SELECTIVE, "selective-op": "selective-op",
+                    "selective-attention": "selective-attention", "full": "full"}
 DEFAULT_SCHEDULES = ("1f1b", "interleaved-1f1b")
 PIPELINE_DEGREES = (1, 2, 4, 8, 16)
 INTERLEAVE = 2
@@ -147,6 +154,25 @@ class Execution:
     def shards_optimizer_only(self) -> bool:
         """ZeRO-1: whole parameters and gradients on every rank, the optimizer state sharded."""
         return self.engine.replicates_parameters and self.engine.shards_optimizer
+
+    @property
+    def megatron_only(self) -> bool:
+        """A layout only Megatron-LM runs: ZeRO-1 (torchtitan has none), or DDP beside tensor,
+        pipeline or context parallelism (torchtitan runs DDP alone)."""
+        return self.replicates_parameters and self.data_parallel > 1 and (
+            self.shards_optimizer_only or self.model_parallel > 1)
+
+    @property
+    def engine_selective(self) -> str:
+        """The selective recomputation this layout's engine has: Megatron-LM's of the core
+        attention (``--recompute-activations``) where only Megatron-LM runs the layout,
+        torchtitan's per-op policy elsewhere."""
+        return "selective-attention" if self.megatron_only else "selective-op"
+
+    def with_checkpoint(self, level: str | None) -> Execution:
+        """This layout at a search level (``CHECKPOINT_LEVELS``): ``ENGINE_SELECTIVE`` is the
+        engine's own selective policy."""
+        return replace(self, checkpoint=self.engine_selective if level == ENGINE_SELECTIVE else level)
 
     @property
     def megatron_settings(self) -> bool:

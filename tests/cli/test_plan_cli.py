@@ -286,10 +286,22 @@ def test_the_data_engines_and_checkpointing_can_be_pinned():
     # the JSON says what was searched
     assert doc["search"]["data"] == ["fsdp", "hsdp"] and doc["search"]["checkpoint"] == ["full"]
     assert (doc["search"]["tensor"], doc["search"]["pipeline"]) == ([1], [1])
-    for option, value in (("--data", "zero3"), ("--checkpoint", "selective")):
+    for option, value in (("--data", "zero3"), ("--checkpoint", "sometimes")):
         bad = CliRunner().invoke(cli, [*ARGS, "--gpus", "8", option, value])
         assert bad.exit_code == 2 and len(bad.output.strip().splitlines()) == 1, bad.output
         assert f"invalid {option} '{value}': expected auto or a list of" in bad.output
+
+
+def test_the_selective_level_is_each_engines_own_policy():
+    """--checkpoint selective: ZeRO-1 (only Megatron-LM runs it) recomputes Megatron-LM's core
+    attention, FSDP torchtitan's per-op policy; the JSON names the level as asked."""
+    result = CliRunner().invoke(cli, [*ARGS, "--gpus", "4", "--tp", "2", "--pp", "1", "--data", "zero1,fsdp",
+                                      "--checkpoint", "selective", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    policies = {(r["execution"]["data"], r["execution"]["checkpoint"]) for r in doc["ranked"] + doc["rejected"]}
+    assert policies == {("zero1", "selective-attention"), ("fsdp", "selective-op")}
+    assert doc["search"]["checkpoint"] == ["selective"]
 
 
 def test_fsdp_without_reshard_after_forward_is_ranked_on_request():

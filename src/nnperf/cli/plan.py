@@ -38,6 +38,13 @@ def _once(values: list[Any], what: str, text: str) -> None:
         raise UsageError(f"invalid {what} {text!r}: {twice} is named {values.count(twice)} times; give each once")
 
 
+def _levels(names: list[str] | None) -> list[str | None] | None:
+    """The checkpointing levels named (None: auto, the search's default levels)."""
+    from nnperf.layout import CHECKPOINT_NAMES
+
+    return None if names is None else [CHECKPOINT_NAMES[n] for n in names]
+
+
 def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> list[str] | None:
     """``auto`` (None: all of ``valid``; where ``auto`` is allowed) or comma-separated names
     from ``valid``."""
@@ -79,8 +86,11 @@ def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> l
               help="Data-parallel engines to try: auto (ddp, zero1, fsdp, hsdp) or a list, e.g. fsdp,hsdp. "
                    "zero1: DDP with the optimizer state sharded (Megatron-LM's distributed optimizer).")
 @click.option("--checkpoint", "checkpoint_text", default="auto", show_default=True,
-              help="Activation checkpointing the search may use: auto (none, selective-op, full) or a "
-                   "list, e.g. none or none,full; tried from none to full while a layout does not fit.")
+              help="Activation checkpointing the search may use: auto (none, selective, full) or a list, "
+                   "e.g. none or none,full; tried from none to full while a layout does not fit. selective: "
+                   "each layout's engine's own policy, torchtitan's per-op one (selective-op) where torchtitan "
+                   "runs the layout, Megatron-LM's core attention (selective-attention, --recompute-activations) "
+                   "where only Megatron-LM does (ZeRO-1; DDP beside tensor, pipeline or context parallelism).")
 @click.option("--reshard", "reshard_text", default="always", show_default=True,
               help="FSDP2's reshard after forward without pipelines: always (torchtitan's default), never "
                    "(the gathered parameters kept until backward: no backward all-gather, more memory), "
@@ -151,8 +161,7 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
     axes = {"tensor": _degrees(tp_text, "--tp"), "pipeline": _degrees(pp_text, "--pp"),
             "schedules": schedules or DEFAULT_SCHEDULES, "context": _degrees(cp_text, "--cp") or [1],
             "expert": _degrees(ep_text, "--ep"), "data": _names(data_text, "--data", DATA_KINDS),
-            "checkpoints": [CHECKPOINT_NAMES[n] for n in _names(checkpoint_text, "--checkpoint",
-                                                                tuple(CHECKPOINT_NAMES)) or CHECKPOINT_NAMES],
+            "checkpoints": _levels(_names(checkpoint_text, "--checkpoint", tuple(CHECKPOINT_NAMES))),
             "reshard": [n == "always" for n in _names(reshard_text, "--reshard", ("always", "never"),
                                                       auto=False) or ()],
             "split": PipelineSplitChoice(tuple(_degrees(vpp_text, "--vpp") or (INTERLEAVE,)),

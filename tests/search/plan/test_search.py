@@ -12,7 +12,7 @@ from nnperf.search.plan import Planned
 from nnperf.search.plan import search as plan_module
 from nnperf.search.plan.layouts import layouts
 from nnperf.search.plan.rank import RoleCache
-from nnperf.search.plan.search import _search
+from nnperf.search.plan.search import CHECKPOINTS, _search
 
 #: The largest micro-batch each checkpointing level fits, by this test's memory model.
 FITS = {None: 2, "selective-op": 4, "full": 16}
@@ -56,7 +56,8 @@ def test_only_the_allowed_levels_are_timed(evaluated):
     """Checkpointing pinned to none and full: selective-op is never timed, and full still only
     for micro-batches larger than no checkpointing fitted."""
     candidates = [e for e in layouts(8, 8, 512) if e.data == "fsdp"]
-    results = _search(None, None, candidates, None, None, None, RoleCache(), allowed=(0, 2))
+    allowed = (CHECKPOINTS.index(None), CHECKPOINTS.index("full"))
+    results = _search(None, None, candidates, None, None, None, RoleCache(), allowed=allowed)
     assert {(p.execution.checkpoint, p.execution.micro_batch) for p in results if p.fits} == {(None, 2), ("full", 16)}
     assert {e.checkpoint for e in evaluated} == {None, "full"}
     assert not any(e.checkpoint == "full" and e.micro_batch <= 2 for e in evaluated)

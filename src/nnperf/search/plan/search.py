@@ -34,6 +34,7 @@ from nnperf.errors import UsageError
 from nnperf.hardware import GPU
 from nnperf.hardware.cluster import Cluster
 from nnperf.layout import (
+    CHECKPOINT_LEVELS,
     CHECKPOINT_NAMES,
     DATA_PARALLEL,
     DEFAULT_SCHEDULES,
@@ -65,8 +66,10 @@ from nnperf.search.plan.states import states_bound
 from nnperf.trace.distributed import import_engines
 from nnperf.trace.options import TraceOptions
 
-#: The checkpointing levels the search tries, in order (``nnperf.layout``).
-CHECKPOINTS = SEARCHED_CHECKPOINTS
+#: The checkpointing levels the search may try, in order (``nnperf.layout``), and the indices
+#: of those it tries unless told (none, the engine's selective policy, full).
+CHECKPOINTS = CHECKPOINT_LEVELS
+SEARCHED_LEVELS = tuple(CHECKPOINTS.index(level) for level in SEARCHED_CHECKPOINTS)
 #: The data-parallel engines a user may restrict the search to (``nnperf plan --data``).
 DATA_KINDS = DATA_PARALLEL
 
@@ -83,7 +86,9 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     1, keeps the data-parallel search; ``context``: context-parallel degrees, modelled in
     closed form). ``data``: the data-parallel engines to try (``DATA_KINDS``; a layout without
     data parallelism has none and stays); ``checkpoints``: the checkpointing levels the search
-    may use (``CHECKPOINTS``); None: all of them. ``reshard``: FSDP2's reshard after forward,
+    may use (``CHECKPOINTS``: ``ENGINE_SELECTIVE`` is each layout's engine's own selective
+    policy); None: ``SEARCHED_CHECKPOINTS``, none, the engine's selective policy, full.
+    ``reshard``: FSDP2's reshard after forward,
     True (torchtitan's default without pipelines), False (the gathered parameters kept until
     backward: no backward all-gather, ZeRO-2's traffic), or both. ``split``: the chunks per rank
     of the interleaved schedules and an uneven first and last stage (default: 2, even).
@@ -115,7 +120,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         if data is not None and "zero1" in kinds:
             raise UsageError("--data zero1 shards the optimizer state, and --optimizer none has none: use ddp")
         kinds.discard("zero1")
-    levels = tuple(i for i, level in enumerate(CHECKPOINTS) if checkpoints is None or level in set(checkpoints))
+    wanted = set(SEARCHED_CHECKPOINTS if checkpoints is None else checkpoints)
+    levels = tuple(i for i, level in enumerate(CHECKPOINTS) if level in wanted)
     if info is not None:
         from nnperf.trace.parallel.expert import has_experts
 
@@ -246,7 +252,7 @@ def _pipeline_shape(execution: Execution) -> tuple[Any, ...]:
 def _in_workers(request: ModelRequest, options: TraceOptions, gpu: GPU, cluster: Cluster, layers: int | None,
                 groups: list[list[Execution]], cache: RoleCache, slower_than: float | None = None,
                 work: dict[tuple[Any, ...], list[Planned]] | None = None,
-                levels: tuple[int, ...] = tuple(range(len(CHECKPOINTS))), ahead: Iterable[Execution] = ()) -> list[Planned]:
+                levels: tuple[int, ...] = SEARCHED_LEVELS, ahead: Iterable[Execution] = ()) -> list[Planned]:
     """``_search`` of each group of candidates, in forked worker processes where that is safe:
     each task starts from the roles ``cache`` holds and traces the others into a cache of its
     own; the results come back, and the roles traced are adopted by ``cache``. ``ahead``:
@@ -292,7 +298,7 @@ def _run_task(index: int) -> tuple[list[Planned], dict[Any, Any]]:
 def _search(request: ModelRequest, options: TraceOptions, candidates: list[Execution], gpu: GPU,
             cluster: Cluster, layers: int | None, cache: RoleCache, slower_than: float | None = None,
             work: dict[tuple[Any, ...], list[Planned]] | None = None,
-            allowed: tuple[int, ...] = tuple(range(len(CHECKPOINTS)))) -> list[Planned]:
+            allowed: tuple[int, ...] = SEARCHED_LEVELS) -> list[Planned]:
     """Per group (one ``shape_key``), the largest micro-batch that fits, found by bisection
     (memory only grows with the micro-batch), without checkpointing and then with each
     checkpointing level in turn while it lets a larger micro-batch fit: recomputation only
@@ -328,7 +334,7 @@ def _search(request: ModelRequest, options: TraceOptions, candidates: list[Execu
             levels = sorted(sibling_fits)
             largest = {level: fit.execution.micro_batch for level, fit in sibling_fits.items()}
             sibling = sibling_fits[levels[0]]
-            first = [replace(e, checkpoint=CHECKPOINTS[levels[0]]) for e in members
+            first = [e.with_checkpoint(CHECKPOINTS[levels[0]]) for e in members
                      if e.micro_batch <= largest[levels[0]]]
             bound = states_bound(sibling, sibling.execution.shard, first[0], options.optimizer) if first else None
             if bound is not None and bound > capacity(gpu):
@@ -336,7 +342,7 @@ def _search(request: ModelRequest, options: TraceOptions, candidates: list[Execu
                 continue
         above = 0  # micro-batches at or below this one are not worth recomputing for
         for level in levels:
-            tried = [replace(e, checkpoint=CHECKPOINTS[level]) for e in members
+            tried = [e.with_checkpoint(CHECKPOINTS[level]) for e in members
                      if above < e.micro_batch <= largest.get(level, e.micro_batch)]
             if not tried:
                 continue
