@@ -181,13 +181,16 @@ class Execution:
         return self.tp_comm_overlap or self.checkpoint == "selective-attention"
 
     @property
+    def megatron_layout(self) -> bool:
+        """Megatron-LM runs this layout: one only it runs (``megatron_only``), or its data
+        parallelism (DDP or ZeRO-1, over any number of ranks) with one of its own settings."""
+        return self.megatron_only or (self.replicates_parameters and self.megatron_settings)
+
+    @property
     def megatron_tensor_parallel(self) -> bool:
-        """Megatron-LM's layout: DDP or ZeRO-1 beside tensor parallelism (torchtitan runs DDP
-        alone), or tensor parallelism with one of its own settings (``megatron_settings``). Its
-        cross entropy is Megatron-Core's over the vocabulary slices
-        (``trace.parallel.vocab_parallel_loss``)."""
-        return self.tensor > 1 and self.replicates_parameters and (
-            self.data_parallel > 1 or self.megatron_settings)
+        """Megatron-LM's layout with tensor parallelism. Its cross entropy is Megatron-Core's
+        over the vocabulary slices (``trace.parallel.vocab_parallel_loss``)."""
+        return self.tensor > 1 and self.megatron_layout
 
     @property
     def megatron_sequence_parallel(self) -> bool:

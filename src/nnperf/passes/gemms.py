@@ -78,8 +78,10 @@ def _weight_shapes_by_module(trace: Trace, weights: set[int]) -> dict[str, set[t
         module = name.rsplit(".", 1)[0] if "." in name else ""
         by_module.setdefault(module, set()).update({shape, tuple(reversed(shape))})
     for ev in trace.events:
-        if ev.phase == "forward" and gemm_shapes(ev):
-            read = {tuple(t.shape) for t in ev.inputs if t.storage in weights}
+        if ev.phase != "forward":
+            continue
+        read = {tuple(t.shape) for t in ev.inputs if t.storage in weights}
+        if read and gemm_shapes(ev):
             by_module.setdefault(ev.module, set()).update(read | {tuple(reversed(s)) for s in read})
     return by_module
 

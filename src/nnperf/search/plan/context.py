@@ -57,10 +57,10 @@ def traced_as(execution: Execution) -> Execution:
     parallelism, its context ranks in the data-parallel group (their gradients are reduced
     together): FSDP sharded over the data and context ranks (torchtitan's ``dp_shard_cp``; a
     layout without data parallelism shards over its context ranks alone), DDP and ZeRO-1 over
-    them (Megatron-LM's data-parallel group with context parallelism; so is a layout of one of
-    Megatron-LM's own settings without data parallelism: ``Execution.megatron_settings``)."""
+    them (Megatron-LM's data-parallel group with context parallelism, ``Execution.megatron_layout``;
+    so is a layout of one of Megatron-LM's own settings without data parallelism)."""
     cp = execution.context
-    if execution.replicates_parameters and (execution.data_parallel > 1 or execution.megatron_settings):
+    if execution.megatron_layout:
         return replace(execution, context=1)
     data = "fsdp" if execution.data == "ddp" else execution.data
     return replace(execution, context=1, shard=execution.shard * cp, data=data)
