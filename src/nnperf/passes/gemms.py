@@ -45,21 +45,28 @@ class Gemm(OfEvent):
 
 
 class GemmLowering:
-    """Lowers one op at a time, for the counting pass's walk over the trace (it knows which
-    storages are weights; the module's weight shapes tell a weight gradient)."""
+    """Lowers one op at a time, for the counting pass's walk over the trace in its order (it
+    knows which storages are weights; the module's weight shapes tell a weight gradient). Those
+    shapes are the module's parameters', and the weights its forward GEMMs read as it lowers
+    them: under FSDP2 the parameters are shards and the GEMMs read the gathered weights, whose
+    gradient is what the weight-gradient GEMM writes."""
 
     def __init__(self, trace: Trace, weights: set[int]):
         self.weights = weights
-        self.shapes_by_module = _weight_shapes_by_module(trace, weights)
+        self.shapes_by_module = _weight_shapes_by_module(trace)
 
     def __call__(self, ev: OpEvent) -> tuple[Gemm, ...]:
         shapes = gemm_shapes(ev)
         if not shapes:
             return ()
+        module_shapes = self.shapes_by_module.setdefault(ev.module, set())
+        if ev.phase == "forward":
+            read = {tuple(t.shape) for t in ev.inputs if t.storage in self.weights}
+            module_shapes.update(read | {tuple(reversed(s)) for s in read})
         dtype = dtype_name(operand_dtype(ev))
         out = []
         for shape in shapes:
-            role = shape.role or _role(ev, self.weights, self.shapes_by_module.get(ev.module, set()))
+            role = shape.role or _role(ev, self.weights, module_shapes)
             out.append(Gemm(event=ev, role=role, m=shape.m, n=shape.n, k=shape.k, batch=shape.batch, dtype=dtype))
         return tuple(out)
 
@@ -69,20 +76,11 @@ def step_gemms(ops: list) -> list[Gemm]:
     return [g for op in ops for g in op.gemms]
 
 
-def _weight_shapes_by_module(trace: Trace, weights: set[int]) -> dict[str, set[tuple[int, ...]]]:
-    """Per module, the shapes (either way round) of its weights as it holds them and as its
-    forward's matrix products read them: under FSDP2 the parameters are shards and the products
-    read the gathered weights, whose gradient is what the weight-gradient GEMM writes."""
+def _weight_shapes_by_module(trace: Trace) -> dict[str, set[tuple[int, ...]]]:
     by_module: dict[str, set[tuple[int, ...]]] = {}
     for name, shape in trace.param_shapes.items():
         module = name.rsplit(".", 1)[0] if "." in name else ""
         by_module.setdefault(module, set()).update({shape, tuple(reversed(shape))})
-    for ev in trace.events:
-        if ev.phase != "forward":
-            continue
-        read = {tuple(t.shape) for t in ev.inputs if t.storage in weights}
-        if read and gemm_shapes(ev):
-            by_module.setdefault(ev.module, set()).update(read | {tuple(reversed(s)) for s in read})
     return by_module
 
 

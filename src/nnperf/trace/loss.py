@@ -137,8 +137,9 @@ _TRACING = [0]  # inside a trace (tracing()): compiled losses run as the fused o
 _IN_COMPILED_LOSS = [0]
 _CALLS = [0]
 
-_PARAMS = ("input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction",
-           "label_smoothing")
+#: ``F.cross_entropy``'s parameters in order, to bind a call's positional arguments by name.
+CROSS_ENTROPY_PARAMS = ("input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction",
+                        "label_smoothing")
 
 
 def unfusable(args: dict[str, Any]) -> str | None:
@@ -148,7 +149,7 @@ def unfusable(args: dict[str, Any]) -> str | None:
         return "class weights"
     if args.get("size_average") is not None or args.get("reduce") is not None:
         return "the deprecated size_average/reduce arguments"
-    if _is_dtensor(x):
+    if is_dtensor(x):
         return "logits split over the vocabulary (loss parallelism)"
     if not isinstance(x, Tensor) or not isinstance(target, Tensor) or x.dim() != 2:
         return "inputs other than (N, C) logits"
@@ -159,7 +160,8 @@ def unfusable(args: dict[str, Any]) -> str | None:
     return None
 
 
-def _is_dtensor(t: Any) -> bool:
+def is_dtensor(t: Any) -> bool:
+    """Whether ``t`` is a DTensor (False where this torch has no torch.distributed)."""
     if not torch.distributed.is_available():
         return False
     from torch.distributed.tensor import DTensor
@@ -171,7 +173,7 @@ def traced_cross_entropy(*args: Any, **kwargs: Any) -> Tensor:
     """``F.cross_entropy`` inside a compiled loss: the fused op, or eager where inductor's
     graph would differ from it (the reason becomes an assumption of the trace)."""
     _CALLS[0] += 1
-    bound = dict(zip(_PARAMS, args, strict=False)) | kwargs
+    bound = dict(zip(CROSS_ENTROPY_PARAMS, args, strict=False)) | kwargs
     why = unfusable(bound)
     if why is not None:
         assume(f"--loss compiled: a cross_entropy with {why} is traced eagerly (not fused)")
@@ -365,7 +367,7 @@ class ChunkedLoss:
     def __call__(self, hidden: Any) -> Tensor:
         weight = self.model.chunkable_head().weight
         target = self.targets.to(hidden.device).flatten()
-        if _is_dtensor(weight) or _is_dtensor(hidden):
+        if is_dtensor(weight) or is_dtensor(hidden):
             return self._vocab_parallel(hidden, weight, target)
         return _ChunkedLinearCrossEntropy.apply(hidden.flatten(0, -2), weight, target, self.chunks, -100,
                                                 self.compiled)
@@ -379,13 +381,13 @@ class ChunkedLoss:
         back to the sequence shards, or an all-reduce)."""
         from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
-        mesh = weight.device_mesh if _is_dtensor(weight) else None
+        mesh = weight.device_mesh if is_dtensor(weight) else None
         if (self.compiled or mesh is None or mesh.mesh_dim_names != ("tensor",)
                 or tuple(weight.placements) != (Shard(0),)):
             raise UsageError("--loss chunked over a sharded output projection is modelled for its vocabulary split "
                              "over tensor-parallel ranks, with an eager inner loss (--loss chunked); here it is "
                              f"{'compiled' if self.compiled else 'sharded otherwise'}")
-        if not _is_dtensor(hidden):
+        if not is_dtensor(hidden):
             hidden = DTensor.from_local(hidden, mesh, [Replicate()], run_check=False)
         local = hidden.redistribute(mesh, [Replicate()]).to_local(grad_placements=[Partial()])
         group = mesh.get_group()

@@ -15,6 +15,7 @@ from nnperf.search.plan.rank import SCALE_POINTS
 from nnperf.search.plan.results import Plan, Planned
 from nnperf.trace.capture import FP8_ASSUMPTION, FUSED_ASSUMPTION
 from nnperf.trace.options import TraceOptions
+from nnperf.trace.parallel.vocab_parallel_loss import runs_megatron_loss
 
 #: Megatron-LM's column-parallel linears keep their sequence shard (``trace.parallel.sequence_shards``)
 #: in a cast model, which is how Megatron-LM runs 16 bits; under autocast the plan keeps DTensor's.
@@ -62,8 +63,7 @@ def notes(request: ModelRequest, options: TraceOptions, results: list[Planned], 
         notes.append(AUTOCAST_SEQUENCE_PARALLEL)
     if any(p.execution.megatron_sequence_parallel and not p.execution.tp_comm_overlap for p in results):
         notes.append(EXPOSED_TENSOR_PARALLEL)
-    if options.loss == "eager" and any(p.execution.megatron_tensor_parallel and p.execution.splits_logits
-                                       for p in results):
+    if any(runs_megatron_loss(p.execution, options) for p in results):
         notes.append(MEGATRON_CROSS_ENTROPY)
     if options.dtype in ("bf16", "fp16") and any(p.execution.data == "ddp" and p.execution.data_parallel > 1
                                                   for p in results):

@@ -50,9 +50,12 @@ def apply_layout(workload: Workload, execution: Execution, options: TraceOptions
                                      loss_parallel=execution.splits_logits,
                                      keep_shards=execution.keeps_sequence_shards):
                 step_contexts.enter_context(_loss_parallel())
-                if execution.megatron_tensor_parallel and options.loss == "eager":
-                    from nnperf.trace.parallel.vocab_parallel_loss import MegatronCrossEntropy
+                from nnperf.trace.parallel.vocab_parallel_loss import (
+                    MegatronCrossEntropy,
+                    runs_megatron_loss,
+                )
 
+                if runs_megatron_loss(execution, options):
                     step_contexts.enter_context(MegatronCrossEntropy())
         if execution.expert > 1:
             from nnperf.trace.parallel.expert import apply_experts

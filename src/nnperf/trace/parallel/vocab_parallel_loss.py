@@ -31,9 +31,15 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
-_PARAMS = ("input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction",
-           "label_smoothing")
-_REDUCTIONS = ("mean", "sum", "none")
+from nnperf.layout import Execution
+from nnperf.trace.loss import CROSS_ENTROPY_PARAMS, REDUCTIONS, is_dtensor
+from nnperf.trace.options import TraceOptions
+
+
+def runs_megatron_loss(execution: Execution, options: TraceOptions) -> bool:
+    """Whether the layout's loss runs as Megatron-Core's: Megatron-LM's layouts with tensor
+    parallelism whose logits stay split over the vocabulary, with the loss run as written."""
+    return execution.megatron_tensor_parallel and execution.splits_logits and options.loss == "eager"
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
@@ -81,7 +87,7 @@ def vocab_parallel_cross_entropy(logits: Any, target: Tensor, ignore_index: int 
     # DTensor's Shard splits as torch.chunk does: ceil(V / n) columns per rank, the last ones fewer
     columns = -(-logits.shape[-1] // mesh.size())
     start = min(mesh.get_local_rank() * columns, logits.shape[-1])
-    if isinstance(target, _dtensor_type()):
+    if is_dtensor(target):
         target = target.full_tensor()
     per_token = _VocabParallelCrossEntropy.apply(local, target, start, mesh.get_group())
     keep = target != ignore_index
@@ -100,7 +106,7 @@ class MegatronCrossEntropy(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.cross_entropy:
-            bound = dict(zip(_PARAMS, args, strict=False)) | kwargs
+            bound = dict(zip(CROSS_ENTROPY_PARAMS, args, strict=False)) | kwargs
             if _megatron_applies(bound):
                 return vocab_parallel_cross_entropy(bound["input"], bound["target"],
                                                     int(bound.get("ignore_index", -100)),
@@ -114,17 +120,12 @@ def _megatron_applies(bound: dict[str, Any]) -> bool:
     from torch.distributed.tensor import Shard
 
     logits, target = bound["input"], bound["target"]
-    if not isinstance(logits, _dtensor_type()) or logits.dim() != 2 or logits.device_mesh.ndim != 1:
+    if not is_dtensor(logits) or logits.dim() != 2 or logits.device_mesh.ndim != 1:
         return False
     if logits.placements != (Shard(1),) and logits.placements != (Shard(-1),):
         return False
     if target.is_floating_point() or target.dim() != 1:
         return False
     return (bound.get("weight") is None and bound.get("size_average") is None and bound.get("reduce") is None
-            and not bound.get("label_smoothing") and bound.get("reduction", "mean") in _REDUCTIONS)
+            and not bound.get("label_smoothing") and bound.get("reduction", "mean") in REDUCTIONS)
 
-
-def _dtensor_type() -> type:
-    from torch.distributed.tensor import DTensor
-
-    return DTensor
