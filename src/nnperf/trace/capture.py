@@ -352,11 +352,12 @@ FUSED_ASSUMPTION = (
 
 #: What an FP8 step's figures rest on beyond the GEMMs and casts ``passes.timing`` times.
 FP8_ASSUMPTION = (
-    "FP8: {count} linear layers inside the repeated blocks run their GEMMs in FP8 with per-tensor "
-    "current scaling (the 16-bit input and output gradient each scaled and cast first); not "
-    "counted: their weights' casts (once per step: Transformer Engine keeps the first "
-    "micro-batch's), the scale's all-reduce over tensor-parallel ranks, and the FP8 copies "
-    "of saved inputs (counted in 16 bits)"
+    "FP8: {count} linear layers inside the repeated blocks run their GEMMs in FP8 with per-tensor current "
+    "scaling (the 16-bit input and output gradient each scaled and cast first); their inputs are saved for "
+    "backward as the engine saves them: in FP8 by Transformer Engine's linears in Megatron-LM's layouts, in "
+    "16 bits by torchao's float8 (torchtitan's, and on one GPU); not counted: their weights' casts (once per "
+    "step: Transformer Engine keeps the first micro-batch's) and the scale's all-reduce over tensor-parallel "
+    "ranks"
 )
 
 

@@ -28,6 +28,7 @@ from nnperf.trace.collectives import Collective, collectives_of
 from nnperf.trace.engine_patches import engines_on_fake_tensors
 from nnperf.trace.events import Trace
 from nnperf.trace.fake_world import session
+from nnperf.trace.fp8_saved_inputs import keep_fp8_saved_inputs
 from nnperf.trace.fsdp_shards import one_rank_chunks
 from nnperf.trace.options import TraceOptions
 from nnperf.trace.parallel import apply_layout, build_meshes
@@ -95,6 +96,9 @@ def trace_rank(
         collectives = collectives_of(trace)
     trace.config["execution"] = execution.to_json()
     trace.config["rank"] = rank
+    if options.fp8 and execution.megatron_layout:
+        # Transformer Engine's linears, which Megatron-LM runs, keep their inputs in FP8
+        trace.config["fp8_saved_inputs"] = keep_fp8_saved_inputs(trace)
     if execution.megatron_sequence_parallel:
         # the tensor-parallel group and the repeated blocks (as the trace names modules): what
         # Megatron-LM's linears and Transformer Engine's userbuffers overlap with their GEMMs
