@@ -188,8 +188,9 @@ class Execution:
 
     @property
     def megatron_tensor_parallel(self) -> bool:
-        """Megatron-LM's layout with tensor parallelism. Its cross entropy is Megatron-Core's
-        over the vocabulary slices (``trace.parallel.vocab_parallel_loss``)."""
+        """Megatron-LM's layout with tensor parallelism. Its cross entropy and its embedding are
+        Megatron-Core's over the vocabulary slices (``trace.parallel.vocab_parallel_loss``,
+        ``trace.parallel.vocab_parallel_embedding``)."""
         return self.tensor > 1 and self.megatron_layout
 
     @property

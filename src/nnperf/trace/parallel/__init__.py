@@ -2,8 +2,9 @@
 one function that applies a layout's strategies in order (``apply_layout``).
 
 - ``tensor``: tensor (and sequence) parallelism, ``parallelize_module`` with the plan the model
-  declares (``tensor_parallel_plan()``), and torchtitan's loss parallelism (Megatron-Core's
-  cross entropy for Megatron-LM's layouts: ``vocab_parallel_loss``);
+  declares (``tensor_parallel_plan()``), and torchtitan's loss parallelism (for Megatron-LM's
+  layouts Megatron-Core's cross entropy, ``vocab_parallel_loss``, and embedding,
+  ``vocab_parallel_embedding``);
 - ``expert``: expert parallelism of the zoo's mixture-of-experts layers (torchtitan's, on
   DTensor), and FSDP2 over the experts' weights outside the expert group;
 - ``pipeline``: ``torch.distributed.pipelining`` stages and schedules over the split the model
@@ -57,6 +58,10 @@ def apply_layout(workload: Workload, execution: Execution, options: TraceOptions
 
                 if runs_megatron_loss(execution, options):
                     step_contexts.enter_context(MegatronCrossEntropy())
+            if execution.megatron_tensor_parallel:
+                from nnperf.trace.parallel.vocab_parallel_embedding import MegatronEmbedding
+
+                step_contexts.enter_context(MegatronEmbedding())
         if execution.expert > 1:
             from nnperf.trace.parallel.expert import apply_experts
 
