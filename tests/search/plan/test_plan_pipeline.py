@@ -76,3 +76,33 @@ def test_an_interleaved_ranks_time_split_counts_every_chunk():
     ratio = splits["interleaved-1f1b"].host_s / splits["1f1b"].host_s
     assert 1.0 <= ratio < 1.25
     assert splits["interleaved-1f1b"].communication_s > splits["1f1b"].communication_s
+
+
+def test_a_ranks_optimizer_step_holds_no_activations_and_its_chunks_temporaries():
+    """The rank's peak is the larger of its forward/backward with the in-flight micro-batches
+    added, and its optimizer step with its later chunks' optimizer temporaries added (no
+    activation is saved by then); by hand, in GiB: backward 12 + 5 in flight against optimizer
+    9 + 7, plus 1 outside the allocator: 18; with 1 in flight the optimizer step binds: 17."""
+    from nnperf.search.plan.pipeline import phase_peak
+    from nnperf.search.plan.results import RankFigures
+
+    gib = 2**30
+    figures = RankFigures(memory_by_phase={"forward": 10 * gib, "backward": 12 * gib, "optimizer": 9 * gib},
+                          mem_outside=1 * gib)
+    assert phase_peak(figures, 5 * gib, 7 * gib) == 18 * gib
+    assert phase_peak(figures, 1 * gib, 7 * gib) == 17 * gib
+
+
+def test_megatron_steps_all_chunks_at_once_torchtitan_one_after_another():
+    """Megatron-LM's one optimizer over a rank's chunks: their temporaries add (2 + 3); torchtitan's
+    optimizer per chunk: the largest later one beyond the first chunk's own (3 - 1)."""
+    from nnperf.search.plan.pipeline import later_optimizers
+    from nnperf.search.plan.results import RankFigures
+
+    own, later = RankFigures(optimizer_rise=1.0), [RankFigures(optimizer_rise=2.0), RankFigures(optimizer_rise=3.0)]
+    megatron = Execution(world=4, data="zero1", pipeline=2, pipeline_schedule="interleaved-1f1b", virtual_stages=3)
+    torchtitan = Execution(world=4, data="fsdp", shard=2, pipeline=2, pipeline_schedule="interleaved-1f1b",
+                           virtual_stages=3)
+    assert megatron.megatron_layout and not torchtitan.megatron_layout
+    assert later_optimizers(megatron, own, later) == 5.0
+    assert later_optimizers(torchtitan, own, later) == 2.0

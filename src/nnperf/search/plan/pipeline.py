@@ -68,6 +68,7 @@ from nnperf.search.plan.results import (
 )
 from nnperf.trace.options import AMP_DTYPES, DTYPES, TraceOptions
 from nnperf.trace.parallel.pipeline import schedule_order
+from nnperf.vocab import Phase
 
 
 def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execution, gpu: GPU,
@@ -123,7 +124,8 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
     def memory(rank: int, roles: dict[tuple[str, int | None], RankCost]) -> float:
         """Rank ``rank``'s memory; the terms of roles not in ``roles`` left out."""
         own = roles.get(role_of(held[rank][0]))
-        others = sum(roles[role_of(s)].figures.model_states for s in held[rank][1:] if role_of(s) in roles)
+        later = [roles[role_of(s)].figures for s in held[rank][1:] if role_of(s) in roles]
+        others = sum(f.model_states for f in later)
         def saved(stage: int) -> float:
             return roles[role_of(stage)].figures.saved_activations if role_of(stage) in roles else 0.0
 
@@ -135,7 +137,9 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
 
         unsharded = unsharded_extra(order[rank], held[rank][0], lambda s: gathered * stored(s),
                                     lambda s: accumulated * stored(s)) if gathered else 0.0
-        return (own.figures.memory if own else 0.0) + others + extra + unsharded
+        if own is None:
+            return others + extra + unsharded
+        return phase_peak(own.figures, extra + unsharded, later_optimizers(execution, own.figures, later)) + others
 
     roles = {role_of(0): traced_role(role_of(0))}
     if prune and (bound := int(memory(0, roles))) > capacity(gpu):  # a lower bound (module docstring)
@@ -167,6 +171,31 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
                     max(memory(r, roles) for r in range(p)), micro, order, flight, activation,
                     {r: per_rank(r, lambda f: f.states.parameters) for r in range(p)},
                     chunks=[roles[role_of(s)].figures for s in held[sim.critical_rank]])
+
+
+def phase_peak(figures: RankFigures, step_extra: float, optimizer_extra: float) -> float:
+    """A pipeline rank's peak from its first chunk's traced role: the highest of forward and
+    backward with ``step_extra`` more (the rank's other in-flight micro-batches and gathered
+    blocks, alive only then), or the optimizer step with ``optimizer_extra`` more (what its
+    other chunks' optimizers add, ``later_optimizers``: after the last backward, when no
+    activation is saved any more), plus what the device holds beyond the allocated peak."""
+    by_phase = figures.memory_by_phase
+    if not by_phase:
+        return figures.memory + step_extra
+    step = max((peak for phase, peak in by_phase.items() if phase != Phase.OPTIMIZER), default=0.0)
+    optimizer = by_phase[Phase.OPTIMIZER] + optimizer_extra if Phase.OPTIMIZER in by_phase else 0.0
+    return max(step + step_extra, optimizer) + figures.mem_outside
+
+
+def later_optimizers(execution: Execution, own: RankFigures, later: list[RankFigures]) -> float:
+    """What a rank's later chunks add to its optimizer step's peak: Megatron-LM steps one
+    optimizer over all of a rank's chunks (``get_megatron_optimizer(model_chunks)``), so their
+    temporaries add up; torchtitan one optimizer per chunk, one after another
+    (``OptimizersContainer.step``), so only the largest is alive at once."""
+    temporaries = [f.optimizer_rise for f in later]
+    if execution.megatron_layout:
+        return sum(temporaries)
+    return max(0.0, max(temporaries, default=0.0) - own.optimizer_rise)
 
 
 def gathered_per_stored(options: TraceOptions) -> float:

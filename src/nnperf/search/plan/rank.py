@@ -42,7 +42,7 @@ from nnperf.search.plan.states import param_row_bytes
 from nnperf.trace.distributed import sharded_bytes, trace_rank
 from nnperf.trace.options import TraceOptions
 from nnperf.trace.step import once_per_step
-from nnperf.vocab import Category
+from nnperf.vocab import Category, Phase
 
 #: Traced blocks per chunk when a stack is scaled (two points of a line): from three blocks on,
 #: each phase's memory peak and the timeline grow by the same amount per block (with fewer, the
@@ -283,8 +283,15 @@ def _memory_by_phase(report: Any, figures: RankFigures) -> None:
     embedding gradient in backward of a shallow trace, the saved activations at the start of
     backward of a deep one), so depth is extrapolated per phase."""
     peaks = figures.memory_by_phase
+    before_optimizer: float | None = None
+    previous = 0.0
     for point in report.timeline:
         peaks[point.phase] = max(peaks.get(point.phase, 0.0), float(point.allocated))
+        if point.phase == Phase.OPTIMIZER and before_optimizer is None:
+            before_optimizer = previous
+        previous = float(point.allocated)
+    if before_optimizer is not None:
+        figures.optimizer_rise = max(0.0, peaks[Phase.OPTIMIZER] - before_optimizer)
     if report.device_total is not None and report.peak_allocated is not None:
         figures.mem_outside = float(report.device_total - report.peak_allocated)
     if report.device_total is not None and report.peak_reserved is not None:

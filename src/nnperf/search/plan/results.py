@@ -64,6 +64,9 @@ class RankFigures:
     memory: float = 0.0  # the device total at the peak
     #: the highest allocated bytes of each phase of the step, by phase
     memory_by_phase: dict[str, float] = field(default_factory=dict)
+    #: what the optimizer step allocates beyond what backward left allocated (its temporaries: a
+    #: foreach optimizer's intermediates, ZeRO-1's fp32 copies of the gradients)
+    optimizer_rise: float = 0.0
     mem_outside: float = 0.0  # what the device holds beyond the allocated peak (not additive: the larger)
     mem_context: float = 0.0  # what it holds beyond the reserved peak: the CUDA context (the larger)
     flops: float = 0.0  # the model's FLOPs (MFU's numerator)
