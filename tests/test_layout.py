@@ -95,3 +95,26 @@ def test_a_layouts_selective_recomputation_is_its_engines():
     assert [e.with_checkpoint(ENGINE_SELECTIVE).checkpoint for e in torchtitan] == ["selective-op"] * 4
     assert Execution(world=8, data="zero1").with_checkpoint("selective-op").checkpoint == "selective-op"
     assert Execution(world=8, data="zero1").with_checkpoint(None).checkpoint is None
+
+
+def test_a_pipeline_given_no_schedule_runs_the_engines_default():
+    """Megatron-LM's and torchtitan's default is 1F1B; with virtual stages, Megatron-LM's
+    interleaved 1F1B. A layout that cannot run is refused before any of it is traced."""
+    assert Execution(world=8, pipeline=4, grad_accum=4).pipeline_schedule == "1f1b"
+    assert Execution(world=8, pipeline=4, virtual_stages=2, grad_accum=4).pipeline_schedule == "interleaved-1f1b"
+    assert Execution(world=8).pipeline_schedule is None
+    assert Execution(world=8, pipeline=4, grad_accum=4) == Execution(world=8, pipeline=4, pipeline_schedule="1f1b",
+                                                                      grad_accum=4)
+
+
+def test_evaluate_refuses_a_layout_that_cannot_run_in_one_line():
+    from nnperf.hardware.catalog import load_gpu
+    from nnperf.hardware.cluster import load_cluster
+    from nnperf.request import ModelRequest
+    from nnperf.search.plan import evaluate
+    from nnperf.trace.options import TraceOptions
+
+    wrong = Execution(world=8, pipeline=4, pipeline_schedule="interleaved-1f1b", virtual_stages=1, grad_accum=4)
+    with pytest.raises(UsageError, match="interleaved-1f1b runs 2 or more model chunks per rank"):
+        evaluate(ModelRequest("llama-7b", batch=4), TraceOptions(), wrong, load_gpu("h100-sxm"),
+                 load_cluster("dgx-h100"))

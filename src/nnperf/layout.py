@@ -135,6 +135,12 @@ class Execution:
     #: (``passes.comm_timeline``), instead of before or after it
     tp_comm_overlap: bool = False
 
+    def __post_init__(self) -> None:
+        # a pipeline given no schedule runs the engines' default: 1F1B (Megatron-LM's, and
+        # torchtitan's pipeline_parallel_schedule), interleaved where it has virtual stages
+        if self.pipeline > 1 and self.pipeline_schedule is None:
+            object.__setattr__(self, "pipeline_schedule", "interleaved-1f1b" if self.virtual_stages > 1 else "1f1b")
+
     @property
     def engine(self) -> DataEngine:
         """The data-parallel engine's record (``validate`` refuses an unknown name)."""

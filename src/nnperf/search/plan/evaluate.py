@@ -41,6 +41,7 @@ def evaluate(request: ModelRequest, options: TraceOptions, execution: Execution,
     shallow and extrapolate; ``cache``: traced roles shared by a search; ``prune``: a pipeline
     whose first stage alone cannot fit is left at that lower bound, untimed:
     ``search.plan.pipeline``)."""
+    execution.validate()  # one line for a layout that cannot run, before any of it is traced
     cache = cache or RoleCache()
     progress.note(execution.describe())
     if execution.context > 1:
