@@ -105,3 +105,15 @@ def test_the_larger_megatron_turing_runs_are_predicted_faster():
     predicted = [compare.predict(row)[0] for row in rows]
     measured = [row["measured"] for row in rows]
     assert compare.spearman(measured, predicted) == 1.0
+
+
+def test_layouts_that_ran_but_are_planned_not_to_fit_are_counted_and_named():
+    """Every row ran as published: the summary counts the layouts planned to fit and names the
+    others with their planned peak."""
+    rows = [{"id": "a", "group": "g", "grade": "faithful", "source": "s", "measured": 1.0, "predicted": 1.1,
+             "error": 0.1, "planned_memory_gib": 70.0, "fits": True},
+            {"id": "b", "group": "g", "grade": "faithful", "source": "s", "measured": 2.0, "predicted": 1.8,
+             "error": -0.1, "planned_memory_gib": 97.44, "fits": False}]
+    summary = _plan_compare().summarize(rows)
+    assert summary["fits"] == 1
+    assert summary["not_fitting"] == ["b (97.4 GiB)"]
