@@ -95,6 +95,14 @@ def _sequence_gather() -> type:
     return SequenceGather
 
 
+def shard_start(length: int, mesh: Any) -> int:
+    """Where this rank's slice of a dimension of ``length`` starts under ``Shard`` on the 1-D
+    ``mesh``: DTensor splits as ``torch.chunk`` does, ceil(length / n) per rank, the last ones
+    fewer (Megatron-Core's vocabulary slices, ``vocab_parallel_loss``, ``vocab_parallel_embedding``)."""
+    per_rank = -(-length // mesh.size())
+    return min(mesh.get_local_rank() * per_rank, length)
+
+
 def logits_layout(loss_parallel: bool) -> dict[str, Any]:
     """The output projection's result: split over the vocabulary for a loss-parallel cross
     entropy (``loss_parallel()``, torchtitan's default), else gathered."""

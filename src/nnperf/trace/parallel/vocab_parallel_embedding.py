@@ -30,6 +30,7 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
 from nnperf.trace.loss import is_dtensor
+from nnperf.trace.parallel.tensor import shard_start
 
 #: ``F.embedding``'s parameters, in order (for calls made positionally).
 EMBEDDING_PARAMS = ("input", "weight", "padding_idx", "max_norm", "norm_type", "scale_grad_by_freq", "sparse")
@@ -42,9 +43,7 @@ def vocab_parallel_embedding(ids: Any, weight: Any) -> Any:
 
     mesh = weight.device_mesh
     local = weight.to_local()
-    # DTensor's Shard splits as torch.chunk does: ceil(V / n) rows per rank, the last ones fewer
-    rows = -(-weight.shape[0] // mesh.size())
-    start = min(mesh.get_local_rank() * rows, weight.shape[0])
+    start = shard_start(weight.shape[0], mesh)
     if is_dtensor(ids):
         ids = ids.full_tensor()
     outside = (ids < start) | (ids >= start + local.shape[0])

@@ -34,6 +34,7 @@ from torch.overrides import TorchFunctionMode
 from nnperf.layout import Execution
 from nnperf.trace.loss import CROSS_ENTROPY_PARAMS, REDUCTIONS, is_dtensor
 from nnperf.trace.options import TraceOptions
+from nnperf.trace.parallel.tensor import shard_start
 
 
 def runs_megatron_loss(execution: Execution, options: TraceOptions) -> bool:
@@ -84,9 +85,7 @@ def vocab_parallel_cross_entropy(logits: Any, target: Tensor, ignore_index: int 
     1-D mesh, as Megatron-Core computes it (module docstring): a plain tensor."""
     mesh = logits.device_mesh
     local = logits.to_local()
-    # DTensor's Shard splits as torch.chunk does: ceil(V / n) columns per rank, the last ones fewer
-    columns = -(-logits.shape[-1] // mesh.size())
-    start = min(mesh.get_local_rank() * columns, logits.shape[-1])
+    start = shard_start(logits.shape[-1], mesh)
     if is_dtensor(target):
         target = target.full_tensor()
     per_token = _VocabParallelCrossEntropy.apply(local, target, start, mesh.get_group())
