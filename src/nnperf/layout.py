@@ -313,12 +313,16 @@ class Execution:
         FSDP's shard group as torchtitan does (``dp_shard_in_ep``), the experts' weights sharded
         over the rest of it; out of DDP's (ZeRO-1's) replicas as Megatron-LM does
         (``--expert-model-parallel-size``), the experts' gradients reduced over the rest of them
-        (its expert-data-parallel group)."""
+        (its expert-data-parallel group), beside tensor parallelism too (the experts split over
+        the tensor-parallel group: ``trace.parallel.expert_tensor``)."""
         if self.expert < 1:
             raise UsageError(f"expert parallelism must be 1 or more, got {self.expert}")
-        if self.tensor > 1 or self.context > 1:
-            raise UsageError("expert parallelism is modelled with data and pipeline parallelism; "
-                             "with tensor or context parallelism it is not")
+        if self.context > 1:
+            raise UsageError("expert parallelism is modelled with data, tensor and pipeline parallelism; "
+                             "with context parallelism it is not")
+        if self.tensor > 1 and not self.replicates_parameters:
+            raise UsageError("expert parallelism with tensor parallelism is modelled as Megatron-LM runs it, "
+                             f"with ddp or zero1 ({self.data}: torchtitan's expert tensor parallelism is not)")
         group, what = ((self.replicate, "data-parallel ranks") if self.replicates_parameters
                        else (self.shard, "shard group"))
         if group % self.expert:

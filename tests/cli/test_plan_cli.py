@@ -162,7 +162,7 @@ def test_expert_degrees_the_model_does_not_allow_are_one_line():
                           ([*ARGS, "--ep", "2"], "gpt2 has no experts"),
                           ([*MOE, "-O", "n_experts=6", "--ep", "4"],
                            "--ep 4 does not divide the model's 6 experts; valid (dividing them and the 8 GPUs): 1, 2\n"),
-                          ([*MOE, "--tp", "2"], "tensor parallelism of mixture-of-experts layers"),
+                          ([*MOE, "--tp", "2", "--data", "fsdp"], "torchtitan's expert tensor parallelism"),
                           ([*MOE, "--ep", "8", "--data", "ddp", "--pp", "2"],
                            "--ep 8 divides none of the groups the experts can spread over")):
         result = CliRunner().invoke(cli, [*args, "--gpus", "8"] + ([] if "--pp" in args else ["--pp", "1"])
@@ -172,12 +172,13 @@ def test_expert_degrees_the_model_does_not_allow_are_one_line():
 
 
 def test_a_mixture_of_experts_model_plans_with_the_default_axes():
-    """--tp auto leaves tensor parallelism out for MoE layers (no plan for them) and searches the
-    expert degrees instead."""
+    """--tp auto splits MoE layers as Megatron-LM does, beside DDP or ZeRO-1 only (torchtitan's
+    expert tensor parallelism is not modelled), and searches the expert degrees too."""
     result = CliRunner().invoke(cli, [*MOE, "--gpus", "2", "--pp", "1", "--json"])
     assert result.exit_code == 0, result.output
-    layouts = {(r["execution"]["tensor"], r["execution"]["expert"]) for r in json.loads(result.output)["ranked"]}
-    assert layouts == {(1, 1), (1, 2)}
+    ranked = [r["execution"] for r in json.loads(result.output)["ranked"]]
+    assert {(e["tensor"], e["expert"]) for e in ranked} == {(1, 1), (1, 2), (2, 1)}
+    assert all(e["data"] in ("ddp", "zero1") and e["sequence_parallel"] for e in ranked if e["tensor"] == 2)
 
 
 DEEPSEEK = ["plan", "deepseek-v3-16b", "-O", "n_layer=3", "-O", "dim=128", "-O", "n_heads=4", "-O", "kv_lora=64",
@@ -373,16 +374,6 @@ def test_an_uneven_split_is_planned_with_the_schedules_that_hold_it():
     assert result.exit_code == 2, result.output
     assert "cannot hold 10 layers in 4 pipeline stages x 2 virtual stages" in result.output, result.output
     assert len(result.output.strip().splitlines()) == 1
-
-
-def test_the_note_on_axes_left_out_names_the_experts():
-    """With --tp and --pp left to auto, a MoE model's plan says why tensor parallelism was not
-    searched: its experts (not a missing plan for its family, which llama has)."""
-    result = CliRunner().invoke(cli, [*MOE, "--gpus", "2", "--json"])
-    assert result.exit_code == 0, result.output
-    notes = json.loads(result.output)["notes"]
-    assert any("mixture-of-experts layers is not modelled (expert parallelism, --ep, is searched instead)" in n
-               for n in notes), notes
 
 
 def test_megatron_layouts_with_tp_comm_overlap():

@@ -77,6 +77,9 @@ def test_expert_parallelism_with_ddp_or_zero1_is_megatrons_and_not_torchtitans()
     assert "--expert-model-parallel-size 4" in args and "--use-distributed-optimizer" in args
     assert "--moe-token-dispatcher-type alltoall" in args  # as planned; Megatron-LM's default is allgather
     assert "--expert-model-parallel-size 2" in megatron_args(replace(e, data="ddp", expert=2), 4, amp="bf16")
+    assert "--expert-tensor-parallel-size" not in args
+    split = megatron_args(replace(e, world=32, tensor=2, sequence_parallel=True), 4, amp="bf16")
+    assert "--expert-tensor-parallel-size 2" in split  # each expert split as the dense layers
     with pytest.raises(NotExpressible, match="out of DDP's replicas"):
         torchtitan_refusals(replace(e, data="ddp"), "bf16", None, "flash")
 

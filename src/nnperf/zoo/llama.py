@@ -245,19 +245,15 @@ class Llama(nn.Module):
         return self.output
 
     def tensor_parallel_plan(self) -> TensorParallelPlan:
-        """torchtitan's ``apply_tp`` for Llama (``_tensor_parallel``); none for mixture-of-experts
-        layers (torchtitan's expert tensor parallelism) or multi-head latent attention."""
+        """torchtitan's ``apply_tp`` for Llama (``_tensor_parallel``), its mixture-of-experts
+        layers split as Megatron-Core splits them (``trace.parallel.expert_tensor``); none for
+        multi-head latent attention."""
         from .mla import MultiHeadLatentAttention
 
-        if any(isinstance(m, MoE) for m in self.modules()):
-            raise UsageError("tensor parallelism of mixture-of-experts layers (torchtitan's expert tensor "
-                             "parallelism) is not modelled; lay the experts out with expert parallelism (--ep) "
-                             "and data parallelism")
         if any(isinstance(m, MultiHeadLatentAttention) for m in self.modules()):
             raise UsageError("tensor parallelism of multi-head latent attention (DeepSeek's) has no plan here; "
                              "use data, pipeline or expert parallelism")
-        return TensorParallelPlan("llama", _tensor_parallel, lambda c: {
-            "n_heads": c["n_heads"], "n_kv_heads": c["n_kv_heads"], "ffn_hidden": c["ffn_hidden"]})
+        return TensorParallelPlan("llama", _tensor_parallel, _split_sizes)
 
     def pipeline_split(self) -> PipelineSplit:
         """torchtitan's manual split: the embedding before the blocks, the norm and the output
@@ -276,9 +272,21 @@ class Llama(nn.Module):
         return x if self.skip_head else self.output(x)
 
 
+def _split_sizes(c: dict[str, Any]) -> dict[str, int]:
+    """The sizes a tensor-parallel degree must divide: heads, the feed-forward's hidden size
+    and the experts'."""
+    sizes = {"n_heads": c["n_heads"], "n_kv_heads": c["n_kv_heads"], "ffn_hidden": c["ffn_hidden"]}
+    if c.get("n_experts") and c.get("moe_hidden"):
+        sizes["moe_hidden"] = c["moe_hidden"]
+    return sizes
+
+
 def _tensor_parallel(model: nn.Module, mesh: Any, sp: bool, loss_parallel: bool) -> None:
-    """torchtitan's ``apply_tp`` for Llama."""
+    """torchtitan's ``apply_tp`` for Llama; its mixture-of-experts layers as Megatron-Core
+    splits them (``trace.parallel.expert_tensor.split_moe``)."""
     from torch.distributed.tensor.parallel import parallelize_module
+
+    from nnperf.trace.parallel.expert_tensor import split_moe
 
     Replicate, Shard, Colwise, Rowwise, SequenceParallel, *_ = styles()
     seq = Shard(1) if sp else Replicate()
@@ -286,13 +294,19 @@ def _tensor_parallel(model: nn.Module, mesh: Any, sp: bool, loss_parallel: bool)
         plan: dict[str, Any] = {
             "attention.wq": Colwise(), "attention.wk": Colwise(), "attention.wv": Colwise(),
             "attention.wo": Rowwise(output_layouts=seq),
-            "feed_forward.w1": Colwise(), "feed_forward.w2": Rowwise(output_layouts=seq),
         }
-        if isinstance(layer.feed_forward, FeedForward):  # the gate (SwiGLU's w3)
-            plan["feed_forward.w3"] = Colwise()
+        moe = getattr(layer, "moe", None)
+        if moe is None:
+            plan.update({"feed_forward.w1": Colwise(), "feed_forward.w2": Rowwise(output_layouts=seq)})
+            if isinstance(layer.feed_forward, FeedForward):  # the gate (SwiGLU's w3)
+                plan["feed_forward.w3"] = Colwise()
         if sp:
             plan.update({"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel(),
-                         "attention": gather_input(), "feed_forward": gather_input()})
+                         "attention": gather_input()})
+            if moe is None:
+                plan["feed_forward"] = gather_input()
+        if moe is not None:
+            split_moe(moe, mesh, sp)
         parallelize_module(layer, mesh, plan)
     top: dict[str, Any] = {
         "tok_embeddings": Rowwise(input_layouts=Replicate(), output_layouts=seq),

@@ -42,11 +42,12 @@ def test_virtual_stages_and_shortened_stages_the_layers_allow():
 
 def test_expert_parallelism_divides_ddp_and_zero1_replicas_as_fsdps_shard_group():
     """16 GPUs, pipeline 2: 8 data-parallel ranks. EP 4 takes DDP and ZeRO-1 (8 replicas) and
-    FSDP (a shard group of 8); no layout with tensor parallelism takes it."""
+    FSDP (a shard group of 8); with tensor parallelism (4 data-parallel ranks), only DDP and
+    ZeRO-1 take it (Megatron-Core's expert tensor parallelism; torchtitan's is not modelled)."""
     found = layouts(16, 8, 32, tensor=[1, 2], pipeline=[2], schedules=["1f1b"], expert=[1, 4])
     with_experts = [e for e in found if e.expert == 4]
     assert {e.data for e in with_experts} >= {"ddp", "zero1", "fsdp"}
-    assert all(e.tensor == 1 for e in with_experts)
+    assert {e.data for e in with_experts if e.tensor == 2} == {"ddp", "zero1"}
     assert all((e.replicate if e.replicates_parameters else e.shard) % 4 == 0 for e in with_experts)
 
 
@@ -61,8 +62,8 @@ def test_only_the_expert_degrees_asked_for():
 
 def test_an_expert_degree_no_group_can_carry_is_one_line():
     """16 GPUs over 4 stages leave 4 data-parallel ranks (DDP's replicas, FSDP's shard group):
-    --ep 8 divides none, and the line names 4 and what divides it and the 8 experts. With
-    every layout tensor-parallel, the line says expert parallelism is planned without it."""
+    --ep 8 divides none, and the line names 4 and what divides it and the 8 experts. With every
+    layout tensor-parallel and FSDP's, the line says tensor parallelism goes beside ddp or zero1."""
     common = dict(schedules=["1f1b"], kinds={"ddp", "zero1", "fsdp"}, expert_count=8)
 
     def check(gpus, batch, tp, pp, ep):
@@ -70,8 +71,10 @@ def test_an_expert_degree_no_group_can_carry_is_one_line():
 
     with pytest.raises(UsageError, match=r"--ep 8 divides none .*: 4 here; valid: 2, 4$"):
         check(16, 32, [1], [4], [8])
-    with pytest.raises(UsageError, match="--ep 2: expert parallelism is planned without tensor"):
-        check(16, 32, [2], [1], [2])
+    with pytest.raises(UsageError, match=r"--ep 2: .* tensor parallelism only beside ddp or zero1"):
+        check_expert_degrees(16, 8, 32, tensor=[2], pipeline=[1], context=[1], expert=[2],
+                             **{**common, "kinds": {"fsdp"}})
+    check(16, 32, [2], [1], [2])  # beside DDP or ZeRO-1: Megatron-Core's expert tensor parallelism
     # one degree some group divides, or 1 among them: the search goes on
     check(16, 32, [1], [4], [4, 8])
     check(16, 32, [1], [4], [1, 8])

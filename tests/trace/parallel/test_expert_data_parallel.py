@@ -188,8 +188,9 @@ def test_collectives_and_bytes_by_hand():
 def test_expert_parallelism_divides_the_data_parallel_ranks():
     with pytest.raises(UsageError, match="data-parallel ranks of 4 ranks; valid: 1, 2, 4"):
         Execution(world=8, data="ddp", pipeline=2, pipeline_schedule="1f1b", grad_accum=2, expert=3).validate()
-    with pytest.raises(UsageError, match="tensor or context"):
-        Execution(world=8, data="zero1", tensor=2, expert=2).validate()
+    Execution(world=8, data="zero1", tensor=2, sequence_parallel=True, expert=2).validate()  # expert TP
+    with pytest.raises(UsageError, match="context parallelism it is not"):
+        Execution(world=8, data="zero1", context=2, expert=2).validate()
     Execution(world=8, data="zero1", pipeline=2, pipeline_schedule="1f1b", grad_accum=2, expert=4).validate()
 
 

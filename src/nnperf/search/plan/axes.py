@@ -97,14 +97,9 @@ def axes_note(request: ModelRequest, gpus: int, asked: tuple[Any, Any], tensor: 
     to ``auto`` says so in its text, and why (an ``hf:`` model has no per-family plan)."""
     if gpus == 1 or asked != (None, None) or tensor != [1] or pipeline != [1]:
         return []
-    from nnperf.trace.parallel.expert import has_experts
-
     name = request_name(request)
     if model_info is None:
         why = NO_PLANS.format(name=name)
-    elif has_experts(model_info[0]):
-        why = (f"tensor parallelism of {name}'s mixture-of-experts layers is not modelled (expert parallelism, "
-               "--ep, is searched instead), and the automatic pipeline degrees left none for its layers")
     else:
         why = (f"for {name} nnperf has no per-family plan (trace/tensor_parallel.py, trace/pipeline.py), or "
                "no degree above 1 divides its heads, FFN and sequence within a node and no stage count its "

@@ -72,9 +72,9 @@ def layouts(gpus: int, nodes_of: int, global_batch: int, *, tensor: Iterable[int
     parallel with TP), data parallelism over the rest, and the micro-batch splits of the global
     batch; with the defaults, the data-parallel layouts only. Grouped: within a group (one
     ``shape_key``) the micro-batch shrinks, so the first that fits is the group's best. An
-    expert-parallel degree above 1 takes the FSDP/HSDP layouts whose shard group it divides
-    and the DDP/ZeRO-1 layouts whose data-parallel ranks it divides, without tensor or context
-    parallelism (``Execution._validate_expert``). ``reshard``: whether
+    expert-parallel degree above 1 takes the FSDP/HSDP layouts whose shard group it divides,
+    without tensor parallelism, and the DDP/ZeRO-1 layouts whose data-parallel ranks it divides;
+    neither with context parallelism (``Execution._validate_expert``). ``reshard``: whether
     FSDP/HSDP frees a block's gathered parameters after its forward (FSDP2's
     ``reshard_after_forward``; pipelines keep them, as torchtitan's). ``split``: the virtual
     stages of the multi-chunk schedules and an uneven first and last stage (default: 2 chunks
@@ -92,9 +92,7 @@ def layouts(gpus: int, nodes_of: int, global_batch: int, *, tensor: Iterable[int
                                     tuple(reshard), split, refuse=alone)
                 if 1 in expert:  # the degrees asked for only, as every other axis
                     out += found
-                out += [replace(e, expert=ep) for ep in expert if ep > 1 for e in found
-                        if e.tensor == e.context == 1
-                        and (e.replicate if e.replicates_parameters else e.shard) % ep == 0]
+                out += [replace(e, expert=ep) for ep in expert if ep > 1 for e in found if _carries(e, ep)]
     return out
 
 
@@ -114,13 +112,13 @@ def check_expert_degrees(gpus: int, nodes_of: int, global_batch: int, *, tensor:
     found = [e for tp in tensor for pp in pipeline for cp in context
              for e in _layouts_of(gpus, nodes_of, global_batch, tp, pp, cp, schedules, layers, (None,), (True,), split)
              if e.data_parallel == 1 or e.data in kinds]
-    carried = [e for e in found if e.tensor == e.context == 1]
+    carried = [e for e in found if _carries(e, 1)]
     asked = ",".join(map(str, expert))
     if not carried:
         if found and not (1 in tensor and 1 in context):  # else what fails is the search's to say
-            raise UsageError(f"--ep {asked}: expert parallelism is planned without tensor or context parallelism "
-                             "(Megatron-Core's expert tensor parallelism is not modelled yet); with it, ask --tp 1 "
-                             "--cp 1")
+            raise UsageError(f"--ep {asked}: expert parallelism is planned without context parallelism, and with "
+                             "tensor parallelism only beside ddp or zero1 (Megatron-LM's); ask --cp 1, and --tp 1 "
+                             "with fsdp or hsdp")
         return
     groups = sorted({e.replicate if e.replicates_parameters else e.shard for e in carried})
     if any(group % ep == 0 for group in groups for ep in expert):
@@ -130,6 +128,16 @@ def check_expert_degrees(gpus: int, nodes_of: int, global_batch: int, *, tensor:
                      f"ranks (ddp, zero1) or the shard group (fsdp, hsdp): {', '.join(map(str, groups))} here; valid: "
                      + (", ".join(map(str, valid)) if valid else "none above 1 (ask fewer tensor, pipeline or "
                         "context ranks)"))
+
+
+def _carries(execution: Execution, expert: int) -> bool:
+    """Whether ``execution`` can carry expert parallelism ``expert`` (1: some degree): no
+    context parallelism, tensor parallelism only beside DDP or ZeRO-1 (Megatron-LM's expert
+    tensor parallelism), the degree dividing the group the experts are carved out of."""
+    if execution.context > 1 or (execution.tensor > 1 and not execution.replicates_parameters):
+        return False
+    group = execution.replicate if execution.replicates_parameters else execution.shard
+    return group % expert == 0
 
 
 def _layouts_of(gpus: int, nodes_of: int, global_batch: int, tp: int, pp: int, cp: int,

@@ -122,15 +122,29 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         kinds.discard("zero1")
     wanted = set(SEARCHED_CHECKPOINTS if checkpoints is None else checkpoints)
     levels = tuple(i for i, level in enumerate(CHECKPOINTS) if level in wanted)
+    experts = 0
     if info is not None:
         from nnperf.trace.parallel.expert import has_experts
 
+        experts = has_experts(info[0])
+        if experts and min(tensor) > 1 and not kinds & {"ddp", "zero1"}:
+            raise UsageError(f"--tp {listed(tensor)} with --data {','.join(sorted(kinds))}: a mixture of experts with "
+                             "tensor parallelism is planned as Megatron-LM runs it, beside ddp or zero1; torchtitan's "
+                             "expert tensor parallelism (fsdp, hsdp) is not modelled")
         check_expert_degrees(gpus, nodes_of, global_batch, tensor=tensor, pipeline=pipeline, context=context,
-                             expert=expert, kinds=kinds, expert_count=has_experts(info[0]), layers=layers,
+                             expert=expert, kinds=kinds, expert_count=experts, layers=layers,
                              schedules=schedules, split=split)
 
     def engines(found: list[Execution]) -> list[Execution]:
-        return [_overlapped(e, tp_comm_overlap) for e in found if e.data_parallel == 1 or e.data in kinds]
+        # experts split over tensor-parallel ranks as Megatron-LM splits them, beside its data
+        # parallelism (DDP, ZeRO-1) and sequence parallelism (``trace.parallel.expert_tensor``)
+        return [_overlapped(e, tp_comm_overlap) for e in found if (e.data_parallel == 1 or e.data in kinds)
+                and not (experts and e.tensor > 1 and not e.replicates_parameters)]
+
+    def without_sequence_parallel(e: Execution) -> list[Execution]:
+        """``e`` without sequence parallelism, which a mixture of experts with tensor
+        parallelism needs."""
+        return [] if experts or e.tensor == 1 else [replace(e, sequence_parallel=False, tp_comm_overlap=False)]
 
     first = engines(layouts(gpus, nodes_of, global_batch, tensor=tensor,
                             pipeline=[1] if 1 in pipeline else pipeline[:1], schedules=schedules, layers=layers,
@@ -166,8 +180,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
             fastest = best.step_s if best else None
             # the fastest so far without sequence parallelism, evaluated beside them: the winner
             # (below) most often, whose roles are then traced already
-            plain = ([replace(best.execution, sequence_parallel=False, tp_comm_overlap=False)]
-                     if best and best.execution.tensor > 1 else [])
+            plain = without_sequence_parallel(best.execution) if best else []
             extra = _in_workers(request, options, gpu, cluster, layers,
                                 [[e for e in rest if e.data in ("fsdp", kind)] for kind in others], cache, fastest,
                                 same_work(results), levels, ahead=plain)
@@ -179,14 +192,14 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
             f"{listed(expert)} and data parallelism {', '.join(k for k in DATA_KINDS if k in kinds)}: the global batch "
             f"{global_batch} must divide over the data-parallel ranks (GPUs / (tp x pp x cp)), stages must "
             "split the layers" + (", and an expert degree above 1 must divide the data-parallel ranks (ddp, zero1) "
-                                  "or the shard group (fsdp, hsdp), without tensor or context parallelism"
+                                  "or the shard group (fsdp, hsdp, without tensor parallelism), without context "
+                                  "parallelism"
                                   if max(expert) > 1 else "")
             + "; try other degrees or --global-batch a multiple of the GPU count")
     slower = [p for p in results if p.time_bound]
     results = [p for p in results if not p.time_bound]
     ranked = sorted((p for p in results if p.fits), key=lambda p: p.step_s)
-    if ranked and ranked[0].execution.tensor > 1:  # the winner's degree without sequence parallelism
-        plain = replace(ranked[0].execution, sequence_parallel=False, tp_comm_overlap=False)
+    for plain in without_sequence_parallel(ranked[0].execution) if ranked else []:  # the winner's degree
         results.append(evaluate(request, options, plain, gpu, cluster, layers=layers, cache=cache))
         ranked = sorted((p for p in results if p.fits), key=lambda p: p.step_s)
     rejected = [p for p in results if not p.fits]

@@ -25,6 +25,7 @@ from typing import Any
 
 from torch import nn
 
+from nnperf.errors import UsageError
 from nnperf.layout import Execution
 from nnperf.trace.options import TraceOptions
 from nnperf.workload import Workload
@@ -42,6 +43,14 @@ def apply_layout(workload: Workload, execution: Execution, options: TraceOptions
 
     tp_mesh, dp_mesh, pp_mesh, ep_mesh, experts_dp_mesh = meshes
     with _rank_blocks(workload.model, execution, pp_mesh):
+        split_experts = execution.tensor > 1 and _has_experts(workload.model)
+        if split_experts and not execution.replicates_parameters:
+            raise UsageError("a mixture of experts with tensor parallelism is modelled as Megatron-LM runs it, "
+                             f"with --data ddp or zero1 ({execution.data} is torchtitan's, whose expert tensor "
+                             "parallelism is not modelled); or lay the experts out with --ep and --tp 1")
+        if split_experts and real:
+            raise UsageError("a mixture of experts with tensor parallelism is planned, not run on GPUs: its rows' "
+                             "all-gather assumes every tensor-parallel rank routes alike, as the trace does")
         if execution.tensor > 1:
             from nnperf.trace.parallel.tensor import apply_tensor_parallel, check_divisible
 
@@ -62,7 +71,7 @@ def apply_layout(workload: Workload, execution: Execution, options: TraceOptions
                 from nnperf.trace.parallel.vocab_parallel_embedding import MegatronEmbedding
 
                 step_contexts.enter_context(MegatronEmbedding())
-        if execution.expert > 1:
+        if execution.expert > 1 or split_experts:
             from nnperf.trace.parallel.expert import apply_experts
 
             apply_experts(workload.model, execution.expert, ep_mesh)
@@ -89,6 +98,12 @@ def apply_layout(workload: Workload, execution: Execution, options: TraceOptions
     apply_data_parallel(workload, parts, execution, options.amp, dp_mesh, units, real, tp_mesh,
                         experts_mesh=experts_dp_mesh, expert_mesh=ep_mesh)
     return workload
+
+
+def _has_experts(model: nn.Module) -> bool:
+    from nnperf.trace.parallel.expert import has_experts
+
+    return bool(has_experts(model))
 
 
 def _rank_blocks(model: nn.Module, execution: Execution, pp_mesh: Any) -> Any:

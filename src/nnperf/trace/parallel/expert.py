@@ -39,20 +39,28 @@ from nnperf.layout import Execution
 from nnperf.trace.assumptions import assume
 
 
-def apply_expert_parallel(model: nn.Module, mesh: Any) -> None:
-    """Shard every ``GroupedExperts`` of ``model`` over ``mesh`` (the expert group)."""
+def apply_expert_parallel(model: nn.Module, mesh: Any | None) -> None:
+    """Shard every ``GroupedExperts`` of ``model`` over ``mesh`` (the expert group; None: no
+    expert parallelism) and give it its dispatch and combine, with the all-gather and
+    reduce-scatter over the tensor-parallel group of experts split by
+    ``expert_tensor.split_moe``."""
     from torch.distributed.tensor import distribute_module
 
+    from nnperf.trace.parallel.expert_tensor import EXPERT_TENSOR_MESH
     from nnperf.zoo.moe import GroupedExperts
 
     for module in model.modules():
         if isinstance(module, GroupedExperts):
+            tensor_mesh = EXPERT_TENSOR_MESH.get(module)
+            if mesh is None and tensor_mesh is None:
+                continue
             experts = module.w1.shape[0]
-            if experts % mesh.size():
+            if mesh is not None and experts % mesh.size():
                 raise ValueError(f"{experts} experts do not divide over {mesh.size()} ranks")
-            style = _Dispatch()
-            distribute_module(module, mesh, partition_fn=_partition, input_fn=style.dispatch,
-                              output_fn=style.combine)
+            style = _Dispatch(mesh, tensor_mesh)
+            distribute_module(module, mesh if mesh is not None else tensor_mesh,
+                              partition_fn=_partition if mesh is not None else _held,
+                              input_fn=style.dispatch, output_fn=style.combine)
 
 
 def has_experts(model: nn.Module) -> int:
@@ -63,29 +71,66 @@ def has_experts(model: nn.Module) -> int:
 
 
 def _partition(name: str, module: nn.Module, mesh: Any) -> None:
-    from torch.distributed.tensor import Shard, distribute_tensor
+    """The experts' weights sharded on their expert dimension over the expert group: of each
+    rank's tensor-parallel slice where ``split_moe`` split them (that split stays local)."""
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
     for param_name, param in list(module.named_parameters(recurse=False)):
-        module.register_parameter(param_name, nn.Parameter(distribute_tensor(param, mesh, [Shard(0)])))
+        local = param.to_local() if isinstance(param, DTensor) else param
+        module.register_parameter(param_name, nn.Parameter(distribute_tensor(local.detach(), mesh, [Shard(0)])))
+
+
+def _held(name: str, module: nn.Module, mesh: Any) -> None:
+    """Without expert parallelism the split experts' weights stay as ``split_moe`` made them."""
 
 
 class _Dispatch:
-    """One ``GroupedExperts``' token dispatch and combine; keeps the splits between the two."""
+    """One ``GroupedExperts``' token dispatch and combine over the expert group (``expert``,
+    None without expert parallelism) and the tensor-parallel group of split experts
+    (``tensor``, None without); keeps the splits between the two."""
 
-    def __init__(self) -> None:
+    def __init__(self, expert: Any | None, tensor: Any | None) -> None:
+        self.expert, self.tensor = expert, tensor
         self.send: list[int] = []
         self.receive: list[int] = []
         self.order: Tensor | None = None
         self.rows = 0
 
     def dispatch(self, module: nn.Module, inputs: tuple, mesh: Any) -> tuple[Tensor, Tensor]:
+        from nnperf.trace.parallel.expert_tensor import gather_rows
+
+        routed, per_expert = inputs
+        if self.expert is not None:
+            routed, grid = self._all_to_all(routed, per_expert)
+        else:  # the rows stay: how many each expert got, read on the host for the regrouping
+            local = per_expert.shape[0]
+            counts = (_even_splits(routed.shape[0], 1, local)[2:] if _valueless(per_expert)
+                      else _read_on_host(per_expert))
+            grid = [counts]
+        if self.tensor is not None:
+            # every tensor-parallel peer received rows as this rank did (the routing assumed
+            # alike on every rank): source-major over (peer, expert-group source)
+            routed = gather_rows(routed, self.tensor)
+            grid = grid * self.tensor.size()
+        local = len(grid[0])
+        # received rows: source rank major, local expert minor; the experts want expert major
+        self.rows = routed.shape[0]
+        with torch.no_grad():
+            self.order = _expert_major(grid, routed.device)
+        per_local = torch.tensor([sum(row[e] for row in grid) for e in range(local)], dtype=per_expert.dtype,
+                                 device=per_expert.device)
+        return routed[self.order], per_local
+
+    def _all_to_all(self, routed: Tensor, per_expert: Tensor) -> tuple[Tensor, list[list[int]]]:
+        """The rows to their experts' ranks (the counts first, read on the host), and how many
+        rows of each local expert came from each rank."""
         from torch.distributed._functional_collectives import (
             all_to_all_single,
             all_to_all_single_autograd,
             wait_tensor,
         )
 
-        routed, per_expert = inputs
+        mesh = self.expert
         ep, group = mesh.size(), mesh.get_group()
         local = per_expert.shape[0] // ep
         with torch.no_grad():
@@ -100,14 +145,7 @@ class _Dispatch:
                                                   counts.reshape(-1)]))
         self.send, self.receive = splits[:ep], splits[ep:2 * ep]
         grid = [splits[2 * ep + s * local:2 * ep + (s + 1) * local] for s in range(ep)]
-        routed = wait_tensor(all_to_all_single_autograd(routed, self.receive, self.send, group))
-        # received rows: source rank major, local expert minor; the experts want expert major
-        self.rows = routed.shape[0]
-        with torch.no_grad():
-            self.order = _expert_major(grid, routed.device)
-        per_local = torch.tensor([sum(row[e] for row in grid) for e in range(local)], dtype=per_expert.dtype,
-                                 device=per_expert.device)
-        return routed[self.order], per_local
+        return wait_tensor(all_to_all_single_autograd(routed, self.receive, self.send, group)), grid
 
     def combine(self, module: nn.Module, output: Tensor, mesh: Any) -> Tensor:
         from torch.distributed._functional_collectives import (
@@ -115,9 +153,15 @@ class _Dispatch:
             wait_tensor,
         )
 
+        from nnperf.trace.parallel.expert_tensor import reduce_scatter_rows
+
         restored = output.new_empty((self.rows, *output.shape[1:]))
         restored = restored.index_put((self.order,), output)
-        return wait_tensor(all_to_all_single_autograd(restored, self.send, self.receive, mesh.get_group()))
+        if self.tensor is not None:
+            restored = reduce_scatter_rows(restored, self.tensor)
+        if self.expert is None:
+            return restored
+        return wait_tensor(all_to_all_single_autograd(restored, self.send, self.receive, self.expert.get_group()))
 
 
 @contextlib.contextmanager
@@ -202,16 +246,18 @@ def _assume_symmetric(received: Tensor, sent: Tensor, ep: int, rank: int) -> Ten
     return received
 
 
-def apply_experts(model: nn.Module, expert: int, mesh: Any) -> None:
+def apply_experts(model: nn.Module, expert: int, mesh: Any | None) -> None:
+    """Expert parallelism ``expert`` over ``mesh`` (the expert group; 1 and None: none, the
+    dispatch of experts split over the tensor-parallel group only)."""
     experts = has_experts(model)
-    if not experts:
+    if expert > 1 and not experts:
         raise UsageError(f"expert parallelism ({expert}) needs a mixture-of-experts model; this one has no "
                          "experts (zoo: mixtral-8x7b, or llama-7b -O n_experts=N)")
-    if experts % expert:
+    if expert > 1 and experts % expert:
         valid = [d for d in range(1, experts + 1) if experts % d == 0]
         raise UsageError(f"{experts} experts do not divide over expert parallelism {expert}; "
                          f"valid: {', '.join(map(str, valid))}")
-    apply_expert_parallel(model, mesh)
+    apply_expert_parallel(model, mesh if expert > 1 else None)
 
 
 def shard_experts(model: nn.Module, mesh: Any, execution: Execution, amp: str | None) -> None:

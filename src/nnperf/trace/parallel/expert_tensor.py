@@ -1,0 +1,99 @@
+"""Tensor parallelism of mixture-of-experts layers as Megatron-Core runs it (its
+``MoEAlltoAllTokenDispatcher`` with the experts' tensor-parallel size that of the dense layers,
+the default before ``--expert-tensor-parallel-size``):
+
+- Megatron-Core requires sequence parallelism with MoE and tensor parallelism: each rank routes
+  its own sequence shard of tokens (the layer's input as the norm left it, no all-gather); the
+  router's weight is the same on every tensor-parallel rank, its gradient all-reduced over them
+  (a sequence-parallel parameter);
+- every expert's feed-forward is split as a dense one is: ``w1``/``w3`` by output columns,
+  ``w2`` by input rows, each rank holding ``hidden / tp`` of every expert it holds;
+- dispatch: the routed rows go to their experts' rank (the all-to-all over the expert group,
+  ``trace.parallel.expert``), then an all-gather over the tensor-parallel group gives each rank
+  every row its tensor-parallel peers received, regrouped by local expert; combine: the
+  experts' partial outputs reduce-scattered over the tensor-parallel group, then the reverse
+  all-to-all (the dispatcher's "permute, A2A(EP), AG(TP), sort" and "sort, RS(TP), A2A(EP),
+  unpermute").
+
+torchtitan's expert tensor parallelism differs (each rank routes the whole gathered sequence),
+and is not modelled: its layouts (FSDP2) refuse a mixture of experts with tensor parallelism.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+from torch import nn
+
+from nnperf.errors import UsageError
+from nnperf.trace.parallel.tensor import shard_start, styles
+
+#: The tensor-parallel mesh of each ``GroupedExperts`` split by ``split_moe`` (its dispatch
+#: gathers and reduce-scatters the rows over it: ``trace.parallel.expert``).
+EXPERT_TENSOR_MESH: weakref.WeakKeyDictionary[nn.Module, Any] = weakref.WeakKeyDictionary()
+
+
+def split_moe(moe: nn.Module, mesh: Any, sequence_parallel: bool) -> None:
+    """Split one ``zoo.moe.MoE`` over the tensor-parallel ``mesh`` (module docstring)."""
+    from torch.distributed.tensor import (
+        DTensor,
+        Replicate,
+        Shard,
+        distribute_module,
+        distribute_tensor,
+    )
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    if not sequence_parallel:
+        raise UsageError("a mixture of experts with tensor parallelism needs sequence parallelism, as "
+                         "Megatron-Core requires (--sequence-parallel): each rank routes its sequence shard")
+    if moe.shared_expert is not None:
+        raise UsageError("shared experts with tensor parallelism are not modelled; use --tp 1 with expert "
+                         "parallelism (--ep)")
+    experts = moe.experts
+    hidden = experts.w1.shape[1]
+    if hidden % mesh.size():
+        raise UsageError(f"tensor parallel degree {mesh.size()} does not divide the experts' hidden size "
+                         f"{hidden}")
+    # each rank's slice of every expert's hidden dimension, held as the DTensor it is (the
+    # optimizer's foreach steps take no mix of DTensors and plain tensors); expert parallelism
+    # then shards its local slice over the expert group (``trace.parallel.expert``)
+    width, start = hidden // mesh.size(), shard_start(hidden, mesh)
+    for name, dim in (("w1", 1), ("w3", 1), ("w2", 2)):
+        local = getattr(experts, name).detach().narrow(dim, start, width).clone()
+        experts.register_parameter(name, nn.Parameter(DTensor.from_local(local, mesh, [Shard(dim)], run_check=False)))
+    EXPERT_TENSOR_MESH[experts] = mesh
+
+    def replicate(name: str, module: nn.Module, mesh_: Any) -> None:
+        for key, param in list(module.named_parameters(recurse=False)):
+            module.register_parameter(key, nn.Parameter(distribute_tensor(param, mesh_, [Replicate()])))
+
+    # the router over this rank's tokens: its weight's gradient is Partial, all-reduced
+    distribute_module(moe.gate, mesh, replicate,
+                      input_fn=lambda m, inputs, mesh_: tuple(
+                          DTensor.from_local(x, mesh_, [Shard(0)], run_check=False) for x in inputs),
+                      output_fn=lambda m, output, mesh_: output.to_local())
+    # the layer takes the norm's sequence shard as a local tensor and returns its own rows, as
+    # the row-parallel linears of the blocks return theirs
+    _, Shard_, _, _, _, PrepareModuleInput, _ = styles()
+    parallelize_module(moe, mesh, PrepareModuleInput(input_layouts=(Shard_(1),), desired_input_layouts=(Shard_(1),),
+                                                     use_local_output=True))
+
+
+def gather_rows(rows: torch.Tensor, mesh: Any) -> torch.Tensor:
+    """Every tensor-parallel peer's rows, rank-major (its backward: the reduce-scatter)."""
+    from torch.distributed import _functional_collectives as fc
+
+    gather = getattr(fc, "all_gather_single_autograd", None) or fc.all_gather_tensor_autograd  # renamed in 2.13
+    return fc.wait_tensor(gather(rows, gather_dim=0, group=mesh.get_group()))
+
+
+def reduce_scatter_rows(rows: torch.Tensor, mesh: Any) -> torch.Tensor:
+    """The experts' partial outputs summed over the tensor-parallel peers, each keeping its own
+    rows (its backward: the all-gather)."""
+    from torch.distributed import _functional_collectives as fc
+
+    scatter = getattr(fc, "reduce_scatter_single_autograd", None) or fc.reduce_scatter_tensor_autograd
+    return fc.wait_tensor(scatter(rows, "sum", scatter_dim=0, group=mesh.get_group()))

@@ -1,0 +1,152 @@
+"""Megatron-Core's tensor parallelism of a mixture-of-experts layer (``trace.parallel.expert_tensor``):
+run for real on 2 gloo ranks (each the sequence shard of one tensor-parallel rank) against the
+same layer run whole on one process, its collectives against a traced rank's, and a traced
+Megatron-LM layout (ZeRO-1 x TP 2 x EP 2) counted by hand.
+
+The real run's tokens are built so that the router picks exactly the experts the trace assumes
+(``trace.routing.assigned_experts``), and both sequence shards alike: every rank then receives
+as many rows per expert as the trace assumes, which its all-gather of rows needs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gloo_ranks import SeenCollectives, run_ranks
+
+from nnperf.errors import UsageError
+from nnperf.layout import Execution
+from nnperf.search.plan import prepare_for
+from nnperf.trace.distributed import trace_rank
+from nnperf.trace.options import TraceOptions
+from nnperf.trace.routing import assigned_experts
+from nnperf.zoo.llama import build
+from nnperf.zoo.moe import MoE
+
+pytestmark = pytest.mark.process
+
+TP = 2
+DIM, HIDDEN, EXPERTS, TOP_K, SHARD_TOKENS = 16, 32, 8, 2, 6
+
+
+def _model() -> MoE:
+    torch.manual_seed(0)
+    model = MoE(DIM, HIDDEN, EXPERTS, TOP_K)
+    with torch.no_grad():  # gate row e reads input feature e: a token's large features pick its experts
+        model.gate.weight.copy_(torch.eye(EXPERTS, DIM))
+    return model
+
+
+def _tokens() -> torch.Tensor:
+    """Two sequence shards of the same tokens, each routed as the trace assumes."""
+    torch.manual_seed(1)
+    shard = 0.01 * torch.randn(1, SHARD_TOKENS, DIM)
+    for t, experts in enumerate(assigned_experts(SHARD_TOKENS, TOP_K, [1 / EXPERTS] * EXPERTS)):
+        for slot, e in enumerate(experts):
+            shard[0, t, e] = 10.0 - slot
+    return torch.cat([shard, shard * 1.5], dim=1)  # the same experts, other values
+
+
+def _worker(rank: int) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    from nnperf.trace.parallel.expert import apply_experts
+    from nnperf.trace.parallel.expert_tensor import split_moe
+
+    mesh = init_device_mesh("cpu", (TP,), mesh_dim_names=("tensor",))
+    model, whole = _model(), _model()
+    split_moe(model, mesh, sequence_parallel=True)
+    apply_experts(model, 1, None)
+    x = _tokens()
+    mine = x.chunk(TP, dim=1)[rank]
+    seen = SeenCollectives(functional=True)
+    with seen:
+        out = model(DTensor.from_local(mine, mesh, [Shard(1)], run_check=False))
+        output = out.detach().clone()
+        out.sum().backward()
+    reference = whole(x)
+    reference.sum().backward()
+    width = HIDDEN // TP
+    slices = {"w1": (1, rank * width), "w3": (1, rank * width), "w2": (2, rank * width)}
+    gate_placement = str(model.gate.weight.grad.placements[0])
+    grad_error = {"gate": float((model.gate.weight.grad.full_tensor() - whole.gate.weight.grad).abs().max()
+                                / whole.gate.weight.grad.abs().max())}
+    for name, (dim, start) in slices.items():
+        expected = getattr(whole.experts, name).grad.narrow(dim, start, width)
+        got = getattr(model.experts, name).grad.to_local()
+        grad_error[name] = float((got - expected).abs().max() / expected.abs().max())
+    expected_out = reference.detach().chunk(TP, dim=1)[rank]
+    return {"output_error": float((output - expected_out).abs().max() / expected_out.abs().max()),
+            "grad_error": grad_error, "collectives": seen.seen, "gate_placement": gate_placement,
+            "expert_shape": tuple(model.experts.w1.to_local().shape)}
+
+
+@pytest.fixture(scope="module")
+def real_runs():
+    return run_ranks(_worker, TP, timeout_s=240)
+
+
+def test_split_layer_computes_what_the_whole_layer_does(real_runs):
+    for result in real_runs.values():
+        # the experts' GEMMs run in bf16: the two halves' partial outputs are each rounded to
+        # bf16 before their sum, as Megatron-Core's are before its reduce-scatter (bf16's
+        # relative step is 2^-8); the experts' own gradients are exact
+        assert result["output_error"] < 2 ** -7
+        assert result["grad_error"]["gate"] < 2 ** -7
+        assert max(result["grad_error"][w] for w in ("w1", "w2", "w3")) < 1e-6, result["grad_error"]
+        assert result["expert_shape"] == (EXPERTS, HIDDEN // TP, DIM)
+
+
+def test_collectives_by_hand(real_runs):
+    """Forward: the rows all-gathered from both ranks, the partial outputs reduce-scattered
+    back (tokens x k rows of DIM fp32 per rank); backward: the reverse of each. The router saw
+    only this rank's tokens: its gradient is a partial sum, reduced over the tensor-parallel
+    ranks where the other sequence-parallel weights' are (a traced layout's step, below)."""
+    rows = SHARD_TOKENS * TOP_K * DIM * 4
+    assert real_runs[0]["collectives"] == [("all_gather", 2 * rows), ("reduce_scatter", 2 * rows),
+                                           ("all_gather", 2 * rows), ("reduce_scatter", 2 * rows)]
+    assert real_runs[0]["gate_placement"] == "P(sum)"  # Partial(sum)
+
+
+TINY = {"n_layer": 2, "dim": 64, "n_heads": 4, "n_kv_heads": 4, "ffn_hidden": 128, "vocab": 128,
+        "n_experts": 4, "top_k": 2, "moe_hidden": 96}
+SEQ = 32
+
+
+def _traced(execution: Execution):
+    return trace_rank(lambda: build(1, SEQ, **TINY), TraceOptions(optimizer="adamw", dtype="bf16"), execution,
+                      lambda model: ["layers.0", "layers.1"], prepare=prepare_for(execution))
+
+
+def test_megatron_layout_by_hand():
+    """ZeRO-1 over 4 ranks as 2 expert-parallel x 2 tensor-parallel: per MoE layer and pass, the
+    rows (16 tokens of this sequence shard x 2 experts each, 64 bf16 features) go to their
+    experts' rank over the expert group (ranks 0 and 2), are gathered from both tensor-parallel
+    ranks (0 and 1) and come back the same way; each rank holds 2 of the 4 experts, 48 of
+    their 96 hidden features."""
+    execution = Execution(world=4, data="zero1", tensor=2, sequence_parallel=True, expert=2)
+    traced = _traced(execution)
+    rows = SEQ // 2 * 2 * 64 * 2
+    forward = [(c.kind, c.bytes, c.group_ranks) for c in traced.collectives
+               if c.phase == "forward" and c.kind in ("all_to_all", "all_gather", "reduce_scatter")
+               and c.bytes in (rows, 2 * rows)]
+    per_layer = [("all_to_all", rows, (0, 2)), ("all_gather", 2 * rows, (0, 1)),
+                 ("reduce_scatter", 2 * rows, (0, 1)), ("all_to_all", rows, (0, 2))]
+    moe_forward = [c for c in forward if c[2] == (0, 2) or c[1] == 2 * rows]
+    assert moe_forward == per_layer * 2
+    experts = [_local(p) for name, p in traced.workload.model.named_parameters() if ".experts." in name]
+    assert {tuple(p.shape) for p in experts} == {(2, 48, 64), (2, 64, 48)}
+    assert sum(p.numel() * p.element_size() for p in experts) == 2 * 3 * 2 * 48 * 64 * 2  # 2 layers, bf16
+
+
+def _local(t):
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def test_refusals():
+    with pytest.raises(UsageError, match="ddp or zero1"):
+        Execution(world=4, data="fsdp", shard=2, tensor=2, sequence_parallel=True, expert=2).validate()
+    with pytest.raises(UsageError, match="needs sequence parallelism"):
+        _traced(Execution(world=4, data="zero1", tensor=2, sequence_parallel=False))
+    with pytest.raises(UsageError, match="torchtitan's"):
+        _traced(Execution(world=4, data="fsdp", shard=2, tensor=2, sequence_parallel=True))
