@@ -11,12 +11,12 @@ from __future__ import annotations
 import pytest
 import torch
 from gloo_ranks import SeenCollectives, run_ranks
+from moe_cases import assumed_tokens, steered_moe
 
 from nnperf.errors import UsageError
 from nnperf.layout import Execution
 from nnperf.trace.distributed import sharded_bytes, trace_rank
 from nnperf.trace.options import TraceOptions
-from nnperf.trace.routing import assigned_experts
 from nnperf.workload import Workload
 from nnperf.zoo.moe import MoE
 
@@ -27,21 +27,11 @@ DIM, HIDDEN, EXPERTS, TOP_K, TOKENS = 16, 24, 8, 2, 12
 EXECUTION = Execution(world=WORLD, data="fsdp", shard=WORLD, expert=EP)
 
 def _model() -> MoE:
-    torch.manual_seed(0)
-    model = MoE(DIM, HIDDEN, EXPERTS, TOP_K)
-    with torch.no_grad():  # gate row e reads input feature e: a token's large features pick its experts
-        model.gate.weight.copy_(torch.eye(EXPERTS, DIM))
-    return model
+    return steered_moe(DIM, HIDDEN, EXPERTS, TOP_K)
 
 
 def _tokens() -> torch.Tensor:
-    """Tokens whose top-k experts are the trace's assumed ones, in the assumed order."""
-    torch.manual_seed(1)
-    x = 0.01 * torch.randn(1, TOKENS, DIM)
-    for t, experts in enumerate(assigned_experts(TOKENS, TOP_K, [1 / EXPERTS] * EXPERTS)):
-        for slot, e in enumerate(experts):
-            x[0, t, e] = 10.0 - slot
-    return x
+    return assumed_tokens(TOKENS, DIM, EXPERTS, TOP_K)
 
 
 def _worker(rank: int) -> dict:

@@ -12,13 +12,13 @@ from __future__ import annotations
 import pytest
 import torch
 from gloo_ranks import SeenCollectives, run_ranks
+from moe_cases import assumed_tokens, steered_moe
 
 from nnperf.errors import UsageError
 from nnperf.layout import Execution
 from nnperf.search.plan import prepare_for
 from nnperf.trace.distributed import trace_rank
 from nnperf.trace.options import TraceOptions
-from nnperf.trace.routing import assigned_experts
 from nnperf.zoo.llama import build
 from nnperf.zoo.moe import MoE
 
@@ -29,20 +29,12 @@ DIM, HIDDEN, EXPERTS, TOP_K, SHARD_TOKENS = 16, 32, 8, 2, 6
 
 
 def _model() -> MoE:
-    torch.manual_seed(0)
-    model = MoE(DIM, HIDDEN, EXPERTS, TOP_K)
-    with torch.no_grad():  # gate row e reads input feature e: a token's large features pick its experts
-        model.gate.weight.copy_(torch.eye(EXPERTS, DIM))
-    return model
+    return steered_moe(DIM, HIDDEN, EXPERTS, TOP_K)
 
 
 def _tokens() -> torch.Tensor:
     """Two sequence shards of the same tokens, each routed as the trace assumes."""
-    torch.manual_seed(1)
-    shard = 0.01 * torch.randn(1, SHARD_TOKENS, DIM)
-    for t, experts in enumerate(assigned_experts(SHARD_TOKENS, TOP_K, [1 / EXPERTS] * EXPERTS)):
-        for slot, e in enumerate(experts):
-            shard[0, t, e] = 10.0 - slot
+    shard = assumed_tokens(SHARD_TOKENS, DIM, EXPERTS, TOP_K)
     return torch.cat([shard, shard * 1.5], dim=1)  # the same experts, other values
 
 
