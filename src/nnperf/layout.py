@@ -325,10 +325,23 @@ class Execution:
                              f"with ddp or zero1 ({self.data}: torchtitan's expert tensor parallelism is not)")
         group, what = ((self.replicate, "data-parallel ranks") if self.replicates_parameters
                        else (self.shard, "shard group"))
-        if group % self.expert:
+        if group % self.expert and not self.folds_experts:
             divisors = [d for d in range(1, group + 1) if group % d == 0]
             raise UsageError(f"expert parallelism {self.expert} does not divide the {what} of {group} "
                              f"ranks; valid: {', '.join(map(str, divisors))}")
+
+    @property
+    def folds_experts(self) -> bool:
+        """Megatron-Core's MoE parallel folding: an expert group larger than the data-parallel
+        ranks take, spanning the tensor-parallel ranks too (expert tensor parallelism 1: each
+        expert whole on one rank; Qwen3 235B's EP 32 over TP 2 x DP 16). Only where the expert
+        degree does not divide the data-parallel ranks: there Megatron-Core's default, the
+        experts split as the dense layers are, is what runs (``trace.parallel.expert_tensor``)."""
+        if not (self.tensor > 1 and self.expert > 1 and self.replicates_parameters):
+            return False
+        if self.replicate % self.expert == 0:
+            return False
+        return self.expert % self.tensor == 0 and self.replicate % (self.expert // self.tensor) == 0
 
     @property
     def expert_carved_from(self) -> str:
@@ -371,9 +384,11 @@ class Execution:
         a tensor-parallel group is consecutive ranks, inside a node)."""
         sizes = {"replicate": self.replicate, "shard": self.shard}
         dims: list[tuple[str, int]] = []
+        # folded, the expert group is the data-parallel part of it beside the tensor-parallel ranks
+        carved = self.expert // self.tensor if self.folds_experts else self.expert
         for name in self.engine.mesh:
             if name == self.expert_carved_from and self.expert > 1:
-                dims += [(f"{name}_mod_expert", sizes[name] // self.expert), ("expert", self.expert)]
+                dims += [(f"{name}_mod_expert", sizes[name] // carved), ("expert", carved)]
             else:
                 dims.append((name, sizes[name]))
         return [("pipeline", self.pipeline), *dims, ("tensor", self.tensor)]

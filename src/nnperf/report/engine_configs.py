@@ -269,8 +269,9 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
     if e.expert > 1:  # carved out of the data-parallel ranks, the experts' gradients reduced over the rest;
         # tokens sent to their experts by all-to-all, as planned (Megatron-LM's default is allgather)
         args += [f"--expert-model-parallel-size {e.expert}", "--moe-token-dispatcher-type alltoall"]
-        if e.tensor > 1:  # each expert split as the dense layers are (Megatron-Core's default, said)
-            args.append(f"--expert-tensor-parallel-size {e.tensor}")
+        if e.tensor > 1:  # each expert split as the dense layers are (Megatron-Core's default, said),
+            # or whole where the expert group folds over the tensor-parallel ranks
+            args.append(f"--expert-tensor-parallel-size {1 if e.folds_experts else e.tensor}")
     if e.pipeline > 1 and (e.virtual_stages > 1 or e.uneven):
         if not layers:
             raise NotExpressible("the pipeline's split needs the layer count")

@@ -78,7 +78,9 @@ def trace_rank(
     step_contexts = contextlib.ExitStack()
     with engines_on_fake_tensors(world["memo"]), one_rank_chunks():
         # The mesh is made on real tensors (it reads its rank table), before the fake mode.
-        shape = tuple(execution.mesh_shape())
+        # the meshes of one shape, and the expert group they make (folded over the
+        # tensor-parallel ranks or not: ``Execution.folds_experts``)
+        shape = (*execution.mesh_shape(), ("folded experts", execution.folds_experts))
         if shape not in world["meshes"]:
             world["meshes"][shape] = build_meshes(execution)
 

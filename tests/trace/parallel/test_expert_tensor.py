@@ -16,6 +16,7 @@ from moe_cases import assumed_tokens, steered_moe
 
 from nnperf.errors import UsageError
 from nnperf.layout import Execution
+from nnperf.report.engine_configs import megatron_args
 from nnperf.search.plan import prepare_for
 from nnperf.trace.distributed import trace_rank
 from nnperf.trace.options import TraceOptions
@@ -142,3 +143,22 @@ def test_refusals():
         _traced(Execution(world=4, data="zero1", tensor=2, sequence_parallel=False))
     with pytest.raises(UsageError, match="torchtitan's"):
         _traced(Execution(world=4, data="fsdp", shard=2, tensor=2, sequence_parallel=True))
+
+
+def test_folded_expert_group_by_hand():
+    """ZeRO-1 over 4 ranks as TP 2 x 2 data-parallel ranks with EP 4: 4 does not divide the 2
+    data-parallel ranks, so the expert group folds over the tensor-parallel ones (Megatron-Core's
+    MoE parallel folding, expert tensor parallelism 1): one whole expert (96 hidden) per rank, the
+    rows of this rank's sequence shard (16 tokens x 2 experts of 64 bf16 features) sent over all
+    4 ranks by the all-to-all alone, no all-gather or reduce-scatter of rows."""
+    execution = Execution(world=4, data="zero1", tensor=2, sequence_parallel=True, expert=4)
+    assert execution.folds_experts
+    traced = _traced(execution)
+    rows = SEQ // 2 * 2 * 64 * 2
+    moe = [(c.phase, c.kind, c.bytes) for c in traced.collectives if c.group_ranks == (0, 1, 2, 3)
+           and c.kind == "all_to_all" and c.bytes == rows]
+    assert moe == [("forward", "all_to_all", rows)] * 4 + [("backward", "all_to_all", rows)] * 4
+    assert not [c for c in traced.collectives if c.kind in ("all_gather", "reduce_scatter") and c.bytes == 2 * rows]
+    experts = [_local(p) for name, p in traced.workload.model.named_parameters() if ".experts." in name]
+    assert {tuple(p.shape) for p in experts} == {(1, 96, 64), (1, 64, 96)}
+    assert "--expert-tensor-parallel-size 1" in megatron_args(execution, 2, amp=None, dtype="bf16")

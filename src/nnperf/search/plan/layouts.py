@@ -120,9 +120,9 @@ def check_expert_degrees(gpus: int, nodes_of: int, global_batch: int, *, tensor:
                              "tensor parallelism only beside ddp or zero1 (Megatron-LM's); ask --cp 1, and --tp 1 "
                              "with fsdp or hsdp")
         return
-    groups = sorted({e.replicate if e.replicates_parameters else e.shard for e in carried})
-    if any(group % ep == 0 for group in groups for ep in expert):
+    if any(_carries(e, ep) for e in carried for ep in expert):
         return
+    groups = sorted({e.replicate if e.replicates_parameters else e.shard for e in carried})
     valid = sorted({d for g in groups for d in range(2, g + 1) if g % d == 0 and expert_count % d == 0})
     raise UsageError(f"--ep {asked} divides none of the groups the experts can spread over, the data-parallel "
                      f"ranks (ddp, zero1) or the shard group (fsdp, hsdp): {', '.join(map(str, groups))} here; valid: "
@@ -133,11 +133,16 @@ def check_expert_degrees(gpus: int, nodes_of: int, global_batch: int, *, tensor:
 def _carries(execution: Execution, expert: int) -> bool:
     """Whether ``execution`` can carry expert parallelism ``expert`` (1: some degree): no
     context parallelism, tensor parallelism only beside DDP or ZeRO-1 (Megatron-LM's expert
-    tensor parallelism), the degree dividing the group the experts are carved out of."""
+    tensor parallelism), the degree dividing the group the experts are carved out of, or
+    beside tensor parallelism a multiple of its degree that folds over it
+    (``Execution.folds_experts``)."""
     if execution.context > 1 or (execution.tensor > 1 and not execution.replicates_parameters):
         return False
     group = execution.replicate if execution.replicates_parameters else execution.shard
-    return group % expert == 0
+    if group % expert == 0:
+        return True
+    tp = execution.tensor
+    return tp > 1 and expert % tp == 0 and group % (expert // tp) == 0
 
 
 def _layouts_of(gpus: int, nodes_of: int, global_batch: int, tp: int, pp: int, cp: int,

@@ -51,6 +51,10 @@ def apply_layout(workload: Workload, execution: Execution, options: TraceOptions
         if split_experts and real:
             raise UsageError("a mixture of experts with tensor parallelism is planned, not run on GPUs: its rows' "
                              "all-gather assumes every tensor-parallel rank routes alike, as the trace does")
+        if split_experts and execution.folds_experts:
+            from nnperf.trace.parallel.expert_tensor import keep_experts_whole
+
+            keep_experts_whole(workload.model)
         if execution.tensor > 1:
             from nnperf.trace.parallel.tensor import apply_tensor_parallel, check_divisible
 
@@ -136,7 +140,9 @@ def build_meshes(execution: Execution, device_type: str = "cpu") -> tuple[Any, A
     carved = execution.expert_carved_from
     if execution.expert > 1:
         mesh[f"{carved}_mod_expert", "expert"]._flatten(carved)
-        expert_mesh = mesh["expert"]
+        # folded (Megatron-Core's MoE parallel folding), the expert group spans the
+        # tensor-parallel ranks too
+        expert_mesh = mesh["expert", "tensor"]._flatten("expert_tensor") if execution.folds_experts else mesh["expert"]
         experts_data = mesh[("replicate", "shard_mod_expert") if execution.data == "hsdp" else f"{carved}_mod_expert"]
     data = ("replicate", "shard") if execution.data == "hsdp" else (carved if execution.expert > 1 else names[1:2])
     with warnings.catch_warnings():

@@ -15,6 +15,12 @@ the default before ``--expert-tensor-parallel-size``):
   all-to-all (the dispatcher's "permute, A2A(EP), AG(TP), sort" and "sort, RS(TP), A2A(EP),
   unpermute").
 
+Where the expert degree does not divide the data-parallel ranks but folds over the
+tensor-parallel ones (``Execution.folds_experts``: Megatron-Core's MoE parallel folding with an
+expert tensor-parallel size of 1, as Qwen3 235B's EP 32 beside TP 2 and 16 data-parallel ranks),
+each expert stays whole and the expert group spans the tensor-parallel ranks: the rows travel by
+the all-to-all alone (``keep_experts_whole``).
+
 torchtitan's expert tensor parallelism differs (each rank routes the whole gathered sequence),
 and is not modelled: its layouts (FSDP2) refuse a mixture of experts with tensor parallelism.
 """
@@ -33,6 +39,20 @@ from nnperf.trace.parallel.tensor import shard_start, styles
 #: The tensor-parallel mesh of each ``GroupedExperts`` split by ``split_moe`` (its dispatch
 #: gathers and reduce-scatters the rows over it: ``trace.parallel.expert``).
 EXPERT_TENSOR_MESH: weakref.WeakKeyDictionary[nn.Module, Any] = weakref.WeakKeyDictionary()
+#: ``GroupedExperts`` that ``split_moe`` leaves whole: MoE parallel folding, where the expert
+#: group spans the tensor-parallel ranks (``Execution.folds_experts``).
+WHOLE_EXPERTS: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+
+
+def keep_experts_whole(model: nn.Module) -> None:
+    """Megatron-Core's MoE parallel folding (expert tensor parallelism 1): ``split_moe`` keeps
+    every expert of ``model`` whole, for expert parallelism to place each on one rank of an
+    expert group that spans the tensor-parallel ranks; each rank still routes its sequence shard."""
+    from nnperf.zoo.moe import GroupedExperts
+
+    for module in model.modules():
+        if isinstance(module, GroupedExperts):
+            WHOLE_EXPERTS.add(module)
 
 
 def split_moe(moe: nn.Module, mesh: Any, sequence_parallel: bool) -> None:
@@ -54,17 +74,24 @@ def split_moe(moe: nn.Module, mesh: Any, sequence_parallel: bool) -> None:
                          "parallelism (--ep)")
     experts = moe.experts
     hidden = experts.w1.shape[1]
-    if hidden % mesh.size():
+    if experts in WHOLE_EXPERTS:  # as DTensors (the optimizer's foreach steps), replicated here
+        for name in ("w1", "w3", "w2"):
+            local = getattr(experts, name).detach()
+            experts.register_parameter(name, nn.Parameter(DTensor.from_local(local, mesh, [Replicate()],
+                                                                             run_check=False)))
+    elif hidden % mesh.size():
         raise UsageError(f"tensor parallel degree {mesh.size()} does not divide the experts' hidden size "
                          f"{hidden}")
-    # each rank's slice of every expert's hidden dimension, held as the DTensor it is (the
-    # optimizer's foreach steps take no mix of DTensors and plain tensors); expert parallelism
-    # then shards its local slice over the expert group (``trace.parallel.expert``)
-    width, start = hidden // mesh.size(), shard_start(hidden, mesh)
-    for name, dim in (("w1", 1), ("w3", 1), ("w2", 2)):
-        local = getattr(experts, name).detach().narrow(dim, start, width).clone()
-        experts.register_parameter(name, nn.Parameter(DTensor.from_local(local, mesh, [Shard(dim)], run_check=False)))
-    EXPERT_TENSOR_MESH[experts] = mesh
+    else:
+        # each rank's slice of every expert's hidden dimension, held as the DTensor it is (the
+        # optimizer's foreach steps take no mix of DTensors and plain tensors); expert
+        # parallelism then shards its local slice over the expert group (``trace.parallel.expert``)
+        width, start = hidden // mesh.size(), shard_start(hidden, mesh)
+        for name, dim in (("w1", 1), ("w3", 1), ("w2", 2)):
+            local = getattr(experts, name).detach().narrow(dim, start, width).clone()
+            experts.register_parameter(name, nn.Parameter(DTensor.from_local(local, mesh, [Shard(dim)],
+                                                                             run_check=False)))
+        EXPERT_TENSOR_MESH[experts] = mesh
 
     def replicate(name: str, module: nn.Module, mesh_: Any) -> None:
         for key, param in list(module.named_parameters(recurse=False)):
