@@ -39,6 +39,7 @@ DEFAULTS: dict[str, Any] = {
     "dim": 4096,
     "n_heads": 32,
     "n_kv_heads": 32,
+    "head_dim": 0,
     "ffn_hidden": 11008,
     "vocab": 32000,
     "n_experts": 0,
@@ -73,6 +74,7 @@ OPTIONS = {
     "dim": "hidden size",
     "n_heads": "query heads",
     "n_kv_heads": "key/value heads (fewer than n_heads = grouped-query attention)",
+    "head_dim": "features per head (0: dim / n_heads; Qwen3's 128 beside a hidden size of 2048 or 4096)",
     "ffn_hidden": "SwiGLU hidden size",
     "vocab": "vocabulary size",
     "n_experts": "experts per mixture-of-experts feed-forward (0: dense SwiGLU)",
@@ -123,11 +125,12 @@ class Attention(nn.Module):
     """Bias-free q/k/v/o projections, rotary q/k, causal SDPA (GQA when n_kv_heads < n_heads),
     or FlexAttention under the model's block mask (``flex_doc_len`` not None: ``doc_len``)."""
 
-    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, flex_doc_len: int | None = None) -> None:
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, flex_doc_len: int | None = None,
+                 head_dim: int = 0) -> None:
         super().__init__()
         self.flex_doc_len = flex_doc_len
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
-        self.head_dim = dim // n_heads
+        self.head_dim = head_dim or dim // n_heads
         self.wq = nn.Linear(dim, n_heads * self.head_dim, bias=False)
         self.wk = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
         self.wv = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
@@ -203,7 +206,7 @@ class TransformerBlock(nn.Module):
                                                       c["qk_nope_dim"], c["qk_rope_dim"], c["v_head_dim"],
                                                       flex_doc_len(c))
         else:
-            self.attention = Attention(c["dim"], c["n_heads"], c["n_kv_heads"], flex_doc_len(c))
+            self.attention = Attention(c["dim"], c["n_heads"], c["n_kv_heads"], flex_doc_len(c), c.get("head_dim", 0))
         if c["n_experts"] and index >= c.get("n_dense_layers", 0):
             hidden = c["moe_hidden"] or c["ffn_hidden"]
             shared = FeedForward(c["dim"], hidden * c["n_shared_experts"]) if c.get("n_shared_experts") else None
@@ -328,7 +331,8 @@ def build_mixtral(batch: int | None = None, seq_len: int | None = None, **overri
 
 #: Options that may be 0 (off): experts, their width, DeepSeek's dense blocks, shared experts,
 #: query latent and documents.
-MAY_BE_ZERO = frozenset({"n_experts", "moe_hidden", "n_dense_layers", "n_shared_experts", "q_lora", "doc_len"})
+MAY_BE_ZERO = frozenset({"n_experts", "moe_hidden", "n_dense_layers", "n_shared_experts", "q_lora", "doc_len",
+                         "head_dim"})
 
 
 def flex_doc_len(c: dict[str, Any]) -> int | None:
@@ -358,10 +362,12 @@ def _build(name: str, defaults: dict[str, Any], batch: int | None, seq_len: int 
         if c["qk_rope_dim"] % 2:
             raise ModelOptionError(f"{name}: qk_rope_dim must be even for rotary embeddings, got {c['qk_rope_dim']}")
     else:
-        require_divisible(name, c, "dim", "n_heads")
+        if not c.get("head_dim"):
+            require_divisible(name, c, "dim", "n_heads")
         require_divisible(name, c, "n_heads", "n_kv_heads")
-        if (c["dim"] // c["n_heads"]) % 2:
-            raise ModelOptionError(f"{name}: dim / n_heads must be even for rotary embeddings")
+        if (c.get("head_dim") or c["dim"] // c["n_heads"]) % 2:
+            raise ModelOptionError(f"{name}: the head size (head_dim, or dim / n_heads) must be even for rotary "
+                                   "embeddings")
     model = Llama({**c, **(fixed or {})})
     tokens = random_tokens(batch, seq, c["vocab"])
     loss = TokenCrossEntropy(random_tokens(batch, seq, c["vocab"]))
