@@ -143,6 +143,14 @@ def test_refusals():
         _traced(Execution(world=4, data="zero1", tensor=2, sequence_parallel=False))
     with pytest.raises(UsageError, match="torchtitan's"):
         _traced(Execution(world=4, data="fsdp", shard=2, tensor=2, sequence_parallel=True))
+    # nnperf measure --layout: refused before any process group or mesh is touched
+    import contextlib
+
+    from nnperf.trace.parallel import apply_layout
+
+    with pytest.raises(UsageError, match="planned, not run on GPUs"):
+        apply_layout(build(1, SEQ, **TINY), Execution(world=4, data="zero1", tensor=2, sequence_parallel=True),
+                     TraceOptions(), (None,) * 5, lambda model: [], None, contextlib.ExitStack(), real=True)
 
 
 def test_folded_expert_group_by_hand():

@@ -49,8 +49,9 @@ def apply_layout(workload: Workload, execution: Execution, options: TraceOptions
                              f"with --data ddp or zero1 ({execution.data} is torchtitan's, whose expert tensor "
                              "parallelism is not modelled); or lay the experts out with --ep and --tp 1")
         if split_experts and real:
-            raise UsageError("a mixture of experts with tensor parallelism is planned, not run on GPUs: its rows' "
-                             "all-gather assumes every tensor-parallel rank routes alike, as the trace does")
+            raise UsageError("a mixture of experts with tensor parallelism is planned, not run on GPUs: the split "
+                             "experts' all-gather of rows assumes every tensor-parallel rank routes alike, as the "
+                             "trace does, and the folded expert group is checked on traced ranks only")
         if split_experts and execution.folds_experts:
             from nnperf.trace.parallel.expert_tensor import keep_experts_whole
 
