@@ -80,8 +80,11 @@ def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> l
                    "form on a traced rank), e.g. 1,2,4.")
 @click.option("--ep", "ep_text", default="auto", show_default=True,
               help="Expert-parallel degrees to try for a mixture-of-experts model (experts split over "
-                   "FSDP's shard group or DDP's and ZeRO-1's replicas, tokens sent by all-to-all): auto (powers of two dividing the experts, "
-                   "inside a node) or a list, e.g. 1,8.")
+                   "FSDP's shard group or DDP's and ZeRO-1's replicas, tokens sent by all-to-all; beside --tp "
+                   "with ddp or zero1 as Megatron-Core runs it: each expert split over the tensor-parallel "
+                   "ranks, or whole with the expert group folded over them where the data-parallel ranks "
+                   "alone cannot hold it): auto (powers of two dividing the experts, inside a node) or a "
+                   "list, e.g. 1,8.")
 @click.option("--data", "data_text", default="auto", show_default=True,
               help="Data-parallel engines to try: auto (ddp, zero1, fsdp, hsdp) or a list, e.g. fsdp,hsdp. "
                    "zero1: DDP with the optimizer state sharded (Megatron-LM's distributed optimizer).")
