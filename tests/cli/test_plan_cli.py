@@ -173,11 +173,12 @@ def test_expert_degrees_the_model_does_not_allow_are_one_line():
 
 def test_a_mixture_of_experts_model_plans_with_the_default_axes():
     """--tp auto splits MoE layers as Megatron-LM does, beside DDP or ZeRO-1 only (torchtitan's
-    expert tensor parallelism is not modelled), and searches the expert degrees too."""
+    expert tensor parallelism is not modelled), and searches the expert degrees too: on 2 GPUs
+    TP 2 leaves one data-parallel rank, so EP 2 there folds over the tensor-parallel ranks."""
     result = CliRunner().invoke(cli, [*MOE, "--gpus", "2", "--pp", "1", "--json"])
     assert result.exit_code == 0, result.output
     ranked = [r["execution"] for r in json.loads(result.output)["ranked"]]
-    assert {(e["tensor"], e["expert"]) for e in ranked} == {(1, 1), (1, 2), (2, 1)}
+    assert {(e["tensor"], e["expert"]) for e in ranked} == {(1, 1), (1, 2), (2, 1), (2, 2)}
     assert all(e["data"] in ("ddp", "zero1") and e["sequence_parallel"] for e in ranked if e["tensor"] == 2)
 
 
