@@ -320,7 +320,7 @@ class Execution:
         if self.context > 1:
             raise UsageError("expert parallelism is modelled with data, tensor and pipeline parallelism; "
                              "with context parallelism it is not")
-        if self.tensor > 1 and not self.replicates_parameters:
+        if not self.carries_split_experts:
             raise UsageError("expert parallelism with tensor parallelism is modelled as Megatron-LM runs it, "
                              f"with ddp or zero1 ({self.data}: torchtitan's expert tensor parallelism is not)")
         group, what = ((self.replicate, "data-parallel ranks") if self.replicates_parameters
@@ -329,6 +329,14 @@ class Execution:
             divisors = [d for d in range(1, group + 1) if group % d == 0]
             raise UsageError(f"expert parallelism {self.expert} does not divide the {what} of {group} "
                              f"ranks; valid: {', '.join(map(str, divisors))}")
+
+    @property
+    def carries_split_experts(self) -> bool:
+        """A mixture of experts can run beside this layout's tensor parallelism: it has none, or
+        Megatron-LM's data parallelism (DDP, ZeRO-1) runs it, splitting the experts as
+        Megatron-Core does (``trace.parallel.expert_tensor``; torchtitan's expert tensor
+        parallelism, beside FSDP, is not modelled)."""
+        return self.tensor == 1 or self.replicates_parameters
 
     @property
     def folds_experts(self) -> bool:

@@ -136,13 +136,10 @@ def _carries(execution: Execution, expert: int) -> bool:
     tensor parallelism), the degree dividing the group the experts are carved out of, or
     beside tensor parallelism a multiple of its degree that folds over it
     (``Execution.folds_experts``)."""
-    if execution.context > 1 or (execution.tensor > 1 and not execution.replicates_parameters):
+    if execution.context > 1 or not execution.carries_split_experts:
         return False
     group = execution.replicate if execution.replicates_parameters else execution.shard
-    if group % expert == 0:
-        return True
-    tp = execution.tensor
-    return tp > 1 and expert % tp == 0 and group % (expert // tp) == 0
+    return group % expert == 0 or replace(execution, expert=expert).folds_experts
 
 
 def _layouts_of(gpus: int, nodes_of: int, global_batch: int, tp: int, pp: int, cp: int,

@@ -139,7 +139,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         # experts split over tensor-parallel ranks as Megatron-LM splits them, beside its data
         # parallelism (DDP, ZeRO-1) and sequence parallelism (``trace.parallel.expert_tensor``)
         return [_overlapped(e, tp_comm_overlap) for e in found if (e.data_parallel == 1 or e.data in kinds)
-                and not (experts and e.tensor > 1 and not e.replicates_parameters)]
+                and (not experts or e.carries_split_experts)]
 
     def without_sequence_parallel(e: Execution) -> list[Execution]:
         """``e`` without sequence parallelism, which a mixture of experts with tensor

@@ -44,7 +44,7 @@ def apply_layout(workload: Workload, execution: Execution, options: TraceOptions
     tp_mesh, dp_mesh, pp_mesh, ep_mesh, experts_dp_mesh = meshes
     with _rank_blocks(workload.model, execution, pp_mesh):
         split_experts = execution.tensor > 1 and _has_experts(workload.model)
-        if split_experts and not execution.replicates_parameters:
+        if split_experts and not execution.carries_split_experts:
             raise UsageError("a mixture of experts with tensor parallelism is modelled as Megatron-LM runs it, "
                              f"with --data ddp or zero1 ({execution.data} is torchtitan's, whose expert tensor "
                              "parallelism is not modelled); or lay the experts out with --ep and --tp 1")

@@ -103,8 +103,8 @@ class _Dispatch:
         if self.expert is not None:
             routed, grid = self._all_to_all(routed, per_expert)
         else:  # the rows stay: how many each expert got, read on the host for the regrouping
-            local = per_expert.shape[0]
-            counts = (_even_splits(routed.shape[0], 1, local)[2:] if _valueless(per_expert)
+            experts = per_expert.shape[0]
+            counts = (_even_splits(routed.shape[0], 1, experts)[2:] if _valueless(per_expert)
                       else _read_on_host(per_expert))
             grid = [counts]
         if self.tensor is not None:

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from nnperf.errors import UsageError
-from nnperf.trace.parallel.tensor import shard_start, styles
+from nnperf.trace.parallel.tensor import replicate_own_parameters, shard_start
 
 #: The tensor-parallel mesh of each ``GroupedExperts`` split by ``split_moe`` (its dispatch
 #: gathers and reduce-scatters the rows over it: ``trace.parallel.expert``).
@@ -57,14 +57,8 @@ def keep_experts_whole(model: nn.Module) -> None:
 
 def split_moe(moe: nn.Module, mesh: Any, sequence_parallel: bool) -> None:
     """Split one ``zoo.moe.MoE`` over the tensor-parallel ``mesh`` (module docstring)."""
-    from torch.distributed.tensor import (
-        DTensor,
-        Replicate,
-        Shard,
-        distribute_module,
-        distribute_tensor,
-    )
-    from torch.distributed.tensor.parallel import parallelize_module
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
+    from torch.distributed.tensor.parallel import PrepareModuleInput, parallelize_module
 
     if not sequence_parallel:
         raise UsageError("a mixture of experts with tensor parallelism needs sequence parallelism, as "
@@ -93,19 +87,14 @@ def split_moe(moe: nn.Module, mesh: Any, sequence_parallel: bool) -> None:
                                                                              run_check=False)))
         EXPERT_TENSOR_MESH[experts] = mesh
 
-    def replicate(name: str, module: nn.Module, mesh_: Any) -> None:
-        for key, param in list(module.named_parameters(recurse=False)):
-            module.register_parameter(key, nn.Parameter(distribute_tensor(param, mesh_, [Replicate()])))
-
     # the router over this rank's tokens: its weight's gradient is Partial, all-reduced
-    distribute_module(moe.gate, mesh, replicate,
+    distribute_module(moe.gate, mesh, lambda name, module, mesh_: replicate_own_parameters(module, mesh_),
                       input_fn=lambda m, inputs, mesh_: tuple(
                           DTensor.from_local(x, mesh_, [Shard(0)], run_check=False) for x in inputs),
                       output_fn=lambda m, output, mesh_: output.to_local())
     # the layer takes the norm's sequence shard as a local tensor and returns its own rows, as
     # the row-parallel linears of the blocks return theirs
-    _, Shard_, _, _, _, PrepareModuleInput, _ = styles()
-    parallelize_module(moe, mesh, PrepareModuleInput(input_layouts=(Shard_(1),), desired_input_layouts=(Shard_(1),),
+    parallelize_module(moe, mesh, PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),),
                                                      use_local_output=True))
 
 

@@ -184,13 +184,7 @@ def replicate_rest(model: nn.Module, mesh: Any) -> None:
     group mixing DTensors and plain tensors; with every parameter a DTensor the optimizer's
     steps are the engine's own, and a replicated norm fed sequence shards gets its gradient
     all-reduced exactly as DTensor does it (a ``Partial`` gradient)."""
-    from torch.distributed.tensor import DTensor, Replicate, distribute_module, distribute_tensor
-
-    def partition(name: str, module: nn.Module, mesh_: Any) -> None:
-        for key, param in list(module._parameters.items()):
-            if param is not None and not isinstance(param, DTensor):
-                module._parameters[key] = nn.Parameter(distribute_tensor(param, mesh_, [Replicate()]),
-                                                       requires_grad=param.requires_grad)
+    from torch.distributed.tensor import DTensor, Replicate, distribute_module
 
     def to_dtensor(module: nn.Module, inputs: Any, mesh_: Any) -> Any:
         return tuple(DTensor.from_local(x, mesh_, [Replicate()], run_check=False)
@@ -206,5 +200,17 @@ def replicate_rest(model: nn.Module, mesh: Any) -> None:
     for module in list(model.modules()):
         own = [p for p in module.parameters(recurse=False) if not isinstance(p, DTensor)]
         if own:
-            distribute_module(module, mesh, lambda n, m, d, module=module: partition(n, m, d) if m is module else None,
+            distribute_module(module, mesh,
+                              lambda n, m, d, module=module: replicate_own_parameters(m, d) if m is module else None,
                               to_dtensor, to_local)
+
+
+def replicate_own_parameters(module: nn.Module, mesh: Any) -> None:
+    """Each of ``module``'s own parameters not yet a DTensor made a ``Replicate`` one on ``mesh``
+    (every rank starts from the same values: a real run broadcasts them)."""
+    from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+
+    for key, param in list(module._parameters.items()):
+        if param is not None and not isinstance(param, DTensor):
+            module._parameters[key] = nn.Parameter(distribute_tensor(param, mesh, [Replicate()]),
+                                                   requires_grad=param.requires_grad)
