@@ -432,3 +432,22 @@ def test_a_pipeline_searches_smaller_micro_batches_while_they_are_faster():
     assert [r["execution"]["micro_batch"] for r in ranked] == [1, 2]
     assert ranked[0]["pipeline"]["bubble_fraction"] < ranked[1]["pipeline"]["bubble_fraction"]
 
+
+
+def test_the_micro_batch_can_be_pinned_as_megatron_lms_micro_batch_size():
+    """6 stages of 1F1B with 16 samples a rank: --micro-batch 2 ranks only the layouts of 8
+    micro-batches of 2 (8 is no multiple of the 6 stages, and 1F1B runs it, as Megatron-LM and
+    DeepSpeed do); a size no count of at least one micro-batch per stage can make (16 samples:
+    4 would be 4 micro-batches on 6 stages) is one line naming the micro-batch; 0 is refused."""
+    args = ["plan", "gpt2", "-O", "n_layer=6", "--seq", "128", "--amp", "bf16", "--gpu", "h100", "--global-batch",
+            "16", "--gpus", "6", "--tp", "1", "--pp", "6", "--schedule", "1f1b", "--checkpoint", "none"]
+    result = CliRunner().invoke(cli, [*args, "--micro-batch", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert {(r["execution"]["micro_batch"], r["execution"]["grad_accum"]) for r in doc["ranked"]} == {(2, 8)}
+    assert doc["search"]["micro_batch"] == [2]
+    refused = CliRunner().invoke(cli, [*args, "--micro-batch", "4"])
+    assert refused.exit_code == 2 and "a micro-batch of 4 must divide" in refused.output
+    assert len(refused.output.strip().splitlines()) == 1
+    zero = CliRunner().invoke(cli, [*args, "--micro-batch", "0"])
+    assert zero.exit_code == 2 and "invalid --micro-batch '0'" in zero.output

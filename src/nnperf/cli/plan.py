@@ -18,7 +18,7 @@ from nnperf.trace.options import TraceOptions
 
 
 def _degrees(text: str | None, what: str) -> list[int] | None:
-    """``auto`` (None: every degree the model and nodes allow) or comma-separated integers."""
+    """``auto`` (None: every value the model and nodes allow) or comma-separated integers."""
     if text is None or text.lower() == "auto":
         return None
     try:
@@ -26,7 +26,7 @@ def _degrees(text: str | None, what: str) -> list[int] | None:
     except ValueError:
         raise UsageError(f"invalid {what} {text!r}: expected auto or integers like 1,2,4") from None
     if not values or any(v < 1 or v > 65536 for v in values):
-        raise UsageError(f"invalid {what} {text!r}: every degree must be 1 to 65536")
+        raise UsageError(f"invalid {what} {text!r}: every value must be 1 to 65536")
     _once(values, what, text)
     return values
 
@@ -117,6 +117,9 @@ def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> l
               help="Megatron-LM's --tp-comm-overlap on its layouts (ddp or zero1 with tensor parallelism): "
                    "Transformer Engine's userbuffers run each block's sequence-parallel all-gather and "
                    "reduce-scatter in chunks beside the GEMM it feeds or follows.")
+@click.option("--micro-batch", "micro_text", default="auto", show_default=True,
+              help="Micro-batch sizes to try (Megatron-LM's --micro-batch-size): auto (every split of a "
+                   "data-parallel rank's share of the global batch) or a list, e.g. 1,2.")
 @click.option("--cluster", "cluster_name", default=None,
               help="Built-in cluster (dgx-a100, dgx-h100, dgx-h200) or a cluster TOML file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON document.")
@@ -127,7 +130,7 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
          tp_text: str, pp_text: str,
          cp_text: str, ep_text: str, data_text: str, checkpoint_text: str, reshard_text: str,
          schedules: tuple[str, ...], vpp_text: str, first_stage_layers: int | None, last_stage_layers: int | None,
-         tp_comm_overlap: bool, cluster_name: str | None, as_json: bool, output: str | None, **kwargs: Any) -> None:
+         tp_comm_overlap: bool, micro_text: str, cluster_name: str | None, as_json: bool, output: str | None, **kwargs: Any) -> None:
     """Rank the layouts of MODEL on --gpus GPUs (data parallelism: DDP, ZeRO-1, FSDP2, HSDP; tensor
     parallelism with sequence parallelism; pipeline schedules; activation checkpointing and
     gradient accumulation; expert parallelism for mixture-of-experts models): step time, throughput, MFU, per-GPU memory, exposed communication,
@@ -168,7 +171,8 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
             "reshard": [n == "always" for n in _names(reshard_text, "--reshard", ("always", "never"),
                                                       auto=False) or ()],
             "split": PipelineSplitChoice(tuple(_degrees(vpp_text, "--vpp") or (INTERLEAVE,)),
-                                         first_stage_layers, last_stage_layers)}
+                                         first_stage_layers, last_stage_layers),
+            "micro_batch": _degrees(micro_text, "--micro-batch")}
     with progress.shown(f"plan {n_gpus} GPUs: layout groups searched", enabled=not as_json):
         result = run_plan(request, options, gpu, n_gpus, cluster, nodes, global_batch, **axes,
                           tp_comm_overlap=tp_comm_overlap)

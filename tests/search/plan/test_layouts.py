@@ -40,6 +40,22 @@ def test_virtual_stages_and_shortened_stages_the_layers_allow():
     assert not layouts(8, 8, 16, pipeline=[4], schedules=["1f1b"], layers=12, split=PipelineSplitChoice(first=5, last=4))
 
 
+def test_micro_batch_counts_each_schedule_runs():
+    """BLOOM's layout (384 GPUs, TP 4, PP 12: 8 data-parallel ranks of 256 sequences each): 1F1B
+    runs any count of micro-batches from one a stage up that divides the 256 (16, 32, 64, 128,
+    256: its published micro-batch of 2 is 128 of them), none a multiple of the 12 stages;
+    Megatron-LM's interleaved schedule only multiples of the stages (here none), GPipe any."""
+    def counts(schedule: str, **kw: object) -> set[int]:
+        found = layouts(384, 8, 2048, tensor=[4], pipeline=[12], schedules=[schedule], **kw)
+        return {e.grad_accum for e in found if e.data == "zero1"}
+
+    assert counts("1f1b") == {16, 32, 64, 128, 256}
+    assert counts("interleaved-1f1b", layers=72) == set()
+    assert counts("gpipe") == {1, 2, 4, 8, 16, 32, 64, 128, 256}
+    assert {e.micro_batch for e in layouts(384, 8, 2048, tensor=[4], pipeline=[12], schedules=["1f1b"])
+            if e.grad_accum == 128} == {2}
+
+
 def test_expert_parallelism_divides_ddp_and_zero1_replicas_as_fsdps_shard_group():
     """16 GPUs, pipeline 2: 8 data-parallel ranks. EP 4 takes DDP and ZeRO-1 (8 replicas) and
     FSDP (a shard group of 8); with tensor parallelism (4 data-parallel ranks), only DDP and

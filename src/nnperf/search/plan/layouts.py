@@ -194,14 +194,27 @@ def _splits(common: dict[str, Any], pp: int, local: int, schedules: Iterable[str
         for virtual in split.virtual if SCHEDULES[schedule].multi_chunk else (1,):
             if layers is not None and not split.holds(layers, pp, virtual):
                 continue
-            counts = range(1, local + 1) if schedule == "gpipe" else range(pp, local + 1, pp)
-            for micro in counts:
-                if local % micro == 0:
-                    out.append(Execution(**common, pipeline=pp, pipeline_schedule=schedule, virtual_stages=virtual,
-                                         micro_batch=local // micro, grad_accum=micro,
-                                         reshard_after_forward=False,  # torchtitan: no reshard under PP
-                                         first_stage_layers=split.first, last_stage_layers=split.last))
+            for micro in _micro_batch_counts(schedule, pp, local):
+                out.append(Execution(**common, pipeline=pp, pipeline_schedule=schedule, virtual_stages=virtual,
+                                     micro_batch=local // micro, grad_accum=micro,
+                                     reshard_after_forward=False,  # torchtitan: no reshard under PP
+                                     first_stage_layers=split.first, last_stage_layers=split.last))
     return out
+
+
+def _micro_batch_counts(schedule: str, pp: int, local: int) -> list[int]:
+    """The micro-batch counts a schedule runs a rank's ``local`` samples in (each count divides
+    them): GPipe any; 1F1B at least one a stage (its warm-up fills the pipeline), as Megatron-LM's
+    and DeepSpeed's 1F1B run any such count (BLOOM: 128 micro-batches on 12 stages); the
+    multi-chunk schedules a multiple of the stages, as Megatron-LM's interleaved schedule
+    requires (each round of micro-batches through a rank's chunks is one of each stage)."""
+    if schedule == "gpipe":
+        first, step = 1, 1
+    elif SCHEDULES[schedule].multi_chunk:
+        first, step = pp, pp
+    else:
+        first, step = pp, 1
+    return [m for m in range(first, local + 1, step) if local % m == 0]
 
 
 def shape_key(execution: Execution) -> tuple[Any, ...]:

@@ -80,7 +80,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
          schedules: Iterable[str] = DEFAULT_SCHEDULES, context: Iterable[int] = (1,),
          expert: Iterable[int] | None = (1,), data: Iterable[str] | None = None,
          checkpoints: Iterable[str | None] | None = None, reshard: Iterable[bool] = (True,),
-         split: PipelineSplitChoice | None = None, tp_comm_overlap: bool = False) -> Plan:
+         split: PipelineSplitChoice | None = None, tp_comm_overlap: bool = False,
+         micro_batch: Iterable[int] | None = None) -> Plan:
     """Rank the layouts of ``request`` on ``gpus`` GPUs of ``gpu``. ``tensor``/``pipeline``/
     ``expert``: the degrees to try (None: every degree the model and nodes allow; the default,
     1, keeps the data-parallel search; ``context``: context-parallel degrees, modelled in
@@ -93,7 +94,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     backward: no backward all-gather, ZeRO-2's traffic), or both. ``split``: the chunks per rank
     of the interleaved schedules and an uneven first and last stage (default: 2, even).
     ``tp_comm_overlap``: Megatron-LM's layouts (DDP or ZeRO-1 with sequence parallelism) run
-    --tp-comm-overlap (``Execution.tp_comm_overlap``).
+    --tp-comm-overlap (``Execution.tp_comm_overlap``). ``micro_batch``: the micro-batch sizes
+    a layout may run (None: every split of a data-parallel rank's share of the global batch).
 
     The search runs in passes so that a large cluster is planned in seconds: data and tensor
     parallelism over every degree; then pipeline parallelism at the tensor-parallel degree of
@@ -116,6 +118,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         check_virtual_stages(layers, pipeline, schedules, split)
     expert = expert_degrees(request, gpus, nodes_of, expert, info)
     kinds = set(DATA_KINDS if data is None else data)
+    sizes = None if micro_batch is None else set(micro_batch)
     if options.optimizer == "none":  # no optimizer state to shard: ZeRO-1 is DDP
         if data is not None and "zero1" in kinds:
             raise UsageError("--data zero1 shards the optimizer state, and --optimizer none has none: use ddp")
@@ -139,7 +142,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         # experts split over tensor-parallel ranks as Megatron-LM splits them, beside its data
         # parallelism (DDP, ZeRO-1) and sequence parallelism (``trace.parallel.expert_tensor``)
         return [_overlapped(e, tp_comm_overlap) for e in found if (e.data_parallel == 1 or e.data in kinds)
-                and (not experts or e.carries_split_experts)]
+                and (not experts or e.carries_split_experts) and (sizes is None or e.micro_batch in sizes)]
 
     def without_sequence_parallel(e: Execution) -> list[Execution]:
         """``e`` without sequence parallelism, which a mixture of experts with tensor
@@ -195,6 +198,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
                                   "or the shard group (fsdp, hsdp, without tensor parallelism), without context "
                                   "parallelism"
                                   if max(expert) > 1 else "")
+            + (f", and a micro-batch of {listed(sorted(sizes))} must divide each data-parallel rank's share of "
+               "the global batch, with at least one micro-batch per pipeline stage" if sizes else "")
             + "; try other degrees or --global-batch a multiple of the GPU count")
     slower = [p for p in results if p.time_bound]
     results = [p for p in results if not p.time_bound]
@@ -223,7 +228,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
               "first_stage_layers": split.first, "last_stage_layers": split.last,
               "data": [k for k in DATA_KINDS if k in kinds],
               "checkpoint": [names[CHECKPOINTS[i]] for i in levels],
-              "reshard_after_forward": sorted(set(reshard), reverse=True), "tp_comm_overlap": tp_comm_overlap}
+              "reshard_after_forward": sorted(set(reshard), reverse=True), "tp_comm_overlap": tp_comm_overlap,
+              "micro_batch": None if sizes is None else sorted(sizes)}
     return Plan(request_name(request), gpu, cluster, gpus, global_batch, ranked, rejected,
                 left_out + notes(request, options, results, layers) + routing_note(info, options), cache.traces, layers,
                 options,
