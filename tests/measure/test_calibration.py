@@ -65,7 +65,11 @@ def test_outputs_load_and_hold_the_measurements(cal, tmp_path):
     assert "[measured]" in out.profile.read_text()
 
 
-def test_cpu_profile_predicts_a_gemm_near_its_measurement(cal, tmp_path):
+def test_cpu_profile_reproduces_a_gemm_it_measured(cal, tmp_path):
+    """The efficiency curve was measured at this very size: the estimate's compute time is that
+    measurement, and its launch overhead the per-op cost measured apart. (A ratio of the two
+    timings taken at different moments is not asserted: on a loaded machine the per-op cost
+    alone moved it past any fixed bound.)"""
     from nnperf.kernels.gemm import estimate_gemm
 
     out = Outputs.for_profile(tmp_path / "p.toml", None, cpu=True)
@@ -73,7 +77,9 @@ def test_cpu_profile_predicts_a_gemm_near_its_measurement(cal, tmp_path):
     gpu = load_gpu(None, gpu_file=out.device)
     est = estimate_gemm(64, 64, 64, dtype="fp32", gpu=gpu, profile=load_profile(out.profile, gpu))
     measured = next(g["time_s"] for g in cal.gemm if g["kind"] == "square" and g["k"] == 64)
-    assert 0.2 < est.time_s / measured < 5  # the curve was measured at this very size
+    assert est.model_compute_s == pytest.approx(measured)
+    assert est.overhead_s == pytest.approx(cal.overhead["host_per_op_s"]["median"])
+    assert est.time_s == pytest.approx(max(est.model_compute_s, est.model_memory_s) + est.overhead_s)
 
 
 def test_incomplete_calibration_is_never_written(tmp_path, monkeypatch):
