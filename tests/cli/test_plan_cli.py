@@ -451,3 +451,18 @@ def test_the_micro_batch_can_be_pinned_as_megatron_lms_micro_batch_size():
     assert len(refused.output.strip().splitlines()) == 1
     zero = CliRunner().invoke(cli, [*args, "--micro-batch", "0"])
     assert zero.exit_code == 2 and "invalid --micro-batch '0'" in zero.output
+
+
+def test_published_models_plan_by_name_with_their_familys_plans():
+    """bloom-176b is GPT-2's block at BLOOM's shape (here shrunk by -O): it plans with tensor and
+    pipeline parallelism as gpt2 does, and its pipelines carry the tied-embedding note; the
+    Megatron-LM arguments name the preset's sequence (2048) without --seq."""
+    result = CliRunner().invoke(cli, ["plan", "bloom-176b", "-O", "n_layer=4", "-O", "n_embd=128", "-O", "n_head=4",
+                                      "-O", "vocab=512", "--dtype", "bf16", "--gpu", "h100", "--gpus", "8",
+                                      "--global-batch", "8", "--tp", "2", "--pp", "2", "--schedule", "1f1b",
+                                      "--checkpoint", "none", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert {(r["execution"]["tensor"], r["execution"]["pipeline"]) for r in doc["ranked"]} == {(2, 2)}
+    assert any("tied embeddings under pipeline parallelism" in n for n in doc["notes"])
+    assert "--seq-length 2048" in doc["megatron"]

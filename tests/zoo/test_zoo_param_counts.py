@@ -36,6 +36,26 @@ PUBLISHED = {
     "deepseek-v3-16b": 27 * (2048 * 16 * 192 + 2048 * 576 + 512 + 512 * 16 * 256 + 16 * 128 * 2048 + 2 * 2048)
     + 3 * 2048 * 10944 + 26 * (2048 * 64 + 64 * 3 * 2048 * 1408 + 3 * 2048 * 2816)
     + 2 * 102400 * 2048 + 2048,
+    # Llama 2 and 3 as Hugging Face publishes them (model.safetensors.index.json "total_size" over
+    # 2 bytes): meta-llama/Llama-2-70b-hf, Meta-Llama-3-8B, Meta-Llama-3-70B, Llama-3.1-405B
+    "llama2-70b": 68_976_648_192,
+    "llama3-8b": 8_030_261_248,
+    "llama3-70b": 70_553_706_496,
+    "llama3.1-405b": 405_853_388_800,
+    # Megatron's count of a GPT block, 12 h^2 + 13 h (the BLOOM README's and Narayanan et al.'s),
+    # the token and position embeddings and the final LayerNorm: GPT-3 175B (96 x 12288, vocab
+    # padded to 51200, 2048 positions; Brown et al. 2020 round it to 175.0B) and MT-NLG 530B
+    # (105 x 20480)
+    "gpt3-175b": 96 * (12 * 12288**2 + 13 * 12288) + 51200 * 12288 + 2048 * 12288 + 2 * 12288,
+    "mt-nlg-530b": 105 * (12 * 20480**2 + 13 * 20480) + 51200 * 20480 + 2048 * 20480 + 2 * 20480,
+    # BLOOM: 176,247,271,424 (bigscience/bloom's published total), plus the 2048 x 14336 learned
+    # positions standing in for ALiBi, less the embedding's LayerNorm (2 x 14336) it leaves out
+    "bloom-176b": 176_247_271_424 + 2048 * 14336 - 2 * 14336,
+    # Nemotron-4 340B (Parmar et al. 2024, Table 1): 96 blocks of 18432 with 96 heads of 192 and 8
+    # key/value heads, squared-ReLU MLP of 73728 (two matrices), two LayerNorms with bias; untied
+    # 256000-token embedding and output; the report's 340B
+    "nemotron4-340b": 96 * (2 * 18432 * 18432 + 2 * 18432 * 8 * 192 + 2 * 18432 * 73728 + 4 * 18432)
+    + 2 * 256000 * 18432 + 2 * 18432,
 }
 
 

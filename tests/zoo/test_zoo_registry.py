@@ -13,12 +13,15 @@ EXPECTED_BATCH = {
     "resnet18": 64, "resnet50": 64, "mobilenet_v2": 64, "efficientnet_b0": 64,
     "efficientnet_b4": 64, "efficientnet_widese_b0": 64, "efficientnet_widese_b4": 64,
     "convnext_tiny": 64, "vit_b_16": 64, "bert-base": 32, "bert-large": 32, "bert-large-squad": 32,
-    "gpt2": 8, "gpt2-medium": 8, "gpt2-large": 8, "gpt2-xl": 8, "llama-7b": 1, "mixtral-8x7b": 1,
-    "deepseek-v3-16b": 1,
+    "gpt2": 8, "gpt2-medium": 8, "gpt2-large": 8, "gpt2-xl": 8, "gpt3-175b": 1, "mt-nlg-530b": 1,
+    "bloom-176b": 1, "llama-7b": 1, "llama2-70b": 1, "llama3-8b": 1, "llama3-70b": 1, "llama3.1-405b": 1,
+    "nemotron4-340b": 1, "mixtral-8x7b": 1, "deepseek-v3-16b": 1,
 }  # fmt: skip
 EXPECTED_SEQ = {"bert-base": 128, "bert-large": 128, "bert-large-squad": 384, "gpt2": 1024,
-                "gpt2-medium": 1024, "gpt2-large": 1024, "gpt2-xl": 1024, "llama-7b": 4096,
-                "mixtral-8x7b": 4096, "deepseek-v3-16b": 4096}  # fmt: skip
+                "gpt2-medium": 1024, "gpt2-large": 1024, "gpt2-xl": 1024, "gpt3-175b": 2048, "mt-nlg-530b": 2048,
+                "bloom-176b": 2048, "llama-7b": 4096, "llama2-70b": 4096, "llama3-8b": 8192, "llama3-70b": 8192,
+                "llama3.1-405b": 8192, "nemotron4-340b": 4096, "mixtral-8x7b": 4096,
+                "deepseek-v3-16b": 4096}  # fmt: skip
 
 
 def test_names_and_defaults() -> None:
@@ -36,7 +39,8 @@ def test_names_and_defaults() -> None:
     ("typed", "name"),
     [("ResNet-50", "resnet50"), ("MOBILENET-V2", "mobilenet_v2"), ("vit-b-16", "vit_b_16"),
      ("gpt2_medium", "gpt2-medium"), ("Llama_7B", "llama-7b"), ("alexnet_caffe", "alexnet-caffe"),
-     ("mnist_cnn", "mnist-cnn"), ("llama7b", "llama-7b"), (" GPT2-XL ", "gpt2-xl")],
+     ("mnist_cnn", "mnist-cnn"), ("llama7b", "llama-7b"), (" GPT2-XL ", "gpt2-xl"),
+     ("Llama3.1-405B", "llama3.1-405b"), ("GPT3_175B", "gpt3-175b")],
 )  # fmt: skip
 def test_get_model_is_case_and_dash_blind(typed: str, name: str) -> None:
     assert get_model(typed) is MODELS[name]

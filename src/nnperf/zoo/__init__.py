@@ -48,6 +48,7 @@ _ORDER: list[ModelSpec] = [
     *bert_dle.SPECS,
     *gpt2.SPECS,
     llama.SPEC,
+    *llama.PUBLISHED_SPECS,
     llama.MIXTRAL,
     deepseek.SPEC,
 ]

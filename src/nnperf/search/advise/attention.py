@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -87,8 +87,12 @@ def candidates(base: Base) -> list[Candidate]:
     return _fused(base) + _flex(base)
 
 
-#: The built-in decoders whose attention is an option (``-O attention=sdpa|flex``).
-FLEX_DECODERS = ("llama-7b", "mixtral-8x7b", "deepseek-v3-16b")
+def _attention_is_an_option(target: Any) -> bool:
+    """A built-in decoder whose attention is an option (``-O attention=sdpa|flex``)."""
+    from nnperf.zoo import find_model
+
+    spec = find_model(target) if isinstance(target, str) else None
+    return spec is not None and "attention" in spec.options
 
 
 def _flex(base: Base) -> list[Candidate]:
@@ -98,7 +102,7 @@ def _flex(base: Base) -> list[Candidate]:
     heads) that is the change torchtitan made for DeepSeek-V3 (PR #1610: 6,721 -> 8,667 tokens/s
     per H100, with document masking too)."""
     request = base.setup.request
-    if request.target not in FLEX_DECODERS or str(request.overrides.get("attention", "sdpa")) != "sdpa":
+    if not _attention_is_an_option(request.target) or str(request.overrides.get("attention", "sdpa")) != "sdpa":
         return []
     if base.options.trace.sdpa != "fused":
         return []

@@ -10,7 +10,6 @@ from typing import Any
 from nnperf.layout import Execution
 from nnperf.passes.memory.capacity import capacity
 from nnperf.request import ModelRequest
-from nnperf.search.plan.axes import request_name
 from nnperf.search.plan.rank import SCALE_POINTS
 from nnperf.search.plan.results import Plan, Planned
 from nnperf.trace.capture import FP8_ASSUMPTION, FUSED_ASSUMPTION
@@ -68,10 +67,19 @@ def notes(request: ModelRequest, options: TraceOptions, results: list[Planned], 
     if options.dtype in ("bf16", "fp16") and any(p.execution.data == "ddp" and p.execution.data_parallel > 1
                                                   for p in results):
         notes.append(DDP_HALF_PRECISION.format(dtype=options.dtype))
-    if any(p.execution.pipeline > 1 for p in results) and request_name(request).startswith("gpt2"):
+    if any(p.execution.pipeline > 1 for p in results) and _ties_embeddings(request):
         notes.append("tied embeddings under pipeline parallelism: their gradient all-reduce between the "
                      "first and last stage is not traced")
     return notes
+
+
+def _ties_embeddings(request: ModelRequest) -> bool:
+    """A built-in model of GPT-2's block: its output head shares the token embedding's weight."""
+    from nnperf.zoo import find_model
+    from nnperf.zoo.gpt2 import NAMES
+
+    spec = find_model(request.target) if isinstance(request.target, str) else None
+    return spec is not None and spec.name in NAMES
 
 
 def routing_note(info: tuple[Any, dict[str, Any], int | None] | None, options: TraceOptions) -> list[str]:
