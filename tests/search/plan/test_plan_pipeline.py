@@ -78,6 +78,31 @@ def test_an_interleaved_ranks_time_split_counts_every_chunk():
     assert splits["interleaved-1f1b"].communication_s > splits["1f1b"].communication_s
 
 
+def test_a_ranks_host_counts_its_optimizer_step_once():
+    """A rank's host issues each micro-batch's forward and backward, and its optimizer step once:
+    over 4 and 8 micro-batches of the same traced roles the host grows by 4 micro-batches, so
+    twice the 4's less the 8's is the optimizer's issue alone, more than nothing (it was counted
+    once per micro-batch before, making the host exactly proportional to them)."""
+    from nnperf.hardware.catalog import load_gpu
+    from nnperf.hardware.cluster import load_cluster
+    from nnperf.request import ModelRequest
+    from nnperf.search.plan import evaluate
+    from nnperf.search.plan.rank import RoleCache
+    from nnperf.trace.options import TraceOptions
+
+    request = ModelRequest("llama-7b", batch=8, seq_len=64, overrides={
+        "n_layer": 4, "dim": 64, "n_heads": 4, "n_kv_heads": 4, "ffn_hidden": 128, "vocab": 256})
+    gpu, cluster = load_gpu("h100-sxm"), load_cluster("dgx-h100")
+    cache = RoleCache()
+    host = {}
+    for micro in (4, 8):
+        execution = Execution(world=2, data="ddp", pipeline=2, pipeline_schedule="1f1b", micro_batch=1,
+                              grad_accum=micro)
+        host[micro] = evaluate(request, TraceOptions(), execution, gpu, cluster, layers=4, cache=cache).split.host_s
+    optimizer = 2 * host[4] - host[8]
+    assert 0.01 * host[4] < optimizer < host[4] / 4
+
+
 def test_a_ranks_optimizer_step_holds_no_activations_and_its_chunks_temporaries():
     """The rank's peak is the larger of its forward/backward with the in-flight micro-batches
     added, and its optimizer step with its later chunks' optimizer temporaries added (no

@@ -65,6 +65,7 @@ from nnperf.search.plan.results import (
     RankFigures,
     TimeSplit,
     collective_totals,
+    per_step,
 )
 from nnperf.trace.options import AMP_DTYPES, DTYPES, TraceOptions
 from nnperf.trace.parallel.pipeline import schedule_order
@@ -359,7 +360,8 @@ def _planned(execution: Execution, gpu: GPU, sim: PipelineTime, critical: RankCo
                         communication_s=sum(c.comm_over(scale) for c in chunks),
                         overlap_slowdown_s=sum(c.slowdown_over(scale) for c in chunks),
                         exposed_communication_s=exposed,
-                        host_s=sum(c.host_s for c in chunks) * scale),
+                        # the optimizer's issue once per step, as its kernels are (the chunk's tail)
+                        host_s=sum(per_step(scale, c.host_s, c.optimizer_host_s) for c in chunks)),
         state_bytes=replace(f.states), collectives=collective_totals(f),
         # the critical stage's first rank (the pipeline is the mesh's outermost dimension)
         rank=sim.critical_rank * (execution.world // execution.pipeline),
