@@ -89,3 +89,17 @@ def test_a_context_rank_is_traced_in_its_engines_data_parallel_group():
     for own in ({"checkpoint": "selective-attention"}, {"tp_comm_overlap": True}):
         megatron = traced_as(Execution(world=8, tensor=2, sequence_parallel=True, context=4, **own))
         assert (megatron.data, megatron.shard, megatron.data_parallel) == ("ddp", 1, 4)
+
+
+def test_the_optimizer_runs_once_in_an_accumulated_steps_split():
+    """Context parallelism with 2 and 4 micro-batches of the same traced rank: the host and the
+    compute of the split grow by the micro-batches' share only, so twice the 2's less the 4's is
+    what runs once (the optimizer's kernels and issue), more than nothing (both were counted once
+    per micro-batch before)."""
+    splits = {}
+    for accum in (2, 4):
+        execution = Execution(world=4, data="ddp", context=2, micro_batch=1, grad_accum=accum)
+        splits[accum] = evaluate(REQUEST, TraceOptions(amp="bf16"), execution, GPU, CLUSTER, layers=LAYERS,
+                                 cache=RoleCache()).split
+    assert 2 * splits[2].host_s - splits[4].host_s > 0
+    assert 2 * splits[2].compute_s - splits[4].compute_s > 0

@@ -120,7 +120,7 @@ def context_step(request: ModelRequest, options: TraceOptions, execution: Execut
         execution, step_s=step, throughput=tokens / step if step else 0.0, throughput_unit=cost.unit,
         mfu=f.flops * accum / step / cost.mfu_peak if step and cost.mfu_peak else 0.0,
         memory_bytes=int(f.memory), context_bytes=int(f.mem_context),
-        split=TimeSplit(compute_s=per_step(accum, f.compute_s, f.sync_kernel_s + f.sync_slowdown_s),
+        split=TimeSplit(compute_s=per_step(accum, f.compute_s, f.optimizer_s + f.sync_kernel_s + f.sync_slowdown_s),
                         recomputation_s=f.recompute_s * accum,
                         communication_s=f.comm_over(accum), exposed_communication_s=f.exposed_over(accum),
                         overlap_slowdown_s=f.slowdown_over(accum),
