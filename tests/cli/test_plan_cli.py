@@ -438,7 +438,8 @@ def test_the_micro_batch_can_be_pinned_as_megatron_lms_micro_batch_size():
     """6 stages of 1F1B with 16 samples a rank: --micro-batch 2 ranks only the layouts of 8
     micro-batches of 2 (8 is no multiple of the 6 stages, and 1F1B runs it, as Megatron-LM and
     DeepSpeed do); a size no count of at least one micro-batch per stage can make (16 samples:
-    4 would be 4 micro-batches on 6 stages) is one line naming the micro-batch; 0 is refused."""
+    4 would be 4 micro-batches on 6 stages) is one line naming the sizes the layouts run (2 and
+    1); 0 is refused."""
     args = ["plan", "gpt2", "-O", "n_layer=6", "--seq", "128", "--amp", "bf16", "--gpu", "h100", "--global-batch",
             "16", "--gpus", "6", "--tp", "1", "--pp", "6", "--schedule", "1f1b", "--checkpoint", "none"]
     result = CliRunner().invoke(cli, [*args, "--micro-batch", "2", "--json"])
@@ -447,7 +448,8 @@ def test_the_micro_batch_can_be_pinned_as_megatron_lms_micro_batch_size():
     assert {(r["execution"]["micro_batch"], r["execution"]["grad_accum"]) for r in doc["ranked"]} == {(2, 8)}
     assert doc["search"]["micro_batch"] == [2]
     refused = CliRunner().invoke(cli, [*args, "--micro-batch", "4"])
-    assert refused.exit_code == 2 and "a micro-batch of 4 must divide" in refused.output
+    assert refused.exit_code == 2 and "--micro-batch 4: no layout of these degrees runs it" in refused.output
+    assert refused.output.strip().endswith("sizes they run: 1, 2")
     assert len(refused.output.strip().splitlines()) == 1
     zero = CliRunner().invoke(cli, [*args, "--micro-batch", "0"])
     assert zero.exit_code == 2 and "invalid --micro-batch '0'" in zero.output
@@ -466,3 +468,16 @@ def test_published_models_plan_by_name_with_their_familys_plans():
     assert {(r["execution"]["tensor"], r["execution"]["pipeline"]) for r in doc["ranked"]} == {(2, 2)}
     assert any("tied embeddings under pipeline parallelism" in n for n in doc["notes"])
     assert "--seq-length 2048" in doc["megatron"]
+
+
+def test_degrees_a_pinned_micro_batch_leaves_without_layouts_are_said():
+    """4 GPUs, 8 sequences: tensor parallelism 2 leaves 2 data-parallel ranks of 4 (micro-batches
+    up to 4), tensor 1 four ranks of 2: --micro-batch 4 ranks TP 2 only, and a note says TP 1
+    has no layout of that size."""
+    result = CliRunner().invoke(cli, ["plan", "gpt2", "-O", "n_layer=2", "--seq", "128", "--amp", "bf16", "--gpu",
+                                      "h100", "--global-batch", "8", "--gpus", "4", "--tp", "1,2", "--pp", "1",
+                                      "--data", "ddp", "--checkpoint", "none", "--micro-batch", "4", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert {(r["execution"]["tensor"], r["execution"]["micro_batch"]) for r in doc["ranked"]} == {(2, 4)}
+    assert "--micro-batch 4: no layout of tensor x pipeline 1 x 1 runs it, so none is ranked" in doc["notes"]

@@ -118,8 +118,10 @@ def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> l
                    "Transformer Engine's userbuffers run each block's sequence-parallel all-gather and "
                    "reduce-scatter in chunks beside the GEMM it feeds or follows.")
 @click.option("--micro-batch", "micro_text", default="auto", show_default=True,
-              help="Micro-batch sizes to try (Megatron-LM's --micro-batch-size): auto (every split of a "
-                   "data-parallel rank's share of the global batch) or a list, e.g. 1,2.")
+              help="Micro-batch sizes the search may use (Megatron-LM's --micro-batch-size): auto (every size "
+                   "a layout's schedule can run: 1F1B at least one micro-batch a stage, interleaved a multiple "
+                   "of the stages) or a list, e.g. 2 or 1,2; of several, the largest that fits is kept (a "
+                   "pipeline's smaller ones while faster).")
 @click.option("--cluster", "cluster_name", default=None,
               help="Built-in cluster (dgx-a100, dgx-h100, dgx-h200) or a cluster TOML file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON document.")

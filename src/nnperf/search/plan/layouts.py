@@ -96,6 +96,26 @@ def layouts(gpus: int, nodes_of: int, global_batch: int, *, tensor: Iterable[int
     return out
 
 
+def check_micro_batches(sizes: set[int], found: list[Execution]) -> list[str]:
+    """``--micro-batch`` against the layouts of the asked degrees (``found``, before the sizes
+    filter them): none of the sizes in any layout is one line naming the sizes they run;
+    (tensor, pipeline) degrees that lose every layout to the sizes are said in a note."""
+    if not found:
+        return []  # what fails is the search's to say (the global batch, the stages)
+    asked = ",".join(map(str, sorted(sizes)))
+    offered = sorted({e.micro_batch for e in found})
+    if not sizes & set(offered):
+        raise UsageError(f"--micro-batch {asked}: no layout of these degrees runs it (a micro-batch divides a "
+                         f"data-parallel rank's share of the global batch; a pipeline runs at least one "
+                         f"micro-batch a stage, interleaved a multiple of the stages); sizes they run: "
+                         f"{', '.join(map(str, offered))}")
+    shapes = sorted({(e.tensor, e.pipeline) for e in found})
+    lost = [shape for shape in shapes if not any(e.micro_batch in sizes for e in found
+                                                 if (e.tensor, e.pipeline) == shape)]
+    return [f"--micro-batch {asked}: no layout of tensor x pipeline {', '.join(f'{t} x {p}' for t, p in lost)} "
+            "runs it, so none is ranked"] if lost else []
+
+
 def check_expert_degrees(gpus: int, nodes_of: int, global_batch: int, *, tensor: Iterable[int],
                          pipeline: Iterable[int], context: Iterable[int], expert: Iterable[int],
                          kinds: set[str], expert_count: int, layers: int | None = None,
@@ -206,8 +226,9 @@ def _micro_batch_counts(schedule: str, pp: int, local: int) -> list[int]:
     """The micro-batch counts a schedule runs a rank's ``local`` samples in (each count divides
     them): GPipe any; 1F1B at least one a stage (its warm-up fills the pipeline), as Megatron-LM's
     and DeepSpeed's 1F1B run any such count (BLOOM: 128 micro-batches on 12 stages); the
-    multi-chunk schedules a multiple of the stages, as Megatron-LM's interleaved schedule
-    requires (each round of micro-batches through a rank's chunks is one of each stage)."""
+    multi-chunk schedules a multiple of the stages, the rule of Megatron-LM's interleaved schedule
+    (each round through a rank's chunks is one micro-batch of each stage), kept for zero-bubble
+    too: a narrowing, as torch's interleaved schedules also run some other counts."""
     if schedule == "gpipe":
         first, step = 1, 1
     elif SCHEDULES[schedule].multi_chunk:

@@ -57,7 +57,13 @@ from nnperf.search.plan.axes import (
 )
 from nnperf.search.plan.bounds import same_work, work_bound
 from nnperf.search.plan.evaluate import evaluate
-from nnperf.search.plan.layouts import PipelineSplitChoice, check_expert_degrees, layouts, shape_key
+from nnperf.search.plan.layouts import (
+    PipelineSplitChoice,
+    check_expert_degrees,
+    check_micro_batches,
+    layouts,
+    shape_key,
+)
 from nnperf.search.plan.notes import notes, routing_note, why
 from nnperf.search.plan.rank import RoleCache, layers_of
 from nnperf.search.plan.results import Plan, Planned
@@ -119,6 +125,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     expert = expert_degrees(request, gpus, nodes_of, expert, info)
     kinds = set(DATA_KINDS if data is None else data)
     sizes = None if micro_batch is None else set(micro_batch)
+    if sizes is not None and (not sizes or min(sizes) < 1):
+        raise UsageError(f"micro_batch {sorted(sizes)}: give one or more sizes of 1 or more")
     if options.optimizer == "none":  # no optimizer state to shard: ZeRO-1 is DDP
         if data is not None and "zero1" in kinds:
             raise UsageError("--data zero1 shards the optimizer state, and --optimizer none has none: use ddp")
@@ -143,6 +151,12 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         # parallelism (DDP, ZeRO-1) and sequence parallelism (``trace.parallel.expert_tensor``)
         return [_overlapped(e, tp_comm_overlap) for e in found if (e.data_parallel == 1 or e.data in kinds)
                 and (not experts or e.carries_split_experts) and (sizes is None or e.micro_batch in sizes)]
+
+    if sizes is not None:  # before any trace: sizes no layout of these degrees runs are one line
+        left_out += check_micro_batches(sizes, [
+            e for e in layouts(gpus, nodes_of, global_batch, tensor=tensor, pipeline=pipeline, schedules=schedules,
+                               layers=layers, context=context, expert=expert, split=split)
+            if (e.data_parallel == 1 or e.data in kinds) and (not experts or e.carries_split_experts)])
 
     def without_sequence_parallel(e: Execution) -> list[Execution]:
         """``e`` without sequence parallelism, which a mixture of experts with tensor
@@ -198,8 +212,6 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
                                   "or the shard group (fsdp, hsdp, without tensor parallelism), without context "
                                   "parallelism"
                                   if max(expert) > 1 else "")
-            + (f", and a micro-batch of {listed(sorted(sizes))} must divide each data-parallel rank's share of "
-               "the global batch, with at least one micro-batch per pipeline stage" if sizes else "")
             + "; try other degrees or --global-batch a multiple of the GPU count")
     slower = [p for p in results if p.time_bound]
     results = [p for p in results if not p.time_bound]
