@@ -79,6 +79,7 @@ def test_cpu_profile_reproduces_a_gemm_it_measured(cal, tmp_path):
     measured = next(g["time_s"] for g in cal.gemm if g["kind"] == "square" and g["k"] == 64)
     assert est.model_compute_s == pytest.approx(measured)
     assert est.overhead_s == pytest.approx(cal.overhead["host_per_op_s"]["median"])
+    assert est.reduction_s == 0  # K = 64 is below split_k_min_k: no split-K
     assert est.time_s == pytest.approx(max(est.model_compute_s, est.model_memory_s) + est.overhead_s)
 
 

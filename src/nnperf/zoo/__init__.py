@@ -57,8 +57,9 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in _ORDER}
 
 
 def _key(name: str) -> str:
-    """Users type resnet-50, mobilenet-v2 or VIT_B_16: ignore case, '-', '_' and spaces."""
-    return "".join(ch for ch in name.lower() if ch not in "-_ \t")
+    """Users type resnet-50, mobilenet-v2, VIT_B_16 or llama3_1-405b: ignore case, '-', '_', '.'
+    and spaces."""
+    return "".join(ch for ch in name.lower() if ch not in "-_. \t")
 
 
 _BY_KEY: dict[str, ModelSpec] = {_key(name): spec for name, spec in MODELS.items()}
@@ -82,11 +83,11 @@ def get_model(name: str) -> ModelSpec:
     raise ModelLoadError(f"unknown model {name!r}; {hint}")
 
 
-def find_model(name: str) -> ModelSpec | None:
-    """The spec named ``name`` as ``get_model`` finds it, or None for a name that is not a
-    built-in model (a library's ``hf:``/``timm:`` model, a file): for callers that only
-    take a built-in's defaults where there is one."""
-    return _BY_KEY.get(_key(name))
+def find_model(name: object) -> ModelSpec | None:
+    """The spec named ``name`` as ``get_model`` finds it, or None for anything that is not a
+    built-in model's name (a library's ``hf:``/``timm:`` model, a file, a model object): for
+    callers that only take a built-in's defaults where there is one."""
+    return _BY_KEY.get(_key(name)) if isinstance(name, str) else None
 
 
 def list_models() -> list[ModelSpec]:

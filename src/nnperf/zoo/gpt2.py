@@ -21,7 +21,7 @@ from nnperf.workload import Workload
 from ._attention import attention, merge_heads, split_heads
 from ._losses import TokenCrossEntropy, random_tokens
 from ._options import require_divisible, require_positive, resolve_batch_seq, resolve_options
-from ._spec import ModelSpec
+from ._spec import ModelSpec, Preset
 from ._workloads import token_workload
 
 OPTIONS = {
@@ -162,32 +162,32 @@ def _tensor_parallel(model: nn.Module, mesh: Any, sp: bool, loss_parallel: bool)
 
 
 #: Published models of GPT-2's block (learned positions, pre-norm LayerNorm, GeLU, tied
-#: embeddings) that large Megatron-style runs trained, for ``nnperf plan gpt3-175b``:
-#: name -> (n_layer, n_embd, n_head, vocab, sequence, default batch, summary). The vocabulary is
-#: as Megatron-LM pads it (--make-vocab-size-divisible-by 128 x tensor parallelism 8).
-PUBLISHED: dict[str, tuple[int, int, int, int, int, int, str]] = {
+#: embeddings) that large Megatron-style runs trained, for ``nnperf plan gpt3-175b``. The
+#: vocabulary is as Megatron-LM pads it (--make-vocab-size-divisible-by 128 x tensor parallelism 8).
+PUBLISHED = (
     # Brown et al. 2020 ("Language Models are Few-Shot Learners"), Table 2.1: 96 layers, d_model
     # 12288, 96 heads, context 2048; GPT-2's 50257-token vocabulary, padded to 51200
-    "gpt3-175b": (96, 12288, 96, 51200, 2048, 1,
-                  "GPT-3 175B (Brown et al. 2020: 96 layers, d=12288, 96 heads), 2048 tokens, vocab 51200 "
-                  "(Megatron-LM's padding of 50257)"),
+    Preset("gpt3-175b", {"n_layer": 96, "n_embd": 12288, "n_head": 96, "vocab": 51200}, 2048,
+           "GPT-3 175B (Brown et al. 2020: 96 layers, d=12288, 96 heads), 2048 tokens, vocab 51200 "
+           "(Megatron-LM's padding of 50257)"),
     # Smith et al. 2022 ("Using DeepSpeed and Megatron to Train Megatron-Turing NLG 530B"), 3.1:
     # 105 layers, hidden 20480, 128 heads, sequence 2048
-    "mt-nlg-530b": (105, 20480, 128, 51200, 2048, 1,
-                    "Megatron-Turing NLG 530B (Smith et al. 2022: 105 layers, d=20480, 128 heads), 2048 "
-                    "tokens, vocab 51200"),
+    Preset("mt-nlg-530b", {"n_layer": 105, "n_embd": 20480, "n_head": 128, "vocab": 51200}, 2048,
+           "Megatron-Turing NLG 530B (Smith et al. 2022: 105 layers, d=20480, 128 heads), 2048 tokens, "
+           "vocab 51200"),
     # BigScience 2022 (arXiv:2211.05100; train/tr11-176B-ml README): 70 layers, hidden 14336, 112
     # heads, sequence 2048, vocabulary padded to 250880. GPT-2's learned positions (2048 x 14336
     # parameters) stand in for BLOOM's ALiBi, which has none; its layer norm after the embedding
     # (2 x 14336) is left out.
-    "bloom-176b": (70, 14336, 112, 250880, 2048, 1,
-                   "BLOOM 176B's shape (BigScience 2022: 70 layers, d=14336, 112 heads, vocab 250880) with "
-                   "GPT-2's learned positions for ALiBi, 2048 tokens"),
-}
+    Preset("bloom-176b", {"n_layer": 70, "n_embd": 14336, "n_head": 112, "vocab": 250880}, 2048,
+           "BLOOM 176B's shape (BigScience 2022: 70 layers, d=14336, 112 heads, vocab 250880) with GPT-2's "
+           "learned positions for ALiBi, 2048 tokens"),
+)
 
 
 def _builder(name: str, n_layer: int, n_embd: int, n_head: int, vocab: int = 50257, positions: int = 1024,
              default_batch: int = 8):
+    """GPT-2's builder at one size: ``positions`` the learned positions and the default sequence."""
     defaults: dict[str, Any] = {
         "n_layer": n_layer,
         "n_embd": n_embd,
@@ -226,18 +226,7 @@ SPECS = [
         build=_builder(name, n_layer, n_embd, n_head),
     )
     for name, (n_layer, n_embd, n_head, size) in SIZES.items()
-] + [
-    ModelSpec(
-        name=name,
-        summary=summary,
-        family="decoder",
-        default_batch=batch,
-        default_seq=seq,
-        input_desc=f"{seq} tokens, vocab {vocab}",
-        options=OPTIONS,
-        build=_builder(name, n_layer, n_embd, n_head, vocab, seq, batch),
-    )
-    for name, (n_layer, n_embd, n_head, vocab, seq, batch, summary) in PUBLISHED.items()
-]
-#: Every built-in model of this module: their output heads share the token embedding's weight.
-NAMES = frozenset(spec.name for spec in SPECS)
+] + [p.spec(OPTIONS, _builder(p.name, p.options["n_layer"], p.options["n_embd"], p.options["n_head"],
+                              p.options["vocab"], p.seq, 1)) for p in PUBLISHED]
+#: The built-in models whose output head shares the token embedding's weight: this module's.
+TIED_EMBEDDINGS = frozenset(spec.name for spec in SPECS)

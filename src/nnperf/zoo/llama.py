@@ -30,7 +30,7 @@ from ._options import (
     resolve_batch_seq,
     resolve_options,
 )
-from ._spec import ModelSpec
+from ._spec import ModelSpec, Preset
 from ._workloads import token_workload
 from .moe import MoE
 
@@ -402,46 +402,43 @@ SPEC = ModelSpec(
     build=build,
 )
 
-#: Published models of this block that large Megatron-style runs trained, for ``nnperf plan
-#: llama3-70b``: name -> (options, sequence, summary). Each one's config.json or paper: Llama 2
-#: (Touvron et al. 2023, Table 1; meta-llama/Llama-2-70b-hf), Llama 3 and 3.1 (Grattafiori et al.
-#: 2024, Table 3; meta-llama/Meta-Llama-3-8B, -70B, Llama-3.1-405B), Nemotron-4 340B (Parmar et
-#: al. 2024, Table 1: 96 layers, hidden 18432, 96 heads, 8 KV heads, sequence 4096, 256000-token
-#: vocabulary; squared-ReLU MLP of 4 x the hidden size, LayerNorm, untied embeddings, as the
+#: Published models of this block that large runs trained (Llama 2 and 3 on Meta's own stack,
+#: Nemotron-4 on Megatron-Core), for ``nnperf plan llama3-70b``. Each one's config.json or paper: Llama 2 (Touvron et al. 2023, Table 1;
+#: meta-llama/Llama-2-70b-hf), Llama 3 and 3.1 (Grattafiori et al. 2024, Table 3;
+#: meta-llama/Meta-Llama-3-8B, -70B, Llama-3.1-405B), Nemotron-4 340B (Parmar et al. 2024, Table
+#: 1: 96 layers, hidden 18432, 96 heads, 8 KV heads, sequence 4096, 256000-token vocabulary;
+#: squared-ReLU MLP of 4 x the hidden size, LayerNorm, untied embeddings, as the
 #: NeMo-Framework-Launcher's nemotron_340b.yaml).
-PUBLISHED: dict[str, tuple[dict[str, Any], int, str]] = {
-    "llama2-70b": ({"n_layer": 80, "dim": 8192, "n_heads": 64, "n_kv_heads": 8, "ffn_hidden": 28672, "vocab": 32000},
-                   4096, "Llama 2 70B (80 layers, d=8192, GQA 64/8, FFN 28672), 4096 tokens, vocab 32000"),
-    "llama3-8b": ({"n_layer": 32, "dim": 4096, "n_heads": 32, "n_kv_heads": 8, "ffn_hidden": 14336,
-                   "vocab": 128256}, 8192,
-                  "Llama 3 8B (32 layers, d=4096, GQA 32/8, FFN 14336), 8192 tokens, vocab 128256"),
-    "llama3-70b": ({"n_layer": 80, "dim": 8192, "n_heads": 64, "n_kv_heads": 8, "ffn_hidden": 28672,
-                    "vocab": 128256}, 8192,
-                   "Llama 3 70B (80 layers, d=8192, GQA 64/8, FFN 28672), 8192 tokens, vocab 128256"),
-    "llama3.1-405b": ({"n_layer": 126, "dim": 16384, "n_heads": 128, "n_kv_heads": 8, "ffn_hidden": 53248,
-                       "vocab": 128256}, 8192,
-                      "Llama 3.1 405B (126 layers, d=16384, GQA 128/8, FFN 53248), 8192 tokens, vocab 128256"),
-    "nemotron4-340b": ({"n_layer": 96, "dim": 18432, "n_heads": 96, "n_kv_heads": 8, "ffn_hidden": 73728,
-                        "vocab": 256000, "mlp": "squared-relu", "norm": "layernorm"}, 4096,
-                       "Nemotron-4 340B (96 layers, d=18432, GQA 96/8, squared-ReLU FFN 73728, LayerNorm), "
-                       "4096 tokens, vocab 256000"),
-}
+PUBLISHED = (
+    Preset("llama2-70b", {"n_layer": 80, "dim": 8192, "n_heads": 64, "n_kv_heads": 8, "ffn_hidden": 28672,
+                          "vocab": 32000}, 4096,
+           "Llama 2 70B (80 layers, d=8192, GQA 64/8, FFN 28672), 4096 tokens, vocab 32000"),
+    Preset("llama3-8b", {"n_layer": 32, "dim": 4096, "n_heads": 32, "n_kv_heads": 8, "ffn_hidden": 14336,
+                         "vocab": 128256}, 8192,
+           "Llama 3 8B (32 layers, d=4096, GQA 32/8, FFN 14336), 8192 tokens, vocab 128256"),
+    Preset("llama3-70b", {"n_layer": 80, "dim": 8192, "n_heads": 64, "n_kv_heads": 8, "ffn_hidden": 28672,
+                          "vocab": 128256}, 8192,
+           "Llama 3 70B (80 layers, d=8192, GQA 64/8, FFN 28672), 8192 tokens, vocab 128256"),
+    Preset("llama3.1-405b", {"n_layer": 126, "dim": 16384, "n_heads": 128, "n_kv_heads": 8, "ffn_hidden": 53248,
+                             "vocab": 128256}, 8192,
+           "Llama 3.1 405B (126 layers, d=16384, GQA 128/8, FFN 53248), 8192 tokens, vocab 128256"),
+    Preset("nemotron4-340b", {"n_layer": 96, "dim": 18432, "n_heads": 96, "n_kv_heads": 8, "ffn_hidden": 73728,
+                              "vocab": 256000, "mlp": "squared-relu", "norm": "layernorm"}, 4096,
+           "Nemotron-4 340B (96 layers, d=18432, GQA 96/8, squared-ReLU FFN 73728, LayerNorm), 4096 tokens, "
+           "vocab 256000"),
+)
 
 
-def _published(name: str, config: dict[str, Any], seq: int):
+def _published(preset: Preset):
+    """The builder of a published model: the block's defaults with the preset's options."""
     def build(batch: int | None = None, seq_len: int | None = None, **overrides: Any) -> Workload:
-        return _build(name, {**DEFAULTS, **config}, batch, seq_len, overrides, default_seq=seq)
+        return _build(preset.name, {**DEFAULTS, **preset.options}, batch, seq_len, overrides, default_seq=preset.seq)
 
-    build.__doc__ = f"{name}: token ids (batch, seq), next-token cross entropy over the vocabulary."
+    build.__doc__ = f"{preset.name}: token ids (batch, seq), next-token cross entropy over the vocabulary."
     return build
 
 
-PUBLISHED_SPECS = [
-    ModelSpec(name=name, summary=summary, family="decoder", default_batch=1, default_seq=seq,
-              input_desc=f"{seq} tokens, vocab {config['vocab']}", options=OPTIONS,
-              build=_published(name, config, seq))
-    for name, (config, seq, summary) in PUBLISHED.items()
-]
+PUBLISHED_SPECS = [p.spec(OPTIONS, _published(p)) for p in PUBLISHED]
 
 MIXTRAL = ModelSpec(
     name="mixtral-8x7b",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -87,11 +87,11 @@ def candidates(base: Base) -> list[Candidate]:
     return _fused(base) + _flex(base)
 
 
-def _attention_is_an_option(target: Any) -> bool:
+def _attention_is_an_option(target: object) -> bool:
     """A built-in decoder whose attention is an option (``-O attention=sdpa|flex``)."""
     from nnperf.zoo import find_model
 
-    spec = find_model(target) if isinstance(target, str) else None
+    spec = find_model(target)
     return spec is not None and "attention" in spec.options
 
 

@@ -87,9 +87,9 @@ def check_virtual_stages(layers: int | None, pipeline: Iterable[int], schedules:
 
 #: Why a model gets no tensor or pipeline layouts (``axes_note``, and ``--tp`` refused for it).
 NO_PLANS = ("tensor and pipeline parallelism need nnperf's per-family plans (which Linear layers split by "
-            "column or by row, and how blocks split into stages: each built-in model's tensor_parallel_plan and "
-            "pipeline_split in nnperf/zoo/), written for the built-in gpt2, llama and bert (pipelines: gpt2 and "
-            "llama), and {name} is not one")
+            "column or by row, and how blocks split into stages), declared by the built-in models' classes "
+            "(tensor_parallel_plan, pipeline_split in nnperf/zoo/): the gpt2 and llama families and bert "
+            "(pipelines: gpt2 and llama), and {name} is not one")
 
 
 def axes_note(request: ModelRequest, gpus: int, asked: tuple[Any, Any], tensor: list[int],
@@ -102,7 +102,8 @@ def axes_note(request: ModelRequest, gpus: int, asked: tuple[Any, Any], tensor: 
     if model_info is None:
         why = NO_PLANS.format(name=name)
     else:
-        why = (f"for {name} nnperf has no per-family plan (its tensor_parallel_plan, pipeline_split), or "
+        why = (f"for {name} nnperf has no per-family plan (its model declares no tensor_parallel_plan or "
+               "pipeline_split), or "
                "no degree above 1 divides its heads, FFN and sequence within a node and no stage count its "
                "layers")
     return [f"tensor and pipeline parallelism were not searched: {why}; the layouts ranked are data "

@@ -74,12 +74,12 @@ def notes(request: ModelRequest, options: TraceOptions, results: list[Planned], 
 
 
 def _ties_embeddings(request: ModelRequest) -> bool:
-    """A built-in model of GPT-2's block: its output head shares the token embedding's weight."""
+    """A built-in model whose output head shares the token embedding's weight."""
     from nnperf.zoo import find_model
-    from nnperf.zoo.gpt2 import NAMES
+    from nnperf.zoo.gpt2 import TIED_EMBEDDINGS
 
-    spec = find_model(request.target) if isinstance(request.target, str) else None
-    return spec is not None and spec.name in NAMES
+    spec = find_model(request.target)
+    return spec is not None and spec.name in TIED_EMBEDDINGS
 
 
 def routing_note(info: tuple[Any, dict[str, Any], int | None] | None, options: TraceOptions) -> list[str]:
