@@ -403,12 +403,12 @@ SPEC = ModelSpec(
 )
 
 #: Published models of this block that large runs trained (Llama 2 and 3 on Meta's own stack,
-#: Nemotron-4 on Megatron-Core), for ``nnperf plan llama3-70b``. Each one's config.json or paper: Llama 2 (Touvron et al. 2023, Table 1;
-#: meta-llama/Llama-2-70b-hf), Llama 3 and 3.1 (Grattafiori et al. 2024, Table 3;
-#: meta-llama/Meta-Llama-3-8B, -70B, Llama-3.1-405B), Nemotron-4 340B (Parmar et al. 2024, Table
-#: 1: 96 layers, hidden 18432, 96 heads, 8 KV heads, sequence 4096, 256000-token vocabulary;
-#: squared-ReLU MLP of 4 x the hidden size, LayerNorm, untied embeddings, as the
-#: NeMo-Framework-Launcher's nemotron_340b.yaml).
+#: Nemotron-4 on Megatron-Core), for ``nnperf plan llama3-70b``. Each one's config.json or paper:
+#: Llama 2 (Touvron et al. 2023, Table 1; meta-llama/Llama-2-70b-hf), Llama 3 and 3.1 (Grattafiori
+#: et al. 2024, Table 3; meta-llama/Meta-Llama-3-8B, -70B, Llama-3.1-405B), Nemotron-4 340B
+#: (Parmar et al. 2024, Table 1: 96 layers, hidden 18432, 96 heads, 8 KV heads, sequence 4096,
+#: 256000-token vocabulary; squared-ReLU MLP of 4 x the hidden size, LayerNorm, untied
+#: embeddings, as the NeMo-Framework-Launcher's nemotron_340b.yaml).
 PUBLISHED = (
     Preset("llama2-70b", {"n_layer": 80, "dim": 8192, "n_heads": 64, "n_kv_heads": 8, "ffn_hidden": 28672,
                           "vocab": 32000}, 4096,
