@@ -54,10 +54,11 @@ def test_the_data_says_where_and_how_it_was_measured():
     env = DOC["environment"]
     assert env["device"] == "cpu" and env["torch"] and env["cpu"] and env["date"]
     assert all(r["memory_method"] == "cpu-allocator-events" for r in MEASURED)
-    # every zoo model is in it, and nearly every configuration could run on the CPU
+    # every zoo model is in it (the published presets at full size are their families' classes, too
+    # large for a CPU), and nearly every configuration could run on the CPU
     from nnperf.zoo import list_models
 
-    assert {r["config"]["model"] for r in MEASURED} == {s.name for s in list_models()}
+    assert {r["config"]["model"] for r in MEASURED} == {s.name for s in list_models(presets=False)}
     assert len(MEASURED) >= 0.9 * len(DOC["records"])
 
 

@@ -138,3 +138,12 @@ def test_image_info() -> None:
     assert tuple(w.inputs[0].shape) == (4, 3, 128, 128)
     assert w.info["image_size"] == 128 and w.info["num_classes"] == 7
     assert w.model.fc.out_features == 7 and w.name == "resnet18"
+
+
+def test_presets_are_the_published_models_left_out_of_single_gpu_plans() -> None:
+    from nnperf.zoo import PRESETS
+
+    expected = {"gpt3-175b", "mt-nlg-530b", "bloom-176b", "llama2-70b", "llama3-8b", "llama3-70b", "llama3.1-405b",
+                "nemotron4-340b"}
+    assert set(PRESETS) == expected
+    assert [s.name for s in list_models(presets=False)] == [n for n in MODELS if n not in PRESETS]

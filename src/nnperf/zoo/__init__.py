@@ -30,7 +30,7 @@ from . import (
 )
 from ._spec import ModelSpec
 
-__all__ = ["MODELS", "ModelSpec", "get_model", "list_models"]
+__all__ = ["MODELS", "PRESETS", "ModelSpec", "get_model", "list_models"]
 
 _ORDER: list[ModelSpec] = [
     mlp.SPEC,
@@ -54,6 +54,8 @@ _ORDER: list[ModelSpec] = [
 ]
 
 MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in _ORDER}
+#: The published models at their shapes (``zoo._spec.Preset``), on the gpt2 and llama families' classes.
+PRESETS = frozenset(p.name for p in (*gpt2.PUBLISHED, *llama.PUBLISHED))
 
 
 def _key(name: str) -> str:
@@ -90,6 +92,9 @@ def find_model(name: object) -> ModelSpec | None:
     return _BY_KEY.get(_key(name)) if isinstance(name, str) else None
 
 
-def list_models() -> list[ModelSpec]:
-    """All built-in models, smallest families first (the order a listing should show)."""
-    return list(_ORDER)
+def list_models(presets: bool = True) -> list[ModelSpec]:
+    """All built-in models, smallest families first (the order a listing should show).
+    ``presets=False`` leaves out the published models at their full shapes (``PRESETS``): each is
+    a family's classes that another entry already builds, and none fits one GPU to be measured
+    alone, so the single-GPU validation plans cover the family's own entries instead."""
+    return [spec for spec in _ORDER if presets or spec.name not in PRESETS]
