@@ -17,7 +17,7 @@ from nnperf.hardware import GPU
 from nnperf.trace.options import TraceOptions
 
 
-def _degrees(text: str | None, what: str) -> list[int] | None:
+def _integers(text: str | None, what: str) -> list[int] | None:
     """``auto`` (None: every value the model and nodes allow) or comma-separated integers."""
     if text is None or text.lower() == "auto":
         return None
@@ -166,15 +166,15 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
                          "of forward, backward and optimizer); for one GPU's inference use 'nnperf predict "
                          "--inference'")
     _once(list(schedules), "--schedule", " ".join(schedules))
-    axes = {"tensor": _degrees(tp_text, "--tp"), "pipeline": _degrees(pp_text, "--pp"),
-            "schedules": schedules or DEFAULT_SCHEDULES, "context": _degrees(cp_text, "--cp") or [1],
-            "expert": _degrees(ep_text, "--ep"), "data": _names(data_text, "--data", DATA_KINDS),
+    axes = {"tensor": _integers(tp_text, "--tp"), "pipeline": _integers(pp_text, "--pp"),
+            "schedules": schedules or DEFAULT_SCHEDULES, "context": _integers(cp_text, "--cp") or [1],
+            "expert": _integers(ep_text, "--ep"), "data": _names(data_text, "--data", DATA_KINDS),
             "checkpoints": _levels(_names(checkpoint_text, "--checkpoint", tuple(CHECKPOINT_NAMES))),
             "reshard": [n == "always" for n in _names(reshard_text, "--reshard", ("always", "never"),
                                                       auto=False) or ()],
-            "split": PipelineSplitChoice(tuple(_degrees(vpp_text, "--vpp") or (INTERLEAVE,)),
+            "split": PipelineSplitChoice(tuple(_integers(vpp_text, "--vpp") or (INTERLEAVE,)),
                                          first_stage_layers, last_stage_layers),
-            "micro_batch": _degrees(micro_text, "--micro-batch")}
+            "micro_batch": _integers(micro_text, "--micro-batch")}
     with progress.shown(f"plan {n_gpus} GPUs: layout groups searched", enabled=not as_json):
         result = run_plan(request, options, gpu, n_gpus, cluster, nodes, global_batch, **axes,
                           tp_comm_overlap=tp_comm_overlap)

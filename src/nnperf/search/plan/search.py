@@ -146,17 +146,20 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
                              expert=expert, kinds=kinds, expert_count=experts, layers=layers,
                              schedules=schedules, split=split)
 
+    def runnable(e: Execution) -> bool:
+        # the asked engines; experts split over tensor-parallel ranks as Megatron-LM splits them,
+        # beside its data parallelism (DDP, ZeRO-1) and sequence parallelism
+        # (``trace.parallel.expert_tensor``)
+        return (e.data_parallel == 1 or e.data in kinds) and (not experts or e.carries_split_experts)
+
     def engines(found: list[Execution]) -> list[Execution]:
-        # experts split over tensor-parallel ranks as Megatron-LM splits them, beside its data
-        # parallelism (DDP, ZeRO-1) and sequence parallelism (``trace.parallel.expert_tensor``)
-        return [_overlapped(e, tp_comm_overlap) for e in found if (e.data_parallel == 1 or e.data in kinds)
-                and (not experts or e.carries_split_experts) and (sizes is None or e.micro_batch in sizes)]
+        return [_overlapped(e, tp_comm_overlap) for e in found
+                if runnable(e) and (sizes is None or e.micro_batch in sizes)]
 
     if sizes is not None:  # before any trace: sizes no layout of these degrees runs are one line
         left_out += check_micro_batches(sizes, [
             e for e in layouts(gpus, nodes_of, global_batch, tensor=tensor, pipeline=pipeline, schedules=schedules,
-                               layers=layers, context=context, expert=expert, split=split)
-            if (e.data_parallel == 1 or e.data in kinds) and (not experts or e.carries_split_experts)])
+                               layers=layers, context=context, expert=expert, split=split) if runnable(e)])
 
     def without_sequence_parallel(e: Execution) -> list[Execution]:
         """``e`` without sequence parallelism, which a mixture of experts with tensor

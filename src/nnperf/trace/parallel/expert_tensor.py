@@ -68,23 +68,20 @@ def split_moe(moe: nn.Module, mesh: Any, sequence_parallel: bool) -> None:
                          "parallelism (--ep)")
     experts = moe.experts
     hidden = experts.w1.shape[1]
-    if experts in WHOLE_EXPERTS:  # as DTensors (the optimizer's foreach steps), replicated here
-        for name in ("w1", "w3", "w2"):
-            local = getattr(experts, name).detach()
-            experts.register_parameter(name, nn.Parameter(DTensor.from_local(local, mesh, [Replicate()],
-                                                                             run_check=False)))
-    elif hidden % mesh.size():
+    whole = experts in WHOLE_EXPERTS
+    if not whole and hidden % mesh.size():
         raise UsageError(f"tensor parallel degree {mesh.size()} does not divide the experts' hidden size "
                          f"{hidden}")
-    else:
-        # each rank's slice of every expert's hidden dimension, held as the DTensor it is (the
-        # optimizer's foreach steps take no mix of DTensors and plain tensors); expert
-        # parallelism then shards its local slice over the expert group (``trace.parallel.expert``)
-        width, start = hidden // mesh.size(), shard_start(hidden, mesh)
-        for name, dim in (("w1", 1), ("w3", 1), ("w2", 2)):
-            local = getattr(experts, name).detach().narrow(dim, start, width).clone()
-            experts.register_parameter(name, nn.Parameter(DTensor.from_local(local, mesh, [Shard(dim)],
-                                                                             run_check=False)))
+    # every expert weight held as the DTensor it is (the optimizer's foreach steps take no mix of
+    # DTensors and plain tensors): whole and replicated where the experts fold over the
+    # tensor-parallel ranks, else this rank's slice of every expert's hidden dimension; expert
+    # parallelism then shards it over the expert group (``trace.parallel.expert``)
+    width, start = hidden // mesh.size(), shard_start(hidden, mesh)
+    for name, dim in (("w1", 1), ("w3", 1), ("w2", 2)):
+        weight = getattr(experts, name).detach()
+        local, placement = (weight, Replicate()) if whole else (weight.narrow(dim, start, width).clone(), Shard(dim))
+        experts.register_parameter(name, nn.Parameter(DTensor.from_local(local, mesh, [placement], run_check=False)))
+    if not whole:
         EXPERT_TENSOR_MESH[experts] = mesh
 
     # the router over this rank's tokens: its weight's gradient is Partial, all-reduced
