@@ -11,6 +11,7 @@ writes the table into the package and checks the committed one against a fresh b
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -47,9 +48,11 @@ def harness_runs(folder: Path, records: list[dict[str, Any]] | None = None) -> l
     from nnperf.measure.validation import Config, family_of, load_records, repredict
 
     out = []
-    for record in load_records(folder) if records is None else records:
-        if not record.get("fits", True) or "measured_step_time_s" not in record or record.get("tiny"):
-            continue
+    chosen = [r for r in (load_records(folder) if records is None else records)
+              if r.get("fits", True) and "measured_step_time_s" in r and not r.get("tiny")]
+    # a configuration measured in more than one session is a run per session: named by its file
+    times = Counter(Config.from_record(r).name for r in chosen)
+    for record in chosen:
         if records is None:
             repredict(record, record["gpu"])
         config = Config.from_record(record)
@@ -57,7 +60,8 @@ def harness_runs(folder: Path, records: list[dict[str, Any]] | None = None) -> l
         measured = measured["median"] if isinstance(measured, dict) else measured
         traits = _traits(record["gpu"], family_of(config.model), config.precision, config.train,
                          record["predicted_bound"])
-        out.append(MeasuredRun(config.name, f"nnperf-{folder.name}", None, traits,
+        name = config.name if times[config.name] == 1 else f"{config.name}@{Path(record['_file']).stem}"
+        out.append(MeasuredRun(name, f"nnperf-{folder.name}", None, traits,
                                _error(record["predicted_step_time_s"], measured)))
     return out
 

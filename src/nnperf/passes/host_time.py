@@ -104,9 +104,14 @@ class HostCosts:
             grad = self.autograd_record_s if event.records_grad else 0.0
         cast = self.autocast_op_s if autocast and event.python_call else 0.0
         modules = event.module_calls * self.module_call_s + event.module_hooks * self.module_hook_s
-        subclass = (event.subclass_dispatches * self.dtensor_dispatch_s
-                    + event.subclass_list_tensors * self.dtensor_list_tensor_s)
-        return base + grad + cast + modules + subclass
+        return base + grad + cast + modules + self.subclass_s(event)
+
+    def subclass_s(self, event: OpEvent) -> float:
+        """What a tensor subclass's dispatch (DTensor: tensor parallelism, FSDP2's sharded
+        parameters) adds to ``event`` on the host, on top of the op beneath it: also charged
+        where the op's own price is a measured whole (an optimizer step timed on plain tensors)."""
+        return (event.subclass_dispatches * self.dtensor_dispatch_s
+                + event.subclass_list_tensors * self.dtensor_list_tensor_s)
 
     def node_s(self) -> float:
         """The backward engine's own cost for one node (on top of the ops it dispatches)."""

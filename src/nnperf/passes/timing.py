@@ -781,7 +781,7 @@ def simulate_step(
         counted = count is not None and count.event is event
         group = groups.get(event.index) if counted else None
         if measured_optimizer is not None and event.phase == "optimizer":
-            cost = optimizer_share
+            cost = optimizer_share + costs.subclass_s(event)  # measured on plain tensors
         else:
             cost = costs.event_s(event, count.category if counted else None,
                                  host_value=counted and _host_value_op(event, trace),
