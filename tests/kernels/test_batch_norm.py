@@ -104,10 +104,26 @@ def test_evaluation_is_the_transform_and_two_small_kernels():
     assert [k.name for k in plan.loops] == ["batch_norm_transform_input_kernel"] and plan.small == 2
 
 
-def test_channels_last_and_cudnn_stream():
+def test_channels_last_and_cudnn_outside_nchw_training_stream():
     assert bn.launches(_call(channels_last=True), cudnn=False) == bn.Launches(streamed=2, small=1)
     assert bn.launches(_call(channels_last=True, backward=True), cudnn=False) == bn.Launches(streamed=2)
-    assert bn.launches(_call(), cudnn=True) == bn.Launches(streamed=1)
+    assert bn.launches(_call(channels_last=True), cudnn=True) == bn.Launches(streamed=1)
+    assert bn.launches(_call(training=False), cudnn=True) == bn.Launches(streamed=1)
+
+
+def test_cudnn_nchw_training_is_a_loop_over_each_channel_by_hand():
+    # 32 images of 56x56 per channel: 100,352 elements over 512 threads = 196 per sweep
+    (forward,) = bn.launches(_call(), cudnn=True).loops
+    assert (forward.blocks, forward.threads, forward.iterations) == (64, 512, 196)  # two sweeps, two a step
+    assert forward.library == "cudnn" and forward.bytes == 3 * 32 * 64 * 3136 * 4
+    (backward,) = bn.launches(_call(backward=True), cudnn=True).loops
+    assert (backward.blocks, backward.threads, backward.iterations) == (64, 512, 2 * 196)
+    assert backward.bytes == 5 * 32 * 64 * 3136 * 4
+    gpu = load_gpu("h200-sxm")
+    profile = default_profile(gpu).replace(loop_iteration_cycles=1000.0, cudnn_batch_norm_loop_fraction=0.5)
+    # 64 blocks fit one wave; each iteration 500 cycles at 1980 MHz, or the bytes at the floor
+    by_hand = max(196 * 500 / 1980e6, profile.memory_time(gpu.memory_bandwidth, forward.bytes))
+    assert loop_kernel_time(forward, gpu, profile) == pytest.approx(by_hand)
 
 
 def test_the_time_model_sums_the_loops_and_launches(bf16_train):
@@ -124,8 +140,11 @@ def test_the_time_model_sums_the_loops_and_launches(bf16_train):
     assert fwd.kernel_s == pytest.approx(by_hand + 3 * profile.kernel_overhead_s)
 
 
-def test_fp32_batch_norm_keeps_the_streaming_model():
+def test_fp32_training_batch_norm_runs_cudnns_loop():
     gpu = load_gpu("h200-sxm")
-    fp32 = predict_analysis(_analysis(amp=None), gpu)
+    profile = default_profile(gpu)
+    fp32 = predict_analysis(_analysis(amp=None), gpu, profile)
     fwd = next(t for t in fp32.step.ops if t.op == "aten.native_batch_norm")
-    assert fwd.kernels == 1  # cuDNN's kernel, its bytes at the achievable bandwidth
+    assert fwd.kernels == 1  # cuDNN's kernel: 64 channels of 64x112x112, 1,568 steps of 512 threads
+    cycles = profile.loop_iteration_cycles * profile.cudnn_batch_norm_loop_fraction
+    assert fwd.kernel_s == pytest.approx(1568 * cycles / 1980e6 + profile.kernel_overhead_s)

@@ -54,6 +54,30 @@ def test_the_round_trip_comes_back_from_rows_timed_with_it():
     assert loop_cycles(_bn_rows(350.0), H200, default_profile(H200)) == pytest.approx(350.0, rel=1e-6)
 
 
+def test_cudnns_round_trip_is_a_fraction_of_the_native_one():
+    profile = default_profile(H200).replace(loop_iteration_cycles=900.0, cudnn_batch_norm_loop_fraction=0.5)
+    facts = {"kind": "batch_norm", "dtype": "fp16", "parameter_dtype": "fp32", "layout": "nchw", "batch": 64,
+             "channels": 64, "hw": 112, "cudnn_benchmark": False}
+
+    def seconds(backward: bool) -> float:
+        call = bn.BatchNormCall(batch=64, channels=64, spatial=112 * 112, itemsize=2, input_dtype="fp16",
+                                weight_dtype="fp32", has_bias=True, running_stats=True, training=True,
+                                backward=backward, want_input_grad=True, want_param_grads=True,
+                                channels_last=False, contiguous=True, eps=1e-5, numel=64 * 64 * 112 * 112)
+        plan = bn.launches(call, cudnn=True)
+        return sum(loop_kernel_time(k, H200, profile) for k in plan.loops) + plan.kernels * profile.kernel_overhead_s
+
+    ops = {"aten.cudnn_batch_norm": 1}
+    cudnn = [{**facts, "pass": "forward", "ops": ops, "time_s": seconds(False)},
+             {**facts, "pass": "forward_backward", "ops": {**ops, "aten.cudnn_batch_norm_backward": 1},
+              "time_s": seconds(False) + seconds(True)}]
+    # timed at 450 cycles (900 x 0.5): the solve reads the loop's own round trip
+    assert loop_cycles(cudnn, H200, default_profile(H200), library="cudnn") == pytest.approx(450.0, rel=1e-6)
+    doc = {"schema": SCHEMA, "rows": [*_bn_rows(900.0)[:3], *cudnn]}
+    changes = kernel_bench_changes(doc, H200, default_profile(H200))
+    assert changes["cudnn_batch_norm_loop_fraction"] == pytest.approx(0.5, rel=1e-6)
+
+
 def test_rows_the_bandwidth_floor_explains_inform_nothing():
     rows = [dict(r, time_s=1e-9) for r in _bn_rows(800.0)]
     assert loop_cycles(rows, H200, default_profile(H200)) is None

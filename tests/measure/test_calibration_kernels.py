@@ -93,3 +93,17 @@ def test_a_low_channel_class_left_out_falls_back_to_the_stride_class():
     h100 = default_profile(load_gpu("h100-sxm"))
     assert h100.conv_efficiency_of(2, 112 * 112, "forward", "tensor", 6) == pytest.approx(0.157)
     assert h100.conv_efficiency_of(2, 112 * 112, "forward", "tensor", 16) == pytest.approx(0.88)  # a full vector
+
+
+def test_burst_gemms_are_fractions_of_the_datasheet_peak_not_the_sustained_one():
+    """The calibration's GEMMs are short bursts at the boost clock: their rates are read against
+    the datasheet peak, and a prediction applies the H200's sustained clock (1470 of 1830 MHz)
+    on top, so a GEMM measured at 780 TFLOP/s comes back at 780 x 1470/1830."""
+    cal = _cal()
+    n = 8192
+    cal.gemm = [{"kind": "square", "dtype": "bf16", "m": n, "n": n, "k": n, "flops": 2.0 * n**3,
+                 "flops_per_s": 780e12, "time_s": 2.0 * n**3 / 780e12}]
+    profile = build_profile(cal, H200)
+    ((_, fraction),) = profile.gemm_efficiency["bf16"]
+    assert fraction == pytest.approx(780e12 / 989.4e12, rel=1e-3)  # the whitepaper's dense bf16 rate
+    assert H200.matmul_peak("bf16").flops == pytest.approx(989.4e12 * 1470 / 1830, rel=1e-3)

@@ -117,6 +117,10 @@ class DeviceProfile:
     # SM cycles of one iteration of a latency-bound per-thread loop (``kernels.native_loops``:
     # PyTorch's NCHW batch norm, max pooling, depthwise weight gradient): one memory round trip.
     loop_iteration_cycles: float = 600.0
+    # cuDNN's NCHW batch-norm training kernels are loops too (one block per channel), with a
+    # shorter round trip per iteration than PyTorch's one-scalar-load loops: its cycles over
+    # ``loop_iteration_cycles`` (``kernels.batch_norm``).
+    cudnn_batch_norm_loop_fraction: float = 1.0
     # Bytes per SM and boost clock (read and written) of cuDNN's NCHW <-> NHWC conversions
     # around a tensor-core convolution (``passes.timing.transpose_time``); 0: not measured, at
     # the achievable DRAM bandwidth.

@@ -193,6 +193,7 @@ PROFILE_RANGES: dict[str, Range] = {
     "split_k_min_k": Range(1, 2**31 - 1, integer=True, low_closed=True),
     "foreach_tensors_per_kernel": Range(1, 1e6, low_closed=True),
     "loop_iteration_cycles": Range(1, 1e6, low_closed=True),
+    "cudnn_batch_norm_loop_fraction": Range(0, 10, low_closed=False),
     "layout_transpose_bytes_per_clock_sm": Range(0, 1e4, low_closed=True),  # 0: DRAM speed
     "low_rate_flops_per_clock_sm": Range(1, 1e5, low_closed=True),
     "tile_relative_efficiency": FRACTION,  # per tile

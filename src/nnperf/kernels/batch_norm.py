@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from nnperf.kernels.native_loops import LoopKernel
+from nnperf.kernels.native_loops import CUDNN, LoopKernel
 
 #: cuDNN's smallest batch-norm epsilon (``CUDNN_BN_MIN_EPSILON``, cudnn.h: 1e-5).
 CUDNN_MIN_EPSILON = 1e-5
@@ -146,10 +146,35 @@ class Launches:
         return len(self.loops) + self.streamed + self.small
 
 
+#: Threads per block of cuDNN's NCHW training kernels: ``cudnn::bn_fw_tr_1C11_kernel_NCHW<float,
+#: float, int=512, bool=0, int=2>`` (nvprof in pytorch/pytorch#57034), a grid over the channels.
+CUDNN_NCHW_THREADS = 512
+
+
 def launches(call: BatchNormCall, cudnn: bool) -> Launches:
-    """The kernels ``call`` runs: cuDNN's (one kernel, timed by its bytes as before), the
-    native channels-last or general path's streaming kernels, or the native NCHW loops."""
+    """The kernels ``call`` runs: cuDNN's, the native channels-last or general path's
+    streaming kernels, or the native NCHW loops.
+
+    cuDNN's NCHW training kernels are, like PyTorch's, one block per channel walking the
+    channel's N*H*W elements (the forward reads them for the statistics, then again to write
+    the output; the backward reduces, then writes the input gradient): per-thread loops, not
+    streams. The H200's kernel bench bears it out: an fp16 batch norm over 64 channels of
+    64x112x112 took 590 us forward and 1,120 us backward (523 and 459 GB/s), over 1024
+    channels of 64x14x14 at 2.7-3.2 TB/s (validation/data/h200-sxm/kernel-bench-*.json). Its
+    channels-last and evaluation kernels stream (89 us forward over the same 64 channels in
+    channels-last). Its loops keep more loads in flight than PyTorch's: their round trip is
+    ``cudnn_batch_norm_loop_fraction`` of ``loop_iteration_cycles``, from the same rows."""
     if cudnn:
+        if (call.training or call.backward) and call.contiguous and not call.channels_last:
+            per_pass = math.ceil(call.batch * call.spatial / CUDNN_NCHW_THREADS)
+            name = "cudnn::bn_bw_1C11_kernel" if call.backward else "cudnn::bn_fw_tr_1C11_kernel_NCHW"
+            # the forward's two sweeps take two elements a thread per iteration (its template's
+            # last argument, 2); the backward's one
+            sweeps = 2 if call.backward else 1
+            return Launches(loops=(LoopKernel(name, blocks=call.channels, threads=CUDNN_NCHW_THREADS,
+                                              iterations=sweeps * per_pass,
+                                              bytes=(5 if call.backward else 3) * call.plane_bytes,
+                                              library=CUDNN),))
         return Launches(streamed=1)
     needs_reduction = call.training or call.want_param_grads
     if not (call.contiguous and not call.channels_last):

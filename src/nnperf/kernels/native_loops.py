@@ -35,6 +35,9 @@ class LoopKernel:
     threads: int  # threads per block
     iterations: int  # dependent loop iterations of one thread (each waits for its loads)
     bytes: float  # DRAM traffic of the launch: the floor its bandwidth sets
+    #: whose loop: PyTorch's (``loop_iteration_cycles``), or cuDNN's batch norm (that times
+    #: ``cudnn_batch_norm_loop_fraction``)
+    library: str = "pytorch"
 
     def __post_init__(self) -> None:
         if self.blocks < 1 or self.threads < 1 or self.iterations < 0 or self.bytes < 0:
@@ -55,14 +58,20 @@ def waves(kernel: LoopKernel, gpu: GPU) -> int:
     return math.ceil(kernel.blocks / resident_blocks(kernel.threads, gpu))
 
 
-def round_trip_s(gpu: GPU, profile: DeviceProfile) -> float:
+#: ``LoopKernel.library`` of cuDNN's batch-norm loops.
+CUDNN = "cudnn"
+
+
+def round_trip_s(gpu: GPU, profile: DeviceProfile, library: str = "pytorch") -> float:
     """Seconds of one dependent loop iteration: ``loop_iteration_cycles`` at the boost clock
-    (a latency-bound loop leaves the SM idle and power low: it runs at the top clock)."""
-    return profile.loop_iteration_cycles / (gpu.boost_clock_mhz * 1e6)
+    (a latency-bound loop leaves the SM idle and power low: it runs at the top clock); cuDNN's
+    batch-norm loops that times ``cudnn_batch_norm_loop_fraction``."""
+    fraction = profile.cudnn_batch_norm_loop_fraction if library == CUDNN else 1.0
+    return profile.loop_iteration_cycles * fraction / (gpu.boost_clock_mhz * 1e6)
 
 
 def loop_kernel_time(kernel: LoopKernel, gpu: GPU, profile: DeviceProfile) -> float:
     """Seconds of ``kernel`` without its launch overhead: its waves of dependent iterations,
     or its bytes at the achievable bandwidth, whichever is longer."""
-    latency = waves(kernel, gpu) * kernel.iterations * round_trip_s(gpu, profile)
+    latency = waves(kernel, gpu) * kernel.iterations * round_trip_s(gpu, profile, kernel.library)
     return max(latency, profile.memory_time(gpu.memory_bandwidth, kernel.bytes))

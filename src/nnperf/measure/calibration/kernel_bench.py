@@ -10,6 +10,9 @@ fields the time model reads for those kernels:
   the modeled launches (``kernels.batch_norm.launches``: the training forward, the evaluation
   forward, and the backward as the forward + backward row less the forward row) take the
   measured time; rows a bandwidth floor already explains inform nothing; the median;
+- ``cudnn_batch_norm_loop_fraction``: the same solve over the NCHW rows cuDNN ran (fp16 and
+  fp32 training, ``cudnn_batch_norm``: its loops, ``kernels.batch_norm.launches``), their median
+  over the native median;
 - ``depthwise_rate``: the depthwise forward rows (``cudnn.benchmark`` off), as the calibration's
   convolution variants are read (``profile.depthwise_rates``);
 - ``conv_efficiency["low_channel_forward"]``: the stem rows' forward pass on NCHW tensors, as
@@ -56,6 +59,8 @@ def _timed(rows: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 
 def _solve_cycles(loops: tuple[LoopKernel, ...], small: int, measured: float, gpu: GPU,
                   profile: DeviceProfile) -> float | None:
+    # the loops' own round trip, whichever library's: solved with its fraction at 1
+    profile = profile.replace(cudnn_batch_norm_loop_fraction=1.0)
     """The ``loop_iteration_cycles`` at which ``loops`` plus ``small`` launches take
     ``measured`` seconds (the modeled time rises with it); None where even the bandwidth floor
     alone reaches the measurement, or a loop-free plan."""
@@ -84,18 +89,21 @@ def _bn_call(row: dict[str, Any], training: bool, backward: bool) -> bn.BatchNor
         eps=1e-5, numel=n * c * hw * hw)
 
 
-def loop_cycles(rows: list[dict[str, Any]], gpu: GPU, profile: DeviceProfile) -> float | None:
-    """``loop_iteration_cycles`` from the native NCHW batch-norm rows (module docstring)."""
-    native = [r for r in _timed(rows, "batch_norm")
-              if r.get("layout") == "nchw" and any("native_batch_norm" in op for op in r.get("ops", {}))]
-    forward = {(r["dtype"], r["batch"], r["channels"], r["hw"]): r for r in native if r["pass"] == "forward"}
+def loop_cycles(rows: list[dict[str, Any]], gpu: GPU, profile: DeviceProfile, library: str = "native") -> float | None:
+    """The round trip of the NCHW batch-norm rows' loops (module docstring): PyTorch's native
+    kernels' (``library`` "native": ``loop_iteration_cycles``) or cuDNN's ("cudnn")."""
+    op = f"{library}_batch_norm"
+    chosen = [r for r in _timed(rows, "batch_norm")
+              if r.get("layout") == "nchw" and any(op in name for name in r.get("ops", {}))]
+    cudnn = library == "cudnn"
+    forward = {(r["dtype"], r["batch"], r["channels"], r["hw"]): r for r in chosen if r["pass"] == "forward"}
     found = []
-    for r in native:
+    for r in chosen:
         if r["pass"] in ("forward", "eval"):
-            plan = bn.launches(_bn_call(r, training=r["pass"] == "forward", backward=False), cudnn=False)
+            plan = bn.launches(_bn_call(r, training=r["pass"] == "forward", backward=False), cudnn=cudnn)
             measured = r["time_s"]
         elif r["pass"] == "forward_backward" and (r["dtype"], r["batch"], r["channels"], r["hw"]) in forward:
-            plan = bn.launches(_bn_call(r, training=True, backward=True), cudnn=False)
+            plan = bn.launches(_bn_call(r, training=True, backward=True), cudnn=cudnn)
             measured = r["time_s"] - forward[(r["dtype"], r["batch"], r["channels"], r["hw"])]["time_s"]
         else:
             continue
@@ -123,6 +131,9 @@ def kernel_bench_changes(doc: dict[str, Any], gpu: GPU, profile: DeviceProfile) 
     cycles = loop_cycles(rows, gpu, profile)
     if cycles:
         changes["loop_iteration_cycles"] = cycles
+        cudnn = loop_cycles(rows, gpu, profile, library="cudnn")
+        if cudnn:
+            changes["cudnn_batch_norm_loop_fraction"] = cudnn / cycles
     forward = [r for r in rows if r.get("pass") == "forward"]
     scratch = Calibration(device=doc.get("device", "cuda"), device_name=gpu.name, quick=bool(doc.get("quick")),
                           date="", torch_version="", threads=1, timing=TIMING_DEVICE, complete=True)

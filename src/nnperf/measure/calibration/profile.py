@@ -41,7 +41,14 @@ def peak_for_fraction(cal: Calibration, dtype: str, gpu: GPU | None) -> float | 
 def build_profile(cal: Calibration, gpu: GPU | None, kernel_bench: dict[str, Any] | None = None) -> DeviceProfile:
     """A ``DeviceProfile`` from measurements; ``gpu`` None means a CPU calibration.
     ``kernel_bench``: a ``validation/kernel_bench.py`` document whose rows set the kernel
-    constants it measures (``kernel_bench.kernel_bench_changes``), on a GPU."""
+    constants it measures (``kernel_bench.kernel_bench_changes``), on a GPU.
+
+    Its microbenchmarks are short bursts, which run at the boost clock, not the sustained one
+    a GPU entry may state (``sustained_clock_mhz``, what a long load holds): their rates are
+    read as fractions of the datasheet peak, and the prediction applies the sustained clock on
+    top, as it does to the default fractions."""
+    if gpu is not None and gpu.sustained_clock_mhz:
+        gpu = dataclasses.replace(gpu, sustained_clock_mhz=None)
     base = default_profile(gpu)
     changes: dict[str, Any] = {}
     curves = {}
