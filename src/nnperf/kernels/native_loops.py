@@ -25,6 +25,10 @@ from dataclasses import dataclass
 from nnperf.hardware import GPU, DeviceProfile
 from nnperf.hardware.architecture import resident_limits
 
+#: ``LoopKernel.library``: PyTorch's own kernels, and cuDNN's batch-norm loops (the prefixes
+#: of their ops: ``aten.native_batch_norm``, ``aten.cudnn_batch_norm``).
+NATIVE, CUDNN = "native", "cudnn"
+
 
 @dataclass(frozen=True, slots=True)
 class LoopKernel:
@@ -35,9 +39,9 @@ class LoopKernel:
     threads: int  # threads per block
     iterations: int  # dependent loop iterations of one thread (each waits for its loads)
     bytes: float  # DRAM traffic of the launch: the floor its bandwidth sets
-    #: whose loop: PyTorch's (``loop_iteration_cycles``), or cuDNN's batch norm (that times
-    #: ``cudnn_batch_norm_loop_fraction``)
-    library: str = "pytorch"
+    #: whose loop: PyTorch's own (NATIVE: ``loop_iteration_cycles``), or cuDNN's batch norm
+    #: (CUDNN: that times ``cudnn_batch_norm_loop_fraction``)
+    library: str = NATIVE
 
     def __post_init__(self) -> None:
         if self.blocks < 1 or self.threads < 1 or self.iterations < 0 or self.bytes < 0:
@@ -58,11 +62,7 @@ def waves(kernel: LoopKernel, gpu: GPU) -> int:
     return math.ceil(kernel.blocks / resident_blocks(kernel.threads, gpu))
 
 
-#: ``LoopKernel.library`` of cuDNN's batch-norm loops.
-CUDNN = "cudnn"
-
-
-def round_trip_s(gpu: GPU, profile: DeviceProfile, library: str = "pytorch") -> float:
+def round_trip_s(gpu: GPU, profile: DeviceProfile, library: str = NATIVE) -> float:
     """Seconds of one dependent loop iteration: ``loop_iteration_cycles`` at the boost clock
     (a latency-bound loop leaves the SM idle and power low: it runs at the top clock); cuDNN's
     batch-norm loops that times ``cudnn_batch_norm_loop_fraction``."""

@@ -48,14 +48,13 @@ def harness_runs(folder: Path, records: list[dict[str, Any]] | None = None) -> l
     from nnperf.measure.validation import Config, family_of, load_records, repredict
 
     out = []
-    chosen = [r for r in (load_records(folder) if records is None else records)
+    chosen = [(r, Config.from_record(r)) for r in (load_records(folder) if records is None else records)
               if r.get("fits", True) and "measured_step_time_s" in r and not r.get("tiny")]
     # a configuration measured in more than one session is a run per session: named by its file
-    times = Counter(Config.from_record(r).name for r in chosen)
-    for record in chosen:
+    times = Counter(config.name for _, config in chosen)
+    for record, config in chosen:
         if records is None:
             repredict(record, record["gpu"])
-        config = Config.from_record(record)
         measured = record["measured_step_time_s"]
         measured = measured["median"] if isinstance(measured, dict) else measured
         traits = _traits(record["gpu"], family_of(config.model), config.precision, config.train,

@@ -30,7 +30,7 @@ from typing import Any
 from nnperf.errors import UsageError, shown
 from nnperf.hardware import GPU, DeviceProfile
 from nnperf.kernels import batch_norm as bn
-from nnperf.kernels.native_loops import LoopKernel, loop_kernel_time
+from nnperf.kernels.native_loops import CUDNN, NATIVE, LoopKernel, loop_kernel_time
 from nnperf.measure.calibration.record import TIMING_DEVICE, Calibration
 from nnperf.measure.stats import Spread
 
@@ -59,11 +59,11 @@ def _timed(rows: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 
 def _solve_cycles(loops: tuple[LoopKernel, ...], small: int, measured: float, gpu: GPU,
                   profile: DeviceProfile) -> float | None:
-    # the loops' own round trip, whichever library's: solved with its fraction at 1
-    profile = profile.replace(cudnn_batch_norm_loop_fraction=1.0)
     """The ``loop_iteration_cycles`` at which ``loops`` plus ``small`` launches take
     ``measured`` seconds (the modeled time rises with it); None where even the bandwidth floor
-    alone reaches the measurement, or a loop-free plan."""
+    alone reaches the measurement, or a loop-free plan. The loops' own round trip, whichever
+    library's: solved with cuDNN's fraction at 1."""
+    profile = profile.replace(cudnn_batch_norm_loop_fraction=1.0)
     if not loops:
         return None
 
@@ -89,13 +89,14 @@ def _bn_call(row: dict[str, Any], training: bool, backward: bool) -> bn.BatchNor
         eps=1e-5, numel=n * c * hw * hw)
 
 
-def loop_cycles(rows: list[dict[str, Any]], gpu: GPU, profile: DeviceProfile, library: str = "native") -> float | None:
+def loop_cycles(rows: list[dict[str, Any]], gpu: GPU, profile: DeviceProfile, library: str = NATIVE) -> float | None:
     """The round trip of the NCHW batch-norm rows' loops (module docstring): PyTorch's native
-    kernels' (``library`` "native": ``loop_iteration_cycles``) or cuDNN's ("cudnn")."""
+    kernels' (``library`` NATIVE: ``loop_iteration_cycles``) or cuDNN's (CUDNN), read from the
+    op each row ran (``aten.native_batch_norm`` / ``aten.cudnn_batch_norm``)."""
     op = f"{library}_batch_norm"
     chosen = [r for r in _timed(rows, "batch_norm")
               if r.get("layout") == "nchw" and any(op in name for name in r.get("ops", {}))]
-    cudnn = library == "cudnn"
+    cudnn = library == CUDNN
     forward = {(r["dtype"], r["batch"], r["channels"], r["hw"]): r for r in chosen if r["pass"] == "forward"}
     found = []
     for r in chosen:
@@ -131,7 +132,7 @@ def kernel_bench_changes(doc: dict[str, Any], gpu: GPU, profile: DeviceProfile) 
     cycles = loop_cycles(rows, gpu, profile)
     if cycles:
         changes["loop_iteration_cycles"] = cycles
-        cudnn = loop_cycles(rows, gpu, profile, library="cudnn")
+        cudnn = loop_cycles(rows, gpu, profile, library=CUDNN)
         if cudnn:
             changes["cudnn_batch_norm_loop_fraction"] = cudnn / cycles
     forward = [r for r in rows if r.get("pass") == "forward"]
