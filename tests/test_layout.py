@@ -97,6 +97,22 @@ def test_a_layouts_selective_recomputation_is_its_engines():
     assert Execution(world=8, data="zero1").with_checkpoint(None).checkpoint is None
 
 
+def test_megatron_lms_non_interleaved_pipeline_waits_for_its_sends():
+    """Sends hold their stage in Megatron-LM's 1F1B (``_communicate(wait_on_reqs=True)``), the
+    schedule of its layouts (ZeRO-1, or DDP beside pipelines); its interleaved schedule
+    overlaps them (``--overlap-p2p-communication``), and so do torch's schedules, which run
+    FSDP's pipelines and a pipeline without data parallelism."""
+    waits = [Execution(world=16, data="zero1", pipeline=4, pipeline_schedule="1f1b", grad_accum=4),
+             Execution(world=16, data="ddp", tensor=2, pipeline=4, grad_accum=4)]
+    overlaps = [Execution(world=16, data="zero1", pipeline=4, virtual_stages=2, grad_accum=4),
+                Execution(world=16, data="fsdp", shard=4, pipeline=4, pipeline_schedule="1f1b", grad_accum=4),
+                Execution(world=4, pipeline=4, pipeline_schedule="1f1b", grad_accum=4),
+                Execution(world=16, data="zero1", pipeline=4, pipeline_schedule="gpipe", grad_accum=4),
+                Execution(world=16, data="zero1")]
+    assert all(e.blocking_pipeline_sends for e in waits)
+    assert not any(e.blocking_pipeline_sends for e in overlaps)
+
+
 def test_a_pipeline_given_no_schedule_runs_the_engines_default():
     """Megatron-LM's and torchtitan's default is 1F1B; with virtual stages, Megatron-LM's
     interleaved 1F1B. A layout that cannot run is refused before any of it is traced."""

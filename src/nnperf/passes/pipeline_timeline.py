@@ -11,6 +11,15 @@ timeline of its trace: compute, exposed tensor-parallel communication, host), th
 the collectives model. What a rank waits for is the pipeline bubble, explicit: per rank, the
 time inside the schedule that is neither its actions nor anything after them.
 
+Sends either run beside the next action (torch's schedules post ``isend`` and wait for them
+later; Megatron-LM's interleaved schedule with its default ``--overlap-p2p-communication``) or
+hold the sending rank until they arrive (``blocking_sends``: Megatron-LM's non-interleaved 1F1B,
+whose ``send_forward``, ``send_backward`` and their batched ``send_*_recv_*`` forms call
+``_communicate`` with ``wait_on_reqs=True`` in megatron/core/pipeline_parallel/
+p2p_communication.py, and DeepSpeed's pipeline engine, whose sends are synchronous): then the
+rank's next action starts no earlier than its send's end, and that wait is the rank's blocked
+time, neither its actions nor its bubble.
+
 The action order per rank is the engine's: ``pipeline_order`` of the multi-stage schedules (what
 ``_PipelineScheduleRuntime`` executes), and for the single-stage ones the loop of
 ``ScheduleGPipe._step_microbatches`` (all forwards, then all backwards) and
@@ -97,6 +106,8 @@ class PipelineTime:
     end_s: dict[int, float]  # per rank: when its last action ends
     critical_rank: int
     starts: dict[str, float] = field(default_factory=dict)  # action label -> start time
+    #: per rank: the time it is held by its own blocking sends (``simulate``'s blocking_sends)
+    blocked_s: dict[int, float] = field(default_factory=dict)
 
     @property
     def bubble_fraction(self) -> float:
@@ -107,14 +118,16 @@ class PipelineTime:
 
 def simulate(order: dict[int, list[Action]], num_stages: int, duration: Callable[[int, Action], float],
              transfer: Callable[[int, int], float], head: Callable[[int], float] | None = None,
-             tail: Callable[[int], float] | None = None) -> PipelineTime:
+             tail: Callable[[int], float] | None = None, blocking_sends: bool = False) -> PipelineTime:
     """Replay the schedule. ``duration(rank, action)``: the action's time on its rank;
     ``transfer(from_stage, to_stage)``: a micro-batch's activation or gradient transfer;
-    ``head``/``tail(rank)``: the rank's time before its first action and after its last."""
+    ``head``/``tail(rank)``: the rank's time before its first action and after its last;
+    ``blocking_sends``: each send holds its rank until it arrives (module docstring)."""
     done: dict[tuple[str, int, int], float] = {}
     free = {r: (head(r) if head else 0.0) for r in order}
     start_at = dict(free)
     busy = dict.fromkeys(order, 0.0)
+    blocked = dict.fromkeys(order, 0.0)
     position = dict.fromkeys(order, 0)
     starts: dict[str, float] = {}
     remaining = sum(len(a) for a in order.values())
@@ -131,6 +144,10 @@ def simulate(order: dict[int, list[Action]], num_stages: int, duration: Callable
                 free[rank] = start + seconds
                 busy[rank] += seconds
                 done[(action.kind, action.micro, action.stage)] = free[rank]
+                if blocking_sends and (to := _receiver(action, num_stages)) is not None:
+                    held = transfer(action.stage, to)
+                    free[rank] += held
+                    blocked[rank] += held
                 starts[action.label] = start
                 position[rank] += 1
                 remaining -= 1
@@ -141,8 +158,20 @@ def simulate(order: dict[int, list[Action]], num_stages: int, duration: Callable
     ends = {r: free[r] + (tail(r) if tail else 0.0) for r in order}
     critical = max(ends, key=lambda r: ends[r])
     span = max(free.values())  # the schedule's flush: every rank's bubble is counted up to it
-    bubble = {r: span - start_at[r] - busy[r] for r in order}
-    return PipelineTime(ends[critical], busy, bubble, dict(free), critical, starts)
+    bubble = {r: span - start_at[r] - busy[r] - blocked[r] for r in order}
+    return PipelineTime(ends[critical], busy, bubble, dict(free), critical, starts, blocked)
+
+
+def _receiver(action: Action, num_stages: int) -> int | None:
+    """The stage ``action`` sends its output to: a forward's activation to the next stage, a
+    backward's (or input gradient's) gradient to the previous one; None where it sends nothing
+    (the last stage's forward feeds its own loss, the first stage's backward ends the chain, a
+    weight gradient stays on its rank)."""
+    if action.kind == "F":
+        return action.stage + 1 if action.stage < num_stages - 1 else None
+    if action.kind in ("B", "I"):
+        return action.stage - 1 if action.stage > 0 else None
+    return None
 
 
 def _ready(action: Action, num_stages: int, done: dict[tuple[str, int, int], float],

@@ -131,3 +131,34 @@ def test_megatron_steps_all_chunks_at_once_torchtitan_one_after_another():
     assert megatron.megatron_layout and not torchtitan.megatron_layout
     assert later_optimizers(megatron, own, later) == 5.0
     assert later_optimizers(torchtitan, own, later) == 2.0
+
+
+def test_megatron_lms_1f1b_stage_waits_for_each_of_its_sends(monkeypatch):
+    """A tiny Llama on two stages, one per node, ZeRO-1 (Megatron-LM's layout) with 1F1B over 8
+    micro-batches: each rank sends 8 times (rank 0 its activations, rank 1 their gradients), each
+    send one micro-batch's activation (1 x 64 tokens x 64 fp32 = 16 KiB) over the nodes' link, and
+    Megatron-LM waits for each. The plan's exposed send time is the overlapped plan's plus 8 such
+    sends, and its step is longer."""
+    from nnperf.hardware.catalog import load_gpu
+    from nnperf.hardware.cluster import load_cluster
+    from nnperf.kernels.collectives import estimate_collective
+    from nnperf.request import ModelRequest
+    from nnperf.search.plan import evaluate
+    from nnperf.search.plan.rank import RoleCache
+    from nnperf.trace.options import TraceOptions
+
+    request = ModelRequest("llama-7b", batch=8, seq_len=64, overrides={
+        "n_layer": 4, "dim": 64, "n_heads": 4, "n_kv_heads": 4, "ffn_hidden": 128, "vocab": 256})
+    gpu, cluster = load_gpu("h100-sxm"), load_cluster("dgx-h100")
+    execution = Execution(world=16, data="zero1", pipeline=2, pipeline_schedule="1f1b", micro_batch=1,
+                          grad_accum=8)
+    assert execution.blocking_pipeline_sends
+    cache = RoleCache()
+    waited = evaluate(request, TraceOptions(), execution, gpu, cluster, layers=4, cache=cache)
+    monkeypatch.setattr(Execution, "blocking_pipeline_sends", property(lambda self: False))
+    overlapped = evaluate(request, TraceOptions(), execution, gpu, cluster, layers=4, cache=cache)
+    send = estimate_collective("send_recv", 1 * 64 * 64 * 4, (0, 8), cluster).time_s
+    assert waited.pipeline.transfer_bytes == 1 * 64 * 64 * 4
+    exposed = waited.split.exposed_communication_s.get("send_recv", 0.0)
+    assert exposed - overlapped.split.exposed_communication_s.get("send_recv", 0.0) == pytest.approx(8 * send)
+    assert waited.step_s > overlapped.step_s

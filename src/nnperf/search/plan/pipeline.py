@@ -148,7 +148,8 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
     if prune and slower_than is not None:
         first = roles[role_of(0)]
         transfer_first = _transfer(first.figures.p2p_bytes, p, stride, cluster)
-        at_least = replay_lower_bound(first, order, stages, depths or (0,) * stages, transfer_first)
+        at_least = replay_lower_bound(first, order, stages, depths or (0,) * stages, transfer_first,
+                                      execution.blocking_pipeline_sends)
         if at_least >= slower_than:
             return Planned(execution, step_s=at_least, fits=True, memory_bytes=int(memory(0, roles)),
                            memory_bound="its first pipeline stage alone", time_bound=REPLAY_BOUND)
@@ -166,7 +167,8 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
         return sum(figure(roles[role_of(s)].figures) for s in held[rank])
 
     sim = simulate(order, stages, lambda r, a: action_s(a.stage, a.kind), _transfer(activation, p, stride, cluster),
-                   lambda r: per_rank(r, lambda f: f.head_s), lambda r: per_rank(r, lambda f: f.tail_s))
+                   lambda r: per_rank(r, lambda f: f.head_s), lambda r: per_rank(r, lambda f: f.tail_s),
+                   execution.blocking_pipeline_sends)
     flops = sum(per_rank(r, lambda f: f.flops) for r in range(p)) * micro * stride
     return _planned(execution, gpu, sim, roles[role_of(held[sim.critical_rank][0])], flops,
                     max(memory(r, roles) for r in range(p)), micro, order, flight, activation,
@@ -306,7 +308,7 @@ REPLAY_BOUND = ("the schedule replayed with its first stage as traced and every 
 
 
 def replay_lower_bound(first: RankCost, order: dict[int, list[Action]], stages: int, depths: tuple[int, ...],
-                       transfer: Any) -> float:
+                       transfer: Any, blocking_sends: bool = False) -> float:
     """A lower bound of a pipeline's step from its first stage's role alone: the schedule's
     replay (``passes.pipeline_timeline.simulate``) with the first stage's actions, head and
     tail as traced and every other stage's action at its blocks' share of the first stage's
@@ -317,7 +319,8 @@ def replay_lower_bound(first: RankCost, order: dict[int, list[Action]], stages: 
     action starts at the latest of its rank's previous action and its inputs), so this is at
     most the step the full replay gives; it holds rank 0's own work and the pipeline's fill and
     drain, the bubble. A first stage traced as it is (no extrapolation) has no per-block time:
-    the other stages count zero, and the bound is rank 0's own work."""
+    the other stages count zero, and the bound is rank 0's own work. ``blocking_sends``: as the
+    full replay's (a send that holds its rank only lengthens it)."""
     def duration(_rank: int, action: Action) -> float:
         if action.stage == 0:
             return first.figures.action(action.kind, 0)
@@ -330,7 +333,7 @@ def replay_lower_bound(first: RankCost, order: dict[int, list[Action]], stages: 
     def tail(rank: int) -> float:
         return first.figures.tail_s if rank == 0 else 0.0
 
-    return simulate(order, stages, duration, transfer, head, tail).step_s
+    return simulate(order, stages, duration, transfer, head, tail, blocking_sends).step_s
 
 
 def _planned(execution: Execution, gpu: GPU, sim: PipelineTime, critical: RankCost, flops: float,
@@ -347,6 +350,8 @@ def _planned(execution: Execution, gpu: GPU, sim: PipelineTime, critical: RankCo
     for chunk in chunks:
         for kind, seconds in chunk.exposed_over(scale).items():
             exposed[kind] = exposed.get(kind, 0.0) + seconds
+    if blocked := sim.blocked_s.get(sim.critical_rank, 0.0):  # the schedule's own sends, waited for
+        exposed["send_recv"] = exposed.get("send_recv", 0.0) + blocked
     tokens = critical.per_micro / traced_micro * micro * execution.data_parallel
     planned = Planned(
         execution, step_s=sim.step_s,
@@ -413,7 +418,8 @@ def traced_schedule_step(request: ModelRequest, options: TraceOptions, execution
     activation = max(c.figures.p2p_bytes for c in costs.values())
     order = rank_orders(execution)
     sim = simulate(order, stages, duration, _transfer(activation, p, stride, cluster),
-                   lambda r: role(r).figures.head_s, lambda r: role(r).figures.tail_s)
+                   lambda r: role(r).figures.head_s, lambda r: role(r).figures.tail_s,
+                   execution.blocking_pipeline_sends)
     flight = {s: n for acts in order.values() for s, n in in_flight([a.label for a in acts]).items()}
     flops = sum(role(r).figures.flops for r in range(p)) * micro / traced_micro * stride
     return _planned(execution, gpu, sim, role(sim.critical_rank), flops,
