@@ -6,6 +6,7 @@ from nnperf.layout import Execution
 from nnperf.request import ModelRequest
 from nnperf.search.plan.notes import (
     AUTOCAST_SEQUENCE_PARALLEL,
+    BLOCKING_PIPELINE_SENDS,
     DDP_HALF_PRECISION,
     EXPOSED_TENSOR_PARALLEL,
     MEGATRON_CROSS_ENTROPY,
@@ -47,6 +48,17 @@ def test_megatrons_layouts_without_tp_comm_overlap_say_how_to_time_it():
     assert EXPOSED_TENSOR_PARALLEL not in _notes(Execution(world=8, data="fsdp", shard=2, tensor=4,
                                                            sequence_parallel=True))
 
+
+
+def test_megatrons_1f1b_pipelines_say_their_sends_are_waited_for():
+    """Megatron-LM's 1F1B waits for its pipeline sends; its interleaved schedule and torch's
+    (FSDP's pipelines) overlap them, and have nothing to say."""
+    one_f_one_b = Execution(world=16, data="zero1", pipeline=4, pipeline_schedule="1f1b", grad_accum=8)
+    assert BLOCKING_PIPELINE_SENDS in _notes(one_f_one_b)
+    assert BLOCKING_PIPELINE_SENDS not in _notes(Execution(world=16, data="zero1", pipeline=4, virtual_stages=2,
+                                                           grad_accum=8))
+    assert BLOCKING_PIPELINE_SENDS not in _notes(Execution(world=16, data="fsdp", shard=4, pipeline=4,
+                                                           pipeline_schedule="1f1b", grad_accum=8))
 
 
 def test_megatrons_layouts_say_whose_cross_entropy_they_run():

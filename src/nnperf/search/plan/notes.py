@@ -32,6 +32,15 @@ EXPOSED_TENSOR_PARALLEL = (
     "userbuffers) runs them in chunks beside the GEMMs: plan with --tp-comm-overlap to time that")
 
 
+#: Megatron-LM's 1F1B waits for each pipeline send before the stage's next action
+#: (``Execution.blocking_pipeline_sends``, ``passes.pipeline_timeline``).
+BLOCKING_PIPELINE_SENDS = (
+    "DDP and ZeRO-1 beside 1F1B pipelines: each stage waits for its sends to the next and previous "
+    "stage before its next forward or backward, as Megatron-LM's 1F1B does (counted as exposed send_recv); "
+    "its interleaved schedule overlaps them (--schedule interleaved-1f1b --vpp V: Megatron-LM's "
+    "--num-layers-per-virtual-pipeline-stage)")
+
+
 #: Megatron-LM's layouts compute the loss with Megatron-Core's function, torchtitan's with DTensor's
 #: loss parallelism (``trace.parallel.vocab_parallel_loss``).
 MEGATRON_CROSS_ENTROPY = (
@@ -62,6 +71,8 @@ def notes(request: ModelRequest, options: TraceOptions, results: list[Planned], 
         notes.append(AUTOCAST_SEQUENCE_PARALLEL)
     if any(p.execution.megatron_sequence_parallel and not p.execution.tp_comm_overlap for p in results):
         notes.append(EXPOSED_TENSOR_PARALLEL)
+    if any(p.execution.blocking_pipeline_sends for p in results):
+        notes.append(BLOCKING_PIPELINE_SENDS)
     if any(runs_megatron_loss(p.execution, options) for p in results):
         notes.append(MEGATRON_CROSS_ENTROPY)
     if options.dtype in ("bf16", "fp16") and any(p.execution.data == "ddp" and p.execution.data_parallel > 1
