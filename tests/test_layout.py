@@ -98,12 +98,16 @@ def test_a_layouts_selective_recomputation_is_its_engines():
 
 
 def test_megatron_lms_non_interleaved_pipeline_waits_for_its_sends():
-    """Sends hold their stage in Megatron-LM's 1F1B (``_communicate(wait_on_reqs=True)``), the
-    schedule of its layouts (ZeRO-1, or DDP beside pipelines); its interleaved schedule
-    overlaps them (``--overlap-p2p-communication``), and so do torch's schedules, which run
-    FSDP's pipelines and a pipeline without data parallelism."""
+    """Sends hold their stage in Megatron-LM's 1F1B (``_communicate(wait_on_reqs=True)``), for
+    every layout Megatron-LM runs (ZeRO-1, DDP beside pipelines, its own settings beside a
+    pipeline of one data-parallel rank); its interleaved schedule overlaps them
+    (``--overlap-p2p-communication``), and so do torch's schedules, which run FSDP's pipelines
+    and a plain pipeline without data parallelism."""
     waits = [Execution(world=16, data="zero1", pipeline=4, pipeline_schedule="1f1b", grad_accum=4),
-             Execution(world=16, data="ddp", tensor=2, pipeline=4, grad_accum=4)]
+             Execution(world=16, data="ddp", tensor=2, pipeline=4, grad_accum=4),
+             Execution(world=8, data="ddp", tensor=2, sequence_parallel=True, tp_comm_overlap=True, pipeline=4,
+                       grad_accum=4),
+             Execution(world=4, pipeline=4, grad_accum=4, checkpoint="selective-attention")]
     overlaps = [Execution(world=16, data="zero1", pipeline=4, virtual_stages=2, grad_accum=4),
                 Execution(world=16, data="fsdp", shard=4, pipeline=4, pipeline_schedule="1f1b", grad_accum=4),
                 Execution(world=4, pipeline=4, pipeline_schedule="1f1b", grad_accum=4),

@@ -173,10 +173,10 @@ class Execution:
         """Whether each pipeline stage waits for its sends to arrive before its next action
         (``passes.pipeline_timeline``): Megatron-LM's non-interleaved 1F1B does (its p2p calls
         ``_communicate`` with ``wait_on_reqs=True``), as DeepSpeed's pipeline engine does, and
-        Megatron-LM runs the layouts only it has (``megatron_only``); torch's schedules
-        (torchtitan's) and Megatron-LM's interleaved one (``--overlap-p2p-communication``, on by
-        default) run them beside the next action."""
-        return self.pipeline > 1 and self.pipeline_schedule == "1f1b" and self.megatron_only
+        Megatron-LM runs this layout (``megatron_layout``); torch's schedules (torchtitan's) and
+        Megatron-LM's interleaved one (``--overlap-p2p-communication``, on by default) run them
+        beside the next action."""
+        return self.pipeline > 1 and self.pipeline_schedule == "1f1b" and self.megatron_layout
 
     @property
     def engine_selective(self) -> str:

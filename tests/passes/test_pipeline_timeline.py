@@ -58,15 +58,13 @@ def test_transfers_add_to_the_critical_path():
 
 
 def test_blocking_sends_hold_the_sender_until_they_arrive():
-    """Two stages, two micro-batches, all forwards then all backwards; forward 1, backward 2,
-    a transfer 0.5. Overlapped sends: rank 1 runs F0 1.5-2.5, F1 2.5-3.5, B0 3.5-5.5, B1
-    5.5-7.5; rank 0 B0 6.0-8.0, B1 8.0-10.0. Blocking sends (Megatron-LM's 1F1B): rank 0 is held
-    after each forward (F0 0-1 until 1.5, F1 1.5-2.5 until 3.0), so rank 1 runs F1 3.0-4.0, B0
-    4.0-6.0 (held until 6.5), B1 6.5-8.5 (held until 9.0); rank 0 B0 6.5-8.5, B1 9.0-11.0. Each
-    rank is held twice: 1.0, which is neither its work nor its bubble."""
-    from nnperf.passes.pipeline_timeline import parse
-
-    order = {rank: [parse(f"{kind}{micro}@{rank}") for kind in "FB" for micro in (0, 1)] for rank in (0, 1)}
+    """1F1B on two stages, two micro-batches (rank 0: F0 F1 B0 B1; rank 1: F0 B0 F1 B1); forward
+    1, backward 2, a transfer 0.5. Overlapped sends: rank 0 F0 0-1, F1 1-2; rank 1 F0 1.5-2.5, B0
+    2.5-4.5, F1 4.5-5.5, B1 5.5-7.5; rank 0 B0 5.0-7.0, B1 8.0-10.0. Blocking sends (Megatron-LM's
+    1F1B): rank 0 is held after each forward (F0 0-1 until 1.5, F1 1.5-2.5 until 3.0); rank 1
+    runs F0 1.5-2.5, B0 2.5-4.5 held until 5.0, F1 5.0-6.0, B1 6.0-8.0 held until 8.5; rank 0 B0
+    5.0-7.0, B1 8.5-10.5. Each rank is held twice: 1.0, neither its work nor its bubble."""
+    order = orders("1f1b", 2, 2, None)
 
     def run(blocking):
         return simulate(order, 2, lambda r, a: 1.0 if a.kind == "F" else 2.0, lambda s, t: 0.5,
@@ -75,10 +73,11 @@ def test_blocking_sends_hold_the_sender_until_they_arrive():
     overlapped, blocking = run(False), run(True)
     assert overlapped.step_s == pytest.approx(10.0)
     assert overlapped.blocked_s == {0: 0.0, 1: 0.0}
-    assert blocking.step_s == pytest.approx(11.0)
+    assert blocking.step_s == pytest.approx(10.5)
     assert blocking.blocked_s == {0: pytest.approx(1.0), 1: pytest.approx(1.0)}
     assert blocking.busy_s == {0: pytest.approx(6.0), 1: pytest.approx(6.0)}
-    assert blocking.bubble_s == {0: pytest.approx(11.0 - 6.0 - 1.0), 1: pytest.approx(11.0 - 6.0 - 1.0)}
+    assert blocking.bubble_s == {0: pytest.approx(10.5 - 6.0 - 1.0), 1: pytest.approx(10.5 - 6.0 - 1.0)}
+    assert blocking.bubble_fraction == pytest.approx(3.5 / 10.5)
 
 
 def test_in_flight_micro_batches_per_stage():

@@ -18,7 +18,8 @@ whose ``send_forward``, ``send_backward`` and their batched ``send_*_recv_*`` fo
 ``_communicate`` with ``wait_on_reqs=True`` in megatron/core/pipeline_parallel/
 p2p_communication.py, and DeepSpeed's pipeline engine, whose sends are synchronous): then the
 rank's next action starts no earlier than its send's end, and that wait is the rank's blocked
-time, neither its actions nor its bubble.
+time, neither its actions nor its bubble. A send is held for its transfer alone: NCCL's wait
+for the receiver to post its receive is not modelled (the receiver's readiness is).
 
 The action order per rank is the engine's: ``pipeline_order`` of the multi-stage schedules (what
 ``_PipelineScheduleRuntime`` executes), and for the single-stage ones the loop of
@@ -112,7 +113,7 @@ class PipelineTime:
     @property
     def bubble_fraction(self) -> float:
         r = self.critical_rank
-        span = self.busy_s[r] + self.bubble_s[r]
+        span = self.busy_s[r] + self.bubble_s[r] + self.blocked_s.get(r, 0.0)
         return self.bubble_s[r] / span if span else 0.0
 
 

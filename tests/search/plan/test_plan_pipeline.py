@@ -161,4 +161,5 @@ def test_megatron_lms_1f1b_stage_waits_for_each_of_its_sends(monkeypatch):
     assert waited.pipeline.transfer_bytes == 1 * 64 * 64 * 4
     exposed = waited.split.exposed_communication_s.get("send_recv", 0.0)
     assert exposed - overlapped.split.exposed_communication_s.get("send_recv", 0.0) == pytest.approx(8 * send)
+    assert waited.split.communication_s - overlapped.split.communication_s == pytest.approx(8 * send)
     assert waited.step_s > overlapped.step_s

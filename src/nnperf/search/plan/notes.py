@@ -35,8 +35,8 @@ EXPOSED_TENSOR_PARALLEL = (
 #: Megatron-LM's 1F1B waits for each pipeline send before the stage's next action
 #: (``Execution.blocking_pipeline_sends``, ``passes.pipeline_timeline``).
 BLOCKING_PIPELINE_SENDS = (
-    "DDP and ZeRO-1 beside 1F1B pipelines: each stage waits for its sends to the next and previous "
-    "stage before its next forward or backward, as Megatron-LM's 1F1B does (counted as exposed send_recv); "
+    "Megatron-LM's 1F1B pipelines (DDP or ZeRO-1): each stage waits for its sends to the next and previous "
+    "stage before its next forward or backward (counted as exposed send_recv); "
     "its interleaved schedule overlaps them (--schedule interleaved-1f1b --vpp V: Megatron-LM's "
     "--num-layers-per-virtual-pipeline-stage)")
 

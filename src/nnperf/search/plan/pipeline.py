@@ -11,7 +11,8 @@ serve every schedule and interleaving of the same pipeline degree. Then:
 - time: every rank's actions in the schedule's own order (``passes.pipeline_timeline``; torch's
   ``pipeline_order`` for the interleaved schedules), each action the traced role's time, a
   transfer between stages one send of the traced activation on the link between their ranks
-  (``kernels.collectives``); each rank's optimizer and gradient synchronization after its last
+  (``kernels.collectives``), which holds the sending stage until it arrives where the engine
+  waits for its sends (``Execution.blocking_pipeline_sends``: Megatron-LM's 1F1B); each rank's optimizer and gradient synchronization after its last
   action (its chunks' traced tails); the bubble is what the replay leaves idle;
 - memory: the role's traced peak with one micro-batch, plus the model states of the rank's
   other chunks, plus the saved activations of the micro-batches the schedule keeps in flight
@@ -308,7 +309,7 @@ REPLAY_BOUND = ("the schedule replayed with its first stage as traced and every 
 
 
 def replay_lower_bound(first: RankCost, order: dict[int, list[Action]], stages: int, depths: tuple[int, ...],
-                       transfer: Any, blocking_sends: bool = False) -> float:
+                       transfer: Callable[[int, int], float], blocking_sends: bool = False) -> float:
     """A lower bound of a pipeline's step from its first stage's role alone: the schedule's
     replay (``passes.pipeline_timeline.simulate``) with the first stage's actions, head and
     tail as traced and every other stage's action at its blocks' share of the first stage's
@@ -350,7 +351,8 @@ def _planned(execution: Execution, gpu: GPU, sim: PipelineTime, critical: RankCo
     for chunk in chunks:
         for kind, seconds in chunk.exposed_over(scale).items():
             exposed[kind] = exposed.get(kind, 0.0) + seconds
-    if blocked := sim.blocked_s.get(sim.critical_rank, 0.0):  # the schedule's own sends, waited for
+    blocked = sim.blocked_s.get(sim.critical_rank, 0.0)  # the schedule's own sends, waited for
+    if blocked:
         exposed["send_recv"] = exposed.get("send_recv", 0.0) + blocked
     tokens = critical.per_micro / traced_micro * micro * execution.data_parallel
     planned = Planned(
@@ -362,7 +364,7 @@ def _planned(execution: Execution, gpu: GPU, sim: PipelineTime, critical: RankCo
                         recomputation_s=sum(c.recompute_s for c in chunks) * scale,
                         pipeline_bubble_s=sim.bubble_s[sim.critical_rank],
                         after_schedule_s=sim.step_s - sim.end_s[sim.critical_rank],
-                        communication_s=sum(c.comm_over(scale) for c in chunks),
+                        communication_s=sum(c.comm_over(scale) for c in chunks) + blocked,
                         overlap_slowdown_s=sum(c.slowdown_over(scale) for c in chunks),
                         exposed_communication_s=exposed,
                         # the optimizer's issue once per step, as its kernels are (the chunk's tail)
@@ -418,8 +420,7 @@ def traced_schedule_step(request: ModelRequest, options: TraceOptions, execution
     activation = max(c.figures.p2p_bytes for c in costs.values())
     order = rank_orders(execution)
     sim = simulate(order, stages, duration, _transfer(activation, p, stride, cluster),
-                   lambda r: role(r).figures.head_s, lambda r: role(r).figures.tail_s,
-                   execution.blocking_pipeline_sends)
+                   lambda r: role(r).figures.head_s, lambda r: role(r).figures.tail_s)
     flight = {s: n for acts in order.values() for s, n in in_flight([a.label for a in acts]).items()}
     flops = sum(role(r).figures.flops for r in range(p)) * micro / traced_micro * stride
     return _planned(execution, gpu, sim, role(sim.critical_rank), flops,
