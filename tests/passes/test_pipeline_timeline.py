@@ -78,6 +78,8 @@ def test_blocking_sends_hold_the_sender_until_they_arrive():
     assert blocking.busy_s == {0: pytest.approx(6.0), 1: pytest.approx(6.0)}
     assert blocking.bubble_s == {0: pytest.approx(10.5 - 6.0 - 1.0), 1: pytest.approx(10.5 - 6.0 - 1.0)}
     assert blocking.bubble_fraction == pytest.approx(3.5 / 10.5)
+    # each rank sends twice either way (rank 0 its activations, rank 1 their gradients)
+    assert overlapped.sent_s == blocking.sent_s == {0: pytest.approx(1.0), 1: pytest.approx(1.0)}
 
 
 def test_in_flight_micro_batches_per_stage():

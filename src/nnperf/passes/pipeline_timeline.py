@@ -109,6 +109,8 @@ class PipelineTime:
     starts: dict[str, float] = field(default_factory=dict)  # action label -> start time
     #: per rank: the time it is held by its own blocking sends (``simulate``'s blocking_sends)
     blocked_s: dict[int, float] = field(default_factory=dict)
+    #: per rank: its sends' transfer time, overlapped or waited for
+    sent_s: dict[int, float] = field(default_factory=dict)
 
     @property
     def bubble_fraction(self) -> float:
@@ -129,6 +131,7 @@ def simulate(order: dict[int, list[Action]], num_stages: int, duration: Callable
     start_at = dict(free)
     busy = dict.fromkeys(order, 0.0)
     blocked = dict.fromkeys(order, 0.0)
+    sent = dict.fromkeys(order, 0.0)
     position = dict.fromkeys(order, 0)
     starts: dict[str, float] = {}
     remaining = sum(len(a) for a in order.values())
@@ -145,10 +148,12 @@ def simulate(order: dict[int, list[Action]], num_stages: int, duration: Callable
                 free[rank] = start + seconds
                 busy[rank] += seconds
                 done[(action.kind, action.micro, action.stage)] = free[rank]
-                if blocking_sends and (to := _receiver(action, num_stages)) is not None:
-                    held = transfer(action.stage, to)
-                    free[rank] += held
-                    blocked[rank] += held
+                if (to := _receiver(action, num_stages)) is not None:
+                    seconds_sent = transfer(action.stage, to)
+                    sent[rank] += seconds_sent
+                    if blocking_sends:
+                        free[rank] += seconds_sent
+                        blocked[rank] += seconds_sent
                 starts[action.label] = start
                 position[rank] += 1
                 remaining -= 1
@@ -160,7 +165,7 @@ def simulate(order: dict[int, list[Action]], num_stages: int, duration: Callable
     critical = max(ends, key=lambda r: ends[r])
     span = max(free.values())  # the schedule's flush: every rank's bubble is counted up to it
     bubble = {r: span - start_at[r] - busy[r] - blocked[r] for r in order}
-    return PipelineTime(ends[critical], busy, bubble, dict(free), critical, starts, blocked)
+    return PipelineTime(ends[critical], busy, bubble, dict(free), critical, starts, blocked, sent)
 
 
 def _receiver(action: Action, num_stages: int) -> int | None:

@@ -354,6 +354,7 @@ def _planned(execution: Execution, gpu: GPU, sim: PipelineTime, critical: RankCo
     blocked = sim.blocked_s.get(sim.critical_rank, 0.0)  # the schedule's own sends, waited for
     if blocked:
         exposed["send_recv"] = exposed.get("send_recv", 0.0) + blocked
+    sent = sim.sent_s.get(sim.critical_rank, 0.0)  # the schedule's own sends, overlapped or waited for
     tokens = critical.per_micro / traced_micro * micro * execution.data_parallel
     planned = Planned(
         execution, step_s=sim.step_s,
@@ -364,7 +365,7 @@ def _planned(execution: Execution, gpu: GPU, sim: PipelineTime, critical: RankCo
                         recomputation_s=sum(c.recompute_s for c in chunks) * scale,
                         pipeline_bubble_s=sim.bubble_s[sim.critical_rank],
                         after_schedule_s=sim.step_s - sim.end_s[sim.critical_rank],
-                        communication_s=sum(c.comm_over(scale) for c in chunks) + blocked,
+                        communication_s=sum(c.comm_over(scale) for c in chunks) + sent,
                         overlap_slowdown_s=sum(c.slowdown_over(scale) for c in chunks),
                         exposed_communication_s=exposed,
                         # the optimizer's issue once per step, as its kernels are (the chunk's tail)
