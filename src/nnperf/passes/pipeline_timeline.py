@@ -107,10 +107,14 @@ class PipelineTime:
     end_s: dict[int, float]  # per rank: when its last action ends
     critical_rank: int
     starts: dict[str, float] = field(default_factory=dict)  # action label -> start time
-    #: per rank: the time it is held by its own blocking sends (``simulate``'s blocking_sends)
-    blocked_s: dict[int, float] = field(default_factory=dict)
     #: per rank: its sends' transfer time, overlapped or waited for
     sent_s: dict[int, float] = field(default_factory=dict)
+    sends_block: bool = False  # ``simulate``'s blocking_sends: each send held its rank
+
+    @property
+    def blocked_s(self) -> dict[int, float]:
+        """Per rank: the time its own sends held it (all of them where sends block, else none)."""
+        return dict(self.sent_s) if self.sends_block else dict.fromkeys(self.sent_s, 0.0)
 
     @property
     def bubble_fraction(self) -> float:
@@ -130,7 +134,6 @@ def simulate(order: dict[int, list[Action]], num_stages: int, duration: Callable
     free = {r: (head(r) if head else 0.0) for r in order}
     start_at = dict(free)
     busy = dict.fromkeys(order, 0.0)
-    blocked = dict.fromkeys(order, 0.0)
     sent = dict.fromkeys(order, 0.0)
     position = dict.fromkeys(order, 0)
     starts: dict[str, float] = {}
@@ -153,7 +156,6 @@ def simulate(order: dict[int, list[Action]], num_stages: int, duration: Callable
                     sent[rank] += seconds_sent
                     if blocking_sends:
                         free[rank] += seconds_sent
-                        blocked[rank] += seconds_sent
                 starts[action.label] = start
                 position[rank] += 1
                 remaining -= 1
@@ -164,8 +166,9 @@ def simulate(order: dict[int, list[Action]], num_stages: int, duration: Callable
     ends = {r: free[r] + (tail(r) if tail else 0.0) for r in order}
     critical = max(ends, key=lambda r: ends[r])
     span = max(free.values())  # the schedule's flush: every rank's bubble is counted up to it
-    bubble = {r: span - start_at[r] - busy[r] - blocked[r] for r in order}
-    return PipelineTime(ends[critical], busy, bubble, dict(free), critical, starts, blocked, sent)
+    held = sent if blocking_sends else dict.fromkeys(order, 0.0)
+    bubble = {r: span - start_at[r] - busy[r] - held[r] for r in order}
+    return PipelineTime(ends[critical], busy, bubble, dict(free), critical, starts, sent, blocking_sends)
 
 
 def _receiver(action: Action, num_stages: int) -> int | None:

@@ -12,8 +12,9 @@ serve every schedule and interleaving of the same pipeline degree. Then:
   ``pipeline_order`` for the interleaved schedules), each action the traced role's time, a
   transfer between stages one send of the traced activation on the link between their ranks
   (``kernels.collectives``), which holds the sending stage until it arrives where the engine
-  waits for its sends (``Execution.blocking_pipeline_sends``: Megatron-LM's 1F1B); each rank's optimizer and gradient synchronization after its last
-  action (its chunks' traced tails); the bubble is what the replay leaves idle;
+  waits for its sends (``Execution.blocking_pipeline_sends``: Megatron-LM's 1F1B); each rank's
+  optimizer and gradient synchronization after its last action (its chunks' traced tails); the
+  bubble is what the replay leaves idle;
 - memory: the role's traced peak with one micro-batch, plus the model states of the rank's
   other chunks, plus the saved activations of the micro-batches the schedule keeps in flight
   beyond the traced one (the most the rank holds at once over its chunks in the real order,
@@ -45,6 +46,7 @@ blocks' time, so the bound holds the bubble).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -294,9 +296,11 @@ def blocks_in_flight(execution: Execution, layers: int) -> int:
     return int(peak_saved(rank_orders(execution)[0], lambda stage: depths[stage]))
 
 
-def _transfer(activation: float, p: int, stride: int, cluster: Cluster) -> Any:
+def _transfer(activation: float, p: int, stride: int, cluster: Cluster) -> Callable[[int, int], float]:
     """A micro-batch's activation (or its gradient) sent from stage ``src`` to ``dst``: one
-    send on the link between their ranks."""
+    send on the link between their ranks. Cached per pair: the replay asks at every action
+    twice (its input's arrival, its own send) over a handful of stage pairs."""
+    @functools.cache
     def transfer(src: int, dst: int) -> float:
         pair = ((src % p) * stride, (dst % p) * stride)
         return estimate_collective("send_recv", int(activation), pair, cluster).time_s
