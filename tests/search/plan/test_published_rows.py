@@ -24,7 +24,7 @@ def _rows(name: str) -> list[dict]:
 
 
 @pytest.mark.parametrize("name", ["rows.toml", "megatron_runs.toml", "vtrain_runs.toml", "megatron_bridge_runs.toml",
-                                  "nemo_runs.toml", "megatron_bridge_moe_runs.toml"])
+                                  "nemo_runs.toml", "megatron_bridge_moe_runs.toml", "dgxc_runs.toml"])
 def test_every_reproducible_row_is_a_layout_the_plan_accepts(name):
     for row in _rows(name):
         if not row.get("reproducible", True):
@@ -40,6 +40,9 @@ def test_every_reproducible_row_is_a_layout_the_plan_accepts(name):
         if "(Model, #-GPUs, GBS," in row["quote"]:  # a row of NeMo's table: its third column
             cells = [c.strip() for c in row["quote"].split("|")[1:]]
             assert (execution.world, execution.global_batch) == (int(cells[1]), int(cells[2])), row["id"]
+        scale = re.search(r"Throughput on (\d+)x H100 GPUs \(GBS=(\d+)\)", row["quote"])
+        if scale:  # a column of a DGX Cloud Benchmarking table: its GPUs and global batch
+            assert (execution.world, execution.global_batch) == tuple(map(int, scale.groups())), row["id"]
         if "precision, GBS," in row["quote"]:  # Megatron-Bridge's: model or system, GPUs, precision, GBS
             cells = [c.strip() for c in row["quote"].split("(")[0].split("|")]
             assert (execution.world, execution.global_batch) == (int(cells[1]), int(cells[3])), row["id"]
