@@ -40,7 +40,7 @@ def test_every_reproducible_row_is_a_layout_the_plan_accepts(name):
         if "(Model, #-GPUs, GBS," in row["quote"]:  # a row of NeMo's table: its third column
             cells = [c.strip() for c in row["quote"].split("|")[1:]]
             assert (execution.world, execution.global_batch) == (int(cells[1]), int(cells[2])), row["id"]
-        scale = re.search(r"Throughput on (\d+)x H100 GPUs \(GBS=(\d+)\)", row["quote"])
+        scale = re.search(r"(\d+)x H100 GPUs.*?GBS[= ](\d+)", row["quote"])
         if scale:  # a column of a DGX Cloud Benchmarking table: its GPUs and global batch
             assert (execution.world, execution.global_batch) == tuple(map(int, scale.groups())), row["id"]
         if "precision, GBS," in row["quote"]:  # Megatron-Bridge's: model or system, GPUs, precision, GBS
