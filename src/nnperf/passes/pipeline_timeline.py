@@ -113,8 +113,8 @@ class PipelineTime:
 
     @property
     def blocked_s(self) -> dict[int, float]:
-        """Per rank: the time its own sends held it (all of them where sends block, else none)."""
-        return dict(self.sent_s) if self.sends_block else dict.fromkeys(self.sent_s, 0.0)
+        """Per rank: the time its own sends held it."""
+        return _held(self.sent_s, self.sends_block)
 
     @property
     def bubble_fraction(self) -> float:
@@ -166,9 +166,14 @@ def simulate(order: dict[int, list[Action]], num_stages: int, duration: Callable
     ends = {r: free[r] + (tail(r) if tail else 0.0) for r in order}
     critical = max(ends, key=lambda r: ends[r])
     span = max(free.values())  # the schedule's flush: every rank's bubble is counted up to it
-    held = sent if blocking_sends else dict.fromkeys(order, 0.0)
+    held = _held(sent, blocking_sends)
     bubble = {r: span - start_at[r] - busy[r] - held[r] for r in order}
     return PipelineTime(ends[critical], busy, bubble, dict(free), critical, starts, sent, blocking_sends)
+
+
+def _held(sent: dict[int, float], blocking: bool) -> dict[int, float]:
+    """Per rank: the time its own sends ``sent`` held it: all of it where sends block, else none."""
+    return dict(sent) if blocking else dict.fromkeys(sent, 0.0)
 
 
 def _receiver(action: Action, num_stages: int) -> int | None:
