@@ -143,6 +143,46 @@ def test_an_extrapolated_step_is_never_shorter_than_its_host_or_device_time():
     assert deep.compute_s == pytest.approx(17e-3)
 
 
+def test_an_extrapolated_wait_stops_at_zero_and_the_step_keeps_what_it_lost():
+    """Each trace's step is its compute plus its all-gather waits: at 3 blocks 8 ms + 3 (2 of
+    them the once-per-step gather's, 1 every micro-batch's), at 4 blocks 9.5 + 3.5 (1 and
+    2.5). At 12 blocks the gather's line reads 2 - 9 = -7 ms: it stops at 0, the micro-batch's
+    part grows to 1 + 9 x 1.5 = 14.5, and the step is 21.5 ms of compute plus 14.5 of waits
+    (its own line, 11 + 9 x 2 = 29, had lost the 7)."""
+    low = RankCost(RankFigures(step_s=11e-3, compute_s=8e-3, exposed_s={"all_gather": 3e-3},
+                               sync_exposed_s={"all_gather": 2e-3}))
+    high = RankCost(RankFigures(step_s=13e-3, compute_s=9.5e-3, exposed_s={"all_gather": 3.5e-3},
+                                sync_exposed_s={"all_gather": 1e-3}))
+    deep = extrapolate(low, high, 3, 4, 12).figures
+    assert deep.sync_exposed_s["all_gather"] == 0.0 and deep.sync_s == 0.0
+    assert deep.exposed_s["all_gather"] == pytest.approx(14.5e-3)
+    assert deep.compute_s == pytest.approx(21.5e-3)
+    assert deep.step_s == pytest.approx(36e-3)
+    # a step of 4 micro-batches: the waits of every micro-batch 4 times, the gather's none
+    assert deep.exposed_over(4)["all_gather"] == pytest.approx(4 * 14.5e-3)
+
+
+def test_a_deep_zero1_rank_over_nodes_from_two_shallow_traces():
+    """A ZeRO-1 rank of 64 data-parallel ranks over eight nodes waits at its first forward for
+    the gather of its first buckets (0.51 ms at 3 blocks, 0.43 at 4); deeper stacks hide all
+    of it, where the line through the two would go below zero. The step at 12 blocks, its
+    once-per-step part and every micro-batch's part, from 3 and 4 blocks, agree with the
+    stack traced whole within 1%."""
+    execution = Execution(world=64, data="zero1", micro_batch=1)
+    options = TraceOptions(dtype="bf16", pointwise="fused", sdpa="cudnn")
+    wide = {"dim": 2048, "n_heads": 16, "ffn_hidden": 8192, "vocab": 32000}
+    request = ModelRequest("llama-7b", batch=1, seq_len=4096, overrides={**wide, "n_layer": 12})
+    shallow = rank_cost(replace(request, overrides={**wide, "n_layer": 3}), options, execution, GPU, CLUSTER)
+    assert shallow.figures.sync_exposed_s["all_gather"] > 0  # the case: a gather waited for
+    scaled = scaled_cost(request, options, execution, GPU, CLUSTER, 0, layers=12).figures
+    direct = rank_cost(request, options, execution, GPU, CLUSTER).figures
+    assert all(v >= 0 for v in (*scaled.exposed_s.values(), *scaled.sync_exposed_s.values()))
+    assert scaled.step_s == pytest.approx(direct.step_s, rel=0.01)
+    assert scaled.sync_s == pytest.approx(direct.sync_s, rel=0.01)
+    once = scaled.once_span_s + scaled.sync_s
+    assert scaled.step_s - once == pytest.approx(direct.step_s - direct.once_span_s - direct.sync_s, rel=0.01)
+
+
 def test_a_cache_started_from_known_roles_traces_only_the_others():
     made = RoleCache()
     first = made.get("a", lambda: "traced a")
