@@ -24,7 +24,8 @@ def _rows(name: str) -> list[dict]:
 
 
 @pytest.mark.parametrize("name", ["rows.toml", "megatron_runs.toml", "vtrain_runs.toml", "megatron_bridge_runs.toml",
-                                  "nemo_runs.toml", "megatron_bridge_moe_runs.toml", "dgxc_runs.toml"])
+                                  "nemo_runs.toml", "megatron_bridge_moe_runs.toml", "dgxc_runs.toml",
+                                  "megatron_readme_runs.toml"])
 def test_every_reproducible_row_is_a_layout_the_plan_accepts(name):
     for row in _rows(name):
         if not row.get("reproducible", True):
@@ -46,6 +47,22 @@ def test_every_reproducible_row_is_a_layout_the_plan_accepts(name):
         if "precision, GBS," in row["quote"]:  # Megatron-Bridge's: model or system, GPUs, precision, GBS
             cells = [c.strip() for c in row["quote"].split("(")[0].split("|")]
             assert (execution.world, execution.global_batch) == (int(cells[1]), int(cells[3])), row["id"]
+
+
+def test_megatron_readme_rows_are_their_teraflops_over_megatrons_flops_per_token():
+    """Each weak-scaling row's tokens/s per GPU is its quoted teraFLOP/s over the FLOPs of a
+    token by Megatron-LM's count (training.py num_floating_point_operations: 12 L h^2 (2 + s/h
+    + 4 + V / (2 L h)) with 4h of MLP), recomputed here from the quote's own cells."""
+    rows = [r for r in _rows("megatron_readme_runs.toml") if "teraFLOP/s per GPU" in r["quote"]]
+    assert len(rows) == 9
+    for row in rows:
+        cells = [c.strip() for c in row["quote"].split("|")]
+        hidden, layers = int(cells[2].split()[1]), int(cells[3].split()[0])
+        tera = float(cells[9].split()[0])
+        seq, vocab = row["seq"], row["overrides"]["vocab"]
+        per_token = 12 * layers * hidden**2 * (2 + seq / hidden + 4 + vocab / (2 * layers * hidden))
+        assert row["measured"] == pytest.approx(tera * 1e12 / per_token, abs=0.05), row["id"]
+        assert (row["overrides"]["dim"], row["overrides"]["n_layer"]) == (hidden, layers)
 
 
 def _plan_compare():
