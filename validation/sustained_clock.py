@@ -29,7 +29,7 @@ the first second against the last half of the run.
    --optimizer-impl fused --gpu h200`` predicts it.
 
 The JSON is rewritten whole after every row (through a temporary file and a rename). ``--device
-cpu`` runs every path with tiny sizes and no clock (``tests/measure/test_sustained_clock.py``).
+cpu`` runs every path with tiny sizes and no clock (``tests/measure/test_sustained_clock_script.py``).
 """
 
 from __future__ import annotations
