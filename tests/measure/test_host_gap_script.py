@@ -3,22 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.mark.slow
-def test_the_cpu_dry_run_writes_every_part(tmp_path):
+def test_the_cpu_dry_run_writes_every_part(tmp_path, run_validation_script):
     out = tmp_path / "host-gap.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    done = subprocess.run([sys.executable, str(ROOT / "validation" / "host_gap.py"), "--device", "cpu", "--dry-run",
-                           "--out", str(out)], capture_output=True, text=True, env=env, timeout=600, check=False)
+    done = run_validation_script("host_gap.py", "--device", "cpu", "--dry-run", "--out", str(out), timeout=600)
     assert done.returncode == 0, done.stderr
     doc = json.loads(out.read_text())
     assert doc["schema"] == "nnperf.host_gap/1" and doc["environment"]["torch"]

@@ -4,24 +4,16 @@ file readable by the calibration."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from nnperf.measure.calibration.kernel_bench import SCHEMA, load_kernel_bench
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.mark.slow
-def test_the_cpu_dry_run_writes_every_kind_of_row(tmp_path):
+def test_the_cpu_dry_run_writes_every_kind_of_row(tmp_path, run_validation_script):
     out = tmp_path / "kernel-bench.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    done = subprocess.run([sys.executable, str(ROOT / "validation" / "kernel_bench.py"), "--device", "cpu",
-                           "--out", str(out), "--quick"], capture_output=True, text=True, env=env, timeout=900)
+    done = run_validation_script("kernel_bench.py", "--device", "cpu", "--out", str(out), "--quick")
     assert done.returncode == 0, done.stderr
     doc = load_kernel_bench(out)
     assert doc["schema"] == SCHEMA and doc["complete"] and doc["quick"]

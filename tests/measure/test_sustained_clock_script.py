@@ -4,24 +4,16 @@ the script as a GPU session calls it), its file whole and its summaries read off
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.mark.slow
-def test_the_cpu_dry_run_holds_every_load_and_summarizes_its_samples(tmp_path):
+def test_the_cpu_dry_run_holds_every_load_and_summarizes_its_samples(tmp_path, run_validation_script):
     out = tmp_path / "sustained-clock.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    done = subprocess.run([sys.executable, str(ROOT / "validation" / "sustained_clock.py"), "--device", "cpu",
-                           "--out", str(out), "--seconds", "0.3"], capture_output=True, text=True, env=env,
-                          timeout=600)
+    done = run_validation_script("sustained_clock.py", "--device", "cpu", "--out", str(out), "--seconds", "0.3",
+                                 timeout=600)
     assert done.returncode == 0, done.stderr
     doc = json.loads(out.read_text())
     assert doc["schema"] == "nnperf.sustained_clock/1" and doc["complete"]
