@@ -28,15 +28,15 @@ the first second against the last half of the run.
    -O n_kv_heads=8 -O ffn_hidden=14336 -O vocab=32000 --batch 1 --seq 4096 --dtype bf16
    --optimizer-impl fused --gpu h200`` predicts it.
 
-The JSON is rewritten whole after every row (through a temporary file and a rename). ``--device
-cpu`` runs every path with tiny sizes and no clock (``tests/measure/test_sustained_clock_script.py``).
+The JSON is rewritten whole after every row (``cli.paths.atomic_path``: a temporary file renamed
+into place, removed if the run is stopped). ``--device cpu`` runs every path with tiny sizes
+and no clock (``tests/measure/test_sustained_clock_script.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from nnperf.cli.paths import atomic_path
 from nnperf.loading import resolve
 from nnperf.measure.calibration.host_info import sm_clock_mhz
 from nnperf.measure.device import resolve_device, synchronize
@@ -174,9 +175,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def save() -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.out.with_name(f".{args.out.name}.tmp")
-        tmp.write_text(json.dumps(doc, indent=1) + "\n")
-        os.replace(tmp, args.out)
+        with atomic_path(args.out) as tmp:
+            tmp.write_text(json.dumps(doc, indent=1) + "\n")
 
     save()
     begin = time.perf_counter()

@@ -347,7 +347,8 @@ def _clamp_waits(figures: RankFigures) -> float:
     micro-batches counts them differently (``RankFigures.exposed_over``)."""
     lost = 0.0
     exposed: dict[str, float] = {}
-    for kind in figures.exposed_s.keys() | figures.sync_exposed_s.keys() | figures.once_exposed_s.keys():
+    # in the kinds' first-seen order, not a set's (string hashes differ between processes)
+    for kind in dict.fromkeys([*figures.exposed_s, *figures.sync_exposed_s, *figures.once_exposed_s]):
         sync = figures.sync_exposed_s.get(kind, 0.0)
         tail = figures.once_exposed_s.get(kind, 0.0)
         parts = (sync, tail, figures.exposed_s.get(kind, 0.0) - sync - tail)
