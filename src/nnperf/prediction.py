@@ -34,8 +34,10 @@ class MfuPeak:
     the rate at which the step's matrix FLOPs would all run if every kernel reached the peak
     of the unit it runs on. With one math mode it is that mode's peak; with fp32 GEMMs (CUDA
     cores, TF32 off by default for matmuls) beside TF32 convolutions (on by default in cuDNN)
-    it is between the two, so an MFU of 100% is reachable and never exceeded. A step without
-    matrix FLOPs keeps the matrix peak of its main dtype."""
+    it is between the two. Each peak is the datasheet's, at the clock it is quoted at, not the
+    lower clock a GPU holds under sustained load (``GPU.sustained_clock_mhz``): MFU as PaLM and
+    Megatron-LM report it, so an H100 step's MFU reads as theirs (its most is then 1470/1830 of
+    the tensor peak). A step without matrix FLOPs keeps the matrix peak of its main dtype."""
 
     flops: float  # FLOP/s
     math: str  # the modes, most FLOPs first: "tf32", "bf16", "tf32+fp32"
@@ -99,12 +101,12 @@ class Prediction:
                     # a GEMV of a tensor-core dtype runs on CUDA cores: say so beside its peak
                     mode = f"{e.rate_dtype}-cuda-core" if e.math_unit == "cuda" and e.rate_dtype != "fp32" \
                         else e.rate_dtype
-                    flops[(mode, e.peak_flops)] += g.gemm.flops
+                    flops[(mode, self.gpu.quoted_rate(e.peak_flops, e.math_unit, e.rate_dtype))] += g.gemm.flops
             if t.category == cat.ATTENTION and t.count.flops and t.peak_flops:
-                flops[(t.math, t.peak_flops)] += t.count.flops
+                flops[(t.math, self.gpu.quoted_rate(t.peak_flops, t.math_unit, t.math))] += t.count.flops
         if not flops:
             rate = self.gpu.matmul_peak(self.matmul_dtype, tf32=self.timing.tf32_matmul, fallback=True)
-            return MfuPeak(rate.flops, rate.dtype)
+            return MfuPeak(self.gpu.quoted_rate(rate.flops, rate.unit, rate.dtype), rate.dtype)
         by_mode: dict[str, float] = defaultdict(float)
         for (mode, _), f in flops.items():
             by_mode[mode] += f

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from nnperf.errors import UsageError
@@ -80,10 +82,20 @@ def test_tensor_peaks_are_dense(gpu_id, per_clk):
 
 def test_h100_sxm_headline_numbers():
     g = load_gpu("h100")
-    assert g.peak_flops("bf16") == pytest.approx(132 * 4096 * 1.83e9, rel=1e-3)  # 989.4 T
+    assert g.tensor_tflops["bf16"] * 1e12 == pytest.approx(132 * 4096 * 1.83e9, rel=1e-3)  # 989.4 T
     assert g.memory_bandwidth == 3350e9
-    assert g.ridge_point("bf16") == pytest.approx(989.4e12 / 3350e9)
-    assert g.peak_flops("fp32") == 67e12
+    assert g.cuda_tflops["fp32"] == 67
+    # predictions run at the H200's sustained 1470 MHz (the same die at the same 700 W):
+    # tensor peaks quoted at 1830 MHz, CUDA-core peaks at 1980
+    assert g.peak_flops("bf16") == pytest.approx(132 * 4096 * 1.47e9, rel=1e-3)
+    assert g.ridge_point("bf16") == pytest.approx(132 * 4096 * 1.47e9 / 3350e9, rel=1e-3)
+    assert g.peak_flops("fp32", tensor_cores=False) == pytest.approx(67e12 * 1470 / 1980)
+
+
+def test_the_500w_h100_sustains_the_700w_clock_scaled_by_its_power_law():
+    h100, h500 = load_gpu("h100"), load_gpu("h100-sxm-96gb-500w")
+    k = math.log(1830 / 1545) / math.log(700 / 400)  # the datasheets' clock against power (notes)
+    assert h500.sustained_clock_mhz == pytest.approx(h100.sustained_clock_mhz * (500 / 700) ** k, abs=1)
 
 
 # Dense = the datasheet's "with sparsity" figure / 2 (TFLOP/s, or TOPS for int8).

@@ -188,6 +188,12 @@ class GPU:
             return 1.0
         return self.clock_scale(unit)
 
+    def quoted_rate(self, flops: float, unit: str, dtype: str) -> float:
+        """``flops``, a rate of ``unit``'s ``dtype`` math at the sustained clock (what ``peak``
+        returns), at the clock the datasheet quotes it at instead: MFU divides by the datasheet
+        peak (PaLM's and Megatron-LM's convention), whatever clock the GPU holds."""
+        return flops / self._peak_scale(unit, dtype)
+
     def flops_per_clock_per_sm(self, rate: PeakRate) -> float | None:
         """The datasheet rate of ``rate``'s unit per SM and clock (e.g. 512 fp16 FLOP for a
         GeForce RTX 4090's fp32-accumulate tensor math, 4096 for an H100's); None without an SM

@@ -135,6 +135,7 @@ class OpTime:
     # The rate its arithmetic ran at, e.g. "tf32" for an fp32 convolution with TF32 on,
     # "fp32" on CUDA cores; "" without FLOPs on a math unit (MFU's peak is built from it).
     math: str = ""
+    math_unit: str = ""  # "tensor" or "cuda": the unit ``math`` ran on, where it ran on one
     gemms: list[GemmTime] = field(default_factory=list)
     # Ops this one kernel runs (``passes.fusion``): the group's first op carries its time, the
     # others none; 0 for an op run as written.
@@ -511,12 +512,12 @@ class KernelModel:
             return self._math_attention(count, call, backward, base)
         dtype = dtype_name(event.inputs[1].dtype if count.phase == "backward" else event.inputs[0].dtype)
         rate = self.gpu.matmul_peak(dtype, tf32=self.options.tf32_matmul, fallback=True)
-        peak, math = rate.flops, rate.dtype
+        peak, math, unit = rate.flops, rate.dtype, rate.unit
         if backend == EFFICIENT and dtype == "fp32" and efficient_uses_tensor_cores(dtype, self.gpu):
             # the memory-efficient kernel's fp32 GEMMs on sm80+ are 3xTF32 (three TF32 MMAs
             # per product, OpMultiplyAddFastF32: DefaultGemmType in mem_eff_attention's
             # gemm_kernel_utils.h), whatever torch.backends.cuda.matmul.allow_tf32 says
-            peak, math = self.gpu.peak("tf32", fallback=True).flops / 3, "3xtf32"
+            peak, math, unit = self.gpu.peak("tf32", fallback=True).flops / 3, "3xtf32", "tensor"
         fraction = (
             self.profile.attention_backward_fraction if backward else self.profile.attention_forward_fraction
         )
@@ -544,6 +545,7 @@ class KernelModel:
             memory_s=count.bytes / self.gpu.memory_bandwidth,
             peak_flops=peak,
             math=math,
+            math_unit=unit,
             bound=_bound(model_compute, model_memory, overhead),
             model_compute_s=model_compute,
             model_memory_s=model_memory,
@@ -571,7 +573,7 @@ class KernelModel:
             kernel_s=sum(e.time_s for e in ests) + passes_s,
             compute_s=sum(e.compute_s for e in ests),
             memory_s=(count.bytes + work.score_passes * pass_bytes) / self.gpu.memory_bandwidth,
-            peak_flops=ests[0].peak_flops, math=ests[0].rate_dtype,
+            peak_flops=ests[0].peak_flops, math=ests[0].rate_dtype, math_unit=ests[0].math_unit,
             bound=_bound(model_compute, model_memory, overhead),
             model_compute_s=model_compute, model_memory_s=model_memory, overhead_s=overhead,
             backend=MATH, **base,

@@ -10,11 +10,12 @@ import pytest
 
 from nnperf.hardware.catalog import load_gpu
 from nnperf.hardware.cluster import load_cluster
+from nnperf.hardware.profile import default_profile
 from nnperf.layout import Execution
 from nnperf.request import ModelRequest
 from nnperf.search.plan import evaluate
 from nnperf.search.plan.pipeline import traced_schedule_step
-from nnperf.search.plan.rank import RoleCache, extrapolate, rank_cost, scaled_cost
+from nnperf.search.plan.rank import RoleCache, extrapolate, host_profile, rank_cost, scaled_cost
 from nnperf.search.plan.results import RankCost, RankFigures, collective_totals
 from nnperf.trace.options import TraceOptions
 
@@ -38,6 +39,24 @@ def test_a_deep_stack_from_two_shallow_traces(execution):
     assert scaled.figures.flops == pytest.approx(direct.figures.flops, rel=1e-9)
     assert scaled.figures.step_s == pytest.approx(direct.figures.step_s, rel=0.01)
     assert scaled.figures.memory == pytest.approx(direct.figures.memory, rel=0.01)
+
+
+def test_megatron_tensor_parallelism_pays_no_dtensor_dispatch():
+    """Megatron-Core's parallel linear layers are plain tensors calling their own collectives:
+    a layout only Megatron-LM runs (ZeRO-1 beside tensor parallelism) is priced without the
+    DTensor dispatch that torchtitan's tensor parallelism pays on every op of its DTensors."""
+    megatron = Execution(world=4, data="zero1", tensor=2, micro_batch=2)
+    torchtitan = Execution(world=2, tensor=2, micro_batch=2)
+    default = default_profile(GPU)
+    assert default.host_dtensor_dispatch_s > 0 and default.host_dtensor_list_tensor_s > 0
+    assert host_profile(torchtitan, GPU) == default
+    priced = host_profile(megatron, GPU)
+    assert priced.host_dtensor_dispatch_s == priced.host_dtensor_list_tensor_s == 0
+    assert priced.host_dispatch_s == default.host_dispatch_s  # plain ops cost what they cost
+    request = ModelRequest("llama-7b", batch=2, seq_len=64, overrides={**LLAMA, "n_layer": 2})
+    dtensor_ops = rank_cost(request, OPTIONS, torchtitan, GPU, CLUSTER).figures.host_s
+    plain_ops = rank_cost(request, OPTIONS, megatron, GPU, CLUSTER).figures.host_s
+    assert plain_ops < dtensor_ops
 
 
 @pytest.mark.parametrize(("schedule", "virtual"), [("1f1b", 1), ("interleaved-1f1b", 2)])

@@ -115,7 +115,10 @@ def test_a_search_traces_each_rank_role_once(monkeypatch):
 
     monkeypatch.setattr(rank_module, "rank_cost", counted)
     monkeypatch.setenv("NNPERF_PLAN_WORKERS", "1")
-    result = plan(ModelRequest("gpt2", seq_len=32, overrides={"n_layer": 4, "n_embd": 32, "n_head": 2, "vocab": 64}),
+    # wide enough that the step is compute, not host: FSDP's pipelines then come within the
+    # first pass's best (a host-bound tiny model has them bounded out untraced)
+    wide = {"n_layer": 4, "n_embd": 4096, "n_head": 32, "vocab": 64, "n_positions": 2048}
+    result = plan(ModelRequest("gpt2", seq_len=2048, overrides=wide),
                   TraceOptions(), load_gpu("h100"), 8, load_cluster("dgx-h100"), global_batch=16, tensor=[2],
                   pipeline=[1, 2], checkpoints=[None])
     assert {p.execution.data for p in result.ranked if p.execution.pipeline > 1} > {"fsdp"}  # a third pass ran

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nnperf.analysis import Analysis
-from nnperf.hardware import GPU
+from nnperf.hardware import GPU, DeviceProfile, default_profile
 from nnperf.hardware.cluster import Cluster
 from nnperf.kernels.collectives import bus_factor, estimate_collective, group_tier
 from nnperf.layout import Execution
@@ -109,6 +109,18 @@ def tensor_parallel_chunks(execution: Execution, config: dict[str, Any],
     return chunks
 
 
+def host_profile(execution: Execution, gpu: GPU) -> DeviceProfile:
+    """The device profile a rank of ``execution`` is priced with. Megatron-LM's tensor-parallel
+    layers (Megatron-Core's ColumnParallelLinear and RowParallelLinear) run on plain tensors and
+    call their collectives themselves, so a layout only Megatron-LM runs
+    (``Execution.megatron_layout``) pays no DTensor dispatch on the host: the DTensor of the
+    traced stand-in is the trace's means, not the run's cost (its ops are charged as plain ones)."""
+    profile = default_profile(gpu)
+    if not execution.megatron_layout:
+        return profile
+    return replace(profile, host_dtensor_dispatch_s=0.0, host_dtensor_list_tensor_s=0.0)
+
+
 def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution, gpu: GPU,
               cluster: Cluster, rank: int = 0, prepare: Callable[[Any], Any] | None = None,
               units: Callable[[Any], list[str]] | None = None) -> RankCost:
@@ -119,7 +131,7 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
     name, build = resolve(request)
     traced = trace_rank(build, options, execution, units or repeated_blocks, prepare, rank=rank)
     analysis = Analysis.from_trace(name, options, traced.trace, traced.workload)
-    prediction = predict_analysis(analysis, gpu)
+    prediction = predict_analysis(analysis, gpu, host_profile(execution, gpu))
     by_index = {c.index: c for c in traced.collectives}
     pipelined = execution.pipeline > 1
     comm = overlap(prediction.step, traced.trace, _timed(cluster, by_index, pipelined),
