@@ -15,7 +15,15 @@ from nnperf.layout import Execution
 from nnperf.request import ModelRequest
 from nnperf.search.plan import evaluate
 from nnperf.search.plan.pipeline import traced_schedule_step
-from nnperf.search.plan.rank import RoleCache, extrapolate, host_profile, rank_cost, scaled_cost
+from nnperf.search.plan.rank import (
+    RoleCache,
+    collective_timer,
+    extrapolate,
+    host_profile,
+    megatron_sequence_parallel_grads,
+    rank_cost,
+    scaled_cost,
+)
 from nnperf.search.plan.results import RankCost, RankFigures, collective_totals
 from nnperf.trace.options import TraceOptions
 
@@ -39,6 +47,35 @@ def test_a_deep_stack_from_two_shallow_traces(execution):
     assert scaled.figures.flops == pytest.approx(direct.figures.flops, rel=1e-9)
     assert scaled.figures.step_s == pytest.approx(direct.figures.step_s, rel=0.01)
     assert scaled.figures.memory == pytest.approx(direct.figures.memory, rel=0.01)
+
+
+def test_megatron_reduces_the_norms_gradients_as_one_all_reduce():
+    """Megatron-LM with sequence parallelism: the norms' weight and bias gradients, reduced one
+    by one over the tensor-parallel group by the traced DTensor, are one flattened all-reduce
+    (finalize_model_grads), timed once with all their bytes."""
+    from nnperf.kernels.collectives import estimate_collective
+    from nnperf.loading import resolve
+    from nnperf.trace.blocks import repeated_blocks
+    from nnperf.trace.distributed import trace_rank
+
+    request = ModelRequest("llama-7b", batch=1, seq_len=64,
+                           overrides={**LLAMA, "n_layer": 2, "norm": "layernorm", "n_kv_heads": 4})
+    megatron = Execution(world=4, data="zero1", tensor=2, sequence_parallel=True, micro_batch=1)
+    _, build = resolve(request)
+    traced = trace_rank(build, OPTIONS, megatron, repeated_blocks, None, rank=0)
+    by_index = {c.index: c for c in traced.collectives}
+    coalesced = megatron_sequence_parallel_grads(megatron, traced.trace.config, by_index)
+    norms = 2 * 2 + 1  # two a block and the final one
+    assert len(coalesced) == 2 * norms  # weight and bias of each LayerNorm
+    assert {by_index[i].module.split(".")[-1] for i in coalesced} == {"attention_norm", "ffn_norm", "norm"}
+    timed = collective_timer(CLUSTER, by_index, False, coalesced)
+    first = by_index[min(coalesced)]
+    together = sum(by_index[i].bytes for i in coalesced)
+    assert together == 2 * norms * LLAMA["dim"] * 4  # fp32 (AMP) weight and bias of dim elements each
+    assert sum(timed(i)[2] for i in coalesced) == pytest.approx(
+        estimate_collective("all_reduce", together, first.group_ranks, CLUSTER).time_s)
+    torchtitan = replace(megatron, data="fsdp", shard=2)  # DTensor's own layout: one by one
+    assert not megatron_sequence_parallel_grads(torchtitan, traced.trace.config, by_index)
 
 
 def test_megatron_tensor_parallelism_pays_no_dtensor_dispatch():

@@ -51,13 +51,39 @@ from nnperf.vocab import Category, Phase
 SCALE_POINTS = (3, 4)
 
 
-def _timed(cluster: Cluster, collectives: dict[int, Any], p2p_free: bool) -> Callable[[int], tuple[str, int, float]]:
+def collective_timer(cluster: Cluster, collectives: dict[int, Any], p2p_free: bool,
+           coalesced: frozenset[int] = frozenset()) -> Callable[[int], tuple[str, int, float]]:
+    """Each collective's kind, bytes and time; the ``coalesced`` ones run as one, at the last
+    of them, with all their bytes (``megatron_sequence_parallel_grads``)."""
+    last = max(coalesced, default=None)
+    together = sum(collectives[i].bytes for i in coalesced)
+
     def timed(index: int) -> tuple[str, int, float]:
         c = collectives[index]
         if p2p_free and c.kind == "send_recv":  # the pipeline replay times transfers itself
             return c.kind, c.bytes, 0.0
+        if index in coalesced:
+            seconds = estimate_collective(c.kind, together, c.group_ranks, cluster).time_s if index == last else 0.0
+            return c.kind, c.bytes, seconds
         return c.kind, c.bytes, estimate_collective(c.kind, c.bytes, c.group_ranks, cluster).time_s
     return timed
+
+
+def megatron_sequence_parallel_grads(execution: Execution, config: dict[str, Any],
+                                     collectives: dict[int, Any]) -> frozenset[int]:
+    """The all-reduces over the tensor-parallel group in backward of a Megatron-LM layout with
+    sequence parallelism: the gradients of the parameters every tensor-parallel rank holds whole
+    (the norms' weights and biases), which DTensor, the trace's stand-in, reduces one by one as
+    each is made. Megatron-Core reduces them flattened into one buffer, one all-reduce
+    (``finalize_model_grads``: ``_allreduce_layernorm_grads``, later
+    ``_allreduce_non_tensor_model_parallel_grads``), once per step after the last micro-batch;
+    the plan runs that one all-reduce per traced micro-batch, at the last of them (with several
+    micro-batches, ``grad_accum - 1`` small all-reduces more than Megatron-LM runs)."""
+    group = config.get("tensor_parallel_group")
+    if group is None or not execution.megatron_sequence_parallel:
+        return frozenset()
+    return frozenset(c.index for c in collectives.values()
+                     if c.kind == "all_reduce" and c.phase == "backward" and c.group == group)
 
 
 def _contention(cluster: Cluster, gpu: GPU, collectives: dict[int, Any]) -> Callable[[int], Contention | None]:
@@ -134,7 +160,8 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
     prediction = predict_analysis(analysis, gpu, host_profile(execution, gpu))
     by_index = {c.index: c for c in traced.collectives}
     pipelined = execution.pipeline > 1
-    comm = overlap(prediction.step, traced.trace, _timed(cluster, by_index, pipelined),
+    coalesced = megatron_sequence_parallel_grads(execution, traced.trace.config, by_index)
+    comm = overlap(prediction.step, traced.trace, collective_timer(cluster, by_index, pipelined, coalesced),
                    _contention(cluster, gpu, by_index), stream_of=lambda index: by_index[index].stream,
                    pipelined=tensor_parallel_chunks(execution, traced.trace.config, by_index))
     once = [t for t in prediction.step.ops if once_per_step(t.count.event)]
