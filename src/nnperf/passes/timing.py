@@ -203,7 +203,8 @@ class KernelModel:
 
     def __init__(self, gpu: GPU, profile: DeviceProfile, options: TimingOptions | None = None,
                  train: bool = False, l2_hits: dict[int, float] | None = None,
-                 fp8_linears: frozenset[str] = frozenset(), cudnn_attention_first: bool = False):
+                 fp8_linears: frozenset[str] = frozenset(), cudnn_attention_first: bool = False,
+                 fp8_cast_shares: dict[int, float] | None = None):
         self.gpu = gpu
         self.profile = profile
         self.options = options or TimingOptions()
@@ -214,6 +215,9 @@ class KernelModel:
         self._gemm_cache: dict[tuple, GemmEstimate] = {}
         # the linear layers whose GEMMs run in FP8 (``TraceOptions.fp8``: the trace names them)
         self.fp8_linears = fp8_linears
+        # the share of its operand's cast an FP8 GEMM pays, where not all of it: event index ->
+        # share (``trace.fp8_casts``: Megatron-LM's layouts)
+        self.fp8_cast_shares = fp8_cast_shares or {}
         # SDPA with cuDNN's kernel first where it applies (``TraceOptions.sdpa == "cudnn"``)
         self.cudnn_attention_first = cudnn_attention_first
         if fp8_linears and "fp8" not in gpu.tensor_tflops:
@@ -334,12 +338,15 @@ class KernelModel:
         weight-gradient GEMM (Hopper's FP8 GEMMs take only the "TN" layout), which therefore
         casts nothing. The forward GEMM brings its input, the input-gradient GEMM the output's
         gradient; the weight's cast, once per step, is not timed (``trace.capture``'s FP8
-        assumption)."""
+        assumption). In Megatron-LM's layouts a sequence-parallel operand is cast on the rank's
+        shard, before its gather, and a fused layer's input once (``trace.fp8_casts``)."""
         gemms = [GemmTime(g, self.gemm(g.m, g.n, g.k, g.batch, "fp8", False)) for g in count.gemms]
         ests = [g.estimate for g in gemms]
         itemsize = 2  # the 16-bit operand (``_runs_fp8``)
         written = 2 if self.train else 1  # FP8 bytes written per element: row-wise, column-wise
-        cast = [g.m * g.k * g.batch * (2 * itemsize + written) for g in count.gemms if g.role != "grad_weight"]
+        share = self.fp8_cast_shares.get(count.event.index, 1.0)
+        cast = [g.m * g.k * g.batch * (2 * itemsize + written) * share for g in count.gemms
+                if g.role != "grad_weight" and share]
         cast_bytes = float(sum(cast))
         cast_memory = self.profile.memory_time(self.gpu.memory_bandwidth, cast_bytes)
         cast_overhead = 2 * len(cast) * self.profile.kernel_overhead_s
@@ -762,6 +769,7 @@ def simulate_step(
     groups = fused_groups(trace, counts)
     model = KernelModel(gpu, profile, options, train=trace.mode == "train", l2_hits=hits,
                         fp8_linears=frozenset(trace.config.get("fp8_linears", ())),
+                        fp8_cast_shares=trace.config.get("fp8_cast_shares"),
                         cudnn_attention_first=trace.config.get("options", {}).get("sdpa") == "cudnn")
     costs = HostCosts.of(profile)
     step_options = trace.config.get("options", {})

@@ -28,6 +28,7 @@ from nnperf.trace.collectives import Collective, collectives_of
 from nnperf.trace.engine_patches import engines_on_fake_tensors
 from nnperf.trace.events import Trace
 from nnperf.trace.fake_world import session
+from nnperf.trace.fp8_casts import megatron_fp8_casts
 from nnperf.trace.fp8_saved_inputs import keep_fp8_saved_inputs
 from nnperf.trace.fsdp_shards import one_rank_chunks
 from nnperf.trace.options import TraceOptions
@@ -101,11 +102,16 @@ def trace_rank(
     if options.fp8 and execution.megatron_layout:
         # Transformer Engine's linears, which Megatron-LM runs, keep their inputs in FP8
         trace.config["fp8_saved_inputs"] = keep_fp8_saved_inputs(trace)
+        # ... and cast a sequence-parallel shard before gathering it, a fused layer's input once
+        group = world["meshes"][shape][0].get_group().group_name if execution.megatron_sequence_parallel else None
+        gathers = frozenset(c.index for c in collectives if c.kind == "all_gather" and c.group == group)
+        trace.config["fp8_cast_shares"] = megatron_fp8_casts(trace, gathers, execution.tensor)
     if execution.megatron_sequence_parallel:
         # the tensor-parallel group and the repeated blocks (as the trace names modules): what
         # Megatron-LM's linears and Transformer Engine's userbuffers overlap with their GEMMs
         # (``search.plan.rank.tensor_parallel_chunks``)
-        trace.config["tensor_parallel_group"] = world["meshes"][shape][0].get_group().group_name
+        group = world["meshes"][shape][0].get_group().group_name
+        trace.config["tensor_parallel_group"] = group
         trace.config["blocks"] = block_names(workload.model)
     if execution.data_parallel > 1:
         # the data-parallel engine's process groups: a pipeline synchronizes over them once per

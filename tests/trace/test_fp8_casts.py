@@ -1,0 +1,80 @@
+"""Megatron-LM's FP8 linears cast what Transformer Engine casts (``trace.fp8_casts``): a
+sequence-parallel operand on the rank's shard before its all-gather, and the input of the
+fused q-k-v and gate-up layers once. Each share and each cast's bytes counted by hand from
+the tiny Llama's separate wq, wk, wv and w1, w3 (Megatron-Core's linear_qkv and linear_fc1)."""
+
+from __future__ import annotations
+
+import pytest
+
+from nnperf.hardware.catalog import load_gpu
+from nnperf.hardware.profile import default_profile
+from nnperf.layout import Execution
+from nnperf.passes.count import count_ops
+from nnperf.passes.timing import KernelModel
+from nnperf.trace.distributed import trace_rank
+from nnperf.trace.options import TraceOptions
+
+LLAMA = {"n_layer": 2, "dim": 32, "n_heads": 4, "n_kv_heads": 4, "ffn_hidden": 48, "vocab": 101}
+BATCH, SEQ, TP = 2, 16, 2
+
+
+def _trace(execution: Execution):
+    from nnperf.zoo import get_model
+
+    return trace_rank(lambda: get_model("llama-7b").build(batch=BATCH, seq_len=SEQ, **LLAMA),
+                      TraceOptions(optimizer="adamw", dtype="bf16", fp8=True), execution, lambda model: [])
+
+
+def _shares(traced) -> dict[tuple[str, str], list[float]]:
+    events, shares = traced.trace.events, traced.trace.config.get("fp8_cast_shares", {})
+    out: dict[tuple[str, str], list[float]] = {}
+    for index, share in shares.items():
+        e = events[index]
+        out.setdefault((str(e.phase), e.module.split(".")[-1]), []).append(share)
+    return out
+
+
+def test_a_sequence_parallel_shard_is_cast_before_its_gather_and_a_fused_input_once():
+    execution = Execution(world=2 * TP, data="zero1", tensor=TP, sequence_parallel=True, micro_batch=BATCH)
+    shares = _shares(_trace(execution))
+    layers = LLAMA["n_layer"]
+    # forward: the gathered norm outputs, cast once per fused layer on the shard
+    assert shares[("forward", "wq")] == shares[("forward", "w1")] == [1 / TP] * layers
+    assert shares[("forward", "wk")] == shares[("forward", "wv")] == shares[("forward", "w3")] == [0.0] * layers
+    # backward: the row-parallel layers' output gradients arrive gathered (their input- and
+    # weight-gradient GEMMs read them); the column-parallel ones' are the rank's own
+    assert shares[("backward", "wo")] == shares[("backward", "w2")] == [1 / TP] * (2 * layers)
+    assert {k for k in shares} == {("forward", m) for m in ("wq", "wk", "wv", "w1", "w3")} | {
+        ("backward", "wo"), ("backward", "w2")}
+
+
+def test_without_tensor_parallelism_only_the_fused_inputs_change():
+    shares = _shares(_trace(Execution(world=2, data="zero1", micro_batch=BATCH)))
+    assert set(shares) == {("forward", m) for m in ("wk", "wv", "w3")}
+    assert all(s == [0.0] * LLAMA["n_layer"] for s in shares.values())
+
+
+def test_torchtitans_float8_casts_every_linear_input():
+    traced = _trace(Execution(world=2, data="fsdp", shard=2, micro_batch=BATCH))
+    assert "fp8_cast_shares" not in traced.trace.config
+
+
+def test_the_cast_is_timed_on_the_shard():
+    """The q projection's forward cast on H100: reading the 16-bit rows twice (the amax, the
+    cast) and writing FP8 twice (row- and column-wise), over the rank's 1 / TP of them."""
+    execution = Execution(world=2 * TP, data="zero1", tensor=TP, sequence_parallel=True, micro_batch=BATCH)
+    traced = _trace(execution)
+    gpu = load_gpu("h100")
+    profile = default_profile(gpu)
+    trace = traced.trace
+    counts = {c.index: c for c in count_ops(trace)}
+    wq = next(i for i, s in trace.config["fp8_cast_shares"].items()
+              if trace.events[i].module.endswith("wq") and str(trace.events[i].phase) == "forward")
+    shared = KernelModel(gpu, profile, train=True, fp8_linears=frozenset(trace.config["fp8_linears"]),
+                         fp8_cast_shares=trace.config["fp8_cast_shares"]).time_op(counts[wq], 0.0)
+    whole = KernelModel(gpu, profile, train=True, fp8_linears=frozenset(trace.config["fp8_linears"])).time_op(counts[wq], 0.0)
+    rows, dim = BATCH * SEQ, LLAMA["dim"]  # the gathered input, (tokens, dim)
+    whole_bytes, shard_bytes = rows * dim * (2 * 2 + 2), rows * dim * (2 * 2 + 2) / TP
+    gemm_bytes = whole.memory_s * gpu.memory_bandwidth - whole_bytes
+    assert shared.memory_s * gpu.memory_bandwidth == pytest.approx(gemm_bytes + shard_bytes)
