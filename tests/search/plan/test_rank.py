@@ -19,9 +19,9 @@ from nnperf.search.plan.rank import (
     RoleCache,
     collective_timer,
     extrapolate,
-    host_profile,
     megatron_sequence_parallel_grads,
     rank_cost,
+    rank_profile,
     scaled_cost,
 )
 from nnperf.search.plan.results import RankCost, RankFigures, collective_totals
@@ -86,8 +86,8 @@ def test_megatron_tensor_parallelism_pays_no_dtensor_dispatch():
     torchtitan = Execution(world=2, tensor=2, micro_batch=2)
     default = default_profile(GPU)
     assert default.host_dtensor_dispatch_s > 0 and default.host_dtensor_list_tensor_s > 0
-    assert host_profile(torchtitan, GPU) == default
-    priced = host_profile(megatron, GPU)
+    assert rank_profile(torchtitan, GPU) == default
+    priced = rank_profile(megatron, GPU)
     assert priced.host_dtensor_dispatch_s == priced.host_dtensor_list_tensor_s == 0
     assert priced.host_dispatch_s == default.host_dispatch_s  # plain ops cost what they cost
     request = ModelRequest("llama-7b", batch=2, seq_len=64, overrides={**LLAMA, "n_layer": 2})

@@ -52,7 +52,7 @@ SCALE_POINTS = (3, 4)
 
 
 def collective_timer(cluster: Cluster, collectives: dict[int, Any], p2p_free: bool,
-           coalesced: frozenset[int] = frozenset()) -> Callable[[int], tuple[str, int, float]]:
+                     coalesced: frozenset[int] = frozenset()) -> Callable[[int], tuple[str, int, float]]:
     """Each collective's kind, bytes and time; the ``coalesced`` ones run as one, at the last
     of them, with all their bytes (``megatron_sequence_parallel_grads``)."""
     last = max(coalesced, default=None)
@@ -135,7 +135,7 @@ def tensor_parallel_chunks(execution: Execution, config: dict[str, Any],
     return chunks
 
 
-def host_profile(execution: Execution, gpu: GPU) -> DeviceProfile:
+def rank_profile(execution: Execution, gpu: GPU) -> DeviceProfile:
     """The device profile a rank of ``execution`` is priced with. Megatron-LM's tensor-parallel
     layers (Megatron-Core's ColumnParallelLinear and RowParallelLinear) run on plain tensors and
     call their collectives themselves, so a layout only Megatron-LM runs
@@ -157,7 +157,7 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
     name, build = resolve(request)
     traced = trace_rank(build, options, execution, units or repeated_blocks, prepare, rank=rank)
     analysis = Analysis.from_trace(name, options, traced.trace, traced.workload)
-    prediction = predict_analysis(analysis, gpu, host_profile(execution, gpu))
+    prediction = predict_analysis(analysis, gpu, rank_profile(execution, gpu))
     by_index = {c.index: c for c in traced.collectives}
     pipelined = execution.pipeline > 1
     coalesced = megatron_sequence_parallel_grads(execution, traced.trace.config, by_index)
