@@ -99,19 +99,19 @@ def trace_rank(
         collectives = collectives_of(trace)
     trace.config["execution"] = execution.to_json()
     trace.config["rank"] = rank
+    # the tensor-parallel group Megatron-LM's sequence parallelism gathers and scatters over
+    tp_group = world["meshes"][shape][0].get_group().group_name if execution.megatron_sequence_parallel else None
     if options.fp8 and execution.megatron_layout:
         # Transformer Engine's linears, which Megatron-LM runs, keep their inputs in FP8
         trace.config["fp8_saved_inputs"] = keep_fp8_saved_inputs(trace)
         # ... and cast a sequence-parallel shard before gathering it, a fused layer's input once
-        group = world["meshes"][shape][0].get_group().group_name if execution.megatron_sequence_parallel else None
-        gathers = frozenset(c.index for c in collectives if c.kind == "all_gather" and c.group == group)
+        gathers = frozenset(c.index for c in collectives if c.kind == "all_gather" and c.group == tp_group)
         trace.config["fp8_cast_shares"] = megatron_fp8_casts(trace, gathers, execution.tensor)
-    if execution.megatron_sequence_parallel:
+    if tp_group is not None:
         # the tensor-parallel group and the repeated blocks (as the trace names modules): what
         # Megatron-LM's linears and Transformer Engine's userbuffers overlap with their GEMMs
         # (``search.plan.rank.tensor_parallel_chunks``)
-        group = world["meshes"][shape][0].get_group().group_name
-        trace.config["tensor_parallel_group"] = group
+        trace.config["tensor_parallel_group"] = tp_group
         trace.config["blocks"] = block_names(workload.model)
     if execution.data_parallel > 1:
         # the data-parallel engine's process groups: a pipeline synchronizes over them once per

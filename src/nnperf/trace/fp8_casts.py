@@ -24,14 +24,8 @@ named pay all of it). Only cast time changes: the all-gather keeps its traced 16
 from __future__ import annotations
 
 from nnperf.trace.events import Trace
-from nnperf.trace.fp8_saved_inputs import LINEAR_GEMMS
+from nnperf.trace.fp8_saved_inputs import CARRIERS, LINEAR_GEMMS, MAX_CARRIED
 from nnperf.vocab import Phase
-
-#: Ops between an all-gather and the GEMM that reads its rows, each making a new storage: the
-#: wait on the collective and the reordering of the gathered shards.
-_CARRIERS = frozenset({"_c10d_functional.wait_tensor", "aten.cat", "aten.clone"})
-#: How many such ops may stand between them.
-_MAX_CARRIED = 3
 
 
 def megatron_fp8_casts(trace: Trace, gathers: frozenset[int], degree: int) -> dict[int, float]:
@@ -44,14 +38,14 @@ def megatron_fp8_casts(trace: Trace, gathers: frozenset[int], degree: int) -> di
     events, storages = trace.events, trace.storages
 
     def gathered(storage: int) -> bool:
-        for _ in range(_MAX_CARRIED + 1):
+        for _ in range(MAX_CARRIED + 1):
             info = storages.get(storage)
             if info is None or info.created_by is None:
                 return False
             maker = events[info.created_by]
             if maker.index in gathers:
                 return True
-            if maker.name not in _CARRIERS or not maker.inputs:
+            if maker.name not in CARRIERS or not maker.inputs:
                 return False
             storage = maker.inputs[0].storage
         return False

@@ -36,9 +36,9 @@ from nnperf.vocab import Phase
 LINEAR_GEMMS = frozenset({"aten.mm", "aten.addmm"})
 #: Ops that carry a linear's input to its GEMM unchanged in value: sequence parallelism's
 #: all-gather, the wait on it, and the reordering of the gathered shards.
-_CARRIERS = frozenset({"_c10d_functional.wait_tensor", "aten.cat"})
+CARRIERS = frozenset({"_c10d_functional.wait_tensor", "aten.cat"})
 #: Storages this far (in carrying ops) from an FP8 GEMM still count as its input.
-_MAX_CARRIED = 3
+MAX_CARRIED = 3
 _FP8_BYTES = 1
 
 
@@ -69,7 +69,7 @@ def keep_fp8_saved_inputs(trace: Trace) -> int:
                 continue
             if fp8_gemm(i):
                 return True
-            if depth < _MAX_CARRIED and (gathers(i) or e.free or e.name in _CARRIERS) and any(
+            if depth < MAX_CARRIED and (gathers(i) or e.free or e.name in CARRIERS) and any(
                     feeds_fp8_gemm(m.storage, phase, depth + 1) for m in e.outputs if m.storage != sid):
                 return True
         return False
