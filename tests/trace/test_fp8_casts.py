@@ -78,3 +78,34 @@ def test_the_cast_is_timed_on_the_shard():
     whole_bytes, shard_bytes = rows * dim * (2 * 2 + 2), rows * dim * (2 * 2 + 2) / TP
     gemm_bytes = whole.memory_s * gpu.memory_bandwidth - whole_bytes
     assert shared.memory_s * gpu.memory_bandwidth == pytest.approx(gemm_bytes + shard_bytes)
+
+
+def test_a_gather_an_fp8_gemm_reads_moves_one_byte_an_element():
+    """Transformer Engine gathers the FP8 tensor: in each block the attention's and the MLP's
+    gathered norm outputs (forward, and again in backward for their weight gradients) and the
+    output gradients of their row-parallel layers (backward), (tokens, dim) at one byte. Two
+    gathers no FP8 GEMM reads keep two bytes: the final norm's output for the 16-bit head
+    (forward) and the gradient of the embedding's output (backward's last)."""
+    execution = Execution(world=2 * TP, data="zero1", tensor=TP, sequence_parallel=True, micro_batch=BATCH)
+    traced = _trace(execution)
+    tp_group = traced.trace.config["tensor_parallel_group"]
+    gathers = [c for c in traced.collectives if c.kind == "all_gather" and c.group == tp_group]
+    tokens, dim, layers = BATCH * SEQ, LLAMA["dim"], LLAMA["n_layer"]
+    head = next(c for c in gathers if c.module.endswith(".output"))
+    embedding = gathers[-1]
+    assert head.bytes == embedding.bytes == tokens * dim * 2
+    blocks = [c for c in gathers if c not in (head, embedding)]
+    assert len(blocks) == 2 * 3 * layers  # 2 sublayers x (forward input, its re-gather, output grad)
+    assert {c.bytes for c in blocks} == {tokens * dim}
+
+
+def test_a_linear_with_bias_casts_its_input_not_its_bias():
+    """GPT-2's linears trace as addmm(bias, input, weight): the gathered input is the operand."""
+    from nnperf.zoo import get_model
+
+    gpt2 = {"n_layer": 2, "n_embd": 32, "n_head": 4, "vocab": 101, "n_positions": SEQ}
+    execution = Execution(world=2 * TP, data="zero1", tensor=TP, sequence_parallel=True, micro_batch=BATCH)
+    traced = trace_rank(lambda: get_model("gpt2").build(batch=BATCH, seq_len=SEQ, **gpt2),
+                        TraceOptions(optimizer="adamw", dtype="bf16", fp8=True), execution, lambda model: [])
+    shares = _shares(traced)
+    assert shares[("forward", "c_attn")] == shares[("forward", "c_fc")] == [1 / TP] * gpt2["n_layer"]

@@ -28,7 +28,7 @@ from nnperf.trace.collectives import Collective, collectives_of
 from nnperf.trace.engine_patches import engines_on_fake_tensors
 from nnperf.trace.events import Trace
 from nnperf.trace.fake_world import session
-from nnperf.trace.fp8_casts import megatron_fp8_casts
+from nnperf.trace.fp8_casts import in_fp8, megatron_fp8_casts
 from nnperf.trace.fp8_saved_inputs import keep_fp8_saved_inputs
 from nnperf.trace.fsdp_shards import one_rank_chunks
 from nnperf.trace.options import TraceOptions
@@ -106,7 +106,10 @@ def trace_rank(
         trace.config["fp8_saved_inputs"] = keep_fp8_saved_inputs(trace)
         # ... and cast a sequence-parallel shard before gathering it, a fused layer's input once
         gathers = frozenset(c.index for c in collectives if c.kind == "all_gather" and c.group == tp_group)
-        trace.config["fp8_cast_shares"] = megatron_fp8_casts(trace, gathers, execution.tensor)
+        casts = megatron_fp8_casts(trace, gathers, execution.tensor)
+        trace.config["fp8_cast_shares"] = casts.shares
+        # ... so that gather moves one byte an element
+        collectives = [in_fp8(c, trace) if c.index in casts.fp8_gathers else c for c in collectives]
     if tp_group is not None:
         # the tensor-parallel group and the repeated blocks (as the trace names modules): what
         # Megatron-LM's linears and Transformer Engine's userbuffers overlap with their GEMMs

@@ -16,51 +16,88 @@ the ones Megatron-LM runs:
   a model written with separate linears reads one input in several FP8 GEMMs. The first such
   GEMM pays the cast, the others reuse it.
 
+The gather itself then moves the FP8 tensor, one byte an element where DTensor's traced
+all-gather moves the 16-bit one: Transformer Engine 1.x's ``LayerNormLinear`` normalizes
+straight into FP8 (``ln_out`` of ``torch.uint8``) and calls ``gather_along_first_dim`` on it,
+its ``grad_output_preprocess`` casts the local output gradient into a ``torch.uint8`` buffer and
+gathers that; 2.x's ``gather_along_first_dim`` quantizes first and gathers FP8 for delayed and
+current scaling alike (``_all_gather_fp8``). The reduce-scatters (a row-parallel layer's output,
+a column-parallel one's input gradient) stay 16-bit: they sum.
+
 ``megatron_fp8_casts`` says, per FP8 GEMM, the share of its operand's cast it pays (GEMMs not
-named pay all of it). Only cast time changes: the all-gather keeps its traced 16-bit bytes
-(with --tp-comm-overlap, Transformer Engine's userbuffers hide it behind the GEMM).
+named pay all of it), and which tensor-parallel all-gathers carry an FP8 operand
+(``in_fp8`` gives such a collective its FP8 bytes).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, replace
+
+from nnperf.trace.collectives import Collective
 from nnperf.trace.events import Trace
 from nnperf.trace.fp8_saved_inputs import CARRIERS, LINEAR_GEMMS, MAX_CARRIED
 from nnperf.vocab import Phase
 
+#: Bytes of one FP8 element (e4m3 or e5m2).
+FP8_BYTES = 1
 
-def megatron_fp8_casts(trace: Trace, gathers: frozenset[int], degree: int) -> dict[int, float]:
-    """FP8 GEMM event index -> the share of its operand's cast it pays: 0 for a forward operand
-    an earlier FP8 GEMM cast already (nothing wrote it since), 1 / ``degree`` for one that comes
-    from an all-gather at the event indices ``gathers`` (the tensor-parallel group's)."""
+
+@dataclass(frozen=True)
+class MegatronFp8Casts:
+    """What Transformer Engine casts and gathers in FP8 on one traced rank."""
+
+    #: FP8 GEMM event index -> the share of its operand's cast it pays (absent: all of it)
+    shares: dict[int, float] = field(default_factory=dict)
+    #: the tensor-parallel all-gathers (event indices) whose output an FP8 GEMM reads
+    fp8_gathers: frozenset[int] = frozenset()
+
+
+def in_fp8(collective: Collective, trace: Trace) -> Collective:
+    """``collective``, an all-gather of ``MegatronFp8Casts.fp8_gathers``, with the bytes of its
+    gathered tensor in FP8: its element count at one byte each."""
+    gathered = trace.events[collective.index].outputs[0]
+    return replace(collective, bytes=collective.bytes // gathered.itemsize * FP8_BYTES)
+
+
+def megatron_fp8_casts(trace: Trace, gathers: frozenset[int], degree: int) -> MegatronFp8Casts:
+    """Per FP8 GEMM event, the share of its operand's cast it pays: 0 for a forward operand an
+    earlier FP8 GEMM cast already (nothing wrote it since), 1 / ``degree`` for one that comes
+    from an all-gather at the event indices ``gathers`` (the tensor-parallel group's); and
+    those all-gathers."""
     fp8_modules = set(trace.config.get("fp8_linears", ()))
     if not fp8_modules:
-        return {}
+        return MegatronFp8Casts()
     events, storages = trace.events, trace.storages
 
-    def gathered(storage: int) -> bool:
+    def gather_of(storage: int) -> int | None:
+        """The all-gather of ``gathers`` the storage carries the output of, if any."""
         for _ in range(MAX_CARRIED + 1):
             info = storages.get(storage)
             if info is None or info.created_by is None:
-                return False
+                return None
             maker = events[info.created_by]
             if maker.index in gathers:
-                return True
+                return maker.index
             if maker.name not in CARRIERS or not maker.inputs:
-                return False
+                return None
             storage = maker.inputs[0].storage
-        return False
+        return None
 
     shares: dict[int, float] = {}
+    fp8_gathers: set[int] = set()
     # the forward operands cast already, by storage: (offset, shape, strides); forgotten when
     # anything writes the storage again
     cast: dict[int, set[tuple]] = {}
     for e in events:
-        if e.module not in fp8_modules or e.name not in LINEAR_GEMMS or not e.inputs:
+        if e.module not in fp8_modules or e.name not in LINEAR_GEMMS or len(e.inputs) < 2:
             if e.name.endswith("_"):  # an in-place op (add_, copy_, allreduce_) writes its outputs
                 for m in e.outputs:
                     cast.pop(m.storage, None)
             continue
-        operand = e.inputs[0]
+        operands = e.inputs[1:] if e.name == "aten.addmm" else e.inputs  # addmm(bias, input, weight)
+        if degree > 1:  # the weight-gradient GEMM reads its input gathered again, in FP8 too
+            fp8_gathers.update(g for m in operands if (g := gather_of(m.storage)) is not None)
+        operand = operands[0]  # the input in forward, the output's gradient in backward
         if e.phase == Phase.FORWARD:
             seen = cast.setdefault(operand.storage, set())
             key = (operand.storage_offset, tuple(operand.shape), tuple(operand.stride))
@@ -68,6 +105,6 @@ def megatron_fp8_casts(trace: Trace, gathers: frozenset[int], degree: int) -> di
                 shares[e.index] = 0.0
                 continue
             seen.add(key)
-        if degree > 1 and gathered(operand.storage):
+        if degree > 1 and gather_of(operand.storage) is not None:
             shares[e.index] = 1 / degree
-    return shares
+    return MegatronFp8Casts(shares, frozenset(fp8_gathers))

@@ -21,7 +21,8 @@ or through the all-gather of sequence parallelism):
 - the 16-bit storage freed after its last forward reader, when nothing but FP8 linears' GEMMs
   and all-gathers (views aside) read it in backward.
 
-Only memory changes: the GEMMs, casts and collectives keep their traced tensors and bytes.
+Only memory changes here: the GEMMs and casts keep their traced tensors and bytes (the
+gathers' FP8 bytes and the casts' shares: ``trace.fp8_casts``).
 """
 
 from __future__ import annotations
