@@ -448,31 +448,16 @@ def split_layers(layers: int, pipeline: int, virtual: int = 1, first: int | None
                          f"{nearest or 'none'}{shorten}")
     if pipeline == 1:
         raise UsageError("first and last stage layers need two or more pipeline stages")
-    f, l_ = first, last
-    if f is None or l_ is None:  # one given: the other as the stages between
-        given = f if f is not None else l_
-        assert given is not None
-        rest, between = layers - given, (pipeline - 1) * virtual
-        if pipeline == 2:  # the other end stage holds the rest
-            other = rest if rest > 0 else None
-        else:
-            other = rest // between * virtual if rest > 0 and rest % between == 0 else None
-        f, l_ = (f, other) if f is not None else (other, l_)
-    middle: int | None = None
-    ok = f is not None and l_ is not None and f >= virtual and l_ >= virtual
-    if ok and pipeline == 2:
-        ok = f + l_ == layers
-    elif ok:
-        rest = layers - f - l_
-        between = (pipeline - 2) * virtual
-        ok = rest > 0 and rest % between == 0
-        middle = rest // between if ok else None
-    if not ok:
+    fitted = _end_stages(layers, pipeline, virtual, first, last)
+    if fitted is None:
         asked = ", ".join(f"{n} stage layers {v}" for n, v in (("first", first), ("last", last)) if v is not None)
+        holding = [v for v in range(1, layers + 1)
+                   if v != virtual and _end_stages(layers, pipeline, v, first, last) is not None]
+        other = f"; or keep them with --vpp {', '.join(map(str, holding))}" if holding else ""
         raise UsageError(f"an uneven split with {asked} cannot hold {layers} layers in {what} (the stages "
                          f"between must split the rest evenly, each chunk at least 1); valid: "
-                         f"{_uneven_examples(layers, pipeline, virtual) or 'none'}")
-    assert f is not None and l_ is not None
+                         f"{_uneven_examples(layers, pipeline, virtual) or 'none'}{other}")
+    f, l_, middle = fitted
     firsts, lasts = _end_stage(f, virtual, short_first=True), _end_stage(l_, virtual, short_first=False)
     return tuple(firsts[c // pipeline] if c % pipeline == 0 else lasts[c // pipeline]
                  if c % pipeline == pipeline - 1 else middle or 0 for c in range(chunks))
@@ -484,6 +469,28 @@ def _end_stage(blocks: int, virtual: int, short_first: bool) -> list[int]:
     base, extra = divmod(blocks, virtual)
     long = range(virtual - extra, virtual) if short_first else range(extra)
     return [base + (k in long) for k in range(virtual)]
+
+
+def _end_stages(layers: int, pipeline: int, virtual: int, first: int | None,
+                last: int | None) -> tuple[int, int, int | None] | None:
+    """The first and last stages' blocks and each chunk's between them (None with two stages)
+    of ``split_layers``'s uneven split, the one not given derived; None where it cannot hold."""
+    f, l_ = first, last
+    if f is None or l_ is None:  # one given: the other as the stages between
+        given = f if f is not None else l_
+        assert given is not None
+        rest, between = layers - given, (pipeline - 1) * virtual
+        if pipeline == 2:  # the other end stage holds the rest
+            other = rest if rest > 0 else None
+        else:
+            other = rest // between * virtual if rest > 0 and rest % between == 0 else None
+        f, l_ = (f, other) if f is not None else (other, l_)
+    if f is None or l_ is None or f < virtual or l_ < virtual:
+        return None
+    if pipeline == 2:
+        return (f, l_, None) if f + l_ == layers else None
+    rest, between = layers - f - l_, (pipeline - 2) * virtual
+    return (f, l_, rest // between) if rest > 0 and rest % between == 0 else None
 
 
 def _uneven_examples(layers: int, pipeline: int, virtual: int = 1) -> str:
