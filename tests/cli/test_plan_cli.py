@@ -100,6 +100,19 @@ def test_pipeline_splits_that_cannot_hold_the_layers_are_one_line():
         assert len(result.output.strip().splitlines()) == 1, result.output
 
 
+def test_a_global_batch_the_fixed_degrees_cannot_split_names_the_nearest_ones():
+    """8 GPUs at tp 2 x pp 1 leave 4 data-parallel ranks: 18 samples do not divide over them
+    (nearest: 16 or 20), and with micro-batches of 2 the unit is 8 (16 or 24)."""
+    for extra, words in (([], "--global-batch 16 or 20 (a multiple of the 4 data-parallel ranks)"),
+                         (["--micro-batch", "2"], "--global-batch 16 or 24 (a multiple of 4 data-parallel ranks x "
+                                                  "micro-batch 2)")):
+        args = [a for i, a in enumerate(ARGS) if a != "--batch" and ARGS[i - 1] != "--batch"]
+        result = CliRunner().invoke(cli, [*args, "--gpus", "8", "--tp", "2", "--pp", "1", "--global-batch", "18",
+                                          *extra])
+        assert result.exit_code == 2 and result.output.strip().endswith(words), result.output
+        assert len(result.output.strip().splitlines()) == 1
+
+
 def test_degrees_no_layout_of_the_gpus_can_have_are_one_line():
     """The model allows them, the GPU count does not: refused with the valid degrees, instead of
     searching the other axes only (--cp 3 on 8 GPUs used to plan pipelines) or failing inside."""
