@@ -113,3 +113,45 @@ def test_torchtitans_layouts_keep_pytorchs_loss_parallel():
     traced = _traced(Execution(world=4, data="fsdp", shard=2, tensor=WORLD, sequence_parallel=True))
     names = {e.name for e in traced.trace.events if e.module == "(loss)"}
     assert "c10d.allreduce_" not in names and "_c10d_functional.all_reduce" in names
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_whole_logits_match_eager_cross_entropy(reduction):
+    """Without tensor parallelism Megatron-Core runs the same function over the whole
+    vocabulary: loss and gradient as eager ``F.cross_entropy`` (bf16 logits, an ignored target)."""
+    import torch.nn.functional as F
+
+    from nnperf.trace.parallel.vocab_parallel_loss import MegatronCrossEntropy
+
+    torch.manual_seed(0)
+    logits = (torch.randn(ROWS, VOCAB) * 3).to(torch.bfloat16)
+    target = torch.tensor([0, 6, 7, 12, -100, 3])
+    whole, plain = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    expected = F.cross_entropy(whole.float(), target, reduction=reduction)
+    with MegatronCrossEntropy(whole=True):
+        got = F.cross_entropy(plain, target, reduction=reduction)
+    upstream = torch.linspace(0.5, 1.5, got.numel()).reshape(got.shape)
+    expected.backward(upstream)
+    got.backward(upstream)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(plain.grad.float(), whole.grad.float(), rtol=1e-2, atol=1e-2)
+    assert not plain.grad[4].any()
+
+
+def test_a_megatron_layout_without_tensor_parallelism_runs_megatrons_loss():
+    """ZeRO-1 alone is Megatron-LM's layout: its loss is ``vocab_parallel_cross_entropy`` over
+    the whole vocabulary (no all-reduce: a group of one), keeping the fp32 softmax of all 65
+    columns, the outside-the-slice mask, the targets, the mean's mask and count, and the loss."""
+    traced = _traced(Execution(world=2, data="zero1"))
+    loss_ops = [e for e in traced.trace.events if e.module == "(loss)"]
+    assert not any(e.name.startswith("aten._log_softmax") or "all_reduce" in e.name or "allreduce" in e.name
+                   for e in loss_ops)
+    tokens = BATCH * SEQ
+    saved = saved_activations_by_module(traced.trace, classify(traced.trace))["(loss)"]
+    assert saved == tokens * TINY["vocab"] * 4 + tokens + tokens * 8 + tokens + 8 + 4
+
+
+def test_fsdp_alone_keeps_pytorchs_cross_entropy():
+    """FSDP without tensor parallelism is torchtitan's layout: PyTorch's log-softmax and NLL."""
+    traced = _traced(Execution(world=2, data="fsdp", shard=2))
+    assert any(e.name.startswith("aten._log_softmax") for e in traced.trace.events if e.module == "(loss)")

@@ -44,9 +44,10 @@ BLOCKING_PIPELINE_SENDS = (
 #: Megatron-LM's layouts compute the loss with Megatron-Core's function, torchtitan's with DTensor's
 #: loss parallelism (``trace.parallel.vocab_parallel_loss``).
 MEGATRON_CROSS_ENTROPY = (
-    "DDP and ZeRO-1 beside tensor parallelism: cross entropy over logits split by vocabulary runs as "
-    "Megatron-Core's vocab_parallel_cross_entropy (the rank's slice upcast once to fp32 and turned into its "
-    "softmax and gradient in place); FSDP layouts run torchtitan's loss_parallel")
+    "Megatron-LM's layouts (DDP and ZeRO-1): cross entropy runs as Megatron-Core's "
+    "vocab_parallel_cross_entropy (the logits, or with tensor parallelism the rank's vocabulary slice, upcast "
+    "once to fp32 and turned into their softmax and gradient in place); FSDP layouts run PyTorch's, "
+    "torchtitan's loss_parallel with tensor parallelism")
 
 
 #: DDP's optimizer is PyTorch's on the model's own weights; ZeRO-1's keeps Megatron-LM's fp32 main

@@ -76,6 +76,14 @@ def apply_layout(workload: Workload, execution: Execution, options: TraceOptions
                 from nnperf.trace.parallel.vocab_parallel_embedding import MegatronEmbedding
 
                 step_contexts.enter_context(MegatronEmbedding())
+        else:
+            from nnperf.trace.parallel.vocab_parallel_loss import (
+                MegatronCrossEntropy,
+                runs_megatron_loss,
+            )
+
+            if runs_megatron_loss(execution, options):  # Megatron-Core's function over the whole vocabulary
+                step_contexts.enter_context(MegatronCrossEntropy(whole=True))
         if execution.expert > 1 or split_experts:
             from nnperf.trace.parallel.expert import apply_experts
 

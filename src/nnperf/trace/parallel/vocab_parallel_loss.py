@@ -13,9 +13,13 @@ difference between fitting and not fitting Nemotron-4's layouts on 80 GB.
 Its three all-reduces over the tensor-parallel group are Megatron's too: the rows' maxima
 (MAX), the picked logits and the sums of exponentials (SUM), one fp32 per token each.
 
+Megatron-Core runs this function without tensor parallelism too (a group of one: no
+all-reduce), so a Megatron-LM layout pays the fp32 copy and the in-place passes at any degree.
+
 ``MegatronCrossEntropy`` is a ``TorchFunctionMode`` that runs this function for every
 ``F.cross_entropy`` over logits split by vocabulary columns (a ``DTensor`` sharded on its last
-dimension over the tensor-parallel mesh) with class-index targets, no class weights and no label
+dimension over the tensor-parallel mesh; or whole, plain logits, without tensor parallelism)
+with class-index targets, no class weights and no label
 smoothing; any other call runs as written (loss parallelism stays on beside it). The loss comes
 back as a plain tensor (Megatron's is); its gradient reaches the logits' ``DTensor`` through
 ``to_local``. The mean over the targets not ignored is the caller's ``loss_mask`` average.
@@ -38,9 +42,14 @@ from nnperf.trace.parallel.tensor import shard_start
 
 
 def runs_megatron_loss(execution: Execution, options: TraceOptions) -> bool:
-    """Whether the layout's loss runs as Megatron-Core's: Megatron-LM's layouts with tensor
-    parallelism whose logits stay split over the vocabulary, with the loss run as written."""
-    return execution.megatron_tensor_parallel and execution.splits_logits and options.loss == "eager"
+    """Whether the layout's loss runs as Megatron-Core's, the loss run as written: Megatron-LM's
+    layouts, whose language models call ``vocab_parallel_cross_entropy`` whatever the
+    tensor-parallel degree (megatron/core/models/common/language_module/language_module.py,
+    ``compute_language_model_loss``, without --cross-entropy-loss-fusion): over the whole
+    vocabulary without tensor parallelism, over the logits' vocabulary slice with it."""
+    if not execution.megatron_layout or options.loss != "eager":
+        return False
+    return execution.tensor == 1 or execution.splits_logits
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
@@ -53,7 +62,8 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         # ``to_local``'s view, so they are copied too)
         logits = logits.to(torch.float32, copy=True)
         row_max = torch.max(logits, dim=-1)[0]
-        dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=group)
+        if group is not None:  # a tensor-parallel group of one reduces nothing
+            dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=group)
         logits -= row_max.unsqueeze(-1)
         outside = (target < start) | (target >= start + logits.size(-1))
         local_target = target.clone() - start
@@ -63,8 +73,9 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         picked[outside] = 0.0
         torch.exp(logits, out=logits)
         sum_exp = logits.sum(dim=-1)
-        dist.all_reduce(picked, op=dist.ReduceOp.SUM, group=group)
-        dist.all_reduce(sum_exp, op=dist.ReduceOp.SUM, group=group)
+        if group is not None:
+            dist.all_reduce(picked, op=dist.ReduceOp.SUM, group=group)
+            dist.all_reduce(sum_exp, op=dist.ReduceOp.SUM, group=group)
         loss = torch.log(sum_exp) - picked
         logits.div_(sum_exp.unsqueeze(-1))  # the softmax, kept for backward
         ctx.save_for_backward(logits, outside, local_target)
@@ -82,13 +93,16 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 def vocab_parallel_cross_entropy(logits: Any, target: Tensor, ignore_index: int = -100,
                                  reduction: str = "mean") -> Tensor:
     """``F.cross_entropy(logits, target)`` of (N, V) logits split by vocabulary columns over a
-    1-D mesh, as Megatron-Core computes it (module docstring): a plain tensor."""
-    mesh = logits.device_mesh
-    local = logits.to_local()
-    start = shard_start(logits.shape[-1], mesh)
+    1-D mesh (or whole, a plain tensor: no tensor parallelism), as Megatron-Core computes it
+    (module docstring): a plain tensor."""
+    if is_dtensor(logits):
+        mesh = logits.device_mesh
+        local, start, group = logits.to_local(), shard_start(logits.shape[-1], mesh), mesh.get_group()
+    else:
+        local, start, group = logits, 0, None
     if is_dtensor(target):
         target = target.full_tensor()
-    per_token = _VocabParallelCrossEntropy.apply(local, target, start, mesh.get_group())
+    per_token = _VocabParallelCrossEntropy.apply(local, target, start, group)
     keep = target != ignore_index
     per_token = torch.where(keep, per_token, 0.0)
     if reduction == "none":
@@ -99,29 +113,35 @@ def vocab_parallel_cross_entropy(logits: Any, target: Tensor, ignore_index: int 
 
 
 class MegatronCrossEntropy(TorchFunctionMode):
-    """Runs ``F.cross_entropy`` over vocabulary-split logits as Megatron-Core does (module
-    docstring); any other call as written."""
+    """Runs ``F.cross_entropy`` over vocabulary-split logits (``whole``: over whole ones, the
+    layout has no tensor parallelism) as Megatron-Core does (module docstring); any other call
+    as written."""
+
+    def __init__(self, whole: bool = False) -> None:
+        super().__init__()
+        self.whole = whole
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.cross_entropy:
             bound = dict(zip(CROSS_ENTROPY_PARAMS, args, strict=False)) | kwargs
-            if _megatron_applies(bound):
+            if _megatron_applies(bound, self.whole):
                 return vocab_parallel_cross_entropy(bound["input"], bound["target"],
                                                     int(bound.get("ignore_index", -100)),
                                                     str(bound.get("reduction", "mean")))
         return func(*args, **kwargs)
 
 
-def _megatron_applies(bound: dict[str, Any]) -> bool:
+def _megatron_applies(bound: dict[str, Any], whole: bool) -> bool:
     """Whether Megatron's function computes this call: (N, V) logits sharded by columns over one
-    mesh dimension, class-index targets, nothing Megatron's unfused function leaves out."""
+    mesh dimension (``whole``: plain ones), class-index targets, nothing Megatron's unfused
+    function leaves out."""
     from torch.distributed.tensor import Shard
 
     logits, target = bound["input"], bound["target"]
-    if not is_dtensor(logits) or logits.dim() != 2 or logits.device_mesh.ndim != 1:
+    if logits.dim() != 2 or is_dtensor(logits) == whole:
         return False
-    if logits.placements != (Shard(1),) and logits.placements != (Shard(-1),):
+    if not whole and (logits.device_mesh.ndim != 1 or logits.placements not in ((Shard(1),), (Shard(-1),))):
         return False
     if target.is_floating_point() or target.dim() != 1:
         return False
