@@ -140,3 +140,15 @@ def test_evaluate_refuses_a_layout_that_cannot_run_in_one_line():
     with pytest.raises(UsageError, match="interleaved-1f1b runs 2 or more model chunks per rank"):
         evaluate(ModelRequest("llama-7b", batch=4), TraceOptions(), wrong, load_gpu("h100-sxm"),
                  load_cluster("dgx-h100"))
+
+
+def test_megatrons_1f1b_runs_fewer_micro_batches_than_stages_and_torchs_does_not():
+    """Megatron-LM's 1F1B (DDP or ZeRO-1 beside the pipeline) warms up with min(stages - rank - 1,
+    micro-batches) forwards; torch's Schedule1F1B (FSDP's, torchtitan's) refuses fewer."""
+    Execution(world=8, data="zero1", pipeline=4, pipeline_schedule="1f1b", grad_accum=1).validate()
+    Execution(world=4, data="ddp", pipeline=4, pipeline_schedule="1f1b", grad_accum=2).validate()
+    with pytest.raises(UsageError, match="1f1b needs at least as many micro-batches as stages: 2 < 4"):
+        Execution(world=8, data="fsdp", shard=2, pipeline=4, pipeline_schedule="1f1b", grad_accum=2).validate()
+    with pytest.raises(UsageError, match="at least as many micro-batches as stages: 2 < 4"):
+        Execution(world=8, data="zero1", pipeline=4, pipeline_schedule="interleaved-1f1b", virtual_stages=2,
+                  grad_accum=2).validate()

@@ -169,6 +169,15 @@ class Execution:
             self.shards_optimizer_only or self.model_parallel > 1)
 
     @property
+    def runs_short_1f1b(self) -> bool:
+        """Megatron-LM's (and DeepSpeed's) 1F1B, beside their data parallelism, runs fewer
+        micro-batches than stages too: its warm-up is ``min(stages - rank - 1, micro-batches)``
+        forwards (megatron/core/pipeline_parallel/schedules.py,
+        ``forward_backward_pipelining_without_interleaving``), so every forward runs before any
+        backward (the SC21 paper's schedule figures run 1 to 8 micro-batches on 16-32 stages)."""
+        return self.pipeline_schedule == "1f1b" and self.replicates_parameters
+
+    @property
     def blocking_pipeline_sends(self) -> bool:
         """Whether each pipeline stage waits for its sends to arrive before its next action
         (``passes.pipeline_timeline``): Megatron-LM's non-interleaved 1F1B does (its p2p calls
@@ -288,7 +297,7 @@ class Execution:
             if self.virtual_stages < 1 or (self.virtual_stages > 1) != schedule.multi_chunk:
                 raise UsageError(f"{schedule.name} runs {'2 or more' if schedule.multi_chunk else '1'}"
                                  " model chunks per rank (virtual_stages)")
-            if schedule.name != "gpipe" and self.grad_accum < self.pipeline:
+            if schedule.name != "gpipe" and self.grad_accum < self.pipeline and not self.runs_short_1f1b:
                 raise UsageError(f"{schedule.name} needs at least as many micro-batches as stages: "
                                  f"{self.grad_accum} < {self.pipeline}")
         if self.uneven and self.pipeline == 1:

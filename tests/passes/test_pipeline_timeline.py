@@ -16,8 +16,9 @@ def _uniform(order, stages, f, b, p2p=0.0):
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-@pytest.mark.parametrize(("p", "m"), [(2, 4), (4, 8), (4, 4), (8, 32)])
+@pytest.mark.parametrize(("p", "m"), [(2, 4), (4, 8), (4, 4), (8, 32), (4, 1), (4, 2), (8, 3)])
 def test_single_stage_schedules_match_the_closed_form(schedule, p, m):
+    """Fewer micro-batches than stages too (Megatron-LM's 1F1B runs them: every forward first)."""
     f, b = 1.0, 2.0
     result = _uniform(orders(schedule, p, m, None), p, f, b)
     assert result.step_s == pytest.approx((m + p - 1) * (f + b))

@@ -326,3 +326,16 @@ def test_tp_comm_overlap_is_megatrons_and_not_torchtitans():
     with pytest.raises(NotExpressible, match="userbuffers"):
         torchtitan_toml(e, amp="bf16")
 
+
+
+def test_fewer_micro_batches_than_stages_are_megatrons_not_torchtitans():
+    """Megatron-LM's 1F1B runs 2 micro-batches on 4 stages (its arguments say so); torch's
+    Schedule1F1B refuses fewer micro-batches than stages, so torchtitan cannot."""
+    import pytest
+
+    from nnperf.report.engine_configs import NotExpressible, megatron_args, torchtitan_refusals
+
+    e = Execution(world=4, data="ddp", pipeline=4, pipeline_schedule="1f1b", micro_batch=1, grad_accum=2)
+    assert "--pipeline-model-parallel-size 4" in megatron_args(e, 8, amp="bf16")
+    with pytest.raises(NotExpressible, match=r"Schedule1F1B.*\(2 < 4\)"):
+        torchtitan_refusals(e, "bf16", None, "flash")

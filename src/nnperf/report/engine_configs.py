@@ -192,6 +192,9 @@ def torchtitan_refusals(e: Any, amp: str | None, dtype: str | None, sdpa: str) -
     if e.checkpoint == "selective-op-recompute-a2a":
         missing.append("today's torchtitan saves the expert all-to-alls under selective op checkpointing; "
                        "its earlier list that recomputed them is not a setting")
+    if e.pipeline > 1 and e.pipeline_schedule == "1f1b" and e.grad_accum < e.pipeline:
+        missing.append(f"torch's Schedule1F1B, torchtitan's, needs at least as many micro-batches as stages "
+                       f"({e.grad_accum} < {e.pipeline}); Megatron-LM's 1F1B runs fewer")
     if sdpa == "unfused":
         missing.append("torchtitan's attention is SDPA's fused kernels; unfused attention is not "
                        "one of its settings")

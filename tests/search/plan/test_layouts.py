@@ -7,7 +7,12 @@ from __future__ import annotations
 import pytest
 
 from nnperf.errors import UsageError
-from nnperf.search.plan.layouts import PipelineSplitChoice, check_expert_degrees, layouts
+from nnperf.search.plan.layouts import (
+    PipelineSplitChoice,
+    check_expert_degrees,
+    layouts,
+    why_no_layout,
+)
 
 
 def test_megatrons_data_parallelism_beside_tensor_and_pipeline_parallelism():
@@ -54,6 +59,28 @@ def test_micro_batch_counts_each_schedule_runs():
     assert counts("gpipe") == {1, 2, 4, 8, 16, 32, 64, 128, 256}
     assert {e.micro_batch for e in layouts(384, 8, 2048, tensor=[4], pipeline=[12], schedules=["1f1b"])
             if e.grad_accum == 128} == {2}
+
+
+def test_a_rank_with_fewer_samples_than_stages_runs_megatrons_1f1b():
+    """The SC21 paper's schedule figures: 32 GPUs, pipeline 16, global batch 4 (2 data-parallel
+    ranks of 2 samples). Megatron-LM's 1F1B (DDP, ZeRO-1) runs them as 1 or 2 micro-batches;
+    FSDP (torch's Schedule1F1B) none; with 32 samples a rank, only counts of a stage or more."""
+    found = layouts(32, 8, 4, pipeline=[16], schedules=["1f1b"])
+    assert {(e.data, e.grad_accum) for e in found} == {(d, m) for d in ("ddp", "zero1") for m in (1, 2)}
+    assert {e.grad_accum for e in layouts(32, 8, 64, pipeline=[16], schedules=["1f1b"])} == {16, 32}
+
+
+def test_why_fixed_degrees_leave_no_layout():
+    """Named: too few micro-batches for the stages, with the global batches that have enough;
+    nothing where the degrees are searched or the global batch is the reason."""
+    why = why_no_layout(8, 8, 6, [1], [4], [1], ["interleaved-1f1b"], {"zero1"})
+    assert why == ("a data-parallel rank's 3 samples of the global batch 6 (2 data-parallel ranks) make too few "
+                   "micro-batches for 4 pipeline stages: the schedules run a multiple of the stages (interleaved); "
+                   "try --global-batch 8 (a multiple of 2 ranks x 4 stages)")
+    fsdp = why_no_layout(8, 8, 2, [1], [4], [1], ["1f1b"], {"fsdp"})
+    assert fsdp is not None and fsdp.endswith("or --data ddp or zero1 (Megatron-LM's 1F1B runs fewer)")
+    assert why_no_layout(8, 8, 6, [1, 2], [4], [1], ["1f1b"], {"fsdp"}) is None  # searched
+    assert why_no_layout(8, 8, 5, [1], [4], [1], ["1f1b"], {"fsdp"}) is None  # 5 over 2 ranks
 
 
 def test_expert_parallelism_divides_ddp_and_zero1_replicas_as_fsdps_shard_group():

@@ -46,7 +46,10 @@ def test_a_deep_stack_from_two_shallow_traces():
 
 def test_a_deep_stack_accumulates_with_its_update_once():
     """A wider stack on short sequences, 8 blocks from 3 and 4 against 8 traced whole: memory
-    within 1%; the step within 2% with 1 and with 4 micro-batches (the update runs once)."""
+    within 1.5%; the step within 2% with 1 and with 4 micro-batches (the update runs once). The
+    allocated peak of each phase is linear in the blocks; what the caching allocator reserves
+    beyond it is not (689, 722 and 690 MB at 3, 4 and 8 blocks), and the extrapolation keeps the
+    larger of the traced depths' (``RankFigures.mem_outside``): 1.3% over here."""
     from nnperf.search.plan import evaluate
     from nnperf.search.plan.rank import RoleCache
 
@@ -56,7 +59,7 @@ def test_a_deep_stack_accumulates_with_its_update_once():
         execution = Execution(world=WORLD, data="zero1", micro_batch=1, grad_accum=accum)
         scaled = evaluate(request, OPTIONS, execution, GPU, CLUSTER, layers=8, cache=RoleCache())
         direct = evaluate(request, OPTIONS, execution, GPU, CLUSTER, cache=RoleCache())
-        assert scaled.memory_bytes == pytest.approx(direct.memory_bytes, rel=0.01)
+        assert scaled.memory_bytes == pytest.approx(direct.memory_bytes, rel=0.015)
         assert scaled.step_s == pytest.approx(direct.step_s, rel=0.02)
 
 

@@ -214,7 +214,7 @@ def _splits(common: dict[str, Any], pp: int, local: int, schedules: Iterable[str
         for virtual in split.virtual if SCHEDULES[schedule].multi_chunk else (1,):
             if layers is not None and not split.holds(layers, pp, virtual):
                 continue
-            for micro in _micro_batch_counts(schedule, pp, local):
+            for micro in _micro_batch_counts(schedule, pp, local, DATA_ENGINES[common["data"]].replicates_parameters):
                 out.append(Execution(**common, pipeline=pp, pipeline_schedule=schedule, virtual_stages=virtual,
                                      micro_batch=local // micro, grad_accum=micro,
                                      reshard_after_forward=False,  # torchtitan: no reshard under PP
@@ -222,19 +222,53 @@ def _splits(common: dict[str, Any], pp: int, local: int, schedules: Iterable[str
     return out
 
 
-def _micro_batch_counts(schedule: str, pp: int, local: int) -> list[int]:
+def why_no_layout(gpus: int, nodes_of: int, global_batch: int, tensor: list[int], pipeline: list[int],
+                  context: list[int], schedules: Iterable[str], kinds: set[str]) -> str | None:
+    """Why one (tensor, pipeline, context) degree, all three fixed, leaves no layout, in words
+    naming the global batches that would have one; None where the degrees are searched or the
+    reason is another's to say (the layers' split, the expert degree)."""
+    if len(tensor) != 1 or len(pipeline) != 1 or len(context) != 1:
+        return None
+    tp, pp, cp = tensor[0], pipeline[0], context[0]
+    if gpus % (tp * pp * cp) or (tp > 1 and nodes_of % tp):
+        return None  # check_degrees says so first
+    dp = gpus // (tp * pp * cp)
+    if global_batch % dp or pp == 1:
+        return None  # the global batch (the search's own message) or not the pipeline
+    local = global_batch // dp
+    megatron = bool(kinds & {"ddp", "zero1"}) or dp == 1
+    runnable = [s for s in schedules if _micro_batch_counts(s, pp, local, megatron)]
+    if runnable:
+        return None
+    per_stage = [s for s in schedules if not SCHEDULES[s].multi_chunk and s != "gpipe"]
+    rule = ("a multiple of the stages (interleaved)" if not per_stage else
+            "at least one a stage (1F1B)" if len(per_stage) == len(list(schedules)) else
+            "at least one a stage (1F1B), a multiple of them (interleaved)")
+    unit = dp * pp
+    nearest = " or ".join(str(b) for b in sorted({max(unit, global_batch // unit * unit),
+                                                  global_batch // unit * unit + unit}))
+    return (f"a data-parallel rank's {local} sample{'' if local == 1 else 's'} of the global batch {global_batch} ({dp} data-parallel "
+            f"ranks) make too few micro-batches for {pp} pipeline stages: the schedules run {rule}; "
+            f"try --global-batch {nearest} (a multiple of {dp} ranks x {pp} stages)"
+            + ("" if megatron else ", or --data ddp or zero1 (Megatron-LM's 1F1B runs fewer)"))
+
+
+def _micro_batch_counts(schedule: str, pp: int, local: int, megatron: bool = False) -> list[int]:
     """The micro-batch counts a schedule runs a rank's ``local`` samples in (each count divides
     them): GPipe any; 1F1B at least one a stage (its warm-up fills the pipeline), as Megatron-LM's
     and DeepSpeed's 1F1B run any such count (BLOOM: 128 micro-batches on 12 stages); the
     multi-chunk schedules a multiple of the stages, the rule of Megatron-LM's interleaved schedule
     (each round through a rank's chunks is one micro-batch of each stage), kept for zero-bubble
-    too: a narrowing, as torch's interleaved schedules also run some other counts."""
+    too: a narrowing, as torch's interleaved schedules also run some other counts. ``megatron``:
+    Megatron-LM's 1F1B beside its data parallelism (``Execution.runs_short_1f1b``) also runs
+    fewer than a stage each, searched where a rank's samples make no more (a pipeline that short
+    is mostly bubble: never the faster choice where more micro-batches can be had)."""
     if schedule == "gpipe":
         first, step = 1, 1
     elif SCHEDULES[schedule].multi_chunk:
         first, step = pp, pp
     else:
-        first, step = pp, 1
+        first, step = (1 if megatron and local < pp else pp), 1
     return [m for m in range(first, local + 1, step) if local % m == 0]
 
 

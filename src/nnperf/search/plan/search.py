@@ -63,6 +63,7 @@ from nnperf.search.plan.layouts import (
     check_micro_batches,
     layouts,
     shape_key,
+    why_no_layout,
 )
 from nnperf.search.plan.notes import notes, routing_note, why
 from nnperf.search.plan.rank import RoleCache, layers_of
@@ -206,6 +207,9 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
                                 same_work(results), levels, ahead=plain)
             results += [p for p in extra if p.execution.data != "fsdp"]
     if not results:
+        reason = why_no_layout(gpus, nodes_of, global_batch, tensor, pipeline, context, schedules, kinds)
+        if reason:
+            raise UsageError(f"no layout of {request_name(request)} on {gpus} GPUs: {reason}")
         raise UsageError(
             f"no layout of {request_name(request)} on {gpus} GPUs with tensor degrees {listed(tensor)}, "
             f"pipeline degrees {listed(pipeline)}, context degrees {listed(context)}, expert degrees "
