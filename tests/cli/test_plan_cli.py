@@ -116,13 +116,27 @@ def test_a_global_batch_the_fixed_degrees_cannot_split_names_the_nearest_ones():
 def test_degrees_no_layout_of_the_gpus_can_have_are_one_line():
     """The model allows them, the GPU count does not: refused with the valid degrees, instead of
     searching the other axes only (--cp 3 on 8 GPUs used to plan pipelines) or failing inside."""
-    # tp 4 divides the heads, the MLP and the sequence, and the 8 GPUs, but not 2 GPUs per node
-    for option, value, words in (("--tp", "4", "stays inside a node, so its degree divides the 2 GPUs per node "
-                                               "and the 8 GPUs; valid: 1, 2"),
-                                 ("--cp", "3", "--cp 3 does not divide the 8 GPUs; valid: 1, 2, 4, 8")):
-        result = CliRunner().invoke(cli, [*ARGS, "--gpus", "8", "--nodes-of", "2", option, value, "--pp", "1"])
+    # tp 4 divides the heads, the MLP, the sequence and the 12 GPUs, but neither divides nor fills
+    # whole 6-GPU nodes
+    cases = (("12", "6", ["--tp", "4"], "--tp 4: a tensor-parallel group fills nodes evenly, so its degree divides "
+              "the 6 GPUs per node or is whole nodes of them, and divides the 12 GPUs; valid: 1, 2, 3, 6, 12"),
+             ("8", "2", ["--cp", "3"], "--cp 3 does not divide the 8 GPUs; valid: 1, 2, 4, 8"),
+             ("16", "8", ["--tp", "2", "--cp", "16"], "--cp 16: tensor x pipeline (2) x context does not divide "
+              "the 16 GPUs; valid: 1, 2, 4, 8"))
+    for gpus, per_node, options, words in cases:
+        result = CliRunner().invoke(cli, [*ARGS, "--gpus", gpus, "--nodes-of", per_node, *options, "--pp", "1"])
         assert result.exit_code == 2 and words in result.output, result.output
         assert len(result.output.strip().splitlines()) == 1
+
+
+def test_tensor_parallelism_over_whole_nodes_when_asked():
+    """The SC21 paper ran 16- and 32-way tensor parallelism over 8-GPU nodes: asked for, a
+    group of whole nodes is planned (4 over two 2-GPU nodes), its collectives over the network."""
+    result = CliRunner().invoke(cli, [*ARGS, "--gpus", "8", "--nodes-of", "2", "--tp", "4", "--pp", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.output)
+    assert document["ranked"] and {r["execution"]["tensor"] for r in document["ranked"]} == {4}
+    assert any("tensor parallelism over 4 GPUs spans nodes of 2" in note for note in document["notes"])
 
 
 def test_plan_is_for_training_steps():
@@ -494,3 +508,17 @@ def test_degrees_a_pinned_micro_batch_leaves_without_layouts_are_said():
     doc = json.loads(result.output)
     assert {(r["execution"]["tensor"], r["execution"]["micro_batch"]) for r in doc["ranked"]} == {(2, 4)}
     assert "--micro-batch 4: no layout of tensor x pipeline 1 x 1 runs it, so none is ranked" in doc["notes"]
+
+
+def test_sequence_parallelism_pinned_either_way():
+    """--no-sequence-parallel ranks tensor-parallel layouts without it only (Megatron-LM before
+    2022), --sequence-parallel with it only; with --tp-comm-overlap, which needs it, one line."""
+    base = [*ARGS, "--gpus", "8", "--tp", "2", "--pp", "1", "--json"]
+    for flag, expected in (("--no-sequence-parallel", {False}), ("--sequence-parallel", {True})):
+        result = CliRunner().invoke(cli, [*base, flag])
+        assert result.exit_code == 0, result.output
+        ranked = json.loads(result.output)["ranked"]
+        assert ranked and {r["execution"]["sequence_parallel"] for r in ranked} == expected
+    result = CliRunner().invoke(cli, [*ARGS, "--gpus", "8", "--tp", "2", "--no-sequence-parallel", "--tp-comm-overlap"])
+    assert result.exit_code == 2 and "--tp-comm-overlap overlaps sequence parallelism's collectives" in result.output
+    assert len(result.output.strip().splitlines()) == 1

@@ -117,9 +117,13 @@ def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> l
               help="Megatron-LM's --tp-comm-overlap on its layouts (ddp or zero1 with tensor parallelism): "
                    "Transformer Engine's userbuffers run each block's sequence-parallel all-gather and "
                    "reduce-scatter in chunks beside the GEMM it feeds or follows.")
+@click.option("--sequence-parallel/--no-sequence-parallel", "sequence_parallel", default=None,
+              help="Tensor-parallel layouts with sequence parallelism only, or without it only (Megatron-LM "
+                   "before 2022, --sequence-parallel off); default: both, ranked.")
 @click.option("--micro-batch", "micro_text", default="auto", show_default=True,
               help="Micro-batch sizes the search may use (Megatron-LM's --micro-batch-size): auto (every size "
-                   "a layout's schedule can run: 1F1B at least one micro-batch a stage, interleaved a multiple "
+                   "a layout's schedule can run: 1F1B at least one micro-batch a stage, or fewer beside ddp or "
+                   "zero1 where a rank's samples make no more, as Megatron-LM runs them; interleaved a multiple "
                    "of the stages) or a list, e.g. 2 or 1,2; of several, the largest that fits is kept (a "
                    "pipeline's smaller ones while faster).")
 @click.option("--cluster", "cluster_name", default=None,
@@ -132,7 +136,8 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
          tp_text: str, pp_text: str,
          cp_text: str, ep_text: str, data_text: str, checkpoint_text: str, reshard_text: str,
          schedules: tuple[str, ...], vpp_text: str, first_stage_layers: int | None, last_stage_layers: int | None,
-         tp_comm_overlap: bool, micro_text: str, cluster_name: str | None, as_json: bool, output: str | None, **kwargs: Any) -> None:
+         tp_comm_overlap: bool, sequence_parallel: bool | None, micro_text: str, cluster_name: str | None,
+         as_json: bool, output: str | None, **kwargs: Any) -> None:
     """Rank the layouts of MODEL on --gpus GPUs (data parallelism: DDP, ZeRO-1, FSDP2, HSDP; tensor
     parallelism with sequence parallelism; pipeline schedules; activation checkpointing and
     gradient accumulation; expert parallelism for mixture-of-experts models): step time, throughput, MFU, per-GPU memory, exposed communication,
@@ -177,7 +182,7 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
             "micro_batch": _integers(micro_text, "--micro-batch")}
     with progress.shown(f"plan {n_gpus} GPUs: layout groups searched", enabled=not as_json):
         result = run_plan(request, options, gpu, n_gpus, cluster, nodes, global_batch, **axes,
-                          tp_comm_overlap=tp_comm_overlap)
+                          tp_comm_overlap=tp_comm_overlap, sequence_parallel=sequence_parallel)
     if result.cluster.gpu and result.cluster.gpu != gpu.id:
         result.notes.append(f"{result.cluster.name} is built of {result.cluster.gpu}, planned here with {gpu.id}: "
                             "its links, NICs and host CPU are taken as they are")

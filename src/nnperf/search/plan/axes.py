@@ -134,21 +134,33 @@ def listed(degrees: Iterable[int]) -> str:
 def check_degrees(gpus: int, nodes_of: int, tensor: Iterable[int] | None, pipeline: Iterable[int] | None,
                   context: Iterable[int]) -> None:
     """A degree the user asked for that no layout of ``gpus`` GPUs can have is one line with the
-    valid ones (it used to leave nothing to search, or only the other axes' layouts): tensor
-    parallelism stays inside a node, so it divides the GPUs per node and the GPU count; pipeline
-    and context degrees divide the GPU count."""
-    def divisors(n: int) -> str:
-        return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+    valid ones (it used to leave nothing to search, or only the other axes' layouts): a tensor
+    degree divides the GPU count and fills nodes evenly (a divisor of the GPUs per node, or whole
+    nodes: the SC21 paper's 16- and 32-way tensor parallelism over 8-GPU nodes, whose
+    collectives then cross the network, as the plan times them; the search's own degrees stay
+    inside a node); pipeline and context degrees divide the GPU count, and with one tensor and
+    pipeline degree asked, what those leave."""
+    def divisors(n: int) -> list[int]:
+        return [d for d in range(1, n + 1) if n % d == 0]
 
-    per_node = math.gcd(gpus, nodes_of)
     for tp in tensor or ():
-        if tp < 1 or per_node % tp:
-            raise UsageError(f"--tp {tp}: tensor parallelism stays inside a node, so its degree divides the "
-                             f"{nodes_of} GPUs per node and the {gpus} GPUs; valid: {divisors(per_node)}")
+        if tp < 1 or gpus % tp or (nodes_of % tp and tp % nodes_of):
+            valid = [d for d in divisors(gpus) if nodes_of % d == 0 or d % nodes_of == 0]
+            raise UsageError(f"--tp {tp}: a tensor-parallel group fills nodes evenly, so its degree divides the "
+                             f"{nodes_of} GPUs per node or is whole nodes of them, and divides the {gpus} GPUs; "
+                             f"valid: {', '.join(map(str, valid))}")
+    fixed = [t * p for t in (tensor or ()) for p in (pipeline or ())] if len(list(tensor or ())) == 1 and \
+        len(list(pipeline or ())) == 1 else []
     for option, degrees in (("--pp", pipeline or ()), ("--cp", context)):  # --ep: expert_degrees
         for d in degrees:
             if d < 1 or gpus % d:
-                raise UsageError(f"{option} {d} does not divide the {gpus} GPUs; valid: {divisors(gpus)}")
+                raise UsageError(f"{option} {d} does not divide the {gpus} GPUs; valid: "
+                                 f"{', '.join(map(str, divisors(gpus)))}")
+    for cp in context:
+        if fixed and gpus % (fixed[0] * cp):
+            left = gpus // fixed[0] if gpus % fixed[0] == 0 else 0
+            raise UsageError(f"--cp {cp}: tensor x pipeline ({fixed[0]}) x context does not divide the {gpus} GPUs; "
+                             f"valid: {', '.join(map(str, divisors(left))) if left else 'none'}")
 
 
 def expert_degrees(request: ModelRequest, gpus: int, nodes_of: int, expert: Iterable[int] | None,

@@ -168,8 +168,8 @@ def _layouts_of(gpus: int, nodes_of: int, global_batch: int, tp: int, pp: int, c
                 refuse: bool = False) -> list[Execution]:
     """The layouts of one (tensor, pipeline, context) degree: data parallelism over the rest
     (``refuse``: a global batch the data-parallel ranks cannot split is one line, not none)."""
-    if gpus % (tp * pp * cp) or (tp > 1 and nodes_of % tp):
-        return []
+    if gpus % (tp * pp * cp) or (tp > 1 and nodes_of % tp and tp % nodes_of):
+        return []  # a tensor-parallel group fills nodes evenly (``axes.check_degrees``)
     dp = gpus // (tp * pp * cp)
     if global_batch % dp:
         if refuse:
@@ -230,7 +230,7 @@ def why_no_layout(gpus: int, nodes_of: int, global_batch: int, tensor: list[int]
     if len(tensor) != 1 or len(pipeline) != 1 or len(context) != 1:
         return None
     tp, pp, cp = tensor[0], pipeline[0], context[0]
-    if gpus % (tp * pp * cp) or (tp > 1 and nodes_of % tp):
+    if gpus % (tp * pp * cp) or (tp > 1 and nodes_of % tp and tp % nodes_of):
         return None  # check_degrees says so first
     dp = gpus // (tp * pp * cp)
     if global_batch % dp or pp == 1:

@@ -79,6 +79,11 @@ def notes(request: ModelRequest, options: TraceOptions, results: list[Planned], 
     if options.dtype in ("bf16", "fp16") and any(p.execution.data == "ddp" and p.execution.data_parallel > 1
                                                   for p in results):
         notes.append(DDP_HALF_PRECISION.format(dtype=options.dtype))
+    spanning = sorted({p.execution.tensor for p in results if p.execution.tensor > p.execution.gpus_per_node})
+    if spanning:
+        notes.append(f"tensor parallelism over {', '.join(map(str, spanning))} GPUs spans nodes of "
+                     f"{results[0].execution.gpus_per_node}: its all-gathers, reduce-scatters and all-reduces "
+                     "cross the network and are timed at its bandwidth")
     if any(p.execution.pipeline > 1 for p in results) and _ties_embeddings(request):
         notes.append("tied embeddings under pipeline parallelism: their gradient all-reduce between the "
                      "first and last stage is not traced")

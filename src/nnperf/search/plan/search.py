@@ -88,7 +88,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
          expert: Iterable[int] | None = (1,), data: Iterable[str] | None = None,
          checkpoints: Iterable[str | None] | None = None, reshard: Iterable[bool] = (True,),
          split: PipelineSplitChoice | None = None, tp_comm_overlap: bool = False,
-         micro_batch: Iterable[int] | None = None) -> Plan:
+         micro_batch: Iterable[int] | None = None, sequence_parallel: bool | None = None) -> Plan:
     """Rank the layouts of ``request`` on ``gpus`` GPUs of ``gpu``. ``tensor``/``pipeline``/
     ``expert``: the degrees to try (None: every degree the model and nodes allow; the default,
     1, keeps the data-parallel search; ``context``: context-parallel degrees, modelled in
@@ -103,6 +103,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     ``tp_comm_overlap``: Megatron-LM's layouts (DDP or ZeRO-1 with sequence parallelism) run
     --tp-comm-overlap (``Execution.tp_comm_overlap``). ``micro_batch``: the micro-batch sizes
     a layout may run (None: every split of a data-parallel rank's share of the global batch).
+    ``sequence_parallel``: tensor-parallel layouts with sequence parallelism only (True), without
+    it only (False: Megatron-LM before 2022), or both (None).
 
     The search runs in passes so that a large cluster is planned in seconds: data and tensor
     parallelism over every degree; then pipeline parallelism at the tensor-parallel degree of
@@ -153,8 +155,15 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         # (``trace.parallel.expert_tensor``)
         return (e.data_parallel == 1 or e.data in kinds) and (not experts or e.carries_split_experts)
 
+    if sequence_parallel is False and tp_comm_overlap:
+        raise UsageError("--tp-comm-overlap overlaps sequence parallelism's collectives: it needs sequence "
+                         "parallelism (drop --no-sequence-parallel)")
+
+    def sequenced(e: Execution) -> Execution:
+        return replace(e, sequence_parallel=False) if sequence_parallel is False else e
+
     def engines(found: list[Execution]) -> list[Execution]:
-        return [_overlapped(e, tp_comm_overlap) for e in found
+        return [_overlapped(sequenced(e), tp_comm_overlap) for e in found
                 if runnable(e) and (sizes is None or e.micro_batch in sizes)]
 
     if sizes is not None:  # before any trace: sizes no layout of these degrees runs are one line
@@ -164,8 +173,10 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
 
     def without_sequence_parallel(e: Execution) -> list[Execution]:
         """``e`` without sequence parallelism, which a mixture of experts with tensor
-        parallelism needs."""
-        return [] if experts or e.tensor == 1 else [replace(e, sequence_parallel=False, tp_comm_overlap=False)]
+        parallelism needs (none where the user pinned sequence parallelism either way)."""
+        if experts or e.tensor == 1 or sequence_parallel is not None:
+            return []
+        return [replace(e, sequence_parallel=False, tp_comm_overlap=False)]
 
     first = engines(layouts(gpus, nodes_of, global_batch, tensor=tensor,
                             pipeline=[1] if 1 in pipeline else pipeline[:1], schedules=schedules, layers=layers,
