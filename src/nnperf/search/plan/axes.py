@@ -12,7 +12,7 @@ from typing import Any
 from nnperf.errors import UsageError
 from nnperf.layout import DEFAULT_SCHEDULES, PIPELINE_DEGREES, SCHEDULES, split_layers
 from nnperf.request import ModelRequest
-from nnperf.search.plan.layouts import PipelineSplitChoice
+from nnperf.search.plan.layouts import PipelineSplitChoice, fills_nodes
 from nnperf.search.plan.rank import SCALE_POINTS
 from nnperf.trace.options import TraceOptions
 
@@ -144,23 +144,23 @@ def check_degrees(gpus: int, nodes_of: int, tensor: Iterable[int] | None, pipeli
         return [d for d in range(1, n + 1) if n % d == 0]
 
     for tp in tensor or ():
-        if tp < 1 or gpus % tp or (nodes_of % tp and tp % nodes_of):
-            valid = [d for d in divisors(gpus) if nodes_of % d == 0 or d % nodes_of == 0]
+        if tp < 1 or gpus % tp or not fills_nodes(tp, nodes_of):
+            valid = [d for d in divisors(gpus) if fills_nodes(d, nodes_of)]
             raise UsageError(f"--tp {tp}: a tensor-parallel group fills nodes evenly, so its degree divides the "
                              f"{nodes_of} GPUs per node or is whole nodes of them, and divides the {gpus} GPUs; "
                              f"valid: {', '.join(map(str, valid))}")
-    fixed = [t * p for t in (tensor or ()) for p in (pipeline or ())] if len(list(tensor or ())) == 1 and \
-        len(list(pipeline or ())) == 1 else []
-    for option, degrees in (("--pp", pipeline or ()), ("--cp", context)):  # --ep: expert_degrees
+    tensor, pipeline = list(tensor or ()), list(pipeline or ())
+    model_parallel = tensor[0] * pipeline[0] if len(tensor) == len(pipeline) == 1 else None
+    for option, degrees in (("--pp", pipeline), ("--cp", context)):  # --ep: expert_degrees
         for d in degrees:
             if d < 1 or gpus % d:
                 raise UsageError(f"{option} {d} does not divide the {gpus} GPUs; valid: "
                                  f"{', '.join(map(str, divisors(gpus)))}")
     for cp in context:
-        if fixed and gpus % (fixed[0] * cp):
-            left = gpus // fixed[0] if gpus % fixed[0] == 0 else 0
-            raise UsageError(f"--cp {cp}: tensor x pipeline ({fixed[0]}) x context does not divide the {gpus} GPUs; "
-                             f"valid: {', '.join(map(str, divisors(left))) if left else 'none'}")
+        if model_parallel and gpus % (model_parallel * cp):
+            left = divisors(gpus // model_parallel) if gpus % model_parallel == 0 else []
+            raise UsageError(f"--cp {cp}: tensor x pipeline ({model_parallel}) x context does not divide the {gpus} "
+                             f"GPUs; valid: {', '.join(map(str, left)) or 'none'}")
 
 
 def expert_degrees(request: ModelRequest, gpus: int, nodes_of: int, expert: Iterable[int] | None,

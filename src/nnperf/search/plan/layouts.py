@@ -63,6 +63,13 @@ def _nearest_gpu_counts(gpus: int, global_batch: int) -> str:
     return ", ".join(map(str, sorted(valid)))
 
 
+def fills_nodes(tp: int, nodes_of: int) -> bool:
+    """A tensor-parallel group fills nodes evenly: it divides a node's GPUs, or is whole nodes of
+    them (the SC21 paper's 16- and 32-way groups over 8-GPU nodes, asked for: its collectives
+    then cross the network)."""
+    return nodes_of % tp == 0 or tp % nodes_of == 0
+
+
 def layouts(gpus: int, nodes_of: int, global_batch: int, *, tensor: Iterable[int] = (1,),
             pipeline: Iterable[int] = (1,), schedules: Iterable[str] = DEFAULT_SCHEDULES,
             layers: int | None = None, checkpoints: Iterable[str | None] = (None,),
@@ -168,8 +175,8 @@ def _layouts_of(gpus: int, nodes_of: int, global_batch: int, tp: int, pp: int, c
                 refuse: bool = False) -> list[Execution]:
     """The layouts of one (tensor, pipeline, context) degree: data parallelism over the rest
     (``refuse``: a global batch the data-parallel ranks cannot split is one line, not none)."""
-    if gpus % (tp * pp * cp) or (tp > 1 and nodes_of % tp and tp % nodes_of):
-        return []  # a tensor-parallel group fills nodes evenly (``axes.check_degrees``)
+    if gpus % (tp * pp * cp) or not fills_nodes(tp, nodes_of):
+        return []
     dp = gpus // (tp * pp * cp)
     if global_batch % dp:
         if refuse:
@@ -222,6 +229,25 @@ def _splits(common: dict[str, Any], pp: int, local: int, schedules: Iterable[str
     return out
 
 
+def global_batch_hint(gpus: int, global_batch: int, tensor: list[int], pipeline: list[int], context: list[int],
+                          sizes: set[int] | None) -> str:
+    """The global batches nearest ``global_batch`` that divide over the data-parallel ranks of
+    the one layout the degrees leave (times the micro-batch, where one is asked for), as Megatron-LM
+    requires of --global-batch-size; a generic hint where the degrees are searched."""
+    generic = "--global-batch a multiple of the GPU count"
+    if len(tensor) != 1 or len(pipeline) != 1 or len(context) != 1 or gpus % (tensor[0] * pipeline[0] * context[0]):
+        return generic
+    ranks = gpus // (tensor[0] * pipeline[0] * context[0])
+    micro = min(sizes) if sizes and len(sizes) == 1 else 1
+    unit = ranks * micro
+    if global_batch % unit == 0:
+        return generic
+    below = global_batch // unit * unit
+    nearest = " or ".join(str(b) for b in (below, below + unit) if b > 0)
+    of = f"{ranks} data-parallel ranks x micro-batch {micro}" if micro > 1 else f"the {ranks} data-parallel ranks"
+    return f"--global-batch {nearest} (a multiple of {of})"
+
+
 def why_no_layout(gpus: int, nodes_of: int, global_batch: int, tensor: list[int], pipeline: list[int],
                   context: list[int], schedules: Iterable[str], kinds: set[str]) -> str | None:
     """Why one (tensor, pipeline, context) degree, all three fixed, leaves no layout, in words
@@ -230,13 +256,13 @@ def why_no_layout(gpus: int, nodes_of: int, global_batch: int, tensor: list[int]
     if len(tensor) != 1 or len(pipeline) != 1 or len(context) != 1:
         return None
     tp, pp, cp = tensor[0], pipeline[0], context[0]
-    if gpus % (tp * pp * cp) or (tp > 1 and nodes_of % tp and tp % nodes_of):
+    if gpus % (tp * pp * cp) or not fills_nodes(tp, nodes_of):
         return None  # check_degrees says so first
     dp = gpus // (tp * pp * cp)
     if global_batch % dp or pp == 1:
         return None  # the global batch (the search's own message) or not the pipeline
     local = global_batch // dp
-    megatron = bool(kinds & {"ddp", "zero1"}) or dp == 1
+    megatron = dp == 1 or any(DATA_ENGINES[k].replicates_parameters for k in kinds)
     runnable = [s for s in schedules if _micro_batch_counts(s, pp, local, megatron)]
     if runnable:
         return None
@@ -247,8 +273,9 @@ def why_no_layout(gpus: int, nodes_of: int, global_batch: int, tensor: list[int]
     unit = dp * pp
     nearest = " or ".join(str(b) for b in sorted({max(unit, global_batch // unit * unit),
                                                   global_batch // unit * unit + unit}))
-    return (f"a data-parallel rank's {local} sample{'' if local == 1 else 's'} of the global batch {global_batch} ({dp} data-parallel "
-            f"ranks) make too few micro-batches for {pp} pipeline stages: the schedules run {rule}; "
+    samples = f"{local} sample{'' if local == 1 else 's'}"
+    return (f"a data-parallel rank's {samples} of the global batch {global_batch} ({dp} data-parallel ranks) "
+            f"make too few micro-batches for {pp} pipeline stages: the schedules run {rule}; "
             f"try --global-batch {nearest} (a multiple of {dp} ranks x {pp} stages)"
             + ("" if megatron else ", or --data ddp or zero1 (Megatron-LM's 1F1B runs fewer)"))
 

@@ -61,6 +61,7 @@ from nnperf.search.plan.layouts import (
     PipelineSplitChoice,
     check_expert_degrees,
     check_micro_batches,
+    global_batch_hint,
     layouts,
     shape_key,
     why_no_layout,
@@ -230,7 +231,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
                                   "or the shard group (fsdp, hsdp, without tensor parallelism), without context "
                                   "parallelism"
                                   if max(expert) > 1 else "")
-            + "; try other degrees or " + _valid_global_batches(gpus, global_batch, tensor, pipeline, context, sizes))
+            + "; try other degrees or " + global_batch_hint(gpus, global_batch, tensor, pipeline, context, sizes))
     slower = [p for p in results if p.time_bound]
     results = [p for p in results if not p.time_bound]
     ranked = sorted((p for p in results if p.fits), key=lambda p: p.step_s)
@@ -465,23 +466,3 @@ def _overlapped(execution: Execution, tp_comm_overlap: bool) -> Execution:
     if tp_comm_overlap and execution.sequence_parallel and execution.replicates_parameters:
         return replace(execution, tp_comm_overlap=True)
     return execution
-
-
-def _valid_global_batches(gpus: int, global_batch: int, tensor: list[int], pipeline: list[int], context: list[int],
-                          sizes: set[int] | None) -> str:
-    """The global batches nearest ``global_batch`` that divide over the data-parallel ranks of
-    the one layout the degrees leave (times the micro-batch, where one is asked for), as Megatron-LM
-    requires of --global-batch-size; a generic hint where the degrees are searched."""
-    generic = "--global-batch a multiple of the GPU count"
-    if len(tensor) != 1 or len(pipeline) != 1 or len(context) != 1 or gpus % (tensor[0] * pipeline[0] * context[0]):
-        return generic
-    ranks = gpus // (tensor[0] * pipeline[0] * context[0])
-    micro = min(sizes) if sizes and len(sizes) == 1 else 1
-    unit = ranks * micro
-    if global_batch % unit == 0:
-        return generic
-    below = global_batch // unit * unit
-    nearest = " or ".join(str(b) for b in (below, below + unit) if b > 0)
-    of = f"{ranks} data-parallel ranks x micro-batch {micro}" if micro > 1 else f"the {ranks} data-parallel ranks"
-    return f"--global-batch {nearest} (a multiple of {of})"
-
