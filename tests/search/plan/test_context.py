@@ -55,6 +55,29 @@ def test_mfu_counts_the_same_model_flops_with_full_checkpointing():
     assert per_token("full") == pytest.approx(per_token(None), rel=1e-6)
 
 
+def test_full_checkpointing_reruns_the_rings_attention_too():
+    """Recomputation under full checkpointing grows with the ring: the rank's attention runs cp
+    times its traced chunk's, so what checkpointing reruns of it does too: cp - 1 times the
+    traced role's recomputed attention more (the helper that tried Llama 3 405B at CP 16 found
+    the same recomputation at 131k tokens as at 8k)."""
+    from nnperf.search.plan.context import traced_as, with_ring_attention
+    from nnperf.search.plan.evaluate import prepare_for
+    from nnperf.search.plan.rank import scaled_cost
+
+    cp = 4
+    execution = Execution(world=8, data="fsdp", shard=2, context=cp, checkpoint="full")
+    request = ModelRequest(REQUEST.target, batch=1, seq_len=SEQ // cp, overrides=REQUEST.overrides)
+    base = scaled_cost(request, TraceOptions(amp="bf16"), traced_as(execution), GPU, CLUSTER, 0, None,
+                       RoleCache(), prepare_for(execution))
+    ring = with_ring_attention(base, execution, CLUSTER)
+    forward_attention = base.figures.attention_forward_s
+    assert forward_attention > 0
+    # every block rerun whole: its attention once more, as long as in forward
+    assert base.figures.attention_recomputed_s == pytest.approx(forward_attention)
+    added = ring.figures.recompute_s - base.figures.recompute_s
+    assert added == pytest.approx((cp - 1) * forward_attention)
+
+
 def test_context_parallelism_in_a_pipeline():
     """2 stages x CP 2: each stage's role is traced on half the sequence and its actions take the
     ring attention's collectives (per attention layer of the stage: two all-gathers of the whole

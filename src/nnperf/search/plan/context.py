@@ -88,6 +88,7 @@ def with_ring_attention(cost: RankCost, execution: Execution, cluster: Cluster) 
     attention_extra = f.attention_s * (cp - 1)
     f.step_s += attention_extra + comm
     f.compute_s += attention_extra
+    f.recompute_s += f.attention_recomputed_s * (cp - 1)  # the ring's share of what checkpointing reruns
     f.comm_s += comm
     f.exposed_s["context_all_gather_reduce_scatter"] = f.exposed_s.get("context_all_gather_reduce_scatter", 0.0) + comm
     for key in f.action_s:

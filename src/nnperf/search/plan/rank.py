@@ -181,6 +181,7 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
         loss_saved=float(memory.saved_activations.get("(loss)", 0)),
         attention_s=sum(t.kernel_s for t in attention),
         attention_forward_s=sum(t.kernel_s for t in attention if t.phase == "forward"),
+        attention_recomputed_s=sum(t.kernel_s for t in attention if t.count.event.recomputed),
         attention_flops=float(sum(t.count.flops for t in attention  # the model's: MFU's numerator
                                   if t.phase in ("forward", "backward") and not t.count.event.recomputed)),
         attention_layers=float(len(forward)),

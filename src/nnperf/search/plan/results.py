@@ -75,6 +75,7 @@ class RankFigures:
     model_states: float = 0.0  # parameters, gradients and optimizer state in the memory pass
     attention_s: float = 0.0
     attention_forward_s: float = 0.0  # of it, in forward (the rest: backward and recomputation)
+    attention_recomputed_s: float = 0.0  # of it, recomputed in backward (activation checkpointing)
     attention_flops: float = 0.0
     attention_layers: float = 0.0
     kv_bytes: float = 0.0  # the keys and values attention's forward reads
