@@ -46,7 +46,7 @@ def test_an_end_stage_splits_its_blocks_over_its_chunks():
     ((10, 4, 2, 2, 2), "valid: first = last = 3 (2 in each other stage)"),  # none shorter: a longer one named
     ((15, 2), "first = 7, last = 8"),
     # Llama 3 405B's end stages of 7 blocks: 8 chunks a rank leave one empty; 1, 2 or 4 hold them
-    ((126, 16, 8, 7, 7), "valid: none; or keep them with --vpp 1, 2, 4"),
+    ((126, 16, 8, 7, 7), "valid: none; or keep them with --vpp 2, 4 or --schedule 1f1b"),
 ])
 def test_a_split_that_cannot_hold_the_layers_names_valid_ones(args, words):
     with pytest.raises(UsageError, match=None) as raised:

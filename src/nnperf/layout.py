@@ -462,7 +462,9 @@ def split_layers(layers: int, pipeline: int, virtual: int = 1, first: int | None
         asked = ", ".join(f"{n} stage layers {v}" for n, v in (("first", first), ("last", last)) if v is not None)
         holding = [v for v in range(1, layers + 1)
                    if v != virtual and _end_stages(layers, pipeline, v, first, last) is not None]
-        other = f"; or keep them with --vpp {', '.join(map(str, holding))}" if holding else ""
+        interleaved = [v for v in holding if v > 1]
+        keep = [f"--vpp {', '.join(map(str, interleaved))}"] * bool(interleaved) + ["--schedule 1f1b"] * (1 in holding)
+        other = f"; or keep them with {' or '.join(keep)}" if keep else ""
         raise UsageError(f"an uneven split with {asked} cannot hold {layers} layers in {what} (the stages "
                          f"between must split the rest evenly, each chunk at least 1); valid: "
                          f"{_uneven_examples(layers, pipeline, virtual) or 'none'}{other}")

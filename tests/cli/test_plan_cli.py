@@ -103,7 +103,7 @@ def test_pipeline_splits_that_cannot_hold_the_layers_are_one_line():
 def test_a_global_batch_the_fixed_degrees_cannot_split_names_the_nearest_ones():
     """8 GPUs at tp 2 x pp 1 leave 4 data-parallel ranks: 18 samples do not divide over them
     (nearest: 16 or 20), and with micro-batches of 2 the unit is 8 (16 or 24)."""
-    for extra, words in (([], "--global-batch 16 or 20 (a multiple of the 4 data-parallel ranks)"),
+    for extra, words in (([], "--global-batch 16 or 20 (a multiple of 4 data-parallel ranks)"),
                          (["--micro-batch", "2"], "--global-batch 16 or 24 (a multiple of 4 data-parallel ranks x "
                                                   "micro-batch 2)")):
         args = [a for i, a in enumerate(ARGS) if a != "--batch" and ARGS[i - 1] != "--batch"]
@@ -510,6 +510,19 @@ def test_degrees_a_pinned_micro_batch_leaves_without_layouts_are_said():
     assert "--micro-batch 4: no layout of tensor x pipeline 1 x 1 runs it, so none is ranked" in doc["notes"]
 
 
+def test_a_pipelined_global_batch_hint_names_batches_that_plan():
+    """8 GPUs at PP 4: 2 data-parallel ranks; 5 samples name 8 (2 ranks x 4 stages), which the
+    interleaved schedule runs; a tensor x pipeline product above the GPUs blames --tp and --pp."""
+    args = ["plan", "gpt2", "-O", "n_layer=8", "--seq", "128", "--amp", "bf16", "--gpu", "h100"]
+    result = CliRunner().invoke(cli, [*args, "--gpus", "8", "--tp", "1", "--pp", "4", "--global-batch", "5",
+                                      "--schedule", "interleaved-1f1b"])
+    assert result.exit_code == 2 and result.output.strip().endswith(
+        "--global-batch 8 (a multiple of 2 data-parallel ranks x 4 pipeline stages)"), result.output
+    result = CliRunner().invoke(cli, [*args, "--gpus", "8", "--tp", "4", "--pp", "4"])
+    assert result.exit_code == 2 and result.output.strip().endswith(
+        "--tp 4 x --pp 4 = 16 does not divide the 8 GPUs; pipeline degrees with --tp 4: 1, 2"), result.output
+
+
 def test_sequence_parallelism_pinned_either_way():
     """--no-sequence-parallel ranks tensor-parallel layouts without it only (Megatron-LM before
     2022), --sequence-parallel with it only; with --tp-comm-overlap, which needs it, one line."""
@@ -521,4 +534,16 @@ def test_sequence_parallelism_pinned_either_way():
         assert ranked and {r["execution"]["sequence_parallel"] for r in ranked} == expected
     result = CliRunner().invoke(cli, [*ARGS, "--gpus", "8", "--tp", "2", "--no-sequence-parallel", "--tp-comm-overlap"])
     assert result.exit_code == 2 and "--tp-comm-overlap overlaps sequence parallelism's collectives" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_no_sequence_parallelism_for_experts_split_over_tensor_ranks_is_one_line():
+    """Megatron-Core runs a mixture of experts with tensor parallelism only with sequence
+    parallelism: pinned off with --tp 2, one line naming both ways out."""
+    moe = ["plan", "llama-7b", "-O", "n_layer=2", "-O", "dim=64", "-O", "n_heads=4", "-O", "n_kv_heads=4",
+           "-O", "ffn_hidden=128", "-O", "vocab=128", "-O", "n_experts=4", "--seq", "64", "--amp", "bf16",
+           "--gpu", "h100", "--gpus", "8", "--pp", "1"]
+    result = CliRunner().invoke(cli, [*moe, "--tp", "2", "--no-sequence-parallel"])
+    assert result.exit_code == 2 and result.output.strip().endswith(
+        "give --tp 1, or drop --no-sequence-parallel"), result.output
     assert len(result.output.strip().splitlines()) == 1

@@ -156,6 +156,10 @@ def check_degrees(gpus: int, nodes_of: int, tensor: Iterable[int] | None, pipeli
             if d < 1 or gpus % d:
                 raise UsageError(f"{option} {d} does not divide the {gpus} GPUs; valid: "
                                  f"{', '.join(map(str, divisors(gpus)))}")
+    if model_parallel and gpus % model_parallel:
+        valid = [d for d in divisors(gpus // tensor[0])] if gpus % tensor[0] == 0 else []
+        raise UsageError(f"--tp {tensor[0]} x --pp {pipeline[0]} = {model_parallel} does not divide the {gpus} GPUs; "
+                         f"pipeline degrees with --tp {tensor[0]}: {', '.join(map(str, valid)) or 'none'}")
     for cp in context:
         if model_parallel and gpus % (model_parallel * cp):
             left = divisors(gpus // model_parallel) if gpus % model_parallel == 0 else []

@@ -239,13 +239,15 @@ def global_batch_hint(gpus: int, global_batch: int, tensor: list[int], pipeline:
         return generic
     ranks = gpus // (tensor[0] * pipeline[0] * context[0])
     micro = min(sizes) if sizes and len(sizes) == 1 else 1
-    unit = ranks * micro
-    if global_batch % unit == 0:
+    stages = pipeline[0]  # a multiple of the stages in micro-batches suits every schedule
+    unit = ranks * micro * stages
+    if global_batch % (ranks * micro) == 0:
         return generic
     below = global_batch // unit * unit
     nearest = " or ".join(str(b) for b in (below, below + unit) if b > 0)
-    of = f"{ranks} data-parallel ranks x micro-batch {micro}" if micro > 1 else f"the {ranks} data-parallel ranks"
-    return f"--global-batch {nearest} (a multiple of {of})"
+    factors = [f"{ranks} data-parallel ranks" if ranks > 1 or (micro == 1 and stages == 1) else ""]
+    factors += [f"micro-batch {micro}"] * (micro > 1) + [f"{stages} pipeline stages"] * (stages > 1)
+    return f"--global-batch {nearest} (a multiple of {' x '.join(f for f in factors if f)})"
 
 
 def why_no_layout(gpus: int, nodes_of: int, global_batch: int, tensor: list[int], pipeline: list[int],
@@ -277,7 +279,7 @@ def why_no_layout(gpus: int, nodes_of: int, global_batch: int, tensor: list[int]
     return (f"a data-parallel rank's {samples} of the global batch {global_batch} ({dp} data-parallel ranks) "
             f"make too few micro-batches for {pp} pipeline stages: the schedules run {rule}; "
             f"try --global-batch {nearest} (a multiple of {dp} ranks x {pp} stages)"
-            + ("" if megatron else ", or --data ddp or zero1 (Megatron-LM's 1F1B runs fewer)"))
+            + ("" if megatron or "1f1b" not in schedules else ", or --data ddp or zero1 (Megatron-LM's 1F1B runs fewer)"))
 
 
 def _micro_batch_counts(schedule: str, pp: int, local: int, megatron: bool = False) -> list[int]:

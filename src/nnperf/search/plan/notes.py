@@ -44,7 +44,8 @@ BLOCKING_PIPELINE_SENDS = (
 #: Megatron-LM's layouts compute the loss with Megatron-Core's function, torchtitan's with DTensor's
 #: loss parallelism (``trace.parallel.vocab_parallel_loss``).
 MEGATRON_CROSS_ENTROPY = (
-    "Megatron-LM's layouts (DDP and ZeRO-1): cross entropy runs as Megatron-Core's "
+    "Megatron-LM's layouts (ZeRO-1, or DDP beside tensor, pipeline or context parallelism): cross entropy runs "
+    "as Megatron-Core's "
     "vocab_parallel_cross_entropy (the logits, or with tensor parallelism the rank's vocabulary slice, upcast "
     "once to fp32 and turned into their softmax and gradient in place); FSDP layouts run PyTorch's, "
     "torchtitan's loss_parallel with tensor parallelism")

@@ -160,12 +160,21 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         raise UsageError("--tp-comm-overlap overlaps sequence parallelism's collectives: it needs sequence "
                          "parallelism (drop --no-sequence-parallel)")
 
+    if sequence_parallel is False and experts and min(tensor) > 1:
+        raise UsageError("--no-sequence-parallel: a mixture of experts with tensor parallelism needs sequence "
+                         "parallelism, as Megatron-Core requires; give --tp 1, or drop --no-sequence-parallel")
+
     def sequenced(e: Execution) -> Execution:
         return replace(e, sequence_parallel=False) if sequence_parallel is False else e
 
+    def pinned(e: Execution) -> bool:
+        """Whether the layout can run as the user pinned sequence parallelism (a mixture of
+        experts with tensor parallelism runs with it only)."""
+        return sequence_parallel is not False or not experts or e.tensor == 1
+
     def engines(found: list[Execution]) -> list[Execution]:
         return [_overlapped(sequenced(e), tp_comm_overlap) for e in found
-                if runnable(e) and (sizes is None or e.micro_batch in sizes)]
+                if runnable(e) and pinned(e) and (sizes is None or e.micro_batch in sizes)]
 
     if sizes is not None:  # before any trace: sizes no layout of these degrees runs are one line
         left_out += check_micro_batches(sizes, [
