@@ -95,8 +95,9 @@ def megatron_fp8_casts(trace: Trace, gathers: frozenset[int], degree: int) -> Me
                     cast.pop(m.storage, None)
             continue
         operands = e.inputs[1:] if e.name == "aten.addmm" else e.inputs  # addmm(bias, input, weight)
-        if degree > 1:  # the weight-gradient GEMM reads its input gathered again, in FP8 too
-            fp8_gathers.update(g for m in operands if (g := gather_of(m.storage)) is not None)
+        # each operand's gather (the weight-gradient GEMM reads its input gathered again, in FP8 too)
+        gathered = [gather_of(m.storage) for m in operands] if degree > 1 else []
+        fp8_gathers.update(g for g in gathered if g is not None)
         operand = operands[0]  # the input in forward, the output's gradient in backward
         if e.phase == Phase.FORWARD:
             seen = cast.setdefault(operand.storage, set())
@@ -105,6 +106,6 @@ def megatron_fp8_casts(trace: Trace, gathers: frozenset[int], degree: int) -> Me
                 shares[e.index] = 0.0
                 continue
             seen.add(key)
-        if degree > 1 and gather_of(operand.storage) is not None:
+        if gathered and gathered[0] is not None:
             shares[e.index] = 1 / degree
     return MegatronFp8Casts(shares, frozenset(fp8_gathers))

@@ -156,15 +156,16 @@ def check_degrees(gpus: int, nodes_of: int, tensor: Iterable[int] | None, pipeli
             if d < 1 or gpus % d:
                 raise UsageError(f"{option} {d} does not divide the {gpus} GPUs; valid: "
                                  f"{', '.join(map(str, divisors(gpus)))}")
-    if model_parallel and gpus % model_parallel:
-        valid = [d for d in divisors(gpus // tensor[0])] if gpus % tensor[0] == 0 else []
+    if model_parallel is None:
+        return
+    # the tensor degree divides the GPUs (above), so it leaves gpus / tp for the pipeline
+    if gpus % model_parallel:
         raise UsageError(f"--tp {tensor[0]} x --pp {pipeline[0]} = {model_parallel} does not divide the {gpus} GPUs; "
-                         f"pipeline degrees with --tp {tensor[0]}: {', '.join(map(str, valid)) or 'none'}")
+                         f"pipeline degrees with --tp {tensor[0]}: {', '.join(map(str, divisors(gpus // tensor[0])))}")
     for cp in context:
-        if model_parallel and gpus % (model_parallel * cp):
-            left = divisors(gpus // model_parallel) if gpus % model_parallel == 0 else []
+        if gpus % (model_parallel * cp):
             raise UsageError(f"--cp {cp}: tensor x pipeline ({model_parallel}) x context does not divide the {gpus} "
-                             f"GPUs; valid: {', '.join(map(str, left)) or 'none'}")
+                             f"GPUs; valid: {', '.join(map(str, divisors(gpus // model_parallel)))}")
 
 
 def expert_degrees(request: ModelRequest, gpus: int, nodes_of: int, expert: Iterable[int] | None,

@@ -229,22 +229,35 @@ def _splits(common: dict[str, Any], pp: int, local: int, schedules: Iterable[str
     return out
 
 
+def _fixed_ranks(gpus: int, tensor: list[int], pipeline: list[int], context: list[int]) -> int | None:
+    """The data-parallel ranks of the one layout fixed degrees leave; None where a degree is
+    searched or they do not divide the GPUs."""
+    if len(tensor) != 1 or len(pipeline) != 1 or len(context) != 1:
+        return None
+    model_parallel = tensor[0] * pipeline[0] * context[0]
+    return None if gpus % model_parallel else gpus // model_parallel
+
+
+def _nearest_multiples(value: int, unit: int) -> str:
+    """The multiples of ``unit`` either side of ``value`` (above zero): "16 or 24"."""
+    below = value // unit * unit
+    return " or ".join(str(b) for b in (below, below + unit) if b > 0)
+
+
 def global_batch_hint(gpus: int, global_batch: int, tensor: list[int], pipeline: list[int], context: list[int],
                           sizes: set[int] | None) -> str:
     """The global batches nearest ``global_batch`` that divide over the data-parallel ranks of
     the one layout the degrees leave (times the micro-batch, where one is asked for), as Megatron-LM
     requires of --global-batch-size; a generic hint where the degrees are searched."""
     generic = "--global-batch a multiple of the GPU count"
-    if len(tensor) != 1 or len(pipeline) != 1 or len(context) != 1 or gpus % (tensor[0] * pipeline[0] * context[0]):
+    ranks = _fixed_ranks(gpus, tensor, pipeline, context)
+    if ranks is None:
         return generic
-    ranks = gpus // (tensor[0] * pipeline[0] * context[0])
     micro = min(sizes) if sizes and len(sizes) == 1 else 1
     stages = pipeline[0]  # a multiple of the stages in micro-batches suits every schedule
-    unit = ranks * micro * stages
     if global_batch % (ranks * micro) == 0:
         return generic
-    below = global_batch // unit * unit
-    nearest = " or ".join(str(b) for b in (below, below + unit) if b > 0)
+    nearest = _nearest_multiples(global_batch, ranks * micro * stages)
     factors = [f"{ranks} data-parallel ranks" if ranks > 1 or (micro == 1 and stages == 1) else ""]
     factors += [f"micro-batch {micro}"] * (micro > 1) + [f"{stages} pipeline stages"] * (stages > 1)
     return f"--global-batch {nearest} (a multiple of {' x '.join(f for f in factors if f)})"
@@ -255,12 +268,10 @@ def why_no_layout(gpus: int, nodes_of: int, global_batch: int, tensor: list[int]
     """Why one (tensor, pipeline, context) degree, all three fixed, leaves no layout, in words
     naming the global batches that would have one; None where the degrees are searched or the
     reason is another's to say (the layers' split, the expert degree)."""
-    if len(tensor) != 1 or len(pipeline) != 1 or len(context) != 1:
-        return None
-    tp, pp, cp = tensor[0], pipeline[0], context[0]
-    if gpus % (tp * pp * cp) or not fills_nodes(tp, nodes_of):
-        return None  # check_degrees says so first
-    dp = gpus // (tp * pp * cp)
+    dp = _fixed_ranks(gpus, tensor, pipeline, context)
+    if dp is None or not fills_nodes(tensor[0], nodes_of):
+        return None  # searched degrees, or check_degrees says so first
+    pp = pipeline[0]
     if global_batch % dp or pp == 1:
         return None  # the global batch (the search's own message) or not the pipeline
     local = global_batch // dp
@@ -272,9 +283,7 @@ def why_no_layout(gpus: int, nodes_of: int, global_batch: int, tensor: list[int]
     rule = ("a multiple of the stages (interleaved)" if not per_stage else
             "at least one a stage (1F1B)" if len(per_stage) == len(list(schedules)) else
             "at least one a stage (1F1B), a multiple of them (interleaved)")
-    unit = dp * pp
-    nearest = " or ".join(str(b) for b in sorted({max(unit, global_batch // unit * unit),
-                                                  global_batch // unit * unit + unit}))
+    nearest = _nearest_multiples(global_batch, dp * pp)
     samples = f"{local} sample{'' if local == 1 else 's'}"
     return (f"a data-parallel rank's {samples} of the global batch {global_batch} ({dp} data-parallel ranks) "
             f"make too few micro-batches for {pp} pipeline stages: the schedules run {rule}; "

@@ -65,25 +65,17 @@ def apply_layout(workload: Workload, execution: Execution, options: TraceOptions
                                      loss_parallel=execution.splits_logits,
                                      keep_shards=execution.keeps_sequence_shards):
                 step_contexts.enter_context(_loss_parallel())
-                from nnperf.trace.parallel.vocab_parallel_loss import (
-                    MegatronCrossEntropy,
-                    runs_megatron_loss,
-                )
-
-                if runs_megatron_loss(execution, options):
-                    step_contexts.enter_context(MegatronCrossEntropy())
             if execution.megatron_tensor_parallel:
                 from nnperf.trace.parallel.vocab_parallel_embedding import MegatronEmbedding
 
                 step_contexts.enter_context(MegatronEmbedding())
-        else:
-            from nnperf.trace.parallel.vocab_parallel_loss import (
-                MegatronCrossEntropy,
-                runs_megatron_loss,
-            )
+        from nnperf.trace.parallel.vocab_parallel_loss import (
+            MegatronCrossEntropy,
+            runs_megatron_loss,
+        )
 
-            if runs_megatron_loss(execution, options):  # Megatron-Core's function over the whole vocabulary
-                step_contexts.enter_context(MegatronCrossEntropy(whole=True))
+        if runs_megatron_loss(execution, options):  # over the logits' vocabulary slice, or whole at TP 1
+            step_contexts.enter_context(MegatronCrossEntropy(whole=execution.tensor == 1))
         if execution.expert > 1 or split_experts:
             from nnperf.trace.parallel.expert import apply_experts
 
