@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import nnperf.passes.costs  # noqa: F401  (registers every formula)
+from nnperf.passes.costs.factories import allocation
 from nnperf.passes.costs.registry import OpCost, lookup
 from nnperf.passes.gemms import Gemm, GemmLowering
 from nnperf.trace.events import KIND_PARAM, OfEvent, OpEvent, TensorMeta, Trace
@@ -80,11 +81,15 @@ def count_ops(trace: Trace) -> list[OpCount]:
     and lower the matrix products among them to GEMMs."""
     weights = weight_storages(trace)
     lower = GemmLowering(trace, weights)
+    # copies the framework a traced layout stands for does not make, only their buffers
+    # (``trace.config["not_copied"]``: Megatron-LM's sequence-first tensors,
+    # ``trace.parallel.sequence_first``)
+    not_copied = frozenset(trace.config.get("not_copied", ()))
     counts: list[OpCount] = []
     for ev in trace.events:
         if ev.free:
             continue
-        formula = lookup(ev)
+        formula = allocation if ev.index in not_copied else lookup(ev)
         count = _uncovered(ev, weights) if formula is None else _covered(ev, formula(ev), weights)
         count.gemms = lower(ev)
         counts.append(count)

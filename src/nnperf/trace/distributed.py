@@ -33,6 +33,7 @@ from nnperf.trace.fp8_saved_inputs import keep_fp8_saved_inputs
 from nnperf.trace.fsdp_shards import one_rank_chunks
 from nnperf.trace.options import TraceOptions
 from nnperf.trace.parallel import apply_layout, build_meshes
+from nnperf.trace.parallel.sequence_first import batch_first_copies
 from nnperf.workload import Workload
 
 
@@ -101,6 +102,9 @@ def trace_rank(
     trace.config["rank"] = rank
     # the tensor-parallel group Megatron-LM's sequence parallelism gathers and scatters over
     tp_group = world["meshes"][shape][0].get_group().group_name if execution.megatron_sequence_parallel else None
+    if tp_group is not None:
+        # ... on sequence-first tensors, without the copies a batch-first trace makes around them
+        trace.config["not_copied"] = batch_first_copies(trace, collectives, tp_group)
     if options.fp8 and execution.megatron_layout:
         # Transformer Engine's linears, which Megatron-LM runs, keep their inputs in FP8
         trace.config["fp8_saved_inputs"] = keep_fp8_saved_inputs(trace)

@@ -114,7 +114,9 @@ def _random(event: OpEvent) -> OpCost:
 
 
 @register(*ALLOCATIONS)
-def _allocation(event: OpEvent) -> OpCost:
+def allocation(event: OpEvent) -> OpCost:
+    """The buffer the op's outputs take: no kernel (also what ``passes.count`` counts a copy
+    the modelled framework does not make as)."""
     return OpCost(ALLOC, info={"allocates": sum(t.nbytes for t in event.outputs)})
 
 
