@@ -134,6 +134,9 @@ class Execution:
     #: all-gather and reduce-scatter of a block in chunks with the GEMM it feeds or follows
     #: (``passes.comm_timeline``), instead of before or after it
     tp_comm_overlap: bool = False
+    #: Megatron-LM's --cross-entropy-loss-fusion: Megatron-Core's fused cross entropy, its pieces
+    #: compiled one by one (``trace.parallel.fused_vocab_parallel_loss``)
+    loss_fusion: bool = False
 
     def __post_init__(self) -> None:
         # a pipeline given no schedule runs the engines' default: 1F1B (Megatron-LM's, and
@@ -202,8 +205,9 @@ class Execution:
     @property
     def megatron_settings(self) -> bool:
         """One of Megatron-LM's own settings is asked for, which torchtitan has not: its
-        --tp-comm-overlap, or its selective recomputation of the core attention alone."""
-        return self.tp_comm_overlap or self.checkpoint == "selective-attention"
+        --tp-comm-overlap, its fused cross entropy, or its selective recomputation of the core
+        attention alone."""
+        return self.tp_comm_overlap or self.loss_fusion or self.checkpoint == "selective-attention"
 
     @property
     def megatron_layout(self) -> bool:
@@ -307,6 +311,9 @@ class Execution:
         if self.tp_comm_overlap and not (self.sequence_parallel and self.replicates_parameters):
             raise UsageError("tp_comm_overlap is Megatron-LM's --tp-comm-overlap: it needs tensor > 1 with "
                              "sequence parallelism and Megatron-LM's data parallelism (ddp or zero1)")
+        if self.loss_fusion and not self.replicates_parameters:
+            raise UsageError("loss_fusion is Megatron-LM's --cross-entropy-loss-fusion: it needs Megatron-LM's "
+                             "data parallelism (ddp or zero1)")
         if self.tensor < 1 or self.world < 1 or self.world % self.model_parallel:
             raise UsageError(f"{self.world} GPUs are not a multiple of tensor x pipeline x context = "
                              f"{self.model_parallel}")
@@ -397,6 +404,8 @@ class Execution:
             parts.append("no reshard after forward")
         if self.checkpoint:
             parts.append(f"{self.checkpoint} checkpointing")
+        if self.loss_fusion:
+            parts.append("fused cross entropy")
         parts.append(f"micro-batch {self.micro_batch}")
         if self.grad_accum > 1:
             parts.append(f"{'micro-batches' if self.pipeline > 1 else 'accumulation'} x{self.grad_accum}")

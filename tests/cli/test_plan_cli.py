@@ -547,3 +547,21 @@ def test_no_sequence_parallelism_for_experts_split_over_tensor_ranks_is_one_line
     assert result.exit_code == 2 and result.output.strip().endswith(
         "give --tp 1, or drop --no-sequence-parallel"), result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+def test_megatron_layouts_with_its_fused_cross_entropy():
+    """--cross-entropy-loss-fusion: Megatron-LM's data parallelism runs Megatron-Core's fused loss
+    (the JSON and its arguments say so); an engine list without Megatron-LM's, or another loss
+    mode beside it, is one line."""
+    args = ["plan", "gpt2", "-O", "n_layer=2", "-O", "n_head=4", "-O", "n_embd=128", "--batch", "4", "--seq", "256",
+            "--gpu", "h100", "--gpus", "4", "--tp", "1", "--pp", "1"]
+    result = CliRunner().invoke(cli, [*args, "--data", "zero1", "--cross-entropy-loss-fusion", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["search"]["loss_fusion"] and all(r["execution"]["loss_fusion"] for r in doc["ranked"])
+    assert "--cross-entropy-loss-fusion" in doc["megatron"]
+    for extra, named in ((["--data", "fsdp"], "--data fsdp"), (["--loss", "compiled"], "--loss compiled")):
+        result = CliRunner().invoke(cli, [*args, *extra, "--cross-entropy-loss-fusion"])
+        assert result.exit_code == 2, result.output
+        assert "--cross-entropy-loss-fusion" in result.output and named in result.output
+        assert len(result.output.strip().splitlines()) == 1

@@ -316,6 +316,17 @@ def test_fp8_linears_in_each_engine():
         deepspeed_json(e, amp="bf16", fp8=True)
 
 
+def test_loss_fusion_is_megatrons_and_not_torchtitans():
+    from nnperf.report.engine_configs import NotExpressible, megatron_args, torchtitan_toml
+
+    e = Execution(world=8, data="zero1", loss_fusion=True, micro_batch=1)
+    assert e.megatron_layout
+    assert "--cross-entropy-loss-fusion" in megatron_args(e, 32, amp="bf16").split("\n#")[0].split(" \\\n  ")
+    assert "--cross-entropy-loss-fusion" not in megatron_args(replace(e, loss_fusion=False), 32, amp="bf16")
+    with pytest.raises(NotExpressible, match="fused cross entropy"):
+        torchtitan_toml(e, amp="bf16")
+
+
 def test_tp_comm_overlap_is_megatrons_and_not_torchtitans():
     from nnperf.report.engine_configs import NotExpressible, megatron_args, torchtitan_toml
 

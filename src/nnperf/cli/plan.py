@@ -117,6 +117,9 @@ def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> l
               help="Megatron-LM's --tp-comm-overlap on its layouts (ddp or zero1 with tensor parallelism): "
                    "Transformer Engine's userbuffers run each block's sequence-parallel all-gather and "
                    "reduce-scatter in chunks beside the GEMM it feeds or follows.")
+@click.option("--cross-entropy-loss-fusion", "loss_fusion", is_flag=True,
+              help="Megatron-LM's --cross-entropy-loss-fusion on its layouts (ddp or zero1): Megatron-Core's "
+                   "fused cross entropy, its pieces compiled one by one, instead of its unfused passes.")
 @click.option("--sequence-parallel/--no-sequence-parallel", "sequence_parallel", default=None,
               help="Tensor-parallel layouts with sequence parallelism only, or without it only (Megatron-LM "
                    "before 2022, --sequence-parallel off); default: both, ranked.")
@@ -136,8 +139,8 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
          tp_text: str, pp_text: str,
          cp_text: str, ep_text: str, data_text: str, checkpoint_text: str, reshard_text: str,
          schedules: tuple[str, ...], vpp_text: str, first_stage_layers: int | None, last_stage_layers: int | None,
-         tp_comm_overlap: bool, sequence_parallel: bool | None, micro_text: str, cluster_name: str | None,
-         as_json: bool, output: str | None, **kwargs: Any) -> None:
+         tp_comm_overlap: bool, loss_fusion: bool, sequence_parallel: bool | None, micro_text: str,
+         cluster_name: str | None, as_json: bool, output: str | None, **kwargs: Any) -> None:
     """Rank the layouts of MODEL on --gpus GPUs (data parallelism: DDP, ZeRO-1, FSDP2, HSDP; tensor
     parallelism with sequence parallelism; pipeline schedules; activation checkpointing and
     gradient accumulation; expert parallelism for mixture-of-experts models): step time, throughput, MFU, per-GPU memory, exposed communication,
@@ -171,9 +174,16 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
                          "of forward, backward and optimizer); for one GPU's inference use 'nnperf predict "
                          "--inference'")
     _once(list(schedules), "--schedule", " ".join(schedules))
+    data_kinds = _names(data_text, "--data", DATA_KINDS)
+    if loss_fusion and options.loss != "eager":
+        raise UsageError(f"--cross-entropy-loss-fusion is Megatron-Core's fused cross entropy and --loss "
+                         f"{options.loss} another loss: give one of them")
+    if loss_fusion and data_kinds is not None and not {"ddp", "zero1"} & set(data_kinds):
+        raise UsageError(f"--cross-entropy-loss-fusion is Megatron-LM's, which runs ddp or zero1: --data "
+                         f"{data_text} has neither")
     axes = {"tensor": _integers(tp_text, "--tp"), "pipeline": _integers(pp_text, "--pp"),
             "schedules": schedules or DEFAULT_SCHEDULES, "context": _integers(cp_text, "--cp") or [1],
-            "expert": _integers(ep_text, "--ep"), "data": _names(data_text, "--data", DATA_KINDS),
+            "expert": _integers(ep_text, "--ep"), "data": data_kinds,
             "checkpoints": _levels(_names(checkpoint_text, "--checkpoint", tuple(CHECKPOINT_NAMES))),
             "reshard": [n == "always" for n in _names(reshard_text, "--reshard", ("always", "never"),
                                                       auto=False) or ()],
@@ -182,7 +192,8 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
             "micro_batch": _integers(micro_text, "--micro-batch")}
     with progress.shown(f"plan {n_gpus} GPUs: layout groups searched", enabled=not as_json):
         result = run_plan(request, options, gpu, n_gpus, cluster, nodes, global_batch, **axes,
-                          tp_comm_overlap=tp_comm_overlap, sequence_parallel=sequence_parallel)
+                          tp_comm_overlap=tp_comm_overlap, loss_fusion=loss_fusion,
+                          sequence_parallel=sequence_parallel)
     if result.cluster.gpu and result.cluster.gpu != gpu.id:
         result.notes.append(f"{result.cluster.name} is built of {result.cluster.gpu}, planned here with {gpu.id}: "
                             "its links, NICs and host CPU are taken as they are")

@@ -189,6 +189,9 @@ def torchtitan_refusals(e: Any, amp: str | None, dtype: str | None, sdpa: str) -
     if e.tp_comm_overlap:
         missing.append("Transformer Engine's userbuffers overlap (Megatron-LM's --tp-comm-overlap) is not "
                        "torchtitan's; its async tensor parallelism (with torch.compile) is not modelled")
+    if e.loss_fusion:
+        missing.append("Megatron-Core's fused cross entropy (--cross-entropy-loss-fusion) is not torchtitan's; "
+                       "its compiled loss is (plan with --loss compiled)")
     if e.checkpoint == "selective-op-recompute-a2a":
         missing.append("today's torchtitan saves the expert all-to-alls under selective op checkpointing; "
                        "its earlier list that recomputed them is not a setting")
@@ -293,6 +296,8 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
         args.append("--sequence-parallel")
     if e.tp_comm_overlap:
         args.append("--tp-comm-overlap")
+    if e.loss_fusion:
+        args.append("--cross-entropy-loss-fusion")
     args += [f"--micro-batch-size {e.micro_batch}", f"--global-batch-size {e.global_batch}"]
     if seq_len:
         args.append(f"--seq-length {seq_len}")

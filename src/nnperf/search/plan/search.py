@@ -88,7 +88,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
          schedules: Iterable[str] = DEFAULT_SCHEDULES, context: Iterable[int] = (1,),
          expert: Iterable[int] | None = (1,), data: Iterable[str] | None = None,
          checkpoints: Iterable[str | None] | None = None, reshard: Iterable[bool] = (True,),
-         split: PipelineSplitChoice | None = None, tp_comm_overlap: bool = False,
+         split: PipelineSplitChoice | None = None, tp_comm_overlap: bool = False, loss_fusion: bool = False,
          micro_batch: Iterable[int] | None = None, sequence_parallel: bool | None = None) -> Plan:
     """Rank the layouts of ``request`` on ``gpus`` GPUs of ``gpu``. ``tensor``/``pipeline``/
     ``expert``: the degrees to try (None: every degree the model and nodes allow; the default,
@@ -102,7 +102,9 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     backward: no backward all-gather, ZeRO-2's traffic), or both. ``split``: the chunks per rank
     of the interleaved schedules and an uneven first and last stage (default: 2, even).
     ``tp_comm_overlap``: Megatron-LM's layouts (DDP or ZeRO-1 with sequence parallelism) run
-    --tp-comm-overlap (``Execution.tp_comm_overlap``). ``micro_batch``: the micro-batch sizes
+    --tp-comm-overlap (``Execution.tp_comm_overlap``); ``loss_fusion``: Megatron-LM's data
+    parallelism (DDP or ZeRO-1) runs --cross-entropy-loss-fusion (``Execution.loss_fusion``).
+    ``micro_batch``: the micro-batch sizes
     a layout may run (None: every split of a data-parallel rank's share of the global batch).
     ``sequence_parallel``: tensor-parallel layouts with sequence parallelism only (True), without
     it only (False: Megatron-LM before 2022), or both (None).
@@ -173,7 +175,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         return sequence_parallel is not False or not experts or e.tensor == 1
 
     def engines(found: list[Execution]) -> list[Execution]:
-        return [_overlapped(sequenced(e), tp_comm_overlap) for e in found
+        return [_with_megatron_flags(sequenced(e), tp_comm_overlap, loss_fusion) for e in found
                 if runnable(e) and pinned(e) and (sizes is None or e.micro_batch in sizes)]
 
     if sizes is not None:  # before any trace: sizes no layout of these degrees runs are one line
@@ -269,7 +271,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
               "data": [k for k in DATA_KINDS if k in kinds],
               "checkpoint": [names[CHECKPOINTS[i]] for i in levels],
               "reshard_after_forward": sorted(set(reshard), reverse=True), "tp_comm_overlap": tp_comm_overlap,
-              "micro_batch": None if sizes is None else sorted(sizes)}
+              "loss_fusion": loss_fusion, "micro_batch": None if sizes is None else sorted(sizes)}
     return Plan(request_name(request), gpu, cluster, gpus, global_batch, ranked, rejected,
                 left_out + notes(request, options, results, layers) + routing_note(info, options), cache.traces, layers,
                 options,
@@ -469,9 +471,11 @@ def _bounded_or_evaluated(execution: Execution, request: ModelRequest, options: 
                              slower_than=slower_than)
 
 
-def _overlapped(execution: Execution, tp_comm_overlap: bool) -> Execution:
-    """``execution`` with Megatron-LM's --tp-comm-overlap where asked and it applies (DDP or
-    ZeRO-1 beside sequence parallelism)."""
-    if tp_comm_overlap and execution.sequence_parallel and execution.replicates_parameters:
-        return replace(execution, tp_comm_overlap=True)
-    return execution
+def _with_megatron_flags(execution: Execution, tp_comm_overlap: bool, loss_fusion: bool) -> Execution:
+    """``execution`` with Megatron-LM's --tp-comm-overlap and --cross-entropy-loss-fusion where
+    asked and they apply (DDP or ZeRO-1; the overlap beside sequence parallelism)."""
+    if not execution.replicates_parameters:
+        return execution
+    overlap = tp_comm_overlap and execution.sequence_parallel
+    return replace(execution, tp_comm_overlap=overlap or execution.tp_comm_overlap,
+                   loss_fusion=loss_fusion or execution.loss_fusion)

@@ -75,7 +75,7 @@ def apply_layout(workload: Workload, execution: Execution, options: TraceOptions
         )
 
         if runs_megatron_loss(execution, options):  # over the logits' vocabulary slice, or whole at TP 1
-            step_contexts.enter_context(MegatronCrossEntropy(whole=execution.tensor == 1))
+            step_contexts.enter_context(MegatronCrossEntropy(whole=execution.tensor == 1, fused=execution.loss_fusion))
         if execution.expert > 1 or split_experts:
             from nnperf.trace.parallel.expert import apply_experts
 

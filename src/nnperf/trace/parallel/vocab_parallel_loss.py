@@ -38,6 +38,7 @@ from torch.overrides import TorchFunctionMode
 from nnperf.layout import Execution
 from nnperf.trace.loss import CROSS_ENTROPY_PARAMS, REDUCTIONS, is_dtensor
 from nnperf.trace.options import TraceOptions
+from nnperf.trace.parallel.fused_vocab_parallel_loss import FusedVocabParallelCrossEntropy
 from nnperf.trace.parallel.tensor import shard_start
 
 
@@ -45,8 +46,9 @@ def runs_megatron_loss(execution: Execution, options: TraceOptions) -> bool:
     """Whether the layout's loss runs as Megatron-Core's, the loss run as written: Megatron-LM's
     layouts, whose language models call ``vocab_parallel_cross_entropy`` whatever the
     tensor-parallel degree (megatron/core/models/common/language_module/language_module.py,
-    ``compute_language_model_loss``, without --cross-entropy-loss-fusion): over the whole
-    vocabulary without tensor parallelism, over the logits' vocabulary slice with it."""
+    ``compute_language_model_loss``; fused with --cross-entropy-loss-fusion,
+    ``Execution.loss_fusion``): over the whole vocabulary without tensor parallelism, over the
+    logits' vocabulary slice with it."""
     if not execution.megatron_layout or options.loss != "eager":
         return False
     return execution.tensor == 1 or execution.splits_logits
@@ -91,10 +93,11 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 
 
 def vocab_parallel_cross_entropy(logits: Any, target: Tensor, ignore_index: int = -100,
-                                 reduction: str = "mean") -> Tensor:
+                                 reduction: str = "mean", fused: bool = False) -> Tensor:
     """``F.cross_entropy(logits, target)`` of (N, V) logits split by vocabulary columns over a
     1-D mesh (or whole, a plain tensor: no tensor parallelism), as Megatron-Core computes it
-    (module docstring): a plain tensor."""
+    (module docstring; ``fused``: its --cross-entropy-loss-fusion,
+    ``trace.parallel.fused_vocab_parallel_loss``): a plain tensor."""
     if is_dtensor(logits):
         mesh = logits.device_mesh
         local, start, group = logits.to_local(), shard_start(logits.shape[-1], mesh), mesh.get_group()
@@ -102,7 +105,8 @@ def vocab_parallel_cross_entropy(logits: Any, target: Tensor, ignore_index: int 
         local, start, group = logits, 0, None
     if is_dtensor(target):
         target = target.full_tensor()
-    per_token = _VocabParallelCrossEntropy.apply(local, target, start, group)
+    function = FusedVocabParallelCrossEntropy if fused else _VocabParallelCrossEntropy
+    per_token = function.apply(local, target, start, group)
     keep = target != ignore_index
     per_token = torch.where(keep, per_token, 0.0)
     if reduction == "none":
@@ -114,12 +118,13 @@ def vocab_parallel_cross_entropy(logits: Any, target: Tensor, ignore_index: int 
 
 class MegatronCrossEntropy(TorchFunctionMode):
     """Runs ``F.cross_entropy`` over vocabulary-split logits (``whole``: over whole ones, the
-    layout has no tensor parallelism) as Megatron-Core does (module docstring); any other call
-    as written."""
+    layout has no tensor parallelism) as Megatron-Core does (module docstring; ``fused``: its
+    fused function); any other call as written."""
 
-    def __init__(self, whole: bool = False) -> None:
+    def __init__(self, whole: bool = False, fused: bool = False) -> None:
         super().__init__()
         self.whole = whole
+        self.fused = fused
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -128,7 +133,7 @@ class MegatronCrossEntropy(TorchFunctionMode):
             if _megatron_applies(bound, self.whole):
                 return vocab_parallel_cross_entropy(bound["input"], bound["target"],
                                                     int(bound.get("ignore_index", -100)),
-                                                    str(bound.get("reduction", "mean")))
+                                                    str(bound.get("reduction", "mean")), self.fused)
         return func(*args, **kwargs)
 
 
