@@ -126,6 +126,9 @@ def test_an_eager_loss_that_keeps_gibibytes_is_named_as_a_remedy():
     assert any("--loss compiled" in r and "3.0 GiB" in r for r in remedies)
     assert not any("--loss" in r for r in _remedies(TraceOptions(amp="bf16", loss="compiled"), fsdp, 3 * 2**30))
     assert not any("--loss" in r for r in _remedies(TraceOptions(amp="bf16"), fsdp, eager.loss_saved_bytes))
+    # Megatron-Core's fused loss is its own: torchtitan's losses are no remedy beside it
+    fused = Execution(world=2, data="zero1", loss_fusion=True)
+    assert not any("--loss" in r for r in _remedies(TraceOptions(amp="bf16"), fused, 3 * 2**30))
 
 
 def test_a_chunked_loss_plans_tensor_splits_and_pipelines():

@@ -153,7 +153,7 @@ _LOSS_REMEDY_BYTES = 2**30
 def _remedies(options: TraceOptions, smallest: Execution, loss_saved: int = 0) -> list[str]:
     """What could still shrink the smallest layout: only what the plan did not already use."""
     out = ["more GPUs to shard over"]
-    if options.loss == "eager" and loss_saved >= _LOSS_REMEDY_BYTES:
+    if options.loss == "eager" and not smallest.loss_fusion and loss_saved >= _LOSS_REMEDY_BYTES:
         out.append(f"a compiled or chunked loss (--loss compiled: torchtitan's [compile] components = [\"loss\"]; "
                    f"--loss chunked: its ChunkedLossWrapper): the eager cross entropy keeps "
                    f"{loss_saved / 2**30:.1f} GiB of copies of the logits for backward")
