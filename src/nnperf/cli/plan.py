@@ -147,7 +147,7 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
     pipeline bubble; and the winner as a torchtitan config with its torchrun command, Megatron-LM
     arguments and a DeepSpeed config where those engines have the layout."""
     from nnperf.hardware.cluster import cluster_for_gpu, load_cluster
-    from nnperf.layout import INTERLEAVE
+    from nnperf.layout import DATA_ENGINES, INTERLEAVE
     from nnperf.search.plan import CHECKPOINT_NAMES, DATA_KINDS, DEFAULT_SCHEDULES, smallest_memory
     from nnperf.search.plan import plan as run_plan
     from nnperf.search.plan.layouts import PipelineSplitChoice
@@ -178,7 +178,8 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
     if loss_fusion and options.loss != "eager":
         raise UsageError(f"--cross-entropy-loss-fusion is Megatron-Core's fused cross entropy and --loss "
                          f"{options.loss} another loss: give one of them")
-    if loss_fusion and data_kinds is not None and not {"ddp", "zero1"} & set(data_kinds):
+    if loss_fusion and data_kinds is not None and not any(DATA_ENGINES[k].replicates_parameters
+                                                           for k in data_kinds):
         raise UsageError(f"--cross-entropy-loss-fusion is Megatron-LM's, which runs ddp or zero1: --data "
                          f"{data_text} has neither")
     axes = {"tensor": _integers(tp_text, "--tp"), "pipeline": _integers(pp_text, "--pp"),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import nnperf.trace.loss
 import nnperf.trace.parallel.fused_vocab_parallel_loss  # noqa: F401  (and Megatron-Core's fused loss)
 from nnperf.passes.costs.common import bind, distinct, footprint, read_args, touched
-from nnperf.passes.costs.registry import REDUCTION, OpCost, register
+from nnperf.passes.costs.registry import REDUCTION, OpCost, register, written_args
 from nnperf.trace.events import OpEvent, TensorMeta
 
 LOSS_FLOPS: dict[str, int] = {
@@ -122,16 +122,9 @@ def _fused_cross_entropy_backward(event: OpEvent) -> OpCost:
 #: Megatron-Core's fused cross entropy (``trace.parallel.fused_vocab_parallel_loss``), one kernel
 #: per compiled function. FLOPs per logit: max (1); subtract, exp, sum (3); divide (1); in
 #: backward scale (1). What each reads and writes is its arguments and results, and the fp32
-#: copy it updates in place written back (``_mutated``).
+#: copy it updates in place written back (``registry.written_args``).
 MEGATRON_CE_FLOPS = {"nnperf.megatron_ce_max": 1, "nnperf.megatron_ce_exp": 3, "nnperf.megatron_ce_softmax": 1,
                      "nnperf.megatron_ce_gradient": 1}
-
-
-def _mutated(event: OpEvent) -> list[TensorMeta]:
-    """The arguments the op updates in place (its schema's written aliases)."""
-    schema = event.func._schema
-    return [value for arg, value in zip(schema.arguments, event.args, strict=False)
-            if isinstance(value, TensorMeta) and arg.alias_info is not None and arg.alias_info.is_write]
 
 
 @register(*MEGATRON_CE_FLOPS)
@@ -142,6 +135,6 @@ def _megatron_fused_cross_entropy(event: OpEvent) -> OpCost:
     return OpCost(
         REDUCTION,
         flops=float(MEGATRON_CE_FLOPS[event.name] * logits.numel),
-        reads=distinct(t for t in event.args if isinstance(t, TensorMeta)),
-        writes=distinct([*_mutated(event), *event.outputs]),
+        reads=read_args(event),
+        writes=distinct([*written_args(event), *event.outputs]),
     )
