@@ -37,7 +37,7 @@ from nnperf.hardware.cluster import load_cluster
 from nnperf.layout import Execution
 from nnperf.request import ModelRequest
 from nnperf.search.plan import evaluate
-from nnperf.search.plan.rank import RoleCache
+from nnperf.search.plan.rank import RoleCache, layers_of
 from nnperf.trace.options import TraceOptions
 
 ROWS = Path(__file__).parent / "multi_gpu" / "rows.toml"
@@ -66,8 +66,7 @@ def predict(row: dict) -> tuple[float, dict]:
     options = TraceOptions(amp=row.get("amp"), dtype=row.get("dtype"), sdpa=row.get("sdpa", "fused"),
                            loss=row.get("loss", "eager"), clip_grad_norm=row.get("clip_grad_norm"),
                            fp8=row.get("fp8", False), pointwise=row.get("pointwise", "eager"))
-    planned = evaluate(request, options, execution, gpu, cluster,
-                       layers=overrides.get("n_layer"), cache=RoleCache())
+    planned = evaluate(request, options, execution, gpu, cluster, layers=layers_of(request), cache=RoleCache())
     return METRICS[row["metric"]](planned, execution), planned.to_json()
 
 

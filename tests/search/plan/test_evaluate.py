@@ -140,3 +140,14 @@ def test_a_pipeline_backward_is_not_stretched_by_the_once_per_step_reduction():
     plain = scaled_cost(request, OPTIONS, alone, GPU, cluster, 0, 12, RoleCache(), per_chunk=4).figures
     assert with_ddp.sync_slowdown_s > 0.1 * plain.action("B", 0)  # the stretch the test is about
     assert with_ddp.action("B", 0) == pytest.approx(plain.action("B", 0), rel=0.03)
+
+
+def test_a_pipeline_given_no_depth_splits_the_models_own_blocks():
+    """Without ``layers`` a pipeline reads the stack's depth off the model: 8 blocks on 2
+    stages are 4 a stage, each rank's parameters counted from the model (a caller that named
+    the model alone was refused: its 8 blocks traced whole over the 3 stages roles are traced
+    on, "8 layers do not split evenly into 3 pipeline stages")."""
+    two = Execution(world=2, pipeline=2, pipeline_schedule="1f1b", micro_batch=1, grad_accum=2)
+    request = ModelRequest("gpt2", batch=2, seq_len=32, overrides={**GPT2, "n_layer": 8})
+    planned = evaluate(request, OPTIONS, two, GPU, CLUSTER, cache=RoleCache())
+    assert planned.pipeline.parameter_bytes_per_rank == _expected_bytes(8, (4, 4))

@@ -21,7 +21,7 @@ from nnperf.search.memory_variants import apply_checkpointing
 from nnperf.search.plan.axes import model_info
 from nnperf.search.plan.context import context_step
 from nnperf.search.plan.pipeline import pipeline_step
-from nnperf.search.plan.rank import RoleCache, scaled_cost
+from nnperf.search.plan.rank import RoleCache, layers_of, scaled_cost
 from nnperf.search.plan.results import Planned, TimeSplit, collective_totals, per_step
 from nnperf.trace.options import TraceOptions
 
@@ -40,9 +40,13 @@ def evaluate(request: ModelRequest, options: TraceOptions, execution: Execution,
     """Trace, time and size one layout (``layers``: the depth of a built-in stack, to trace it
     shallow and extrapolate; ``cache``: traced roles shared by a search; ``prune``: a pipeline
     whose first stage alone cannot fit is left at that lower bound, untimed:
-    ``search.plan.pipeline``)."""
+    ``search.plan.pipeline``). A pipeline splits a built-in stack by its depth, so one given
+    no ``layers`` reads it off the model (``layers_of``): traced whole instead, the model's
+    blocks would be split over the three stages its roles are traced on, not its own."""
     execution.validate()  # one line for a layout that cannot run, before any of it is traced
     cache = cache or RoleCache()
+    if execution.pipeline > 1 and layers is None:
+        layers = layers_of(request)
     progress.note(execution.describe())
     if execution.context > 1:
         info = model_info(request, layers)
