@@ -45,6 +45,9 @@ def test_an_end_stage_splits_its_blocks_over_its_chunks():
     ((12, 4, 2, 1, 1), "valid: first = last = 2 (4 in each other stage)"),  # a chunk of each end stage empty
     ((10, 4, 2, 2, 2), "valid: first = last = 3 (2 in each other stage)"),  # none shorter: a longer one named
     ((15, 2), "first = 7, last = 8"),
+    # an odd count over 3+ stages has no equal end stages: the first one block shorter is named
+    ((61, 16, 1, 3, 4), "valid: first = 2, last = 3 (4 in each other stage)"),
+    ((61, 16), "first = 2, last = 3 (4 in each other stage)"),
     # Llama 3 405B's end stages of 7 blocks: 8 chunks a rank leave one empty; 1, 2 or 4 hold them
     ((126, 16, 8, 7, 7), "valid: none; or keep them with --vpp 2, 4 or --schedule 1f1b"),
 ])
@@ -152,3 +155,29 @@ def test_megatrons_1f1b_runs_fewer_micro_batches_than_stages_and_torchs_does_not
     with pytest.raises(UsageError, match="at least as many micro-batches as stages: 2 < 4"):
         Execution(world=8, data="zero1", pipeline=4, pipeline_schedule="interleaved-1f1b", virtual_stages=2,
                   grad_accum=2).validate()
+
+
+def test_the_shard_group_left_out_is_what_the_engine_implies():
+    """A layout written as a source states it ("FSDP beside TP 8 on 992 GPUs") needs no shard
+    group: FSDP shards over every data-parallel rank (992 / 8 = 124), DDP and ZeRO-1 shard
+    nothing; HSDP's group is a choice, so it is asked for in one line."""
+    assert Execution(world=992, data="fsdp", tensor=8).shard == 124
+    assert Execution(world=64, data="fsdp", tensor=2, pipeline=4, pipeline_schedule="1f1b", grad_accum=4).shard == 8
+    assert Execution(world=16, data="zero1", tensor=2).shard == Execution(world=16, data="ddp").shard == 1
+    Execution(world=992, data="fsdp", tensor=8).validate()
+    with pytest.raises(UsageError, match="hsdp shards inside a group and replicates across groups: give its shard"):
+        Execution(world=16, data="hsdp").validate()
+
+
+def test_an_interleaved_schedule_needs_micro_batches_in_equal_rounds():
+    """torch's interleaved 1F1B runs 128 micro-batches on 12 stages as 128 // 12 = 10 rounds,
+    which 128 does not split into (torch refuses it; the plan's replay of its order waited
+    forever): one line naming the counts within a stage's count of it that do: 117 (9 rounds of
+    13), 120 (10 of 12), 130 (10 of 13) and 132 (11 of 12)."""
+    gpt3 = Execution(world=1536, tensor=8, pipeline=12, virtual_stages=4, grad_accum=128)
+    with pytest.raises(UsageError, match=r"128 micro-batches over 12 stages do not split into 10 equal rounds; "
+                                         r"valid near it: 117, 120, 130, 132 \(a multiple of 12"):
+        gpt3.validate()
+    for fine in (120, 130, 132, 12, 13):
+        Execution(world=1536, tensor=8, pipeline=12, virtual_stages=4, grad_accum=fine).validate()
+    Execution(world=1536, tensor=8, pipeline=12, grad_accum=128).validate()  # 1F1B runs any count

@@ -110,7 +110,9 @@ class Execution:
 
     world: int
     data: str = "ddp"  # one of DATA_ENGINES
-    shard: int = 1
+    #: FSDP's (HSDP's) shard group; None: what the engine implies (1 for DDP and ZeRO-1, every
+    #: data-parallel rank for FSDP), so a layout is written as its source states it; HSDP's is given
+    shard: int | None = None
     reshard_after_forward: bool = True  # FSDP2: free gathered parameters after forward
     gpus_per_node: int = 8
     micro_batch: int = 1  # samples per rank per micro-batch
@@ -139,6 +141,9 @@ class Execution:
     loss_fusion: bool = False
 
     def __post_init__(self) -> None:
+        if self.shard is None and self.data in DATA_ENGINES and self.data != "hsdp":
+            full = self.world // self.model_parallel if self.model_parallel > 0 else 1
+            object.__setattr__(self, "shard", 1 if DATA_ENGINES[self.data].replicates_parameters else max(full, 1))
         # a pipeline given no schedule runs the engines' default: 1F1B (Megatron-LM's, and
         # torchtitan's pipeline_parallel_schedule), interleaved where it has virtual stages
         if self.pipeline > 1 and self.pipeline_schedule is None:
@@ -292,6 +297,9 @@ class Execution:
             raise UsageError(f"unknown activation checkpointing {self.checkpoint!r}; valid: {', '.join(CHECKPOINTS)}")
         if self.data not in DATA_ENGINES:
             raise UsageError(f"unknown data parallelism '{self.data}'; valid: {', '.join(DATA_ENGINES)}")
+        if self.shard is None:
+            raise UsageError("hsdp shards inside a group and replicates across groups: give its shard group "
+                             "(shard, 1 < shard < the data-parallel ranks)")
         if self.expert != 1:
             self._validate_expert()
         if self.pipeline > 1:
@@ -304,6 +312,14 @@ class Execution:
             if schedule.name != "gpipe" and self.grad_accum < self.pipeline and not self.runs_short_1f1b:
                 raise UsageError(f"{schedule.name} needs at least as many micro-batches as stages: "
                                  f"{self.grad_accum} < {self.pipeline}")
+            if schedule.multi_chunk and not _whole_rounds(self.grad_accum, self.pipeline):
+                rounds = self.grad_accum // self.pipeline
+                near = [m for m in range(self.grad_accum - self.pipeline, self.grad_accum + self.pipeline + 1)
+                        if m >= self.pipeline and _whole_rounds(m, self.pipeline)]
+                raise UsageError(f"{schedule.name} runs micro-batches in rounds of at least one a stage: "
+                                 f"{self.grad_accum} micro-batches over {self.pipeline} stages do not split into "
+                                 f"{rounds} equal rounds; valid near it: {', '.join(map(str, near))} (a multiple "
+                                 f"of {self.pipeline}, as Megatron-LM's interleaved schedule runs, always is)")
         if self.uneven and self.pipeline == 1:
             raise UsageError("first_stage_layers and last_stage_layers shorten pipeline stages: they need pipeline > 1")
         if self.sequence_parallel and self.tensor < 2:
@@ -430,6 +446,14 @@ class Execution:
         return [("pipeline", self.pipeline), *dims, ("tensor", self.tensor)]
 
 
+def _whole_rounds(micro: int, pipeline: int) -> bool:
+    """torch's interleaved schedules (``ScheduleInterleaved1F1B``, ``ScheduleInterleavedZeroBubble``)
+    run ``micro // pipeline`` rounds of equally many micro-batches and refuse a count that does
+    not split so: the schedules the plan replays are theirs (``schedule_order``), which, given
+    such a count, never finish (every rank waiting on another)."""
+    return micro % max(1, micro // pipeline) == 0
+
+
 def split_layers(layers: int, pipeline: int, virtual: int = 1, first: int | None = None,
                  last: int | None = None) -> tuple[int, ...]:
     """The blocks of each of the ``pipeline x virtual`` model chunks, in model order (chunk ``c``
@@ -514,14 +538,21 @@ def _end_stages(layers: int, pipeline: int, virtual: int, first: int | None,
 
 
 def _uneven_examples(layers: int, pipeline: int, virtual: int = 1) -> str:
-    """Shortened first and last stages (both the same) that split ``layers`` over ``pipeline``
-    stages of ``virtual`` chunks, the least shortened first."""
+    """Shortened first and last stages that split ``layers`` over ``pipeline`` stages of
+    ``virtual`` chunks, the least shortened first: both the same where any such split exists,
+    else the first one block shorter than the last (it also holds the embedding), as an odd
+    count needs (DeepSeek-V3's 61 blocks over 16 stages: 2 and 3, 4 in each other stage)."""
     if pipeline == 2:
         half = layers // 2
         return f"first = {half}, last = {layers - half}" if half >= virtual else ""
-    shorter, longer = [], []
-    for k in range(virtual, layers):
-        if layers - 2 * k > 0 and (layers - 2 * k) % ((pipeline - 2) * virtual) == 0:
-            middle = (layers - 2 * k) // (pipeline - 2)
-            (shorter if middle >= k else longer).append(f"first = last = {k} ({middle} in each other stage)")
-    return "; ".join(shorter[-3:][::-1] or longer[:3])
+    for gap in (0, 1):
+        shorter, longer = [], []
+        for k in range(virtual, layers):
+            rest = layers - 2 * k - gap
+            if rest > 0 and rest % ((pipeline - 2) * virtual) == 0:
+                middle = rest // (pipeline - 2)
+                named = f"first = last = {k}" if gap == 0 else f"first = {k}, last = {k + gap}"
+                (shorter if middle >= k + gap else longer).append(f"{named} ({middle} in each other stage)")
+        if shorter or longer:
+            return "; ".join(shorter[-3:][::-1] or longer[:3])
+    return ""
