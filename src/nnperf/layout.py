@@ -141,9 +141,12 @@ class Execution:
     loss_fusion: bool = False
 
     def __post_init__(self) -> None:
-        if self.shard is None and self.data in DATA_ENGINES and self.data != "hsdp":
-            full = self.world // self.model_parallel if self.model_parallel > 0 else 1
-            object.__setattr__(self, "shard", 1 if DATA_ENGINES[self.data].replicates_parameters else max(full, 1))
+        engine = DATA_ENGINES.get(self.data)
+        if self.shard is None and engine is not None and len(engine.mesh) == 1:
+            # one mesh dimension implies the group: DDP and ZeRO-1 shard nothing, FSDP over
+            # every data-parallel rank; HSDP's shard group, beside its replicas, is a choice
+            every_rank = max(self.world // max(self.model_parallel, 1), 1)
+            object.__setattr__(self, "shard", 1 if engine.replicates_parameters else every_rank)
         # a pipeline given no schedule runs the engines' default: 1F1B (Megatron-LM's, and
         # torchtitan's pipeline_parallel_schedule), interleaved where it has virtual stages
         if self.pipeline > 1 and self.pipeline_schedule is None:
