@@ -10,8 +10,8 @@ maps followed by a reduction; FLOPs per element are listed in ``LOSS_FLOPS`` (fo
 
 from __future__ import annotations
 
-import nnperf.trace.loss
-import nnperf.trace.parallel.fused_vocab_parallel_loss  # noqa: F401  (and Megatron-Core's fused loss)
+import nnperf.trace.loss  # defines the nnperf:: ops registered below
+import nnperf.trace.parallel.fused_vocab_parallel_loss  # noqa: F401  (and Megatron-Core's fused loss's)
 from nnperf.passes.costs.common import bind, distinct, footprint, read_args, touched
 from nnperf.passes.costs.registry import REDUCTION, OpCost, register, written_args
 from nnperf.trace.events import OpEvent, TensorMeta
