@@ -228,10 +228,24 @@ def test_a_model_whose_first_block_is_dense_offers_expert_parallelism():
     assert fsdp[4]["collectives"]["all_to_all"] == {"count": 2 * 5, "bytes": 2 * (4 * 8 + 4 * rows)}
 
 
-def test_latent_attention_has_no_tensor_parallel_plan():
-    result = CliRunner().invoke(cli, [*DEEPSEEK, "-O", "n_experts=0", "--tp", "2"])
-    assert result.exit_code == 2, result.output
-    assert "multi-head latent attention" in result.output and len(result.output.strip().splitlines()) == 1
+def test_latent_attention_and_shared_experts_split_over_tensor_ranks():
+    """DeepSeek's blocks with TP 2 (Megatron-Core's split, sequence parallel) and ZeRO-1 over
+    the 2 data-parallel ranks, no expert parallelism: each rank's fp32 parameters counted by
+    hand. Per block's latent attention: wq 4 heads x (32 + 16) x 128 and wkv_b 4 x (32 + 32) x
+    64 split by heads, wo 128 x 128 by its input, wkv_a (64 + 16) x 128 and kv_norm 64 whole;
+    block 0's SwiGLU 3 x 256 x 128 split; blocks 1-2: the router 4 x 128 whole, 4 experts of 3 x
+    64 x 128 and the shared experts' SwiGLU (2 x 64 wide) 3 x 128 x 128 split; norms whole
+    (2 a block and the final one, 128); embedding and output 512 x 128 split by vocabulary."""
+    result = CliRunner().invoke(cli, [*DEEPSEEK, "--tp", "2", "--data", "zero1", "--ep", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    layout = json.loads(result.output)["ranked"][0]
+    assert layout["execution"]["tensor"] == 2 and layout["execution"]["sequence_parallel"]
+    attention = (4 * 48 * 128 + 4 * 64 * 64 + 128 * 128) // 2 + 80 * 128 + 64
+    dense = 3 * 256 * 128 // 2
+    moe = 4 * 128 + (4 * 3 * 64 * 128 + 3 * 128 * 128) // 2
+    norms = 2 * 128 * 3 + 128
+    vocabulary = 2 * 512 * 128 // 2
+    assert layout["per_rank_state_bytes"]["parameters"] == 4 * (3 * attention + dense + 2 * moe + norms + vocabulary)
 
 
 def test_more_leading_dense_blocks_than_a_shallow_trace_holds_is_one_line():

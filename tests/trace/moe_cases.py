@@ -10,10 +10,13 @@ from nnperf.trace.routing import assigned_experts
 from nnperf.zoo.moe import MoE
 
 
-def steered_moe(dim: int, hidden: int, experts: int, top_k: int) -> MoE:
-    """A MoE layer whose gate row e reads input feature e: a token's large features pick its experts."""
+def steered_moe(dim: int, hidden: int, experts: int, top_k: int, shared_hidden: int = 0) -> MoE:
+    """A MoE layer whose gate row e reads input feature e: a token's large features pick its
+    experts; ``shared_hidden``: with shared experts (DeepSeek's) of that SwiGLU width."""
+    from nnperf.zoo.llama import FeedForward
+
     torch.manual_seed(0)
-    model = MoE(dim, hidden, experts, top_k)
+    model = MoE(dim, hidden, experts, top_k, FeedForward(dim, shared_hidden) if shared_hidden else None)
     with torch.no_grad():
         model.gate.weight.copy_(torch.eye(experts, dim))
     return model

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 if TYPE_CHECKING:
     from torch.nn.attention.flex_attention import BlockMask
 
-from nnperf.errors import ModelOptionError, UsageError
+from nnperf.errors import ModelOptionError
 from nnperf.trace.parallel.pipeline import PipelineSplit
 from nnperf.trace.parallel.tensor import TensorParallelPlan, gather_input, logits_layout, styles
 from nnperf.workload import Workload
@@ -146,12 +146,14 @@ class Attention(nn.Module):
         return self.wo(merge_heads(attention(q, k, v, causal=True, block_mask=block_mask)))
 
 
-def own_block_mask(flex_doc_len: int | None, given: BlockMask | None, x: Tensor) -> BlockMask | None:
+def own_block_mask(flex_doc_len: int | None, given: BlockMask | None, like: Tensor, seq: int | None = None
+                   ) -> BlockMask | None:
     """The block mask an attention layer attends with: the model's, else (a pipeline stage runs
-    the layers without the model's forward) its own; None for SDPA."""
+    the layers without the model's forward) its own over ``seq`` tokens (``like.shape[1]`` by
+    default) on ``like``'s device; None for SDPA."""
     if flex_doc_len is None or given is not None:
         return given
-    return causal_block_mask(x.shape[1], flex_doc_len, x.device)
+    return causal_block_mask(like.shape[1] if seq is None else seq, flex_doc_len, like.device)
 
 
 class FeedForward(nn.Module):
@@ -249,13 +251,8 @@ class Llama(nn.Module):
 
     def tensor_parallel_plan(self) -> TensorParallelPlan:
         """torchtitan's ``apply_tp`` for Llama (``_tensor_parallel``), its mixture-of-experts
-        layers split as Megatron-Core splits them (``trace.parallel.expert_tensor``); none for
-        multi-head latent attention."""
-        from .mla import MultiHeadLatentAttention
-
-        if any(isinstance(m, MultiHeadLatentAttention) for m in self.modules()):
-            raise UsageError("tensor parallelism of multi-head latent attention (DeepSeek's) has no plan here; "
-                             "use data, pipeline or expert parallelism")
+        layers split as Megatron-Core splits them (``trace.parallel.expert_tensor``) and
+        multi-head latent attention as Megatron-Core splits it (``zoo.mla.tensor_parallel``)."""
         return TensorParallelPlan("llama", _tensor_parallel, _split_sizes)
 
     def pipeline_split(self) -> PipelineSplit:
@@ -278,7 +275,9 @@ class Llama(nn.Module):
 def _split_sizes(c: dict[str, Any]) -> dict[str, int]:
     """The sizes a tensor-parallel degree must divide: heads, the feed-forward's hidden size
     and the experts'."""
-    sizes = {"n_heads": c["n_heads"], "n_kv_heads": c["n_kv_heads"], "ffn_hidden": c["ffn_hidden"]}
+    sizes = {"n_heads": c["n_heads"], "ffn_hidden": c["ffn_hidden"]}
+    if not c.get("kv_lora"):  # latent attention's keys and values are per query head
+        sizes["n_kv_heads"] = c["n_kv_heads"]
     if c.get("n_experts") and c.get("moe_hidden"):
         sizes["moe_hidden"] = c["moe_hidden"]
     return sizes
@@ -291,21 +290,28 @@ def _tensor_parallel(model: nn.Module, mesh: Any, sp: bool, loss_parallel: bool)
 
     from nnperf.trace.parallel.expert_tensor import split_moe
 
+    from .mla import MultiHeadLatentAttention
+    from .mla import tensor_parallel as latent_attention_plan
+
     Replicate, Shard, Colwise, Rowwise, SequenceParallel, *_ = styles()
     seq = Shard(1) if sp else Replicate()
     for layer in model.layers:
-        plan: dict[str, Any] = {
-            "attention.wq": Colwise(), "attention.wk": Colwise(), "attention.wv": Colwise(),
-            "attention.wo": Rowwise(output_layouts=seq),
-        }
+        latent = isinstance(layer.attention, MultiHeadLatentAttention)
+        if latent:
+            plan: dict[str, Any] = {f"attention.{name}": style
+                                    for name, style in latent_attention_plan(layer.attention, sp).items()}
+        else:
+            plan = {"attention.wq": Colwise(), "attention.wk": Colwise(), "attention.wv": Colwise(),
+                    "attention.wo": Rowwise(output_layouts=seq)}
         moe = getattr(layer, "moe", None)
         if moe is None:
             plan.update({"feed_forward.w1": Colwise(), "feed_forward.w2": Rowwise(output_layouts=seq)})
             if isinstance(layer.feed_forward, FeedForward):  # the gate (SwiGLU's w3)
                 plan["feed_forward.w3"] = Colwise()
         if sp:
-            plan.update({"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel(),
-                         "attention": gather_input()})
+            plan.update({"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel()})
+            if not latent:  # latent attention gathers its latents, not the hidden state
+                plan["attention"] = gather_input()
             if moe is None:
                 plan["feed_forward"] = gather_input()
         if moe is not None:

@@ -26,11 +26,12 @@ from nnperf.zoo.moe import MoE
 pytestmark = pytest.mark.process
 
 TP = 2
-DIM, HIDDEN, EXPERTS, TOP_K, SHARD_TOKENS = 16, 32, 8, 2, 6
+DIM, HIDDEN, EXPERTS, TOP_K, SHARD_TOKENS, SHARED = 16, 32, 8, 2, 6, 24
 
 
 def _model() -> MoE:
-    return steered_moe(DIM, HIDDEN, EXPERTS, TOP_K)
+    """With shared experts (DeepSeek's), split as a dense SwiGLU is."""
+    return steered_moe(DIM, HIDDEN, EXPERTS, TOP_K, SHARED)
 
 
 def _tokens() -> torch.Tensor:
@@ -50,8 +51,8 @@ def _worker(rank: int) -> dict:
     model, whole = _model(), _model()
     split_moe(model, mesh, sequence_parallel=True)
     apply_experts(model, 1, None)
-    x = _tokens()
-    mine = x.chunk(TP, dim=1)[rank]
+    x = _tokens().requires_grad_()
+    mine = x.detach().chunk(TP, dim=1)[rank].requires_grad_()
     seen = SeenCollectives(functional=True)
     with seen:
         out = model(DTensor.from_local(mine, mesh, [Shard(1)], run_check=False))
@@ -59,19 +60,26 @@ def _worker(rank: int) -> dict:
         out.sum().backward()
     reference = whole(x)
     reference.sum().backward()
+    expected_input_grad = x.grad.chunk(TP, dim=1)[rank]
     width = HIDDEN // TP
     slices = {"w1": (1, rank * width), "w3": (1, rank * width), "w2": (2, rank * width)}
     gate_placement = str(model.gate.weight.grad.placements[0])
-    grad_error = {"gate": float((model.gate.weight.grad.full_tensor() - whole.gate.weight.grad).abs().max()
+    grad_error = {"input": float((mine.grad - expected_input_grad).abs().max() / expected_input_grad.abs().max()),
+                  "gate": float((model.gate.weight.grad.full_tensor() - whole.gate.weight.grad).abs().max()
                                 / whole.gate.weight.grad.abs().max())}
     for name, (dim, start) in slices.items():
         expected = getattr(whole.experts, name).grad.narrow(dim, start, width)
         got = getattr(model.experts, name).grad.to_local()
         grad_error[name] = float((got - expected).abs().max() / expected.abs().max())
+    for name in ("w1", "w2", "w3"):
+        expected = getattr(whole.shared_expert, name).weight.grad
+        got = getattr(model.shared_expert, name).weight.grad.full_tensor()
+        grad_error[f"shared {name}"] = float((got - expected).abs().max() / expected.abs().max())
     expected_out = reference.detach().chunk(TP, dim=1)[rank]
     return {"output_error": float((output - expected_out).abs().max() / expected_out.abs().max()),
             "grad_error": grad_error, "collectives": seen.seen, "gate_placement": gate_placement,
-            "expert_shape": tuple(model.experts.w1.to_local().shape)}
+            "expert_shape": tuple(model.experts.w1.to_local().shape),
+            "shared_shapes": [tuple(getattr(model.shared_expert, n).weight.to_local().shape) for n in ("w1", "w3", "w2")]}
 
 
 @pytest.fixture(scope="module")
@@ -86,18 +94,25 @@ def test_split_layer_computes_what_the_whole_layer_does(real_runs):
         # relative step is 2^-8); the experts' own gradients are exact
         assert result["output_error"] < 2 ** -7
         assert result["grad_error"]["gate"] < 2 ** -7
+        assert result["grad_error"]["input"] < 2 ** -7
         assert max(result["grad_error"][w] for w in ("w1", "w2", "w3")) < 1e-6, result["grad_error"]
+        assert max(result["grad_error"][f"shared {w}"] for w in ("w1", "w2", "w3")) < 1e-5, result["grad_error"]
         assert result["expert_shape"] == (EXPERTS, HIDDEN // TP, DIM)
+        assert result["shared_shapes"] == [(SHARED // TP, DIM), (SHARED // TP, DIM), (DIM, SHARED // TP)]
 
 
 def test_collectives_by_hand(real_runs):
-    """Forward: the rows all-gathered from both ranks, the partial outputs reduce-scattered
-    back (tokens x k rows of DIM fp32 per rank); backward: the reverse of each. The router saw
-    only this rank's tokens: its gradient is a partial sum, reduced over the tensor-parallel
-    ranks where the other sequence-parallel weights' are (a traced layout's step, below)."""
+    """Forward: the routed rows all-gathered from both ranks, their partial outputs
+    reduce-scattered back (tokens x k rows of DIM fp32 per rank), then the shared experts'
+    input gathered (both shards' tokens) and their output reduce-scattered; backward: the
+    reverse of each, the shared experts' first (they ran last). The router saw only this rank's
+    tokens: its gradient is a partial sum, reduced over the tensor-parallel ranks where the
+    other sequence-parallel weights' are (a traced layout's step, below)."""
     rows = SHARD_TOKENS * TOP_K * DIM * 4
-    assert real_runs[0]["collectives"] == [("all_gather", 2 * rows), ("reduce_scatter", 2 * rows),
-                                           ("all_gather", 2 * rows), ("reduce_scatter", 2 * rows)]
+    tokens = TP * SHARD_TOKENS * DIM * 4
+    routed, shared = [("all_gather", 2 * rows), ("reduce_scatter", 2 * rows)], [("all_gather", tokens),
+                                                                                ("reduce_scatter", tokens)]
+    assert real_runs[0]["collectives"] == routed + shared + shared + routed
     assert real_runs[0]["gate_placement"] == "P(sum)"  # Partial(sum)
 
 

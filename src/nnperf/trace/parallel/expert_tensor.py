@@ -13,7 +13,9 @@ the default before ``--expert-tensor-parallel-size``):
   every row its tensor-parallel peers received, regrouped by local expert; combine: the
   experts' partial outputs reduce-scattered over the tensor-parallel group, then the reverse
   all-to-all (the dispatcher's "permute, A2A(EP), AG(TP), sort" and "sort, RS(TP), A2A(EP),
-  unpermute").
+  unpermute");
+- shared experts (DeepSeek's) are a dense SwiGLU beside the routed ones, split as one
+  (``split_shared_expert``).
 
 Where the expert degree does not divide the data-parallel ranks but folds over the
 tensor-parallel ones (``Execution.folds_experts``: Megatron-Core's MoE parallel folding with an
@@ -64,8 +66,7 @@ def split_moe(moe: nn.Module, mesh: Any, sequence_parallel: bool) -> None:
         raise UsageError("a mixture of experts with tensor parallelism needs sequence parallelism, as "
                          "Megatron-Core requires (--sequence-parallel): each rank routes its sequence shard")
     if moe.shared_expert is not None:
-        raise UsageError("shared experts with tensor parallelism are not modelled; use --tp 1 with expert "
-                         "parallelism (--ep)")
+        split_shared_expert(moe.shared_expert, mesh)
     experts = moe.experts
     hidden = experts.w1.shape[1]
     whole = experts in WHOLE_EXPERTS
@@ -93,6 +94,29 @@ def split_moe(moe: nn.Module, mesh: Any, sequence_parallel: bool) -> None:
     # the row-parallel linears of the blocks return theirs
     parallelize_module(moe, mesh, PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),),
                                                      use_local_output=True))
+
+
+def split_shared_expert(shared: nn.Module, mesh: Any) -> None:
+    """The shared experts' SwiGLU (a ``zoo.llama.FeedForward`` on the layer's rows) split as a
+    dense block's, as Megatron-Core's ``SharedExpertMLP`` (an ``MLP``) is: the rank's rows of its
+    sequence shard all-gathered, ``w1``/``w3`` by output columns, ``w2`` by input rows, its
+    output reduce-scattered back to the rank's rows."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    hidden = shared.w1.out_features
+    if hidden % mesh.size():
+        raise UsageError(f"tensor parallel degree {mesh.size()} does not divide the shared experts' hidden "
+                         f"size {hidden}")
+    parallelize_module(shared, mesh, PrepareModuleInput(input_layouts=(Shard(0),), desired_input_layouts=(Replicate(),),
+                                                        use_local_output=False))
+    parallelize_module(shared, mesh, {"w1": ColwiseParallel(), "w3": ColwiseParallel(),
+                                      "w2": RowwiseParallel(output_layouts=Shard(0))})
 
 
 def gather_rows(rows: torch.Tensor, mesh: Any) -> torch.Tensor:
