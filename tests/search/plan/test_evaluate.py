@@ -4,6 +4,8 @@ is refused for every caller, and its shortened first and last stages are modelle
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -43,6 +45,54 @@ def test_an_interleaved_end_stage_holds_its_blocks_in_each_of_its_chunks():
     uneven = Execution(world=4, pipeline=4, pipeline_schedule="interleaved-1f1b", virtual_stages=2, micro_batch=1,
                        grad_accum=4, first_stage_layers=4, last_stage_layers=4)
     assert _parameter_bytes_per_rank(uneven, 20) == _expected_bytes(20, (4, 6, 6, 4))
+
+
+DEEPSEEK = {"n_layer": 6, "n_dense_layers": 3, "dim": 64, "n_heads": 4, "kv_lora": 32, "qk_nope_dim": 16,
+            "qk_rope_dim": 8, "v_head_dim": 16, "ffn_hidden": 128, "n_experts": 4, "top_k": 2, "moe_hidden": 32,
+            "vocab": 128}
+
+
+def _deepseek_bytes_per_rank(execution: Execution, layers: int) -> tuple[dict[int, float], Any, int, int]:
+    """The plan's parameter bytes of each rank of a DeepSeek of ``layers`` blocks (3 dense, EP 2
+    over the 2 data-parallel ranks), the model, and a dense and an expert block's fp32 bytes on
+    one rank (half of the experts)."""
+    request = ModelRequest("deepseek-v3-16b", batch=3, seq_len=32, overrides={**DEEPSEEK, "n_layer": layers})
+    planned = evaluate(request, OPTIONS, execution, GPU, CLUSTER, layers=layers, cache=RoleCache())
+    with torch.device("meta"):
+        model = get_model("deepseek-v3-16b").build(batch=1, seq_len=32, **{**DEEPSEEK, "n_layer": layers}).model
+    dense = _size(model.layers[0])
+    moe = _size(model.layers[-1]) - _size(model.layers[-1].moe.experts) // 2
+    return planned.pipeline.parameter_bytes_per_rank, model, dense, moe
+
+
+def _size(*modules) -> int:
+    return 4 * sum(p.numel() for m in modules for p in m.parameters())
+
+
+def test_a_pipeline_rank_of_dense_blocks_only_plans_expert_parallelism():
+    """DeepSeek-V3's 3 dense blocks before its experts, 6 blocks on 3 stages (traced whole):
+    rank 0 holds the embedding and 2 dense blocks, rank 1 a dense and an expert block, rank 2
+    two expert blocks, the final norm and the head. Rank 0 has no experts of its own: expert
+    parallelism was refused there as "needs a mixture-of-experts model"."""
+    execution = Execution(world=6, data="zero1", pipeline=3, pipeline_schedule="1f1b", expert=2, micro_batch=1,
+                          grad_accum=3)
+    per_rank, model, dense, moe = _deepseek_bytes_per_rank(execution, 6)
+    assert per_rank == {0: _size(model.tok_embeddings) + 2 * dense, 1: dense + moe,
+                        2: 2 * moe + _size(model.norm, model.output)}
+
+
+def test_leading_dense_blocks_stay_in_the_first_chunk_of_a_shallow_trace():
+    """8 blocks on 2 stages x 2 chunks of 2, planned from a trace of 3 chunks of 2 blocks (its
+    roles): that trace keeps 2 of the 3 dense blocks, those of the first chunk, so its middle
+    chunk stands for the expert chunks of a deep stack (DeepSeek-V3 671B's 30 of 31 on 8 x 4
+    chunks) instead of holding a dense block it would push there, or, for chunks of 1 block, no
+    experts in the trace at all. Rank 0 (chunks 0 and 2: 2 dense, then 2 expert blocks) is
+    exact; rank 1's chunk of a dense and an expert block is planned as 2 expert blocks."""
+    execution = Execution(world=4, data="zero1", pipeline=2, pipeline_schedule="interleaved-1f1b", virtual_stages=2,
+                          expert=2, micro_batch=1, grad_accum=2)
+    per_rank, model, dense, moe = _deepseek_bytes_per_rank(execution, 8)
+    assert per_rank == {0: _size(model.tok_embeddings) + 2 * dense + 2 * moe,
+                        1: 4 * moe + _size(model.norm, model.output)}
 
 
 def _parameter_bytes_per_rank(execution: Execution, layers: int) -> dict[int, float]:

@@ -431,6 +431,19 @@ class RoleCache:
         self.traces += len(made)
 
 
+def shallow_overrides(overrides: dict[str, Any], per_chunk: int, chunks: int) -> dict[str, Any]:
+    """A shallow trace's model options: ``per_chunk`` blocks in each of ``chunks`` chunks. Leading
+    dense blocks (DeepSeek's ``n_dense_layers``) sit in the first chunk, at most ``per_chunk`` of
+    them: the traced chunks after it stand for the expert chunks of the deep model, not for the
+    dense ones a shallow stack would push into them (DeepSeek-V3's 3 dense blocks over chunks of
+    1 and 2 blocks would leave the trace no expert block at all). Without a pipeline, every dense
+    block stays (a trace of ``per_chunk`` >= 3 blocks holds them)."""
+    shallow = {**overrides, "n_layer": per_chunk * chunks}
+    if "n_dense_layers" in overrides:
+        shallow["n_dense_layers"] = min(overrides["n_dense_layers"], per_chunk)
+    return shallow
+
+
 def scaled_cost(request: ModelRequest, options: TraceOptions, execution: Execution, gpu: GPU,
                 cluster: Cluster, rank: int, layers: int | None, cache: RoleCache | None = None,
                 prepare: Callable[[Any], Any] | None = None, per_chunk: int | None = None) -> RankCost:
@@ -442,7 +455,7 @@ def scaled_cost(request: ModelRequest, options: TraceOptions, execution: Executi
     key = (repr(request), options, execution, gpu.id, cluster.id)
 
     def at(k: int | None) -> RankCost:
-        req = request if k is None else replace(request, overrides={**request.overrides, "n_layer": k * chunks})
+        req = request if k is None else replace(request, overrides=shallow_overrides(request.overrides, k, chunks))
         return cache.get((*key, rank, k), lambda: rank_cost(req, options, execution, gpu, cluster, rank, prepare))
 
     if per_chunk is None and layers:

@@ -40,10 +40,14 @@ def apply_layout(workload: Workload, execution: Execution, options: TraceOptions
     under (loss parallelism); ``real``: a real process group (``measure.distributed``), where
     DDP runs as users run it, not with the fake process group's steady-state reducer and hook."""
     from nnperf.trace.parallel.data import apply_data_parallel
+    from nnperf.trace.parallel.expert import has_experts
 
     tp_mesh, dp_mesh, pp_mesh, ep_mesh, experts_dp_mesh = meshes
+    # the model's experts, though a shallow trace or a pipeline rank's blocks may hold none (DeepSeek's
+    # leading dense blocks)
+    experts = workload.info.get("config", {}).get("n_experts") or has_experts(workload.model)
     with _rank_blocks(workload.model, execution, pp_mesh):
-        split_experts = execution.tensor > 1 and _has_experts(workload.model)
+        split_experts = execution.tensor > 1 and bool(has_experts(workload.model))
         if split_experts and not execution.carries_split_experts:
             raise UsageError("a mixture of experts with tensor parallelism is modelled as Megatron-LM runs it, "
                              f"with --data ddp or zero1 ({execution.data} is torchtitan's, whose expert tensor "
@@ -79,7 +83,7 @@ def apply_layout(workload: Workload, execution: Execution, options: TraceOptions
         if execution.expert > 1 or split_experts:
             from nnperf.trace.parallel.expert import apply_experts
 
-            apply_experts(workload.model, execution.expert, ep_mesh)
+            apply_experts(workload.model, execution.expert, ep_mesh, experts)
     if prepare is not None:
         prepare(workload)
     parts = [workload.model]
@@ -103,12 +107,6 @@ def apply_layout(workload: Workload, execution: Execution, options: TraceOptions
     apply_data_parallel(workload, parts, execution, options.amp, dp_mesh, units, real, tp_mesh,
                         experts_mesh=experts_dp_mesh, expert_mesh=ep_mesh)
     return workload
-
-
-def _has_experts(model: nn.Module) -> bool:
-    from nnperf.trace.parallel.expert import has_experts
-
-    return bool(has_experts(model))
 
 
 def _rank_blocks(model: nn.Module, execution: Execution, pp_mesh: Any) -> Any:

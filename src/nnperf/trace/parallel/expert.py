@@ -246,10 +246,12 @@ def _assume_symmetric(received: Tensor, sent: Tensor, ep: int, rank: int) -> Ten
     return received
 
 
-def apply_experts(model: nn.Module, expert: int, mesh: Any | None) -> None:
+def apply_experts(model: nn.Module, expert: int, mesh: Any | None, experts: int | None = None) -> None:
     """Expert parallelism ``expert`` over ``mesh`` (the expert group; 1 and None: none, the
-    dispatch of experts split over the tensor-parallel group only)."""
-    experts = has_experts(model)
+    dispatch of experts split over the tensor-parallel group only). ``experts``: the whole
+    model's expert count where ``model`` shows a pipeline rank's blocks only (a rank holding
+    DeepSeek's leading dense blocks alone has none of its own, and nothing to split)."""
+    experts = has_experts(model) if experts is None else experts
     if expert > 1 and not experts:
         raise UsageError(f"expert parallelism ({expert}) needs a mixture-of-experts model; this one has no "
                          "experts (zoo: mixtral-8x7b, or llama-7b -O n_experts=N)")
