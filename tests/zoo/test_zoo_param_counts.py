@@ -36,6 +36,14 @@ PUBLISHED = {
     "deepseek-v3-16b": 27 * (2048 * 16 * 192 + 2048 * 576 + 512 + 512 * 16 * 256 + 16 * 128 * 2048 + 2 * 2048)
     + 3 * 2048 * 10944 + 26 * (2048 * 64 + 64 * 3 * 2048 * 1408 + 3 * 2048 * 2816)
     + 2 * 102400 * 2048 + 2048,
+    # DeepSeek-V3 (its config.json): 61 blocks of d 7168 with latent attention (128 heads: q 7168
+    # -> 1536, norm 1536, 1536 -> 128 x 192; kv 7168 -> 512 + 64, norm 512, 512 -> 128 x 256; out
+    # 128 x 128 -> 7168), 3 dense SwiGLU 18432 then 58 MoE blocks (router 7168 x 256, 256 experts
+    # of SwiGLU 2048, one shared of 2048), vocab 129280, untied head; the technical report's 671B
+    # (its multi-token-prediction module apart)
+    "deepseek-v3": 61 * (7168 * 1536 + 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 + 512 * 128 * 256
+                         + 128 * 128 * 7168 + 2 * 7168)
+    + 3 * 3 * 7168 * 18432 + 58 * (7168 * 256 + 257 * 3 * 7168 * 2048) + 2 * 129280 * 7168 + 7168,
     # Llama 2 and 3 as Hugging Face publishes them (model.safetensors.index.json "total_size" over
     # 2 bytes): meta-llama/Llama-2-70b-hf, Meta-Llama-3-8B, Meta-Llama-3-70B, Llama-3.1-405B
     "llama2-70b": 68_976_648_192,

@@ -15,13 +15,13 @@ EXPECTED_BATCH = {
     "convnext_tiny": 64, "vit_b_16": 64, "bert-base": 32, "bert-large": 32, "bert-large-squad": 32,
     "gpt2": 8, "gpt2-medium": 8, "gpt2-large": 8, "gpt2-xl": 8, "gpt3-175b": 1, "mt-nlg-530b": 1,
     "bloom-176b": 1, "llama-7b": 1, "llama2-70b": 1, "llama3-8b": 1, "llama3-70b": 1, "llama3.1-405b": 1,
-    "nemotron4-340b": 1, "mixtral-8x7b": 1, "deepseek-v3-16b": 1,
+    "nemotron4-340b": 1, "mixtral-8x7b": 1, "deepseek-v3-16b": 1, "deepseek-v3": 1,
 }  # fmt: skip
 EXPECTED_SEQ = {"bert-base": 128, "bert-large": 128, "bert-large-squad": 384, "gpt2": 1024,
                 "gpt2-medium": 1024, "gpt2-large": 1024, "gpt2-xl": 1024, "gpt3-175b": 2048, "mt-nlg-530b": 2048,
                 "bloom-176b": 2048, "llama-7b": 4096, "llama2-70b": 4096, "llama3-8b": 8192, "llama3-70b": 8192,
                 "llama3.1-405b": 8192, "nemotron4-340b": 4096, "mixtral-8x7b": 4096,
-                "deepseek-v3-16b": 4096}  # fmt: skip
+                "deepseek-v3-16b": 4096, "deepseek-v3": 4096}  # fmt: skip
 
 
 def test_names_and_defaults() -> None:
@@ -144,6 +144,6 @@ def test_presets_are_the_published_models_left_out_of_single_gpu_plans() -> None
     from nnperf.zoo import PRESETS
 
     expected = {"gpt3-175b", "mt-nlg-530b", "bloom-176b", "llama2-70b", "llama3-8b", "llama3-70b", "llama3.1-405b",
-                "nemotron4-340b"}
+                "nemotron4-340b", "deepseek-v3"}
     assert set(PRESETS) == expected
     assert [s.name for s in list_models(presets=False)] == [n for n in MODELS if n not in PRESETS]

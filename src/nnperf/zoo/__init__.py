@@ -51,11 +51,13 @@ _ORDER: list[ModelSpec] = [
     *llama.PUBLISHED_SPECS,
     llama.MIXTRAL,
     deepseek.SPEC,
+    *deepseek.PUBLISHED_SPECS,
 ]
 
 MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in _ORDER}
-#: The published models at their shapes (``zoo._spec.Preset``), on the gpt2 and llama families' classes.
-PRESETS = frozenset(p.name for p in (*gpt2.PUBLISHED, *llama.PUBLISHED))
+#: The published models at their shapes (``zoo._spec.Preset``), on the gpt2, llama and deepseek
+#: families' classes.
+PRESETS = frozenset(p.name for p in (*gpt2.PUBLISHED, *llama.PUBLISHED, *deepseek.PUBLISHED))
 
 
 def _key(name: str) -> str:

@@ -24,7 +24,7 @@ from typing import Any
 
 from nnperf.workload import Workload
 
-from ._spec import ModelSpec
+from ._spec import ModelSpec, Preset
 from .llama import ATTENTION_OPTIONS, _build
 
 DEFAULTS: dict[str, Any] = {
@@ -73,6 +73,34 @@ def build(batch: int | None = None, seq_len: int | None = None, **overrides: Any
     return _build("deepseek-v3-16b", DEFAULTS, batch, seq_len, overrides, fixed=ROUTER)
 
 
+#: DeepSeek-V3 as published (deepseek-ai/DeepSeek-V3 config.json; DeepSeek-AI 2024, "DeepSeek-V3
+#: Technical Report", section 4.2): 61 blocks of 7168, latent attention with 128 heads (query
+#: latent 1536, key/value latent 512, heads of 128 + 64 rotary and values of 128), 3 dense blocks
+#: of SwiGLU 18432, then 256 routed experts of 2048, 8 a token, and 1 shared; vocabulary 129280,
+#: untied: 671B parameters. Not modelled: its multi-token-prediction module (14B parameters, one
+#: more block and output head), and its router's sigmoid scores chosen in groups (the 16B
+#: flavor's softmax router stands in, its top-k scores renormalized as V3's are: element-wise work
+#: on 256 scores a token).
+PUBLISHED = (
+    Preset("deepseek-v3", {"n_layer": 61, "n_dense_layers": 3, "dim": 7168, "n_heads": 128, "q_lora": 1536,
+                           "kv_lora": 512, "ffn_hidden": 18432, "n_experts": 256, "top_k": 8, "moe_hidden": 2048,
+                           "n_shared_experts": 1, "vocab": 129280}, 4096,
+           "DeepSeek-V3 671B (61 layers, 3 dense, d=7168, latent attention 128 heads, 256 experts top-8 + 1 "
+           "shared), 4096 tokens, vocab 129280"),
+)
+PUBLISHED_ROUTER: dict[str, Any] = {**ROUTER, "renormalize": True}
+
+
+def _published(preset: Preset):
+    """The builder of a published model: this architecture with the preset's options."""
+    def build(batch: int | None = None, seq_len: int | None = None, **overrides: Any) -> Workload:
+        return _build(preset.name, {**DEFAULTS, **preset.options}, batch, seq_len, overrides,
+                      fixed=PUBLISHED_ROUTER, default_seq=preset.seq)
+
+    build.__doc__ = f"{preset.name}: token ids (batch, seq), next-token cross entropy over the vocabulary."
+    return build
+
+
 SPEC = ModelSpec(
     name="deepseek-v3-16b",
     summary="DeepSeek-V3 architecture at 16B (torchtitan): latent attention, 64 experts top-6 + 2 shared, "
@@ -84,3 +112,5 @@ SPEC = ModelSpec(
     options=OPTIONS,
     build=build,
 )
+
+PUBLISHED_SPECS = [p.spec(OPTIONS, _published(p)) for p in PUBLISHED]
