@@ -151,6 +151,8 @@ class Execution:
         # torchtitan's pipeline_parallel_schedule), interleaved where it has virtual stages
         if self.pipeline > 1 and self.pipeline_schedule is None:
             object.__setattr__(self, "pipeline_schedule", "interleaved-1f1b" if self.virtual_stages > 1 else "1f1b")
+        if self.checkpoint == "none":  # as --checkpoint spells it: no checkpointing is None
+            object.__setattr__(self, "checkpoint", None)
 
     @property
     def engine(self) -> DataEngine:
@@ -297,7 +299,8 @@ class Execution:
 
     def validate(self) -> None:
         if self.checkpoint is not None and self.checkpoint not in CHECKPOINTS:
-            raise UsageError(f"unknown activation checkpointing {self.checkpoint!r}; valid: {', '.join(CHECKPOINTS)}")
+            raise UsageError(f"unknown activation checkpointing {self.checkpoint!r}; valid: none, "
+                             f"{', '.join(CHECKPOINTS)}")
         if self.data not in DATA_ENGINES:
             raise UsageError(f"unknown data parallelism '{self.data}'; valid: {', '.join(DATA_ENGINES)}")
         if self.shard is None:

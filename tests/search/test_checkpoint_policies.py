@@ -101,8 +101,16 @@ def test_megatrons_policy_says_it_recomputes_no_flex_attention():
 
 
 def test_unknown_checkpointing_is_one_line():
-    with pytest.raises(UsageError, match="unknown activation checkpointing 'sometimes'; valid: full, selective"):
+    with pytest.raises(UsageError, match="unknown activation checkpointing 'sometimes'; valid: none, full, selective"):
         Execution(world=2, data="fsdp", shard=2, checkpoint="sometimes").validate()
+
+
+def test_none_is_no_checkpointing_as_the_cli_spells_it():
+    """A layout written as a row or a config says "none" where --checkpoint does: the same layout
+    as one that names no checkpointing (it was "unknown activation checkpointing 'none'")."""
+    spelled = Execution(world=2, data="fsdp", shard=2, checkpoint="none")
+    spelled.validate()
+    assert spelled == Execution(world=2, data="fsdp", shard=2) and spelled.checkpoint is None
 
 
 def test_engine_configs_name_the_policy_each_engine_runs():
