@@ -252,7 +252,7 @@ class Llama(nn.Module):
     def tensor_parallel_plan(self) -> TensorParallelPlan:
         """torchtitan's ``apply_tp`` for Llama (``_tensor_parallel``), its mixture-of-experts
         layers split as Megatron-Core splits them (``trace.parallel.expert_tensor``) and
-        multi-head latent attention as Megatron-Core splits it (``zoo.mla.tensor_parallel``)."""
+        multi-head latent attention as Megatron-Core splits it (``zoo.mla.tensor_parallel_styles``)."""
         return TensorParallelPlan("llama", _tensor_parallel, _split_sizes)
 
     def pipeline_split(self) -> PipelineSplit:
@@ -291,7 +291,7 @@ def _tensor_parallel(model: nn.Module, mesh: Any, sp: bool, loss_parallel: bool)
     from nnperf.trace.parallel.expert_tensor import split_moe
 
     from .mla import MultiHeadLatentAttention
-    from .mla import tensor_parallel as latent_attention_plan
+    from .mla import tensor_parallel_styles as latent_attention_styles
 
     Replicate, Shard, Colwise, Rowwise, SequenceParallel, *_ = styles()
     seq = Shard(1) if sp else Replicate()
@@ -299,7 +299,7 @@ def _tensor_parallel(model: nn.Module, mesh: Any, sp: bool, loss_parallel: bool)
         latent = isinstance(layer.attention, MultiHeadLatentAttention)
         if latent:
             plan: dict[str, Any] = {f"attention.{name}": style
-                                    for name, style in latent_attention_plan(layer.attention, sp).items()}
+                                    for name, style in latent_attention_styles(layer.attention, sp).items()}
         else:
             plan = {"attention.wq": Colwise(), "attention.wk": Colwise(), "attention.wv": Colwise(),
                     "attention.wo": Rowwise(output_layouts=seq)}

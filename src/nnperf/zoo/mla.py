@@ -13,7 +13,7 @@ values ``v_head_dim``: SDPA gets unequal head sizes, which rules out the flash k
 complex numbers in fp32 from one precomputed table: element-wise work on the same
 ``qk_rope_dim`` features, a few bytes per token apart.
 
-Tensor parallelism (``tensor_parallel``) splits it as Megatron-Core's ``MLASelfAttention`` does
+Tensor parallelism (``tensor_parallel_styles``) splits it as Megatron-Core's ``MLASelfAttention`` does
 (``megatron/core/transformer/multi_latent_attention.py``, its down-projections built as
 ``TELinear(parallel_mode="duplicated")``): the down-projections and their norms are replicated
 and run on the rank's own tokens (the sequence shard under sequence parallelism, every token
@@ -82,7 +82,7 @@ class MultiHeadLatentAttention(nn.Module):
 
     def forward(self, x: Tensor, block_mask: BlockMask | None = None) -> Tensor:
         q = self.wq(x) if hasattr(self, "wq") else self.wq_b(self.q_norm(self.wq_a(x)))
-        b, t = q.shape[:2]  # every token: x may be a sequence shard (tensor_parallel)
+        b, t = q.shape[:2]  # every token: x may be a sequence shard (tensor_parallel_styles)
         q = q.view(b, t, -1, self.qk_head_dim).transpose(1, 2)  # heads follow the width (a TP shard's own)
         q_nope, q_pe = torch.split(q, [self.qk_nope_dim, self.qk_rope_dim], dim=-1)
         latent, k_pe = torch.split(self.wkv_a(x), [self.kv_lora, self.qk_rope_dim], dim=-1)
@@ -101,7 +101,7 @@ class MultiHeadLatentAttention(nn.Module):
         return self.wo(out.transpose(1, 2).reshape(b, t, -1))
 
 
-def tensor_parallel(attention: MultiHeadLatentAttention, sequence_parallel: bool) -> dict[str, Any]:
+def tensor_parallel_styles(attention: MultiHeadLatentAttention, sequence_parallel: bool) -> dict[str, Any]:
     """The ``parallelize_module`` plan of one latent attention, keyed by its submodules' names
     (module docstring): replicated down-projections and norms on the rank's tokens, whose
     outputs stay DTensors so the column-parallel up-projections gather them (sequence

@@ -18,11 +18,13 @@ from nnperf.search.plan.pipeline import traced_schedule_step
 from nnperf.search.plan.rank import (
     RoleCache,
     collective_timer,
+    dense_blocks_of,
     extrapolate,
     megatron_sequence_parallel_grads,
     rank_cost,
     rank_profile,
     scaled_cost,
+    shallow_overrides,
 )
 from nnperf.search.plan.results import RankCost, RankFigures, collective_totals
 from nnperf.trace.options import TraceOptions
@@ -248,3 +250,15 @@ def test_a_cache_started_from_known_roles_traces_only_the_others():
     assert worker.made == {"b": "traced b"} and worker.traces == 1
     made.adopt(worker.made)
     assert made.known == {"a": "traced a", "b": "traced b"} and made.traces == 2
+
+
+def test_a_shallow_trace_keeps_the_leading_dense_blocks_in_its_first_chunk():
+    """DeepSeek-V3's 3 dense blocks (its config.json's first_k_dense_replace), read off the
+    model by name or as set: a trace of 3 chunks of 2 blocks keeps 2 of them, of 4 blocks all 3;
+    other models' options are left as they are."""
+    assert dense_blocks_of(ModelRequest("deepseek-v3")) == 3
+    assert dense_blocks_of(ModelRequest("deepseek-v3-16b")) == 1  # torchtitan's 16B flavor
+    assert dense_blocks_of(ModelRequest("deepseek-v3-16b", overrides={"n_dense_layers": 3})) == 3
+    assert dense_blocks_of(ModelRequest("llama3-8b")) == dense_blocks_of(ModelRequest("gpt2")) == 0
+    assert shallow_overrides({"dim": 64}, 2, 3, dense=3) == {"dim": 64, "n_layer": 6, "n_dense_layers": 2}
+    assert shallow_overrides({"dim": 64}, 4, 3, dense=3) == {"dim": 64, "n_layer": 12}

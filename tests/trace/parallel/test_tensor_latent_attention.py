@@ -1,5 +1,5 @@
 """Tensor parallelism of multi-head latent attention as Megatron-Core splits it
-(``zoo.mla.tensor_parallel``) and of DeepSeek's shared experts
+(``zoo.mla.tensor_parallel_styles``) and of DeepSeek's shared experts
 (``trace.parallel.expert_tensor.split_shared_expert``): run for real on 2 gloo ranks against the
 same module run whole on one process, its collectives counted by hand, and a traced Megatron-LM
 layout of DeepSeek's architecture (ZeRO-1 x TP 2 + SP x EP 2)."""
@@ -39,12 +39,12 @@ def _worker(rank: int, sequence_parallel: bool) -> dict:
     from torch.distributed.tensor.parallel import parallelize_module
 
     from nnperf.trace.parallel.tensor import replicate_rest
-    from nnperf.zoo.mla import tensor_parallel
+    from nnperf.zoo.mla import tensor_parallel_styles
 
     mesh = init_device_mesh("cpu", (TP,), mesh_dim_names=("tensor",))
     whole = _attention()
     model = copy.deepcopy(whole)
-    parallelize_module(model, mesh, tensor_parallel(model, sequence_parallel))
+    parallelize_module(model, mesh, tensor_parallel_styles(model, sequence_parallel))
     replicate_rest(model, mesh)
     x = torch.randn(1, TOKENS, DIM, generator=torch.Generator().manual_seed(1))
     mine = x.chunk(TP, dim=1)[rank] if sequence_parallel else x

@@ -23,6 +23,7 @@ ranks hold even shares of every bucket, so one of them is every one's role.
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -431,17 +432,39 @@ class RoleCache:
         self.traces += len(made)
 
 
-def shallow_overrides(overrides: dict[str, Any], per_chunk: int, chunks: int) -> dict[str, Any]:
+def shallow_overrides(overrides: dict[str, Any], per_chunk: int, chunks: int, dense: int = 0) -> dict[str, Any]:
     """A shallow trace's model options: ``per_chunk`` blocks in each of ``chunks`` chunks. Leading
-    dense blocks (DeepSeek's ``n_dense_layers``) sit in the first chunk, at most ``per_chunk`` of
-    them: the traced chunks after it stand for the expert chunks of the deep model, not for the
-    dense ones a shallow stack would push into them (DeepSeek-V3's 3 dense blocks over chunks of
-    1 and 2 blocks would leave the trace no expert block at all). Without a pipeline, every dense
-    block stays (a trace of ``per_chunk`` >= 3 blocks holds them)."""
+    dense blocks (``dense``: DeepSeek's ``n_dense_layers``, ``dense_blocks_of``) sit in the first
+    chunk, at most ``per_chunk`` of them: the traced chunks after it stand for the expert chunks
+    of the deep model, not for the dense ones a shallow stack would push into them (DeepSeek-V3's
+    3 dense blocks over chunks of 1 and 2 blocks would leave the trace no expert block at all).
+    Without a pipeline, every dense block stays (a trace of ``per_chunk`` >= 3 blocks holds them)."""
     shallow = {**overrides, "n_layer": per_chunk * chunks}
-    if "n_dense_layers" in overrides:
-        shallow["n_dense_layers"] = min(overrides["n_dense_layers"], per_chunk)
+    if dense > per_chunk:
+        shallow["n_dense_layers"] = per_chunk
     return shallow
+
+
+@functools.lru_cache(maxsize=64)
+def _dense_blocks(target: str, overrides: tuple[tuple[str, Any], ...]) -> int:
+    from nnperf.zoo import get_model
+
+    spec = get_model(target)
+    if "n_dense_layers" not in spec.options:
+        return 0
+    import torch
+
+    with torch.device("meta"):  # one block: the option is read, not the stack built
+        config = spec.build(1, None, **{**dict(overrides), "n_layer": 1}).info["config"]
+    return int(config.get("n_dense_layers", 0)) if config.get("n_experts") else 0
+
+
+def dense_blocks_of(request: ModelRequest) -> int:
+    """The leading dense blocks of a built-in mixture-of-experts stack (DeepSeek's
+    ``n_dense_layers``, set or its model's default); 0 for any other model."""
+    if not isinstance(request.target, str) or ":" in request.target:
+        return 0
+    return _dense_blocks(request.target, tuple(sorted(request.overrides.items())))  # scalar options
 
 
 def scaled_cost(request: ModelRequest, options: TraceOptions, execution: Execution, gpu: GPU,
@@ -455,7 +478,8 @@ def scaled_cost(request: ModelRequest, options: TraceOptions, execution: Executi
     key = (repr(request), options, execution, gpu.id, cluster.id)
 
     def at(k: int | None) -> RankCost:
-        req = request if k is None else replace(request, overrides=shallow_overrides(request.overrides, k, chunks))
+        req = request if k is None else replace(request, overrides=shallow_overrides(request.overrides, k, chunks,
+                                                                                   dense_blocks_of(request)))
         return cache.get((*key, rank, k), lambda: rank_cost(req, options, execution, gpu, cluster, rank, prepare))
 
     if per_chunk is None and layers:
