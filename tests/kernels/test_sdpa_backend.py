@@ -15,6 +15,7 @@ from nnperf.kernels.attention import (
     EFFICIENT,
     FLASH,
     MATH,
+    TRANSFORMER_ENGINE,
     SdpaCall,
     gemm_alignment,
     select_backend,
@@ -103,6 +104,25 @@ def test_cudnn_only_when_preferred_and_eligible():
     assert select_backend(contiguous, H100, cudnn_runtime=91600) == FLASH  # check_cudnn_layout
     assert select_backend(replace(projected, dropout=0.1), H100, cudnn_runtime=91600) == FLASH  # 1/16 steps
     assert select_backend(replace(projected, dropout=0.125), H100, cudnn_runtime=91600) == CUDNN
+
+
+def test_transformer_engine_gives_cudnn_the_calls_its_own_filter_allows():
+    """Megatron-LM's layouts attend through Transformer Engine, whose filter
+    (nvte_get_fused_attn_backend) decides, not PyTorch's: latent attention's 192/128 heads
+    (q built by a concatenation: no [B, S, H, D] view) and Nemotron-4's 192 run cuDNN on Hopper,
+    which PyTorch's checks refuse; not on Ampere (at most 128 there), and not without --sdpa
+    cudnn (the engine's flash kernels then, timed as PyTorch's)."""
+    latent = call(head_dim=192, head_dim_k=192, head_dim_v=128, heads_q=64, heads_kv=64, q_len=4096, kv_len=4096,
+                  strides=((64 * 4096 * 192, 4096 * 192, 192, 1),) * 3)
+    assert select_backend(latent, H100, cudnn_first=True) == EFFICIENT  # PyTorch: no flash, no cuDNN
+    assert select_backend(latent, H100, cudnn_first=True, engine=TRANSFORMER_ENGINE) == CUDNN
+    assert select_backend(latent, A100, cudnn_first=True, engine=TRANSFORMER_ENGINE) == EFFICIENT
+    assert select_backend(latent, H100, engine=TRANSFORMER_ENGINE) == EFFICIENT
+    wide = call(head_dim=192)
+    assert select_backend(wide, H100, cudnn_first=True) == FLASH
+    assert select_backend(wide, H100, cudnn_first=True, engine=TRANSFORMER_ENGINE) == CUDNN
+    assert select_backend(call(head_dim=264), H100, cudnn_first=True, engine=TRANSFORMER_ENGINE) != CUDNN
+    assert select_backend(call(dtype="fp32"), H100, cudnn_first=True, engine=TRANSFORMER_ENGINE) != CUDNN
 
 
 def test_prediction_times_the_math_fallback_as_its_kernels():

@@ -169,3 +169,19 @@ def test_a_view_after_fsdp_reallocates_storage_is_still_free():
     views = [e for e in events if e.name == "aten.view" and e.phase == "backward"]
     assert any(e.allocates for e in views)  # the case in question occurs
     assert all(e.free for e in views)
+
+
+def test_megatron_layouts_attend_through_transformer_engine():
+    """A layout only Megatron-LM runs (ZeRO-1) is timed with Transformer Engine's attention
+    checks (``kernels.attention.can_use_te_cudnn``), one torchtitan runs (FSDP2) with PyTorch's."""
+    assert _traced_engine("zero1") == "transformer-engine"
+    assert _traced_engine("fsdp") is None
+
+
+def _traced_engine(kind: str) -> str | None:
+    def build() -> Workload:
+        return Workload(model=_model(), inputs=(torch.randn(4, 16),), loss_fn=lambda out: out.sum())
+
+    execution = Execution(world=WORLD, data=kind)
+    traced = trace_rank(build, TraceOptions(optimizer="adamw"), execution, lambda model: ["0", "2"])
+    return traced.trace.config.get("attention_engine")

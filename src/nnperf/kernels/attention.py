@@ -12,6 +12,16 @@ the strides of q, k and v.
 
 Only dense (not nested) inputs are modelled; a deterministic-algorithms setting and the
 data-pointer alignment check are assumed satisfied.
+
+Megatron-LM's layouts do not call SDPA: Transformer Engine's ``DotProductAttention`` picks its
+own kernel, and with cuDNN asked for (``--sdpa cudnn``, Megatron-LM's ``--attention-backend
+fused``) its own filter decides whether cuDNN's kernel serves the call
+(``can_use_te_cudnn``), not PyTorch's: Transformer Engine passes q, k and v to cuDNN in its own
+layout and allows the wider heads of latent attention (192/128) and Nemotron-4 (192) on Hopper,
+and any dropout probability (PyTorch's cuDNN path takes multiples of 1/16 only). On Hopper it
+prefers cuDNN wherever both serve a call ("Disabling FlashAttention to give FusedAttention
+preference on Hopper+ for performance reasons", its dot_product_attention/utils.py). The time of
+a fused kernel's dropout (its random numbers) is not modelled, here or for flash.
 """
 
 from __future__ import annotations
@@ -27,6 +37,15 @@ MATH = "math"
 #: FlexAttention's kernel (inductor's Triton template), not an SDPA backend: its ops.
 FLEX = "flex"
 FLEX_OPS = frozenset({"higher_order.flex_attention", "higher_order.flex_attention_backward"})
+
+#: Whose checks pick the kernel: PyTorch's SDPA dispatcher, or Transformer Engine's
+#: ``DotProductAttention`` (Megatron-LM's layouts).
+PYTORCH = "pytorch"
+TRANSFORMER_ENGINE = "transformer-engine"
+#: The cuDNN runtime Transformer Engine runs on in the NVIDIA containers Megatron-LM and NeMo
+#: runs name: 9.7 (NGC PyTorch 25.01's cuDNN 9.7.0, the base of the 2025 NeMo containers, and
+#: newer after it). The rules below ask at most 9.5 of Hopper and 9.7/9.11 of Blackwell.
+TE_CUDNN_RUNTIME = 90700
 
 #: ``sDPPriorityOrder``'s default (``aten/src/ATen/Context.h``).
 DEFAULT_ORDER = (FLASH, EFFICIENT, MATH, CUDNN)
@@ -64,11 +83,43 @@ def capability(gpu: GPU) -> tuple[int, int]:
     return int(parts[0]), int(parts[1])
 
 
-def select_backend(call: SdpaCall, gpu: GPU, cudnn_runtime: int = 0, cudnn_first: bool = False) -> str:
+def can_use_te_cudnn(call: SdpaCall, gpu: GPU, cudnn_runtime: int = TE_CUDNN_RUNTIME) -> bool:
+    """Transformer Engine's FusedAttention with cuDNN's fp16/bf16 arbitrary-sequence-length
+    kernel for ``call``: its own filter (``nvte_get_fused_attn_backend``,
+    transformer_engine/common/fused_attn/fused_attn.cpp at d0067d0d): sm 8.x-9.x (10.x with
+    cuDNN 9.7); head dims multiples of 8, at most 128, or at most 256 on Hopper (cuDNN 9.1
+    forward, 9.5 with backward), or 192/128 training on Blackwell (cuDNN 9.11); not, from cuDNN
+    9.11, Hopper's backward of unequal heads both 128 or wider other than 192/128 (a cuDNN bug
+    it works around). Its layout check (separate q, k, v: "hd_hd_hd") holds for the zoo's
+    attention and Megatron-Core's."""
+    major, minor = capability(gpu)
+    sm = major * 10 + minor
+    if call.dtype not in ("fp16", "bf16"):
+        return False
+    if not (80 <= sm < 100 or (sm >= 100 and cudnn_runtime >= 90700)):
+        return False
+    dq, dv, training = call.head_dim, call.head_dim_v, call.requires_grad
+    if dq % 8 or dv % 8:
+        return False
+    served = ((dq <= 128 and dv <= 128)
+              or (dq <= 256 and dv <= 256 and sm == 90 and cudnn_runtime >= (90500 if training else 90100))
+              or (not training and sm >= 100 and cudnn_runtime >= 90900 and call.q_len > 1)
+              or ((dq, dv) == (192, 128) and training and sm >= 100 and cudnn_runtime >= 91100))
+    hopper_wide_heads_bug = (cudnn_runtime >= 91100 and training and sm == 90 and dq >= 128 and dv >= 128
+                             and (dq, dv) != (192, 128) and dq != dv)
+    return served and not hopper_wide_heads_bug
+
+
+def select_backend(call: SdpaCall, gpu: GPU, cudnn_runtime: int = 0, cudnn_first: bool = False,
+                   engine: str = PYTORCH) -> str:
     """The backend ``select_sdp_backend`` takes for ``call`` on ``gpu`` (``cudnn_runtime``: the
     cuDNN runtime version as ``versionRuntimeCuDNN`` reports it, e.g. 91600; 0 unknown);
     ``cudnn_first``: cuDNN put first in the priority order (``--sdpa cudnn``:
-    ``sdpa_kernel([CUDNN_ATTENTION, ...], set_priority=True)``)."""
+    ``sdpa_kernel([CUDNN_ATTENTION, ...], set_priority=True)``). ``engine``: whose checks give
+    cuDNN the call when it is asked for (``TRANSFORMER_ENGINE``: ``can_use_te_cudnn``); a call
+    they refuse falls back as PyTorch's order does."""
+    if cudnn_first and engine == TRANSFORMER_ENGINE and can_use_te_cudnn(call, gpu):
+        return CUDNN
     order = CUDNN_FIRST if cudnn_first or prefers_cudnn(gpu, cudnn_runtime) else DEFAULT_ORDER
     checks = {FLASH: can_use_flash, EFFICIENT: can_use_efficient,
               CUDNN: lambda c, g: can_use_cudnn(c, g, cudnn_runtime), MATH: lambda c, g: True}

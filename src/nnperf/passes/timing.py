@@ -50,6 +50,7 @@ from nnperf.kernels.attention import (
     FLEX,
     FLEX_OPS,
     MATH,
+    PYTORCH,
     SdpaCall,
     efficient_uses_tensor_cores,
     math_attention,
@@ -204,7 +205,7 @@ class KernelModel:
     def __init__(self, gpu: GPU, profile: DeviceProfile, options: TimingOptions | None = None,
                  train: bool = False, l2_hits: dict[int, float] | None = None,
                  fp8_linears: frozenset[str] = frozenset(), cudnn_attention_first: bool = False,
-                 fp8_cast_shares: dict[int, float] | None = None):
+                 fp8_cast_shares: dict[int, float] | None = None, attention_engine: str = PYTORCH):
         self.gpu = gpu
         self.profile = profile
         self.options = options or TimingOptions()
@@ -220,6 +221,9 @@ class KernelModel:
         self.fp8_cast_shares = fp8_cast_shares or {}
         # SDPA with cuDNN's kernel first where it applies (``TraceOptions.sdpa == "cudnn"``)
         self.cudnn_attention_first = cudnn_attention_first
+        # whose checks give it cuDNN: PyTorch's SDPA or Transformer Engine's (Megatron-LM's
+        # layouts, ``trace.config["attention_engine"]``)
+        self.attention_engine = attention_engine
         if fp8_linears and "fp8" not in gpu.tensor_tflops:
             raise UsageError(f"--fp8: {gpu.name} has no FP8 tensor cores (Hopper, Ada Lovelace and "
                              "Blackwell GPUs have them); leave --fp8 out")
@@ -513,7 +517,8 @@ class KernelModel:
         event = count.event
         backward = count.op.endswith("_backward")
         call = _sdpa_call(event, backward, self.train)
-        backend = (select_backend(call, self.gpu, cudnn_first=self.cudnn_attention_first) if call is not None
+        backend = (select_backend(call, self.gpu, cudnn_first=self.cudnn_attention_first,
+                                  engine=self.attention_engine) if call is not None
                    else FLEX if count.op in FLEX_OPS else "")
         if backend == MATH:
             return self._math_attention(count, call, backward, base)
@@ -770,7 +775,8 @@ def simulate_step(
     model = KernelModel(gpu, profile, options, train=trace.mode == "train", l2_hits=hits,
                         fp8_linears=frozenset(trace.config.get("fp8_linears", ())),
                         fp8_cast_shares=trace.config.get("fp8_cast_shares"),
-                        cudnn_attention_first=trace.config.get("options", {}).get("sdpa") == "cudnn")
+                        cudnn_attention_first=trace.config.get("options", {}).get("sdpa") == "cudnn",
+                        attention_engine=trace.config.get("attention_engine", PYTORCH))
     costs = HostCosts.of(profile)
     step_options = trace.config.get("options", {})
     autocast = bool(step_options.get("amp"))

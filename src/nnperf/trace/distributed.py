@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from nnperf.errors import UsageError
+from nnperf.kernels.attention import TRANSFORMER_ENGINE
 from nnperf.layout import Execution
 from nnperf.trace.blocks import block_names, mark_blocks
 from nnperf.trace.capture import cast_workload, trace_workload
@@ -99,6 +100,8 @@ def trace_rank(
             trace, workload = trace_workload(build_distributed, options, meta_first=False)
         collectives = collectives_of(trace)
     trace.config["execution"] = execution.to_json()
+    if execution.megatron_layout:  # Megatron-Core attends through Transformer Engine, not SDPA
+        trace.config["attention_engine"] = TRANSFORMER_ENGINE
     trace.config["rank"] = rank
     # the tensor-parallel group Megatron-LM's sequence parallelism gathers and scatters over
     tp_group = world["meshes"][shape][0].get_group().group_name if execution.megatron_sequence_parallel else None
