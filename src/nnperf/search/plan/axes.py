@@ -13,7 +13,7 @@ from nnperf.errors import UsageError
 from nnperf.layout import DEFAULT_SCHEDULES, PIPELINE_DEGREES, SCHEDULES, split_layers
 from nnperf.request import ModelRequest
 from nnperf.search.plan.layouts import PipelineSplitChoice, fills_nodes
-from nnperf.search.plan.rank import SCALE_POINTS
+from nnperf.search.plan.rank import SCALE_POINTS, leading_dense_blocks
 from nnperf.trace.options import TraceOptions
 
 
@@ -234,7 +234,7 @@ def model_info(request: ModelRequest, layers: int | None) -> tuple[Any, dict[str
     with torch.device("meta"):
         workload = spec.build(1, request.seq_len, **overrides)
     config = workload.info.get("config", {})
-    dense = config.get("n_dense_layers", 0) if config.get("n_experts") else 0
+    dense = leading_dense_blocks(config)
     if dense > SCALE_POINTS[0] and (layers or 0) > SCALE_POINTS[-1]:
         # both shallow traces must hold every dense block, the deeper one an expert block more
         raise UsageError(f"n_dense_layers={dense}: a deep stack is planned from traces of {SCALE_POINTS[0]} "

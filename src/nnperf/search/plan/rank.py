@@ -455,7 +455,12 @@ def _dense_blocks(target: str, overrides: tuple[tuple[str, Any], ...]) -> int:
     import torch
 
     with torch.device("meta"):  # one block: the option is read, not the stack built
-        config = spec.build(1, None, **{**dict(overrides), "n_layer": 1}).info["config"]
+        return leading_dense_blocks(spec.build(1, None, **{**dict(overrides), "n_layer": 1}).info["config"])
+
+
+def leading_dense_blocks(config: dict[str, Any]) -> int:
+    """A built model's leading dense blocks before its experts (0 without experts), from its
+    config."""
     return int(config.get("n_dense_layers", 0)) if config.get("n_experts") else 0
 
 
@@ -477,9 +482,11 @@ def scaled_cost(request: ModelRequest, options: TraceOptions, execution: Executi
     chunks = execution.chunks
     key = (repr(request), options, execution, gpu.id, cluster.id)
 
+    dense = dense_blocks_of(request)
+
     def at(k: int | None) -> RankCost:
         req = request if k is None else replace(request, overrides=shallow_overrides(request.overrides, k, chunks,
-                                                                                   dense_blocks_of(request)))
+                                                                                   dense))
         return cache.get((*key, rank, k), lambda: rank_cost(req, options, execution, gpu, cluster, rank, prepare))
 
     if per_chunk is None and layers:
