@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import signal
 import sys
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -32,8 +31,9 @@ _MASKS = hasattr(signal, "pthread_sigmask")  # POSIX
 
 @contextmanager
 def held() -> Iterator[None]:
-    """Defer the stop signals in this thread (and the threads and processes it starts) over
-    the block; one that arrived meanwhile is handled as the block ends."""
+    """Defer the stop signals in this thread (and the threads and processes it starts: the
+    mask survives ``fork`` and ``exec``) over the block; one that arrived meanwhile is
+    handled as the block ends."""
     if not _MASKS:
         yield
         return
@@ -42,25 +42,6 @@ def held() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
-
-
-@contextmanager
-def unheard_by_children() -> Iterator[None]:
-    """Programs started inside the block (a fork server, a resource tracker: fresh Pythons,
-    not forks) ignore Ctrl-C from their first instruction. A terminal's Ctrl-C signals the
-    whole foreground group, and such a server imports for seconds before it ignores SIGINT
-    itself; interrupted there it prints a traceback over the command's one line. An ignored
-    disposition survives ``exec`` (a blocked mask does not: ``_posixsubprocess`` clears it), and
-    the parent, which decides, stops them. A Ctrl-C in the block itself (the milliseconds of a
-    spawn) is dropped; only the main thread can change a disposition."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, before)
 
 
 def release() -> None:

@@ -32,23 +32,82 @@ def test_a_worker_forked_after_openmp_runs_a_parallel_loop():
         pool.join()
 
 
-def test_a_later_search_never_ignores_ctrl_c(monkeypatch):
-    """The fork server and the resource tracker are spawned with Ctrl-C ignored (their start
-    would print tracebacks otherwise); once this process has started them, a later search
-    spawns nothing and never sets SIGINT to be ignored, so a Ctrl-C then is always heard."""
-    import signal
+#: Starts a search in fork-server workers in a fresh process (so the resource tracker and the
+#: fork server are spawned), sends this process a Ctrl-C just after the spawn numbered by
+#: argv[1] (0: the tracker, 1: the server), and prints, for each program spawned, whether it
+#: started with SIGINT blocked, then how the search ended.
+CTRL_C_AT_SPAWN = """
+import os, signal, sys
+from multiprocessing import util
+from nnperf.search import fit_parallel
 
-    from nnperf.search import fit_parallel
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as the CLI does
+spawn, at = util.spawnv_passfds, int(sys.argv[1])
+spawned = []
 
-    fit_parallel._context("forkserver")
-    ignored = []
-    original = signal.signal
+def sigint_blocked(pid):
+    status = open(f"/proc/{pid}/status").read()
+    mask = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigBlk:")), 16)
+    return bool(mask >> (signal.SIGINT - 1) & 1)
 
-    def recording(signum, handler):
-        if signum == signal.SIGINT and handler is signal.SIG_IGN:
-            ignored.append(signum)
-        return original(signum, handler)
+def spawn_then_ctrl_c(path, args, fds):
+    pid = spawn(path, args, fds)
+    print("blocked" if sigint_blocked(pid) else "taking", flush=True)
+    if len(spawned) == at:
+        os.kill(os.getpid(), signal.SIGINT)
+    spawned.append(pid)
+    return pid
 
-    monkeypatch.setattr(signal, "signal", recording)
-    fit_parallel._context("forkserver")
-    assert ignored == []
+util.spawnv_passfds = spawn_then_ctrl_c
+try:
+    fit_parallel.in_processes(abs, [0, 1], 2, "forkserver")
+    print("finished")
+except KeyboardInterrupt:
+    print("interrupted")
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; fork servers serve searches on Linux")
+@pytest.mark.parametrize("at, spawned", [(0, ["blocked"]), (1, ["blocked", "blocked"])],
+                         ids=["resource-tracker", "fork-server"])
+def test_a_ctrl_c_while_the_servers_start_is_heard_and_they_start_deaf_to_it(at, spawned):
+    """The fork server imports for seconds before it ignores SIGINT, and a terminal's Ctrl-C
+    signals the whole group: started with SIGINT blocked, it never prints a traceback. The
+    command's own Ctrl-C in those milliseconds stops it (the Ctrl-C after the tracker's spawn
+    also stops the search before the server's)."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", CTRL_C_AT_SPAWN, str(at)], capture_output=True, text=True,
+                         timeout=240)
+    assert out.stdout.split() == [*spawned, "interrupted"], out.stdout + out.stderr
+
+
+#: Prepares searches that a backward here precedes (advise), then says whether a fork server
+#: runs and whether a fork is still safe once the tracer's own backward has run.
+PREPARED = """
+from pathlib import Path
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from nnperf.search import fit_parallel
+
+fit_parallel.prepare(2, backward_first=True)
+children = Path("/proc/self/task").glob("*/children")
+commands = [Path(f"/proc/{pid}/cmdline").read_bytes() for task in children for pid in task.read_text().split()]
+serving = any(b"multiprocessing.forkserver" in command for command in commands)
+with FakeTensorMode():  # a trace's backward
+    w = torch.ones(4, requires_grad=True)
+    (w.to(torch.bfloat16) * 2).sum().backward()
+print(serving, fit_parallel.fork_is_safe())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; fork servers serve searches on Linux")
+def test_a_fork_server_starts_before_the_backward_that_rules_out_forking():
+    """On a CUDA build a trace's backward starts autograd's device threads, after which
+    advise's searches need a fork server: prepared before that backward, it runs already (its
+    seconds of imports overlap the trace); on a CPU build none starts and forking stays safe."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", PREPARED], capture_output=True, text=True, timeout=240)
+    serving, fork_safe = out.stdout.split()
+    assert serving == str(fork_safe == "False"), out.stdout + out.stderr

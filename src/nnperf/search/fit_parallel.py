@@ -61,9 +61,6 @@ _AUTOGRAD_THREAD = "pt_autograd_"
 # What a worker runs: inherited by a forked worker, installed by ``_install`` otherwise.
 _search: Search | None = None
 _jobs: list[Job] = []
-#: The process that started the fork server and the resource tracker (None: none yet); later
-#: searches of that process reuse them without blocking Ctrl-C again (``_context``).
-_servers_of: int | None = None
 
 
 def search_workers(options: MemoryOptions, jobs: int) -> int:
@@ -98,11 +95,30 @@ def start_method() -> str:
     return "fork" if fork_is_safe() else "forkserver"
 
 
-def prepare(workers: int) -> None:
-    """Start the fork server early when the searches will need it, so that its imports run
-    while this process does its own set-up (a no-op otherwise, and when it already runs)."""
-    if workers > 1 and start_method() == "forkserver":
+def prepare(workers: int, *, backward_first: bool = False) -> None:
+    """Start the fork server early when the searches will need it, so that its imports and
+    warm-up (seconds) run while this process does its own set-up (a no-op otherwise, and when
+    it already runs). ``backward_first``: this process traces a backward before the searches
+    (advise's step as given), which on a CUDA build starts autograd's device threads and so
+    rules out forking; one backward of a fake tensor finds that out now, starting them a moment
+    early, where waiting would start the server only once the searches wait for it."""
+    if workers <= 1:
+        return
+    if backward_first and fork_is_safe():
+        _backward_as_traced()
+    if start_method() == "forkserver":
         _context("forkserver")
+
+
+def _backward_as_traced() -> None:
+    """A backward of fake tensors with a cast, as a trace runs them (on a CUDA build this
+    starts autograd's device threads; on a CPU build, none)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        weight = torch.ones(4, requires_grad=True)
+        (weight.to(torch.bfloat16) * 2).sum().backward()
 
 
 def run_searches(search: Search, jobs: list[Job], workers: int,
@@ -248,19 +264,25 @@ def _context(method: str) -> Any:
     if method == "forkserver":
         # ignored once the server runs (a server someone else started: workers import more)
         context.set_forkserver_preload(FORKSERVER_PRELOAD)
-        from multiprocessing import forkserver, resource_tracker
-
-        # started with the stop signals held, the server and the resource tracker (which
-        # the pool's queues start) never take them, so no Ctrl-C prints their tracebacks (the
-        # parent decides, and they end with it); one that comes meanwhile is handled here.
-        # Once they run, nothing is spawned: a Ctrl-C is never ignored for a search of their own
-        global _servers_of
-        if _servers_of != os.getpid():
-            with stopping.held(), stopping.unheard_by_children():
-                resource_tracker.ensure_running()
-                forkserver.ensure_running()
-            _servers_of = os.getpid()
+        _start_servers()
     return context
+
+
+def _start_servers() -> None:
+    """Start the resource tracker and the fork server (fresh Pythons, not forks), or see that
+    they run, with the stop signals blocked. The mask survives ``exec``: a terminal's Ctrl-C,
+    sent to the whole foreground group, waits in them until they ignore it themselves, instead
+    of interrupting their seconds of imports with a traceback over the command's line, and this
+    process takes a Ctrl-C of those milliseconds as the block ends (it decides; they end with
+    it). Two blocks: CPython's resource tracker (3.8 to 3.12, bpo-33613) unblocks SIGINT and
+    SIGTERM as it returns from starting, so in one block the fork server would start taking
+    them."""
+    from multiprocessing import forkserver, resource_tracker
+
+    with stopping.held():
+        resource_tracker.ensure_running()
+    with stopping.held():
+        forkserver.ensure_running()
 
 
 def _pickles(search: Search, jobs: list[Job]) -> bool:

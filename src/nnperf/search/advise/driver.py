@@ -96,7 +96,7 @@ def advise_request(request: ModelRequest, options: MemoryOptions, gpu: GPU,
     if apply is not None:
         check_apply(apply)
     setup = Setup(request, options, gpu, profile or default_profile(gpu), timing or TimingOptions())
-    prepare(workers if workers is not None else search_workers(options, 4))
+    prepare(workers if workers is not None else search_workers(options, 4), backward_first=options.trace.train)
     progress.note("tracing the step as given")
     base, cache = base_of(setup)
     candidates = [c for family in FAMILIES for c in family.candidates(base)]
