@@ -124,6 +124,12 @@ class Execution:
     pipeline_schedule: str | None = None  # one of SCHEDULES
     context: int = 1
     expert: int = 1
+    #: Megatron-LM's --expert-tensor-parallel-size beside tensor parallelism: 1, each expert
+    #: whole on a rank and the expert group folded over the tensor-parallel ranks (Megatron-Core's
+    #: MoE parallel folding, as DeepSeek-V3's and Qwen3's recipes run), or ``tensor``, each expert
+    #: split as the dense layers are; None: Megatron-Core's default, ``tensor``, folded only where
+    #: the data-parallel ranks cannot hold the expert group (``folds_experts``)
+    expert_tensor: int | None = None
     bucket_bytes: int = DDP_BUCKET_BYTES
     virtual_stages: int = 1  # model chunks per pipeline rank (interleaved schedules)
     loss_parallel: bool = True  # TP: logits split over the vocabulary for the loss
@@ -306,6 +312,13 @@ class Execution:
         if self.shard is None:
             raise UsageError("hsdp shards inside a group and replicates across groups: give its shard group "
                              "(shard, 1 < shard < the data-parallel ranks)")
+        if self.expert_tensor is not None and self.expert_tensor not in (1, self.tensor):
+            raise UsageError(f"expert tensor parallelism {self.expert_tensor} is modelled as Megatron-Core runs it: "
+                             "each expert whole on a rank (1) or split as the dense layers are (the tensor "
+                             f"degree, {self.tensor}); valid: " + ("1" if self.tensor == 1 else f"1, {self.tensor}"))
+        if self.expert_tensor == 1 and self.tensor > 1 and self.expert == 1:
+            raise UsageError("expert tensor parallelism 1 beside tensor parallelism folds the expert group over the "
+                             "tensor-parallel ranks: it needs expert parallelism (expert > 1)")
         if self.expert != 1:
             self._validate_expert()
         if self.pipeline > 1:
@@ -373,6 +386,12 @@ class Execution:
                              f"with ddp or zero1 ({self.data}: torchtitan's expert tensor parallelism is not)")
         group, what = ((self.replicate, "data-parallel ranks") if self.replicates_parameters
                        else (self.shard, "shard group"))
+        if self.expert_tensor == 1 and self.tensor > 1 and not self.folds_experts:
+            valid = [self.tensor * d for d in range(1, group + 1) if group % d == 0]
+            raise UsageError(f"expert parallelism {self.expert} with each expert whole on a rank (expert tensor "
+                             f"parallelism 1) folds over the {self.tensor} tensor-parallel ranks: it must be a "
+                             f"multiple of {self.tensor} whose quotient divides the {group} {what}; valid: "
+                             f"{', '.join(map(str, valid))}")
         if group % self.expert and not self.folds_experts:
             divisors = [d for d in range(1, group + 1) if group % d == 0]
             raise UsageError(f"expert parallelism {self.expert} does not divide the {what} of {group} "
@@ -388,14 +407,14 @@ class Execution:
 
     @property
     def folds_experts(self) -> bool:
-        """Megatron-Core's MoE parallel folding: an expert group larger than the data-parallel
-        ranks take, spanning the tensor-parallel ranks too (expert tensor parallelism 1: each
-        expert whole on one rank; Qwen3 235B's EP 32 over TP 2 x DP 16). Only where the expert
-        degree does not divide the data-parallel ranks: there Megatron-Core's default, the
-        experts split as the dense layers are, is what runs (``trace.parallel.expert_tensor``)."""
+        """Megatron-Core's MoE parallel folding: the expert group spans the tensor-parallel ranks
+        too (expert tensor parallelism 1: each expert whole on one rank; Qwen3 235B's EP 32 over
+        TP 2 x DP 16). Where ``expert_tensor`` asks for it, or, by default, where the expert degree
+        does not divide the data-parallel ranks: elsewhere Megatron-Core's default, the experts
+        split as the dense layers are, is what runs (``trace.parallel.expert_tensor``)."""
         if not (self.tensor > 1 and self.expert > 1 and self.replicates_parameters):
             return False
-        if self.replicate % self.expert == 0:
+        if self.expert_tensor == self.tensor or (self.expert_tensor is None and self.replicate % self.expert == 0):
             return False
         return self.expert % self.tensor == 0 and self.replicate % (self.expert // self.tensor) == 0
 
@@ -419,7 +438,7 @@ class Execution:
         if self.context > 1:
             parts.append(f"CP x{self.context}")
         if self.expert > 1:
-            parts.append(f"EP x{self.expert}")
+            parts.append(f"EP x{self.expert}" + (" (experts whole, folded over TP)" if self.folds_experts else ""))
         if not parts:
             parts.append("1 GPU")
         if not self.replicates_parameters and not self.reshard_after_forward:

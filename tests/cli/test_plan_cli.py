@@ -209,6 +209,38 @@ def test_a_mixture_of_experts_model_plans_with_the_default_axes():
     assert all(e["data"] in ("ddp", "zero1") and e["sequence_parallel"] for e in ranked if e["tensor"] == 2)
 
 
+def test_experts_whole_on_a_rank_fold_over_the_tensor_ranks_where_asked():
+    """--etp 1 (Megatron-LM's --expert-tensor-parallel-size 1) on 8 GPUs as TP 2 x ZeRO-1 over
+    4 with EP 2: by default each rank holds 4 of the 8 experts split over its 2 tensor ranks;
+    with --etp 1 the expert group is the 2 tensor-parallel ranks, each holding 4 whole experts
+    (3 x 256 x 512 each, 2 layers, fp32): twice the expert weights a rank."""
+    def ranked(*etp: str) -> dict:
+        result = CliRunner().invoke(cli, [*MOE, "--gpus", "8", "--tp", "2", "--ep", "2", "--pp", "1", "--data", "zero1",
+                                          "--micro-batch", "1", "--checkpoint", "none", *etp, "--json"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output)
+
+    default, whole = ranked(), ranked("--etp", "1")
+    assert default["ranked"][0]["execution"]["expert_tensor"] is None
+    assert whole["ranked"][0]["execution"]["expert_tensor"] == 1
+    assert "EP x2 (experts whole, folded over TP)" in whole["ranked"][0]["layout"]
+    assert "--expert-tensor-parallel-size 1" in whole["megatron"]
+    assert "--expert-tensor-parallel-size 2" in default["megatron"]
+    expert_half = 4 * 3 * 256 * 512 // 2
+    assert (whole["ranked"][0]["per_rank_state_bytes"]["parameters"]
+            - default["ranked"][0]["per_rank_state_bytes"]["parameters"]) == 4 * 2 * expert_half
+
+
+def test_expert_tensor_parallelism_it_does_not_model_is_one_line():
+    for args, message in ((["--tp", "2", "--ep", "2", "--etp", "2"], "invalid --etp '2': expected auto"),
+                          (["-O", "n_kv_heads=4", "--tp", "4", "--ep", "2", "--etp", "1"], "--ep 2 with --etp 1 folds the expert group over "
+                           "the tensor-parallel ranks: a degree must be a multiple of the tensor degree whose "
+                           "quotient divides the data-parallel ranks; valid: 4, 8")):
+        result = CliRunner().invoke(cli, [*MOE, "--gpus", "8", "--pp", "1", "--data", "zero1", *args])
+        assert result.exit_code == 2, result.output
+        assert message in result.output and len(result.output.strip().splitlines()) == 1
+
+
 DEEPSEEK = ["plan", "deepseek-v3-16b", "-O", "n_layer=3", "-O", "dim=128", "-O", "n_heads=4", "-O", "kv_lora=64",
             "-O", "qk_nope_dim=32", "-O", "qk_rope_dim=16", "-O", "v_head_dim=32", "-O", "ffn_hidden=256",
             "-O", "moe_hidden=64", "-O", "n_experts=4", "-O", "top_k=2", "-O", "vocab=512", "--seq", "64",

@@ -85,6 +85,12 @@ def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> l
                    "ranks, or whole with the expert group folded over them where the data-parallel ranks "
                    "alone cannot hold it): auto (powers of two dividing the experts, inside a node) or a "
                    "list, e.g. 1,8.")
+@click.option("--etp", "etp_text", default="auto", show_default=True,
+              help="Expert tensor parallelism beside --tp and --ep (Megatron-LM's --expert-tensor-parallel-size): "
+                   "auto (Megatron-Core's default: each expert split over the tensor-parallel ranks, whole with "
+                   "the expert group folded over them where the data-parallel ranks alone cannot hold it) or 1 "
+                   "(each expert whole on a rank, the expert group always folded over the tensor-parallel ranks, "
+                   "as DeepSeek-V3's and Qwen3's recipes run).")
 @click.option("--data", "data_text", default="auto", show_default=True,
               help="Data-parallel engines to try: auto (ddp, zero1, fsdp, hsdp) or a list, e.g. fsdp,hsdp. "
                    "zero1: DDP with the optimizer state sharded (Megatron-LM's distributed optimizer).")
@@ -137,7 +143,7 @@ def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> l
                    "for 'nnperf measure --layout FILE'.")
 def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, tokens_per_step: int | None,
          tp_text: str, pp_text: str,
-         cp_text: str, ep_text: str, data_text: str, checkpoint_text: str, reshard_text: str,
+         cp_text: str, ep_text: str, etp_text: str, data_text: str, checkpoint_text: str, reshard_text: str,
          schedules: tuple[str, ...], vpp_text: str, first_stage_layers: int | None, last_stage_layers: int | None,
          tp_comm_overlap: bool, loss_fusion: bool, sequence_parallel: bool | None, micro_text: str,
          cluster_name: str | None, as_json: bool, output: str | None, **kwargs: Any) -> None:
@@ -194,7 +200,7 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
     with progress.shown(f"plan {n_gpus} GPUs: layout groups searched", enabled=not as_json):
         result = run_plan(request, options, gpu, n_gpus, cluster, nodes, global_batch, **axes,
                           tp_comm_overlap=tp_comm_overlap, loss_fusion=loss_fusion,
-                          sequence_parallel=sequence_parallel)
+                          sequence_parallel=sequence_parallel, expert_tensor=_expert_tensor(etp_text))
     if result.cluster.gpu and result.cluster.gpu != gpu.id:
         result.notes.append(f"{result.cluster.name} is built of {result.cluster.gpu}, planned here with {gpu.id}: "
                             "its links, NICs and host CPU are taken as they are")
@@ -208,6 +214,16 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
         _print(result, configs)
     if not result.ranked:
         raise ResourceError(smallest_memory(result))
+
+
+def _expert_tensor(text: str) -> int | None:
+    """``--etp``: auto (None: Megatron-Core's default) or 1."""
+    if text.strip().lower() == "auto":
+        return None
+    if text.strip() == "1":
+        return 1
+    raise UsageError(f"invalid --etp {text!r}: expected auto (each expert split over the tensor-parallel ranks, as "
+                     "Megatron-Core's default) or 1 (each expert whole on a rank)")
 
 
 def _global_batch_of(tokens: int, global_batch: int | None, request: Any) -> int:

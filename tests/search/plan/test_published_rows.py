@@ -25,7 +25,7 @@ def _rows(name: str) -> list[dict]:
 
 @pytest.mark.parametrize("name", ["rows.toml", "megatron_runs.toml", "vtrain_runs.toml", "megatron_bridge_runs.toml",
                                   "nemo_runs.toml", "megatron_bridge_moe_runs.toml", "dgxc_runs.toml",
-                                  "megatron_readme_runs.toml"])
+                                  "megatron_readme_runs.toml", "megatron_moe_modelzoo_runs.toml"])
 def test_every_reproducible_row_is_a_layout_the_plan_accepts(name):
     for row in _rows(name):
         if not row.get("reproducible", True):
@@ -44,6 +44,13 @@ def test_every_reproducible_row_is_a_layout_the_plan_accepts(name):
         scale = re.search(r"(\d+)x H100 GPUs.*?GBS[= ](\d+)", row["quote"])
         if scale:  # a column of a DGX Cloud Benchmarking table: its GPUs and global batch
             assert (execution.world, execution.global_batch) == tuple(map(int, scale.groups())), row["id"]
+        if "(Model, Dispatcher, System, Precision, #GPUs" in row["quote"]:  # the MoE Model Zoo's table
+            cells = [c.strip() for c in row["quote"].split("(")[0].split("|")[1:]]
+            gpus, _, tp, _, ep, pp, edp, etp, vpp, dp, _, mbs, gbs, ga = (int(c) if c.isdigit() else c for c in cells[4:18])
+            assert (execution.world, execution.tensor, execution.expert, execution.pipeline, execution.virtual_stages,
+                    execution.data_parallel, execution.micro_batch, execution.global_batch, execution.grad_accum) == \
+                (gpus, tp, ep, pp, vpp, dp, mbs, gbs, ga), row["id"]
+            assert execution.folds_experts == (etp == 1) and tp * dp == ep * edp * etp, row["id"]
         if "precision, GBS," in row["quote"]:  # Megatron-Bridge's: model or system, GPUs, precision, GBS
             cells = [c.strip() for c in row["quote"].split("(")[0].split("|")]
             assert (execution.world, execution.global_batch) == (int(cells[1]), int(cells[3])), row["id"]

@@ -185,3 +185,34 @@ def test_folded_expert_group_by_hand():
     experts = [_local(p) for name, p in traced.workload.model.named_parameters() if ".experts." in name]
     assert {tuple(p.shape) for p in experts} == {(1, 96, 64), (1, 64, 96)}
     assert "--expert-tensor-parallel-size 1" in megatron_args(execution, 2, amp=None, dtype="bf16")
+
+
+def test_experts_whole_where_the_data_parallel_ranks_hold_the_expert_group():
+    """ZeRO-1 over 8 ranks as TP 2 x 4 data-parallel ranks with EP 2, which divides them: by
+    default each expert is split over the tensor ranks (Megatron-Core's default); with expert
+    tensor parallelism 1 (DeepSeek-V3's and Qwen3's recipes) the expert group is the 2
+    tensor-parallel ranks: 2 of the 4 experts whole a rank (96 hidden), the rows of this rank's
+    sequence shard (16 tokens x 2 experts of 64 bf16 features) sent between ranks 0 and 1 by
+    the all-to-all alone, the experts' gradients reduced over the 4 data-parallel ranks."""
+    assert not Execution(world=8, data="zero1", tensor=2, sequence_parallel=True, expert=2).folds_experts
+    execution = Execution(world=8, data="zero1", tensor=2, sequence_parallel=True, expert=2, expert_tensor=1)
+    assert execution.folds_experts
+    traced = _traced(execution)
+    rows = SEQ // 2 * 2 * 64 * 2
+    moe = [(c.phase, c.kind) for c in traced.collectives if c.group_ranks == (0, 1) and c.kind == "all_to_all"
+           and c.bytes == rows]
+    assert moe == [("forward", "all_to_all")] * 4 + [("backward", "all_to_all")] * 4
+    assert not [c for c in traced.collectives if c.kind in ("all_gather", "reduce_scatter") and c.bytes == 2 * rows]
+    experts = [_local(p) for name, p in traced.workload.model.named_parameters() if ".experts." in name]
+    assert {tuple(p.shape) for p in experts} == {(2, 96, 64), (2, 64, 96)}
+    assert any(c.phase == "backward" and c.kind == "reduce_scatter" and c.group_ranks == (0, 2, 4, 6)
+               for c in traced.collectives)
+    assert "--expert-tensor-parallel-size 1" in megatron_args(execution, 2, amp=None, dtype="bf16")
+
+
+def test_expert_tensor_parallelism_outside_what_is_modelled_is_refused():
+    for fields, message in (({"expert": 2, "expert_tensor": 4}, "valid: 1, 2"),
+                            ({"expert": 1, "expert_tensor": 1}, "needs expert parallelism"),
+                            ({"expert": 3, "expert_tensor": 1}, "valid: 2, 4, 8")):
+        with pytest.raises(UsageError, match=message):
+            Execution(world=8, data="zero1", tensor=2, sequence_parallel=True, **fields).validate()

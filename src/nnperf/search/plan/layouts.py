@@ -74,7 +74,8 @@ def layouts(gpus: int, nodes_of: int, global_batch: int, *, tensor: Iterable[int
             pipeline: Iterable[int] = (1,), schedules: Iterable[str] = DEFAULT_SCHEDULES,
             layers: int | None = None, checkpoints: Iterable[str | None] = (None,),
             context: Iterable[int] = (1,), expert: Iterable[int] = (1,),
-            reshard: Iterable[bool] = (True,), split: PipelineSplitChoice | None = None) -> list[Execution]:
+            reshard: Iterable[bool] = (True,), split: PipelineSplitChoice | None = None,
+            expert_tensor: int | None = None) -> list[Execution]:
     """Every layout of ``gpus`` GPUs over the given tensor and pipeline degrees (sequence
     parallel with TP), data parallelism over the rest, and the micro-batch splits of the global
     batch; with the defaults, the data-parallel layouts only. Grouped: within a group (one
@@ -85,7 +86,10 @@ def layouts(gpus: int, nodes_of: int, global_batch: int, *, tensor: Iterable[int
     FSDP/HSDP frees a block's gathered parameters after its forward (FSDP2's
     ``reshard_after_forward``; pipelines keep them, as torchtitan's). ``split``: the virtual
     stages of the multi-chunk schedules and an uneven first and last stage (default: 2 chunks
-    per rank, even stages); a schedule whose split cannot hold the layers is left out."""
+    per rank, even stages); a schedule whose split cannot hold the layers is left out.
+    ``expert_tensor``: Megatron-LM's expert tensor parallelism of the layouts with expert and
+    tensor parallelism (``Execution.expert_tensor``; 1: only degrees that fold over the tensor
+    ranks are laid out)."""
     split = split or PipelineSplitChoice()
     out: list[Execution] = []
     expert = list(expert)
@@ -99,7 +103,8 @@ def layouts(gpus: int, nodes_of: int, global_batch: int, *, tensor: Iterable[int
                                     tuple(reshard), split, refuse=alone)
                 if 1 in expert:  # the degrees asked for only, as every other axis
                     out += found
-                out += [replace(e, expert=ep) for ep in expert if ep > 1 for e in found if _carries(e, ep)]
+                out += [_with_experts(e, ep, expert_tensor) for ep in expert if ep > 1 for e in found
+                        if _carries(e, ep, expert_tensor)]
     return out
 
 
@@ -127,7 +132,7 @@ def check_expert_degrees(gpus: int, nodes_of: int, global_batch: int, *, tensor:
                          pipeline: Iterable[int], context: Iterable[int], expert: Iterable[int],
                          kinds: set[str], expert_count: int, layers: int | None = None,
                          schedules: Iterable[str] = DEFAULT_SCHEDULES,
-                         split: PipelineSplitChoice | None = None) -> None:
+                         split: PipelineSplitChoice | None = None, expert_tensor: int | None = None) -> None:
     """Expert degrees (all above 1: ``--ep``) that no layout of the other degrees and the
     data-parallel ``kinds`` can carry are one line, before any trace: the groups an expert
     degree must divide (``layouts``' rule) and the degrees that divide them and the model's
@@ -147,26 +152,41 @@ def check_expert_degrees(gpus: int, nodes_of: int, global_batch: int, *, tensor:
                              "tensor parallelism only beside ddp or zero1 (Megatron-LM's); ask --cp 1, and --tp 1 "
                              "with fsdp or hsdp")
         return
-    if any(_carries(e, ep) for e in carried for ep in expert):
+    if any(_carries(e, ep, expert_tensor) for e in carried for ep in expert):
         return
     groups = sorted({e.replicate if e.replicates_parameters else e.shard for e in carried})
     valid = sorted({d for g in groups for d in range(2, g + 1) if g % d == 0 and expert_count % d == 0})
+    if expert_tensor == 1 and min(tensor) > 1:  # folded: a multiple of the tensor degree
+        valid = sorted({ep for e in carried for ep in range(2, expert_count + 1)
+                        if expert_count % ep == 0 and _carries(e, ep, 1)})
+        raise UsageError(f"--ep {asked} with --etp 1 folds the expert group over the tensor-parallel ranks: a "
+                         "degree must be a multiple of the tensor degree whose quotient divides the data-parallel "
+                         f"ranks; valid: {', '.join(map(str, valid)) or 'none'}")
     raise UsageError(f"--ep {asked} divides none of the groups the experts can spread over, the data-parallel "
                      f"ranks (ddp, zero1) or the shard group (fsdp, hsdp): {', '.join(map(str, groups))} here; valid: "
                      + (", ".join(map(str, valid)) if valid else "none above 1 (ask fewer tensor, pipeline or "
                         "context ranks)"))
 
 
-def _carries(execution: Execution, expert: int) -> bool:
+def _carries(execution: Execution, expert: int, expert_tensor: int | None = None) -> bool:
     """Whether ``execution`` can carry expert parallelism ``expert`` (1: some degree): no
     context parallelism, tensor parallelism only beside DDP or ZeRO-1 (Megatron-LM's expert
     tensor parallelism), the degree dividing the group the experts are carved out of, or
     beside tensor parallelism a multiple of its degree that folds over it
-    (``Execution.folds_experts``)."""
+    (``Execution.folds_experts``; only that with ``expert_tensor`` 1)."""
     if execution.context > 1 or not execution.carries_split_experts:
         return False
+    if expert_tensor == 1 and execution.tensor > 1 and expert > 1:
+        return _with_experts(execution, expert, expert_tensor).folds_experts
     group = execution.replicate if execution.replicates_parameters else execution.shard
     return group % expert == 0 or replace(execution, expert=expert).folds_experts
+
+
+def _with_experts(execution: Execution, expert: int, expert_tensor: int | None) -> Execution:
+    """``execution`` with expert parallelism ``expert``, its experts split as ``expert_tensor``
+    asks where tensor parallelism is beside them."""
+    split = expert_tensor if execution.tensor > 1 and execution.replicates_parameters else None
+    return replace(execution, expert=expert, expert_tensor=split)
 
 
 def _layouts_of(gpus: int, nodes_of: int, global_batch: int, tp: int, pp: int, cp: int,

@@ -89,7 +89,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
          expert: Iterable[int] | None = (1,), data: Iterable[str] | None = None,
          checkpoints: Iterable[str | None] | None = None, reshard: Iterable[bool] = (True,),
          split: PipelineSplitChoice | None = None, tp_comm_overlap: bool = False, loss_fusion: bool = False,
-         micro_batch: Iterable[int] | None = None, sequence_parallel: bool | None = None) -> Plan:
+         micro_batch: Iterable[int] | None = None, sequence_parallel: bool | None = None,
+         expert_tensor: int | None = None) -> Plan:
     """Rank the layouts of ``request`` on ``gpus`` GPUs of ``gpu``. ``tensor``/``pipeline``/
     ``expert``: the degrees to try (None: every degree the model and nodes allow; the default,
     1, keeps the data-parallel search; ``context``: context-parallel degrees, modelled in
@@ -104,6 +105,9 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     ``tp_comm_overlap``: Megatron-LM's layouts (DDP or ZeRO-1 with sequence parallelism) run
     --tp-comm-overlap (``Execution.tp_comm_overlap``); ``loss_fusion``: Megatron-LM's data
     parallelism (DDP or ZeRO-1) runs --cross-entropy-loss-fusion (``Execution.loss_fusion``).
+    ``expert_tensor``: 1, every layout with expert and tensor parallelism runs its experts whole,
+    the expert group folded over the tensor-parallel ranks (``Execution.expert_tensor``; those
+    whose degrees cannot fold are left out); None: Megatron-Core's default.
     ``micro_batch``: the micro-batch sizes
     a layout may run (None: every split of a data-parallel rank's share of the global batch).
     ``sequence_parallel``: tensor-parallel layouts with sequence parallelism only (True), without
@@ -137,6 +141,11 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         if data is not None and "zero1" in kinds:
             raise UsageError("--data zero1 shards the optimizer state, and --optimizer none has none: use ddp")
         kinds.discard("zero1")
+    if expert_tensor not in (None, 1):
+        raise UsageError(f"--etp {expert_tensor}: valid: auto (Megatron-Core's default: each expert split over the "
+                         "tensor-parallel ranks, folded whole where the data-parallel ranks cannot hold the expert "
+                         "group) or 1 (each expert whole on a rank)")
+
     wanted = set(SEARCHED_CHECKPOINTS if checkpoints is None else checkpoints)
     levels = tuple(i for i, level in enumerate(CHECKPOINTS) if level in wanted)
     experts = 0
@@ -150,7 +159,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
                              "expert tensor parallelism (fsdp, hsdp) is not modelled")
         check_expert_degrees(gpus, nodes_of, global_batch, tensor=tensor, pipeline=pipeline, context=context,
                              expert=expert, kinds=kinds, expert_count=experts, layers=layers,
-                             schedules=schedules, split=split)
+                             schedules=schedules, split=split, expert_tensor=expert_tensor)
 
     def runnable(e: Execution) -> bool:
         # the asked engines; experts split over tensor-parallel ranks as Megatron-LM splits them,
@@ -181,7 +190,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     if sizes is not None:  # before any trace: sizes no layout of these degrees runs are one line
         left_out += check_micro_batches(sizes, [
             e for e in layouts(gpus, nodes_of, global_batch, tensor=tensor, pipeline=pipeline, schedules=schedules,
-                               layers=layers, context=context, expert=expert, split=split) if runnable(e)])
+                               layers=layers, context=context, expert=expert, split=split,
+                               expert_tensor=expert_tensor) if runnable(e)])
 
     def without_sequence_parallel(e: Execution) -> list[Execution]:
         """``e`` without sequence parallelism, which a mixture of experts with tensor
@@ -192,7 +202,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
 
     first = engines(layouts(gpus, nodes_of, global_batch, tensor=tensor,
                             pipeline=[1] if 1 in pipeline else pipeline[:1], schedules=schedules, layers=layers,
-                            context=context, expert=expert, reshard=reshard, split=split))
+                            context=context, expert=expert, reshard=reshard, split=split,
+                            expert_tensor=expert_tensor))
     cache = RoleCache()  # every role the passes trace, each pass's workers starting from it
     results = _in_workers(request, options, gpu, cluster, layers,
                           [[e for e in first if e.tensor == tp] for tp in tensor], cache, levels=levels)
@@ -201,7 +212,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         fitting = sorted((p for p in results if p.fits), key=lambda p: p.step_s)
         best_tp = fitting[0].execution.tensor if fitting else max(tensor)
         second = engines(layouts(gpus, nodes_of, global_batch, tensor=[best_tp], pipeline=deeper,
-                                 schedules=schedules, layers=layers, context=context, expert=expert, split=split))
+                                 schedules=schedules, layers=layers, context=context, expert=expert, split=split,
+                                 expert_tensor=expert_tensor))
         # FSDP (and pipelines without data parallelism) at every pipeline shape; the other engines
         # at the shape FSDP does best with: the degree, schedule and chunks that set a pipeline's
         # bubble are the same whichever engine reduces its gradients
@@ -271,7 +283,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
               "data": [k for k in DATA_KINDS if k in kinds],
               "checkpoint": [names[CHECKPOINTS[i]] for i in levels],
               "reshard_after_forward": sorted(set(reshard), reverse=True), "tp_comm_overlap": tp_comm_overlap,
-              "loss_fusion": loss_fusion, "micro_batch": None if sizes is None else sorted(sizes)}
+              "loss_fusion": loss_fusion, "micro_batch": None if sizes is None else sorted(sizes),
+              "expert_tensor": expert_tensor}
     return Plan(request_name(request), gpu, cluster, gpus, global_batch, ranked, rejected,
                 left_out + notes(request, options, results, layers) + routing_note(info, options), cache.traces, layers,
                 options,
