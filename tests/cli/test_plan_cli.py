@@ -139,6 +139,23 @@ def test_tensor_parallelism_over_whole_nodes_when_asked():
     assert any("tensor parallelism over 4 GPUs spans nodes of 2" in note for note in document["notes"])
 
 
+def test_the_nodes_a_plan_is_given_are_where_its_collectives_cross():
+    """--nodes-of 2 on DGX H100s: the cluster's links as they are, in nodes of 2 GPUs, so TP 4
+    spans two nodes and its collectives run at the network's rate, slower than inside one node
+    of 8 (where it was timed before --nodes-of reached the collectives)."""
+    def planned(per_node: str) -> dict:
+        result = CliRunner().invoke(cli, [*ARGS, "--gpus", "8", "--nodes-of", per_node, "--tp", "4", "--pp", "1",
+                                          "--data", "ddp", "--json"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output)
+
+    apart, together = planned("2"), planned("8")
+    assert (apart["cluster"]["gpus_per_node"], together["cluster"]["gpus_per_node"]) == (2, 8)
+    assert apart["ranked"][0]["execution"] == together["ranked"][0]["execution"] | {"gpus_per_node": 2}
+    assert (apart["ranked"][0]["time_split_s"]["communication_s"]
+            > 2 * together["ranked"][0]["time_split_s"]["communication_s"])
+
+
 def test_plan_is_for_training_steps():
     result = CliRunner().invoke(cli, [*ARGS, "--gpus", "8", "--inference"])
     assert result.exit_code == 2 and "lays out training steps" in result.output

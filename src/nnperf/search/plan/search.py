@@ -119,6 +119,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     degree, schedule and split, the other data-parallel engines at the one FSDP does best with;
     then that winner's degree without sequence parallelism."""
     nodes_of = nodes_of or cluster.gpus_per_node
+    if nodes_of != cluster.gpus_per_node:  # its links as they are, its nodes of nodes_of GPUs: where groups cross
+        cluster = replace(cluster, gpus_per_node=nodes_of)
     global_batch = global_batch or gpus * (request.batch or default_batch(request))
     context = list(context)
     layers = layers_of(request)
