@@ -50,6 +50,8 @@ DATA_ENGINES: dict[str, DataEngine] = {
 DATA_PARALLEL = tuple(DATA_ENGINES)
 #: DDP's defaults (torch.nn.parallel.DistributedDataParallel): 25 MiB buckets, the first 1 MiB.
 DDP_BUCKET_BYTES = 25 * 1024 * 1024
+#: How routed tokens reach their experts (``Execution.token_dispatcher``).
+TOKEN_DISPATCHERS = ("alltoall", "deepep")
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,11 @@ class Execution:
     #: split as the dense layers are; None: Megatron-Core's default, ``tensor``, folded only where
     #: the data-parallel ranks cannot hold the expert group (``folds_experts``)
     expert_tensor: int | None = None
+    #: how routed tokens reach their experts' ranks (one of TOKEN_DISPATCHERS): "alltoall", NCCL's
+    #: all-to-all, a copy per expert (Megatron-LM's --moe-token-dispatcher-type alltoall,
+    #: torchtitan's); "deepep", DeepEP's kernels, a copy per node (Megatron-LM's flex dispatcher:
+    #: ``kernels.expert_dispatch``)
+    token_dispatcher: str = "alltoall"
     bucket_bytes: int = DDP_BUCKET_BYTES
     virtual_stages: int = 1  # model chunks per pipeline rank (interleaved schedules)
     loss_parallel: bool = True  # TP: logits split over the vocabulary for the loss
@@ -319,6 +326,11 @@ class Execution:
         if self.expert_tensor == 1 and self.tensor > 1 and self.expert == 1:
             raise UsageError("expert tensor parallelism 1 beside tensor parallelism folds the expert group over the "
                              "tensor-parallel ranks: it needs expert parallelism (expert > 1)")
+        if self.token_dispatcher not in TOKEN_DISPATCHERS:
+            raise UsageError(f"unknown token dispatcher {self.token_dispatcher!r}; valid: {', '.join(TOKEN_DISPATCHERS)}")
+        if self.token_dispatcher != "alltoall" and (self.expert == 1 or not self.replicates_parameters):
+            raise UsageError(f"the {self.token_dispatcher} token dispatcher is Megatron-LM's flex dispatcher: it needs "
+                             "expert parallelism (expert > 1) beside ddp or zero1")
         if self.expert != 1:
             self._validate_expert()
         if self.pipeline > 1:

@@ -248,12 +248,36 @@ def test_experts_whole_on_a_rank_fold_over_the_tensor_ranks_where_asked():
             - default["ranked"][0]["per_rank_state_bytes"]["parameters"]) == 4 * 2 * expert_half
 
 
+def test_deepep_sends_a_token_once_per_node():
+    """EP 8 over two 4-GPU nodes (ZeRO-1 over 8): with --dispatcher deepep the layout runs
+    Megatron-LM's flex dispatcher with DeepEP, and its all-to-alls (the same bytes: the trace is
+    the same) take less time across the nodes; the alltoall dispatcher otherwise."""
+    def ranked(*dispatcher: str) -> dict:
+        result = CliRunner().invoke(cli, [*MOE, "--gpus", "8", "--nodes-of", "4", "--tp", "1", "--ep", "8", "--pp",
+                                          "1", "--data", "zero1", "--micro-batch", "1", "--checkpoint", "none",
+                                          *dispatcher, "--json"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output)
+
+    plain, deepep = ranked(), ranked("--dispatcher", "deepep")
+    assert plain["ranked"][0]["execution"]["token_dispatcher"] == "alltoall"
+    assert deepep["ranked"][0]["execution"]["token_dispatcher"] == "deepep"
+    assert "--moe-token-dispatcher-type alltoall" in plain["megatron"]
+    assert "--moe-token-dispatcher-type flex \\\n  --moe-flex-dispatcher-backend deepep" in deepep["megatron"]
+    assert deepep["ranked"][0]["collectives"]["all_to_all"] == plain["ranked"][0]["collectives"]["all_to_all"]
+    assert (deepep["ranked"][0]["time_split_s"]["communication_s"]
+            < plain["ranked"][0]["time_split_s"]["communication_s"])
+
+
 def test_expert_tensor_parallelism_it_does_not_model_is_one_line():
     for args, message in ((["--tp", "2", "--ep", "2", "--etp", "2"], "invalid --etp '2': expected auto"),
                           (["-O", "n_kv_heads=4", "--tp", "4", "--ep", "2", "--etp", "1"], "--ep 2 with --etp 1 folds the expert group over "
                            "the tensor-parallel ranks: a degree must be a multiple of the tensor degree whose "
-                           "quotient divides the data-parallel ranks; valid: 4, 8")):
-        result = CliRunner().invoke(cli, [*MOE, "--gpus", "8", "--pp", "1", "--data", "zero1", *args])
+                           "quotient divides the data-parallel ranks; valid: 4, 8"),
+                          (["--data", "fsdp", "--dispatcher", "deepep"], "--dispatcher deepep is Megatron-LM's flex "
+                           "dispatcher, which runs beside ddp or zero1: --data fsdp has neither")):
+        result = CliRunner().invoke(cli, [*MOE, "--gpus", "8", "--pp", "1", *([] if "--data" in args else
+                                                                               ["--data", "zero1"]), *args])
         assert result.exit_code == 2, result.output
         assert message in result.output and len(result.output.strip().splitlines()) == 1
 

@@ -71,9 +71,14 @@ def _edited(path_of, change) -> str:
     (lambda d: d.update(ranked="abc"), r"ranked is the string 'abc'; expected a list"),
     (lambda d: d.update(seq_len=0), r"seq_len is 0"),
     (lambda d: d["ranked"][0].update(step_time_s="fast"), r"step_time_s is the string 'fast'; expected a finite number"),
+    (lambda d: d["ranked"][0]["execution"].update(token_dispatcher="nccl"),
+     r"execution\.token_dispatcher is the string 'nccl'; expected one of alltoall, deepep"),
+    (lambda d: d["ranked"][0]["execution"].update(token_dispatcher="deepep"), r"needs expert parallelism"),
+    (lambda d: d["ranked"][0]["execution"].update(expert_tensor=0), r"execution\.expert_tensor is 0"),
 ], ids=["pp-0", "cp-0", "micro-batch-0", "micro-batch-negative", "accumulation-fraction", "tp-string",
         "flag-string", "unknown-engine", "world-not-a-multiple", "execution-list", "options-string",
-        "model-options-string", "ranked-string", "seq-0", "figure-string"])
+        "model-options-string", "ranked-string", "seq-0", "figure-string", "dispatcher-unknown",
+        "dispatcher-without-experts", "expert-tensor-0"])
 def test_a_hand_edited_field_is_one_line_naming_it(tmp_path, change, message):
     path = _edited(lambda d: _write(tmp_path, d), change)
     with pytest.raises(UsageError, match=message):

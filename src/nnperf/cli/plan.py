@@ -91,6 +91,11 @@ def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> l
                    "the expert group folded over them where the data-parallel ranks alone cannot hold it) or 1 "
                    "(each expert whole on a rank, the expert group always folded over the tensor-parallel ranks, "
                    "as DeepSeek-V3's and Qwen3's recipes run).")
+@click.option("--dispatcher", "token_dispatcher", type=click.Choice(["alltoall", "deepep"]), default="alltoall",
+              show_default=True,
+              help="How expert-parallel layouts send tokens to their experts: alltoall (NCCL's all-to-all, a copy "
+                   "per expert: Megatron-LM's alltoall dispatcher, torchtitan's) or deepep (DeepEP's kernels, a "
+                   "copy per node, forwarded over NVLink: Megatron-LM's flex dispatcher, beside ddp or zero1).")
 @click.option("--data", "data_text", default="auto", show_default=True,
               help="Data-parallel engines to try: auto (ddp, zero1, fsdp, hsdp) or a list, e.g. fsdp,hsdp. "
                    "zero1: DDP with the optimizer state sharded (Megatron-LM's distributed optimizer).")
@@ -143,7 +148,7 @@ def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> l
                    "for 'nnperf measure --layout FILE'.")
 def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, tokens_per_step: int | None,
          tp_text: str, pp_text: str,
-         cp_text: str, ep_text: str, etp_text: str, data_text: str, checkpoint_text: str, reshard_text: str,
+         cp_text: str, ep_text: str, etp_text: str, token_dispatcher: str, data_text: str, checkpoint_text: str, reshard_text: str,
          schedules: tuple[str, ...], vpp_text: str, first_stage_layers: int | None, last_stage_layers: int | None,
          tp_comm_overlap: bool, loss_fusion: bool, sequence_parallel: bool | None, micro_text: str,
          cluster_name: str | None, as_json: bool, output: str | None, **kwargs: Any) -> None:
@@ -200,7 +205,8 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
     with progress.shown(f"plan {n_gpus} GPUs: layout groups searched", enabled=not as_json):
         result = run_plan(request, options, gpu, n_gpus, cluster, nodes, global_batch, **axes,
                           tp_comm_overlap=tp_comm_overlap, loss_fusion=loss_fusion,
-                          sequence_parallel=sequence_parallel, expert_tensor=_expert_tensor(etp_text))
+                          sequence_parallel=sequence_parallel, expert_tensor=_expert_tensor(etp_text),
+                          token_dispatcher=token_dispatcher)
     if result.cluster.gpu and result.cluster.gpu != gpu.id:
         result.notes.append(f"{result.cluster.name} is built of {result.cluster.gpu}, planned here with {gpu.id}: "
                             "its links, NICs and host CPU are taken as they are")

@@ -87,21 +87,21 @@ class CollectiveEstimate:
         return self.bytes / self.time_s if self.time_s else 0.0
 
 
-def _gpus_per_node(cluster: Cluster, group_ranks: tuple[int, ...]) -> Counter[int]:
+def gpus_per_node(cluster: Cluster, group_ranks: tuple[int, ...]) -> Counter[int]:
     """How many of the group's ranks each node holds (ranks numbered node by node)."""
     return Counter(r // cluster.gpus_per_node for r in group_ranks)
 
 
 def group_tier(cluster: Cluster, group_ranks: tuple[int, ...]) -> Tier:
     """The slowest tier a group's ring crosses: the NICs as soon as it spans two nodes."""
-    return cluster.inter if len(_gpus_per_node(cluster, group_ranks)) > 1 else cluster.intra
+    return cluster.inter if len(gpus_per_node(cluster, group_ranks)) > 1 else cluster.intra
 
 
 def estimate_collective(kind: str, nbytes: int, group_ranks: tuple[int, ...], cluster: Cluster) -> CollectiveEstimate:
     n = len(group_ranks)
     if n <= 1 or nbytes == 0:
         return CollectiveEstimate(kind, nbytes, n, "none", 0.0, 0.0, 0.0)
-    per_node = _gpus_per_node(cluster, group_ranks)
+    per_node = gpus_per_node(cluster, group_ranks)
     tier = cluster.inter if len(per_node) > 1 else cluster.intra
     busbw = tier.busbw
     if tier is cluster.inter:  # one ring per NIC (rail): as many as the group's fewest GPUs in a node

@@ -273,8 +273,11 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
     if e.context > 1:
         args.append(f"--context-parallel-size {e.context}")
     if e.expert > 1:  # carved out of the data-parallel ranks, the experts' gradients reduced over the rest;
-        # tokens sent to their experts by all-to-all, as planned (Megatron-LM's default is allgather)
-        args += [f"--expert-model-parallel-size {e.expert}", "--moe-token-dispatcher-type alltoall"]
+        # tokens sent to their experts as planned: by all-to-all (Megatron-LM's default is allgather) or
+        # DeepEP (the flex dispatcher's backend, Megatron-Core 0.14 on)
+        args.append(f"--expert-model-parallel-size {e.expert}")
+        args += (["--moe-token-dispatcher-type flex", "--moe-flex-dispatcher-backend deepep"]
+                 if e.token_dispatcher == "deepep" else ["--moe-token-dispatcher-type alltoall"])
         if e.tensor > 1:  # each expert split as the dense layers are (Megatron-Core's default, said),
             # or whole where the expert group folds over the tensor-parallel ranks
             args.append(f"--expert-tensor-parallel-size {1 if e.folds_experts else e.tensor}")

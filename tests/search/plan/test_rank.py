@@ -17,6 +17,7 @@ from nnperf.search.plan import evaluate
 from nnperf.search.plan.pipeline import traced_schedule_step
 from nnperf.search.plan.rank import (
     RoleCache,
+    collective_estimator,
     collective_timer,
     dense_blocks_of,
     extrapolate,
@@ -70,7 +71,7 @@ def test_megatron_reduces_the_norms_gradients_as_one_all_reduce():
     norms = 2 * 2 + 1  # two a block and the final one
     assert len(coalesced) == 2 * norms  # weight and bias of each LayerNorm
     assert {by_index[i].module.split(".")[-1] for i in coalesced} == {"attention_norm", "ffn_norm", "norm"}
-    timed = collective_timer(CLUSTER, by_index, False, coalesced)
+    timed = collective_timer(collective_estimator(CLUSTER, megatron, {}), by_index, False, coalesced)
     first = by_index[min(coalesced)]
     together = sum(by_index[i].bytes for i in coalesced)
     assert together == 2 * norms * LLAMA["dim"] * 4  # fp32 (AMP) weight and bias of dim elements each

@@ -31,7 +31,13 @@ from typing import Any
 from nnperf.analysis import Analysis
 from nnperf.hardware import GPU, DeviceProfile, default_profile
 from nnperf.hardware.cluster import Cluster
-from nnperf.kernels.collectives import bus_factor, estimate_collective, group_tier
+from nnperf.kernels.collectives import (
+    CollectiveEstimate,
+    bus_factor,
+    estimate_collective,
+    group_tier,
+)
+from nnperf.kernels.expert_dispatch import estimate_deduplicated
 from nnperf.layout import Execution
 from nnperf.loading import resolve
 from nnperf.passes.comm_timeline import Contention, overlap
@@ -42,6 +48,7 @@ from nnperf.search.plan.results import RankCost, RankFigures, StateBytes
 from nnperf.search.plan.states import param_row_bytes
 from nnperf.trace.distributed import sharded_bytes, trace_rank
 from nnperf.trace.options import TraceOptions
+from nnperf.trace.parallel.expert import routing_of
 from nnperf.trace.step import once_per_step
 from nnperf.vocab import Category, Phase
 
@@ -52,7 +59,25 @@ from nnperf.vocab import Category, Phase
 SCALE_POINTS = (3, 4)
 
 
-def collective_timer(cluster: Cluster, collectives: dict[int, Any], p2p_free: bool,
+Estimate = Callable[[Any, int], CollectiveEstimate]
+
+
+def collective_estimator(cluster: Cluster, execution: Execution, routing: dict[str, tuple[int, int]]) -> Estimate:
+    """How a collective of the trace is timed with ``nbytes``: as NCCL runs it
+    (``kernels.collectives``), or, for a mixture of experts' all-to-alls under DeepEP
+    (``Execution.token_dispatcher``), as DeepEP's kernels send a token once per node
+    (``kernels.expert_dispatch``, with ``routing``: each MoE module's top-k and experts)."""
+    def estimate(c: Any, nbytes: int) -> CollectiveEstimate:
+        if execution.token_dispatcher == "deepep" and c.kind == "all_to_all":
+            routed = next((geometry for module, geometry in routing.items()
+                           if c.module == module or c.module.startswith(f"{module}.")), None)
+            if routed is not None:
+                return estimate_deduplicated(nbytes, c.group_ranks, cluster, *routed)
+        return estimate_collective(c.kind, nbytes, c.group_ranks, cluster)
+    return estimate
+
+
+def collective_timer(estimate: Estimate, collectives: dict[int, Any], p2p_free: bool,
                      coalesced: frozenset[int] = frozenset()) -> Callable[[int], tuple[str, int, float]]:
     """Each collective's kind, bytes and time; the ``coalesced`` ones run as one, at the last
     of them, with all their bytes (``megatron_sequence_parallel_grads``)."""
@@ -64,9 +89,9 @@ def collective_timer(cluster: Cluster, collectives: dict[int, Any], p2p_free: bo
         if p2p_free and c.kind == "send_recv":  # the pipeline replay times transfers itself
             return c.kind, c.bytes, 0.0
         if index in coalesced:
-            seconds = estimate_collective(c.kind, together, c.group_ranks, cluster).time_s if index == last else 0.0
+            seconds = estimate(c, together).time_s if index == last else 0.0
             return c.kind, c.bytes, seconds
-        return c.kind, c.bytes, estimate_collective(c.kind, c.bytes, c.group_ranks, cluster).time_s
+        return c.kind, c.bytes, estimate(c, c.bytes).time_s
     return timed
 
 
@@ -87,18 +112,19 @@ def megatron_sequence_parallel_grads(execution: Execution, config: dict[str, Any
                      if c.kind == "all_reduce" and c.phase == "backward" and c.group == group)
 
 
-def _contention(cluster: Cluster, gpu: GPU, collectives: dict[int, Any]) -> Callable[[int], Contention | None]:
+def _contention(cluster: Cluster, gpu: GPU, collectives: dict[int, Any],
+                estimate: Estimate) -> Callable[[int], Contention | None]:
     """What each collective takes from the compute kernels beside it: its tier's thread blocks
     out of the GPU's SMs, and twice its bus bandwidth (each byte it moves read once and written
     once) out of the DRAM bandwidth. None where the tier does not say its thread blocks."""
     def taken(index: int) -> Contention | None:
         c = collectives[index]
         ctas = group_tier(cluster, c.group_ranks).collective_ctas
-        estimate = estimate_collective(c.kind, c.bytes, c.group_ranks, cluster)
-        if ctas is None or not estimate.time_s:
+        estimated = estimate(c, c.bytes)
+        if ctas is None or not estimated.time_s:
             return None
         bus_bytes = c.bytes * bus_factor(c.kind, len(c.group_ranks))
-        return Contention(ctas / gpu.sm_count, 2 * bus_bytes / estimate.time_s / gpu.memory_bandwidth)
+        return Contention(ctas / gpu.sm_count, 2 * bus_bytes / estimated.time_s / gpu.memory_bandwidth)
     return taken
 
 
@@ -162,8 +188,9 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
     by_index = {c.index: c for c in traced.collectives}
     pipelined = execution.pipeline > 1
     coalesced = megatron_sequence_parallel_grads(execution, traced.trace.config, by_index)
-    comm = overlap(prediction.step, traced.trace, collective_timer(cluster, by_index, pipelined, coalesced),
-                   _contention(cluster, gpu, by_index), stream_of=lambda index: by_index[index].stream,
+    estimate = collective_estimator(cluster, execution, routing_of(traced.workload.model))
+    comm = overlap(prediction.step, traced.trace, collective_timer(estimate, by_index, pipelined, coalesced),
+                   _contention(cluster, gpu, by_index, estimate), stream_of=lambda index: by_index[index].stream,
                    pipelined=tensor_parallel_chunks(execution, traced.trace.config, by_index))
     once = [t for t in prediction.step.ops if once_per_step(t.count.event)]
     attention = [t for t in prediction.step.ops if t.category == Category.ATTENTION]

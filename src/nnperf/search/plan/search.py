@@ -39,6 +39,7 @@ from nnperf.layout import (
     DATA_PARALLEL,
     DEFAULT_SCHEDULES,
     SEARCHED_CHECKPOINTS,
+    TOKEN_DISPATCHERS,
     Execution,
 )
 from nnperf.passes.memory.capacity import capacity
@@ -90,7 +91,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
          checkpoints: Iterable[str | None] | None = None, reshard: Iterable[bool] = (True,),
          split: PipelineSplitChoice | None = None, tp_comm_overlap: bool = False, loss_fusion: bool = False,
          micro_batch: Iterable[int] | None = None, sequence_parallel: bool | None = None,
-         expert_tensor: int | None = None) -> Plan:
+         expert_tensor: int | None = None, token_dispatcher: str = "alltoall") -> Plan:
     """Rank the layouts of ``request`` on ``gpus`` GPUs of ``gpu``. ``tensor``/``pipeline``/
     ``expert``: the degrees to try (None: every degree the model and nodes allow; the default,
     1, keeps the data-parallel search; ``context``: context-parallel degrees, modelled in
@@ -107,7 +108,10 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     parallelism (DDP or ZeRO-1) runs --cross-entropy-loss-fusion (``Execution.loss_fusion``).
     ``expert_tensor``: 1, every layout with expert and tensor parallelism runs its experts whole,
     the expert group folded over the tensor-parallel ranks (``Execution.expert_tensor``; those
-    whose degrees cannot fold are left out); None: Megatron-Core's default.
+    whose degrees cannot fold are left out); None: Megatron-Core's default. ``token_dispatcher``:
+    how the expert-parallel layouts send tokens to their experts (``Execution.token_dispatcher``;
+    "deepep", Megatron-LM's flex dispatcher, beside ddp or zero1 only: FSDP's and HSDP's
+    expert-parallel layouts are left out).
     ``micro_batch``: the micro-batch sizes
     a layout may run (None: every split of a data-parallel rank's share of the global batch).
     ``sequence_parallel``: tensor-parallel layouts with sequence parallelism only (True), without
@@ -143,6 +147,11 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         if data is not None and "zero1" in kinds:
             raise UsageError("--data zero1 shards the optimizer state, and --optimizer none has none: use ddp")
         kinds.discard("zero1")
+    if token_dispatcher not in TOKEN_DISPATCHERS:
+        raise UsageError(f"invalid --dispatcher {token_dispatcher!r}; valid: {', '.join(TOKEN_DISPATCHERS)}")
+    if token_dispatcher != "alltoall" and data is not None and not kinds & {"ddp", "zero1"}:
+        raise UsageError(f"--dispatcher {token_dispatcher} is Megatron-LM's flex dispatcher, which runs beside ddp "
+                         f"or zero1: --data {','.join(sorted(kinds))} has neither")
     if expert_tensor not in (None, 1):
         raise UsageError(f"--etp {expert_tensor}: valid: auto (Megatron-Core's default: each expert split over the "
                          "tensor-parallel ranks, folded whole where the data-parallel ranks cannot hold the expert "
@@ -185,9 +194,13 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         experts with tensor parallelism runs with it only)."""
         return sequence_parallel is not False or not experts or e.tensor == 1
 
+    def dispatched(e: Execution) -> bool:
+        """Whether the layout can send its tokens as asked (DeepEP: Megatron-LM's flex dispatcher)."""
+        return token_dispatcher == "alltoall" or e.expert == 1 or e.replicates_parameters
+
     def engines(found: list[Execution]) -> list[Execution]:
-        return [_with_megatron_flags(sequenced(e), tp_comm_overlap, loss_fusion) for e in found
-                if runnable(e) and pinned(e) and (sizes is None or e.micro_batch in sizes)]
+        return [_with_megatron_flags(sequenced(e), tp_comm_overlap, loss_fusion, token_dispatcher) for e in found
+                if runnable(e) and pinned(e) and dispatched(e) and (sizes is None or e.micro_batch in sizes)]
 
     if sizes is not None:  # before any trace: sizes no layout of these degrees runs are one line
         left_out += check_micro_batches(sizes, [
@@ -286,7 +299,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
               "checkpoint": [names[CHECKPOINTS[i]] for i in levels],
               "reshard_after_forward": sorted(set(reshard), reverse=True), "tp_comm_overlap": tp_comm_overlap,
               "loss_fusion": loss_fusion, "micro_batch": None if sizes is None else sorted(sizes),
-              "expert_tensor": expert_tensor}
+              "expert_tensor": expert_tensor, "token_dispatcher": token_dispatcher}
     return Plan(request_name(request), gpu, cluster, gpus, global_batch, ranked, rejected,
                 left_out + notes(request, options, results, layers) + routing_note(info, options), cache.traces, layers,
                 options,
@@ -486,11 +499,14 @@ def _bounded_or_evaluated(execution: Execution, request: ModelRequest, options: 
                              slower_than=slower_than)
 
 
-def _with_megatron_flags(execution: Execution, tp_comm_overlap: bool, loss_fusion: bool) -> Execution:
-    """``execution`` with Megatron-LM's --tp-comm-overlap and --cross-entropy-loss-fusion where
-    asked and they apply (DDP or ZeRO-1; the overlap beside sequence parallelism)."""
+def _with_megatron_flags(execution: Execution, tp_comm_overlap: bool, loss_fusion: bool,
+                         token_dispatcher: str = "alltoall") -> Execution:
+    """``execution`` with Megatron-LM's --tp-comm-overlap, --cross-entropy-loss-fusion and
+    --moe-token-dispatcher-type where asked and they apply (DDP or ZeRO-1; the overlap beside
+    sequence parallelism; the dispatcher beside expert parallelism)."""
     if not execution.replicates_parameters:
         return execution
     overlap = tp_comm_overlap and execution.sequence_parallel
     return replace(execution, tp_comm_overlap=overlap or execution.tp_comm_overlap,
-                   loss_fusion=loss_fusion or execution.loss_fusion)
+                   loss_fusion=loss_fusion or execution.loss_fusion,
+                   token_dispatcher=token_dispatcher if execution.expert > 1 else execution.token_dispatcher)

@@ -56,6 +56,10 @@ def apply_layout(workload: Workload, execution: Execution, options: TraceOptions
             raise UsageError("a mixture of experts with tensor parallelism is planned, not run on GPUs: the split "
                              "experts' all-gather of rows assumes every tensor-parallel rank routes alike, as the "
                              "trace does, and the folded expert group is checked on traced ranks only")
+        if real and execution.token_dispatcher != "alltoall" and has_experts(workload.model):
+            raise UsageError(f"the {execution.token_dispatcher} token dispatcher is planned, not run on GPUs: a "
+                             "measured layout sends its tokens by NCCL's all-to-all; plan it with --dispatcher "
+                             "alltoall to measure it")
         if split_experts and execution.folds_experts:
             from nnperf.trace.parallel.expert_tensor import keep_experts_whole
 

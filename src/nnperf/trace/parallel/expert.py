@@ -70,6 +70,14 @@ def has_experts(model: nn.Module) -> int:
     return next((m.w1.shape[0] for m in model.modules() if isinstance(m, GroupedExperts)), 0)
 
 
+def routing_of(model: nn.Module) -> dict[str, tuple[int, int]]:
+    """Each mixture-of-experts layer's (top-k, experts) by its module name: what a token's
+    copies are (``kernels.expert_dispatch``)."""
+    from nnperf.zoo.moe import MoE
+
+    return {name: (m.top_k, m.experts_count) for name, m in model.named_modules() if isinstance(m, MoE)}
+
+
 def _partition(name: str, module: nn.Module, mesh: Any) -> None:
     """The experts' weights sharded on their expert dimension over the expert group: of each
     rank's tensor-parallel slice where ``split_moe`` split them (that split stays local)."""
