@@ -450,7 +450,9 @@ class Execution:
         if self.context > 1:
             parts.append(f"CP x{self.context}")
         if self.expert > 1:
-            parts.append(f"EP x{self.expert}" + (" (experts whole, folded over TP)" if self.folds_experts else ""))
+            how = [*(["experts whole, folded over TP"] if self.folds_experts else []),
+                   *(["DeepEP"] if self.token_dispatcher == "deepep" else [])]
+            parts.append(f"EP x{self.expert}" + (f" ({'; '.join(how)})" if how else ""))
         if not parts:
             parts.append("1 GPU")
         if not self.replicates_parameters and not self.reshard_after_forward:

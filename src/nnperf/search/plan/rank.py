@@ -188,7 +188,8 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
     by_index = {c.index: c for c in traced.collectives}
     pipelined = execution.pipeline > 1
     coalesced = megatron_sequence_parallel_grads(execution, traced.trace.config, by_index)
-    estimate = collective_estimator(cluster, execution, routing_of(traced.workload.model))
+    routing = routing_of(traced.workload.model) if execution.token_dispatcher == "deepep" else {}
+    estimate = collective_estimator(cluster, execution, routing)
     comm = overlap(prediction.step, traced.trace, collective_timer(estimate, by_index, pipelined, coalesced),
                    _contention(cluster, gpu, by_index, estimate), stream_of=lambda index: by_index[index].stream,
                    pipelined=tensor_parallel_chunks(execution, traced.trace.config, by_index))
