@@ -83,8 +83,10 @@ def test_a_ctrl_c_while_the_servers_start_is_heard_and_they_start_deaf_to_it(at,
 
 
 #: Prepares searches that a backward here precedes (advise), then says whether a fork server
-#: runs and whether a fork is still safe once the tracer's own backward has run.
+#: runs and whether a fork is still safe once the tracer's own backward has run (the autograd
+#: threads take their names a moment after it returns: looked for over a second).
 PREPARED = """
+import time
 from pathlib import Path
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -93,10 +95,13 @@ from nnperf.search import fit_parallel
 fit_parallel.prepare(2, backward_first=True)
 children = Path("/proc/self/task").glob("*/children")
 commands = [Path(f"/proc/{pid}/cmdline").read_bytes() for task in children for pid in task.read_text().split()]
-serving = any(b"multiprocessing.forkserver" in command for command in commands)
+serving = any(b"forkserver import main" in command for command in commands)
 with FakeTensorMode():  # a trace's backward
     w = torch.ones(4, requires_grad=True)
     (w.to(torch.bfloat16) * 2).sum().backward()
+deadline = time.monotonic() + 1
+while fit_parallel.fork_is_safe() and time.monotonic() < deadline:
+    time.sleep(0.01)
 print(serving, fit_parallel.fork_is_safe())
 """
 

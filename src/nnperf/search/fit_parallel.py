@@ -99,26 +99,22 @@ def prepare(workers: int, *, backward_first: bool = False) -> None:
     """Start the fork server early when the searches will need it, so that its imports and
     warm-up (seconds) run while this process does its own set-up (a no-op otherwise, and when
     it already runs). ``backward_first``: this process traces a backward before the searches
-    (advise's step as given), which on a CUDA build starts autograd's device threads and so
-    rules out forking; one backward of a fake tensor finds that out now, starting them a moment
-    early, where waiting would start the server only once the searches wait for it."""
+    (advise's step as given), which on a build with CUDA starts autograd's device threads and so
+    rules out forking (the module docstring): the server is started now, where waiting would
+    start it only once the searches wait for it. Told by the build, not by running a backward
+    and looking: the threads take their names a fraction of a millisecond after it returns."""
     if workers <= 1:
         return
-    if backward_first and fork_is_safe():
-        _backward_as_traced()
-    if start_method() == "forkserver":
+    if start_method() == "forkserver" or (backward_first and _backward_starts_device_threads()):
         _context("forkserver")
 
 
-def _backward_as_traced() -> None:
-    """A backward of fake tensors with a cast, as a trace runs them (on a CUDA build this
-    starts autograd's device threads; on a CPU build, none)."""
+def _backward_starts_device_threads() -> bool:
+    """Whether a backward in this build starts autograd's per-device threads: a build with CUDA
+    (or ROCm, which reports itself so) does, with a GPU or without."""
     import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
-    with FakeTensorMode():
-        weight = torch.ones(4, requires_grad=True)
-        (weight.to(torch.bfloat16) * 2).sum().backward()
+    return torch.backends.cuda.is_built()
 
 
 def run_searches(search: Search, jobs: list[Job], workers: int,
