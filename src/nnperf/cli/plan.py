@@ -80,7 +80,8 @@ def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> l
                    "form on a traced rank), e.g. 1,2,4.")
 @click.option("--ep", "ep_text", default="auto", show_default=True,
               help="Expert-parallel degrees to try for a mixture-of-experts model (experts split over "
-                   "FSDP's shard group or DDP's and ZeRO-1's replicas, tokens sent by all-to-all; beside --tp "
+                   "FSDP's shard group or DDP's and ZeRO-1's replicas, tokens sent by all-to-all or DeepEP "
+                   "(--dispatcher); beside --tp "
                    "with ddp or zero1 as Megatron-Core runs it: each expert split over the tensor-parallel "
                    "ranks, or whole with the expert group folded over them where the data-parallel ranks "
                    "alone cannot hold it): auto (powers of two dividing the experts, inside a node) or a "
