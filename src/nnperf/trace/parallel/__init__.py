@@ -47,7 +47,8 @@ def apply_layout(workload: Workload, execution: Execution, options: TraceOptions
     # leading dense blocks)
     experts = workload.info.get("config", {}).get("n_experts") or has_experts(workload.model)
     with _rank_blocks(workload.model, execution, pp_mesh):
-        split_experts = execution.tensor > 1 and bool(has_experts(workload.model))
+        held_experts = bool(has_experts(workload.model))  # this rank's blocks'
+        split_experts = execution.tensor > 1 and held_experts
         if split_experts and not execution.carries_split_experts:
             raise UsageError("a mixture of experts with tensor parallelism is modelled as Megatron-LM runs it, "
                              f"with --data ddp or zero1 ({execution.data} is torchtitan's, whose expert tensor "
@@ -56,7 +57,7 @@ def apply_layout(workload: Workload, execution: Execution, options: TraceOptions
             raise UsageError("a mixture of experts with tensor parallelism is planned, not run on GPUs: the split "
                              "experts' all-gather of rows assumes every tensor-parallel rank routes alike, as the "
                              "trace does, and the folded expert group is checked on traced ranks only")
-        if real and execution.token_dispatcher != "alltoall" and has_experts(workload.model):
+        if real and execution.token_dispatcher != "alltoall" and held_experts:
             raise UsageError(f"the {execution.token_dispatcher} token dispatcher is planned, not run on GPUs: a "
                              "measured layout sends its tokens by NCCL's all-to-all; plan it with --dispatcher "
                              "alltoall to measure it")

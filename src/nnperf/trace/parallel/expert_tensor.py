@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from nnperf.errors import UsageError
-from nnperf.trace.parallel.tensor import replicate_own_parameters, shard_start
+from nnperf.trace.parallel.tensor import replicate_own_parameters, shard_start, styles
 
 #: The tensor-parallel mesh of each ``GroupedExperts`` split by ``split_moe`` (its dispatch
 #: gathers and reduce-scatters the rows over it: ``trace.parallel.expert``).
@@ -101,14 +101,9 @@ def split_shared_expert(shared: nn.Module, mesh: Any) -> None:
     dense block's, as Megatron-Core's ``SharedExpertMLP`` (an ``MLP``) is: the rank's rows of its
     sequence shard all-gathered, ``w1``/``w3`` by output columns, ``w2`` by input rows, its
     output reduce-scattered back to the rank's rows."""
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        RowwiseParallel,
-        parallelize_module,
-    )
+    from torch.distributed.tensor.parallel import parallelize_module
 
+    Replicate, Shard, ColwiseParallel, RowwiseParallel, _, PrepareModuleInput, _ = styles()
     hidden = shared.w1.out_features
     if hidden % mesh.size():
         raise UsageError(f"tensor parallel degree {mesh.size()} does not divide the shared experts' hidden "
