@@ -12,6 +12,9 @@ The work reports through three calls:
 - ``advance()``: one of them is done (``counted`` advances after each item of a loop);
 - ``note(text)``: what is being done now (``tracing fsdp 8, micro-batch 4``).
 
+Each report is also where a stop whose exception was lost is raised again
+(``stopping.check``): long work reports often, so it stops there at the latest.
+
 Worker processes report to their parent over a queue: a worker sends its reports there
 (``to_queue``), and the parent, waiting for its workers, passes them on to its own sink
 (``drain``).
@@ -36,18 +39,21 @@ _sink: Sink | None = None
 
 def expect(n: int) -> None:
     """``n`` more units of work are coming."""
+    stopping.check()
     if _sink is not None and n:
         _sink("expect", n)
 
 
 def advance(n: int = 1) -> None:
     """``n`` units of work are done."""
+    stopping.check()
     if _sink is not None and n:
         _sink("advance", n)
 
 
 def note(text: str) -> None:
     """What is being done now."""
+    stopping.check()
     if _sink is not None:
         _sink("note", text)
 

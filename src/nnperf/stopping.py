@@ -1,10 +1,11 @@
 """The signals that stop a command (Ctrl-C and ``kill``), held where a stop would leave a
-half-made thing behind, and handled where the main thread only waits.
+half-made thing behind, handled where the main thread only waits, and raised again where the
+exception they raised was lost.
 
 The CLI turns SIGTERM into ``SystemExit(143)`` and Ctrl-C into ``KeyboardInterrupt`` (exit
-130, ``cli.app``): both unwind, so ``finally`` blocks clean up (a half-written output file is
-removed, worker processes are killed: ``search.fit_parallel.in_processes``). Two things can
-get in the way:
+130; ``take_stops``): both unwind, so ``finally`` blocks clean up (a half-written output file
+is removed, worker processes are killed: ``search.fit_parallel.in_processes``). Three things
+can get in the way:
 
 - a stop while a pool starts its processes and threads leaves it half made (a thread waited
   for at exit that never started): ``held()`` defers the signals over such a block, and they
@@ -13,20 +14,68 @@ get in the way:
   progress line's, PyTorch's) sets the flag its Python handler waits on, but the main thread
   may not look at it for as long as it only waits (a Ctrl-C seen minutes later, or never).
   Threads started inside ``held()`` never take them, and a waiting loop calls
-  ``handle_signals()`` to look.
+  ``handle_signals()`` to look;
+- C code that imports a module and carries on when the import fails (an extension module's
+  initialisation: triton's, which ``import torch._dynamo`` loads, on a CUDA build) discards
+  whatever that import raised, the stop included: a signal handled inside it is lost and the command runs to its
+  end. The stop is remembered, and ``check()`` raises it again where long work reports
+  (``nnperf.progress``), before an output file is made (``cli.paths.atomic_path``) and as a
+  command returns.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import FrameType
+from typing import NoReturn
 
 #: Ctrl-C and ``kill``'s default.
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 _MASKS = hasattr(signal, "pthread_sigmask")  # POSIX
+
+#: The stop signal this process was sent (``take_stops``), None before one comes.
+_stop: int | None = None
+#: The process that took the stops: a process forked from it dies of a stop signal instead.
+_taker = os.getpid()
+
+
+def take_stops() -> None:
+    """From now on Ctrl-C raises ``KeyboardInterrupt`` and SIGTERM ``SystemExit(143)`` in this
+    process, and ``check()`` raises the same again wherever it is called after one came. In
+    a process forked from this one (before it sets its own handlers) a stop signal kills as
+    it would have: such a child has no cleanup of its own to run."""
+    global _taker
+    _taker = os.getpid()
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _on_stop)
+
+
+def check() -> None:
+    """Raise the stop this process was sent, if one came: the exception its handler raised may
+    have been discarded (the module docstring)."""
+    if _stop is not None:
+        _raise(_stop)
+
+
+def _on_stop(signum: int, frame: FrameType | None) -> None:
+    global _stop
+    if os.getpid() != _taker:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    _stop = signum
+    _raise(signum)
+
+
+def _raise(signum: int) -> NoReturn:
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise SystemExit(128 + signum)
 
 
 @contextmanager

@@ -50,9 +50,8 @@ def test_a_new_file_gets_the_umask_permissions(tmp_path):
 
 WRITER = textwrap.dedent("""\
     import sys, time
-    from nnperf.cli.app import _exit_on_sigterm
-    import signal
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    from nnperf import stopping
+    stopping.take_stops()
     from nnperf.cli.paths import write_output
 
     def slow(path):

@@ -11,6 +11,7 @@ import sys
 
 import click
 
+from nnperf import stopping
 from nnperf.errors import NnperfError, UsageError
 
 # Sub-command modules; each defines its command(s) on ``cli`` when imported.
@@ -59,10 +60,12 @@ class _Group(click.Group):
 
     def invoke(self, ctx: click.Context):  # type: ignore[override]
         try:
-            return super().invoke(ctx)
+            result = super().invoke(ctx)
         except NnperfError as err:
             click.secho(f"nnperf: error: {err}", fg="red", err=True)
             sys.exit(err.exit_code)
+        stopping.check()  # a stop whose exception was lost on the way (``nnperf.stopping``)
+        return result
 
     def main(self, *args, standalone_mode: bool = True, **kwargs):  # type: ignore[override]
         if not standalone_mode:
@@ -95,18 +98,6 @@ for _name in COMMAND_MODULES:
     importlib.import_module(f"nnperf.cli.{_name}")
 
 
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    """SIGTERM unwinds like Ctrl-C (``finally`` blocks run: a half-written output's temporary
-    file is removed, the file it would replace left as it was) and exits 143. Processes
-    forked from this one (the parallel fit search) die of the signal as before."""
-    if os.getpid() != _MAIN_PID:
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
-        return
-    sys.exit(128 + signum)
-
-
-_MAIN_PID = os.getpid()
 #: The exit status ``main`` ends with (``_end``).
 _exit_code = 0
 
@@ -125,9 +116,8 @@ def _end() -> None:
 
 
 def main() -> None:
-    global _MAIN_PID, _exit_code
-    _MAIN_PID = os.getpid()
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    global _exit_code
+    stopping.take_stops()
     atexit.register(_end)
     # The profiler's C++ side (Kineto) prints "USDT ... profiler_start/stop" lines to stderr
     # each time measure/calibrate profile a step; read when the profiler starts. A user's own

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TypeVar
 
+from nnperf import stopping
 from nnperf.errors import UsageError, shown
 from nnperf.special_files import is_special
 
@@ -86,12 +87,15 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     block ends normally; on any exception, KeyboardInterrupt and SystemExit included, it is
     removed and ``path`` is left as it was. A symbolic link is written through, not replaced.
     The new file gets the old file's permissions, or the usual ones (0666 less the umask).
-    A device or FIFO (``is_special``) gets the finished content written into it instead."""
+    A device or FIFO (``is_special``) gets the finished content written into it instead.
+    Nothing is made after a stop signal came, even one whose exception was lost
+    (``stopping.check``)."""
     target = Path(path).expanduser()
     if is_special(target):
         with tempfile.TemporaryDirectory() as folder:
             tmp = Path(folder) / f"output{target.suffix}"
             yield tmp
+            stopping.check()
             with open(tmp, "rb") as src, open(target, "wb") as dst:
                 shutil.copyfileobj(src, dst)
         return
@@ -103,6 +107,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     tmp = Path(name)
     try:
         yield tmp
+        stopping.check()
         os.chmod(tmp, _mode_for(target))
         os.replace(tmp, target)
     except BaseException:
