@@ -55,6 +55,38 @@ TOKEN_DISPATCHERS = ("alltoall", "deepep")
 
 
 @dataclass(frozen=True)
+class OptimizerStates:
+    """What the distributed optimizer (ZeRO-1) keeps for each element of its shares besides the
+    model's parameter and gradient: a main copy of the parameter and Adam's two moments, in
+    these dtypes (``Execution.optimizer_states``; ``trace.parallel.distributed_optimizer``)."""
+
+    name: str
+    #: the main copy's dtype; None: none, the 16-bit share is updated itself
+    main: str | None
+    moments: str
+    #: how Megatron-LM is asked for it, or None where it has no such optimizer
+    megatron_args: tuple[str, ...] | None
+    source: str
+
+
+#: ``Execution.optimizer_states``, by name: 12, 8 and 4 bytes per element of a share beside a
+#: 16-bit model.
+OPTIMIZER_STATES = {states.name: states for states in (
+    OptimizerStates("fp32", "fp32", "fp32", (),
+                    "Megatron-LM's distributed optimizer (megatron/core/optimizer/distrib_optimizer.py): an fp32 "
+                    "main parameter and fp32 moments"),
+    OptimizerStates("bf16-moments", "fp32", "bf16",
+                    ("--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16"),
+                    "Megatron-Core's precision-aware optimizer, Transformer Engine's FusedAdam with exp_avg_dtype "
+                    "and exp_avg_sq_dtype bf16: an fp32 main parameter, bf16 moments"),
+    OptimizerStates("bf16", None, "bf16", None,
+                    "Apex's DistributedFusedAdam with dtype bf16 beside a bf16 model (NeMo's optim.dtype bf16: "
+                    "NeMo sets store_params False where the optimizer's dtype is the model's): bf16 moments, "
+                    "no main copy"),
+)}
+
+
+@dataclass(frozen=True)
 class Schedule:
     """A pipeline schedule of ``torch.distributed.pipelining``."""
 
@@ -137,6 +169,11 @@ class Execution:
     #: torchtitan's); "deepep", DeepEP's kernels, a copy per node (Megatron-LM's flex dispatcher:
     #: ``kernels.expert_dispatch``)
     token_dispatcher: str = "alltoall"
+    #: the dtypes of ZeRO-1's main parameters and Adam moments (one of OPTIMIZER_STATES): "fp32",
+    #: Megatron-LM's default; "bf16-moments", its precision-aware optimizer with bf16 moments
+    #: (DeepSeek-V3's recipe, the Megatron MoE recipes' FP8 runs); "bf16", Apex's
+    #: DistributedFusedAdam in bf16 beside a bf16 model (NeMo's optim.dtype bf16: Nemotron-4 340B)
+    optimizer_states: str = "fp32"
     bucket_bytes: int = DDP_BUCKET_BYTES
     virtual_stages: int = 1  # model chunks per pipeline rank (interleaved schedules)
     loss_parallel: bool = True  # TP: logits split over the vocabulary for the loss
@@ -331,6 +368,11 @@ class Execution:
         if self.token_dispatcher != "alltoall" and (self.expert == 1 or not self.replicates_parameters):
             raise UsageError(f"the {self.token_dispatcher} token dispatcher is Megatron-LM's flex dispatcher: it needs "
                              "expert parallelism (expert > 1) beside ddp or zero1")
+        if self.optimizer_states not in OPTIMIZER_STATES:
+            raise UsageError(f"unknown optimizer states {self.optimizer_states!r}; valid: {', '.join(OPTIMIZER_STATES)}")
+        if self.optimizer_states != "fp32" and not self.shards_optimizer_only:
+            raise UsageError(f"optimizer states {self.optimizer_states} are a distributed optimizer's: they need "
+                             f"zero1 ({self.data} runs PyTorch's optimizer on the parameters as they are)")
         if self.expert != 1:
             self._validate_expert()
         if self.pipeline > 1:
@@ -438,7 +480,8 @@ class Execution:
 
     def describe(self) -> str:
         parts = {"ddp": [f"DDP x{self.replicate}"] if self.replicate > 1 else [],
-                 "zero1": [f"DDP x{self.replicate} + ZeRO-1 (optimizer state sharded)"],
+                 "zero1": [f"DDP x{self.replicate} + ZeRO-1 (optimizer state sharded"
+                           + ("" if self.optimizer_states == "fp32" else f", {self.optimizer_states}") + ")"],
                  "fsdp": [f"FSDP2 full shard x{self.shard}"],
                  "hsdp": [f"HSDP {self.replicate} replicas x {self.shard} shards"]}[self.data]
         if self.tensor > 1:

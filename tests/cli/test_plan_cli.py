@@ -652,3 +652,44 @@ def test_megatron_layouts_with_its_fused_cross_entropy():
         assert result.exit_code == 2, result.output
         assert "--cross-entropy-loss-fusion" in result.output and named in result.output
         assert len(result.output.strip().splitlines()) == 1
+
+
+def test_optimizer_states_shrink_zero1s_state_and_name_their_arguments():
+    """--optimizer-states on a bf16 model's ZeRO-1 layout over 8 GPUs: the optimizer state per
+    element of a share is 12 bytes (fp32 main parameter and moments), 8 (bf16 moments) or 4
+    (bf16 moments, no main copy), the parameters and gradients unchanged; Megatron-LM's
+    arguments ask for the precision-aware optimizer where it has one and say where it has none."""
+    def planned(states: str) -> dict:
+        args = [a if a != "--amp" else "--dtype" for a in ARGS]
+        result = CliRunner().invoke(cli, [*args, "--gpus", "8", "--tp", "1", "--pp", "1", "--data", "zero1",
+                                          "--micro-batch", "2", "--checkpoint", "none", "--optimizer-states", states,
+                                          "--json"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output)
+
+    docs = {states: planned(states) for states in ("fp32", "bf16-moments", "bf16")}
+    state = {k: d["ranked"][0]["per_rank_state_bytes"] for k, d in docs.items()}
+    assert state["fp32"]["parameters"] == state["bf16"]["parameters"] == state["bf16-moments"]["parameters"]
+    # what differs is bytes per element of the same shares: 12 - 8 = 4 and 12 - 4 = 8
+    shed = state["fp32"]["optimizer_state"] - state["bf16-moments"]["optimizer_state"]
+    assert state["fp32"]["optimizer_state"] - state["bf16"]["optimizer_state"] == 2 * shed
+    elements = state["fp32"]["parameters"] // 2  # bf16 weights
+    assert elements // 8 * 4 <= shed <= (elements // 8 + 64) * 4  # a share each, odd tails on every rank
+    assert docs["bf16-moments"]["ranked"][0]["execution"]["optimizer_states"] == "bf16-moments"
+    assert "--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16" in docs["bf16-moments"]["megatron"]
+    assert "--use-precision-aware-optimizer" not in docs["fp32"]["megatron"]
+    assert docs["bf16"]["megatron"] is None
+    assert "Apex's DistributedFusedAdam" in docs["bf16"]["megatron_not_expressible"]
+
+
+def test_optimizer_states_a_layout_cannot_keep_are_one_line():
+    for args, message in ((["--optimizer-states", "bf16"], "--optimizer-states bf16 updates the model's own "
+                           "parameters, in bf16: it needs --dtype bf16 (not --amp bf16)"),
+                          (["--optimizer-states", "bf16-moments", "--data", "fsdp"], "--optimizer-states "
+                           "bf16-moments is a distributed optimizer's, which runs as zero1: --data fsdp has none"),
+                          (["--optimizer-states", "bf16-moments", "--optimizer", "sgd"], "it needs --optimizer "
+                           "adamw or adam, not sgd")):
+        result = CliRunner().invoke(cli, [*ARGS, "--gpus", "8", *args])
+        assert result.exit_code == 2, result.output
+        assert message in result.output and "Traceback" not in result.output
+        assert len(result.output.strip().splitlines()) == 1

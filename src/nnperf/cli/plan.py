@@ -97,6 +97,13 @@ def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> l
               help="How expert-parallel layouts send tokens to their experts: alltoall (NCCL's all-to-all, a copy "
                    "per expert: Megatron-LM's alltoall dispatcher, torchtitan's) or deepep (DeepEP's kernels, a "
                    "copy per node, forwarded over NVLink: Megatron-LM's flex dispatcher, beside ddp or zero1).")
+@click.option("--optimizer-states", "optimizer_states", type=click.Choice(["fp32", "bf16-moments", "bf16"]),
+              default="fp32", show_default=True,
+              help="What the zero1 layouts' distributed optimizer keeps per parameter: fp32 (an fp32 main copy "
+                   "and fp32 Adam moments, Megatron-LM's default), bf16-moments (the moments in bf16: "
+                   "Megatron-LM's --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16) "
+                   "or bf16 (bf16 moments and no main copy beside a --dtype bf16 model: Apex's "
+                   "DistributedFusedAdam in bf16, NeMo's optim.dtype bf16). Other engines keep their own.")
 @click.option("--data", "data_text", default="auto", show_default=True,
               help="Data-parallel engines to try: auto (ddp, zero1, fsdp, hsdp) or a list, e.g. fsdp,hsdp. "
                    "zero1: DDP with the optimizer state sharded (Megatron-LM's distributed optimizer).")
@@ -149,7 +156,8 @@ def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> l
                    "for 'nnperf measure --layout FILE'.")
 def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, tokens_per_step: int | None,
          tp_text: str, pp_text: str,
-         cp_text: str, ep_text: str, etp_text: str, token_dispatcher: str, data_text: str, checkpoint_text: str, reshard_text: str,
+         cp_text: str, ep_text: str, etp_text: str, token_dispatcher: str, optimizer_states: str, data_text: str,
+         checkpoint_text: str, reshard_text: str,
          schedules: tuple[str, ...], vpp_text: str, first_stage_layers: int | None, last_stage_layers: int | None,
          tp_comm_overlap: bool, loss_fusion: bool, sequence_parallel: bool | None, micro_text: str,
          cluster_name: str | None, as_json: bool, output: str | None, **kwargs: Any) -> None:
@@ -207,7 +215,7 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
         result = run_plan(request, options, gpu, n_gpus, cluster, nodes, global_batch, **axes,
                           tp_comm_overlap=tp_comm_overlap, loss_fusion=loss_fusion,
                           sequence_parallel=sequence_parallel, expert_tensor=_expert_tensor(etp_text),
-                          token_dispatcher=token_dispatcher)
+                          token_dispatcher=token_dispatcher, optimizer_states=optimizer_states)
     if result.cluster.gpu and result.cluster.gpu != gpu.id:
         result.notes.append(f"{result.cluster.name} is built of {result.cluster.gpu}, planned here with {gpu.id}: "
                             "its links, NICs and host CPU are taken as they are")

@@ -22,7 +22,7 @@ import json
 from typing import Any
 
 from nnperf.errors import UsageError
-from nnperf.layout import SCHEDULES
+from nnperf.layout import OPTIMIZER_STATES, SCHEDULES
 from nnperf.trace.loss import DEFAULT_CHUNKS
 from nnperf.trace.options import CHUNKED_LOSSES
 
@@ -313,6 +313,11 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
         args.append("--overlap-grad-reduce")
         if e.data == "zero1":
             args += ["--use-distributed-optimizer", "--overlap-param-gather"]
+            states = OPTIMIZER_STATES[e.optimizer_states]
+            if states.megatron_args is None:
+                raise NotExpressible(f"Megatron-LM's distributed optimizer keeps a main copy of the parameters; "
+                                     f"optimizer states {states.name} are {states.source}")
+            args += [" ".join(states.megatron_args)] if states.megatron_args else []
         if dtype == "bf16":  # the weights' dtype, autocast or not
             args.append("--grad-reduce-in-bf16")
         args.append(f"--ddp-bucket-size {e.bucket_bytes // (2 if dtype in ('bf16', 'fp16') else 4)}")
@@ -376,6 +381,9 @@ def deepspeed_json(execution: Any, amp: str | None = None, dtype: str | None = N
         raise NotExpressible("tensor, pipeline and sequence (Ulysses) parallelism are set up in DeepSpeed's "
                              "model code (PipelineModule, AutoTP, DistributedAttention), not its JSON; "
                              "data-parallel layouts only")
+    if e.optimizer_states != "fp32":
+        raise NotExpressible(f"DeepSpeed's ZeRO keeps fp32 master weights and moments; optimizer states "
+                             f"{e.optimizer_states} are {OPTIMIZER_STATES[e.optimizer_states].source}")
     if not e.replicates_parameters and not e.reshard_after_forward:
         raise NotExpressible("DeepSpeed's ZeRO-3 frees gathered parameters after each module's forward; keeping "
                              "them until backward is not one of its settings (ZeRO-2 keeps every parameter whole)")

@@ -8,6 +8,7 @@ one process; each rank's share of every bucket."""
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 
 import pytest
 import torch
@@ -163,6 +164,30 @@ def test_zero1_of_a_bf16_model_steps_its_fp32_main_parameters():
     (each halved, then summed, in bf16), the weights the fp32 copies rounded to bf16. The
     same steps with AdamW on the bf16 weights themselves (no main parameters) end elsewhere."""
     results = run_ranks(_bf16_worker, 2, timeout_s=120)
+    expected, plain = _bf16_references()
+    for rank in range(2):
+        for got, want in zip(results[rank], expected, strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert any(not torch.equal(got, q) for got, q in zip(results[0], plain, strict=True))
+
+
+@pytest.mark.slow
+def test_zero1_with_bf16_states_steps_the_bf16_weights_themselves():
+    """Optimizer states bf16 (Apex's DistributedFusedAdam in bf16 beside a bf16 model, as NeMo
+    runs it): 3 steps on 2 ranks equal AdamW on one process over the bf16 weights themselves,
+    fed the same averaged gradients, bit for bit; not the steps through fp32 copies."""
+    results = run_ranks(_bf16_states_worker, 2, timeout_s=120)
+    through_fp32, plain = _bf16_references()
+    for rank in range(2):
+        for got, want in zip(results[rank], plain, strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert any(not torch.equal(got, m) for got, m in zip(results[0], through_fp32, strict=True))
+
+
+def _bf16_references() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The small bf16 model's weights after 3 AdamW steps on one process, fed the two ranks'
+    bf16 gradients averaged as the buckets average them: through fp32 copies of the weights
+    (rounded back to bf16 after each step), and on the bf16 weights themselves."""
     torch.manual_seed(0)
     model = _small().to(torch.bfloat16)
     main = [p.detach().float().requires_grad_() for p in model.parameters()]
@@ -183,20 +208,68 @@ def test_zero1_of_a_bf16_model_steps_its_fp32_main_parameters():
         with torch.no_grad():
             for p, m in zip(model.parameters(), main, strict=True):
                 p.copy_(m)
-    expected = [m.detach().to(torch.bfloat16) for m in main]
-    for rank in range(2):
-        for got, want in zip(results[rank], expected, strict=True):
-            torch.testing.assert_close(got, want, rtol=0, atol=0)
-    assert any(not torch.equal(got, q.detach()) for got, q in zip(results[0], plain, strict=True))
+    return [m.detach().to(torch.bfloat16) for m in main], [q.detach() for q in plain]
 
 
-def _bf16_worker(rank: int) -> list[torch.Tensor]:
-    step = _real_step(Execution(world=2, data="zero1", bucket_bytes=200), BF16)
+def _bf16_states_worker(rank: int) -> list[torch.Tensor]:
+    return _bf16_worker(rank, "bf16")
+
+
+def _bf16_worker(rank: int, states: str = "fp32") -> list[torch.Tensor]:
+    step = _real_step(Execution(world=2, data="zero1", bucket_bytes=200, optimizer_states=states), BF16)
     for n in range(3):
         step.step.inputs = (_samples(rank, n).to(torch.bfloat16),)
         step.run()
     step.optimizer.finish()
     return [p.detach().clone() for p in step.workload.model.module.parameters()]
+
+
+@pytest.mark.parametrize(("states", "per_element"), [("fp32", 4 + 4 + 4), ("bf16-moments", 4 + 2 + 2), ("bf16", 2 + 2)])
+def test_optimizer_states_hold_their_bytes_per_element_of_a_share(states, per_element):
+    """Per element of this rank's shares of the bf16 model (2 ranks): Megatron-LM's fp32 main
+    parameter and moments (12 bytes), its precision-aware optimizer's fp32 main parameter and
+    bf16 moments (8), Apex's bf16 state beside a bf16 model, the moments alone (4); AdamW's
+    4-byte step per share in each. The parameters and gradients stay the model's, in bf16."""
+    execution = Execution(world=2, data="zero1", bucket_bytes=200, optimizer_states=states)
+    traced = trace_rank(_workload, BF16, execution, lambda m: [])
+    sizes = _bucket_sizes(traced, itemsize=2)
+    shares = sum(n // 2 + n % 2 for n in sizes)
+    tensors = len(sizes) + sum(n % 2 for n in sizes)
+    total = 16 * 33 + 33 + 33 * 5 + 5
+    assert sharded_bytes(traced) == {"parameters": 2 * total, "gradients": 2 * total,
+                                     "optimizer_state": per_element * shares + 4 * tensors}
+
+
+def test_bf16_moments_step_in_one_fused_adam_over_both_dtypes():
+    """The precision-aware optimizer's step is one fused kernel per dtype group, as Transformer
+    Engine's FusedAdam is: the traced optimizer runs PyTorch's fused AdamW, reading fp32 main
+    parameters and gradients and bf16 moments."""
+    execution = Execution(world=2, data="zero1", bucket_bytes=200, optimizer_states="bf16-moments")
+    traced = trace_rank(_workload, BF16, execution, lambda m: [])
+    steps = [e for e in traced.trace.events if e.phase == "optimizer" and "adam" in e.name]
+    assert [e.name for e in steps] == ["aten._fused_adamw_"]
+    sizes = _bucket_sizes(traced, itemsize=2)
+    shares = len(sizes) + sum(n % 2 for n in sizes)
+    # per share: its main parameter, gradient and step in fp32, its two moments in bf16
+    assert Counter(t.dtype for t in steps[0].inputs) == {torch.float32: 3 * shares, torch.bfloat16: 2 * shares}
+
+
+def test_optimizer_states_refuse_what_they_cannot_hold():
+    """Each a line: bf16 states update a bf16 model's own weights (an fp32 model has none to
+    update); bf16 moments are Adam's; only ZeRO-1's distributed optimizer has them; a measured
+    layout runs PyTorch's AdamW, not Transformer Engine's FusedAdam."""
+    with pytest.raises(UsageError, match="need a model in bf16"):
+        trace_rank(_workload, OPTIONS, Execution(world=2, data="zero1", optimizer_states="bf16"), lambda m: [])
+    with pytest.raises(UsageError, match="need adam or adamw"):
+        trace_rank(_workload, TraceOptions(optimizer="sgd-momentum", dtype="bf16"),
+                   Execution(world=2, data="zero1", optimizer_states="bf16-moments"), lambda m: [])
+    for data in ("ddp", "fsdp"):
+        with pytest.raises(UsageError, match="need zero1"):
+            Execution(world=2, data=data, optimizer_states="bf16-moments").validate()
+    with pytest.raises(UsageError, match="unknown optimizer states 'fp16'; valid: fp32, bf16-moments, bf16"):
+        Execution(world=2, data="zero1", optimizer_states="fp16").validate()
+    with pytest.raises(UsageError, match="planned, not run on GPUs"):
+        _real_step(Execution(world=2, data="zero1", optimizer_states="bf16-moments"), BF16)
 
 
 def test_zero1_runs_with_a_grad_scaler_on_an_fp32_model():

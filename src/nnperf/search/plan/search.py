@@ -38,6 +38,7 @@ from nnperf.layout import (
     CHECKPOINT_NAMES,
     DATA_PARALLEL,
     DEFAULT_SCHEDULES,
+    OPTIMIZER_STATES,
     SEARCHED_CHECKPOINTS,
     TOKEN_DISPATCHERS,
     Execution,
@@ -91,7 +92,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
          checkpoints: Iterable[str | None] | None = None, reshard: Iterable[bool] = (True,),
          split: PipelineSplitChoice | None = None, tp_comm_overlap: bool = False, loss_fusion: bool = False,
          micro_batch: Iterable[int] | None = None, sequence_parallel: bool | None = None,
-         expert_tensor: int | None = None, token_dispatcher: str = "alltoall") -> Plan:
+         expert_tensor: int | None = None, token_dispatcher: str = "alltoall",
+         optimizer_states: str = "fp32") -> Plan:
     """Rank the layouts of ``request`` on ``gpus`` GPUs of ``gpu``. ``tensor``/``pipeline``/
     ``expert``: the degrees to try (None: every degree the model and nodes allow; the default,
     1, keeps the data-parallel search; ``context``: context-parallel degrees, modelled in
@@ -111,7 +113,9 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     whose degrees cannot fold are left out); None: Megatron-Core's default. ``token_dispatcher``:
     how the expert-parallel layouts send tokens to their experts (``Execution.token_dispatcher``;
     "deepep", Megatron-LM's flex dispatcher, beside ddp or zero1 only: FSDP's and HSDP's
-    expert-parallel layouts are left out).
+    expert-parallel layouts are left out). ``optimizer_states``: what the ZeRO-1 layouts'
+    distributed optimizer keeps (``Execution.optimizer_states``; the other engines run PyTorch's
+    optimizer on their parameters as they are).
     ``micro_batch``: the micro-batch sizes
     a layout may run (None: every split of a data-parallel rank's share of the global batch).
     ``sequence_parallel``: tensor-parallel layouts with sequence parallelism only (True), without
@@ -152,6 +156,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     if token_dispatcher != "alltoall" and data is not None and not kinds & {"ddp", "zero1"}:
         raise UsageError(f"--dispatcher {token_dispatcher} is Megatron-LM's flex dispatcher, which runs beside ddp "
                          f"or zero1: --data {','.join(sorted(kinds))} has neither")
+    check_optimizer_states(optimizer_states, options, kinds if data is not None else None)
     if expert_tensor not in (None, 1):
         raise UsageError(f"--etp {expert_tensor}: valid: auto (Megatron-Core's default: each expert split over the "
                          "tensor-parallel ranks, folded whole where the data-parallel ranks cannot hold the expert "
@@ -199,7 +204,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         return token_dispatcher == "alltoall" or e.expert == 1 or e.replicates_parameters
 
     def engines(found: list[Execution]) -> list[Execution]:
-        return [_with_megatron_flags(sequenced(e), tp_comm_overlap, loss_fusion, token_dispatcher) for e in found
+        return [_with_megatron_flags(sequenced(e), tp_comm_overlap, loss_fusion, token_dispatcher, optimizer_states)
+                for e in found
                 if runnable(e) and pinned(e) and dispatched(e) and (sizes is None or e.micro_batch in sizes)]
 
     if sizes is not None:  # before any trace: sizes no layout of these degrees runs are one line
@@ -299,11 +305,31 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
               "checkpoint": [names[CHECKPOINTS[i]] for i in levels],
               "reshard_after_forward": sorted(set(reshard), reverse=True), "tp_comm_overlap": tp_comm_overlap,
               "loss_fusion": loss_fusion, "micro_batch": None if sizes is None else sorted(sizes),
-              "expert_tensor": expert_tensor, "token_dispatcher": token_dispatcher}
+              "expert_tensor": expert_tensor, "token_dispatcher": token_dispatcher,
+              "optimizer_states": optimizer_states}
     return Plan(request_name(request), gpu, cluster, gpus, global_batch, ranked, rejected,
                 left_out + notes(request, options, results, layers) + routing_note(info, options), cache.traces, layers,
                 options,
                 dict(request.overrides), request.seq_len or (info[2] if info else None), search)
+
+
+def check_optimizer_states(name: str, options: TraceOptions, kinds: set[str] | None) -> None:
+    """One line for optimizer states that no layout asked for can keep (``kinds``: the
+    data-parallel engines the user named, None: the default search)."""
+    states = OPTIMIZER_STATES.get(name)
+    if states is None:
+        raise UsageError(f"invalid --optimizer-states {name!r}; valid: {', '.join(OPTIMIZER_STATES)}")
+    if states.name == "fp32":
+        return
+    if kinds is not None and "zero1" not in kinds:
+        raise UsageError(f"--optimizer-states {name} is a distributed optimizer's, which runs as zero1: --data "
+                         f"{','.join(sorted(kinds))} has none")
+    if options.optimizer not in ("adam", "adamw"):
+        raise UsageError(f"--optimizer-states {name} keeps Adam's moments in {states.moments}: it needs --optimizer "
+                         f"adamw or adam, not {options.optimizer}")
+    if states.main is None and options.dtype != states.moments:
+        raise UsageError(f"--optimizer-states {name} updates the model's own parameters, in {states.moments}: it "
+                         f"needs --dtype {states.moments}" + (f" (not --amp {options.amp})" if options.amp else ""))
 
 
 #: Processes a plan's searches run in (default: 2 where a fork is safe, else 1).
@@ -500,13 +526,15 @@ def _bounded_or_evaluated(execution: Execution, request: ModelRequest, options: 
 
 
 def _with_megatron_flags(execution: Execution, tp_comm_overlap: bool, loss_fusion: bool,
-                         token_dispatcher: str = "alltoall") -> Execution:
-    """``execution`` with Megatron-LM's --tp-comm-overlap, --cross-entropy-loss-fusion and
-    --moe-token-dispatcher-type where asked and they apply (DDP or ZeRO-1; the overlap beside
-    sequence parallelism; the dispatcher beside expert parallelism)."""
+                         token_dispatcher: str = "alltoall", optimizer_states: str = "fp32") -> Execution:
+    """``execution`` with Megatron-LM's --tp-comm-overlap, --cross-entropy-loss-fusion,
+    --moe-token-dispatcher-type and optimizer states where asked and they apply (DDP or ZeRO-1;
+    the overlap beside sequence parallelism; the dispatcher beside expert parallelism; the
+    states beside ZeRO-1)."""
     if not execution.replicates_parameters:
         return execution
     overlap = tp_comm_overlap and execution.sequence_parallel
     return replace(execution, tp_comm_overlap=overlap or execution.tp_comm_overlap,
                    loss_fusion=loss_fusion or execution.loss_fusion,
-                   token_dispatcher=token_dispatcher if execution.expert > 1 else execution.token_dispatcher)
+                   token_dispatcher=token_dispatcher if execution.expert > 1 else execution.token_dispatcher,
+                   optimizer_states=optimizer_states if execution.shards_optimizer_only else execution.optimizer_states)

@@ -61,6 +61,10 @@ def apply_layout(workload: Workload, execution: Execution, options: TraceOptions
             raise UsageError(f"the {execution.token_dispatcher} token dispatcher is planned, not run on GPUs: a "
                              "measured layout sends its tokens by NCCL's all-to-all; plan it with --dispatcher "
                              "alltoall to measure it")
+        if real and execution.optimizer_states == "bf16-moments":
+            raise UsageError("optimizer states bf16-moments are planned, not run on GPUs: their step is Transformer "
+                             "Engine's FusedAdam, which PyTorch's AdamW is not; plan the layout with "
+                             "--optimizer-states fp32 to measure it")
         if split_experts and execution.folds_experts:
             from nnperf.trace.parallel.expert_tensor import keep_experts_whole
 

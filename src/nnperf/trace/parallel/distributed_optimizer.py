@@ -33,6 +33,13 @@ after (``_copy_main_params_to_model_params``), which the all-gather then spreads
 its shares a rank holds 4 bytes of main parameter and, with Adam, two fp32 moments: the 12 bytes
 of Megatron's distributed-optimizer memory formula. Gradient clipping reads the shares' own
 gradients (Megatron clips the fp32 copies: the same elements at twice the bytes).
+
+Recipes keep less (``Execution.optimizer_states``, ``layout.OPTIMIZER_STATES``): Megatron-Core's
+precision-aware optimizer keeps the moments in bf16 beside the fp32 main parameter (8 bytes; its
+step is Transformer Engine's FusedAdam, one fused kernel over both dtypes, traced as PyTorch's
+fused AdamW over the fp32 main parameters with the moments made bf16 first), and Apex's
+DistributedFusedAdam in bf16 beside a bf16 model keeps only bf16 moments and updates the share
+itself (4 bytes).
 """
 
 from __future__ import annotations
@@ -45,6 +52,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from nnperf.errors import UsageError
+from nnperf.layout import OPTIMIZER_STATES, OptimizerStates
 
 #: Set on the model a layout wraps for ZeRO-1: the ``ShardedBuckets`` of each of its DDP modules
 #: (a pipeline rank has one per chunk); ``trace.step.make_optimizer`` builds the optimizer on them.
@@ -78,6 +88,8 @@ class ShardedBuckets:
     size: int
     buckets: list[Bucket] = field(default_factory=list)
     needs_gather: bool = True
+    #: what the optimizer keeps per element (``layout.OPTIMIZER_STATES``)
+    states: OptimizerStates = OPTIMIZER_STATES["fp32"]
 
     def optimized(self) -> Iterator[nn.Parameter]:
         for bucket in self.buckets:
@@ -98,7 +110,8 @@ class ShardedBuckets:
 
 
 def shard_buckets(module: nn.Module, buckets: list[list[int]], group: Any,
-                  bucket_groups: list[Any] | None = None) -> ShardedBuckets:
+                  bucket_groups: list[Any] | None = None,
+                  states: OptimizerStates = OPTIMIZER_STATES["fp32"]) -> ShardedBuckets:
     """Lay each bucket's parameters (indices into ``module``'s trainable parameters, in the
     bucket's order) out in one flat buffer, rebinding the module's parameters to views of it,
     and cut this rank's share over ``bucket_groups[i]`` (default: every bucket over ``group``,
@@ -111,7 +124,7 @@ def shard_buckets(module: nn.Module, buckets: list[list[int]], group: Any,
         for name, p in sub._parameters.items():
             if p is not None and id(p) in owners:
                 owners[id(p)].append((sub, name))
-    sharded = ShardedBuckets(group, rank, size)
+    sharded = ShardedBuckets(group, rank, size, states=states)
     for indices, over in zip(buckets, bucket_groups, strict=True):
         members = [params[i] for i in indices]
         numel = sum(p.numel() for p in members)
@@ -176,8 +189,9 @@ def gather_before_forward(ddp: nn.Module, sharded: ShardedBuckets) -> None:
     ddp.register_forward_pre_hook(gather)
 
 
-#: The dtypes whose shares get fp32 main parameters (Megatron-LM's ``--bf16`` and ``--fp16``).
+#: The dtypes whose shares get a main parameter (Megatron-LM's ``--bf16`` and ``--fp16``).
 LOW_PRECISION = (torch.bfloat16, torch.float16)
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 class DistributedOptimizer:
@@ -191,10 +205,23 @@ class DistributedOptimizer:
                  sharded: list[ShardedBuckets]) -> None:
         self.sharded = sharded
         self.shares = [p for s in sharded for p in s.optimized()]
-        #: the fp32 main parameter of each bf16 or fp16 share, by its position in ``shares``
-        self.main = {i: nn.Parameter(s.detach().to(torch.float32), requires_grad=True)
-                     for i, s in enumerate(self.shares) if s.dtype in LOW_PRECISION}
-        self.optimizer = optimizer_class([self.main.get(i, s) for i, s in enumerate(self.shares)], **kwargs)
+        states = sharded[0].states if sharded else OPTIMIZER_STATES["fp32"]
+        low = {s.dtype for s in self.shares if s.dtype in LOW_PRECISION}
+        if states.main is None and low != {_DTYPES[states.moments]}:
+            raise UsageError(f"optimizer states {states.name} update the model's own {states.moments} parameters: "
+                             f"they need a model in {states.moments} (--dtype {states.moments})")
+        if states.moments != "fp32" and optimizer_class not in (torch.optim.Adam, torch.optim.AdamW):
+            raise UsageError(f"optimizer states {states.name} hold Adam's moments: they need adam or adamw")
+        #: the main parameter of each bf16 or fp16 share, by its position in ``shares``
+        self.main = {i: nn.Parameter(s.detach().to(_DTYPES[states.main]), requires_grad=True)
+                     for i, s in enumerate(self.shares) if states.main is not None and s.dtype in LOW_PRECISION}
+        optimized = [self.main.get(i, s) for i, s in enumerate(self.shares)]
+        if states.main is not None and states.moments != states.main:
+            kwargs = {**{k: v for k, v in kwargs.items() if k != "foreach"}, "fused": True}
+        self.optimizer = optimizer_class(optimized, **kwargs)
+        if states.main is not None and states.moments != states.main:
+            for p in optimized:
+                self.optimizer.state[p] = _moments(p, _DTYPES[states.moments])
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -251,3 +278,13 @@ class DistributedOptimizer:
         for s in self.sharded:
             if s.needs_gather:
                 s.gather()
+
+
+def _moments(param: torch.Tensor, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Adam's state for ``param`` with its moments in ``dtype``, as PyTorch's fused AdamW makes it
+    on its first step (``torch.optim.adamw._init_group``: an fp32 step count on the device,
+    moments shaped like the parameter) but for the moments' dtype, which the fused step takes
+    as it comes, as Transformer Engine's FusedAdam does."""
+    return {"step": torch.zeros((), dtype=torch.float32, device=param.device),
+            "exp_avg": torch.zeros_like(param, dtype=dtype, memory_format=torch.preserve_format),
+            "exp_avg_sq": torch.zeros_like(param, dtype=dtype, memory_format=torch.preserve_format)}
