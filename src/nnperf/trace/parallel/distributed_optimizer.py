@@ -197,9 +197,10 @@ _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 class DistributedOptimizer:
     """The step's optimizer (``optimizer_class`` with ``kwargs``, from
     ``trace.step.make_optimizer``) over this rank's share of every bucket, each bf16 or fp16
-    share through an fp32 main copy (module docstring; an fp32 share is optimized itself, as
-    Megatron-LM's ``shard_fp32_groups``). ``step`` updates the shares and marks the parameters
-    for the all-gather before the next forward (``gather_before_forward``)."""
+    share through a main copy where the buckets' states keep one (fp32 unless asked otherwise:
+    the module docstring; an fp32 share is optimized itself, as Megatron-LM's
+    ``shard_fp32_groups``). ``step`` updates the shares and marks the parameters for the
+    all-gather before the next forward (``gather_before_forward``)."""
 
     def __init__(self, optimizer_class: type[torch.optim.Optimizer], kwargs: dict[str, Any],
                  sharded: list[ShardedBuckets]) -> None:
