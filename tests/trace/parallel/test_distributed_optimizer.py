@@ -158,30 +158,20 @@ def test_zero1_of_a_bf16_model_keeps_fp32_main_parameters():
 
 
 @pytest.mark.slow
-def test_zero1_of_a_bf16_model_steps_its_fp32_main_parameters():
-    """3 steps of the bf16 model on 2 ranks against AdamW on one process over fp32 copies of
-    the weights, fed the two ranks' bf16 gradients averaged as the buckets average them
-    (each halved, then summed, in bf16), the weights the fp32 copies rounded to bf16. The
-    same steps with AdamW on the bf16 weights themselves (no main parameters) end elsewhere."""
-    results = run_ranks(_bf16_worker, 2, timeout_s=120)
-    expected, plain = _bf16_references()
+@pytest.mark.parametrize("states", ["fp32", "bf16"])
+def test_zero1_of_a_bf16_model_steps_as_its_states_say(states):
+    """3 steps of the bf16 model on 2 ranks against AdamW on one process, fed the two ranks'
+    bf16 gradients averaged as the buckets average them (each halved, then summed, in bf16):
+    with fp32 states (Megatron-LM's) over fp32 copies of the weights, rounded to bf16 after
+    each step; with bf16 states (Apex's DistributedFusedAdam in bf16 beside a bf16 model, as
+    NeMo runs it) over the bf16 weights themselves. Bit for bit, and not the other one."""
+    results = run_ranks(_bf16_states_worker if states == "bf16" else _bf16_worker, 2, timeout_s=120)
+    through_fp32, plain = _bf16_references()
+    expected, other = (plain, through_fp32) if states == "bf16" else (through_fp32, plain)
     for rank in range(2):
         for got, want in zip(results[rank], expected, strict=True):
             torch.testing.assert_close(got, want, rtol=0, atol=0)
-    assert any(not torch.equal(got, q) for got, q in zip(results[0], plain, strict=True))
-
-
-@pytest.mark.slow
-def test_zero1_with_bf16_states_steps_the_bf16_weights_themselves():
-    """Optimizer states bf16 (Apex's DistributedFusedAdam in bf16 beside a bf16 model, as NeMo
-    runs it): 3 steps on 2 ranks equal AdamW on one process over the bf16 weights themselves,
-    fed the same averaged gradients, bit for bit; not the steps through fp32 copies."""
-    results = run_ranks(_bf16_states_worker, 2, timeout_s=120)
-    through_fp32, plain = _bf16_references()
-    for rank in range(2):
-        for got, want in zip(results[rank], plain, strict=True):
-            torch.testing.assert_close(got, want, rtol=0, atol=0)
-    assert any(not torch.equal(got, m) for got, m in zip(results[0], through_fp32, strict=True))
+    assert any(not torch.equal(got, o) for got, o in zip(results[0], other, strict=True))
 
 
 def _bf16_references() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
