@@ -55,17 +55,29 @@ LOST_STOP = textwrap.dedent("""\
     {next}
     print("not stopped", flush=True)
 """)
-NEXT = {"a progress report": "progress.note('the next search')",
-        "an output file": "write_output(sys.argv[1], '--html', lambda path: path.write_text('report'))"}
+#: What the process does next, and the lines it prints before it stops.
+NEXT = {"a progress report": ("progress.note('the next search')", ["ran on"]),
+        "an output file": ("write_output(sys.argv[1], '--html', lambda path: path.write_text('report'))", ["ran on"]),
+        "a wait for workers": ("stopping.handle_signals()", ["ran on"]),
+        # a worker forked now leaves the stop to its parent: its own reports go on
+        "a worker's report, then its parent's": (
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    stopping.release()\n"
+            "    progress.note('a search in a worker')\n"
+            "    os._exit(0)\n"
+            "print('worker', os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)\n"
+            "progress.note('the next search')", ["ran on", "worker 0"])}
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 @pytest.mark.parametrize("where", NEXT)
 def test_a_stop_whose_exception_was_discarded_stops_at_the_next_report_or_output(where, sig, tmp_path):
-    script = LOST_STOP.format(signal=sig.name, next=NEXT[where])
+    code, printed = NEXT[where]
+    script = LOST_STOP.format(signal=sig.name, next=code)
     output = tmp_path / "report.html"
     done = subprocess.run([sys.executable, "-c", script, str(output)], capture_output=True, text=True, timeout=120)
-    assert done.stdout.splitlines() == ["ran on"], done.stderr  # lost once, then stopped
+    assert done.stdout.splitlines() == printed, done.stderr  # lost once, then stopped
     if sig == signal.SIGTERM:
         assert done.returncode == 143, done.stderr
     else:  # an uncaught KeyboardInterrupt: Python ends by the signal, as a shell expects

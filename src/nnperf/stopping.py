@@ -19,8 +19,8 @@ can get in the way:
   initialisation: triton's, which ``import torch._dynamo`` loads, on a CUDA build) discards
   whatever that import raised, the stop included: a signal handled inside it is lost and the command runs to its
   end. The stop is remembered, and ``check()`` raises it again where long work reports
-  (``nnperf.progress``), before an output file is made (``cli.paths.atomic_path``) and as a
-  command returns.
+  (``nnperf.progress``) or waits (``handle_signals``), before an output file is made
+  (``cli.paths.atomic_path``, a calibration's files) and as a command returns.
 """
 
 from __future__ import annotations
@@ -95,17 +95,21 @@ def held() -> Iterator[None]:
 
 def release() -> None:
     """Take the stop signals again in a process started inside ``held()`` (a forked worker
-    inherits the mask)."""
+    inherits the mask), with no stop of its own yet: one its parent was sent is the parent's to
+    act on."""
+    global _stop
+    _stop = None
     if _MASKS:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
 def handle_signals() -> None:
-    """Run the Python handlers of stop signals that arrived, now: CPython's
+    """Run the Python handlers of stop signals that arrived, now (CPython's
     ``signal.pthread_sigmask`` checks for pending signals after every call, whichever thread
-    the kernel gave them to."""
+    the kernel gave them to), and raise again a stop whose exception was lost (``check``)."""
     if _MASKS:
         signal.pthread_sigmask(signal.SIG_BLOCK, ())
+    check()
 
 
 def die_with_parent() -> None:

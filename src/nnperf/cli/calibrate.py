@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from nnperf import stopping
 from nnperf.cli.app import cli
 from nnperf.cli.paths import check_output, os_errors_as_usage
 
@@ -75,6 +76,7 @@ def calibrate(device_name, quick, output, device_file, gpu, as_json, kernel_benc
                     tasks[group] = bars.add_task(group, total=total)
 
             def progress(group: str, done: int) -> None:
+                stopping.check()  # a stop whose exception was lost on the way (``nnperf.stopping``)
                 bars.update(tasks[group], completed=done)
 
             run_calibration(device, plan, progress, result=cal)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nnperf import stopping
 from nnperf.hardware import GPU, save_profile
 from nnperf.measure.calibration.profile import build_profile, cpu_description, measured_table
 from nnperf.measure.calibration.record import Calibration
@@ -78,7 +79,9 @@ def profile_text(cal: Calibration, gpu: GPU | None, kernel_bench: dict[str, Any]
 def write_outputs(cal: Calibration, gpu: GPU | None, outputs: Outputs,
                   kernel_bench: dict[str, Any] | None = None) -> None:
     """Write every output atomically: temp files in the same folder, renamed only when all are
-    written. An incomplete calibration is refused (nothing is ever written as if complete)."""
+    written. An incomplete calibration is refused (nothing is ever written as if complete), and
+    nothing is written after a stop signal came (``stopping.check``)."""
+    stopping.check()
     if not cal.complete:
         raise ValueError("refusing to write an incomplete calibration as a profile")
     texts: dict[Path, str] = {outputs.profile: profile_text(cal, gpu, kernel_bench)}
