@@ -64,19 +64,19 @@ class OptimizerStates:
     #: the main copy's dtype; None: none, the 16-bit share is updated itself
     main: str | None
     moments: str
-    #: how Megatron-LM is asked for it, or None where it has no such optimizer
-    megatron_args: tuple[str, ...] | None
+    #: how Megatron-LM is asked for it ("": its default), or None where it has no such optimizer
+    megatron_args: str | None
     source: str
 
 
 #: ``Execution.optimizer_states``, by name: 12, 8 and 4 bytes per element of a share beside a
 #: 16-bit model.
 OPTIMIZER_STATES = {states.name: states for states in (
-    OptimizerStates("fp32", "fp32", "fp32", (),
+    OptimizerStates("fp32", "fp32", "fp32", "",
                     "Megatron-LM's distributed optimizer (megatron/core/optimizer/distrib_optimizer.py): an fp32 "
                     "main parameter and fp32 moments"),
     OptimizerStates("bf16-moments", "fp32", "bf16",
-                    ("--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16"),
+                    "--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16",
                     "Megatron-Core's precision-aware optimizer, Transformer Engine's FusedAdam with exp_avg_dtype "
                     "and exp_avg_sq_dtype bf16: an fp32 main parameter, bf16 moments"),
     OptimizerStates("bf16", None, "bf16", None,

@@ -317,7 +317,8 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
             if states.megatron_args is None:
                 raise NotExpressible(f"Megatron-LM's distributed optimizer keeps a main copy of the parameters; "
                                      f"optimizer states {states.name} are {states.source}")
-            args += [" ".join(states.megatron_args)] if states.megatron_args else []
+            if states.megatron_args:
+                args.append(states.megatron_args)
         if dtype == "bf16":  # the weights' dtype, autocast or not
             args.append("--grad-reduce-in-bf16")
         args.append(f"--ddp-bucket-size {e.bucket_bytes // (2 if dtype in ('bf16', 'fp16') else 4)}")

@@ -54,9 +54,9 @@ def states_bound(sibling: Planned, shard: int, execution: Execution, optimizer: 
     """The lower bound (bytes) of ``execution``'s memory from ``sibling``, the planned FSDP
     layout of the same shape over ``shard`` ranks; None where the module docstring's
     conditions do not hold."""
-    mirrors = MIRRORS.get(optimizer)
     if execution.optimizer_states != "fp32":  # less than FSDP's own optimizer may keep
         return None
+    mirrors = MIRRORS.get(optimizer)
     states = sibling.state_bytes or StateBytes()
     # whole bytes, as the plan reports them (an extrapolated figure is a float)
     params, gradients, optimizer_state = (round(states.parameters), round(states.gradients),

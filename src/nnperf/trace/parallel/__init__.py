@@ -43,6 +43,10 @@ def apply_layout(workload: Workload, execution: Execution, options: TraceOptions
     from nnperf.trace.parallel.expert import has_experts
 
     tp_mesh, dp_mesh, pp_mesh, ep_mesh, experts_dp_mesh = meshes
+    if real and execution.optimizer_states == "bf16-moments":
+        raise UsageError("optimizer states bf16-moments are planned, not run on GPUs: their step is Transformer "
+                         "Engine's FusedAdam, which PyTorch's AdamW is not; plan the layout with "
+                         "--optimizer-states fp32 to measure it")
     # the model's experts, though a shallow trace or a pipeline rank's blocks may hold none (DeepSeek's
     # leading dense blocks)
     experts = workload.info.get("config", {}).get("n_experts") or has_experts(workload.model)
@@ -61,10 +65,6 @@ def apply_layout(workload: Workload, execution: Execution, options: TraceOptions
             raise UsageError(f"the {execution.token_dispatcher} token dispatcher is planned, not run on GPUs: a "
                              "measured layout sends its tokens by NCCL's all-to-all; plan it with --dispatcher "
                              "alltoall to measure it")
-        if real and execution.optimizer_states == "bf16-moments":
-            raise UsageError("optimizer states bf16-moments are planned, not run on GPUs: their step is Transformer "
-                             "Engine's FusedAdam, which PyTorch's AdamW is not; plan the layout with "
-                             "--optimizer-states fp32 to measure it")
         if split_experts and execution.folds_experts:
             from nnperf.trace.parallel.expert_tensor import keep_experts_whole
 

@@ -217,10 +217,11 @@ class DistributedOptimizer:
         self.main = {i: nn.Parameter(s.detach().to(_DTYPES[states.main]), requires_grad=True)
                      for i, s in enumerate(self.shares) if states.main is not None and s.dtype in LOW_PRECISION}
         optimized = [self.main.get(i, s) for i, s in enumerate(self.shares)]
-        if states.main is not None and states.moments != states.main:
+        mixed = states.main is not None and states.moments != states.main  # TE's FusedAdam: one fused step
+        if mixed:
             kwargs = {**{k: v for k, v in kwargs.items() if k != "foreach"}, "fused": True}
         self.optimizer = optimizer_class(optimized, **kwargs)
-        if states.main is not None and states.moments != states.main:
+        if mixed:
             for p in optimized:
                 self.optimizer.state[p] = _moments(p, _DTYPES[states.moments])
 
