@@ -74,7 +74,7 @@ def test_a_tensor_degree_the_heads_do_not_allow_is_one_line():
 
 
 def test_a_pipeline_the_layers_do_not_allow_is_one_line():
-    result = CliRunner().invoke(cli, [*ARGS, "--gpus", "8", "--pp", "3"])
+    result = CliRunner().invoke(cli, [*ARGS, "--gpus", "6", "--pp", "3"])
     assert result.exit_code == 2
     assert result.output.strip().endswith("2 layers do not split evenly into 3 pipeline stages; nearest valid "
                                           "pipeline degrees: 2"), result.output
@@ -126,6 +126,24 @@ def test_degrees_no_layout_of_the_gpus_can_have_are_one_line():
     for gpus, per_node, options, words in cases:
         result = CliRunner().invoke(cli, [*ARGS, "--gpus", gpus, "--nodes-of", per_node, *options, "--pp", "1"])
         assert result.exit_code == 2 and words in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1
+
+
+def test_valid_degrees_are_those_the_other_asked_degrees_leave():
+    """A pipeline degree the GPUs refuse is named before the layers' split (whose nearest degrees
+    need not divide the GPUs either), and each valid list is of what the asked tensor (and
+    pipeline) degree leaves of the GPUs, pipelines no deeper than the layers: 20 GPUs (nodes of 4)
+    at --tp 2 leave 10 for the pipeline (8 needs 16), 16 at --tp 2 --pp 2 leave 4 for the context."""
+    cases = ((["-O", "n_layer=12", "--gpus", "20", "--nodes-of", "4", "--tp", "2", "--pp", "8"],
+              "--tp 2 x --pp 8 = 16 does not divide the 20 GPUs; pipeline degrees with --tp 2: 1, 2, 5, 10"),
+             (["-O", "n_layer=4", "--gpus", "24", "--pp", "16"], "--pp 16 does not divide the 24 GPUs; valid: 1, 2, 3, 4"),
+             (["--gpus", "16", "--tp", "2", "--pp", "2", "--cp", "3"],
+              "--cp 3: tensor x pipeline (4) x context does not divide the 16 GPUs; valid: 1, 2, 4"),
+             (["--gpus", "16", "--tp", "2", "--cp", "3"],
+              "--cp 3: tensor x pipeline (2) x context does not divide the 16 GPUs; valid: 1, 2, 4, 8"))
+    for options, words in cases:
+        result = CliRunner().invoke(cli, [*ARGS, *options])
+        assert result.exit_code == 2 and result.output.strip().endswith(words), result.output
         assert len(result.output.strip().splitlines()) == 1
 
 

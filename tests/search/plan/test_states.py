@@ -102,6 +102,31 @@ def test_nothing_fits_names_only_remedies_not_already_in_use():
     assert fresh == ["more GPUs to shard over", "a smaller micro-batch", "bf16 (--amp bf16)"]
 
 
+def test_activation_checkpointing_is_named_where_activations_outweigh_the_state():
+    """Kept from checkpointing (``--checkpoint none``), a smallest layout that holds more beside
+    its parameters, gradients and optimizer state than they take gets full checkpointing named,
+    with both sizes; not one that checkpoints whole already, one whose state is the larger, or a
+    bound (not traced: what it holds beside its state is not known)."""
+    from dataclasses import replace
+
+    from nnperf.search.plan.notes import _beside_state, _remedies
+    from nnperf.search.plan.results import Planned, StateBytes
+
+    gib = 2**30
+    planned = Planned(Execution(world=16, data="zero1", tensor=8, sequence_parallel=True), memory_bytes=100 * gib,
+                      context_bytes=gib, state_bytes=StateBytes(parameters=4 * gib, gradients=4 * gib,
+                                                                optimizer_state=3 * gib))
+    assert _beside_state(planned) == (88 * gib, 11 * gib)  # 100 - 1 of context - (4 + 4 + 3)
+    options = TraceOptions(dtype="bf16")
+    assert ("activation checkpointing (--checkpoint full): it holds 88.0 GiB of activations and working memory "
+            "beside 11.0 GiB of parameters, gradients and optimizer state"
+            in _remedies(options, planned.execution, beside_state=_beside_state(planned)))
+    full = replace(planned.execution, checkpoint="full")
+    assert not any("--checkpoint" in r for r in _remedies(options, full, beside_state=(88 * gib, 11 * gib)))
+    assert not any("--checkpoint" in r for r in _remedies(options, planned.execution, beside_state=(5 * gib, 11 * gib)))
+    assert _beside_state(replace(planned, memory_bound="parameters and optimizer state")) is None
+
+
 def test_the_reserved_peak_is_the_device_total_less_the_cuda_context():
     """What training frameworks log as memory (torch.cuda.max_memory_reserved()) is the plan's
     device total without the CUDA context outside the caching allocator."""

@@ -132,40 +132,44 @@ def listed(degrees: Iterable[int]) -> str:
 
 
 def check_degrees(gpus: int, nodes_of: int, tensor: Iterable[int] | None, pipeline: Iterable[int] | None,
-                  context: Iterable[int]) -> None:
+                  context: Iterable[int], layers: int | None = None) -> None:
     """A degree the user asked for that no layout of ``gpus`` GPUs can have is one line with the
     valid ones (it used to leave nothing to search, or only the other axes' layouts): a tensor
     degree divides the GPU count and fills nodes evenly (a divisor of the GPUs per node, or whole
     nodes: the SC21 paper's 16- and 32-way tensor parallelism over 8-GPU nodes, whose
     collectives then cross the network, as the plan times them; the search's own degrees stay
-    inside a node); pipeline and context degrees divide the GPU count, and with one tensor and
-    pipeline degree asked, what those leave."""
+    inside a node); a pipeline degree divides what one asked tensor degree leaves of the GPUs
+    (and holds at most ``layers`` stages), a context degree what one asked tensor and pipeline
+    degree leave: the valid ones named are those the other asked degrees allow."""
     def divisors(n: int) -> list[int]:
         return [d for d in range(1, n + 1) if n % d == 0]
+
+    def listing(degrees: Iterable[int]) -> str:
+        return ", ".join(map(str, degrees))
 
     for tp in tensor or ():
         if tp < 1 or gpus % tp or not fills_nodes(tp, nodes_of):
             valid = [d for d in divisors(gpus) if fills_nodes(d, nodes_of)]
             raise UsageError(f"--tp {tp}: a tensor-parallel group fills nodes evenly, so its degree divides the "
                              f"{nodes_of} GPUs per node or is whole nodes of them, and divides the {gpus} GPUs; "
-                             f"valid: {', '.join(map(str, valid))}")
+                             f"valid: {listing(valid)}")
     tensor, pipeline = list(tensor or ()), list(pipeline or ())
-    model_parallel = tensor[0] * pipeline[0] if len(tensor) == len(pipeline) == 1 else None
-    for option, degrees in (("--pp", pipeline), ("--cp", context)):  # --ep: expert_degrees
-        for d in degrees:
-            if d < 1 or gpus % d:
-                raise UsageError(f"{option} {d} does not divide the {gpus} GPUs; valid: "
-                                 f"{', '.join(map(str, divisors(gpus)))}")
-    if model_parallel is None:
-        return
-    # the tensor degree divides the GPUs (above), so it leaves gpus / tp for the pipeline
-    if gpus % model_parallel:
-        raise UsageError(f"--tp {tensor[0]} x --pp {pipeline[0]} = {model_parallel} does not divide the {gpus} GPUs; "
-                         f"pipeline degrees with --tp {tensor[0]}: {', '.join(map(str, divisors(gpus // tensor[0])))}")
+    tp = tensor[0] if len(tensor) == 1 else 1  # the tensor degree divides the GPUs (above)
+    for pp in pipeline:
+        if pp < 1 or gpus % (tp * pp):
+            valid = [d for d in divisors(gpus // tp) if layers is None or d <= layers]
+            if tp == 1:
+                raise UsageError(f"--pp {pp} does not divide the {gpus} GPUs; valid: {listing(valid)}")
+            raise UsageError(f"--tp {tp} x --pp {pp} = {tp * pp} does not divide the {gpus} GPUs; pipeline "
+                             f"degrees with --tp {tp}: {listing(valid)}")
+    model_parallel = tp * (pipeline[0] if len(pipeline) == 1 else 1)
     for cp in context:
-        if gpus % (model_parallel * cp):
+        if cp < 1 or gpus % (model_parallel * cp):
+            valid = listing(divisors(gpus // model_parallel))
+            if model_parallel == 1:
+                raise UsageError(f"--cp {cp} does not divide the {gpus} GPUs; valid: {valid}")
             raise UsageError(f"--cp {cp}: tensor x pipeline ({model_parallel}) x context does not divide the {gpus} "
-                             f"GPUs; valid: {', '.join(map(str, divisors(gpus // model_parallel)))}")
+                             f"GPUs; valid: {valid}")
 
 
 def expert_degrees(request: ModelRequest, gpus: int, nodes_of: int, expert: Iterable[int] | None,

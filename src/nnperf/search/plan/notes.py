@@ -143,16 +143,32 @@ def smallest_memory(plan_: Plan) -> str:
     return (f"no layout of {plan_.model} fits on {plan_.gpus} x {plan_.gpu.name}: the smallest is "
             f"{at_least}{least.memory_bytes / 2**30:.1f} GiB per GPU ({least.execution.describe()}) against "
             f"{capacity(plan_.gpu) / 2**30:.1f} GiB; it needs {at_least}{need:.1f}x the memory: "
-            + ", ".join(_remedies(plan_.options, least.execution, least.loss_saved_bytes)))
+            + ", ".join(_remedies(plan_.options, least.execution, least.loss_saved_bytes, _beside_state(least))))
 
 
 #: Below this, what an eager loss keeps is not worth naming as a remedy.
 _LOSS_REMEDY_BYTES = 2**30
 
 
-def _remedies(options: TraceOptions, smallest: Execution, loss_saved: int = 0) -> list[str]:
-    """What could still shrink the smallest layout: only what the plan did not already use."""
+def _beside_state(planned: Planned) -> tuple[float, float] | None:
+    """What a traced layout holds beside its persistent state (activations, the loss's copies,
+    workspace), and that state, in bytes; None for a bound (not traced)."""
+    if planned.state_bytes is None or planned.memory_bound:
+        return None
+    state = planned.state_bytes.total
+    return max(0.0, planned.memory_bytes - planned.context_bytes - state), state
+
+
+def _remedies(options: TraceOptions, smallest: Execution, loss_saved: int = 0,
+              beside_state: tuple[float, float] | None = None) -> list[str]:
+    """What could still shrink the smallest layout: only what the plan did not already use.
+    Activation checkpointing is named where the search was kept from it (``--checkpoint``) and
+    what the layout holds beside its parameters, gradients and optimizer state is the larger."""
     out = ["more GPUs to shard over"]
+    if options.train and smallest.checkpoint != "full" and beside_state and beside_state[0] > beside_state[1]:
+        held, state = beside_state
+        out.append(f"activation checkpointing (--checkpoint full): it holds {held / 2**30:.1f} GiB of activations "
+                   f"and working memory beside {state / 2**30:.1f} GiB of parameters, gradients and optimizer state")
     if options.loss == "eager" and not smallest.loss_fusion and loss_saved >= _LOSS_REMEDY_BYTES:
         out.append(f"a compiled or chunked loss (--loss compiled: torchtitan's [compile] components = [\"loss\"]; "
                    f"--loss chunked: its ChunkedLossWrapper): the eager cross entropy keeps "

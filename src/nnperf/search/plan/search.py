@@ -63,6 +63,7 @@ from nnperf.search.plan.layouts import (
     PipelineSplitChoice,
     check_expert_degrees,
     check_micro_batches,
+    fills_nodes,
     global_batch_hint,
     layouts,
     shape_key,
@@ -133,13 +134,17 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     context = list(context)
     layers = layers_of(request)
     asked = (tensor, pipeline)
+    if all(gpus % t == 0 and fills_nodes(t, nodes_of) for t in tensor or ()):
+        # the pipeline and context degrees the GPUs allow before the layers' split, whose valid
+        # degrees may not divide the GPUs (a tensor degree the heads refuse is the model's to say)
+        check_degrees(gpus, nodes_of, *asked, context, layers=layers)
     info = model_info(request, layers)  # one meta build of one block, for the axes and the note
     tensor, pipeline = chunked_loss_axes(options, tensor, pipeline)
     split = split or PipelineSplitChoice()
     tensor, pipeline = search_axes(request, gpus, nodes_of, layers, tensor, pipeline, info, split,
                                    schedules)  # the model's rules first
     left_out = axes_note(request, gpus, asked, tensor, pipeline, info)
-    check_degrees(gpus, nodes_of, *asked, context)
+    check_degrees(gpus, nodes_of, *asked, context, layers=layers)
     if split.virtual != PipelineSplitChoice().virtual:  # asked for: each must split the stages
         check_virtual_stages(layers, pipeline, schedules, split)
     expert = expert_degrees(request, gpus, nodes_of, expert, info)
