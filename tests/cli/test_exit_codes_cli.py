@@ -40,7 +40,8 @@ def test_memory_that_fits_exits_0():
     (["gpt2", "-O", "n_layer=abc"], "n_layer must be an integer"),
     (["gpt2", "-O", "n_layr=2"], "unknown option 'n_layr'"),
     (["resnet18", "--seq", "16"], "takes no sequence length"),
-    (["gpt2", "--seq", "2048"], "exceeds n_positions 1024"),
+    (["gpt2", "--seq", "2048"], "exceeds n_positions 1024 (the learned position table's length): give -O "
+                                "n_positions=2048"),
     (["mlp", "-O", "widths=8,abc"], "widths must be integers"),
 ])
 def test_bad_settings_of_a_built_in_model_exit_2(args, message):

@@ -15,8 +15,6 @@ sync.
 
 from __future__ import annotations
 
-import contextlib
-import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,15 +62,6 @@ def _mesh_key(grad: torch.Tensor, dtensor: type | None) -> Any:
     return None
 
 
-def _quiet_redistribute() -> contextlib.AbstractContextManager[None]:
-    """DTensor warns that the gradients' norm over a 2-D mesh (data x tensor) takes two
-    all-reduces, one per dimension; torchtitan runs them so, and the trace records both: the
-    warning says nothing to a user of nnperf."""
-    from nnperf.trace.diagnosis import quiet_logger
-
-    return quiet_logger("torch.distributed.tensor._redistribute", logging.ERROR)
-
-
 @torch.no_grad()
 def clip_grad_norm(params: list[torch.Tensor], max_norm: float, pipeline_group: Any = None,
                    reduce_groups: tuple[Any, ...] = (), apart: ApartNorm | None = None) -> torch.Tensor:
@@ -80,6 +69,8 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float, pipeline_group: 
     the norm (a 0-dim device tensor). ``pipeline_group`` and ``reduce_groups``: the ranks whose
     gradients' squared norms are summed with this one's; ``apart``: parameters whose squared
     norm is first summed over a group of its own."""
+    from nnperf.trace.diagnosis import quiet_redistribute
+
     with_grads = [p for p in params if p.grad is not None]
     if not with_grads:
         return torch.zeros(())
@@ -96,7 +87,7 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float, pipeline_group: 
         groups.setdefault(key, []).append(p)
     norms = {}
     for key, members in groups.items():
-        with _quiet_redistribute():
+        with quiet_redistribute():
             norm = torch.nn.utils.get_total_norm([p.grad for p in members], NORM_TYPE, False, True)
             if dtensor is not None and isinstance(norm, dtensor):
                 norm = norm.full_tensor()

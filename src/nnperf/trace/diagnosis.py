@@ -94,6 +94,14 @@ def quiet_logger(name: str, level: int) -> Iterator[None]:
         logger.setLevel(previous)
 
 
+def quiet_redistribute() -> contextlib.AbstractContextManager[None]:
+    """DTensor warns when a redistribution takes one collective per mesh dimension (a
+    gradients' norm over a data x tensor mesh; GradScaler's found-inf flag, a ``Partial(max)``
+    over both, read on the host): the engines run them so and the trace records each, so the
+    warning says nothing to a user of nnperf."""
+    return quiet_logger("torch.distributed.tensor._redistribute", logging.ERROR)
+
+
 @contextlib.contextmanager
 def quiet_fsdp_view_warning() -> Iterator[None]:
     """FSDP2 (torch 2.13) warns that a wrapped module returning a view loses its pre-backward

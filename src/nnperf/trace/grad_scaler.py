@@ -76,7 +76,10 @@ class TracedGradScaler:
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """``scaler.unscale_(optimizer)`` before clipping: the unscale and inf check run here,
         and ``step`` then only reads the result."""
-        self.scaler.unscale_(optimizer)
+        from nnperf.trace.diagnosis import quiet_redistribute
+
+        with quiet_redistribute():
+            self.scaler.unscale_(optimizer)
 
     def step(
         self,
@@ -94,10 +97,13 @@ class TracedGradScaler:
         def post(*_: Any) -> None:
             on_optimizer_end()
 
+        from nnperf.trace.diagnosis import quiet_redistribute
+
         handles = [optimizer.register_step_pre_hook(pre), optimizer.register_step_post_hook(post)]
         self.finite.armed = True
         try:
-            self.scaler.step(optimizer)
+            with quiet_redistribute():
+                self.scaler.step(optimizer)
         finally:
             self.finite.armed = False
             for h in handles:

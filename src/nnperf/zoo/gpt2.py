@@ -203,7 +203,8 @@ def _builder(name: str, n_layer: int, n_embd: int, n_head: int, vocab: int = 502
         require_divisible(name, c, "n_embd", "n_head")
         assert seq is not None
         if seq > c["n_positions"]:
-            raise ModelOptionError(f"{name}: seq_len {seq} exceeds n_positions {c['n_positions']}")
+            raise ModelOptionError(f"{name}: seq_len {seq} exceeds n_positions {c['n_positions']} (the learned position "
+                                   f"table's length): give -O n_positions={seq} for a model trained at {seq} tokens")
         model = GPT2(c)
         tokens = random_tokens(batch, seq, c["vocab"])
         loss = TokenCrossEntropy(random_tokens(batch, seq, c["vocab"]))

@@ -201,3 +201,15 @@ def test_a_pipeline_given_no_depth_splits_the_models_own_blocks():
     request = ModelRequest("gpt2", batch=2, seq_len=32, overrides={**GPT2, "n_layer": 8})
     planned = evaluate(request, OPTIONS, two, GPU, CLUSTER, cache=RoleCache())
     assert planned.pipeline.parameter_bytes_per_rank == _expected_bytes(8, (4, 4))
+
+
+def test_an_fsdp_and_tensor_parallel_fp16_plan_prints_no_dtensor_warning(caplog):
+    """fp16's GradScaler reads its found-inf flag, a ``Partial(max)`` over the data x tensor mesh,
+    which DTensor reduces one dimension at a time and warns about on stderr (OPT-175B's layout
+    printed it mid-plan); the trace records both all-reduces and the warning says nothing."""
+    request = ModelRequest("gpt2", batch=2, seq_len=32, overrides={**GPT2, "n_layer": 2, "n_head": 8})
+    layout = Execution(world=32, data="fsdp", tensor=8, micro_batch=2)
+    options = TraceOptions(amp="fp16", clip_grad_norm=1.0)
+    planned = evaluate(request, options, layout, GPU, CLUSTER, layers=2, cache=RoleCache())
+    assert planned.step_s > 0
+    assert not [r for r in caplog.records if r.name.startswith("torch.distributed.tensor")]
