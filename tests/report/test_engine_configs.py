@@ -350,3 +350,43 @@ def test_fewer_micro_batches_than_stages_are_megatrons_not_torchtitans():
     assert "--pipeline-model-parallel-size 4" in megatron_args(e, 8, amp="bf16")
     with pytest.raises(NotExpressible, match=r"Schedule1F1B.*\(2 < 4\)"):
         torchtitan_refusals(e, "bf16", None, "flash")
+
+
+def test_a_tensor_and_pipeline_parallel_layout_is_megatron_deepspeeds():
+    """MT-NLG 530B's layout (TP 8 x PP 35 x DP 8, 1F1B, ZeRO-1, full recomputation, bf16 model):
+    the JSON Megatron-DeepSpeed reads holds its batch (1 x 240 x 8 = 1920), ZeRO stage and
+    precision, the bf16 model's gradients kept in bf16 as planned; its own arguments hold the
+    model parallelism and the recomputation."""
+    from nnperf.report.engine_configs import deepspeed_json, megatron_deepspeed_args
+
+    e = Execution(world=2240, data="zero1", tensor=8, pipeline=35, pipeline_schedule="1f1b", micro_batch=1,
+                  grad_accum=240, checkpoint="full")
+    config = json.loads(deepspeed_json(e, dtype="bf16", clip=1.0))
+    assert config["train_batch_size"] == 1920 and config["gradient_accumulation_steps"] == 240
+    assert config["zero_optimization"]["stage"] == 1 and config["bf16"] == {"enabled": True}
+    assert config["data_types"] == {"grad_accum_dtype": "bf16"} and config["gradient_clipping"] == 1.0
+    flags = megatron_deepspeed_args(e, dtype="bf16", seq_len=2048).split(" \\\n  ")
+    assert flags == ["--tensor-model-parallel-size 8", "--pipeline-model-parallel-size 35", "--micro-batch-size 1",
+                     "--global-batch-size 1920", "--seq-length 2048", "--checkpoint-activations", "--bf16",
+                     "--zero-stage 1", "--deepspeed", "--deepspeed_config ds_config.json"]
+    tensor_only = Execution(world=16, data="ddp", tensor=8, sequence_parallel=True)
+    flags = megatron_deepspeed_args(tensor_only, amp="bf16").split(" \\\n  ")
+    assert {"--no-pipeline-parallel", "--sequence-parallel", "--zero-stage 0"} <= set(flags)
+    assert "data_types" not in json.loads(deepspeed_json(tensor_only, amp="bf16"))  # fp32 gradients, as planned
+
+
+@pytest.mark.parametrize(("changes", "words"), [
+    ({"pipeline_schedule": "interleaved-1f1b", "virtual_stages": 2}, "runs 1F1B"),
+    ({"data": "fsdp"}, "ZeRO stage 0 or 1 only"),
+    ({"first_stage_layers": 3, "last_stage_layers": 3}, "partition method"),
+    ({"tp_comm_overlap": True, "sequence_parallel": True}, "userbuffers"),
+    ({"checkpoint": "selective-op"}, "core attention"),
+    ({"context": 2, "world": 64}, "Ulysses"),
+])
+def test_what_megatron_deepspeed_cannot_run_is_said(changes, words):
+    from nnperf.report.engine_configs import NotExpressible, deepspeed_json
+
+    base = {"world": 32, "data": "zero1", "tensor": 4, "pipeline": 4, "pipeline_schedule": "1f1b",
+            "micro_batch": 1, "grad_accum": 8}
+    with pytest.raises(NotExpressible, match=words):
+        deepspeed_json(Execution(**{**base, **changes}), dtype="bf16")

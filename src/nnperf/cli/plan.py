@@ -262,12 +262,15 @@ def _global_batch_of(tokens: int, global_batch: int | None, request: Any) -> int
 def engine_configs(result: Any, options: TraceOptions, model_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """For each engine, the fastest ranked layout it can run: its config text, and where that is
     not the winner, which layout it is (``{engine}_layout``) and why the engine cannot run the
-    winner (``{engine}_not_expressible``; with no text, why it can run none of them)."""
+    winner (``{engine}_not_expressible``; with no text, why it can run none of them). A DeepSpeed
+    config for a tensor- or pipeline-parallel layout is Megatron-DeepSpeed's, whose own arguments
+    set the rest (``deepspeed_launch``)."""
     from nnperf.report.engine_configs import (
         NotExpressible,
         check_torchtitan_model,
         deepspeed_json,
         megatron_args,
+        megatron_deepspeed_args,
         torchrun_command,
         torchtitan_toml,
     )
@@ -311,6 +314,9 @@ def engine_configs(result: Any, options: TraceOptions, model_options: dict[str, 
                 out[f"{name}_layout"] = {"rank": rank, "layout": planned.execution.describe(),
                                          "slower_by": planned.step_s / best.step_s - 1}
             break
+    deepspeed = chosen.get("deepspeed")
+    out["deepspeed_launch"] = (megatron_deepspeed_args(deepspeed, amp, dtype, seq)
+                               if deepspeed is not None and deepspeed.tensor * deepspeed.pipeline > 1 else None)
     # the command runs torchtitan with the TOML above: without one there is nothing to run
     out["torchrun"] = torchrun_command(chosen["torchtitan"]) if out["torchtitan"] else None
     out["torchrun_python"] = torchrun_python_command(chosen["torchtitan_python"]) if out["torchtitan_python"] else None
@@ -362,6 +368,9 @@ def _print(result: Any, configs: dict[str, Any]) -> None:
     for name, title in (("megatron", "Megatron-LM arguments"), ("deepspeed", "DeepSpeed config (ds_config.json)")):
         if configs.get(name):
             click.echo(f"\n{title}{_which_layout(configs, name)}:\n{configs[name]}")
+            if name == "deepspeed" and configs.get("deepspeed_launch"):
+                click.echo("\nMegatron-DeepSpeed arguments (the model parallelism ds_config.json cannot hold):\n"
+                           + configs["deepspeed_launch"])
         else:
             click.echo(f"\n{title}: none — {configs[f'{name}_not_expressible']}")
     if not configs.get("torchtitan"):

@@ -369,8 +369,11 @@ def deepspeed_json(execution: Any, amp: str | None = None, dtype: str | None = N
     """DeepSpeed's config: ZeRO stage 0 (DDP), 1 (ZeRO-1: the optimizer state sharded), 3 (FSDP
     full shard) or 3 with MiCS (HSDP);
     ``bf16``/``fp16`` (a half-precision model, fp32 master weights) for ``--amp`` or
-    ``--dtype``; ``gradient_clipping`` (default 0: off) for ``--clip-grad-norm``. Attention is
-    the model code's, not the JSON's."""
+    ``--dtype``, a ``--dtype bf16`` model's gradients accumulated in bf16 as planned
+    (``data_types.grad_accum_dtype``); ``gradient_clipping`` (default 0: off) for
+    ``--clip-grad-norm``. Attention is the model code's, not the JSON's. A layout with tensor or pipeline parallelism is
+    Megatron-DeepSpeed's: the JSON holds its batch, ZeRO stage, precision and clipping, its own
+    arguments the rest (``megatron_deepspeed_args``)."""
     e = execution
     if fp8:
         raise NotExpressible("DeepSpeed's JSON has no FP8 training: its FP8 runs Transformer Engine's layers, "
@@ -378,20 +381,24 @@ def deepspeed_json(execution: Any, amp: str | None = None, dtype: str | None = N
     if e.expert > 1:
         raise NotExpressible("DeepSpeed's expert parallelism is set in the model code "
                              "(deepspeed.moe.layer.MoE(ep_size=...)), not its JSON")
-    if e.tensor > 1 or e.pipeline > 1 or e.context > 1:
-        raise NotExpressible("tensor, pipeline and sequence (Ulysses) parallelism are set up in DeepSpeed's "
-                             "model code (PipelineModule, AutoTP, DistributedAttention), not its JSON; "
-                             "data-parallel layouts only")
+    if e.context > 1:
+        raise NotExpressible("context parallelism (ring attention over sequence shards) is not DeepSpeed's: its "
+                             "sequence parallelism is Ulysses' all-to-all (DistributedAttention, in the model code)")
+    if e.tensor > 1 or e.pipeline > 1:
+        _check_megatron_deepspeed(e)
+    elif e.checkpoint:
+        raise NotExpressible("DeepSpeed checkpoints activations through deepspeed.checkpointing in the "
+                             "model code, not its JSON")
     if e.optimizer_states != "fp32":
         raise NotExpressible(f"DeepSpeed's ZeRO keeps fp32 master weights and moments; optimizer states "
                              f"{e.optimizer_states} are {OPTIMIZER_STATES[e.optimizer_states].source}")
     if not e.replicates_parameters and not e.reshard_after_forward:
         raise NotExpressible("DeepSpeed's ZeRO-3 frees gathered parameters after each module's forward; keeping "
                              "them until backward is not one of its settings (ZeRO-2 keeps every parameter whole)")
-    zero: dict[str, Any] = {"stage": {"ddp": 0, "zero1": 1}.get(e.data, 3)}
+    zero: dict[str, Any] = {"stage": _zero_stage(e)}
     if e.data == "hsdp":
         zero.update(mics_shard_size=e.shard, mics_hierarchical_params_gather=False)
-    if e.data != "ddp":
+    if e.data not in (None, "ddp"):
         zero["reduce_scatter"] = True
     config: dict[str, Any] = {
         "train_batch_size": e.global_batch,
@@ -404,7 +411,68 @@ def deepspeed_json(execution: Any, amp: str | None = None, dtype: str | None = N
     half = _half_precision(amp, dtype)
     if half:
         config[half] = {"enabled": True}
-    if e.checkpoint:
-        raise NotExpressible("DeepSpeed checkpoints activations through deepspeed.checkpointing in the "
-                             "model code, not its JSON")
+    if dtype == "bf16":
+        # the plan's gradients are the bf16 model's own: DeepSpeed accumulates them in fp32 where no
+        # ZeRO stage is on unless told (engine.py get_data_types: BF16_Optimizer's fp32 buffers)
+        config["data_types"] = {"grad_accum_dtype": "bf16"}
     return json.dumps(config, indent=2)
+
+
+def _zero_stage(e: Any) -> int:
+    return {"ddp": 0, "zero1": 1, None: 0}.get(e.data, 3)
+
+
+def _check_megatron_deepspeed(e: Any) -> None:
+    """What Megatron-DeepSpeed (github.com/microsoft/Megatron-DeepSpeed, ``megatron/arguments.py``
+    and DeepSpeed's ``runtime/pipe``) cannot run of a tensor- or pipeline-parallel layout."""
+    if e.pipeline > 1 and e.pipeline_schedule != "1f1b":
+        raise NotExpressible(f"DeepSpeed's pipeline engine runs 1F1B (its TrainSchedule), not {e.pipeline_schedule}")
+    if e.pipeline > 1 and e.data not in (None, "ddp", "zero1"):
+        raise NotExpressible("DeepSpeed's pipeline engine runs beside ZeRO stage 0 or 1 only, not the sharded "
+                             f"parameters of {e.data}")
+    if e.data == "hsdp":
+        raise NotExpressible("DeepSpeed's MiCS (HSDP) is not one of Megatron-DeepSpeed's layouts beside tensor "
+                             "parallelism")
+    if e.uneven:
+        raise NotExpressible("Megatron-DeepSpeed splits the blocks over its stages by its partition method in the "
+                             "model code (BLOOM's 'type:transformer|embedding' counts each embedding as a block), "
+                             "not shortened first and last stages")
+    if e.tp_comm_overlap:
+        raise NotExpressible("Transformer Engine's tensor-parallel overlap (userbuffers) is Megatron-Core's, "
+                             "not Megatron-DeepSpeed's")
+    if e.loss_fusion:
+        raise NotExpressible("the fused cross entropy (--cross-entropy-loss-fusion) is Megatron-Core's, not "
+                             "Megatron-DeepSpeed's")
+    if e.checkpoint not in (None, "full", "selective-attention"):
+        raise NotExpressible(f"Megatron-DeepSpeed recomputes whole blocks or the core attention, not nnperf's "
+                             f"{e.checkpoint} policy")
+
+
+def megatron_deepspeed_args(execution: Any, amp: str | None = None, dtype: str | None = None,
+                            seq_len: int | None = None) -> str:
+    """Megatron-DeepSpeed's arguments for a layout ``deepspeed_json`` writes with tensor or
+    pipeline parallelism: the model parallelism, batch, recomputation and precision its JSON
+    cannot hold (``megatron/arguments.py``: ``--tensor-model-parallel-size``,
+    ``--pipeline-model-parallel-size``, ``--no-pipeline-parallel`` without DeepSpeed's pipeline
+    engine, Megatron-LM's ``--sequence-parallel``, ``--checkpoint-activations``,
+    ``--recompute-granularity selective``, ``--zero-stage``, and DeepSpeed's own
+    ``--deepspeed --deepspeed_config``)."""
+    e = execution
+    _check_megatron_deepspeed(e)
+    args = [f"--tensor-model-parallel-size {e.tensor}", f"--pipeline-model-parallel-size {e.pipeline}"]
+    if e.pipeline == 1:
+        args.append("--no-pipeline-parallel")
+    if e.sequence_parallel:
+        args.append("--sequence-parallel")
+    args += [f"--micro-batch-size {e.micro_batch}", f"--global-batch-size {e.global_batch}"]
+    if seq_len:
+        args.append(f"--seq-length {seq_len}")
+    if e.checkpoint == "full":
+        args.append("--checkpoint-activations")
+    elif e.checkpoint == "selective-attention":
+        args.append("--recompute-granularity selective")
+    half = _half_precision(amp, dtype)
+    if half:
+        args.append(f"--{half}")
+    args += [f"--zero-stage {_zero_stage(e)}", "--deepspeed", "--deepspeed_config ds_config.json"]
+    return " \\\n  ".join(args)
