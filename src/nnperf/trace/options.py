@@ -163,6 +163,8 @@ class TraceOptions:
             parts.append(self.dtype)
         if self.amp:
             parts.append(f"amp {self.amp}")
+        if not self.dtype and not self.amp:  # said: a plan of a model left in fp32 is not a bf16 one
+            parts.append("fp32")
         if self.fp8:
             parts.append("FP8 linears")
         if self.channels_last:
