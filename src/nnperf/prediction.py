@@ -145,6 +145,7 @@ class Prediction:
             "mfu_math": mfu.math,
             "bound": self.step.bound,
             "host_s": self.step.host_s,
+            "host_busy_s": self.step.host_busy_s,
             "device_busy_s": self.step.device_busy_s,
             "device_idle_s": self.step.device_idle_s,
             "kernels": sum(t.kernels for t in self.step.ops),

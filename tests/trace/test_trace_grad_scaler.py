@@ -192,6 +192,30 @@ def test_found_inf_read_makes_the_host_wait_for_the_device():
     assert slices[read.index + 1].start_s == pytest.approx(device_done + profile.host_sync_s)
 
 
+def test_the_hosts_busy_time_leaves_out_its_wait_at_the_found_inf_read():
+    """``host_s`` is when the host has issued the step, its wait for the device at the found-inf
+    read included; ``host_busy_s``, the host's own work, is that less the wait (the device still
+    running when the read was issued, and the round trip after): OPT-175B's plan read "host
+    16.8 s" where the host issued for about 1.5 s. The step's bound is judged on that work: a
+    step whose device runs longer than the host issues is not host-bound, however long the host
+    waited (its end, after the wait, passes the device's busy time)."""
+    profile = default_profile()
+    for batch in (4096, 32768):
+        tr = trace(amp="fp16", batch=batch,
+                   model=lambda: nn.Sequential(nn.Linear(D_IN, 2048), nn.Linear(2048, D_OUT)))
+        (read,) = [e for e in tr.events if e.name == "aten._local_scalar_dense" and e.module == GRAD_SCALER_MODULE]
+        step = simulate_step(tr, count_ops(tr), load_gpu("t4"), profile)
+        slices = {s.index: s for s in step.host_slices}
+        device_done = max(t.end_s for t in step.ops if t.index < read.index and t.kernels)
+        waited = device_done + profile.host_sync_s - slices[read.index].end_s
+        assert waited > 0
+        assert step.host_busy_s == pytest.approx(step.host_s - waited)
+    assert step.host_s > step.device_busy_s > step.host_busy_s and step.bound != "host"
+    plain = trace(amp="fp16", grad_scaler=False)
+    plain_step = simulate_step(plain, count_ops(plain), load_gpu("t4"), profile)
+    assert plain_step.host_busy_s == pytest.approx(plain_step.host_s)  # no sync: the host never waits
+
+
 def test_memory_pass_keeps_the_scaler_tensors_on_the_device():
     tr = trace(amp="fp16")
     roles = classify(tr)

@@ -189,7 +189,7 @@ class HostSlice:
 class StepTime:
     ops: list[OpTime]
     step_s: float
-    host_s: float
+    host_s: float  # when the host has issued the whole step: its waits at syncs included
     device_busy_s: float
     bound: str
     host_slices: list[HostSlice] = field(default_factory=list)  # every event, views included
@@ -197,6 +197,13 @@ class StepTime:
     @property
     def device_idle_s(self) -> float:
         return self.step_s - self.device_busy_s
+
+    @property
+    def host_busy_s(self) -> float:
+        """The host's time issuing the step: ``host_s`` less its waits for the device at syncs
+        (a GradScaler's found-inf read, an expert all-to-all's splits), which are the device's
+        time, not the host's work."""
+        return sum(s.end_s - s.start_s for s in self.host_slices)
 
 
 class KernelModel:
@@ -854,7 +861,8 @@ def simulate_step(
         host += costs.zero_grad_s(params)
         slices.append(HostSlice(-1, "zero_grad", "(optimizer)", "optimizer", issued, host, False))
     step = max(host, device)
-    if host >= busy:  # the host cannot issue work as fast as the device finishes it
+    issuing = sum(s.end_s - s.start_s for s in slices)  # the host's work, not its waits at syncs
+    if issuing >= busy:  # the host cannot issue work as fast as the device finishes it
         bound = "host"
     else:
         kernel_by_bound: dict[str, float] = {}

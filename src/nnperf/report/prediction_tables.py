@@ -126,7 +126,7 @@ def summary_table(p: Prediction) -> Table:
     fit = p.memory_fit
     t.add_row("device memory at peak (predicted)", memory_line(p), style=None if fit.fits else "bold red")
     host = f", {p.profile.host}" if p.profile.host else ""
-    t.add_row(f"host issue time (eager dispatch{host})", seconds(tot["host_s"]))
+    t.add_row(f"host issue time (eager dispatch{host})", seconds(tot["host_busy_s"]))
     t.add_row("device busy / idle", f"{seconds(tot['device_busy_s'])} / {seconds(tot['device_idle_s'])}")
     t.add_row("kernels", f"{tot['kernels']:,}")
     t.add_row("library settings (assumed)", library_settings(p))

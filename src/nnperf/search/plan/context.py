@@ -125,7 +125,7 @@ def context_step(request: ModelRequest, options: TraceOptions, execution: Execut
                         recomputation_s=f.recompute_s * accum,
                         communication_s=f.comm_over(accum), exposed_communication_s=f.exposed_over(accum),
                         overlap_slowdown_s=f.slowdown_over(accum),
-                        host_s=per_step(accum, f.host_s, f.optimizer_host_s),
+                        host_s=per_step(accum, f.host_busy_s, f.optimizer_host_s),
                         context_parallel="closed form (search.plan.context): ring attention not traced"),
         state_bytes=replace(plain.states), collectives=collective_totals(f),
     )

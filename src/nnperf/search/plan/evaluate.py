@@ -91,7 +91,7 @@ def data_tensor_step(request: ModelRequest, options: TraceOptions, execution: Ex
                         communication_s=f.comm_over(accum),
                         overlap_slowdown_s=f.slowdown_over(accum),
                         exposed_communication_s=f.exposed_over(accum),
-                        host_s=host),
+                        host_s=per_step(accum, f.host_busy_s, f.optimizer_host_s)),
         state_bytes=replace(f.states), collectives=collective_totals(f),
         param_row_bytes=f.param_row_bytes, loss_saved_bytes=int(f.loss_saved),
         per_block=cost.per_block, rank=cost.rank,

@@ -373,7 +373,7 @@ def _planned(execution: Execution, gpu: GPU, sim: PipelineTime, critical: RankCo
                         overlap_slowdown_s=sum(c.slowdown_over(scale) for c in chunks),
                         exposed_communication_s=exposed,
                         # the optimizer's issue once per step, as its kernels are (the chunk's tail)
-                        host_s=sum(per_step(scale, c.host_s, c.optimizer_host_s) for c in chunks)),
+                        host_s=sum(per_step(scale, c.host_busy_s, c.optimizer_host_s) for c in chunks)),
         state_bytes=replace(f.states), collectives=collective_totals(f),
         # the critical stage's first rank (the pipeline is the mesh's outermost dimension)
         rank=sim.critical_rank * (execution.world // execution.pipeline),

@@ -199,7 +199,7 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
     memory = prediction.memory
     figures = RankFigures(
         step_s=comm.step_s, compute_s=comm.compute_s, comm_s=comm.comm_s, slowdown_s=comm.slowdown_s,
-        host_s=prediction.step.host_s,
+        host_s=prediction.step.host_s, host_busy_s=prediction.step.host_busy_s,
         optimizer_s=sum(t.kernel_s for t in once),
         optimizer_host_s=sum(t.host_s for t in once),
         recompute_s=sum(t.kernel_s for t in prediction.step.ops if t.count.event.recomputed),

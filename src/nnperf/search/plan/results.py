@@ -56,7 +56,8 @@ class RankFigures:
     compute_s: float = 0.0  # kernel time on the compute stream
     comm_s: float = 0.0  # collective time on the communication streams
     slowdown_s: float = 0.0  # compute time added by collectives running beside kernels
-    host_s: float = 0.0  # the host's time to issue the step
+    host_s: float = 0.0  # when the host has issued the step, its waits at syncs included: a bound
+    host_busy_s: float = 0.0  # the host's time issuing the step (its waits for the device not counted)
     optimizer_s: float = 0.0  # kernels that run once per step (optimizer, clipping)
     optimizer_host_s: float = 0.0  # the host's time to issue them
     once_span_s: float = 0.0  # the once-per-step tail of the step (search.accumulation)
@@ -189,7 +190,7 @@ class TimeSplit:
     communication_s: float
     overlap_slowdown_s: float
     exposed_communication_s: dict[str, float]
-    host_s: float
+    host_s: float  # the host's time issuing the step's work (its waits for the device at syncs not counted)
     pipeline_bubble_s: float | None = None
     after_schedule_s: float | None = None
     context_parallel: str | None = None
