@@ -711,3 +711,12 @@ def test_optimizer_states_a_layout_cannot_keep_are_one_line():
         assert result.exit_code == 2, result.output
         assert message in result.output and "Traceback" not in result.output
         assert len(result.output.strip().splitlines()) == 1
+
+
+def test_a_gpu_no_built_in_cluster_is_made_of_names_the_clusters_to_borrow():
+    """torchtitan's Llama 3.1 benchmarks ran H100s at 500 W, which no built-in cluster is made of:
+    the refusal names the built-in clusters whose links --cluster can lend, not only a file."""
+    result = CliRunner().invoke(cli, ["plan", "gpt2", "-O", "n_layer=2", "--gpus", "8",
+                                      "--gpu", "h100-sxm-96gb-500w"])
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+    assert "dgx-a100, dgx-h100, dgx-h200: its links with this GPU" in result.output

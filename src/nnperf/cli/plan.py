@@ -176,8 +176,11 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
         check_output(output, "--output")  # before minutes of tracing
     cluster = load_cluster(cluster_name) if cluster_name else cluster_for_gpu(gpu.id)
     if cluster is None:
-        raise UsageError(f"no built-in cluster of {gpu.name}; give --cluster FILE "
-                         "(a copy of hardware/clusters/dgx-h100.toml)")
+        from nnperf.hardware.cluster import list_clusters
+
+        raise UsageError(f"no built-in cluster of {gpu.name}; give --cluster with a built-in one whose links "
+                         f"its nodes share ({', '.join(list_clusters())}: its links with this GPU), or "
+                         "a cluster FILE (a copy of hardware/clusters/dgx-h100.toml)")
     nodes = nodes_of or cluster.gpus_per_node
     if n_gpus > nodes and n_gpus % nodes:
         low, high = n_gpus // nodes * nodes, (n_gpus // nodes + 1) * nodes
