@@ -203,7 +203,12 @@ class StepTime:
         """The host's time issuing the step: ``host_s`` less its waits for the device at syncs
         (a GradScaler's found-inf read, an expert all-to-all's splits), which are the device's
         time, not the host's work."""
-        return sum(s.end_s - s.start_s for s in self.host_slices)
+        return issuing_time(self.host_slices)
+
+
+def issuing_time(slices: list[HostSlice]) -> float:
+    """The host's time in its slices: its work, without its waits at syncs between them."""
+    return sum(s.end_s - s.start_s for s in slices)
 
 
 class KernelModel:
@@ -861,8 +866,7 @@ def simulate_step(
         host += costs.zero_grad_s(params)
         slices.append(HostSlice(-1, "zero_grad", "(optimizer)", "optimizer", issued, host, False))
     step = max(host, device)
-    issuing = sum(s.end_s - s.start_s for s in slices)  # the host's work, not its waits at syncs
-    if issuing >= busy:  # the host cannot issue work as fast as the device finishes it
+    if issuing_time(slices) >= busy:  # the host cannot issue work as fast as the device finishes it
         bound = "host"
     else:
         kernel_by_bound: dict[str, float] = {}

@@ -371,9 +371,9 @@ def deepspeed_json(execution: Any, amp: str | None = None, dtype: str | None = N
     ``bf16``/``fp16`` (a half-precision model, fp32 master weights) for ``--amp`` or
     ``--dtype``, a ``--dtype bf16`` model's gradients accumulated in bf16 as planned
     (``data_types.grad_accum_dtype``); ``gradient_clipping`` (default 0: off) for
-    ``--clip-grad-norm``. Attention is the model code's, not the JSON's. A layout with tensor or pipeline parallelism is
-    Megatron-DeepSpeed's: the JSON holds its batch, ZeRO stage, precision and clipping, its own
-    arguments the rest (``megatron_deepspeed_args``)."""
+    ``--clip-grad-norm``. Attention is the model code's, not the JSON's. A layout with tensor or
+    pipeline parallelism is Megatron-DeepSpeed's: the JSON holds its batch, ZeRO stage,
+    precision and clipping, its own arguments the rest (``megatron_deepspeed_args``)."""
     e = execution
     if fp8:
         raise NotExpressible("DeepSpeed's JSON has no FP8 training: its FP8 runs Transformer Engine's layers, "
@@ -419,6 +419,7 @@ def deepspeed_json(execution: Any, amp: str | None = None, dtype: str | None = N
 
 
 def _zero_stage(e: Any) -> int:
+    """DeepSpeed's ZeRO stage of the layout's data-parallel engine (none: 0)."""
     return {"ddp": 0, "zero1": 1, None: 0}.get(e.data, 3)
 
 
