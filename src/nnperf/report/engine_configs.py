@@ -247,6 +247,12 @@ def megatron_layout(depths: tuple[int, ...]) -> str:
     return "".join(f"({chunk}|)*{n}," if n > 1 else f"{chunk}|" for chunk, n in runs).rstrip("|,")
 
 
+def _batch_args(e: Any, seq_len: int | None) -> list[str]:
+    """Megatron-LM's batch and sequence arguments, which Megatron-DeepSpeed keeps."""
+    return [f"--micro-batch-size {e.micro_batch}", f"--global-batch-size {e.global_batch}"] + \
+        ([f"--seq-length {seq_len}"] if seq_len else [])
+
+
 def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
                   dtype: str | None = None, sdpa: str = "fused", attention: str = "sdpa",
                   seq_len: int | None = None, clip: float | None = None, fp8: bool = False,
@@ -301,9 +307,7 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
         args.append("--tp-comm-overlap")
     if e.loss_fusion:
         args.append("--cross-entropy-loss-fusion")
-    args += [f"--micro-batch-size {e.micro_batch}", f"--global-batch-size {e.global_batch}"]
-    if seq_len:
-        args.append(f"--seq-length {seq_len}")
+    args += _batch_args(e, seq_len)
     if e.replicates_parameters and e.data_parallel > 1:
         # Megatron-LM's DDP as planned: buckets reduced as backward fills them; ZeRO-1 its
         # distributed optimizer, the parameters gathered as the next forward starts; buckets of
@@ -465,9 +469,7 @@ def megatron_deepspeed_args(execution: Any, amp: str | None = None, dtype: str |
         args.append("--no-pipeline-parallel")
     if e.sequence_parallel:
         args.append("--sequence-parallel")
-    args += [f"--micro-batch-size {e.micro_batch}", f"--global-batch-size {e.global_batch}"]
-    if seq_len:
-        args.append(f"--seq-length {seq_len}")
+    args += _batch_args(e, seq_len)
     if e.checkpoint == "full":
         args.append("--checkpoint-activations")
     elif e.checkpoint == "selective-attention":
