@@ -131,6 +131,12 @@ def listed(degrees: Iterable[int]) -> str:
     return ",".join(map(str, degrees))
 
 
+def gpus_take_tensor(gpus: int, nodes_of: int, tp: int) -> bool:
+    """Whether ``gpus`` GPUs in nodes of ``nodes_of`` can be cut into tensor-parallel groups of
+    ``tp``: it divides them and fills nodes evenly (``check_degrees``)."""
+    return tp >= 1 and gpus % tp == 0 and fills_nodes(tp, nodes_of)
+
+
 def check_degrees(gpus: int, nodes_of: int, tensor: Iterable[int] | None, pipeline: Iterable[int] | None,
                   context: Iterable[int], layers: int | None = None) -> None:
     """A degree the user asked for that no layout of ``gpus`` GPUs can have is one line with the
@@ -148,7 +154,7 @@ def check_degrees(gpus: int, nodes_of: int, tensor: Iterable[int] | None, pipeli
         return ", ".join(map(str, degrees))
 
     for tp in tensor or ():
-        if tp < 1 or gpus % tp or not fills_nodes(tp, nodes_of):
+        if not gpus_take_tensor(gpus, nodes_of, tp):
             valid = [d for d in divisors(gpus) if fills_nodes(d, nodes_of)]
             raise UsageError(f"--tp {tp}: a tensor-parallel group fills nodes evenly, so its degree divides the "
                              f"{nodes_of} GPUs per node or is whole nodes of them, and divides the {gpus} GPUs; "

@@ -52,6 +52,7 @@ from nnperf.search.plan.axes import (
     chunked_loss_axes,
     default_batch,
     expert_degrees,
+    gpus_take_tensor,
     listed,
     model_info,
     request_name,
@@ -63,7 +64,6 @@ from nnperf.search.plan.layouts import (
     PipelineSplitChoice,
     check_expert_degrees,
     check_micro_batches,
-    fills_nodes,
     global_batch_hint,
     layouts,
     shape_key,
@@ -134,9 +134,11 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     context = list(context)
     layers = layers_of(request)
     asked = (tensor, pipeline)
-    if all(gpus % t == 0 and fills_nodes(t, nodes_of) for t in tensor or ()):
-        # the pipeline and context degrees the GPUs allow before the layers' split, whose valid
-        # degrees may not divide the GPUs (a tensor degree the heads refuse is the model's to say)
+    # the pipeline and context degrees the GPUs allow are checked before the layers' split, whose
+    # valid degrees may not divide the GPUs; a tensor degree the GPUs refuse after the model's
+    # rules, which name the degrees the heads allow
+    gpus_first = all(gpus_take_tensor(gpus, nodes_of, t) for t in tensor or ())
+    if gpus_first:
         check_degrees(gpus, nodes_of, *asked, context, layers=layers)
     info = model_info(request, layers)  # one meta build of one block, for the axes and the note
     tensor, pipeline = chunked_loss_axes(options, tensor, pipeline)
@@ -144,7 +146,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     tensor, pipeline = search_axes(request, gpus, nodes_of, layers, tensor, pipeline, info, split,
                                    schedules)  # the model's rules first
     left_out = axes_note(request, gpus, asked, tensor, pipeline, info)
-    check_degrees(gpus, nodes_of, *asked, context, layers=layers)
+    if not gpus_first:
+        check_degrees(gpus, nodes_of, *asked, context, layers=layers)
     if split.virtual != PipelineSplitChoice().virtual:  # asked for: each must split the stages
         check_virtual_stages(layers, pipeline, schedules, split)
     expert = expert_degrees(request, gpus, nodes_of, expert, info)
