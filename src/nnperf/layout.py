@@ -174,6 +174,12 @@ class Execution:
     #: (DeepSeek-V3's recipe, the Megatron MoE recipes' FP8 runs); "bf16", Apex's
     #: DistributedFusedAdam in bf16 beside a bf16 model (NeMo's optim.dtype bf16: Nemotron-4 340B)
     optimizer_states: str = "fp32"
+    #: ZeRO-1's gradients kept and reduce-scattered in fp32 beside a bf16 or fp16 model: Megatron-LM's
+    #: main gradients (``--accumulate-allreduce-grads-in-fp32``, its default for --bf16 unless
+    #: --grad-reduce-in-bf16; NeMo's and Megatron-Bridge's bf16 mixed precision,
+    #: ``grad_reduce_in_fp32=True``; DeepSpeed's ``grad_accum_dtype`` fp32); False: the model's own
+    #: dtype (``trace.parallel.distributed_optimizer``)
+    grad_reduce_in_fp32: bool = False
     bucket_bytes: int = DDP_BUCKET_BYTES
     virtual_stages: int = 1  # model chunks per pipeline rank (interleaved schedules)
     loss_parallel: bool = True  # TP: logits split over the vocabulary for the loss
@@ -373,6 +379,13 @@ class Execution:
         if self.optimizer_states != "fp32" and not self.shards_optimizer_only:
             raise UsageError(f"optimizer states {self.optimizer_states} are a distributed optimizer's: they need "
                              f"zero1 ({self.data} runs PyTorch's optimizer on the parameters as they are)")
+        if self.grad_reduce_in_fp32 and not self.shards_optimizer_only:
+            raise UsageError("grad_reduce_in_fp32 keeps Megatron-LM's distributed optimizer's main gradients in fp32: "
+                             f"it needs zero1 ({self.data} reduces the gradients in the model's dtype)")
+        if self.grad_reduce_in_fp32 and OPTIMIZER_STATES[self.optimizer_states].main is None:
+            raise UsageError(f"grad_reduce_in_fp32 hands fp32 gradients to fp32 main parameters; optimizer states "
+                             f"{self.optimizer_states} keep none: valid: "
+                             + ", ".join(n for n, s in OPTIMIZER_STATES.items() if s.main is not None))
         if self.expert != 1:
             self._validate_expert()
         if self.pipeline > 1:
@@ -481,7 +494,8 @@ class Execution:
     def describe(self) -> str:
         parts = {"ddp": [f"DDP x{self.replicate}"] if self.replicate > 1 else [],
                  "zero1": [f"DDP x{self.replicate} + ZeRO-1 (optimizer state sharded"
-                           + ("" if self.optimizer_states == "fp32" else f", {self.optimizer_states}") + ")"],
+                           + ("" if self.optimizer_states == "fp32" else f", {self.optimizer_states}")
+                           + (", fp32 gradients" if self.grad_reduce_in_fp32 else "") + ")"],
                  "fsdp": [f"FSDP2 full shard x{self.shard}"],
                  "hsdp": [f"HSDP {self.replicate} replicas x {self.shard} shards"]}[self.data]
         if self.tensor > 1:

@@ -40,6 +40,11 @@ class StorageKind(Vocab):
     BUFFER = "buffer"
     INPUT = "input"
     GRADIENT = "gradient"
+    #: gradients the modelled engine never holds: DDP's 16-bit buckets beside fp32 main gradients,
+    #: standing in for the weight-gradient GEMMs' outputs that Megatron-LM's fused accumulation
+    #: writes into its fp32 buffer (``trace.parallel.distributed_optimizer``): their traffic is
+    #: timed, their bytes are not held on the device
+    UNHELD_GRADIENT = "unheld_gradient"
     OPTIMIZER_STATE = "optimizer_state"
     ACTIVATION = "activation"
 

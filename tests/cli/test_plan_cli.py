@@ -713,6 +713,54 @@ def test_optimizer_states_a_layout_cannot_keep_are_one_line():
         assert len(result.output.strip().splitlines()) == 1
 
 
+def test_fp32_main_gradients_double_zero1s_reduction_and_keep_megatrons_default():
+    """--grad-reduce-in-fp32 on a bf16 model planned as DDP and ZeRO-1 on 8 GPUs: the ZeRO-1
+    layout holds an fp32 buffer of its gradients (4 bytes an element: twice the bf16 parameters'
+    bytes, where DDP's bf16 buckets held as many) and reduce-scatters it (the data-parallel
+    reduce-scatters carry twice the parameters' bf16 bytes, less the odd tails all-reduced); DDP's
+    layouts are left as they are; Megatron-LM's arguments drop --grad-reduce-in-bf16 and the
+    plan says what the memory counts."""
+    def planned(*extra: str) -> dict:
+        args = [a if a != "--amp" else "--dtype" for a in ARGS]
+        result = CliRunner().invoke(cli, [*args, "--gpus", "8", "--tp", "1", "--pp", "1", "--data", "ddp,zero1",
+                                          "--micro-batch", "2", "--checkpoint", "none", *extra, "--json"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output)
+
+    plain, fp32 = planned(), planned("--grad-reduce-in-fp32")
+
+    def layout(doc: dict, data: str) -> dict:
+        return next(p for p in doc["ranked"] if p["execution"]["data"] == data)
+
+    parameters = layout(plain, "zero1")["per_rank_state_bytes"]["parameters"]
+    assert layout(plain, "zero1")["per_rank_state_bytes"]["gradients"] == parameters
+    assert layout(fp32, "zero1")["per_rank_state_bytes"]["gradients"] == 2 * parameters
+    assert layout(fp32, "zero1")["execution"]["grad_reduce_in_fp32"] is True
+    assert layout(fp32, "ddp")["execution"]["grad_reduce_in_fp32"] is False
+    assert layout(fp32, "ddp")["per_rank_state_bytes"] == layout(plain, "ddp")["per_rank_state_bytes"]
+    scattered = layout(fp32, "zero1")["collectives"]["reduce_scatter"]["bytes"]
+    assert 2 * parameters - 8 * 4 * 64 <= scattered <= 2 * parameters
+    assert scattered == 2 * layout(plain, "zero1")["collectives"]["reduce_scatter"]["bytes"]
+    zero1_first = fp32["ranked"][0]["execution"]["data"] == "zero1"
+    assert ("--grad-reduce-in-bf16" in fp32["megatron"]) is not zero1_first
+    assert any("the memory holds the fp32 buffer alone" in n for n in fp32["notes"])
+    assert not any("fp32 main gradients" in n for n in plain["notes"])
+
+
+def test_fp32_main_gradients_a_plan_cannot_keep_are_one_line():
+    dtype = [a if a != "--amp" else "--dtype" for a in ARGS]
+    for args, message in (
+            ([*ARGS], "it needs --dtype bf16 or fp16 (--amp bf16 keeps fp32 weights"),
+            ([*dtype, "--data", "fsdp"], "--grad-reduce-in-fp32 is Megatron-LM's distributed optimizer's, which "
+                                         "runs as zero1: --data fsdp has none"),
+            ([*dtype, "--optimizer-states", "bf16"], "--optimizer-states bf16 keeps none: valid: fp32, "
+                                                     "bf16-moments")):
+        result = CliRunner().invoke(cli, [*args, "--gpus", "8", "--grad-reduce-in-fp32"])
+        assert result.exit_code == 2, result.output
+        assert message in result.output and "Traceback" not in result.output
+        assert len(result.output.strip().splitlines()) == 1
+
+
 def test_a_gpu_no_built_in_cluster_is_made_of_names_the_clusters_to_borrow():
     """torchtitan's Llama 3.1 benchmarks ran H100s at 500 W, which no built-in cluster is made of:
     the refusal names the built-in clusters whose links --cluster can lend, not only a file."""

@@ -229,6 +229,24 @@ def test_megatron_reduces_the_gradients_a_16_bit_model_was_planned_with():
     assert "--grad-reduce-in-bf16" not in fsdp
 
 
+def test_fp32_main_gradients_are_asked_of_each_engine_as_planned():
+    """A ZeRO-1 plan with fp32 main gradients: Megatron-LM's --bf16 keeps them by default (no
+    --grad-reduce-in-bf16), its --fp16 is asked (--accumulate-allreduce-grads-in-fp32); the
+    bucket still counts the model's 2-byte elements (the buckets are of the same gradients).
+    DeepSpeed's bf16 optimizer is told fp32 accumulation; its ZeRO has none for fp16: one line."""
+    from nnperf.report.engine_configs import NotExpressible, deepspeed_json, megatron_args
+
+    e = Execution(world=8, data="zero1", micro_batch=4, grad_accum=2, grad_reduce_in_fp32=True)
+    bf16 = megatron_args(e, 32, dtype="bf16").split("\n#")[0].split(" \\\n  ")
+    assert "--grad-reduce-in-bf16" not in bf16 and "--accumulate-allreduce-grads-in-fp32" not in bf16
+    assert f"--ddp-bucket-size {e.bucket_bytes // 2}" in bf16
+    fp16 = megatron_args(e, 32, dtype="fp16").split("\n#")[0].split(" \\\n  ")
+    assert "--accumulate-allreduce-grads-in-fp32" in fp16 and "--fp16" in fp16
+    assert json.loads(deepspeed_json(e, dtype="bf16"))["data_types"] == {"grad_accum_dtype": "fp32"}
+    with pytest.raises(NotExpressible, match="an fp16 model's gradients in fp16"):
+        deepspeed_json(e, dtype="fp16")
+
+
 def test_megatron_data_parallelism_beside_tensor_and_pipeline_parallelism():
     """DDP beside TP 8 x PP 4 with 3 virtual stages of 60 layers: Megatron-LM's DDP with its
     gradient reduction overlapped, 60 / (4 x 3) = 5 layers per virtual stage."""

@@ -104,6 +104,12 @@ def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> l
                    "Megatron-LM's --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16) "
                    "or bf16 (bf16 moments and no main copy beside a --dtype bf16 model: Apex's "
                    "DistributedFusedAdam in bf16, NeMo's optim.dtype bf16). Other engines keep their own.")
+@click.option("--grad-reduce-in-fp32", "grad_reduce_in_fp32", is_flag=True,
+              help="The zero1 layouts of a --dtype bf16 or fp16 model keep fp32 main gradients and "
+                   "reduce-scatter them in fp32 (twice the bytes): Megatron-LM's default for --bf16 "
+                   "(--accumulate-allreduce-grads-in-fp32 unless --grad-reduce-in-bf16), NeMo's and "
+                   "Megatron-Bridge's bf16 mixed precision (grad_reduce_in_fp32). Without it they are reduced "
+                   "in the model's dtype.")
 @click.option("--data", "data_text", default="auto", show_default=True,
               help="Data-parallel engines to try: auto (ddp, zero1, fsdp, hsdp) or a list, e.g. fsdp,hsdp. "
                    "zero1: DDP with the optimizer state sharded (Megatron-LM's distributed optimizer).")
@@ -156,7 +162,8 @@ def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> l
                    "for 'nnperf measure --layout FILE'.")
 def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, tokens_per_step: int | None,
          tp_text: str, pp_text: str,
-         cp_text: str, ep_text: str, etp_text: str, token_dispatcher: str, optimizer_states: str, data_text: str,
+         cp_text: str, ep_text: str, etp_text: str, token_dispatcher: str, optimizer_states: str,
+         grad_reduce_in_fp32: bool, data_text: str,
          checkpoint_text: str, reshard_text: str,
          schedules: tuple[str, ...], vpp_text: str, first_stage_layers: int | None, last_stage_layers: int | None,
          tp_comm_overlap: bool, loss_fusion: bool, sequence_parallel: bool | None, micro_text: str,
@@ -218,7 +225,8 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
         result = run_plan(request, options, gpu, n_gpus, cluster, nodes, global_batch, **axes,
                           tp_comm_overlap=tp_comm_overlap, loss_fusion=loss_fusion,
                           sequence_parallel=sequence_parallel, expert_tensor=_expert_tensor(etp_text),
-                          token_dispatcher=token_dispatcher, optimizer_states=optimizer_states)
+                          token_dispatcher=token_dispatcher, optimizer_states=optimizer_states,
+                          grad_reduce_in_fp32=grad_reduce_in_fp32)
     if result.cluster.gpu and result.cluster.gpu != gpu.id:
         result.notes.append(f"{result.cluster.name} is built of {result.cluster.gpu}, planned here with {gpu.id}: "
                             "its links, NICs and host CPU are taken as they are")

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from nnperf.passes.costs import registry as cat
 from nnperf.passes.count import OpCount
-from nnperf.trace.events import KIND_GRAD, Trace
+from nnperf.trace.events import KIND_GRAD, KIND_UNHELD_GRAD, Trace
 
 #: The op categories a fused kernel takes in.
 FUSABLE = frozenset({cat.ELEMENTWISE, cat.REDUCTION, cat.NORM, cat.MEMORY})
@@ -138,7 +138,7 @@ def fusable_runs(trace: Trace, counts: Sequence[OpCount],
 
 def _taken_in(trace: Trace) -> Callable[[OpCount], bool]:
     """Whether a fused kernel may take an op in, by the rules above (its region apart)."""
-    gradients = {s for s, info in trace.storages.items() if info.kind == KIND_GRAD}
+    gradients = {s for s, info in trace.storages.items() if info.kind in (KIND_GRAD, KIND_UNHELD_GRAD)}
 
     def takes_in(count: OpCount) -> bool:
         return (count.category in FUSABLE and count.covered and not count.op.startswith(ENGINE_NAMESPACES)

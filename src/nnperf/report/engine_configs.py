@@ -260,7 +260,8 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
     """Megatron-LM's parallelism, batch, recomputation, precision and clipping arguments for the
     layout. Its ``--bf16``/``--fp16`` hold the model in half precision with fp32 master weights
     in the optimizer: the nearest to both ``--amp`` and ``--dtype`` (a ``--dtype bf16`` plan's
-    gradients are reduced in bf16: ``--grad-reduce-in-bf16``); ``--fp8`` adds Transformer
+    gradients are reduced in bf16: ``--grad-reduce-in-bf16``, unless the plan keeps fp32 main
+    gradients, ``Execution.grad_reduce_in_fp32``); ``--fp8`` adds Transformer
     Engine's FP8 with per-tensor current scaling (``--fp8-recipe tensorwise``, E4M3 forward and
     E5M2 gradients: ``--fp8-format hybrid``). Its ``--clip-grad``
     defaults to 1.0: a plan without clipping leaves it and says so in a comment line."""
@@ -323,8 +324,10 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
                                      f"optimizer states {states.name} are {states.source}")
             if states.megatron_args:
                 args.append(states.megatron_args)
-        if dtype == "bf16":  # the weights' dtype, autocast or not
+        if dtype == "bf16" and not e.grad_reduce_in_fp32:  # the weights' dtype, autocast or not
             args.append("--grad-reduce-in-bf16")
+        elif dtype == "fp16" and e.grad_reduce_in_fp32:  # fp32 main gradients: --bf16's default, not --fp16's
+            args.append("--accumulate-allreduce-grads-in-fp32")
         args.append(f"--ddp-bucket-size {e.bucket_bytes // (2 if dtype in ('bf16', 'fp16') else 4)}")
     if e.data == "fsdp" and e.data_parallel > 1:
         args += ["--use-torch-fsdp2", "--no-gradient-accumulation-fusion", "--ckpt-format torch_dist"]
@@ -415,7 +418,13 @@ def deepspeed_json(execution: Any, amp: str | None = None, dtype: str | None = N
     half = _half_precision(amp, dtype)
     if half:
         config[half] = {"enabled": True}
-    if dtype == "bf16":
+    if e.grad_reduce_in_fp32 and dtype == "fp16":
+        raise NotExpressible("DeepSpeed's ZeRO accumulates and reduces an fp16 model's gradients in fp16: fp32 "
+                             "gradient accumulation is its bf16 optimizer's (engine.py _configure_optimizer: "
+                             "BF16_Optimizer for bf16 with grad_accum_dtype fp32 and ZeRO stage 1)")
+    if e.grad_reduce_in_fp32:  # BF16_Optimizer's fp32 gradients, as planned
+        config["data_types"] = {"grad_accum_dtype": "fp32"}
+    elif dtype == "bf16":
         # the plan's gradients are the bf16 model's own: DeepSpeed accumulates them in fp32 where no
         # ZeRO stage is on unless told (engine.py get_data_types: BF16_Optimizer's fp32 buffers)
         config["data_types"] = {"grad_accum_dtype": "bf16"}

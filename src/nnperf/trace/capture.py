@@ -45,6 +45,7 @@ from nnperf.trace.events import (
     KIND_INPUT,
     KIND_OPT_STATE,
     KIND_PARAM,
+    KIND_UNHELD_GRAD,
     Trace,
     dtype_name,
 )
@@ -55,7 +56,14 @@ from nnperf.trace.rebind import rebind_tensors
 from nnperf.trace.recorder import GraphLabeler, KnownStorages, ModuleStack, OpRecorder
 from nnperf.trace.routing import Routing, TraceFakeMode
 from nnperf.trace.state_warmup import skip_inplace_math
-from nnperf.trace.step import Step, StepWatch, gradient_params, optimizer_state, to_channels_last
+from nnperf.trace.step import (
+    Step,
+    StepWatch,
+    gradient_params,
+    optimizer_state,
+    to_channels_last,
+    unheld_gradients,
+)
 from nnperf.workload import Workload, default_loss
 
 _log = logging.getLogger(__name__)
@@ -436,9 +444,14 @@ def _classify_late_storages(recorder: OpRecorder, model: torch.nn.Module, optimi
     """Gradients and optimizer state are only recognizable once the step has run. State of
     a parameter without a gradient is not there in a real step (``_drop_unreached_grads``):
     PyTorch's optimizers create state only for parameters whose ``grad`` is set."""
-    for p in model.parameters():
+    # a distributed optimizer's fp32 main gradients are gradients too (``gradient_params``), and
+    # the 16-bit buckets beside them stand-ins it does not hold (``unheld_gradients``)
+    held = [*model.parameters(), *(gradient_params(optimizer) if optimizer is not None else [])]
+    unheld = {id(p) for p in unheld_gradients(optimizer)}
+    for p in held:
         if p.grad is not None:
-            recorder.storages[recorder.storage_id(local(p.grad), None)].kind = KIND_GRAD
+            kind = KIND_UNHELD_GRAD if id(p) in unheld else KIND_GRAD
+            recorder.storages[recorder.storage_id(local(p.grad), None)].kind = kind
     if optimizer is not None:
         for param, state in optimizer_state(optimizer).items():
             if param.grad is None:

@@ -88,13 +88,23 @@ def make_optimizer(model: nn.Module, options: TraceOptions) -> Any:
 
 def gradient_params(optimizer: Any) -> list[torch.Tensor]:
     """The parameters whose gradients backward leaves for the optimizer step (what clipping
-    scales): the optimizer's own, or a distributed optimizer's shares of the model's buckets
-    (its fp32 main parameters get theirs inside its step, as Megatron-LM's do)."""
+    scales): the optimizer's own, or a distributed optimizer's (``DistributedOptimizer.
+    gradient_params``: its shares of the model's buckets, or their fp32 main parameters where
+    the buckets reduce fp32 main gradients)."""
     from nnperf.trace.parallel.distributed_optimizer import DistributedOptimizer
 
     if isinstance(optimizer, DistributedOptimizer):
-        return list(optimizer.shares)
+        return optimizer.gradient_params()
     return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def unheld_gradients(optimizer: Any) -> list[torch.Tensor]:
+    """The model's parameters whose gradients the modelled engine does not hold (a distributed
+    optimizer's 16-bit buckets beside fp32 main gradients: ``DistributedOptimizer.
+    unheld_gradients``); none elsewhere."""
+    from nnperf.trace.parallel.distributed_optimizer import DistributedOptimizer
+
+    return optimizer.unheld_gradients() if isinstance(optimizer, DistributedOptimizer) else []
 
 
 def optimizer_state(optimizer: Any) -> dict[Any, dict[str, Any]]:

@@ -17,8 +17,10 @@ from torch import nn
 
 from nnperf.errors import UsageError
 from nnperf.layout import Execution
+from nnperf.passes.memory.model import predict_memory
 from nnperf.trace.distributed import sharded_bytes, trace_rank
 from nnperf.trace.options import TraceOptions
+from nnperf.vocab import StorageKind
 from nnperf.workload import Workload
 
 pytestmark = pytest.mark.process
@@ -199,6 +201,86 @@ def _bf16_references() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
             for p, m in zip(model.parameters(), main, strict=True):
                 p.copy_(m)
     return [m.detach().to(torch.bfloat16) for m in main], [q.detach() for q in plain]
+
+
+def test_fp32_main_gradients_are_reduced_and_held_in_fp32():
+    """Megatron-LM's main gradients (``grad_reduce_in_fp32``) on the bf16 model, 2 ranks: every
+    bucket reduce-scattered in fp32 (4 bytes an element, the 731 elements over the buckets); the
+    gradients held are an fp32 buffer of every bucket's (4 bytes an element, Megatron's), DDP's
+    bf16 buckets beside it stand-ins not held (2 bytes an element, traced, kind unheld, on no
+    device in the memory model); the optimizer state as without them (12 bytes an element of the
+    shares and the step); clipping's norm read from the fp32 main gradients of the shares, as
+    Megatron clips them."""
+    execution = Execution(world=2, data="zero1", bucket_bytes=200, grad_reduce_in_fp32=True)
+    traced = trace_rank(_workload, BF16, execution, lambda m: [])
+    total = 16 * 33 + 33 + 33 * 5 + 5
+    sizes = _bucket_sizes(traced, itemsize=4)
+    assert sum(sizes) == total
+    shares = sum(n // 2 + n % 2 for n in sizes)
+    tensors = len(sizes) + sum(n % 2 for n in sizes)
+    assert sharded_bytes(traced) == {"parameters": 2 * total, "gradients": 4 * total,
+                                     "optimizer_state": 12 * shares + 4 * tensors}
+    unheld = [s for s in traced.trace.storages.values() if s.kind == StorageKind.UNHELD_GRADIENT]
+    assert sum(s.nbytes for s in unheld) == 2 * total
+    assert predict_memory(traced.trace).model_states["gradients"] == 4 * total
+    clipped = trace_rank(_workload, TraceOptions(optimizer="adamw", dtype="bf16", clip_grad_norm=1.0), execution,
+                         lambda m: [])
+    norms = [e for e in clipped.trace.events if e.name == "aten._foreach_norm"]
+    assert norms and all(t.dtype == torch.float32 for e in norms for t in e.inputs if t.shape)
+    assert sum(t.numel for e in norms for t in e.inputs if t.shape) == shares
+
+
+def test_fp32_main_gradients_refuse_what_cannot_hold_them():
+    """Each one line: DDP and FSDP reduce in the model's dtype; Apex's bf16 states keep no fp32
+    main parameter to hand the gradients to."""
+    for data in ("ddp", "fsdp"):
+        with pytest.raises(UsageError, match=f"it needs zero1 \\({data} reduces"):
+            Execution(world=2, data=data, grad_reduce_in_fp32=True).validate()
+    with pytest.raises(UsageError, match="optimizer states bf16 keep none: valid: fp32, bf16-moments"):
+        Execution(world=2, data="zero1", optimizer_states="bf16", grad_reduce_in_fp32=True).validate()
+
+
+@pytest.mark.slow
+def test_fp32_main_gradients_step_on_the_fp32_average():
+    """3 steps of the bf16 model on 2 ranks with fp32 main gradients against AdamW on one
+    process over fp32 copies of the weights, fed the two ranks' bf16 gradients averaged in fp32
+    (each cast, halved, summed): bit for bit, and not the bf16-averaged reference."""
+    results = run_ranks(_fp32_gradients_worker, 2, timeout_s=120)
+    expected = _fp32_average_reference()
+    for rank in range(2):
+        for got, want in zip(results[rank], expected, strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+    through_bf16, _ = _bf16_references()
+    assert any(not torch.equal(got, o) for got, o in zip(results[0], through_bf16, strict=True))
+
+
+def _fp32_gradients_worker(rank: int) -> list[torch.Tensor]:
+    step = _real_step(Execution(world=2, data="zero1", bucket_bytes=200, grad_reduce_in_fp32=True), BF16)
+    for n in range(3):
+        step.step.inputs = (_samples(rank, n).to(torch.bfloat16),)
+        step.run()
+    step.optimizer.finish()
+    return [p.detach().clone() for p in step.workload.model.module.parameters()]
+
+
+def _fp32_average_reference() -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    model = _small().to(torch.bfloat16)
+    main = [p.detach().float().requires_grad_() for p in model.parameters()]
+    optimizer = torch.optim.AdamW(main, lr=1e-3)
+    for step in range(3):
+        grads = []
+        for rank in range(2):
+            model.zero_grad()
+            model(_samples(rank, step).to(torch.bfloat16)).sum().backward()
+            grads.append([p.grad.clone() for p in model.parameters()])
+        for m, a, b in zip(main, *grads, strict=True):
+            m.grad = a.float() / 2 + b.float() / 2
+        optimizer.step()
+        with torch.no_grad():
+            for p, m in zip(model.parameters(), main, strict=True):
+                p.copy_(m)
+    return [m.detach().to(torch.bfloat16) for m in main]
 
 
 def _bf16_states_worker(rank: int) -> list[torch.Tensor]:

@@ -75,6 +75,9 @@ def classify(trace: Trace, optimizer_impl: str | None = None,
         scalar = ndim.get(sid, 1) == 0
         creator = trace.events[info.created_by] if info.created_by is not None else None
         module = creator.module if creator is not None else ""
+        if info.kind == StorageKind.UNHELD_GRADIENT:  # timed, not held: no device bytes
+            roles[sid] = StorageRole(False, Mem.GRADIENTS, module)
+            continue
         if info.kind in _KIND_CATEGORY:
             cat = _KIND_CATEGORY[info.kind]
             host = info.kind == StorageKind.OPTIMIZER_STATE and scalar and impl != "fused"

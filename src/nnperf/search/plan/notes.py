@@ -59,6 +59,15 @@ DDP_HALF_PRECISION = (
     "those too, 12 bytes per parameter where this plan counts 4")
 
 
+#: ZeRO-1 with fp32 main gradients accumulates in DDP's 16-bit buckets, timed and not held
+#: (``trace.parallel.distributed_optimizer``).
+FP32_MAIN_GRADIENTS = (
+    "ZeRO-1 with fp32 main gradients (--grad-reduce-in-fp32): the micro-batches' weight gradients are timed "
+    "as {dtype} accumulated in DDP's buckets and cast into the fp32 buffer once a step, where Megatron-LM's "
+    "fused weight-gradient GEMMs accumulate into the fp32 buffer directly; the memory holds the fp32 buffer "
+    "alone (4 bytes a parameter), as Megatron-LM does")
+
+
 def notes(request: ModelRequest, options: TraceOptions, results: list[Planned], layers: int | None) -> list[str]:
     notes = []
     if options.fp8:
@@ -80,6 +89,8 @@ def notes(request: ModelRequest, options: TraceOptions, results: list[Planned], 
     if options.dtype in ("bf16", "fp16") and any(p.execution.data == "ddp" and p.execution.data_parallel > 1
                                                   for p in results):
         notes.append(DDP_HALF_PRECISION.format(dtype=options.dtype))
+    if any(p.execution.grad_reduce_in_fp32 for p in results):
+        notes.append(FP32_MAIN_GRADIENTS.format(dtype=options.dtype))
     spanning = sorted({p.execution.tensor for p in results if p.execution.tensor > p.execution.gpus_per_node})
     if spanning:
         notes.append(f"tensor parallelism over {', '.join(map(str, spanning))} GPUs spans nodes of "

@@ -94,7 +94,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
          split: PipelineSplitChoice | None = None, tp_comm_overlap: bool = False, loss_fusion: bool = False,
          micro_batch: Iterable[int] | None = None, sequence_parallel: bool | None = None,
          expert_tensor: int | None = None, token_dispatcher: str = "alltoall",
-         optimizer_states: str = "fp32") -> Plan:
+         optimizer_states: str = "fp32", grad_reduce_in_fp32: bool = False) -> Plan:
     """Rank the layouts of ``request`` on ``gpus`` GPUs of ``gpu``. ``tensor``/``pipeline``/
     ``expert``: the degrees to try (None: every degree the model and nodes allow; the default,
     1, keeps the data-parallel search; ``context``: context-parallel degrees, modelled in
@@ -116,7 +116,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     "deepep", Megatron-LM's flex dispatcher, beside ddp or zero1 only: FSDP's and HSDP's
     expert-parallel layouts are left out). ``optimizer_states``: what the ZeRO-1 layouts'
     distributed optimizer keeps (``Execution.optimizer_states``; the other engines run PyTorch's
-    optimizer on their parameters as they are).
+    optimizer on their parameters as they are). ``grad_reduce_in_fp32``: the ZeRO-1 layouts keep
+    fp32 main gradients and reduce-scatter them in fp32 (``Execution.grad_reduce_in_fp32``).
     ``micro_batch``: the micro-batch sizes
     a layout may run (None: every split of a data-parallel rank's share of the global batch).
     ``sequence_parallel``: tensor-parallel layouts with sequence parallelism only (True), without
@@ -165,6 +166,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         raise UsageError(f"--dispatcher {token_dispatcher} is Megatron-LM's flex dispatcher, which runs beside ddp "
                          f"or zero1: --data {','.join(sorted(kinds))} has neither")
     check_optimizer_states(optimizer_states, options, kinds if data is not None else None)
+    if grad_reduce_in_fp32:
+        check_fp32_gradients(optimizer_states, options, kinds if data is not None else None)
     if expert_tensor not in (None, 1):
         raise UsageError(f"--etp {expert_tensor}: valid: auto (Megatron-Core's default: each expert split over the "
                          "tensor-parallel ranks, folded whole where the data-parallel ranks cannot hold the expert "
@@ -212,7 +215,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         return token_dispatcher == "alltoall" or e.expert == 1 or e.replicates_parameters
 
     def engines(found: list[Execution]) -> list[Execution]:
-        return [_with_megatron_flags(sequenced(e), tp_comm_overlap, loss_fusion, token_dispatcher, optimizer_states)
+        return [_with_megatron_flags(sequenced(e), tp_comm_overlap, loss_fusion, token_dispatcher, optimizer_states,
+                                     grad_reduce_in_fp32)
                 for e in found
                 if runnable(e) and pinned(e) and dispatched(e) and (sizes is None or e.micro_batch in sizes)]
 
@@ -314,7 +318,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
               "reshard_after_forward": sorted(set(reshard), reverse=True), "tp_comm_overlap": tp_comm_overlap,
               "loss_fusion": loss_fusion, "micro_batch": None if sizes is None else sorted(sizes),
               "expert_tensor": expert_tensor, "token_dispatcher": token_dispatcher,
-              "optimizer_states": optimizer_states}
+              "optimizer_states": optimizer_states, "grad_reduce_in_fp32": grad_reduce_in_fp32}
     return Plan(request_name(request), gpu, cluster, gpus, global_batch, ranked, rejected,
                 left_out + notes(request, options, results, layers) + routing_note(info, options), cache.traces, layers,
                 options,
@@ -338,6 +342,25 @@ def check_optimizer_states(name: str, options: TraceOptions, kinds: set[str] | N
     if states.main is None and options.dtype != states.moments:
         raise UsageError(f"--optimizer-states {name} updates the model's own parameters, in {states.moments}: it "
                          f"needs --dtype {states.moments}" + (f" (not --amp {options.amp})" if options.amp else ""))
+
+
+def check_fp32_gradients(optimizer_states: str, options: TraceOptions, kinds: set[str] | None) -> None:
+    """One line where fp32 main gradients (``Execution.grad_reduce_in_fp32``) cannot apply: they
+    are ZeRO-1's, beside a 16-bit model, handed to fp32 main parameters."""
+    if options.dtype not in ("bf16", "fp16"):
+        raise UsageError("--grad-reduce-in-fp32 keeps fp32 main gradients beside a 16-bit model: it needs --dtype "
+                         "bf16 or fp16" + (f" (--amp {options.amp} keeps fp32 weights, and fp32 gradients with them)"
+                                           if options.amp else " (an fp32 model's gradients are fp32 already)"))
+    if options.optimizer == "none":
+        raise UsageError("--grad-reduce-in-fp32 hands fp32 gradients to a distributed optimizer's main parameters, "
+                         "and --optimizer none has none")
+    if kinds is not None and "zero1" not in kinds:
+        raise UsageError(f"--grad-reduce-in-fp32 is Megatron-LM's distributed optimizer's, which runs as zero1: "
+                         f"--data {','.join(sorted(kinds))} has none")
+    if OPTIMIZER_STATES[optimizer_states].main is None:
+        raise UsageError(f"--grad-reduce-in-fp32 hands fp32 gradients to fp32 main parameters, and --optimizer-states "
+                         f"{optimizer_states} keeps none: valid: "
+                         + ", ".join(n for n, s in OPTIMIZER_STATES.items() if s.main is not None))
 
 
 #: Processes a plan's searches run in (default: 2 where a fork is safe, else 1).
@@ -534,15 +557,18 @@ def _bounded_or_evaluated(execution: Execution, request: ModelRequest, options: 
 
 
 def _with_megatron_flags(execution: Execution, tp_comm_overlap: bool, loss_fusion: bool,
-                         token_dispatcher: str = "alltoall", optimizer_states: str = "fp32") -> Execution:
+                         token_dispatcher: str = "alltoall", optimizer_states: str = "fp32",
+                         grad_reduce_in_fp32: bool = False) -> Execution:
     """``execution`` with Megatron-LM's --tp-comm-overlap, --cross-entropy-loss-fusion,
-    --moe-token-dispatcher-type and optimizer states where asked and they apply (DDP or ZeRO-1;
-    the overlap beside sequence parallelism; the dispatcher beside expert parallelism; the
-    states beside ZeRO-1)."""
+    --moe-token-dispatcher-type, optimizer states and fp32 main gradients where asked and they
+    apply (DDP or ZeRO-1; the overlap beside sequence parallelism; the dispatcher beside expert
+    parallelism; the states and the main gradients beside ZeRO-1)."""
     if not execution.replicates_parameters:
         return execution
     overlap = tp_comm_overlap and execution.sequence_parallel
     return replace(execution, tp_comm_overlap=overlap or execution.tp_comm_overlap,
                    loss_fusion=loss_fusion or execution.loss_fusion,
                    token_dispatcher=token_dispatcher if execution.expert > 1 else execution.token_dispatcher,
-                   optimizer_states=optimizer_states if execution.shards_optimizer_only else execution.optimizer_states)
+                   optimizer_states=optimizer_states if execution.shards_optimizer_only else execution.optimizer_states,
+                   grad_reduce_in_fp32=(grad_reduce_in_fp32 and execution.shards_optimizer_only)
+                   or execution.grad_reduce_in_fp32)

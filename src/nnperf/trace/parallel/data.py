@@ -157,8 +157,8 @@ def _ddp(module: nn.Module, ready: Callable[[], list[int]], execution: Execution
         ddp_module._verify_param_shape_across_processes = lambda *a, **k: None
     dense = group if group is not None else dist.group.WORLD
     groups = [experts_group if bucket[0] in apart else dense for bucket in buckets]
-    shards = (shard_buckets(module, buckets, dense, groups, OPTIMIZER_STATES[execution.optimizer_states]) if zero1
-              else None)
+    shards = (shard_buckets(module, buckets, dense, groups, OPTIMIZER_STATES[execution.optimizer_states],
+                            main_grads=execution.grad_reduce_in_fp32) if zero1 else None)
     sync = ddp_module._sync_module_states
     if apart:  # DDP's own first sync would copy rank 0's experts over every rank's
         ddp_module._sync_module_states = lambda *a, **k: None

@@ -34,6 +34,17 @@ its shares a rank holds 4 bytes of main parameter and, with Adam, two fp32 momen
 of Megatron's distributed-optimizer memory formula. Gradient clipping reads the shares' own
 gradients (Megatron clips the fp32 copies: the same elements at twice the bytes).
 
+With ``Execution.grad_reduce_in_fp32`` (Megatron-LM's main gradients: its default for --bf16,
+``--accumulate-allreduce-grads-in-fp32``) each bucket also has an fp32 buffer of its gradients
+(``Bucket.main_grad``, allocated with the model: persistent, as Megatron's ``main_grad`` buffer
+is): the reduction casts the bucket's gradients into it and reduce-scatters it in fp32 (twice the
+bytes), and the fp32 main parameters take their shares of it as their gradients, with no cast
+at the step; clipping reads them (Megatron clips its fp32 main gradients). Megatron's fused
+weight-gradient GEMMs accumulate into that fp32 buffer directly; here the micro-batches
+accumulate in DDP's 16-bit bucket, standing in for the GEMMs' outputs: its traffic is timed, its
+bytes are not held (``unheld_gradients``), so a rank holds Megatron's 4 bytes of gradient a
+parameter. The cast is one elementwise pass a step.
+
 Recipes keep less (``Execution.optimizer_states``, ``layout.OPTIMIZER_STATES``): Megatron-Core's
 precision-aware optimizer keeps the moments in bf16 beside the fp32 main parameter (8 bytes; its
 step is Transformer Engine's FusedAdam, one fused kernel over both dtypes, traced as PyTorch's
@@ -61,6 +72,10 @@ from nnperf.layout import OPTIMIZER_STATES, OptimizerStates
 SHARDED_BUCKETS = "nnperf_sharded_buckets"
 
 
+#: The dtypes whose shares get a main parameter (Megatron-LM's ``--bf16`` and ``--fp16``).
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
 @dataclass
 class Bucket:
     """One DDP bucket's parameters, their flat buffer and this rank's share of it, over the
@@ -75,6 +90,13 @@ class Bucket:
     group: Any
     rank: int
     size: int
+    #: the bucket's fp32 main gradients (``grad_reduce_in_fp32``), reduce-scattered in place of
+    #: ``flat``'s 16-bit ones; None: reduced in the model's dtype
+    main_grad: torch.Tensor | None = None
+    #: the fp32 main parameters of ``share`` and ``tail`` (``DistributedOptimizer``), which take
+    #: their slices of ``main_grad`` as gradients
+    main_share: nn.Parameter | None = None
+    main_tail: nn.Parameter | None = None
 
 
 @dataclass
@@ -111,11 +133,13 @@ class ShardedBuckets:
 
 def shard_buckets(module: nn.Module, buckets: list[list[int]], group: Any,
                   bucket_groups: list[Any] | None = None,
-                  states: OptimizerStates = OPTIMIZER_STATES["fp32"]) -> ShardedBuckets:
+                  states: OptimizerStates = OPTIMIZER_STATES["fp32"], main_grads: bool = False) -> ShardedBuckets:
     """Lay each bucket's parameters (indices into ``module``'s trainable parameters, in the
     bucket's order) out in one flat buffer, rebinding the module's parameters to views of it,
     and cut this rank's share over ``bucket_groups[i]`` (default: every bucket over ``group``,
-    the data-parallel group). Called before DDP wraps ``module``, which then holds the views."""
+    the data-parallel group). Called before DDP wraps ``module``, which then holds the views.
+    ``main_grads``: each bf16 or fp16 bucket gets an fp32 buffer of its gradients too
+    (``Execution.grad_reduce_in_fp32``)."""
     rank, size = dist.get_rank(group), dist.get_world_size(group)
     bucket_groups = bucket_groups or [group] * len(buckets)
     params = [p for p in module.parameters() if p.requires_grad]
@@ -144,7 +168,9 @@ def shard_buckets(module: nn.Module, buckets: list[list[int]], group: Any,
         per = numel // ranks
         share = nn.Parameter(flat[mine * per:(mine + 1) * per], requires_grad=True)
         tail = nn.Parameter(flat[ranks * per:], requires_grad=True) if numel % ranks else None
-        sharded.buckets.append(Bucket(views, flat, share, tail, per, over, mine, ranks))
+        main_grad = (torch.zeros(numel, dtype=torch.float32, device=flat.device)
+                     if main_grads and flat.dtype in LOW_PRECISION else None)
+        sharded.buckets.append(Bucket(views, flat, share, tail, per, over, mine, ranks, main_grad))
     return sharded
 
 
@@ -157,16 +183,24 @@ def reduce_scatter_hook(state: ShardedBuckets, bucket: dist.GradBucket) -> torch
     got, want = bucket.parameters(), mine.params
     if len(got) != len(want) or any(a is not b for a, b in zip(got, want, strict=True)):
         raise RuntimeError("DDP's bucket is not the one the distributed optimizer laid out")
-    buffer.div_(state.size)  # Megatron scales by 1 / dp before reducing (an expert's bucket too)
     per, size, rank = mine.per, mine.size, mine.rank
+    main = mine.main_grad
+    if main is not None:  # Megatron's fp32 main gradients: reduced in fp32, handed to the main parameters
+        main.copy_(buffer)
+    reduced = buffer if main is None else main
+    reduced.div_(state.size)  # Megatron scales by 1 / dp before reducing (an expert's bucket too)
     if per:
         with warnings.catch_warnings():  # renamed reduce_scatter_single in recent torch; same op
             warnings.simplefilter("ignore", FutureWarning)
-            dist.reduce_scatter_tensor(buffer[rank * per:(rank + 1) * per], buffer[:size * per], group=mine.group)
+            dist.reduce_scatter_tensor(reduced[rank * per:(rank + 1) * per], reduced[:size * per], group=mine.group)
         mine.share.grad = buffer[rank * per:(rank + 1) * per]
+        if mine.main_share is not None:
+            mine.main_share.grad = reduced[rank * per:(rank + 1) * per]
     if mine.tail is not None:
-        dist.all_reduce(buffer[size * per:], group=mine.group)
+        dist.all_reduce(reduced[size * per:], group=mine.group)
         mine.tail.grad = buffer[size * per:]
+        if mine.main_tail is not None:
+            mine.main_tail.grad = reduced[size * per:]
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     future.set_result(buffer)
     return future
@@ -188,10 +222,6 @@ def gather_before_forward(ddp: nn.Module, sharded: ShardedBuckets) -> None:
 
     ddp.register_forward_pre_hook(gather)
 
-
-#: The dtypes whose shares get a main parameter (Megatron-LM's ``--bf16`` and ``--fp16``).
-LOW_PRECISION = (torch.bfloat16, torch.float16)
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 class DistributedOptimizer:
@@ -216,6 +246,7 @@ class DistributedOptimizer:
         #: the main parameter of each bf16 or fp16 share, by its position in ``shares``
         self.main = {i: nn.Parameter(s.detach().to(_DTYPES[states.main]), requires_grad=True)
                      for i, s in enumerate(self.shares) if states.main is not None and s.dtype in LOW_PRECISION}
+        self._bind_main_gradients()
         optimized = [self.main.get(i, s) for i, s in enumerate(self.shares)]
         mixed = states.main is not None and states.moments != states.main  # TE's FusedAdam: one fused step
         if mixed:
@@ -224,6 +255,33 @@ class DistributedOptimizer:
         if mixed:
             for p in optimized:
                 self.optimizer.state[p] = _moments(p, _DTYPES[states.moments])
+
+    def _bind_main_gradients(self) -> None:
+        """Tell each bucket with fp32 main gradients the main parameters of its share and tail,
+        which its reduction hands their slices to (``reduce_scatter_hook``)."""
+        i = 0
+        for s in self.sharded:
+            for bucket in s.buckets:
+                bucket.main_share = self.main.get(i) if bucket.main_grad is not None else None
+                i += 1
+                if bucket.tail is not None:
+                    bucket.main_tail = self.main.get(i) if bucket.main_grad is not None else None
+                    i += 1
+
+    def gradient_params(self) -> list[nn.Parameter]:
+        """What backward leaves gradients on for the step (what clipping and a GradScaler read):
+        the fp32 main parameters where the buckets reduce fp32 main gradients into them, the
+        shares elsewhere (their main parameters get theirs inside ``step``, as Megatron's
+        ``_copy_model_grads_to_main_grads`` does)."""
+        mains = {id(p) for s in self.sharded for b in s.buckets for p in (b.main_share, b.main_tail) if p is not None}
+        return [main if main is not None and id(main) in mains else share
+                for share, main in ((share, self.main.get(i)) for i, share in enumerate(self.shares))]
+
+    def unheld_gradients(self) -> list[nn.Parameter]:
+        """The model's parameters whose 16-bit gradients (DDP's buckets) stand beside fp32 main
+        gradients: Megatron's fused accumulation holds only the fp32 buffer, so their bytes are
+        not held (``vocab.StorageKind.UNHELD_GRADIENT``), their traffic is."""
+        return [p for s in self.sharded for b in s.buckets if b.main_grad is not None for p in b.params]
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -251,8 +309,9 @@ class DistributedOptimizer:
     def step(self, closure: Any = None) -> Any:
         """The shares' gradients are set: by the reduce-scatter, or before the trace's warm-up
         step (``trace.capture``, through ``trace.step.gradient_params``)."""
-        for i, main in self.main.items():  # Megatron's _copy_model_grads_to_main_grads
-            main.grad = self.shares[i].grad.to(main.dtype)
+        for i, main in self.main.items():  # Megatron's _copy_model_grads_to_main_grads (none for main gradients)
+            if main.grad is None:
+                main.grad = self.shares[i].grad.to(main.dtype)
         result = self.optimizer.step(closure)
         with torch.no_grad():  # and _copy_main_params_to_model_params
             for i, main in self.main.items():
