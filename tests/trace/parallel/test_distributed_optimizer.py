@@ -144,18 +144,21 @@ def _bucket_sizes(traced, itemsize: int = 4) -> list[int]:
 BF16 = TraceOptions(optimizer="adamw", dtype="bf16")
 
 
-def test_zero1_of_a_bf16_model_keeps_fp32_main_parameters():
-    """Megatron-LM's distributed optimizer on a bf16 model: the parameters, gradients and
-    collectives in bf16 (2 bytes an element, 731 of them), and per element of this rank's
-    shares an fp32 main parameter and two fp32 moments (12 bytes), besides AdamW's 4-byte step
-    per share."""
-    traced = trace_rank(_workload, BF16, Execution(world=2, data="zero1", bucket_bytes=200), lambda m: [])
+@pytest.mark.parametrize(("fp32_gradients", "gradient_bytes"), [(False, 2), (True, 4)])
+def test_zero1_of_a_bf16_model_keeps_fp32_main_parameters(fp32_gradients, gradient_bytes):
+    """Megatron-LM's distributed optimizer on a bf16 model: the parameters in bf16 (2 bytes an
+    element, 731 of them), the gradients held and reduce-scattered in bf16, or with fp32 main
+    gradients (``grad_reduce_in_fp32``, Megatron's) in fp32 (4 bytes); per element of this
+    rank's shares an fp32 main parameter and two fp32 moments (12 bytes) either way, besides
+    AdamW's 4-byte step per share."""
+    execution = Execution(world=2, data="zero1", bucket_bytes=200, grad_reduce_in_fp32=fp32_gradients)
+    traced = trace_rank(_workload, BF16, execution, lambda m: [])
     total = 16 * 33 + 33 + 33 * 5 + 5
-    sizes = _bucket_sizes(traced, itemsize=2)
+    sizes = _bucket_sizes(traced, itemsize=gradient_bytes)
     assert sum(sizes) == total
     shares = sum(n // 2 + n % 2 for n in sizes)
     tensors = len(sizes) + sum(n % 2 for n in sizes)
-    assert sharded_bytes(traced) == {"parameters": 2 * total, "gradients": 2 * total,
+    assert sharded_bytes(traced) == {"parameters": 2 * total, "gradients": gradient_bytes * total,
                                      "optimizer_state": 12 * shares + 4 * tensors}
 
 
@@ -176,10 +179,11 @@ def test_zero1_of_a_bf16_model_steps_as_its_states_say(states):
     assert any(not torch.equal(got, o) for got, o in zip(results[0], other, strict=True))
 
 
-def _bf16_references() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def _bf16_references(fp32_average: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """The small bf16 model's weights after 3 AdamW steps on one process, fed the two ranks'
     bf16 gradients averaged as the buckets average them: through fp32 copies of the weights
-    (rounded back to bf16 after each step), and on the bf16 weights themselves."""
+    (rounded back to bf16 after each step), and on the bf16 weights themselves. ``fp32_average``:
+    the fp32 copies fed the average of the gradients cast to fp32 (fp32 main gradients)."""
     torch.manual_seed(0)
     model = _small().to(torch.bfloat16)
     main = [p.detach().float().requires_grad_() for p in model.parameters()]
@@ -194,7 +198,8 @@ def _bf16_references() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
             grads.append([p.grad.clone() for p in model.parameters()])
         for m, q, a, b in zip(main, plain, *grads, strict=True):
             averaged = a / 2 + b / 2
-            m.grad, q.grad = averaged.float(), averaged
+            m.grad = a.float() / 2 + b.float() / 2 if fp32_average else averaged.float()
+            q.grad = averaged
         optimizer.step()
         plain_optimizer.step()
         with torch.no_grad():
@@ -203,23 +208,15 @@ def _bf16_references() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     return [m.detach().to(torch.bfloat16) for m in main], [q.detach() for q in plain]
 
 
-def test_fp32_main_gradients_are_reduced_and_held_in_fp32():
-    """Megatron-LM's main gradients (``grad_reduce_in_fp32``) on the bf16 model, 2 ranks: every
-    bucket reduce-scattered in fp32 (4 bytes an element, the 731 elements over the buckets); the
-    gradients held are an fp32 buffer of every bucket's (4 bytes an element, Megatron's), DDP's
-    bf16 buckets beside it stand-ins not held (2 bytes an element, traced, kind unheld, on no
-    device in the memory model); the optimizer state as without them (12 bytes an element of the
-    shares and the step); clipping's norm read from the fp32 main gradients of the shares, as
-    Megatron clips them."""
+def test_fp32_main_gradients_hold_no_16_bit_copy_and_are_clipped_in_fp32():
+    """With fp32 main gradients (``grad_reduce_in_fp32``) on the bf16 model, 2 ranks: DDP's bf16
+    buckets beside the fp32 buffer are stand-ins not held (2 bytes an element, traced, kind
+    unheld, on no device in the memory model, which holds the fp32 buffer's 4); clipping's norm
+    reads the fp32 main gradients of the shares, as Megatron clips them."""
     execution = Execution(world=2, data="zero1", bucket_bytes=200, grad_reduce_in_fp32=True)
     traced = trace_rank(_workload, BF16, execution, lambda m: [])
     total = 16 * 33 + 33 + 33 * 5 + 5
-    sizes = _bucket_sizes(traced, itemsize=4)
-    assert sum(sizes) == total
-    shares = sum(n // 2 + n % 2 for n in sizes)
-    tensors = len(sizes) + sum(n % 2 for n in sizes)
-    assert sharded_bytes(traced) == {"parameters": 2 * total, "gradients": 4 * total,
-                                     "optimizer_state": 12 * shares + 4 * tensors}
+    shares = sum(n // 2 + n % 2 for n in _bucket_sizes(traced, itemsize=4))
     unheld = [s for s in traced.trace.storages.values() if s.kind == StorageKind.UNHELD_GRADIENT]
     assert sum(s.nbytes for s in unheld) == 2 * total
     assert predict_memory(traced.trace).model_states["gradients"] == 4 * total
@@ -246,7 +243,7 @@ def test_fp32_main_gradients_step_on_the_fp32_average():
     process over fp32 copies of the weights, fed the two ranks' bf16 gradients averaged in fp32
     (each cast, halved, summed): bit for bit, and not the bf16-averaged reference."""
     results = run_ranks(_fp32_gradients_worker, 2, timeout_s=120)
-    expected = _fp32_average_reference()
+    expected, _ = _bf16_references(fp32_average=True)
     for rank in range(2):
         for got, want in zip(results[rank], expected, strict=True):
             torch.testing.assert_close(got, want, rtol=0, atol=0)
@@ -255,40 +252,16 @@ def test_fp32_main_gradients_step_on_the_fp32_average():
 
 
 def _fp32_gradients_worker(rank: int) -> list[torch.Tensor]:
-    step = _real_step(Execution(world=2, data="zero1", bucket_bytes=200, grad_reduce_in_fp32=True), BF16)
-    for n in range(3):
-        step.step.inputs = (_samples(rank, n).to(torch.bfloat16),)
-        step.run()
-    step.optimizer.finish()
-    return [p.detach().clone() for p in step.workload.model.module.parameters()]
-
-
-def _fp32_average_reference() -> list[torch.Tensor]:
-    torch.manual_seed(0)
-    model = _small().to(torch.bfloat16)
-    main = [p.detach().float().requires_grad_() for p in model.parameters()]
-    optimizer = torch.optim.AdamW(main, lr=1e-3)
-    for step in range(3):
-        grads = []
-        for rank in range(2):
-            model.zero_grad()
-            model(_samples(rank, step).to(torch.bfloat16)).sum().backward()
-            grads.append([p.grad.clone() for p in model.parameters()])
-        for m, a, b in zip(main, *grads, strict=True):
-            m.grad = a.float() / 2 + b.float() / 2
-        optimizer.step()
-        with torch.no_grad():
-            for p, m in zip(model.parameters(), main, strict=True):
-                p.copy_(m)
-    return [m.detach().to(torch.bfloat16) for m in main]
+    return _bf16_worker(rank, grad_reduce_in_fp32=True)
 
 
 def _bf16_states_worker(rank: int) -> list[torch.Tensor]:
     return _bf16_worker(rank, "bf16")
 
 
-def _bf16_worker(rank: int, states: str = "fp32") -> list[torch.Tensor]:
-    step = _real_step(Execution(world=2, data="zero1", bucket_bytes=200, optimizer_states=states), BF16)
+def _bf16_worker(rank: int, states: str = "fp32", grad_reduce_in_fp32: bool = False) -> list[torch.Tensor]:
+    step = _real_step(Execution(world=2, data="zero1", bucket_bytes=200, optimizer_states=states,
+                                grad_reduce_in_fp32=grad_reduce_in_fp32), BF16)
     for n in range(3):
         step.step.inputs = (_samples(rank, n).to(torch.bfloat16),)
         step.run()
