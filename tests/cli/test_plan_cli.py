@@ -743,8 +743,27 @@ def test_fp32_main_gradients_double_zero1s_reduction_and_keep_megatrons_default(
     assert scattered == 2 * layout(plain, "zero1")["collectives"]["reduce_scatter"]["bytes"]
     zero1_first = fp32["ranked"][0]["execution"]["data"] == "zero1"
     assert ("--grad-reduce-in-bf16" in fp32["megatron"]) is not zero1_first
-    assert any("the memory holds the fp32 buffer alone" in n for n in fp32["notes"])
+    assert any("held in fp32 (4 bytes a parameter) and reduce-scattered in fp32" in n for n in fp32["notes"])
     assert not any("fp32 main gradients" in n for n in plain["notes"])
+
+
+def test_fp32_main_gradients_narrow_the_default_search_to_zero1_and_say_so():
+    """Only ZeRO-1 keeps fp32 main gradients: the default search with --grad-reduce-in-fp32 ranks
+    ZeRO-1 layouts alone (not DDP, FSDP or HSDP ones reducing in bf16) and says so; a layout
+    without data parallelism (TP 2 on 2 GPUs) reduces nothing, which a note says too."""
+    args = [a if a != "--amp" else "--dtype" for a in ARGS]
+    result = CliRunner().invoke(cli, [*args, "--gpus", "8", "--tp", "1", "--pp", "1", "--micro-batch", "2",
+                                      "--checkpoint", "none", "--grad-reduce-in-fp32", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert {p["execution"]["data"] for p in doc["ranked"]} == {"zero1"}
+    assert all(p["execution"]["grad_reduce_in_fp32"] for p in doc["ranked"])
+    assert any("ZeRO-1 layouts only" in n for n in doc["notes"])
+    alone = CliRunner().invoke(cli, [*args, "--gpus", "2", "--tp", "2", "--pp", "1", "--checkpoint", "none",
+                                     "--grad-reduce-in-fp32", "--json"])
+    assert alone.exit_code == 0, alone.output
+    assert any("without data parallelism reduce no gradients: they keep them in bf16" in n
+               for n in json.loads(alone.output)["notes"])
 
 
 def test_fp32_main_gradients_a_plan_cannot_keep_are_one_line():

@@ -233,7 +233,8 @@ def test_fp32_main_gradients_are_asked_of_each_engine_as_planned():
     """A ZeRO-1 plan with fp32 main gradients: Megatron-LM's --bf16 keeps them by default (no
     --grad-reduce-in-bf16), its --fp16 is asked (--accumulate-allreduce-grads-in-fp32); the
     bucket still counts the model's 2-byte elements (the buckets are of the same gradients).
-    DeepSpeed's bf16 optimizer is told fp32 accumulation; its ZeRO has none for fp16: one line."""
+    DeepSpeed's BF16_Optimizer, which keeps fp32 gradients, all-reduces them whole (twice the
+    planned bytes), and its ZeRO keeps none for fp16: one line each."""
     from nnperf.report.engine_configs import NotExpressible, deepspeed_json, megatron_args
 
     e = Execution(world=8, data="zero1", micro_batch=4, grad_accum=2, grad_reduce_in_fp32=True)
@@ -242,9 +243,23 @@ def test_fp32_main_gradients_are_asked_of_each_engine_as_planned():
     assert f"--ddp-bucket-size {e.bucket_bytes // 2}" in bf16
     fp16 = megatron_args(e, 32, dtype="fp16").split("\n#")[0].split(" \\\n  ")
     assert "--accumulate-allreduce-grads-in-fp32" in fp16 and "--fp16" in fp16
-    assert json.loads(deepspeed_json(e, dtype="bf16"))["data_types"] == {"grad_accum_dtype": "fp32"}
-    with pytest.raises(NotExpressible, match="an fp16 model's gradients in fp16"):
-        deepspeed_json(e, dtype="fp16")
+    for dtype in ("bf16", "fp16"):
+        with pytest.raises(NotExpressible, match="all-reduces them whole"):
+            deepspeed_json(e, dtype=dtype)
+
+
+def test_deepspeed_without_zero_has_no_bf16_gradient_accumulation():
+    """DeepSpeed's engine refuses a bf16 model's bf16 gradient accumulation without ZeRO or a
+    pipeline ("Bfloat16 wrapper must use a gradient accumulation type of fp32"): a --dtype bf16
+    DDP plan is one line; with a pipeline, or ZeRO-1, or --amp (fp32 gradients), a config."""
+    from nnperf.report.engine_configs import NotExpressible, deepspeed_json
+
+    with pytest.raises(NotExpressible, match="without ZeRO accumulates a bf16 model's gradients in fp32"):
+        deepspeed_json(Execution(world=8, data="ddp"), dtype="bf16")
+    piped = Execution(world=8, data="ddp", pipeline=2, pipeline_schedule="1f1b", grad_accum=2)
+    assert json.loads(deepspeed_json(piped, dtype="bf16"))["data_types"] == {"grad_accum_dtype": "bf16"}
+    assert json.loads(deepspeed_json(Execution(world=8, data="zero1"), dtype="bf16"))["zero_optimization"]["stage"] == 1
+    assert "data_types" not in json.loads(deepspeed_json(Execution(world=8, data="ddp"), amp="bf16"))
 
 
 def test_megatron_data_parallelism_beside_tensor_and_pipeline_parallelism():

@@ -418,13 +418,15 @@ def deepspeed_json(execution: Any, amp: str | None = None, dtype: str | None = N
     half = _half_precision(amp, dtype)
     if half:
         config[half] = {"enabled": True}
-    if e.grad_reduce_in_fp32 and dtype == "fp16":
-        raise NotExpressible("DeepSpeed's ZeRO accumulates and reduces an fp16 model's gradients in fp16: fp32 "
-                             "gradient accumulation is its bf16 optimizer's (engine.py _configure_optimizer: "
-                             "BF16_Optimizer for bf16 with grad_accum_dtype fp32 and ZeRO stage 1)")
-    if e.grad_reduce_in_fp32:  # BF16_Optimizer's fp32 gradients, as planned
-        config["data_types"] = {"grad_accum_dtype": "fp32"}
-    elif dtype == "bf16":
+    if e.grad_reduce_in_fp32:
+        raise NotExpressible("DeepSpeed keeps fp32 gradients of a bf16 model in its BF16_Optimizer, which "
+                             "all-reduces them whole (twice the bytes of the planned reduce-scatter), and of an "
+                             "fp16 model none (engine.py _do_optimizer_sanity_check)")
+    if dtype == "bf16":
+        if config["zero_optimization"]["stage"] == 0 and e.pipeline == 1:
+            raise NotExpressible("DeepSpeed without ZeRO accumulates a bf16 model's gradients in fp32 (its "
+                                 "BF16_Optimizer: bf16 accumulation needs ZeRO or a pipeline, engine.py "
+                                 "_do_optimizer_sanity_check), not in bf16 as planned")
         # the plan's gradients are the bf16 model's own: DeepSpeed accumulates them in fp32 where no
         # ZeRO stage is on unless told (engine.py get_data_types: BF16_Optimizer's fp32 buffers)
         config["data_types"] = {"grad_accum_dtype": "bf16"}

@@ -62,10 +62,9 @@ DDP_HALF_PRECISION = (
 #: ZeRO-1 with fp32 main gradients accumulates in DDP's 16-bit buckets, timed and not held
 #: (``trace.parallel.distributed_optimizer``).
 FP32_MAIN_GRADIENTS = (
-    "ZeRO-1 with fp32 main gradients (--grad-reduce-in-fp32): the micro-batches' weight gradients are timed "
-    "as {dtype} accumulated in DDP's buckets and cast into the fp32 buffer once a step, where Megatron-LM's "
-    "fused weight-gradient GEMMs accumulate into the fp32 buffer directly; the memory holds the fp32 buffer "
-    "alone (4 bytes a parameter), as Megatron-LM does")
+    "ZeRO-1 with fp32 main gradients (--grad-reduce-in-fp32): held in fp32 (4 bytes a parameter) and "
+    "reduce-scattered in fp32, as Megatron-LM does; timed as accumulated in {dtype} and cast to fp32 once a "
+    "step, where Megatron-LM's fused weight-gradient GEMMs accumulate in fp32 every micro-batch")
 
 
 def notes(request: ModelRequest, options: TraceOptions, results: list[Planned], layers: int | None) -> list[str]:

@@ -168,6 +168,10 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     check_optimizer_states(optimizer_states, options, kinds if data is not None else None)
     if grad_reduce_in_fp32:
         check_fp32_gradients(optimizer_states, options, kinds if data is not None else None)
+        if data is None:  # the only engine that keeps them: a search of the others would not honour the flag
+            kinds = {"zero1"}
+            left_out.append("--grad-reduce-in-fp32: ZeRO-1 layouts only (fp32 main gradients are Megatron-LM's "
+                            "distributed optimizer's; ddp, fsdp and hsdp reduce in the model's dtype)")
     if expert_tensor not in (None, 1):
         raise UsageError(f"--etp {expert_tensor}: valid: auto (Megatron-Core's default: each expert split over the "
                          "tensor-parallel ranks, folded whole where the data-parallel ranks cannot hold the expert "
@@ -319,6 +323,9 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
               "loss_fusion": loss_fusion, "micro_batch": None if sizes is None else sorted(sizes),
               "expert_tensor": expert_tensor, "token_dispatcher": token_dispatcher,
               "optimizer_states": optimizer_states, "grad_reduce_in_fp32": grad_reduce_in_fp32}
+    if grad_reduce_in_fp32 and any(p.execution.data_parallel == 1 for p in results):
+        left_out.append(f"layouts without data parallelism reduce no gradients: they keep them in {options.dtype} "
+                        "(--grad-reduce-in-fp32 is ZeRO-1's)")
     return Plan(request_name(request), gpu, cluster, gpus, global_batch, ranked, rejected,
                 left_out + notes(request, options, results, layers) + routing_note(info, options), cache.traces, layers,
                 options,
