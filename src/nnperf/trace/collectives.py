@@ -10,7 +10,7 @@ parallelism's are when one rank's experts draw more tokens: it waits for the lar
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -99,6 +99,28 @@ def collectives_of(trace: Trace) -> list[Collective]:
             ranks = (me, peer) if event.name == "c10d.send" else (peer, me)
         out.append(Collective(event.index, spec[0], collective_bytes(event, spec[1]), len(ranks),
                               ranks, event.phase, event.module, name))
+    return out
+
+
+def on_own_groups(collectives: list[Collective], groups: list[Any]) -> list[Collective]:
+    """``collectives`` with each one issued over a group not among ``groups`` (the traced
+    layout's own process groups) named as the one of ``groups`` with its ranks, where one has.
+
+    DTensor caches its sharding decisions by device mesh, and a mesh is equal to any other of the
+    same ranks and dimension names: a trace made after one of another layout in the same process
+    (a plan's search: FSDP's TP x shard mesh, then ZeRO-1's TP x replicate one) issues its
+    tensor-parallel collectives over the earlier mesh's group of the same ranks. Named as their
+    own layout's, they are found where the trace looks for its tensor- and data-parallel groups
+    (Megatron-LM's sequence-first copies, the userbuffers overlap, FP8 gathers, the once-per-step
+    synchronization): a layout is planned the same whatever was traced before it."""
+    own = {g.group_name for g in groups}
+    by_ranks: dict[tuple[int, ...], set[str]] = {}
+    for g in groups:
+        by_ranks.setdefault(tuple(dist.get_process_group_ranks(g)), set()).add(g.group_name)
+    out = []
+    for c in collectives:
+        names = by_ranks.get(c.group_ranks, set()) if c.group not in own and c.kind != "send_recv" else set()
+        out.append(replace(c, group=next(iter(names))) if len(names) == 1 else c)
     return out
 
 

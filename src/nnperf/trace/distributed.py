@@ -25,7 +25,7 @@ from nnperf.kernels.attention import TRANSFORMER_ENGINE
 from nnperf.layout import Execution
 from nnperf.trace.blocks import block_names, mark_blocks
 from nnperf.trace.capture import cast_workload, trace_workload
-from nnperf.trace.collectives import Collective, collectives_of
+from nnperf.trace.collectives import Collective, collectives_of, on_own_groups
 from nnperf.trace.engine_patches import engines_on_fake_tensors
 from nnperf.trace.events import Trace
 from nnperf.trace.fake_world import session
@@ -98,7 +98,7 @@ def trace_rank(
 
         with step_contexts:
             trace, workload = trace_workload(build_distributed, options, meta_first=False)
-        collectives = collectives_of(trace)
+        collectives = on_own_groups(collectives_of(trace), _groups_of(world["meshes"][shape]))
     trace.config["execution"] = execution.to_json()
     if execution.megatron_layout:  # Megatron-Core attends through Transformer Engine, not SDPA
         trace.config["attention_engine"] = TRANSFORMER_ENGINE
@@ -150,6 +150,12 @@ def import_engines() -> None:
                  "torch.distributed.algorithms.ddp_comm_hooks", "nnperf.trace.parallel.data",
                  "nnperf.trace.parallel.distributed_optimizer"):
         importlib.import_module(name)
+
+
+def _groups_of(meshes: tuple[Any, ...]) -> list[Any]:
+    """Every process group of a layout's meshes, and the default group."""
+    return [*(mesh.get_group(i) for mesh in meshes if mesh is not None for i in range(mesh.ndim)),
+            dist.group.WORLD]
 
 
 def _data_parallel_groups(execution: Execution, meshes: tuple[Any, ...]) -> list[str]:

@@ -59,3 +59,18 @@ def test_torchtitan_layouts_keep_their_copies():
     traced = _trace(Execution(world=TP, tensor=TP, sequence_parallel=True, micro_batch=2), 2)
     assert "not_copied" not in traced.trace.config
     assert any(e.name == "aten.cat" and _in_blocks(e) for e in traced.trace.events)
+
+
+def test_a_megatron_layout_lists_its_copies_after_another_layouts_trace():
+    """A plan's search traces FSDP's TP x shard mesh, then ZeRO-1's TP x replicate one, in one
+    process: DTensor, which caches its sharding by mesh and finds the earlier TP mesh equal (the
+    same ranks and name), issues the later trace's tensor-parallel collectives over the earlier
+    mesh's group. The ZeRO-1 layout still lists its copies, as many as traced alone (by hand, as
+    above: 10 reduce-scatters and 10 gathers concatenated, 10 clones), and its collectives name
+    its own tensor-parallel group."""
+    _trace(Execution(world=2 * TP, data="fsdp", tensor=TP, sequence_parallel=True, micro_batch=2), 2)
+    traced = _trace(Execution(world=2 * TP, data="zero1", tensor=TP, sequence_parallel=True, micro_batch=2), 2)
+    blocks = LLAMA["n_layer"]
+    assert len(traced.trace.config["not_copied"]) == 2 * (4 * blocks + 2) + 5 * blocks
+    group = traced.trace.config["tensor_parallel_group"]
+    assert sum(c.group == group for c in traced.collectives) >= 2 * (4 * blocks + 2)
