@@ -78,6 +78,29 @@ def test_an_interleaved_ranks_time_split_counts_every_chunk():
     assert splits["interleaved-1f1b"].communication_s > splits["1f1b"].communication_s
 
 
+def test_an_interleaved_ranks_state_bytes_count_every_chunk():
+    """A bf16 Llama of 4 blocks (dim 256, 4 heads, FFN 512, vocabulary 1000) on 2 stages of 2
+    chunks: rank 0 holds the embedding (1000 x 256) and blocks 0 and 2 (4 x 256^2 attention,
+    3 x 256 x 512 MLP, 2 x 256 norms each), 2 bytes an element: its parameters and gradients
+    (the plan reported its first chunk's alone). By hand."""
+    from nnperf.hardware.catalog import load_gpu
+    from nnperf.hardware.cluster import load_cluster
+    from nnperf.request import ModelRequest
+    from nnperf.search.plan import evaluate
+    from nnperf.search.plan.rank import RoleCache
+    from nnperf.trace.options import TraceOptions
+
+    request = ModelRequest("llama-7b", batch=1, seq_len=128, overrides={
+        "n_layer": 4, "dim": 256, "n_heads": 4, "n_kv_heads": 4, "ffn_hidden": 512, "vocab": 1000})
+    execution = Execution(world=4, data="zero1", pipeline=2, pipeline_schedule="interleaved-1f1b",
+                          virtual_stages=2, micro_batch=1, grad_accum=4)
+    planned = evaluate(request, TraceOptions(dtype="bf16"), execution, load_gpu("h100-sxm"),
+                       load_cluster("dgx-h100"), layers=4, cache=RoleCache())
+    block = 4 * 256 * 256 + 3 * 256 * 512 + 2 * 256
+    assert planned.pipeline.critical_rank == 0
+    assert planned.state_bytes.parameters == planned.state_bytes.gradients == 2 * (1000 * 256 + 2 * block)
+
+
 def test_a_ranks_host_counts_its_optimizer_step_once():
     """A rank's host issues each micro-batch's forward and backward, and its optimizer step once:
     over 4 and 8 micro-batches of the same traced roles the host grows by 4 micro-batches, so
