@@ -76,6 +76,7 @@ SHARDED_BUCKETS = "nnperf_sharded_buckets"
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
+
 @dataclass
 class Bucket:
     """One DDP bucket's parameters, their flat buffer and this rank's share of it, over the
@@ -221,7 +222,6 @@ def gather_before_forward(ddp: nn.Module, sharded: ShardedBuckets) -> None:
             sharded.gather()
 
     ddp.register_forward_pre_hook(gather)
-
 
 
 class DistributedOptimizer:
