@@ -328,7 +328,8 @@ def _data_parallel_once(traced: Any, comm: Any, step: Any, groups: list[str], co
     # and the buckets a reduction's buffer is cast from (ZeRO-1's fp32 main gradients, filled from
     # DDP's 16-bit buckets once a step): what fills those is the same once-per-step work
     buffers |= {m.storage for e in traced.trace.events if e.phase == "backward" and e.name == "aten.copy_"
-                and e.outputs and e.outputs[0].storage in buffers and e.outputs[0].dtype != e.inputs[1].dtype
+                and e.outputs and len(e.inputs) > 1 and e.outputs[0].storage in buffers
+                and e.outputs[0].dtype != e.inputs[1].dtype
                 for m in e.inputs[1:2]}
     # each op lengthens the timeline by its kernel, or by issuing it where the host is behind
     kernels = [(t.index, t.kernel_s, max(t.kernel_s, t.host_s)) for t in step.ops if t.index not in synchronizing
