@@ -62,7 +62,6 @@ from nnperf.request import ModelRequest
 from nnperf.search.plan.context import check_sequence, traced_as, with_ring_attention
 from nnperf.search.plan.rank import RoleCache, scaled_cost
 from nnperf.search.plan.results import (
-    CollectiveTotals,
     PipelineFigures,
     Planned,
     RankCost,
@@ -343,17 +342,6 @@ def replay_lower_bound(first: RankCost, order: dict[int, list[Action]], stages: 
     return simulate(order, stages, duration, transfer, head, tail, blocking_sends).step_s
 
 
-def _summed_collectives(chunks: list[RankFigures]) -> dict[str, CollectiveTotals]:
-    """The collectives of a rank's chunks together, by kind."""
-    out: dict[str, CollectiveTotals] = {}
-    for chunk in chunks:
-        for kind, totals in collective_totals(chunk).items():
-            seen = out.get(kind)
-            out[kind] = totals if seen is None else CollectiveTotals(seen.count + totals.count,
-                                                                      seen.bytes + totals.bytes)
-    return out
-
-
 def _planned(execution: Execution, gpu: GPU, sim: PipelineTime, critical: RankCost, flops: float,
              memory: float, micro: int, order: dict[int, list[Action]], flight: dict[int, int],
              activation: float, parameters: dict[int, float], traced_micro: int = 1,
@@ -388,9 +376,8 @@ def _planned(execution: Execution, gpu: GPU, sim: PipelineTime, critical: RankCo
                         # the optimizer's issue once per step, as its kernels are (the chunk's tail)
                         host_s=sum(per_step(scale, c.host_busy_s, c.optimizer_host_s) for c in chunks)),
         # the critical rank's state and collectives: every chunk it holds
-        state_bytes=StateBytes(*(sum(getattr(c.states, k) for c in chunks)
-                                 for k in ("parameters", "gradients", "optimizer_state"))),
-        collectives=_summed_collectives(chunks),
+        state_bytes=sum((c.states for c in chunks), StateBytes()),
+        collectives=collective_totals(*chunks),
         # the critical stage's first rank (the pipeline is the mesh's outermost dimension)
         rank=sim.critical_rank * (execution.world // execution.pipeline),
         pipeline=PipelineFigures(len(flight), micro, sim.bubble_fraction, sim.critical_rank, flight,

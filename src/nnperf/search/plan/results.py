@@ -36,6 +36,11 @@ class StateBytes:
     def total(self) -> float:
         return self.parameters + self.gradients + self.optimizer_state
 
+    def __add__(self, other: StateBytes) -> StateBytes:
+        """Two holdings on one rank together (a pipeline rank's chunks)."""
+        return StateBytes(self.parameters + other.parameters, self.gradients + other.gradients,
+                          self.optimizer_state + other.optimizer_state)
+
     def to_json(self) -> dict[str, int]:
         return {"parameters": round(self.parameters), "gradients": round(self.gradients),
                 "optimizer_state": round(self.optimizer_state)}
@@ -173,10 +178,12 @@ class CollectiveTotals:
         return {"count": round(self.count), "bytes": round(self.bytes)}
 
 
-def collective_totals(figures: RankFigures) -> dict[str, CollectiveTotals]:
-    """A traced rank's collectives by kind."""
-    return {kind: CollectiveTotals(count, figures.collective_bytes.get(kind, 0.0))
-            for kind, count in figures.collective_count.items()}
+def collective_totals(*figures: RankFigures) -> dict[str, CollectiveTotals]:
+    """A traced rank's collectives by kind (several: a pipeline rank's chunks, together)."""
+    kinds = dict.fromkeys(kind for f in figures for kind in f.collective_count)
+    return {kind: CollectiveTotals(sum(f.collective_count.get(kind, 0.0) for f in figures),
+                                   sum(f.collective_bytes.get(kind, 0.0) for f in figures))
+            for kind in kinds}
 
 
 @dataclass
