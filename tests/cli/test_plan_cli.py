@@ -770,6 +770,8 @@ def test_fp32_main_gradients_a_plan_cannot_keep_are_one_line():
     dtype = [a if a != "--amp" else "--dtype" for a in ARGS]
     for args, message in (
             ([*ARGS], "it needs --dtype bf16 or fp16 (--amp bf16 keeps fp32 weights"),
+            ([a if a != "bf16" else "fp64" for a in dtype],
+             "it needs --dtype bf16 or fp16 (an fp64 model's gradients are fp64 already)"),
             ([*dtype, "--data", "fsdp"], "--grad-reduce-in-fp32 is Megatron-LM's distributed optimizer's, which "
                                          "runs as zero1: --data fsdp has none"),
             ([*dtype, "--optimizer-states", "bf16"], "--optimizer-states bf16 keeps none: valid: fp32, "

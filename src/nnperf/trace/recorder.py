@@ -437,8 +437,10 @@ class OpRecorder(TorchDispatchMode):
 
     def recomputing(self) -> bool:
         """A module's forward running inside backward: activation checkpointing recomputing
-        a block (backward's own ops run outside every module's forward)."""
-        return self.phase == "backward" and len(self._modules.stack) > 1
+        a block (backward's own ops run outside every module's forward). The pseudo-modules
+        the loop's own work is recorded under in the backward phase, "(clip_grad_norm)" and
+        "(grad_scaler)", run no forward again."""
+        return self.phase == "backward" and any(not path.startswith("(") for path in self._modules.stack[1:])
 
     #: FlexAttention's higher-order ops come here too (``trace.flex_attention``).
     supports_higher_order_operators = True

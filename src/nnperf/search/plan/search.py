@@ -357,7 +357,7 @@ def check_fp32_gradients(optimizer_states: str, options: TraceOptions, kinds: se
     if options.dtype not in ("bf16", "fp16"):
         raise UsageError("--grad-reduce-in-fp32 keeps fp32 main gradients beside a 16-bit model: it needs --dtype "
                          "bf16 or fp16" + (f" (--amp {options.amp} keeps fp32 weights, and fp32 gradients with them)"
-                                           if options.amp else " (an fp32 model's gradients are fp32 already)"))
+                                           if options.amp else f" (an {options.dtype} model's gradients are {options.dtype} already)"))
     if options.optimizer == "none":
         raise UsageError("--grad-reduce-in-fp32 hands fp32 gradients to a distributed optimizer's main parameters, "
                          "and --optimizer none has none")
