@@ -90,3 +90,20 @@ def test_in_flight_micro_batches_per_stage():
         labels = [a.label for a in single_stage_order("1f1b", r, p, m)]
         assert in_flight(labels) == {r: p - r}
         assert in_flight([a.label for a in single_stage_order("gpipe", r, p, m)]) == {r: m}
+
+
+def test_the_split_is_the_busiest_ranks_whichever_ends_last():
+    """An uneven 1F1B pipeline of 4 stages and 8 micro-batches whose first stage does a quarter
+    of the others' work (a dense first stage before mixture-of-experts ones): rank 0 ends last,
+    as in every 1F1B, but idles most of its schedule waiting for the others; the split's rank is
+    a heavy one, busy for all its 8 forwards and backwards, idle for under a third of its
+    schedule (the pipeline's fill and drain)."""
+    p, m = 4, 8
+    work = {0: 0.25, 1: 1.0, 2: 1.0, 3: 1.0}  # forward times; a backward is twice
+    result = simulate(orders("1f1b", p, m, None), p, lambda r, a: work[r] * (1 if a.kind == "F" else 2),
+                      lambda s, t: 0.0)
+    ends = result.end_s
+    assert max(ends, key=ends.get) == 0  # the first stage's last backward ends the schedule
+    assert result.critical_rank in (1, 2, 3)
+    assert result.busy_s[result.critical_rank] == pytest.approx(m * 3.0)
+    assert result.bubble_fraction < 1 / 3 < result.bubble_s[0] / (result.busy_s[0] + result.bubble_s[0])

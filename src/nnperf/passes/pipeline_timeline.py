@@ -105,6 +105,9 @@ class PipelineTime:
     busy_s: dict[int, float]  # per rank: the sum of its action times
     bubble_s: dict[int, float]  # per rank: idle time until the schedule's last action ends
     end_s: dict[int, float]  # per rank: when its last action ends
+    #: the busiest rank (its actions and the sends that held it): the stage the others wait
+    #: for, whose time the step's split reports (the rank whose schedule ends last is the
+    #: first stage in 1F1B however light it is: an uneven pipeline's dense first stage)
     critical_rank: int
     starts: dict[str, float] = field(default_factory=dict)  # action label -> start time
     #: per rank: its sends' transfer time, overlapped or waited for
@@ -164,11 +167,11 @@ def simulate(order: dict[int, list[Action]], num_stages: int, duration: Callable
             stuck = {r: a[position[r]].label for r, a in order.items() if position[r] < len(a)}
             raise ValueError(f"the schedule cannot proceed: waiting actions {stuck}")
     ends = {r: free[r] + (tail(r) if tail else 0.0) for r in order}
-    critical = max(ends, key=lambda r: ends[r])
     span = max(free.values())  # the schedule's flush: every rank's bubble is counted up to it
     held = _held(sent, blocking_sends)
     bubble = {r: span - start_at[r] - busy[r] - held[r] for r in order}
-    return PipelineTime(ends[critical], busy, bubble, dict(free), critical, starts, sent, blocking_sends)
+    critical = max(order, key=lambda r: (busy[r] + held[r], ends[r]))
+    return PipelineTime(max(ends.values()), busy, bubble, dict(free), critical, starts, sent, blocking_sends)
 
 
 def _held(sent: dict[int, float], blocking: bool) -> dict[int, float]:

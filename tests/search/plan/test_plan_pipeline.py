@@ -78,11 +78,37 @@ def test_an_interleaved_ranks_time_split_counts_every_chunk():
     assert splits["interleaved-1f1b"].communication_s > splits["1f1b"].communication_s
 
 
+def test_a_pipelines_time_split_adds_up_to_its_step():
+    """Compute, exposed communication, bubble and what follows the schedule partition a
+    pipeline's step: an action's time holds its waits for tensor-parallel collectives, which
+    the split reports as exposed, not as compute too (a plan said "92% of the step is compute,
+    15% exposed communication, 7% pipeline bubble"). TP 2 x PP 2 on 4 GPUs: no data-parallel
+    synchronization at the step's ends, so the parts add up exactly."""
+    from nnperf.hardware.catalog import load_gpu
+    from nnperf.hardware.cluster import load_cluster
+    from nnperf.request import ModelRequest
+    from nnperf.search.plan import evaluate
+    from nnperf.search.plan.rank import RoleCache
+    from nnperf.trace.options import TraceOptions
+
+    request = ModelRequest("llama-7b", batch=4, seq_len=2048, overrides={
+        "n_layer": 4, "dim": 2048, "n_heads": 16, "n_kv_heads": 16, "ffn_hidden": 8192, "vocab": 256})
+    execution = Execution(world=4, data="ddp", tensor=2, pipeline=2, pipeline_schedule="1f1b", micro_batch=1,
+                          grad_accum=4)
+    planned = evaluate(request, TraceOptions(), execution, load_gpu("h100-sxm"), load_cluster("dgx-h100"),
+                       layers=4, cache=RoleCache())
+    split = planned.split
+    assert split.exposed_communication_s.get("all_reduce", 0.0) > 0  # the actions waited for some
+    parts = split.compute_s + split.exposed_s + split.pipeline_bubble_s + split.after_schedule_s
+    assert parts == pytest.approx(planned.step_s, rel=1e-9)
+
+
 def test_an_interleaved_ranks_state_bytes_count_every_chunk():
     """A bf16 Llama of 4 blocks (dim 256, 4 heads, FFN 512, vocabulary 1000) on 2 stages of 2
-    chunks: rank 0 holds the embedding (1000 x 256) and blocks 0 and 2 (4 x 256^2 attention,
-    3 x 256 x 512 MLP, 2 x 256 norms each), 2 bytes an element: its parameters and gradients
-    (the plan reported its first chunk's alone). By hand."""
+    chunks: the split reports the busier rank 1, which holds blocks 1 and 3 (4 x 256^2
+    attention, 3 x 256 x 512 MLP, 2 x 256 norms each), the final norm (256) and the head
+    (1000 x 256), 2 bytes an element: its parameters and gradients (the plan reported its
+    first chunk's alone). By hand."""
     from nnperf.hardware.catalog import load_gpu
     from nnperf.hardware.cluster import load_cluster
     from nnperf.request import ModelRequest
@@ -97,8 +123,8 @@ def test_an_interleaved_ranks_state_bytes_count_every_chunk():
     planned = evaluate(request, TraceOptions(dtype="bf16"), execution, load_gpu("h100-sxm"),
                        load_cluster("dgx-h100"), layers=4, cache=RoleCache())
     block = 4 * 256 * 256 + 3 * 256 * 512 + 2 * 256
-    assert planned.pipeline.critical_rank == 0
-    assert planned.state_bytes.parameters == planned.state_bytes.gradients == 2 * (1000 * 256 + 2 * block)
+    assert planned.pipeline.critical_rank == 1
+    assert planned.state_bytes.parameters == planned.state_bytes.gradients == 2 * (1000 * 256 + 2 * block + 256)
 
 
 def test_a_ranks_host_counts_its_optimizer_step_once():

@@ -360,16 +360,21 @@ def _planned(execution: Execution, gpu: GPU, sim: PipelineTime, critical: RankCo
     if blocked:
         exposed["send_recv"] = exposed.get("send_recv", 0.0) + blocked
     sent = sim.sent_s.get(sim.critical_rank, 0.0)  # the schedule's own sends, overlapped or waited for
+    # an action's time holds the compute stream's waits for its collectives; the split reports
+    # them as exposed communication, so compute is the actions' time without them (the
+    # once-per-step synchronization's waits are the step's head and tail, not actions')
+    waited = sum(max(0.0, seconds - c.sync_exposed_s.get(kind, 0.0)) * scale
+                 for c in chunks for kind, seconds in c.exposed_s.items())
     tokens = critical.per_micro / traced_micro * micro * execution.data_parallel
     planned = Planned(
         execution, step_s=sim.step_s,
         throughput=tokens / sim.step_s if sim.step_s else 0.0, throughput_unit=critical.unit,
         mfu=flops / sim.step_s / (peak * execution.world) if sim.step_s and peak else 0.0,
         memory_bytes=int(memory), context_bytes=int(f.mem_context),
-        split=TimeSplit(compute_s=sim.busy_s[sim.critical_rank],
+        split=TimeSplit(compute_s=max(0.0, sim.busy_s[sim.critical_rank] - waited),
                         recomputation_s=sum(c.recompute_s for c in chunks) * scale,
                         pipeline_bubble_s=sim.bubble_s[sim.critical_rank],
-                        after_schedule_s=sim.step_s - sim.end_s[sim.critical_rank],
+                        after_schedule_s=sim.step_s - max(sim.end_s.values()),  # after the flush
                         communication_s=sum(c.comm_over(scale) for c in chunks) + sent,
                         overlap_slowdown_s=sum(c.slowdown_over(scale) for c in chunks),
                         exposed_communication_s=exposed,
