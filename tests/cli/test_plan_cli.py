@@ -789,3 +789,17 @@ def test_a_gpu_no_built_in_cluster_is_made_of_names_the_clusters_to_borrow():
                                       "--gpu", "h100-sxm-96gb-500w"])
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
     assert "dgx-a100, dgx-h100, dgx-h200: its links with this GPU" in result.output
+
+
+def test_options_a_plan_would_leave_unused_are_one_line():
+    """--vpp beside one-chunk schedules only, and --moe-load on a model without experts, were run
+    and ignored without a word."""
+    for extra, message in (
+            (["--pp", "2", "--vpp", "2", "--schedule", "1f1b"],
+             "--vpp 2 splits each rank's stages into chunks, which --schedule 1f1b does not run"),
+            (["--moe-load", "0.5,0.5"], "--moe-load spreads the tokens over a mixture of experts, and the model "
+                                        "has no experts")):
+        result = CliRunner().invoke(cli, [*ARGS, "--gpus", "8", *extra])
+        assert result.exit_code == 2, result.output
+        assert message in result.output and "Traceback" not in result.output
+        assert len(result.output.strip().splitlines()) == 1

@@ -140,7 +140,8 @@ def test_engine_configs_write_the_precision_and_attention_each_engine_has():
     tp = Execution(world=8, tensor=8, sequence_parallel=True)
     args = megatron_args(tp, layers=32, dtype="bf16", sdpa="unfused")
     assert "--bf16" in args and "--attention-backend unfused" in args
-    assert "--attention-backend" not in megatron_args(tp, layers=32, amp="bf16")
+    # the default, PyTorch's flash kernel: Megatron-LM's flash backend, not its auto (cuDNN's on Hopper)
+    assert "--attention-backend flash" in megatron_args(tp, layers=32, amp="bf16")
     with pytest.raises(NotExpressible, match="fp32 parameters"):
         torchtitan_toml(tp, dtype="bf16")
     with pytest.raises(NotExpressible, match="unfused attention"):

@@ -204,6 +204,7 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
                          "of forward, backward and optimizer); for one GPU's inference use 'nnperf predict "
                          "--inference'")
     _once(list(schedules), "--schedule", " ".join(schedules))
+    _check_vpp_has_a_schedule(vpp_text, schedules)
     data_kinds = _names(data_text, "--data", DATA_KINDS)
     if loss_fusion and options.loss != "eager":
         raise UsageError(f"--cross-entropy-loss-fusion is Megatron-Core's fused cross entropy and --loss "
@@ -240,6 +241,18 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
         _print(result, configs)
     if not result.ranked:
         raise ResourceError(smallest_memory(result))
+
+
+def _check_vpp_has_a_schedule(vpp_text: str, schedules: tuple[str, ...]) -> None:
+    """An asked --vpp splits the stages of the interleaved schedules: one line where every asked
+    --schedule runs one chunk a rank (the plan would run them and leave --vpp unused)."""
+    from nnperf.layout import MULTI
+
+    given = click.get_current_context().get_parameter_source("vpp_text") == click.core.ParameterSource.COMMANDLINE
+    if given and schedules and not MULTI & set(schedules):
+        raise UsageError(f"--vpp {vpp_text} splits each rank's stages into chunks, which --schedule "
+                         f"{' '.join(schedules)} does not run (one chunk a rank): add --schedule "
+                         f"{' or '.join(sorted(MULTI))}, or drop --vpp")
 
 
 def _expert_tensor(text: str) -> int | None:
@@ -376,7 +389,10 @@ def _print(result: Any, configs: dict[str, Any]) -> None:
         click.echo("\ntorchtitan config function (nnperf_plan.py, torchtitan after 2026-02-23)"
                    + _which_layout(configs, "torchtitan_python") + ":\n" + configs["torchtitan_python"])
         click.echo("\n" + configs["torchrun_python"])
-    for name, title in (("megatron", "Megatron-LM arguments"), ("deepspeed", "DeepSpeed config (ds_config.json)")):
+    for name, title in (("megatron", "Megatron-LM arguments (the layout's; the model's own, --num-layers, "
+                                     "--hidden-size and the rest, --num-experts and --moe-router-topk for experts, "
+                                     "are the run's)"),
+                        ("deepspeed", "DeepSpeed config (ds_config.json)")):
         if configs.get(name):
             click.echo(f"\n{title}{_which_layout(configs, name)}:\n{configs[name]}")
             if name == "deepspeed" and configs.get("deepspeed_launch"):

@@ -348,7 +348,9 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
         args.append(f"--{half}")
     if fp8:
         args += ["--fp8-format hybrid", "--fp8-recipe tensorwise"]
-    if sdpa == "unfused":
+    if sdpa == "fused":  # PyTorch's flash kernel as planned: Megatron-Core's auto would pick cuDNN's on Hopper
+        args.append("--attention-backend flash")
+    elif sdpa == "unfused":
         args.append("--attention-backend unfused")
     elif sdpa == "cudnn":  # Transformer Engine's fused attention: cuDNN's kernel
         args.append("--attention-backend fused")

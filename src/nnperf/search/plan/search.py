@@ -184,6 +184,10 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         from nnperf.trace.parallel.expert import has_experts
 
         experts = has_experts(info[0])
+        if not experts and (options.moe_load is not None or options.moe_capacity_factor is not None):
+            asked = "--moe-load" if options.moe_load is not None else "--moe-capacity-factor"
+            raise UsageError(f"{asked} spreads the tokens over a mixture of experts, and the model has no experts: "
+                             "drop it, or plan a model with experts")
         if experts and min(tensor) > 1 and not kinds & {"ddp", "zero1"}:
             raise UsageError(f"--tp {listed(tensor)} with --data {','.join(sorted(kinds))}: a mixture of experts with "
                              "tensor parallelism is planned as Megatron-LM runs it, beside ddp or zero1; torchtitan's "
