@@ -20,6 +20,7 @@ from nnperf.request import ModelRequest
 from nnperf.search.memory_variants import apply_checkpointing
 from nnperf.search.plan.axes import model_info
 from nnperf.search.plan.context import context_step
+from nnperf.search.plan.main_params import with_main_params
 from nnperf.search.plan.pipeline import pipeline_step
 from nnperf.search.plan.rank import RoleCache, layers_of, scaled_cost
 from nnperf.search.plan.results import Planned, TimeSplit, collective_totals, per_step
@@ -44,7 +45,13 @@ def evaluate(request: ModelRequest, options: TraceOptions, execution: Execution,
     no ``layers`` reads it off the model (``layers_of``): traced whole instead, the model's
     blocks would be split over the three stages its roles are traced on, not its own."""
     execution.validate()  # one line for a layout that cannot run, before any of it is traced
-    cache = cache or RoleCache()
+    planned = _composed(request, options, execution, gpu, cluster, layers, cache or RoleCache(), prune, slower_than)
+    return with_main_params(planned, execution, options, gpu)
+
+
+def _composed(request: ModelRequest, options: TraceOptions, execution: Execution, gpu: GPU, cluster: Cluster,
+              layers: int | None, cache: RoleCache, prune: bool, slower_than: float | None) -> Planned:
+    """The layout's step and memory as its way of composition gives them (module docstring)."""
     if execution.pipeline > 1 and layers is None:
         layers = layers_of(request)
     progress.note(execution.describe())

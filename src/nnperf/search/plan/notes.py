@@ -54,9 +54,11 @@ MEGATRON_CROSS_ENTROPY = (
 #: DDP's optimizer is PyTorch's on the model's own weights; ZeRO-1's keeps Megatron-LM's fp32 main
 #: copies (``trace.parallel.distributed_optimizer``).
 DDP_HALF_PRECISION = (
-    "DDP runs the optimizer on the {dtype} weights themselves, as PyTorch does (Adam's moments in {dtype}), "
-    "where ZeRO-1 keeps Megatron-LM's fp32 main parameters and moments; Megatron-LM's own DDP would hold "
-    "those too, 12 bytes per parameter where this plan counts 4")
+    "DDP runs the optimizer on the {dtype} weights themselves, as PyTorch does (Adam's moments in {dtype}, 4 "
+    "bytes a parameter), where ZeRO-1 keeps Megatron-LM's fp32 main parameters and moments; DDP beside tensor, "
+    "pipeline or context parallelism, which only Megatron-LM runs, holds those too: counted in its memory "
+    "(12 bytes a parameter), its optimizer step timed on the {dtype} weights (about 20 bytes a parameter of "
+    "memory traffic less, once a step)")
 
 
 #: ZeRO-1 with fp32 main gradients accumulates in DDP's 16-bit buckets, timed and not held
