@@ -803,3 +803,21 @@ def test_options_a_plan_would_leave_unused_are_one_line():
         assert result.exit_code == 2, result.output
         assert message in result.output and "Traceback" not in result.output
         assert len(result.output.strip().splitlines()) == 1
+
+
+def test_a_mixture_of_experts_beside_tensor_parallelism_searches_its_pipelines():
+    """The search's pipelines run one engine at every pipeline shape and the others at its best
+    one. That engine was FSDP, which no mixture of experts beside tensor parallelism runs: asked
+    for pipelines of 1 and 2 stages, the search traced none of 2 and said nothing. Now ZeRO-1
+    leads there, and DDP follows at its best shape. The experts split over the tensor ranks (the
+    default) come with a note that --etp 1 ranks the layouts keeping them whole."""
+    result = CliRunner().invoke(cli, ["plan", "mixtral-8x7b", "-O", "n_layer=2", "-O", "dim=128", "-O", "n_heads=4",
+                                      "-O", "n_kv_heads=2", "-O", "ffn_hidden=256", "-O", "vocab=512", "--seq", "128",
+                                      "--global-batch", "16", "--gpus", "8", "--tp", "2", "--pp", "1,2", "--ep", "2",
+                                      "--dtype", "bf16", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    piped = {r["execution"]["data"] for r in doc["ranked"] + doc["rejected"] if r["execution"]["pipeline"] == 2}
+    assert piped == {"zero1", "ddp"}
+    # its experts split over the tensor ranks (the default): the search says --etp 1 ranks the others
+    assert any("plan with --etp 1 to rank those layouts" in n for n in doc["notes"])

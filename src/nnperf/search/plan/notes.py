@@ -61,6 +61,16 @@ DDP_HALF_PRECISION = (
     "memory traffic less, once a step)")
 
 
+#: Megatron-Core's default splits each expert over the tensor-parallel ranks; --etp 1 is a choice
+#: the search leaves to the user (it doubles the expert layouts to trace).
+SPLIT_EXPERTS = (
+    "experts beside tensor parallelism are split over its ranks, as Megatron-Core's default "
+    "(--expert-tensor-parallel-size equal to the tensor degree): their rows gathered and scattered over the "
+    "tensor ranks every layer; kept whole on a rank instead (--expert-tensor-parallel-size 1, the expert group "
+    "folded over the tensor ranks, as the DeepSeek-V3 and Qwen3 recipes run) they need no such collectives: plan "
+    "with --etp 1 to rank those layouts")
+
+
 #: ZeRO-1 with fp32 main gradients accumulates in DDP's 16-bit buckets, timed and not held
 #: (``trace.parallel.distributed_optimizer``).
 FP32_MAIN_GRADIENTS = (
@@ -92,6 +102,9 @@ def notes(request: ModelRequest, options: TraceOptions, results: list[Planned], 
         notes.append(DDP_HALF_PRECISION.format(dtype=options.dtype))
     if any(p.execution.grad_reduce_in_fp32 for p in results):
         notes.append(FP32_MAIN_GRADIENTS.format(dtype=options.dtype))
+    if any(p.execution.expert > 1 and p.execution.tensor > 1 and p.execution.expert_tensor is None
+           and not p.execution.folds_experts for p in results):
+        notes.append(SPLIT_EXPERTS)
     spanning = sorted({p.execution.tensor for p in results if p.execution.tensor > p.execution.gpus_per_node})
     if spanning:
         notes.append(f"tensor parallelism over {', '.join(map(str, spanning))} GPUs spans nodes of "

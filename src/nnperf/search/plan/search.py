@@ -255,33 +255,36 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         second = engines(layouts(gpus, nodes_of, global_batch, tensor=[best_tp], pipeline=deeper,
                                  schedules=schedules, layers=layers, context=context, expert=expert, split=split,
                                  expert_tensor=expert_tensor))
-        # FSDP (and pipelines without data parallelism) at every pipeline shape; the other engines
-        # at the shape FSDP does best with: the degree, schedule and chunks that set a pipeline's
-        # bubble are the same whichever engine reduces its gradients
-        narrowed = "fsdp" in kinds
-        lead = [e for e in second if not narrowed or e.data == "fsdp" or e.data_parallel == 1]
+        # one engine (FSDP where it runs these layouts; else the first that does: a mixture of
+        # experts beside tensor parallelism runs ZeRO-1 or DDP only) and pipelines without data
+        # parallelism at every pipeline shape; the other engines at the shape it does best with:
+        # the degree, schedule and chunks that set a pipeline's bubble are the same whichever
+        # engine reduces its gradients
+        leader = next((k for k in ("fsdp", "zero1", "ddp", "hsdp") if any(e.data == k for e in second)), None)
+        narrowed = leader is not None and len({e.data for e in second}) > 1
+        lead = [e for e in second if not narrowed or e.data == leader or e.data_parallel == 1]
         more = _in_workers(request, options, gpu, cluster, layers,
                            [[e for e in lead if e.pipeline == pp] for pp in deeper], cache,
                            fitting[0].step_s if fitting else None, same_work(results), levels)
         results += more
-        piped = sorted((p for p in more if p.fits and not p.time_bound and p.execution.data == "fsdp"),
+        piped = sorted((p for p in more if p.fits and not p.time_bound and p.execution.data == leader),
                        key=lambda p: p.step_s)
         if narrowed and piped:
             shape = _pipeline_shape(piped[0].execution)
-            # each other engine beside FSDP's members of that shape, searched where FSDP fits
-            # (FSDP's roles are the last pass's, in the cache: not traced again), one engine
-            # per task so that the workers share them
-            rest = [e for e in second if _pipeline_shape(e) == shape and (e.data == "fsdp" or e not in lead)]
-            others = sorted({e.data for e in rest if e.data != "fsdp"})
+            # each other engine beside the leader's members of that shape, searched where it fits
+            # (its roles are the last pass's, in the cache: not traced again), one engine per
+            # task so that the workers share them
+            rest = [e for e in second if _pipeline_shape(e) == shape and (e.data == leader or e not in lead)]
+            others = sorted({e.data for e in rest if e.data != leader})
             best = min((p for p in results if p.fits and not p.time_bound), key=lambda p: p.step_s, default=None)
             fastest = best.step_s if best else None
             # the fastest so far without sequence parallelism, evaluated beside them: the winner
             # (below) most often, whose roles are then traced already
             plain = without_sequence_parallel(best.execution) if best else []
             extra = _in_workers(request, options, gpu, cluster, layers,
-                                [[e for e in rest if e.data in ("fsdp", kind)] for kind in others], cache, fastest,
+                                [[e for e in rest if e.data in (leader, kind)] for kind in others], cache, fastest,
                                 same_work(results), levels, ahead=plain)
-            results += [p for p in extra if p.execution.data != "fsdp"]
+            results += [p for p in extra if p.execution.data != leader]
     if not results:
         reason = why_no_layout(gpus, nodes_of, global_batch, tensor, pipeline, context, schedules, kinds)
         if reason:
