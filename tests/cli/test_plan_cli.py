@@ -700,6 +700,14 @@ def test_optimizer_states_shrink_zero1s_state_and_name_their_arguments():
     assert "Apex's DistributedFusedAdam" in docs["bf16"]["megatron_not_expressible"]
 
 
+def _refused_in_one_line(args: list[str], message: str) -> None:
+    """Bad input: exit status 2 and one line with ``message``, no traceback."""
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
 def test_optimizer_states_a_layout_cannot_keep_are_one_line():
     for args, message in ((["--optimizer-states", "bf16"], "--optimizer-states bf16 updates the model's own "
                            "parameters, in bf16: it needs --dtype bf16 (not --amp bf16)"),
@@ -707,10 +715,7 @@ def test_optimizer_states_a_layout_cannot_keep_are_one_line():
                            "bf16-moments is a distributed optimizer's, which runs as zero1: --data fsdp has none"),
                           (["--optimizer-states", "bf16-moments", "--optimizer", "sgd"], "it needs --optimizer "
                            "adamw or adam, not sgd")):
-        result = CliRunner().invoke(cli, [*ARGS, "--gpus", "8", *args])
-        assert result.exit_code == 2, result.output
-        assert message in result.output and "Traceback" not in result.output
-        assert len(result.output.strip().splitlines()) == 1
+        _refused_in_one_line([*ARGS, "--gpus", "8", *args], message)
 
 
 def test_fp32_main_gradients_double_zero1s_reduction_and_keep_megatrons_default():
@@ -776,10 +781,7 @@ def test_fp32_main_gradients_a_plan_cannot_keep_are_one_line():
                                          "runs as zero1: --data fsdp has none"),
             ([*dtype, "--optimizer-states", "bf16"], "--optimizer-states bf16 keeps none: valid: fp32, "
                                                      "bf16-moments")):
-        result = CliRunner().invoke(cli, [*args, "--gpus", "8", "--grad-reduce-in-fp32"])
-        assert result.exit_code == 2, result.output
-        assert message in result.output and "Traceback" not in result.output
-        assert len(result.output.strip().splitlines()) == 1
+        _refused_in_one_line([*args, "--gpus", "8", "--grad-reduce-in-fp32"], message)
 
 
 def test_a_gpu_no_built_in_cluster_is_made_of_names_the_clusters_to_borrow():
@@ -799,10 +801,7 @@ def test_options_a_plan_would_leave_unused_are_one_line():
              "--vpp 2 splits each rank's stages into chunks, which --schedule 1f1b does not run"),
             (["--moe-load", "0.5,0.5"], "--moe-load spreads the tokens over a mixture of experts, and the model "
                                         "has no experts")):
-        result = CliRunner().invoke(cli, [*ARGS, "--gpus", "8", *extra])
-        assert result.exit_code == 2, result.output
-        assert message in result.output and "Traceback" not in result.output
-        assert len(result.output.strip().splitlines()) == 1
+        _refused_in_one_line([*ARGS, "--gpus", "8", *extra], message)
 
 
 def test_a_mixture_of_experts_beside_tensor_parallelism_searches_its_pipelines():
