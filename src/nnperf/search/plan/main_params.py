@@ -21,31 +21,29 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from nnperf.hardware import GPU
+from nnperf.hardware import DTYPE_BYTES, GPU
 from nnperf.layout import Execution
 from nnperf.passes.memory.capacity import capacity, fits
 from nnperf.search.plan.results import Planned
 from nnperf.search.plan.states import MIRRORS
 from nnperf.trace.options import TraceOptions
 
-#: Bytes of an element of the 16-bit dtypes whose DDP layouts hold fp32 main states.
-HALF_BYTES = {"bf16": 2, "fp16": 2}
-FP32_BYTES = 4
+#: The 16-bit dtypes whose DDP layouts hold fp32 main states.
+HALF_PRECISION = ("bf16", "fp16")
 
 
 def holds_main_params(execution: Execution, options: TraceOptions) -> bool:
     """Whether ``execution`` runs DDP as Megatron-LM does beside a 16-bit model (module
     docstring): its optimizer keeps fp32 main parameters and moments on every rank."""
-    return (execution.data == "ddp" and execution.megatron_layout and options.dtype in HALF_BYTES
+    return (execution.data == "ddp" and execution.megatron_layout and options.dtype in HALF_PRECISION
             and not options.amp and options.optimizer in MIRRORS and execution.optimizer_states == "fp32")
 
 
 def main_state_bytes(parameter_bytes: float, options: TraceOptions) -> float:
     """The bytes Megatron-LM's optimizer holds beyond the traced ones for ``parameter_bytes`` of
     16-bit parameters: an fp32 main copy, and each moment in fp32 rather than 16 bits."""
-    half = HALF_BYTES[options.dtype]
-    elements = parameter_bytes / half
-    return elements * (FP32_BYTES + MIRRORS[options.optimizer] * (FP32_BYTES - half))
+    half, full = DTYPE_BYTES[options.dtype], DTYPE_BYTES["fp32"]
+    return parameter_bytes / half * (full + MIRRORS[options.optimizer] * (full - half))
 
 
 def with_main_params(planned: Planned, execution: Execution, options: TraceOptions, gpu: GPU) -> Planned:
