@@ -4,11 +4,19 @@ when, and when a stage's accumulated gradient is reduced and freed)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from torch_lowering import most_held
 
+from nnperf.hardware.catalog import load_gpu
+from nnperf.hardware.cluster import load_cluster
 from nnperf.layout import Execution
+from nnperf.request import ModelRequest
+from nnperf.search.plan import evaluate
 from nnperf.search.plan.pipeline import rank_orders, unsharded_extra
+from nnperf.search.plan.rank import RoleCache
+from nnperf.trace.options import TraceOptions
 
 GATHERED, GRADIENT = 1.0, 1000.0  # one chunk's bytes of each: a sum tells how many of each
 
@@ -214,3 +222,23 @@ def test_megatron_lms_1f1b_stage_waits_for_each_of_its_sends(monkeypatch):
     assert waited.split.communication_s == pytest.approx(overlapped.split.communication_s)
     assert waited.split.communication_s >= waited.split.exposed_s
     assert waited.step_s > overlapped.step_s
+
+
+def test_megatrons_stage_holds_only_its_blocks_inputs_per_micro_batch_in_flight():
+    """Megatron-LM frees the data of each output it sends (``deallocate_output_tensor``) and
+    receives an output's gradient only for its backward, so with full recomputation one more
+    micro-batch in flight on the first stage holds its blocks' inputs alone: the embedding's
+    output and three blocks' outputs, each micro-batch x sequence x dim in fp32. 16 blocks on 4
+    stages (DDP x 2 beside them: a layout only Megatron-LM runs), 4 micro-batches against 3: rank
+    0 holds one more in flight (counted as torch holds them, 6 such tensors)."""
+    micro_batch, seq, dim = 4, 2048, 128
+    execution = Execution(world=8, data="ddp", pipeline=4, pipeline_schedule="1f1b", micro_batch=micro_batch,
+                          checkpoint="full")
+    model = {"dim": dim, "n_heads": 4, "ffn_hidden": 256, "vocab": 512, "n_layer": 16}
+    memory = {}
+    for micro_batches in (3, 4):
+        request = ModelRequest("llama-7b", batch=micro_batch * micro_batches * 2, seq_len=seq, overrides=model)
+        memory[micro_batches] = evaluate(request, TraceOptions(amp="bf16"), replace(execution, grad_accum=micro_batches),
+                                         load_gpu("h100"), load_cluster("dgx-h100"), layers=16,
+                                         cache=RoleCache()).memory_bytes
+    assert memory[4] - memory[3] == pytest.approx(4 * micro_batch * seq * dim * 4, abs=2)

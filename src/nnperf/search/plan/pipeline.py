@@ -20,7 +20,11 @@ serve every schedule and interleaving of the same pipeline degree. Then:
   beyond the traced one (the most the rank holds at once over its chunks in the real order,
   ``peak_saved``): affine in the in-flight
   count, which holds when the peak is the start of a backward (tests compare with direct traces
-  of the real schedules). Under FSDP2 a stage's backward neither reshards nor reduces
+  of the real schedules). The transfers among a stage's saved activations are held as its
+  engine holds them (``passes.memory.transfers``): torch keeps the receive buffers of every
+  micro-batch of the step (``step_buffers``) and each output sent until its backward;
+  Megatron-LM frees each output once sent and receives a gradient only for its backward
+  (``in_flight_bytes``). Under FSDP2 a stage's backward neither reshards nor reduces
   (``PipelineStage.backward_maybe_with_nosync``): its whole gradient accumulates until the
   stage's ``REDUCE_GRAD`` after its last micro-batch, and torch's runtime keeps the next three
   stages a rank computes gathered (``_add_unshard_reshard``). Where a rank's chunks take turns at
@@ -131,11 +135,19 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
         own = roles.get(role_of(held[rank][0]))
         later = [roles[role_of(s)].figures for s in held[rank][1:] if role_of(s) in roles]
         others = sum(f.model_states for f in later)
-        def saved(stage: int) -> float:
-            return roles[role_of(stage)].figures.saved_activations if role_of(stage) in roles else 0.0
 
-        # the traced role holds one micro-batch of its own stage already
-        extra = peak_saved(order[rank], saved) - (saved(held[rank][0]) if own else 0.0)
+        def saved(stage: int) -> float:
+            return in_flight_bytes(execution, roles[role_of(stage)].figures) if role_of(stage) in roles else 0.0
+
+        def buffers(stage: int) -> float:
+            return step_buffers(execution, roles[role_of(stage)].figures, micro) if role_of(stage) in roles else 0.0
+
+        # the traced role holds one micro-batch of its own stage already, its transfers as
+        # torch holds them; beyond the micro-batches in flight, the receive buffers its engine
+        # holds all step, and (Megatron-LM) the gradient received for the backward running
+        held_buffers = sum(buffers(s) for s in held[rank])
+        extra = peak_saved(order[rank], saved) + held_buffers - (
+            own.figures.saved_activations - backward_buffer(execution, own.figures) if own else 0.0)
 
         def stored(stage: int) -> float:
             return roles[role_of(stage)].figures.states.parameters if role_of(stage) in roles else 0.0
@@ -144,7 +156,9 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
                                     lambda s: accumulated * stored(s)) if gathered else 0.0
         if own is None:
             return others + extra + unsharded
-        return phase_peak(own.figures, extra + unsharded, later_optimizers(execution, own.figures, later)) + others
+        # torch's receive buffers outlive the backward (the traced role's own at most one pair)
+        kept = max(0.0, held_buffers - own.figures.transfers.received)
+        return phase_peak(own.figures, extra + unsharded, later_optimizers(execution, own.figures, later) + kept) + others
 
     roles = {role_of(0): traced_role(role_of(0))}
     if prune and (bound := int(memory(0, roles))) > capacity(gpu):  # a lower bound (module docstring)
@@ -192,6 +206,31 @@ def phase_peak(figures: RankFigures, step_extra: float, optimizer_extra: float) 
     step = max((peak for phase, peak in by_phase.items() if phase != Phase.OPTIMIZER), default=0.0)
     optimizer = by_phase[Phase.OPTIMIZER] + optimizer_extra if Phase.OPTIMIZER in by_phase else 0.0
     return max(step + step_extra, optimizer) + figures.mem_outside
+
+
+def in_flight_bytes(execution: Execution, figures: RankFigures) -> float:
+    """What a stage holds for each of its micro-batches in flight: its traced micro-batch's
+    saved activations less the transfers its engine holds otherwise (``passes.memory.transfers``):
+    Megatron-LM frees the output it sent and receives the output's gradient only for its
+    backward; torch keeps the output and holds both receive buffers for every micro-batch of the
+    step (``step_buffers``)."""
+    transfers = figures.transfers
+    if execution.megatron_layout:
+        return figures.saved_activations - transfers.received_gradients - transfers.sent_activations
+    return figures.saved_activations - transfers.received
+
+
+def step_buffers(execution: Execution, figures: RankFigures, micro_batches: int) -> float:
+    """The receive buffers a stage holds for the whole step: torch's one pair per micro-batch of
+    the step, allocated when its schedule first runs; none under Megatron-LM, which allocates each
+    when it receives."""
+    return 0.0 if execution.megatron_layout else micro_batches * figures.transfers.received
+
+
+def backward_buffer(execution: Execution, figures: RankFigures) -> float:
+    """The receive buffer alive in a stage's backward besides its micro-batches in flight:
+    Megatron-LM's gradient received for it."""
+    return figures.transfers.received_gradients if execution.megatron_layout else 0.0
 
 
 def later_optimizers(execution: Execution, own: RankFigures, later: list[RankFigures]) -> float:
@@ -436,6 +475,11 @@ def traced_schedule_step(request: ModelRequest, options: TraceOptions, execution
                    lambda r: role(r).figures.head_s, lambda r: role(r).figures.tail_s)
     flight = {s: n for acts in order.values() for s, n in in_flight([a.label for a in acts]).items()}
     flops = sum(role(r).figures.flops for r in range(p)) * micro / traced_micro * stride
+
+    def memory(cost: RankCost) -> float:
+        # the trace holds the receive buffers of its micro-batches, the step those of all of them
+        return cost.figures.memory + step_buffers(execution, cost.figures, micro - traced_micro) / traced_micro
+
     return _planned(execution, gpu, sim, role(sim.critical_rank), flops,
-                    max(c.figures.memory for c in costs.values()), micro, order, flight, activation,
+                    max(memory(c) for c in costs.values()), micro, order, flight, activation,
                     {r: role(r).figures.states.parameters for r in range(p)}, traced_micro)

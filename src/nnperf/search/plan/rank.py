@@ -41,6 +41,7 @@ from nnperf.kernels.expert_dispatch import estimate_deduplicated
 from nnperf.layout import Execution
 from nnperf.loading import resolve
 from nnperf.passes.comm_timeline import Contention, overlap
+from nnperf.passes.memory.transfers import saved_transfers
 from nnperf.prediction import predict_analysis
 from nnperf.request import ModelRequest
 from nnperf.search.accumulation import once_span
@@ -268,6 +269,7 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
         sends = [c for c in traced.collectives if c.kind == "send_recv" and c.phase == "forward"
                  and c.group_ranks[0] == rank]
         figures.p2p_bytes = float(max((c.bytes for c in sends), default=0))
+        figures.transfers = saved_transfers(traced.trace, actions)
     workload = analysis.workload
     return RankCost(figures, prediction.mfu_peak.flops, (workload.tokens or workload.samples) or 0,
                     "tokens/s" if workload.tokens else "samples/s",

@@ -18,6 +18,7 @@ from typing import Any
 from nnperf.hardware import GPU
 from nnperf.hardware.cluster import Cluster
 from nnperf.layout import Execution
+from nnperf.passes.memory.transfers import TransferBytes
 from nnperf.trace.options import TraceOptions
 
 #: The plan document's schema. 2: ``first_stage_layers``/``last_stage_layers`` are an end
@@ -108,6 +109,9 @@ class RankFigures:
     head_s: float = 0.0  # before a pipeline rank's first action
     tail_s: float = 0.0  # after its last (optimizer, gradient synchronization)
     p2p_bytes: float = 0.0  # the activation a pipeline stage sends forward
+    #: of ``saved_activations``, a pipeline stage's receive buffers and sent output, which its
+    #: engine holds otherwise than per micro-batch in flight (``passes.memory.transfers``)
+    transfers: TransferBytes = field(default_factory=TransferBytes)
 
     @property
     def sync_s(self) -> float:
@@ -144,7 +148,7 @@ def _combine(a: Any, b: Any, op: Callable[[float, float], float]) -> Any:
         x, y = getattr(a, f.name), getattr(b, f.name)
         if isinstance(x, dict):
             values[f.name] = {k: op(x.get(k, 0.0), y.get(k, 0.0)) for k in dict.fromkeys([*x, *y])}
-        elif isinstance(x, StateBytes):
+        elif isinstance(x, StateBytes | TransferBytes):
             values[f.name] = _combine(x, y, op)
         else:
             values[f.name] = op(x, y)
