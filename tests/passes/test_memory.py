@@ -68,6 +68,18 @@ def test_freed_neighbours_merge():
     assert a.segments == 1 and a.reserved == 20 * MiB
 
 
+def test_a_side_streams_cached_blocks_serve_only_that_stream():
+    """A segment belongs to the stream it was allocated for: the compute stream cannot reuse
+    what an all-gather stream freed, but the all-gather stream can."""
+    a = CachingAllocator()
+    a.malloc("gathered", 12 * MiB, stream=1)  # a 12 MiB segment
+    a.free("gathered")
+    a.malloc("activation", 12 * MiB)  # the compute stream: a segment of its own
+    assert (a.segments, a.reserved) == (2, 24 * MiB)
+    a.malloc("gathered again", 12 * MiB, stream=1)  # the cached one
+    assert (a.segments, a.reserved) == (2, 24 * MiB)
+
+
 # -- hand-counted models -----------------------------------------------------------------------
 def _mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))

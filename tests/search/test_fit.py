@@ -251,7 +251,7 @@ def test_a_scan_over_budget_settles_for_a_boundary_the_same_way_every_time():
 def test_the_requested_bytes_bound_does_not_overflow():
     def footprint(batch: int, each: int) -> Footprint:
         sizes = np.array([each, each, each, each], dtype=np.int64)
-        return Footprint(batch, (True, True, False, False), (1, 2, 1, 2), sizes,
+        return Footprint(batch, (True, True, False, False), (1, 2, 1, 2), (0, 0, 0, 0), sizes,
                          np.ones(4, dtype=bool), np.zeros(0, dtype=np.int64), 0, 2)
 
     model = BatchModel.between(footprint(1, 2**42), footprint(2, 2**43))

@@ -40,6 +40,7 @@ class Footprint:
     batch: int
     takes: tuple[bool, ...]  # per request: malloc (True) or free (False)
     keys: tuple[object, ...]  # per request: storage id or workspace key
+    streams: tuple[int, ...]  # per request: the stream it is made on (0: the compute stream)
     sizes: np.ndarray  # int64 bytes per request
     scaling: np.ndarray  # bool per request: of a category that grows with the batch
     conv: np.ndarray  # int64 bytes of every convolution operand
@@ -54,6 +55,7 @@ class Footprint:
             batch=batch,
             takes=tuple(op[0] == TAKE for op in ops),
             keys=tuple(op[1] for op in ops),
+            streams=tuple(program.streams.get(op[1], 0) for op in ops),
             sizes=np.array([op[2] for op in ops], dtype=np.int64),
             scaling=np.array([op[3] in SCALING for op in ops], dtype=bool),
             conv=np.array(conv, dtype=np.int64),
@@ -68,6 +70,7 @@ class Footprint:
             and len(self.conv) == len(other.conv)
             and self.fixed == other.fixed
             and self.takes == other.takes
+            and self.streams == other.streams
             and self.keys == other.keys
         )
 
@@ -149,10 +152,10 @@ class BatchModel:
         budget = None if capacity is None else capacity - extra
         alloc = CachingAllocator()
         malloc, free = alloc.malloc, alloc.free
-        for take, key, nbytes in zip(self.template.takes, self.template.keys,
-                                     self.sizes(batch).tolist(), strict=True):
+        for take, key, stream, nbytes in zip(self.template.takes, self.template.keys, self.template.streams,
+                                             self.sizes(batch).tolist(), strict=True):
             if take:
-                malloc(key, nbytes)
+                malloc(key, nbytes, stream)
                 if budget is not None and alloc.reserved > budget:
                     return None
             else:

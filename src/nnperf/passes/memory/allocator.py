@@ -6,7 +6,7 @@ slightly smaller request is counted whole), and ``max_memory_reserved`` counts *
 obtained from ``cudaMalloc``, which the allocator keeps after the tensors in them die. The
 constants and rules below mirror ``c10/cuda/CUDACachingAllocator.cpp`` with default settings
 (no ``PYTORCH_CUDA_ALLOC_CONF``): no expandable segments, no max_split_size, no garbage
-collection threshold, one stream.
+collection threshold.
 
 Rules modelled:
 - a request is rounded up to a multiple of 512 bytes (``kMinBlockSize``);
@@ -17,7 +17,11 @@ Rules modelled:
   fit, lowest address on ties); the block is split when the remainder exceeds 512 bytes
   (small pool) or 1 MiB (large pool), otherwise the request gets the whole block;
 - freed blocks merge with free neighbours of the same segment; segments are never returned
-  to the driver (only ``empty_cache`` or an out-of-memory retry does that, not modelled).
+  to the driver (only ``empty_cache`` or an out-of-memory retry does that, not modelled);
+- a segment belongs to the stream it was allocated for, and its blocks serve requests made on
+  that stream only (``get_free_block`` searches the pool's blocks of the request's stream), so
+  what a side stream allocates (FSDP2's all-gather and reduce-scatter buffers) is cached apart
+  from the compute stream's.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ class _Block:
     size: int
     segment: int
     small: bool
+    stream: int = 0
     free: bool = True
     prev: _Block | None = None
     next: _Block | None = None
@@ -69,14 +74,14 @@ class CachingAllocator:
     ``malloc(key, nbytes)`` and ``free(key)`` take a caller-chosen key (a storage id), so a
     trace can be replayed without real addresses.
 
-    Free blocks sit in one sorted list per pool as ``(size, addr, block)``: no two free
+    Free blocks sit in one sorted list per pool and stream as ``(size, addr, block)``: no two free
     blocks share an address, so ordering never compares the blocks themselves, and a block
     is found again by bisecting on ``(size, addr)``. (``search.fit`` replays thousands of
     requests per batch it rules out, so these paths are kept lean.)
     """
 
     def __init__(self) -> None:
-        self._free: dict[bool, list[tuple[int, int, _Block]]] = {True: [], False: []}
+        self._free: dict[tuple[int, bool], list[tuple[int, int, _Block]]] = {}
         self._live: dict[object, _Block] = {}
         self._next_addr = 0
         self.segments = 0
@@ -89,21 +94,22 @@ class CachingAllocator:
     # -- free lists -------------------------------------------------------------------------
     def _push_free(self, b: _Block) -> None:
         b.free = True
-        bisect.insort(self._free[b.small], (b.size, b.addr, b))
+        bisect.insort(self._free.setdefault((b.stream, b.small), []), (b.size, b.addr, b))
 
     def _pop_free(self, b: _Block) -> None:
-        pool = self._free[b.small]
+        pool = self._free[b.stream, b.small]
         del pool[bisect.bisect_left(pool, (b.size, b.addr))]
         b.free = False
 
     # -- requests ---------------------------------------------------------------------------
-    def malloc(self, key: object, nbytes: int) -> int:
-        """Serve a request; returns the block size charged to "allocated"."""
+    def malloc(self, key: object, nbytes: int, stream: int = 0) -> int:
+        """Serve a request made on ``stream`` (0: the compute stream); returns the block size
+        charged to "allocated"."""
         if key in self._live:
             raise KeyError(f"allocation {key!r} is already live")
         size = MIN_BLOCK if nbytes < MIN_BLOCK else MIN_BLOCK * ((nbytes + MIN_BLOCK - 1) // MIN_BLOCK)
         small = size <= SMALL_SIZE
-        pool = self._free[small]
+        pool = self._free.setdefault((stream, small), [])
         i = bisect.bisect_left(pool, (size,))
         if i < len(pool):
             block = pool.pop(i)[2]
@@ -111,7 +117,7 @@ class CachingAllocator:
         else:
             seg = segment_size(size)
             block = _Block(addr=self._next_addr, size=seg, segment=self.segments, small=small,
-                           free=False)
+                           stream=stream, free=False)
             self._next_addr += seg
             self.segments += 1
             self.reserved += seg
@@ -120,7 +126,7 @@ class CachingAllocator:
         remaining = block.size - size
         if (small and remaining >= MIN_BLOCK) or (not small and remaining > SMALL_SIZE):
             rest = _Block(addr=block.addr + size, size=remaining, segment=block.segment,
-                          small=small, prev=block, next=block.next)
+                          small=small, stream=stream, prev=block, next=block.next)
             if block.next is not None:
                 block.next.prev = rest
             block.next = rest

@@ -14,7 +14,7 @@ which decides how segments fragment), the second is the steady state the trace r
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from nnperf.passes.memory import device as device_terms
@@ -41,6 +41,8 @@ _HOST_SCALAR_OPS = {"aten.lift_fresh", "aten.lift_fresh_copy", "aten.scalar_tens
 #: the gathered buffer, then the parameters it writes; torch/distributed/fsdp/_fully_shard/
 #: _fsdp_collectives.py ``split_with_sizes_copy``)
 _FSDP_UNSHARD_COPY = "fsdp.split_with_sizes_copy"
+_FSDP_ALL_GATHER_COPY_IN = "fsdp.all_gather_copy_in"
+_FSDP_CHUNK_CAT = "fsdp.chunk_cat"
 
 
 @dataclass(frozen=True)
@@ -138,14 +140,16 @@ class AllocationProgram:
 
     ops: list[tuple[int, Any, int, str]]
     roles: dict[int, StorageRole]  # the classification the program was built from
+    #: the stream a request is made on, where not the compute stream's (``side_streams``)
+    streams: dict[Any, int] = field(default_factory=dict)
 
     def peaks(self) -> tuple[int, int]:
         """(peak allocated, peak reserved) of a replay, without breakdown or timeline."""
         alloc = CachingAllocator()
-        malloc, free = alloc.malloc, alloc.free
+        malloc, free, streams = alloc.malloc, alloc.free, self.streams
         for code, key, nbytes, _ in self.ops:
             if code == TAKE:
-                malloc(key, nbytes)
+                malloc(key, nbytes, streams.get(key, 0))
             elif code == GIVE:
                 free(key)
         return alloc.peak_allocated, alloc.peak_reserved
@@ -234,7 +238,35 @@ def allocation_program(
         for sid, role in device.items():
             if sid not in persistent:
                 give(sid, storages[sid].nbytes, role.category)
-    return AllocationProgram(ops, roles)
+    return AllocationProgram(ops, roles, side_streams(trace))
+
+
+#: FSDP2's side streams (``FSDPCommContext``), as the allocator simulation numbers them.
+ALL_GATHER_COPY_IN_STREAM, REDUCE_SCATTER_STREAM = 1, 2
+_REDUCE_SCATTERS = frozenset({"c10d._reduce_scatter_base_", "c10d.reduce_scatter_tensor"})
+
+
+def side_streams(trace: Trace) -> dict[int, int]:
+    """Storages FSDP2 allocates on its side streams, which the caching allocator keeps apart
+    from the compute stream's (``allocator``): its all-gather buffers and the low-precision
+    copies of the shards gathered into them (``foreach_all_gather`` runs
+    ``fsdp.all_gather_copy_in`` on the all-gather copy-in stream in forward and pre-backward),
+    and each reduce-scatter's output (``foreach_reduce`` allocates it on the reduce-scatter
+    stream; its input, which ``fsdp.chunk_cat`` fills, on the compute stream), which the
+    sharded gradients are views of."""
+    streams: dict[int, int] = {}
+    chunk_cat_outputs: set[int] = set()
+    for e in trace.events:
+        if e.name == _FSDP_ALL_GATHER_COPY_IN:
+            for m in (*e.inputs, *e.outputs):
+                if trace.storages[m.storage].created_by is not None:
+                    streams[m.storage] = ALL_GATHER_COPY_IN_STREAM
+        elif e.name == _FSDP_CHUNK_CAT and e.inputs:
+            chunk_cat_outputs.add(e.inputs[-1].storage)  # its ``out``
+        elif (e.name in _REDUCE_SCATTERS and len(e.inputs) >= 2 and e.inputs[1].storage in chunk_cat_outputs
+              and trace.storages[e.inputs[0].storage].created_by is not None):
+            streams[e.inputs[0].storage] = REDUCE_SCATTER_STREAM
+    return streams
 
 
 def predict_memory(
@@ -260,9 +292,10 @@ def predict_memory(
     live_by_cat: dict[str, int] = defaultdict(int)
     best: dict[str, object] = {"allocated": -1}
     timeline: list[tuple[int, str, str, int, int]] = []
+    streams = program.streams
     for code, key, nbytes, category in program.ops:
         if code == TAKE:
-            alloc.malloc(key, nbytes)
+            alloc.malloc(key, nbytes, streams.get(key, 0))
             live_by_cat[category] += nbytes
         elif code == GIVE:
             alloc.free(key)
