@@ -255,8 +255,9 @@ def test_experts_whole_on_a_rank_fold_over_the_tensor_ranks_where_asked():
         assert result.exit_code == 0, result.output
         return json.loads(result.output)
 
-    default, whole = ranked(), ranked("--etp", "1")
+    default, whole, at_tp = ranked(), ranked("--etp", "1"), ranked("--etp", "2")
     assert default["ranked"][0]["execution"]["expert_tensor"] is None
+    assert at_tp["ranked"] == default["ranked"]  # --etp equal to --tp is the default split
     assert whole["ranked"][0]["execution"]["expert_tensor"] == 1
     assert "EP x2 (experts whole, folded over TP)" in whole["ranked"][0]["layout"]
     assert "--expert-tensor-parallel-size 1" in whole["megatron"]
@@ -288,7 +289,11 @@ def test_deepep_sends_a_token_once_per_node():
 
 
 def test_expert_tensor_parallelism_it_does_not_model_is_one_line():
-    for args, message in ((["--tp", "2", "--ep", "2", "--etp", "2"], "invalid --etp '2': expected auto"),
+    for args, message in ((["--tp", "2", "--ep", "2", "--etp", "4"], "--etp 4: valid: auto (Megatron-Core's default: "
+                           "each expert split over the tensor-parallel ranks, folded whole where the data-parallel "
+                           "ranks cannot hold the expert group), 1 (each expert whole on a rank), 2 (the --tp degree: "
+                           "the default split)"),
+                          (["--tp", "2", "--ep", "2", "--etp", "two"], "invalid --etp 'two': expected auto"),
                           (["-O", "n_kv_heads=4", "--tp", "4", "--ep", "2", "--etp", "1"], "--ep 2 with --etp 1 folds the expert group over "
                            "the tensor-parallel ranks: a degree must be a multiple of the tensor degree whose "
                            "quotient divides the data-parallel ranks; valid: 4, 8"),

@@ -91,7 +91,7 @@ def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> l
                    "auto (Megatron-Core's default: each expert split over the tensor-parallel ranks, whole with "
                    "the expert group folded over them where the data-parallel ranks alone cannot hold it) or 1 "
                    "(each expert whole on a rank, the expert group always folded over the tensor-parallel ranks, "
-                   "as DeepSeek-V3's and Qwen3's recipes run).")
+                   "as DeepSeek-V3's and Qwen3's recipes run); the --tp degree itself is auto's split.")
 @click.option("--dispatcher", "token_dispatcher", type=click.Choice(["alltoall", "deepep"]), default="alltoall",
               show_default=True,
               help="How expert-parallel layouts send tokens to their experts: alltoall (NCCL's all-to-all, a copy "
@@ -256,13 +256,14 @@ def _check_vpp_has_a_schedule(vpp_text: str, schedules: tuple[str, ...]) -> None
 
 
 def _expert_tensor(text: str) -> int | None:
-    """``--etp``: auto (None: Megatron-Core's default) or 1."""
+    """``--etp``: auto (None: Megatron-Core's default), 1, or a degree the search checks (the
+    ``--tp`` degree is the default split)."""
     if text.strip().lower() == "auto":
         return None
-    if text.strip() == "1":
-        return 1
+    if text.strip().isdigit() and int(text) >= 1:
+        return int(text)
     raise UsageError(f"invalid --etp {text!r}: expected auto (each expert split over the tensor-parallel ranks, as "
-                     "Megatron-Core's default) or 1 (each expert whole on a rank)")
+                     "Megatron-Core's default), 1 (each expert whole on a rank) or the --tp degree")
 
 
 def _global_batch_of(tokens: int, global_batch: int | None, request: Any) -> int:

@@ -172,10 +172,14 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
             kinds = {"zero1"}
             left_out.append("--grad-reduce-in-fp32: ZeRO-1 layouts only (fp32 main gradients are Megatron-LM's "
                             "distributed optimizer's; ddp, fsdp and hsdp reduce in the model's dtype)")
+    fixed_tensor = sorted(set(tensor)) if tensor is not None else []
+    if expert_tensor not in (None, 1) and fixed_tensor == [expert_tensor]:
+        expert_tensor = None  # the tensor degree itself: Megatron-Core's default split
     if expert_tensor not in (None, 1):
+        at_tp = f", {fixed_tensor[0]} (the --tp degree: the default split)" if len(fixed_tensor) == 1 and fixed_tensor[0] > 1 else ""
         raise UsageError(f"--etp {expert_tensor}: valid: auto (Megatron-Core's default: each expert split over the "
                          "tensor-parallel ranks, folded whole where the data-parallel ranks cannot hold the expert "
-                         "group) or 1 (each expert whole on a rank)")
+                         f"group), 1 (each expert whole on a rank){at_tp}")
 
     wanted = set(SEARCHED_CHECKPOINTS if checkpoints is None else checkpoints)
     levels = tuple(i for i, level in enumerate(CHECKPOINTS) if level in wanted)
