@@ -10,6 +10,7 @@ from nnperf.search.plan.notes import (
     DDP_HALF_PRECISION,
     EXPOSED_TENSOR_PARALLEL,
     MEGATRON_CROSS_ENTROPY,
+    TORCH_RECEIVE_BUFFERS,
     notes,
 )
 from nnperf.search.plan.results import Planned
@@ -59,6 +60,18 @@ def test_megatrons_1f1b_pipelines_say_their_sends_are_waited_for():
                                                            grad_accum=8))
     assert BLOCKING_PIPELINE_SENDS not in _notes(Execution(world=16, data="fsdp", shard=4, pipeline=4,
                                                            pipeline_schedule="1f1b", grad_accum=8))
+
+
+def test_torchs_pipelines_of_more_micro_batches_than_stages_say_they_hold_every_receive_buffer():
+    """torch's stages hold a receive buffer pair for every micro-batch of the step; it matters
+    beyond the micro-batches in flight (more micro-batches than stages); Megatron-LM's layouts
+    allocate them as they receive."""
+    torch_pipeline = Execution(world=16, data="fsdp", shard=4, pipeline=4, pipeline_schedule="1f1b", grad_accum=8)
+    assert TORCH_RECEIVE_BUFFERS in _notes(torch_pipeline)
+    assert TORCH_RECEIVE_BUFFERS not in _notes(Execution(world=16, data="fsdp", shard=4, pipeline=4,
+                                                         pipeline_schedule="1f1b", grad_accum=4))
+    assert TORCH_RECEIVE_BUFFERS not in _notes(Execution(world=16, data="zero1", pipeline=4,
+                                                         pipeline_schedule="1f1b", grad_accum=8))
 
 
 def test_megatrons_layouts_say_whose_cross_entropy_they_run():

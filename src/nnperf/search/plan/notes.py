@@ -71,6 +71,15 @@ SPLIT_EXPERTS = (
     "with --etp 1 to rank those layouts")
 
 
+#: torch's pipeline stages allocate their receive buffers for the whole step; Megatron-LM's as they
+#: receive (``passes.memory.transfers``).
+TORCH_RECEIVE_BUFFERS = (
+    "pipelines without Megatron-LM's data parallelism run torch's stages (torchtitan's), which allocate a "
+    "buffer for every micro-batch's received activation and output gradient when the schedule first runs "
+    "and hold them all step: counted in their memory, growing with the micro-batches; Megatron-LM allocates "
+    "each as it receives and frees each output once sent")
+
+
 #: ZeRO-1 with fp32 main gradients accumulates in DDP's 16-bit buckets, timed and not held
 #: (``trace.parallel.distributed_optimizer``).
 FP32_MAIN_GRADIENTS = (
@@ -93,6 +102,9 @@ def notes(request: ModelRequest, options: TraceOptions, results: list[Planned], 
         notes.append(AUTOCAST_SEQUENCE_PARALLEL)
     if any(p.execution.megatron_sequence_parallel and not p.execution.tp_comm_overlap for p in results):
         notes.append(EXPOSED_TENSOR_PARALLEL)
+    if any(p.execution.pipeline > 1 and not p.execution.megatron_layout
+           and p.execution.grad_accum > p.execution.pipeline for p in results):
+        notes.append(TORCH_RECEIVE_BUFFERS)
     if any(p.execution.blocking_pipeline_sends for p in results):
         notes.append(BLOCKING_PIPELINE_SENDS)
     if any(runs_megatron_loss(p.execution, options) for p in results):
