@@ -13,6 +13,7 @@ which decides how segments fragment), the second is the steady state the trace r
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -253,11 +254,21 @@ def side_streams(trace: Trace) -> dict[int, int]:
     ``fsdp.all_gather_copy_in`` on the all-gather copy-in stream in forward and pre-backward),
     and each reduce-scatter's output (``foreach_reduce`` allocates it on the reduce-scatter
     stream; its input, which ``fsdp.chunk_cat`` fills, on the compute stream), which the
-    sharded gradients are views of."""
+    sharded gradients are views of. Not the gathers torch's pipeline runtime asks for itself
+    (its ``UNSHARD`` actions, between the schedule's forwards and backwards): it calls
+    ``unshard(async_op=True)``, which gathers on the current stream
+    (``FSDPCommContext.get_all_gather_streams``)."""
     streams: dict[int, int] = {}
     chunk_cat_outputs: set[int] = set()
+    actions = trace.config.get("pipeline_actions") or []
+    in_action = sorted((start, end) for _, start, end in actions)
+
+    def implicit(index: int) -> bool:  # inside a forward or backward of the schedule, or no schedule
+        at = bisect.bisect_right(in_action, (index, float("inf"))) - 1
+        return not actions or (at >= 0 and in_action[at][0] <= index < in_action[at][1])
+
     for e in trace.events:
-        if e.name == _FSDP_ALL_GATHER_COPY_IN:
+        if e.name == _FSDP_ALL_GATHER_COPY_IN and implicit(e.index):
             for m in (*e.inputs, *e.outputs):
                 if trace.storages[m.storage].created_by is not None:
                     streams[m.storage] = ALL_GATHER_COPY_IN_STREAM
