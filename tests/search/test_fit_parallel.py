@@ -93,9 +93,18 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from nnperf.search import fit_parallel
 
 fit_parallel.prepare(2, backward_first=True)
-children = Path("/proc/self/task").glob("*/children")
-commands = [Path(f"/proc/{pid}/cmdline").read_bytes() for task in children for pid in task.read_text().split()]
-serving = any(b"forkserver import main" in command for command in commands)
+
+
+def fork_server_runs():  # a child that has not yet exec'd still shows this process's command line
+    children = Path("/proc/self/task").glob("*/children")
+    pids = [pid for task in children for pid in task.read_text().split()]
+    return any(b"forkserver import main" in Path(f"/proc/{pid}/cmdline").read_bytes() for pid in pids)
+
+
+deadline = time.monotonic() + 2
+while not fork_server_runs() and time.monotonic() < deadline:
+    time.sleep(0.01)
+serving = fork_server_runs()
 with FakeTensorMode():  # a trace's backward
     w = torch.ones(4, requires_grad=True)
     (w.to(torch.bfloat16) * 2).sum().backward()
