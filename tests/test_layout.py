@@ -3,6 +3,9 @@ every caller gets its chunks from, so an uneven request is modelled or refused, 
 
 from __future__ import annotations
 
+import re
+from dataclasses import replace
+
 import pytest
 
 from nnperf.errors import UsageError
@@ -181,3 +184,57 @@ def test_an_interleaved_schedule_needs_micro_batches_in_equal_rounds():
     for fine in (120, 130, 132, 12, 13):
         Execution(world=1536, tensor=8, pipeline=12, virtual_stages=4, grad_accum=fine).validate()
     Execution(world=1536, tensor=8, pipeline=12, grad_accum=128).validate()  # 1F1B runs any count
+
+
+def test_a_layout_both_frameworks_run_is_planned_as_the_one_named():
+    """Tensor and pipeline parallelism without data parallelism: torch's by default (no setting
+    only Megatron-LM has), Megatron-LM's where named; a layout only Megatron-LM runs stays its."""
+    both = Execution(world=64, tensor=8, pipeline=8, grad_accum=64)
+    assert not both.megatron_layout
+    assert replace(both, framework="megatron").megatron_layout
+    assert not replace(both, framework="torch").megatron_layout
+    assert replace(both, framework="megatron").describe().startswith("Megatron-LM: TP x8, PP x8 1f1b")
+    assert replace(both, framework="torch").describe().startswith("torch: TP x8")
+    assert Execution(world=128, data="zero1", tensor=8, pipeline=8, grad_accum=64).megatron_layout
+    # the selective recomputation a search level names is the framework's own
+    assert replace(both, framework="megatron").engine_selective == "selective-attention"
+    assert replace(both, framework="torch").engine_selective == "selective-op"
+
+
+@pytest.mark.parametrize(("layout", "message"), [
+    ({"world": 16, "data": "zero1", "tensor": 2}, "framework torch: the layout asks for Megatron-LM's zero1"),
+    ({"world": 16, "tensor": 2, "pipeline": 2, "grad_accum": 2},
+     "framework torch: the layout asks for Megatron-LM's ddp beside tensor, pipeline or context parallelism"),
+    ({"world": 8, "tensor": 8, "sequence_parallel": True, "tp_comm_overlap": True},
+     "framework torch: the layout asks for Megatron-LM's --tp-comm-overlap"),
+    ({"world": 8, "expert": 8}, "framework torch: the layout asks for Megatron-LM's expert group carved out of "
+                                "DDP's replicas"),
+])
+def test_torch_refuses_what_only_megatron_runs_in_one_line(layout: dict, message: str):
+    with pytest.raises(UsageError, match=re.escape(message)):
+        Execution(**layout, framework="torch").validate()
+
+
+def test_a_framework_that_does_not_run_the_layout_is_one_line():
+    with pytest.raises(UsageError, match="framework megatron: Megatron-LM's data parallelism is ddp or zero1, "
+                                         "not fsdp"):
+        Execution(world=8, data="fsdp", framework="megatron").validate()
+    with pytest.raises(UsageError, match="unknown framework 'jax'; valid: megatron, torch"):
+        Execution(world=8, framework="jax").validate()
+
+
+def test_the_json_names_the_expert_split_that_runs():
+    """Megatron-Core's default split (``expert_tensor`` None) folds the expert group over the
+    tensor-parallel ranks only where the data-parallel ranks cannot hold it: EP 2 over DDP x 4
+    beside TP 2 splits each expert over the 2 tensor ranks; EP 8 over the same 4 folds (each
+    expert whole). The JSON says which, and reads back as the same layout."""
+    from nnperf.measure.plan_file import execution_of
+
+    split = Execution(world=8, data="zero1", tensor=2, sequence_parallel=True, expert=2)
+    folded = replace(split, expert=8)
+    assert split.to_json()["expert_tensor"] == 2 and folded.to_json()["expert_tensor"] == 1
+    assert Execution(world=8, data="zero1", expert=4).to_json()["expert_tensor"] == 1  # no tensor parallelism
+    assert Execution(world=8, tensor=2).to_json()["expert_tensor"] is None  # no expert parallelism
+    for layout in (split, folded):
+        back = execution_of(layout.to_json(), "layout")
+        assert back.folds_experts == layout.folds_experts and back.describe() == layout.describe()

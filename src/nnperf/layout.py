@@ -52,6 +52,9 @@ DATA_PARALLEL = tuple(DATA_ENGINES)
 DDP_BUCKET_BYTES = 25 * 1024 * 1024
 #: How routed tokens reach their experts (``Execution.token_dispatcher``).
 TOKEN_DISPATCHERS = ("alltoall", "deepep")
+#: The frameworks a layout can be planned as (``Execution.framework``): Megatron-LM (and
+#: Megatron-DeepSpeed, which runs its layouts), and torch's own pieces as torchtitan composes them.
+FRAMEWORKS = ("megatron", "torch")
 
 
 @dataclass(frozen=True)
@@ -195,6 +198,12 @@ class Execution:
     #: Megatron-LM's --cross-entropy-loss-fusion: Megatron-Core's fused cross entropy, its pieces
     #: compiled one by one (``trace.parallel.fused_vocab_parallel_loss``)
     loss_fusion: bool = False
+    #: the framework that runs the layout (one of FRAMEWORKS): "megatron", Megatron-LM's tensor
+    #: parallelism, loss and pipeline schedules; "torch", DTensor's, torch's loss and
+    #: ``torch.distributed.pipelining``'s. Both run tensor, pipeline and context parallelism
+    #: with data parallelism over one rank, so such a layout is planned as the one asked for;
+    #: None: the one the layout implies (``megatron_layout``)
+    framework: str | None = None
 
     def __post_init__(self) -> None:
         engine = DATA_ENGINES.get(self.data)
@@ -261,7 +270,7 @@ class Execution:
         """The selective recomputation this layout's engine has: Megatron-LM's of the core
         attention (``--recompute-activations``) where only Megatron-LM runs the layout,
         torchtitan's per-op policy elsewhere."""
-        return "selective-attention" if self.megatron_only else "selective-op"
+        return "selective-attention" if self.megatron_only or self.framework == "megatron" else "selective-op"
 
     def with_checkpoint(self, level: str | None) -> Execution:
         """This layout at a search level (``CHECKPOINT_LEVELS``): ``ENGINE_SELECTIVE`` is the
@@ -277,8 +286,11 @@ class Execution:
 
     @property
     def megatron_layout(self) -> bool:
-        """Megatron-LM runs this layout: one only it runs (``megatron_only``), or its data
-        parallelism (DDP or ZeRO-1, over any number of ranks) with one of its own settings."""
+        """Megatron-LM runs this layout: the framework asked for, else one only it runs
+        (``megatron_only``), or its data parallelism (DDP or ZeRO-1, over any number of ranks)
+        with one of its own settings."""
+        if self.framework is not None:
+            return self.framework == "megatron"
         return self.megatron_only or (self.replicates_parameters and self.megatron_settings)
 
     @property
@@ -359,6 +371,8 @@ class Execution:
                              f"{', '.join(CHECKPOINTS)}")
         if self.data not in DATA_ENGINES:
             raise UsageError(f"unknown data parallelism '{self.data}'; valid: {', '.join(DATA_ENGINES)}")
+        if self.framework is not None:
+            self._validate_framework()
         if self.shard is None:
             raise UsageError("hsdp shards inside a group and replicates across groups: give its shard group "
                              "(shard, 1 < shard < the data-parallel ranks)")
@@ -435,6 +449,28 @@ class Execution:
         if self.data == "hsdp" and not 1 < self.shard < data_parallel:
             raise UsageError("hsdp shards inside a group and replicates across groups: "
                              f"1 < shard < {data_parallel}")
+
+    def _validate_framework(self) -> None:
+        """The framework asked for runs the layout and its settings."""
+        if self.framework not in FRAMEWORKS:
+            raise UsageError(f"unknown framework {self.framework!r}; valid: {', '.join(FRAMEWORKS)}")
+        if self.framework == "megatron" and not self.replicates_parameters:
+            raise UsageError(f"framework megatron: Megatron-LM's data parallelism is ddp or zero1, not {self.data} "
+                             "(FSDP2 is torch's: framework torch)")
+        if self.framework == "torch":
+            megatron_own = (
+                (self.shards_optimizer_only, "zero1 (torchtitan has no ZeRO-1)"),
+                (self.megatron_only, "ddp beside tensor, pipeline or context parallelism (torchtitan runs DDP alone)"),
+                (self.tp_comm_overlap, "--tp-comm-overlap"),
+                (self.loss_fusion, "fused cross entropy (loss_fusion)"),
+                (self.checkpoint == "selective-attention", "attention-only recomputation (selective-attention)"),
+                (self.token_dispatcher != "alltoall", f"{self.token_dispatcher} token dispatcher"),
+                (self.expert > 1 and self.replicates_parameters,
+                 "expert group carved out of DDP's replicas (torchtitan carves it out of FSDP's shard group)"))
+            why = next((what for asked, what in megatron_own if asked), None)
+            if why is not None:
+                raise UsageError(f"framework torch: the layout asks for Megatron-LM's {why}; valid: framework "
+                                 "megatron, or drop it")
 
     def _validate_expert(self) -> None:
         """Expert parallelism carves the expert group out of the data-parallel ranks: out of
@@ -521,11 +557,23 @@ class Execution:
         parts.append(f"micro-batch {self.micro_batch}")
         if self.grad_accum > 1:
             parts.append(f"{'micro-batches' if self.pipeline > 1 else 'accumulation'} x{self.grad_accum}")
-        return ", ".join(parts)
+        framework = {None: "", "megatron": "Megatron-LM: ", "torch": "torch: "}[self.framework]
+        return framework + ", ".join(parts)
+
+    @property
+    def expert_split(self) -> int | None:
+        """The ranks each expert is split over, where the layout has expert parallelism: 1 where
+        the expert group folds over the tensor-parallel ranks (each expert whole), else the tensor
+        degree (Megatron-Core's default split); None without expert parallelism."""
+        if self.expert == 1:
+            return None
+        return 1 if self.folds_experts else self.tensor
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "replicate": self.replicate, "data_parallel": self.data_parallel,
-                "global_batch": self.global_batch}
+        # the expert split as it runs, not None for "the default" (which folds or not by degrees)
+        split = self.expert_tensor if self.expert == 1 else self.expert_split
+        return {**asdict(self), "expert_tensor": split, "replicate": self.replicate,
+                "data_parallel": self.data_parallel, "global_batch": self.global_batch}
 
     def mesh_shape(self) -> list[tuple[str, int]]:
         """The device mesh, outermost first (torchtitan's order: data, then tensor innermost so

@@ -256,7 +256,7 @@ def test_experts_whole_on_a_rank_fold_over_the_tensor_ranks_where_asked():
         return json.loads(result.output)
 
     default, whole, at_tp = ranked(), ranked("--etp", "1"), ranked("--etp", "2")
-    assert default["ranked"][0]["execution"]["expert_tensor"] is None
+    assert default["ranked"][0]["execution"]["expert_tensor"] == 2  # the split that runs: over the TP ranks
     assert at_tp["ranked"] == default["ranked"]  # --etp equal to --tp is the default split
     assert whole["ranked"][0]["execution"]["expert_tensor"] == 1
     assert "EP x2 (experts whole, folded over TP)" in whole["ranked"][0]["layout"]
@@ -825,3 +825,48 @@ def test_a_mixture_of_experts_beside_tensor_parallelism_searches_its_pipelines()
     assert piped == {"zero1", "ddp"}
     # its experts split over the tensor ranks (the default): the search says --etp 1 ranks the others
     assert any("plan with --etp 1 to rank those layouts" in n for n in doc["notes"])
+
+
+def test_a_layout_without_data_parallelism_is_planned_as_the_framework_named():
+    """GPT-2 of 4 blocks on 4 GPUs as TP 2 x PP 2 (1F1B, 8 micro-batches, no data parallelism):
+    both frameworks run it. As torch's its stages hold a receive buffer for every micro-batch
+    all step (the note says so); as Megatron-LM's each is allocated as it arrives, so the same
+    layout holds less, and only that framework's engine arguments come with it."""
+    def planned(framework: str) -> dict:
+        result = CliRunner().invoke(cli, ["plan", "gpt2", "-O", "n_layer=4", "--seq", "128", "--amp", "bf16",
+                                          "--gpu", "h100", "--gpus", "4", "--global-batch", "8", "--tp", "2",
+                                          "--pp", "2", "--schedule", "1f1b", "--micro-batch", "1",
+                                          "--no-sequence-parallel", "--checkpoint", "none", "--framework",
+                                          framework, "--json"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output)
+
+    auto, torch, megatron = planned("auto"), planned("torch"), planned("megatron")
+    assert [r["execution"]["framework"] for r in megatron["ranked"]] == ["megatron"]
+    assert torch["ranked"][0]["execution"]["framework"] == "torch" and auto["ranked"][0]["execution"]["framework"] is None
+    assert megatron["ranked"][0]["layout"].startswith("Megatron-LM: TP x2, PP x2 1f1b")
+    assert auto["ranked"][0]["memory_bytes"] == torch["ranked"][0]["memory_bytes"]  # torch's by default
+    assert megatron["ranked"][0]["memory_bytes"] < torch["ranked"][0]["memory_bytes"]
+    assert any("plan with --framework megatron" in n for n in torch["notes"])
+    assert not any("plan with --framework megatron" in n for n in megatron["notes"])
+    assert torch["megatron"] is None and "planned as torch runs it" in torch["megatron_not_expressible"]
+    assert "--tensor-model-parallel-size 2" in megatron["megatron"]
+    assert megatron["torchtitan"] is None
+    assert "planned as Megatron-LM runs it" in megatron["torchtitan_not_expressible"]
+
+
+def test_a_framework_that_runs_none_of_the_asked_layouts_is_one_line():
+    for args, message in ((["--framework", "torch", "--data", "zero1"], "--framework torch runs ddp, fsdp, hsdp data "
+                           "parallelism: --data zero1 has none of them"),
+                          (["--framework", "megatron", "--data", "fsdp,hsdp"], "--framework megatron runs ddp, zero1 "
+                           "data parallelism: --data fsdp,hsdp has none of them"),
+                          (["--framework", "torch", "--tp", "2", "--tp-comm-overlap"], "--framework torch with "
+                           "--tp-comm-overlap: Megatron-LM's own settings; give --framework megatron or auto, or "
+                           "drop them"),
+                          (["--framework", "jax"], "Invalid value for '--framework': 'jax' is not one of 'auto', "
+                           "'megatron', 'torch'")):
+        result = CliRunner().invoke(cli, [*ARGS, "--gpus", "8", *args])
+        assert result.exit_code == 2, result.output
+        assert message in result.output
+        assert len([line for line in result.output.splitlines() if line.strip() and "Usage" not in line
+                    and "Try" not in line]) == 1

@@ -113,6 +113,14 @@ def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> l
 @click.option("--data", "data_text", default="auto", show_default=True,
               help="Data-parallel engines to try: auto (ddp, zero1, fsdp, hsdp) or a list, e.g. fsdp,hsdp. "
                    "zero1: DDP with the optimizer state sharded (Megatron-LM's distributed optimizer).")
+@click.option("--framework", type=click.Choice(["auto", "megatron", "torch"]), default="auto", show_default=True,
+              help="The framework the layouts are planned as: auto (Megatron-LM's where only it runs a layout: "
+                   "ZeRO-1, DDP beside tensor, pipeline or context parallelism, or one of its own settings; "
+                   "torch's elsewhere, layouts without data parallelism included), megatron (Megatron-LM's "
+                   "tensor parallelism, loss and pipeline schedules everywhere; ddp and zero1) or torch "
+                   "(DTensor and torch.distributed.pipelining, as torchtitan composes them; ddp alone, fsdp, "
+                   "hsdp). Both run tensor and pipeline parallelism without data parallelism, and hold and "
+                   "time it differently.")
 @click.option("--checkpoint", "checkpoint_text", default="auto", show_default=True,
               help="Activation checkpointing the search may use: auto (none, selective, full) or a list, "
                    "e.g. none or none,full; tried from none to full while a layout does not fit. selective: "
@@ -163,7 +171,7 @@ def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> l
 def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, tokens_per_step: int | None,
          tp_text: str, pp_text: str,
          cp_text: str, ep_text: str, etp_text: str, token_dispatcher: str, optimizer_states: str,
-         grad_reduce_in_fp32: bool, data_text: str,
+         grad_reduce_in_fp32: bool, data_text: str, framework: str,
          checkpoint_text: str, reshard_text: str,
          schedules: tuple[str, ...], vpp_text: str, first_stage_layers: int | None, last_stage_layers: int | None,
          tp_comm_overlap: bool, loss_fusion: bool, sequence_parallel: bool | None, micro_text: str,
@@ -227,7 +235,8 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
                           tp_comm_overlap=tp_comm_overlap, loss_fusion=loss_fusion,
                           sequence_parallel=sequence_parallel, expert_tensor=_expert_tensor(etp_text),
                           token_dispatcher=token_dispatcher, optimizer_states=optimizer_states,
-                          grad_reduce_in_fp32=grad_reduce_in_fp32)
+                          grad_reduce_in_fp32=grad_reduce_in_fp32,
+                          framework=None if framework == "auto" else framework)
     if result.cluster.gpu and result.cluster.gpu != gpu.id:
         result.notes.append(f"{result.cluster.name} is built of {result.cluster.gpu}, planned here with {gpu.id}: "
                             "its links, NICs and host CPU are taken as they are")

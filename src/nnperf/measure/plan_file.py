@@ -16,7 +16,14 @@ from typing import Any
 
 from nnperf import fields
 from nnperf.errors import UsageError, read_user_text
-from nnperf.layout import CHECKPOINTS, DATA_PARALLEL, OPTIMIZER_STATES, TOKEN_DISPATCHERS, Execution
+from nnperf.layout import (
+    CHECKPOINTS,
+    DATA_PARALLEL,
+    FRAMEWORKS,
+    OPTIMIZER_STATES,
+    TOKEN_DISPATCHERS,
+    Execution,
+)
 from nnperf.request import INDEX_MAX, LIMITS
 from nnperf.search.plan.results import PLAN_SCHEMA
 from nnperf.trace.options import TraceOptions
@@ -129,6 +136,8 @@ def execution_of(record: Any, what: str) -> Execution:
             values[name] = fields.text(value, field_what, TOKEN_DISPATCHERS)
         elif name == "optimizer_states":
             values[name] = fields.text(value, field_what, tuple(OPTIMIZER_STATES))
+        elif name == "framework":  # null: the one the layout implies
+            values[name] = None if value is None else fields.text(value, field_what, FRAMEWORKS)
         else:
             raise AssertionError(f"Execution.{name} has no JSON check")  # a new field needs one here
     if "world" not in values:

@@ -168,6 +168,9 @@ def compile_components(loss: str, pointwise: str) -> list[str]:
 def torchtitan_refusals(e: Any, amp: str | None, dtype: str | None, sdpa: str) -> None:
     """What no torchtitan, TOML or Python config, can set: raised as one ``NotExpressible``."""
     missing = []
+    if e.framework == "megatron":
+        missing.append("the layout is planned as Megatron-LM runs it (--framework megatron): plan with "
+                       "--framework torch for torchtitan's")
     if e.data == "zero1":
         missing.append("torchtitan has no ZeRO-1 (the optimizer state sharded over DDP's ranks): its data "
                        "parallelism replicates (DDP) or shards parameters too (FSDP2, HSDP)")
@@ -269,6 +272,9 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
     if attention == "flex":
         raise NotExpressible("FlexAttention is not one of Megatron-LM's attention backends (--attention-backend: "
                              "flash, fused, unfused, local, auto)")
+    if e.framework == "torch":
+        raise NotExpressible("the layout is planned as torch runs it (--framework torch): plan with --framework "
+                             "megatron for Megatron-LM's")
     if e.data == "hsdp":
         raise NotExpressible("Megatron-LM's torch FSDP2 path shards over the whole data-parallel group (no HSDP)")
     if e.expert > 1 and not e.replicates_parameters:

@@ -74,10 +74,10 @@ SPLIT_EXPERTS = (
 #: torch's pipeline stages allocate their receive buffers for the whole step; Megatron-LM's as they
 #: receive (``passes.memory.transfers``).
 TORCH_RECEIVE_BUFFERS = (
-    "pipelines without Megatron-LM's data parallelism run torch's stages (torchtitan's), which allocate a "
-    "buffer for every micro-batch's received activation and output gradient when the schedule first runs "
-    "and hold them all step: counted in their memory, growing with the micro-batches; Megatron-LM allocates "
-    "each as it receives and frees each output once sent")
+    "pipelines planned as torch's run torch's stages (torchtitan's), which allocate a buffer for every "
+    "micro-batch's received activation and output gradient when the schedule first runs and hold them all "
+    "step: counted in their memory, growing with the micro-batches; Megatron-LM allocates each as it "
+    "receives and frees each output once sent (plan with --framework megatron for its pipelines)")
 
 
 #: ZeRO-1 with fp32 main gradients accumulates in DDP's 16-bit buckets, timed and not held

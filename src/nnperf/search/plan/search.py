@@ -60,6 +60,7 @@ from nnperf.search.plan.axes import (
 )
 from nnperf.search.plan.bounds import same_work, work_bound
 from nnperf.search.plan.evaluate import evaluate
+from nnperf.search.plan.framework import framework_kinds, runs_layout
 from nnperf.search.plan.layouts import (
     PipelineSplitChoice,
     check_expert_degrees,
@@ -94,7 +95,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
          split: PipelineSplitChoice | None = None, tp_comm_overlap: bool = False, loss_fusion: bool = False,
          micro_batch: Iterable[int] | None = None, sequence_parallel: bool | None = None,
          expert_tensor: int | None = None, token_dispatcher: str = "alltoall",
-         optimizer_states: str = "fp32", grad_reduce_in_fp32: bool = False) -> Plan:
+         optimizer_states: str = "fp32", grad_reduce_in_fp32: bool = False,
+         framework: str | None = None) -> Plan:
     """Rank the layouts of ``request`` on ``gpus`` GPUs of ``gpu``. ``tensor``/``pipeline``/
     ``expert``: the degrees to try (None: every degree the model and nodes allow; the default,
     1, keeps the data-parallel search; ``context``: context-parallel degrees, modelled in
@@ -121,7 +123,9 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     ``micro_batch``: the micro-batch sizes
     a layout may run (None: every split of a data-parallel rank's share of the global batch).
     ``sequence_parallel``: tensor-parallel layouts with sequence parallelism only (True), without
-    it only (False: Megatron-LM before 2022), or both (None).
+    it only (False: Megatron-LM before 2022), or both (None). ``framework``: every layout planned
+    as Megatron-LM or torch runs it, those it does not run left out (``search.plan.framework``);
+    None: each as the layout implies (``Execution.megatron_layout``).
 
     The search runs in passes so that a large cluster is planned in seconds: data and tensor
     parallelism over every degree; then pipeline parallelism at the tensor-parallel degree of
@@ -172,6 +176,19 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
             kinds = {"zero1"}
             left_out.append("--grad-reduce-in-fp32: ZeRO-1 layouts only (fp32 main gradients are Megatron-LM's "
                             "distributed optimizer's; ddp, fsdp and hsdp reduce in the model's dtype)")
+    experts = 0
+    if info is not None:
+        from nnperf.trace.parallel.expert import has_experts
+
+        experts = has_experts(info[0])
+    if framework is not None:
+        settings = [flag for flag, on in (("--tp-comm-overlap", tp_comm_overlap),
+                                          ("--cross-entropy-loss-fusion", loss_fusion),
+                                          (f"--dispatcher {token_dispatcher}", token_dispatcher != "alltoall"),
+                                          (f"--optimizer-states {optimizer_states}", optimizer_states != "fp32"),
+                                          ("--grad-reduce-in-fp32", grad_reduce_in_fp32),
+                                          ("--etp 1", expert_tensor == 1)) if on]
+        kinds = framework_kinds(framework, kinds, data is not None, settings, bool(experts) and max(tensor) > 1)
     fixed_tensor = sorted(set(tensor)) if tensor is not None else []
     if expert_tensor not in (None, 1) and fixed_tensor == [expert_tensor]:
         expert_tensor = None  # the tensor degree itself: Megatron-Core's default split
@@ -183,11 +200,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
 
     wanted = set(SEARCHED_CHECKPOINTS if checkpoints is None else checkpoints)
     levels = tuple(i for i, level in enumerate(CHECKPOINTS) if level in wanted)
-    experts = 0
     if info is not None:
-        from nnperf.trace.parallel.expert import has_experts
-
-        experts = has_experts(info[0])
         if not experts and (options.moe_load is not None or options.moe_capacity_factor is not None):
             asked = "--moe-load" if options.moe_load is not None else "--moe-capacity-factor"
             raise UsageError(f"{asked} spreads the tokens over a mixture of experts, and the model has no experts: "
@@ -204,7 +217,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         # the asked engines; experts split over tensor-parallel ranks as Megatron-LM splits them,
         # beside its data parallelism (DDP, ZeRO-1) and sequence parallelism
         # (``trace.parallel.expert_tensor``)
-        return (e.data_parallel == 1 or e.data in kinds) and (not experts or e.carries_split_experts)
+        return ((e.data_parallel == 1 or e.data in kinds) and (not experts or e.carries_split_experts)
+                and runs_layout(framework, e))
 
     if sequence_parallel is False and tp_comm_overlap:
         raise UsageError("--tp-comm-overlap overlaps sequence parallelism's collectives: it needs sequence "
@@ -227,8 +241,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         return token_dispatcher == "alltoall" or e.expert == 1 or e.replicates_parameters
 
     def engines(found: list[Execution]) -> list[Execution]:
-        return [_with_megatron_flags(sequenced(e), tp_comm_overlap, loss_fusion, token_dispatcher, optimizer_states,
-                                     grad_reduce_in_fp32)
+        return [replace(_with_megatron_flags(sequenced(e), tp_comm_overlap, loss_fusion, token_dispatcher,
+                                             optimizer_states, grad_reduce_in_fp32), framework=framework)
                 for e in found
                 if runnable(e) and pinned(e) and dispatched(e) and (sizes is None or e.micro_batch in sizes)]
 
