@@ -256,15 +256,19 @@ def test_experts_whole_on_a_rank_fold_over_the_tensor_ranks_where_asked():
         return json.loads(result.output)
 
     default, whole, at_tp = ranked(), ranked("--etp", "1"), ranked("--etp", "2")
-    assert default["ranked"][0]["execution"]["expert_tensor"] == 2  # the split that runs: over the TP ranks
-    assert at_tp["ranked"] == default["ranked"]  # --etp equal to --tp is the default split
-    assert whole["ranked"][0]["execution"]["expert_tensor"] == 1
+    assert [r["execution"]["expert_tensor"] for r in at_tp["ranked"]] == [2]  # the split that runs: over TP
+    assert [r["execution"]["expert_tensor"] for r in whole["ranked"]] == [1]
+    # without --etp the search ranks the default split and, at the winner's degrees, the experts whole
+    searched = {r["execution"]["expert_tensor"]: (r["layout"], r["step_time_s"], r["memory_bytes"])
+                for r in default["ranked"]}
+    assert searched == {r["execution"]["expert_tensor"]: (r["layout"], r["step_time_s"], r["memory_bytes"])
+                        for r in at_tp["ranked"] + whole["ranked"]}
     assert "EP x2 (experts whole, folded over TP)" in whole["ranked"][0]["layout"]
     assert "--expert-tensor-parallel-size 1" in whole["megatron"]
-    assert "--expert-tensor-parallel-size 2" in default["megatron"]
+    assert "--expert-tensor-parallel-size 2" in at_tp["megatron"]
     expert_half = 4 * 3 * 256 * 512 // 2
     assert (whole["ranked"][0]["per_rank_state_bytes"]["parameters"]
-            - default["ranked"][0]["per_rank_state_bytes"]["parameters"]) == 4 * 2 * expert_half
+            - at_tp["ranked"][0]["per_rank_state_bytes"]["parameters"]) == 4 * 2 * expert_half
 
 
 def test_deepep_sends_a_token_once_per_node():
@@ -814,7 +818,8 @@ def test_a_mixture_of_experts_beside_tensor_parallelism_searches_its_pipelines()
     one. That engine was FSDP, which no mixture of experts beside tensor parallelism runs: asked
     for pipelines of 1 and 2 stages, the search traced none of 2 and said nothing. Now ZeRO-1
     leads there, and DDP follows at its best shape. The experts split over the tensor ranks (the
-    default) come with a note that --etp 1 ranks the layouts keeping them whole."""
+    default) come with a note that --etp 1 ranks the layouts keeping them whole; the winner's
+    degrees are tried that way too."""
     result = CliRunner().invoke(cli, ["plan", "mixtral-8x7b", "-O", "n_layer=2", "-O", "dim=128", "-O", "n_heads=4",
                                       "-O", "n_kv_heads=2", "-O", "ffn_hidden=256", "-O", "vocab=512", "--seq", "128",
                                       "--global-batch", "16", "--gpus", "8", "--tp", "2", "--pp", "1,2", "--ep", "2",
@@ -823,8 +828,11 @@ def test_a_mixture_of_experts_beside_tensor_parallelism_searches_its_pipelines()
     doc = json.loads(result.output)
     piped = {r["execution"]["data"] for r in doc["ranked"] + doc["rejected"] if r["execution"]["pipeline"] == 2}
     assert piped == {"zero1", "ddp"}
-    # its experts split over the tensor ranks (the default): the search says --etp 1 ranks the others
-    assert any("plan with --etp 1 to rank those layouts" in n for n in doc["notes"])
+    # its experts split over the tensor ranks (the default), and whole at the winner's degrees: the
+    # search says so, and that --etp 1 ranks every layout that way
+    assert any("plan with --etp 1 to rank every layout so" in n for n in doc["notes"])
+    whole = [r for r in doc["ranked"] + doc["rejected"] if r["execution"]["expert_tensor"] == 1]
+    assert len(whole) == 1 and "EP x2 (experts whole, folded over TP)" in whole[0]["layout"]
 
 
 def test_a_layout_without_data_parallelism_is_planned_as_the_framework_named():

@@ -61,14 +61,15 @@ DDP_HALF_PRECISION = (
     "memory traffic less, once a step)")
 
 
-#: Megatron-Core's default splits each expert over the tensor-parallel ranks; --etp 1 is a choice
-#: the search leaves to the user (it doubles the expert layouts to trace).
+#: Megatron-Core's default splits each expert over the tensor-parallel ranks; the search tries
+#: the winner's degrees with them whole too, and leaves the rest to --etp 1 (every expert layout
+#: again would double the layouts to trace).
 SPLIT_EXPERTS = (
     "experts beside tensor parallelism are split over its ranks, as Megatron-Core's default "
     "(--expert-tensor-parallel-size equal to the tensor degree): their rows gathered and scattered over the "
     "tensor ranks every layer; kept whole on a rank instead (--expert-tensor-parallel-size 1, the expert group "
-    "folded over the tensor ranks, as the DeepSeek-V3 and Qwen3 recipes run) they need no such collectives: plan "
-    "with --etp 1 to rank those layouts")
+    "folded over the tensor ranks, as the DeepSeek-V3 and Qwen3 recipes run) they need no such collectives: the "
+    "search tried the fastest layout's degrees that way too; plan with --etp 1 to rank every layout so")
 
 
 #: torch's pipeline stages allocate their receive buffers for the whole step; Megatron-LM's as they

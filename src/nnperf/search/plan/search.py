@@ -189,6 +189,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
                                           ("--grad-reduce-in-fp32", grad_reduce_in_fp32),
                                           ("--etp 1", expert_tensor == 1)) if on]
         kinds = framework_kinds(framework, kinds, data is not None, settings, bool(experts) and max(tensor) > 1)
+    split_chosen = expert_tensor is not None  # the user's --etp: no other split tried
     fixed_tensor = sorted(set(tensor)) if tensor is not None else []
     if expert_tensor not in (None, 1) and fixed_tensor == [expert_tensor]:
         expert_tensor = None  # the tensor degree itself: Megatron-Core's default split
@@ -259,6 +260,16 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
             return []
         return [replace(e, sequence_parallel=False, tp_comm_overlap=False)]
 
+    def experts_whole(e: Execution) -> list[Execution]:
+        """``e`` with each expert whole on a rank, its expert group folded over the tensor-parallel
+        ranks (Megatron-LM's --expert-tensor-parallel-size 1, as DeepSeek-V3's and Qwen3's recipes
+        run), where ``e`` splits them by default and its degrees fold; none where the user chose
+        the split."""
+        if split_chosen or e.expert == 1 or e.tensor == 1 or e.folds_experts:
+            return []
+        whole = replace(e, expert_tensor=1)
+        return [whole] if whole.folds_experts else []
+
     first = engines(layouts(gpus, nodes_of, global_batch, tensor=tensor,
                             pipeline=[1] if 1 in pipeline else pipeline[:1], schedules=schedules, layers=layers,
                             context=context, expert=expert, reshard=reshard, split=split,
@@ -320,8 +331,9 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     slower = [p for p in results if p.time_bound]
     results = [p for p in results if not p.time_bound]
     ranked = sorted((p for p in results if p.fits), key=lambda p: p.step_s)
-    for plain in without_sequence_parallel(ranked[0].execution) if ranked else []:  # the winner's degree
-        results.append(evaluate(request, options, plain, gpu, cluster, layers=layers, cache=cache))
+    # the winner's degrees without sequence parallelism, or with its experts kept whole
+    for other in [*without_sequence_parallel(ranked[0].execution), *experts_whole(ranked[0].execution)] if ranked else []:
+        results.append(evaluate(request, options, other, gpu, cluster, layers=layers, cache=cache))
         ranked = sorted((p for p in results if p.fits), key=lambda p: p.step_s)
     rejected = [p for p in results if not p.fits]
     for p in rejected:
