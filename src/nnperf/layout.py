@@ -241,10 +241,11 @@ class Execution:
 
     @property
     def megatron_only(self) -> bool:
-        """A layout only Megatron-LM runs: ZeRO-1 (torchtitan has none), or DDP beside tensor,
-        pipeline or context parallelism (torchtitan runs DDP alone)."""
-        return self.replicates_parameters and self.data_parallel > 1 and (
-            self.shards_optimizer_only or self.model_parallel > 1)
+        """A layout only Megatron-LM runs: ZeRO-1 (torchtitan has none; over one data-parallel
+        rank too, as NeMo's and Megatron-Bridge's recipes keep --use-distributed-optimizer at any
+        degree), or DDP beside tensor, pipeline or context parallelism (torchtitan runs DDP alone)."""
+        return self.shards_optimizer_only or (
+            self.replicates_parameters and self.data_parallel > 1 and self.model_parallel > 1)
 
     @property
     def runs_short_1f1b(self) -> bool:
@@ -439,8 +440,6 @@ class Execution:
                              "data-parallel ranks")
         if self.replicates_parameters and self.shard != 1:
             raise UsageError(f"{self.data} does not shard parameters: shard must be 1")
-        if self.shards_optimizer_only and data_parallel < 2:
-            raise UsageError("zero1 shards the optimizer state over the data-parallel ranks: it needs 2 or more")
         if self.replicates_parameters and data_parallel > 1 and self.pipeline_schedule == "zero-bubble":
             raise UsageError(f"{self.data} with a zero-bubble schedule is not modelled (DDP's reducer and a split "
                              "backward); use 1f1b or interleaved-1f1b, as Megatron-LM runs them, or fsdp")
@@ -529,7 +528,8 @@ class Execution:
 
     def describe(self) -> str:
         parts = {"ddp": [f"DDP x{self.replicate}"] if self.replicate > 1 else [],
-                 "zero1": [f"DDP x{self.replicate} + ZeRO-1 (optimizer state sharded"
+                 "zero1": [(f"DDP x{self.replicate} + ZeRO-1 (optimizer state sharded" if self.replicate > 1
+                            else "ZeRO-1 on 1 data-parallel rank (optimizer state whole")
                            + ("" if self.optimizer_states == "fp32" else f", {self.optimizer_states}")
                            + (", fp32 gradients" if self.grad_reduce_in_fp32 else "") + ")"],
                  "fsdp": [f"FSDP2 full shard x{self.shard}"],

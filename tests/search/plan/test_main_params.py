@@ -45,3 +45,28 @@ def test_ddp_beside_tensor_parallelism_holds_twelve_bytes_of_state_a_parameter(m
 ])
 def test_layouts_whose_optimizer_the_trace_has_keep_its_states(execution, options):
     assert not main_params.holds_main_params(execution, options)
+
+
+@pytest.mark.parametrize(("states", "fp32_gradients", "optimizer_bytes", "gradient_bytes"), [
+    ("fp32", False, 12, 2),  # an fp32 main copy and fp32 moments
+    ("bf16-moments", False, 8, 2),  # an fp32 main copy, bf16 moments
+    ("bf16", False, 4, 2),  # bf16 moments, no main copy: as traced
+    ("fp32", True, 12, 4),  # fp32 main gradients in place of the bf16 ones
+])
+def test_zero1_on_one_data_parallel_rank_holds_its_states_whole(states, fp32_gradients, optimizer_bytes,
+                                                                 gradient_bytes):
+    """ZeRO-1 over one data-parallel rank (TP 2 on 2 GPUs: NeMo's recipes keep the distributed
+    optimizer at any degree) shards nothing: its states whole on the rank, in the dtypes asked,
+    counted by hand per bf16 parameter; the same layout as Megatron-LM's DDP holds the same."""
+    execution = Execution(world=2, data="zero1", tensor=2, sequence_parallel=True, micro_batch=1,
+                          optimizer_states=states, grad_reduce_in_fp32=fp32_gradients)
+    execution.validate()
+    assert execution.megatron_layout and main_params.holds_main_params(execution, BF16)
+    planned = _planned(execution)
+    elements = planned.state_bytes.parameters / 2
+    assert planned.state_bytes.optimizer_state == pytest.approx(optimizer_bytes * elements, rel=1e-3)
+    assert planned.state_bytes.gradients == pytest.approx(gradient_bytes * elements, rel=1e-3)
+    if states == "fp32" and not fp32_gradients:
+        ddp = _planned(Execution(world=2, data="ddp", tensor=2, sequence_parallel=True, micro_batch=1,
+                                 framework="megatron"))
+        assert (ddp.memory_bytes, ddp.state_bytes) == (planned.memory_bytes, planned.state_bytes)
