@@ -453,23 +453,33 @@ class Execution:
         """The framework asked for runs the layout and its settings."""
         if self.framework not in FRAMEWORKS:
             raise UsageError(f"unknown framework {self.framework!r}; valid: {', '.join(FRAMEWORKS)}")
-        if self.framework == "megatron" and not self.replicates_parameters:
-            raise UsageError(f"framework megatron: Megatron-LM's data parallelism is ddp or zero1, not {self.data} "
-                             "(FSDP2 is torch's: framework torch)")
-        if self.framework == "torch":
-            megatron_own = (
-                (self.shards_optimizer_only, "zero1 (torchtitan has no ZeRO-1)"),
-                (self.megatron_only, "ddp beside tensor, pipeline or context parallelism (torchtitan runs DDP alone)"),
-                (self.tp_comm_overlap, "--tp-comm-overlap"),
-                (self.loss_fusion, "fused cross entropy (loss_fusion)"),
-                (self.checkpoint == "selective-attention", "attention-only recomputation (selective-attention)"),
-                (self.token_dispatcher != "alltoall", f"{self.token_dispatcher} token dispatcher"),
-                (self.expert > 1 and self.replicates_parameters,
-                 "expert group carved out of DDP's replicas (torchtitan carves it out of FSDP's shard group)"))
-            why = next((what for asked, what in megatron_own if asked), None)
-            if why is not None:
-                raise UsageError(f"framework torch: the layout asks for Megatron-LM's {why}; valid: framework "
-                                 "megatron, or drop it")
+        why = self.refusal_by(self.framework)
+        if why is not None:
+            raise UsageError(why)
+
+    def refusal_by(self, framework: str) -> str | None:
+        """Why ``framework`` (one of FRAMEWORKS) does not run this layout, or None where it does:
+        Megatron-LM's data parallelism is DDP or ZeRO-1; torch has no ZeRO-1, no DDP beside
+        tensor, pipeline or context parallelism, no expert group carved out of DDP's replicas
+        and none of Megatron-LM's own settings."""
+        if framework == "megatron":
+            if self.replicates_parameters:
+                return None
+            return (f"framework megatron: Megatron-LM's data parallelism is ddp or zero1, not {self.data} "
+                    "(FSDP2 is torch's: framework torch)")
+        megatron_own = (
+            (self.shards_optimizer_only, "zero1 (torchtitan has no ZeRO-1)"),
+            (self.megatron_only, "ddp beside tensor, pipeline or context parallelism (torchtitan runs DDP alone)"),
+            (self.tp_comm_overlap, "--tp-comm-overlap"),
+            (self.loss_fusion, "fused cross entropy (loss_fusion)"),
+            (self.checkpoint == "selective-attention", "attention-only recomputation (selective-attention)"),
+            (self.token_dispatcher != "alltoall", f"{self.token_dispatcher} token dispatcher"),
+            (self.expert > 1 and self.replicates_parameters,
+             "expert group carved out of DDP's replicas (torchtitan carves it out of FSDP's shard group)"))
+        why = next((what for asked, what in megatron_own if asked), None)
+        if why is None:
+            return None
+        return f"framework torch: the layout asks for Megatron-LM's {why}; valid: framework megatron, or drop it"
 
     def _validate_expert(self) -> None:
         """Expert parallelism carves the expert group out of the data-parallel ranks: out of

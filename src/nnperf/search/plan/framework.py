@@ -44,11 +44,6 @@ def framework_kinds(framework: str, kinds: set[str], asked: bool, megatron_setti
 
 
 def runs_layout(framework: str | None, execution: Execution) -> bool:
-    """Whether ``framework`` (None: the one the layout implies) runs ``execution``: torch runs
-    no ZeRO-1, no DDP beside tensor, pipeline or context parallelism and no expert group carved
-    out of DDP's replicas; Megatron-LM's data parallelism is DDP or ZeRO-1."""
-    if framework is None:
-        return True
-    if framework == "megatron":
-        return execution.replicates_parameters
-    return not (execution.megatron_only or (execution.expert > 1 and execution.replicates_parameters))
+    """Whether ``framework`` (None: the one the layout implies) runs ``execution``
+    (``Execution.refusal_by``)."""
+    return framework is None or execution.refusal_by(framework) is None
