@@ -59,6 +59,11 @@ from nnperf.vocab import Category, Phase
 #: measured on a 70B-wide Llama under FSDP2 with and without full checkpointing).
 SCALE_POINTS = (3, 4)
 
+#: The collectives of DDP (all-reduces of the gradients' buckets) and of ZeRO-1 (their
+#: reduce-scatters and the parameters' all-gathers), and the gradient norm's all-reduce of the
+#: clipping: what a data-parallel engine runs over its group, never an all-to-all.
+DATA_PARALLEL_KINDS = frozenset({"all_reduce", "reduce_scatter", "all_gather"})
+
 
 Estimate = Callable[[Any, int], CollectiveEstimate]
 
@@ -318,8 +323,12 @@ def _data_parallel_once(traced: Any, comm: Any, step: Any, groups: list[str], co
     synchronization over ``groups`` (process group names): the compute stream's waits for those
     collectives, the kernels reading or writing their buffers (DDP's copies of the gradients
     into its buckets and back, its division of a bucket: what micro-batches under no_sync
-    skip), and the stretch of the compute kernels they run beside."""
-    synchronizing = {c.index for c in traced.collectives if c.group in set(groups)}
+    skip), and the stretch of the compute kernels they run beside. Only the kinds such an
+    engine issues (``DATA_PARALLEL_KINDS``): an expert group over the same ranks (expert
+    parallelism over every data-parallel rank, both then the default group) runs its
+    all-to-alls in every micro-batch."""
+    synchronizing = {c.index for c in traced.collectives
+                     if c.group in set(groups) and c.kind in DATA_PARALLEL_KINDS}
     if not synchronizing:
         return _Sync()
     # the gradients' buckets: what the reductions read (an all-gather's input is a parameter
