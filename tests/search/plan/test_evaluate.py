@@ -189,6 +189,25 @@ def test_expert_all_to_alls_run_in_every_accumulated_micro_batch(expert):
     assert four.step_s - one.step_s >= 3 * wait
 
 
+def test_the_broadcast_of_the_wrapped_models_buffers_stays_once_per_step():
+    """A DeepSeek-V3 of 2 blocks (its RoPE and expert buffers broadcast from rank 0 as DDP wraps
+    it), ZeRO-1 and EP over both GPUs: 4 micro-batches wait for that broadcast as long as 1
+    does, and for their all-to-alls 4 times as long."""
+    request = ModelRequest("deepseek-v3-16b", batch=2, seq_len=2048, overrides={**DEEPSEEK, "n_layer": 2,
+                                                                                   "n_dense_layers": 1})
+
+    def step(accum: int):
+        execution = Execution(world=2, data="zero1", expert=2, micro_batch=2, grad_accum=accum)
+        return evaluate(request, OPTIONS, execution, GPU, _contended(), layers=2, cache=RoleCache())
+
+    one, four = step(1), step(4)
+    assert one.collectives["broadcast"].count == 1
+    assert one.split.exposed_communication_s["broadcast"] > 0
+    assert four.split.exposed_communication_s["broadcast"] == pytest.approx(one.split.exposed_communication_s["broadcast"])
+    assert four.split.exposed_communication_s["all_to_all"] == pytest.approx(
+        4 * one.split.exposed_communication_s["all_to_all"], rel=1e-6)
+
+
 def test_ddp_beside_context_parallelism_reduces_once_per_step():
     """The same beside context parallelism (2 GPUs share each sequence; DDP over the 4 reduces
     the gradients): the all-reduce's wait is the step's once, and each further micro-batch adds

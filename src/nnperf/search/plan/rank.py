@@ -59,10 +59,11 @@ from nnperf.vocab import Category, Phase
 #: measured on a 70B-wide Llama under FSDP2 with and without full checkpointing).
 SCALE_POINTS = (3, 4)
 
-#: The collectives of DDP (all-reduces of the gradients' buckets) and of ZeRO-1 (their
-#: reduce-scatters and the parameters' all-gathers), and the gradient norm's all-reduce of the
-#: clipping: what a data-parallel engine runs over its group, never an all-to-all.
-DATA_PARALLEL_KINDS = frozenset({"all_reduce", "reduce_scatter", "all_gather"})
+#: The collectives of DDP (all-reduces of the gradients' buckets; the broadcast of the module's
+#: states from rank 0 when it wraps it) and of ZeRO-1 (their reduce-scatters and the
+#: parameters' all-gathers), and the gradient norm's all-reduce of the clipping: what a
+#: data-parallel engine runs over its group, never an all-to-all.
+DATA_PARALLEL_KINDS = frozenset({"all_reduce", "reduce_scatter", "all_gather", "broadcast"})
 
 
 Estimate = Callable[[Any, int], CollectiveEstimate]
