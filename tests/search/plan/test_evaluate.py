@@ -190,9 +190,10 @@ def test_expert_all_to_alls_run_in_every_accumulated_micro_batch(expert):
 
 
 def test_the_broadcast_of_the_wrapped_models_buffers_stays_once_per_step():
-    """A DeepSeek-V3 of 2 blocks (its RoPE and expert buffers broadcast from rank 0 as DDP wraps
-    it), ZeRO-1 and EP over both GPUs: 4 micro-batches wait for that broadcast as long as 1
-    does, and for their all-to-alls 4 times as long."""
+    """A DeepSeek-V3 of 2 blocks (its MoE's load-balancing buffers, expert_bias and
+    tokens_per_expert, broadcast from rank 0 as DDP wraps it), ZeRO-1 and EP over both GPUs:
+    4 micro-batches wait for that broadcast as long as 1 does, and for their all-to-alls 4
+    times as long."""
     request = ModelRequest("deepseek-v3-16b", batch=2, seq_len=2048, overrides={**DEEPSEEK, "n_layer": 2,
                                                                                    "n_dense_layers": 1})
 
