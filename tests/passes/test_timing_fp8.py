@@ -28,6 +28,21 @@ def test_the_linears_inside_the_blocks_convert_and_the_head_does_not(fp8_analysi
     assert any("FP8" in note for note in fp8_analysis.trace.config["assumptions"])
 
 
+def test_a_mixture_of_experts_router_stays_16_bit():
+    """A 2-block Llama with 16 experts (top 2) in place of its SwiGLU: the attention's four
+    linears convert, the router (``moe.gate``, 512 -> 16: aligned for FP8) does not, as
+    neither Megatron-Core (its router outside Transformer Engine) nor torchtitan
+    (``filter_fqns = ["output", "router.gate"]``) runs it in FP8; its GEMMs stay 16-bit."""
+    options = {**SMALL, "n_experts": 16, "top_k": 2, "moe_hidden": 256}
+    analysis = nnperf.analyze("llama-7b", batch=2, seq_len=1024, amp="bf16", fp8=True, **options)
+    attention = ("attention.wq", "attention.wk", "attention.wv", "attention.wo")
+    expected = {f"layers.{i}.{name}" for i in range(SMALL["n_layer"]) for name in attention}
+    assert set(analysis.trace.config["fp8_linears"]) == expected
+    prediction = nnperf.predict(analysis, load_gpu("h100-sxm"))
+    router = [t for t in prediction.step.ops if t.category == cat.GEMM and t.count.event.module.endswith("moe.gate")]
+    assert router and all(t.math == "bf16" for t in router)
+
+
 def test_a_converted_gemm_costs_its_fp8_gemm_and_the_casts_of_its_16_bit_operand(fp8_analysis):
     gpu = load_gpu("h100-sxm")
     profile = default_profile(gpu)

@@ -332,8 +332,9 @@ def _unrolled(layout: str) -> list[str]:
 
 def test_fp8_linears_in_each_engine():
     """FP8 linears: Megatron-LM's Transformer Engine FP8 with per-tensor current scaling (E4M3
-    forward, E5M2 gradients); torchtitan's float8 converter with the output head left out;
-    DeepSpeed's JSON has no such setting."""
+    forward, E5M2 gradients); torchtitan's float8 converter with the output head and a mixture
+    of experts' router left out (as the plan keeps them 16-bit); DeepSpeed's JSON has no such
+    setting."""
     import pytest
 
     from nnperf.report.engine_configs import NotExpressible, deepspeed_json, megatron_args
@@ -343,7 +344,7 @@ def test_fp8_linears_in_each_engine():
     assert {"--bf16", "--fp8-format hybrid", "--fp8-recipe tensorwise"} <= set(flags)
     assert not any("fp8" in f for f in megatron_args(e, 32, amp="bf16").split(" \\\n  "))
     toml = torchtitan_toml(e, amp="bf16", fp8=True)
-    assert tomllib.loads(toml)["float8"] == {"filter_fqns": ["output"]}
+    assert tomllib.loads(toml)["float8"] == {"filter_fqns": ["output", "router.gate"]}
     assert 'converters = ["float8"]' in toml  # for the run's own [model] table
     with pytest.raises(NotExpressible, match="no FP8"):
         deepspeed_json(e, amp="bf16", fp8=True)

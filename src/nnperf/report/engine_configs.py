@@ -118,9 +118,11 @@ def torchtitan_toml(execution: Any, amp: str | None = None, dtype: str | None = 
     components = compile_components(loss, pointwise)
     if components:
         lines += ["", "[compile]", "enable = true", f"components = {json.dumps(components)}"]
-    if fp8:  # torchao's float8 linears, tensorwise dynamic scaling (the era's default recipe)
+    if fp8:  # torchao's float8 linears, tensorwise dynamic scaling (the era's default recipe); the
+        # output head and a mixture of experts' router left out, as planned (trace.blocks.is_router)
+        # and as torchtitan's MoE configurations set it (a dense model has no router.gate)
         lines += ["", '# FP8: add converters = ["float8"] to the run\'s [model] table', "[float8]",
-                  'filter_fqns = ["output"]']
+                  'filter_fqns = ["output", "router.gate"]']
     if attention == "flex":  # torchtitan's ModelArgs of the flavor (2025: use_flex_attn, attn_mask_type)
         mask = "block_causal" if doc_len else "causal"
         lines += ["", "# attention: FlexAttention, set in the model flavor's args:",

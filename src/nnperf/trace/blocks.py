@@ -63,8 +63,19 @@ def linears_in_blocks(model: nn.Module) -> list[str]:
     """The names of the ``nn.Linear`` layers inside ``model``'s repeated blocks (``block_names``)
     that an FP8 GEMM can run: what Transformer Engine's layers replace in Megatron-LM's
     transformer layers and what torchao's float8 conversion takes in torchtitan (which leaves
-    the output head out by default)."""
+    the output head out by default), less a mixture of experts' router (``is_router``)."""
     blocks = tuple(f"{b}." for b in block_names(model))
-    return [name for name, m in model.named_modules()
-            if isinstance(m, nn.Linear) and name.startswith(blocks)
+    modules = dict(model.named_modules())
+    return [name for name, m in modules.items()
+            if isinstance(m, nn.Linear) and name.startswith(blocks) and not is_router(name, modules)
             and m.in_features % FP8_ALIGNMENT == 0 and m.out_features % FP8_ALIGNMENT == 0]
+
+
+def is_router(name: str, modules: dict[str, nn.Module]) -> bool:
+    """Whether the linear layer ``name`` is the router of a mixture of experts: the ``gate`` of a
+    module that holds ``experts`` (the zoo's MoE, transformers' Mixtral and Qwen3-MoE blocks).
+    Neither engine runs it in FP8: Megatron-Core computes the router's logits outside Transformer
+    Engine (``TopKRouter``, in fp32 with ``--moe-router-dtype fp32``), and torchtitan's MoE
+    configurations leave it out of float8 (``filter_fqns = ["output", "router.gate"]``)."""
+    parent, _, leaf = name.rpartition(".")
+    return leaf == "gate" and hasattr(modules.get(parent), "experts")
