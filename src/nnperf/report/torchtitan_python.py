@@ -111,8 +111,8 @@ def torchtitan_python(execution: Any, model: str, seq_len: int | None, amp: str 
         mask = "block_causal" if doc_len else "causal"
         lines.append(f"    # attention: FlexAttention with a {mask} mask, in the model spec of {base}")
     if fp8:
-        lines.append("    # FP8: Float8LinearConverter.Config(filter_fqns=[\"output\", \"router.gate\"]) (tensorwise) among the model's "
-                     "converters")
+        lines.append("    # FP8: Float8LinearConverter.Config(filter_fqns=[\"output\", \"router.gate\"]) "
+                     "(tensorwise) among the model's converters")
     lines.append("    return config")
     return "\n".join(lines)
 
