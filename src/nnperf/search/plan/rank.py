@@ -328,8 +328,8 @@ def _data_parallel_once(traced: Any, comm: Any, step: Any, groups: list[str], co
     engine issues (``DATA_PARALLEL_KINDS``): an expert group over the same ranks (expert
     parallelism over every data-parallel rank, both then the default group) runs its
     all-to-alls in every micro-batch."""
-    synchronizing = {c.index for c in traced.collectives
-                     if c.group in set(groups) and c.kind in DATA_PARALLEL_KINDS}
+    names = set(groups)
+    synchronizing = {c.index for c in traced.collectives if c.group in names and c.kind in DATA_PARALLEL_KINDS}
     if not synchronizing:
         return _Sync()
     # the gradients' buckets: what the reductions read (an all-gather's input is a parameter

@@ -332,9 +332,10 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     results = [p for p in results if not p.time_bound]
     ranked = sorted((p for p in results if p.fits), key=lambda p: p.step_s)
     # the winner's degrees without sequence parallelism, or with its experts kept whole
-    for other in [*without_sequence_parallel(ranked[0].execution), *experts_whole(ranked[0].execution)] if ranked else []:
-        results.append(evaluate(request, options, other, gpu, cluster, layers=layers, cache=cache))
-        ranked = sorted((p for p in results if p.fits), key=lambda p: p.step_s)
+    winner = ranked[0].execution if ranked else None
+    others = [*without_sequence_parallel(winner), *experts_whole(winner)] if winner else []
+    results += [evaluate(request, options, other, gpu, cluster, layers=layers, cache=cache) for other in others]
+    ranked = sorted((p for p in results if p.fits), key=lambda p: p.step_s)
     rejected = [p for p in results if not p.fits]
     for p in rejected:
         at_least = "at least " if p.memory_bound else ""
