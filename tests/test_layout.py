@@ -37,6 +37,18 @@ def test_an_end_stage_splits_its_blocks_over_its_chunks():
     assert split_layers(16, 2, 2, 7, None) == (3, 5, 4, 4)  # two stages: the last holds the other 9
 
 
+def test_an_end_chunk_may_hold_the_embedding_or_the_head_alone():
+    """Llama 3 405B as it ran: 16 stages x 8 chunks of one block, "the first model chunk on the
+    first stage has only the embedding, and the last model chunk on the last stage has only
+    output projection and loss calculation" (Llama 3 paper, 3.3.2): 7 blocks on each end stage,
+    8 on every other, 126 in all; no chunk between them is left empty."""
+    llama3 = split_layers(126, 16, 8, 7, 7)
+    assert llama3 == (0, *(1,) * 126, 0)
+    assert sum(llama3[0::16]) == sum(llama3[15::16]) == 7 and sum(llama3[1::16]) == 8
+    assert split_layers(6, 4, 2, 1, 1) == (0, 1, 1, 1, 1, 1, 1, 0)
+    assert split_layers(5, 2, 2, 1, None) == (0, 2, 1, 2)  # two stages: the last holds the other 4
+
+
 @pytest.mark.parametrize(("args", "words"), [
     ((10, 4), "10 layers do not split evenly into 4 pipeline stages; nearest valid pipeline degrees: 2 or 5"),
     ((126, 16), "first = last = 7 (8 in each other stage)"),
@@ -44,15 +56,22 @@ def test_an_end_stage_splits_its_blocks_over_its_chunks():
     ((10, 4, 1, 3, None), "an uneven split with first stage layers 3 cannot hold 10 layers in 4 pipeline stages"),
     ((10, 4, 1, 5, 5), "valid: first = last = 2 (3 in each other stage)"),
     ((10, 4, 2, 2, 2), "cannot hold 10 layers in 4 pipeline stages x 2 virtual stages (the stages between must "
-                       "split the rest evenly, each chunk at least 1)"),
-    ((12, 4, 2, 1, 1), "valid: first = last = 2 (4 in each other stage)"),  # a chunk of each end stage empty
-    ((10, 4, 2, 2, 2), "valid: first = last = 3 (2 in each other stage)"),  # none shorter: a longer one named
+                       "split the rest evenly, each chunk at least 1 block, but the embedding's and the head's, "
+                       "which may hold none)"),
+    ((12, 4, 2, 1, 1), "valid: first = last = 2 (4 in each other stage)"),  # 10 blocks left for 4 chunks
+    ((9, 5), "shorten the first and last stages (--first-stage-layers, --last-stage-layers: first = last = 3 "
+             "(1 in each other stage))"),  # none shorter: a longer one named
+    # the fewest blocks: the embedding's and the head's chunks empty
+    ((10, 4, 2, 2, 2), "valid: first = last = 1 (4 in each other stage); or keep them with --vpp 3 or"),
     ((15, 2), "first = 7, last = 8"),
     # an odd count over 3+ stages has no equal end stages: the first one block shorter is named
     ((61, 16, 1, 3, 4), "valid: first = 2, last = 3 (4 in each other stage)"),
     ((61, 16), "first = 2, last = 3 (4 in each other stage)"),
-    # Llama 3 405B's end stages of 7 blocks: 8 chunks a rank leave one empty; 1, 2 or 4 hold them
-    ((126, 16, 8, 7, 7), "valid: none; or keep them with --vpp 2, 4 or --schedule 1f1b"),
+    # end stages of 6 blocks over 8 chunks would leave a chunk between the embedding's and the
+    # block after it empty; Llama 3 405B's 7 are the fewest
+    ((126, 16, 8, 6, 6), "valid: first = last = 7 (8 in each other stage)"),
+    # no chunk between the end stages may be empty
+    ((6, 4, 2, 3, 3), "valid: first = last = 1 (2 in each other stage)"),
 ])
 def test_a_split_that_cannot_hold_the_layers_names_valid_ones(args, words):
     with pytest.raises(UsageError, match=None) as raised:

@@ -619,9 +619,12 @@ def split_layers(layers: int, pipeline: int, virtual: int = 1, first: int | None
     blocks split over its chunks evenly where ``virtual`` divides them (Megatron-LM requires
     that of its flags); otherwise the chunk that also holds the embedding (rank 0's first) or
     the head (the last rank's last) is the shorter, which is what shortening those stages is
-    for: Llama 3 405B with two chunks per rank is 3 + 4 blocks on rank 0, 4 + 3 on rank 15, 4 in
-    every other chunk (Megatron-Core's ``--pipeline-model-parallel-layout`` expresses it).
-    A split that cannot hold the layers is one line naming valid ones."""
+    for, down to no block at all: Llama 3 405B ran 8 chunks of one block a rank, "the first
+    model chunk on the first stage has only the embedding, and the last model chunk on the last
+    stage has only output projection and loss calculation" (Llama 3 paper, section 3.3.2), so 0
+    + 1 x 7 blocks on rank 0 and 1 x 7 + 0 on rank 15 (Megatron-Core's
+    ``--pipeline-model-parallel-layout`` expresses both: ``E|(t|)*126,L``). Every other chunk
+    holds a block or more. A split that cannot hold the layers is one line naming valid ones."""
     chunks = pipeline * virtual
     what = f"{pipeline} pipeline stages" + (f" x {virtual} virtual stages" if virtual > 1 else "")
     if first is None and last is None:
@@ -653,7 +656,8 @@ def split_layers(layers: int, pipeline: int, virtual: int = 1, first: int | None
         keep = [f"--vpp {', '.join(map(str, interleaved))}"] * bool(interleaved) + ["--schedule 1f1b"] * (1 in holding)
         other = f"; or keep them with {' or '.join(keep)}" if keep else ""
         raise UsageError(f"an uneven split with {asked} cannot hold {layers} layers in {what} (the stages "
-                         f"between must split the rest evenly, each chunk at least 1); valid: "
+                         f"between must split the rest evenly, each chunk at least 1 block, but the embedding's "
+                         f"and the head's, which may hold none); valid: "
                          f"{_uneven_examples(layers, pipeline, virtual) or 'none'}{other}")
     f, l_, middle = fitted
     firsts, lasts = _end_stage(f, virtual, short_first=True), _end_stage(l_, virtual, short_first=False)
@@ -663,7 +667,8 @@ def split_layers(layers: int, pipeline: int, virtual: int = 1, first: int | None
 
 def _end_stage(blocks: int, virtual: int, short_first: bool) -> list[int]:
     """An end stage's ``blocks`` over its ``virtual`` chunks, evenly where they divide; else the
-    shorter chunks first (the first stage's: its first chunk holds the embedding) or last."""
+    shorter chunks first (the first stage's: its first chunk holds the embedding) or last (the
+    head's); ``virtual - 1`` blocks leave that chunk the embedding or the head alone."""
     base, extra = divmod(blocks, virtual)
     long = range(virtual - extra, virtual) if short_first else range(extra)
     return [base + (k in long) for k in range(virtual)]
@@ -683,7 +688,8 @@ def _end_stages(layers: int, pipeline: int, virtual: int, first: int | None,
         else:
             other = rest // between * virtual if rest > 0 and rest % between == 0 else None
         f, l_ = (f, other) if f is not None else (other, l_)
-    if f is None or l_ is None or f < virtual or l_ < virtual:
+    # every chunk a block, but the one also holding the embedding (the head) may hold none
+    if f is None or l_ is None or f < virtual - 1 or l_ < virtual - 1:
         return None
     if pipeline == 2:
         return (f, l_, None) if f + l_ == layers else None
@@ -698,10 +704,10 @@ def _uneven_examples(layers: int, pipeline: int, virtual: int = 1) -> str:
     count needs (DeepSeek-V3's 61 blocks over 16 stages: 2 and 3, 4 in each other stage)."""
     if pipeline == 2:
         half = layers // 2
-        return f"first = {half}, last = {layers - half}" if half >= virtual else ""
+        return f"first = {half}, last = {layers - half}" if half >= max(1, virtual - 1) else ""
     for gap in (0, 1):
         shorter, longer = [], []
-        for k in range(virtual, layers):
+        for k in range(max(1, virtual - 1), layers):
             rest = layers - 2 * k - gap
             if rest > 0 and rest % ((pipeline - 2) * virtual) == 0:
                 middle = rest // (pipeline - 2)

@@ -518,6 +518,22 @@ def test_an_uneven_split_is_planned_with_the_schedules_that_hold_it():
     assert len(result.output.strip().splitlines()) == 1
 
 
+def test_an_end_stage_of_one_block_fewer_than_its_chunks():
+    """Llama 3 405B's split in small: 6 blocks, 4 stages x 2 chunks, end stages of 1 block, so
+    the model's first chunk is the embedding alone and its last the head alone; planned (it was
+    refused as a chunk without a block), and Megatron-LM's layout string says so."""
+    args = [*ARGS, "--gpus", "8", "-O", "n_layer=6", "--pp", "4", "--vpp", "2", "--tp", "1", "--data", "zero1",
+            "--schedule", "interleaved-1f1b", "--first-stage-layers", "1", "--last-stage-layers", "1"]
+    result = CliRunner().invoke(cli, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    planned = [r["execution"] for r in json.loads(result.output)["ranked"]]
+    assert planned and all((e["pipeline"], e["virtual_stages"], e["first_stage_layers"], e["last_stage_layers"])
+                           == (4, 2, 1, 1) for e in planned)
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert '--pipeline-model-parallel-layout "E|(t*1|)*6,L"' in result.output
+
+
 def test_megatron_layouts_with_tp_comm_overlap():
     """--tp-comm-overlap: ZeRO-1 beside TP 2 with sequence parallelism runs Megatron-LM's
     --tp-comm-overlap (the JSON says so), its block collectives beside their GEMMs: less

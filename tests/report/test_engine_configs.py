@@ -316,6 +316,18 @@ def test_uneven_stages_in_megatron_and_torchtitan():
     with pytest.raises(NotExpressible, match="module_fqns_per_model_part"):
         torchtitan_toml(replace(interleaved, world=32, pipeline=4, first_stage_layers=4, last_stage_layers=4),
                         amp="bf16", layers=20)
+    # as Llama 3 405B ran: 8 chunks of one block a rank, the model's first chunk the embedding
+    # alone and its last the loss alone (Megatron-Core's "E" and "L" chunks; torchtitan's one
+    # block a stage, one fewer on each end)
+    as_ran = replace(e, pipeline_schedule="interleaved-1f1b", virtual_stages=8)
+    flags = megatron_args(as_ran, 126, amp="bf16").split("\n#")[0].split(" \\\n  ")
+    layout = next(f for f in flags if f.startswith("--pipeline-model-parallel-layout"))
+    chunks = _unrolled(layout.split(" ", 1)[1].strip('"'))
+    assert chunks[0] == "E" and chunks[-1] == "L" and len(chunks) == 128
+    assert all(c.count("t") == 1 for c in chunks[1:-1])
+    parallelism = tomllib.loads(torchtitan_toml(as_ran, amp="bf16", layers=126))["parallelism"]
+    assert (parallelism["pipeline_parallel_layers_per_stage"], parallelism["pipeline_parallel_first_stage_less_layers"],
+            parallelism["pipeline_parallel_last_stage_less_layers"]) == (1, 1, 1)
 
 
 def _unrolled(layout: str) -> list[str]:

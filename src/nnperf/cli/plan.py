@@ -137,15 +137,16 @@ def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> l
 @click.option("--vpp", "vpp_text", default="2", show_default=True,
               help="Model chunks per rank of the interleaved schedules (Megatron-LM's virtual pipeline stages), "
                    "e.g. 2 or 2,4: each must divide the layers of a pipeline stage.")
-@click.option("--first-stage-layers", type=click.IntRange(1, 1 << 20), default=None,
+@click.option("--first-stage-layers", type=click.IntRange(0, 1 << 20), default=None,
               help="Blocks of the pipeline's first stage, shorter than the others as it also holds the "
                    "embedding (Megatron-LM's --decoder-first-pipeline-num-layers); the stages between split "
                    "the rest evenly. With interleaving, over the stage's chunks: evenly where they divide, "
-                   "else its first chunk is the shorter (Llama 3 405B, 7 over 2 chunks: 3 + 4).")
-@click.option("--last-stage-layers", type=click.IntRange(1, 1 << 20), default=None,
+                   "else its first chunk is the shorter, down to the embedding alone (Llama 3 405B: 126 "
+                   "layers, --pp 16 --vpp 8 --first-stage-layers 7 --last-stage-layers 7).")
+@click.option("--last-stage-layers", type=click.IntRange(0, 1 << 20), default=None,
               help="Blocks of the pipeline's last stage, which also holds the head and the loss "
                    "(--decoder-last-pipeline-num-layers). With interleaving, over the stage's chunks: evenly "
-                   "where they divide, else its last chunk is the shorter.")
+                   "where they divide, else its last chunk is the shorter, down to the head and loss alone.")
 @click.option("--tp-comm-overlap", is_flag=True,
               help="Megatron-LM's --tp-comm-overlap on its layouts (ddp or zero1 with tensor parallelism): "
                    "Transformer Engine's userbuffers run each block's sequence-parallel all-gather and "

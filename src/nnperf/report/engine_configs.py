@@ -245,8 +245,10 @@ def megatron_layout(depths: tuple[int, ...]) -> str:
     order: ``E`` the embedding, ``t`` a transformer block, ``L`` the loss, ``|`` between chunks,
     ``(x|)*n`` a repeated chunk (megatron/core/transformer/pipeline_parallel_layer_layout.py,
     ``parse_str_to_list``): the one way its arguments split an end stage's blocks unevenly over
-    its virtual chunks (its --decoder-first/last-pipeline-num-layers need them divisible)."""
-    chunks = [f"t*{d}" for d in depths]
+    its virtual chunks (its --decoder-first/last-pipeline-num-layers need them divisible), and
+    the one way to an end chunk of the embedding or the loss alone (``E|``, ``|L``: Llama 3
+    405B's)."""
+    chunks = [f"t*{d}" if d else "" for d in depths]
     chunks[0], chunks[-1] = "E" + chunks[0], chunks[-1] + "L"
     runs = [(chunk, len(list(same))) for chunk, same in itertools.groupby(chunks)]
     return "".join(f"({chunk}|)*{n}," if n > 1 else f"{chunk}|" for chunk, n in runs).rstrip("|,")

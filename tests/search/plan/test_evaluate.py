@@ -47,6 +47,16 @@ def test_an_interleaved_end_stage_holds_its_blocks_in_each_of_its_chunks():
     assert _parameter_bytes_per_rank(uneven, 20) == _expected_bytes(20, (4, 6, 6, 4))
 
 
+def test_an_end_chunk_of_the_embedding_or_the_head_alone():
+    """6 blocks, 4 stages x 2 chunks, end stages of 1 block (Llama 3 405B's split in small):
+    rank 0's first chunk holds the embeddings alone and rank 3's last the final norm and the
+    head alone, so the ranks hold 1, 2, 2 and 1 blocks."""
+    uneven = Execution(world=4, pipeline=4, pipeline_schedule="interleaved-1f1b", virtual_stages=2, micro_batch=1,
+                       grad_accum=4, first_stage_layers=1, last_stage_layers=1)
+    assert uneven.chunk_layers(6) == (0, 1, 1, 1, 1, 1, 1, 0)
+    assert _parameter_bytes_per_rank(uneven, 6) == _expected_bytes(6, (1, 2, 2, 1))
+
+
 DEEPSEEK = {"n_layer": 6, "n_dense_layers": 3, "dim": 64, "n_heads": 4, "kv_lora": 32, "qk_nope_dim": 16,
             "qk_rope_dim": 8, "v_head_dim": 16, "ffn_hidden": 128, "n_experts": 4, "top_k": 2, "moe_hidden": 32,
             "vocab": 128}

@@ -1,6 +1,6 @@
 """Pipeline parallelism traced on a fake process group against the same step run for real by
 ``torch.distributed.pipelining`` with gloo in 2 processes: for GPipe, 1F1B, interleaved 1F1B
-and interleaved zero-bubble, per rank the parameter/gradient/optimizer bytes its stages hold,
+(also with rank 0's first chunk the embedding alone) and interleaved zero-bubble, per rank the parameter/gradient/optimizer bytes its stages hold,
 every send and receive (direction, peer, bytes) in order, the order of the schedule's actions
 and the micro-batches in flight per stage (forward done, input gradient not yet). The real run
 builds its stages and schedule with torch's API directly and watches them itself."""
@@ -27,6 +27,10 @@ WORLD = 2
 MODEL = ("llama-7b", {"n_layer": 4, "dim": 32, "n_heads": 4, "ffn_hidden": 48, "vocab": 64})
 BATCH, SEQ, MICRO = 8, 8, 4  # 4 micro-batches of 2
 SCHEDULES = {"gpipe": 1, "1f1b": 1, "interleaved-1f1b": 2, "zero-bubble": 2}  # chunks per rank
+#: each case: its schedule, chunks per rank and the first stage's blocks (None: even); rank 0's
+#: first chunk of the embedding alone, as Llama 3 405B ran (chunks of 0, 2, 1 and 1 blocks)
+CASES = {**{name: (name, virtual, None) for name, virtual in SCHEDULES.items()},
+         "interleaved-1f1b-embedding-alone": ("interleaved-1f1b", 2, 1)}
 
 
 class _P2P(TorchDispatchMode):
@@ -92,12 +96,12 @@ def _worker(rank: int) -> dict:
     from nnperf.zoo import get_model
 
     results = {}
-    for schedule_name, virtual in SCHEDULES.items():
+    for case, (schedule_name, virtual, first) in CASES.items():
         torch.manual_seed(0)
         name, options = MODEL
         workload = get_model(name).build(batch=BATCH, seq_len=SEQ, **options)
         tokens, targets = workload.inputs[0], workload.loss_fn.targets
-        chunks = split(workload.model, split_layers(block_count(workload.model), WORLD, virtual))
+        chunks = split(workload.model, split_layers(block_count(workload.model), WORLD, virtual, first))
         shapes = stage_shapes(chunks, (tokens,), BATCH // MICRO, contextlib.nullcontext)
         mine = [rank + k * WORLD for k in range(virtual)]
         stages = [PipelineStage(chunks[i], i, WORLD * virtual, torch.device("cpu"), input_args=shapes[i][0],
@@ -130,7 +134,7 @@ def _worker(rank: int) -> dict:
                 optimizer.step()
             state = _storage_bytes(modules, optimizer)
             optimizer.zero_grad()
-        results[schedule_name] = (seen.seen, state, actions, in_flight)
+        results[case] = (seen.seen, state, actions, in_flight)
     return results
 
 
@@ -139,23 +143,24 @@ def real_runs():
     return run_ranks(_worker, WORLD, timeout_s=180)
 
 
-def _traced(schedule: str, rank: int):
+def _traced(case: str, rank: int):
     from nnperf.zoo import get_model
 
     name, options = MODEL
+    schedule, virtual, first = CASES[case]
     execution = Execution(world=WORLD, pipeline=WORLD, pipeline_schedule=schedule, micro_batch=BATCH // MICRO,
-                          grad_accum=MICRO, virtual_stages=SCHEDULES[schedule])
+                          grad_accum=MICRO, virtual_stages=virtual, first_stage_layers=first)
     return trace_rank(lambda: get_model(name).build(batch=BATCH, seq_len=SEQ, **options),
                       TraceOptions(optimizer="adamw"), execution, lambda model: [], rank=rank)
 
 
 @pytest.mark.parametrize("rank", range(WORLD))
-@pytest.mark.parametrize("schedule", list(SCHEDULES))
-def test_fake_process_group_reproduces_gloo(real_runs, schedule, rank):
+@pytest.mark.parametrize("case", list(CASES))
+def test_fake_process_group_reproduces_gloo(real_runs, case, rank):
     from nnperf.passes.pipeline_timeline import in_flight
 
-    real_p2p, real_bytes, real_actions, real_in_flight = real_runs[rank][schedule]
-    traced = _traced(schedule, rank)
+    real_p2p, real_bytes, real_actions, real_in_flight = real_runs[rank][case]
+    traced = _traced(case, rank)
     assert [(c.kind, c.bytes, c.group_ranks) for c in traced.collectives] == real_p2p
     assert sharded_bytes(traced) == real_bytes
     labels = [a[0] for a in traced.trace.config["pipeline_actions"]]
@@ -171,6 +176,19 @@ def test_layers_that_do_not_split_are_one_line():
     with pytest.raises(UsageError, match="4 layers do not split evenly into 3 pipeline stages; nearest valid pipeline degrees: 2 or 4"):
         trace_rank(lambda: get_model(name).build(batch=BATCH, seq_len=SEQ, **options),
                    TraceOptions(optimizer="adamw"), execution, lambda model: [])
+
+
+def test_only_the_end_chunks_may_hold_no_block():
+    """The first chunk holds the embedding and the last the head, so either may hold no block;
+    a chunk between them without one would be a stage of nothing."""
+    from nnperf.trace.parallel.pipeline import split
+    from nnperf.zoo import get_model
+
+    name, options = MODEL
+    model = get_model(name).build(batch=BATCH, seq_len=SEQ, **options).model
+    assert [len(c.layers) for c in split(model, (0, 2, 2, 0))] == [0, 2, 2, 0]
+    with pytest.raises(UsageError, match="a split of 1\\+0\\+2\\+1 blocks does not hold"):
+        split(model, (1, 0, 2, 1))
 
 
 @pytest.mark.parametrize("schedule", list(SCHEDULES))

@@ -491,6 +491,27 @@ def shallow_overrides(overrides: dict[str, Any], per_chunk: int, chunks: int, de
     return shallow
 
 
+def _empty_end_chunk(request: ModelRequest, options: TraceOptions, execution: Execution, gpu: GPU,
+                     cluster: Cluster, rank: int, cache: RoleCache, prepare: Callable[[Any], Any] | None,
+                     dense: int) -> RankCost:
+    """The role of an end chunk that holds the embedding or the head and no block (Llama 3
+    405B's, ``layout.split_layers``), traced as it is: ``execution``'s pipeline with that chunk
+    empty and a block in each other, so the trace holds the chunk's own work (the embedding's
+    forward, backward and gradient; the norm, head and loss) and its sends, not a line through
+    deeper traces read below them."""
+    stage = rank // (execution.world // execution.pipeline)  # the pipeline dimension is outermost
+    if stage not in (0, execution.pipeline - 1):
+        raise ValueError("only the first and the last pipeline chunk may hold no block")
+    end = "first_stage_layers" if stage == 0 else "last_stage_layers"
+    shortened = replace(execution, **{end: 0})
+    req = replace(request, overrides=shallow_overrides(request.overrides, 1, execution.chunks - 1, dense))
+    # the options of the blocks (their attention kernel, fused pointwise ops, FP8 linears)
+    # reach nothing in a chunk without one, and each is refused where nothing uses it
+    blockless = replace(options, sdpa="fused", pointwise="eager", fp8=False)
+    key = (repr(request), options, execution, gpu.id, cluster.id, rank, end)
+    return cache.get(key, lambda: rank_cost(req, blockless, shortened, gpu, cluster, rank, prepare))
+
+
 @functools.lru_cache(maxsize=64)
 def _dense_blocks(target: str, overrides: tuple[tuple[str, Any], ...]) -> int:
     from nnperf.zoo import get_model
@@ -541,6 +562,8 @@ def scaled_cost(request: ModelRequest, options: TraceOptions, execution: Executi
             raise ValueError("an uneven pipeline is composed per stage role: give per_chunk")
         per_chunk = depths.pop()
     per_chunk = per_chunk or 0
+    if layers and per_chunk == 0:
+        return _empty_end_chunk(request, options, execution, gpu, cluster, rank, cache, prepare, dense)
     if not layers or per_chunk <= SCALE_POINTS[-1]:
         depth = None if not layers or per_chunk * chunks == layers else per_chunk
         return at(depth)

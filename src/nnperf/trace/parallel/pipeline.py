@@ -140,10 +140,11 @@ def held_blocks_only(model: nn.Module, execution: Execution, rank: int) -> Itera
 
 def split(model: nn.Module, layers: Sequence[int]) -> list[Chunk]:
     """The chunks of ``model``, the ``i``-th holding ``layers[i]`` consecutive blocks (the
-    layout's ``Execution.chunk_layers``)."""
+    layout's ``Execution.chunk_layers``): every chunk one or more, but the first and the last,
+    which hold the embedding and the head and may hold no block (Llama 3 405B's)."""
     family = split_of(model)
     n = len(getattr(model, family.blocks))
-    if sum(layers) != n or min(layers) < 1:
+    if sum(layers) != n or min(layers[1:-1], default=1) < 1 or min(layers) < 0:
         raise UsageError(f"a split of {'+'.join(map(str, layers))} blocks does not hold the model's {n} blocks")
     starts = [0, *itertools.accumulate(layers)]
     return [Chunk(model, family, starts[s], starts[s + 1], s == 0, s == len(layers) - 1) for s in range(len(layers))]
