@@ -25,7 +25,8 @@ def _rows(name: str) -> list[dict]:
 
 @pytest.mark.parametrize("name", ["rows.toml", "megatron_runs.toml", "vtrain_runs.toml", "megatron_bridge_runs.toml",
                                   "nemo_runs.toml", "megatron_bridge_moe_runs.toml", "dgxc_runs.toml",
-                                  "megatron_readme_runs.toml", "megatron_moe_modelzoo_runs.toml"])
+                                  "megatron_readme_runs.toml", "megatron_moe_modelzoo_runs.toml",
+                                  "llama3_runs.toml"])
 def test_every_reproducible_row_is_a_layout_the_plan_accepts(name):
     for row in _rows(name):
         if not row.get("reproducible", True):
@@ -70,6 +71,27 @@ def test_megatron_readme_rows_are_their_teraflops_over_megatrons_flops_per_token
         per_token = 12 * layers * hidden**2 * (2 + seq / hidden + 4 + vocab / (2 * layers * hidden))
         assert row["measured"] == pytest.approx(tera * 1e12 / per_token, abs=0.05), row["id"]
         assert (row["overrides"]["dim"], row["overrides"]["n_layer"]) == (hidden, layers)
+
+
+def test_llama3_rows_are_their_teraflops_over_palms_model_flops():
+    """Each Llama 3 405B row's step is its quoted TFLOP/s per GPU over the model FLOPs of its
+    step as PaLM's MFU counts them (6N + 12 L H Q T a token), N counted here from the shape,
+    the tokens from the quote's GPUs, DP, batch/DP and sequence."""
+    rows = _rows("llama3_runs.toml")
+    assert len(rows) == 3
+    for row in rows:
+        first, *rest = (c.strip() for c in row["quote"].split("|"))
+        gpus = int(first.removesuffix(" GPUs").replace(",", ""))
+        cells = dict(c.rsplit(" ", 1) for c in rest)
+        o = row["overrides"]
+        dim, layers, kv = o["dim"], o["n_layer"], o["dim"] // o["n_heads"] * o["n_kv_heads"]
+        n = 2 * o["vocab"] * dim + layers * (2 * dim * dim + 2 * dim * kv + 3 * dim * o["ffn_hidden"] + 2 * dim) + dim
+        seq = int(cells["Seq. Len."].replace(",", ""))
+        tokens = int(cells["DP"]) * int(cells["Batch size/DP"]) * seq
+        flops = (6 * n + 12 * layers * dim * seq) * tokens
+        assert n == 405_853_388_800
+        assert row["measured"] == pytest.approx(flops / (float(cells["TFLOPs/GPU"]) * 1e12 * gpus), abs=0.001)
+        assert (seq, row["execution"]["world"], tokens) == (row["seq"], gpus, 16_777_216)
 
 
 def _plan_compare():
