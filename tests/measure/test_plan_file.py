@@ -49,6 +49,17 @@ def test_a_first_schema_plan_of_uneven_interleaved_stages_is_refused(tmp_path):
         Execution(world=2, micro_batch=2)
 
 
+def test_a_plan_of_end_chunks_without_a_block_reads_back(tmp_path):
+    """A plan may shorten an end stage to its embedding or head alone (first_stage_layers 0 on
+    one chunk a rank; Llama 3 405B's 7 blocks over 8 chunks): it reads back as planned."""
+    alone = {"pipeline": 2, "pipeline_schedule": "1f1b", "grad_accum": 2, "first_stage_layers": 0}
+    read = read_layout(_write(tmp_path, _plan(**alone)))
+    assert read.execution.first_stage_layers == 0 and read.execution.chunk_layers(2) == (0, 2)
+    with pytest.raises(UsageError, match=r"first_stage_layers is -1"):
+        read_layout(_edited(lambda d: _write(tmp_path, d),
+                            lambda d: d["ranked"][0]["execution"].update(alone | {"first_stage_layers": -1})))
+
+
 def _edited(path_of, change) -> str:
     doc = _plan()
     change(doc)

@@ -325,6 +325,11 @@ def test_uneven_stages_in_megatron_and_torchtitan():
     chunks = _unrolled(layout.split(" ", 1)[1].strip('"'))
     assert chunks[0] == "E" and chunks[-1] == "L" and len(chunks) == 128
     assert all(c.count("t") == 1 for c in chunks[1:-1])
+    # one chunk a rank, the first stage the embedding alone: the layout string, not a first
+    # stage of 0 layers in --decoder-first-pipeline-num-layers
+    alone = replace(e, world=16, pipeline=2, grad_accum=2, first_stage_layers=0, last_stage_layers=None)
+    flags = megatron_args(alone, 4, amp="bf16").split("\n#")[0].split(" \\\n  ")
+    assert '--pipeline-model-parallel-layout "E|t*4L"' in flags and not any(f.startswith("--decoder-") for f in flags)
     parallelism = tomllib.loads(torchtitan_toml(as_ran, amp="bf16", layers=126))["parallelism"]
     assert (parallelism["pipeline_parallel_layers_per_stage"], parallelism["pipeline_parallel_first_stage_less_layers"],
             parallelism["pipeline_parallel_last_stage_less_layers"]) == (1, 1, 1)

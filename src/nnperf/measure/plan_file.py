@@ -120,8 +120,9 @@ def execution_of(record: Any, what: str) -> Execution:
         value, field_what = record[name], f"{what}.{name}"
         if name in counts:
             values[name] = fields.integer(value, field_what, *counts[name])
-        elif name in ("first_stage_layers", "last_stage_layers"):  # null: an even split
-            values[name] = None if value is None else fields.integer(value, field_what, 1, INDEX_MAX)
+        elif name in ("first_stage_layers", "last_stage_layers"):  # null: an even split; 0: the
+            # embedding (the head) alone on a one-chunk end stage (layout.split_layers)
+            values[name] = None if value is None else fields.integer(value, field_what, 0, INDEX_MAX)
         elif spec.type in ("bool", bool):
             values[name] = fields.flag(value, field_what)
         elif name == "data":

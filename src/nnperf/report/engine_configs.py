@@ -304,7 +304,8 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
         depths = e.chunk_layers(layers)
         v = e.chunks_per_rank
         first, last = sum(depths[::e.pipeline]), sum(depths[e.pipeline - 1::e.pipeline])
-        if e.uneven and (first % v or last % v):  # the end stages' chunks differ: a layout string
+        # the end stages' chunks differ, or one holds the embedding (the loss) alone: a layout string
+        if e.uneven and (first % v or last % v or not first or not last):
             args.append(f'--pipeline-model-parallel-layout "{megatron_layout(depths)}"')
         elif e.uneven:
             args += [f"--decoder-first-pipeline-num-layers {first}", f"--decoder-last-pipeline-num-layers {last}"]
