@@ -174,6 +174,24 @@ def simulate(order: dict[int, list[Action]], num_stages: int, duration: Callable
     return PipelineTime(max(ends.values()), busy, bubble, dict(free), critical, starts, sent, blocking_sends)
 
 
+def extended(low: PipelineTime, high: PipelineTime, micro_low: int, micro_high: int, micro: int) -> PipelineTime:
+    """The replay of ``micro`` micro-batches read off the line through replays of ``micro_low``
+    and ``micro_high`` (each rank's busy, idle, sent and end times, and the step), where the
+    replay grows by the same amount for each micro-batch more: a full pipeline's steady state
+    (``search.plan.pipeline.REPLAYED_MICRO_BATCHES`` says where). The busiest rank is the one
+    busiest at ``micro``; no action's start is kept."""
+    k = (micro - micro_low) / (micro_high - micro_low)
+
+    def line(a: dict[int, float], b: dict[int, float]) -> dict[int, float]:
+        return {r: a[r] + k * (b[r] - a[r]) for r in a}
+
+    busy, sent, end = line(low.busy_s, high.busy_s), line(low.sent_s, high.sent_s), line(low.end_s, high.end_s)
+    held = _held(sent, high.sends_block)
+    critical = max(busy, key=lambda r: (busy[r] + held[r], end[r]))
+    return PipelineTime(low.step_s + k * (high.step_s - low.step_s), busy, line(low.bubble_s, high.bubble_s), end,
+                        critical, {}, sent, high.sends_block)
+
+
 def _held(sent: dict[int, float], blocking: bool) -> dict[int, float]:
     """Per rank: the time its own sends ``sent`` held it: all of it where sends block, else none."""
     return dict(sent) if blocking else dict.fromkeys(sent, 0.0)

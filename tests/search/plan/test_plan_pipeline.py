@@ -242,3 +242,33 @@ def test_megatrons_stage_holds_only_its_blocks_inputs_per_micro_batch_in_flight(
                                          load_gpu("h100"), load_cluster("dgx-h100"), layers=16,
                                          cache=RoleCache()).memory_bytes
     assert memory[4] - memory[3] == pytest.approx(4 * micro_batch * seq * dim * 4, abs=2)
+
+
+@pytest.mark.parametrize(("schedule", "virtual", "micro"), [("1f1b", 1, 41), ("interleaved-1f1b", 2, 40),
+                                                            ("zero-bubble", 2, 40)])
+def test_a_long_schedule_is_the_line_through_two_shorter_replays(monkeypatch, schedule, virtual, micro):
+    """Beyond REPLAYED_MICRO_BATCHES the schedule is replayed at two whole-round counts and read
+    off the line through them: here (2 stages, at most 8 replayed: 8 and 10) the same step,
+    bubble and memory as replaying every one of the micro-batches, for 1F1B at a count that is
+    not a whole number of rounds and for the interleaved schedules at one that is."""
+    import nnperf.passes.pipeline_timeline as timeline
+    import nnperf.search.plan.pipeline as plan_pipeline
+
+    execution = Execution(world=2, pipeline=2, pipeline_schedule=schedule, virtual_stages=virtual, micro_batch=1,
+                          grad_accum=micro)
+    request = ModelRequest("llama-7b", batch=micro, seq_len=64, overrides={
+        "n_layer": 4, "dim": 64, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 128, "vocab": 256})
+    gpu, cluster = load_gpu("h100-sxm"), load_cluster("dgx-h100")
+
+    def planned(limit: int):
+        monkeypatch.setattr(plan_pipeline, "REPLAYED_MICRO_BATCHES", limit)
+        return evaluate(request, TraceOptions(amp="bf16"), execution, gpu, cluster, layers=4, cache=RoleCache())
+
+    read_off = []
+    monkeypatch.setattr(plan_pipeline, "extended", lambda *args: read_off.append(args[2:]) or timeline.extended(*args))
+    whole, lined = planned(10**6), planned(8)
+    assert read_off == [(8, 10, micro)]
+    assert lined.step_s == pytest.approx(whole.step_s, rel=1e-9)
+    assert lined.split.pipeline_bubble_s == pytest.approx(whole.split.pipeline_bubble_s, rel=1e-9, abs=1e-12)
+    assert lined.split.compute_s == pytest.approx(whole.split.compute_s, rel=1e-9)
+    assert lined.memory_bytes == whole.memory_bytes and lined.pipeline.in_flight == whole.pipeline.in_flight

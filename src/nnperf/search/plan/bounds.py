@@ -11,7 +11,7 @@ from typing import Any
 from nnperf.layout import Execution
 from nnperf.search.plan.pipeline import (
     blocks_in_flight,
-    rank_orders,
+    replay_orders,
     unsharded_extra,
     unsharded_per_stored,
 )
@@ -97,7 +97,7 @@ def work_bound(execution: Execution, work: dict[tuple[Any, ...], list[Planned]],
             # its first chunk's, in its traced role as ``plan.pipeline`` composes rank 0
             held += gathered * stored(0)
             parts[0] = "parameters (sharded and gathered)"
-        later = unsharded_extra(rank_orders(execution)[0], 0, lambda s: gathered * stored(s),
+        later = unsharded_extra(replay_orders(execution)[0], 0, lambda s: gathered * stored(s),
                                 lambda s: accumulated * stored(s)) if gathered else 0.0
         if later:
             held += later

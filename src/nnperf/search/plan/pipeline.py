@@ -61,7 +61,14 @@ from nnperf.hardware.cluster import Cluster
 from nnperf.kernels.collectives import estimate_collective
 from nnperf.layout import Execution
 from nnperf.passes.memory.capacity import capacity, fits
-from nnperf.passes.pipeline_timeline import Action, PipelineTime, in_flight, orders, simulate
+from nnperf.passes.pipeline_timeline import (
+    Action,
+    PipelineTime,
+    extended,
+    in_flight,
+    orders,
+    simulate,
+)
 from nnperf.request import ModelRequest
 from nnperf.search.plan.context import check_sequence, traced_as, with_ring_attention
 from nnperf.search.plan.rank import RoleCache, scaled_cost
@@ -124,7 +131,8 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
                            prepare, per_chunk=depth)
         return with_ring_attention(cost, execution, cluster) if execution.context > 1 else cost
 
-    order = rank_orders(execution)
+    counts = replayed_counts(execution)
+    order = replay_orders(execution)
     held = {r: sorted({a.stage for a in acts}) for r, acts in order.items()}
     flight = {s: n for acts in order.values() for s, n in in_flight([a.label for a in acts]).items()}
 
@@ -184,9 +192,14 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
     def per_rank(rank: int, figure: Callable[[RankFigures], float]) -> float:
         return sum(figure(roles[role_of(s)].figures) for s in held[rank])
 
-    sim = simulate(order, stages, lambda r, a: action_s(a.stage, a.kind), _transfer(activation, p, stride, cluster),
-                   lambda r: per_rank(r, lambda f: f.head_s), lambda r: per_rank(r, lambda f: f.tail_s),
-                   execution.blocking_pipeline_sends)
+    def replay(actions: dict[int, list[Action]]) -> PipelineTime:
+        return simulate(actions, stages, lambda r, a: action_s(a.stage, a.kind),
+                        _transfer(activation, p, stride, cluster), lambda r: per_rank(r, lambda f: f.head_s),
+                        lambda r: per_rank(r, lambda f: f.tail_s), execution.blocking_pipeline_sends)
+
+    sim = replay(order)
+    if counts is not None:  # the line through two whole-round replays (REPLAYED_MICRO_BATCHES)
+        sim = extended(sim, replay(rank_orders(replace(execution, grad_accum=counts[1]))), *counts, micro)
     flops = sum(per_rank(r, lambda f: f.flops) for r in range(p)) * micro * stride
     return _planned(execution, gpu, sim, roles[role_of(held[sim.critical_rank][0])], flops,
                     max(memory(r, roles) for r in range(p)), micro, order, flight, activation,
@@ -303,6 +316,33 @@ def unsharded_extra(actions: list[Action], traced: int, gathered: Callable[[int]
     return most
 
 
+#: The most micro-batches a schedule is replayed with. Beyond, it is replayed at two counts of
+#: whole rounds below (``replayed_counts``) and the replay's figures are read off the line
+#: through them: once the pipeline is full, each round of ``p`` more micro-batches adds the same
+#: actions to every rank, each starting as its rank's previous one ends, so every time grows
+#: by the same amount a round (exact for 1F1B at any count and for the interleaved schedules at
+#: whole rounds: tested against the full replay). Why: the replay takes a Python step per
+#: action, and a per-GPU batch given as the global one (262,144 micro-batches a pipeline of 16
+#: stages x 8 chunks) ran 11 minutes into 22 GB before printing anything.
+REPLAYED_MICRO_BATCHES = 1024
+
+
+def replayed_counts(execution: Execution) -> tuple[int, int] | None:
+    """The two whole-round micro-batch counts the schedule is replayed at where it runs more
+    than ``REPLAYED_MICRO_BATCHES`` (and more than both); None where it is replayed as it is."""
+    p = execution.pipeline
+    low = max(REPLAYED_MICRO_BATCHES // p, 4) * p
+    return (low, low + p) if execution.grad_accum > low + p else None
+
+
+def replay_orders(execution: Execution) -> dict[int, list[Action]]:
+    """The rank orders the memory, the bounds and the replay read: the schedule's, or its orders
+    at the lower replayed count where the replay is extended (``replayed_counts``): there a
+    rank's micro-batches in flight are already the most it keeps (reached in its warm-up)."""
+    counts = replayed_counts(execution)
+    return rank_orders(execution if counts is None else replace(execution, grad_accum=counts[0]))
+
+
 def rank_orders(execution: Execution) -> dict[int, list[Action]]:
     """Each pipeline rank's actions in the layout's schedule (torch's ``pipeline_order`` for
     the interleaved schedules)."""
@@ -333,7 +373,7 @@ def blocks_in_flight(execution: Execution, layers: int) -> int:
     its forwards not yet matched by a backward (``B``, or ``I`` of a split backward), each
     counting its chunk's blocks (``Execution.chunk_layers``)."""
     depths = execution.chunk_layers(layers)
-    return int(peak_saved(rank_orders(execution)[0], lambda stage: depths[stage]))
+    return int(peak_saved(replay_orders(execution)[0], lambda stage: depths[stage]))
 
 
 def _transfer(activation: float, p: int, stride: int, cluster: Cluster) -> Callable[[int, int], float]:
@@ -470,9 +510,16 @@ def traced_schedule_step(request: ModelRequest, options: TraceOptions, execution
         return found if found is not None else sum(middle[action.kind]) / len(middle[action.kind])
 
     activation = max(c.figures.p2p_bytes for c in costs.values())
-    order = rank_orders(execution)
-    sim = simulate(order, stages, duration, _transfer(activation, p, stride, cluster),
-                   lambda r: role(r).figures.head_s, lambda r: role(r).figures.tail_s)
+    counts = replayed_counts(execution)
+    order = replay_orders(execution)
+
+    def replay(actions: dict[int, list[Action]]) -> PipelineTime:
+        return simulate(actions, stages, duration, _transfer(activation, p, stride, cluster),
+                        lambda r: role(r).figures.head_s, lambda r: role(r).figures.tail_s)
+
+    sim = replay(order)
+    if counts is not None:  # the line through two whole-round replays (REPLAYED_MICRO_BATCHES)
+        sim = extended(sim, replay(rank_orders(replace(execution, grad_accum=counts[1]))), *counts, micro)
     flight = {s: n for acts in order.values() for s, n in in_flight([a.label for a in acts]).items()}
     flops = sum(role(r).figures.flops for r in range(p)) * micro / traced_micro * stride
 
