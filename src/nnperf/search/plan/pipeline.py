@@ -131,7 +131,6 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
                            prepare, per_chunk=depth)
         return with_ring_attention(cost, execution, cluster) if execution.context > 1 else cost
 
-    counts = replayed_counts(execution)
     order = replay_orders(execution)
     held = {r: sorted({a.stage for a in acts}) for r, acts in order.items()}
     flight = {s: n for acts in order.values() for s, n in in_flight([a.label for a in acts]).items()}
@@ -192,14 +191,10 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
     def per_rank(rank: int, figure: Callable[[RankFigures], float]) -> float:
         return sum(figure(roles[role_of(s)].figures) for s in held[rank])
 
-    def replay(actions: dict[int, list[Action]]) -> PipelineTime:
-        return simulate(actions, stages, lambda r, a: action_s(a.stage, a.kind),
-                        _transfer(activation, p, stride, cluster), lambda r: per_rank(r, lambda f: f.head_s),
-                        lambda r: per_rank(r, lambda f: f.tail_s), execution.blocking_pipeline_sends)
-
-    sim = replay(order)
-    if counts is not None:  # the line through two whole-round replays (REPLAYED_MICRO_BATCHES)
-        sim = extended(sim, replay(rank_orders(replace(execution, grad_accum=counts[1]))), *counts, micro)
+    sim = replay_schedule(execution, order, lambda actions: simulate(
+        actions, stages, lambda r, a: action_s(a.stage, a.kind), _transfer(activation, p, stride, cluster),
+        lambda r: per_rank(r, lambda f: f.head_s), lambda r: per_rank(r, lambda f: f.tail_s),
+        execution.blocking_pipeline_sends))
     flops = sum(per_rank(r, lambda f: f.flops) for r in range(p)) * micro * stride
     return _planned(execution, gpu, sim, roles[role_of(held[sim.critical_rank][0])], flops,
                     max(memory(r, roles) for r in range(p)), micro, order, flight, activation,
@@ -341,6 +336,18 @@ def replay_orders(execution: Execution) -> dict[int, list[Action]]:
     rank's micro-batches in flight are already the most it keeps (reached in its warm-up)."""
     counts = replayed_counts(execution)
     return rank_orders(execution if counts is None else replace(execution, grad_accum=counts[0]))
+
+
+def replay_schedule(execution: Execution, order: dict[int, list[Action]],
+                    replay: Callable[[dict[int, list[Action]]], PipelineTime]) -> PipelineTime:
+    """The layout's schedule replayed by ``replay`` over ``order`` (``replay_orders``): as it is,
+    or beyond ``REPLAYED_MICRO_BATCHES`` the line through that replay and one of a round more."""
+    counts = replayed_counts(execution)
+    sim = replay(order)
+    if counts is None:
+        return sim
+    return extended(sim, replay(rank_orders(replace(execution, grad_accum=counts[1]))), *counts,
+                    execution.grad_accum)
 
 
 def rank_orders(execution: Execution) -> dict[int, list[Action]]:
@@ -510,16 +517,10 @@ def traced_schedule_step(request: ModelRequest, options: TraceOptions, execution
         return found if found is not None else sum(middle[action.kind]) / len(middle[action.kind])
 
     activation = max(c.figures.p2p_bytes for c in costs.values())
-    counts = replayed_counts(execution)
     order = replay_orders(execution)
-
-    def replay(actions: dict[int, list[Action]]) -> PipelineTime:
-        return simulate(actions, stages, duration, _transfer(activation, p, stride, cluster),
-                        lambda r: role(r).figures.head_s, lambda r: role(r).figures.tail_s)
-
-    sim = replay(order)
-    if counts is not None:  # the line through two whole-round replays (REPLAYED_MICRO_BATCHES)
-        sim = extended(sim, replay(rank_orders(replace(execution, grad_accum=counts[1]))), *counts, micro)
+    sim = replay_schedule(execution, order, lambda actions: simulate(
+        actions, stages, duration, _transfer(activation, p, stride, cluster), lambda r: role(r).figures.head_s,
+        lambda r: role(r).figures.tail_s))
     flight = {s: n for acts in order.values() for s, n in in_flight([a.label for a in acts]).items()}
     flops = sum(role(r).figures.flops for r in range(p)) * micro / traced_micro * stride
 

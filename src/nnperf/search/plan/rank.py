@@ -492,8 +492,7 @@ def shallow_overrides(overrides: dict[str, Any], per_chunk: int, chunks: int, de
 
 
 def _empty_end_chunk(request: ModelRequest, options: TraceOptions, execution: Execution, gpu: GPU,
-                     cluster: Cluster, rank: int, cache: RoleCache, prepare: Callable[[Any], Any] | None,
-                     dense: int) -> RankCost:
+                     cluster: Cluster, rank: int, prepare: Callable[[Any], Any] | None, dense: int) -> RankCost:
     """The role of an end chunk that holds the embedding or the head and no block (Llama 3
     405B's, ``layout.split_layers``), traced as it is: ``execution``'s pipeline with that chunk
     empty and a block in each other, so the trace holds the chunk's own work (the embedding's
@@ -508,8 +507,7 @@ def _empty_end_chunk(request: ModelRequest, options: TraceOptions, execution: Ex
     # the options of the blocks (their attention kernel, fused pointwise ops, FP8 linears)
     # reach nothing in a chunk without one, and each is refused where nothing uses it
     blockless = replace(options, sdpa="fused", pointwise="eager", fp8=False)
-    key = (repr(request), options, execution, gpu.id, cluster.id, rank, end)
-    return cache.get(key, lambda: rank_cost(req, blockless, shortened, gpu, cluster, rank, prepare))
+    return rank_cost(req, blockless, shortened, gpu, cluster, rank, prepare)
 
 
 @functools.lru_cache(maxsize=64)
@@ -563,7 +561,8 @@ def scaled_cost(request: ModelRequest, options: TraceOptions, execution: Executi
         per_chunk = depths.pop()
     per_chunk = per_chunk or 0
     if layers and per_chunk == 0:
-        return _empty_end_chunk(request, options, execution, gpu, cluster, rank, cache, prepare, dense)
+        return cache.get((*key, rank, "no block"),
+                         lambda: _empty_end_chunk(request, options, execution, gpu, cluster, rank, prepare, dense))
     if not layers or per_chunk <= SCALE_POINTS[-1]:
         depth = None if not layers or per_chunk * chunks == layers else per_chunk
         return at(depth)
