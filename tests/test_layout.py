@@ -228,6 +228,9 @@ def test_a_layout_both_frameworks_run_is_planned_as_the_one_named():
      "framework torch: the layout asks for Megatron-LM's --tp-comm-overlap"),
     ({"world": 8, "expert": 8}, "framework torch: the layout asks for Megatron-LM's expert group carved out of "
                                 "DDP's replicas"),
+    ({"world": 8, "expert": 8, "expert_overlap": True},
+     "framework torch: the layout asks for Megatron-LM's expert all-to-alls overlapped across micro-batches "
+     "(expert_overlap)"),
 ])
 def test_torch_refuses_what_only_megatron_runs_in_one_line(layout: dict, message: str):
     with pytest.raises(UsageError, match=re.escape(message)):
@@ -257,3 +260,23 @@ def test_the_json_names_the_expert_split_that_runs():
     for layout in (split, folded):
         back = execution_of(layout.to_json(), "layout")
         assert back.folds_experts == layout.folds_experts and back.describe() == layout.describe()
+
+
+@pytest.mark.parametrize(("layout", "message"), [
+    ({"world": 8, "expert_overlap": True}, "it needs expert parallelism (expert > 1) beside ddp or zero1"),
+    ({"world": 16, "expert": 8, "pipeline": 2, "pipeline_schedule": "1f1b", "grad_accum": 4, "expert_overlap": True},
+     "expert_overlap with a pipeline needs virtual stages (Megatron-Core's check): 1f1b is not interleaved; valid: "
+     "interleaved-1f1b with virtual_stages 2 or more, or pipeline 1"),
+    ({"world": 8, "expert": 8, "checkpoint": "full", "expert_overlap": True},
+     "expert_overlap runs without full recomputation (Megatron-Core's check); valid checkpoints: none, selective"),
+])
+def test_the_expert_overlap_where_megatron_core_refuses_it_is_one_line(layout: dict, message: str):
+    with pytest.raises(UsageError, match=re.escape(message)):
+        Execution(**layout).validate()
+
+
+def test_a_fully_recomputed_layout_runs_without_the_expert_overlap():
+    e = Execution(world=8, data="zero1", expert=8, expert_overlap=True)
+    assert e.megatron_layout and "all-to-alls overlapped" in e.describe()
+    assert not e.with_checkpoint("full").expert_overlap
+    assert e.with_checkpoint("selective").expert_overlap

@@ -172,6 +172,11 @@ class Execution:
     #: torchtitan's); "deepep", DeepEP's kernels, a copy per node (Megatron-LM's flex dispatcher:
     #: ``kernels.expert_dispatch``)
     token_dispatcher: str = "alltoall"
+    #: Megatron-LM's --overlap-moe-expert-parallel-comm: each backward runs beside the next
+    #: micro-batch's forward, layer by layer, one's expert all-to-alls behind the other's compute
+    #: (``search.plan.expert_overlap``), with one more micro-batch's forward before the first
+    #: backward of an interleaved pipeline
+    expert_overlap: bool = False
     #: the dtypes of ZeRO-1's main parameters and Adam moments (one of OPTIMIZER_STATES): "fp32",
     #: Megatron-LM's default; "bf16-moments", its precision-aware optimizer with bf16 moments
     #: (DeepSeek-V3's recipe, the Megatron MoE recipes' FP8 runs); "bf16", Apex's
@@ -275,15 +280,19 @@ class Execution:
 
     def with_checkpoint(self, level: str | None) -> Execution:
         """This layout at a search level (``CHECKPOINT_LEVELS``): ``ENGINE_SELECTIVE`` is the
-        engine's own selective policy."""
-        return replace(self, checkpoint=self.engine_selective if level == ENGINE_SELECTIVE else level)
+        engine's own selective policy; fully recomputed, without the expert overlap, which
+        Megatron-Core refuses beside it."""
+        checkpoint = self.engine_selective if level == ENGINE_SELECTIVE else level
+        # Megatron-Core runs the expert overlap without full recomputation only
+        return replace(self, checkpoint=checkpoint, expert_overlap=self.expert_overlap and checkpoint != "full")
 
     @property
     def megatron_settings(self) -> bool:
         """One of Megatron-LM's own settings is asked for, which torchtitan has not: its
         --tp-comm-overlap, its fused cross entropy, or its selective recomputation of the core
         attention alone."""
-        return self.tp_comm_overlap or self.loss_fusion or self.checkpoint == "selective-attention"
+        return (self.tp_comm_overlap or self.loss_fusion or self.expert_overlap
+                or self.checkpoint == "selective-attention")
 
     @property
     def megatron_layout(self) -> bool:
@@ -389,6 +398,8 @@ class Execution:
         if self.token_dispatcher != "alltoall" and (self.expert == 1 or not self.replicates_parameters):
             raise UsageError(f"the {self.token_dispatcher} token dispatcher is Megatron-LM's flex dispatcher: it needs "
                              "expert parallelism (expert > 1) beside ddp or zero1")
+        if self.expert_overlap:
+            self._validate_expert_overlap()
         if self.optimizer_states not in OPTIMIZER_STATES:
             raise UsageError(f"unknown optimizer states {self.optimizer_states!r}; valid: {', '.join(OPTIMIZER_STATES)}")
         if self.optimizer_states != "fp32" and not self.shards_optimizer_only:
@@ -474,12 +485,28 @@ class Execution:
             (self.loss_fusion, "fused cross entropy (loss_fusion)"),
             (self.checkpoint == "selective-attention", "attention-only recomputation (selective-attention)"),
             (self.token_dispatcher != "alltoall", f"{self.token_dispatcher} token dispatcher"),
+            (self.expert_overlap, "expert all-to-alls overlapped across micro-batches (expert_overlap)"),
             (self.expert > 1 and self.replicates_parameters,
              "expert group carved out of DDP's replicas (torchtitan carves it out of FSDP's shard group)"))
         why = next((what for asked, what in megatron_own if asked), None)
         if why is None:
             return None
         return f"framework torch: the layout asks for Megatron-LM's {why}; valid: framework megatron, or drop it"
+
+    def _validate_expert_overlap(self) -> None:
+        """Megatron-Core's checks of --overlap-moe-expert-parallel-comm (TransformerConfig's
+        ``__post_init__``): expert parallelism, virtual pipeline stages where there is a
+        pipeline, no full recomputation; and Megatron-LM's data parallelism, which runs it."""
+        if self.expert < 2 or not self.replicates_parameters:
+            raise UsageError("expert_overlap is Megatron-LM's --overlap-moe-expert-parallel-comm: it needs expert "
+                             "parallelism (expert > 1) beside ddp or zero1")
+        if self.pipeline > 1 and self.pipeline_schedule != "interleaved-1f1b":
+            raise UsageError(f"expert_overlap with a pipeline needs virtual stages (Megatron-Core's check): "
+                             f"{self.pipeline_schedule} is not interleaved; valid: interleaved-1f1b with "
+                             "virtual_stages 2 or more, or pipeline 1")
+        if self.checkpoint == "full":
+            raise UsageError("expert_overlap runs without full recomputation (Megatron-Core's check); valid "
+                             "checkpoints: " + ", ".join(c for c in ("none", *CHECKPOINTS) if c != "full"))
 
     def _validate_expert(self) -> None:
         """Expert parallelism carves the expert group out of the data-parallel ranks: out of
@@ -554,7 +581,8 @@ class Execution:
             parts.append(f"CP x{self.context}")
         if self.expert > 1:
             how = [*(["experts whole, folded over TP"] if self.folds_experts else []),
-                   *(["DeepEP"] if self.token_dispatcher == "deepep" else [])]
+                   *(["DeepEP"] if self.token_dispatcher == "deepep" else []),
+                   *(["all-to-alls overlapped"] if self.expert_overlap else [])]
             parts.append(f"EP x{self.expert}" + (f" ({'; '.join(how)})" if how else ""))
         if not parts:
             parts.append("1 GPU")

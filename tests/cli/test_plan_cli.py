@@ -292,6 +292,38 @@ def test_deepep_sends_a_token_once_per_node():
             < plain["ranked"][0]["time_split_s"]["communication_s"])
 
 
+def test_ep_overlap_runs_each_backward_beside_the_next_forward():
+    """--ep-overlap: the layout is Megatron-LM's with --overlap-moe-expert-parallel-comm, its
+    step no longer than without it (this tiny model's host issues the step: nothing to hide;
+    the saving itself: tests/search/plan/test_expert_overlap.py)."""
+    def ranked(*flag: str) -> dict:
+        result = CliRunner().invoke(cli, [*MOE, "--gpus", "8", "--nodes-of", "4", "--tp", "1", "--ep", "8", "--pp",
+                                          "1", "--data", "zero1", "--micro-batch", "1", "--global-batch", "32",
+                                          "--checkpoint", "none", *flag, "--json"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output)
+
+    plain, overlapped = ranked(), ranked("--ep-overlap")
+    assert overlapped["ranked"][0]["execution"]["expert_overlap"] is True
+    assert "all-to-alls overlapped" in overlapped["ranked"][0]["layout"]
+    assert "--overlap-moe-expert-parallel-comm" in overlapped["megatron"]
+    assert "--overlap-moe-expert-parallel-comm" not in plain["megatron"]
+    assert overlapped["ranked"][0]["step_time_s"] <= plain["ranked"][0]["step_time_s"]
+    assert overlapped["search"]["expert_overlap"] is True
+
+
+def test_ep_overlap_where_it_cannot_run_is_one_line():
+    for args, message in ((["--data", "fsdp", "--ep-overlap"], "--ep-overlap is Megatron-LM's "
+                           "--overlap-moe-expert-parallel-comm, which runs beside ddp or zero1: --data fsdp has "
+                           "neither"),):
+        result = CliRunner().invoke(cli, [*MOE, "--gpus", "8", "--pp", "1", *args])
+        assert result.exit_code == 2, result.output
+        assert message in result.output and len(result.output.strip().splitlines()) == 1
+    dense = CliRunner().invoke(cli, ["plan", "gpt2", "--gpus", "2", "--ep-overlap"])
+    assert dense.exit_code == 2, dense.output
+    assert "--ep-overlap overlaps a mixture of experts' all-to-alls, and the model has no experts" in dense.output
+
+
 def test_expert_tensor_parallelism_it_does_not_model_is_one_line():
     for args, message in ((["--tp", "2", "--ep", "2", "--etp", "4"], "--etp 4: valid: auto (Megatron-Core's default: "
                            "each expert split over the tensor-parallel ranks, folded whole where the data-parallel "

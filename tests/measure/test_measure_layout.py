@@ -153,3 +153,18 @@ def test_tp_comm_overlap_is_planned_not_measured(tmp_path):
     assert result.exit_code == 2 and "--tp-comm-overlap is planned, not run" in result.output
     assert len(result.output.strip().splitlines()) == 1, result.output
 
+
+
+def test_the_expert_overlap_is_planned_not_measured(tmp_path):
+    """The ranks run each micro-batch's forward and backward one after the other: a DDP layout
+    planned with --ep-overlap is one line, not a measurement of something else."""
+    path = tmp_path / "plan.json"
+    planned = CliRunner().invoke(cli, ["plan", *MOE, "--gpu", "h100", "--gpus", "4", "--tp", "1", "--pp", "1",
+                                       "--ep", "2", "--data", "ddp", "--ep-overlap", "-o", str(path)])
+    assert planned.exit_code == 0, planned.output
+    ranked = json.loads(path.read_text())["ranked"]
+    at = next(i for i, r in enumerate(ranked) if r["execution"]["expert_overlap"])
+    env = {"WORLD_SIZE": None, "RANK": None, "LOCAL_RANK": None}
+    result = CliRunner(env=env).invoke(cli, ["measure", *MOE, "--device", "cpu", "--layout", f"{path}:{at}"])
+    assert result.exit_code == 2 and "--ep-overlap is planned, not run" in result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output

@@ -84,6 +84,25 @@ def test_expert_parallelism_with_ddp_or_zero1_is_megatrons_and_not_torchtitans()
         torchtitan_refusals(replace(e, data="ddp"), "bf16", None, "flash")
 
 
+def test_the_expert_overlap_is_megatron_cores_alone():
+    import pytest
+
+    from nnperf.report.engine_configs import (
+        NotExpressible,
+        megatron_args,
+        megatron_deepspeed_args,
+        torchtitan_refusals,
+    )
+
+    e = Execution(world=16, data="zero1", expert=8, grad_accum=4, expert_overlap=True)
+    assert "--overlap-moe-expert-parallel-comm" in megatron_args(e, 4, amp="bf16")
+    assert "--overlap-moe-expert-parallel-comm" not in megatron_args(replace(e, expert_overlap=False), 4, amp="bf16")
+    with pytest.raises(NotExpressible, match="--overlap-moe-expert-parallel-comm"):
+        torchtitan_refusals(e, "bf16", None, "flash")
+    with pytest.raises(NotExpressible, match="Megatron-Core's, not Megatron-DeepSpeed's"):
+        megatron_deepspeed_args(replace(e, data="ddp"), amp="bf16")
+
+
 def test_a_compiled_loss_is_torchtitans_compile_of_the_loss_component_only():
     e = Execution(world=8, data="fsdp", shard=8, micro_batch=2)
     compiled = tomllib.loads(torchtitan_toml(e, amp="bf16", loss="compiled"))["compile"]

@@ -27,6 +27,10 @@ def measure_planned_layout(layout: str, device: str | None, steps: int, warmup: 
     if execution.tp_comm_overlap:
         raise UsageError(f"--layout {layout}: --tp-comm-overlap is planned, not run (the ranks run DTensor's "
                          "collectives, not Transformer Engine's userbuffers); measure a plan without it")
+    if execution.expert_overlap:
+        raise UsageError(f"--layout {layout}: --ep-overlap is planned, not run (the ranks run each micro-batch's "
+                         "forward and backward one after the other, not Megatron-Core's combined 1F1B); measure "
+                         "a plan without it")
     request, options = pop_workload(workload_kwargs)
     if request_name(request) != layout_file.model:
         raise UsageError(f"--layout {layout} is a plan of {layout_file.model}; measure that model "

@@ -97,6 +97,11 @@ def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> l
               help="How expert-parallel layouts send tokens to their experts: alltoall (NCCL's all-to-all, a copy "
                    "per expert: Megatron-LM's alltoall dispatcher, torchtitan's) or deepep (DeepEP's kernels, a "
                    "copy per node, forwarded over NVLink: Megatron-LM's flex dispatcher, beside ddp or zero1).")
+@click.option("--ep-overlap", "expert_overlap", is_flag=True,
+              help="Expert-parallel layouts overlap the experts' all-to-alls across micro-batches, each "
+                   "backward beside the next forward layer by layer (Megatron-LM's "
+                   "--overlap-moe-expert-parallel-comm: beside ddp or zero1, without a pipeline or with an "
+                   "interleaved one, without full recomputation).")
 @click.option("--optimizer-states", "optimizer_states", type=click.Choice(["fp32", "bf16-moments", "bf16"]),
               default="fp32", show_default=True,
               help="What the zero1 layouts' distributed optimizer keeps per parameter: fp32 (an fp32 main copy "
@@ -171,7 +176,7 @@ def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> l
                    "for 'nnperf measure --layout FILE'.")
 def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, tokens_per_step: int | None,
          tp_text: str, pp_text: str,
-         cp_text: str, ep_text: str, etp_text: str, token_dispatcher: str, optimizer_states: str,
+         cp_text: str, ep_text: str, etp_text: str, token_dispatcher: str, expert_overlap: bool, optimizer_states: str,
          grad_reduce_in_fp32: bool, data_text: str, framework: str,
          checkpoint_text: str, reshard_text: str,
          schedules: tuple[str, ...], vpp_text: str, first_stage_layers: int | None, last_stage_layers: int | None,
@@ -236,7 +241,7 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
                           tp_comm_overlap=tp_comm_overlap, loss_fusion=loss_fusion,
                           sequence_parallel=sequence_parallel, expert_tensor=_expert_tensor(etp_text),
                           token_dispatcher=token_dispatcher, optimizer_states=optimizer_states,
-                          grad_reduce_in_fp32=grad_reduce_in_fp32,
+                          grad_reduce_in_fp32=grad_reduce_in_fp32, expert_overlap=expert_overlap,
                           framework=None if framework == "auto" else framework)
     if result.cluster.gpu and result.cluster.gpu != gpu.id:
         result.notes.append(f"{result.cluster.name} is built of {result.cluster.gpu}, planned here with {gpu.id}: "

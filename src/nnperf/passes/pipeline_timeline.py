@@ -21,6 +21,14 @@ rank's next action starts no earlier than its send's end, and that wait is the r
 time, neither its actions nor its bubble. A send is held for its transfer alone: NCCL's wait
 for the receiver to post its receive is not modelled (the receiver's readiness is).
 
+Megatron-Core's expert overlap (``--overlap-moe-expert-parallel-comm``, ``joint``) runs a
+backward and the forward that follows it on its rank as one step, whose outputs leave when it
+ends: it starts once both inputs are there and takes the two less what their layers' overlap
+saves (``search.plan.expert_overlap``). Megatron-Core's interleaved schedule runs one forward
+more before its first backward for it, so that each step's forward and backward are
+independent: torch's order, whose steady state runs a forward then a backward, pairs the same
+actions where each backward is paired with the forward after it.
+
 The action order per rank is the engine's: ``pipeline_order`` of the multi-stage schedules (what
 ``_PipelineScheduleRuntime`` executes), and for the single-stage ones the loop of
 ``ScheduleGPipe._step_microbatches`` (all forwards, then all backwards) and
@@ -113,6 +121,8 @@ class PipelineTime:
     #: per rank: its sends' transfer time, overlapped or waited for
     sent_s: dict[int, float] = field(default_factory=dict)
     sends_block: bool = False  # ``simulate``'s blocking_sends: each send held its rank
+    #: per rank: what its joint steps saved (``simulate``'s ``joint``), inside ``busy_s``
+    joint_s: dict[int, float] = field(default_factory=dict)
 
     @property
     def blocked_s(self) -> dict[int, float]:
@@ -128,16 +138,20 @@ class PipelineTime:
 
 def simulate(order: dict[int, list[Action]], num_stages: int, duration: Callable[[int, Action], float],
              transfer: Callable[[int, int], float], head: Callable[[int], float] | None = None,
-             tail: Callable[[int], float] | None = None, blocking_sends: bool = False) -> PipelineTime:
+             tail: Callable[[int], float] | None = None, blocking_sends: bool = False,
+             joint: Callable[[int, Action, Action], float] | None = None) -> PipelineTime:
     """Replay the schedule. ``duration(rank, action)``: the action's time on its rank;
     ``transfer(from_stage, to_stage)``: a micro-batch's activation or gradient transfer;
     ``head``/``tail(rank)``: the rank's time before its first action and after its last;
-    ``blocking_sends``: each send holds its rank until it arrives (module docstring)."""
+    ``blocking_sends``: each send holds its rank until it arrives (module docstring);
+    ``joint(rank, backward, forward)``: where a backward is followed by a forward on its rank,
+    the time the two save run as one step (``joint_pairs``; None or 0: one after the other)."""
     done: dict[tuple[str, int, int], float] = {}
     free = {r: (head(r) if head else 0.0) for r in order}
     start_at = dict(free)
     busy = dict.fromkeys(order, 0.0)
     sent = dict.fromkeys(order, 0.0)
+    joined = dict.fromkeys(order, 0.0)
     position = dict.fromkeys(order, 0)
     starts: dict[str, float] = {}
     remaining = sum(len(a) for a in order.values())
@@ -145,23 +159,35 @@ def simulate(order: dict[int, list[Action]], num_stages: int, duration: Callable
         progressed = False
         for rank, actions in order.items():
             while position[rank] < len(actions):
-                action = actions[position[rank]]
+                at = position[rank]
+                action = actions[at]
                 ready = _ready(action, num_stages, done, transfer)
                 if ready is None:
                     break
-                start = max(free[rank], ready)
+                together = [action]
                 seconds = duration(rank, action)
+                if joint is not None and _paired(actions, at) and (saved := joint(rank, action, actions[at + 1])) > 0:
+                    forward = actions[at + 1]
+                    ready_forward = _ready(forward, num_stages, done, transfer)
+                    if ready_forward is None:
+                        break
+                    ready = max(ready, ready_forward)
+                    together.append(forward)
+                    seconds += duration(rank, forward) - saved
+                    joined[rank] += saved
+                start = max(free[rank], ready)
                 free[rank] = start + seconds
                 busy[rank] += seconds
-                done[(action.kind, action.micro, action.stage)] = free[rank]
-                if (to := _receiver(action, num_stages)) is not None:
-                    seconds_sent = transfer(action.stage, to)
-                    sent[rank] += seconds_sent
-                    if blocking_sends:
-                        free[rank] += seconds_sent
-                starts[action.label] = start
-                position[rank] += 1
-                remaining -= 1
+                for action in together:  # a joint step's outputs leave when it ends
+                    done[(action.kind, action.micro, action.stage)] = free[rank]
+                    starts[action.label] = start
+                    if (to := _receiver(action, num_stages)) is not None:
+                        seconds_sent = transfer(action.stage, to)
+                        sent[rank] += seconds_sent
+                        if blocking_sends:
+                            free[rank] += seconds_sent
+                position[rank] += len(together)
+                remaining -= len(together)
                 progressed = True
         if not progressed:
             stuck = {r: a[position[r]].label for r, a in order.items() if position[r] < len(a)}
@@ -171,7 +197,7 @@ def simulate(order: dict[int, list[Action]], num_stages: int, duration: Callable
     held = _held(sent, blocking_sends)
     bubble = {r: span - start_at[r] - busy[r] - held[r] for r in order}
     critical = max(order, key=lambda r: (busy[r] + held[r], ends[r]))
-    return PipelineTime(max(ends.values()), busy, bubble, dict(free), critical, starts, sent, blocking_sends)
+    return PipelineTime(max(ends.values()), busy, bubble, dict(free), critical, starts, sent, blocking_sends, joined)
 
 
 def extended(low: PipelineTime, high: PipelineTime, micro_low: int, micro_high: int, micro: int) -> PipelineTime:
@@ -189,7 +215,29 @@ def extended(low: PipelineTime, high: PipelineTime, micro_low: int, micro_high: 
     held = _held(sent, high.sends_block)
     critical = max(busy, key=lambda r: (busy[r] + held[r], end[r]))
     return PipelineTime(low.step_s + k * (high.step_s - low.step_s), busy, line(low.bubble_s, high.bubble_s), end,
-                        critical, {}, sent, high.sends_block)
+                        critical, {}, sent, high.sends_block, line(low.joint_s, high.joint_s))
+
+
+def _paired(actions: list[Action], at: int) -> bool:
+    """Whether the action at ``at`` is a backward followed on its rank by a forward: the pair
+    Megatron-Core's expert overlap runs as one step (the forward of a later micro-batch, which
+    needs nothing of the backward)."""
+    return at + 1 < len(actions) and actions[at].kind == "B" and actions[at + 1].kind == "F"
+
+
+def joint_pairs(actions: list[Action]) -> list[Action]:
+    """``actions`` in the order their saved activations live where each backward runs beside
+    the next forward (``simulate``'s ``joint``): the forward's taken before the backward's
+    freed, one micro-batch more in flight (Megatron-Core's extra warm-up forward)."""
+    out = list(actions)
+    at = 0
+    while at < len(out):
+        if _paired(out, at):
+            out[at], out[at + 1] = out[at + 1], out[at]
+            at += 2
+        else:
+            at += 1
+    return out
 
 
 def _held(sent: dict[int, float], blocking: bool) -> dict[int, float]:

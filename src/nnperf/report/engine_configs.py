@@ -194,6 +194,9 @@ def torchtitan_refusals(e: Any, amp: str | None, dtype: str | None, sdpa: str) -
     if e.tp_comm_overlap:
         missing.append("Transformer Engine's userbuffers overlap (Megatron-LM's --tp-comm-overlap) is not "
                        "torchtitan's; its async tensor parallelism (with torch.compile) is not modelled")
+    if e.expert_overlap:
+        missing.append("torchtitan runs no micro-batch's expert all-to-alls beside another's compute "
+                       "(Megatron-LM's --overlap-moe-expert-parallel-comm)")
     if e.loss_fusion:
         missing.append("Megatron-Core's fused cross entropy (--cross-entropy-loss-fusion) is not torchtitan's; "
                        "its compiled loss is (plan with --loss compiled)")
@@ -298,6 +301,8 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
         if e.tensor > 1:  # each expert split as the dense layers are (Megatron-Core's default, said),
             # or whole where the expert group folds over the tensor-parallel ranks
             args.append(f"--expert-tensor-parallel-size {1 if e.folds_experts else e.tensor}")
+        if e.expert_overlap:  # the launch also wants CUDA_DEVICE_MAX_CONNECTIONS > 1 (Megatron-LM's warning)
+            args.append("--overlap-moe-expert-parallel-comm")
     if e.pipeline > 1 and (e.virtual_stages > 1 or e.uneven):
         if not layers:
             raise NotExpressible("the pipeline's split needs the layer count")
@@ -472,6 +477,9 @@ def _check_megatron_deepspeed(e: Any) -> None:
     if e.loss_fusion:
         raise NotExpressible("the fused cross entropy (--cross-entropy-loss-fusion) is Megatron-Core's, not "
                              "Megatron-DeepSpeed's")
+    if e.expert_overlap:
+        raise NotExpressible("the expert all-to-alls' overlap across micro-batches "
+                             "(--overlap-moe-expert-parallel-comm) is Megatron-Core's, not Megatron-DeepSpeed's")
     if e.checkpoint not in (None, "full", "selective-attention"):
         raise NotExpressible(f"Megatron-DeepSpeed recomputes whole blocks or the core attention, not nnperf's "
                              f"{e.checkpoint} policy")

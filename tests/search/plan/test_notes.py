@@ -8,6 +8,7 @@ from nnperf.search.plan.notes import (
     AUTOCAST_SEQUENCE_PARALLEL,
     BLOCKING_PIPELINE_SENDS,
     DDP_HALF_PRECISION,
+    EXPERT_OVERLAP_WITH_TENSOR,
     EXPOSED_TENSOR_PARALLEL,
     MEGATRON_CROSS_ENTROPY,
     TORCH_RECEIVE_BUFFERS,
@@ -82,3 +83,10 @@ def test_megatrons_layouts_say_whose_cross_entropy_they_run():
     assert MEGATRON_CROSS_ENTROPY not in _notes(Execution(world=8, data="fsdp", shard=4, tensor=2))
     assert MEGATRON_CROSS_ENTROPY not in _notes(megatron, options=TraceOptions(loss="compiled"))
     assert MEGATRON_CROSS_ENTROPY not in _notes(Execution(world=8, data="ddp", tensor=2, loss_parallel=False))
+
+
+def test_the_expert_overlap_beside_tensor_parallelism_says_what_megatron_warns_of():
+    folded = Execution(world=16, data="zero1", tensor=2, sequence_parallel=True, expert=8, expert_tensor=1,
+                       expert_overlap=True)
+    assert EXPERT_OVERLAP_WITH_TENSOR in _notes(folded)
+    assert EXPERT_OVERLAP_WITH_TENSOR not in _notes(Execution(world=16, data="zero1", expert=16, expert_overlap=True))

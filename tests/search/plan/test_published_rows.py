@@ -52,6 +52,9 @@ def test_every_reproducible_row_is_a_layout_the_plan_accepts(name):
                     execution.data_parallel, execution.micro_batch, execution.global_batch, execution.grad_accum) == \
                 (gpus, tp, ep, pp, vpp, dp, mbs, gbs, ga), row["id"]
             assert execution.folds_experts == (etp == 1) and tp * dp == ep * edp * etp, row["id"]
+            assert execution.expert_overlap == ("+1f1b overlap" in row["quote"]), row["id"]
+        if "EP overlap o" in row["quote"]:  # the Megatron-Bridge skill's controlled pair
+            assert execution.expert_overlap == ("EP overlap on" in row["quote"]), row["id"]
         if "precision, GBS," in row["quote"]:  # Megatron-Bridge's: model or system, GPUs, precision, GBS
             cells = [c.strip() for c in row["quote"].split("(")[0].split("|")]
             assert (execution.world, execution.global_batch) == (int(cells[1]), int(cells[3])), row["id"]

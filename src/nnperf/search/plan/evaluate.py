@@ -20,6 +20,7 @@ from nnperf.request import ModelRequest
 from nnperf.search.memory_variants import apply_checkpointing
 from nnperf.search.plan.axes import model_info
 from nnperf.search.plan.context import context_step
+from nnperf.search.plan.expert_overlap import hidden_all_to_alls
 from nnperf.search.plan.main_params import with_main_params
 from nnperf.search.plan.pipeline import pipeline_step
 from nnperf.search.plan.rank import RoleCache, layers_of, scaled_cost
@@ -74,8 +75,9 @@ def data_tensor_step(request: ModelRequest, options: TraceOptions, execution: Ex
                      cluster: Cluster, layers: int | None, cache: RoleCache) -> Planned:
     """A layout without pipeline or context parallelism: its one rank role traced with one
     micro-batch, the micro-batches accumulated around the optimizer, which runs once."""
-    cost = scaled_cost(replace(request, batch=execution.micro_batch), options, execution, gpu, cluster, 0,
-                       layers, cache, prepare_for(execution))
+    # the overlap is the composition's (below): the trace without it is the same rank's
+    cost = scaled_cost(replace(request, batch=execution.micro_batch), options, replace(execution, expert_overlap=False),
+                       gpu, cluster, 0, layers, cache, prepare_for(execution))
     f = cost.figures
     accum = execution.grad_accum
 
@@ -84,9 +86,12 @@ def data_tensor_step(request: ModelRequest, options: TraceOptions, execution: Ex
     # only the last micro-batch runs (``RankFigures.sync_s``)
     host = per_step(accum, f.host_s, f.optimizer_host_s)
     compute = per_step(accum, f.compute_s, f.optimizer_s + f.sync_kernel_s + f.sync_slowdown_s)
+    # Megatron-Core's expert overlap runs each backward beside the next forward: all but the
+    # last of the micro-batches' (``search.plan.expert_overlap``)
+    overlapped = (accum - 1) * f.expert_overlap_s if execution.expert_overlap else 0.0
     # the host's and the device's totals bound the accumulated step from below: a traced
     # micro-batch bound by one may be bound by the other once its optimizer share is taken out
-    step = max(per_step(accum, f.step_s, f.once_span_s + f.sync_s), host, compute)
+    step = max(per_step(accum, f.step_s, f.once_span_s + f.sync_s) - overlapped, host, compute)
     planned = Planned(
         execution, step_s=step,
         throughput=cost.per_micro * accum * execution.data_parallel / step if step else 0.0,
@@ -97,7 +102,7 @@ def data_tensor_step(request: ModelRequest, options: TraceOptions, execution: Ex
                         recomputation_s=f.recompute_s * accum,
                         communication_s=f.comm_over(accum),
                         overlap_slowdown_s=f.slowdown_over(accum),
-                        exposed_communication_s=f.exposed_over(accum),
+                        exposed_communication_s=hidden_all_to_alls(f.exposed_over(accum), overlapped),
                         host_s=per_step(accum, f.host_busy_s, f.optimizer_host_s)),
         state_bytes=replace(f.states), collectives=collective_totals(f),
         param_row_bytes=f.param_row_bytes, loss_saved_bytes=int(f.loss_saved),

@@ -64,6 +64,14 @@ DDP_HALF_PRECISION = (
 #: Megatron-Core's default splits each expert over the tensor-parallel ranks; the search tries
 #: the winner's degrees with them whole too, and leaves the rest to --etp 1 (every expert layout
 #: again would double the layouts to trace).
+EXPERT_OVERLAP_WITH_TENSOR = (
+    "the expert overlap beside tensor parallelism: Megatron-LM warns against it on Hopper and earlier "
+    "(megatron/training/arguments.py): tensor parallelism wants CUDA_DEVICE_MAX_CONNECTIONS=1, so its "
+    "collectives start ahead of the GEMMs they overlap, the overlap a larger value; the plan keeps the "
+    "tensor-parallel overlap as one hardware queue orders it, and may count more of the all-to-alls hidden "
+    "than such a run hides (the Megatron MoE Model Zoo's Qwen3-235B at TP 2 measured 19.7 s a step without "
+    "the overlap and 17.6 s with it: validation/multi_gpu/megatron_moe_modelzoo_runs.toml)")
+
 SPLIT_EXPERTS = (
     "experts beside tensor parallelism are split over its ranks, as Megatron-Core's default "
     "(--expert-tensor-parallel-size equal to the tensor degree): their rows gathered and scattered over the "
@@ -115,6 +123,8 @@ def notes(request: ModelRequest, options: TraceOptions, results: list[Planned], 
         notes.append(DDP_HALF_PRECISION.format(dtype=options.dtype))
     if any(p.execution.grad_reduce_in_fp32 for p in results):
         notes.append(FP32_MAIN_GRADIENTS.format(dtype=options.dtype))
+    if any(p.execution.expert_overlap and p.execution.tensor > 1 for p in results):
+        notes.append(EXPERT_OVERLAP_WITH_TENSOR)
     if any(p.execution.expert > 1 and p.execution.tensor > 1 and p.execution.expert_tensor is None
            and not p.execution.folds_experts for p in results):
         notes.append(SPLIT_EXPERTS)

@@ -14,7 +14,9 @@ serve every schedule and interleaving of the same pipeline degree. Then:
   (``kernels.collectives``), which holds the sending stage until it arrives where the engine
   waits for its sends (``Execution.blocking_pipeline_sends``: Megatron-LM's 1F1B); each rank's
   optimizer and gradient synchronization after its last action (its chunks' traced tails); the
-  bubble is what the replay leaves idle;
+  bubble is what the replay leaves idle; with Megatron-Core's expert overlap each backward and
+  the forward after it run as one step, saving what the shorter chunk's MoE layers save
+  (``search.plan.expert_overlap``), its forward's activations alive beside the backward's;
 - memory: the role's traced peak with one micro-batch, plus the model states of the rank's
   other chunks, plus the saved activations of the micro-batches the schedule keeps in flight
   beyond the traced one (the most the rank holds at once over its chunks in the real order,
@@ -66,11 +68,13 @@ from nnperf.passes.pipeline_timeline import (
     PipelineTime,
     extended,
     in_flight,
+    joint_pairs,
     orders,
     simulate,
 )
 from nnperf.request import ModelRequest
 from nnperf.search.plan.context import check_sequence, traced_as, with_ring_attention
+from nnperf.search.plan.expert_overlap import hidden_all_to_alls
 from nnperf.search.plan.rank import RoleCache, scaled_cost
 from nnperf.search.plan.results import (
     PipelineFigures,
@@ -107,7 +111,8 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
     # the one- and two-chunk pipelines of two ranks share their roles too
     traced_p = 3
     traced = replace(execution, world=traced_p * stride, pipeline=traced_p, pipeline_schedule="gpipe",
-                     virtual_stages=1, grad_accum=1, first_stage_layers=None, last_stage_layers=None)
+                     virtual_stages=1, grad_accum=1, first_stage_layers=None, last_stage_layers=None,
+                     expert_overlap=False)
     role_request = replace(request, batch=execution.micro_batch)
     if execution.context > 1:  # each stage's role traced on its sequence chunk, ring attention added
         if not request.seq_len:
@@ -133,7 +138,10 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
 
     order = replay_orders(execution)
     held = {r: sorted({a.stage for a in acts}) for r, acts in order.items()}
-    flight = {s: n for acts in order.values() for s, n in in_flight([a.label for a in acts]).items()}
+    # what each rank holds at once: with the expert overlap, a backward's activations beside
+    # the forward it runs with (``joint_pairs``)
+    alive = {r: joint_pairs(acts) for r, acts in order.items()} if execution.expert_overlap else order
+    flight = {s: n for acts in alive.values() for s, n in in_flight([a.label for a in acts]).items()}
 
     gathered, accumulated = unsharded_per_stored(execution, options)
 
@@ -153,7 +161,7 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
         # torch holds them; beyond the micro-batches in flight, the receive buffers its engine
         # holds all step, and (Megatron-LM) the gradient received for the backward running
         held_buffers = sum(buffers(s) for s in held[rank])
-        extra = peak_saved(order[rank], saved) + held_buffers - (
+        extra = peak_saved(alive[rank], saved) + held_buffers - (
             own.figures.saved_activations - backward_buffer(execution, own.figures) if own else 0.0)
 
         def stored(stage: int) -> float:
@@ -174,7 +182,7 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
         first = roles[role_of(0)]
         transfer_first = _transfer(first.figures.p2p_bytes, p, stride, cluster)
         at_least = replay_lower_bound(first, order, stages, depths or (0,) * stages, transfer_first,
-                                      execution.blocking_pipeline_sends)
+                                      execution.blocking_pipeline_sends, execution.expert_overlap)
         if at_least >= slower_than:
             return Planned(execution, step_s=at_least, fits=True, memory_bytes=int(memory(0, roles)),
                            memory_bound="its first pipeline stage alone", time_bound=REPLAY_BOUND)
@@ -191,10 +199,16 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
     def per_rank(rank: int, figure: Callable[[RankFigures], float]) -> float:
         return sum(figure(roles[role_of(s)].figures) for s in held[rank])
 
+    def joint(_rank: int, backward: Action, forward: Action) -> float:
+        """A backward and the next forward as Megatron-Core's expert overlap runs them: their
+        MoE layers paired one to one, so the shorter chunk's saving (``expert_overlap``)."""
+        return min(roles[role_of(backward.stage)].figures.expert_overlap_s,
+                   roles[role_of(forward.stage)].figures.expert_overlap_s)
+
     sim = replay_schedule(execution, order, lambda actions: simulate(
         actions, stages, lambda r, a: action_s(a.stage, a.kind), _transfer(activation, p, stride, cluster),
         lambda r: per_rank(r, lambda f: f.head_s), lambda r: per_rank(r, lambda f: f.tail_s),
-        execution.blocking_pipeline_sends))
+        execution.blocking_pipeline_sends, joint if execution.expert_overlap else None))
     flops = sum(per_rank(r, lambda f: f.flops) for r in range(p)) * micro * stride
     return _planned(execution, gpu, sim, roles[role_of(held[sim.critical_rank][0])], flops,
                     max(memory(r, roles) for r in range(p)), micro, order, flight, activation,
@@ -400,7 +414,8 @@ REPLAY_BOUND = ("the schedule replayed with its first stage as traced and every 
 
 
 def replay_lower_bound(first: RankCost, order: dict[int, list[Action]], stages: int, depths: tuple[int, ...],
-                       transfer: Callable[[int, int], float], blocking_sends: bool = False) -> float:
+                       transfer: Callable[[int, int], float], blocking_sends: bool = False,
+                       expert_overlap: bool = False) -> float:
     """A lower bound of a pipeline's step from its first stage's role alone: the schedule's
     replay (``passes.pipeline_timeline.simulate``) with the first stage's actions, head and
     tail as traced and every other stage's action at its blocks' share of the first stage's
@@ -412,12 +427,22 @@ def replay_lower_bound(first: RankCost, order: dict[int, list[Action]], stages: 
     most the step the full replay gives; it holds rank 0's own work and the pipeline's fill and
     drain, the bubble. A first stage traced as it is (no extrapolation) has no per-block time:
     the other stages count zero, and the bound is rank 0's own work. ``blocking_sends``: as the
-    full replay's (a send that holds its rank only lengthens it)."""
+    full replay's (a send that holds its rank only lengthens it); ``expert_overlap``: each
+    backward run beside the next forward as the full replay runs it, saving its stage's blocks'
+    share (``depths``) of what the first stage's would (every chunk's saving is its blocks')."""
     def duration(_rank: int, action: Action) -> float:
         if action.stage == 0:
             return first.figures.action(action.kind, 0)
         per_block = first.per_block.action(action.kind, 0) if first.per_block else 0.0
         return depths[action.stage] * max(0.0, per_block)
+
+    def saving(stage: int) -> float:
+        if stage == 0 or not first.per_block:
+            return first.figures.expert_overlap_s
+        return depths[stage] * max(0.0, first.per_block.expert_overlap_s)
+
+    def joint(_rank: int, backward: Action, forward: Action) -> float:
+        return max(saving(backward.stage), saving(forward.stage))
 
     def head(rank: int) -> float:
         return first.figures.head_s if rank == 0 else 0.0
@@ -425,7 +450,8 @@ def replay_lower_bound(first: RankCost, order: dict[int, list[Action]], stages: 
     def tail(rank: int) -> float:
         return first.figures.tail_s if rank == 0 else 0.0
 
-    return simulate(order, stages, duration, transfer, head, tail, blocking_sends).step_s
+    return simulate(order, stages, duration, transfer, head, tail, blocking_sends,
+                    joint if expert_overlap else None).step_s
 
 
 def _planned(execution: Execution, gpu: GPU, sim: PipelineTime, critical: RankCost, flops: float,
@@ -451,6 +477,10 @@ def _planned(execution: Execution, gpu: GPU, sim: PipelineTime, critical: RankCo
     # once-per-step synchronization's waits are the step's head and tail, not actions')
     waited = sum(max(0.0, seconds - c.sync_exposed_s.get(kind, 0.0)) * scale
                  for c in chunks for kind, seconds in c.exposed_s.items())
+    # what the expert overlap's joint steps saved is the all-to-alls' waits they hid
+    hidden = min(sim.joint_s.get(sim.critical_rank, 0.0), exposed.get("all_to_all", 0.0))
+    exposed = hidden_all_to_alls(exposed, hidden)
+    waited -= hidden
     tokens = critical.per_micro / traced_micro * micro * execution.data_parallel
     planned = Planned(
         execution, step_s=sim.step_s,

@@ -45,6 +45,7 @@ from nnperf.passes.memory.transfers import saved_transfers
 from nnperf.prediction import predict_analysis
 from nnperf.request import ModelRequest
 from nnperf.search.accumulation import once_span
+from nnperf.search.plan.expert_overlap import expert_overlap_saving
 from nnperf.search.plan.results import RankCost, RankFigures, StateBytes
 from nnperf.search.plan.states import param_row_bytes
 from nnperf.trace.distributed import sharded_bytes, trace_rank
@@ -197,8 +198,9 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
     coalesced = megatron_sequence_parallel_grads(execution, traced.trace.config, by_index)
     routing = routing_of(traced.workload.model) if execution.token_dispatcher == "deepep" else {}
     estimate = collective_estimator(cluster, execution, routing)
+    contention = _contention(cluster, gpu, by_index, estimate)
     comm = overlap(prediction.step, traced.trace, collective_timer(estimate, by_index, pipelined, coalesced),
-                   _contention(cluster, gpu, by_index, estimate), stream_of=lambda index: by_index[index].stream,
+                   contention, stream_of=lambda index: by_index[index].stream,
                    pipelined=tensor_parallel_chunks(execution, traced.trace.config, by_index))
     once = [t for t in prediction.step.ops if once_per_step(t.count.event)]
     attention = [t for t in prediction.step.ops if t.category == Category.ATTENTION]
@@ -227,6 +229,10 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
         exposed_s=dict(comm.exposed_s),
         states=StateBytes(**{k: float(v) for k, v in sharded_bytes(traced).items()}),
     )
+    # what Megatron-Core's expert overlap would save (``Execution.expert_overlap`` decides
+    # whether the plan takes it: the trace is the same either way)
+    figures.expert_overlap_s = expert_overlap_saving(traced.trace, traced.collectives, comm, prediction.step.ops,
+                                                     contention, list(routing_of(traced.workload.model)))
     _memory_by_phase(memory, figures)
     for c in traced.collectives:
         figures.collective_count[c.kind] = figures.collective_count.get(c.kind, 0.0) + 1

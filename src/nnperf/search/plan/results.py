@@ -104,6 +104,10 @@ class RankFigures:
     once_exposed_s: dict[str, float] = field(default_factory=dict)
     collective_count: dict[str, float] = field(default_factory=dict)  # by collective kind
     collective_bytes: dict[str, float] = field(default_factory=dict)  # by collective kind
+    #: what running this micro-batch's backward beside the next one's forward saves, its
+    #: all-to-alls behind the other's compute (``Execution.expert_overlap``:
+    #: ``search.plan.expert_overlap``); 0 without it
+    expert_overlap_s: float = 0.0
     #: a pipeline rank's actions: the mean time of each kind of action of each stage ("F@0")
     action_s: dict[str, float] = field(default_factory=dict)
     head_s: float = 0.0  # before a pipeline rank's first action

@@ -96,7 +96,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
          micro_batch: Iterable[int] | None = None, sequence_parallel: bool | None = None,
          expert_tensor: int | None = None, token_dispatcher: str = "alltoall",
          optimizer_states: str = "fp32", grad_reduce_in_fp32: bool = False,
-         framework: str | None = None) -> Plan:
+         expert_overlap: bool = False, framework: str | None = None) -> Plan:
     """Rank the layouts of ``request`` on ``gpus`` GPUs of ``gpu``. ``tensor``/``pipeline``/
     ``expert``: the degrees to try (None: every degree the model and nodes allow; the default,
     1, keeps the data-parallel search; ``context``: context-parallel degrees, modelled in
@@ -120,6 +120,9 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     distributed optimizer keeps (``Execution.optimizer_states``; the other engines run PyTorch's
     optimizer on their parameters as they are). ``grad_reduce_in_fp32``: the ZeRO-1 layouts keep
     fp32 main gradients and reduce-scatter them in fp32 (``Execution.grad_reduce_in_fp32``).
+    ``expert_overlap``: the expert-parallel layouts Megatron-Core can overlap (DDP or ZeRO-1, no
+    pipeline or an interleaved one) run each backward beside the next micro-batch's forward
+    (``Execution.expert_overlap``).
     ``micro_batch``: the micro-batch sizes
     a layout may run (None: every split of a data-parallel rank's share of the global batch).
     ``sequence_parallel``: tensor-parallel layouts with sequence parallelism only (True), without
@@ -169,6 +172,9 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     if token_dispatcher != "alltoall" and data is not None and not kinds & {"ddp", "zero1"}:
         raise UsageError(f"--dispatcher {token_dispatcher} is Megatron-LM's flex dispatcher, which runs beside ddp "
                          f"or zero1: --data {','.join(sorted(kinds))} has neither")
+    if expert_overlap and data is not None and not kinds & {"ddp", "zero1"}:
+        raise UsageError(f"--ep-overlap is Megatron-LM's --overlap-moe-expert-parallel-comm, which runs beside ddp "
+                         f"or zero1: --data {','.join(sorted(kinds))} has neither")
     check_optimizer_states(optimizer_states, options, kinds if data is not None else None)
     if grad_reduce_in_fp32:
         check_fp32_gradients(optimizer_states, options, kinds if data is not None else None)
@@ -187,6 +193,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
                                           (f"--dispatcher {token_dispatcher}", token_dispatcher != "alltoall"),
                                           (f"--optimizer-states {optimizer_states}", optimizer_states != "fp32"),
                                           ("--grad-reduce-in-fp32", grad_reduce_in_fp32),
+                                          ("--ep-overlap", expert_overlap),
                                           ("--etp 1", expert_tensor == 1)) if on]
         kinds = framework_kinds(framework, kinds, data is not None, settings, bool(experts) and max(tensor) > 1)
     split_chosen = expert_tensor is not None  # the user's --etp: no other split tried
@@ -205,6 +212,9 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         if not experts and (options.moe_load is not None or options.moe_capacity_factor is not None):
             asked = "--moe-load" if options.moe_load is not None else "--moe-capacity-factor"
             raise UsageError(f"{asked} spreads the tokens over a mixture of experts, and the model has no experts: "
+                             "drop it, or plan a model with experts")
+        if expert_overlap and not experts:
+            raise UsageError("--ep-overlap overlaps a mixture of experts' all-to-alls, and the model has no experts: "
                              "drop it, or plan a model with experts")
         if experts and min(tensor) > 1 and not kinds & {"ddp", "zero1"}:
             raise UsageError(f"--tp {listed(tensor)} with --data {','.join(sorted(kinds))}: a mixture of experts with "
@@ -243,7 +253,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
 
     def engines(found: list[Execution]) -> list[Execution]:
         return [replace(_with_megatron_flags(sequenced(e), tp_comm_overlap, loss_fusion, token_dispatcher,
-                                             optimizer_states, grad_reduce_in_fp32), framework=framework)
+                                             optimizer_states, grad_reduce_in_fp32, expert_overlap),
+                        framework=framework)
                 for e in found
                 if runnable(e) and pinned(e) and dispatched(e) and (sizes is None or e.micro_batch in sizes)]
 
@@ -359,7 +370,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
               "checkpoint": [names[CHECKPOINTS[i]] for i in levels],
               "reshard_after_forward": sorted(set(reshard), reverse=True), "tp_comm_overlap": tp_comm_overlap,
               "loss_fusion": loss_fusion, "micro_batch": None if sizes is None else sorted(sizes),
-              "expert_tensor": expert_tensor, "token_dispatcher": token_dispatcher,
+              "expert_tensor": expert_tensor, "token_dispatcher": token_dispatcher, "expert_overlap": expert_overlap,
               "optimizer_states": optimizer_states, "grad_reduce_in_fp32": grad_reduce_in_fp32}
     if grad_reduce_in_fp32 and any(p.execution.data_parallel == 1 for p in results):
         left_out.append(f"layouts without data parallelism reduce no gradients: they keep them in {options.dtype} "
@@ -603,15 +614,20 @@ def _bounded_or_evaluated(execution: Execution, request: ModelRequest, options: 
 
 def _with_megatron_flags(execution: Execution, tp_comm_overlap: bool, loss_fusion: bool,
                          token_dispatcher: str = "alltoall", optimizer_states: str = "fp32",
-                         grad_reduce_in_fp32: bool = False) -> Execution:
+                         grad_reduce_in_fp32: bool = False, expert_overlap: bool = False) -> Execution:
     """``execution`` with Megatron-LM's --tp-comm-overlap, --cross-entropy-loss-fusion,
-    --moe-token-dispatcher-type, optimizer states and fp32 main gradients where asked and they
-    apply (DDP or ZeRO-1; the overlap beside sequence parallelism; the dispatcher beside expert
-    parallelism; the states and the main gradients beside ZeRO-1)."""
+    --moe-token-dispatcher-type, optimizer states, fp32 main gradients and
+    --overlap-moe-expert-parallel-comm where asked and they apply (DDP or ZeRO-1; the overlap
+    beside sequence parallelism; the dispatcher beside expert parallelism; the states and the
+    main gradients beside ZeRO-1; the expert overlap beside expert parallelism without a
+    pipeline or with an interleaved one)."""
     if not execution.replicates_parameters:
         return execution
     overlap = tp_comm_overlap and execution.sequence_parallel
+    overlap_experts = expert_overlap and execution.expert > 1 and execution.checkpoint != "full" and (
+        execution.pipeline == 1 or execution.pipeline_schedule == "interleaved-1f1b")
     return replace(execution, tp_comm_overlap=overlap or execution.tp_comm_overlap,
+                   expert_overlap=overlap_experts or execution.expert_overlap,
                    loss_fusion=loss_fusion or execution.loss_fusion,
                    token_dispatcher=token_dispatcher if execution.expert > 1 else execution.token_dispatcher,
                    optimizer_states=optimizer_states if execution.shards_optimizer_only else execution.optimizer_states,
