@@ -95,7 +95,8 @@ def test_the_expert_overlap_is_megatron_cores_alone():
     )
 
     e = Execution(world=16, data="zero1", expert=8, grad_accum=4, expert_overlap=True)
-    assert "--overlap-moe-expert-parallel-comm" in megatron_args(e, 4, amp="bf16")
+    assert "--overlap-moe-expert-parallel-comm \\\n" in megatron_args(e, 4, amp="bf16")
+    assert "launch with CUDA_DEVICE_MAX_CONNECTIONS=32" in megatron_args(e, 4, amp="bf16")
     assert "--overlap-moe-expert-parallel-comm" not in megatron_args(replace(e, expert_overlap=False), 4, amp="bf16")
     with pytest.raises(NotExpressible, match="--overlap-moe-expert-parallel-comm"):
         torchtitan_refusals(e, "bf16", None, "flash")

@@ -301,7 +301,7 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
         if e.tensor > 1:  # each expert split as the dense layers are (Megatron-Core's default, said),
             # or whole where the expert group folds over the tensor-parallel ranks
             args.append(f"--expert-tensor-parallel-size {1 if e.folds_experts else e.tensor}")
-        if e.expert_overlap:  # the launch also wants CUDA_DEVICE_MAX_CONNECTIONS > 1 (Megatron-LM's warning)
+        if e.expert_overlap:  # its launch setting: a comment below the arguments
             args.append("--overlap-moe-expert-parallel-comm")
     if e.pipeline > 1 and (e.virtual_stages > 1 or e.uneven):
         if not layers:
@@ -376,6 +376,9 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
     if clip is None:  # a plan never switches a user's clipping off
         text += ("\n# --clip-grad: Megatron-LM clips the gradients to 1.0 by default, which this plan did not "
                  "count: plan with --clip-grad-norm 1.0 to include it")
+    if e.expert_overlap:
+        text += ("\n# --overlap-moe-expert-parallel-comm: launch with CUDA_DEVICE_MAX_CONNECTIONS=32 (the Megatron MoE "
+                 "Model Zoo's launch script; 1, which tensor parallelism wants, keeps the streams in one queue)")
     if pointwise == "eager":  # its defaults: --bias-dropout-fusion, --bias-swiglu-fusion, --rope-fusion...
         text += ("\n# fusions: Megatron-LM fuses bias-dropout-add, SwiGLU/GeLU, RoPE and the masked softmax by "
                  "default (Transformer Engine's layers the norms too), which this plan timed as separate "
