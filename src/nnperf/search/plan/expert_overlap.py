@@ -116,6 +116,8 @@ def layer_pairs(trace: Any, collectives: Sequence[Any], comm: CommStep, ops: Seq
     ``moe_modules``: the names of its mixture-of-experts modules, whose all-to-alls (two or more
     in forward: the dispatch's, the last the combine's; their reverses in backward) cut each
     layer. A layer without all-to-alls (no expert parallelism) is left out."""
+    if not moe_modules:
+        return []
     clock = _Clock(comm)
     duration = {s.index: s.end_s - s.start_s for s in comm.slices}
     by_index = {t.index: t for t in ops}
