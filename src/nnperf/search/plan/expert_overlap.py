@@ -53,10 +53,10 @@ class Side:
 @dataclass(frozen=True)
 class LayerPair:
     """One MoE layer's forward (of the next micro-batch) and backward (of this one), cut as
-    Megatron-Core cuts them: ``forward`` is (pre-dispatch compute, dispatch, experts, combine),
-    ``backward`` (combine's backward, experts' backward, dispatch's backward, pre-dispatch's
-    backward); compute parts are ``Side``s, communication parts seconds. ``serial_s``: the
-    two as the traced step runs them, one after the other."""
+    Megatron-Core cuts them: the forward into attention (everything before the dispatch),
+    dispatch, experts and combine, the backward into the combine's, the experts', the
+    dispatch's and the attention's backward; compute parts are ``Side``s, communication parts
+    seconds. ``serial_s``: the two as the traced step runs them, one after the other."""
 
     attention_forward: Side
     dispatch_s: float
@@ -85,6 +85,15 @@ def _column(compute: Side, comm_s: float) -> float:
     compute runs ``compute.slowdown`` times slower while the collective runs."""
     k = max(compute.slowdown, 1.0)
     return max(comm_s, compute.compute_s + comm_s * (1.0 - 1.0 / k))
+
+
+def _within(module: str, names: dict[str, str]) -> str | None:
+    """The value of ``names`` at ``module`` or at the nearest module holding it (None: none)."""
+    while module:
+        if module in names:
+            return names[module]
+        module = module.rpartition(".")[0]
+    return None
 
 
 class _Clock:
@@ -121,17 +130,26 @@ def layer_pairs(trace: Any, collectives: Sequence[Any], comm: CommStep, ops: Seq
     clock = _Clock(comm)
     duration = {s.index: s.end_s - s.start_s for s in comm.slices}
     by_index = {t.index: t for t in ops}
+    # one pass over the events and one over the collectives: each layer's span per phase (its
+    # block's events) and its all-to-alls per phase (its MoE module's), by MoE module
+    moe_of_block = {moe.rpartition(".")[0]: moe for moe in moe_modules}
+    spans: dict[tuple[str, str], list[int]] = {}
+    for e in trace.events:
+        moe = _within(e.module, moe_of_block)
+        if moe is not None:
+            spans.setdefault((moe, e.phase), [e.index, e.index])[1] = e.index
+    own = {moe: moe for moe in moe_modules}
+    a2a: dict[tuple[str, str], list[int]] = {}
+    for c in collectives:
+        moe = _within(c.module, own) if c.kind == "all_to_all" else None
+        if moe is not None:
+            a2a.setdefault((moe, c.phase), []).append(c.index)
     forward: list[tuple[list[int], int, int]] = []
     backward: list[tuple[list[int], int, int]] = []
-    for moe in moe_modules:
-        block = moe.rpartition(".")[0]
-        for phase, out in (("forward", forward), ("backward", backward)):
-            a2a = sorted(c.index for c in collectives if c.kind == "all_to_all" and c.phase == phase
-                         and (c.module == moe or c.module.startswith(f"{moe}.")))
-            events = [e.index for e in trace.events if e.phase == phase
-                      and (e.module == block or e.module.startswith(f"{block}."))]
-            if len(a2a) >= 2 and events:
-                out.append((a2a, events[0], events[-1] + 1))
+    for (moe, phase), (first, last) in spans.items():
+        cuts = sorted(a2a.get((moe, phase), ()))
+        if phase in ("forward", "backward") and len(cuts) >= 2:
+            (forward if phase == "forward" else backward).append((cuts, first, last + 1))
     backward.sort(key=lambda layer: layer[1])  # in the order backward runs them
     forward.sort(key=lambda layer: layer[1])
 
