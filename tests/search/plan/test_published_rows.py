@@ -47,6 +47,7 @@ def test_every_reproducible_row_is_a_layout_the_plan_accepts(name):
             assert (execution.world, execution.global_batch) == tuple(map(int, scale.groups())), row["id"]
         if "(Model, Dispatcher, System, Precision, #GPUs" in row["quote"]:  # the MoE Model Zoo's table
             cells = [c.strip() for c in row["quote"].split("(")[0].split("|")[1:]]
+            assert execution.token_dispatcher == {"DeepEP": "deepep", "A2A": "alltoall"}[cells[1]], row["id"]
             gpus, _, tp, _, ep, pp, edp, etp, vpp, dp, _, mbs, gbs, ga = (int(c) if c.isdigit() else c for c in cells[4:18])
             assert (execution.world, execution.tensor, execution.expert, execution.pipeline, execution.virtual_stages,
                     execution.data_parallel, execution.micro_batch, execution.global_batch, execution.grad_accum) == \
