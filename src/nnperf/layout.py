@@ -637,7 +637,7 @@ def _whole_rounds(micro: int, pipeline: int) -> bool:
 
 
 def split_layers(layers: int, pipeline: int, virtual: int = 1, first: int | None = None,
-                 last: int | None = None) -> tuple[int, ...]:
+                 last: int | None = None, *, gpus: int | None = None) -> tuple[int, ...]:
     """The blocks of each of the ``pipeline x virtual`` model chunks, in model order (chunk ``c``
     on pipeline rank ``c mod pipeline``, the loop placement of every schedule here): evenly, or
     with the first and last pipeline *stage* (rank) holding ``first`` and ``last`` blocks over
@@ -652,7 +652,8 @@ def split_layers(layers: int, pipeline: int, virtual: int = 1, first: int | None
     stage has only output projection and loss calculation" (Llama 3 paper, section 3.3.2), so 0
     + 1 x 7 blocks on rank 0 and 1 x 7 + 0 on rank 15 (Megatron-Core's
     ``--pipeline-model-parallel-layout`` expresses both: ``E|(t|)*126,L``). Every other chunk
-    holds a block or more. A split that cannot hold the layers is one line naming valid ones."""
+    holds a block or more. A split that cannot hold the layers is one line naming valid ones
+    (pipeline degrees that divide ``gpus``, where given)."""
     chunks = pipeline * virtual
     what = f"{pipeline} pipeline stages" + (f" x {virtual} virtual stages" if virtual > 1 else "")
     if first is None and last is None:
@@ -664,14 +665,16 @@ def split_layers(layers: int, pipeline: int, virtual: int = 1, first: int | None
             raise UsageError(f"{virtual} virtual stages do not divide the {per_stage} layers per pipeline stage "
                              f"({layers} layers over {pipeline} stages); valid: "
                              f"{', '.join(map(str, valid)) or 'none (use a 1-chunk schedule)'}")
-        valid = [d for d in range(1, layers + 1) if layers % d == 0 and d % virtual == 0]
+        valid = [d for d in range(1, layers + 1) if layers % d == 0 and d % virtual == 0
+                 and (gpus is None or gpus % (d // virtual) == 0)]
         below = max((d // virtual for d in valid if d < chunks), default=None)
         above = min((d // virtual for d in valid if d > chunks), default=None)
         nearest = " or ".join(str(d) for d in (below, above) if d is not None)
+        on = f" on {gpus} GPUs" if gpus else ""
         examples = _uneven_examples(layers, pipeline, virtual)
         shorten = (f"; or shorten the first and last stages (--first-stage-layers, --last-stage-layers: "
                    f"{examples})") if examples else ""
-        raise UsageError(f"{layers} layers do not split evenly into {what}; nearest valid pipeline degrees: "
+        raise UsageError(f"{layers} layers do not split evenly into {what}; nearest valid pipeline degrees{on}: "
                          f"{nearest or 'none'}{shorten}")
     if pipeline == 1:
         raise UsageError("first and last stage layers need two or more pipeline stages")

@@ -77,7 +77,16 @@ def test_a_pipeline_the_layers_do_not_allow_is_one_line():
     result = CliRunner().invoke(cli, [*ARGS, "--gpus", "6", "--pp", "3"])
     assert result.exit_code == 2
     assert result.output.strip().endswith("2 layers do not split evenly into 3 pipeline stages; nearest valid "
-                                          "pipeline degrees: 2"), result.output
+                                          "pipeline degrees on 6 GPUs: 2"), result.output
+
+
+def test_the_pipeline_degrees_a_bad_split_names_divide_the_gpus():
+    """12 blocks over 8 stages on 8 GPUs: 6 and 12 split the blocks but not the GPUs; of the
+    degrees that do both (1, 2, 4), 4 is the nearest below 8 and none is above."""
+    result = CliRunner().invoke(cli, [*ARGS, "-O", "n_layer=12", "--gpus", "8", "--pp", "8", "--data", "zero1"])
+    assert result.exit_code == 2, result.output
+    assert "12 layers do not split evenly into 8 pipeline stages; nearest valid pipeline degrees on 8 GPUs: 4;" \
+        in result.output and len(result.output.strip().splitlines()) == 1
 
 
 def test_pipeline_splits_that_cannot_hold_the_layers_are_one_line():
@@ -86,7 +95,7 @@ def test_pipeline_splits_that_cannot_hold_the_layers_are_one_line():
     chunks do not divide a stage's 4 blocks (12 blocks over 3 stages)."""
     cases = [
         (["--gpus", "8", "-O", "n_layer=10", "--pp", "4"], "10 layers do not split evenly into 4 pipeline stages; nearest valid "
-         "pipeline degrees: 2 or 5; or shorten the first and last stages (--first-stage-layers, --last-stage-layers: "
+         "pipeline degrees on 8 GPUs: 2; or shorten the first and last stages (--first-stage-layers, --last-stage-layers: "
          "first = last = 2 (3 in each other stage); first = last = 1 (4 in each other stage))"),
         (["--gpus", "8", "-O", "n_layer=10", "--pp", "4", "--first-stage-layers", "3", "--schedule", "1f1b"],
          "an uneven split with first stage layers 3 "
@@ -102,13 +111,22 @@ def test_pipeline_splits_that_cannot_hold_the_layers_are_one_line():
 
 def test_a_global_batch_the_fixed_degrees_cannot_split_names_the_nearest_ones():
     """8 GPUs at tp 2 x pp 1 leave 4 data-parallel ranks: 18 samples do not divide over them
-    (nearest: 16 or 20), and with micro-batches of 2 the unit is 8 (16 or 24)."""
-    for extra, words in (([], "--global-batch 16 or 20 (a multiple of 4 data-parallel ranks)"),
-                         (["--micro-batch", "2"], "--global-batch 16 or 24 (a multiple of 4 data-parallel ranks x "
-                                                  "micro-batch 2)")):
-        args = [a for i, a in enumerate(ARGS) if a != "--batch" and ARGS[i - 1] != "--batch"]
-        result = CliRunner().invoke(cli, [*args, "--gpus", "8", "--tp", "2", "--pp", "1", "--global-batch", "18",
-                                          *extra])
+    (nearest: 16 or 20), and with micro-batches of 2 the unit is 8 (16 or 24). 16 GPUs at pp 4
+    leave 4 ranks too: 6 samples do not divide, and 8 runs (Megatron-LM's 1F1B takes 2
+    micro-batches a rank on 4 stages), the nearest above, where a multiple of the stages (16) is
+    not needed."""
+    args = [a for i, a in enumerate(ARGS) if a != "--batch" and ARGS[i - 1] != "--batch"]
+    cases = ((["--gpus", "8", "--tp", "2", "--pp", "1", "--global-batch", "18"],
+              "the global batch 18 does not divide over the 4 data-parallel ranks (8 GPUs / (tp 2)); try "
+              "--global-batch 16 or 20"),
+             (["--gpus", "8", "--tp", "2", "--pp", "1", "--global-batch", "18", "--micro-batch", "2"],
+              "the global batch 18 does not divide over the 4 data-parallel ranks (8 GPUs / (tp 2)) in micro-batches "
+              "of 2; try --global-batch 16 or 24"),
+             (["-O", "n_layer=4", "--gpus", "16", "--tp", "1", "--pp", "4", "--global-batch", "6"],
+              "the global batch 6 does not divide over the 4 data-parallel ranks (16 GPUs / (tp 1 x pp 4)); try "
+              "--global-batch 4 or 8"))
+    for extra, words in cases:
+        result = CliRunner().invoke(cli, [*args, *extra])
         assert result.exit_code == 2 and result.output.strip().endswith(words), result.output
         assert len(result.output.strip().splitlines()) == 1
 
@@ -322,6 +340,12 @@ def test_ep_overlap_where_it_cannot_run_is_one_line():
     dense = CliRunner().invoke(cli, ["plan", "gpt2", "--gpus", "2", "--ep-overlap"])
     assert dense.exit_code == 2, dense.output
     assert "--ep-overlap overlaps a mixture of experts' all-to-alls, and the model has no experts" in dense.output
+    # Megatron-Core's TransformerConfig asserts bf16 or fp16 beside the overlap: an fp32 plan is refused
+    fp32 = CliRunner().invoke(cli, [*(a for a in MOE if a not in ("--amp", "bf16")), "--gpus", "8", "--tp", "1",
+                                    "--ep", "8", "--pp", "1", "--data", "zero1", "--ep-overlap"])
+    assert fp32.exit_code == 2, fp32.output
+    assert ("Megatron-Core runs with a bf16 or fp16 model only, and this plan is fp32: add --amp bf16 (or --dtype "
+            "bf16), or drop --ep-overlap") in fp32.output and len(fp32.output.strip().splitlines()) == 1
 
 
 def test_expert_tensor_parallelism_it_does_not_model_is_one_line():
@@ -534,20 +558,25 @@ def test_a_model_without_per_family_plans_says_why_tensor_and_pipelines_are_left
 def test_an_uneven_split_is_planned_with_the_schedules_that_hold_it():
     """10 blocks over 4 stages with end stages of 2: 1F1B holds them (2, 3, 3, 2); two chunks per
     rank cannot (the 6 blocks between over 4 chunks). Asked for with both schedules, the plan runs
-    1F1B only (it used to refuse, checking one schedule's split); with the interleaved schedule
-    alone, it is refused in one line."""
+    1F1B only (it used to refuse, checking one schedule's split) and says why the interleaved
+    one is missing; with the interleaved schedule alone, or its chunks asked for (--vpp 2, the
+    default count, given), it is refused in one line."""
     uneven = ["--gpus", "8", "-O", "n_layer=10", "--pp", "4", "--tp", "1", "--data", "fsdp",
               "--first-stage-layers", "2", "--last-stage-layers", "2"]
     result = CliRunner().invoke(cli, [*ARGS, *uneven, "--schedule", "1f1b", "--schedule", "interleaved-1f1b",
                                       "--json"])
     assert result.exit_code == 0, result.output
-    planned = [r["execution"] for r in json.loads(result.output)["ranked"]]
+    doc = json.loads(result.output)
+    planned = [r["execution"] for r in doc["ranked"]]
     assert planned and all((e["pipeline"], e["pipeline_schedule"], e["first_stage_layers"], e["last_stage_layers"])
                            == (4, "1f1b", 2, 2) for e in planned)
-    result = CliRunner().invoke(cli, [*ARGS, *uneven, "--schedule", "interleaved-1f1b"])
-    assert result.exit_code == 2, result.output
-    assert "cannot hold 10 layers in 4 pipeline stages x 2 virtual stages" in result.output, result.output
-    assert len(result.output.strip().splitlines()) == 1
+    assert any(n.startswith("interleaved schedules left out at --pp 4: 2 chunks a rank cannot hold 10 layers with "
+                            "first stage 2, last stage 2") for n in doc["notes"]), doc["notes"]
+    for asked in (["--schedule", "interleaved-1f1b"], ["--vpp", "2"]):
+        result = CliRunner().invoke(cli, [*ARGS, *uneven, *asked])
+        assert result.exit_code == 2, result.output
+        assert "cannot hold 10 layers in 4 pipeline stages x 2 virtual stages" in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1
 
 
 def test_an_end_stage_of_one_block_fewer_than_its_chunks():
@@ -673,13 +702,14 @@ def test_degrees_a_pinned_micro_batch_leaves_without_layouts_are_said():
 
 
 def test_a_pipelined_global_batch_hint_names_batches_that_plan():
-    """8 GPUs at PP 4: 2 data-parallel ranks; 5 samples name 8 (2 ranks x 4 stages), which the
-    interleaved schedule runs; a tensor x pipeline product above the GPUs blames --tp and --pp."""
+    """8 GPUs at PP 4: 2 data-parallel ranks; 5 samples name 8 alone (2 ranks x 4 stages: the
+    interleaved schedule runs a multiple of the stages, so not 4, 2 micro-batches a rank); a tensor x pipeline product above the GPUs blames --tp and --pp."""
     args = ["plan", "gpt2", "-O", "n_layer=8", "--seq", "128", "--amp", "bf16", "--gpu", "h100"]
     result = CliRunner().invoke(cli, [*args, "--gpus", "8", "--tp", "1", "--pp", "4", "--global-batch", "5",
                                       "--schedule", "interleaved-1f1b"])
     assert result.exit_code == 2 and result.output.strip().endswith(
-        "--global-batch 8 (a multiple of 2 data-parallel ranks x 4 pipeline stages)"), result.output
+        "the global batch 5 does not divide over the 2 data-parallel ranks (8 GPUs / (tp 1 x pp 4)); try "
+        "--global-batch 8"), result.output
     result = CliRunner().invoke(cli, [*args, "--gpus", "8", "--tp", "4", "--pp", "4"])
     assert result.exit_code == 2 and result.output.strip().endswith(
         "--tp 4 x --pp 4 = 16 does not divide the 8 GPUs; pipeline degrees with --tp 4: 1, 2"), result.output
@@ -926,3 +956,29 @@ def test_a_framework_that_runs_none_of_the_asked_layouts_is_one_line():
         assert message in result.output
         assert len([line for line in result.output.splitlines() if line.strip() and "Usage" not in line
                     and "Try" not in line]) == 1
+
+
+def test_the_text_says_whether_the_host_is_hidden_and_whose_layout_each_config_is():
+    """Each ranked line says the host's time to issue the step and, from the same figures the
+    JSON gives, whether the device's compute hides it; the header counts its rank roles in
+    words; where torchtitan's configs are the second layout's (it has no ZeRO-1), Megatron-LM's
+    arguments say they are the fastest's."""
+    args = ["plan", "gpt2", "-O", "n_layer=2", "--seq", "128", "--batch", "2", "--amp", "bf16", "--gpu", "h100",
+            "--gpus", "2"]
+    doc = json.loads(CliRunner().invoke(cli, [*args, "--json"]).output)
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    roles = doc["traced_roles"]
+    assert lines[0].endswith(f"; {roles} rank role{'' if roles == 1 else 's'} traced")
+    for i, planned in enumerate(doc["ranked"], 1):
+        line = next(x for x in lines if x.startswith(f"{i}. "))
+        split = planned["time_split_s"]
+        assert f"host {split['host_s'] * 1e3:.2f} ms to issue it (" in line
+        host_bound = split["host_s"] > split["compute_s"]
+        assert ("host-bound, the device waits on it" in line) == host_bound, line
+        assert ("beside the device's compute, hidden" in line) == (not host_bound), line
+    assert doc["torchtitan_layout"]["rank"] == 2 and not doc.get("megatron_layout")
+    assert "torchtitan config (plan.toml) for #2," in result.output
+    assert "Megatron-LM arguments (the layout's; the model's own, --num-layers, --hidden-size and the rest, " \
+           "--num-experts and --moe-router-topk for experts, are the run's) for #1, the fastest:" in result.output

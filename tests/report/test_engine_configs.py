@@ -102,6 +102,22 @@ def test_the_expert_overlap_is_megatron_cores_alone():
         torchtitan_refusals(e, "bf16", None, "flash")
     with pytest.raises(NotExpressible, match="Megatron-Core's, not Megatron-DeepSpeed's"):
         megatron_deepspeed_args(replace(e, data="ddp"), amp="bf16")
+    # Megatron-Core's TransformerConfig asserts a bf16 or fp16 model beside the overlap
+    assert "--overlap-moe-expert-parallel-comm" in megatron_args(e, 4, dtype="fp16")
+    for fp32 in ({}, {"dtype": "fp32"}):
+        with pytest.raises(NotExpressible, match="bf16 or fp16 model only"):
+            megatron_args(e, 4, **fp32)
+
+
+def test_megatrons_context_parallelism_runs_the_all_gather_scheme_the_plan_times():
+    """search.plan.context times keys and values all-gathered over the context ranks; Megatron-LM's
+    default --cp-comm-type is its p2p ring, so the arguments name allgather."""
+    from nnperf.report.engine_configs import megatron_args
+
+    e = Execution(world=8, data="zero1", tensor=2, sequence_parallel=True, context=2, grad_accum=2)
+    args = megatron_args(e, 4, amp="bf16")
+    assert "--context-parallel-size 2 \\\n" in args and "--cp-comm-type allgather \\\n" in args
+    assert "--cp-comm-type" not in megatron_args(replace(e, context=1, world=4), 4, amp="bf16")
 
 
 def test_a_compiled_loss_is_torchtitans_compile_of_the_loss_component_only():

@@ -234,7 +234,7 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
             "reshard": [n == "always" for n in _names(reshard_text, "--reshard", ("always", "never"),
                                                       auto=False) or ()],
             "split": PipelineSplitChoice(tuple(_integers(vpp_text, "--vpp") or (INTERLEAVE,)),
-                                         first_stage_layers, last_stage_layers),
+                                         first_stage_layers, last_stage_layers, _given("vpp_text")),
             "micro_batch": _integers(micro_text, "--micro-batch")}
     with progress.shown(f"plan {n_gpus} GPUs: layout groups searched", enabled=not as_json):
         result = run_plan(request, options, gpu, n_gpus, cluster, nodes, global_batch, **axes,
@@ -258,13 +258,17 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
         raise ResourceError(smallest_memory(result))
 
 
+def _given(parameter: str) -> bool:
+    """Whether the user gave ``parameter`` on the command line (not its default)."""
+    return click.get_current_context().get_parameter_source(parameter) == click.core.ParameterSource.COMMANDLINE
+
+
 def _check_vpp_has_a_schedule(vpp_text: str, schedules: tuple[str, ...]) -> None:
     """An asked --vpp splits the stages of the interleaved schedules: one line where every asked
     --schedule runs one chunk a rank (the plan would run them and leave --vpp unused)."""
     from nnperf.layout import MULTI
 
-    given = click.get_current_context().get_parameter_source("vpp_text") == click.core.ParameterSource.COMMANDLINE
-    if given and schedules and not MULTI & set(schedules):
+    if _given("vpp_text") and schedules and not MULTI & set(schedules):
         raise UsageError(f"--vpp {vpp_text} splits each rank's stages into chunks, which --schedule "
                          f"{' '.join(schedules)} does not run (one chunk a rank): add --schedule "
                          f"{' or '.join(sorted(MULTI))}, or drop --vpp")
@@ -374,6 +378,16 @@ def _slowed(split: Any) -> str:
     return f" ({'; '.join(parts)})" if parts else ""
 
 
+def _host(split: Any) -> str:
+    """The host's time to issue the step, and whether the device's work hides it (``split``: a
+    ``TimeSplit``): it runs beside the device, and only where it is the longer does the step
+    wait on it."""
+    host = f"host {split.host_s * 1e3:.2f} ms to issue it"
+    if split.host_s > split.compute_s:
+        return host + " (more than the device's compute: host-bound, the device waits on it)"
+    return host + " (beside the device's compute, hidden)"
+
+
 def _print(result: Any, configs: dict[str, Any]) -> None:
     from nnperf.request import model_label
     from nnperf.units import rate
@@ -381,7 +395,7 @@ def _print(result: Any, configs: dict[str, Any]) -> None:
     click.echo(f"{model_label(result.model, result.model_options)} on {result.gpus} x {result.gpu.label} "
                f"({result.cluster.name}), "
                f"global batch {result.global_batch} ({result.options.describe()}); "
-               f"{result.traces} rank roles traced")
+               f"{result.traces} rank role{'' if result.traces == 1 else 's'} traced")
     for i, p in enumerate(result.ranked, 1):
         exposed = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in p.split.exposed_communication_s.items()) or "none"
         bubble = p.split.pipeline_bubble_s
@@ -390,7 +404,7 @@ def _print(result: Any, configs: dict[str, Any]) -> None:
                    f"{rate(p.throughput, p.throughput_unit)}, MFU {p.mfu:.1%}, "
                    f"{p.memory_bytes / 2**30:.2f} GiB/GPU; compute {p.split.compute_s * 1e3:.2f} ms"
                    f"{_slowed(p.split)}, "
-                   f"exposed communication: {exposed}{extra}; host {p.split.host_s * 1e3:.2f} ms — {p.reason}")
+                   f"exposed communication: {exposed}{extra}; {_host(p.split)} — {p.reason}")
     for p in result.rejected:
         click.echo(f"rejected: {p.execution.describe()}: {p.reason}")
     for note in result.notes:
@@ -421,9 +435,11 @@ def _print(result: Any, configs: dict[str, Any]) -> None:
 
 
 def _which_layout(configs: dict[str, Any], engine: str) -> str:
-    """Where an engine's config is not the winner's: which ranked layout it runs, and why."""
+    """Where an engine's config is not the winner's: which ranked layout it runs, and why; the
+    winner's said too where another engine's config is another layout's."""
     layout = configs.get(f"{engine}_layout")
     if not layout:
-        return ""
+        others = any(value for key, value in configs.items() if key.endswith("_layout") and key != f"{engine}_layout")
+        return " for #1, the fastest" if others else ""
     return (f" for #{layout['rank']}, {layout['layout']} ({layout['slower_by']:.1%} slower), the fastest it "
             f"runs; the winner it cannot: {configs[f'{engine}_not_expressible']}")

@@ -289,9 +289,12 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
                              "data-parallel engine and distributed optimizer, not the torch FSDP2 sharding planned here")
     if e.pipeline > 1 and e.pipeline_schedule not in ("1f1b", "interleaved-1f1b"):
         raise NotExpressible(f"Megatron-LM runs 1F1B and interleaved 1F1B, not {e.pipeline_schedule}")
+    if e.expert_overlap and not _half_precision(amp, dtype):
+        raise NotExpressible("Megatron-Core runs --overlap-moe-expert-parallel-comm with a bf16 or fp16 model only "
+                             "(TransformerConfig's check): plan with --amp bf16 or --dtype bf16")
     args = [f"--tensor-model-parallel-size {e.tensor}", f"--pipeline-model-parallel-size {e.pipeline}"]
-    if e.context > 1:
-        args.append(f"--context-parallel-size {e.context}")
+    if e.context > 1:  # the scheme the plan times (search.plan.context): K and V all-gathered, not Megatron's p2p ring
+        args += [f"--context-parallel-size {e.context}", "--cp-comm-type allgather"]
     if e.expert > 1:  # carved out of the data-parallel ranks, the experts' gradients reduced over the rest;
         # tokens sent to their experts as planned: by all-to-all (Megatron-LM's default is allgather) or
         # DeepEP (the flex dispatcher's backend, Megatron-Core 0.14 on)

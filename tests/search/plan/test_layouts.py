@@ -72,7 +72,9 @@ def test_a_rank_with_fewer_samples_than_stages_runs_megatrons_1f1b():
 
 def test_why_fixed_degrees_leave_no_layout():
     """Named: too few micro-batches for the stages, with the global batches that have enough;
-    nothing where the degrees are searched or the global batch is the reason."""
+    a global batch the data-parallel ranks cannot split, with the nearest that runs (FSDP's 1F1B
+    over 4 stages needs 4 micro-batches a rank: of 2 ranks' batches, 8 above 5, none below);
+    nothing where the degrees are searched."""
     why = why_no_layout(8, 8, 6, [1], [4], [1], ["interleaved-1f1b"], {"zero1"})
     assert why == ("a data-parallel rank's 3 samples of the global batch 6 (2 data-parallel ranks) make too few "
                    "micro-batches for 4 pipeline stages: the schedules run a multiple of the stages (interleaved); "
@@ -80,7 +82,15 @@ def test_why_fixed_degrees_leave_no_layout():
     fsdp = why_no_layout(8, 8, 2, [1], [4], [1], ["1f1b"], {"fsdp"})
     assert fsdp is not None and fsdp.endswith("or --data ddp or zero1 (Megatron-LM's 1F1B runs fewer)")
     assert why_no_layout(8, 8, 6, [1, 2], [4], [1], ["1f1b"], {"fsdp"}) is None  # searched
-    assert why_no_layout(8, 8, 5, [1], [4], [1], ["1f1b"], {"fsdp"}) is None  # 5 over 2 ranks
+    assert why_no_layout(8, 8, 5, [1], [4], [1], ["1f1b"], {"fsdp"}) == (
+        "the global batch 5 does not divide over the 2 data-parallel ranks (8 GPUs / (tp 1 x pp 4)); try "
+        "--global-batch 8")
+    # Megatron-LM's 1F1B (ZeRO-1) runs fewer micro-batches than stages: 4 (2 a rank) runs too
+    assert why_no_layout(8, 8, 5, [1], [4], [1], ["1f1b"], {"zero1"}).endswith("try --global-batch 4 or 6")
+    # micro-batches of 2: 4 (one a rank, fewer than the stages: the short 1F1B) and 16 (4 a rank);
+    # 8 gives a rank 4 samples, which make 4 micro-batches, so the short pipeline is not searched
+    assert why_no_layout(8, 8, 5, [1], [4], [1], ["1f1b"], {"zero1"}, {2}).endswith(
+        "(8 GPUs / (tp 1 x pp 4)) in micro-batches of 2; try --global-batch 4 or 16")
 
 
 def test_expert_parallelism_divides_ddp_and_zero1_replicas_as_fsdps_shard_group():

@@ -7,9 +7,11 @@ from nnperf.request import ModelRequest
 from nnperf.search.plan.notes import (
     AUTOCAST_SEQUENCE_PARALLEL,
     BLOCKING_PIPELINE_SENDS,
+    CONTEXT_PARALLEL,
     DDP_HALF_PRECISION,
     EXPERT_OVERLAP_WITH_TENSOR,
     EXPOSED_TENSOR_PARALLEL,
+    FP32_MEGATRON,
     MEGATRON_CROSS_ENTROPY,
     TORCH_RECEIVE_BUFFERS,
     notes,
@@ -90,3 +92,22 @@ def test_the_expert_overlap_beside_tensor_parallelism_says_what_megatron_warns_o
                        expert_overlap=True)
     assert EXPERT_OVERLAP_WITH_TENSOR in _notes(folded)
     assert EXPERT_OVERLAP_WITH_TENSOR not in _notes(Execution(world=16, data="zero1", expert=16, expert_overlap=True))
+
+
+def test_context_parallelism_says_it_is_timed_in_closed_form():
+    """Context parallelism is not traced (search.plan.context): a plan ranking it says how it is
+    timed, and which of Megatron-LM's schemes that is; a plan without it says nothing."""
+    assert CONTEXT_PARALLEL in _notes(Execution(world=8, data="zero1", context=2, grad_accum=2))
+    assert CONTEXT_PARALLEL in _notes(Execution(world=8, data="fsdp", shard=4, context=2))
+    assert CONTEXT_PARALLEL not in _notes(Execution(world=8, data="zero1"))
+
+
+def test_a_megatron_layout_planned_in_fp32_says_megatron_runs_16_bits():
+    """Megatron-LM holds the model in 16 bits (--bf16): an fp32 plan (no --amp, no --dtype, or
+    --dtype fp32) of its layouts says how to time that; a 16-bit plan, or FSDP alone, does not."""
+    zero1 = Execution(world=8, data="zero1")
+    assert FP32_MEGATRON in _notes(zero1)
+    assert FP32_MEGATRON in _notes(zero1, options=TraceOptions(dtype="fp32"))
+    for options in (TraceOptions(amp="bf16"), TraceOptions(dtype="bf16"), TraceOptions(amp="fp16")):
+        assert FP32_MEGATRON not in _notes(zero1, options=options)
+    assert FP32_MEGATRON not in _notes(Execution(world=8, data="fsdp", shard=8))

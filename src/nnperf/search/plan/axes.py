@@ -58,7 +58,7 @@ def search_axes(request: ModelRequest, gpus: int, nodes_of: int, layers: int | N
             if pp > 1:
                 if layers is None:
                     raise UsageError("pipeline parallelism needs a built-in gpt2 or llama model (a stage split)")
-                split.check(layers, pp, schedules)  # one line where it cannot hold them
+                split.check(layers, pp, schedules, gpus)  # one line where it cannot hold them
     elif layers is None or model_info is None or not _pipelines(model_info[0]):
         pipeline = [1]
     else:
@@ -83,6 +83,25 @@ def check_virtual_stages(layers: int | None, pipeline: Iterable[int], schedules:
                 if virtual < 2:
                     raise UsageError(f"--vpp {virtual}: interleaved schedules run 2 or more model chunks per rank")
                 split_layers(layers, pp, virtual, split.first, split.last)
+
+
+def unheld_interleaving(layers: int | None, pipeline: Iterable[int], schedules: Iterable[str],
+                        split: PipelineSplitChoice) -> list[str]:
+    """A note for each pipeline degree whose uneven split (``--first-stage-layers``,
+    ``--last-stage-layers``) the interleaved schedules cannot hold at the default chunks per rank:
+    the search ranks the one-chunk schedules there, and says so rather than drop them unseen."""
+    schedules = list(schedules)
+    if layers is None or (split.first is None and split.last is None) or \
+            not any(SCHEDULES[s].multi_chunk for s in schedules):
+        return []
+    unheld = [pp for pp in pipeline if pp > 1 and not any(split.holds(layers, pp, v) for v in split.virtual)]
+    if not unheld:
+        return []
+    chunks = ", ".join(map(str, split.virtual))
+    ends = ", ".join(f"{n} stage {v}" for n, v in (("first", split.first), ("last", split.last)) if v is not None)
+    return [f"interleaved schedules left out at --pp {listed(unheld)}: {chunks} chunks a rank cannot hold {layers} "
+            f"layers with {ends} (every chunk between the end stages alike); ranked: the one-chunk schedules "
+            "there (--schedule interleaved-1f1b names the splits and chunk counts that hold)"]
 
 
 #: Why a model gets no tensor or pipeline layouts (``axes_note``, and ``--tp`` refused for it).

@@ -6,6 +6,7 @@ micro-batch and checkpointing differ, and the search bisects over the micro-batc
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -31,6 +32,9 @@ class PipelineSplitChoice:
     virtual: tuple[int, ...] = (INTERLEAVE,)
     first: int | None = None
     last: int | None = None
+    #: ``virtual`` was asked for (``--vpp`` given, even at its default): each count must then
+    #: split every searched pipeline's stages, or the plan says why in one line
+    virtual_asked: bool = False
 
     def holds(self, layers: int, pipeline: int, virtual: int = 1) -> bool:
         try:
@@ -51,11 +55,13 @@ class PipelineSplitChoice:
         one block in each chunk of those)."""
         return any(self.holds(layers, pipeline, v) for v in self.chunks_per_rank(schedules))
 
-    def check(self, layers: int, pipeline: int, schedules: Iterable[str]) -> None:
+    def check(self, layers: int, pipeline: int, schedules: Iterable[str], gpus: int | None = None) -> None:
         """One line naming the valid splits where no schedule of ``schedules`` can hold the
-        layers over ``pipeline`` stages (the one-chunk schedule's line where one was asked for)."""
+        layers over ``pipeline`` stages (the one-chunk schedule's line where one was asked for;
+        the pipeline degrees it names divide ``gpus``)."""
         if not self.holds_any(layers, pipeline, schedules):
-            split_layers(layers, pipeline, (self.chunks_per_rank(schedules) or [1])[0], self.first, self.last)
+            split_layers(layers, pipeline, (self.chunks_per_rank(schedules) or [1])[0], self.first, self.last,
+                         gpus=gpus)
 
 
 def _nearest_gpu_counts(gpus: int, global_batch: int) -> str:
@@ -284,7 +290,8 @@ def global_batch_hint(gpus: int, global_batch: int, tensor: list[int], pipeline:
 
 
 def why_no_layout(gpus: int, nodes_of: int, global_batch: int, tensor: list[int], pipeline: list[int],
-                  context: list[int], schedules: Iterable[str], kinds: set[str]) -> str | None:
+                  context: list[int], schedules: Iterable[str], kinds: set[str],
+                  sizes: set[int] | None = None) -> str | None:
     """Why one (tensor, pipeline, context) degree, all three fixed, leaves no layout, in words
     naming the global batches that would have one; None where the degrees are searched or the
     reason is another's to say (the layers' split, the expert degree)."""
@@ -292,10 +299,20 @@ def why_no_layout(gpus: int, nodes_of: int, global_batch: int, tensor: list[int]
     if dp is None or not fills_nodes(tensor[0], nodes_of):
         return None  # searched degrees, or check_degrees says so first
     pp = pipeline[0]
-    if global_batch % dp or pp == 1:
-        return None  # the global batch (the search's own message) or not the pipeline
-    local = global_batch // dp
+    schedules = list(schedules)
     megatron = dp == 1 or any(DATA_ENGINES[k].replicates_parameters for k in kinds)
+    micro = min(sizes) if sizes and len(sizes) == 1 else 1
+    if global_batch % (dp * micro):
+        degrees = " x ".join(f"{name} {d}" for name, d in (("tp", tensor[0]), ("pp", pp), ("cp", context[0]))
+                             if d > 1 or name == "tp")
+        over = f"the {dp} data-parallel ranks ({gpus} GPUs / ({degrees}))"
+        if micro > 1:
+            over += f" in micro-batches of {micro}"
+        return (f"the global batch {global_batch} does not divide over {over}; try --global-batch "
+                f"{_nearest_runnable(global_batch, dp, pp, micro, schedules, megatron)}")
+    if pp == 1:
+        return None  # not the pipeline: another's to say
+    local = global_batch // dp
     runnable = [s for s in schedules if _micro_batch_counts(s, pp, local, megatron)]
     if runnable:
         return None
@@ -309,6 +326,19 @@ def why_no_layout(gpus: int, nodes_of: int, global_batch: int, tensor: list[int]
             f"make too few micro-batches for {pp} pipeline stages: the schedules run {rule}; "
             f"try --global-batch {nearest} (a multiple of {dp} ranks x {pp} stages)"
             + ("" if megatron or "1f1b" not in schedules else ", or --data ddp or zero1 (Megatron-LM's 1F1B runs fewer)"))
+
+
+def _nearest_runnable(global_batch: int, dp: int, pp: int, micro: int, schedules: list[str], megatron: bool) -> str:
+    """The global batches either side of ``global_batch`` that ``dp`` data-parallel ranks run in
+    micro-batches of ``micro`` with some schedule of ``schedules`` over ``pp`` stages: "4 or 8"."""
+    unit = dp * micro
+
+    def runs(batch: int) -> bool:
+        return any((batch // dp) // micro in _micro_batch_counts(s, pp, batch // dp, megatron) for s in schedules)
+
+    below = next((b for b in range(global_batch // unit * unit, 0, -unit) if runs(b)), None)
+    above = next(b for b in itertools.count(global_batch // unit * unit + unit, unit) if runs(b))
+    return " or ".join(str(b) for b in (below, above) if b is not None)
 
 
 def _micro_batch_counts(schedule: str, pp: int, local: int, megatron: bool = False) -> list[int]:

@@ -72,6 +72,21 @@ EXPERT_OVERLAP_WITH_TENSOR = (
     "than such a run hides (the Megatron MoE Model Zoo's Qwen3-235B at TP 2 measured 19.7 s a step without "
     "the overlap and 17.6 s with it: validation/multi_gpu/megatron_moe_modelzoo_runs.toml)")
 
+#: Context parallelism is timed in closed form (``search.plan.context``), not traced.
+CONTEXT_PARALLEL = (
+    "context parallelism is timed in closed form, as torchtitan's all-gather ring runs it "
+    "(search.plan.context): each layer's keys and values all-gathered over the context ranks and "
+    "their gradients reduce-scattered, counted exposed (an upper bound), attention over the whole "
+    "sequence's causal pairs; Megatron-LM's arguments say --cp-comm-type allgather, the same "
+    "scheme (its default p2p ring overlaps the exchange with attention)")
+
+
+#: A Megatron-style layout planned in fp32: Megatron-LM trains with --bf16 or --fp16.
+FP32_MEGATRON = (
+    "planned in fp32 (no --amp or --dtype): Megatron-LM's runs hold the model in 16 bits (--bf16), "
+    "and the arguments below have no --bf16; plan with --amp bf16 (or --dtype bf16) to time that")
+
+
 SPLIT_EXPERTS = (
     "experts beside tensor parallelism are split over its ranks, as Megatron-Core's default "
     "(--expert-tensor-parallel-size equal to the tensor degree): their rows gathered and scattered over the "
@@ -123,6 +138,11 @@ def notes(request: ModelRequest, options: TraceOptions, results: list[Planned], 
         notes.append(DDP_HALF_PRECISION.format(dtype=options.dtype))
     if any(p.execution.grad_reduce_in_fp32 for p in results):
         notes.append(FP32_MAIN_GRADIENTS.format(dtype=options.dtype))
+    if any(p.execution.context > 1 for p in results):
+        notes.append(CONTEXT_PARALLEL)
+    if options.amp is None and options.dtype in (None, "fp32") and any(p.execution.megatron_layout
+                                                                       for p in results):
+        notes.append(FP32_MEGATRON)
     if any(p.execution.expert_overlap and p.execution.tensor > 1 for p in results):
         notes.append(EXPERT_OVERLAP_WITH_TENSOR)
     if any(p.execution.expert > 1 and p.execution.tensor > 1 and p.execution.expert_tensor is None

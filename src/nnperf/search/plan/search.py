@@ -57,6 +57,7 @@ from nnperf.search.plan.axes import (
     model_info,
     request_name,
     search_axes,
+    unheld_interleaving,
 )
 from nnperf.search.plan.bounds import same_work, work_bound
 from nnperf.search.plan.evaluate import evaluate
@@ -84,6 +85,8 @@ CHECKPOINTS = CHECKPOINT_LEVELS
 SEARCHED_LEVELS = tuple(CHECKPOINTS.index(level) for level in SEARCHED_CHECKPOINTS)
 #: The data-parallel engines a user may restrict the search to (``nnperf plan --data``).
 DATA_KINDS = DATA_PARALLEL
+#: The 16-bit formats Megatron-LM's --bf16 and --fp16 hold a model in.
+HALF = ("bf16", "fp16")
 
 
 def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, cluster: Cluster,
@@ -156,8 +159,10 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     left_out = axes_note(request, gpus, asked, tensor, pipeline, info)
     if not gpus_first:
         check_degrees(gpus, nodes_of, *asked, context, layers=layers)
-    if split.virtual != PipelineSplitChoice().virtual:  # asked for: each must split the stages
+    if split.virtual_asked or split.virtual != PipelineSplitChoice().virtual:  # asked for: each must split the stages
         check_virtual_stages(layers, pipeline, schedules, split)
+    else:
+        left_out += unheld_interleaving(layers, pipeline, schedules, split)
     expert = expert_degrees(request, gpus, nodes_of, expert, info)
     kinds = set(DATA_KINDS if data is None else data)
     sizes = None if micro_batch is None else set(micro_batch)
@@ -223,6 +228,12 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         check_expert_degrees(gpus, nodes_of, global_batch, tensor=tensor, pipeline=pipeline, context=context,
                              expert=expert, kinds=kinds, expert_count=experts, layers=layers,
                              schedules=schedules, split=split, expert_tensor=expert_tensor)
+    if expert_overlap and options.amp not in HALF and options.dtype not in HALF:
+        # TransformerConfig.__post_init__: "overlap_moe_expert_parallel_comm is only supported with
+        # bf16 or fp16 model"
+        raise UsageError("--ep-overlap is Megatron-LM's --overlap-moe-expert-parallel-comm, which Megatron-Core runs "
+                         f"with a bf16 or fp16 model only, and this plan is {options.amp or options.dtype or 'fp32'}: "
+                         "add --amp bf16 (or --dtype bf16), or drop --ep-overlap")
 
     def runnable(e: Execution) -> bool:
         # the asked engines; experts split over tensor-parallel ranks as Megatron-LM splits them,
@@ -326,7 +337,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
                                 same_work(results), levels, ahead=plain)
             results += [p for p in extra if p.execution.data != leader]
     if not results:
-        reason = why_no_layout(gpus, nodes_of, global_batch, tensor, pipeline, context, schedules, kinds)
+        reason = why_no_layout(gpus, nodes_of, global_batch, tensor, pipeline, context, schedules, kinds, sizes)
         if reason:
             raise UsageError(f"no layout of {request_name(request)} on {gpus} GPUs: {reason}")
         raise UsageError(

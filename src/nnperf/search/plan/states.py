@@ -37,7 +37,7 @@ from nnperf.trace.events import Trace
 #: Per-parameter optimizer tensors shaped like the parameter, by ``TraceOptions.optimizer``.
 MIRRORS = {"adamw": 2, "adam": 2, "sgd-momentum": 1, "sgd": 0}
 
-WHAT = "its parameters, gradients and optimizer state alone, with any checkpointing and micro-batch"
+WHAT = "its parameters, gradients and optimizer state alone (whatever its checkpointing and micro-batch)"
 
 
 def param_row_bytes(trace: Trace) -> float:
