@@ -959,8 +959,8 @@ def test_a_framework_that_runs_none_of_the_asked_layouts_is_one_line():
 
 
 def test_the_text_says_whether_the_host_is_hidden_and_whose_layout_each_config_is():
-    """Each ranked line says the host's time to issue the step and, from the same figures the
-    JSON gives, whether the device's compute hides it; the header counts its rank roles in
+    """Each ranked layout is two lines, the second saying the host's time to issue the step and,
+    from the same figures the JSON gives, whether the device's compute hides it; the header counts its rank roles in
     words; where torchtitan's configs are the second layout's (it has no ZeRO-1), Megatron-LM's
     arguments say they are the fastest's."""
     args = ["plan", "gpt2", "-O", "n_layer=2", "--seq", "128", "--batch", "2", "--amp", "bf16", "--gpu", "h100",
@@ -972,7 +972,9 @@ def test_the_text_says_whether_the_host_is_hidden_and_whose_layout_each_config_i
     roles = doc["traced_roles"]
     assert lines[0].endswith(f"; {roles} rank role{'' if roles == 1 else 's'} traced")
     for i, planned in enumerate(doc["ranked"], 1):
-        line = next(x for x in lines if x.startswith(f"{i}. "))
+        at = next(n for n, x in enumerate(lines) if x.startswith(f"{i}. "))
+        assert lines[at].endswith(" GiB/GPU") and lines[at + 1].startswith("   compute ")
+        line = lines[at + 1]
         split = planned["time_split_s"]
         assert f"host {split['host_s'] * 1e3:.2f} ms to issue it (" in line
         host_bound = split["host_s"] > split["compute_s"]

@@ -400,10 +400,12 @@ def _print(result: Any, configs: dict[str, Any]) -> None:
         exposed = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in p.split.exposed_communication_s.items()) or "none"
         bubble = p.split.pipeline_bubble_s
         extra = f", bubble {bubble * 1e3:.2f} ms" if bubble is not None else ""
+        # two lines a layout, so a list of them scans: what it is and what it gives, then where
+        # its step goes and why it ranks there
         click.echo(f"{i}. {p.execution.describe()}: step {p.step_s * 1e3:.2f} ms, "
                    f"{rate(p.throughput, p.throughput_unit)}, MFU {p.mfu:.1%}, "
-                   f"{p.memory_bytes / 2**30:.2f} GiB/GPU; compute {p.split.compute_s * 1e3:.2f} ms"
-                   f"{_slowed(p.split)}, "
+                   f"{p.memory_bytes / 2**30:.2f} GiB/GPU")
+        click.echo(f"   compute {p.split.compute_s * 1e3:.2f} ms{_slowed(p.split)}, "
                    f"exposed communication: {exposed}{extra}; {_host(p.split)} — {p.reason}")
     for p in result.rejected:
         click.echo(f"rejected: {p.execution.describe()}: {p.reason}")
