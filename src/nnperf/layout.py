@@ -637,7 +637,7 @@ def _whole_rounds(micro: int, pipeline: int) -> bool:
 
 
 def split_layers(layers: int, pipeline: int, virtual: int = 1, first: int | None = None,
-                 last: int | None = None, *, gpus: int | None = None) -> tuple[int, ...]:
+                 last: int | None = None, *, gpus: int | None = None, where: str | None = None) -> tuple[int, ...]:
     """The blocks of each of the ``pipeline x virtual`` model chunks, in model order (chunk ``c``
     on pipeline rank ``c mod pipeline``, the loop placement of every schedule here): evenly, or
     with the first and last pipeline *stage* (rank) holding ``first`` and ``last`` blocks over
@@ -653,7 +653,8 @@ def split_layers(layers: int, pipeline: int, virtual: int = 1, first: int | None
     + 1 x 7 blocks on rank 0 and 1 x 7 + 0 on rank 15 (Megatron-Core's
     ``--pipeline-model-parallel-layout`` expresses both: ``E|(t|)*126,L``). Every other chunk
     holds a block or more. A split that cannot hold the layers is one line naming valid ones
-    (pipeline degrees that divide ``gpus``, where given)."""
+    (pipeline degrees that divide ``gpus``, where given: the GPUs the other degrees leave the
+    pipeline, which ``where`` describes, "on 8 GPUs" unless given)."""
     chunks = pipeline * virtual
     what = f"{pipeline} pipeline stages" + (f" x {virtual} virtual stages" if virtual > 1 else "")
     if first is None and last is None:
@@ -670,7 +671,7 @@ def split_layers(layers: int, pipeline: int, virtual: int = 1, first: int | None
         below = max((d // virtual for d in valid if d < chunks), default=None)
         above = min((d // virtual for d in valid if d > chunks), default=None)
         nearest = " or ".join(str(d) for d in (below, above) if d is not None)
-        on = f" on {gpus} GPUs" if gpus else ""
+        on = f" {where or f'on {gpus} GPUs'}" if gpus else ""
         examples = _uneven_examples(layers, pipeline, virtual)
         shorten = (f"; or shorten the first and last stages (--first-stage-layers, --last-stage-layers: "
                    f"{examples})") if examples else ""

@@ -82,11 +82,19 @@ def test_a_pipeline_the_layers_do_not_allow_is_one_line():
 
 def test_the_pipeline_degrees_a_bad_split_names_divide_the_gpus():
     """12 blocks over 8 stages on 8 GPUs: 6 and 12 split the blocks but not the GPUs; of the
-    degrees that do both (1, 2, 4), 4 is the nearest below 8 and none is above."""
+    degrees that do both (1, 2, 4), 4 is the nearest below 8 and none is above. Beside a tensor
+    degree, the GPUs it leaves."""
     result = CliRunner().invoke(cli, [*ARGS, "-O", "n_layer=12", "--gpus", "8", "--pp", "8", "--data", "zero1"])
     assert result.exit_code == 2, result.output
     assert "12 layers do not split evenly into 8 pipeline stages; nearest valid pipeline degrees on 8 GPUs: 4;" \
         in result.output and len(result.output.strip().splitlines()) == 1
+    # beside --tp 8 on 48 GPUs a pipeline degree must divide the 6 GPUs left: of 8 blocks' 1, 2, 4, 8,
+    # only 2 (4 x 8 = 32 does not divide 48)
+    result = CliRunner().invoke(cli, [*ARGS, "-O", "n_layer=8", "-O", "n_head=16", "--gpus", "48", "--tp", "8",
+                                      "--pp", "3"])
+    assert result.exit_code == 2, result.output
+    assert "8 layers do not split evenly into 3 pipeline stages; nearest valid pipeline degrees with --tp 8 on " \
+           "48 GPUs: 2;" in result.output and len(result.output.strip().splitlines()) == 1
 
 
 def test_pipeline_splits_that_cannot_hold_the_layers_are_one_line():
@@ -570,8 +578,8 @@ def test_an_uneven_split_is_planned_with_the_schedules_that_hold_it():
     planned = [r["execution"] for r in doc["ranked"]]
     assert planned and all((e["pipeline"], e["pipeline_schedule"], e["first_stage_layers"], e["last_stage_layers"])
                            == (4, "1f1b", 2, 2) for e in planned)
-    assert any(n.startswith("interleaved schedules left out at --pp 4: 2 chunks a rank cannot hold 10 layers with "
-                            "first stage 2, last stage 2") for n in doc["notes"]), doc["notes"]
+    assert any(n.startswith("interleaved schedules left out at pipeline degree 4: 2 chunks a rank cannot split 10 "
+                            "layers with first stage 2, last stage 2") for n in doc["notes"]), doc["notes"]
     for asked in (["--schedule", "interleaved-1f1b"], ["--vpp", "2"]):
         result = CliRunner().invoke(cli, [*ARGS, *uneven, *asked])
         assert result.exit_code == 2, result.output
@@ -958,16 +966,16 @@ def test_a_framework_that_runs_none_of_the_asked_layouts_is_one_line():
                     and "Try" not in line]) == 1
 
 
-def test_the_text_says_whether_the_host_is_hidden_and_whose_layout_each_config_is():
-    """Each ranked layout is two lines, the second saying the host's time to issue the step and,
-    from the same figures the JSON gives, whether the device's compute hides it; the header counts its rank roles in
+def test_the_text_says_the_hosts_share_of_the_step_and_whose_layout_each_config_is(tmp_path):
+    """Each ranked layout is two lines, the second saying the host's time to issue the step and
+    its share of the step, from the same figures the JSON gives; the header counts its rank roles in
     words; where torchtitan's configs are the second layout's (it has no ZeRO-1), Megatron-LM's
     arguments say they are the fastest's."""
     args = ["plan", "gpt2", "-O", "n_layer=2", "--seq", "128", "--batch", "2", "--amp", "bf16", "--gpu", "h100",
             "--gpus", "2"]
-    doc = json.loads(CliRunner().invoke(cli, [*args, "--json"]).output)
-    result = CliRunner().invoke(cli, args)
+    result = CliRunner().invoke(cli, [*args, "--output", str(tmp_path / "plan.json")])  # the text, and the JSON
     assert result.exit_code == 0, result.output
+    doc = json.loads((tmp_path / "plan.json").read_text())
     lines = result.output.splitlines()
     roles = doc["traced_roles"]
     assert lines[0].endswith(f"; {roles} rank role{'' if roles == 1 else 's'} traced")
@@ -975,12 +983,24 @@ def test_the_text_says_whether_the_host_is_hidden_and_whose_layout_each_config_i
         at = next(n for n, x in enumerate(lines) if x.startswith(f"{i}. "))
         assert lines[at].endswith(" GiB/GPU") and lines[at + 1].startswith("   compute ")
         line = lines[at + 1]
-        split = planned["time_split_s"]
-        assert f"host {split['host_s'] * 1e3:.2f} ms to issue it (" in line
-        host_bound = split["host_s"] > split["compute_s"]
-        assert ("host-bound, the device waits on it" in line) == host_bound, line
-        assert ("beside the device's compute, hidden" in line) == (not host_bound), line
+        host, step = planned["time_split_s"]["host_s"], planned["step_time_s"]
+        assert f"host {host * 1e3:.2f} ms to issue it (beside the device, {round(100 * host / step)}% of the step)" \
+            in line, line
     assert doc["torchtitan_layout"]["rank"] == 2 and not doc.get("megatron_layout")
     assert "torchtitan config (plan.toml) for #2," in result.output
     assert "Megatron-LM arguments (the layout's; the model's own, --num-layers, --hidden-size and the rest, " \
            "--num-experts and --moe-router-topk for experts, are the run's) for #1, the fastest:" in result.output
+
+
+def test_asked_chunks_at_searched_pipeline_degrees_leave_out_what_they_cannot_split():
+    """--vpp 2 (the default count, given) with the pipeline degree searched: 12 blocks over 4
+    stages are 3 a stage, which 2 chunks cannot split, so interleaving is left out there and
+    said; the plan still ranks layouts (it used to refuse the whole search)."""
+    result = CliRunner().invoke(cli, [*ARGS, "-O", "n_layer=12", "--gpus", "8", "--tp", "1", "--data", "zero1",
+                                      "--vpp", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["ranked"]
+    assert any(n.startswith("interleaved schedules left out at pipeline degree 4: 2 chunks a rank cannot split 12 "
+                            "layers (every chunk") for n in doc["notes"]), doc["notes"]
+    assert not any(r["execution"]["pipeline"] == 4 and r["execution"]["virtual_stages"] > 1 for r in doc["ranked"])

@@ -111,12 +111,14 @@ def test_the_expert_overlap_is_megatron_cores_alone():
 
 def test_megatrons_context_parallelism_runs_the_all_gather_scheme_the_plan_times():
     """search.plan.context times keys and values all-gathered over the context ranks; Megatron-LM's
-    default --cp-comm-type is its p2p ring, so the arguments name allgather."""
+    default --cp-comm-type is its p2p ring, so the arguments name the all-gather scheme, by the
+    string Transformer Engine's attn_forward_func_with_cp branches on ("all_gather"; any other
+    raises "Unsupported communication type")."""
     from nnperf.report.engine_configs import megatron_args
 
     e = Execution(world=8, data="zero1", tensor=2, sequence_parallel=True, context=2, grad_accum=2)
     args = megatron_args(e, 4, amp="bf16")
-    assert "--context-parallel-size 2 \\\n" in args and "--cp-comm-type allgather \\\n" in args
+    assert "--context-parallel-size 2 \\\n" in args and "--cp-comm-type all_gather \\\n" in args
     assert "--cp-comm-type" not in megatron_args(replace(e, context=1, world=4), 4, amp="bf16")
 
 

@@ -378,14 +378,13 @@ def _slowed(split: Any) -> str:
     return f" ({'; '.join(parts)})" if parts else ""
 
 
-def _host(split: Any) -> str:
-    """The host's time to issue the step, and whether the device's work hides it (``split``: a
-    ``TimeSplit``): it runs beside the device, and only where it is the longer does the step
-    wait on it."""
-    host = f"host {split.host_s * 1e3:.2f} ms to issue it"
-    if split.host_s > split.compute_s:
-        return host + " (more than the device's compute: host-bound, the device waits on it)"
-    return host + " (beside the device's compute, hidden)"
+def _host(planned: Any) -> str:
+    """The host's time to issue the step, as a share of the step (``planned``: a ``Planned``):
+    it runs beside the device, so it is no part of the sum before it; near the whole step, the
+    step waits on the host (the host-bound case), well below it the device's work hides it."""
+    host, step = planned.split.host_s, planned.step_s
+    share = f", {host / step:.0%} of the step" if step else ""
+    return f"host {host * 1e3:.2f} ms to issue it (beside the device{share})"
 
 
 def _print(result: Any, configs: dict[str, Any]) -> None:
@@ -406,7 +405,7 @@ def _print(result: Any, configs: dict[str, Any]) -> None:
                    f"{rate(p.throughput, p.throughput_unit)}, MFU {p.mfu:.1%}, "
                    f"{p.memory_bytes / 2**30:.2f} GiB/GPU")
         click.echo(f"   compute {p.split.compute_s * 1e3:.2f} ms{_slowed(p.split)}, "
-                   f"exposed communication: {exposed}{extra}; {_host(p.split)} — {p.reason}")
+                   f"exposed communication: {exposed}{extra}; {_host(p)} — {p.reason}")
     for p in result.rejected:
         click.echo(f"rejected: {p.execution.describe()}: {p.reason}")
     for note in result.notes:

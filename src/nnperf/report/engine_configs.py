@@ -293,8 +293,9 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
         raise NotExpressible("Megatron-Core runs --overlap-moe-expert-parallel-comm with a bf16 or fp16 model only "
                              "(TransformerConfig's check): plan with --amp bf16 or --dtype bf16")
     args = [f"--tensor-model-parallel-size {e.tensor}", f"--pipeline-model-parallel-size {e.pipeline}"]
-    if e.context > 1:  # the scheme the plan times (search.plan.context): K and V all-gathered, not Megatron's p2p ring
-        args += [f"--context-parallel-size {e.context}", "--cp-comm-type allgather"]
+    if e.context > 1:  # the scheme the plan times (search.plan.context): K and V all-gathered, not Megatron's p2p
+        # ring; the string Transformer Engine's attn_forward_func_with_cp takes (its "all_gather" branch)
+        args += [f"--context-parallel-size {e.context}", "--cp-comm-type all_gather"]
     if e.expert > 1:  # carved out of the data-parallel ranks, the experts' gradients reduced over the rest;
         # tokens sent to their experts as planned: by all-to-all (Megatron-LM's default is allgather) or
         # DeepEP (the flex dispatcher's backend, Megatron-Core 0.14 on)

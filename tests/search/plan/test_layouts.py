@@ -91,6 +91,13 @@ def test_why_fixed_degrees_leave_no_layout():
     # 8 gives a rank 4 samples, which make 4 micro-batches, so the short pipeline is not searched
     assert why_no_layout(8, 8, 5, [1], [4], [1], ["1f1b"], {"zero1"}, {2}).endswith(
         "(8 GPUs / (tp 1 x pp 4)) in micro-batches of 2; try --global-batch 4 or 16")
+    # no pipeline: any multiple of the 4 ranks runs, whatever the schedules (none here)
+    assert why_no_layout(8, 8, 18, [2], [1], [1], [], {"zero1"}).endswith("try --global-batch 16 or 20")
+    # zero-bubble does not run beside ZeRO-1's reducer over 2 ranks: no global batch runs, none named
+    assert why_no_layout(8, 8, 5, [1], [4], [1], ["zero-bubble"], {"zero1"}) == (
+        "the global batch 5 does not divide over the 2 data-parallel ranks (8 GPUs / (tp 1 x pp 4))")
+    assert why_no_layout(8, 8, 5, [1], [4], [1], ["zero-bubble"], {"zero1", "fsdp"}).endswith(
+        "try --global-batch 8")  # FSDP's zero-bubble: 4 micro-batches a rank, a multiple of the stages
 
 
 def test_expert_parallelism_divides_ddp_and_zero1_replicas_as_fsdps_shard_group():

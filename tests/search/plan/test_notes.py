@@ -104,10 +104,13 @@ def test_context_parallelism_says_it_is_timed_in_closed_form():
 
 def test_a_megatron_layout_planned_in_fp32_says_megatron_runs_16_bits():
     """Megatron-LM holds the model in 16 bits (--bf16): an fp32 plan (no --amp, no --dtype, or
-    --dtype fp32) of its layouts says how to time that; a 16-bit plan, or FSDP alone, does not."""
-    zero1 = Execution(world=8, data="zero1")
-    assert FP32_MEGATRON in _notes(zero1)
-    assert FP32_MEGATRON in _notes(zero1, options=TraceOptions(dtype="fp32"))
-    for options in (TraceOptions(amp="bf16"), TraceOptions(dtype="bf16"), TraceOptions(amp="fp16")):
-        assert FP32_MEGATRON not in _notes(zero1, options=options)
-    assert FP32_MEGATRON not in _notes(Execution(world=8, data="fsdp", shard=8))
+    --dtype fp32 or fp64) of DDP or ZeRO-1 layouts, whose Megatron-LM arguments it writes, says
+    how to time that; a 16-bit plan, or FSDP alone, does not."""
+    fp32 = FP32_MEGATRON.format(dtype="fp32")
+    for layout in (Execution(world=8, data="zero1"), Execution(world=8, data="ddp")):
+        assert fp32 in _notes(layout)
+        assert fp32 in _notes(layout, options=TraceOptions(dtype="fp32"))
+        assert FP32_MEGATRON.format(dtype="fp64") in _notes(layout, options=TraceOptions(dtype="fp64"))
+        for options in (TraceOptions(amp="bf16"), TraceOptions(dtype="bf16"), TraceOptions(amp="fp16")):
+            assert not any(n.startswith("planned in") for n in _notes(layout, options=options))
+    assert fp32 not in _notes(Execution(world=8, data="fsdp", shard=8))

@@ -25,11 +25,13 @@ def search_axes(request: ModelRequest, gpus: int, nodes_of: int, layers: int | N
                 tensor: Iterable[int] | None, pipeline: Iterable[int] | None,
                 model_info: tuple[Any, dict[str, Any], int | None] | None,
                 split: PipelineSplitChoice | None = None,
-                schedules: Iterable[str] = DEFAULT_SCHEDULES) -> tuple[list[int], list[int]]:
+                schedules: Iterable[str] = DEFAULT_SCHEDULES,
+                context: Iterable[int] = (1,)) -> tuple[list[int], list[int]]:
     """The tensor and pipeline degrees to try: what the user gave (checked: a degree that does
     not divide the model is one line), else every degree the model and the nodes allow.
     ``model_info``: ``model_info(request, layers)``; ``split``: an uneven first and last stage
-    the pipelines must hold with one of ``schedules``."""
+    the pipelines must hold with one of ``schedules``; ``context``: the context degrees, which
+    with one tensor degree fix the GPUs a pipeline degree must divide."""
     split = split or PipelineSplitChoice()
 
     if tensor is not None:
@@ -58,7 +60,7 @@ def search_axes(request: ModelRequest, gpus: int, nodes_of: int, layers: int | N
             if pp > 1:
                 if layers is None:
                     raise UsageError("pipeline parallelism needs a built-in gpt2 or llama model (a stage split)")
-                split.check(layers, pp, schedules, gpus)  # one line where it cannot hold them
+                split.check(layers, pp, schedules, *_pipeline_room(gpus, tensor, context))  # one line
     elif layers is None or model_info is None or not _pipelines(model_info[0]):
         pipeline = [1]
     else:
@@ -69,6 +71,17 @@ def search_axes(request: ModelRequest, gpus: int, nodes_of: int, layers: int | N
                              "(a built-in gpt2 or llama model)")
         pipeline = [p for p in pipeline if p > 1]  # an uneven split is a pipeline's
     return tensor, pipeline
+
+
+def _pipeline_room(gpus: int, tensor: list[int], context: Iterable[int]) -> tuple[int, str]:
+    """The GPUs a pipeline degree must divide, and how to say so: those one tensor and one
+    context degree leave of ``gpus`` ("with --tp 8 on 48 GPUs"), else all of them."""
+    context = list(context)
+    fixed = [(name, d[0]) for name, d in (("tp", tensor), ("cp", context)) if len(d) == 1 and d[0] > 1]
+    taken = math.prod(d for _, d in fixed)
+    if len(tensor) != 1 or len(context) != 1 or taken == 1 or gpus % taken:
+        return gpus, f"on {gpus} GPUs"
+    return gpus // taken, f"with {' '.join(f'--{name} {d}' for name, d in fixed)} on {gpus} GPUs"
 
 
 def check_virtual_stages(layers: int | None, pipeline: Iterable[int], schedules: Iterable[str],
@@ -86,22 +99,25 @@ def check_virtual_stages(layers: int | None, pipeline: Iterable[int], schedules:
 
 
 def unheld_interleaving(layers: int | None, pipeline: Iterable[int], schedules: Iterable[str],
-                        split: PipelineSplitChoice) -> list[str]:
-    """A note for each pipeline degree whose uneven split (``--first-stage-layers``,
-    ``--last-stage-layers``) the interleaved schedules cannot hold at the default chunks per rank:
-    the search ranks the one-chunk schedules there, and says so rather than drop them unseen."""
+                        split: PipelineSplitChoice, chunks_asked: bool = False) -> list[str]:
+    """A note naming the pipeline degrees whose stages the interleaved schedules cannot split
+    into the chunks a rank asked for (``--vpp``, ``chunks_asked``) or into the default count
+    beside an uneven split (``--first-stage-layers``, ``--last-stage-layers``): the search ranks
+    the one-chunk schedules there, and says so rather than drop interleaving unseen. The default
+    count at an even split says nothing: a stage count it cannot split is the search's to skip."""
     schedules = list(schedules)
-    if layers is None or (split.first is None and split.last is None) or \
-            not any(SCHEDULES[s].multi_chunk for s in schedules):
+    uneven = split.first is not None or split.last is not None
+    if layers is None or not (uneven or chunks_asked) or not any(SCHEDULES[s].multi_chunk for s in schedules):
         return []
     unheld = [pp for pp in pipeline if pp > 1 and not any(split.holds(layers, pp, v) for v in split.virtual)]
     if not unheld:
         return []
-    chunks = ", ".join(map(str, split.virtual))
+    chunks = " or ".join(map(str, split.virtual))
     ends = ", ".join(f"{n} stage {v}" for n, v in (("first", split.first), ("last", split.last)) if v is not None)
-    return [f"interleaved schedules left out at --pp {listed(unheld)}: {chunks} chunks a rank cannot hold {layers} "
-            f"layers with {ends} (every chunk between the end stages alike); ranked: the one-chunk schedules "
-            "there (--schedule interleaved-1f1b names the splits and chunk counts that hold)"]
+    with_ends = f" with {ends}" if ends else ""
+    return [f"interleaved schedules left out at pipeline degree {listed(unheld)}: {chunks} chunks a rank cannot "
+            f"split {layers} layers{with_ends} (every chunk between the end stages alike); ranked: the one-chunk "
+            "schedules there (--pp with --schedule interleaved-1f1b names the splits and chunk counts that hold)"]
 
 
 #: Why a model gets no tensor or pipeline layouts (``axes_note``, and ``--tp`` refused for it).

@@ -6,7 +6,6 @@ micro-batch and checkpointing differ, and the search bisects over the micro-batc
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -55,13 +54,14 @@ class PipelineSplitChoice:
         one block in each chunk of those)."""
         return any(self.holds(layers, pipeline, v) for v in self.chunks_per_rank(schedules))
 
-    def check(self, layers: int, pipeline: int, schedules: Iterable[str], gpus: int | None = None) -> None:
+    def check(self, layers: int, pipeline: int, schedules: Iterable[str], gpus: int | None = None,
+              where: str | None = None) -> None:
         """One line naming the valid splits where no schedule of ``schedules`` can hold the
         layers over ``pipeline`` stages (the one-chunk schedule's line where one was asked for;
-        the pipeline degrees it names divide ``gpus``)."""
+        the pipeline degrees it names divide ``gpus``, described by ``where``: ``split_layers``)."""
         if not self.holds_any(layers, pipeline, schedules):
             split_layers(layers, pipeline, (self.chunks_per_rank(schedules) or [1])[0], self.first, self.last,
-                         gpus=gpus)
+                         gpus=gpus, where=where)
 
 
 def _nearest_gpu_counts(gpus: int, global_batch: int) -> str:
@@ -270,25 +270,6 @@ def _nearest_multiples(value: int, unit: int) -> str:
     return " or ".join(str(b) for b in (below, below + unit) if b > 0)
 
 
-def global_batch_hint(gpus: int, global_batch: int, tensor: list[int], pipeline: list[int], context: list[int],
-                          sizes: set[int] | None) -> str:
-    """The global batches nearest ``global_batch`` that divide over the data-parallel ranks of
-    the one layout the degrees leave (times the micro-batch, where one is asked for), as Megatron-LM
-    requires of --global-batch-size; a generic hint where the degrees are searched."""
-    generic = "--global-batch a multiple of the GPU count"
-    ranks = _fixed_ranks(gpus, tensor, pipeline, context)
-    if ranks is None:
-        return generic
-    micro = min(sizes) if sizes and len(sizes) == 1 else 1
-    stages = pipeline[0]  # a multiple of the stages in micro-batches suits every schedule
-    if global_batch % (ranks * micro) == 0:
-        return generic
-    nearest = _nearest_multiples(global_batch, ranks * micro * stages)
-    factors = [f"{ranks} data-parallel ranks" if ranks > 1 or (micro == 1 and stages == 1) else ""]
-    factors += [f"micro-batch {micro}"] * (micro > 1) + [f"{stages} pipeline stages"] * (stages > 1)
-    return f"--global-batch {nearest} (a multiple of {' x '.join(f for f in factors if f)})"
-
-
 def why_no_layout(gpus: int, nodes_of: int, global_batch: int, tensor: list[int], pipeline: list[int],
                   context: list[int], schedules: Iterable[str], kinds: set[str],
                   sizes: set[int] | None = None) -> str | None:
@@ -305,11 +286,12 @@ def why_no_layout(gpus: int, nodes_of: int, global_batch: int, tensor: list[int]
     if global_batch % (dp * micro):
         degrees = " x ".join(f"{name} {d}" for name, d in (("tp", tensor[0]), ("pp", pp), ("cp", context[0]))
                              if d > 1 or name == "tp")
-        over = f"the {dp} data-parallel ranks ({gpus} GPUs / ({degrees}))"
+        over = f"the {dp} data-parallel rank{'' if dp == 1 else 's'} ({gpus} GPUs / ({degrees}))"
         if micro > 1:
             over += f" in micro-batches of {micro}"
-        return (f"the global batch {global_batch} does not divide over {over}; try --global-batch "
-                f"{_nearest_runnable(global_batch, dp, pp, micro, schedules, megatron)}")
+        nearest = _nearest_runnable(global_batch, dp, pp, micro, schedules, kinds)
+        return (f"the global batch {global_batch} does not divide over {over}"
+                + (f"; try --global-batch {nearest}" if nearest else ""))
     if pp == 1:
         return None  # not the pipeline: another's to say
     local = global_batch // dp
@@ -328,17 +310,33 @@ def why_no_layout(gpus: int, nodes_of: int, global_batch: int, tensor: list[int]
             + ("" if megatron or "1f1b" not in schedules else ", or --data ddp or zero1 (Megatron-LM's 1F1B runs fewer)"))
 
 
-def _nearest_runnable(global_batch: int, dp: int, pp: int, micro: int, schedules: list[str], megatron: bool) -> str:
-    """The global batches either side of ``global_batch`` that ``dp`` data-parallel ranks run in
-    micro-batches of ``micro`` with some schedule of ``schedules`` over ``pp`` stages: "4 or 8"."""
+def _nearest_runnable(global_batch: int, dp: int, pp: int, micro: int, schedules: list[str],
+                      kinds: set[str]) -> str | None:
+    """The global batches either side of ``global_batch`` that ``dp`` data-parallel ranks of one
+    of ``kinds`` run in micro-batches of ``micro`` with some schedule of ``schedules`` over ``pp``
+    stages, as ``_splits`` builds layouts (zero-bubble not beside DDP's reducer, Megatron-LM's
+    short 1F1B beside its data parallelism): "4 or 8"; None where none of them runs any. Within
+    ``pp`` multiples of the unit above: a rank's ``pp`` micro-batches run on every schedule."""
     unit = dp * micro
 
     def runs(batch: int) -> bool:
-        return any((batch // dp) // micro in _micro_batch_counts(s, pp, batch // dp, megatron) for s in schedules)
+        if pp == 1:  # no pipeline: any accumulation of the rank's samples
+            return True
+        local = batch // dp
+        for kind in kinds:
+            replicates = DATA_ENGINES[kind].replicates_parameters
+            for schedule in schedules:
+                if schedule == "zero-bubble" and replicates and dp > 1:
+                    continue
+                if local // micro in _micro_batch_counts(schedule, pp, local, replicates or dp == 1):
+                    return True
+        return False
 
-    below = next((b for b in range(global_batch // unit * unit, 0, -unit) if runs(b)), None)
-    above = next(b for b in itertools.count(global_batch // unit * unit + unit, unit) if runs(b))
-    return " or ".join(str(b) for b in (below, above) if b is not None)
+    start = global_batch // unit * unit
+    below = next((b for b in range(start, 0, -unit) if runs(b)), None)
+    above = next((b for b in range(start + unit, start + unit * (pp + 1) + 1, unit) if runs(b)), None)
+    found = [str(b) for b in (below, above) if b is not None]
+    return " or ".join(found) or None
 
 
 def _micro_batch_counts(schedule: str, pp: int, local: int, megatron: bool = False) -> list[int]:

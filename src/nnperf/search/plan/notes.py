@@ -74,17 +74,17 @@ EXPERT_OVERLAP_WITH_TENSOR = (
 
 #: Context parallelism is timed in closed form (``search.plan.context``), not traced.
 CONTEXT_PARALLEL = (
-    "context parallelism is timed in closed form, as torchtitan's all-gather ring runs it "
+    "context parallelism is timed in closed form, as torchtitan runs it with its all-gather rotate method "
     "(search.plan.context): each layer's keys and values all-gathered over the context ranks and "
     "their gradients reduce-scattered, counted exposed (an upper bound), attention over the whole "
-    "sequence's causal pairs; Megatron-LM's arguments say --cp-comm-type allgather, the same "
+    "sequence's causal pairs; Megatron-LM's arguments say --cp-comm-type all_gather, the same "
     "scheme (its default p2p ring overlaps the exchange with attention)")
 
 
 #: A Megatron-style layout planned in fp32: Megatron-LM trains with --bf16 or --fp16.
 FP32_MEGATRON = (
-    "planned in fp32 (no --amp or --dtype): Megatron-LM's runs hold the model in 16 bits (--bf16), "
-    "and the arguments below have no --bf16; plan with --amp bf16 (or --dtype bf16) to time that")
+    "planned in {dtype}: Megatron-LM's runs hold the model in 16 bits (--bf16), and its arguments for "
+    "this plan carry no precision flag; plan with --amp bf16 (or --dtype bf16) to time that")
 
 
 SPLIT_EXPERTS = (
@@ -140,9 +140,9 @@ def notes(request: ModelRequest, options: TraceOptions, results: list[Planned], 
         notes.append(FP32_MAIN_GRADIENTS.format(dtype=options.dtype))
     if any(p.execution.context > 1 for p in results):
         notes.append(CONTEXT_PARALLEL)
-    if options.amp is None and options.dtype in (None, "fp32") and any(p.execution.megatron_layout
-                                                                       for p in results):
-        notes.append(FP32_MEGATRON)
+    if options.amp is None and options.dtype in (None, "fp32", "fp64") and any(
+            p.execution.replicates_parameters for p in results):  # DDP or ZeRO-1: Megatron-LM's arguments
+        notes.append(FP32_MEGATRON.format(dtype=options.dtype or "fp32"))
     if any(p.execution.expert_overlap and p.execution.tensor > 1 for p in results):
         notes.append(EXPERT_OVERLAP_WITH_TENSOR)
     if any(p.execution.expert > 1 and p.execution.tensor > 1 and p.execution.expert_tensor is None

@@ -66,7 +66,6 @@ from nnperf.search.plan.layouts import (
     PipelineSplitChoice,
     check_expert_degrees,
     check_micro_batches,
-    global_batch_hint,
     layouts,
     shape_key,
     why_no_layout,
@@ -77,7 +76,7 @@ from nnperf.search.plan.results import Plan, Planned
 from nnperf.search.plan.states import WHAT as STATES_BOUND
 from nnperf.search.plan.states import states_bound
 from nnperf.trace.distributed import import_engines
-from nnperf.trace.options import TraceOptions
+from nnperf.trace.options import AMP_DTYPES, TraceOptions
 
 #: The checkpointing levels the search may try, in order (``nnperf.layout``), and the indices
 #: of those it tries unless told (none, the engine's selective policy, full).
@@ -85,8 +84,6 @@ CHECKPOINTS = CHECKPOINT_LEVELS
 SEARCHED_LEVELS = tuple(CHECKPOINTS.index(level) for level in SEARCHED_CHECKPOINTS)
 #: The data-parallel engines a user may restrict the search to (``nnperf plan --data``).
 DATA_KINDS = DATA_PARALLEL
-#: The 16-bit formats Megatron-LM's --bf16 and --fp16 hold a model in.
-HALF = ("bf16", "fp16")
 
 
 def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, cluster: Cluster,
@@ -155,14 +152,15 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     tensor, pipeline = chunked_loss_axes(options, tensor, pipeline)
     split = split or PipelineSplitChoice()
     tensor, pipeline = search_axes(request, gpus, nodes_of, layers, tensor, pipeline, info, split,
-                                   schedules)  # the model's rules first
+                                   schedules, context)  # the model's rules first
     left_out = axes_note(request, gpus, asked, tensor, pipeline, info)
     if not gpus_first:
         check_degrees(gpus, nodes_of, *asked, context, layers=layers)
-    if split.virtual_asked or split.virtual != PipelineSplitChoice().virtual:  # asked for: each must split the stages
+    asked_chunks = split.virtual_asked or split.virtual != PipelineSplitChoice().virtual
+    if asked_chunks and asked[1] is not None:  # chunks asked for at the asked degrees: each must split their stages
         check_virtual_stages(layers, pipeline, schedules, split)
-    else:
-        left_out += unheld_interleaving(layers, pipeline, schedules, split)
+    else:  # searched degrees: interleaving left out where it cannot split them, and said
+        left_out += unheld_interleaving(layers, pipeline, schedules, split, asked_chunks)
     expert = expert_degrees(request, gpus, nodes_of, expert, info)
     kinds = set(DATA_KINDS if data is None else data)
     sizes = None if micro_batch is None else set(micro_batch)
@@ -228,7 +226,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         check_expert_degrees(gpus, nodes_of, global_batch, tensor=tensor, pipeline=pipeline, context=context,
                              expert=expert, kinds=kinds, expert_count=experts, layers=layers,
                              schedules=schedules, split=split, expert_tensor=expert_tensor)
-    if expert_overlap and options.amp not in HALF and options.dtype not in HALF:
+    if expert_overlap and options.amp not in AMP_DTYPES and options.dtype not in AMP_DTYPES:
         # TransformerConfig.__post_init__: "overlap_moe_expert_parallel_comm is only supported with
         # bf16 or fp16 model"
         raise UsageError("--ep-overlap is Megatron-LM's --overlap-moe-expert-parallel-comm, which Megatron-Core runs "
@@ -349,7 +347,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
                                   "or the shard group (fsdp, hsdp, without tensor parallelism), without context "
                                   "parallelism"
                                   if max(expert) > 1 else "")
-            + "; try other degrees or " + global_batch_hint(gpus, global_batch, tensor, pipeline, context, sizes))
+            + "; try other degrees or --global-batch a multiple of the GPU count")
     slower = [p for p in results if p.time_bound]
     results = [p for p in results if not p.time_bound]
     ranked = sorted((p for p in results if p.fits), key=lambda p: p.step_s)
