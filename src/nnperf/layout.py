@@ -282,9 +282,10 @@ class Execution:
         """This layout at a search level (``CHECKPOINT_LEVELS``): ``ENGINE_SELECTIVE`` is the
         engine's own selective policy; fully recomputed, without the expert overlap, which
         Megatron-Core refuses beside it."""
-        checkpoint = self.engine_selective if level == ENGINE_SELECTIVE else level
-        # Megatron-Core runs the expert overlap without full recomputation only
-        return replace(self, checkpoint=checkpoint, expert_overlap=self.expert_overlap and checkpoint != "full")
+        leveled = replace(self, checkpoint=self.engine_selective if level == ENGINE_SELECTIVE else level)
+        if leveled.expert_overlap and leveled.expert_overlap_refusal():  # full recomputation: Megatron-Core refuses
+            return replace(leveled, expert_overlap=False)
+        return leveled
 
     @property
     def megatron_settings(self) -> bool:
@@ -398,8 +399,8 @@ class Execution:
         if self.token_dispatcher != "alltoall" and (self.expert == 1 or not self.replicates_parameters):
             raise UsageError(f"the {self.token_dispatcher} token dispatcher is Megatron-LM's flex dispatcher: it needs "
                              "expert parallelism (expert > 1) beside ddp or zero1")
-        if self.expert_overlap:
-            self._validate_expert_overlap()
+        if self.expert_overlap and (refusal := self.expert_overlap_refusal()):
+            raise UsageError(refusal)
         if self.optimizer_states not in OPTIMIZER_STATES:
             raise UsageError(f"unknown optimizer states {self.optimizer_states!r}; valid: {', '.join(OPTIMIZER_STATES)}")
         if self.optimizer_states != "fp32" and not self.shards_optimizer_only:
@@ -493,20 +494,23 @@ class Execution:
             return None
         return f"framework torch: the layout asks for Megatron-LM's {why}; valid: framework megatron, or drop it"
 
-    def _validate_expert_overlap(self) -> None:
-        """Megatron-Core's checks of --overlap-moe-expert-parallel-comm (TransformerConfig's
-        ``__post_init__``): expert parallelism, virtual pipeline stages where there is a
-        pipeline, no full recomputation; and Megatron-LM's data parallelism, which runs it."""
+    def expert_overlap_refusal(self) -> str | None:
+        """Why this layout cannot run Megatron-Core's --overlap-moe-expert-parallel-comm (None: it
+        can), the one rule the record's validation and the search's flags share: Megatron-Core's
+        checks (TransformerConfig's ``__post_init__``: expert parallelism, virtual pipeline stages
+        where there is a pipeline, no full recomputation) and Megatron-LM's data parallelism,
+        which runs it."""
         if self.expert < 2 or not self.replicates_parameters:
-            raise UsageError("expert_overlap is Megatron-LM's --overlap-moe-expert-parallel-comm: it needs expert "
-                             "parallelism (expert > 1) beside ddp or zero1")
+            return ("expert_overlap is Megatron-LM's --overlap-moe-expert-parallel-comm: it needs expert "
+                    "parallelism (expert > 1) beside ddp or zero1")
         if self.pipeline > 1 and self.pipeline_schedule != "interleaved-1f1b":
-            raise UsageError(f"expert_overlap with a pipeline needs virtual stages (Megatron-Core's check): "
-                             f"{self.pipeline_schedule} is not interleaved; valid: interleaved-1f1b with "
-                             "virtual_stages 2 or more, or pipeline 1")
+            return (f"expert_overlap with a pipeline needs virtual stages (Megatron-Core's check): "
+                    f"{self.pipeline_schedule} is not interleaved; valid: interleaved-1f1b with "
+                    "virtual_stages 2 or more, or pipeline 1")
         if self.checkpoint == "full":
-            raise UsageError("expert_overlap runs without full recomputation (Megatron-Core's check); valid "
-                             "checkpoints: " + ", ".join(c for c in ("none", *CHECKPOINTS) if c != "full"))
+            return ("expert_overlap runs without full recomputation (Megatron-Core's check); valid "
+                    "checkpoints: " + ", ".join(c for c in ("none", *CHECKPOINTS) if c != "full"))
+        return None
 
     def _validate_expert(self) -> None:
         """Expert parallelism carves the expert group out of the data-parallel ranks: out of

@@ -113,8 +113,9 @@ class _Clock:
     def compute(self, start: int, end: int, collectives: set[int]) -> float:
         """The compute stream's time over events ``[start, end)`` less its waits there for
         ``collectives``."""
-        waited = sum(seconds for op, collective, seconds in self.waits
-                     if start <= op < end and collective in collectives)
+        first = bisect.bisect_left(self.waits, (start,))  # the waits sorted by op: those in the span
+        last = bisect.bisect_left(self.waits, (end,))
+        waited = sum(seconds for _op, collective, seconds in self.waits[first:last] if collective in collectives)
         return max(0.0, self.at(end) - self.at(start) - waited)
 
 

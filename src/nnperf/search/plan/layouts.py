@@ -242,8 +242,8 @@ def _splits(common: dict[str, Any], pp: int, local: int, schedules: Iterable[str
     out = []
     for schedule in schedules:
         data_parallel = common["world"] // (common["tensor"] * pp * common["context"])
-        if schedule == "zero-bubble" and DATA_ENGINES[common["data"]].replicates_parameters and data_parallel > 1:
-            continue  # not with DDP's reducer (Execution.validate)
+        if not _runs_beside(schedule, common["data"], data_parallel):
+            continue
         for virtual in split.virtual if SCHEDULES[schedule].multi_chunk else (1,):
             if layers is not None and not split.holds(layers, pp, virtual):
                 continue
@@ -323,20 +323,21 @@ def _nearest_runnable(global_batch: int, dp: int, pp: int, micro: int, schedules
         if pp == 1:  # no pipeline: any accumulation of the rank's samples
             return True
         local = batch // dp
-        for kind in kinds:
-            replicates = DATA_ENGINES[kind].replicates_parameters
-            for schedule in schedules:
-                if schedule == "zero-bubble" and replicates and dp > 1:
-                    continue
-                if local // micro in _micro_batch_counts(schedule, pp, local, replicates or dp == 1):
-                    return True
-        return False
+        return any(local // micro in _micro_batch_counts(schedule, pp, local,
+                                                         DATA_ENGINES[kind].replicates_parameters or dp == 1)
+                   for kind in kinds for schedule in schedules if _runs_beside(schedule, kind, dp))
 
     start = global_batch // unit * unit
     below = next((b for b in range(start, 0, -unit) if runs(b)), None)
     above = next((b for b in range(start + unit, start + unit * (pp + 1) + 1, unit) if runs(b)), None)
     found = [str(b) for b in (below, above) if b is not None]
     return " or ".join(found) or None
+
+
+def _runs_beside(schedule: str, data: str, data_parallel: int) -> bool:
+    """Whether a pipeline schedule runs beside ``data_parallel`` ranks of the engine ``data``:
+    zero-bubble not beside DDP's reducer (``Execution.validate``)."""
+    return not (schedule == "zero-bubble" and DATA_ENGINES[data].replicates_parameters and data_parallel > 1)
 
 
 def _micro_batch_counts(schedule: str, pp: int, local: int, megatron: bool = False) -> list[int]:

@@ -196,8 +196,8 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
     by_index = {c.index: c for c in traced.collectives}
     pipelined = execution.pipeline > 1
     coalesced = megatron_sequence_parallel_grads(execution, traced.trace.config, by_index)
-    routing = routing_of(traced.workload.model) if execution.token_dispatcher == "deepep" else {}
-    estimate = collective_estimator(cluster, execution, routing)
+    moe_routing = routing_of(traced.workload.model)  # DeepEP's sends and the expert overlap's layers
+    estimate = collective_estimator(cluster, execution, moe_routing if execution.token_dispatcher == "deepep" else {})
     contention = _contention(cluster, gpu, by_index, estimate)
     comm = overlap(prediction.step, traced.trace, collective_timer(estimate, by_index, pipelined, coalesced),
                    contention, stream_of=lambda index: by_index[index].stream,
@@ -232,7 +232,7 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
     # what Megatron-Core's expert overlap would save (``Execution.expert_overlap`` decides
     # whether the plan takes it: the trace is the same either way)
     figures.expert_overlap_s = expert_overlap_saving(traced.trace, traced.collectives, comm, prediction.step.ops,
-                                                     contention, list(routing_of(traced.workload.model)))
+                                                     contention, list(moe_routing))
     _memory_by_phase(memory, figures)
     for c in traced.collectives:
         figures.collective_count[c.kind] = figures.collective_count.get(c.kind, 0.0) + 1

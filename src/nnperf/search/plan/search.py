@@ -633,8 +633,7 @@ def _with_megatron_flags(execution: Execution, tp_comm_overlap: bool, loss_fusio
     if not execution.replicates_parameters:
         return execution
     overlap = tp_comm_overlap and execution.sequence_parallel
-    overlap_experts = expert_overlap and execution.expert > 1 and execution.checkpoint != "full" and (
-        execution.pipeline == 1 or execution.pipeline_schedule == "interleaved-1f1b")
+    overlap_experts = expert_overlap and execution.expert_overlap_refusal() is None
     return replace(execution, tp_comm_overlap=overlap or execution.tp_comm_overlap,
                    expert_overlap=overlap_experts or execution.expert_overlap,
                    loss_fusion=loss_fusion or execution.loss_fusion,
