@@ -63,6 +63,31 @@ def test_a_fitting_pipeline_is_not_pruned():
     assert searched.to_json() == plain.to_json()
 
 
+@pytest.mark.parametrize("data", ["fsdp", "zero1"])
+def test_a_pipeline_is_pruned_once_its_traced_roles_alone_cannot_fit(data):
+    """Interleaved over 4 ranks, rank 0 holds a first and a middle chunk: on a GPU between its
+    first chunk's bound and the composed layout's memory, the first role alone fits and the
+    middle one's trace shows rank 0 cannot; the last role is left untraced, and the bound is
+    at most the memory composed from every role."""
+    from nnperf.hardware.catalog import DRIVER_RESERVE
+    from nnperf.passes.memory.capacity import capacity
+
+    def gpu_holding(nbytes: float):
+        return load_gpu("h100", overrides={"memory_gib": repr(nbytes / (1 - DRIVER_RESERVE) / 2**30)})
+
+    execution = replace(_pipeline("interleaved-1f1b", 2), data=data, shard=2 if data == "fsdp" else 1, grad_accum=8)
+    exact = _evaluated(execution)
+    first = evaluate(REQUEST, OPTIONS, execution, gpu_holding(2**20), CLUSTER, layers=16, cache=RoleCache(),
+                     prune=True)
+    assert first.memory_bound == "its first pipeline stage alone" and first.memory_bytes < exact.memory_bytes
+    between = gpu_holding((first.memory_bytes + exact.memory_bytes) / 2)
+    cache = RoleCache()
+    pruned = evaluate(REQUEST, OPTIONS, execution, between, CLUSTER, layers=16, cache=cache, prune=True)
+    assert not pruned.fits and pruned.memory_bound == "its first and middle pipeline stages alone"
+    assert capacity(between) < pruned.memory_bytes <= exact.memory_bytes
+    assert cache.traces == 2  # the first and the middle role, not the last
+
+
 def _first_role(execution: Execution, layers: int) -> RankCost:
     """The first stage's role as ``pipeline_step`` traces it: one micro-batch of GPipe over
     three stages, its blocks extrapolated to the layout's blocks per chunk."""
@@ -134,8 +159,10 @@ def test_a_pipelines_memory_is_at_least_its_blocks_state_and_in_flight_activatio
     10 blocks, worked out here), each block's bytes as FSDP over 8 at the same micro-batch
     traces them (less one row of each parameter per GPU: FSDP2's padding), and, not resharding
     after forward, its first chunk's gathered parameters when its first backward starts (10
-    blocks, or 5 of 2 chunks; in bf16 under --amp bf16: half the fp32 shards' bytes); the
-    composed layout holds at least that, and a GPU smaller than it is rejected untraced."""
+    blocks, or 5 of 2 chunks; in bf16 under --amp bf16: half the fp32 shards' bytes), or, at
+    the end of that chunk's backward, its states, that copy and the chunk's whole fp32 gradient
+    (torch's stage reduce-scatters it after); the composed layout holds at least each, and a
+    GPU smaller than the larger is rejected untraced."""
     from nnperf.search.plan.pipeline import blocks_in_flight
 
     layers = 40
@@ -168,8 +195,14 @@ def test_a_pipelines_memory_is_at_least_its_blocks_state_and_in_flight_activatio
     states = held - in_flight * block.saved_activations + gathered
     assert states <= _evaluated(other, layers).memory_bytes
     cut = work_bound(other, same_work([same]), None, capacity_bytes=states * 0.99, layers=layers, options=OPTIONS)
-    assert cut is not None and cut.memory_bytes == int(states) and "in-flight" not in cut.memory_bound
-    assert work_bound(other, same_work([same]), None, capacity_bytes=states * 1.01, layers=layers,
+    assert cut is not None and "in-flight" not in cut.memory_bound
+    # at the end of its first chunk's backward, torch's stage has not yet reduce-scattered the
+    # chunk's gradient: whole in fp32 (the reduce dtype under --amp bf16), twice its bf16
+    # gathered copy, beside that copy, the activations freed
+    ending = states + 2 * gathered
+    assert ending <= _evaluated(other, layers).memory_bytes and ending <= exact.memory_bytes
+    assert cut.memory_bytes == int(ending) and "accumulated gradient" in cut.memory_bound
+    assert work_bound(other, same_work([same]), None, capacity_bytes=ending * 1.01, layers=layers,
                       options=OPTIONS) is None
     # DDP's blocks save more (autocast's casts of its whole weights): no bound from it
     ddp = evaluate(request, OPTIONS, replace(flat, data="ddp", shard=1), GPU, CLUSTER, layers=layers, cache=RoleCache())

@@ -64,7 +64,12 @@ def work_bound(execution: Execution, work: dict[tuple[Any, ...], list[Planned]],
       with experts, whose shard group is smaller); everything else it holds only adds. Without
       an FSDP layout of the same work, one of the same tensor split (whose blocks'
       parameters and optimizer state are the same at any micro-batch and checkpointing) bounds
-      the states alone, the activations left out;
+      the states alone, the activations left out. At the end of its first chunk's last
+      backward, an FSDP/HSDP pipeline holds, besides its states and that gathered copy, the
+      chunk's whole gradient, accumulated in the reduce dtype (torch's stage reduce-scatters
+      it only after that backward), its activations freed: the larger of the two moments bounds
+      it (a 175B GPT's 24-block chunks over TP 2: 40 GiB gathered in bf16, 81 GiB of fp32
+      gradient);
     - time, where it is no faster than ``slower_than``: the least compute of those layouts."""
     same = work.get(_work_key(execution), []) if execution.pipeline > 1 else []
     sharded = next((p for p in same if p.execution.data == "fsdp" and p.per_block is not None), None)
@@ -82,7 +87,8 @@ def work_bound(execution: Execution, work: dict[tuple[Any, ...], list[Planned]],
         # parallel rank); rank 0 holds its own blocks over its own shard group
         params = max(0.0, block.states.parameters - block.param_row_bytes)
         optimizer = block.states.optimizer_state * params / block.states.parameters if block.states.parameters else 0.0
-        held = own * (params + optimizer) * shards / _shards(execution)
+        states = own * (params + optimizer) * shards / _shards(execution)
+        held = states
         parts = ["parameters", "optimizer state"]
         if sharded:
             held += blocks_in_flight(execution, layers) * block.saved_activations
@@ -93,15 +99,28 @@ def work_bound(execution: Execution, work: dict[tuple[Any, ...], list[Planned]],
         def stored(stage: int) -> float:  # a chunk's shard of its blocks over this layout's group
             return depths[stage] * params * shards / _shards(execution)
 
-        if gathered and not execution.reshard_after_forward:
+        first_gathered = gathered * stored(0) if gathered and not execution.reshard_after_forward else 0.0
+        if first_gathered:
             # its first chunk's, in its traced role as ``plan.pipeline`` composes rank 0
-            held += gathered * stored(0)
+            held += first_gathered
             parts[0] = "parameters (sharded and gathered)"
         later = unsharded_extra(replay_orders(execution)[0], 0, lambda s: gathered * stored(s),
                                 lambda s: accumulated * stored(s)) if gathered else 0.0
         if later:
             held += later
             parts.insert(1, "its later chunks' gathered blocks and gradients")
+        # the end of its first chunk's last backward, its activations freed: torch's stage defers
+        # FSDP2's reduce-scatter and reshard to after it (``backward_maybe_with_nosync``:
+        # ``set_requires_gradient_sync(False)``, ``set_reshard_after_backward(False)``, then
+        # ``post_backward`` by hand), so the chunk's gradient is whole, accumulated in the reduce
+        # dtype, beside its gathered copy, as its traced role holds them
+        ending = states + first_gathered + accumulated * stored(0)
+        if ending > held and ending > capacity_bytes:
+            gathered_too = "gathered copy and " if first_gathered else ""
+            return Planned(execution, memory_bytes=int(ending),
+                           memory_bound=f"its blocks' parameters and optimizer state, and its first chunk's "
+                                        f"{gathered_too}whole accumulated gradient at the end of its backward, "
+                                        f"alone, each block's as in {source.execution.describe()}")
         if held > capacity_bytes:
             return Planned(execution, memory_bytes=int(held),
                            memory_bound=f"its blocks' {', '.join(parts[:-1])} and {parts[-1]} alone, each block's "

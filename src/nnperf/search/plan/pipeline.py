@@ -47,7 +47,10 @@ each grows with the blocks), so rank 0's memory without them is a lower bound of
 layout's memory is the largest rank's. With one chunk per rank (GPipe, 1F1B) the bound is rank
 0's memory itself. A search that has a best step so far also stops where the first role bounds
 the step above it (``replay_lower_bound``: the schedule replayed with the other stages at their
-blocks' time, so the bound holds the bubble).
+blocks' time, so the bound holds the bubble). Each further role traced while one is left, it stops
+where some rank's memory without the terms of the roles left cannot fit, by the same argument (an
+interleaved rank 0's later chunks are middle roles: the HSDP pipelines of a 175B GPT's search were
+out of memory by their first and middle roles, the last left untraced).
 """
 
 from __future__ import annotations
@@ -186,9 +189,15 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
         if at_least >= slower_than:
             return Planned(execution, step_s=at_least, fits=True, memory_bytes=int(memory(0, roles)),
                            memory_bound="its first pipeline stage alone", time_bound=REPLAY_BOUND)
-    for stage in range(stages):
-        if role_of(stage) not in roles:
-            roles[role_of(stage)] = traced_role(role_of(stage))
+    wanted = list(dict.fromkeys(role_of(stage) for stage in range(stages)))
+    for role in wanted:
+        if role in roles:
+            continue
+        roles[role] = traced_role(role)
+        if prune and len(roles) < len(wanted) and (bound := int(max(memory(r, roles) for r in range(p)))) > capacity(gpu):
+            # every rank's memory without the untraced roles' terms: a lower bound as the first's
+            names = " and ".join(dict.fromkeys(name for name, _ in roles))
+            return Planned(execution, memory_bytes=bound, memory_bound=f"its {names} pipeline stages alone")
 
     def action_s(stage: int, kind: str) -> float:
         role = role_of(stage)

@@ -487,8 +487,11 @@ def _in_workers(request: ModelRequest, options: TraceOptions, gpu: GPU, cluster:
         outputs = [_run_task(i) for i in range(len(_TASKS))]
     else:  # forked workers inherit the tasks; a Ctrl-C or SIGTERM stops them (``in_processes``)
         import_engines()  # once here, not in every worker
-        # the largest groups first, so that the last one to start is a small one
-        largest_first = sorted(range(len(_TASKS)), key=lambda i: -len(_TASKS[i].group))
+        # the largest groups first, so that the last one to start is a small one; of groups as
+        # large, the deepest pipeline first: it holds the least per GPU, so the fewest of its
+        # layouts are bounded out untraced and the most stage roles of each are traced
+        largest_first = sorted(range(len(_TASKS)), key=lambda i: (-len(_TASKS[i].group),
+                                                                  -max(e.pipeline for e in _TASKS[i].group)))
         outputs = in_processes(_run_task, largest_first, workers, "fork")
     for _, made in outputs:
         cache.adopt(made)
