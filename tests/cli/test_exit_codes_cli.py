@@ -73,3 +73,4 @@ def test_clicks_own_usage_errors_are_one_line(args, words):
     assert result.exit_code == 2
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and words in lines[0] and "--help" in lines[0], result.output
+    assert lines[0].startswith("nnperf: error: ")  # as nnperf's own errors begin

@@ -76,8 +76,9 @@ class _Group(click.Group):
             click.echo(err.ctx.get_help() if err.ctx else "", err=True)
             sys.exit(err.exit_code)
         except click.UsageError as err:
+            # the prefix every other error has; the command's help where the user reads on
             where = err.ctx.command_path if err.ctx else "nnperf"
-            click.secho(f"{where}: error: {err.format_message()} (see '{where} --help')", fg="red", err=True)
+            click.secho(f"nnperf: error: {err.format_message()} (see '{where} --help')", fg="red", err=True)
             sys.exit(err.exit_code)
         except click.ClickException as err:
             click.secho(f"nnperf: error: {err.format_message()}", fg="red", err=True)
