@@ -210,6 +210,33 @@ def test_a_pipelines_memory_is_at_least_its_blocks_state_and_in_flight_activatio
     assert work_bound(execution, same_work([ddp]), None, capacity_bytes=0.0, layers=layers) is None
 
 
+@pytest.mark.parametrize("reshard", [False, True])
+def test_a_pipelines_bound_at_the_end_of_its_backward_stays_below_its_composed_memory(reshard):
+    """A 2048-wide Llama of 40 blocks on 4 stages, full checkpointing: its parameters dominate,
+    so the bound at the end of the first chunk's backward (its states, the chunk's gathered copy
+    and its whole fp32 gradient, worked out here from the FSDP layout's per-block bytes) is most
+    of the composed memory, and must stay below it less the CUDA context, which the bound leaves
+    out; the gathered copy is alive there whether or not the layout reshards after forward."""
+    wide = {"dim": 2048, "n_heads": 16, "ffn_hidden": 8192, "vocab": 512, "n_layer": 40}
+    request = replace(REQUEST, overrides=wide)
+    execution = Execution(world=8, data="fsdp", shard=2, pipeline=4, pipeline_schedule="1f1b", micro_batch=2,
+                          grad_accum=4, reshard_after_forward=reshard, checkpoint="full")
+    cache = RoleCache()
+    flat = evaluate(request, OPTIONS, Execution(world=8, data="fsdp", shard=8, micro_batch=1, grad_accum=1), GPU,
+                    CLUSTER, layers=40, cache=cache)
+    bound = work_bound(execution, same_work([flat]), None, capacity_bytes=0.0, layers=40, options=OPTIONS)
+    composed = evaluate(request, OPTIONS, execution, GPU, CLUSTER, layers=40, cache=cache)
+    block = flat.per_block
+    params = block.states.parameters - block.param_row_bytes
+    optimizer = block.states.optimizer_state * params / block.states.parameters
+    chunk = 10 * params * 8  # the first chunk's 10 blocks, whole, fp32
+    expected = 10 * (params + optimizer) * 8 / 2 + chunk * 0.5 + chunk  # bf16 copy, fp32 gradient
+    assert bound is not None and "accumulated gradient" in bound.memory_bound
+    assert bound.memory_bytes == pytest.approx(expected, abs=2)
+    assert 0.5 * (composed.memory_bytes - composed.context_bytes) < bound.memory_bytes
+    assert bound.memory_bytes <= composed.memory_bytes - composed.context_bytes
+
+
 def test_a_many_chunk_pipelines_bound_stays_below_its_composed_memory():
     """8 chunks per rank (a 4096-wide Llama of 64 blocks, 4 stages, FSDP over 64): rank 0's first
     chunk's gathered copies, as its traced role holds them, and its later chunks' gathered blocks

@@ -113,13 +113,13 @@ def work_bound(execution: Execution, work: dict[tuple[Any, ...], list[Planned]],
         # FSDP2's reduce-scatter and reshard to after it (``backward_maybe_with_nosync``:
         # ``set_requires_gradient_sync(False)``, ``set_reshard_after_backward(False)``, then
         # ``post_backward`` by hand), so the chunk's gradient is whole, accumulated in the reduce
-        # dtype, beside its gathered copy, as its traced role holds them
-        ending = states + first_gathered + accumulated * stored(0)
+        # dtype, beside its gathered copy (whether or not it reshards after forward: backward
+        # gathers the blocks again), as its traced role holds them
+        ending = states + (gathered + accumulated) * stored(0)
         if ending > held and ending > capacity_bytes:
-            gathered_too = "gathered copy and " if first_gathered else ""
             return Planned(execution, memory_bytes=int(ending),
                            memory_bound=f"its blocks' parameters and optimizer state, and its first chunk's "
-                                        f"{gathered_too}whole accumulated gradient at the end of its backward, "
+                                        f"gathered copy and whole accumulated gradient at the end of its backward, "
                                         f"alone, each block's as in {source.execution.describe()}")
         if held > capacity_bytes:
             return Planned(execution, memory_bytes=int(held),
