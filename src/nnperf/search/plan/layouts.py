@@ -295,8 +295,7 @@ def why_no_layout(gpus: int, nodes_of: int, global_batch: int, tensor: list[int]
     if pp == 1:
         return None  # not the pipeline: another's to say
     local = global_batch // dp
-    runnable = [s for s in schedules if _micro_batch_counts(s, pp, local, megatron)]
-    if runnable:
+    if _runnable_counts(pp, local, dp, schedules, kinds):
         return None
     per_stage = [s for s in schedules if not SCHEDULES[s].multi_chunk and s != "gpipe"]
     rule = ("a multiple of the stages (interleaved)" if not per_stage else
@@ -323,15 +322,22 @@ def _nearest_runnable(global_batch: int, dp: int, pp: int, micro: int, schedules
         if pp == 1:  # no pipeline: any accumulation of the rank's samples
             return True
         local = batch // dp
-        return any(local // micro in _micro_batch_counts(schedule, pp, local,
-                                                         DATA_ENGINES[kind].replicates_parameters or dp == 1)
-                   for kind in kinds for schedule in schedules if _runs_beside(schedule, kind, dp))
+        return local // micro in _runnable_counts(pp, local, dp, schedules, kinds)
 
     start = global_batch // unit * unit
     below = next((b for b in range(start, 0, -unit) if runs(b)), None)
     above = next((b for b in range(start + unit, start + unit * (pp + 1) + 1, unit) if runs(b)), None)
     found = [str(b) for b in (below, above) if b is not None]
     return " or ".join(found) or None
+
+
+def _runnable_counts(pp: int, local: int, dp: int, schedules: list[str], kinds: set[str]) -> set[int]:
+    """The micro-batch counts some schedule of ``schedules`` runs a rank's ``local`` samples in
+    over ``pp`` stages beside ``dp`` data-parallel ranks of one of ``kinds``, as ``_splits``
+    builds layouts (zero-bubble not beside DDP's reducer; Megatron-LM's short 1F1B beside its
+    data parallelism, or without any)."""
+    return {count for kind in kinds for schedule in schedules if _runs_beside(schedule, kind, dp)
+            for count in _micro_batch_counts(schedule, pp, local, DATA_ENGINES[kind].replicates_parameters or dp == 1)}
 
 
 def _runs_beside(schedule: str, data: str, data_parallel: int) -> bool:

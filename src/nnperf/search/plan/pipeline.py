@@ -194,8 +194,10 @@ def pipeline_step(request: ModelRequest, options: TraceOptions, execution: Execu
         if role in roles:
             continue
         roles[role] = traced_role(role)
-        if prune and len(roles) < len(wanted) and (bound := int(max(memory(r, roles) for r in range(p)))) > capacity(gpu):
-            # every rank's memory without the untraced roles' terms: a lower bound as the first's
+        if not prune or len(roles) == len(wanted):
+            continue
+        bound = int(max(memory(r, roles) for r in range(p)))  # without the untraced roles' terms: a lower bound
+        if bound > capacity(gpu):
             names = " and ".join(dict.fromkeys(name for name, _ in roles))
             return Planned(execution, memory_bytes=bound, memory_bound=f"its {names} pipeline stages alone")
 
