@@ -71,7 +71,7 @@ def test_an_fsdp_all_gather_starts_when_its_input_is_ready():
     wait for no compute kernel: the gather starts at once, hidden under the 2 ms update."""
     ops = [_op(0, "_foreach_add_", [1], [1], 2 * MS), _op(1, "fsdp.all_gather_copy_in", [0], [2], 0),
            _op(2, "c10d._allgather_base_", [2], [3], 0, comm=True)]
-    result = overlap(_step(ops), None, lambda i: ("all_gather", 100, 1 * MS))
+    result = overlap(_step(ops), None, lambda i: ("all_gather", 100, 1 * MS), copy_in_stream={1})
     assert result.step_s == pytest.approx(2 * MS)
     assert result.slices[0].start_s == pytest.approx(0.0)
 
@@ -108,7 +108,7 @@ def test_a_collective_still_running_at_the_end_is_exposed():
 def test_fsdp_copy_in_runs_on_the_communication_stream():
     # FSDP2's all-gather copy-in is on the all-gather stream: compute B does not wait for it
     ops = [_op(0, "fsdp.all_gather_copy_in", [0], [1], 3 * MS), _op(1, "b", [0], [2], 2 * MS)]
-    result = overlap(_step(ops), None, lambda i: ("all_gather", 0, 0.0))
+    result = overlap(_step(ops), None, lambda i: ("all_gather", 0, 0.0), copy_in_stream={0})
     assert result.clock[1] == pytest.approx(2 * MS) and result.comm_s == pytest.approx(3 * MS)
     assert result.step_s == pytest.approx(3 * MS)
 
@@ -164,7 +164,7 @@ def test_a_collective_started_under_a_running_kernel_slows_its_rest():
     ops = [_op(0, "b", [0], [1], 4 * MS), _op(1, "fsdp.all_gather_copy_in", [2], [3], 0),
            _op(2, "c10d._allgather_base_", [3], [4], 0, comm=True)]
     result = overlap(_step(ops), None, lambda i: ("all_gather", 100, 2 * MS),
-                     lambda i: Contention(sm_share=0.5, dram_share=0.0))
+                     lambda i: Contention(sm_share=0.5, dram_share=0.0), copy_in_stream={1})
     assert result.step_s == pytest.approx(5 * MS) and result.slowdown_s == pytest.approx(1 * MS)
     assert result.clock[0] == pytest.approx(5 * MS)
 
@@ -178,7 +178,8 @@ def test_a_kernel_beside_collectives_of_two_streams_is_never_sped_up():
            _op(3, "c10d._allgather_base_", [14], [15], 0, comm=True), _op(4, "b", [0], [1], 4 * MS)]
     seconds = {1: 2 * MS, 3: 0.5 * MS}
     result = overlap(_step(ops), None, lambda i: ("all_gather", 100, seconds[i]),
-                     lambda i: Contention(sm_share=0.5, dram_share=0.0), stream_of=lambda i: "x" if i < 2 else "y")
+                     lambda i: Contention(sm_share=0.5, dram_share=0.0), stream_of=lambda i: "x" if i < 2 else "y",
+                     copy_in_stream={0, 2})
     assert [t for c in result.slices for t in (c.start_s, c.end_s)] == pytest.approx([0, 2 * MS, 1 * MS, 1.5 * MS])
     assert result.clock[4] == pytest.approx(5 * MS) and result.slowdown_s == pytest.approx(1 * MS)
 
@@ -211,8 +212,22 @@ def test_fsdp_copy_in_runs_on_the_stream_of_the_gather_it_feeds():
            _op(1, "fsdp.all_gather_copy_in", [6], [2], 3 * MS), _op(2, "c10d._allgather_base_", [2], [3], 0, comm=True),
            _op(3, "b", [3], [4], 1 * MS)]
     seconds = {0: 4 * MS, 2: 2 * MS}
-    result = overlap(_step(ops), None, lambda i: ("x", 0, seconds[i]), stream_of=lambda i: "y" if i == 0 else "x")
+    result = overlap(_step(ops), None, lambda i: ("x", 0, seconds[i]), stream_of=lambda i: "y" if i == 0 else "x",
+                     copy_in_stream={1})
     assert result.clock[3] == pytest.approx(6 * MS)
+
+
+def test_a_cast_feeding_the_copy_in_runs_on_its_stream_too():
+    """FSDP2 under mixed precision casts the shards into a flat bf16 buffer on the copy-in stream
+    before copying them into the all-gather buffer: the next layer's gather (C 0.5 ms, copy-in
+    0.5 ms, all-gather 2 ms) runs beside the 4 ms layer issued before it, and the next layer
+    (1 ms) starts at 4 ms, not after the 3 ms chain that starts when the layer ends (8 ms)."""
+    ops = [_op(0, "layer", [0], [1], 4 * MS), _op(1, "aten._foreach_copy_", [5], [6], 0.5 * MS),
+           _op(2, "fsdp.all_gather_copy_in", [6], [7], 0.5 * MS),
+           _op(3, "c10d._allgather_base_", [7], [8], 0, comm=True), _op(4, "next", [1, 8], [9], 1 * MS)]
+    timed = lambda i: ("all_gather", 100, 2 * MS)  # noqa: E731
+    assert overlap(_step(ops), None, timed, copy_in_stream={1, 2}).step_s == pytest.approx(5 * MS)
+    assert overlap(_step(ops), None, timed, copy_in_stream={2}).step_s == pytest.approx(8 * MS)
 
 
 def test_each_stretch_is_told_by_the_collective_beside_the_kernel():

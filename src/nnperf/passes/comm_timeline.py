@@ -21,7 +21,8 @@ Each process group has its own stream: ProcessGroupNCCL runs a communicator's co
 that communicator's stream, so collectives of one group run in issue order, and those of
 different groups (an FSDP all-gather and an expert-parallel all-to-all, a tensor-parallel
 reduce-scatter and a pipeline send) may run at once. FSDP2's copy into its all-gather buffer
-runs on the stream of the all-gather it feeds.
+(and, under mixed precision, its cast of the shards before it) runs on the stream of the
+all-gather it feeds (``passes.fsdp_streams``).
 
 When a collective starts: ProcessGroupNCCL records an event on the stream current at issue and
 makes the communicator's stream wait for it (``syncStream`` in ProcessGroupNCCL.cpp), so a
@@ -55,16 +56,12 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections import defaultdict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Collection, Hashable
 from dataclasses import dataclass, field
 
 from nnperf.passes.timing import OpTime, StepTime
 from nnperf.trace.events import Trace
 from nnperf.vocab import Category
-
-#: Copies FSDP2 runs on its all-gather stream, not on the compute stream.
-_ON_COMM_STREAM = {"fsdp.all_gather_copy_in"}
-
 
 #: The ops that add a linear's input gradients together (q, k and v into one) on their way from
 #: the GEMMs to the reduce-scatter pipelined with them (``_writer_gemm``).
@@ -182,13 +179,15 @@ def overlap(
     contention: Callable[[int], Contention | None] | None = None,
     stream_of: Callable[[int], Hashable] | None = None,
     pipelined: Callable[[int], int | None] | None = None,
+    copy_in_stream: Collection[int] = frozenset(),
 ) -> CommStep:
     """Replay ``step`` with collectives on their own streams. ``collective_time(index)`` gives
     the kind, bytes and time of the collective at that event index; ``contention(index)`` what
     it takes from compute kernels beside it (None, or no function: nothing); ``stream_of(index)``
     its stream, its process group (None, or no function: one stream for all); ``pipelined(index)``
     the chunks an all-gather or reduce-scatter runs in with its GEMM (None: not pipelined; the
-    module docstring)."""
+    module docstring); ``copy_in_stream`` the event indices of FSDP2's copy-in kernels, which run
+    on the stream of the all-gather they feed (``fsdp_streams.copy_in_stream_events``)."""
     issued = {s.index: s.end_s for s in step.host_slices}
     pairs = _pair_with_gemms(step, collective_time, pipelined) if pipelined is not None else {}
     spans: dict[int, tuple[float, float]] = {}  # a paired GEMM's event index -> (start, end)
@@ -196,7 +195,7 @@ def overlap(
     gathered: dict[int, tuple[_Pair, CommSlice]] = {}  # a pipelined all-gather's index -> it
     produced: dict[int, tuple[float, str | None, int | None]] = {}  # storage -> (ready, kind, collective) if comm
     compute_free = compute_busy = comm_busy = slowdown = 0.0
-    streams, own_stream = _streams(step, stream_of)
+    streams, own_stream = _streams(step, stream_of, copy_in_stream)
     comm_free: dict[Hashable, float] = defaultdict(float)
     exposed: dict[str, float] = defaultdict(float)
     slices: list[CommSlice] = []
@@ -273,7 +272,7 @@ def overlap(
                 if source is not None:
                     gathering[m.storage] = source
             continue
-        if event.name in _ON_COMM_STREAM:
+        if t.index in copy_in_stream:
             stream = streams.get(t.index)
             start = max(issue, comm_free[stream], ready)
             end = comm_free[stream] = start + t.kernel_s
@@ -414,10 +413,11 @@ def _writer_gemm(ops: list[OpTime], at: int) -> tuple[OpTime, ...]:
     return ()
 
 
-def _streams(step: StepTime, stream_of: Callable[[int], Hashable] | None) -> tuple[dict[int, Hashable], set[int]]:
-    """Each collective's stream, and each FSDP copy-in's: the stream of the next collective
-    (the all-gather it fills); and the collectives issued from streams of their own, not the
-    compute stream: those a copy-in feeds (FSDP2's all-gathers)."""
+def _streams(step: StepTime, stream_of: Callable[[int], Hashable] | None,
+             copy_in_stream: Collection[int]) -> tuple[dict[int, Hashable], set[int]]:
+    """Each collective's stream, and each FSDP copy-in kernel's: the stream of the next
+    collective (the all-gather it fills); and the collectives issued from streams of their own,
+    not the compute stream: those a copy-in feeds (FSDP2's all-gathers)."""
     out: dict[int, Hashable] = {}
     own: set[int] = set()
     waiting: list[int] = []
@@ -430,6 +430,6 @@ def _streams(step: StepTime, stream_of: Callable[[int], Hashable] | None) -> tup
                 for index in waiting:
                     out[index] = out[t.index]
             waiting.clear()
-        elif t.count.event.name in _ON_COMM_STREAM:
+        elif t.index in copy_in_stream:
             waiting.append(t.index)
     return out, own

@@ -481,7 +481,8 @@ class OpRecorder(TorchDispatchMode):
         # An op is a free view by what it does itself: storages an engine re-allocated just
         # before it (FSDP2's resize before copying gathered parameters out) start their lives
         # here, but a view recorded next still launches no kernel.
-        free = not allocates and not func._schema.is_mutable and func.namespace not in _COLLECTIVE_NAMESPACES and (
+        writes = func._schema.is_mutable or func._schema.name in _COPIES_INTO_ARGUMENT
+        free = not allocates and not writes and func.namespace not in _COLLECTIVE_NAMESPACES and (
             bool(outputs) or func._schema.name in _METADATA_OPS
             or (func is LOCAL_SCALAR_DENSE and _host_value(args[0]))
         )
@@ -624,6 +625,10 @@ def unrecorded() -> Iterator[None]:
 
 
 _METADATA_OPS = {"aten::sym_size", "aten::sym_stride", "aten::sym_numel", "aten::is_same_size"}
+#: Ops whose schema declares no write, whose meta kernel returns views of an argument, and whose
+#: device kernel copies into that argument: FSDP2's ``all_gather_copy_in`` (its CUDA kernel runs
+#: ``_foreach_copy_`` from the shards into the rank's slice of the all-gather buffer it was given).
+_COPIES_INTO_ARGUMENT = {"fsdp::all_gather_copy_in"}
 #: Argument values that are leaves for ``tree_map`` (anything else unknown takes its path).
 _PLAIN_LEAVES = frozenset({
     int, float, bool, complex, str, type(None),

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from nnperf.passes.costs.common import read_args
+from nnperf.passes.costs.common import bind, listed, read_args
 from nnperf.passes.costs.registry import (
     COMMUNICATION,
     HOST,
@@ -48,6 +48,12 @@ def _fsdp_copy(event: OpEvent) -> OpCost:
     return OpCost(MEMORY, reads=read_args(event), writes=event.outputs or written_args(event))
 
 
+def _fsdp_copy_in(event: OpEvent) -> OpCost:
+    """``all_gather_copy_in(all_gather_inputs, all_gather_output, ...)``: its CUDA kernel copies
+    the shards into the rank's slice of the buffer (its first output), not the whole buffer."""
+    return OpCost(MEMORY, reads=listed(bind(event)["all_gather_inputs"]), writes=event.outputs[:1])
+
+
 def _wait(event: OpEvent) -> OpCost:
     return OpCost(HOST, info={"stream_wait": True})
 
@@ -66,4 +72,6 @@ if dist.is_available():
     # fsdp:: ops in any trace)
     register_defined_on_import(
         "torch.distributed.fsdp._fully_shard._fsdp_collectives",
-        "fsdp.all_gather_copy_in", "fsdp.split_with_sizes_copy", "fsdp.chunk_cat")(_fsdp_copy)
+        "fsdp.split_with_sizes_copy", "fsdp.chunk_cat")(_fsdp_copy)
+    register_defined_on_import(
+        "torch.distributed.fsdp._fully_shard._fsdp_collectives", "fsdp.all_gather_copy_in")(_fsdp_copy_in)

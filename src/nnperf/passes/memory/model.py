@@ -13,11 +13,11 @@ which decides how segments fragment), the second is the steady state the trace r
 
 from __future__ import annotations
 
-import bisect
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from nnperf.passes.fsdp_streams import implicit_copy_ins
 from nnperf.passes.memory import device as device_terms
 from nnperf.passes.memory.allocator import CachingAllocator
 from nnperf.passes.memory.report import CATEGORIES, MemoryReport, TimelinePoint
@@ -42,7 +42,6 @@ _HOST_SCALAR_OPS = {"aten.lift_fresh", "aten.lift_fresh_copy", "aten.scalar_tens
 #: the gathered buffer, then the parameters it writes; torch/distributed/fsdp/_fully_shard/
 #: _fsdp_collectives.py ``split_with_sizes_copy``)
 _FSDP_UNSHARD_COPY = "fsdp.split_with_sizes_copy"
-_FSDP_ALL_GATHER_COPY_IN = "fsdp.all_gather_copy_in"
 _FSDP_CHUNK_CAT = "fsdp.chunk_cat"
 
 
@@ -260,19 +259,12 @@ def side_streams(trace: Trace) -> dict[int, int]:
     (``FSDPCommContext.get_all_gather_streams``)."""
     streams: dict[int, int] = {}
     chunk_cat_outputs: set[int] = set()
-    actions = trace.config.get("pipeline_actions") or []
-    in_action = sorted((start, end) for _, start, end in actions)
-
-    def implicit(index: int) -> bool:  # inside a forward or backward of the schedule, or no schedule
-        at = bisect.bisect_right(in_action, (index, float("inf"))) - 1
-        return not actions or (at >= 0 and in_action[at][0] <= index < in_action[at][1])
-
+    for e in implicit_copy_ins(trace):
+        for m in (*e.inputs, *e.outputs):
+            if trace.storages[m.storage].created_by is not None:
+                streams[m.storage] = ALL_GATHER_COPY_IN_STREAM
     for e in trace.events:
-        if e.name == _FSDP_ALL_GATHER_COPY_IN and implicit(e.index):
-            for m in (*e.inputs, *e.outputs):
-                if trace.storages[m.storage].created_by is not None:
-                    streams[m.storage] = ALL_GATHER_COPY_IN_STREAM
-        elif e.name == _FSDP_CHUNK_CAT and e.inputs:
+        if e.name == _FSDP_CHUNK_CAT and e.inputs:
             chunk_cat_outputs.add(e.inputs[-1].storage)  # its ``out``
         elif (e.name in _REDUCE_SCATTERS and len(e.inputs) >= 2 and e.inputs[1].storage in chunk_cat_outputs
               and trace.storages[e.inputs[0].storage].created_by is not None):

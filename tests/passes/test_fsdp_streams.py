@@ -1,0 +1,55 @@
+"""Which kernels FSDP2 runs on its all-gather copy-in stream (``passes.fsdp_streams``), and the
+copy-in's own kernel, against the shards sized by hand. Traces small FSDP2 ranks (seconds)."""
+
+from __future__ import annotations
+
+import pytest
+
+from nnperf.layout import Execution
+from nnperf.passes.count import count_ops
+from nnperf.passes.fsdp_streams import ALL_GATHER_COPY_IN, copy_in_stream_events
+from nnperf.trace.distributed import trace_rank
+from nnperf.trace.options import TraceOptions
+from nnperf.zoo import get_model
+
+DIM, FFN, SHARDS = 128, 256, 4
+LLAMA = {"n_layer": 2, "dim": DIM, "n_heads": 4, "ffn_hidden": FFN, "vocab": 512}
+#: a block's parameters: four attention projections, three FFN projections, two norms
+BLOCK = 4 * DIM * DIM + 3 * DIM * FFN + 2 * DIM
+#: the root's: the embedding, the output projection and the final norm
+ROOT = 2 * LLAMA["vocab"] * DIM + DIM
+#: the gathers of one step: the root once, each block in forward and again before its backward
+GATHERS = 1 + 2 * LLAMA["n_layer"]
+
+
+def _trace(amp: str | None):
+    return trace_rank(lambda: get_model("llama-7b").build(batch=2, seq_len=64, **LLAMA), TraceOptions(amp=amp),
+                      Execution(world=SHARDS, data="fsdp", shard=SHARDS, micro_batch=2),
+                      lambda model: [f"layers.{i}" for i in range(LLAMA["n_layer"])]).trace
+
+
+@pytest.mark.parametrize("amp, itemsize", [("bf16", 2), (None, 4)])
+def test_the_copy_in_is_a_kernel_copying_the_shards_not_the_whole_buffer(amp, itemsize):
+    """Its meta kernel returns views of the buffer it is given; its CUDA kernel copies the
+    rank's shards (a quarter of each unit, in the parameter dtype) into that buffer's slice."""
+    trace = _trace(amp)
+    counts = [c for c in count_ops(trace) if c.event.name == ALL_GATHER_COPY_IN]
+    assert len(counts) == GATHERS and not any(c.event.free for c in counts)
+    shards = sorted([ROOT * itemsize // SHARDS] + [BLOCK * itemsize // SHARDS] * (GATHERS - 1))
+    assert sorted(c.bytes_out for c in counts) == shards
+    assert sorted(c.bytes_in + c.bytes_weights for c in counts) == shards
+
+
+def test_under_mixed_precision_the_cast_of_the_shards_runs_there_too():
+    """With a parameter dtype FSDP2 first casts the fp32 shards into a flat bf16 buffer (one
+    foreach copy a gather), on the copy-in stream: each copy-in and each cast, nothing else."""
+    trace = _trace("bf16")
+    names = [trace.events[i].name for i in sorted(copy_in_stream_events(trace))]
+    assert names.count(ALL_GATHER_COPY_IN) == GATHERS
+    assert names.count("aten._foreach_copy_") == GATHERS and len(names) == 2 * GATHERS
+
+
+def test_without_a_parameter_dtype_only_the_copy_ins_run_there():
+    """fp32 shards are gathered as they are: no cast, the copy-in reads the shards."""
+    trace = _trace(None)
+    assert [trace.events[i].name for i in sorted(copy_in_stream_events(trace))] == [ALL_GATHER_COPY_IN] * GATHERS
