@@ -1,5 +1,6 @@
 """Which kernels FSDP2 runs on its all-gather copy-in stream (``passes.fsdp_streams``), and the
-copy-in's own kernel, against the shards sized by hand. Traces small FSDP2 ranks (seconds)."""
+copy-in's own kernel, against the shards sized by hand. Traces small FSDP2 ranks and one
+pipeline rank (seconds)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import pytest
 from nnperf.layout import Execution
 from nnperf.passes.count import count_ops
 from nnperf.passes.fsdp_streams import ALL_GATHER_COPY_IN, copy_in_stream_events
+from nnperf.search.plan import prepare_for
+from nnperf.trace.blocks import repeated_blocks
 from nnperf.trace.distributed import trace_rank
 from nnperf.trace.options import TraceOptions
 from nnperf.zoo import get_model
@@ -33,8 +36,8 @@ def test_the_copy_in_is_a_kernel_copying_the_shards_not_the_whole_buffer(amp, it
     """Its meta kernel returns views of the buffer it is given; its CUDA kernel copies the
     rank's shards (a quarter of each unit, in the parameter dtype) into that buffer's slice."""
     trace = _trace(amp)
+    assert [e.free for e in trace.events if e.name == ALL_GATHER_COPY_IN] == [False] * GATHERS
     counts = [c for c in count_ops(trace) if c.event.name == ALL_GATHER_COPY_IN]
-    assert len(counts) == GATHERS and not any(c.event.free for c in counts)
     shards = sorted([ROOT * itemsize // SHARDS] + [BLOCK * itemsize // SHARDS] * (GATHERS - 1))
     assert sorted(c.bytes_out for c in counts) == shards
     assert sorted(c.bytes_in + c.bytes_weights for c in counts) == shards
@@ -53,3 +56,18 @@ def test_without_a_parameter_dtype_only_the_copy_ins_run_there():
     """fp32 shards are gathered as they are: no cast, the copy-in reads the shards."""
     trace = _trace(None)
     assert [trace.events[i].name for i in sorted(copy_in_stream_events(trace))] == [ALL_GATHER_COPY_IN] * GATHERS
+
+
+def test_the_pipeline_runtimes_own_gathers_run_on_the_compute_stream():
+    """torch's pipeline runtime gathers a stage's parameters in its ``UNSHARD`` actions, before
+    the schedule's first forward, with ``unshard(async_op=True)``: on the current stream. An
+    interleaved pipeline that does not reshard after forward gathers its two chunks there only
+    (one copy-in each, before the first action), so nothing runs on the copy-in stream."""
+    execution = Execution(world=4, data="fsdp", shard=2, pipeline=2, pipeline_schedule="interleaved-1f1b",
+                          virtual_stages=2, micro_batch=1, grad_accum=4, reshard_after_forward=False)
+    trace = trace_rank(lambda: get_model("llama-7b").build(batch=4, seq_len=64, **{**LLAMA, "n_layer": 4}),
+                       TraceOptions(amp="bf16"), execution, repeated_blocks, prepare_for(execution)).trace
+    first_action = min(start for _, start, _ in trace.config["pipeline_actions"])
+    copy_ins = [e.index for e in trace.events if e.name == ALL_GATHER_COPY_IN]
+    assert len(copy_ins) == 2 and max(copy_ins) < first_action
+    assert copy_in_stream_events(trace) == frozenset()
