@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 
+from nnperf.passes.costs.registry import written_args
 from nnperf.trace.events import OpEvent, Trace
 
 #: FSDP2's copy of the shards into its all-gather buffer.
@@ -39,7 +40,7 @@ def implicit_copy_ins(trace: Trace) -> list[OpEvent]:
 
 def copy_in_stream_events(trace: Trace) -> frozenset[int]:
     """Event indices of the kernels on the copy-in stream: each implicit copy-in, and the ops
-    that write its inputs between their allocation and it (the mixed-precision cast; inputs
+    that write its inputs (``written_args``) between their allocation and it (the mixed-precision cast; inputs
     that are the shards themselves, without a parameter dtype, were allocated before the step)."""
     events: set[int] = set()
     for copy_in in implicit_copy_ins(trace):
@@ -49,12 +50,13 @@ def copy_in_stream_events(trace: Trace) -> frozenset[int]:
             if created is None:
                 continue
             for e in trace.events[created + 1:copy_in.index]:
-                if _mutates(e) and any(m.storage == storage for m in e.inputs):
+                if _writes(e, storage):
                     events.add(e.index)
     return frozenset(events)
 
 
-def _mutates(event: OpEvent) -> bool:
-    """An op whose schema writes an argument (a higher-order op has no schema: it does not)."""
-    schema = getattr(event.func, "_schema", None)
-    return bool(schema is not None and schema.is_mutable)
+def _writes(event: OpEvent, storage: int) -> bool:
+    """Whether ``event`` writes ``storage`` by its schema's alias annotations (a higher-order op
+    has no schema: it does not)."""
+    return getattr(event.func, "_schema", None) is not None and any(
+        m.storage == storage for m in written_args(event))
