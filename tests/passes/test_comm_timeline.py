@@ -9,10 +9,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from nnperf.passes.comm_timeline import Contention, overlap
+from nnperf.passes.comm_timeline import Contention, SideStream, overlap
+from nnperf.passes.fsdp_streams import ALL_GATHER_STREAM, COPY_IN_STREAM, REDUCE_SCATTER_STREAM
 from nnperf.vocab import Category
 
 MS = 1e-3
+#: a side stream of some engine's that waits for no compute kernel, beside FSDP2's
+ANOTHER = SideStream("another engine's stream", waits_for_compute=False)
 
 
 def _op(index: int, name: str, reads: list[int], writes: list[int], seconds: float, comm: bool = False,
@@ -71,7 +74,8 @@ def test_an_fsdp_all_gather_starts_when_its_input_is_ready():
     wait for no compute kernel: the gather starts at once, hidden under the 2 ms update."""
     ops = [_op(0, "_foreach_add_", [1], [1], 2 * MS), _op(1, "fsdp.all_gather_copy_in", [0], [2], 0),
            _op(2, "c10d._allgather_base_", [2], [3], 0, comm=True)]
-    result = overlap(_step(ops), None, lambda i: ("all_gather", 100, 1 * MS), copy_in_stream={1})
+    result = overlap(_step(ops), None, lambda i: ("all_gather", 100, 1 * MS),
+                     side_streams={1: COPY_IN_STREAM, 2: ALL_GATHER_STREAM})
     assert result.step_s == pytest.approx(2 * MS)
     assert result.slices[0].start_s == pytest.approx(0.0)
 
@@ -105,10 +109,10 @@ def test_a_collective_still_running_at_the_end_is_exposed():
     assert result.exposed_s == pytest.approx({"reduce_scatter": 4 * MS})
 
 
-def test_fsdp_copy_in_runs_on_the_communication_stream():
-    # FSDP2's all-gather copy-in is on the all-gather stream: compute B does not wait for it
+def test_fsdp_copy_in_runs_beside_the_compute():
+    # FSDP2's all-gather copy-in is on its copy-in stream: compute B does not wait for it
     ops = [_op(0, "fsdp.all_gather_copy_in", [0], [1], 3 * MS), _op(1, "b", [0], [2], 2 * MS)]
-    result = overlap(_step(ops), None, lambda i: ("all_gather", 0, 0.0), copy_in_stream={0})
+    result = overlap(_step(ops), None, lambda i: ("all_gather", 0, 0.0), side_streams={0: COPY_IN_STREAM})
     assert result.clock[1] == pytest.approx(2 * MS) and result.comm_s == pytest.approx(3 * MS)
     assert result.step_s == pytest.approx(3 * MS)
 
@@ -164,22 +168,22 @@ def test_a_collective_started_under_a_running_kernel_slows_its_rest():
     ops = [_op(0, "b", [0], [1], 4 * MS), _op(1, "fsdp.all_gather_copy_in", [2], [3], 0),
            _op(2, "c10d._allgather_base_", [3], [4], 0, comm=True)]
     result = overlap(_step(ops), None, lambda i: ("all_gather", 100, 2 * MS),
-                     lambda i: Contention(sm_share=0.5, dram_share=0.0), copy_in_stream={1})
+                     lambda i: Contention(sm_share=0.5, dram_share=0.0), side_streams={1: COPY_IN_STREAM, 2: ALL_GATHER_STREAM})
     assert result.step_s == pytest.approx(5 * MS) and result.slowdown_s == pytest.approx(1 * MS)
     assert result.clock[0] == pytest.approx(5 * MS)
 
 
 def test_a_kernel_beside_collectives_of_two_streams_is_never_sped_up():
-    # FSDP gathers on two streams: X runs 0-2 ms; Y's copy-in takes 1 ms, so Y runs 1-1.5 ms,
-    # inside X. B (compute-bound, 4 ms alone, half the SMs taken by either) runs 0-2 ms at half
-    # speed (1 ms of work) and the other 3 ms alone: it ends at 5 ms, 1 ms late
+    # gathers of two engines' side streams: X runs 0-2 ms; Y's copy-in takes 1 ms, so Y runs
+    # 1-1.5 ms, inside X. B (compute-bound, 4 ms alone, half the SMs taken by either) runs 0-2 ms
+    # at half speed (1 ms of work) and the other 3 ms alone: it ends at 5 ms, 1 ms late
     ops = [_op(0, "fsdp.all_gather_copy_in", [10], [11], 0), _op(1, "c10d._allgather_base_", [11], [12], 0, comm=True),
            _op(2, "fsdp.all_gather_copy_in", [13], [14], 1 * MS),
            _op(3, "c10d._allgather_base_", [14], [15], 0, comm=True), _op(4, "b", [0], [1], 4 * MS)]
     seconds = {1: 2 * MS, 3: 0.5 * MS}
     result = overlap(_step(ops), None, lambda i: ("all_gather", 100, seconds[i]),
                      lambda i: Contention(sm_share=0.5, dram_share=0.0), stream_of=lambda i: "x" if i < 2 else "y",
-                     copy_in_stream={0, 2})
+                     side_streams={0: COPY_IN_STREAM, 1: ALL_GATHER_STREAM, 2: ANOTHER, 3: ANOTHER})
     assert [t for c in result.slices for t in (c.start_s, c.end_s)] == pytest.approx([0, 2 * MS, 1 * MS, 1.5 * MS])
     assert result.clock[4] == pytest.approx(5 * MS) and result.slowdown_s == pytest.approx(1 * MS)
 
@@ -205,7 +209,7 @@ def test_collectives_of_different_process_groups_run_at_once():
     assert sum(apart.exposed_s.values()) == pytest.approx(4 * MS)
 
 
-def test_fsdp_copy_in_runs_on_the_stream_of_the_gather_it_feeds():
+def test_fsdp_copy_in_runs_beside_another_groups_collective():
     # copy-in (3 ms) then its all-gather (2 ms) on group X; a 4 ms all-to-all on group Y issued
     # first runs beside them: the gather ends at 5 ms, not 9 ms
     ops = [_op(0, "_c10d_functional.all_to_all_single", [0], [1], 0, comm=True),
@@ -213,7 +217,7 @@ def test_fsdp_copy_in_runs_on_the_stream_of_the_gather_it_feeds():
            _op(3, "b", [3], [4], 1 * MS)]
     seconds = {0: 4 * MS, 2: 2 * MS}
     result = overlap(_step(ops), None, lambda i: ("x", 0, seconds[i]), stream_of=lambda i: "y" if i == 0 else "x",
-                     copy_in_stream={1})
+                     side_streams={1: COPY_IN_STREAM, 2: ALL_GATHER_STREAM})
     assert result.clock[3] == pytest.approx(6 * MS)
 
 
@@ -226,8 +230,55 @@ def test_a_cast_feeding_the_copy_in_runs_on_its_stream_too():
            _op(2, "fsdp.all_gather_copy_in", [6], [7], 0.5 * MS),
            _op(3, "c10d._allgather_base_", [7], [8], 0, comm=True), _op(4, "next", [1, 8], [9], 1 * MS)]
     timed = lambda i: ("all_gather", 100, 2 * MS)  # noqa: E731
-    assert overlap(_step(ops), None, timed, copy_in_stream={1, 2}).step_s == pytest.approx(5 * MS)
-    assert overlap(_step(ops), None, timed, copy_in_stream={2}).step_s == pytest.approx(8 * MS)
+    fsdp = {1: COPY_IN_STREAM, 2: COPY_IN_STREAM, 3: ALL_GATHER_STREAM}
+    assert overlap(_step(ops), None, timed, side_streams=fsdp).step_s == pytest.approx(5 * MS)
+    del fsdp[1]  # the cast on the compute stream: after the layer
+    assert overlap(_step(ops), None, timed, side_streams=fsdp).step_s == pytest.approx(8 * MS)
+
+
+def test_fsdp_gathers_of_two_groups_queue_on_its_all_gather_stream():
+    """FSDP2 issues every group's all-gathers from its one all-gather stream (a MoE's expert
+    group beside the dense one): copy-ins A and B (0.5 ms each, 0-1 ms on the copy-in stream),
+    gathers A on group X and B on group Y (4 ms each), then C (1 ms) reads both. B waits for A
+    (4.5-8.5 ms): C ends at 9.5 ms; a stream per communicator alone would run B at 1-5 ms."""
+    ops = [_op(0, "fsdp.all_gather_copy_in", [10], [11], 0.5 * MS), _op(1, "c10d._allgather_base_", [11], [12], 0, comm=True),
+           _op(2, "fsdp.all_gather_copy_in", [13], [14], 0.5 * MS), _op(3, "c10d._allgather_base_", [14], [15], 0, comm=True),
+           _op(4, "c", [12, 15], [16], 1 * MS)]
+    timed = lambda i: ("all_gather", 100, 4 * MS)  # noqa: E731
+    groups = lambda i: "x" if i == 1 else "y"  # noqa: E731
+    fsdp = {0: COPY_IN_STREAM, 1: ALL_GATHER_STREAM, 2: COPY_IN_STREAM, 3: ALL_GATHER_STREAM}
+    result = overlap(_step(ops), None, timed, stream_of=groups, side_streams=fsdp)
+    assert [t for c in result.slices for t in (c.start_s, c.end_s)] == pytest.approx([0.5 * MS, 4.5 * MS, 4.5 * MS, 8.5 * MS])
+    assert result.step_s == pytest.approx(9.5 * MS)
+    apart = {**fsdp, 3: ANOTHER}
+    assert overlap(_step(ops), None, timed, stream_of=groups, side_streams=apart).step_s == pytest.approx(6 * MS)
+
+
+def test_a_groups_gather_waits_for_its_reduce_scatter_on_another_fsdp_stream():
+    """FSDP2's all-gather and reduce-scatter streams are two, but one group's collectives share
+    its NCCL communicator, which runs them one at a time: A (1 ms) writes a gradient whose
+    reduce-scatter (4 ms, group X) runs 1-5 ms; the next unit's gather on X (copy-in 0.5 ms,
+    then 2 ms) runs 5-7 ms, and B (1 ms) reading it ends at 8 ms; on group Y it would run
+    0.5-2.5 ms and B end at 3.5 ms."""
+    ops = [_op(0, "a", [0], [1], 1 * MS), _op(1, "c10d._reduce_scatter_base_", [1], [2], 0, comm=True),
+           _op(2, "fsdp.all_gather_copy_in", [10], [11], 0.5 * MS), _op(3, "c10d._allgather_base_", [11], [12], 0, comm=True),
+           _op(4, "b", [12], [13], 1 * MS)]
+    seconds = {1: 4 * MS, 3: 2 * MS}
+    timed = lambda i: ("x", 100, seconds[i])  # noqa: E731
+    fsdp = {1: REDUCE_SCATTER_STREAM, 2: COPY_IN_STREAM, 3: ALL_GATHER_STREAM}
+    assert overlap(_step(ops), None, timed, stream_of=lambda i: "x", side_streams=fsdp).step_s == pytest.approx(8 * MS)
+    other = overlap(_step(ops), None, timed, stream_of=lambda i: "x" if i == 1 else "y", side_streams=fsdp)
+    assert other.step_s == pytest.approx(5 * MS)  # the reduce-scatter, still running, ends the step
+
+
+def test_the_reduce_scatter_stream_waits_for_the_compute_issued_before_it():
+    """``foreach_reduce`` makes the reduce-scatter stream wait for the compute stream: A (1 ms)
+    writes the gradient, B (3 ms) is issued before the reduce-scatter (2 ms), which runs from
+    4 ms, not from 1 ms, and ends the step at 6 ms."""
+    ops = [_op(0, "a", [0], [1], 1 * MS), _op(1, "b", [0], [2], 3 * MS),
+           _op(2, "c10d._reduce_scatter_base_", [1], [3], 0, comm=True)]
+    result = overlap(_step(ops), None, lambda i: ("reduce_scatter", 100, 2 * MS), side_streams={2: REDUCE_SCATTER_STREAM})
+    assert result.slices[0].start_s == pytest.approx(4 * MS) and result.step_s == pytest.approx(6 * MS)
 
 
 def test_each_stretch_is_told_by_the_collective_beside_the_kernel():

@@ -1,5 +1,5 @@
-"""Which kernels FSDP2 runs on its all-gather copy-in stream (``passes.fsdp_streams``), and the
-copy-in's own kernel, against the shards sized by hand. Traces small FSDP2 ranks and one
+"""Which kernels and collectives FSDP2 runs on its side streams (``passes.fsdp_streams``), and
+the copy-in's own kernel, against the shards sized by hand. Traces small FSDP2 ranks and one
 pipeline rank (seconds)."""
 
 from __future__ import annotations
@@ -8,7 +8,15 @@ import pytest
 
 from nnperf.layout import Execution
 from nnperf.passes.count import count_ops
-from nnperf.passes.fsdp_streams import ALL_GATHER_COPY_IN, copy_in_stream_events
+from nnperf.passes.fsdp_streams import (
+    ALL_GATHER_COPY_IN,
+    ALL_GATHER_STREAM,
+    ALL_REDUCE_STREAM,
+    COPY_IN_STREAM,
+    REDUCE_SCATTER_STREAM,
+    copy_in_stream_events,
+    engine_streams,
+)
 from nnperf.search.plan import prepare_for
 from nnperf.trace.blocks import repeated_blocks
 from nnperf.trace.distributed import trace_rank
@@ -71,3 +79,37 @@ def test_the_pipeline_runtimes_own_gathers_run_on_the_compute_stream():
     copy_ins = [e.index for e in trace.events if e.name == ALL_GATHER_COPY_IN]
     assert len(copy_ins) == 2 and max(copy_ins) < first_action
     assert copy_in_stream_events(trace) == frozenset()
+    streams = engine_streams(trace)  # its gradients are still reduce-scattered on FSDP2's stream
+    assert set(streams.values()) == {REDUCE_SCATTER_STREAM} and len(streams) == 2
+
+
+def _on(trace, streams, stream) -> list[str]:
+    return sorted(trace.events[i].name for i, s in streams.items() if s is stream)
+
+
+def test_fsdp2s_collectives_run_on_its_streams():
+    """Every all-gather fills a buffer an implicit copy-in wrote (one a gather: the root once,
+    each block twice), every reduce-scatter reads what ``fsdp.chunk_cat`` filled (one a unit);
+    they run on FSDP2's all-gather and reduce-scatter streams, the copy-ins and casts on its
+    copy-in stream, and nothing else on any."""
+    trace = _trace("bf16")
+    streams = engine_streams(trace)
+    collectives = sorted(e.name for e in trace.events if e.name.startswith("c10d."))
+    assert _on(trace, streams, ALL_GATHER_STREAM) == ["c10d._allgather_base_"] * GATHERS
+    assert _on(trace, streams, REDUCE_SCATTER_STREAM) == ["c10d._reduce_scatter_base_"] * (1 + LLAMA["n_layer"])
+    assert collectives == sorted(_on(trace, streams, ALL_GATHER_STREAM) + _on(trace, streams, REDUCE_SCATTER_STREAM))
+    assert _on(trace, streams, COPY_IN_STREAM) == sorted([ALL_GATHER_COPY_IN, "aten._foreach_copy_"] * GATHERS)
+    assert len(streams) == 3 * GATHERS + 1 + LLAMA["n_layer"]  # a copy-in, a cast, a gather; a unit's reduction
+
+
+def test_hsdps_all_reduces_run_on_its_all_reduce_stream():
+    """HSDP (2 shards x 2 replicas) reduce-scatters each unit's gradient over its shard group,
+    then all-reduces the shard over the replicas: one all-reduce a unit, on the all-reduce
+    stream."""
+    trace = trace_rank(lambda: get_model("llama-7b").build(batch=2, seq_len=64, **LLAMA), TraceOptions(amp="bf16"),
+                       Execution(world=4, data="hsdp", shard=2, micro_batch=2),
+                       lambda model: [f"layers.{i}" for i in range(LLAMA["n_layer"])]).trace
+    streams = engine_streams(trace)
+    units = 1 + LLAMA["n_layer"]
+    assert _on(trace, streams, REDUCE_SCATTER_STREAM) == ["c10d._reduce_scatter_base_"] * units
+    assert _on(trace, streams, ALL_REDUCE_STREAM) == ["c10d.allreduce_"] * units

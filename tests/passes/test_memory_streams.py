@@ -5,12 +5,8 @@ rank (seconds)."""
 from __future__ import annotations
 
 from nnperf.layout import Execution
-from nnperf.passes.memory.model import (
-    ALL_GATHER_COPY_IN_STREAM,
-    REDUCE_SCATTER_STREAM,
-    allocation_program,
-    side_streams,
-)
+from nnperf.passes.fsdp_streams import COPY_IN_STREAM, REDUCE_SCATTER_STREAM
+from nnperf.passes.memory.model import allocation_program, side_streams
 from nnperf.trace.distributed import trace_rank
 from nnperf.trace.options import TraceOptions
 from nnperf.zoo import get_model
@@ -37,11 +33,11 @@ def test_fsdp2s_gathers_and_reduce_scatter_outputs_are_on_its_side_streams():
     trace = _traced()
     streams = side_streams(trace)
 
-    def sizes(stream: int) -> list[int]:
+    def sizes(stream: object) -> list[int]:
         return sorted(trace.storages[s].nbytes for s, on in streams.items() if on == stream)
 
     gathered = [ROOT * 2, ROOT * 2 // SHARDS] + [BLOCK * 2, BLOCK * 2 // SHARDS] * 4
-    assert sizes(ALL_GATHER_COPY_IN_STREAM) == sorted(gathered)
+    assert sizes(COPY_IN_STREAM) == sorted(gathered)
     assert sizes(REDUCE_SCATTER_STREAM) == sorted([BLOCK // SHARDS * 4] * 2 + [ROOT // SHARDS * 4])
     assert not set(trace.param_storages) & set(streams)
 

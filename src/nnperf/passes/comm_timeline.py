@@ -20,9 +20,12 @@ whichever of the two started first.
 Each process group has its own stream: ProcessGroupNCCL runs a communicator's collectives on
 that communicator's stream, so collectives of one group run in issue order, and those of
 different groups (an FSDP all-gather and an expert-parallel all-to-all, a tensor-parallel
-reduce-scatter and a pipeline send) may run at once. FSDP2's copy into its all-gather buffer
-(and, under mixed precision, its cast of the shards before it) runs on the stream of the
-all-gather it feeds (``passes.fsdp_streams``).
+reduce-scatter and a pipeline send) may run at once. An engine may issue collectives from side
+streams of its own (``SideStream``), one for all its groups: such a collective also waits for
+the work issued on its side stream before it. FSDP2's (``passes.fsdp_streams``): its copy into
+the all-gather buffer (and, under mixed precision, its cast of the shards before it) on the
+copy-in stream, its all-gathers of every group on the all-gather stream, its reduce-scatters
+on the reduce-scatter stream, HSDP's all-reduces on the all-reduce stream.
 
 When a collective starts: ProcessGroupNCCL records an event on the stream current at issue and
 makes the communicator's stream wait for it (``syncStream`` in ProcessGroupNCCL.cpp), so a
@@ -31,8 +34,8 @@ it, not when its buffer was last written: DDP's bucket all-reduce after the back
 issued before its hook, a tensor-parallel all-reduce of an input gradient after the weight
 gradient's GEMM that autograd ran first in the same node, ZeRO-1's broadcast after the update.
 FSDP2's reduce-scatter stream waits for the compute stream explicitly (``foreach_reduce``), the
-same rule. Only FSDP2's all-gathers are issued from streams of their own (the copy-in stream,
-then the all-gather stream, which wait for no compute kernel): they start when their inputs
+same rule. A side stream that waits for no compute kernel (``SideStream.waits_for_compute``:
+FSDP2's copy-in, all-gather and all-reduce streams) starts its collectives when their inputs
 are ready, under compute already placed (implicit forward and explicit backward prefetch).
 Pipelined with a GEMM (``pipelined``): Transformer Engine's userbuffers overlap
 (Megatron-LM's ``--tp-comm-overlap``) splits a sequence-parallel all-gather and the GEMM it
@@ -56,7 +59,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections import defaultdict
-from collections.abc import Callable, Collection, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 
 from nnperf.passes.timing import OpTime, StepTime
@@ -71,6 +74,16 @@ _ACCUMULATE = frozenset({"aten.add", "aten.add_"})
 #: The most of the SMs or of the DRAM bandwidth a collective is taken to hold, so a what-if with
 #: a tiny GPU cannot stall compute altogether.
 MAX_SHARE = 0.9
+
+
+@dataclass(frozen=True)
+class SideStream:
+    """A stream an engine issues its own kernels and collectives from, whatever their process
+    group (FSDP2's ``FSDPCommContext`` streams): what runs there runs in issue order.
+    ``waits_for_compute``: the engine makes it wait for the compute stream before each use."""
+
+    name: str
+    waits_for_compute: bool
 
 
 @dataclass(frozen=True)
@@ -179,15 +192,16 @@ def overlap(
     contention: Callable[[int], Contention | None] | None = None,
     stream_of: Callable[[int], Hashable] | None = None,
     pipelined: Callable[[int], int | None] | None = None,
-    copy_in_stream: Collection[int] = frozenset(),
+    side_streams: Mapping[int, SideStream] | None = None,
 ) -> CommStep:
     """Replay ``step`` with collectives on their own streams. ``collective_time(index)`` gives
     the kind, bytes and time of the collective at that event index; ``contention(index)`` what
     it takes from compute kernels beside it (None, or no function: nothing); ``stream_of(index)``
     its stream, its process group (None, or no function: one stream for all); ``pipelined(index)``
     the chunks an all-gather or reduce-scatter runs in with its GEMM (None: not pipelined; the
-    module docstring); ``copy_in_stream`` the event indices of FSDP2's copy-in kernels, which run
-    on the stream of the all-gather they feed (``fsdp_streams.copy_in_stream_events``)."""
+    module docstring); ``side_streams`` the engine's side stream of each kernel and collective
+    issued from one (``fsdp_streams.engine_streams``): a kernel there runs beside compute."""
+    side_streams = side_streams or {}
     issued = {s.index: s.end_s for s in step.host_slices}
     pairs = _pair_with_gemms(step, collective_time, pipelined) if pipelined is not None else {}
     spans: dict[int, tuple[float, float]] = {}  # a paired GEMM's event index -> (start, end)
@@ -195,7 +209,8 @@ def overlap(
     gathered: dict[int, tuple[_Pair, CommSlice]] = {}  # a pipelined all-gather's index -> it
     produced: dict[int, tuple[float, str | None, int | None]] = {}  # storage -> (ready, kind, collective) if comm
     compute_free = compute_busy = comm_busy = slowdown = 0.0
-    streams, own_stream = _streams(step, stream_of, copy_in_stream)
+    streams = {t.index: stream_of(t.index) for t in step.ops
+               if stream_of is not None and t.category == Category.COMMUNICATION}
     comm_free: dict[Hashable, float] = defaultdict(float)
     exposed: dict[str, float] = defaultdict(float)
     slices: list[CommSlice] = []
@@ -216,10 +231,14 @@ def overlap(
         if t.category == Category.COMMUNICATION:
             kind, nbytes, seconds = collective_time(t.index)
             stream = streams.get(t.index)
-            if t.index not in own_stream:
-                # issued from the compute stream: ProcessGroupNCCL's stream waits for every
-                # kernel issued there before it (the module docstring)
+            side = side_streams.get(t.index)
+            if side is None or side.waits_for_compute:
+                # issued from the compute stream, or a side stream that waits for it:
+                # ProcessGroupNCCL's stream waits for every kernel issued there before it (the
+                # module docstring)
                 ready = max(ready, compute_free)
+            if side is not None:  # and for what its side stream was given before it
+                ready = max(ready, comm_free[side])
             pair = pairs.get(t.index)
             if pair is not None and pair.scatters and pair.gemms[0] in spans:
                 # its chunks follow the GEMM's: the first once the GEMM's first chunk is done, the
@@ -232,6 +251,8 @@ def overlap(
                 start = max(issue, comm_free[stream], ready)
                 end = start + seconds
             comm_free[stream] = end
+            if side is not None:
+                comm_free[side] = end
             comm_busy += seconds
             slices.append(CommSlice(t.index, kind, nbytes, start, end))
             for m in event.inputs + event.outputs:
@@ -272,10 +293,10 @@ def overlap(
                 if source is not None:
                     gathering[m.storage] = source
             continue
-        if t.index in copy_in_stream:
-            stream = streams.get(t.index)
-            start = max(issue, comm_free[stream], ready)
-            end = comm_free[stream] = start + t.kernel_s
+        if t.index in side_streams:
+            side = side_streams[t.index]
+            start = max(issue, comm_free[side], ready, compute_free if side.waits_for_compute else 0.0)
+            end = comm_free[side] = start + t.kernel_s
             comm_busy += t.kernel_s
         else:
             free = max(issue, compute_free)
@@ -412,24 +433,3 @@ def _writer_gemm(ops: list[OpTime], at: int) -> tuple[OpTime, ...]:
             return ()
     return ()
 
-
-def _streams(step: StepTime, stream_of: Callable[[int], Hashable] | None,
-             copy_in_stream: Collection[int]) -> tuple[dict[int, Hashable], set[int]]:
-    """Each collective's stream, and each FSDP copy-in kernel's: the stream of the next
-    collective (the all-gather it fills); and the collectives issued from streams of their own,
-    not the compute stream: those a copy-in feeds (FSDP2's all-gathers)."""
-    out: dict[int, Hashable] = {}
-    own: set[int] = set()
-    waiting: list[int] = []
-    for t in step.ops:
-        if t.category == Category.COMMUNICATION:
-            if waiting:
-                own.add(t.index)
-            if stream_of is not None:
-                out[t.index] = stream_of(t.index)
-                for index in waiting:
-                    out[index] = out[t.index]
-            waiting.clear()
-        elif t.index in copy_in_stream:
-            waiting.append(t.index)
-    return out, own

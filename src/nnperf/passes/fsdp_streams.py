@@ -11,18 +11,46 @@ parameter dtype is set (mixed precision), ``_get_param_all_gather_inputs``' fore
 casts the shards into a flat low-precision buffer allocated just before: the copy-in's inputs.
 Both are read from ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py`` (torch 2.13).
 
-The memory pass places these buffers in the copy-in stream's pool (``memory.model``); the
-timeline runs these kernels on the all-gather's stream (``comm_timeline``)."""
+The memory pass places these buffers in the copy-in stream's pool (``memory.model``).
+
+Its collectives run on streams of its own too, one of each kind for the whole model (the root's
+``FSDPCommContext``), whatever process group they use: ``foreach_all_gather`` issues an implicit
+all-gather inside ``device_handle.stream(all_gather_stream)`` after
+``all_gather_stream.wait_stream(all_gather_copy_in_stream)``, ``foreach_reduce`` a
+reduce-scatter inside ``stream(reduce_scatter_stream)`` after
+``reduce_scatter_stream.wait_stream(current_stream)``, and HSDP's all-reduce inside
+``stream(all_reduce_stream)`` after it waited for the reduce-scatter stream; all with
+``async_op=False``, which since torch 2.8 launches on the current stream (pytorch#150398) and
+before made the current stream wait for the communicator's. Either way the gathers of the
+expert mesh's groups queue behind the dense mesh's on one stream, as its reduce-scatters do,
+where a stream per communicator alone would run them side by side. The NCCL communicator's
+order holds as well: a group's all-gathers and reduce-scatters, on two of these streams, still
+run one at a time (``comm_timeline`` keeps both). ``engine_streams`` gives the timeline each
+kernel's and collective's stream. Not modelled: what ``foreach_reduce`` runs after the
+reduce-scatter on its stream (the gradient's division and cast), which the timeline runs on
+the compute stream, and the rate limit of the forward's gathers (the streams wait for the copy
+out of the gather two units back), which binds only when units differ much in size."""
 
 from __future__ import annotations
 
 import bisect
 
+from nnperf.passes.comm_timeline import SideStream
 from nnperf.passes.costs.registry import written_args
 from nnperf.trace.events import OpEvent, Trace
 
 #: FSDP2's copy of the shards into its all-gather buffer.
 ALL_GATHER_COPY_IN = "fsdp.all_gather_copy_in"
+#: FSDP2's copy of a unit's gradients into its reduce-scatter input.
+CHUNK_CAT = "fsdp.chunk_cat"
+#: ``FSDPCommContext``'s streams: only the reduce-scatter stream waits for the compute stream.
+COPY_IN_STREAM = SideStream("FSDP all-gather copy-in stream", waits_for_compute=False)
+ALL_GATHER_STREAM = SideStream("FSDP all-gather stream", waits_for_compute=False)
+REDUCE_SCATTER_STREAM = SideStream("FSDP reduce-scatter stream", waits_for_compute=True)
+ALL_REDUCE_STREAM = SideStream("FSDP all-reduce stream", waits_for_compute=False)
+_ALL_GATHERS = frozenset({"c10d._allgather_base_", "c10d.allgather_into_tensor_coalesced_"})
+_REDUCE_SCATTERS = frozenset({"c10d._reduce_scatter_base_", "c10d.reduce_scatter_tensor_coalesced_"})
+_ALL_REDUCES = frozenset({"c10d.allreduce_"})
 
 
 def implicit_copy_ins(trace: Trace) -> list[OpEvent]:
@@ -60,3 +88,27 @@ def _writes(event: OpEvent, storage: int) -> bool:
     has no schema: it does not)."""
     return getattr(event.func, "_schema", None) is not None and any(
         m.storage == storage for m in written_args(event))
+
+
+def engine_streams(trace: Trace) -> dict[int, SideStream]:
+    """Event index -> its ``FSDPCommContext`` stream: the kernels of ``copy_in_stream_events``,
+    the all-gathers of what an implicit copy-in filled, the reduce-scatters of a
+    ``fsdp.chunk_cat``-filled input and the all-reduces of such a reduce-scatter's output (HSDP).
+    The pipeline runtime's ``UNSHARD`` gathers are not among them (``async_op=True`` on the
+    current stream: the communicator's own)."""
+    streams = dict.fromkeys(copy_in_stream_events(trace), COPY_IN_STREAM)
+    buffers = {m.storage for e in implicit_copy_ins(trace) for m in e.outputs}
+    reduce_inputs: set[int] = set()
+    reduced: set[int] = set()
+    for e in trace.events:
+        storages = {m.storage for m in e.inputs}
+        if e.name == CHUNK_CAT and e.inputs:
+            reduce_inputs.add(e.inputs[-1].storage)  # its ``out``
+        elif e.name in _ALL_GATHERS and storages & buffers:
+            streams[e.index] = ALL_GATHER_STREAM
+        elif e.name in _REDUCE_SCATTERS and storages & reduce_inputs:
+            streams[e.index] = REDUCE_SCATTER_STREAM
+            reduced |= storages - reduce_inputs
+        elif e.name in _ALL_REDUCES and storages & reduced:
+            streams[e.index] = ALL_REDUCE_STREAM
+    return streams

@@ -27,6 +27,7 @@ Rules modelled:
 from __future__ import annotations
 
 import bisect
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 KB = 1024
@@ -61,7 +62,7 @@ class _Block:
     size: int
     segment: int
     small: bool
-    stream: int = 0
+    stream: Hashable = 0
     free: bool = True
     prev: _Block | None = None
     next: _Block | None = None
@@ -102,9 +103,9 @@ class CachingAllocator:
         b.free = False
 
     # -- requests ---------------------------------------------------------------------------
-    def malloc(self, key: object, nbytes: int, stream: int = 0) -> int:
-        """Serve a request made on ``stream`` (0: the compute stream); returns the block size
-        charged to "allocated"."""
+    def malloc(self, key: object, nbytes: int, stream: Hashable = 0) -> int:
+        """Serve a request made on ``stream`` (0: the compute stream; else a side stream's key,
+        ``fsdp_streams``' records); returns the block size charged to "allocated"."""
         if key in self._live:
             raise KeyError(f"allocation {key!r} is already live")
         size = MIN_BLOCK if nbytes < MIN_BLOCK else MIN_BLOCK * ((nbytes + MIN_BLOCK - 1) // MIN_BLOCK)

@@ -14,10 +14,16 @@ which decides how segments fragment), the second is the steady state the trace r
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nnperf.passes.fsdp_streams import implicit_copy_ins
+from nnperf.passes.fsdp_streams import (
+    COPY_IN_STREAM,
+    REDUCE_SCATTER_STREAM,
+    engine_streams,
+    implicit_copy_ins,
+)
 from nnperf.passes.memory import device as device_terms
 from nnperf.passes.memory.allocator import CachingAllocator
 from nnperf.passes.memory.report import CATEGORIES, MemoryReport, TimelinePoint
@@ -42,7 +48,6 @@ _HOST_SCALAR_OPS = {"aten.lift_fresh", "aten.lift_fresh_copy", "aten.scalar_tens
 #: the gathered buffer, then the parameters it writes; torch/distributed/fsdp/_fully_shard/
 #: _fsdp_collectives.py ``split_with_sizes_copy``)
 _FSDP_UNSHARD_COPY = "fsdp.split_with_sizes_copy"
-_FSDP_CHUNK_CAT = "fsdp.chunk_cat"
 
 
 @dataclass(frozen=True)
@@ -141,7 +146,7 @@ class AllocationProgram:
     ops: list[tuple[int, Any, int, str]]
     roles: dict[int, StorageRole]  # the classification the program was built from
     #: the stream a request is made on, where not the compute stream's (``side_streams``)
-    streams: dict[Any, int] = field(default_factory=dict)
+    streams: dict[Any, Hashable] = field(default_factory=dict)
 
     def peaks(self) -> tuple[int, int]:
         """(peak allocated, peak reserved) of a replay, without breakdown or timeline."""
@@ -241,12 +246,7 @@ def allocation_program(
     return AllocationProgram(ops, roles, side_streams(trace))
 
 
-#: FSDP2's side streams (``FSDPCommContext``), as the allocator simulation numbers them.
-ALL_GATHER_COPY_IN_STREAM, REDUCE_SCATTER_STREAM = 1, 2
-_REDUCE_SCATTERS = frozenset({"c10d._reduce_scatter_base_", "c10d.reduce_scatter_tensor"})
-
-
-def side_streams(trace: Trace) -> dict[int, int]:
+def side_streams(trace: Trace) -> dict[int, Hashable]:
     """Storages FSDP2 allocates on its side streams, which the caching allocator keeps apart
     from the compute stream's (``allocator``): its all-gather buffers and the low-precision
     copies of the shards gathered into them (``foreach_all_gather`` runs
@@ -256,19 +256,16 @@ def side_streams(trace: Trace) -> dict[int, int]:
     sharded gradients are views of. Not the gathers torch's pipeline runtime asks for itself
     (its ``UNSHARD`` actions, between the schedule's forwards and backwards): it calls
     ``unshard(async_op=True)``, which gathers on the current stream
-    (``FSDPCommContext.get_all_gather_streams``)."""
-    streams: dict[int, int] = {}
-    chunk_cat_outputs: set[int] = set()
+    (``FSDPCommContext.get_all_gather_streams``). The streams are ``passes.fsdp_streams``'."""
+    streams: dict[int, Hashable] = {}
     for e in implicit_copy_ins(trace):
         for m in (*e.inputs, *e.outputs):
             if trace.storages[m.storage].created_by is not None:
-                streams[m.storage] = ALL_GATHER_COPY_IN_STREAM
-    for e in trace.events:
-        if e.name == _FSDP_CHUNK_CAT and e.inputs:
-            chunk_cat_outputs.add(e.inputs[-1].storage)  # its ``out``
-        elif (e.name in _REDUCE_SCATTERS and len(e.inputs) >= 2 and e.inputs[1].storage in chunk_cat_outputs
-              and trace.storages[e.inputs[0].storage].created_by is not None):
-            streams[e.inputs[0].storage] = REDUCE_SCATTER_STREAM
+                streams[m.storage] = COPY_IN_STREAM
+    for index, stream in engine_streams(trace).items():
+        output = trace.events[index].inputs[0].storage  # a reduce-scatter's first argument
+        if stream is REDUCE_SCATTER_STREAM and trace.storages[output].created_by is not None:
+            streams[output] = REDUCE_SCATTER_STREAM
     return streams
 
 
