@@ -1,7 +1,8 @@
 """Megatron-LM's FP8 linears cast what Transformer Engine casts (``trace.fp8_casts``): a
 sequence-parallel operand on the rank's shard before its all-gather, and the input of the
-fused q-k-v and gate-up layers once. Each share and each cast's bytes counted by hand from
-the tiny Llama's separate wq, wk, wv and w1, w3 (Megatron-Core's linear_qkv and linear_fc1)."""
+fused q-k-v and gate-up layers once; torchtitan's with torchao's float8 tensor-parallel styles
+likewise. Each share and each cast's bytes counted by hand from the tiny Llama's separate wq,
+wk, wv and w1, w3 (Megatron-Core's linear_qkv and linear_fc1). Traces tiny ranks (seconds)."""
 
 from __future__ import annotations
 
@@ -58,6 +59,34 @@ def test_without_tensor_parallelism_only_the_fused_inputs_change():
 def test_torchtitans_float8_casts_every_linear_input():
     traced = _trace(Execution(world=2, data="fsdp", shard=2, micro_batch=BATCH))
     assert "fp8_cast_shares" not in traced.trace.config
+
+
+def test_torchtitans_float8_tensor_parallelism_casts_a_modules_input_shard_once():
+    """torchtitan's apply_tp with float8 takes torchao's PrepareFloat8ModuleInput for the
+    attention's and the feed-forward's input (cast on the shard, then gathered: once for wq,
+    wk, wv and once for w1, w3) and Float8RowwiseParallel for wo and w2 (their output's gradient
+    cast before the all-gather backward makes of the forward's reduce-scatter): the shares
+    Transformer Engine's give, on FSDP2 beside the tensor parallelism."""
+    execution = Execution(world=2 * TP, data="fsdp", shard=2, tensor=TP, sequence_parallel=True, micro_batch=BATCH)
+    shares = _shares(_trace(execution))
+    layers = LLAMA["n_layer"]
+    assert shares[("forward", "wq")] == shares[("forward", "w1")] == [1 / TP] * layers
+    assert shares[("forward", "wk")] == shares[("forward", "wv")] == shares[("forward", "w3")] == [0.0] * layers
+    assert shares[("backward", "wo")] == shares[("backward", "w2")] == [1 / TP] * (2 * layers)
+    assert len(shares) == 7
+
+
+def test_torchtitans_float8_gathers_move_one_byte_an_element():
+    """The blocks' tensor-parallel all-gathers carry FP8: each sublayer's input in forward and
+    its row-parallel layer's output gradient in backward, (tokens, dim) at one byte; the head's
+    input (``output`` is no float8 linear: torchtitan keeps it 16-bit) and the embedding
+    output's gradient keep two bytes. FSDP2's gathers are not touched."""
+    execution = Execution(world=2 * TP, data="fsdp", shard=2, tensor=TP, sequence_parallel=True, micro_batch=BATCH)
+    traced = _trace(execution)
+    tokens, dim, layers = BATCH * SEQ, LLAMA["dim"], LLAMA["n_layer"]
+    events = traced.trace.events  # DTensor's gathers are functional collectives; FSDP2's are not
+    gathers = [c for c in traced.collectives if c.kind == "all_gather" and events[c.index].name.startswith("_c10d")]
+    assert sorted(c.bytes for c in gathers) == sorted([tokens * dim] * 4 * layers + [tokens * dim * 2] * 2)
 
 
 def test_the_cast_is_timed_on_the_shard():

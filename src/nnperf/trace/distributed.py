@@ -111,8 +111,17 @@ def trace_rank(
     if options.fp8 and execution.megatron_layout:
         # Transformer Engine's linears, which Megatron-LM runs, keep their inputs in FP8
         trace.config["fp8_saved_inputs"] = keep_fp8_saved_inputs(trace)
-        # ... and cast a sequence-parallel shard before gathering it, a fused layer's input once
-        gathers = frozenset(c.index for c in collectives if c.kind == "all_gather" and c.group == tp_group)
+    # torchtitan's sequence parallelism with float8 linears: torchao's tensor-parallel styles
+    # (float8/float8_tensor_parallel.py: Float8ColwiseParallel, Float8RowwiseParallel,
+    # PrepareFloat8ModuleInput, which torchtitan's apply_tp takes with float8) cast a module's
+    # input shard to float8 before its all-gather, once for the attention's and the feed-forward's
+    # linears, and an output's gradient before the all-gather backward makes of its reduce-scatter
+    fp8_sequence_parallel = execution.tensor > 1 and execution.sequence_parallel and not execution.megatron_layout
+    if options.fp8 and (execution.megatron_layout or fp8_sequence_parallel):
+        # ... as Transformer Engine casts a sequence-parallel shard before gathering it, a fused
+        # layer's input once
+        tp = world["meshes"][shape][0].get_group().group_name if fp8_sequence_parallel else tp_group
+        gathers = frozenset(c.index for c in collectives if c.kind == "all_gather" and c.group == tp)
         casts = megatron_fp8_casts(trace, gathers, execution.tensor)
         trace.config["fp8_cast_shares"] = casts.shares
         # ... so that gather moves one byte an element

@@ -1,4 +1,5 @@
-"""What of each FP8 linear's operand Transformer Engine casts, as Megatron-LM runs it.
+"""What of each FP8 linear's operand Transformer Engine casts, as Megatron-LM runs it (and torchao's
+float8 tensor parallelism, as torchtitan runs it).
 
 The plan's FP8 linears (``passes.timing``'s FP8 GEMM) cast the 16-bit operand each GEMM brings
 (the input in forward, the output gradient in backward) with per-tensor scaling. Traced with
@@ -23,6 +24,14 @@ its ``grad_output_preprocess`` casts the local output gradient into a ``torch.ui
 gathers that; 2.x's ``gather_along_first_dim`` quantizes first and gathers FP8 for delayed and
 current scaling alike (``_all_gather_fp8``). The reduce-scatters (a row-parallel layer's output,
 a column-parallel one's input gradient) stay 16-bit: they sum.
+
+torchtitan's sequence parallelism with float8 linears does the same: its ``apply_tp`` takes
+torchao's float8 tensor-parallel styles (torchao/float8/float8_tensor_parallel.py):
+``PrepareFloat8ModuleInput`` casts the attention's and the feed-forward's input shard to FP8 and
+then gathers it, so wq, wk, wv (and w1, w3) share one cast of 1 / degree of the rows, and
+``Float8RowwiseParallel`` casts wo's and w2's output gradient before the all-gather backward
+makes of their reduce-scatter (``_NoopFwToFloat8BwDynamic`` after the redistribute); without
+tensor parallelism each ``Float8Linear`` casts its own input, and nothing here applies.
 
 ``megatron_fp8_casts`` says, per FP8 GEMM, the share of its operand's cast it pays (GEMMs not
 named pay all of it), and which tensor-parallel all-gathers carry an FP8 operand
