@@ -409,3 +409,30 @@ def test_a_reduce_scatter_of_something_no_gemm_wrote_is_not_pipelined():
     assert (overlap(_step(ops), None, timed, pipelined=lambda i: 4).step_s
             == pytest.approx(overlap(_step(ops), None, timed).step_s) == pytest.approx(10 * MS))
 
+
+
+def test_a_gather_waits_for_the_copy_out_its_stream_was_made_to_wait_for():
+    """FSDP2's rate limit: a gather's streams wait for an earlier copy-out (A, 2 ms, compute).
+    The copy-in (0.5 ms) and the gather (1 ms), issued at once and waiting for nothing else,
+    run at 2-2.5 and 2.5-3.5 ms; B (1 ms) reads the gather: it waits from 2 to 3.5 ms (without
+    the wait, the gather runs at 0.5-1.5 ms, under A)."""
+    ops = [_op(0, "fsdp.split_with_sizes_copy", [0], [1], 2 * MS), _op(1, "fsdp.all_gather_copy_in", [5], [6], 0.5 * MS),
+           _op(2, "c10d._allgather_base_", [6], [7], 0, comm=True), _op(3, "b", [7], [8], 1 * MS)]
+    fsdp = {1: COPY_IN_STREAM, 2: ALL_GATHER_STREAM}
+    timed = lambda i: ("all_gather", 100, 1 * MS)  # noqa: E731
+    result = overlap(_step(ops), None, timed, side_streams=fsdp, event_waits={1: 0, 2: 0})
+    assert result.slices[0].start_s == pytest.approx(2.5 * MS) and result.step_s == pytest.approx(4.5 * MS)
+    assert result.exposed_s == pytest.approx({"all_gather": 1.5 * MS})
+    assert overlap(_step(ops), None, timed, side_streams=fsdp).step_s == pytest.approx(3 * MS)
+
+
+def test_a_kernel_waiting_for_a_collective_is_charged_to_it():
+    """FSDP2's next reduction waits for the reduce-scatter before it: A (1 ms) writes a gradient,
+    its reduce-scatter runs 1-5 ms; the next unit's fill C (1 ms), which reads nothing of it,
+    waits from 2 ms (after B, 1 ms) to 5 ms: 3 ms exposed, charged to the reduce-scatter."""
+    ops = [_op(0, "a", [0], [1], 1 * MS), _op(1, "c10d._reduce_scatter_base_", [1], [2], 0, comm=True),
+           _op(2, "b", [0], [3], 1 * MS), _op(3, "fsdp.chunk_cat", [3], [4], 1 * MS)]
+    result = overlap(_step(ops), None, lambda i: ("reduce_scatter", 100, 4 * MS),
+                     side_streams={1: REDUCE_SCATTER_STREAM}, event_waits={3: 1})
+    assert result.step_s == pytest.approx(6 * MS) and result.exposed_s == pytest.approx({"reduce_scatter": 3 * MS})
+    assert result.waits == [(3, 1, pytest.approx(3 * MS))]

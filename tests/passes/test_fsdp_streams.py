@@ -12,10 +12,12 @@ from nnperf.passes.fsdp_streams import (
     ALL_GATHER_COPY_IN,
     ALL_GATHER_STREAM,
     ALL_REDUCE_STREAM,
+    CHUNK_CAT,
     COPY_IN_STREAM,
     REDUCE_SCATTER_STREAM,
     copy_in_stream_events,
     engine_streams,
+    engine_waits,
 )
 from nnperf.search.plan import prepare_for
 from nnperf.trace.blocks import repeated_blocks
@@ -113,3 +115,65 @@ def test_hsdps_all_reduces_run_on_its_all_reduce_stream():
     units = 1 + LLAMA["n_layer"]
     assert _on(trace, streams, REDUCE_SCATTER_STREAM) == ["c10d._reduce_scatter_base_"] * units
     assert _on(trace, streams, ALL_REDUCE_STREAM) == ["c10d.allreduce_"] * units
+
+
+def test_fsdp2s_streams_wait_for_its_copy_outs_and_reductions():
+    """``wait_for_unshard`` makes the gather streams wait for a copy-out: in forward the one two
+    units back (issued after this unit's gather), in backward this unit's own (before it
+    prefetches the next); ``post_backward`` makes the compute stream wait for the reduce-scatter
+    before it fills the next reduce-scatter input. The root, then the two blocks, are
+    gathered in forward; the blocks again in backward; the blocks and then the root reduced."""
+    trace = _trace("bf16")
+    waits = engine_waits(trace)
+    events = trace.events
+    copy_outs = [e.index for e in events if e.name == "fsdp.split_with_sizes_copy"]
+    gathers = [e for e in events if e.name == "c10d._allgather_base_"]
+    forward = [g for g in gathers if g.phase == "forward"]
+    backward = [g for g in gathers if g.phase == "backward"]
+    assert len(forward) == 1 + LLAMA["n_layer"] and len(backward) == LLAMA["n_layer"]
+    assert [waits.get(g.index) for g in forward] == [None, None, copy_outs[0]]
+    assert [waits[g.index] for g in backward] == [max(c for c in copy_outs if c < g.index) for g in backward]
+    for g in gathers:  # its copy-in stream's kernels (the cast, the copy-in) wait with it
+        chain = [i for i in copy_in_stream_events(trace) if max((h.index for h in gathers if h.index < g.index),
+                                                                 default=-1) < i < g.index]
+        assert len(chain) == 2 and {waits.get(i) for i in chain} == {waits.get(g.index)}
+    reduces = [e.index for e in events if e.name == "c10d._reduce_scatter_base_"]
+    fills = [e.index for e in events if e.name == CHUNK_CAT]
+    assert len(fills) == len(reduces) == 1 + LLAMA["n_layer"]
+    assert [waits.get(i) for i in fills] == [None, *reduces[:-1]]
+
+
+def test_a_moes_expert_gathers_share_the_all_gather_stream():
+    """Mixtral on 4 ranks, FSDP2 over 4 with experts split over 2: the experts are sharded over
+    the other 2 (torchtitan's ``dp_shard_mod_ep``), a group of their own. Their gathers and
+    reduce-scatters run on FSDP2's streams beside the dense group's; the expert all-to-alls
+    (functional collectives of the expert group) on none."""
+    from nnperf.search.plan import prepare_for
+
+    execution = Execution(world=4, data="fsdp", shard=4, expert=2)
+    traced = trace_rank(lambda: get_model("mixtral-8x7b").build(1, 16, n_layer=2, dim=16, n_heads=4, n_kv_heads=2,
+                                                               ffn_hidden=24, vocab=64),
+                        TraceOptions(optimizer="adamw"), execution, lambda m: ["layers.0", "layers.1"],
+                        prepare_for(execution))
+    streams = engine_streams(traced.trace)
+    on = {c.group_size: set() for c in traced.collectives}
+    for c in traced.collectives:
+        on[c.group_size].add((c.kind, streams.get(c.index)))
+    assert {s for k, s in on[4] | on[2] if k == "all_gather"} == {ALL_GATHER_STREAM}
+    assert {s for k, s in on[4] | on[2] if k == "reduce_scatter"} == {REDUCE_SCATTER_STREAM}
+    assert ("all_gather", ALL_GATHER_STREAM) in on[2] and ("all_gather", ALL_GATHER_STREAM) in on[4]
+    assert {s for k, s in on[2] if k == "all_to_all"} == {None}
+
+
+@pytest.mark.parametrize("execution", [
+    Execution(world=4, data="ddp", tensor=2, sequence_parallel=True, micro_batch=2),
+    Execution(world=4, data="zero1", tensor=2, sequence_parallel=True, micro_batch=2),
+    Execution(world=4, data="ddp", pipeline=2, pipeline_schedule="1f1b", micro_batch=1, grad_accum=2),
+], ids=["ddp-tp", "zero1-tp", "ddp-pipeline"])
+def test_no_other_engines_collective_is_on_fsdp2s_streams(execution):
+    """DDP's bucket all-reduces, ZeRO-1's reduce-scatters and gathers, DTensor's tensor-parallel
+    collectives and the pipeline's sends fill no FSDP2 buffer: none is on its streams."""
+    trace = trace_rank(lambda: get_model("llama-7b").build(batch=2, seq_len=64, **LLAMA), TraceOptions(amp="bf16"),
+                       execution, repeated_blocks, prepare_for(execution)).trace
+    assert any(e.name.startswith(("c10d.", "_c10d_functional.")) for e in trace.events)
+    assert engine_streams(trace) == {} and engine_waits(trace) == {}

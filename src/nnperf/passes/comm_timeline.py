@@ -193,6 +193,7 @@ def overlap(
     stream_of: Callable[[int], Hashable] | None = None,
     pipelined: Callable[[int], int | None] | None = None,
     side_streams: Mapping[int, SideStream] | None = None,
+    event_waits: Mapping[int, int] | None = None,
 ) -> CommStep:
     """Replay ``step`` with collectives on their own streams. ``collective_time(index)`` gives
     the kind, bytes and time of the collective at that event index; ``contention(index)`` what
@@ -200,8 +201,12 @@ def overlap(
     its stream, its process group (None, or no function: one stream for all); ``pipelined(index)``
     the chunks an all-gather or reduce-scatter runs in with its GEMM (None: not pipelined; the
     module docstring); ``side_streams`` the engine's side stream of each kernel and collective
-    issued from one (``fsdp_streams.engine_streams``): a kernel there runs beside compute."""
+    issued from one (``fsdp_streams.engine_streams``): a kernel there runs beside compute;
+    ``event_waits`` an earlier op an op waits to end, whatever the streams (an engine's
+    ``wait_event`` on the event recorded after it: ``fsdp_streams.engine_waits``)."""
     side_streams = side_streams or {}
+    event_waits = event_waits or {}
+    ends: dict[int, tuple[float, str | None]] = {}  # op index -> (end, its kind if a collective)
     issued = {s.index: s.end_s for s in step.host_slices}
     pairs = _pair_with_gemms(step, collective_time, pipelined) if pipelined is not None else {}
     spans: dict[int, tuple[float, float]] = {}  # a paired GEMM's event index -> (start, end)
@@ -228,6 +233,10 @@ def overlap(
             when, kind, index = produced.get(m.storage, (0.0, None, None))
             if when > ready:
                 ready, waited_on, waited_index = when, kind, index
+        if t.index in event_waits and event_waits[t.index] in ends:
+            when, kind = ends[event_waits[t.index]]
+            if when > ready:
+                ready, waited_on, waited_index = when, kind, event_waits[t.index] if kind else None
         if t.category == Category.COMMUNICATION:
             kind, nbytes, seconds = collective_time(t.index)
             stream = streams.get(t.index)
@@ -253,6 +262,7 @@ def overlap(
             comm_free[stream] = end
             if side is not None:
                 comm_free[side] = end
+            ends[t.index] = (end, kind)
             comm_busy += seconds
             slices.append(CommSlice(t.index, kind, nbytes, start, end))
             for m in event.inputs + event.outputs:
@@ -297,6 +307,7 @@ def overlap(
             side = side_streams[t.index]
             start = max(issue, comm_free[side], ready, compute_free if side.waits_for_compute else 0.0)
             end = comm_free[side] = start + t.kernel_s
+            ends[t.index] = (end, None)
             comm_busy += t.kernel_s
         else:
             free = max(issue, compute_free)
@@ -321,6 +332,7 @@ def overlap(
                         end = compute_free = floor
                 source = None  # what the GEMM writes is its own
             spans[t.index] = (start, end)
+            ends[t.index] = (end, None)
             clock[t.index] = compute_free
             last = t
         for m in event.outputs:

@@ -26,10 +26,18 @@ expert mesh's groups queue behind the dense mesh's on one stream, as its reduce-
 where a stream per communicator alone would run them side by side. The NCCL communicator's
 order holds as well: a group's all-gathers and reduce-scatters, on two of these streams, still
 run one at a time (``comm_timeline`` keeps both). ``engine_streams`` gives the timeline each
-kernel's and collective's stream. Not modelled: what ``foreach_reduce`` runs after the
-reduce-scatter on its stream (the gradient's division and cast), which the timeline runs on
-the compute stream, and the rate limit of the forward's gathers (the streams wait for the copy
-out of the gather two units back), which binds only when units differ much in size."""
+kernel's and collective's stream, ``engine_waits`` the events FSDP2 makes a stream wait for
+(``wait_event``): its gathers' rate limit in forward and prefetch distance in backward, and a
+unit's reduction waiting for the reduce-scatter before it.
+
+Not modelled: the kernels ``foreach_reduce`` runs on its reduce-scatter (or, under HSDP,
+all-reduce) stream around the collective, a division of the reduce-scatter's input or output
+where ``ReduceOp.AVG`` does not apply (fp16 gradients; bf16 and fp32 ones have none) and a cast
+of the result to the parameter dtype: the timeline runs them on the compute stream, after the
+reduce-scatter (they cannot be told from the pipeline schedule's ``scale_grads`` division of
+the same gradients, which does run there); the root's pre-forward wait of the gather streams
+for the compute stream (once per micro-batch; a traced micro-batch starts with its first gather
+exposed, and accumulation repeats it: ``search.accumulation``)."""
 
 from __future__ import annotations
 
@@ -38,11 +46,14 @@ import bisect
 from nnperf.passes.comm_timeline import SideStream
 from nnperf.passes.costs.registry import written_args
 from nnperf.trace.events import OpEvent, Trace
+from nnperf.vocab import Phase
 
 #: FSDP2's copy of the shards into its all-gather buffer.
 ALL_GATHER_COPY_IN = "fsdp.all_gather_copy_in"
 #: FSDP2's copy of a unit's gradients into its reduce-scatter input.
 CHUNK_CAT = "fsdp.chunk_cat"
+#: FSDP2's copy of a gathered buffer into the unsharded parameters (on the compute stream).
+COPY_OUT = "fsdp.split_with_sizes_copy"
 #: ``FSDPCommContext``'s streams: only the reduce-scatter stream waits for the compute stream.
 COPY_IN_STREAM = SideStream("FSDP all-gather copy-in stream", waits_for_compute=False)
 ALL_GATHER_STREAM = SideStream("FSDP all-gather stream", waits_for_compute=False)
@@ -51,6 +62,8 @@ ALL_REDUCE_STREAM = SideStream("FSDP all-reduce stream", waits_for_compute=False
 _ALL_GATHERS = frozenset({"c10d._allgather_base_", "c10d.allgather_into_tensor_coalesced_"})
 _REDUCE_SCATTERS = frozenset({"c10d._reduce_scatter_base_", "c10d.reduce_scatter_tensor_coalesced_"})
 _ALL_REDUCES = frozenset({"c10d.allreduce_"})
+#: ``foreach_reduce``'s cast of a gradient to the reduce dtype (``_to_dtype_if_needed``).
+_CAST = "aten._to_copy"
 
 
 def implicit_copy_ins(trace: Trace) -> list[OpEvent]:
@@ -112,3 +125,38 @@ def engine_streams(trace: Trace) -> dict[int, SideStream]:
         elif e.name in _ALL_REDUCES and storages & reduced:
             streams[e.index] = ALL_REDUCE_STREAM
     return streams
+
+
+def engine_waits(trace: Trace) -> dict[int, int]:
+    """Event index -> the earlier event whose end it waits for, by FSDP2's ``wait_event`` calls:
+
+    - a gather (its copy-in stream's kernels and its all-gather) waits for a copy-out
+      (``fsdp.split_with_sizes_copy``, on the compute stream): in forward for the one two units
+      back (``wait_for_unshard`` makes both gather streams wait for the previous unit's copy-out
+      after this unit's gather was issued: the rate limit of implicit prefetch), in backward for
+      the last (``wait_for_unshard`` in pre-backward waits for this unit's copy-out before it
+      prefetches the next: a prefetch runs one unit ahead);
+    - a unit's reduction on the compute stream (the casts of its gradients and the
+      ``fsdp.chunk_cat`` into the reduce-scatter input) waits for the reduce-scatter before it
+      (``post_backward`` keeps ``reduce_scatter_max_input_buffers``, 1 by default, in flight)."""
+    on_copy_in = copy_in_stream_events(trace)
+    streams = engine_streams(trace)
+    copy_outs: list[int] = []
+    last_reduce: int | None = None
+    waits: dict[int, int] = {}
+    for e in trace.events:
+        if e.name == COPY_OUT:
+            copy_outs.append(e.index)
+        elif e.index in on_copy_in or streams.get(e.index) is ALL_GATHER_STREAM:
+            back = 1 if e.phase == Phase.BACKWARD else 2
+            if len(copy_outs) >= back:
+                waits[e.index] = copy_outs[-back]
+        elif e.name == CHUNK_CAT and last_reduce is not None:
+            waits[e.index] = last_reduce
+            for m in e.inputs[:-1]:  # the gradients, cast to the reduce dtype just before
+                made = trace.storages[m.storage].created_by
+                if made is not None and made > last_reduce and trace.events[made].name == _CAST:
+                    waits[made] = last_reduce
+        if streams.get(e.index) is REDUCE_SCATTER_STREAM:
+            last_reduce = e.index
+    return waits

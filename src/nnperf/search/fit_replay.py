@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,7 +41,7 @@ class Footprint:
     batch: int
     takes: tuple[bool, ...]  # per request: malloc (True) or free (False)
     keys: tuple[object, ...]  # per request: storage id or workspace key
-    streams: tuple[int, ...]  # per request: the stream it is made on (0: the compute stream)
+    streams: tuple[Hashable, ...]  # per request: the stream it is made on (0: the compute stream)
     sizes: np.ndarray  # int64 bytes per request
     scaling: np.ndarray  # bool per request: of a category that grows with the batch
     conv: np.ndarray  # int64 bytes of every convolution operand

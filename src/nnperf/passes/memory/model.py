@@ -27,6 +27,7 @@ from nnperf.passes.fsdp_streams import (
 from nnperf.passes.memory import device as device_terms
 from nnperf.passes.memory.allocator import CachingAllocator
 from nnperf.passes.memory.report import CATEGORIES, MemoryReport, TimelinePoint
+from nnperf.trace.collectives import COLLECTIVES
 from nnperf.trace.events import Trace
 from nnperf.vocab import MemoryCategory as Mem
 from nnperf.vocab import Phase, StorageKind
@@ -263,8 +264,11 @@ def side_streams(trace: Trace) -> dict[int, Hashable]:
             if trace.storages[m.storage].created_by is not None:
                 streams[m.storage] = COPY_IN_STREAM
     for index, stream in engine_streams(trace).items():
-        output = trace.events[index].inputs[0].storage  # a reduce-scatter's first argument
-        if stream is REDUCE_SCATTER_STREAM and trace.storages[output].created_by is not None:
+        event = trace.events[index]
+        if stream is not REDUCE_SCATTER_STREAM or COLLECTIVES.get(event.name, ("",))[0] != "reduce_scatter":
+            continue
+        output = event.inputs[0].storage  # a reduce-scatter's first argument
+        if trace.storages[output].created_by is not None:
             streams[output] = REDUCE_SCATTER_STREAM
     return streams
 

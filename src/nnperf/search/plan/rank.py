@@ -41,7 +41,7 @@ from nnperf.kernels.expert_dispatch import estimate_deduplicated
 from nnperf.layout import Execution
 from nnperf.loading import resolve
 from nnperf.passes.comm_timeline import Contention, overlap
-from nnperf.passes.fsdp_streams import engine_streams
+from nnperf.passes.fsdp_streams import engine_streams, engine_waits
 from nnperf.passes.memory.transfers import saved_transfers
 from nnperf.prediction import predict_analysis
 from nnperf.request import ModelRequest
@@ -203,7 +203,8 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
     comm = overlap(prediction.step, traced.trace, collective_timer(estimate, by_index, pipelined, coalesced),
                    contention, stream_of=lambda index: by_index[index].stream,
                    pipelined=tensor_parallel_chunks(execution, traced.trace.config, by_index),
-                   side_streams=engine_streams(traced.trace))
+                   side_streams=engine_streams(traced.trace),
+                   event_waits=engine_waits(traced.trace))
     once = [t for t in prediction.step.ops if once_per_step(t.count.event)]
     attention = [t for t in prediction.step.ops if t.category == Category.ATTENTION]
     forward = [t.count.event for t in attention if t.phase == "forward"]
