@@ -131,8 +131,12 @@ def test_fsdp2s_streams_wait_for_its_copy_outs_and_reductions():
     forward = [g for g in gathers if g.phase == "forward"]
     backward = [g for g in gathers if g.phase == "backward"]
     assert len(forward) == 1 + LLAMA["n_layer"] and len(backward) == LLAMA["n_layer"]
-    assert [waits.get(g.index) for g in forward] == [None, None, copy_outs[0]]
-    assert [waits[g.index] for g in backward] == [max(c for c in copy_outs if c < g.index) for g in backward]
+    assert [waits.get(g.index) for g in forward] == [None, None, copy_outs[0]]  # block 1's: the root's
+    # the last block's, prefetched from the root's pre-backward: the last forward copy-out (its
+    # own, through the root's post-forward wait); then block 0's, prefetched from block 1's
+    # pre-backward: block 1's backward copy-out
+    held = [(events[waits[g.index]].module, str(events[waits[g.index]].phase)) for g in backward]
+    assert held == [("layers.1", "forward"), ("layers.1", "backward")]
     for g in gathers:  # its copy-in stream's kernels (the cast, the copy-in) wait with it
         chain = [i for i in copy_in_stream_events(trace) if max((h.index for h in gathers if h.index < g.index),
                                                                  default=-1) < i < g.index]

@@ -138,3 +138,24 @@ def test_a_linear_with_bias_casts_its_input_not_its_bias():
                         TraceOptions(optimizer="adamw", dtype="bf16", fp8=True), execution, lambda model: [])
     shares = _shares(traced)
     assert shares[("forward", "c_attn")] == shares[("forward", "c_fc")] == [1 / TP] * gpt2["n_layer"]
+
+
+def test_a_recomputed_forward_casts_a_modules_input_once_too():
+    """Under full checkpointing each block's forward runs again in backward, up to its last op
+    backward needs (w2's output is not: torch's checkpoint stops before it). The recomputed
+    wq and w1 cast the gathered input's shard again (1 / TP), wk, wv and w3 reuse it, as the
+    forward's did; wo casts its own input whole (no share). Counted over the recomputed GEMMs,
+    whose module the trace names by the backward that recomputes them."""
+    from nnperf.search.plan import prepare_for
+    from nnperf.zoo import get_model
+
+    execution = Execution(world=2 * TP, data="fsdp", shard=2, tensor=TP, sequence_parallel=True, micro_batch=BATCH,
+                          checkpoint="full")
+    traced = trace_rank(lambda: get_model("llama-7b").build(batch=BATCH, seq_len=SEQ, **LLAMA),
+                        TraceOptions(optimizer="adamw", dtype="bf16", fp8=True), execution,
+                        lambda model: [f"layers.{i}" for i in range(LLAMA["n_layer"])], prepare_for(execution))
+    shares = traced.trace.config["fp8_cast_shares"]
+    recomputed = [e.index for e in traced.trace.events if e.recomputed and e.name == "aten.mm"]
+    layers = LLAMA["n_layer"]
+    assert len(recomputed) == 6 * layers  # wq, wk, wv, wo, w1, w3
+    assert sorted(shares[i] for i in recomputed if i in shares) == [0.0] * 3 * layers + [1 / TP] * 2 * layers

@@ -36,8 +36,11 @@ where ``ReduceOp.AVG`` does not apply (fp16 gradients; bf16 and fp32 ones have n
 of the result to the parameter dtype: the timeline runs them on the compute stream, after the
 reduce-scatter (they cannot be told from the pipeline schedule's ``scale_grads`` division of
 the same gradients, which does run there); the root's pre-forward wait of the gather streams
-for the compute stream (once per micro-batch; a traced micro-batch starts with its first gather
-exposed, and accumulation repeats it: ``search.accumulation``)."""
+for the compute stream, once per micro-batch (without a pipeline a traced micro-batch starts
+with its first gather exposed, and accumulation repeats it, ``search.accumulation``; a pipeline
+that reshards after forward, which the plan's search does not build, gathers again in each
+forward unheld); a one-rank group's copy (``aten.copy_``), which is neither a copy-out nor a
+reduction here."""
 
 from __future__ import annotations
 
@@ -62,8 +65,6 @@ ALL_REDUCE_STREAM = SideStream("FSDP all-reduce stream", waits_for_compute=False
 _ALL_GATHERS = frozenset({"c10d._allgather_base_", "c10d.allgather_into_tensor_coalesced_"})
 _REDUCE_SCATTERS = frozenset({"c10d._reduce_scatter_base_", "c10d.reduce_scatter_tensor_coalesced_"})
 _ALL_REDUCES = frozenset({"c10d.allreduce_"})
-#: ``foreach_reduce``'s cast of a gradient to the reduce dtype (``_to_dtype_if_needed``).
-_CAST = "aten._to_copy"
 
 
 def implicit_copy_ins(trace: Trace) -> list[OpEvent]:
@@ -136,9 +137,10 @@ def engine_waits(trace: Trace) -> dict[int, int]:
       after this unit's gather was issued: the rate limit of implicit prefetch), in backward for
       the last (``wait_for_unshard`` in pre-backward waits for this unit's copy-out before it
       prefetches the next: a prefetch runs one unit ahead);
-    - a unit's reduction on the compute stream (the casts of its gradients and the
-      ``fsdp.chunk_cat`` into the reduce-scatter input) waits for the reduce-scatter before it
-      (``post_backward`` keeps ``reduce_scatter_max_input_buffers``, 1 by default, in flight)."""
+    - a unit's ``fsdp.chunk_cat`` of its gradients into the reduce-scatter input (on the compute
+      stream; it converts them to the reduce dtype in its kernel) waits for the reduce-scatter
+      before it (``post_backward`` keeps ``reduce_scatter_max_input_buffers``, 1 by default, in
+      flight)."""
     on_copy_in = copy_in_stream_events(trace)
     streams = engine_streams(trace)
     copy_outs: list[int] = []
@@ -153,10 +155,6 @@ def engine_waits(trace: Trace) -> dict[int, int]:
                 waits[e.index] = copy_outs[-back]
         elif e.name == CHUNK_CAT and last_reduce is not None:
             waits[e.index] = last_reduce
-            for m in e.inputs[:-1]:  # the gradients, cast to the reduce dtype just before
-                made = trace.storages[m.storage].created_by
-                if made is not None and made > last_reduce and trace.events[made].name == _CAST:
-                    waits[made] = last_reduce
         if streams.get(e.index) is REDUCE_SCATTER_STREAM:
             last_reduce = e.index
     return waits

@@ -116,6 +116,7 @@ def trace_rank(
     # PrepareFloat8ModuleInput, which torchtitan's apply_tp takes with float8) cast a module's
     # input shard to float8 before its all-gather, once for the attention's and the feed-forward's
     # linears, and an output's gradient before the all-gather backward makes of its reduce-scatter
+    # (dense models: a mixture of experts with tensor parallelism is planned as Megatron-LM runs it)
     fp8_sequence_parallel = execution.tensor > 1 and execution.sequence_parallel and not execution.megatron_layout
     if options.fp8 and (execution.megatron_layout or fp8_sequence_parallel):
         # ... as Transformer Engine casts a sequence-parallel shard before gathering it, a fused

@@ -31,7 +31,10 @@ torchao's float8 tensor-parallel styles (torchao/float8/float8_tensor_parallel.p
 then gathers it, so wq, wk, wv (and w1, w3) share one cast of 1 / degree of the rows, and
 ``Float8RowwiseParallel`` casts wo's and w2's output gradient before the all-gather backward
 makes of their reduce-scatter (``_NoopFwToFloat8BwDynamic`` after the redistribute); without
-tensor parallelism each ``Float8Linear`` casts its own input, and nothing here applies.
+tensor parallelism each ``Float8Linear`` casts its own input, and nothing here applies. nnperf
+takes these casts for every model with sequence parallelism outside Megatron-LM's layouts
+(torchtitan's Llamas; its MoE parallelizers refuse float8 with tensor parallelism, and nnperf
+plans a mixture of experts with tensor parallelism as Megatron-LM runs it).
 
 ``megatron_fp8_casts`` says, per FP8 GEMM, the share of its operand's cast it pays (GEMMs not
 named pay all of it), and which tensor-parallel all-gathers carry an FP8 operand
@@ -108,7 +111,7 @@ def megatron_fp8_casts(trace: Trace, gathers: frozenset[int], degree: int) -> Me
         gathered = [gather_of(m.storage) for m in operands] if degree > 1 else []
         fp8_gathers.update(g for g in gathered if g is not None)
         operand = operands[0]  # the input in forward, the output's gradient in backward
-        if e.phase == Phase.FORWARD:
+        if e.phase == Phase.FORWARD or e.recomputed:  # a recomputed forward casts as the forward did
             seen = cast.setdefault(operand.storage, set())
             key = (operand.storage_offset, tuple(operand.shape), tuple(operand.stride))
             if key in seen:  # a fused layer's input, cast by the first of its GEMMs
