@@ -45,9 +45,11 @@ reduction here."""
 from __future__ import annotations
 
 import bisect
+from collections.abc import Mapping
 
 from nnperf.passes.comm_timeline import SideStream
 from nnperf.passes.costs.registry import written_args
+from nnperf.trace.collectives import COLLECTIVES
 from nnperf.trace.events import OpEvent, Trace
 from nnperf.vocab import Phase
 
@@ -55,16 +57,14 @@ from nnperf.vocab import Phase
 ALL_GATHER_COPY_IN = "fsdp.all_gather_copy_in"
 #: FSDP2's copy of a unit's gradients into its reduce-scatter input.
 CHUNK_CAT = "fsdp.chunk_cat"
-#: FSDP2's copy of a gathered buffer into the unsharded parameters (on the compute stream).
+#: FSDP2's copy of a gathered buffer into the unsharded parameters, on the compute stream
+#: (inputs: the gathered buffer, then the parameters it writes; ``split_with_sizes_copy``).
 COPY_OUT = "fsdp.split_with_sizes_copy"
 #: ``FSDPCommContext``'s streams: only the reduce-scatter stream waits for the compute stream.
 COPY_IN_STREAM = SideStream("FSDP all-gather copy-in stream", waits_for_compute=False)
 ALL_GATHER_STREAM = SideStream("FSDP all-gather stream", waits_for_compute=False)
 REDUCE_SCATTER_STREAM = SideStream("FSDP reduce-scatter stream", waits_for_compute=True)
 ALL_REDUCE_STREAM = SideStream("FSDP all-reduce stream", waits_for_compute=False)
-_ALL_GATHERS = frozenset({"c10d._allgather_base_", "c10d.allgather_into_tensor_coalesced_"})
-_REDUCE_SCATTERS = frozenset({"c10d._reduce_scatter_base_", "c10d.reduce_scatter_tensor_coalesced_"})
-_ALL_REDUCES = frozenset({"c10d.allreduce_"})
 
 
 def implicit_copy_ins(trace: Trace) -> list[OpEvent]:
@@ -80,12 +80,13 @@ def implicit_copy_ins(trace: Trace) -> list[OpEvent]:
     return [e for e in trace.events if e.name == ALL_GATHER_COPY_IN and implicit(e.index)]
 
 
-def copy_in_stream_events(trace: Trace) -> frozenset[int]:
+def copy_in_stream_events(trace: Trace, copy_ins: list[OpEvent] | None = None) -> frozenset[int]:
     """Event indices of the kernels on the copy-in stream: each implicit copy-in, and the ops
     that write its inputs (``written_args``) between their allocation and it (the mixed-precision cast; inputs
-    that are the shards themselves, without a parameter dtype, were allocated before the step)."""
+    that are the shards themselves, without a parameter dtype, were allocated before the step).
+    ``copy_ins``: ``implicit_copy_ins(trace)`` where the caller has them already."""
     events: set[int] = set()
-    for copy_in in implicit_copy_ins(trace):
+    for copy_in in implicit_copy_ins(trace) if copy_ins is None else copy_ins:
         events.add(copy_in.index)
         for storage in {m.storage for m in copy_in.inputs}:
             created = trace.storages[storage].created_by
@@ -110,25 +111,27 @@ def engine_streams(trace: Trace) -> dict[int, SideStream]:
     ``fsdp.chunk_cat``-filled input and the all-reduces of such a reduce-scatter's output (HSDP).
     The pipeline runtime's ``UNSHARD`` gathers are not among them (``async_op=True`` on the
     current stream: the communicator's own)."""
-    streams = dict.fromkeys(copy_in_stream_events(trace), COPY_IN_STREAM)
-    buffers = {m.storage for e in implicit_copy_ins(trace) for m in e.outputs}
+    copy_ins = implicit_copy_ins(trace)
+    streams = dict.fromkeys(copy_in_stream_events(trace, copy_ins), COPY_IN_STREAM)
+    buffers = {m.storage for e in copy_ins for m in e.outputs}
     reduce_inputs: set[int] = set()
     reduced: set[int] = set()
     for e in trace.events:
         storages = {m.storage for m in e.inputs}
+        kind = COLLECTIVES.get(e.name, ("",))[0]
         if e.name == CHUNK_CAT and e.inputs:
             reduce_inputs.add(e.inputs[-1].storage)  # its ``out``
-        elif e.name in _ALL_GATHERS and storages & buffers:
+        elif kind == "all_gather" and storages & buffers:
             streams[e.index] = ALL_GATHER_STREAM
-        elif e.name in _REDUCE_SCATTERS and storages & reduce_inputs:
+        elif kind == "reduce_scatter" and storages & reduce_inputs:
             streams[e.index] = REDUCE_SCATTER_STREAM
             reduced |= storages - reduce_inputs
-        elif e.name in _ALL_REDUCES and storages & reduced:
+        elif kind == "all_reduce" and storages & reduced:
             streams[e.index] = ALL_REDUCE_STREAM
     return streams
 
 
-def engine_waits(trace: Trace) -> dict[int, int]:
+def engine_waits(trace: Trace, streams: Mapping[int, SideStream] | None = None) -> dict[int, int]:
     """Event index -> the earlier event whose end it waits for, by FSDP2's ``wait_event`` calls:
 
     - a gather (its copy-in stream's kernels and its all-gather) waits for a copy-out
@@ -140,16 +143,17 @@ def engine_waits(trace: Trace) -> dict[int, int]:
     - a unit's ``fsdp.chunk_cat`` of its gradients into the reduce-scatter input (on the compute
       stream; it converts them to the reduce dtype in its kernel) waits for the reduce-scatter
       before it (``post_backward`` keeps ``reduce_scatter_max_input_buffers``, 1 by default, in
-      flight)."""
-    on_copy_in = copy_in_stream_events(trace)
-    streams = engine_streams(trace)
+      flight).
+
+    ``streams``: ``engine_streams(trace)`` where the caller has it already."""
+    streams = engine_streams(trace) if streams is None else streams
     copy_outs: list[int] = []
     last_reduce: int | None = None
     waits: dict[int, int] = {}
     for e in trace.events:
         if e.name == COPY_OUT:
             copy_outs.append(e.index)
-        elif e.index in on_copy_in or streams.get(e.index) is ALL_GATHER_STREAM:
+        elif streams.get(e.index) in (COPY_IN_STREAM, ALL_GATHER_STREAM):
             back = 1 if e.phase == Phase.BACKWARD else 2
             if len(copy_outs) >= back:
                 waits[e.index] = copy_outs[-back]

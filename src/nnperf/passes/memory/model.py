@@ -20,6 +20,7 @@ from typing import Any
 
 from nnperf.passes.fsdp_streams import (
     COPY_IN_STREAM,
+    COPY_OUT,
     REDUCE_SCATTER_STREAM,
     engine_streams,
     implicit_copy_ins,
@@ -45,10 +46,6 @@ _KIND_CATEGORY = {
 _PERSISTENT = {Mem.PARAMETERS, Mem.BUFFERS, Mem.INPUTS, Mem.OPTIMIZER_STATE}
 _CAST_OPS = {"aten._to_copy", "aten.to", "aten._autocast_to_reduced_precision"}
 _HOST_SCALAR_OPS = {"aten.lift_fresh", "aten.lift_fresh_copy", "aten.scalar_tensor"}
-#: FSDP2 copies an all-gather's flat output into the unsharded parameters with this op (inputs:
-#: the gathered buffer, then the parameters it writes; torch/distributed/fsdp/_fully_shard/
-#: _fsdp_collectives.py ``split_with_sizes_copy``)
-_FSDP_UNSHARD_COPY = "fsdp.split_with_sizes_copy"
 
 
 @dataclass(frozen=True)
@@ -124,7 +121,7 @@ def unsharded_parameters(trace: Trace) -> set[int]:
     reshard after forward (always its root), they are held once per rank whatever the
     micro-batches in flight, and do not grow with the batch (issue 18: counted as saved
     activations, a pipeline stage multiplied them by its in-flight micro-batches)."""
-    return {m.storage for e in trace.events if e.name == _FSDP_UNSHARD_COPY for m in e.inputs[1:]}
+    return {m.storage for e in trace.events if e.name == COPY_OUT for m in e.inputs[1:]}
 
 
 #: Allocation program op codes (see ``AllocationProgram``).

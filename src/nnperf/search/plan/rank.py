@@ -200,11 +200,11 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
     moe_routing = routing_of(traced.workload.model)  # DeepEP's sends and the expert overlap's layers
     estimate = collective_estimator(cluster, execution, moe_routing if execution.token_dispatcher == "deepep" else {})
     contention = _contention(cluster, gpu, by_index, estimate)
+    fsdp_streams = engine_streams(traced.trace)
     comm = overlap(prediction.step, traced.trace, collective_timer(estimate, by_index, pipelined, coalesced),
                    contention, stream_of=lambda index: by_index[index].stream,
                    pipelined=tensor_parallel_chunks(execution, traced.trace.config, by_index),
-                   side_streams=engine_streams(traced.trace),
-                   event_waits=engine_waits(traced.trace))
+                   side_streams=fsdp_streams, event_waits=engine_waits(traced.trace, fsdp_streams))
     once = [t for t in prediction.step.ops if once_per_step(t.count.event)]
     attention = [t for t in prediction.step.ops if t.category == Category.ATTENTION]
     forward = [t.count.event for t in attention if t.phase == "forward"]
