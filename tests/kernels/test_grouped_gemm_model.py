@@ -9,10 +9,12 @@ import math
 import pytest
 
 from nnperf.hardware import default_profile, load_gpu
+from nnperf.kernels.attention import TRANSFORMER_ENGINE
 from nnperf.kernels.gemm import estimate_gemm, tile_quantization
 from nnperf.kernels.grouped_gemm import (
     CUTLASS,
     FALLBACK,
+    TE_STREAMS,
     estimate_grouped_gemm,
     even_split,
     grouped_mm_path,
@@ -29,6 +31,8 @@ H100, A100, B200 = load_gpu("h100"), load_gpu("a100"), load_gpu("b200")
 ])
 def test_path_follows_grouped_blas(dtype, gpu, path):
     assert grouped_mm_path(dtype, gpu) == path
+    # Transformer Engine's GroupedLinear takes its own path whatever the dtype or architecture
+    assert grouped_mm_path(dtype, gpu, TRANSFORMER_ENGINE) == TE_STREAMS
 
 
 def _only(tile):
@@ -60,6 +64,33 @@ def test_one_launch_pays_each_groups_tile_padding_and_the_waves_of_all_tiles():
     assert (split.ctas, split.waves, merged.ctas, merged.waves) == (192, 2, 104, 1)
     assert merged.tile_efficiency == pytest.approx(tile_quantization(1548, 1024, (128, 128))[1])
     assert split.model_compute_s == pytest.approx(2 * merged.model_compute_s)
+
+
+def test_transformer_engine_runs_four_groups_at_a_time():
+    """8 experts of 256 rows, N = 1024, K = 4096, one 128x128 tile: each GEMM is 2 x 8 = 16
+    tiles. TE's four streams hold four GEMMs at once, 64 tiles on 132 SMs (one wave at 64/132),
+    twice; CUTLASS's one grid holds all 128 tiles in one wave (128/132): the same FLOPs take
+    132/64 / (132/128) = 2x the compute time, in 8 kernels and two rounds of overhead."""
+    profile = _only("128x128")
+    groups = [(256, 1024, 4096)] * 8
+    te = estimate_grouped_gemm(groups, dtype="bf16", gpu=H100, profile=profile, min_bytes=1e6,
+                               engine=TRANSFORMER_ENGINE)
+    one = estimate_grouped_gemm(groups, dtype="bf16", gpu=H100, profile=profile, min_bytes=1e6)
+    assert (te.path, te.kernels, te.ctas, te.waves) == (TE_STREAMS, 8, 128, 2)
+    assert (one.path, one.kernels, one.ctas, one.waves) == (CUTLASS, 1, 128, 1)
+    assert te.wave_efficiency == pytest.approx(128 / 264)
+    ref = estimate_gemm(1024, 1024, 4096, dtype="bf16", gpu=H100, profile=profile)  # a round's rows
+    usable = ref.peak_flops * ref.math_fraction * ref.alignment_factor
+    round_flops = 4 * 2 * 256 * 1024 * 4096
+    assert te.model_compute_s == pytest.approx(2 * round_flops / (usable * 64 / 132))
+    assert te.model_compute_s == pytest.approx(2 * one.model_compute_s)
+    memory = profile.memory_time(H100.memory_bandwidth, 1e6)
+    assert te.time_s == pytest.approx(2 * (max(te.model_compute_s / 2, memory / 2) + profile.kernel_overhead_s))
+    # four groups or fewer are one round: CUTLASS's grid, in as many kernels as groups
+    few = estimate_grouped_gemm(groups[:4], dtype="bf16", gpu=H100, profile=profile, min_bytes=1e6,
+                                engine=TRANSFORMER_ENGINE)
+    grid = estimate_grouped_gemm(groups[:4], dtype="bf16", gpu=H100, profile=profile, min_bytes=1e6)
+    assert few.kernels == 4 and few.time_s == pytest.approx(grid.time_s)
 
 
 def test_fallback_is_one_gemm_per_group_after_a_host_sync():

@@ -76,6 +76,7 @@ def test_expert_parallelism_with_ddp_or_zero1_is_megatrons_and_not_torchtitans()
     args = megatron_args(e, 4, amp="bf16")
     assert "--expert-model-parallel-size 4" in args and "--use-distributed-optimizer" in args
     assert "--moe-token-dispatcher-type alltoall" in args  # as planned; Megatron-LM's default is allgather
+    assert "--moe-grouped-gemm" in args  # TE's GroupedLinear, as timed; Megatron-Core's default loops
     assert "--expert-model-parallel-size 2" in megatron_args(replace(e, data="ddp", expert=2), 4, amp="bf16")
     assert "--expert-tensor-parallel-size" not in args
     split = megatron_args(replace(e, world=32, tensor=2, sequence_parallel=True), 4, amp="bf16")

@@ -178,10 +178,18 @@ def test_megatron_layouts_attend_through_transformer_engine():
     assert _traced_engine("fsdp") is None
 
 
-def _traced_engine(kind: str) -> str | None:
+def test_megatron_layouts_run_experts_through_transformer_engine():
+    """Megatron-Core's experts are Transformer Engine's GroupedLinear (``TEGroupedMLP``), timed
+    as its GEMMs per group over four streams (``kernels.grouped_gemm``); torchtitan's FSDP2
+    layouts keep PyTorch's ``_grouped_mm``."""
+    assert _traced_engine("zero1", "grouped_gemm_engine") == "transformer-engine"
+    assert _traced_engine("fsdp", "grouped_gemm_engine") is None
+
+
+def _traced_engine(kind: str, key: str = "attention_engine") -> str | None:
     def build() -> Workload:
         return Workload(model=_model(), inputs=(torch.randn(4, 16),), loss_fn=lambda out: out.sum())
 
     execution = Execution(world=WORLD, data=kind)
     traced = trace_rank(build, TraceOptions(optimizer="adamw"), execution, lambda model: ["0", "2"])
-    return traced.trace.config.get("attention_engine")
+    return traced.trace.config.get(key)

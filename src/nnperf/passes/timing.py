@@ -217,7 +217,8 @@ class KernelModel:
     def __init__(self, gpu: GPU, profile: DeviceProfile, options: TimingOptions | None = None,
                  train: bool = False, l2_hits: dict[int, float] | None = None,
                  fp8_linears: frozenset[str] = frozenset(), cudnn_attention_first: bool = False,
-                 fp8_cast_shares: dict[int, float] | None = None, attention_engine: str = PYTORCH):
+                 fp8_cast_shares: dict[int, float] | None = None, attention_engine: str = PYTORCH,
+                 grouped_gemm_engine: str = PYTORCH):
         self.gpu = gpu
         self.profile = profile
         self.options = options or TimingOptions()
@@ -236,6 +237,9 @@ class KernelModel:
         # whose checks give it cuDNN: PyTorch's SDPA or Transformer Engine's (Megatron-LM's
         # layouts, ``trace.config["attention_engine"]``)
         self.attention_engine = attention_engine
+        # whose grouped GEMMs a mixture of experts runs: PyTorch's ``_grouped_mm`` or Transformer
+        # Engine's ``GroupedLinear`` (Megatron-LM's layouts, ``trace.config["grouped_gemm_engine"]``)
+        self.grouped_gemm_engine = grouped_gemm_engine
         if fp8_linears and "fp8" not in gpu.tensor_tflops:
             raise UsageError(f"--fp8: {gpu.name} has no FP8 tensor cores (Hopper, Ada Lovelace and "
                              "Blackwell GPUs have them); leave --fp8 out")
@@ -411,14 +415,16 @@ class KernelModel:
 
     def _grouped(self, count: OpCount, base: dict[str, Any]) -> OpTime:
         """A grouped GEMM (``kernels.grouped_gemm``): CUTLASS's one-launch grouped kernel where
-        PyTorch takes it, else one GEMM per group after the offsets are read on the host. Each
-        group's GEMM is listed with its share of the kernel's time."""
+        PyTorch takes it, else one GEMM per group after the offsets are read on the host;
+        Transformer Engine's GEMMs per group over its four compute streams in Megatron-LM's
+        layouts. Each group's GEMM is listed with its share of the kernel's time."""
         dtype = dtype_name(operand_dtype(count.event))
         shapes = [(g.m, g.n, g.k) for g in count.gemms]
         a, b = count.event.args[0], count.event.args[1]
         est = estimate_grouped_gemm(
             shapes, dtype=dtype, gpu=self.gpu, profile=self.profile, min_bytes=count.bytes,
-            tf32=self.options.tf32_matmul, batched=len(a.shape) == 3 and len(b.shape) == 3)
+            tf32=self.options.tf32_matmul, batched=len(a.shape) == 3 and len(b.shape) == 3,
+            engine=self.grouped_gemm_engine)
         gemms = [GemmTime(g, self._group_share(g, est)) for g in count.gemms]
         return OpTime(
             kernels=est.kernels, kernel_s=est.time_s, compute_s=est.compute_s, memory_s=est.memory_s,
@@ -788,7 +794,8 @@ def simulate_step(
                         fp8_linears=frozenset(trace.config.get("fp8_linears", ())),
                         fp8_cast_shares=trace.config.get("fp8_cast_shares"),
                         cudnn_attention_first=trace.config.get("options", {}).get("sdpa") == "cudnn",
-                        attention_engine=trace.config.get("attention_engine", PYTORCH))
+                        attention_engine=trace.config.get("attention_engine", PYTORCH),
+                        grouped_gemm_engine=trace.config.get("grouped_gemm_engine", PYTORCH))
     costs = HostCosts.of(profile)
     step_options = trace.config.get("options", {})
     autocast = bool(step_options.get("amp"))

@@ -300,6 +300,9 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
         # tokens sent to their experts as planned: by all-to-all (Megatron-LM's default is allgather) or
         # DeepEP (the flex dispatcher's backend, Megatron-Core 0.14 on)
         args.append(f"--expert-model-parallel-size {e.expert}")
+        # each rank's experts as Transformer Engine's GroupedLinear, as timed
+        # (kernels.grouped_gemm; without it Megatron-Core loops over them, SequentialMLP)
+        args.append("--moe-grouped-gemm")
         args += (["--moe-token-dispatcher-type flex", "--moe-flex-dispatcher-backend deepep"]
                  if e.token_dispatcher == "deepep" else ["--moe-token-dispatcher-type alltoall"])
         if e.tensor > 1:  # each expert split as the dense layers are (Megatron-Core's default, said),

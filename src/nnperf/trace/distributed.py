@@ -100,8 +100,10 @@ def trace_rank(
             trace, workload = trace_workload(build_distributed, options, meta_first=False)
         collectives = on_own_groups(collectives_of(trace), _groups_of(world["meshes"][shape]))
     trace.config["execution"] = execution.to_json()
-    if execution.megatron_layout:  # Megatron-Core attends through Transformer Engine, not SDPA
+    if execution.megatron_layout:  # Megatron-Core attends through Transformer Engine, not SDPA,
         trace.config["attention_engine"] = TRANSFORMER_ENGINE
+        # and runs its experts' GEMMs through TE's GroupedLinear (TEGroupedMLP), not _grouped_mm
+        trace.config["grouped_gemm_engine"] = TRANSFORMER_ENGINE
     trace.config["rank"] = rank
     # the tensor-parallel group Megatron-LM's sequence parallelism gathers and scatters over
     tp_group = world["meshes"][shape][0].get_group().group_name if execution.megatron_sequence_parallel else None
