@@ -8,7 +8,9 @@ import pytest
 import nnperf
 from nnperf.errors import UsageError
 from nnperf.hardware import default_profile, load_gpu
+from nnperf.kernels.attention import PYTORCH, TRANSFORMER_ENGINE
 from nnperf.kernels.gemm import estimate_gemm
+from nnperf.kernels.grouped_gemm import estimate_grouped_gemm
 from nnperf.passes.costs import registry as cat
 
 SMALL = {"n_layer": 2, "dim": 512, "n_heads": 8, "n_kv_heads": 4, "ffn_hidden": 1024, "vocab": 4096}
@@ -43,10 +45,49 @@ def test_a_mixture_of_experts_router_stays_16_bit():
     assert router and all(t.math == "bf16" for t in router)
 
 
-def test_a_converted_gemm_costs_its_fp8_gemm_and_the_casts_of_its_16_bit_operand(fp8_analysis):
+def test_transformer_engines_experts_run_in_fp8_with_a_cast_per_expert():
+    """Megatron-LM's layouts run the experts as Transformer Engine's GroupedLinear, in FP8 under
+    --fp8 (``trace.config``: ``linear_engine``, ``fp8_experts``): each grouped GEMM is
+    TE's GEMMs per expert at the FP8 rate reading one-byte operands, after each expert's 16-bit
+    operand is cast (amax, scale, cast: 3 kernels; 2 + 2 bytes read, 1 + 1 written an element);
+    the weight gradient reads the column-wise copies and casts nothing."""
+    options = {**SMALL, "n_experts": 16, "top_k": 2, "moe_hidden": 256}
+    analysis = nnperf.analyze("llama-7b", batch=2, seq_len=1024, amp="bf16", fp8=True, **options)
     gpu = load_gpu("h100-sxm")
     profile = default_profile(gpu)
-    prediction = nnperf.predict(fp8_analysis, gpu)
+    bf16 = [t for t in nnperf.predict(analysis, gpu).step.ops if t.op == "aten._grouped_mm"]
+    analysis.trace.config.update(linear_engine=TRANSFORMER_ENGINE, fp8_experts=True)
+    grouped = [t for t in nnperf.predict(analysis, gpu).step.ops if t.op == "aten._grouped_mm"]
+    assert grouped and len(grouped) == len(bf16) and all(t.math == "bf16" for t in bf16)
+    roles = set()
+    for t in grouped:
+        a, b = t.count.event.args[0], t.count.event.args[1]
+        out = t.count.event.outputs[0]
+        gemms = estimate_grouped_gemm([(g.m, g.n, g.k) for g in t.count.gemms], dtype="fp8", gpu=gpu,
+                                      profile=profile, min_bytes=a.numel + b.numel + out.nbytes,
+                                      engine=TRANSFORMER_ENGINE)
+        casts = [g for g in t.count.gemms if g.role != "grad_weight"]
+        cast_s = profile.memory_time(gpu.memory_bandwidth, sum(g.m * g.k * (2 + 2 + 1 + 1) for g in casts)) \
+            + 3 * len(casts) * profile.kernel_overhead_s
+        assert t.math == "fp8" and t.kernels == len(t.count.gemms) + 3 * len(casts)
+        assert t.kernel_s == pytest.approx(gemms.time_s + cast_s, rel=1e-9)
+        roles |= {g.role for g in t.count.gemms}
+    assert {"grad_input", "grad_weight"} <= roles  # forward (role unset) and both gradients seen
+
+
+@pytest.mark.parametrize("engine, cast_kernels", [(PYTORCH, 2), (TRANSFORMER_ENGINE, 3)])
+def test_a_converted_gemm_costs_its_fp8_gemm_and_the_casts_of_its_16_bit_operand(fp8_analysis, engine,
+                                                                                   cast_kernels):
+    """torchao's cast is an amax reduction and the scaled cast; Transformer Engine's
+    (Megatron-LM's layouts) computes the scale in a kernel between them."""
+    gpu = load_gpu("h100-sxm")
+    profile = default_profile(gpu)
+    config = fp8_analysis.trace.config
+    config["linear_engine"] = engine
+    try:
+        prediction = nnperf.predict(fp8_analysis, gpu)
+    finally:
+        del config["linear_engine"]
     converted = set(fp8_analysis.trace.config["fp8_linears"])
     checked = {"forward": 0, "grad_input": 0, "grad_weight": 0}
     for t in prediction.step.ops:
@@ -58,11 +99,11 @@ def test_a_converted_gemm_costs_its_fp8_gemm_and_the_casts_of_its_16_bit_operand
             cast_s, kernels = 0.0, 1
         else:
             # the operand it brings (tokens x contraction): an amax read and a cast read in 16
-            # bits, row-wise and column-wise FP8 writes, in two kernels
+            # bits, row-wise and column-wise FP8 writes
             elements = g.m * g.k * g.batch
             cast_s = profile.memory_time(gpu.memory_bandwidth, elements * (2 + 2 + 1 + 1)) \
-                + 2 * profile.kernel_overhead_s
-            kernels = 3
+                + cast_kernels * profile.kernel_overhead_s
+            kernels = 1 + cast_kernels
         assert t.math == "fp8"
         assert t.kernels == kernels
         assert t.kernel_s == pytest.approx(gemm.time_s + cast_s, rel=1e-9)

@@ -182,8 +182,8 @@ def test_megatron_layouts_run_experts_through_transformer_engine():
     """Megatron-Core's experts are Transformer Engine's GroupedLinear (``TEGroupedMLP``), timed
     as its GEMMs per group over four streams (``kernels.grouped_gemm``); torchtitan's FSDP2
     layouts keep PyTorch's ``_grouped_mm``."""
-    assert _traced_engine("zero1", "grouped_gemm_engine") == "transformer-engine"
-    assert _traced_engine("fsdp", "grouped_gemm_engine") is None
+    assert _traced_engine("zero1", "linear_engine") == "transformer-engine"
+    assert _traced_engine("fsdp", "linear_engine") is None
 
 
 def _traced_engine(kind: str, key: str = "attention_engine") -> str | None:

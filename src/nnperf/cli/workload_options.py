@@ -52,8 +52,10 @@ def workload_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                           "bf16), as Transformer Engine runs Megatron-LM's transformer layers "
                           "(--fp8-format hybrid, per-tensor current scaling) and torchao's float8 "
                           "runs torchtitan's: their GEMMs at the FP8 tensor rate, each 16-bit input "
-                          "and output gradient scaled and cast first; the head, embedding and "
-                          "attention stay 16-bit."),
+                          "and output gradient scaled and cast first; in Megatron-LM's layouts a "
+                          "mixture of experts' grouped GEMMs too (Transformer Engine's GroupedLinear, "
+                          "cast expert by expert); the head, embedding, router and attention stay "
+                          "16-bit."),
         click.option("--optimizer", type=click.Choice(list(OPTIMIZERS)), default="adamw", show_default=True),
         click.option("--optimizer-impl", type=click.Choice(list(OPTIMIZER_IMPLS)), default="foreach",
                      show_default=True, help="PyTorch optimizer implementation."),

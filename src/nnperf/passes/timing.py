@@ -51,6 +51,7 @@ from nnperf.kernels.attention import (
     FLEX_OPS,
     MATH,
     PYTORCH,
+    TRANSFORMER_ENGINE,
     SdpaCall,
     efficient_uses_tensor_cores,
     math_attention,
@@ -81,6 +82,11 @@ from nnperf.trace.events import KIND_OPT_STATE, OpEvent, Trace, dtype_name
 
 #: The GEMMs of a linear layer that FP8 training runs in FP8: all three of training's.
 FP8_ROLES = ("forward", "grad_input", "grad_weight")
+#: Kernels of one per-tensor current-scaling cast: Transformer Engine's
+#: (``Float8CurrentScalingQuantizer::quantize_impl``, ``transformer_engine/pytorch/csrc/
+#: quantizer.cpp``: ``nvte_compute_amax``, ``nvte_compute_scale_from_amax``, ``nvte_quantize_v2``)
+#: and torchao's (the absolute maximum's reduction, then the scaled cast).
+FP8_CAST_KERNELS = {TRANSFORMER_ENGINE: 3, PYTORCH: 2}
 _MEMORY_BOUND = {cat.ELEMENTWISE, cat.REDUCTION, cat.NORM, cat.MEMORY, cat.OPTIMIZER, "uncovered"}
 
 
@@ -218,7 +224,7 @@ class KernelModel:
                  train: bool = False, l2_hits: dict[int, float] | None = None,
                  fp8_linears: frozenset[str] = frozenset(), cudnn_attention_first: bool = False,
                  fp8_cast_shares: dict[int, float] | None = None, attention_engine: str = PYTORCH,
-                 grouped_gemm_engine: str = PYTORCH):
+                 linear_engine: str = PYTORCH, fp8_experts: bool = False):
         self.gpu = gpu
         self.profile = profile
         self.options = options or TimingOptions()
@@ -237,10 +243,14 @@ class KernelModel:
         # whose checks give it cuDNN: PyTorch's SDPA or Transformer Engine's (Megatron-LM's
         # layouts, ``trace.config["attention_engine"]``)
         self.attention_engine = attention_engine
-        # whose grouped GEMMs a mixture of experts runs: PyTorch's ``_grouped_mm`` or Transformer
-        # Engine's ``GroupedLinear`` (Megatron-LM's layouts, ``trace.config["grouped_gemm_engine"]``)
-        self.grouped_gemm_engine = grouped_gemm_engine
-        if fp8_linears and "fp8" not in gpu.tensor_tflops:
+        # whose linear layers the step runs: PyTorch's (``_grouped_mm`` for experts, torchao's
+        # float8 casts) or Transformer Engine's (Megatron-LM's layouts: its FP8 casts,
+        # GroupedLinear for experts), ``trace.config["linear_engine"]``
+        self.linear_engine = linear_engine
+        # the experts' grouped GEMMs run in FP8 (Transformer Engine's GroupedLinear under FP8:
+        # Megatron-LM's layouts with --fp8, ``trace.config["fp8_experts"]``)
+        self.fp8_experts = fp8_experts
+        if (fp8_linears or fp8_experts) and "fp8" not in gpu.tensor_tflops:
             raise UsageError(f"--fp8: {gpu.name} has no FP8 tensor cores (Hopper, Ada Lovelace and "
                              "Blackwell GPUs have them); leave --fp8 out")
         self._vector_peak = gpu.peak_flops("fp32", tensor_cores=False, fallback=True)
@@ -352,10 +362,10 @@ class KernelModel:
     def _fp8_linear(self, count: OpCount, base: dict[str, Any]) -> OpTime:
         """A linear layer's GEMM in FP8 with per-tensor current scaling, as Transformer Engine
         runs it (``transformer_engine/pytorch/module/linear.py``, ``Float8CurrentScalingQuantizer``):
-        the GEMM at the FP8 tensor rate, after the 16-bit operand it brings is quantized by two
-        kernels: one reads it for its absolute maximum (the scale), one reads it again and
-        writes it in FP8, row-wise for this GEMM and, in training, column-wise too for the
-        weight-gradient GEMM (Hopper's FP8 GEMMs take only the "TN" layout), which therefore
+        the GEMM at the FP8 tensor rate, after the 16-bit operand it brings is quantized
+        (``FP8_CAST_KERNELS``: one kernel reads it for its absolute maximum, Transformer Engine's
+        next computes the scale, the last reads it again and writes it in FP8), row-wise for
+        this GEMM and, in training, column-wise too for the weight-gradient GEMM (Hopper's FP8 GEMMs take only the "TN" layout), which therefore
         casts nothing. The forward GEMM brings its input, the input-gradient GEMM the output's
         gradient; the weight's cast, once per step, is not timed (``trace.capture``'s FP8
         assumption). In Megatron-LM's layouts a sequence-parallel operand is cast on the rank's
@@ -369,12 +379,13 @@ class KernelModel:
                 if g.role != "grad_weight" and share]
         cast_bytes = float(sum(cast))
         cast_memory = self.profile.memory_time(self.gpu.memory_bandwidth, cast_bytes)
-        cast_overhead = 2 * len(cast) * self.profile.kernel_overhead_s
+        per_cast = FP8_CAST_KERNELS[self.linear_engine]
+        cast_overhead = per_cast * len(cast) * self.profile.kernel_overhead_s
         model_compute = sum(e.model_compute_s for e in ests)
         model_memory = sum(e.model_memory_s for e in ests) + cast_memory
         overhead = sum(e.overhead_s for e in ests) + cast_overhead
         return OpTime(
-            kernels=len(ests) + 2 * len(cast), kernel_s=sum(e.time_s for e in ests) + cast_memory + cast_overhead,
+            kernels=len(ests) + per_cast * len(cast), kernel_s=sum(e.time_s for e in ests) + cast_memory + cast_overhead,
             compute_s=sum(e.compute_s for e in ests),
             memory_s=sum(e.memory_s for e in ests) + cast_bytes / self.gpu.memory_bandwidth,
             peak_flops=ests[0].peak_flops, bound=_bound(model_compute, model_memory, overhead), gemms=gemms,
@@ -419,12 +430,14 @@ class KernelModel:
         Transformer Engine's GEMMs per group over its four compute streams in Megatron-LM's
         layouts. Each group's GEMM is listed with its share of the kernel's time."""
         dtype = dtype_name(operand_dtype(count.event))
+        if self.fp8_experts and self.linear_engine == TRANSFORMER_ENGINE and dtype in ("bf16", "fp16"):
+            return self._fp8_grouped(count, base)
         shapes = [(g.m, g.n, g.k) for g in count.gemms]
         a, b = count.event.args[0], count.event.args[1]
         est = estimate_grouped_gemm(
             shapes, dtype=dtype, gpu=self.gpu, profile=self.profile, min_bytes=count.bytes,
             tf32=self.options.tf32_matmul, batched=len(a.shape) == 3 and len(b.shape) == 3,
-            engine=self.grouped_gemm_engine)
+            engine=self.linear_engine)
         gemms = [GemmTime(g, self._group_share(g, est)) for g in count.gemms]
         return OpTime(
             kernels=est.kernels, kernel_s=est.time_s, compute_s=est.compute_s, memory_s=est.memory_s,
@@ -433,11 +446,45 @@ class KernelModel:
             model_memory_s=est.model_memory_s, overhead_s=est.overhead_s, host_sync=est.host_sync, **base,
         )
 
-    def _group_share(self, g: Gemm, est: GroupedGemmEstimate) -> GemmEstimate:
+    def _fp8_grouped(self, count: OpCount, base: dict[str, Any]) -> OpTime:
+        """The experts' GEMMs in FP8 as Transformer Engine's ``GroupedLinear`` runs them under
+        FP8 with per-tensor current scaling (``transformer_engine/pytorch/module/
+        grouped_linear.py``): the 16-bit operand each expert's GEMM brings is split by expert and
+        quantized expert by expert (``split_quantize`` -> ``multi_tensor_quantize_impl``: one
+        quantizer call per split where the scaling is not delayed), each as ``_fp8_linear``'s
+        cast (its kernels, its bytes: read for the absolute maximum, read again and written
+        row-wise and, in training, column-wise), then the GEMMs at the FP8 tensor rate over TE's
+        four streams (``kernels.grouped_gemm``), reading one-byte operands."""
+        a, b = count.event.args[0], count.event.args[1]
+        out = count.event.outputs[0]
+        operand_bytes = float(a.numel + b.numel + out.nbytes)  # one-byte operands, the output as traced
+        est = estimate_grouped_gemm(
+            [(g.m, g.n, g.k) for g in count.gemms], dtype="fp8", gpu=self.gpu, profile=self.profile,
+            min_bytes=operand_bytes, engine=self.linear_engine)
+        itemsize = 2  # the 16-bit operand
+        written = 2 if self.train else 1  # FP8 bytes written per element: row-wise, column-wise
+        cast = [g.m * g.k * (2 * itemsize + written) for g in count.gemms if g.role != "grad_weight"]
+        cast_bytes = float(sum(cast))
+        cast_memory = self.profile.memory_time(self.gpu.memory_bandwidth, cast_bytes)
+        per_cast = FP8_CAST_KERNELS[self.linear_engine]
+        cast_overhead = per_cast * len(cast) * self.profile.kernel_overhead_s
+        gemms = [GemmTime(g, self._group_share(g, est, "fp8")) for g in count.gemms]
+        model_memory = est.model_memory_s + cast_memory
+        overhead = est.overhead_s + cast_overhead
+        return OpTime(
+            kernels=est.kernels + per_cast * len(cast), kernel_s=est.time_s + cast_memory + cast_overhead,
+            compute_s=est.compute_s, memory_s=est.memory_s + cast_bytes / self.gpu.memory_bandwidth,
+            peak_flops=est.peak_flops, bound=_bound(est.model_compute_s, model_memory, overhead), gemms=gemms,
+            math="fp8", model_compute_s=est.model_compute_s, model_memory_s=model_memory, overhead_s=overhead,
+            **base,
+        )
+
+    def _group_share(self, g: Gemm, est: GroupedGemmEstimate, dtype: str | None = None) -> GemmEstimate:
         """One group's GEMM as a ``GemmEstimate`` holding its share (by FLOPs) of the grouped
-        kernel's time, so tables that sum GEMM times add up to the op's."""
+        kernel's time, so tables that sum GEMM times add up to the op's (in ``dtype``, where the
+        kernels run in another than the trace's)."""
         share = g.flops / est.flops if est.flops else 0.0
-        one = self.gemm(g.m, g.n, g.k, 1, g.dtype, self.options.tf32_matmul)
+        one = self.gemm(g.m, g.n, g.k, 1, dtype or g.dtype, self.options.tf32_matmul)
         return replace(one, time_s=est.time_s * share, model_compute_s=est.model_compute_s * share,
                        model_memory_s=est.model_memory_s * share, overhead_s=est.overhead_s * share)
 
@@ -795,7 +842,8 @@ def simulate_step(
                         fp8_cast_shares=trace.config.get("fp8_cast_shares"),
                         cudnn_attention_first=trace.config.get("options", {}).get("sdpa") == "cudnn",
                         attention_engine=trace.config.get("attention_engine", PYTORCH),
-                        grouped_gemm_engine=trace.config.get("grouped_gemm_engine", PYTORCH))
+                        linear_engine=trace.config.get("linear_engine", PYTORCH),
+                        fp8_experts=bool(trace.config.get("fp8_experts")))
     costs = HostCosts.of(profile)
     step_options = trace.config.get("options", {})
     autocast = bool(step_options.get("amp"))

@@ -365,7 +365,8 @@ FP8_ASSUMPTION = (
     "backward as the engine saves them: in FP8 by Transformer Engine's linears in Megatron-LM's layouts, in "
     "16 bits by torchao's float8 (torchtitan's, and on one GPU); not counted: their weights' casts (once per "
     "step: Transformer Engine keeps the first micro-batch's) and the scale's all-reduce over tensor-parallel "
-    "ranks"
+    "ranks; in Megatron-LM's layouts a mixture of experts' grouped GEMMs run in FP8 too (Transformer "
+    "Engine's GroupedLinear), their inputs counted as saved in 16 bits"
 )
 
 

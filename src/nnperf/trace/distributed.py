@@ -102,8 +102,8 @@ def trace_rank(
     trace.config["execution"] = execution.to_json()
     if execution.megatron_layout:  # Megatron-Core attends through Transformer Engine, not SDPA,
         trace.config["attention_engine"] = TRANSFORMER_ENGINE
-        # and runs its experts' GEMMs through TE's GroupedLinear (TEGroupedMLP), not _grouped_mm
-        trace.config["grouped_gemm_engine"] = TRANSFORMER_ENGINE
+        # and its linear layers are TE's: their FP8 casts, the experts' GroupedLinear (TEGroupedMLP)
+        trace.config["linear_engine"] = TRANSFORMER_ENGINE
     trace.config["rank"] = rank
     # the tensor-parallel group Megatron-LM's sequence parallelism gathers and scatters over
     tp_group = world["meshes"][shape][0].get_group().group_name if execution.megatron_sequence_parallel else None
@@ -113,6 +113,8 @@ def trace_rank(
     if options.fp8 and execution.megatron_layout:
         # Transformer Engine's linears, which Megatron-LM runs, keep their inputs in FP8
         trace.config["fp8_saved_inputs"] = keep_fp8_saved_inputs(trace)
+        # and its experts' GroupedLinear runs in FP8 under the same recipe (passes.timing)
+        trace.config["fp8_experts"] = True
     # torchtitan's sequence parallelism with float8 linears: torchao's tensor-parallel styles
     # (float8/float8_tensor_parallel.py: Float8ColwiseParallel, Float8RowwiseParallel,
     # PrepareFloat8ModuleInput, which torchtitan's apply_tp takes with float8) cast a module's
