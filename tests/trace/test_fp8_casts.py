@@ -159,3 +159,23 @@ def test_a_recomputed_forward_casts_a_modules_input_once_too():
     layers = LLAMA["n_layer"]
     assert len(recomputed) == 6 * layers  # wq, wk, wv, wo, w1, w3
     assert sorted(shares[i] for i in recomputed if i in shares) == [0.0] * 3 * layers + [1 / TP] * 2 * layers
+
+
+def test_the_experts_gate_and_up_projections_cast_their_input_once():
+    """Megatron-Core's experts are TE's GroupedLinear in FP8 too, gate and up one layer
+    (``linear_fc1``): of the traced pair of grouped GEMMs over the routed tokens the second
+    reuses the first's cast; the down projection's input and every backward operand are cast."""
+    from nnperf.zoo import get_model
+
+    moe = {**LLAMA, "n_experts": 4, "top_k": 2, "moe_hidden": 16}
+    traced = trace_rank(lambda: get_model("llama-7b").build(batch=BATCH, seq_len=SEQ, **moe),
+                        TraceOptions(optimizer="adamw", dtype="bf16", fp8=True),
+                        Execution(world=2, data="zero1", micro_batch=BATCH), lambda model: [])
+    trace = traced.trace
+    assert trace.config["fp8_experts"]
+    grouped = [e for e in trace.events if e.name == "aten._grouped_mm"]
+    forward = [e.index for e in grouped if str(e.phase) == "forward"]
+    assert len(forward) == 3 * LLAMA["n_layer"]  # gate, up, down in each block
+    shares = trace.config["fp8_cast_shares"]
+    assert [shares.get(i) for i in forward] == [None, 0.0, None] * LLAMA["n_layer"]
+    assert all(e.index not in shares for e in grouped if str(e.phase) == "backward")

@@ -454,7 +454,9 @@ class KernelModel:
         quantizer call per split where the scaling is not delayed), each as ``_fp8_linear``'s
         cast (its kernels, its bytes: read for the absolute maximum, read again and written
         row-wise and, in training, column-wise), then the GEMMs at the FP8 tensor rate over TE's
-        four streams (``kernels.grouped_gemm``), reading one-byte operands."""
+        four streams (``kernels.grouped_gemm``), reading one-byte operands. The gate and up
+        projections are one GroupedLinear in Megatron-Core: the second of the traced pair
+        reuses the first's casts (``trace.fp8_casts``)."""
         a, b = count.event.args[0], count.event.args[1]
         out = count.event.outputs[0]
         operand_bytes = float(a.numel + b.numel + out.nbytes)  # one-byte operands, the output as traced
@@ -463,7 +465,9 @@ class KernelModel:
             min_bytes=operand_bytes, engine=self.linear_engine)
         itemsize = 2  # the 16-bit operand
         written = 2 if self.train else 1  # FP8 bytes written per element: row-wise, column-wise
-        cast = [g.m * g.k * (2 * itemsize + written) for g in count.gemms if g.role != "grad_weight"]
+        share = self.fp8_cast_shares.get(count.event.index, 1.0)  # 0: a fused fc1's input, cast already
+        cast = [g.m * g.k * (2 * itemsize + written) * share for g in count.gemms
+                if g.role != "grad_weight" and share]
         cast_bytes = float(sum(cast))
         cast_memory = self.profile.memory_time(self.gpu.memory_bandwidth, cast_bytes)
         per_cast = FP8_CAST_KERNELS[self.linear_engine]

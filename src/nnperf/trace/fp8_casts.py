@@ -15,7 +15,10 @@ the ones Megatron-LM runs:
 - Megatron-Core fuses the query, key and value projections into one layer (``linear_qkv``) and
   a gated MLP's gate and up projections into one (``linear_fc1``), each casting its input once;
   a model written with separate linears reads one input in several FP8 GEMMs. The first such
-  GEMM pays the cast, the others reuse it.
+  GEMM pays the cast, the others reuse it. Its experts' gate and up projections are one
+  GroupedLinear too (``TEGroupedMLP``'s ``linear_fc1``), which runs in FP8 with the rest
+  (``trace.config["fp8_experts"]``): the traced experts' two grouped GEMMs over one input
+  (``aten._grouped_mm``, torchtitan's MoE layer) share its casts likewise.
 
 The gather itself then moves the FP8 tensor, one byte an element where DTensor's traced
 all-gather moves the 16-bit one: Transformer Engine 1.x's ``LayerNormLinear`` normalizes
@@ -52,6 +55,8 @@ from nnperf.vocab import Phase
 
 #: Bytes of one FP8 element (e4m3 or e5m2).
 FP8_BYTES = 1
+#: The op a mixture of experts' GEMMs trace as (the planner's and torchtitan's MoE layers).
+EXPERT_GEMMS = frozenset({"aten._grouped_mm"})
 
 
 @dataclass(frozen=True)
@@ -77,9 +82,13 @@ def megatron_fp8_casts(trace: Trace, gathers: frozenset[int], degree: int) -> Me
     from an all-gather at the event indices ``gathers`` (the tensor-parallel group's); and
     those all-gathers."""
     fp8_modules = set(trace.config.get("fp8_linears", ()))
-    if not fp8_modules:
+    experts = bool(trace.config.get("fp8_experts"))
+    if not fp8_modules and not experts:
         return MegatronFp8Casts()
     events, storages = trace.events, trace.storages
+
+    def fp8_gemm(e) -> bool:
+        return (e.module in fp8_modules and e.name in LINEAR_GEMMS) or (experts and e.name in EXPERT_GEMMS)
 
     def gather_of(storage: int) -> int | None:
         """The all-gather of ``gathers`` the storage carries the output of, if any."""
@@ -101,7 +110,7 @@ def megatron_fp8_casts(trace: Trace, gathers: frozenset[int], degree: int) -> Me
     # anything writes the storage again
     cast: dict[int, set[tuple]] = {}
     for e in events:
-        if e.module not in fp8_modules or e.name not in LINEAR_GEMMS or len(e.inputs) < 2:
+        if not fp8_gemm(e) or len(e.inputs) < 2:
             if e.name.endswith("_"):  # an in-place op (add_, copy_, allreduce_) writes its outputs
                 for m in e.outputs:
                     cast.pop(m.storage, None)
