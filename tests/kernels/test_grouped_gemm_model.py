@@ -9,7 +9,7 @@ import math
 import pytest
 
 from nnperf.hardware import default_profile, load_gpu
-from nnperf.kernels.attention import TRANSFORMER_ENGINE
+from nnperf.kernels.engines import TRANSFORMER_ENGINE
 from nnperf.kernels.gemm import estimate_gemm, tile_quantization
 from nnperf.kernels.grouped_gemm import (
     CUTLASS,
@@ -86,6 +86,15 @@ def test_transformer_engine_runs_four_groups_at_a_time():
     assert te.model_compute_s == pytest.approx(2 * one.model_compute_s)
     memory = profile.memory_time(H100.memory_bandwidth, 1e6)
     assert te.time_s == pytest.approx(2 * (max(te.model_compute_s / 2, memory / 2) + profile.kernel_overhead_s))
+    # a fifth group is a round of its own: 16 tiles in one wave at 16/132, at the rate of its
+    # 256 rows alone
+    five = estimate_grouped_gemm(groups[:5], dtype="bf16", gpu=H100, profile=profile, min_bytes=1e6,
+                                 engine=TRANSFORMER_ENGINE)
+    last = estimate_gemm(256, 1024, 4096, dtype="bf16", gpu=H100, profile=profile)
+    last_usable = last.peak_flops * last.math_fraction * last.alignment_factor
+    assert (five.kernels, five.ctas, five.waves) == (5, 80, 2)
+    assert five.model_compute_s == pytest.approx(round_flops / (usable * 64 / 132)
+                                                 + round_flops / 4 / (last_usable * 16 / 132))
     # four groups or fewer are one round: CUTLASS's grid, in as many kernels as groups
     few = estimate_grouped_gemm(groups[:4], dtype="bf16", gpu=H100, profile=profile, min_bytes=1e6,
                                 engine=TRANSFORMER_ENGINE)

@@ -15,11 +15,11 @@ from nnperf.kernels.attention import (
     EFFICIENT,
     FLASH,
     MATH,
-    TRANSFORMER_ENGINE,
     SdpaCall,
     gemm_alignment,
     select_backend,
 )
+from nnperf.kernels.engines import TRANSFORMER_ENGINE
 from nnperf.prediction import predict
 
 H100, A100, A10, V100, T4, P100, K80, MI300X = (

@@ -8,7 +8,7 @@ import pytest
 import nnperf
 from nnperf.errors import UsageError
 from nnperf.hardware import default_profile, load_gpu
-from nnperf.kernels.attention import PYTORCH, TRANSFORMER_ENGINE
+from nnperf.kernels.engines import PYTORCH, TRANSFORMER_ENGINE
 from nnperf.kernels.gemm import estimate_gemm
 from nnperf.kernels.grouped_gemm import estimate_grouped_gemm
 from nnperf.passes.costs import registry as cat
@@ -73,6 +73,13 @@ def test_transformer_engines_experts_run_in_fp8_with_a_cast_per_expert():
         assert t.kernel_s == pytest.approx(gemms.time_s + cast_s, rel=1e-9)
         roles |= {g.role for g in t.count.gemms}
     assert {"grad_input", "grad_weight"} <= roles  # forward (role unset) and both gradients seen
+    # a share of 0 (the fused gate-up layer's second GEMM, ``trace.fp8_casts``) casts nothing
+    first = grouped[0]
+    analysis.trace.config["fp8_cast_shares"] = {first.count.event.index: 0.0}
+    shared = next(t for t in nnperf.predict(analysis, gpu).step.ops if t.index == first.index)
+    assert shared.kernels == len(first.count.gemms)
+    assert shared.kernel_s == pytest.approx(first.kernel_s - (first.kernels - len(first.count.gemms))
+                                            * profile.kernel_overhead_s - _cast_memory(first, gpu, profile))
 
 
 @pytest.mark.parametrize("engine, cast_kernels", [(PYTORCH, 2), (TRANSFORMER_ENGINE, 3)])
@@ -142,3 +149,9 @@ def test_fp8_on_a_gpu_without_fp8_tensor_cores_is_refused(fp8_analysis):
 def test_fp8_on_a_model_without_repeated_blocks_is_refused():
     with pytest.raises(UsageError, match="repeated blocks"):
         nnperf.analyze("mlp", batch=16, amp="bf16", fp8=True)
+
+
+def _cast_memory(t, gpu, profile) -> float:
+    """The cast bytes of a grouped GEMM's experts (2 + 2 read, 1 + 1 written an element) timed."""
+    casts = [g for g in t.count.gemms if g.role != "grad_weight"]
+    return profile.memory_time(gpu.memory_bandwidth, sum(g.m * g.k * (2 + 2 + 1 + 1) for g in casts))

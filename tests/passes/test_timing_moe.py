@@ -9,6 +9,9 @@ import torch
 from tests.trace.test_trace_moe import GroupedMoE, LoopMoE
 
 from nnperf.analysis import analyze
+from nnperf.hardware import default_profile, load_gpu
+from nnperf.kernels.engines import TRANSFORMER_ENGINE
+from nnperf.kernels.grouped_gemm import TE_STREAMS, estimate_grouped_gemm
 from nnperf.prediction import predict
 
 
@@ -42,3 +45,20 @@ def test_nonzero_makes_the_host_wait():
         nxt = min(s.start_s for i, s in slices.items() if i > t.index)
         assert nxt >= t.end_s
 
+
+
+def test_transformer_engines_experts_are_a_gemm_an_expert_over_its_streams():
+    """Megatron-LM's layouts (``trace.config["linear_engine"]``) time the experts as Transformer
+    Engine's GroupedLinear: one cuBLAS GEMM per expert, four streams at once, no host sync."""
+    a = analyze(GroupedMoE(), inputs=(torch.randn(2, 16, 64),), dtype="bf16")
+    a.trace.config["linear_engine"] = TRANSFORMER_ENGINE
+    gpu = load_gpu("h100")
+    grouped = _ops(predict(a, gpu), "aten._grouped_mm")
+    assert grouped
+    for t in grouped:
+        est = estimate_grouped_gemm([(g.m, g.n, g.k) for g in t.count.gemms], dtype="bf16", gpu=gpu,
+                                    profile=default_profile(gpu), min_bytes=t.count.bytes,
+                                    engine=TRANSFORMER_ENGINE)
+        assert est.path == TE_STREAMS
+        assert t.kernels == len(t.gemms) == 8 and not t.host_sync
+        assert t.kernel_s == pytest.approx(est.time_s)

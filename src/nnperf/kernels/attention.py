@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nnperf.hardware import GPU
+from nnperf.kernels.engines import PYTORCH, TRANSFORMER_ENGINE
 
 FLASH = "flash"
 EFFICIENT = "efficient"
@@ -38,10 +39,6 @@ MATH = "math"
 FLEX = "flex"
 FLEX_OPS = frozenset({"higher_order.flex_attention", "higher_order.flex_attention_backward"})
 
-#: Whose checks pick the kernel: PyTorch's SDPA dispatcher, or Transformer Engine's
-#: ``DotProductAttention`` (Megatron-LM's layouts).
-PYTORCH = "pytorch"
-TRANSFORMER_ENGINE = "transformer-engine"
 #: The cuDNN runtime Transformer Engine runs on in the NVIDIA containers Megatron-LM and NeMo
 #: runs name: 9.7 (NGC PyTorch 25.01's cuDNN 9.7.0, the base of the 2025 NeMo containers, and
 #: newer after it). The rules below ask at most 9.5 of Hopper and 9.7/9.11 of Blackwell.

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nnperf.hardware import GPU, DeviceProfile
-from nnperf.kernels.attention import PYTORCH, TRANSFORMER_ENGINE
+from nnperf.kernels.engines import PYTORCH, TRANSFORMER_ENGINE
 from nnperf.kernels.gemm import estimate_gemm, tile_quantization, wave_quantization
 
 CUTLASS = "cutlass_grouped"
@@ -50,8 +50,9 @@ TE_COMPUTE_STREAMS = 4
 
 def grouped_mm_path(dtype: str, gpu: GPU, engine: str = PYTORCH) -> str:
     """Which implementation runs a grouped GEMM of ``dtype`` on ``gpu``: PyTorch's
-    ``_grouped_mm_cuda``, or Transformer Engine's ``GroupedLinear`` (``engine``; NVIDIA GPUs)."""
-    if engine == TRANSFORMER_ENGINE and gpu.vendor == "NVIDIA":
+    ``_grouped_mm_cuda``, or Transformer Engine's ``GroupedLinear`` (``engine``: its streams on
+    any GPU, never PyTorch's host-synced fallback; the ROCm port's own path is not read here)."""
+    if engine == TRANSFORMER_ENGINE:
         return TE_STREAMS
     parts = (gpu.compute_capability or "").split(".")
     major = int(parts[0]) if gpu.vendor == "NVIDIA" and parts and parts[0].isdigit() else 0
@@ -107,7 +108,8 @@ def estimate_grouped_gemm(
     overhead = profile.kernel_overhead_s
     compute = sum(g.compute_s for g in grids)
     # each grid moves its share (by FLOPs) of the operands' bytes, bound by the larger term
-    time = sum(max(g.compute_s, memory * g.flops / flops) + overhead for g in grids)
+    time = sum(max(g.compute_s, memory * (g.flops / flops)) + overhead for g in grids)
+    # reported: the first grid's tile and CTA slots, the CTAs and waves of all grids
     first = grids[0]
     slots = gpu.sm_count * profile.tile_ctas_per_sm(first.tile)
     ctas, waves = sum(g.ctas for g in grids), sum(g.waves for g in grids)

@@ -50,13 +50,12 @@ from nnperf.kernels.attention import (
     FLEX,
     FLEX_OPS,
     MATH,
-    PYTORCH,
-    TRANSFORMER_ENGINE,
     SdpaCall,
     efficient_uses_tensor_cores,
     math_attention,
     select_backend,
 )
+from nnperf.kernels.engines import PYTORCH, TRANSFORMER_ENGINE
 from nnperf.kernels.gemm import GemmEstimate, estimate_gemm
 from nnperf.kernels.grouped_gemm import GroupedGemmEstimate, estimate_grouped_gemm
 from nnperf.kernels.native_loops import LoopKernel, loop_kernel_time
@@ -361,7 +360,8 @@ class KernelModel:
 
     def _fp8_linear(self, count: OpCount, base: dict[str, Any]) -> OpTime:
         """A linear layer's GEMM in FP8 with per-tensor current scaling, as Transformer Engine
-        runs it (``transformer_engine/pytorch/module/linear.py``, ``Float8CurrentScalingQuantizer``):
+        (``transformer_engine/pytorch/module/linear.py``, ``Float8CurrentScalingQuantizer``) and
+        torchao's float8 run it:
         the GEMM at the FP8 tensor rate, after the 16-bit operand it brings is quantized
         (``FP8_CAST_KERNELS``: one kernel reads it for its absolute maximum, Transformer Engine's
         next computes the scale, the last reads it again and writes it in FP8), row-wise for
@@ -385,7 +385,8 @@ class KernelModel:
         model_memory = sum(e.model_memory_s for e in ests) + cast_memory
         overhead = sum(e.overhead_s for e in ests) + cast_overhead
         return OpTime(
-            kernels=len(ests) + per_cast * len(cast), kernel_s=sum(e.time_s for e in ests) + cast_memory + cast_overhead,
+            kernels=len(ests) + per_cast * len(cast),
+            kernel_s=sum(e.time_s for e in ests) + cast_memory + cast_overhead,
             compute_s=sum(e.compute_s for e in ests),
             memory_s=sum(e.memory_s for e in ests) + cast_bytes / self.gpu.memory_bandwidth,
             peak_flops=ests[0].peak_flops, bound=_bound(model_compute, model_memory, overhead), gemms=gemms,
@@ -456,7 +457,9 @@ class KernelModel:
         row-wise and, in training, column-wise), then the GEMMs at the FP8 tensor rate over TE's
         four streams (``kernels.grouped_gemm``), reading one-byte operands. The gate and up
         projections are one GroupedLinear in Megatron-Core: the second of the traced pair
-        reuses the first's casts (``trace.fp8_casts``)."""
+        reuses the first's forward cast (``trace.fp8_casts``); the pair's GEMMs and backward
+        casts stay two launches an expert where TE's fused ``linear_fc1`` makes one (the same
+        bytes and FLOPs: its kernel overheads overstated)."""
         a, b = count.event.args[0], count.event.args[1]
         out = count.event.outputs[0]
         operand_bytes = float(a.numel + b.numel + out.nbytes)  # one-byte operands, the output as traced
@@ -480,7 +483,7 @@ class KernelModel:
             compute_s=est.compute_s, memory_s=est.memory_s + cast_bytes / self.gpu.memory_bandwidth,
             peak_flops=est.peak_flops, bound=_bound(est.model_compute_s, model_memory, overhead), gemms=gemms,
             math="fp8", model_compute_s=est.model_compute_s, model_memory_s=model_memory, overhead_s=overhead,
-            **base,
+            host_sync=est.host_sync, **base,
         )
 
     def _group_share(self, g: Gemm, est: GroupedGemmEstimate, dtype: str | None = None) -> GemmEstimate:

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from nnperf.errors import UsageError
-from nnperf.kernels.attention import TRANSFORMER_ENGINE
+from nnperf.kernels.engines import TRANSFORMER_ENGINE
 from nnperf.layout import Execution
 from nnperf.trace.blocks import block_names, mark_blocks
 from nnperf.trace.capture import cast_workload, trace_workload

@@ -18,7 +18,9 @@ the ones Megatron-LM runs:
   GEMM pays the cast, the others reuse it. Its experts' gate and up projections are one
   GroupedLinear too (``TEGroupedMLP``'s ``linear_fc1``), which runs in FP8 with the rest
   (``trace.config["fp8_experts"]``): the traced experts' two grouped GEMMs over one input
-  (``aten._grouped_mm``, torchtitan's MoE layer) share its casts likewise.
+  (``aten._grouped_mm``, torchtitan's MoE layer) share its forward cast likewise (their
+  backward operands, the two projections' output gradients, are two tensors here where TE
+  casts one of both: the bytes agree, the kernels are counted twice).
 
 The gather itself then moves the FP8 tensor, one byte an element where DTensor's traced
 all-gather moves the 16-bit one: Transformer Engine 1.x's ``LayerNormLinear`` normalizes
