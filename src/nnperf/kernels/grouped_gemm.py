@@ -116,8 +116,7 @@ def estimate_grouped_gemm(
     useful = sum(m * n for m, n, _ in groups)
     return GroupedGemmEstimate(
         groups, path, flops, min_bytes, first.peak_flops, first.rate_dtype, first.math_unit, first.tile,
-        ctas, waves, useful / sum(g.padded for g in grids), ctas / (waves * slots) if len(grids) > 1 else
-        first.wave_efficiency, flops / first.peak_flops, min_bytes / gpu.memory_bandwidth, compute, memory,
+        ctas, waves, useful / sum(g.padded for g in grids), ctas / (waves * slots), flops / first.peak_flops, min_bytes / gpu.memory_bandwidth, compute, memory,
         overhead * len(grids), len(groups) if path == TE_STREAMS else 1, time, False,
     )
 
@@ -132,7 +131,6 @@ class _Grid:
     ctas: int
     waves: int
     padded: float  # output elements the tiles cover
-    wave_efficiency: float
     peak_flops: float
     rate_dtype: str
     math_unit: str
@@ -159,8 +157,7 @@ def _grid(groups: tuple[tuple[int, int, int], ...], dtype: str, gpu: GPU, profil
         waves, wave_eff = wave_quantization(tiles, gpu.sm_count, profile.tile_ctas_per_sm(tile))
         compute = flops / (usable * profile.tile_efficiency(tile) * (useful / padded) * wave_eff)
         if best is None or compute < best.compute_s:
-            best = _Grid(tile, flops, compute, tiles, waves, padded, wave_eff, ref.peak_flops, ref.rate_dtype,
-                         ref.math_unit)
+            best = _Grid(tile, flops, compute, tiles, waves, padded, ref.peak_flops, ref.rate_dtype, ref.math_unit)
     return best
 
 

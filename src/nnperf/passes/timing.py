@@ -107,6 +107,16 @@ class GemmTime:
     estimate: GemmEstimate
 
 
+@dataclass(frozen=True)
+class Fp8Casts:
+    """The casts of an FP8 GEMM op's 16-bit operands (``KernelModel._fp8_casts``)."""
+
+    bytes: float
+    memory_s: float  # the bytes at the achievable bandwidth
+    kernels: int
+    overhead_s: float  # their kernels' overhead
+
+
 @dataclass(slots=True, eq=False)
 class OpTime:
     """One op's predicted time; what it is (index, op, module, phase, category, FLOPs,
@@ -365,30 +375,22 @@ class KernelModel:
         the GEMM at the FP8 tensor rate, after the 16-bit operand it brings is quantized
         (``FP8_CAST_KERNELS``: one kernel reads it for its absolute maximum, Transformer Engine's
         next computes the scale, the last reads it again and writes it in FP8), row-wise for
-        this GEMM and, in training, column-wise too for the weight-gradient GEMM (Hopper's FP8 GEMMs take only the "TN" layout), which therefore
-        casts nothing. The forward GEMM brings its input, the input-gradient GEMM the output's
+        this GEMM and, in training, column-wise too for the weight-gradient GEMM (Hopper's FP8
+        GEMMs take only the "TN" layout), which therefore casts nothing. The forward GEMM brings its input, the input-gradient GEMM the output's
         gradient; the weight's cast, once per step, is not timed (``trace.capture``'s FP8
         assumption). In Megatron-LM's layouts a sequence-parallel operand is cast on the rank's
         shard, before its gather, and a fused layer's input once (``trace.fp8_casts``)."""
         gemms = [GemmTime(g, self.gemm(g.m, g.n, g.k, g.batch, "fp8", False)) for g in count.gemms]
         ests = [g.estimate for g in gemms]
-        itemsize = 2  # the 16-bit operand (``_runs_fp8``)
-        written = 2 if self.train else 1  # FP8 bytes written per element: row-wise, column-wise
-        share = self.fp8_cast_shares.get(count.event.index, 1.0)
-        cast = [g.m * g.k * g.batch * (2 * itemsize + written) * share for g in count.gemms
-                if g.role != "grad_weight" and share]
-        cast_bytes = float(sum(cast))
-        cast_memory = self.profile.memory_time(self.gpu.memory_bandwidth, cast_bytes)
-        per_cast = FP8_CAST_KERNELS[self.linear_engine]
-        cast_overhead = per_cast * len(cast) * self.profile.kernel_overhead_s
+        cast = self._fp8_casts(count)
         model_compute = sum(e.model_compute_s for e in ests)
-        model_memory = sum(e.model_memory_s for e in ests) + cast_memory
-        overhead = sum(e.overhead_s for e in ests) + cast_overhead
+        model_memory = sum(e.model_memory_s for e in ests) + cast.memory_s
+        overhead = sum(e.overhead_s for e in ests) + cast.overhead_s
         return OpTime(
-            kernels=len(ests) + per_cast * len(cast),
-            kernel_s=sum(e.time_s for e in ests) + cast_memory + cast_overhead,
+            kernels=len(ests) + cast.kernels,
+            kernel_s=sum(e.time_s for e in ests) + cast.memory_s + cast.overhead_s,
             compute_s=sum(e.compute_s for e in ests),
-            memory_s=sum(e.memory_s for e in ests) + cast_bytes / self.gpu.memory_bandwidth,
+            memory_s=sum(e.memory_s for e in ests) + cast.bytes / self.gpu.memory_bandwidth,
             peak_flops=ests[0].peak_flops, bound=_bound(model_compute, model_memory, overhead), gemms=gemms,
             math="fp8", model_compute_s=model_compute, model_memory_s=model_memory, overhead_s=overhead, **base,
         )
@@ -466,25 +468,32 @@ class KernelModel:
         est = estimate_grouped_gemm(
             [(g.m, g.n, g.k) for g in count.gemms], dtype="fp8", gpu=self.gpu, profile=self.profile,
             min_bytes=operand_bytes, engine=self.linear_engine)
-        itemsize = 2  # the 16-bit operand
-        written = 2 if self.train else 1  # FP8 bytes written per element: row-wise, column-wise
-        share = self.fp8_cast_shares.get(count.event.index, 1.0)  # 0: a fused fc1's input, cast already
-        cast = [g.m * g.k * (2 * itemsize + written) * share for g in count.gemms
-                if g.role != "grad_weight" and share]
-        cast_bytes = float(sum(cast))
-        cast_memory = self.profile.memory_time(self.gpu.memory_bandwidth, cast_bytes)
-        per_cast = FP8_CAST_KERNELS[self.linear_engine]
-        cast_overhead = per_cast * len(cast) * self.profile.kernel_overhead_s
+        cast = self._fp8_casts(count)
         gemms = [GemmTime(g, self._group_share(g, est, "fp8")) for g in count.gemms]
-        model_memory = est.model_memory_s + cast_memory
-        overhead = est.overhead_s + cast_overhead
+        model_memory = est.model_memory_s + cast.memory_s
+        overhead = est.overhead_s + cast.overhead_s
         return OpTime(
-            kernels=est.kernels + per_cast * len(cast), kernel_s=est.time_s + cast_memory + cast_overhead,
-            compute_s=est.compute_s, memory_s=est.memory_s + cast_bytes / self.gpu.memory_bandwidth,
+            kernels=est.kernels + cast.kernels, kernel_s=est.time_s + cast.memory_s + cast.overhead_s,
+            compute_s=est.compute_s, memory_s=est.memory_s + cast.bytes / self.gpu.memory_bandwidth,
             peak_flops=est.peak_flops, bound=_bound(est.model_compute_s, model_memory, overhead), gemms=gemms,
             math="fp8", model_compute_s=est.model_compute_s, model_memory_s=model_memory, overhead_s=overhead,
             host_sync=est.host_sync, **base,
         )
+
+    def _fp8_casts(self, count: OpCount) -> Fp8Casts:
+        """The per-tensor casts an FP8 GEMM op pays (``_fp8_linear``), one per GEMM that brings a
+        16-bit operand (not the weight gradient's), at the op's share (``trace.fp8_casts``: 0
+        for a fused layer's input cast already): read for the absolute maximum, read again,
+        written row-wise and, in training, column-wise; ``FP8_CAST_KERNELS`` each."""
+        itemsize = 2  # the 16-bit operand (``_runs_fp8``)
+        written = 2 if self.train else 1  # FP8 bytes written per element: row-wise, column-wise
+        share = self.fp8_cast_shares.get(count.event.index, 1.0)
+        cast = [g.m * g.k * g.batch * (2 * itemsize + written) * share for g in count.gemms
+                if g.role != "grad_weight" and share]
+        nbytes = float(sum(cast))
+        kernels = FP8_CAST_KERNELS[self.linear_engine] * len(cast)
+        return Fp8Casts(nbytes, self.profile.memory_time(self.gpu.memory_bandwidth, nbytes), kernels,
+                        kernels * self.profile.kernel_overhead_s)
 
     def _group_share(self, g: Gemm, est: GroupedGemmEstimate, dtype: str | None = None) -> GemmEstimate:
         """One group's GEMM as a ``GemmEstimate`` holding its share (by FLOPs) of the grouped
