@@ -14,6 +14,7 @@ from nnperf.kernels.grouped_gemm import estimate_grouped_gemm
 from nnperf.passes.costs import registry as cat
 
 SMALL = {"n_layer": 2, "dim": 512, "n_heads": 8, "n_kv_heads": 4, "ffn_hidden": 1024, "vocab": 4096}
+BATCH_TOKENS = 2 * 1024  # the fixture's batch x sequence
 #: torchtitan's Llama block: attention (wq, wk, wv, wo) and SwiGLU feed-forward (w1, w2, w3)
 BLOCK_LINEARS = ("attention.wq", "attention.wk", "attention.wv", "attention.wo",
                  "feed_forward.w1", "feed_forward.w2", "feed_forward.w3")
@@ -119,6 +120,37 @@ def test_a_converted_gemm_costs_its_fp8_gemm_and_the_casts_of_its_16_bit_operand
     assert checked == {"forward": layers, "grad_input": layers, "grad_weight": layers}
     head = [t for t in prediction.step.ops if t.category == cat.GEMM and t.count.event.module == "output"]
     assert head and all(t.math == "bf16" for t in head)
+
+
+def test_a_layer_that_saves_its_16_bit_input_casts_it_again_in_backward(fp8_analysis):
+    """Megatron-Core's output projection saves the attention's output as it is
+    (``trace.fp8_saved_inputs``): its forward cast writes row-wise FP8 only (2 + 2 read, 1
+    written an element), and its weight-gradient GEMM casts the saved input again, column-wise
+    (the same bytes, Transformer Engine's 3 kernels), where otherwise it casts nothing."""
+    gpu = load_gpu("h100-sxm")
+    profile = default_profile(gpu)
+    config = fp8_analysis.trace.config
+    wo = [t for t in nnperf.predict(fp8_analysis, gpu).step.ops
+          if t.category == cat.GEMM and t.count.event.module == "layers.0.attention.wo"]
+    forward = next(t for t in wo if t.count.gemms[0].role == "forward")
+    weight = next(t for t in wo if t.count.gemms[0].role == "grad_weight")
+    elements = BATCH_TOKENS * SMALL["dim"]  # wo's input: every token's attention output
+    config.update(linear_engine=TRANSFORMER_ENGINE, fp8_rowwise_casts=frozenset({forward.index}),
+                  fp8_recast_inputs={weight.index: elements})
+    try:
+        ops = {t.index: t for t in nnperf.predict(fp8_analysis, gpu).step.ops}
+    finally:
+        for key in ("linear_engine", "fp8_rowwise_casts", "fp8_recast_inputs"):
+            del config[key]
+    (g,) = forward.count.gemms
+    assert g.m * g.k == elements
+    row_wise = profile.memory_time(gpu.memory_bandwidth, elements * (2 + 2 + 1)) + 3 * profile.kernel_overhead_s
+    assert ops[forward.index].kernel_s == pytest.approx(estimate_gemm(
+        g.m, g.n, g.k, dtype="fp8", gpu=gpu, profile=profile).time_s + row_wise, rel=1e-9)
+    (g,) = weight.count.gemms
+    assert ops[weight.index].kernels == 1 + 3
+    assert ops[weight.index].kernel_s == pytest.approx(estimate_gemm(
+        g.m, g.n, g.k, dtype="fp8", gpu=gpu, profile=profile).time_s + row_wise, rel=1e-9)
 
 
 def test_fp8_shortens_the_block_gemms_of_a_large_layer():

@@ -2,8 +2,10 @@
 (``trace.fp8_saved_inputs``), in Megatron-LM's layouts; torchtitan's float8 (torchao) keeps
 them in 16 bits. Each saved-bytes difference is counted by hand from the tiny Llama's shapes:
 per block, the q-k-v input and the feed-forward input (the norms' outputs) and the down
-projection's input shrink from 2 bytes an element to 1, and the attention output, which the
-attention also keeps for its own backward, gains a 1-byte copy."""
+projection's input shrink from 2 bytes an element to 1; the attention output, which the
+attention keeps for its own backward, is what the output projection saves too (Megatron-Core's
+``set_save_original_input``): no copy, cast again in backward. The experts' GroupedLinear keeps
+its routed tokens and its down projection's input in FP8."""
 
 from __future__ import annotations
 
@@ -32,11 +34,10 @@ def _blocks_saved(traced) -> int:
 
 def _fp8_saving_per_block(tensor: int) -> int:
     """Bytes a block saves less: one byte an element of the two norm outputs (a sequence shard of
-    them under sequence parallelism) and of the down projection's input, less the attention
-    output's FP8 copy."""
+    them under sequence parallelism) and of the down projection's input."""
     tokens, shard = BATCH * SEQ, BATCH * SEQ // tensor
     dim, ffn = LLAMA["dim"], LLAMA["ffn_hidden"]
-    return 2 * shard * dim + tokens * ffn // tensor - tokens * dim // tensor
+    return 2 * shard * dim + tokens * ffn // tensor
 
 
 @pytest.mark.parametrize("tensor", [1, 2])
@@ -45,12 +46,46 @@ def test_megatron_layouts_keep_fp8_inputs(tensor):
                           micro_batch=BATCH)
     assert execution.megatron_layout
     sixteen, fp8 = _trace(execution, fp8=False), _trace(execution, fp8=True)
-    assert fp8.trace.config["fp8_saved_inputs"] == 4 * LLAMA["n_layer"]  # q-k-v, wo, w1-w3, w2
+    config = fp8.trace.config
+    assert config["fp8_saved_inputs"] == 3 * LLAMA["n_layer"]  # q-k-v, w1-w3, w2
     assert "fp8_saved_inputs" not in sixteen.trace.config
     assert _blocks_saved(sixteen) - _blocks_saved(fp8) == LLAMA["n_layer"] * _fp8_saving_per_block(tensor)
+    # wo saves the attention's output as it is: its weight gradient casts that again (its
+    # tokens x the rank's heads), its forward cast writes row-wise data only
+    events = fp8.trace.events
+    recast = config["fp8_recast_inputs"]
+    assert sorted(events[i].module.removeprefix("module.") for i in recast) == [
+        f"layers.{i}.attention.wo" for i in range(LLAMA["n_layer"])]
+    assert set(recast.values()) == {BATCH * SEQ * LLAMA["dim"] // tensor}
+    assert all(str(events[i].phase) == "backward" for i in recast)
+    rowwise = config["fp8_rowwise_casts"]
+    assert sorted(events[i].module.removeprefix("module.") for i in rowwise) == [
+        f"layers.{i}.attention.wo" for i in range(LLAMA["n_layer"])]
+    assert all(str(events[i].phase) == "forward" for i in rowwise)
     # nothing else moves: the same events, and a smaller peak
     assert [e.name for e in fp8.trace.events] == [e.name for e in sixteen.trace.events]
     assert predict_memory(fp8.trace).peak_allocated < predict_memory(sixteen.trace).peak_allocated
+
+
+def test_megatron_layouts_keep_the_experts_inputs_in_fp8():
+    """TE's GroupedLinear saves its quantized inputs (column-wise) in FP8: per block, the routed
+    tokens (every token top_k times, each a row of dim) and the experts' down projection's input
+    (a row of moe_hidden per routed token) shrink from 2 bytes an element to 1, on top of the
+    attention's linears' savings (q-k-v input, none for wo); the router keeps its 16-bit input."""
+    moe = {"n_experts": 4, "top_k": 2, "moe_hidden": 16}
+    execution = Execution(world=2, data="zero1", micro_batch=BATCH)
+
+    def trace(fp8: bool):
+        from nnperf.zoo import get_model
+
+        return trace_rank(lambda: get_model("llama-7b").build(batch=BATCH, seq_len=SEQ, **LLAMA, **moe),
+                          TraceOptions(optimizer="adamw", dtype="bf16", fp8=fp8), execution, lambda model: [])
+
+    sixteen, fp8 = trace(False), trace(True)
+    tokens, routed = BATCH * SEQ, BATCH * SEQ * moe["top_k"]
+    per_block = tokens * LLAMA["dim"] + routed * LLAMA["dim"] + routed * moe["moe_hidden"]
+    assert fp8.trace.config["fp8_saved_inputs"] == 3 * LLAMA["n_layer"]  # q-k-v, experts' in, down's in
+    assert _blocks_saved(sixteen) - _blocks_saved(fp8) == LLAMA["n_layer"] * per_block
 
 
 def test_torchtitans_float8_keeps_sixteen_bit_inputs():

@@ -233,7 +233,8 @@ class KernelModel:
                  train: bool = False, l2_hits: dict[int, float] | None = None,
                  fp8_linears: frozenset[str] = frozenset(), cudnn_attention_first: bool = False,
                  fp8_cast_shares: dict[int, float] | None = None, attention_engine: str = PYTORCH,
-                 linear_engine: str = PYTORCH, fp8_experts: bool = False):
+                 linear_engine: str = PYTORCH, fp8_experts: bool = False,
+                 fp8_recast_inputs: dict[int, int] | None = None, fp8_rowwise_casts: frozenset[int] = frozenset()):
         self.gpu = gpu
         self.profile = profile
         self.options = options or TimingOptions()
@@ -259,6 +260,11 @@ class KernelModel:
         # the experts' grouped GEMMs run in FP8 (Transformer Engine's GroupedLinear under FP8:
         # Megatron-LM's layouts with --fp8, ``trace.config["fp8_experts"]``)
         self.fp8_experts = fp8_experts
+        # FP8 GEMMs whose layer saved its 16-bit input rather than an FP8 copy
+        # (``trace.fp8_saved_inputs``): backward ones that cast it again, column-wise (event
+        # index -> elements), and forward ones whose cast writes it row-wise only
+        self.fp8_recast_inputs = fp8_recast_inputs or {}
+        self.fp8_rowwise_casts = fp8_rowwise_casts
         if (fp8_linears or fp8_experts) and "fp8" not in gpu.tensor_tflops:
             raise UsageError(f"--fp8: {gpu.name} has no FP8 tensor cores (Hopper, Ada Lovelace and "
                              "Blackwell GPUs have them); leave --fp8 out")
@@ -484,12 +490,18 @@ class KernelModel:
         """The per-tensor casts an FP8 GEMM op pays (``_fp8_linear``), one per GEMM that brings a
         16-bit operand (not the weight gradient's), at the op's share (``trace.fp8_casts``: 0
         for a fused layer's input cast already): read for the absolute maximum, read again,
-        written row-wise and, in training, column-wise; ``FP8_CAST_KERNELS`` each."""
+        written row-wise and, in training, column-wise; ``FP8_CAST_KERNELS`` each. A layer that
+        saved its 16-bit input (``trace.fp8_saved_inputs``) writes its forward cast row-wise
+        only, and its weight-gradient GEMM casts that input again, column-wise."""
         itemsize = 2  # the 16-bit operand (``_runs_fp8``)
-        written = 2 if self.train else 1  # FP8 bytes written per element: row-wise, column-wise
-        share = self.fp8_cast_shares.get(count.event.index, 1.0)
+        index = count.event.index
+        # FP8 bytes written per element: row-wise and, for a saved FP8 copy, column-wise
+        written = 2 if self.train and index not in self.fp8_rowwise_casts else 1
+        share = self.fp8_cast_shares.get(index, 1.0)
         cast = [g.m * g.k * g.batch * (2 * itemsize + written) * share for g in count.gemms
                 if g.role != "grad_weight" and share]
+        if index in self.fp8_recast_inputs:  # the saved original, column-wise
+            cast.append(self.fp8_recast_inputs[index] * (2 * itemsize + 1))
         nbytes = float(sum(cast))
         kernels = FP8_CAST_KERNELS[self.linear_engine] * len(cast)
         return Fp8Casts(nbytes, self.profile.memory_time(self.gpu.memory_bandwidth, nbytes), kernels,
@@ -859,7 +871,9 @@ def simulate_step(
                         cudnn_attention_first=trace.config.get("options", {}).get("sdpa") == "cudnn",
                         attention_engine=trace.config.get("attention_engine", PYTORCH),
                         linear_engine=trace.config.get("linear_engine", PYTORCH),
-                        fp8_experts=bool(trace.config.get("fp8_experts")))
+                        fp8_experts=bool(trace.config.get("fp8_experts")),
+                        fp8_recast_inputs=trace.config.get("fp8_recast_inputs"),
+                        fp8_rowwise_casts=frozenset(trace.config.get("fp8_rowwise_casts", ())))
     costs = HostCosts.of(profile)
     step_options = trace.config.get("options", {})
     autocast = bool(step_options.get("amp"))

@@ -362,11 +362,12 @@ FUSED_ASSUMPTION = (
 FP8_ASSUMPTION = (
     "FP8: {count} linear layers inside the repeated blocks run their GEMMs in FP8 with per-tensor current "
     "scaling (the 16-bit input and output gradient each scaled and cast first); their inputs are saved for "
-    "backward as the engine saves them: in FP8 by Transformer Engine's linears in Megatron-LM's layouts, in "
-    "16 bits by torchao's float8 (torchtitan's, and on one GPU); not counted: their weights' casts (once per "
-    "step: Transformer Engine keeps the first micro-batch's) and the scale's all-reduce over tensor-parallel "
-    "ranks; in Megatron-LM's layouts a mixture of experts' grouped GEMMs run in FP8 too (Transformer "
-    "Engine's GroupedLinear), their inputs counted as saved in 16 bits"
+    "backward as the engine saves them: in FP8 by Transformer Engine's linears in Megatron-LM's layouts (in "
+    "16 bits where another op keeps the input anyway, as the attention's output projection does, cast again "
+    "in backward: Transformer Engine 2.6 or later), in 16 bits by torchao's float8 (torchtitan's, and on one "
+    "GPU); not counted: their weights' casts (once per step: Transformer Engine keeps the first "
+    "micro-batch's) and the scale's all-reduce over tensor-parallel ranks; in Megatron-LM's layouts a mixture "
+    "of experts' grouped GEMMs run in FP8 too (Transformer Engine's GroupedLinear), their inputs saved in FP8"
 )
 
 

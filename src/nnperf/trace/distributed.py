@@ -111,10 +111,14 @@ def trace_rank(
         # ... on sequence-first tensors, without the copies a batch-first trace makes around them
         trace.config["not_copied"] = batch_first_copies(trace, collectives, tp_group)
     if options.fp8 and execution.megatron_layout:
-        # Transformer Engine's linears, which Megatron-LM runs, keep their inputs in FP8
-        trace.config["fp8_saved_inputs"] = keep_fp8_saved_inputs(trace)
-        # and its experts' GroupedLinear runs in FP8 under the same recipe (passes.timing)
+        # Transformer Engine's linears, which Megatron-LM runs, and its experts' GroupedLinear
+        # (FP8 under the same recipe: passes.timing) keep their inputs in FP8
         trace.config["fp8_experts"] = True
+        saved = keep_fp8_saved_inputs(trace, experts=True)
+        trace.config["fp8_saved_inputs"] = saved.copies
+        # or, where the 16-bit input is kept anyway, that original: cast again in backward
+        trace.config["fp8_recast_inputs"] = saved.recast
+        trace.config["fp8_rowwise_casts"] = sorted(saved.rowwise_only)
     # torchtitan's sequence parallelism with float8 linears: torchao's tensor-parallel styles
     # (float8/float8_tensor_parallel.py: Float8ColwiseParallel, Float8RowwiseParallel,
     # PrepareFloat8ModuleInput, which torchtitan's apply_tp takes with float8) cast a module's

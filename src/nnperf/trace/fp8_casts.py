@@ -52,13 +52,11 @@ from dataclasses import dataclass, field, replace
 
 from nnperf.trace.collectives import Collective
 from nnperf.trace.events import Trace
-from nnperf.trace.fp8_saved_inputs import CARRIERS, LINEAR_GEMMS, MAX_CARRIED
+from nnperf.trace.fp8_saved_inputs import CARRIERS, EXPERT_GEMMS, LINEAR_GEMMS, MAX_CARRIED
 from nnperf.vocab import Phase
 
 #: Bytes of one FP8 element (e4m3 or e5m2).
 FP8_BYTES = 1
-#: The op a mixture of experts' GEMMs trace as (the planner's and torchtitan's MoE layers).
-EXPERT_GEMMS = frozenset({"aten._grouped_mm"})
 
 
 @dataclass(frozen=True)
