@@ -36,6 +36,7 @@ them by event index.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -234,7 +235,8 @@ class KernelModel:
                  fp8_linears: frozenset[str] = frozenset(), cudnn_attention_first: bool = False,
                  fp8_cast_shares: dict[int, float] | None = None, attention_engine: str = PYTORCH,
                  linear_engine: str = PYTORCH, fp8_experts: bool = False,
-                 fp8_recast_inputs: dict[int, int] | None = None, fp8_rowwise_casts: frozenset[int] = frozenset()):
+                 fp8_recast_inputs: dict[int, int] | None = None, fp8_rowwise_casts: frozenset[int] = frozenset(),
+                 fused_linears: dict[int, tuple[OpCount, ...]] | None = None):
         self.gpu = gpu
         self.profile = profile
         self.options = options or TimingOptions()
@@ -265,6 +267,9 @@ class KernelModel:
         # index -> elements), and forward ones whose cast writes it row-wise only
         self.fp8_recast_inputs = fp8_recast_inputs or {}
         self.fp8_rowwise_casts = fp8_rowwise_casts
+        # traced GEMMs Transformer Engine runs as one (``trace.fused_expert_fc1``): the first
+        # one's event index -> the group's counts, the first included; it times them all
+        self.fused_linears = fused_linears or {}
         if (fp8_linears or fp8_experts) and "fp8" not in gpu.tensor_tflops:
             raise UsageError(f"--fp8: {gpu.name} has no FP8 tensor cores (Hopper, Ada Lovelace and "
                              "Blackwell GPUs have them); leave --fp8 out")
@@ -437,17 +442,20 @@ class KernelModel:
         """A grouped GEMM (``kernels.grouped_gemm``): CUTLASS's one-launch grouped kernel where
         PyTorch takes it, else one GEMM per group after the offsets are read on the host;
         Transformer Engine's GEMMs per group over its four compute streams in Megatron-LM's
-        layouts. Each group's GEMM is listed with its share of the kernel's time."""
+        layouts, where the experts' gate and up projections are one layer: the traced pair timed
+        on its first GEMM at their summed width (``trace.fused_expert_fc1``, ``fused_shapes``).
+        Each group's GEMM is listed with its share of the kernel's time."""
         dtype = dtype_name(operand_dtype(count.event))
         if self.fp8_experts and self.linear_engine == TRANSFORMER_ENGINE and dtype in ("bf16", "fp16"):
             return self._fp8_grouped(count, base)
-        shapes = [(g.m, g.n, g.k) for g in count.gemms]
+        members = self.fused_linears.get(count.event.index, (count,))
         a, b = count.event.args[0], count.event.args[1]
         est = estimate_grouped_gemm(
-            shapes, dtype=dtype, gpu=self.gpu, profile=self.profile, min_bytes=count.bytes,
+            fused_shapes(members), dtype=dtype, gpu=self.gpu, profile=self.profile,
+            min_bytes=fused_bytes(members, lambda c: c.bytes),
             tf32=self.options.tf32_matmul, batched=len(a.shape) == 3 and len(b.shape) == 3,
             engine=self.linear_engine)
-        gemms = [GemmTime(g, self._group_share(g, est)) for g in count.gemms]
+        gemms = [GemmTime(g, self._group_share(g, est)) for c in members for g in c.gemms]
         return OpTime(
             kernels=est.kernels, kernel_s=est.time_s, compute_s=est.compute_s, memory_s=est.memory_s,
             peak_flops=est.peak_flops, bound=_bound(est.model_compute_s, est.model_memory_s, est.overhead_s),
@@ -464,18 +472,25 @@ class KernelModel:
         cast (its kernels, its bytes: read for the absolute maximum, read again and written
         row-wise and, in training, column-wise), then the GEMMs at the FP8 tensor rate over TE's
         four streams (``kernels.grouped_gemm``), reading one-byte operands. The gate and up
-        projections are one GroupedLinear in Megatron-Core: the second of the traced pair
-        reuses the first's forward cast (``trace.fp8_casts``); the pair's GEMMs and backward
-        casts stay two launches an expert where TE's fused ``linear_fc1`` makes one (the same
-        bytes and FLOPs: its kernel overheads overstated)."""
-        a, b = count.event.args[0], count.event.args[1]
-        out = count.event.outputs[0]
-        operand_bytes = float(a.numel + b.numel + out.nbytes)  # one-byte operands, the output as traced
+        projections are one GroupedLinear in Megatron-Core (``linear_fc1``): the traced pair is
+        timed on its first GEMM as one GEMM an expert (``trace.fused_expert_fc1``), the second
+        reusing the first's forward cast (``trace.fp8_casts``); in backward the fused layer's
+        output gradient, both members' rows, is cast once an expert."""
+        members = self.fused_linears.get(count.event.index, (count,))
+
+        def operand_bytes(c: OpCount) -> float:  # one-byte operands, the output as traced
+            a, b = c.event.args[0], c.event.args[1]
+            return float(a.numel + b.numel + c.event.outputs[0].nbytes)
+
         est = estimate_grouped_gemm(
-            [(g.m, g.n, g.k) for g in count.gemms], dtype="fp8", gpu=self.gpu, profile=self.profile,
-            min_bytes=operand_bytes, engine=self.linear_engine)
+            fused_shapes(members), dtype="fp8", gpu=self.gpu, profile=self.profile,
+            min_bytes=fused_bytes(members, operand_bytes, operand_itemsize=1), engine=self.linear_engine)
         cast = self._fp8_casts(count)
-        gemms = [GemmTime(g, self._group_share(g, est, "fp8")) for g in count.gemms]
+        if len(members) > 1:  # the fused layer's operand, cast once an expert: the members' bytes
+            extra = sum(self._fp8_casts(c).bytes for c in members[1:])
+            nbytes = cast.bytes + extra
+            cast = replace(cast, bytes=nbytes, memory_s=self.profile.memory_time(self.gpu.memory_bandwidth, nbytes))
+        gemms = [GemmTime(g, self._group_share(g, est, "fp8")) for c in members for g in c.gemms]
         model_memory = est.model_memory_s + cast.memory_s
         overhead = est.overhead_s + cast.overhead_s
         return OpTime(
@@ -822,6 +837,40 @@ def _sdpa_call(event: OpEvent, backward: bool, train: bool) -> SdpaCall | None:
     )
 
 
+def fused_shapes(members: tuple[OpCount, ...]) -> list[tuple[int, int, int]]:
+    """The per-group GEMMs of grouped GEMMs run as one layer (``trace.fused_expert_fc1``): each
+    group's output features summed over the members, where the role puts them: the forward's
+    N, the weight gradient's M, the input gradient's contraction K."""
+    if len(members) == 1:
+        return [(g.m, g.n, g.k) for g in members[0].gemms]
+    per_group = list(zip(*(c.gemms for c in members), strict=True))
+    role = members[0].gemms[0].role
+    if role == "grad_weight":
+        return [(sum(g.m for g in gs), gs[0].n, gs[0].k) for gs in per_group]
+    if role == "grad_input":
+        return [(gs[0].m, gs[0].n, sum(g.k for g in gs)) for gs in per_group]
+    return [(gs[0].m, sum(g.n for g in gs), gs[0].k) for gs in per_group]
+
+
+def fused_bytes(members: tuple[OpCount, ...], bytes_of: Callable[[OpCount], float],
+                operand_itemsize: int | None = None) -> float:
+    """The bytes of grouped GEMMs run as one layer: the members' less what they share, once
+    each beyond the first: the forward's input, the weight gradient's saved input (read at
+    ``operand_itemsize`` bytes an element where given, else as traced), the input gradient's
+    output (one sum written where the members write one each)."""
+    total = sum(bytes_of(c) for c in members)
+    if len(members) == 1:
+        return total
+    first = members[0]
+    role = first.gemms[0].role
+    if role == "grad_input":
+        shared = float(first.event.outputs[0].nbytes)
+    else:
+        operand = first.event.args[0] if role != "grad_weight" else first.event.args[1]
+        shared = float(operand.numel * operand_itemsize if operand_itemsize else operand.nbytes)
+    return total - shared * (len(members) - 1)
+
+
 def _bound(compute: float, memory: float, overhead: float) -> str:
     if overhead >= max(compute, memory):
         return "launch"
@@ -865,6 +914,13 @@ def simulate_step(
     reuse = gpu.l2_reuse
     hits = l2_read_hits(counts, reuse[1]) if reuse else None
     groups = fused_groups(trace, counts)
+    # GEMMs Transformer Engine runs as one layer (``trace.fused_expert_fc1``), timed on their
+    # first; the others, and the adds that only sum their input gradients, run nothing
+    by_index = {c.event.index: c for c in counts}
+    fused_linears = {int(first): tuple(by_index[i] for i in members)
+                     for first, members in trace.config.get("fused_linears", {}).items()}
+    fused_away = ({i for members in fused_linears.values() for i in (c.event.index for c in members[1:])}
+                  | {i for i in trace.config.get("fused_sums", ()) if i not in groups})
     model = KernelModel(gpu, profile, options, train=trace.mode == "train", l2_hits=hits,
                         fp8_linears=frozenset(trace.config.get("fp8_linears", ())),
                         fp8_cast_shares=trace.config.get("fp8_cast_shares"),
@@ -873,7 +929,8 @@ def simulate_step(
                         linear_engine=trace.config.get("linear_engine", PYTORCH),
                         fp8_experts=bool(trace.config.get("fp8_experts")),
                         fp8_recast_inputs=trace.config.get("fp8_recast_inputs"),
-                        fp8_rowwise_casts=frozenset(trace.config.get("fp8_rowwise_casts", ())))
+                        fp8_rowwise_casts=frozenset(trace.config.get("fp8_rowwise_casts", ())),
+                        fused_linears=fused_linears)
     costs = HostCosts.of(profile)
     step_options = trace.config.get("options", {})
     autocast = bool(step_options.get("amp"))
@@ -912,7 +969,12 @@ def simulate_step(
             host += cost
             slices.append(HostSlice(event.index, event.name, event.module, event.phase, issued, host, False))
             continue
-        if group is None:
+        if event.index in fused_away:
+            # run inside the layer's fused GEMM (``trace.fused_expert_fc1``): one call of it
+            cost = 0.0
+            t = OpTime(kernels=0, kernel_s=0.0, compute_s=0.0, memory_s=0.0, peak_flops=0.0, count=count,
+                       host_s=cost)
+        elif group is None:
             t = model.time_op(count, cost)
         elif group.first == event.index:
             t = model.fused_group(count, group, cost)

@@ -32,6 +32,7 @@ from nnperf.trace.fake_world import session
 from nnperf.trace.fp8_casts import in_fp8, megatron_fp8_casts
 from nnperf.trace.fp8_saved_inputs import keep_fp8_saved_inputs
 from nnperf.trace.fsdp_shards import one_rank_chunks
+from nnperf.trace.fused_expert_fc1 import fused_expert_fc1
 from nnperf.trace.options import TraceOptions
 from nnperf.trace.parallel import apply_layout, build_meshes
 from nnperf.trace.parallel.sequence_first import batch_first_copies
@@ -104,6 +105,11 @@ def trace_rank(
         trace.config["attention_engine"] = TRANSFORMER_ENGINE
         # and its linear layers are TE's: their FP8 casts, the experts' GroupedLinear (TEGroupedMLP)
         trace.config["linear_engine"] = TRANSFORMER_ENGINE
+        # whose gate and up projections are one layer (linear_fc1)
+        fused = fused_expert_fc1(trace)
+        if fused.groups:
+            trace.config["fused_linears"] = fused.groups
+            trace.config["fused_sums"] = sorted(fused.sums)
     trace.config["rank"] = rank
     # the tensor-parallel group Megatron-LM's sequence parallelism gathers and scatters over
     tp_group = world["meshes"][shape][0].get_group().group_name if execution.megatron_sequence_parallel else None

@@ -20,7 +20,7 @@ the ones Megatron-LM runs:
   (``trace.config["fp8_experts"]``): the traced experts' two grouped GEMMs over one input
   (``aten._grouped_mm``, torchtitan's MoE layer) share its forward cast likewise (their
   backward operands, the two projections' output gradients, are two tensors here where TE
-  casts one of both: the bytes agree, the kernels are counted twice).
+  casts one of both: ``passes.timing`` times the pair as one layer, ``trace.fused_expert_fc1``).
 
 The gather itself then moves the FP8 tensor, one byte an element where DTensor's traced
 all-gather moves the 16-bit one: Transformer Engine 1.x's ``LayerNormLinear`` normalizes
