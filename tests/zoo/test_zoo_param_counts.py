@@ -116,16 +116,17 @@ def test_nemotron_4_15b_block_shape() -> None:
 def test_qwen3_30b_a3b_shape_with_its_own_head_size() -> None:
     """llama-7b with Qwen3-30B-A3B's shape (its config.json: 48 blocks of 2048, 32 query heads and
     4 key/value heads of head_dim 128, so q is 2048 -> 4096 wide, not the hidden size; 128 experts
-    of SwiGLU 768, top-8; vocabulary 151936, untied): 30.5B parameters as Qwen reports (its
-    per-head q/k norms, 2 x 128 a block, aside)."""
+    of SwiGLU 768, top-8; vocabulary 151936, untied; q_norm and k_norm, an RMSNorm weight of
+    head_dim each a block): 30.5B parameters as Qwen reports."""
     options = {"n_layer": 48, "dim": 2048, "n_heads": 32, "n_kv_heads": 4, "head_dim": 128, "ffn_hidden": 6144,
-               "vocab": 151936, "n_experts": 128, "top_k": 8, "moe_hidden": 768}
+               "vocab": 151936, "n_experts": 128, "top_k": 8, "moe_hidden": 768, "qk_norm": True}
     with FakeTensorMode():
         model = get_model("llama-7b").build(1, 8, **options).model
     attention = model.layers[0].attention
     assert (attention.wq.weight.shape, attention.wk.weight.shape, attention.wo.weight.shape) == (
         (32 * 128, 2048), (4 * 128, 2048), (2048, 32 * 128))
-    block = 2048 * 4096 * 2 + 2048 * 512 * 2 + 2048 * 128 + 128 * 3 * 2048 * 768 + 2 * 2048
+    assert attention.q_norm.weight.shape == attention.k_norm.weight.shape == (128,)
+    block = 2048 * 4096 * 2 + 2048 * 512 * 2 + 2048 * 128 + 128 * 3 * 2048 * 768 + 2 * 2048 + 2 * 128
     assert count(model) == 48 * block + 2 * 151936 * 2048 + 2048
     assert round(count(model) / 1e9, 1) == 30.5
 

@@ -103,3 +103,28 @@ def test_rotary_scores_depend_on_relative_position_only() -> None:
     torch.testing.assert_close(scores[5, 2], scores[4, 1])
     torch.testing.assert_close(scores[7, 7], scores[0, 0])
     assert not torch.allclose(scores[5, 2], scores[2, 2])
+
+
+def test_qk_norm_normalizes_each_heads_query_and_key_before_the_rotation() -> None:
+    """Qwen3's q_norm and k_norm (transformers' ``Qwen3Attention``): each head's query and key
+    RMS-normalized over its head_dim features, then rotated; computed here with ``F.rms_norm``
+    and the module's own rotation."""
+    torch.manual_seed(0)
+    attention = llama.Attention(dim=32, n_heads=4, n_kv_heads=2, head_dim=16, qk_norm=True)
+    with torch.no_grad():
+        attention.q_norm.weight.uniform_(0.5, 1.5)
+        attention.k_norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(2, 8, 32)
+    b, t, d = 2, 8, 16
+
+    def heads(y: torch.Tensor) -> torch.Tensor:
+        return y.view(b, t, -1, d).transpose(1, 2)
+
+    q = F.rms_norm(heads(attention.wq(x)), (d,), attention.q_norm.weight, eps=llama.NORM_EPS)
+    k = F.rms_norm(heads(attention.wk(x)), (d,), attention.k_norm.weight, eps=llama.NORM_EPS)
+    cos, sin = llama.rotary_tables(t, d, q)
+    q, k = llama.apply_rotary(q, cos, sin), llama.apply_rotary(k, cos, sin)
+    v = heads(attention.wv(x))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    expected = attention.wo(out.transpose(1, 2).reshape(b, t, -1))
+    torch.testing.assert_close(attention(x), expected, rtol=1e-5, atol=1e-5)

@@ -49,6 +49,7 @@ DEFAULTS: dict[str, Any] = {
     "doc_len": 0,
     "mlp": "swiglu",
     "norm": "rmsnorm",
+    "qk_norm": False,
 }
 #: The dense feed-forwards and norms a block may have (``mlp``, ``norm``).
 MLP_KINDS = ("swiglu", "squared-relu")
@@ -60,6 +61,8 @@ BLOCK_OPTIONS = {
            "ffn_hidden wide)",
     "norm": "rmsnorm (LLaMA's) or layernorm (Nemotron-4's, with a bias; Megatron-LM's "
             "--normalization LayerNorm)",
+    "qk_norm": "true: an RMSNorm over each head's query and key before the rotary embedding (Qwen3's "
+               "q_norm and k_norm; Megatron-LM's --qk-layernorm)",
 }
 #: How every zoo decoder may attend (``zoo._attention``): its ``attention`` and ``doc_len``.
 ATTENTION_OPTIONS = {
@@ -123,10 +126,13 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 class Attention(nn.Module):
     """Bias-free q/k/v/o projections, rotary q/k, causal SDPA (GQA when n_kv_heads < n_heads),
-    or FlexAttention under the model's block mask (``flex_doc_len`` not None: ``doc_len``)."""
+    or FlexAttention under the model's block mask (``flex_doc_len`` not None: ``doc_len``).
+    ``qk_norm``: each head's query and key RMS-normalized over its features first, one weight
+    of ``head_dim`` shared by the heads (Qwen3's ``q_norm``/``k_norm``, transformers'
+    ``Qwen3Attention``)."""
 
     def __init__(self, dim: int, n_heads: int, n_kv_heads: int, flex_doc_len: int | None = None,
-                 head_dim: int = 0) -> None:
+                 head_dim: int = 0, qk_norm: bool = False) -> None:
         super().__init__()
         self.flex_doc_len = flex_doc_len
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
@@ -135,11 +141,16 @@ class Attention(nn.Module):
         self.wk = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
         self.wv = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(n_heads * self.head_dim, dim, bias=False)
+        if qk_norm:
+            self.q_norm = RMSNorm(self.head_dim)
+            self.k_norm = RMSNorm(self.head_dim)
 
     def forward(self, x: Tensor, block_mask: BlockMask | None = None) -> Tensor:
         q = split_heads(self.wq(x), self.head_dim)
         k = split_heads(self.wk(x), self.head_dim)
         v = split_heads(self.wv(x), self.head_dim)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = rotary_tables(x.shape[1], self.head_dim, q)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         block_mask = own_block_mask(self.flex_doc_len, block_mask, x)
@@ -208,7 +219,8 @@ class TransformerBlock(nn.Module):
                                                       c["qk_nope_dim"], c["qk_rope_dim"], c["v_head_dim"],
                                                       flex_doc_len(c))
         else:
-            self.attention = Attention(c["dim"], c["n_heads"], c["n_kv_heads"], flex_doc_len(c), c.get("head_dim", 0))
+            self.attention = Attention(c["dim"], c["n_heads"], c["n_kv_heads"], flex_doc_len(c), c.get("head_dim", 0),
+                                       c.get("qk_norm", False))
         if c["n_experts"] and index >= c.get("n_dense_layers", 0):
             hidden = c["moe_hidden"] or c["ffn_hidden"]
             shared = FeedForward(c["dim"], hidden * c["n_shared_experts"]) if c.get("n_shared_experts") else None
@@ -356,7 +368,8 @@ def _build(name: str, defaults: dict[str, Any], batch: int | None, seq_len: int 
     if not user_set_kv and name == "llama-7b":
         c["n_kv_heads"] = c["n_heads"]  # plain multi-head attention unless asked otherwise
     # sizes and counts (the named choices are strings)
-    require_positive(name, c, *(k for k, v in defaults.items() if isinstance(v, int) and k not in MAY_BE_ZERO))
+    require_positive(name, c, *(k for k, v in defaults.items()
+                                if isinstance(v, int) and not isinstance(v, bool) and k not in MAY_BE_ZERO))
     _check_attention(name, c)
     _check_block(name, c)
     for key in MAY_BE_ZERO & set(defaults):
