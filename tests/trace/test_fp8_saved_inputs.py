@@ -86,6 +86,29 @@ def test_megatron_layouts_keep_the_experts_inputs_in_fp8():
     per_block = tokens * LLAMA["dim"] + routed * LLAMA["dim"] + routed * moe["moe_hidden"]
     assert fp8.trace.config["fp8_saved_inputs"] == 3 * LLAMA["n_layer"]  # q-k-v, experts' in, down's in
     assert _blocks_saved(sixteen) - _blocks_saved(fp8) == LLAMA["n_layer"] * per_block
+    # the experts keep FP8 copies: none of their GEMMs casts a saved original
+    events, config = fp8.trace.events, fp8.trace.config
+    recasting = {*config["fp8_recast_inputs"], *config["fp8_rowwise_casts"]}
+    assert not any(events[i].name == "aten._grouped_mm" for i in recasting)
+
+
+def test_the_output_projection_saves_its_input_under_selective_recomputation_too():
+    """Megatron-Core asks ``linear_proj`` to save its 16-bit input whether or not the core
+    attention is recomputed (attention.py): with the attention recomputed in backward (nothing
+    else keeps its output), wo still holds no FP8 copy and casts the saved input again."""
+    from nnperf.search.plan.evaluate import prepare_for
+    from nnperf.trace.blocks import repeated_blocks
+    from nnperf.zoo import get_model
+
+    execution = Execution(world=2, data="zero1", micro_batch=BATCH, checkpoint="selective-attention")
+    traced = trace_rank(lambda: get_model("llama-7b").build(batch=BATCH, seq_len=SEQ, **LLAMA),
+                        TraceOptions(optimizer="adamw", dtype="bf16", fp8=True), execution, repeated_blocks,
+                        prepare_for(execution))
+    events, config = traced.trace.events, traced.trace.config
+    assert any(e.recomputed and e.name == "nnperf.attention" for e in events)  # recomputed indeed
+    assert config["fp8_saved_inputs"] == 3 * LLAMA["n_layer"]  # q-k-v, w1-w3, w2
+    assert sorted(events[i].module.removeprefix("module.") for i in config["fp8_recast_inputs"]) == [
+        f"layers.{i}.attention.wo" for i in range(LLAMA["n_layer"])]
 
 
 def test_torchtitans_float8_keeps_sixteen_bit_inputs():

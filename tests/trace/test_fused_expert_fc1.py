@@ -22,12 +22,11 @@ BATCH, SEQ = 2, 16
 PER_EXPERT = BATCH * SEQ * MOE["top_k"] // MOE["n_experts"]  # routed rows an expert (uniform routing)
 
 
-def _trace(execution: Execution, pointwise: str = "eager"):
+def _trace(execution: Execution):
     from nnperf.zoo import get_model
 
     return trace_rank(lambda: get_model("llama-7b").build(batch=BATCH, seq_len=SEQ, **MOE),
-                      TraceOptions(optimizer="adamw", dtype="bf16", pointwise=pointwise), execution,
-                      lambda model: [])
+                      TraceOptions(optimizer="adamw", dtype="bf16"), execution, lambda model: [])
 
 
 @pytest.fixture(scope="module")

@@ -915,12 +915,15 @@ def simulate_step(
     hits = l2_read_hits(counts, reuse[1]) if reuse else None
     groups = fused_groups(trace, counts)
     # GEMMs Transformer Engine runs as one layer (``trace.fused_expert_fc1``), timed on their
-    # first; the others, and the adds that only sum their input gradients, run nothing
+    # first; the others, and the adds that only sum their input gradients, run nothing (an add
+    # run inside a fused pointwise group stays, and so do the GEMMs whose results it sums)
     by_index = {c.event.index: c for c in counts}
-    fused_linears = {int(first): tuple(by_index[i] for i in members)
-                     for first, members in trace.config.get("fused_linears", {}).items()}
-    fused_away = ({i for members in fused_linears.values() for i in (c.event.index for c in members[1:])}
-                  | {i for i in trace.config.get("fused_sums", ()) if i not in groups})
+    sums = trace.config.get("fused_sums", {})
+    unfused = {first for add, first in sums.items() if add in groups}
+    fused_linears = {first: tuple(by_index[i] for i in members)
+                     for first, members in trace.config.get("fused_linears", {}).items() if first not in unfused}
+    fused_away = ({c.event.index for members in fused_linears.values() for c in members[1:]}
+                  | {add for add, first in sums.items() if first in fused_linears})
     model = KernelModel(gpu, profile, options, train=trace.mode == "train", l2_hits=hits,
                         fp8_linears=frozenset(trace.config.get("fp8_linears", ())),
                         fp8_cast_shares=trace.config.get("fp8_cast_shares"),
@@ -969,19 +972,15 @@ def simulate_step(
             host += cost
             slices.append(HostSlice(event.index, event.name, event.module, event.phase, issued, host, False))
             continue
-        if event.index in fused_away:
-            # run inside the layer's fused GEMM (``trace.fused_expert_fc1``): one call of it
-            cost = 0.0
-            t = OpTime(kernels=0, kernel_s=0.0, compute_s=0.0, memory_s=0.0, peak_flops=0.0, count=count,
-                       host_s=cost)
-        elif group is None:
+        if group is None and event.index not in fused_away:
             t = model.time_op(count, cost)
-        elif group.first == event.index:
+        elif group is not None and group.first == event.index:
             t = model.fused_group(count, group, cost)
         else:
             # run by its group's kernel, which the host launches once: a compiled block runs
             # the group's ops inside one graph (their module calls and autograd nodes with
-            # them), Transformer Engine's fused layers launch one kernel
+            # them), Transformer Engine's fused layers launch one kernel, and its fused linear
+            # layers one call (``trace.fused_expert_fc1``)
             cost = 0.0
             t = OpTime(kernels=0, kernel_s=0.0, compute_s=0.0, memory_s=0.0, peak_flops=0.0, count=count,
                        host_s=cost)

@@ -109,7 +109,7 @@ def trace_rank(
         fused = fused_expert_fc1(trace)
         if fused.groups:
             trace.config["fused_linears"] = fused.groups
-            trace.config["fused_sums"] = sorted(fused.sums)
+            trace.config["fused_sums"] = fused.sums
     trace.config["rank"] = rank
     # the tensor-parallel group Megatron-LM's sequence parallelism gathers and scatters over
     tp_group = world["meshes"][shape][0].get_group().group_name if execution.megatron_sequence_parallel else None

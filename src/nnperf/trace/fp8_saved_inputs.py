@@ -13,11 +13,13 @@ only, in ``save_for_backward``) does the same for a mixture of experts' GEMMs
 Where another op keeps the 16-bit input for its own backward anyway, Megatron-Core asks the
 linear to save that original instead (``set_save_original_input``, Transformer Engine 2.6 and
 later, refused under delayed scaling: megatron/core/transformer/attention.py for
-``linear_proj``, whose input the attention keeps; moe_layer.py and shared_experts.py for the
-shared experts' ``linear_fc1``, whose input the router keeps): no FP8 copy is held, the forward
-cast writes row-wise data only, and backward casts the saved original again, column-wise, for
-the weight gradient (``_Linear.forward``: ``input_quantizer.set_usage(columnwise=False)`` when
-``save_original_input``). nnperf plans per-tensor current scaling, where that holds.
+``linear_proj``, whose input the attention keeps, and which it asks whether or not the
+attention is recomputed; moe_layer.py and shared_experts.py for the shared experts'
+``linear_fc1``, whose input the router keeps): no FP8 copy is held, the forward cast writes
+row-wise data only, and backward casts the saved original again, column-wise, for the weight
+gradient, once a layer (``_Linear.forward``: ``input_quantizer.set_usage(columnwise=False)``
+when ``save_original_input``). nnperf plans per-tensor current scaling, where that holds (runs
+of Transformer Engine 1.x or with delayed scaling held the output projection's FP8 copy too).
 
 torchao's float8 linears, torchtitan's, save the 16-bit input and cast it again in backward
 (torchao/float8/float8_linear.py, ``matmul_with_hp_or_float8_args``:
@@ -30,8 +32,8 @@ through the all-gather of sequence parallelism):
 - when only FP8 GEMMs and all-gathers (views aside) read it in backward: one storage of one
   byte per element, made at its first such reader, freed where the 16-bit one was, and the
   16-bit storage freed after its last forward reader;
-- when another op reads it in backward too: nothing held beside it; the FP8 GEMMs reading it
-  are named (``Fp8SavedInputs``) for ``passes.timing``'s casts.
+- when another op reads it in backward too, or it is an attention kernel's output: nothing
+  held beside it; the GEMMs casting it are named (``Fp8SavedInputs``) for ``passes.timing``.
 
 The GEMMs keep their traced tensors and bytes (the gathers' FP8 bytes and the casts' shares:
 ``trace.fp8_casts``).
@@ -55,6 +57,16 @@ EXPERT_GEMMS = frozenset({"aten._grouped_mm"})
 CARRIERS = frozenset({"_c10d_functional.wait_tensor", "aten.cat"})
 #: Storages this far (in carrying ops) from an FP8 GEMM still count as its input.
 MAX_CARRIED = 3
+#: The attention kernels whose output Megatron-Core's output projection (``linear_proj``) saves
+#: as it is, whether the attention keeps it or recomputes it (attention.py sets
+#: ``save_original_input`` on every FP8 run that is not delayed scaling).
+ATTENTION_KERNELS = frozenset({
+    "nnperf.attention", "aten._scaled_dot_product_flash_attention",
+    "aten._scaled_dot_product_efficient_attention", "aten._scaled_dot_product_cudnn_attention",
+    "higher_order.flex_attention",
+})
+#: Ops that only lay a tensor out again on the way from the attention to the projection.
+_RELAYOUTS = frozenset({"aten.clone", "aten._unsafe_view", "aten._to_copy"})
 _FP8_BYTES = 1
 
 
@@ -109,6 +121,17 @@ def keep_fp8_saved_inputs(trace: Trace, experts: bool = False) -> Fp8SavedInputs
                         fed.update(fed_gemms(m.storage, phase, depth + 1))
         return fed
 
+    def attention_output(sid: int, depth: int = 0) -> bool:
+        """Storage ``sid`` is an attention kernel's output (or a relayout of it)."""
+        info = storages.get(sid)
+        if info is None or info.created_by is None:
+            return False
+        maker = events[info.created_by]
+        if maker.name in ATTENTION_KERNELS:
+            return True
+        return (depth < MAX_CARRIED and bool(maker.inputs) and (maker.free or maker.name in _RELAYOUTS)
+                and attention_output(maker.inputs[0].storage, depth + 1))
+
     next_id = max(storages, default=-1) + 1
     copies = 0
     recast: dict[int, int] = {}
@@ -124,12 +147,15 @@ def keep_fp8_saved_inputs(trace: Trace, experts: bool = False) -> Fp8SavedInputs
             continue
         forward = [i for i in readers[sid] if events[i].phase == Phase.FORWARD]
         backward = [i for i in readers[sid] if events[i].phase != Phase.FORWARD and not events[i].free]
-        if not all(fp8_gemm(i) or gathers(i) for i in backward):  # kept anyway: saved as it is
+        if attention_output(sid) or not all(fp8_gemm(i) or gathers(i) for i in backward):
+            # saved as it is (kept anyway, or the output projection's input): no copy; the
+            # layer's first weight-gradient GEMM casts it again (a fused layer's members share it)
             backward_gemms = fed_gemms(sid, Phase.BACKWARD)
             if backward_gemms:
-                recast.update(backward_gemms)
-                rowwise_only.update(forward_gemms)
-                continue
+                first = min(backward_gemms)
+                recast[first] = backward_gemms[first]
+            rowwise_only.update(forward_gemms)
+            continue
         elements = max(m.numel for m in metas)
         storages[next_id] = StorageInfo(elements * _FP8_BYTES, info.kind, forward[0], released)
         events[forward[0]].allocates.append(next_id)

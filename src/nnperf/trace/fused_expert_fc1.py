@@ -41,8 +41,9 @@ class FusedLinears:
 
     #: first GEMM's event index -> the group's event indices, in trace order (the first included)
     groups: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    #: adds (event indices) that only sum a group's input gradients: the fused GEMM writes the sum
-    sums: frozenset[int] = frozenset()
+    #: adds that only sum a group's input gradients (the fused GEMM writes the sum): the add's
+    #: event index -> the group's first GEMM
+    sums: dict[int, int] = field(default_factory=dict)
 
 
 def _view(m: TensorMeta) -> tuple:
@@ -72,13 +73,13 @@ def fused_expert_fc1(trace: Trace) -> FusedLinears:
     for members in (*forward.values(), *weight_grads.values()):
         if len(members) > 1:
             groups[members[0]] = tuple(members)
-    sums: set[int] = set()
+    sums: dict[int, int] = {}
     for e in trace.events:
         if e.name in SUMS and e.phase != Phase.FORWARD and _sums_two_input_gradients(e, input_grads):
             members = tuple(sorted(input_grads[m.storage] for m in e.inputs))
             groups[members[0]] = members
-            sums.add(e.index)
-    return FusedLinears(groups, frozenset(sums))
+            sums[e.index] = members[0]
+    return FusedLinears(groups, sums)
 
 
 def _sums_two_input_gradients(e: OpEvent, input_grads: dict[int, int]) -> bool:
