@@ -45,7 +45,7 @@ def test_the_gate_and_up_projections_gemms_are_grouped_in_each_pass(megatron):
     gradient: the two reading those saved rows; input gradient: the two whose results one add
     sums, and that add."""
     trace = megatron.trace
-    groups = {int(first): tuple(members) for first, members in trace.config["fused_linears"].items()}
+    groups = {first: tuple(members) for first, members in trace.config["fused_linears"].items()}
     grouped = _grouped(trace)
     assert len(groups) == 3 and all(len(members) == 2 for members in groups.values())
     routed = {e.inputs[0].storage for e in grouped.values() if str(e.phase) == "forward"}
@@ -90,7 +90,7 @@ def test_the_fused_layer_is_timed_as_one_gemm_an_expert(megatron):
     expected = {"forward": (PER_EXPERT, 2 * hidden, dim), "grad_weight": (2 * hidden, dim, PER_EXPERT),
                 "grad_input": (PER_EXPERT, dim, 2 * hidden)}
     for first, members in config["fused_linears"].items():
-        head, second = ops[int(first)], ops[members[1]]
+        head, second = ops[first], ops[members[1]]
         role = head.count.gemms[0].role
         assert second.kernels == 0 and second.kernel_s == 0.0 and second.host_s == 0.0
         shapes = [expected[role]] * MOE["n_experts"]
@@ -113,23 +113,34 @@ def _fused_bytes(head, second, role: str) -> float:
     return head.count.bytes + second.count.bytes - shared
 
 
-def test_in_fp8_the_fused_layers_output_gradient_is_cast_once_an_expert():
+FP8_BLOCKS = 2  # --fp8 converts the linears of repeated blocks
+
+
+@pytest.fixture(scope="module")
+def fp8_step():
+    """The MoE Llama's step under --fp8 in a Megatron layout: its trace config and timed ops."""
+    from nnperf.zoo import get_model
+
+    traced = trace_rank(
+        lambda: get_model("llama-7b").build(batch=BATCH, seq_len=SEQ, **{**MOE, "n_layer": FP8_BLOCKS}),
+        TraceOptions(optimizer="adamw", dtype="bf16", fp8=True), Execution(world=2, data="zero1", micro_batch=BATCH),
+        lambda model: [])
+    gpu = load_gpu("h100-sxm")
+    step = simulate_step(traced.trace, count_ops(traced.trace), gpu, default_profile(gpu))
+    return traced.trace.config, {t.index: t for t in step.ops}
+
+
+def test_in_fp8_the_fused_layers_output_gradient_is_cast_once_an_expert(fp8_step):
     """Under --fp8 the fused input gradient casts the layer's output gradient (both members'
     rows of hidden features: their bytes, 2 + 2 read and 1 + 1 written an element) with one cast
     an expert (3 kernels), then runs its FP8 GEMMs over one-byte operands."""
-    from nnperf.zoo import get_model
-
-    blocks = 2  # --fp8 converts the linears of repeated blocks
-    traced = trace_rank(lambda: get_model("llama-7b").build(batch=BATCH, seq_len=SEQ, **{**MOE, "n_layer": blocks}),
-                        TraceOptions(optimizer="adamw", dtype="bf16", fp8=True),
-                        Execution(world=2, data="zero1", micro_batch=BATCH), lambda model: [])
+    config, ops = fp8_step
     gpu = load_gpu("h100-sxm")
     profile = default_profile(gpu)
-    ops = {t.index: t for t in simulate_step(traced.trace, count_ops(traced.trace), gpu, profile).ops}
     experts, dim, hidden = MOE["n_experts"], MOE["dim"], MOE["moe_hidden"]
-    pairs = [(ops[int(f)], ops[m[1]]) for f, m in traced.trace.config["fused_linears"].items()
-             if ops[int(f)].count.gemms[0].role == "grad_input"]
-    assert len(pairs) == blocks
+    pairs = [(ops[f], ops[m[1]]) for f, m in config["fused_linears"].items()
+             if ops[f].count.gemms[0].role == "grad_input"]
+    assert len(pairs) == FP8_BLOCKS
     head, second = pairs[0]
     operands = sum(float(t.count.event.args[0].numel + t.count.event.args[1].numel) for t in (head, second)) \
         + head.count.event.outputs[0].nbytes  # gradients and weights in FP8, one sum written
@@ -139,3 +150,29 @@ def test_in_fp8_the_fused_layers_output_gradient_is_cast_once_an_expert():
     cast_s = profile.memory_time(gpu.memory_bandwidth, cast_bytes) + 3 * experts * profile.kernel_overhead_s
     assert head.math == "fp8" and head.kernels == experts + 3 * experts and second.kernels == 0
     assert head.kernel_s == pytest.approx(est.time_s + cast_s, rel=1e-9)
+
+
+def test_in_fp8_the_fused_forward_and_weight_gradient_read_one_byte_operands_once(fp8_step):
+    """The fused forward reads the routed rows once and both members' weights, in FP8, and
+    writes both members' outputs (bf16); it casts its input once an expert. The fused weight
+    gradient reads both members' output gradients and the saved rows once, in FP8, writes both
+    weight gradients, and casts nothing (the column-wise copies were made in forward). Bytes
+    from the shapes: rows 64 x 32, each member's weights 4 x 32 x 16, outputs 64 x 16."""
+    config, ops = fp8_step
+    gpu = load_gpu("h100-sxm")
+    profile = default_profile(gpu)
+    experts, dim, hidden = MOE["n_experts"], MOE["dim"], MOE["moe_hidden"]
+    rows = BATCH * SEQ * MOE["top_k"]
+    weights = experts * dim * hidden  # one member's, elements
+    heads = {ops[first].count.gemms[0].role: ops[first] for first in config["fused_linears"]}
+    forward, weight_grad = heads["forward"], heads["grad_weight"]
+    est = estimate_grouped_gemm([(PER_EXPERT, 2 * hidden, dim)] * experts, dtype="fp8", gpu=gpu, profile=profile,
+                                min_bytes=rows * dim + 2 * weights + 2 * rows * hidden * 2, engine=TRANSFORMER_ENGINE)
+    cast_s = profile.memory_time(gpu.memory_bandwidth, rows * dim * (2 + 2 + 1 + 1)) \
+        + 3 * experts * profile.kernel_overhead_s
+    assert forward.kernels == experts + 3 * experts
+    assert forward.kernel_s == pytest.approx(est.time_s + cast_s, rel=1e-9)
+    est = estimate_grouped_gemm([(2 * hidden, dim, PER_EXPERT)] * experts, dtype="fp8", gpu=gpu, profile=profile,
+                                min_bytes=2 * rows * hidden + rows * dim + 2 * weights * 2, engine=TRANSFORMER_ENGINE)
+    assert weight_grad.kernels == experts
+    assert weight_grad.kernel_s == pytest.approx(est.time_s, rel=1e-9)
