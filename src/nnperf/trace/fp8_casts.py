@@ -52,7 +52,7 @@ from dataclasses import dataclass, field, replace
 
 from nnperf.trace.collectives import Collective
 from nnperf.trace.events import Trace
-from nnperf.trace.fp8_saved_inputs import CARRIERS, EXPERT_GEMMS, LINEAR_GEMMS, MAX_CARRIED
+from nnperf.trace.fp8_saved_inputs import CARRIERS, MAX_CARRIED, runs_in_fp8
 from nnperf.vocab import Phase
 
 #: Bytes of one FP8 element (e4m3 or e5m2).
@@ -87,9 +87,6 @@ def megatron_fp8_casts(trace: Trace, gathers: frozenset[int], degree: int) -> Me
         return MegatronFp8Casts()
     events, storages = trace.events, trace.storages
 
-    def fp8_gemm(e) -> bool:
-        return (e.module in fp8_modules and e.name in LINEAR_GEMMS) or (experts and e.name in EXPERT_GEMMS)
-
     def gather_of(storage: int) -> int | None:
         """The all-gather of ``gathers`` the storage carries the output of, if any."""
         for _ in range(MAX_CARRIED + 1):
@@ -110,7 +107,7 @@ def megatron_fp8_casts(trace: Trace, gathers: frozenset[int], degree: int) -> Me
     # anything writes the storage again
     cast: dict[int, set[tuple]] = {}
     for e in events:
-        if not fp8_gemm(e) or len(e.inputs) < 2:
+        if not runs_in_fp8(e, fp8_modules, experts) or len(e.inputs) < 2:
             if e.name.endswith("_"):  # an in-place op (add_, copy_, allreduce_) writes its outputs
                 for m in e.outputs:
                     cast.pop(m.storage, None)

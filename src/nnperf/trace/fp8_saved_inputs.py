@@ -45,7 +45,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from nnperf.trace.collectives import COLLECTIVES
-from nnperf.trace.events import StorageInfo, Trace
+from nnperf.trace.events import OpEvent, StorageInfo, Trace
 from nnperf.vocab import Phase
 
 #: The ops a linear layer's GEMMs trace as (``F.linear`` decomposes into them).
@@ -68,6 +68,12 @@ ATTENTION_KERNELS = frozenset({
 #: Ops that only lay a tensor out again on the way from the attention to the projection.
 _RELAYOUTS = frozenset({"aten.clone", "aten._unsafe_view", "aten._to_copy"})
 _FP8_BYTES = 1
+
+
+def runs_in_fp8(e: OpEvent, fp8_modules: set[str], experts: bool) -> bool:
+    """Event ``e`` is a GEMM Transformer Engine runs in FP8: a linear of ``fp8_modules``, or
+    an expert's grouped GEMM where ``experts`` (``trace.config["fp8_experts"]``)."""
+    return (e.module in fp8_modules and e.name in LINEAR_GEMMS) or (experts and e.name in EXPERT_GEMMS)
 
 
 @dataclass(frozen=True)
@@ -98,8 +104,7 @@ def keep_fp8_saved_inputs(trace: Trace, experts: bool = False) -> Fp8SavedInputs
                 readers[m.storage].append(e.index)
 
     def fp8_gemm(index: int) -> bool:
-        e = events[index]
-        return (e.module in fp8_modules and e.name in LINEAR_GEMMS) or (experts and e.name in EXPERT_GEMMS)
+        return runs_in_fp8(events[index], fp8_modules, experts)
 
     def gathers(index: int) -> bool:
         spec = COLLECTIVES.get(events[index].name)
