@@ -39,6 +39,10 @@ from nnperf.hardware import GPU, DeviceProfile
 from nnperf.kernels.engines import PYTORCH, TRANSFORMER_ENGINE
 from nnperf.kernels.gemm import estimate_gemm, tile_quantization, wave_quantization
 
+#: The op this model times, as a trace names it: the passes cost it, the trace passes find a
+#: mixture of experts' GEMMs by it.
+GROUPED_MM = "aten._grouped_mm"
+
 CUTLASS = "cutlass_grouped"
 FALLBACK = "mm_per_group"
 TE_STREAMS = "te_multi_stream"

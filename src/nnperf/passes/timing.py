@@ -58,10 +58,9 @@ from nnperf.kernels.attention import (
 )
 from nnperf.kernels.engines import PYTORCH, TRANSFORMER_ENGINE
 from nnperf.kernels.gemm import GemmEstimate, estimate_gemm
-from nnperf.kernels.grouped_gemm import GroupedGemmEstimate, estimate_grouped_gemm
+from nnperf.kernels.grouped_gemm import GROUPED_MM, GroupedGemmEstimate, estimate_grouped_gemm
 from nnperf.kernels.native_loops import LoopKernel, loop_kernel_time
 from nnperf.kernels.rnn import cudnn_algorithm, estimate_rnn
-from nnperf.passes.costs import grouped as grouped_costs
 from nnperf.passes.costs import norms as norm_costs
 from nnperf.passes.costs import registry as cat
 from nnperf.passes.costs import rnn as rnn_costs
@@ -304,7 +303,7 @@ class KernelModel:
         base = dict(count=count, host_s=host_s)
         if count.op in rnn_costs.RNN_OPS:
             return self._rnn(count, base)
-        if count.op == grouped_costs.GROUPED_MM:
+        if count.op == GROUPED_MM:
             return self._grouped(count, base)
         if category in (cat.GEMM, cat.CONV):
             return self._matrix(count, base)

@@ -44,6 +44,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from nnperf.kernels.grouped_gemm import GROUPED_MM
 from nnperf.trace.collectives import COLLECTIVES
 from nnperf.trace.events import OpEvent, StorageInfo, Trace
 from nnperf.vocab import Phase
@@ -51,7 +52,7 @@ from nnperf.vocab import Phase
 #: The ops a linear layer's GEMMs trace as (``F.linear`` decomposes into them).
 LINEAR_GEMMS = frozenset({"aten.mm", "aten.addmm"})
 #: The op a mixture of experts' GEMMs trace as (the planner's and torchtitan's MoE layers).
-EXPERT_GEMMS = frozenset({"aten._grouped_mm"})
+EXPERT_GEMMS = frozenset({GROUPED_MM})
 #: Ops that carry a linear's input to its GEMM unchanged in value: sequence parallelism's
 #: all-gather, the wait on it, and the reordering of the gathered shards.
 CARRIERS = frozenset({"_c10d_functional.wait_tensor", "aten.cat"})

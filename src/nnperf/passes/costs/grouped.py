@@ -23,13 +23,11 @@ counted (and listed) per expert.
 
 from __future__ import annotations
 
-from nnperf.kernels.grouped_gemm import even_split, sizes_from_offsets
+from nnperf.kernels.grouped_gemm import GROUPED_MM, even_split, sizes_from_offsets
 from nnperf.passes.costs.common import read_args
 from nnperf.passes.costs.matmul import GemmShape, register_shapes
 from nnperf.passes.costs.registry import GEMM, MEMORY, REDUCTION, OpCost, register
 from nnperf.trace.events import OpEvent
-
-GROUPED_MM = "aten._grouped_mm"
 
 
 def groups(event: OpEvent) -> list[GemmShape]:
