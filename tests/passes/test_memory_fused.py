@@ -76,3 +76,44 @@ def test_what_the_recomputation_reads_is_kept_in_its_place():
     for block in ("layers.0", "layers.1"):
         assert ("aten.exp", block) in eager and ("aten.exp", block) not in fused
         assert ("aten.addmm", f"{block}.a") not in eager and ("aten.addmm", f"{block}.a") in fused
+
+
+class Rms(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+class CheckpointedResidualBlock(nn.Module):
+    """h = x + a(n(x)); h + b(n(h)), n an RMS-style norm, recomputed in backward
+    (torch.utils.checkpoint), as a pre-norm transformer block: its residual adds, which fused
+    kernels take in, make the block's output, the next block's saved input, which only
+    pointwise ops (its norm and residual add) read in forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(H, H), nn.Linear(H, H)
+        self.n1, self.n2 = Rms(), Rms()
+
+    def _inner(self, x: torch.Tensor) -> torch.Tensor:
+        h = x + self.a(self.n1(x))
+        return h + self.b(self.n2(h))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.utils.checkpoint.checkpoint(self._inner, x, use_reentrant=False)
+
+
+def test_a_checkpointed_blocks_input_is_kept_as_itself():
+    """Checkpointed, a block keeps its input alone; the second block's input is the first
+    block's residual sum, a fused kernel's output that only fused ops read in forward.
+    torch.utils.checkpoint keeps it as it is for the recomputation, so fused keeps what eager
+    keeps, B x H fp32 a block (the first's output; the second's, which the loss reads), not the
+    sum's sources in its place (a's and b's outputs: twice the bytes)."""
+    torch.manual_seed(0)
+    net = Net(CheckpointedResidualBlock)
+    saved = {}
+    for pointwise in ("eager", "fused"):
+        analysis = analyze(net, inputs=(torch.randn(B, H),), optimizer="sgd", pointwise=pointwise)
+        memory = predict(analysis, H100).memory.saved_activations
+        saved[pointwise] = {k: v for k, v in memory.items() if k.startswith("layers.")}
+    assert saved["eager"] == {"layers.0": B * H * 4, "layers.1": B * H * 4}
+    assert saved["fused"] == saved["eager"]

@@ -14,7 +14,10 @@ fused kernel takes in (``passes.fusion.fused_ops``), read in forward only by suc
 for backward, is released after its last forward reader instead; what its recomputation reads
 from outside those ops (a GEMM's or a collective's output, the block's input) is kept as long
 as it would have been kept (usually it already is: the GEMM after the norm saves its input).
-The recomputation's own transient in backward is not counted.
+The recomputation's own transient in backward is not counted. A checkpointed region's input
+is the exception: torch.utils.checkpoint keeps it as it is for the region's recomputation (a
+transformer block's output, made by a fused residual add and read in forward only by the next
+block's norm and residual add, is the next block's saved input), so it stays where it is.
 """
 
 from __future__ import annotations
@@ -39,6 +42,10 @@ def fused_releases(trace: Trace, counts: Sequence[OpCount]) -> dict[int, int | N
         if c.phase == Phase.FORWARD and c.category not in NO_KERNEL:
             for m in c.event.inputs:
                 forward_readers[m.storage].append(c.index)
+    # the inputs of checkpointed regions: their recomputation in backward reads them as they
+    # are, so torch.utils.checkpoint keeps them whatever made them (a block's output, the next
+    # block's input, is kept as itself, not as the sources a fused kernel would recompute it from)
+    recompute_inputs = {m.storage for e in trace.events if e.recomputed for m in e.inputs}
 
     def inside_forward(sid: int) -> bool:
         creator = storages[sid].created_by
@@ -64,7 +71,7 @@ def fused_releases(trace: Trace, counts: Sequence[OpCount]) -> dict[int, int | N
     moved: dict[int, int | None] = {}
     extended: dict[int, int | None] = {}
     for sid, info in storages.items():
-        if not inside_forward(sid) or not kept_for_backward(sid):
+        if not inside_forward(sid) or not kept_for_backward(sid) or sid in recompute_inputs:
             continue
         readers = forward_readers.get(sid, [])
         if not all(r in inside for r in readers):
