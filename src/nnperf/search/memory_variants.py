@@ -19,6 +19,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from nnperf.errors import UsageError
+from nnperf.kernels.grouped_gemm import GROUPED_MM
 from nnperf.loading import resolve
 from nnperf.request import ModelRequest
 from nnperf.trace.assumptions import assume
@@ -84,7 +85,7 @@ SAVED_BY_SELECTIVE = frozenset({
     "aten.mm", "aten.addmm", "aten.linear", "aten.convolution", "aten.cudnn_convolution",
     "nnperf.attention", "aten._scaled_dot_product_flash_attention",
     "aten._scaled_dot_product_efficient_attention",
-    "aten._grouped_mm", "_c10d_functional.all_to_all_single",  # experts' GEMMs; tokens sent once
+    GROUPED_MM, "_c10d_functional.all_to_all_single",  # experts' GEMMs; tokens sent once
     "higher_order.flex_attention",
 })
 
