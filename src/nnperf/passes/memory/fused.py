@@ -43,13 +43,16 @@ def fused_releases(trace: Trace, counts: Sequence[OpCount]) -> dict[int, int | N
         return {}
     events, storages = trace.events, trace.storages
     forward_readers: dict[int, list[int]] = defaultdict(list)
+    # what recomputation reads: checkpointed regions' inputs and what selective checkpointing
+    # cached, each kept as itself (see the module docstring); a view shares its storage, so the
+    # counted ops (views are free) find them all
+    read_by_recomputation: set[int] = set()
     for c in counts:
         if c.phase == Phase.FORWARD and c.category not in NO_KERNEL:
             for m in c.event.inputs:
                 forward_readers[m.storage].append(c.index)
-    # what recomputation reads: checkpointed regions' inputs and what selective checkpointing
-    # cached, each kept as itself (see the module docstring)
-    read_by_recomputation = {m.storage for e in trace.events if e.recomputed for m in e.inputs}
+        elif c.event.recomputed:
+            read_by_recomputation.update(m.storage for m in c.event.inputs)
 
     def inside_forward(sid: int) -> bool:
         creator = storages[sid].created_by
