@@ -200,6 +200,11 @@ class Execution:
     #: all-gather and reduce-scatter of a block in chunks with the GEMM it feeds or follows
     #: (``passes.comm_timeline``), instead of before or after it
     tp_comm_overlap: bool = False
+    #: torch's async tensor parallelism (torchtitan's enable_async_tensor_parallel, under
+    #: torch.compile): Inductor's micro-pipeline pass runs each compiled block's sequence-parallel
+    #: all-gather and reduce-scatter in chunks with the GEMMs it feeds or follows
+    #: (``search.plan.rank.tensor_parallel_chunks``)
+    async_tp: bool = False
     #: Megatron-LM's --cross-entropy-loss-fusion: Megatron-Core's fused cross entropy, its pieces
     #: compiled one by one (``trace.parallel.fused_vocab_parallel_loss``)
     loss_fusion: bool = False
@@ -440,6 +445,13 @@ class Execution:
         if self.tp_comm_overlap and not (self.sequence_parallel and self.replicates_parameters):
             raise UsageError("tp_comm_overlap is Megatron-LM's --tp-comm-overlap: it needs tensor > 1 with "
                              "sequence parallelism and Megatron-LM's data parallelism (ddp or zero1)")
+        if self.async_tp and not self.sequence_parallel:
+            raise UsageError("async_tp is torch's async tensor parallelism (torchtitan's "
+                             "enable_async_tensor_parallel): it needs tensor > 1 with sequence parallelism")
+        if self.async_tp and self.framework is None and self.megatron_layout:
+            raise UsageError("async_tp is torch's async tensor parallelism (torchtitan's), and this layout is one "
+                             f"only Megatron-LM runs ({self.describe()}); valid: async_tp beside fsdp or hsdp, or "
+                             "Megatron-LM's own overlap, tp_comm_overlap, instead")
         if self.loss_fusion and not self.replicates_parameters:
             raise UsageError("loss_fusion is Megatron-LM's --cross-entropy-loss-fusion: it needs Megatron-LM's "
                              "data parallelism (ddp or zero1)")
@@ -475,6 +487,9 @@ class Execution:
         tensor, pipeline or context parallelism, no expert group carved out of DDP's replicas
         and none of Megatron-LM's own settings."""
         if framework == "megatron":
+            if self.async_tp:
+                return ("framework megatron: async tensor parallelism (async_tp) is torch's, as torchtitan runs it "
+                        "beside FSDP; Megatron-LM's own is --tp-comm-overlap (Transformer Engine's userbuffers)")
             if self.replicates_parameters:
                 return None
             return (f"framework megatron: Megatron-LM's data parallelism is ddp or zero1, not {self.data} "
@@ -577,7 +592,8 @@ class Execution:
                  "hsdp": [f"HSDP {self.replicate} replicas x {self.shard} shards"]}[self.data]
         if self.tensor > 1:
             parts.append(f"TP x{self.tensor}" + (" + SP" if self.sequence_parallel else "")
-                         + (" (comm overlapped)" if self.tp_comm_overlap else ""))
+                         + (" (comm overlapped)" if self.tp_comm_overlap else "")
+                         + (" (async TP)" if self.async_tp else ""))
         if self.pipeline > 1:
             chunks = f", {self.virtual_stages} chunks/rank" if self.virtual_stages > 1 else ""
             parts.append(f"PP x{self.pipeline} {self.pipeline_schedule}{chunks}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from nnperf.cli.app import cli
@@ -1000,3 +1001,55 @@ def test_asked_chunks_at_searched_pipeline_degrees_leave_out_what_they_cannot_sp
     assert any(n.startswith("interleaved schedules left out at pipeline degree 4: 2 chunks a rank cannot split 12 "
                             "layers (every chunk") for n in doc["notes"]), doc["notes"]
     assert not any(r["execution"]["pipeline"] == 4 and r["execution"]["virtual_stages"] > 1 for r in doc["ranked"])
+
+
+def test_torch_layouts_with_async_tp():
+    """--async-tp (with the compiled blocks): FSDP x TP 4 with sequence parallelism runs torch's
+    async tensor parallelism (the JSON and torchtitan's config say so), its blocks' collectives
+    pipelined with their matmuls: less exposed than without, the same collectives, and more
+    compute (the reduce-scatters' sums, left to the compute stream)."""
+    args = ["plan", "llama-7b", "-O", "n_layer=2", "-O", "dim=4096", "-O", "n_heads=32", "-O", "n_kv_heads=32",
+            "-O", "ffn_hidden=11008", "-O", "vocab=1000", "--batch", "4", "--seq", "2048", "--amp", "bf16",
+            "--pointwise", "fused", "--gpu", "h100", "--gpus", "8", "--tp", "4", "--pp", "1", "--data", "fsdp",
+            "--sequence-parallel", "--checkpoint", "none", "--json"]
+    docs = []
+    for extra in ([], ["--async-tp"]):
+        result = CliRunner().invoke(cli, [*args, *extra])
+        assert result.exit_code == 0, result.output
+        docs.append(json.loads(result.output))
+    plain, pipelined = docs
+    assert pipelined["search"]["async_tp"] and not plain["search"]["async_tp"]
+    assert pipelined["ranked"] and all(r["execution"]["async_tp"] for r in pipelined["ranked"])
+    assert "enable_async_tensor_parallel = true" in pipelined["torchtitan"]
+
+    def tensor_parallel_exposed(doc):
+        row = doc["ranked"][0]
+        exposed = row["time_split_s"]["exposed_communication_s"]
+        return row, exposed.get("all_gather", 0.0) + exposed.get("reduce_scatter", 0.0)
+
+    with_async, hidden = tensor_parallel_exposed(pipelined)
+    without, shown = tensor_parallel_exposed(plain)
+    assert {**with_async["execution"], "async_tp": False} == without["execution"]
+    assert hidden < shown and with_async["collectives"] == without["collectives"]
+    assert with_async["time_split_s"]["compute_s"] > without["time_split_s"]["compute_s"]
+
+
+@pytest.mark.parametrize(("extra", "words"), [
+    (["--tp", "2"], "add --pointwise fused"),
+    (["--tp", "2", "--pointwise", "fused", "--framework", "megatron"], "give --framework torch or auto"),
+    (["--tp", "2", "--pointwise", "fused", "--no-sequence-parallel"], "it needs sequence parallelism"),
+    (["--tp", "1", "--pointwise", "fused"], "give --tp above 1"),
+])
+def test_async_tp_where_it_cannot_apply_is_one_line(extra, words):
+    result = CliRunner().invoke(cli, [*ARGS, "--gpus", "8", "--async-tp", *extra])
+    assert result.exit_code == 2 and words in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_async_tp_beside_megatrons_layouts_only_says_it_applies_to_none():
+    result = CliRunner().invoke(cli, [*ARGS, "--gpus", "4", "--tp", "2", "--pp", "1", "--data", "zero1",
+                                      "--pointwise", "fused", "--async-tp", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["ranked"] and not any(r["execution"]["async_tp"] for r in doc["ranked"])
+    assert any(n.startswith("--async-tp: no layout searched") for n in doc["notes"])

@@ -138,6 +138,22 @@ def test_zero1_with_experts_is_planned_not_measured(tmp_path):
     assert len(result.output.strip().splitlines()) == 1, result.output
 
 
+def test_async_tp_is_planned_not_measured(tmp_path):
+    """The ranks run DTensor's collectives eagerly, not Inductor's compiled blocks: a layout
+    planned with --async-tp is one line, not a measurement of something else."""
+    path = tmp_path / "plan.json"
+    workload = ["gpt2", "-O", "n_layer=2", "--seq", "128", "--pointwise", "fused"]
+    planned = CliRunner().invoke(cli, ["plan", *workload, "--gpu", "h100", "--gpus", "4", "--tp", "2", "--pp", "1",
+                                       "--data", "fsdp", "--async-tp", "-o", str(path)])
+    assert planned.exit_code == 0, planned.output
+    ranked = json.loads(path.read_text())["ranked"]
+    at = next(i for i, r in enumerate(ranked) if r["execution"]["async_tp"])
+    env = {"WORLD_SIZE": None, "RANK": None, "LOCAL_RANK": None}
+    result = CliRunner(env=env).invoke(cli, ["measure", *workload, "--device", "cpu", "--layout", f"{path}:{at}"])
+    assert result.exit_code == 2 and "--async-tp is planned, not run" in result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+
+
 def test_tp_comm_overlap_is_planned_not_measured(tmp_path):
     """The ranks run DTensor's collectives, not Transformer Engine's userbuffers: a layout
     planned with --tp-comm-overlap is one line, not a measurement of something else."""

@@ -386,6 +386,25 @@ def test_a_pipelined_reduce_scatter_follows_its_gemm_chunk_by_chunk():
     assert result.step_s == pytest.approx(10 * MS) and result.exposed_s == {}
 
 
+def test_a_reduce_scatter_summed_on_the_compute_stream_delays_what_follows():
+    """torch's async tensor parallelism: the same GEMM, copy and 4 ms reduce-scatter in 4
+    chunks (done at 9 ms, as above), then the compute stream sums the partial chunks (1.5 ms,
+    9 to 10.5 ms) before anything after the fused op runs, even a kernel (1 ms) that does not
+    read the result (the stream waits for the copies): 10.5 to 11.5 ms. The copy ended at 9 ms,
+    with the last chunk: nothing exposed; with a 0.5 ms copy the stream is free at 8.5 ms and
+    waits 0.5 ms."""
+    ops = [_gemm(0, [0], [1], 8 * MS), _op(1, "aten.cat", [1], [2], 1 * MS, category=Category.MEMORY),
+           _op(2, "reduce_scatter", [2], [3], 0, comm=True), _op(3, "aten.mul", [0], [5], 1 * MS)]
+    timed = lambda i: ("reduce_scatter", 100, 4 * MS)  # noqa: E731
+    result = overlap(_step(ops), None, timed, pipelined=lambda i: 4, reduced_after=lambda i: 1.5 * MS)
+    assert result.step_s == pytest.approx(11.5 * MS) and result.exposed_s == {}
+    assert result.compute_s == pytest.approx((8 + 1 + 1.5 + 1) * MS)
+    ops[1] = _op(1, "aten.cat", [1], [2], 0.5 * MS, category=Category.MEMORY)
+    result = overlap(_step(ops), None, timed, pipelined=lambda i: 4, reduced_after=lambda i: 1.5 * MS)
+    assert result.step_s == pytest.approx(11.5 * MS)
+    assert result.exposed_s == pytest.approx({"reduce_scatter": 0.5 * MS})
+
+
 def test_an_input_gradient_is_reduce_scattered_beside_the_weight_gradient():
     """Megatron-LM's column-parallel backward: the input gradients of two linears (2 ms each),
     then the weight gradient (5 ms), then the input gradients added (1 ms) and DTensor's cat

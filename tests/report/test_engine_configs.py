@@ -429,6 +429,26 @@ def test_tp_comm_overlap_is_megatrons_and_not_torchtitans():
 
 
 
+def test_async_tp_is_torchtitans_and_not_megatrons():
+    """torchtitan's [parallelism] enable_async_tensor_parallel (job_config.py before its Python
+    configs), with [compile] of the model, which torchtitan requires beside it; neither
+    Megatron-LM nor Megatron-DeepSpeed has it."""
+    from nnperf.report.engine_configs import NotExpressible, deepspeed_json, megatron_args
+
+    e = Execution(world=16, data="fsdp", shard=2, tensor=8, sequence_parallel=True, async_tp=True, micro_batch=1)
+    toml = torchtitan_toml(e, amp="bf16", pointwise="fused")
+    assert "enable_async_tensor_parallel = true" in toml.split("[parallelism]")[1].split("\n\n")[0]
+    assert 'components = ["model"]' in toml
+    assert "enable_async_tensor_parallel" not in torchtitan_toml(replace(e, async_tp=False), amp="bf16",
+                                                                pointwise="fused")
+    with pytest.raises(NotExpressible, match="compiled model only"):
+        torchtitan_toml(e, amp="bf16")
+    with pytest.raises(NotExpressible, match="--tp-comm-overlap"):
+        megatron_args(e, 32, amp="bf16")
+    with pytest.raises(NotExpressible, match="not Megatron-DeepSpeed's"):
+        deepspeed_json(e, amp="bf16")
+
+
 def test_fewer_micro_batches_than_stages_are_megatrons_not_torchtitans():
     """Megatron-LM's 1F1B runs 2 micro-batches on 4 stages (its arguments say so); torch's
     Schedule1F1B refuses fewer micro-batches than stages, so torchtitan cannot."""

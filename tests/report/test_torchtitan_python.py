@@ -137,3 +137,15 @@ def test_per_op_checkpointing_is_torchtitans_selective_policy(torchtitan):
     e = Execution(world=8, data="fsdp", shard=8, micro_batch=2, checkpoint="selective-op")
     assert isinstance(_run(torchtitan_python(e, "llama-7b", 8192, amp="bf16")).activation_checkpoint,
                       _SelectiveAC.Config)
+
+
+def test_async_tensor_parallelism_is_a_compile_setting(torchtitan):
+    """torchtitan's CompileConfig holds enable_async_tensor_parallel and refuses it without the
+    compiled model (its ``__post_init__``): set beside compile's model component, refused
+    without it."""
+    e = Execution(world=16, data="fsdp", shard=2, tensor=8, sequence_parallel=True, micro_batch=1, async_tp=True)
+    config = _run(torchtitan_python(e, "llama-7b", 2048, amp="bf16", pointwise="fused"))
+    assert config.compile.enable is True and "model" in config.compile.components
+    assert config.compile.enable_async_tensor_parallel is True
+    with pytest.raises(NotExpressible, match="compiled model only"):
+        torchtitan_python(e, "llama-7b", 2048, amp="bf16", loss="compiled")

@@ -27,6 +27,9 @@ def measure_planned_layout(layout: str, device: str | None, steps: int, warmup: 
     if execution.tp_comm_overlap:
         raise UsageError(f"--layout {layout}: --tp-comm-overlap is planned, not run (the ranks run DTensor's "
                          "collectives, not Transformer Engine's userbuffers); measure a plan without it")
+    if execution.async_tp:
+        raise UsageError(f"--layout {layout}: --async-tp is planned, not run (the ranks run DTensor's collectives "
+                         "eagerly, not Inductor's compiled blocks); measure a plan without it")
     if execution.expert_overlap:
         raise UsageError(f"--layout {layout}: --ep-overlap is planned, not run (the ranks run each micro-batch's "
                          "forward and backward one after the other, not Megatron-Core's combined 1F1B); measure "

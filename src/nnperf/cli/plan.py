@@ -156,6 +156,11 @@ def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> l
               help="Megatron-LM's --tp-comm-overlap on its layouts (ddp or zero1 with tensor parallelism): "
                    "Transformer Engine's userbuffers run each block's sequence-parallel all-gather and "
                    "reduce-scatter in chunks beside the GEMM it feeds or follows.")
+@click.option("--async-tp", "async_tp", is_flag=True,
+              help="torch's async tensor parallelism on the layouts torch runs (tensor parallelism beside fsdp, "
+                   "hsdp or no data parallelism; torchtitan's enable_async_tensor_parallel, which needs the "
+                   "compiled blocks: --pointwise fused): Inductor pipelines each block's sequence-parallel "
+                   "all-gather and reduce-scatter with the matmuls it feeds or follows.")
 @click.option("--cross-entropy-loss-fusion", "loss_fusion", is_flag=True,
               help="Megatron-LM's --cross-entropy-loss-fusion on its layouts (ddp or zero1): Megatron-Core's "
                    "fused cross entropy, its pieces compiled one by one, instead of its unfused passes.")
@@ -180,7 +185,7 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
          grad_reduce_in_fp32: bool, data_text: str, framework: str,
          checkpoint_text: str, reshard_text: str,
          schedules: tuple[str, ...], vpp_text: str, first_stage_layers: int | None, last_stage_layers: int | None,
-         tp_comm_overlap: bool, loss_fusion: bool, sequence_parallel: bool | None, micro_text: str,
+         tp_comm_overlap: bool, async_tp: bool, loss_fusion: bool, sequence_parallel: bool | None, micro_text: str,
          cluster_name: str | None, as_json: bool, output: str | None, **kwargs: Any) -> None:
     """Rank the layouts of MODEL on --gpus GPUs (data parallelism: DDP, ZeRO-1, FSDP2, HSDP; tensor
     parallelism with sequence parallelism; pipeline schedules; activation checkpointing and
@@ -242,7 +247,7 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
                           sequence_parallel=sequence_parallel, expert_tensor=_expert_tensor(etp_text),
                           token_dispatcher=token_dispatcher, optimizer_states=optimizer_states,
                           grad_reduce_in_fp32=grad_reduce_in_fp32, expert_overlap=expert_overlap,
-                          framework=None if framework == "auto" else framework)
+                          framework=None if framework == "auto" else framework, async_tp=async_tp)
     if result.cluster.gpu and result.cluster.gpu != gpu.id:
         result.notes.append(f"{result.cluster.name} is built of {result.cluster.gpu}, planned here with {gpu.id}: "
                             "its links, NICs and host CPU are taken as they are")

@@ -46,7 +46,10 @@ first chunk is the rank's own) lets its GEMMs start when it starts and finish no
 reduce-scatter in ``n`` chunks starts once the first chunk of its GEMM is done (``G / n`` after
 the GEMM starts; with one chunk, when the GEMM ends: Megatron-LM's reduce-scatter of an input
 gradient beside the weight gradient's GEMM) and ends no earlier than ``C / n`` after the
-GEMM's last chunk.
+GEMM's last chunk. torch's async tensor parallelism (``Execution.async_tp``) pipelines the same
+way in one chunk per rank, its chunks copied between symmetric-memory buffers, and leaves the
+sum of a reduce-scatter's partial chunks to the compute stream once the last has arrived
+(``reduced_after``).
 
 What is not modelled yet: wave quantization on the SMs left (a one-wave GEMM can need a second
 wave), a GEMM's efficiency in chunks, the collective's own slowdown, two concurrent
@@ -194,6 +197,7 @@ def overlap(
     pipelined: Callable[[int], int | None] | None = None,
     side_streams: Mapping[int, SideStream] | None = None,
     event_waits: Mapping[int, int] | None = None,
+    reduced_after: Callable[[int], float] | None = None,
 ) -> CommStep:
     """Replay ``step`` with collectives on their own streams. ``collective_time(index)`` gives
     the kind, bytes and time of the collective at that event index; ``contention(index)`` what
@@ -203,7 +207,11 @@ def overlap(
     module docstring); ``side_streams`` the engine's side stream of each kernel and collective
     issued from one (``fsdp_streams.engine_streams``): a kernel there runs beside compute;
     ``event_waits`` an earlier op an op waits to end, whatever the streams (an engine's
-    ``wait_event`` on the event recorded after it: ``fsdp_streams.engine_waits``)."""
+    ``wait_event`` on the event recorded after it: ``fsdp_streams.engine_waits``);
+    ``reduced_after(index)`` the seconds of the sum a pipelined reduce-scatter leaves to the
+    compute stream (None, or no function: none, as NCCL reduces while it moves the chunks; torch's
+    async tensor parallelism copies the ranks' partial chunks and the compute stream, once the
+    last has arrived, sums them: ``_fused_matmul_reduce_scatter_impl``'s ``reduce_fn``)."""
     side_streams = side_streams or {}
     event_waits = event_waits or {}
     ends: dict[int, tuple[float, str | None]] = {}  # op index -> (end, its kind if a collective)
@@ -267,6 +275,17 @@ def overlap(
             slices.append(CommSlice(t.index, kind, nbytes, start, end))
             for m in event.inputs + event.outputs:
                 produced[m.storage] = (end, kind, t.index)
+            summed_s = reduced_after(t.index) if reduced_after is not None and pair is not None and pair.scatters else 0.0
+            if summed_s > 0:
+                # the compute stream waits for the last chunk, then sums the partial chunks: what
+                # it returns is ready after that sum
+                if end > compute_free:
+                    exposed[kind] += end - compute_free
+                    waits.append((t.index, t.index, end - compute_free))
+                compute_free = max(compute_free, end) + summed_s
+                compute_busy += summed_s
+                for m in event.outputs:
+                    produced[m.storage] = (compute_free, None, None)
             if pair is not None and not pair.scatters:
                 # its GEMMs start on the first chunk, the rank's own (and end after the last: below)
                 gathered[t.index] = (pair, slices[-1])

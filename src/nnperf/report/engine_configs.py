@@ -103,6 +103,11 @@ def torchtitan_toml(execution: Any, amp: str | None = None, dtype: str | None = 
     if e.replicates_parameters and e.data_parallel > 1 and e.pipeline == 1 and e.grad_accum > 1:
         lines.append(f"# the plan reduces DDP's gradients once per step (no_sync before the last of the {e.grad_accum} "
                      f"micro-batches, as Megatron-LM); reduced every micro-batch, {e.grad_accum - 1} reductions more")
+    if e.async_tp:
+        if pointwise != "fused":
+            raise NotExpressible("torchtitan runs async tensor parallelism with its compiled model only (\"Async TP "
+                                 "requires torch.compile\"): plan with --pointwise fused")
+        lines.append("enable_async_tensor_parallel = true")
     lines.append(f"context_parallel_degree = {e.context}")
     if e.expert > 1:
         lines.append(f"expert_parallel_degree = {e.expert}")
@@ -193,7 +198,8 @@ def torchtitan_refusals(e: Any, amp: str | None, dtype: str | None, sdpa: str) -
         missing.append("torchtitan has no attention-only recomputation (Megatron-LM's --recompute-activations)")
     if e.tp_comm_overlap:
         missing.append("Transformer Engine's userbuffers overlap (Megatron-LM's --tp-comm-overlap) is not "
-                       "torchtitan's; its async tensor parallelism (with torch.compile) is not modelled")
+                       "torchtitan's: its own is async tensor parallelism (plan with --async-tp and --pointwise "
+                       "fused)")
     if e.expert_overlap:
         missing.append("torchtitan runs no micro-batch's expert all-to-alls beside another's compute "
                        "(Megatron-LM's --overlap-moe-expert-parallel-comm)")
@@ -282,6 +288,9 @@ def megatron_args(execution: Any, layers: int | None, amp: str | None = None,
     if e.framework == "torch":
         raise NotExpressible("the layout is planned as torch runs it (--framework torch): plan with --framework "
                              "megatron for Megatron-LM's")
+    if e.async_tp:
+        raise NotExpressible("async tensor parallelism (--async-tp) is torch's, not Megatron-LM's: its own is "
+                             "--tp-comm-overlap (Transformer Engine's userbuffers)")
     if e.data == "hsdp":
         raise NotExpressible("Megatron-LM's torch FSDP2 path shards over the whole data-parallel group (no HSDP)")
     if e.expert > 1 and not e.replicates_parameters:
@@ -484,6 +493,9 @@ def _check_megatron_deepspeed(e: Any) -> None:
     if e.tp_comm_overlap:
         raise NotExpressible("Transformer Engine's tensor-parallel overlap (userbuffers) is Megatron-Core's, "
                              "not Megatron-DeepSpeed's")
+    if e.async_tp:
+        raise NotExpressible("async tensor parallelism (--async-tp) is torch's compiled blocks', not "
+                             "Megatron-DeepSpeed's")
     if e.loss_fusion:
         raise NotExpressible("the fused cross entropy (--cross-entropy-loss-fusion) is Megatron-Core's, not "
                              "Megatron-DeepSpeed's")

@@ -6,11 +6,11 @@ config function, chosen with ``--module`` and ``--config`` (torchtitan/config/RE
 custom run derives from a shipped one by setting fields (torchtitan_recipes/tests/h100.py does
 exactly that). The field names here were read at torchtitan commit b5bcd76 (2026-08-21):
 ``TrainingConfig`` (``num_tokens_per_microbatch_per_dp_rank``, ``num_tokens_per_train_step``,
-``max_context_length``, ``mixed_precision_param``) and ``ParallelismConfig``
-(torchtitan/config/configs.py), the checkpointing policies ``SelectiveAC``/``FullAC`` or
-``None`` (torchtitan/distributed/activation_checkpoint.py), ``ChunkedLossWrapper`` and
-``CrossEntropyLoss`` (torchtitan/components/loss.py). The model, its optimizer and data stay
-the base function's: the plan does not choose them. Tensor and expert parallelism are set to
+``max_context_length``, ``mixed_precision_param``), ``ParallelismConfig`` and ``CompileConfig``
+(``enable_async_tensor_parallel``; torchtitan/config/configs.py), the checkpointing policies
+``SelectiveAC``/``FullAC`` or ``None`` (torchtitan/distributed/activation_checkpoint.py),
+``ChunkedLossWrapper`` and ``CrossEntropyLoss`` (torchtitan/components/loss.py). The model, its
+optimizer and data stay the base function's: the plan does not choose them. Tensor and expert parallelism are set to
 run on DTensors (``spmd_backend = "partial_dtensor"``), the engine nnperf traces and whose host
 cost per op it charges; torchtitan's default there is its own ``spmd_types`` path.
 """
@@ -103,8 +103,13 @@ def torchtitan_python(execution: Any, model: str, seq_len: int | None, amp: str 
         lines += ["    if isinstance(config.loss, ChunkedLossWrapper.Config):",
                   "        config.loss = config.loss.loss_fn"]
     components = compile_components(loss, pointwise)
+    if e.async_tp and "model" not in components:  # CompileConfig.__post_init__ refuses it
+        raise NotExpressible("torchtitan runs async tensor parallelism with its compiled model only (\"Async TP "
+                             "requires 'model' in --compile.components\"): plan with --pointwise fused")
     if components:
         lines += ["    config.compile.enable = True", f"    config.compile.components = {components!r}"]
+        if e.async_tp:
+            lines.append("    config.compile.enable_async_tensor_parallel = True")
     else:
         lines.append("    config.compile.enable = False")
     if attention == "flex":

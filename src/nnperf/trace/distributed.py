@@ -141,11 +141,11 @@ def trace_rank(
         trace.config["fp8_cast_shares"] = casts.shares
         # ... so that gather moves one byte an element
         collectives = [in_fp8(c, trace) if c.index in casts.fp8_gathers else c for c in collectives]
-    if tp_group is not None:
+    if tp_group is not None or execution.async_tp:
         # the tensor-parallel group and the repeated blocks (as the trace names modules): what
-        # Megatron-LM's linears and Transformer Engine's userbuffers overlap with their GEMMs
-        # (``search.plan.rank.tensor_parallel_chunks``)
-        trace.config["tensor_parallel_group"] = tp_group
+        # Megatron-LM's linears, Transformer Engine's userbuffers and torch's async tensor
+        # parallelism overlap with their GEMMs (``search.plan.rank.tensor_parallel_chunks``)
+        trace.config["tensor_parallel_group"] = tp_group or world["meshes"][shape][0].get_group().group_name
         trace.config["blocks"] = block_names(workload.model)
     if execution.data_parallel > 1:
         # the data-parallel engine's process groups: a pipeline synchronizes over them once per

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from nnperf.layout import Execution
 from nnperf.request import ModelRequest
 from nnperf.search.plan.notes import (
@@ -11,6 +13,7 @@ from nnperf.search.plan.notes import (
     DDP_HALF_PRECISION,
     EXPERT_OVERLAP_WITH_TENSOR,
     EXPOSED_TENSOR_PARALLEL,
+    EXPOSED_TORCH_TENSOR_PARALLEL,
     FP32_MEGATRON,
     MEGATRON_CROSS_ENTROPY,
     TORCH_RECEIVE_BUFFERS,
@@ -52,6 +55,16 @@ def test_megatrons_layouts_without_tp_comm_overlap_say_how_to_time_it():
     assert EXPOSED_TENSOR_PARALLEL not in _notes(Execution(world=8, data="fsdp", shard=2, tensor=4,
                                                            sequence_parallel=True))
 
+
+
+def test_torchs_compiled_layouts_without_async_tp_say_how_to_time_it():
+    torch_tp = Execution(world=8, data="fsdp", shard=2, tensor=4, sequence_parallel=True)
+    compiled = TraceOptions(pointwise="fused")
+    assert EXPOSED_TORCH_TENSOR_PARALLEL in _notes(torch_tp, options=compiled)
+    assert EXPOSED_TORCH_TENSOR_PARALLEL not in _notes(torch_tp)  # eager: async TP needs the compiled blocks
+    assert EXPOSED_TORCH_TENSOR_PARALLEL not in _notes(replace(torch_tp, async_tp=True), options=compiled)
+    assert EXPOSED_TORCH_TENSOR_PARALLEL not in _notes(Execution(world=8, data="zero1", tensor=4,
+                                                                 sequence_parallel=True), options=compiled)
 
 
 def test_megatrons_1f1b_pipelines_say_their_sends_are_waited_for():

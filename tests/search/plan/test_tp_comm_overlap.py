@@ -25,7 +25,7 @@ def _chunks(overlap: bool) -> dict[tuple[str, str, str], set[int | None]]:
     traced = trace_rank(lambda: get_model("llama-7b").build(batch=2, seq_len=16, **LLAMA),
                         TraceOptions(optimizer="adamw"), execution, lambda model: [])
     by_index = {c.index: c for c in traced.collectives}
-    chunks = tensor_parallel_chunks(execution, traced.trace.config, by_index)
+    chunks = tensor_parallel_chunks(execution, traced.trace, by_index)
     out: dict[tuple[str, str, str], set[int | None]] = {}
     for c in traced.collectives:
         tensor_parallel = c.group_ranks == (0, 1)

@@ -31,6 +31,12 @@ EXPOSED_TENSOR_PARALLEL = (
     "are timed before or after their GEMMs; Megatron-LM's --tp-comm-overlap (Transformer Engine's "
     "userbuffers) runs them in chunks beside the GEMMs: plan with --tp-comm-overlap to time that")
 
+#: torch's layouts with sequence parallelism and compiled blocks, without async TP
+EXPOSED_TORCH_TENSOR_PARALLEL = (
+    "torch's tensor parallelism with compiled blocks: each block's all-gathers and reduce-scatters are timed "
+    "before or after their matmuls; torchtitan's async tensor parallelism (enable_async_tensor_parallel) "
+    "pipelines them with the matmuls: plan with --async-tp to time that")
+
 
 #: Megatron-LM's 1F1B waits for each pipeline send before the stage's next action
 #: (``Execution.blocking_pipeline_sends``, ``passes.pipeline_timeline``).
@@ -126,6 +132,10 @@ def notes(request: ModelRequest, options: TraceOptions, results: list[Planned], 
         notes.append(AUTOCAST_SEQUENCE_PARALLEL)
     if any(p.execution.megatron_sequence_parallel and not p.execution.tp_comm_overlap for p in results):
         notes.append(EXPOSED_TENSOR_PARALLEL)
+    if options.pointwise == "fused" and any(p.execution.tensor > 1 and p.execution.sequence_parallel
+                                            and not p.execution.megatron_layout and not p.execution.async_tp
+                                            for p in results):
+        notes.append(EXPOSED_TORCH_TENSOR_PARALLEL)
     if any(p.execution.pipeline > 1 and not p.execution.megatron_layout
            and p.execution.grad_accum > p.execution.pipeline for p in results):
         notes.append(TORCH_RECEIVE_BUFFERS)

@@ -50,6 +50,7 @@ from nnperf.search.plan.expert_overlap import expert_overlap_saving
 from nnperf.search.plan.results import RankCost, RankFigures, StateBytes
 from nnperf.search.plan.states import param_row_bytes
 from nnperf.trace.distributed import sharded_bytes, trace_rank
+from nnperf.trace.events import Trace
 from nnperf.trace.options import TraceOptions
 from nnperf.trace.parallel.expert import routing_of
 from nnperf.trace.step import once_per_step
@@ -144,18 +145,27 @@ def _contention(cluster: Cluster, gpu: GPU, collectives: dict[int, Any],
 PIPELINE_SPLITS = 4
 
 
-def tensor_parallel_chunks(execution: Execution, config: dict[str, Any],
+def tensor_parallel_chunks(execution: Execution, trace: Trace,
                            collectives: dict[int, Any]) -> Callable[[int], int | None] | None:
     """The chunks each tensor-parallel collective runs in with its GEMM (``comm_timeline``):
     Megatron-LM's linear layers reduce-scatter an input gradient in one piece beside the weight
     gradient's GEMM (``LinearWithGradAccumulationAndAsyncCommunication``, and Transformer
     Engine's layers with or without userbuffers); with --tp-comm-overlap, Transformer Engine's
     userbuffers pipeline the blocks' forward all-gathers and reduce-scatters and backward
-    all-gathers too (``PIPELINE_SPLITS``); the output layer is not Transformer Engine's."""
-    group = config.get("tensor_parallel_group")
-    if group is None or not execution.megatron_sequence_parallel:
+    all-gathers too (``PIPELINE_SPLITS``); the output layer is not Transformer Engine's.
+    torch's async tensor parallelism: ``async_tensor_parallel_chunks``."""
+    group = trace.config.get("tensor_parallel_group")
+    if group is None:
         return None
-    blocks = tuple(config.get("blocks", ()))
+    blocks = tuple(trace.config.get("blocks", ()))
+
+    def in_block(c: Any) -> bool:
+        return any(c.module == b or c.module.startswith(f"{b}.") for b in blocks)
+
+    if execution.async_tp:
+        return async_tensor_parallel_chunks(execution, trace, collectives, group, in_block)
+    if not execution.megatron_sequence_parallel:
+        return None
 
     def chunks(index: int) -> int | None:
         c = collectives[index]
@@ -163,12 +173,58 @@ def tensor_parallel_chunks(execution: Execution, config: dict[str, Any],
             return None
         if c.kind == "reduce_scatter" and c.phase == "backward":
             return 1
-        if not execution.tp_comm_overlap or not any(c.module == b or c.module.startswith(f"{b}.") for b in blocks):
+        if not execution.tp_comm_overlap or not in_block(c):
             return None
         if c.kind == "all_gather":
             return execution.tensor
         return PIPELINE_SPLITS if c.kind == "reduce_scatter" else None
     return chunks
+
+
+def async_tensor_parallel_chunks(execution: Execution, trace: Trace, collectives: dict[int, Any], group: str,
+                                 in_block: Callable[[Any], bool]) -> Callable[[int], int | None]:
+    """torch's async tensor parallelism (``Execution.async_tp``): Inductor's micro-pipeline pass
+    (torch/_inductor/fx_passes/micro_pipeline_tp.py) rewrites, in each compiled graph, an
+    all-gather whose result is the left operand of matmuls into ``fused_all_gather_matmul``
+    and a matmul whose one user is a reduce-scatter into ``fused_matmul_reduce_scatter``; both
+    run in one chunk per tensor-parallel rank (torch/distributed/_symmetric_memory). So the
+    blocks' forward all-gathers and reduce-scatters, and their recomputation's, are pipelined,
+    and so is backward's all-gather of an output gradient before the row-parallel input
+    gradient; backward's reduce-scatter of the column-parallel input gradients is not: their sum
+    (q, k and v's, w1 and w3's: an add) sits between the matmuls and it. Outside the compiled
+    blocks (embedding, output layer) nothing is."""
+    recomputed = {index for index in collectives if trace.events[index].recomputed}
+
+    def chunks(index: int) -> int | None:
+        c = collectives[index]
+        if c.group != group or not in_block(c) or c.kind not in ("all_gather", "reduce_scatter"):
+            return None
+        if c.kind == "reduce_scatter" and c.phase == "backward" and index not in recomputed:
+            return None
+        return execution.tensor
+    return chunks
+
+
+def async_tensor_parallel_sums(execution: Execution, gpu: GPU, profile: DeviceProfile,
+                               collectives: dict[int, Any]) -> Callable[[int], float] | None:
+    """The sum the compute stream runs after each reduce-scatter torch's async tensor
+    parallelism pipelines (``Execution.async_tp``): ``_fused_matmul_reduce_scatter_impl``
+    (torch/distributed/_symmetric_memory) has each rank's matmul write one partial chunk per
+    rank, copies them to their ranks, and sums a rank's ``tensor`` partial chunks with one
+    reduction kernel once the last has arrived: it reads the whole reduce-scatter input (the
+    partials, in the matmul's output dtype) and writes one chunk of it, a kernel bound by DRAM
+    bandwidth, which NCCL's reduce-scatter does not leave to the compute stream (its kernels sum
+    as they move). None where nothing is summed so."""
+    if not execution.async_tp:
+        return None
+
+    def seconds(index: int) -> float:
+        c = collectives[index]
+        if c.kind != "reduce_scatter":
+            return 0.0
+        moved = c.bytes * (1 + 1 / execution.tensor)
+        return profile.memory_time(gpu.memory_bandwidth, moved)
+    return seconds
 
 
 def rank_profile(execution: Execution, gpu: GPU) -> DeviceProfile:
@@ -193,7 +249,8 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
     name, build = resolve(request)
     traced = trace_rank(build, options, execution, units or repeated_blocks, prepare, rank=rank)
     analysis = Analysis.from_trace(name, options, traced.trace, traced.workload)
-    prediction = predict_analysis(analysis, gpu, rank_profile(execution, gpu))
+    profile = rank_profile(execution, gpu)
+    prediction = predict_analysis(analysis, gpu, profile)
     by_index = {c.index: c for c in traced.collectives}
     pipelined = execution.pipeline > 1
     coalesced = megatron_sequence_parallel_grads(execution, traced.trace.config, by_index)
@@ -203,8 +260,9 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
     fsdp_streams = engine_streams(traced.trace)
     comm = overlap(prediction.step, traced.trace, collective_timer(estimate, by_index, pipelined, coalesced),
                    contention, stream_of=lambda index: by_index[index].stream,
-                   pipelined=tensor_parallel_chunks(execution, traced.trace.config, by_index),
-                   side_streams=fsdp_streams, event_waits=engine_waits(traced.trace, fsdp_streams))
+                   pipelined=tensor_parallel_chunks(execution, traced.trace, by_index),
+                   side_streams=fsdp_streams, event_waits=engine_waits(traced.trace, fsdp_streams),
+                   reduced_after=async_tensor_parallel_sums(execution, gpu, profile, by_index))
     once = [t for t in prediction.step.ops if once_per_step(t.count.event)]
     attention = [t for t in prediction.step.ops if t.category == Category.ATTENTION]
     forward = [t.count.event for t in attention if t.phase == "forward"]

@@ -96,7 +96,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
          micro_batch: Iterable[int] | None = None, sequence_parallel: bool | None = None,
          expert_tensor: int | None = None, token_dispatcher: str = "alltoall",
          optimizer_states: str = "fp32", grad_reduce_in_fp32: bool = False,
-         expert_overlap: bool = False, framework: str | None = None) -> Plan:
+         expert_overlap: bool = False, framework: str | None = None, async_tp: bool = False) -> Plan:
     """Rank the layouts of ``request`` on ``gpus`` GPUs of ``gpu``. ``tensor``/``pipeline``/
     ``expert``: the degrees to try (None: every degree the model and nodes allow; the default,
     1, keeps the data-parallel search; ``context``: context-parallel degrees, modelled in
@@ -122,7 +122,9 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
     fp32 main gradients and reduce-scatter them in fp32 (``Execution.grad_reduce_in_fp32``).
     ``expert_overlap``: the expert-parallel layouts Megatron-Core can overlap (DDP or ZeRO-1, no
     pipeline or an interleaved one) run each backward beside the next micro-batch's forward
-    (``Execution.expert_overlap``).
+    (``Execution.expert_overlap``). ``async_tp``: the layouts torch runs with tensor and
+    sequence parallelism run torch's async tensor parallelism (``Execution.async_tp``; it needs
+    the compiled blocks, ``--pointwise fused``).
     ``micro_batch``: the micro-batch sizes
     a layout may run (None: every split of a data-parallel rank's share of the global batch).
     ``sequence_parallel``: tensor-parallel layouts with sequence parallelism only (True), without
@@ -240,6 +242,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         return ((e.data_parallel == 1 or e.data in kinds) and (not experts or e.carries_split_experts)
                 and runs_layout(framework, e))
 
+    check_async_tp(async_tp, options, framework, sequence_parallel, tensor)
     if sequence_parallel is False and tp_comm_overlap:
         raise UsageError("--tp-comm-overlap overlaps sequence parallelism's collectives: it needs sequence "
                          "parallelism (drop --no-sequence-parallel)")
@@ -261,9 +264,10 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         return token_dispatcher == "alltoall" or e.expert == 1 or e.replicates_parameters
 
     def engines(found: list[Execution]) -> list[Execution]:
-        return [replace(_with_megatron_flags(sequenced(e), tp_comm_overlap, loss_fusion, token_dispatcher,
-                                             optimizer_states, grad_reduce_in_fp32, expert_overlap),
-                        framework=framework)
+        return [_with_async_tp(replace(_with_megatron_flags(sequenced(e), tp_comm_overlap, loss_fusion,
+                                                            token_dispatcher, optimizer_states,
+                                                            grad_reduce_in_fp32, expert_overlap),
+                                       framework=framework), async_tp)
                 for e in found
                 if runnable(e) and pinned(e) and dispatched(e) and (sizes is None or e.micro_batch in sizes)]
 
@@ -278,7 +282,7 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
         parallelism needs (none where the user pinned sequence parallelism either way)."""
         if experts or e.tensor == 1 or sequence_parallel is not None:
             return []
-        return [replace(e, sequence_parallel=False, tp_comm_overlap=False)]
+        return [replace(e, sequence_parallel=False, tp_comm_overlap=False, async_tp=False)]
 
     def experts_whole(e: Execution) -> list[Execution]:
         """``e`` with each expert whole on a rank, its expert group folded over the tensor-parallel
@@ -377,10 +381,13 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
               "first_stage_layers": split.first, "last_stage_layers": split.last,
               "data": [k for k in DATA_KINDS if k in kinds],
               "checkpoint": [names[CHECKPOINTS[i]] for i in levels],
-              "reshard_after_forward": sorted(set(reshard), reverse=True), "tp_comm_overlap": tp_comm_overlap,
+              "reshard_after_forward": sorted(set(reshard), reverse=True), "tp_comm_overlap": tp_comm_overlap, "async_tp": async_tp,
               "loss_fusion": loss_fusion, "micro_batch": None if sizes is None else sorted(sizes),
               "expert_tensor": expert_tensor, "token_dispatcher": token_dispatcher, "expert_overlap": expert_overlap,
               "optimizer_states": optimizer_states, "grad_reduce_in_fp32": grad_reduce_in_fp32}
+    if async_tp and results and not any(p.execution.async_tp for p in results):
+        left_out.append("--async-tp: no layout searched is one torch runs with tensor and sequence parallelism "
+                        "(fsdp or hsdp beside --tp, or --tp alone): it applies to none of them")
     if grad_reduce_in_fp32 and any(p.execution.data_parallel == 1 for p in results):
         left_out.append(f"layouts without data parallelism reduce no gradients: they keep them in {options.dtype} "
                         "(--grad-reduce-in-fp32 is ZeRO-1's)")
@@ -623,6 +630,35 @@ def _bounded_or_evaluated(execution: Execution, request: ModelRequest, options: 
     bound = work and work_bound(execution, work, slower_than, capacity(gpu), layers, options)
     return bound or evaluate(request, options, execution, gpu, cluster, layers=layers, cache=cache, prune=True,
                              slower_than=slower_than)
+
+
+def check_async_tp(async_tp: bool, options: TraceOptions, framework: str | None, sequence_parallel: bool | None,
+                   tensor: Iterable[int] | None) -> None:
+    """One line where --async-tp cannot apply to any layout asked for: torchtitan runs it with
+    its compiled blocks only (``parallelize_llama``: "Async TP requires torch.compile"), beside
+    sequence parallelism, over tensor parallelism, as torch runs a layout."""
+    if not async_tp:
+        return
+    if options.pointwise != "fused":
+        raise UsageError("--async-tp is torch's async tensor parallelism, which Inductor's compiled blocks run "
+                         "(torchtitan refuses it without torch.compile): add --pointwise fused")
+    if framework == "megatron":
+        raise UsageError("--async-tp is torch's async tensor parallelism (torchtitan's) and --framework megatron "
+                         "plans Megatron-LM's layouts: give --framework torch or auto, or Megatron-LM's own "
+                         "--tp-comm-overlap")
+    if sequence_parallel is False:
+        raise UsageError("--async-tp pipelines sequence parallelism's collectives: it needs sequence parallelism "
+                         "(drop --no-sequence-parallel)")
+    if tensor is not None and max(tensor) < 2:
+        raise UsageError("--async-tp pipelines tensor parallelism's collectives: give --tp above 1 (or --tp auto)")
+
+
+def _with_async_tp(execution: Execution, async_tp: bool) -> Execution:
+    """``execution`` with torch's async tensor parallelism where asked and it applies: tensor
+    parallelism with sequence parallelism, as torch runs the layout (not ``megatron_layout``)."""
+    if async_tp and execution.tensor > 1 and execution.sequence_parallel and not execution.megatron_layout:
+        return replace(execution, async_tp=True)
+    return execution
 
 
 def _with_megatron_flags(execution: Execution, tp_comm_overlap: bool, loss_fusion: bool,
