@@ -83,3 +83,17 @@ def test_the_loops_own_work_after_backward_is_not_recomputation():
     modules = {e.module for e in traced.trace.events if e.phase == "backward"}
     assert {"(clip_grad_norm)", "(grad_scaler)"} <= modules  # both were recorded in backward
     assert not [e.name for e in traced.trace.events if e.recomputed]
+
+
+def test_a_checkpointed_blocks_own_ops_are_recomputation():
+    """The residual add ``h = x + attention(...)`` is the block's own op, in no submodule, and
+    torch.utils.checkpoint recomputes the block's wrapped forward, which no module hook enters:
+    it counts as recomputation all the same, once a block (the block's last add, whose output
+    backward does not need, is not run again: non-reentrant checkpointing stops early)."""
+    events = _analysis("full").trace.events
+    residual = [e for e in events if e.phase == "forward" and e.name == "aten.add"
+                and e.module in ("layers.0", "layers.1")]
+    assert len(residual) == 4  # two a block
+    shape = tuple(residual[0].outputs[0].shape)
+    recomputed = [e for e in events if e.recomputed and e.name == "aten.add" and tuple(e.outputs[0].shape) == shape]
+    assert len(recomputed) == 2

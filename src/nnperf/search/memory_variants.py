@@ -27,7 +27,7 @@ from nnperf.trace.blocks import repeated_blocks
 from nnperf.trace.capture import trace_workload
 from nnperf.trace.events import Trace, op_name
 from nnperf.trace.options import TraceOptions
-from nnperf.trace.recorder import GraphLabeler, ModuleStack
+from nnperf.trace.recorder import GraphLabeler, ModuleStack, recomputing_module
 from nnperf.workload import Workload
 
 
@@ -153,11 +153,16 @@ def _policy(kind: str) -> Callable[..., Any]:
     return every_second_mm
 
 
-def _recompute_context() -> tuple[contextlib.AbstractContextManager, TorchFunctionMode]:
+def _recompute_context(block: str | None = None) -> tuple[contextlib.AbstractContextManager, Any]:
     """Recomputation runs on the autograd thread, outside the tracer's function mode; apply the
     tracer's substitutions there too (fused attention, native dropout, the assumed MoE
-    routing), so the recomputed forward matches the original one op for op."""
-    return contextlib.nullcontext(), GraphLabeler(ModuleStack({}), _active_routing())
+    routing), so the recomputed forward matches the original one op for op; a checkpointed
+    ``block`` (its wrapped forward, which no module hook enters) recomputes as that block
+    (``recomputing_module``)."""
+    labeler = GraphLabeler(ModuleStack({}), _active_routing())
+    if block is None:
+        return contextlib.nullcontext(), labeler
+    return contextlib.nullcontext(), _Both(recomputing_module(block), labeler)
 
 
 def _active_routing() -> Any:
@@ -168,13 +173,13 @@ def _active_routing() -> Any:
     return labelers[-1]._routing if labelers else None
 
 
-def _selective_context(kind: str = "selective") -> tuple[Any, Any]:
+def _selective_context(kind: str = "selective", block: str | None = None) -> tuple[Any, Any]:
     """Selective checkpointing's contexts for one checkpointed call under policy ``kind``, the
     recomputation also under the tracer's substitutions (see ``_recompute_context``)."""
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
     forward, recompute = create_selective_checkpoint_contexts(_policy(kind))
-    _, labeler = _recompute_context()
+    _, labeler = _recompute_context(block)
     return forward, _Both(recompute, labeler)
 
 
@@ -277,7 +282,8 @@ def apply_checkpointing(workload: Workload, selective: bool | str = False) -> li
             continue
         module.forward = functools.partial(  # type: ignore[method-assign]
             checkpoint, module.forward, use_reentrant=False,
-            context_fn=functools.partial(_selective_context, kind) if kind else _recompute_context,
+            context_fn=(functools.partial(_selective_context, kind, name) if kind
+                        else functools.partial(_recompute_context, name)),
         )
     return blocks
 

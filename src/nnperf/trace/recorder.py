@@ -435,6 +435,14 @@ class OpRecorder(TorchDispatchMode):
             self._nodes_seen += 1
         return number
 
+    def enter_module(self, path: str) -> None:
+        """Count what runs next as ``path``'s forward, until ``leave_module``
+        (``recomputing_module``)."""
+        self._modules.push(path)
+
+    def leave_module(self) -> None:
+        self._modules.pop()
+
     def recomputing(self) -> bool:
         """A module's forward running inside backward: activation checkpointing recomputing
         a block (backward's own ops run outside every module's forward). The pseudo-modules
@@ -603,6 +611,27 @@ def _host_value(t: Any) -> bool:
 
 #: Nesting depth of ``unrecorded()``: ops run meanwhile are an engine's bookkeeping.
 _UNRECORDED = [0]
+
+
+@contextlib.contextmanager
+def recomputing_module(path: str) -> Iterator[None]:
+    """Run a checkpointed module's recomputation as ``path``'s forward on the active trace's
+    module stack. torch.utils.checkpoint calls the module's wrapped forward, not the module, so
+    no forward hook enters it in backward: without this, the module's own ops (a residual add,
+    an inline norm) would not count as recomputed (``OpRecorder.recomputing``), only those of
+    its submodules. Nothing outside a trace."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    recorders = [m for m in _get_current_dispatch_mode_stack() if isinstance(m, OpRecorder)]
+    if not recorders:
+        yield
+        return
+    recorder = recorders[-1]
+    recorder.enter_module(path)
+    try:
+        yield
+    finally:
+        recorder.leave_module()
 
 
 def _is_collective(func: Any) -> bool:
