@@ -203,7 +203,7 @@ class Execution:
     #: torch's async tensor parallelism (torchtitan's enable_async_tensor_parallel, under
     #: torch.compile): Inductor's micro-pipeline pass runs each compiled block's sequence-parallel
     #: all-gather and reduce-scatter in chunks with the GEMMs it feeds or follows
-    #: (``search.plan.rank.tensor_parallel_chunks``)
+    #: (``search.plan.rank.async_tensor_parallel_chunks``)
     async_tp: bool = False
     #: Megatron-LM's --cross-entropy-loss-fusion: Megatron-Core's fused cross entropy, its pieces
     #: compiled one by one (``trace.parallel.fused_vocab_parallel_loss``)
@@ -450,8 +450,8 @@ class Execution:
                              "enable_async_tensor_parallel): it needs tensor > 1 with sequence parallelism")
         if self.async_tp and self.framework is None and self.megatron_layout:
             raise UsageError("async_tp is torch's async tensor parallelism (torchtitan's), and this layout is one "
-                             f"only Megatron-LM runs ({self.describe()}); valid: async_tp beside fsdp or hsdp, or "
-                             "Megatron-LM's own overlap, tp_comm_overlap, instead")
+                             f"only Megatron-LM runs ({self.describe()}); valid: async_tp beside fsdp or hsdp or "
+                             "with tensor parallelism alone, or Megatron-LM's own overlap, tp_comm_overlap, instead")
         if self.loss_fusion and not self.replicates_parameters:
             raise UsageError("loss_fusion is Megatron-LM's --cross-entropy-loss-fusion: it needs Megatron-LM's "
                              "data parallelism (ddp or zero1)")
@@ -489,7 +489,8 @@ class Execution:
         if framework == "megatron":
             if self.async_tp:
                 return ("framework megatron: async tensor parallelism (async_tp) is torch's, as torchtitan runs it "
-                        "beside FSDP; Megatron-LM's own is --tp-comm-overlap (Transformer Engine's userbuffers)")
+                        "beside FSDP; valid: framework torch, or drop async_tp (Megatron-LM's own is "
+                        "--tp-comm-overlap, Transformer Engine's userbuffers)")
             if self.replicates_parameters:
                 return None
             return (f"framework megatron: Megatron-LM's data parallelism is ddp or zero1, not {self.data} "

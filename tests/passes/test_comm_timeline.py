@@ -405,6 +405,22 @@ def test_a_reduce_scatter_summed_on_the_compute_stream_delays_what_follows():
     assert result.exposed_s == pytest.approx({"reduce_scatter": 0.5 * MS})
 
 
+def test_the_sum_waits_after_what_the_collective_slowed():
+    """With contention: a 2 ms GEMM, then an 8 ms reduce-scatter in 4 chunks beside it, taking
+    half the SMs, summed on the compute stream (1.5 ms), then a 1 ms kernel. The reduce-scatter
+    runs from the GEMM's first chunk (0.5 ms) to 8.5 ms; the GEMM's last 1.5 ms beside it take
+    twice as long (compute free at 3.5 ms, 1.5 ms slowed); the stream then waits for the last
+    chunk (5 ms exposed), sums to 10 ms, and runs the kernel to 11 ms."""
+    ops = [_gemm(0, [0], [1], 2 * MS), _op(1, "reduce_scatter", [1], [2], 0, comm=True),
+           _op(2, "aten.mul", [0], [3], 1 * MS)]
+    result = overlap(_step(ops), None, lambda i: ("reduce_scatter", 100, 8 * MS),
+                     lambda i: Contention(sm_share=0.5, dram_share=0.0), pipelined=lambda i: 4,
+                     reduced_after=lambda i: 1.5 * MS)
+    assert result.slowdown_s == pytest.approx(1.5 * MS)
+    assert result.exposed_s == pytest.approx({"reduce_scatter": 5 * MS})
+    assert result.step_s == pytest.approx(11 * MS)
+
+
 def test_an_input_gradient_is_reduce_scattered_beside_the_weight_gradient():
     """Megatron-LM's column-parallel backward: the input gradients of two linears (2 ms each),
     then the weight gradient (5 ms), then the input gradients added (1 ms) and DTensor's cat

@@ -211,7 +211,8 @@ def overlap(
     ``reduced_after(index)`` the seconds of the sum a pipelined reduce-scatter leaves to the
     compute stream (None, or no function: none, as NCCL reduces while it moves the chunks; torch's
     async tensor parallelism copies the ranks' partial chunks and the compute stream, once the
-    last has arrived, sums them: ``_fused_matmul_reduce_scatter_impl``'s ``reduce_fn``)."""
+    last has arrived, sums them: ``_fused_matmul_reduce_scatter_impl``'s ``reduce_fn``; its
+    chunks go by copy engine, so ``contention`` takes no SM for them)."""
     side_streams = side_streams or {}
     event_waits = event_waits or {}
     ends: dict[int, tuple[float, str | None]] = {}  # op index -> (end, its kind if a collective)
@@ -275,17 +276,6 @@ def overlap(
             slices.append(CommSlice(t.index, kind, nbytes, start, end))
             for m in event.inputs + event.outputs:
                 produced[m.storage] = (end, kind, t.index)
-            summed_s = reduced_after(t.index) if reduced_after is not None and pair is not None and pair.scatters else 0.0
-            if summed_s > 0:
-                # the compute stream waits for the last chunk, then sums the partial chunks: what
-                # it returns is ready after that sum
-                if end > compute_free:
-                    exposed[kind] += end - compute_free
-                    waits.append((t.index, t.index, end - compute_free))
-                compute_free = max(compute_free, end) + summed_s
-                compute_busy += summed_s
-                for m in event.outputs:
-                    produced[m.storage] = (compute_free, None, None)
             if pair is not None and not pair.scatters:
                 # its GEMMs start on the first chunk, the rank's own (and end after the last: below)
                 gathered[t.index] = (pair, slices[-1])
@@ -305,6 +295,12 @@ def overlap(
                     slowdown += extra
                     slowed.append((last.index, t.index, extra))
                     clock[last.index] = compute_free
+            if pair is not None and pair.scatters and reduced_after is not None:
+                summed_s = reduced_after(t.index)
+                compute_free = _summed_after(compute_free, issue, end, summed_s, kind, t.index, exposed, waits)
+                compute_busy += summed_s
+                for m in event.outputs:
+                    produced[m.storage] = (compute_free, None, None)
             continue
         source = next((gathering[m.storage] for m in event.inputs if m.storage in gathering), None)
         if source is not None and t.index not in gathered[source][0].gemms and not _moves(t):
@@ -380,6 +376,18 @@ class _Pair:
     after_s: float
     chunks: int
     scatters: bool  # a reduce-scatter after its GEMM; else an all-gather before them
+
+
+def _summed_after(compute_free: float, issue: float, end: float, summed_s: float, kind: str, index: int,
+                  exposed: dict[str, float], waits: list[tuple[int, int, float]]) -> float:
+    """The compute stream's clock after a pipelined reduce-scatter whose partial chunks it sums
+    itself (``overlap``'s ``reduced_after``): issued with the collective, the sum waits for the
+    last chunk, its wait counted exposed (``exposed``, ``waits``), then runs ``summed_s``."""
+    free = max(issue, compute_free)
+    if end > free:
+        exposed[kind] += end - free
+        waits.append((index, index, end - free))
+    return max(free, end) + summed_s
 
 
 def _pair_with_gemms(step: StepTime, collective_time: Callable[[int], tuple[str, int, float]],

@@ -7,6 +7,7 @@ from dataclasses import replace
 from nnperf.layout import Execution
 from nnperf.request import ModelRequest
 from nnperf.search.plan.notes import (
+    ASYNC_TP_MEMORY,
     AUTOCAST_SEQUENCE_PARALLEL,
     BLOCKING_PIPELINE_SENDS,
     CONTEXT_PARALLEL,
@@ -63,6 +64,8 @@ def test_torchs_compiled_layouts_without_async_tp_say_how_to_time_it():
     assert EXPOSED_TORCH_TENSOR_PARALLEL in _notes(torch_tp, options=compiled)
     assert EXPOSED_TORCH_TENSOR_PARALLEL not in _notes(torch_tp)  # eager: async TP needs the compiled blocks
     assert EXPOSED_TORCH_TENSOR_PARALLEL not in _notes(replace(torch_tp, async_tp=True), options=compiled)
+    assert ASYNC_TP_MEMORY in _notes(replace(torch_tp, async_tp=True), options=compiled)
+    assert ASYNC_TP_MEMORY not in _notes(torch_tp, options=compiled)
     assert EXPOSED_TORCH_TENSOR_PARALLEL not in _notes(Execution(world=8, data="zero1", tensor=4,
                                                                  sequence_parallel=True), options=compiled)
 

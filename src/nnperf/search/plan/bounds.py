@@ -21,8 +21,10 @@ from nnperf.trace.options import TraceOptions
 
 def _work_key(execution: Execution) -> tuple[Any, ...]:
     """What decides the kernels a GPU runs over a step, whatever the data and pipeline layout:
-    the tensor split, the checkpointing and the micro-batch (``same_work``)."""
-    return *_split_key(execution), execution.checkpoint, execution.micro_batch
+    the tensor split, the checkpointing, the micro-batch, and torch's async tensor parallelism
+    (the sums of its reduce-scatters, on the compute stream: ``search.plan.rank``)
+    (``same_work``)."""
+    return *_split_key(execution), execution.checkpoint, execution.micro_batch, execution.async_tp
 
 
 def same_work(results: Iterable[Planned]) -> dict[tuple[Any, ...], list[Planned]]:

@@ -27,6 +27,11 @@ from nnperf.search.plan.rank import RoleCache, layers_of, scaled_cost
 from nnperf.search.plan.results import Planned, TimeSplit, collective_totals, per_step
 from nnperf.trace.options import TraceOptions
 
+#: torchtitan runs async tensor parallelism with its compiled blocks only (``parallelize_llama``,
+#: later ``CompileConfig``: "Async TP requires torch.compile").
+ASYNC_TP_NEEDS_COMPILE = ("--async-tp is torch's async tensor parallelism, which Inductor's compiled blocks run "
+                          "(torchtitan refuses it without torch.compile): add --pointwise fused")
+
 
 def prepare_for(execution: Execution) -> Any:
     """What the layout's activation checkpointing does to a built workload (None: nothing)."""
@@ -46,6 +51,8 @@ def evaluate(request: ModelRequest, options: TraceOptions, execution: Execution,
     no ``layers`` reads it off the model (``layers_of``): traced whole instead, the model's
     blocks would be split over the three stages its roles are traced on, not its own."""
     execution.validate()  # one line for a layout that cannot run, before any of it is traced
+    if execution.async_tp and options.pointwise != "fused":
+        raise UsageError(ASYNC_TP_NEEDS_COMPILE)
     planned = _composed(request, options, execution, gpu, cluster, layers, cache or RoleCache(), prune, slower_than)
     return with_main_params(planned, execution, options, gpu)
 

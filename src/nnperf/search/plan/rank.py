@@ -122,11 +122,14 @@ def megatron_sequence_parallel_grads(execution: Execution, config: dict[str, Any
                      if c.kind == "all_reduce" and c.phase == "backward" and c.group == group)
 
 
-def _contention(cluster: Cluster, gpu: GPU, collectives: dict[int, Any],
-                estimate: Estimate) -> Callable[[int], Contention | None]:
+def _contention(cluster: Cluster, gpu: GPU, collectives: dict[int, Any], estimate: Estimate,
+                copied: Callable[[int], bool] | None = None) -> Callable[[int], Contention | None]:
     """What each collective takes from the compute kernels beside it: its tier's thread blocks
     out of the GPU's SMs, and twice its bus bandwidth (each byte it moves read once and written
-    once) out of the DRAM bandwidth. None where the tier does not say its thread blocks."""
+    once) out of the DRAM bandwidth. None where the tier does not say its thread blocks.
+    ``copied(index)``: the collective's chunks move by copy engine (torch's async tensor
+    parallelism: ``copy_`` between symmetric-memory buffers), which takes the DRAM bandwidth
+    and no SM."""
     def taken(index: int) -> Contention | None:
         c = collectives[index]
         ctas = group_tier(cluster, c.group_ranks).collective_ctas
@@ -134,7 +137,8 @@ def _contention(cluster: Cluster, gpu: GPU, collectives: dict[int, Any],
         if ctas is None or not estimated.time_s:
             return None
         bus_bytes = c.bytes * bus_factor(c.kind, len(c.group_ranks))
-        return Contention(ctas / gpu.sm_count, 2 * bus_bytes / estimated.time_s / gpu.memory_bandwidth)
+        sm_share = 0.0 if copied is not None and copied(index) else ctas / gpu.sm_count
+        return Contention(sm_share, 2 * bus_bytes / estimated.time_s / gpu.memory_bandwidth)
     return taken
 
 
@@ -188,21 +192,50 @@ def async_tensor_parallel_chunks(execution: Execution, trace: Trace, collectives
     all-gather whose result is the left operand of matmuls into ``fused_all_gather_matmul``
     and a matmul whose one user is a reduce-scatter into ``fused_matmul_reduce_scatter``; both
     run in one chunk per tensor-parallel rank (torch/distributed/_symmetric_memory). So the
-    blocks' forward all-gathers and reduce-scatters, and their recomputation's, are pipelined,
-    and so is backward's all-gather of an output gradient before the row-parallel input
-    gradient; backward's reduce-scatter of the column-parallel input gradients is not: their sum
-    (q, k and v's, w1 and w3's: an add) sits between the matmuls and it. Outside the compiled
-    blocks (embedding, output layer) nothing is."""
-    recomputed = {index for index in collectives if trace.events[index].recomputed}
-
+    blocks' all-gathers are pipelined (``passes.comm_timeline`` pairs one with the matmuls that
+    read it first), and each reduce-scatter a matmul feeds (``fed_by_matmul``): forward's and
+    recomputation's; in backward a row-parallel layer's output gradient is all-gathered for its
+    input gradient's matmul, while the column-parallel layers' input gradients are
+    reduce-scattered after their sum where several read one input (q, k and v's, w1 and w3's:
+    an add between the matmuls and it, so not fused), fused where one does (GPT-2's c_attn and
+    c_fc). Outside the compiled blocks (embedding, output layer) nothing is."""
     def chunks(index: int) -> int | None:
         c = collectives[index]
         if c.group != group or not in_block(c) or c.kind not in ("all_gather", "reduce_scatter"):
             return None
-        if c.kind == "reduce_scatter" and c.phase == "backward" and index not in recomputed:
+        if c.kind == "reduce_scatter" and not fed_by_matmul(trace, index):
             return None
         return execution.tensor
     return chunks
+
+
+#: The ops between a matmul and a reduce-scatter that Inductor's micro-pipeline pass matches
+#: through: a reshape of the matmul's output (``_find_producer_matmul``: mm, or reshape(mm)), and
+#: the split and cat DTensor's redistribution makes to scatter another dimension than the first
+#: (``find_reduce_scatter_patterns``: reduce_scatter(cat(split(input, dim))))
+_MOVES = frozenset({"aten.view", "aten._unsafe_view", "aten.reshape", "aten.split", "aten.split_with_sizes",
+                    "aten.cat"})
+#: The matmuls a fused reduce-scatter runs chunk by chunk (``aten.mm``; ``aten._scaled_mm``: float8).
+_MATMULS = frozenset({"aten.mm", "aten._scaled_mm"})
+
+
+def fed_by_matmul(trace: Trace, index: int) -> bool:
+    """Whether the collective at event ``index`` reduces what a matmul wrote, through the ops
+    Inductor matches through (``_MOVES``): the reduce-scatter it fuses with its matmul. The
+    latest writer of each storage read is followed back, one op at a time."""
+    events = trace.events
+    storage = events[index].inputs[0].storage if events[index].inputs else None
+    at = index
+    while storage is not None:
+        writer = next((e for e in reversed(events[:at]) if any(m.storage == storage for m in e.outputs)), None)
+        if writer is None:
+            return False
+        if writer.name in _MATMULS:
+            return True
+        if writer.name not in _MOVES or not writer.inputs:
+            return False
+        storage, at = writer.inputs[0].storage, writer.index
+    return False
 
 
 def async_tensor_parallel_sums(execution: Execution, gpu: GPU, profile: DeviceProfile,
@@ -218,11 +251,8 @@ def async_tensor_parallel_sums(execution: Execution, gpu: GPU, profile: DevicePr
     if not execution.async_tp:
         return None
 
-    def seconds(index: int) -> float:
-        c = collectives[index]
-        if c.kind != "reduce_scatter":
-            return 0.0
-        moved = c.bytes * (1 + 1 / execution.tensor)
+    def seconds(index: int) -> float:  # a pipelined reduce-scatter's (comm_timeline asks no other)
+        moved = collectives[index].bytes * (1 + 1 / execution.tensor)
         return profile.memory_time(gpu.memory_bandwidth, moved)
     return seconds
 
@@ -256,11 +286,12 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
     coalesced = megatron_sequence_parallel_grads(execution, traced.trace.config, by_index)
     moe_routing = routing_of(traced.workload.model)  # DeepEP's sends and the expert overlap's layers
     estimate = collective_estimator(cluster, execution, moe_routing if execution.token_dispatcher == "deepep" else {})
-    contention = _contention(cluster, gpu, by_index, estimate)
+    chunks = tensor_parallel_chunks(execution, traced.trace, by_index)
+    copied = (lambda index: chunks(index) is not None) if chunks is not None and execution.async_tp else None
+    contention = _contention(cluster, gpu, by_index, estimate, copied)
     fsdp_streams = engine_streams(traced.trace)
     comm = overlap(prediction.step, traced.trace, collective_timer(estimate, by_index, pipelined, coalesced),
-                   contention, stream_of=lambda index: by_index[index].stream,
-                   pipelined=tensor_parallel_chunks(execution, traced.trace, by_index),
+                   contention, stream_of=lambda index: by_index[index].stream, pipelined=chunks,
                    side_streams=fsdp_streams, event_waits=engine_waits(traced.trace, fsdp_streams),
                    reduced_after=async_tensor_parallel_sums(execution, gpu, profile, by_index))
     once = [t for t in prediction.step.ops if once_per_step(t.count.event)]

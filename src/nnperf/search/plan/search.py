@@ -60,7 +60,7 @@ from nnperf.search.plan.axes import (
     unheld_interleaving,
 )
 from nnperf.search.plan.bounds import same_work, work_bound
-from nnperf.search.plan.evaluate import evaluate
+from nnperf.search.plan.evaluate import ASYNC_TP_NEEDS_COMPILE, evaluate
 from nnperf.search.plan.framework import framework_kinds, runs_layout
 from nnperf.search.plan.layouts import (
     PipelineSplitChoice,
@@ -386,8 +386,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
               "expert_tensor": expert_tensor, "token_dispatcher": token_dispatcher, "expert_overlap": expert_overlap,
               "optimizer_states": optimizer_states, "grad_reduce_in_fp32": grad_reduce_in_fp32}
     if async_tp and results and not any(p.execution.async_tp for p in results):
-        left_out.append("--async-tp: no layout searched is one torch runs with tensor and sequence parallelism "
-                        "(fsdp or hsdp beside --tp, or --tp alone): it applies to none of them")
+        left_out.append("--async-tp: no layout searched is one torch runs with tensor and sequence "
+                        "parallelism (fsdp or hsdp beside --tp, or --tp alone): it applies to none of them")
     if grad_reduce_in_fp32 and any(p.execution.data_parallel == 1 for p in results):
         left_out.append(f"layouts without data parallelism reduce no gradients: they keep them in {options.dtype} "
                         "(--grad-reduce-in-fp32 is ZeRO-1's)")
@@ -640,8 +640,7 @@ def check_async_tp(async_tp: bool, options: TraceOptions, framework: str | None,
     if not async_tp:
         return
     if options.pointwise != "fused":
-        raise UsageError("--async-tp is torch's async tensor parallelism, which Inductor's compiled blocks run "
-                         "(torchtitan refuses it without torch.compile): add --pointwise fused")
+        raise UsageError(ASYNC_TP_NEEDS_COMPILE)
     if framework == "megatron":
         raise UsageError("--async-tp is torch's async tensor parallelism (torchtitan's) and --framework megatron "
                          "plans Megatron-LM's layouts: give --framework torch or auto, or Megatron-LM's own "
