@@ -138,49 +138,26 @@ def test_zero1_with_experts_is_planned_not_measured(tmp_path):
     assert len(result.output.strip().splitlines()) == 1, result.output
 
 
-def test_async_tp_is_planned_not_measured(tmp_path):
-    """The ranks run DTensor's collectives eagerly, not Inductor's compiled blocks: a layout
-    planned with --async-tp is one line, not a measurement of something else."""
+GPT2 = ["gpt2", "-O", "n_layer=2", "--seq", "128"]
+
+
+@pytest.mark.parametrize(("workload", "layout", "field", "flag"), [
+    ([*GPT2, "--pointwise", "fused"], ["--tp", "2", "--data", "fsdp"], "async_tp", "--async-tp"),
+    (GPT2, ["--tp", "2", "--data", "zero1"], "tp_comm_overlap", "--tp-comm-overlap"),
+    (MOE, ["--tp", "1", "--ep", "2", "--data", "ddp"], "expert_overlap", "--ep-overlap"),
+])
+def test_an_overlap_the_ranks_do_not_run_is_planned_not_measured(tmp_path, workload, layout, field, flag):
+    """The ranks run DTensor's collectives eagerly and each micro-batch's forward and backward
+    one after the other: a layout planned with torch's async TP (Inductor's compiled blocks),
+    Transformer Engine's userbuffers or Megatron-Core's combined 1F1B is one line, not a
+    measurement of something else."""
     path = tmp_path / "plan.json"
-    workload = ["gpt2", "-O", "n_layer=2", "--seq", "128", "--pointwise", "fused"]
-    planned = CliRunner().invoke(cli, ["plan", *workload, "--gpu", "h100", "--gpus", "4", "--tp", "2", "--pp", "1",
-                                       "--data", "fsdp", "--async-tp", "-o", str(path)])
+    planned = CliRunner().invoke(cli, ["plan", *workload, "--gpu", "h100", "--gpus", "4", "--pp", "1", *layout, flag,
+                                       "-o", str(path)])
     assert planned.exit_code == 0, planned.output
     ranked = json.loads(path.read_text())["ranked"]
-    at = next(i for i, r in enumerate(ranked) if r["execution"]["async_tp"])
+    at = next(i for i, r in enumerate(ranked) if r["execution"][field])
     env = {"WORLD_SIZE": None, "RANK": None, "LOCAL_RANK": None}
     result = CliRunner(env=env).invoke(cli, ["measure", *workload, "--device", "cpu", "--layout", f"{path}:{at}"])
-    assert result.exit_code == 2 and "--async-tp is planned, not run" in result.output
-    assert len(result.output.strip().splitlines()) == 1, result.output
-
-
-def test_tp_comm_overlap_is_planned_not_measured(tmp_path):
-    """The ranks run DTensor's collectives, not Transformer Engine's userbuffers: a layout
-    planned with --tp-comm-overlap is one line, not a measurement of something else."""
-    path = tmp_path / "plan.json"
-    planned = CliRunner().invoke(cli, ["plan", "gpt2", "-O", "n_layer=2", "--seq", "128", "--gpu", "h100", "--gpus", "4",
-                                       "--tp", "2", "--pp", "1", "--data", "zero1", "--tp-comm-overlap", "-o", str(path)])
-    assert planned.exit_code == 0, planned.output
-    ranked = json.loads(path.read_text())["ranked"]
-    at = next(i for i, r in enumerate(ranked) if r["execution"]["tp_comm_overlap"])
-    env = {"WORLD_SIZE": None, "RANK": None, "LOCAL_RANK": None}
-    result = CliRunner(env=env).invoke(cli, ["measure", "gpt2", "-O", "n_layer=2", "--seq", "128", "--device", "cpu",
-                                             "--layout", f"{path}:{at}"])
-    assert result.exit_code == 2 and "--tp-comm-overlap is planned, not run" in result.output
-    assert len(result.output.strip().splitlines()) == 1, result.output
-
-
-
-def test_the_expert_overlap_is_planned_not_measured(tmp_path):
-    """The ranks run each micro-batch's forward and backward one after the other: a DDP layout
-    planned with --ep-overlap is one line, not a measurement of something else."""
-    path = tmp_path / "plan.json"
-    planned = CliRunner().invoke(cli, ["plan", *MOE, "--gpu", "h100", "--gpus", "4", "--tp", "1", "--pp", "1",
-                                       "--ep", "2", "--data", "ddp", "--ep-overlap", "-o", str(path)])
-    assert planned.exit_code == 0, planned.output
-    ranked = json.loads(path.read_text())["ranked"]
-    at = next(i for i, r in enumerate(ranked) if r["execution"]["expert_overlap"])
-    env = {"WORLD_SIZE": None, "RANK": None, "LOCAL_RANK": None}
-    result = CliRunner(env=env).invoke(cli, ["measure", *MOE, "--device", "cpu", "--layout", f"{path}:{at}"])
-    assert result.exit_code == 2 and "--ep-overlap is planned, not run" in result.output
+    assert result.exit_code == 2 and f"{flag} is planned, not run" in result.output
     assert len(result.output.strip().splitlines()) == 1, result.output
