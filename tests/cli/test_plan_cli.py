@@ -600,6 +600,22 @@ def test_an_end_stage_of_one_block_fewer_than_its_chunks():
     assert '--pipeline-model-parallel-layout "E|(t*1|)*6,L"' in result.output
 
 
+def _without_and_with(args: list[str], flag: str) -> tuple[dict, dict]:
+    """The JSON plans of ``args`` without and with ``flag``."""
+    docs = []
+    for extra in ([], [flag]):
+        result = CliRunner().invoke(cli, [*args, *extra])
+        assert result.exit_code == 0, result.output
+        docs.append(json.loads(result.output))
+    return docs[0], docs[1]
+
+
+def _tensor_parallel_exposed(row: dict) -> float:
+    """A ranked layout's exposed all-gathers and reduce-scatters."""
+    exposed = row["time_split_s"]["exposed_communication_s"]
+    return exposed.get("all_gather", 0.0) + exposed.get("reduce_scatter", 0.0)
+
+
 def test_megatron_layouts_with_tp_comm_overlap():
     """--tp-comm-overlap: ZeRO-1 beside TP 2 with sequence parallelism runs Megatron-LM's
     --tp-comm-overlap (the JSON says so), its block collectives beside their GEMMs: less
@@ -607,12 +623,7 @@ def test_megatron_layouts_with_tp_comm_overlap():
     args = ["plan", "gpt2", "-O", "n_layer=4", "-O", "n_head=16", "-O", "n_embd=2048", "--batch", "8", "--seq",
             "1024", "--amp", "bf16", "--gpu", "h100", "--gpus", "8", "--tp", "2", "--pp", "1", "--data", "zero1",
             "--json"]
-    docs = []
-    for extra in ([], ["--tp-comm-overlap"]):
-        result = CliRunner().invoke(cli, [*args, *extra])
-        assert result.exit_code == 0, result.output
-        docs.append(json.loads(result.output))
-    plain, overlapped = docs
+    plain, overlapped = _without_and_with(args, "--tp-comm-overlap")
     assert overlapped["search"]["tp_comm_overlap"] and not plain["search"]["tp_comm_overlap"]
     sequence_parallel = [r for r in overlapped["ranked"] if r["execution"]["sequence_parallel"]]
     assert sequence_parallel and all(r["execution"]["tp_comm_overlap"] for r in sequence_parallel)
@@ -621,8 +632,7 @@ def test_megatron_layouts_with_tp_comm_overlap():
     def tensor_parallel_exposed(doc, execution):
         row = next(r for r in doc["ranked"] + doc["rejected"]
                    if {**r["execution"], "tp_comm_overlap": False} == {**execution, "tp_comm_overlap": False})
-        exposed = row["time_split_s"]["exposed_communication_s"]
-        return row, exposed.get("all_gather", 0.0) + exposed.get("reduce_scatter", 0.0)
+        return row, _tensor_parallel_exposed(row)
 
     first = sequence_parallel[0]["execution"]
     with_overlap, hidden = tensor_parallel_exposed(overlapped, first)
@@ -1012,23 +1022,13 @@ def test_torch_layouts_with_async_tp():
             "-O", "ffn_hidden=11008", "-O", "vocab=1000", "--batch", "4", "--seq", "2048", "--amp", "bf16",
             "--pointwise", "fused", "--gpu", "h100", "--gpus", "8", "--tp", "4", "--pp", "1", "--data", "fsdp",
             "--sequence-parallel", "--checkpoint", "none", "--json"]
-    docs = []
-    for extra in ([], ["--async-tp"]):
-        result = CliRunner().invoke(cli, [*args, *extra])
-        assert result.exit_code == 0, result.output
-        docs.append(json.loads(result.output))
-    plain, pipelined = docs
+    plain, pipelined = _without_and_with(args, "--async-tp")
     assert pipelined["search"]["async_tp"] and not plain["search"]["async_tp"]
     assert pipelined["ranked"] and all(r["execution"]["async_tp"] for r in pipelined["ranked"])
     assert "enable_async_tensor_parallel = true" in pipelined["torchtitan"]
 
-    def tensor_parallel_exposed(doc):
-        row = doc["ranked"][0]
-        exposed = row["time_split_s"]["exposed_communication_s"]
-        return row, exposed.get("all_gather", 0.0) + exposed.get("reduce_scatter", 0.0)
-
-    with_async, hidden = tensor_parallel_exposed(pipelined)
-    without, shown = tensor_parallel_exposed(plain)
+    with_async, without = pipelined["ranked"][0], plain["ranked"][0]
+    hidden, shown = _tensor_parallel_exposed(with_async), _tensor_parallel_exposed(without)
     assert {**with_async["execution"], "async_tp": False} == without["execution"]
     assert hidden < shown and with_async["collectives"] == without["collectives"]
     assert with_async["time_split_s"]["compute_s"] > without["time_split_s"]["compute_s"]

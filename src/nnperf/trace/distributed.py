@@ -111,8 +111,11 @@ def trace_rank(
             trace.config["fused_linears"] = fused.groups
             trace.config["fused_sums"] = fused.sums
     trace.config["rank"] = rank
+    def tensor_group() -> str:  # the mesh's tensor-parallel group (its first dimension)
+        return world["meshes"][shape][0].get_group().group_name
+
     # the tensor-parallel group Megatron-LM's sequence parallelism gathers and scatters over
-    tp_group = world["meshes"][shape][0].get_group().group_name if execution.megatron_sequence_parallel else None
+    tp_group = tensor_group() if execution.megatron_sequence_parallel else None
     if tp_group is not None:
         # ... on sequence-first tensors, without the copies a batch-first trace makes around them
         trace.config["not_copied"] = batch_first_copies(trace, collectives, tp_group)
@@ -135,7 +138,7 @@ def trace_rank(
     if options.fp8 and (execution.megatron_layout or fp8_sequence_parallel):
         # ... as Transformer Engine casts a sequence-parallel shard before gathering it, a fused
         # layer's input once
-        tp = world["meshes"][shape][0].get_group().group_name if fp8_sequence_parallel else tp_group
+        tp = tensor_group() if fp8_sequence_parallel else tp_group
         gathers = frozenset(c.index for c in collectives if c.kind == "all_gather" and c.group == tp)
         casts = megatron_fp8_casts(trace, gathers, execution.tensor)
         trace.config["fp8_cast_shares"] = casts.shares
@@ -145,7 +148,7 @@ def trace_rank(
         # the tensor-parallel group and the repeated blocks (as the trace names modules): what
         # Megatron-LM's linears, Transformer Engine's userbuffers and torch's async tensor
         # parallelism overlap with their GEMMs (``search.plan.rank.tensor_parallel_chunks``)
-        trace.config["tensor_parallel_group"] = tp_group or world["meshes"][shape][0].get_group().group_name
+        trace.config["tensor_parallel_group"] = tp_group or tensor_group()
         trace.config["blocks"] = block_names(workload.model)
     if execution.data_parallel > 1:
         # the data-parallel engine's process groups: a pipeline synchronizes over them once per

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -198,15 +199,13 @@ def async_tensor_parallel_chunks(execution: Execution, trace: Trace, collectives
     input gradient's matmul, while the column-parallel layers' input gradients are
     reduce-scattered after their sum where several read one input (q, k and v's, w1 and w3's:
     an add between the matmuls and it, so not fused), fused where one does (GPT-2's c_attn and
-    c_fc). Outside the compiled blocks (embedding, output layer) nothing is."""
-    def chunks(index: int) -> int | None:
-        c = collectives[index]
-        if c.group != group or not in_block(c) or c.kind not in ("all_gather", "reduce_scatter"):
-            return None
-        if c.kind == "reduce_scatter" and not fed_by_matmul(trace, index):
-            return None
-        return execution.tensor
-    return chunks
+    c_fc). Outside the compiled blocks (embedding, output layer) nothing is. Decided once per
+    trace: the timeline and the contention ask for each collective again."""
+    writers = storage_writers(trace)
+    ours = [c for c in collectives.values() if c.group == group and in_block(c)]
+    pipelined = {c.index: execution.tensor for c in ours
+                 if c.kind == "all_gather" or (c.kind == "reduce_scatter" and fed_by_matmul(trace, c.index, writers))}
+    return pipelined.get
 
 
 #: The ops between a matmul and a reduce-scatter that Inductor's micro-pipeline pass matches
@@ -219,17 +218,28 @@ _MOVES = frozenset({"aten.view", "aten._unsafe_view", "aten.reshape", "aten.spli
 _MATMULS = frozenset({"aten.mm", "aten._scaled_mm"})
 
 
-def fed_by_matmul(trace: Trace, index: int) -> bool:
+def storage_writers(trace: Trace) -> dict[int, list[int]]:
+    """Each storage's writers: the indices of the events that output it, in trace order."""
+    writers: dict[int, list[int]] = defaultdict(list)
+    for e in trace.events:
+        for m in e.outputs:
+            writers[m.storage].append(e.index)
+    return writers
+
+
+def fed_by_matmul(trace: Trace, index: int, writers: dict[int, list[int]]) -> bool:
     """Whether the collective at event ``index`` reduces what a matmul wrote, through the ops
     Inductor matches through (``_MOVES``): the reduce-scatter it fuses with its matmul. The
-    latest writer of each storage read is followed back, one op at a time."""
+    latest writer of each storage read (``writers``: ``storage_writers``) is followed back, one
+    op at a time."""
     events = trace.events
     storage = events[index].inputs[0].storage if events[index].inputs else None
     at = index
     while storage is not None:
-        writer = next((e for e in reversed(events[:at]) if any(m.storage == storage for m in e.outputs)), None)
-        if writer is None:
+        earlier = bisect.bisect_left(writers.get(storage, []), at)
+        if earlier == 0:
             return False
+        writer = events[writers[storage][earlier - 1]]
         if writer.name in _MATMULS:
             return True
         if writer.name not in _MOVES or not writer.inputs:

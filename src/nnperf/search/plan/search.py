@@ -381,7 +381,8 @@ def plan(request: ModelRequest, options: TraceOptions, gpu: GPU, gpus: int, clus
               "first_stage_layers": split.first, "last_stage_layers": split.last,
               "data": [k for k in DATA_KINDS if k in kinds],
               "checkpoint": [names[CHECKPOINTS[i]] for i in levels],
-              "reshard_after_forward": sorted(set(reshard), reverse=True), "tp_comm_overlap": tp_comm_overlap, "async_tp": async_tp,
+              "reshard_after_forward": sorted(set(reshard), reverse=True), "tp_comm_overlap": tp_comm_overlap,
+              "async_tp": async_tp,
               "loss_fusion": loss_fusion, "micro_batch": None if sizes is None else sorted(sizes),
               "expert_tensor": expert_tensor, "token_dispatcher": token_dispatcher, "expert_overlap": expert_overlap,
               "optimizer_states": optimizer_states, "grad_reduce_in_fp32": grad_reduce_in_fp32}
