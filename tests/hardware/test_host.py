@@ -12,6 +12,7 @@ from nnperf.analysis import analyze
 from nnperf.cli.app import cli
 from nnperf.errors import UsageError
 from nnperf.hardware import default_profile, load_gpu, load_profile
+from nnperf.hardware.cluster import load_cluster
 from nnperf.hardware.host import list_hosts, load_host, with_host
 from nnperf.prediction import predict_analysis
 
@@ -124,3 +125,44 @@ def test_an_unknown_optimizer_step_in_a_profile_is_one_line(tmp_path):
     path.write_text('host_optimizer_step_s = { "lamb/fused" = 1e-5 }\n')
     with pytest.raises(UsageError, match="unknown optimizer step 'lamb/fused'; valid: adamw/single"):
         load_profile(path, load_gpu("a100"))
+
+
+CLUSTER_FILE = ('name = "mine"\ngpu = "h100-sxm"\ngpus_per_node = 8\n{host}[intra]\nlink_gbs = 450\n'
+                'efficiency = 0.8\nlatency_us = 10\n[inter]\nlink_gbs = 50\nefficiency = 0.8\nlatency_us = 25\n')
+
+
+def test_a_cluster_names_the_cpu_of_its_nodes(tmp_path):
+    """A DGX's own CPU (its datasheet: DGX H100 and H200 2x Xeon Platinum 8480C, DGX A100 2x
+    EPYC 7742); a cluster file naming none is the rented GPU's cloud VM; a host the table does
+    not hold is one line naming those it does."""
+    assert load_cluster("dgx-h100").host == load_cluster("dgx-h200").host == "xeon-8480c"
+    assert load_cluster("dgx-a100").host == "epyc-7742"
+    path = tmp_path / "mine.toml"
+    path.write_text(CLUSTER_FILE.format(host=""))
+    assert load_cluster(str(path)).host == "cloud-vm"
+    path.write_text(CLUSTER_FILE.format(host='host = "epyc-9654"\n'))
+    assert load_cluster(str(path)).host == "epyc-9654"
+    path.write_text(CLUSTER_FILE.format(host='host = "epyc-9645"\n'))
+    with pytest.raises(UsageError, match=r"field 'host' is the string 'epyc-9645'; expected one of .*epyc-9654"):
+        load_cluster(str(path))
+
+
+PLAN = ["plan", "gpt2", "-O", "n_layer=2", "--batch", "2", "--seq", "128", "--amp", "bf16", "--gpu", "h100",
+        "--gpus", "8", "--tp", "1", "--pp", "1", "--data", "ddp", "--json"]
+
+
+def test_a_plan_prices_the_host_of_its_cluster_or_the_one_named():
+    """DGX H100 ranks issue their ops from a 3.8 GHz Xeon Platinum 8480C, not the 2.44 GHz cloud
+    VM the defaults were measured on: the same layout's host time is longer by up to
+    3.8 / 2.44 with --host cloud-vm (less where part of it is not the core's: a round trip to
+    the device, each further kernel's launch); the JSON says whose it is; an unknown host is one line."""
+    dgx = CliRunner().invoke(cli, PLAN)
+    vm = CliRunner().invoke(cli, [*PLAN, "--host", "cloud-vm"])
+    assert dgx.exit_code == vm.exit_code == 0, dgx.output + vm.output
+    dgx_doc, vm_doc = json.loads(dgx.output), json.loads(vm.output)
+    assert dgx_doc["cluster"]["host"] == "xeon-8480c" and vm_doc["cluster"]["host"] == "cloud-vm"
+    on_dgx, on_vm = (d["ranked"][0]["time_split_s"]["host_s"] for d in (dgx_doc, vm_doc))
+    assert 1.3 < on_vm / on_dgx <= 3.8 / 2.44 + 1e-9
+    bad = CliRunner().invoke(cli, [*PLAN, "--host", "xeon-8480"])
+    assert bad.exit_code == 2 and "unknown host 'xeon-8480'; did you mean 'xeon-8480c'?" in bad.output
+    assert len(bad.output.strip().splitlines()) == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import click
@@ -175,6 +176,11 @@ def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> l
                    "pipeline's smaller ones while faster).")
 @click.option("--cluster", "cluster_name", default=None,
               help="Built-in cluster (dgx-a100, dgx-h100, dgx-h200) or a cluster TOML file.")
+@click.option("--host", "host_name", metavar="CPU", default=None,
+              help="The nodes' host CPU eager PyTorch dispatches from, e.g. cloud-vm or xeon-8480c "
+                   "(hardware/hosts.toml): host costs scale with its single-core clock. Default: the "
+                   "cluster's (a DGX's own CPU; cloud-vm, the virtual machine a rented GPU comes with, "
+                   "for a cluster file that names none).")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON document.")
 @click.option("--output", "-o", "output", type=click.Path(dir_okay=False), default=None,
               help="Write the JSON document to this file (atomically: an interrupted run leaves the old file), "
@@ -186,13 +192,15 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
          checkpoint_text: str, reshard_text: str,
          schedules: tuple[str, ...], vpp_text: str, first_stage_layers: int | None, last_stage_layers: int | None,
          tp_comm_overlap: bool, async_tp: bool, loss_fusion: bool, sequence_parallel: bool | None, micro_text: str,
-         cluster_name: str | None, as_json: bool, output: str | None, **kwargs: Any) -> None:
+         cluster_name: str | None, host_name: str | None, as_json: bool, output: str | None,
+         **kwargs: Any) -> None:
     """Rank the layouts of MODEL on --gpus GPUs (data parallelism: DDP, ZeRO-1, FSDP2, HSDP; tensor
     parallelism with sequence parallelism; pipeline schedules; activation checkpointing and
     gradient accumulation; expert parallelism for mixture-of-experts models): step time, throughput, MFU, per-GPU memory, exposed communication,
     pipeline bubble; and the winner as a torchtitan config with its torchrun command, Megatron-LM
     arguments and a DeepSpeed config where those engines have the layout."""
     from nnperf.hardware.cluster import cluster_for_gpu, load_cluster
+    from nnperf.hardware.host import load_host
     from nnperf.layout import DATA_ENGINES, INTERLEAVE
     from nnperf.search.plan import CHECKPOINT_NAMES, DATA_KINDS, DEFAULT_SCHEDULES, smallest_memory
     from nnperf.search.plan import plan as run_plan
@@ -207,6 +215,8 @@ def plan(gpu: GPU, n_gpus: int, nodes_of: int | None, global_batch: int | None, 
         raise UsageError(f"no built-in cluster of {gpu.name}; give --cluster with a built-in one whose links "
                          f"its nodes share ({', '.join(list_clusters())}: its links with this GPU), or "
                          "a cluster FILE (a copy of hardware/clusters/dgx-h100.toml)")
+    if host_name is not None:
+        cluster = replace(cluster, host=load_host(host_name).id)
     nodes = nodes_of or cluster.gpus_per_node
     if n_gpus > nodes and n_gpus % nodes:
         low, high = n_gpus // nodes * nodes, (n_gpus // nodes + 1) * nodes
@@ -397,7 +407,7 @@ def _print(result: Any, configs: dict[str, Any]) -> None:
     from nnperf.units import rate
 
     click.echo(f"{model_label(result.model, result.model_options)} on {result.gpus} x {result.gpu.label} "
-               f"({result.cluster.name}), "
+               f"({result.cluster.name}, host {result.cluster.host}), "
                f"global batch {result.global_batch} ({result.options.describe()}); "
                f"{result.traces} rank role{'' if result.traces == 1 else 's'} traced")
     for i, p in enumerate(result.ranked, 1):

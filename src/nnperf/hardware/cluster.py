@@ -11,6 +11,10 @@ absent: that slowdown is not modelled for the tier). Two facts feed
 NCCL's own latency model (``kernels.nccl_tuning``): ``host_cpu`` (``intel`` or ``amd``: NCCL's
 cost of posting a network send) and ``intra.link`` (``nvlink`` or ``pcie``: the per-hop latency
 inside a node, and whether NCCL runs its LL128 protocol); both default to a DGX-like node.
+``host`` (optional): the nodes' CPU by its id in ``hardware/hosts.toml`` (``xeon-8480c``), whose
+single-core clock the plan rescales the eager host costs to (``hardware.host.with_host``: a
+rank's host time, the launches and dispatch of its ops); absent, the default profile's host,
+the cloud VM a rented GPU comes with.
 ``intra.nvls_busbw_gbs`` (optional): the nccl-tests bus bandwidth of an all-reduce that NVLink
 SHARP reduces in the switch (Hopper NVSwitch nodes); absent, NCCL's NVLS is not modelled.
 Values nobody measured are listed in ``unverified``; ``sources`` says where the others come
@@ -25,6 +29,7 @@ from typing import Any
 
 from nnperf import fields
 from nnperf.errors import UsageError
+from nnperf.hardware.host import DEFAULT_HOST, list_hosts
 from nnperf.hardware.schema import read_toml
 
 CLUSTER_DIR = Path(__file__).parent / "clusters"
@@ -64,6 +69,7 @@ class Cluster:
     sources: tuple[str, ...] = ()
     host_cpu: str = "intel"  # intel | amd: NCCL's network post overhead
     generation: str = "hopper"  # the GPU's architecture, lower case (NCCL's LL bandwidth cap)
+    host: str = DEFAULT_HOST  # the nodes' CPU, an id of hardware/hosts.toml: its dispatch costs
 
     def to_json(self) -> dict[str, Any]:
         def tier(t: Tier) -> dict[str, Any]:
@@ -72,7 +78,7 @@ class Cluster:
                     "collective_ctas": t.collective_ctas}
 
         return {"id": self.id, "name": self.name, "gpu": self.gpu, "gpus_per_node": self.gpus_per_node,
-                "intra": tier(self.intra), "inter": tier(self.inter),
+                "intra": tier(self.intra), "inter": tier(self.inter), "host": self.host,
                 "unverified": list(self.unverified), "sources": list(self.sources)}
 
 
@@ -99,10 +105,11 @@ def load_cluster(name_or_path: str) -> Cluster:
     name = fields.text(data["name"], f"{origin}: field 'name'")
     gpu = fields.text(data["gpu"], f"{origin}: field 'gpu'")
     host_cpu = fields.text(data.get("host_cpu", "intel"), f"{origin}: field 'host_cpu'", HOST_CPUS)
+    host = fields.text(data.get("host", DEFAULT_HOST), f"{origin}: field 'host'", tuple(list_hosts()))
     return Cluster(path.stem, name, gpu, gpus_per_node, *tiers,
                    fields.texts(data.get("unverified", []), f"{origin}: field 'unverified'"),
                    fields.texts(data.get("sources", []), f"{origin}: field 'sources'"),
-                   host_cpu, _generation(gpu, origin))
+                   host_cpu, _generation(gpu, origin), host)
 
 
 def _generation(gpu_id: str, origin: str) -> str:

@@ -21,6 +21,9 @@ from nnperf.hardware import schema
 from nnperf.hardware.profile import DeviceProfile
 
 HOSTS_FILE = Path(__file__).parent / "hosts.toml"
+#: The host the shipped default profile's costs were measured on (``default_profile.toml``'s
+#: ``host``): what a cluster without a ``host`` of its own is planned with.
+DEFAULT_HOST = "cloud-vm"
 #: The host costs in seconds of one core's work (``host_in_context`` is a ratio: it stays).
 _HOST_FIELDS = ("host_dispatch_s", "host_view_s", "host_python_call_s", "host_autograd_record_s",
                 "host_view_autograd_s", "host_module_call_s", "host_module_hook_s", "host_autocast_op_s",

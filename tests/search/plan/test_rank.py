@@ -99,6 +99,16 @@ def test_megatron_tensor_parallelism_pays_no_dtensor_dispatch():
     assert plain_ops < dtensor_ops
 
 
+def test_a_rank_is_priced_with_its_clusters_host():
+    """The host costs of a DGX H100 rank: the defaults' (a 2.44 GHz cloud-VM core) times
+    2.44 / 3.8, the Xeon Platinum 8480C's turbo clock (Intel ARK)."""
+    execution = Execution(world=2, tensor=2, micro_batch=2)
+    default, dgx = default_profile(GPU), rank_profile(execution, GPU, CLUSTER.host)
+    for field in ("host_dispatch_s", "host_view_s", "host_backward_node_s", "host_dtensor_dispatch_s"):
+        assert getattr(dgx, field) == pytest.approx(getattr(default, field) * 2.44 / 3.8), field
+    assert dgx.kernel_overhead_s == default.kernel_overhead_s and dgx.host == "xeon-8480c"
+
+
 @pytest.mark.parametrize(("schedule", "virtual"), [("1f1b", 1), ("interleaved-1f1b", 2)])
 def test_a_pipeline_from_its_stage_roles(schedule, virtual):
     """4 stages x 8 micro-batches: composed from one traced micro-batch per stage role against

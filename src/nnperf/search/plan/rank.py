@@ -32,6 +32,7 @@ from typing import Any
 from nnperf.analysis import Analysis
 from nnperf.hardware import GPU, DeviceProfile, default_profile
 from nnperf.hardware.cluster import Cluster
+from nnperf.hardware.host import DEFAULT_HOST, load_host, with_host
 from nnperf.kernels.collectives import (
     CollectiveEstimate,
     bus_factor,
@@ -267,13 +268,14 @@ def async_tensor_parallel_sums(execution: Execution, gpu: GPU, profile: DevicePr
     return seconds
 
 
-def rank_profile(execution: Execution, gpu: GPU) -> DeviceProfile:
-    """The device profile a rank of ``execution`` is priced with. Megatron-LM's tensor-parallel
-    layers (Megatron-Core's ColumnParallelLinear and RowParallelLinear) run on plain tensors and
-    call their collectives themselves, so a layout only Megatron-LM runs
+def rank_profile(execution: Execution, gpu: GPU, host: str = DEFAULT_HOST) -> DeviceProfile:
+    """The device profile a rank of ``execution`` is priced with, its host costs those of the
+    cluster's CPU (``host``, an id of ``hardware/hosts.toml``: ``Cluster.host``). Megatron-LM's
+    tensor-parallel layers (Megatron-Core's ColumnParallelLinear and RowParallelLinear) run on
+    plain tensors and call their collectives themselves, so a layout only Megatron-LM runs
     (``Execution.megatron_layout``) pays no DTensor dispatch on the host: the DTensor of the
     traced stand-in is the trace's means, not the run's cost (its ops are charged as plain ones)."""
-    profile = default_profile(gpu)
+    profile = with_host(default_profile(gpu), load_host(host))
     if not execution.megatron_layout:
         return profile
     return replace(profile, host_dtensor_dispatch_s=0.0, host_dtensor_list_tensor_s=0.0)
@@ -289,7 +291,7 @@ def rank_cost(request: ModelRequest, options: TraceOptions, execution: Execution
     name, build = resolve(request)
     traced = trace_rank(build, options, execution, units or repeated_blocks, prepare, rank=rank)
     analysis = Analysis.from_trace(name, options, traced.trace, traced.workload)
-    profile = rank_profile(execution, gpu)
+    profile = rank_profile(execution, gpu, cluster.host)
     prediction = predict_analysis(analysis, gpu, profile)
     by_index = {c.index: c for c in traced.collectives}
     pipelined = execution.pipeline > 1
