@@ -9,6 +9,7 @@ import pytest
 
 from nnperf.analysis import analyze
 from nnperf.hardware import default_profile, load_gpu
+from nnperf.passes.fusion import fused_groups
 from nnperf.passes.host_time import HostCosts
 from nnperf.passes.timing import simulate_step
 
@@ -28,26 +29,40 @@ def _profile(**changes):
         kernel_overhead_s=0.0, host_dtensor_dispatch_s=0.0, host_dtensor_list_tensor_s=0.0, **changes)
 
 
-def _expected(trace, counts, profile, optimizer_step: float | None = None) -> float:
-    """The parts added up event by event, independently of ``HostCosts``."""
+def _expected(trace, counts, profile, optimizer_step: float | None = None, compiled: bool = False) -> float:
+    """The parts added up event by event, independently of ``HostCosts``. ``compiled``: the
+    blocks' ops as Inductor's wrapper issues them, each kernel one call from Python and a view
+    nothing, a block's pointwise group one kernel; each call of a block one module call and one
+    autograd node in forward, one backward node in backward."""
     category = {c.event.index: c.category for c in counts}
-    total, node, in_backward = 0.0, -1, False
+    fused_away = {i for group in fused_groups(trace, counts).values() for i in group.members[1:]}
+    total, node, in_backward, call = 0.0, -1, False, -1
     optimizer = [e for e in trace.events if e.phase == "optimizer"]
     for e in trace.events:
+        in_block = compiled and e.block_call >= 0
         if optimizer_step is not None and e.phase == "optimizer":
             total += optimizer_step / len(optimizer)
+        elif in_block:
+            if not e.free and e.index not in fused_away:
+                total += (20e-6 if category[e.index] == "gemm" else 10e-6) * 1.5
+            if e.phase != "backward" and e.block_call != call:
+                total += 3e-6 + 0.5e-6
         elif e.free or e.name == "aten._local_scalar_dense":
             total += (2e-6 if e.python_call else 1e-6) + (0.25e-6 if e.records_grad else 0.0)
         else:
             per_kind = 20e-6 if category[e.index] == "gemm" else 10e-6
             total += (per_kind if e.python_call else per_kind - 1e-6) * 1.5 + (0.5e-6 if e.records_grad else 0.0)
-        total += e.module_calls * 3e-6 + e.module_hooks * 4e-6
+        if not in_block:
+            total += e.module_calls * 3e-6 + e.module_hooks * 4e-6
+        call = e.block_call if e.phase != "backward" else -1
         if e.phase == "backward" and not in_backward:
             total += 40e-6
         in_backward = e.phase == "backward"
-        if e.backward_node >= 0 and e.backward_node != node:
-            node = e.backward_node
-            total += 5e-6
+        running = ("block", e.block_call) if in_block and e.phase == "backward" else e.backward_node
+        if running != -1 and running != node:
+            node = running
+            if e.index not in fused_away:
+                total += 5e-6
     if optimizer:
         total += 0.1e-6 * len(trace.param_storages)
     return total
@@ -79,3 +94,17 @@ def test_a_measured_optimizer_step_replaces_its_ops_prices():
     # another implementation has no measurement: its ops are priced one by one
     assert HostCosts.of(profile).optimizer("adamw", "foreach") is None
     assert HostCosts.of(profile).optimizer("adam", "fused").param_s == 2e-6  # Adam runs AdamW's code
+
+
+def test_compiled_blocks_issue_their_kernels_as_inductors_wrapper_does():
+    """torch.compile of each block (``pointwise="fused"`` with PyTorch's layers): a block's ops
+    pay no module call, autograd node, autocast or DTensor dispatch of their own, its views
+    nothing, and its backward is one node per call; the step outside the blocks is eager. The
+    same trace priced with Transformer Engine's layers (eager modules) costs more."""
+    analysis = analyze("gpt2", n_layer=2, seq_len=32, batch=2, optimizer="sgd", pointwise="fused")
+    trace, profile = analysis.trace, _profile()
+    assert any(e.block_call >= 0 for e in trace.events)
+    step = simulate_step(trace, analysis.ops, GPU, profile)
+    assert step.host_s == pytest.approx(_expected(trace, analysis.ops, profile, compiled=True), rel=1e-12)
+    eager = dataclasses.replace(trace, config={**trace.config, "linear_engine": "transformer-engine"})
+    assert simulate_step(eager, analysis.ops, GPU, profile).host_s > step.host_s

@@ -99,3 +99,21 @@ def test_the_first_op_of_a_python_call_is_marked():
     first_linear = ops.index(("aten.t", True))
     assert ops[first_linear + 1] == ("aten.addmm", False)
     assert ("aten.relu", True) in ops and ("aten.add", True) in ops
+
+
+def test_each_call_of_a_compiled_block_numbers_its_ops():
+    """With the blocks compiled (``pointwise="fused"``), the ops a block's forward runs, and those
+    of the backward nodes that forward made, carry that call's number (``OpEvent.block_call``),
+    in call order; the head's, the loss's and the optimizer's carry none, nor does an eager
+    step's, nor the engine's accumulation of a weight's gradient (a view: ``.grad`` is set to
+    the gradient detached)."""
+    compiled = analyze(Net(), inputs=(torch.randn(4, 8),), train=True, optimizer="sgd", pointwise="fused").trace
+    for e in compiled.events:
+        inside = e.module.split(".")[:2]
+        expected = int(inside[1]) if inside[0] == "blocks" and e.phase in ("forward", "backward") else -1
+        allowed = {expected, -1} if e.phase == "backward" and e.name == "aten.detach" else {expected}
+        assert e.block_call in allowed, (e.index, e.name, e.module, e.phase, e.block_call)
+    calls = [e.block_call for e in compiled.events if e.phase == "forward" and e.block_call >= 0]
+    assert calls == sorted(calls) and set(calls) == {0, 1}
+    assert {e.block_call for e in compiled.events if e.phase == "backward"} == {-1, 0, 1}
+    assert all(e.block_call == -1 for e in _trace(Net()).events)

@@ -106,6 +106,21 @@ class HostCosts:
         modules = event.module_calls * self.module_call_s + event.module_hooks * self.module_hook_s
         return base + grad + cast + modules + self.subclass_s(event)
 
+    def compiled_event_s(self, kind: str | None) -> float:
+        """Host seconds of an op inside a compiled block (``OpEvent.block_call``; ``kind``
+        None: a view): Inductor's generated wrapper calls each kernel from Python (a Triton
+        kernel's launcher, a library op such as ``extern_kernels.mm``, a functional collective)
+        on plain tensors, with no autograd node, module call, autocast or DTensor dispatch of its
+        own, all traced away when the block was compiled; a view costs nothing (Inductor
+        resolves it while compiling). Not counted: Dynamo's guard check on each call of the
+        block."""
+        return 0.0 if kind is None else self._launching_op(kind, python_call=True)
+
+    def compiled_call_s(self) -> float:
+        """A compiled block's own call: the module call and the one autograd node AOTAutograd's
+        function records for the whole block (its backward is that one node's)."""
+        return self.module_call_s + self.autograd_record_s
+
     def subclass_s(self, event: OpEvent) -> float:
         """What a tensor subclass's dispatch (DTensor: tensor parallelism, FSDP2's sharded
         parameters) adds to ``event`` on the host, on top of the op beneath it: also charged

@@ -36,7 +36,7 @@ them by event index.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -942,29 +942,41 @@ def simulate_step(
     params = len(trace.param_storages)
     optimizer_share = (measured_optimizer.seconds(params) / len(optimizer_events)
                        if measured_optimizer is not None else 0.0)
+    # torch.compile runs the fused blocks where PyTorch's layers do (Transformer Engine's layers
+    # are eager modules with fused kernels of their own): their ops are issued as Inductor's
+    # wrapper issues them, one backward node a block call (``HostCosts.compiled_event_s``)
+    compiled = bool(trace.config.get("fused_blocks")) and trace.config.get("linear_engine", PYTORCH) == PYTORCH
     pending = iter(counts)  # counts are the trace's non-free events, in trace order
     count = next(pending, None)
     host = device = busy = 0.0
-    node = -1  # the backward node whose ops the host is dispatching
+    node: Hashable = -1  # the backward node whose ops the host is dispatching
+    block_call = -1  # the compiled block's call whose forward the host is issuing
     in_backward = False
     ops: list[OpTime] = []
     slices: list[HostSlice] = []
     for event in trace.events:
         counted = count is not None and count.event is event
         group = groups.get(event.index) if counted else None
+        in_block = compiled and event.block_call >= 0
         if measured_optimizer is not None and event.phase == "optimizer":
             cost = optimizer_share + costs.subclass_s(event)  # measured on plain tensors
+        elif in_block:
+            cost = costs.compiled_event_s(count.category if counted else None)
+            if event.phase != "backward" and event.block_call != block_call:
+                cost += costs.compiled_call_s()
         else:
             cost = costs.event_s(event, count.category if counted else None,
                                  host_value=counted and _host_value_op(event, trace),
                                  autocast=autocast and event.phase == "forward")
+        block_call = event.block_call if event.phase != "backward" else -1
         if event.phase == "backward" and not in_backward:  # backward() hands the graph to the engine
             in_backward = True
             cost += costs.backward_call_s
         elif event.phase != "backward":
             in_backward = False
-        if event.backward_node >= 0 and event.backward_node != node:
-            node = event.backward_node
+        running = ("block", event.block_call) if in_block and event.phase == "backward" else event.backward_node
+        if running != -1 and running != node:
+            node = running
             cost += costs.node_s()
         issued = host
         if not counted:  # a view: host time only

@@ -53,7 +53,13 @@ from nnperf.trace.grad_scaler import GRAD_SCALER_MODULE, TracedGradScaler
 from nnperf.trace.options import DTYPES, TraceOptions
 from nnperf.trace.packing import mark_host
 from nnperf.trace.rebind import rebind_tensors
-from nnperf.trace.recorder import GraphLabeler, KnownStorages, ModuleStack, OpRecorder
+from nnperf.trace.recorder import (
+    GraphLabeler,
+    KnownStorages,
+    ModuleStack,
+    OpRecorder,
+    calls_of_blocks,
+)
 from nnperf.trace.routing import Routing, TraceFakeMode
 from nnperf.trace.state_warmup import skip_inplace_math
 from nnperf.trace.step import (
@@ -291,7 +297,8 @@ def _record(workload: Workload, step: Step) -> Trace:
               sdpa_mode(options.sdpa, cpu_kernels=options.autocast_device == "cpu"), traced_loss.tracing(),
               policy.installed() if policy is not None else contextlib.nullcontext()):
             # an inference output stays alive until the recording stops, as it always did
-            with _no_cyclic_collection():
+            compiled = block_names(model) if options.pointwise == "fused" else []
+            with _no_cyclic_collection(), calls_of_blocks(model, compiled, modules):
                 output = step.run(watch)
             watch.user_part = None
     except DATA_DEPENDENT as err:
@@ -354,7 +361,10 @@ FUSED_ASSUMPTION = (
     "between two other kernels run as one kernel over the bytes entering and leaving them "
     "(torch.compile of each block; Transformer Engine's fused layers); for backward they keep what "
     "enters and leaves them, not what they compute inside (recomputed in backward: its transient "
-    "is not counted)"
+    "is not counted); compiled (PyTorch's layers, not Transformer Engine's), a block's ops are "
+    "issued as Inductor's wrapper issues them: each kernel one call from Python, no module call, "
+    "autograd node or DTensor dispatch of its own, one autograd node for the block (Dynamo's guard "
+    "check on each call not counted)"
 )
 
 

@@ -98,6 +98,10 @@ class OpEvent:
     module_calls: int = 0
     module_hooks: int = 0
     backward_node: int = -1
+    # The call of a fused block (``config["fused_blocks"]``: a block torch.compile compiles)
+    # whose forward ran the op, or whose forward made the backward node running it: numbered
+    # in the order the calls began; -1 outside (a hook around the block, FSDP2's, runs eagerly)
+    block_call: int = -1
 
     @property
     def name(self) -> str:

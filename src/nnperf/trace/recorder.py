@@ -45,6 +45,9 @@ from nnperf.trace.state_warmup import skipped_foreach
 
 _LABEL_KEY = "nnperf.module"
 _NODE_KEY = "nnperf.node"
+_BLOCK_CALL_KEY = "nnperf.block_call"
+#: The namespaces of the ops FSDP2's hooks run around a block: no compiled graph's.
+_HOOKS_NAMESPACES = frozenset({"fsdp", "c10d"})
 _SKIPPED_NAMESPACES = {"prim", "profiler"}
 #: Collectives write buffers their schemas do not annotate: never "free" views.
 _COLLECTIVE_NAMESPACES = {"c10d", "_c10d_functional"}
@@ -97,6 +100,9 @@ class ModuleStack:
         self.hooks_pending = 0
         # a torch function called from Python has not dispatched its first aten op yet
         self.python_call_pending = False
+        # the fused block's call whose forward runs now (``OpEvent.block_call``), and the calls so far
+        self.block_call = -1
+        self._block_calls = 0
 
     def take_calls(self) -> tuple[int, int]:
         """(module calls, their hooks) since the last call: charged to the next recorded op."""
@@ -106,6 +112,16 @@ class ModuleStack:
 
     def current(self) -> str:
         return self.stack[-1]
+
+    @contextlib.contextmanager
+    def calling_block(self) -> Iterator[None]:
+        """Count the ops run meanwhile as one more call of a fused block's forward."""
+        outer, self.block_call = self.block_call, self._block_calls
+        self._block_calls += 1
+        try:
+            yield
+        finally:
+            self.block_call = outer
 
     def push(self, path: str) -> None:
         self.stack.append(path)
@@ -198,8 +214,10 @@ class GraphLabeler(TorchFunctionMode):
         return out
 
     def label(self, out: Any) -> None:
-        """Stamp the autograd nodes behind ``out`` not stamped yet with the module running now."""
-        path = self._modules.current()
+        """Stamp the autograd nodes behind ``out`` not stamped yet with the module running now,
+        and with the fused block's call running it (a gradient's accumulation into ``.grad``
+        stays outside the block: the engine runs it, not the block's backward)."""
+        path, call = self._modules.current(), self._modules.block_call
         flat, _ = tree_flatten(out)
         pending = [t.grad_fn for t in flat if isinstance(t, torch.Tensor) and t.grad_fn is not None]
         while pending:
@@ -208,6 +226,8 @@ class GraphLabeler(TorchFunctionMode):
             if _LABEL_KEY in meta:
                 continue
             meta[_LABEL_KEY] = path
+            if call >= 0 and type(node).__name__ != "AccumulateGrad":
+                meta[_BLOCK_CALL_KEY] = call
             pending.extend(nxt for nxt, _ in node.next_functions if nxt is not None)
 
 
@@ -435,6 +455,18 @@ class OpRecorder(TorchDispatchMode):
             self._nodes_seen += 1
         return number
 
+    def block_call(self, func: Any) -> int:
+        """The fused block's call running ``func`` (``OpEvent.block_call``): in backward, the one
+        whose forward made the running node. FSDP2's own ops and the process group's in-place
+        collectives, which its hooks run around a block (torch.compile's graphs call functional
+        collectives), are no call's."""
+        if getattr(func, "namespace", None) in _HOOKS_NAMESPACES:
+            return -1
+        if self.phase != "backward":
+            return self._modules.block_call
+        node = torch._C._current_autograd_node()
+        return -1 if node is None else node.metadata.get(_BLOCK_CALL_KEY, -1)
+
     def enter_module(self, path: str) -> None:
         """Count what runs next as ``path``'s forward, until ``leave_module``
         (``recomputing_module``)."""
@@ -519,6 +551,7 @@ class OpRecorder(TorchDispatchMode):
                 module_hooks=module_hooks,
                 backward_node=self.backward_node(),
                 python_call=python_call,
+                block_call=self.block_call(func),
             )
         )
         self._subclass_dispatches = self._subclass_list_tensors = 0
@@ -555,6 +588,7 @@ class OpRecorder(TorchDispatchMode):
             recomputed=self.recomputing(), subclass_dispatches=self._subclass_dispatches,
             subclass_list_tensors=self._subclass_list_tensors,
             values={"kept_pairs": (pairs.kept,), "executed_pairs": (pairs.executed,)},
+            block_call=self.block_call(func),
         ))
         self._subclass_dispatches = self._subclass_list_tensors = 0
         return out
@@ -611,6 +645,35 @@ def _host_value(t: Any) -> bool:
 
 #: Nesting depth of ``unrecorded()``: ops run meanwhile are an engine's bookkeeping.
 _UNRECORDED = [0]
+
+
+@contextlib.contextmanager
+def calls_of_blocks(model: torch.nn.Module, blocks: list[str], modules: ModuleStack) -> Iterator[None]:
+    """While it runs, each call of the forward of a block named in ``blocks`` (``model``'s fused
+    blocks) counts its ops as that call's (``ModuleStack.calling_block``): what torch.compile
+    compiles when torchtitan compiles each block, the forward itself; the hooks around it
+    (FSDP2's gathers and reductions) run outside, eagerly."""
+    wrapped: list[tuple[torch.nn.Module, Any]] = []
+    try:
+        for name in blocks:
+            block = model.get_submodule(name)
+            own = block.__dict__.get("forward")  # a forward set on the instance (checkpointing's)
+            block.forward = _counted(block.forward, modules)
+            wrapped.append((block, own))
+        yield
+    finally:
+        for block, own in wrapped:
+            if own is None:
+                del block.forward
+            else:
+                block.forward = own
+
+
+def _counted(forward: Callable[..., Any], modules: ModuleStack) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with modules.calling_block():
+            return forward(*args, **kwargs)
+    return call
 
 
 @contextlib.contextmanager
