@@ -13,7 +13,7 @@ from nnperf.cli.app import cli
 from nnperf.errors import UsageError
 from nnperf.hardware import default_profile, load_gpu, load_profile
 from nnperf.hardware.cluster import load_cluster
-from nnperf.hardware.host import list_hosts, load_host, with_host
+from nnperf.hardware.host import DEFAULT_HOST, list_hosts, load_host, with_host
 from nnperf.prediction import predict_analysis
 
 
@@ -142,9 +142,18 @@ def test_a_cluster_names_the_cpu_of_its_nodes(tmp_path):
     assert load_cluster(str(path)).host == "cloud-vm"
     path.write_text(CLUSTER_FILE.format(host='host = "epyc-9654"\n'))
     assert load_cluster(str(path)).host == "epyc-9654"
+    path.write_text(CLUSTER_FILE.format(host='host = "DGX A100"\n'))  # as --host takes it: its system
+    assert load_cluster(str(path)).host == "epyc-7742"
     path.write_text(CLUSTER_FILE.format(host='host = "epyc-9645"\n'))
-    with pytest.raises(UsageError, match=r"field 'host' is the string 'epyc-9645'; expected one of .*epyc-9654"):
+    with pytest.raises(UsageError, match=r"mine.toml: field 'host': unknown host 'epyc-9645'; did you mean "
+                                         r"'epyc-9654'\? valid hosts: .*cloud-vm"):
         load_cluster(str(path))
+
+
+def test_a_cluster_without_a_host_is_planned_with_the_defaults_own():
+    """The host a cluster file that names none gets is the one the shipped defaults were measured
+    on: its costs are then used as they are."""
+    assert DEFAULT_HOST == default_profile(load_gpu("h100")).host == "cloud-vm"
 
 
 PLAN = ["plan", "gpt2", "-O", "n_layer=2", "--batch", "2", "--seq", "128", "--amp", "bf16", "--gpu", "h100",

@@ -32,11 +32,12 @@ def _profile(**changes):
 def _expected(trace, counts, profile, optimizer_step: float | None = None, compiled: bool = False) -> float:
     """The parts added up event by event, independently of ``HostCosts``. ``compiled``: the
     blocks' ops as Inductor's wrapper issues them, each kernel one call from Python and a view
-    nothing, a block's pointwise group one kernel; each call of a block one module call and one
-    autograd node in forward, one backward node in backward."""
+    nothing, a block's pointwise group one kernel, no module call of their own; each call of a
+    block one autograd node in forward and one backward node, however its backward's ops
+    interleave with the engine's."""
     category = {c.event.index: c.category for c in counts}
     fused_away = {i for group in fused_groups(trace, counts).values() for i in group.members[1:]}
-    total, node, in_backward, call = 0.0, -1, False, -1
+    total, node, in_backward = 0.0, -1, False
     optimizer = [e for e in trace.events if e.phase == "optimizer"]
     for e in trace.events:
         in_block = compiled and e.block_call >= 0
@@ -45,8 +46,6 @@ def _expected(trace, counts, profile, optimizer_step: float | None = None, compi
         elif in_block:
             if not e.free and e.index not in fused_away:
                 total += (20e-6 if category[e.index] == "gemm" else 10e-6) * 1.5
-            if e.phase != "backward" and e.block_call != call:
-                total += 3e-6 + 0.5e-6
         elif e.free or e.name == "aten._local_scalar_dense":
             total += (2e-6 if e.python_call else 1e-6) + (0.25e-6 if e.records_grad else 0.0)
         else:
@@ -54,15 +53,18 @@ def _expected(trace, counts, profile, optimizer_step: float | None = None, compi
             total += (per_kind if e.python_call else per_kind - 1e-6) * 1.5 + (0.5e-6 if e.records_grad else 0.0)
         if not in_block:
             total += e.module_calls * 3e-6 + e.module_hooks * 4e-6
-        call = e.block_call if e.phase != "backward" else -1
         if e.phase == "backward" and not in_backward:
             total += 40e-6
         in_backward = e.phase == "backward"
-        running = ("block", e.block_call) if in_block and e.phase == "backward" else e.backward_node
-        if running != -1 and running != node:
-            node = running
-            if e.index not in fused_away:
-                total += 5e-6
+        if not in_block and e.backward_node >= 0 and e.backward_node != node:
+            node = e.backward_node
+            total += 5e-6
+    if compiled:
+        calls = {e.block_call for e in trace.events if e.block_call >= 0}
+        forward = {e.block_call for e in trace.events if e.block_call >= 0 and e.phase == "forward"}
+        backward = {e.block_call for e in trace.events if e.block_call >= 0 and e.phase == "backward"}
+        assert forward == backward == calls
+        total += len(calls) * (0.5e-6 + 5e-6)  # its autograd node recorded, its backward node run
     if optimizer:
         total += 0.1e-6 * len(trace.param_storages)
     return total

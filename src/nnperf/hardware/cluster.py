@@ -29,7 +29,7 @@ from typing import Any
 
 from nnperf import fields
 from nnperf.errors import UsageError
-from nnperf.hardware.host import DEFAULT_HOST, list_hosts
+from nnperf.hardware.host import DEFAULT_HOST, load_host
 from nnperf.hardware.schema import read_toml
 
 CLUSTER_DIR = Path(__file__).parent / "clusters"
@@ -105,11 +105,21 @@ def load_cluster(name_or_path: str) -> Cluster:
     name = fields.text(data["name"], f"{origin}: field 'name'")
     gpu = fields.text(data["gpu"], f"{origin}: field 'gpu'")
     host_cpu = fields.text(data.get("host_cpu", "intel"), f"{origin}: field 'host_cpu'", HOST_CPUS)
-    host = fields.text(data.get("host", DEFAULT_HOST), f"{origin}: field 'host'", tuple(list_hosts()))
+    host = _host(data.get("host", DEFAULT_HOST), origin)
     return Cluster(path.stem, name, gpu, gpus_per_node, *tiers,
                    fields.texts(data.get("unverified", []), f"{origin}: field 'unverified'"),
                    fields.texts(data.get("sources", []), f"{origin}: field 'sources'"),
                    host_cpu, _generation(gpu, origin), host)
+
+
+def _host(value: Any, origin: str) -> str:
+    """The id of the host a cluster file names, by id or by a system it sits in, as ``--host``
+    takes it; an unknown one is one line naming the file and the valid hosts."""
+    name = fields.text(value, f"{origin}: field 'host'")
+    try:
+        return load_host(name).id
+    except UsageError as err:
+        raise UsageError(f"{origin}: field 'host': {err}") from None
 
 
 def _generation(gpu_id: str, origin: str) -> str:

@@ -117,9 +117,12 @@ class HostCosts:
         return 0.0 if kind is None else self._launching_op(kind, python_call=True)
 
     def compiled_call_s(self) -> float:
-        """A compiled block's own call: the module call and the one autograd node AOTAutograd's
-        function records for the whole block (its backward is that one node's)."""
-        return self.module_call_s + self.autograd_record_s
+        """A compiled block's own call: the one autograd node AOTAutograd's function records for
+        the whole block (its backward is that one node's). The block's module call is the op's
+        that takes it (``OpEvent.module_calls``): FSDP2's pre-forward hook's first op, eager;
+        without such a hook the block's first op, whose module calls a compiled block does not
+        charge, so that one call (a microsecond) is not counted."""
+        return self.autograd_record_s
 
     def subclass_s(self, event: OpEvent) -> float:
         """What a tensor subclass's dispatch (DTensor: tensor parallelism, FSDP2's sharded

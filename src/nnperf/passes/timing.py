@@ -36,7 +36,7 @@ them by event index.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -949,8 +949,9 @@ def simulate_step(
     pending = iter(counts)  # counts are the trace's non-free events, in trace order
     count = next(pending, None)
     host = device = busy = 0.0
-    node: Hashable = -1  # the backward node whose ops the host is dispatching
+    node = -1  # the backward node whose ops the host is dispatching
     block_call = -1  # the compiled block's call whose forward the host is issuing
+    blocks_backward: set[int] = set()  # the compiled block calls whose backward node has run
     in_backward = False
     ops: list[OpTime] = []
     slices: list[HostSlice] = []
@@ -958,12 +959,16 @@ def simulate_step(
         counted = count is not None and count.event is event
         group = groups.get(event.index) if counted else None
         in_block = compiled and event.block_call >= 0
+        call_s = 0.0  # a compiled block's call or backward node, whichever of its ops opens it
         if measured_optimizer is not None and event.phase == "optimizer":
             cost = optimizer_share + costs.subclass_s(event)  # measured on plain tensors
         elif in_block:
             cost = costs.compiled_event_s(count.category if counted else None)
             if event.phase != "backward" and event.block_call != block_call:
-                cost += costs.compiled_call_s()
+                call_s = costs.compiled_call_s()
+            elif event.phase == "backward" and event.block_call not in blocks_backward:
+                blocks_backward.add(event.block_call)  # one node runs the call's whole backward
+                call_s = costs.node_s()
         else:
             cost = costs.event_s(event, count.category if counted else None,
                                  host_value=counted and _host_value_op(event, trace),
@@ -974,10 +979,10 @@ def simulate_step(
             cost += costs.backward_call_s
         elif event.phase != "backward":
             in_backward = False
-        running = ("block", event.block_call) if in_block and event.phase == "backward" else event.backward_node
-        if running != -1 and running != node:
-            node = running
+        if not in_block and event.backward_node >= 0 and event.backward_node != node:
+            node = event.backward_node
             cost += costs.node_s()
+        cost += call_s
         issued = host
         if not counted:  # a view: host time only
             host += cost
@@ -991,8 +996,8 @@ def simulate_step(
             # run by its group's kernel, which the host launches once: a compiled block runs
             # the group's ops inside one graph (their module calls and autograd nodes with
             # them), Transformer Engine's fused layers launch one kernel, and its fused linear
-            # layers one call (``trace.fused_expert_fc1``)
-            cost = 0.0
+            # layers one call (``trace.fused_expert_fc1``); a compiled block's call is still the host's
+            cost = call_s
             t = OpTime(kernels=0, kernel_s=0.0, compute_s=0.0, memory_s=0.0, peak_flops=0.0, count=count,
                        host_s=cost)
         count = next(pending, None)

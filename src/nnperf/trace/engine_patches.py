@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from nnperf.trace.fake_world import sharding_propagator
-from nnperf.trace.recorder import unrecorded
+from nnperf.trace.recorder import outside_block_calls, unrecorded
 
 
 @contextlib.contextmanager
@@ -65,7 +65,7 @@ def engines_on_fake_tensors(memo: dict[Any, Any]) -> Iterator[None]:
 
     propagator.propagate_op_sharding_non_cached = memoized
     try:
-        with _follow_fsdp_storage(), fsdp_gathers_outside_selective_checkpointing():
+        with _follow_fsdp_storage(), fsdp_gathers_outside_selective_checkpointing(), _fsdp_hooks_outside_blocks():
             yield
     finally:
         ShardingPropagator._propagate_tensor_meta_non_cached = original
@@ -144,6 +144,32 @@ def _follow_fsdp_storage() -> Iterator[None]:
     finally:
         _fsdp_param.alloc_storage = _fsdp_param_group.alloc_storage = alloc
         _fsdp_param.free_storage = free
+
+
+@contextlib.contextmanager
+def _fsdp_hooks_outside_blocks() -> Iterator[None]:
+    """FSDP2's backward hooks run eagerly around a compiled block's backward, inside the block's
+    own autograd nodes: the unshard before it in the pre-hook of the block's output
+    (``FSDPState._pre_backward``), the reduction after it in the node its pre-forward made
+    (``FSDPParamGroup.post_backward``, through ``RegisterPostBackwardFunction``). Their ops are
+    no block call's (``recorder.outside_block_calls``), as its pre-forward's are not."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group, _fsdp_state
+
+    state, group = _fsdp_state.FSDPState, _fsdp_param_group.FSDPParamGroup
+    pre, post = state.__dict__["_pre_backward"], group.__dict__["post_backward"]
+
+    def outside(hook: Any) -> Any:
+        @functools.wraps(hook)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with outside_block_calls():
+                return hook(*args, **kwargs)
+        return call
+
+    state._pre_backward, group.post_backward = outside(pre), outside(post)
+    try:
+        yield
+    finally:
+        state._pre_backward, group.post_backward = pre, post
 
 
 _IN_FSDP_GATHER = [0]

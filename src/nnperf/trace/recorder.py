@@ -14,6 +14,7 @@ Three small mechanisms cooperate:
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import weakref
 from collections.abc import Callable, Iterator
@@ -460,7 +461,7 @@ class OpRecorder(TorchDispatchMode):
         whose forward made the running node. FSDP2's own ops and the process group's in-place
         collectives, which its hooks run around a block (torch.compile's graphs call functional
         collectives), are no call's."""
-        if getattr(func, "namespace", None) in _HOOKS_NAMESPACES:
+        if _OUTSIDE_BLOCK_CALLS[0] or getattr(func, "namespace", None) in _HOOKS_NAMESPACES:
             return -1
         if self.phase != "backward":
             return self._modules.block_call
@@ -670,10 +671,27 @@ def calls_of_blocks(model: torch.nn.Module, blocks: list[str], modules: ModuleSt
 
 
 def _counted(forward: Callable[..., Any], modules: ModuleStack) -> Callable[..., Any]:
+    @functools.wraps(forward)
     def call(*args: Any, **kwargs: Any) -> Any:
         with modules.calling_block():
             return forward(*args, **kwargs)
     return call
+
+
+#: Nesting depth of ``outside_block_calls()``.
+_OUTSIDE_BLOCK_CALLS = [0]
+
+
+@contextlib.contextmanager
+def outside_block_calls() -> Iterator[None]:
+    """Count the ops run meanwhile as no fused block's call (``OpEvent.block_call``) wherever
+    they run: an engine's hooks around a block (FSDP2's unshard before the block's backward and
+    reduction after it) that run inside the autograd nodes of the block's own graph."""
+    _OUTSIDE_BLOCK_CALLS[0] += 1
+    try:
+        yield
+    finally:
+        _OUTSIDE_BLOCK_CALLS[0] -= 1
 
 
 @contextlib.contextmanager

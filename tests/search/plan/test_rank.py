@@ -10,6 +10,7 @@ import pytest
 
 from nnperf.hardware.catalog import load_gpu
 from nnperf.hardware.cluster import load_cluster
+from nnperf.hardware.host import DEFAULT_HOST
 from nnperf.hardware.profile import default_profile
 from nnperf.layout import Execution
 from nnperf.request import ModelRequest
@@ -89,8 +90,8 @@ def test_megatron_tensor_parallelism_pays_no_dtensor_dispatch():
     torchtitan = Execution(world=2, tensor=2, micro_batch=2)
     default = default_profile(GPU)
     assert default.host_dtensor_dispatch_s > 0 and default.host_dtensor_list_tensor_s > 0
-    assert rank_profile(torchtitan, GPU) == default
-    priced = rank_profile(megatron, GPU)
+    assert rank_profile(torchtitan, GPU, DEFAULT_HOST) == default
+    priced = rank_profile(megatron, GPU, DEFAULT_HOST)
     assert priced.host_dtensor_dispatch_s == priced.host_dtensor_list_tensor_s == 0
     assert priced.host_dispatch_s == default.host_dispatch_s  # plain ops cost what they cost
     request = ModelRequest("llama-7b", batch=2, seq_len=64, overrides={**LLAMA, "n_layer": 2})

@@ -110,7 +110,7 @@ def _fuse(chain: list[OpCount], flow: DataFlow) -> dict[int, list[OpCount]]:
     reads, writes = run_bytes(chain, flow)
     first = chain[0]
     ev = OpEvent(index=first.index, func=_FUSED, args=(), kwargs={}, inputs=[], outputs=[],
-                 phase=first.phase, module=first.module)
+                 phase=first.phase, module=first.module, block_call=first.event.block_call)
     category = cat.REDUCTION if any(c.category in (cat.REDUCTION, cat.NORM) for c in chain) else cat.ELEMENTWISE
     fused = OpCount(event=ev, category=category, flops=sum(c.flops for c in chain), macs=0.0,
                     bytes_in=reads, bytes_weights=0.0, bytes_out=writes, covered=True, info={"fused_ops": len(chain)})

@@ -62,6 +62,7 @@ def with_dtype(meta: TensorMeta, dtype) -> TensorMeta:  # type: ignore[no-untype
 
 def synthetic(like: OpEvent, func, args: tuple, inputs: list[TensorMeta],  # type: ignore[no-untyped-def]
               outputs: list[TensorMeta]) -> OpEvent:
-    """An op that would run in ``like``'s place (same index, phase and module)."""
+    """An op that would run in ``like``'s place (same index, phase, module and compiled block
+    call)."""
     return OpEvent(index=like.index, func=func, args=args, kwargs={}, inputs=inputs, outputs=outputs,
-                   phase=like.phase, module=like.module)
+                   phase=like.phase, module=like.module, block_call=like.block_call)

@@ -32,7 +32,7 @@ from typing import Any
 from nnperf.analysis import Analysis
 from nnperf.hardware import GPU, DeviceProfile, default_profile
 from nnperf.hardware.cluster import Cluster
-from nnperf.hardware.host import DEFAULT_HOST, load_host, with_host
+from nnperf.hardware.host import load_host, with_host
 from nnperf.kernels.collectives import (
     CollectiveEstimate,
     bus_factor,
@@ -268,7 +268,7 @@ def async_tensor_parallel_sums(execution: Execution, gpu: GPU, profile: DevicePr
     return seconds
 
 
-def rank_profile(execution: Execution, gpu: GPU, host: str = DEFAULT_HOST) -> DeviceProfile:
+def rank_profile(execution: Execution, gpu: GPU, host: str) -> DeviceProfile:
     """The device profile a rank of ``execution`` is priced with, its host costs those of the
     cluster's CPU (``host``, an id of ``hardware/hosts.toml``: ``Cluster.host``). Megatron-LM's
     tensor-parallel layers (Megatron-Core's ColumnParallelLinear and RowParallelLinear) run on
