@@ -11,7 +11,7 @@ absent: that slowdown is not modelled for the tier). Two facts feed
 NCCL's own latency model (``kernels.nccl_tuning``): ``host_cpu`` (``intel`` or ``amd``: NCCL's
 cost of posting a network send) and ``intra.link`` (``nvlink`` or ``pcie``: the per-hop latency
 inside a node, and whether NCCL runs its LL128 protocol); both default to a DGX-like node.
-``host`` (optional): the nodes' CPU by its id in ``hardware/hosts.toml`` (``xeon-8480c``), whose
+``host`` (optional): the nodes' CPU, an id of ``hardware/hosts.toml`` or a system it sits in, whose
 single-core clock the plan rescales the eager host costs to (``hardware.host.with_host``: a
 rank's host time, the launches and dispatch of its ops); absent, the default profile's host,
 the cloud VM a rented GPU comes with.

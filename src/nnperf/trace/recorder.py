@@ -47,8 +47,6 @@ from nnperf.trace.state_warmup import skipped_foreach
 _LABEL_KEY = "nnperf.module"
 _NODE_KEY = "nnperf.node"
 _BLOCK_CALL_KEY = "nnperf.block_call"
-#: The namespaces of the ops FSDP2's hooks run around a block: no compiled graph's.
-_HOOKS_NAMESPACES = frozenset({"fsdp", "c10d"})
 _SKIPPED_NAMESPACES = {"prim", "profiler"}
 #: Collectives write buffers their schemas do not annotate: never "free" views.
 _COLLECTIVE_NAMESPACES = {"c10d", "_c10d_functional"}
@@ -456,12 +454,11 @@ class OpRecorder(TorchDispatchMode):
             self._nodes_seen += 1
         return number
 
-    def block_call(self, func: Any) -> int:
-        """The fused block's call running ``func`` (``OpEvent.block_call``): in backward, the one
-        whose forward made the running node. FSDP2's own ops and the process group's in-place
-        collectives, which its hooks run around a block (torch.compile's graphs call functional
-        collectives), are no call's."""
-        if _OUTSIDE_BLOCK_CALLS[0] or getattr(func, "namespace", None) in _HOOKS_NAMESPACES:
+    def block_call(self) -> int:
+        """The fused block's call running the op (``OpEvent.block_call``): in backward, the one
+        whose forward made the running node; none inside an engine's hooks around a block
+        (``outside_block_calls``)."""
+        if _OUTSIDE_BLOCK_CALLS[0]:
             return -1
         if self.phase != "backward":
             return self._modules.block_call
@@ -552,7 +549,7 @@ class OpRecorder(TorchDispatchMode):
                 module_hooks=module_hooks,
                 backward_node=self.backward_node(),
                 python_call=python_call,
-                block_call=self.block_call(func),
+                block_call=self.block_call(),
             )
         )
         self._subclass_dispatches = self._subclass_list_tensors = 0
@@ -589,7 +586,7 @@ class OpRecorder(TorchDispatchMode):
             recomputed=self.recomputing(), subclass_dispatches=self._subclass_dispatches,
             subclass_list_tensors=self._subclass_list_tensors,
             values={"kept_pairs": (pairs.kept,), "executed_pairs": (pairs.executed,)},
-            block_call=self.block_call(func),
+            block_call=self.block_call(),
         ))
         self._subclass_dispatches = self._subclass_list_tensors = 0
         return out
