@@ -892,7 +892,7 @@ def test_a_gpu_no_built_in_cluster_is_made_of_names_the_clusters_to_borrow():
     result = CliRunner().invoke(cli, ["plan", "gpt2", "-O", "n_layer=2", "--gpus", "8",
                                       "--gpu", "h100-sxm-96gb-500w"])
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
-    assert "dgx-a100, dgx-h100, dgx-h200: its links with this GPU" in result.output
+    assert "dgx-a100, dgx-b200, dgx-h100, dgx-h200: its links with this GPU" in result.output
 
 
 def test_options_a_plan_would_leave_unused_are_one_line():

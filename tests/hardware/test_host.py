@@ -132,11 +132,14 @@ CLUSTER_FILE = ('name = "mine"\ngpu = "h100-sxm"\ngpus_per_node = 8\n{host}[intr
 
 
 def test_a_cluster_names_the_cpu_of_its_nodes(tmp_path):
-    """A DGX's own CPU (its datasheet: DGX H100 and H200 2x Xeon Platinum 8480C, DGX A100 2x
-    EPYC 7742); a cluster file naming none is the rented GPU's cloud VM; a host the table does
+    """A DGX's own CPU (its datasheet: DGX H100 and H200 2x Xeon Platinum 8480C, DGX B200 2x
+    Xeon 8570, DGX A100 2x EPYC 7742); a cluster file naming none is the rented GPU's cloud VM; a host the table does
     not hold is one line naming those it does."""
     assert load_cluster("dgx-h100").host == load_cluster("dgx-h200").host == "xeon-8480c"
     assert load_cluster("dgx-a100").host == "epyc-7742"
+    # DGX B200 user guide: 2x Intel Xeon 8570, 2.1/4 GHz base/max boost
+    assert load_cluster("dgx-b200").host == load_host("DGX B200").id == "xeon-8570"
+    assert load_host("xeon-8570").turbo_ghz == 4.0
     path = tmp_path / "mine.toml"
     path.write_text(CLUSTER_FILE.format(host=""))
     assert load_cluster(str(path)).host == "cloud-vm"

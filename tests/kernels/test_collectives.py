@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nnperf.errors import UsageError
-from nnperf.hardware.cluster import list_clusters, load_cluster
+from nnperf.hardware.cluster import cluster_for_gpu, list_clusters, load_cluster
 from nnperf.kernels.collectives import bus_factor, estimate_collective
 
 
@@ -35,6 +35,26 @@ def test_all_reduce_inside_a_dgx_h100_by_hand():
     # no NVLink SHARP on A100: the ring
     a100 = estimate_collective("all_reduce", 2**30, tuple(range(8)), load_cluster("dgx-a100"))
     assert a100.algorithm == "ring"
+
+
+def test_collectives_inside_a_dgx_b200_by_hand():
+    """1 GiB inside a DGX B200 (NVLink 5, 900 GB/s each way): an all-gather on the ring at NCCL's
+    own Blackwell NVLink figure (src/graph/topo.h SM100_NVLINK_BW, 40.1 GB/s for each of 18
+    links: 721.8 GB/s), an all-reduce by NVLink SHARP at the 830 GB/s nccl-tests busbw reported
+    on 8 B200 (NCCL issue #1807); NCCL's ring and NVLS latencies as on Hopper."""
+    cluster = load_cluster("dgx-b200")
+    assert cluster.gpu == "b200" and cluster.generation == "blackwell"
+    assert cluster_for_gpu("b200") == cluster  # what `nnperf plan --gpu b200` plans on
+    assert cluster.intra.busbw == pytest.approx(40.1e9 * 18, rel=0.01)
+    gather = estimate_collective("all_gather", 2**30, tuple(range(8)), cluster)
+    assert (gather.algorithm, gather.protocol) == ("ring", "Simple")
+    assert gather.time_s == pytest.approx((8.4 + 7 * 3.4) * 1e-6 + 2**30 * 7 / 8 / (900e9 * 0.80))
+    reduce = estimate_collective("all_reduce", 2**30, tuple(range(8)), cluster)
+    assert reduce.algorithm == "nvls"
+    assert reduce.time_s == pytest.approx(25e-6 + 2**30 * 2 * 7 / 8 / 830e9)
+    # between nodes each GPU has its own 400 Gb/s NIC, as in a DGX H100
+    across = estimate_collective("all_gather", 2**28, tuple(range(0, 16, 2)), cluster)
+    assert across.tier == "inter" and across.busbw == pytest.approx(4 * 50e9 * 0.8)
 
 
 def test_a_group_of_one_gpu_per_node_runs_at_the_nic_rate():

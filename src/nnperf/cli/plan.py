@@ -175,7 +175,7 @@ def _names(text: str, what: str, valid: tuple[str, ...], auto: bool = True) -> l
                    "of the stages) or a list, e.g. 2 or 1,2; of several, the largest that fits is kept (a "
                    "pipeline's smaller ones while faster).")
 @click.option("--cluster", "cluster_name", default=None,
-              help="Built-in cluster (dgx-a100, dgx-h100, dgx-h200) or a cluster TOML file.")
+              help="Built-in cluster (dgx-a100, dgx-b200, dgx-h100, dgx-h200) or a cluster TOML file.")
 @click.option("--host", "host_name", metavar="CPU", default=None,
               help="The nodes' host CPU eager PyTorch dispatches from, e.g. cloud-vm or xeon-8480c "
                    "(hardware/hosts.toml): host costs scale with its single-core clock. Default: the "
