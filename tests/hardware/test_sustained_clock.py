@@ -42,6 +42,12 @@ def test_mi300x_runs_gemms_at_amds_measured_clock():
     assert g.peak_flops("bf16") == pytest.approx(1307.4e12 * 1207 / 2100)
 
 
+def test_b200_runs_a_long_load_at_the_clock_flashinfer_measured():
+    g = load_gpu("b200")  # flashinfer PR #2899: 1965 -> ~1580 MHz at ~1000 W; bf16 2250 TF at 1856 MHz
+    assert g.peak_flops("bf16") == pytest.approx(2250e12 * 1580 / 1856)
+    assert g.peak_flops("fp32", tensor_cores=False) == pytest.approx(75e12 * 1580 / 1980)
+
+
 def test_a_peak_the_user_sets_is_the_rate_itself_not_scaled_by_the_clock():
     g = load_gpu("rtx-4090", overrides={"peak_tflops.tensor.fp16": "100"})
     assert g.peak_flops("fp16") == pytest.approx(100e12)
