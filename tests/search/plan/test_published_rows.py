@@ -57,7 +57,8 @@ def test_every_reproducible_row_is_a_layout_the_plan_accepts(name):
         if "EP overlap o" in row["quote"]:  # the Megatron-Bridge skill's controlled pair
             assert execution.expert_overlap == ("EP overlap on" in row["quote"]), row["id"]
         if "precision, GBS," in row["quote"]:  # Megatron-Bridge's: model or system, GPUs, precision, GBS
-            cells = [c.strip() for c in row["quote"].split("(")[0].split("|")]
+            # the table's own cells may hold parentheses ("FP8-CS (FP8-MX)"): the legend is the last
+            cells = [c.strip() for c in row["quote"].rsplit(" (", 1)[0].split("|")]
             assert (execution.world, execution.global_batch) == (int(cells[1]), int(cells[3])), row["id"]
 
 
