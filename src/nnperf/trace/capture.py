@@ -288,6 +288,8 @@ def _record(workload: Workload, step: Step) -> Trace:
     if scaler is not None:
         recorder.answer = scaler.finite.answer
     watch = _Watch(recorder, modules, accumulation, [p for p in model.parameters() if p.requires_grad])
+    # the blocks torch.compile would compile: their calls are counted while the step runs
+    fused_blocks = _fused_blocks(model, workload) if options.pointwise == "fused" else []
     try:
         assumed = None if options.real else Routing(options.moe_load, options.moe_capacity_factor)
         cuda_lists = options.amp is not None and options.autocast_device == "cuda"
@@ -297,8 +299,7 @@ def _record(workload: Workload, step: Step) -> Trace:
               sdpa_mode(options.sdpa, cpu_kernels=options.autocast_device == "cpu"), traced_loss.tracing(),
               policy.installed() if policy is not None else contextlib.nullcontext()):
             # an inference output stays alive until the recording stops, as it always did
-            compiled = block_names(model) if options.pointwise == "fused" else []
-            with _no_cyclic_collection(), calls_of_blocks(model, compiled, modules):
+            with _no_cyclic_collection(), calls_of_blocks(model, fused_blocks, modules):
                 output = step.run(watch)
             watch.user_part = None
     except DATA_DEPENDENT as err:
@@ -315,7 +316,6 @@ def _record(workload: Workload, step: Step) -> Trace:
     del output
     module_types = {names[id(m)]: type(m).__name__ for m in model.modules()}
     fp8_linears = _fp8_linears(model, workload) if options.fp8 else []
-    fused_blocks = _fused_blocks(model, workload) if options.pointwise == "fused" else []
     if fused_blocks:
         assumptions = [*assumptions, FUSED_ASSUMPTION.format(count=len(fused_blocks))]
     if fp8_linears:

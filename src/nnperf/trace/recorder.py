@@ -458,7 +458,7 @@ class OpRecorder(TorchDispatchMode):
         """The fused block's call running the op (``OpEvent.block_call``): in backward, the one
         whose forward made the running node; none inside an engine's hooks around a block
         (``outside_block_calls``)."""
-        if _OUTSIDE_BLOCK_CALLS[0]:
+        if _OUTSIDE_BLOCK_CALLS.depth:
             return -1
         if self.phase != "backward":
             return self._modules.block_call
@@ -489,13 +489,13 @@ class OpRecorder(TorchDispatchMode):
             # A DTensor (FSDP2's sharded parameters): let it dispatch, then record the ops it
             # runs on its local shard, the kernels one rank runs (trace.distributed); the host
             # time of the dispatch itself goes to the next recorded op.
-            if not _UNRECORDED[0]:
+            if not _UNRECORDED.depth:
                 self._subclass_dispatches += 1
                 self._subclass_list_tensors += _list_tensors_beyond_first(args)
             return NotImplemented
         if isinstance(func, HigherOrderOperator):
             return self._higher_order(func, args, kwargs)
-        if func.namespace in _SKIPPED_NAMESPACES or _UNRECORDED[0]:
+        if func.namespace in _SKIPPED_NAMESPACES or _UNRECORDED.depth:
             return func(*args, **kwargs)
         self.current_func = func
         index = len(self.events)
@@ -642,7 +642,23 @@ def _host_value(t: Any) -> bool:
 
 
 #: Nesting depth of ``unrecorded()``: ops run meanwhile are an engine's bookkeeping.
-_UNRECORDED = [0]
+class _Nesting:
+    """How deeply a module-wide mode is entered, read by the dispatch modes on every op: a
+    context manager raises it while it runs (nested uses count)."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+
+    @contextlib.contextmanager
+    def entered(self) -> Iterator[None]:
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+
+
+_UNRECORDED = _Nesting()
 
 
 @contextlib.contextmanager
@@ -675,20 +691,14 @@ def _counted(forward: Callable[..., Any], modules: ModuleStack) -> Callable[...,
     return call
 
 
-#: Nesting depth of ``outside_block_calls()``.
-_OUTSIDE_BLOCK_CALLS = [0]
+_OUTSIDE_BLOCK_CALLS = _Nesting()
 
 
-@contextlib.contextmanager
-def outside_block_calls() -> Iterator[None]:
+def outside_block_calls() -> contextlib.AbstractContextManager[None]:
     """Count the ops run meanwhile as no fused block's call (``OpEvent.block_call``) wherever
     they run: an engine's hooks around a block (FSDP2's unshard before the block's backward and
     reduction after it) that run inside the autograd nodes of the block's own graph."""
-    _OUTSIDE_BLOCK_CALLS[0] += 1
-    try:
-        yield
-    finally:
-        _OUTSIDE_BLOCK_CALLS[0] -= 1
+    return _OUTSIDE_BLOCK_CALLS.entered()
 
 
 @contextlib.contextmanager
@@ -719,16 +729,11 @@ def _is_collective(func: Any) -> bool:
     return str(getattr(func, "_qualified_op_name", None) or func).startswith(("_c10d_functional", "c10d"))
 
 
-@contextlib.contextmanager
-def unrecorded() -> Iterator[None]:
+def unrecorded() -> contextlib.AbstractContextManager[None]:
     """Run ops without recording them: bookkeeping an engine does on placeholder tensors
     that no GPU runs (DTensor's sharding propagation builds fake arguments to learn output
     shapes)."""
-    _UNRECORDED[0] += 1
-    try:
-        yield
-    finally:
-        _UNRECORDED[0] -= 1
+    return _UNRECORDED.entered()
 
 
 _METADATA_OPS = {"aten::sym_size", "aten::sym_stride", "aten::sym_numel", "aten::is_same_size"}
